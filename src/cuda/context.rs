@@ -1,0 +1,115 @@
+//! Primary contexts: made current where a call needs one, and the caller's context restored.
+
+use super::check::check;
+use super::driver::{device_count, ensure_driver};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::sync::OnceLock;
+
+/// The driver's handle for device `ordinal`, checked against the device count.
+pub(crate) fn device_handle(ordinal: usize) -> Result<sys::CUdevice> {
+    ensure_driver()?;
+    let count = device_count();
+    if ordinal >= count {
+        return Err(Error::invalid(
+            "device",
+            format!("device {ordinal} does not exist ({count} devices)"),
+        ));
+    }
+    let mut device = 0;
+    // SAFETY: `device` is a valid out-pointer and the ordinal is in range.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut device, ordinal as i32)
+    })?;
+    Ok(device)
+}
+
+/// The retained primary context of each device, as an address (contexts live until exit).
+fn primary_context(ordinal: usize) -> Result<sys::CUcontext> {
+    static CONTEXTS: OnceLock<Vec<OnceLock<usize>>> = OnceLock::new();
+    let table = CONTEXTS.get_or_init(|| (0..device_count()).map(|_| OnceLock::new()).collect());
+    let slot = table
+        .get(ordinal)
+        .ok_or_else(|| Error::invalid("device", format!("device {ordinal} does not exist")))?;
+    if let Some(&ctx) = slot.get() {
+        return Ok(ctx as sys::CUcontext);
+    }
+    let device = device_handle(ordinal)?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; the retained context is never released, so the
+    // address stays valid for the life of the process.
+    check("cuDevicePrimaryCtxRetain", unsafe {
+        sys::cuDevicePrimaryCtxRetain(&mut ctx, device)
+    })?;
+    let ctx = *slot.get_or_init(|| ctx as usize);
+    Ok(ctx as sys::CUcontext)
+}
+
+fn current_context() -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    Ok(ctx)
+}
+
+/// The device of the calling thread's current context (CUDA's "current device"); 0 when no
+/// context is current.
+pub fn current_device() -> Result<usize> {
+    ensure_driver()?;
+    if current_context()?.is_null() {
+        return Ok(0);
+    }
+    let mut device = 0;
+    // SAFETY: a context is current, and `device` is a valid out-pointer.
+    check("cuCtxGetDevice", unsafe {
+        sys::cuCtxGetDevice(&mut device)
+    })?;
+    let mut ordinal = 0;
+    for i in 0..device_count() {
+        if device_handle(i)? == device {
+            ordinal = i;
+            break;
+        }
+    }
+    Ok(ordinal)
+}
+
+/// Makes a device's primary context current for as long as it lives, then restores the
+/// caller's context. Costs one `cuCtxGetCurrent` when the right context is already current.
+#[must_use = "the context is restored when the guard drops"]
+pub struct ContextGuard {
+    previous: Option<usize>,
+}
+
+impl ContextGuard {
+    /// Makes the primary context of device `ordinal` current on this thread.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] without a driver, [`Error::InvalidArgument`] for a bad ordinal, or the
+    /// CUDA error of the context calls.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        ensure_driver()?;
+        let wanted = primary_context(ordinal)?;
+        let current = current_context()?;
+        if current == wanted {
+            return Ok(ContextGuard { previous: None });
+        }
+        // SAFETY: `wanted` is a retained primary context that outlives this call.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(wanted) })?;
+        Ok(ContextGuard {
+            previous: Some(current as usize),
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: restores the context that was current before (possibly null, which
+            // unbinds); the result is ignored because drop cannot report it.
+            unsafe {
+                sys::cuCtxSetCurrent(previous as sys::CUcontext);
+            }
+        }
+    }
+}

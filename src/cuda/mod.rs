@@ -1,0 +1,18 @@
+//! The driver layer: the one place in rrmm that calls the CUDA driver (through `cudarc::driver::sys`).
+//!
+//! Everything above this module talks to CUDA only through these functions and types. The driver
+//! is loaded dynamically; a machine without one is a normal state ([`driver_available`] is false
+//! and every call returns [`Error::NoDriver`](crate::Error::NoDriver)).
+
+mod check;
+mod context;
+mod driver;
+mod event;
+mod memory;
+mod stream;
+
+pub use context::{current_device, ContextGuard};
+pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
+pub use event::Event;
+pub use memory::*;
+pub use stream::{OwnedStream, Stream};

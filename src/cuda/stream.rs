@@ -1,0 +1,115 @@
+//! Streams as cheap `Copy` handles, and an owning stream.
+
+use super::check::check;
+use super::driver::ensure_driver;
+use crate::error::Result;
+use cudarc::driver::sys;
+
+/// A CUDA stream handle: `Copy`, hashable, and never owning. It can name the legacy default
+/// stream, the per-thread default stream, a stream rrmm created ([`OwnedStream`]) or a raw
+/// `CUstream`/`cudaStream_t` from another library (CuPy, PyTorch, cudarc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Stream(usize);
+
+impl Stream {
+    /// The default stream: handle 0, which CUDA treats as the legacy default stream.
+    pub const DEFAULT: Stream = Stream(0);
+    /// The legacy default stream under its explicit handle (`cudaStreamLegacy`, 0x1).
+    pub const LEGACY: Stream = Stream(0x1);
+    /// The per-thread default stream (`cudaStreamPerThread`, 0x2): a different stream on each
+    /// thread.
+    pub const PER_THREAD: Stream = Stream(0x2);
+
+    /// Wraps a raw stream handle from another library.
+    pub const fn from_raw(handle: usize) -> Stream {
+        Stream(handle)
+    }
+
+    /// The raw handle, for passing to CUDA or other libraries.
+    pub const fn raw(self) -> usize {
+        self.0
+    }
+
+    /// Whether this is the legacy default stream (0 or 0x1).
+    pub const fn is_legacy_default(self) -> bool {
+        self.0 == 0 || self.0 == 0x1
+    }
+
+    /// Whether this is the per-thread default stream.
+    pub const fn is_per_thread_default(self) -> bool {
+        self.0 == 0x2
+    }
+
+    /// Whether this is one of the default streams.
+    pub const fn is_default(self) -> bool {
+        self.0 <= 0x2
+    }
+
+    pub(crate) fn as_cu(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+
+    /// Waits on the host for all work enqueued on this stream.
+    pub fn synchronize(self) -> Result<()> {
+        ensure_driver()?;
+        // SAFETY: the handle names a live stream (the caller's contract for raw handles).
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.as_cu())
+        })
+    }
+}
+
+/// A stream rrmm created; destroyed on drop. Derefs to its [`Stream`] handle.
+#[derive(Debug)]
+pub struct OwnedStream {
+    handle: Stream,
+}
+
+impl OwnedStream {
+    /// Creates a stream in the current context. `non_blocking` gives
+    /// `CU_STREAM_NON_BLOCKING` (no implicit synchronisation with the legacy default stream).
+    pub fn new(non_blocking: bool) -> Result<Self> {
+        ensure_driver()?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = if non_blocking {
+            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32
+        } else {
+            sys::CUstream_flags::CU_STREAM_DEFAULT as u32
+        };
+        // SAFETY: `raw` is a valid out-pointer; the flags are valid stream flags.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, flags)
+        })?;
+        Ok(OwnedStream {
+            handle: Stream(raw as usize),
+        })
+    }
+
+    /// The handle of this stream.
+    pub fn stream(&self) -> Stream {
+        self.handle
+    }
+}
+
+impl std::ops::Deref for OwnedStream {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.handle
+    }
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        // SAFETY: this stream was created by `new` and is destroyed exactly once.
+        unsafe {
+            sys::cuStreamDestroy_v2(self.handle.as_cu());
+        }
+    }
+}
+
+// A stream handle is a plain integer key for the driver, usable from any thread.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Stream>();
+    assert_send_sync::<OwnedStream>();
+};

@@ -1,0 +1,257 @@
+//! An owned, untyped allocation that frees itself.
+
+use crate::cuda::{self, Stream};
+use crate::error::{Error, Result};
+use crate::resource::{MemoryKind, SharedResource};
+
+/// `size` bytes allocated from a resource on a stream, returned to it (on its stream) on drop.
+/// The memory is not initialised.
+pub struct DeviceBuffer {
+    ptr: usize,
+    size: usize,
+    capacity: usize,
+    stream: Stream,
+    mr: SharedResource,
+}
+
+impl DeviceBuffer {
+    /// Allocates `size` bytes from `mr`, ready for use on `stream`.
+    ///
+    /// # Errors
+    /// The resource's errors ([`Error::OutOfMemory`] first among them).
+    pub fn new(size: usize, stream: Stream, mr: SharedResource) -> Result<Self> {
+        let ptr = mr.allocate(size, stream)?;
+        Ok(DeviceBuffer {
+            ptr,
+            size,
+            capacity: size,
+            stream,
+            mr,
+        })
+    }
+
+    /// Allocates a buffer holding a copy of `data`, and waits for the copy.
+    pub fn from_host(data: &[u8], stream: Stream, mr: SharedResource) -> Result<Self> {
+        let buf = Self::new(data.len(), stream, mr)?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
+    /// The address of the memory (0 for an empty buffer).
+    pub fn ptr(&self) -> usize {
+        self.ptr
+    }
+
+    /// Bytes in the buffer.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Bytes allocated (at least `size`).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The stream the buffer is ordered on.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// Changes the stream used from now on (for copies and the final deallocation).
+    pub fn set_stream(&mut self, stream: Stream) {
+        self.stream = stream;
+    }
+
+    /// The resource the memory came from.
+    pub fn resource(&self) -> &SharedResource {
+        &self.mr
+    }
+
+    /// Copies `data` (at most `size` bytes) to the start of the buffer, and waits.
+    pub fn copy_from_host(&self, data: &[u8]) -> Result<()> {
+        if data.len() > self.size {
+            return Err(Error::invalid(
+                "data",
+                format!(
+                    "{} bytes do not fit in a buffer of {} bytes",
+                    data.len(),
+                    self.size
+                ),
+            ));
+        }
+        // SAFETY: the buffer holds at least `data.len()` bytes and `data` is a live slice.
+        unsafe {
+            copy_bytes(
+                self.ptr,
+                data.as_ptr() as usize,
+                data.len(),
+                self.stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    /// Copies the first `out.len()` bytes of the buffer to `out`, and waits.
+    pub fn copy_to_host(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() > self.size {
+            return Err(Error::invalid(
+                "out",
+                format!(
+                    "asked for {} bytes from a buffer of {} bytes",
+                    out.len(),
+                    self.size
+                ),
+            ));
+        }
+        // SAFETY: the buffer holds at least `out.len()` bytes and `out` is a live slice.
+        unsafe {
+            copy_bytes(
+                out.as_mut_ptr() as usize,
+                self.ptr,
+                out.len(),
+                self.stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    /// The whole buffer as a `Vec`.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.size];
+        self.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies `bytes` bytes from device (or any CUDA-visible) memory at `src` into the buffer.
+    ///
+    /// # Safety
+    /// `src` is valid for `bytes` bytes until the copy completes.
+    pub unsafe fn copy_from_device(&self, src: usize, bytes: usize) -> Result<()> {
+        if bytes > self.size {
+            return Err(Error::invalid("bytes", "source larger than the buffer"));
+        }
+        // SAFETY: the caller's contract for `src`; the buffer holds `bytes` bytes.
+        unsafe { copy_bytes(self.ptr, src, bytes, self.stream, self.mr.kind()) }
+    }
+
+    /// Makes room for `capacity` bytes without changing `size`; reallocates and copies when the
+    /// capacity grows.
+    pub fn reserve(&mut self, capacity: usize) -> Result<()> {
+        if capacity > self.capacity {
+            self.reallocate(capacity)?;
+        }
+        Ok(())
+    }
+
+    /// Changes `size`; shrinking keeps the memory, growing past the capacity reallocates and
+    /// copies the old contents.
+    pub fn resize(&mut self, size: usize) -> Result<()> {
+        if size > self.capacity {
+            self.reallocate(size)?;
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Frees unused capacity: reallocates to exactly `size` bytes when they differ.
+    pub fn shrink_to_fit(&mut self) -> Result<()> {
+        if self.capacity > self.size {
+            self.reallocate(self.size)?;
+        }
+        Ok(())
+    }
+
+    fn reallocate(&mut self, capacity: usize) -> Result<()> {
+        let new_ptr = self.mr.allocate(capacity, self.stream)?;
+        let keep = self.size.min(capacity);
+        // SAFETY: both ranges hold at least `keep` bytes; the old one is freed only after the
+        // copy is enqueued on the same stream.
+        if let Err(e) = unsafe { copy_bytes(new_ptr, self.ptr, keep, self.stream, self.mr.kind()) }
+        {
+            let _ = self.mr.deallocate(new_ptr, capacity, self.stream);
+            return Err(e);
+        }
+        let old = std::mem::replace(&mut self.ptr, new_ptr);
+        let old_capacity = std::mem::replace(&mut self.capacity, capacity);
+        self.mr.deallocate(old, old_capacity, self.stream)
+    }
+
+    /// Gives up ownership: returns (ptr, capacity, stream) without freeing the memory.
+    pub fn into_raw(self) -> (usize, usize, Stream) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so moving the resource out is sound.
+        let _mr = unsafe { std::ptr::read(&this.mr) };
+        (this.ptr, this.capacity, this.stream)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; the resource stays consistent either way.
+        let _ = self.mr.deallocate(self.ptr, self.capacity, self.stream);
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("size", &self.size)
+            .field("capacity", &self.capacity)
+            .field("stream", &self.stream)
+            .field("mr", &self.mr.name())
+            .finish()
+    }
+}
+
+/// Copies `bytes` from `src` to `dst` and waits. Host memory of host-only resources is copied
+/// directly where there is no driver; simulated memory cannot be copied.
+///
+/// # Safety
+/// Both ranges are valid for `bytes` bytes.
+pub(crate) unsafe fn copy_bytes(
+    dst: usize,
+    src: usize,
+    bytes: usize,
+    stream: Stream,
+    kind: MemoryKind,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    match kind {
+        MemoryKind::Simulated => Err(Error::Logic(
+            "simulated memory has nothing behind it and cannot be copied".into(),
+        )),
+        MemoryKind::Host if !cuda::driver_available() => {
+            // SAFETY: the caller's contract; host ranges of distinct allocations do not overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        }
+        _ => {
+            let _ctx = cuda::ContextGuard::new(crate::current_device_ordinal())?;
+            // SAFETY: the caller's contract.
+            unsafe { cuda::memcpy_sync(dst, src, bytes, stream) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::SystemMemoryResource;
+    use std::sync::Arc;
+
+    #[test]
+    fn host_round_trip_and_resize_keep_bytes() {
+        let mr: SharedResource = Arc::new(SystemMemoryResource::new());
+        let mut buf = DeviceBuffer::from_host(b"hello rrmm", Stream::DEFAULT, mr).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), b"hello rrmm");
+        buf.resize(4).unwrap();
+        assert_eq!(buf.capacity(), 10);
+        assert_eq!(buf.to_vec().unwrap(), b"hell");
+        buf.resize(20).unwrap();
+        assert_eq!(buf.capacity(), 20);
+        assert_eq!(&buf.to_vec().unwrap()[..4], b"hell");
+    }
+}

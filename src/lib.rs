@@ -1,0 +1,38 @@
+//! rrmm: composable, thread-safe CUDA memory resources (pool, fixed-size, binning, adaptors) on
+//! the driver API through `cudarc`, with RMM's semantics.
+//!
+//! Every resource implements [`MemoryResource`]; suballocators and adaptors own their upstream as
+//! a [`SharedResource`]. Without a GPU, [`SimulatedMemoryResource`] stands in for device memory.
+//!
+//! ```
+//! use rrmm::{MemoryResource, SimulatedMemoryResource, Stream};
+//!
+//! let device = SimulatedMemoryResource::new(1 << 30);
+//! let ptr = device.allocate(1000, Stream::DEFAULT)?;
+//! assert_eq!(ptr % 256, 0);
+//! device.deallocate(ptr, 1000, Stream::DEFAULT)?;
+//! # Ok::<(), rrmm::Error>(())
+//! ```
+
+pub mod cuda;
+mod current;
+mod device_buffer;
+mod error;
+pub mod resource;
+
+pub use cuda::{OwnedStream, Stream};
+pub use current::{
+    clear_per_device_resources, current_device_ordinal, current_device_resource,
+    has_per_device_resource, per_device_resource, set_current_device_resource,
+    set_per_device_resource,
+};
+pub use device_buffer::DeviceBuffer;
+pub use error::{Error, Result};
+pub use resource::{
+    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
+    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
+    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+};
+
+#[cfg(feature = "python")]
+mod python;
