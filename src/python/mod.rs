@@ -1,11 +1,28 @@
 //! The Python extension module `rrmm._rrmm` (cargo feature `python`): the only code that knows
 //! about Python. Each file registers its classes and functions with `register`.
 
+mod adaptors;
+mod device_buffer;
+mod errors;
+mod hooks;
+mod replay;
+mod resources;
+mod stream;
+mod torch_alloc;
+
 use pyo3::prelude::*;
 
 /// The extension module.
 #[pymodule]
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    stream::register(m)?;
+    resources::register(m)?;
+    adaptors::register(m)?;
+    device_buffer::register(m)?;
+    replay::register(m)?;
+    hooks::register(m)?;
+    torch_alloc::register(m)?;
     Ok(())
 }

@@ -1,0 +1,24 @@
+"""Command line: ``python -m rrmm info`` and ``python -m rrmm replay`` (also the ``rrmm`` command)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``rrmm`` command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="rrmm", description="rrmm: CUDA memory resources")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from rrmm import _cli_info, _cli_replay
+
+    _cli_info.add_parser(sub)
+    _cli_replay.add_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
