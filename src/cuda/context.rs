@@ -24,10 +24,15 @@ pub(crate) fn device_handle(ordinal: usize) -> Result<sys::CUdevice> {
     Ok(device)
 }
 
-/// The retained primary context of each device, as an address (contexts live until exit).
-fn primary_context(ordinal: usize) -> Result<sys::CUcontext> {
+/// One slot per device for its retained primary context, as an address.
+fn context_table() -> &'static [OnceLock<usize>] {
     static CONTEXTS: OnceLock<Vec<OnceLock<usize>>> = OnceLock::new();
-    let table = CONTEXTS.get_or_init(|| (0..device_count()).map(|_| OnceLock::new()).collect());
+    CONTEXTS.get_or_init(|| (0..device_count()).map(|_| OnceLock::new()).collect())
+}
+
+/// The retained primary context of each device (contexts live until exit).
+fn primary_context(ordinal: usize) -> Result<sys::CUcontext> {
+    let table = context_table();
     let slot = table
         .get(ordinal)
         .ok_or_else(|| Error::invalid("device", format!("device {ordinal} does not exist")))?;
@@ -56,8 +61,16 @@ fn current_context() -> Result<sys::CUcontext> {
 /// context is current.
 pub fn current_device() -> Result<usize> {
     ensure_driver()?;
-    if current_context()?.is_null() {
+    let ctx = current_context()?;
+    if ctx.is_null() {
         return Ok(0);
+    }
+    // Fast path: a primary context rrmm already knows (one TLS read, no further driver call).
+    if let Some(ordinal) = context_table()
+        .iter()
+        .position(|slot| slot.get() == Some(&(ctx as usize)))
+    {
+        return Ok(ordinal);
     }
     let mut device = 0;
     // SAFETY: a context is current, and `device` is a valid out-pointer.

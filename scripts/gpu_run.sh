@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The whole GPU run, on the GPU machine, from artifacts built elsewhere (that machine has no Rust):
+#   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
+#   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
+#   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
+# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks (default: all)
+# Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+STAGES="${*:-rust python w1 w2 w3 hooks}"
+export PYTHONUNBUFFERED=1
+SITE=/tmp/site
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" .gpu/wheels/*.whl .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="$SITE"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+note "GPU: $(head -1 "$OUT/gpu.txt")"
+
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if has rust; then
+  echo "== Rust GPU tests"
+  status=0
+  for t in .gpu/rust/*; do
+    "$t" --ignored --test-threads=1 2>&1 | tee -a "$OUT/rust.log" | grep -E "^test |test result" || status=1
+  done
+  note "rust gpu tests: $(grep -c '\.\.\. ok' "$OUT/rust.log") ok, $(grep -c 'FAILED' "$OUT/rust.log") failed"
+fi
+
+if has python; then
+  echo "== pytest (GPU)"
+  (cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider -x --timeout=300 2>&1) | tee "$OUT/pytest.log" | tail -40
+  note "pytest: $(tail -1 "$OUT/pytest.log")"
+fi
+
+if has w1; then
+  echo "== W1: trace replay, rrmm (Rust engine via the CLI) and RMM (C++)"
+  LIBRMM="$SITE/librmm"; LOGGER="$SITE/rapids_logger"
+  if nvcc -std=c++20 -O2 -o /tmp/rmm_replay benches/gpu/rmm_replay.cu -I"$LIBRMM/include" \
+      -I"$LIBRMM/include/rapids" -I"$LOGGER/include" -L"$LIBRMM/lib64" -lrmm \
+      -L"$LOGGER/lib64" -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" \
+      > "$OUT/nvcc.log" 2>&1; then
+    for t in random_10k_1mib random_100k_4mib transformer_training; do
+      python3 benches/gpu/compile_trace.py "../shared/traces/$t.csv.gz" "/tmp/$t.txt" 2>/dev/null \
+        || python3 benches/gpu/compile_trace.py "shared/traces/$t.csv.gz" "/tmp/$t.txt" 2>/dev/null \
+        || python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
+      res="pool,binning,arena,cuda_async"; [ "$t" != random_100k_4mib ] && res="$res,cuda"
+      timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" "$res" 3 | tee -a "$OUT/w1_rmm.jsonl"
+    done
+  else
+    echo "nvcc build of the RMM replay failed:"; tail -30 "$OUT/nvcc.log"
+  fi
+  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --out "$OUT/w1_rrmm.jsonl"; fi
+  [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py w1 "$OUT" | tee -a "$SUMMARY"
+fi
+
+for w in w2 w3; do
+  if has $w && [ -f benches/gpu/$w.py ]; then
+    echo "== ${w^^}"
+    python3 benches/gpu/$w.py --out "$OUT/$w.json" 2>&1 | tee "$OUT/$w.log" | tail -30
+    [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py $w "$OUT" | tee -a "$SUMMARY"
+  fi
+done
+
+if has hooks && [ -f benches/python/bench_hooks.py ]; then
+  echo "== W4-W6: framework hooks"
+  python3 benches/python/bench_hooks.py --out "$OUT/hooks.json" 2>&1 | tee "$OUT/hooks.log" | tail -30
+fi
+
+echo
+echo "================ SUMMARY ================"
+cat "$SUMMARY"
