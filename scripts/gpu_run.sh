@@ -2,6 +2,7 @@
 # The whole GPU run, on the GPU machine, from artifacts built elsewhere (that machine has no Rust):
 #   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
+#   .gpu/traces/*.csv.gz          the shared traces (../shared does not travel)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
 # Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks (default: all)
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
@@ -17,7 +18,7 @@ SUMMARY="$OUT/summary.txt"
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" .gpu/wheels/*.whl .whl/*.whl \
+python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" $(ls .gpu/wheels/*.whl .whl/*.whl 2>/dev/null) \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="$SITE"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -48,9 +49,7 @@ if has w1; then
       -L"$LOGGER/lib64" -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" \
       > "$OUT/nvcc.log" 2>&1; then
     for t in random_10k_1mib random_100k_4mib transformer_training; do
-      python3 benches/gpu/compile_trace.py "../shared/traces/$t.csv.gz" "/tmp/$t.txt" 2>/dev/null \
-        || python3 benches/gpu/compile_trace.py "shared/traces/$t.csv.gz" "/tmp/$t.txt" 2>/dev/null \
-        || python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
+      python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
       res="pool,binning,arena,cuda_async"; [ "$t" != random_100k_4mib ] && res="$res,cuda"
       timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" "$res" 3 | tee -a "$OUT/w1_rmm.jsonl"
     done

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +32,7 @@ void replay(char const* trace, char const* name, MR& mr, std::vector<Op> const& 
             std::size_t slots, int reps)
 {
   std::vector<void*> ptrs(slots, nullptr);
+  std::vector<std::size_t> sizes(slots, 0);
   cuda::stream_ref stream{cudaStream_t{0}};
   std::vector<double> times;
   long failures = 0;
@@ -40,13 +42,14 @@ void replay(char const* trace, char const* name, MR& mr, std::vector<Op> const& 
     for (auto const& op : ops) {
       if (op.alloc) {
         try {
-          ptrs[op.slot] = mr.allocate(stream, op.size);
+          ptrs[op.slot] = mr.allocate(stream, op.size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+          sizes[op.slot] = op.size;
         } catch (std::exception const&) {
           ptrs[op.slot] = nullptr;
           ++failures;
         }
       } else if (ptrs[op.slot] != nullptr) {
-        mr.deallocate(stream, ptrs[op.slot], op.size);
+        mr.deallocate(stream, ptrs[op.slot], op.size, rmm::CUDA_ALLOCATION_ALIGNMENT);
         ptrs[op.slot] = nullptr;
       }
     }
@@ -54,7 +57,7 @@ void replay(char const* trace, char const* name, MR& mr, std::vector<Op> const& 
     auto stop = std::chrono::steady_clock::now();
     times.push_back(std::chrono::duration<double, std::nano>(stop - start).count());
     for (std::size_t i = 0; i < slots; ++i) {
-      if (ptrs[i] != nullptr) { mr.deallocate(stream, ptrs[i], 1); ptrs[i] = nullptr; }
+      if (ptrs[i] != nullptr) { mr.deallocate(stream, ptrs[i], sizes[i], rmm::CUDA_ALLOCATION_ALIGNMENT); ptrs[i] = nullptr; }
     }
   }
   std::sort(times.begin(), times.end());

@@ -13,9 +13,11 @@ pub struct Event {
 }
 
 impl Event {
-    /// Creates an event in the current context.
+    /// Creates an event on the current device (its primary context is made current if no
+    /// context is).
     pub fn new() -> Result<Self> {
         ensure_driver()?;
+        let _ctx = super::ContextGuard::new(super::current_device()?)?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the flag is a valid event flag.
         check("cuEventCreate", unsafe {

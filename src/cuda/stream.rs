@@ -66,10 +66,12 @@ pub struct OwnedStream {
 }
 
 impl OwnedStream {
-    /// Creates a stream in the current context. `non_blocking` gives
+    /// Creates a stream on the current device (its primary context is made current if no context
+    /// is). `non_blocking` gives
     /// `CU_STREAM_NON_BLOCKING` (no implicit synchronisation with the legacy default stream).
     pub fn new(non_blocking: bool) -> Result<Self> {
         ensure_driver()?;
+        let _ctx = super::ContextGuard::new(super::current_device()?)?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
         let flags = if non_blocking {
             sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32
