@@ -1,0 +1,66 @@
+"""Summary tables of a GPU run: rrmm vs RMM side by side, with ratios (RMM time / rrmm time)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header)] + [fmt.format(*r) for r in rows])
+
+
+def ratio(rmm: float | None, rrmm: float | None) -> str:
+    if not rmm or not rrmm:
+        return "-"
+    return f"{rmm / rrmm:.1f}x"
+
+
+def w1(out: Path) -> str:
+    rows = {}
+    for r in jsonl(out / "w1_rmm.jsonl") + jsonl(out / "w1_rrmm.jsonl"):
+        rows.setdefault((r["trace"], r["resource"]), {})[r["impl"]] = r["ns_per_event"]
+    body = [
+        (t, res, f"{v.get('rrmm', 0):.0f}", f"{v.get('rmm', 0):.0f}", ratio(v.get("rmm"), v.get("rrmm")))
+        for (t, res), v in sorted(rows.items())
+    ]
+    return "W1 trace replay, ns/event (ratio = RMM/rrmm, higher is better)\n" + table(
+        body, ("trace", "resource", "rrmm", "RMM", "speedup")
+    )
+
+
+def keyed(out: Path, name: str, key: tuple, value: str) -> str:
+    path = out / f"{name}.json"
+    if not path.exists():
+        return f"{name}: no results"
+    rows: dict = {}
+    for r in json.loads(path.read_text()):
+        rows.setdefault(tuple(r[k] for k in key), {})[r["impl"]] = r[value]
+    body = [
+        (*k, f"{v.get('rrmm', 0):.0f}", f"{v.get('rmm', 0):.0f}", ratio(v.get("rmm"), v.get("rrmm")))
+        for k, v in rows.items()
+    ]
+    return f"{name.upper()} ns (ratio = RMM/rrmm)\n" + table(body, (*key, "rrmm", "RMM", "speedup"))
+
+
+def main() -> None:
+    what, out = sys.argv[1], Path(sys.argv[2])
+    if what == "w1":
+        print(w1(out))
+    elif what == "w2":
+        print(keyed(out, "w2", ("resource", "size"), "ns"))
+    elif what == "w3":
+        print(keyed(out, "w3", ("trace", "resource"), "ns_per_event"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""W2: Python DeviceBuffer round trip (allocate then drop), rrmm vs RMM, same process, interleaved.
+
+Prints a table of ns per round trip and writes JSON. Run on a GPU machine with both packages
+importable (scripts/gpu_run.sh installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+SIZES = {"1KiB": 1 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20}
+POOL = 8 << 30
+
+
+def make(mod, name):
+    mr = mod.mr
+    if name == "cuda":
+        return mr.CudaMemoryResource()
+    if name == "managed":
+        return mr.ManagedMemoryResource()
+    if name == "cuda_async":
+        return mr.CudaAsyncMemoryResource()
+    if name == "pool":
+        return mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=POOL)
+    if name == "binning":
+        pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=POOL)
+        return mr.BinningMemoryResource(pool, 18, 22)
+    if name == "arena":
+        return mr.ArenaMemoryResource(mr.CudaMemoryResource(), arena_size=POOL)
+    raise ValueError(name)
+
+
+def time_round_trips(mod, mr, size, n):
+    DeviceBuffer = mod.DeviceBuffer
+    mod.mr.set_current_device_resource(mr)
+    for _ in range(min(n, 200)):  # warm-up
+        DeviceBuffer(size=size)
+    gc.disable()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        DeviceBuffer(size=size)
+    t1 = time.perf_counter_ns()
+    gc.enable()
+    return (t1 - t0) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="w2.json")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--resources", default="cuda,managed,cuda_async,pool,binning,arena")
+    args = ap.parse_args()
+    import rrmm
+
+    mods = {"rrmm": rrmm}
+    try:
+        import rmm
+
+        mods["rmm"] = rmm
+    except ImportError as e:  # pragma: no cover - reference absent
+        print("RMM not importable:", e)
+    results = []
+    for res in args.resources.split(","):
+        for label, size in SIZES.items():
+            n = {"cuda": 2000, "managed": 2000}.get(res, 20000)
+            if size >= 64 << 20 and res in ("cuda", "managed"):
+                n = 300
+            times: dict[str, list[float]] = {k: [] for k in mods}
+            mrs = {}
+            for k, mod in mods.items():
+                try:
+                    mrs[k] = make(mod, res)
+                except Exception as e:  # resource missing in one library
+                    print(f"{k} {res}: {type(e).__name__}: {e}")
+            for _ in range(args.reps):
+                for k in mrs:
+                    times[k].append(time_round_trips(mods[k], mrs[k], size, n))
+            for k in mrs:
+                med = statistics.median(times[k])
+                results.append({"impl": k, "resource": res, "size": label, "ns": med})
+                print(f"W2 {k:5s} {res:10s} {label:6s} {med:10.0f} ns")
+            for k, mod in mods.items():
+                mod.mr.set_current_device_resource(mod.mr.CudaMemoryResource())
+            mrs.clear()
+            gc.collect()
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

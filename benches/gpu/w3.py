@@ -1,0 +1,83 @@
+"""W3: W1's traces driven through DeviceBuffer objects from Python, rrmm vs RMM, interleaved."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+from w2 import make  # noqa: E402  (same folder)
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path: str):
+    ops = []
+    for line in open(path):
+        a, slot, size = line.split()
+        ops.append((a == "a", int(slot), int(size)))
+    return ops
+
+
+def replay(mod, mr, ops):
+    DeviceBuffer = mod.DeviceBuffer
+    slots: list = [None] * (max(s for _, s, _ in ops) + 1)
+    gc.disable()
+    t0 = time.perf_counter_ns()
+    for alloc, slot, size in ops:
+        if alloc:
+            slots[slot] = DeviceBuffer(size=size, mr=mr)
+        else:
+            slots[slot] = None
+    t1 = time.perf_counter_ns()
+    gc.enable()
+    slots.clear()
+    return (t1 - t0) / len(ops)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="w3.json")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--traces", default="/tmp/random_10k_1mib.txt,/tmp/transformer_training.txt")
+    ap.add_argument("--resources", default="pool,binning,cuda_async,arena")
+    args = ap.parse_args()
+    import rrmm
+
+    mods = {"rrmm": rrmm}
+    try:
+        import rmm
+
+        mods["rmm"] = rmm
+    except ImportError as e:
+        print("RMM not importable:", e)
+    results = []
+    for trace in args.traces.split(","):
+        ops = load(trace)
+        for res in args.resources.split(","):
+            mrs = {}
+            for k, mod in mods.items():
+                try:
+                    mrs[k] = make(mod, res)
+                except Exception as e:
+                    print(f"{k} {res}: {type(e).__name__}: {e}")
+            times: dict[str, list[float]] = {k: [] for k in mrs}
+            for _ in range(args.reps):
+                for k in mrs:
+                    times[k].append(replay(mods[k], mrs[k], ops))
+            for k in mrs:
+                med = statistics.median(times[k])
+                name = Path(trace).stem
+                results.append({"impl": k, "trace": name, "resource": res, "ns_per_event": med})
+                print(f"W3 {k:5s} {name:22s} {res:10s} {med:8.0f} ns/event")
+            mrs.clear()
+            gc.collect()
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
