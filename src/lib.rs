@@ -36,3 +36,8 @@ pub use resource::{
 
 #[cfg(feature = "python")]
 mod python;
+
+/// The README's Rust examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
