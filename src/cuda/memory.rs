@@ -39,18 +39,10 @@ pub unsafe fn mem_free(ptr: usize) -> Result<()> {
 pub fn mem_alloc_managed(bytes: usize) -> Result<usize> {
     ensure_driver()?;
     let mut ptr: sys::CUdeviceptr = 0;
+    let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
     // SAFETY: `ptr` is a valid out-pointer; CU_MEM_ATTACH_GLOBAL is a valid flag.
-    check_alloc(
-        "cuMemAllocManaged",
-        unsafe {
-            sys::cuMemAllocManaged(
-                &mut ptr,
-                bytes,
-                sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
-            )
-        },
-        bytes,
-    )?;
+    let result = unsafe { sys::cuMemAllocManaged(&mut ptr, bytes, flags) };
+    check_alloc("cuMemAllocManaged", result, bytes)?;
     Ok(ptr as usize)
 }
 
@@ -59,11 +51,8 @@ pub fn mem_alloc_host(bytes: usize) -> Result<usize> {
     ensure_driver()?;
     let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
     // SAFETY: `ptr` is a valid out-pointer; PORTABLE is a valid flag.
-    check_alloc(
-        "cuMemHostAlloc",
-        unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) },
-        bytes,
-    )?;
+    let result = unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) };
+    check_alloc("cuMemHostAlloc", result, bytes)?;
     Ok(ptr as usize)
 }
 
@@ -151,19 +140,10 @@ impl MemPool {
     /// `cuMemAllocFromPoolAsync`.
     pub fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let mut ptr: sys::CUdeviceptr = 0;
+        let pool = self.raw as sys::CUmemoryPool;
         // SAFETY: `ptr` is a valid out-pointer; pool and stream are live handles.
-        check_alloc(
-            "cuMemAllocFromPoolAsync",
-            unsafe {
-                sys::cuMemAllocFromPoolAsync(
-                    &mut ptr,
-                    bytes,
-                    self.raw as sys::CUmemoryPool,
-                    stream.as_cu(),
-                )
-            },
-            bytes,
-        )?;
+        let result = unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream.as_cu()) };
+        check_alloc("cuMemAllocFromPoolAsync", result, bytes)?;
         Ok(ptr as usize)
     }
 
