@@ -15,11 +15,8 @@ pub fn mem_alloc(bytes: usize) -> Result<usize> {
     ensure_driver()?;
     let mut ptr: sys::CUdeviceptr = 0;
     // SAFETY: `ptr` is a valid out-pointer.
-    check_alloc(
-        "cuMemAlloc",
-        unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) },
-        bytes,
-    )?;
+    let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
+    check_alloc("cuMemAlloc", result, bytes)?;
     Ok(ptr as usize)
 }
 
