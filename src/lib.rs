@@ -14,12 +14,18 @@
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 
+pub mod adaptor;
 pub mod cuda;
 mod current;
 mod device_buffer;
 mod error;
 pub mod resource;
 
+pub use adaptor::{
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor,
+    TrackingResourceAdaptor,
+};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     clear_per_device_resources, current_device_ordinal, current_device_resource,
