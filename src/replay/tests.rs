@@ -1,0 +1,281 @@
+//! Replay tests on simulated memory: the shared traces with figures computed independently (a
+//! plain pass over the CSV), limits, round trips through the logging adaptor.
+
+use super::*;
+use crate::adaptor::{LimitingResourceAdaptor, LoggingResourceAdaptor};
+use crate::resource::MemoryResource;
+use crate::{SharedResource, SimulatedMemoryResource, Stream};
+use std::sync::Arc;
+
+const TRACES: &str = "/work/shared/traces";
+const GIB: usize = 1 << 30;
+
+/// The shared trace `name`, or `None` where the traces are not present.
+fn shared_trace(name: &str) -> Option<Trace> {
+    let path = format!("{TRACES}/{name}.csv.gz");
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("skipping: {path} not found");
+        return None;
+    }
+    Some(Trace::from_path(&path, false).unwrap())
+}
+
+fn simulated(size: usize) -> (Arc<SimulatedMemoryResource>, SharedResource) {
+    let sim = Arc::new(SimulatedMemoryResource::new(size));
+    let shared: SharedResource = sim.clone();
+    (sim, shared)
+}
+
+/// Expected figures from an independent pass over the CSV (Python, see the commit message;
+/// the transformer log has 38 zero-byte allocations with a null pointer, never freed, which
+/// are events but not leaks):
+/// (name, events, allocations, peak bytes in use, unfreed allocations, unfreed bytes,
+/// peak of the 256-rounded sizes, threads).
+/// One trace's expected figures.
+type Expected = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
+const EXPECTED: &[Expected] = &[
+    (
+        "random_10k_1mib",
+        20_000,
+        10_000,
+        3_309_099_223,
+        0,
+        0,
+        3_309_896_960,
+        1,
+    ),
+    (
+        "random_100k_4mib",
+        200_000,
+        100_000,
+        16_777_215_995,
+        0,
+        0,
+        16_778_442_240,
+        1,
+    ),
+    (
+        "transformer_training",
+        21_949,
+        11_046,
+        1_313_089_416,
+        105,
+        234_633_728,
+        1_313_093_120,
+        2,
+    ),
+];
+
+#[test]
+fn shared_traces_replay_with_exact_figures_on_simulated_memory() {
+    for &(name, events, allocs, peak, leaks, leaked_bytes, peak256, threads) in EXPECTED {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        assert_eq!(trace.events.len(), events, "{name}");
+        assert_eq!(trace.allocations(), allocs, "{name}");
+        assert_eq!(trace.peak_requested_bytes, peak, "{name}");
+        assert_eq!(trace.unfreed_allocations, leaks, "{name}");
+        assert_eq!(trace.threads.len(), threads, "{name}");
+        assert_eq!(trace.streams, vec![0], "{name}");
+        let (sim, mr) = simulated(64 * GIB);
+        let options = ReplayOptions {
+            timeline_points: 100,
+            progress: false,
+        };
+        let r = replay(&trace, &mr, options).unwrap();
+        assert_eq!(r.events, events, "{name}");
+        assert_eq!(r.allocations, allocs, "{name}");
+        assert_eq!(r.peak_bytes_in_use, peak, "{name}");
+        assert_eq!(r.failed_allocations, 0, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (leaks, leaked_bytes),
+            "{name}"
+        );
+        let pf = r.peak_footprint.unwrap();
+        assert!(pf >= peak && pf <= peak256, "{name}: {pf}");
+        assert_eq!(sim.peak_bytes_in_use(), peak256, "{name}");
+        let end = r.footprint_at_end.unwrap();
+        assert_eq!(end.held_bytes, sim.peak_bytes_in_use().min(end.held_bytes));
+        assert!(r.fragmentation_at_peak.is_some() && r.fragmentation_at_end.is_some());
+        assert!(r.total_ns > 0 && r.ns_per_event > 0.0);
+        // The timeline: ~100 points, first at 0, last at the end, bytes in use never above peak.
+        assert!(r.timeline.len() >= 100 && r.timeline.len() <= 102, "{name}");
+        assert_eq!(r.timeline[0].event, 0);
+        assert_eq!(r.timeline.last().unwrap().event, events);
+        assert!(r.timeline.iter().all(|p| p.bytes_in_use <= peak));
+        assert_eq!(r.timeline.last().unwrap().bytes_in_use, leaked_bytes);
+        // Everything was freed afterwards.
+        assert_eq!(sim.bytes_in_use(), 0, "{name}");
+        assert_eq!(sim.live_allocations(), 0, "{name}");
+        // A second replay on the same resource gives the same figures.
+        let again = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(again.peak_bytes_in_use, peak);
+        assert!(again.timeline.is_empty());
+    }
+}
+
+#[test]
+fn failures_under_a_limit_match_an_independent_model() {
+    // Limit 1 GiB over a large simulated device: an allocation fails exactly when the
+    // 256-rounded bytes in use would pass the limit (the Python model of the commit).
+    let cases = [
+        (
+            "random_10k_1mib",
+            4506,
+            2_811_481_551,
+            [4615, 4619, 4620],
+            1_073_482_159,
+            0,
+            0,
+        ),
+        (
+            "transformer_training",
+            22,
+            2_661_376_000,
+            [3100, 3165, 3845],
+            1_068_707_844,
+            105,
+            234_633_728,
+        ),
+    ];
+    for (name, fails, failed_bytes, first, peak, leaks, leaked_bytes) in cases {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        let (sim, device) = simulated(64 * GIB);
+        let mr: SharedResource = Arc::new(LimitingResourceAdaptor::new(device, GIB));
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, fails, "{name}");
+        assert_eq!(r.failed_bytes, failed_bytes, "{name}");
+        assert_eq!(r.failure_events[..3], first, "{name}");
+        assert_eq!(r.peak_bytes_in_use, peak, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (leaks, leaked_bytes),
+            "{name}"
+        );
+        assert_eq!(r.resource, "limiting");
+        assert_eq!(sim.bytes_in_use(), 0);
+    }
+}
+
+#[test]
+fn a_log_written_by_the_logging_adaptor_replays_with_identical_figures() {
+    let path = std::env::temp_dir()
+        .join(format!("rrmm-roundtrip-{}.csv", std::process::id()))
+        .to_string_lossy()
+        .into_owned();
+    let size = 1 << 20;
+    let (sim, device) = simulated(size);
+    let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
+    let s1 = Stream::from_raw(0x5555_0000);
+    // A known sequence on two streams and two threads: peak 700_000 + 200_000 bytes, one
+    // failure, one leak.
+    let a = logger.allocate(700_000, Stream::DEFAULT).unwrap();
+    let b = {
+        let logger = logger.clone();
+        std::thread::spawn(move || logger.allocate(200_000, s1).unwrap())
+            .join()
+            .unwrap()
+    };
+    assert!(logger.allocate(500_000, Stream::DEFAULT).is_err());
+    logger.deallocate(a, 700_000, Stream::DEFAULT).unwrap();
+    let c = logger.allocate(10, s1).unwrap();
+    logger.deallocate(c, 10, s1).unwrap();
+    let _leak = b;
+    let original_peak = sim.peak_bytes_in_use();
+    drop(logger);
+
+    let trace = Trace::from_path(&path, false).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(trace.events.len(), 5);
+    assert_eq!(trace.logged_failures, 1);
+    assert_eq!(trace.threads.len(), 2);
+    assert_eq!(trace.streams.len(), 2);
+    assert_eq!(trace.peak_requested_bytes, 900_000);
+    let (sim2, mr) = simulated(size);
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.events, 5);
+    assert_eq!(r.peak_bytes_in_use, 900_000);
+    assert_eq!(r.logged_failures, 1);
+    assert_eq!(r.failed_allocations, 0);
+    assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 200_000));
+    assert_eq!(sim2.peak_bytes_in_use(), original_peak);
+    assert_eq!(r.peak_footprint, Some(original_peak));
+    assert_eq!(sim2.bytes_in_use(), 0);
+}
+
+#[test]
+fn out_of_memory_on_small_simulated_device_is_counted_and_frees_are_skipped() {
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,t,allocate,0x1000,600,0\n\
+        1,t,allocate,0x2000,600,0x7\n\
+        1,t,free,0x2000,600,0x7\n\
+        1,t,free,0x1000,600,0\n\
+        1,t,allocate,0x3000,1000,0\n";
+    let trace = Trace::from_reader("small.csv", log.as_bytes(), false).unwrap();
+    let (sim, mr) = simulated(1024);
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failure_events, vec![1]);
+    assert_eq!(r.failed_bytes, 600);
+    assert_eq!(r.peak_bytes_in_use, 1000);
+    assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 1000));
+    assert_eq!(sim.bytes_in_use(), 0);
+    let f = r.footprint_at_end.unwrap();
+    assert_eq!(f.held_bytes, 1024);
+    assert_eq!(r.fragmentation_at_end, Some(0.0));
+}
+
+#[test]
+fn progress_is_reported_only_for_long_replays_and_empty_traces_work() {
+    let trace = Trace::from_reader(
+        "e.csv",
+        "Thread,Time,Action,Pointer,Size,Stream\n".as_bytes(),
+        false,
+    )
+    .unwrap();
+    let (_, mr) = simulated(1024);
+    let mut calls = 0;
+    let r =
+        replay_with_progress(&trace, &mr, ReplayOptions::default(), &mut |_| calls += 1).unwrap();
+    assert_eq!((r.events, calls), (0, 0));
+    assert_eq!(r.ns_per_event, 0.0);
+}
+
+#[test]
+fn resource_errors_other_than_out_of_memory_abort_the_replay_cleanly() {
+    use crate::resource::{CallbackMemoryResource, MemoryKind};
+    let (sim, device) = simulated(1 << 20);
+    let up = device.clone();
+    let up2 = device.clone();
+    let mr: SharedResource = Arc::new(CallbackMemoryResource::new(
+        Box::new(move |bytes, stream| {
+            if bytes == 777 {
+                Err(crate::Error::Logic("broken".into()))
+            } else {
+                up.allocate(bytes, stream)
+            }
+        }),
+        Box::new(move |ptr, bytes, stream| up2.deallocate(ptr, bytes, stream)),
+        MemoryKind::Simulated,
+    ));
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,t,allocate,0x1000,600,0\n\
+        1,t,allocate,0x2000,777,0\n";
+    let trace = Trace::from_reader("x.csv", log.as_bytes(), false).unwrap();
+    let err = replay(&trace, &mr, ReplayOptions::default()).unwrap_err();
+    assert_eq!(err, crate::Error::Logic("broken".into()));
+    assert_eq!(sim.bytes_in_use(), 0);
+}
