@@ -21,6 +21,7 @@ mod device_buffer;
 mod error;
 pub mod replay;
 pub mod resource;
+pub mod suballocator;
 
 pub use adaptor::{
     AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
@@ -39,6 +40,9 @@ pub use resource::{
     CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
     ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
     SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+};
+pub use suballocator::{
+    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]
