@@ -1,11 +1,21 @@
 //! Building the resources that `rrmm replay` compares, by name.
 
+use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, SharedResource,
-    SimulatedMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind,
+    MemoryResource, SharedResource, SimulatedMemoryResource,
+};
+use crate::suballocator::{
+    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
 use std::sync::Arc;
+
+/// Smallest bin of `binning`: 2^18 bytes (benchmarks.md W1).
+const BINNING_MIN_EXPONENT: u32 = 18;
+/// Largest bin of `binning`: 2^22 bytes.
+const BINNING_MAX_EXPONENT: u32 = 22;
 
 /// The resource names [`build_resource`] knows, in the order `--compare all` uses.
 pub const RESOURCE_NAMES: &[&str] = &[
@@ -29,7 +39,7 @@ const SUBALLOCATORS: &[&str] = &["pool", "binning", "fixed_size"];
 ///   the simulated device stands in for both);
 /// - `pool`: a pool with `initial_pool_size`/`maximum_pool_size` over the device;
 /// - `binning`: fixed-size bins of 2^18..2^22 bytes over a pool, larger requests to the pool
-///   (benchmarks.md W1);
+///   (benchmarks.md W1); its footprint is the pool's;
 /// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device.
 ///
 /// # Errors
@@ -98,17 +108,72 @@ pub fn build_resource(
     }
 }
 
-/// The suballocators over `upstream`; they come from `crate::suballocator` (branch `pool`).
+/// The suballocators over `upstream` (the device or simulated memory).
 fn build_suballocator(
     name: &str,
-    _upstream: SharedResource,
-    _initial_pool_size: Option<usize>,
-    _maximum_pool_size: Option<usize>,
+    upstream: SharedResource,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
 ) -> Result<SharedResource> {
-    Err(Error::invalid(
-        "resource",
-        format!("{name} is not available in this build yet"),
-    ))
+    let pool = |upstream| -> Result<SharedResource> {
+        Ok(Arc::new(PoolMemoryResource::new(
+            upstream,
+            initial_pool_size,
+            maximum_pool_size,
+        )?))
+    };
+    match name {
+        "pool" => pool(upstream),
+        "binning" => {
+            let pool = pool(upstream)?;
+            let binning = BinningMemoryResource::new(
+                pool.clone(),
+                Some(BINNING_MIN_EXPONENT),
+                Some(BINNING_MAX_EXPONENT),
+            )?;
+            Ok(Arc::new(PoolFootprint {
+                resource: Arc::new(binning),
+                pool,
+            }))
+        }
+        _ => Ok(Arc::new(FixedSizeMemoryResource::new(
+            upstream,
+            DEFAULT_BLOCK_SIZE,
+            DEFAULT_BLOCKS_TO_PREALLOCATE,
+        )?)),
+    }
+}
+
+/// A binning resource over a pool that reports the pool's footprint: the pool holds all the
+/// memory (the bins' chunks and the large requests), while the binning resource's own footprint
+/// covers only its bins.
+struct PoolFootprint {
+    resource: SharedResource,
+    pool: SharedResource,
+}
+
+impl MemoryResource for PoolFootprint {
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.resource.allocate(bytes, stream)
+    }
+    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        self.resource.deallocate(ptr, bytes, stream)
+    }
+    fn kind(&self) -> MemoryKind {
+        self.resource.kind()
+    }
+    fn device(&self) -> Option<usize> {
+        self.resource.device()
+    }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.resource.memory_info()
+    }
+    fn footprint(&self) -> Option<Footprint> {
+        self.pool.footprint()
+    }
+    fn name(&self) -> &'static str {
+        self.resource.name()
+    }
 }
 
 #[cfg(test)]
@@ -124,5 +189,19 @@ mod tests {
         assert!(build_resource("nope", Some(1), None, None).is_err());
         assert!(build_resource("cuda", Some(1 << 20), Some(1), None).is_err());
         assert!(build_resource("simulated", None, None, None).is_err());
+    }
+
+    #[test]
+    fn builds_suballocators_over_simulated_memory() {
+        let pool = build_resource("pool", Some(1 << 30), Some(1 << 20), Some(1 << 29)).unwrap();
+        assert_eq!(pool.name(), "pool");
+        assert_eq!(pool.footprint().unwrap().held_bytes, 1 << 20);
+        let binning = build_resource("binning", Some(1 << 30), Some(1 << 20), None).unwrap();
+        assert_eq!(binning.name(), "binning");
+        let fixed = build_resource("fixed_size", Some(1 << 30), None, None).unwrap();
+        assert_eq!(fixed.name(), "fixed_size");
+        // RMM's validation of pool sizes comes through.
+        assert!(build_resource("pool", Some(1 << 30), Some(1000), None).is_err());
+        assert!(build_resource("fixed_size", Some(1 << 30), Some(1 << 20), None).is_err());
     }
 }

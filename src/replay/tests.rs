@@ -279,3 +279,45 @@ fn resource_errors_other_than_out_of_memory_abort_the_replay_cleanly() {
     assert_eq!(err, crate::Error::Logic("broken".into()));
     assert_eq!(sim.bytes_in_use(), 0);
 }
+
+#[test]
+fn shared_traces_replay_on_the_suballocators_over_simulated_memory() {
+    // fixed_size (1 MiB blocks) fails exactly the requests above 1 MiB; expected values from
+    // the same independent pass: (failures, failed bytes, first failures, peak, leaks, bytes).
+    let fixed: [(usize, usize, &[usize], usize, usize, usize); 3] = [
+        (0, 0, &[], 3_309_099_223, 0, 0),
+        (67_336, 164_187_793_967, &[2, 3], 1_716_582_143, 0, 0),
+        (7_014, 74_104_760_320, &[0, 3], 26_911_244, 75, 9_714_176),
+    ];
+    for (i, &(name, events, _, peak, leaks, leaked_bytes, _, _)) in EXPECTED.iter().enumerate() {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        for resource in ["pool", "binning"] {
+            let mr = build_resource(resource, Some(64 * GIB), None, None).unwrap();
+            let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+            assert_eq!(r.resource, resource);
+            assert_eq!(r.events, events, "{name} {resource}");
+            assert_eq!(r.peak_bytes_in_use, peak, "{name} {resource}");
+            assert_eq!(r.failed_allocations, 0, "{name} {resource}");
+            assert_eq!(
+                (r.leaked_allocations, r.leaked_bytes),
+                (leaks, leaked_bytes)
+            );
+            assert!(r.peak_footprint.unwrap() >= peak, "{name} {resource}");
+            let f = r.fragmentation_at_end.unwrap();
+            assert!((0.0..=1.0).contains(&f));
+        }
+        let (fails, failed_bytes, first, fixed_peak, fixed_leaks, fixed_leaked) = fixed[i];
+        let mr = build_resource("fixed_size", Some(64 * GIB), None, None).unwrap();
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, fails, "{name}");
+        assert_eq!(r.failed_bytes, failed_bytes, "{name}");
+        assert_eq!(&r.failure_events[..first.len()], first, "{name}");
+        assert_eq!(r.peak_bytes_in_use, fixed_peak, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (fixed_leaks, fixed_leaked)
+        );
+    }
+}
