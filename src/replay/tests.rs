@@ -284,7 +284,8 @@ fn resource_errors_other_than_out_of_memory_abort_the_replay_cleanly() {
 fn shared_traces_replay_on_the_suballocators_over_simulated_memory() {
     // fixed_size (1 MiB blocks) fails exactly the requests above 1 MiB; expected values from
     // the same independent pass: (failures, failed bytes, first failures, peak, leaks, bytes).
-    let fixed: [(usize, usize, &[usize], usize, usize, usize); 3] = [
+    type Fixed = (usize, usize, &'static [usize], usize, usize, usize);
+    let fixed: [Fixed; 3] = [
         (0, 0, &[], 3_309_099_223, 0, 0),
         (67_336, 164_187_793_967, &[2, 3], 1_716_582_143, 0, 0),
         (7_014, 74_104_760_320, &[0, 3], 26_911_244, 75, 9_714_176),
