@@ -322,3 +322,66 @@ fn shared_traces_replay_on_the_suballocators_over_simulated_memory() {
         );
     }
 }
+
+/// A deterministic synthetic log: `n` allocations of up to 4 MiB on three streams (one the
+/// default) from two threads, each freed a little later, some never freed.
+fn synthetic_log(n: usize) -> String {
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let streams = ["0", "0x5600aa", "0x5600bb"];
+    let mut live: Vec<(usize, usize, &str)> = Vec::new();
+    for i in 0..n {
+        let size = (next() % (4 << 20)) as usize + 1;
+        let stream = streams[(next() % 3) as usize];
+        let ptr = 0x7f00_0000_0000 + i * 0x100_0000;
+        text.push_str(&format!(
+            "{},t,allocate,{ptr:#x},{size},{stream}\n",
+            100 + i % 2
+        ));
+        live.push((ptr, size, stream));
+        if live.len() > 64 || next() % 3 == 0 {
+            let k = (next() % live.len() as u64) as usize;
+            let (p, s, st) = live.swap_remove(k);
+            if i % 97 != 0 {
+                text.push_str(&format!("{},t,free,{p:#x},{s},{st}\n", 100 + i % 2));
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn synthetic_multi_stream_log_replays_on_every_resource() {
+    let trace = Trace::from_reader("synthetic.csv", synthetic_log(5000).as_bytes(), false).unwrap();
+    assert_eq!(trace.streams.len(), 3);
+    assert_eq!(trace.threads.len(), 2);
+    let gpu = crate::cuda::device_count() > 0;
+    let names: &[&str] = if gpu {
+        &["cuda", "cuda_async", "managed", "pool", "binning"]
+    } else {
+        &["simulated", "pool", "binning"]
+    };
+    let simulate = if gpu { None } else { Some(64 * GIB) };
+    let mut reference: Option<ReplayReport> = None;
+    for name in names {
+        let mr = build_resource(name, simulate, None, None).unwrap();
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, 0, "{name}");
+        assert_eq!(r.peak_bytes_in_use, trace.peak_requested_bytes, "{name}");
+        assert_eq!(r.leaked_allocations, trace.unfreed_allocations, "{name}");
+        if let Some(first) = &reference {
+            assert_eq!(
+                (r.events, r.leaked_bytes),
+                (first.events, first.leaked_bytes),
+                "{name}"
+            );
+        }
+        reference.get_or_insert(r);
+    }
+}
