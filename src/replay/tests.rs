@@ -385,3 +385,32 @@ fn synthetic_multi_stream_log_replays_on_every_resource() {
         reference.get_or_insert(r);
     }
 }
+
+#[test]
+fn concurrent_logging_gives_a_log_that_parses_strictly() {
+    let path = std::env::temp_dir()
+        .join(format!("rrmm-concurrent-{}.csv", std::process::id()))
+        .to_string_lossy()
+        .into_owned();
+    let (_, device) = simulated(GIB);
+    let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let logger = logger.clone();
+            s.spawn(move || {
+                let stream = Stream::from_raw(0x1000 * (t + 1));
+                for i in 0..500 {
+                    let p = logger.allocate(256 * (i % 7 + 1), stream).unwrap();
+                    logger.deallocate(p, 256 * (i % 7 + 1), stream).unwrap();
+                }
+            });
+        }
+    });
+    drop(logger);
+    let trace = Trace::from_path(&path, false).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(trace.events.len(), 4000);
+    assert_eq!(trace.threads.len(), 4);
+    assert_eq!(trace.streams.len(), 4);
+    assert_eq!(trace.unfreed_allocations, 0);
+}

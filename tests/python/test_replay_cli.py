@@ -287,3 +287,25 @@ def test_python_dash_m_runs_the_command(small_log):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["reports"][0]["events"] == 7
+
+
+def test_without_gpu_or_simulate_uses_default_simulated_memory(capsys, small_log):
+    from rrmm import _rrmm
+
+    if _rrmm.replay_gpu_available():
+        pytest.skip("a GPU is present: the replay runs on it")
+    code, out, err = replay(capsys, small_log, "--json")
+    assert code == 0
+    assert "no GPU found; replaying on simulated memory of 80.00 GiB" in err
+    doc = json.loads(out)
+    assert doc["memory"] == "simulated" and doc["simulated_bytes"] == 80 << 30
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ["--resource", "--compare", "--simulate", "--initial-pool-size",
+                   "--maximum-pool-size", "--plot", "--json", "--lenient"]:
+        assert option in out
