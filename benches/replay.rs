@@ -1,7 +1,8 @@
 //! W1 on simulated memory: replay the shared RMM traces against every resource that
 //! `build_resource` can build, reporting time per event (criterion throughput in elements).
 //!
-//! Traces are read from `$RRMM_TRACES` (default `/work/shared/traces`); missing ones are skipped.
+//! Traces are read from `$RRMM_TRACES` (default: `shared/traces` beside the checkout); missing
+//! ones are skipped.
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -19,7 +20,8 @@ const TRACES: &[&str] = &[
 const SIMULATED_BYTES: usize = 64 << 30;
 
 fn bench_replay(c: &mut Criterion) {
-    let dir = std::env::var("RRMM_TRACES").unwrap_or_else(|_| "/work/shared/traces".into());
+    let dir = std::env::var("RRMM_TRACES")
+        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
     for name in TRACES {
         let path = format!("{dir}/{name}.csv.gz");
         let trace = match Trace::from_path(&path, false) {

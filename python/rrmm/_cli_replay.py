@@ -14,7 +14,8 @@ import json
 import math
 import re
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
 DEFAULT_SIMULATED_BYTES = 80 << 30
@@ -174,12 +175,15 @@ def _table(reports: list[dict[str, Any]]) -> str:
             ]
         )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    def line(cells: list[str]) -> str:
+        # The resource column is left-aligned, the figures right-aligned.
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
         )
+
+    lines = [line(header), "  ".join("-" * w for w in widths)]
+    lines.extend(line(row) for row in rows)
     return "\n".join(lines)
 
 

@@ -7,12 +7,14 @@ use crate::resource::MemoryResource;
 use crate::{SharedResource, SimulatedMemoryResource, Stream};
 use std::sync::Arc;
 
-const TRACES: &str = "/work/shared/traces";
 const GIB: usize = 1 << 30;
 
 /// The shared trace `name`, or `None` where the traces are not present.
 fn shared_trace(name: &str) -> Option<Trace> {
-    let path = format!("{TRACES}/{name}.csv.gz");
+    // $RRMM_TRACES, else shared/traces beside the checkout.
+    let dir = std::env::var("RRMM_TRACES")
+        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
+    let path = format!("{dir}/{name}.csv.gz");
     if !std::path::Path::new(&path).exists() {
         eprintln!("skipping: {path} not found");
         return None;
