@@ -14,12 +14,20 @@
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 
+pub mod adaptor;
 pub mod cuda;
 mod current;
 mod device_buffer;
 mod error;
+pub mod replay;
 pub mod resource;
+pub mod suballocator;
 
+pub use adaptor::{
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor,
+    TrackingResourceAdaptor,
+};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     clear_per_device_resources, current_device_ordinal, current_device_resource,
@@ -32,6 +40,9 @@ pub use resource::{
     CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
     ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
     SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+};
+pub use suballocator::{
+    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

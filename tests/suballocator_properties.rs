@@ -1,0 +1,357 @@
+//! Property tests of the stream-ordered suballocators (pool, fixed_size, binning) against a
+//! shadow model, on simulated memory, with a recording fake of the stream events.
+//!
+//! Invariants checked after every operation of random alloc/free sequences on several streams:
+//! 1. Every live allocation is 256-byte aligned and non-null (for a non-zero request).
+//! 2. No two live allocations overlap (the model keeps them by address; any overlap fails).
+//! 3. Bytes are conserved: pool free bytes + live bytes (rounded to the block size) == pool size.
+//! 4. Every cross-stream reuse is ordered: when memory last freed on stream A at time t is handed
+//!    to stream B != A, the event log holds, between t and the allocation, a `Wait` by B on an
+//!    event whose latest `Record` before that wait was on A and after t (or a host
+//!    `SynchronizeAll` after t).
+//! 5. Same-stream reuse makes no event call (checked by the unit tests at the bottom).
+//! 6. When everything is freed on one stream of a single-stream history, the free blocks are
+//!    exactly the upstream chunks (everything coalesced, never across chunks); after `release()`
+//!    the pool holds nothing and the upstream has everything back.
+//! 7. Errors are out-of-memory only (never a logic error for a valid sequence); the resource
+//!    keeps working after one.
+
+use proptest::prelude::*;
+use rrmm::suballocator::{EventCall, RecordingStreamEvents, StreamEvents, StreamKey};
+use rrmm::{
+    BinningMemoryResource, FixedSizeMemoryResource, MemoryResource, PoolMemoryResource,
+    SharedResource, SimulatedMemoryResource, Stream,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const STREAMS: usize = 4;
+
+fn stream(i: usize) -> Stream {
+    if i == 0 {
+        Stream::DEFAULT
+    } else {
+        Stream::from_raw(0x1000 + i)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { stream: usize, bytes: usize },
+    Free { pick: usize, stream: usize },
+}
+
+fn ops(max_bytes: usize, len: usize) -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        3 => (0..STREAMS, 1..=max_bytes).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
+        2 => (any::<usize>(), 0..STREAMS).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+    ];
+    proptest::collection::vec(op, 1..len)
+}
+
+/// The shadow model: live allocations and, per address range, the last free.
+struct Model {
+    events: Arc<RecordingStreamEvents>,
+    /// addr -> (requested bytes, rounded bytes)
+    live: BTreeMap<usize, (usize, usize)>,
+    /// Freed ranges not reused since: (start, end, freeing stream, time of the free).
+    freed: Vec<(usize, usize, StreamKey, u64)>,
+}
+
+impl Model {
+    fn new(events: Arc<RecordingStreamEvents>) -> Self {
+        Model {
+            events,
+            live: BTreeMap::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    fn live_bytes(&self) -> usize {
+        self.live.values().map(|&(_, r)| r).sum()
+    }
+
+    /// Checks invariants 1, 2 and 4 for a new allocation and records it.
+    fn on_alloc(&mut self, ptr: usize, bytes: usize, rounded: usize, key: StreamKey) {
+        let now = self.events.tick();
+        assert_ne!(ptr, 0);
+        assert_eq!(ptr % 256, 0, "alignment of {ptr:#x}");
+        let end = ptr + rounded;
+        if let Some((&a, &(_, r))) = self.live.range(..end).next_back() {
+            assert!(
+                a + r <= ptr,
+                "overlap: [{ptr:#x}, {end:#x}) with [{a:#x}, +{r})"
+            );
+        }
+        let log = self.events.log();
+        let mut kept = Vec::with_capacity(self.freed.len());
+        for &(s, e, owner, t) in &self.freed {
+            if e <= ptr || s >= end {
+                kept.push((s, e, owner, t));
+                continue;
+            }
+            if owner != key {
+                assert!(
+                    ordered(&log, owner, key, t, now),
+                    "memory [{s:#x}, {e:#x}) freed on {owner:?} at {t} reused on {key:?} at \
+                     {now} without a wait on an event recorded after the free; log {log:?}"
+                );
+            }
+            if s < ptr {
+                kept.push((s, ptr, owner, t));
+            }
+            if e > end {
+                kept.push((end, e, owner, t));
+            }
+        }
+        self.freed = kept;
+        self.live.insert(ptr, (bytes, rounded));
+    }
+
+    /// Picks a live allocation, removes it, and notes the free time (taken before the call).
+    fn take_for_free(&mut self, pick: usize) -> Option<(usize, usize, usize)> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let addr = *self.live.keys().nth(pick % self.live.len())?;
+        let (bytes, rounded) = self.live.remove(&addr)?;
+        Some((addr, bytes, rounded))
+    }
+
+    fn on_free(&mut self, addr: usize, rounded: usize, key: StreamKey, t: u64) {
+        self.freed.push((addr, addr + rounded, key, t));
+    }
+}
+
+/// Whether the log orders `waiter` after `owner`'s work at time `freed`, before `now`.
+fn ordered(log: &[EventCall], owner: StreamKey, waiter: StreamKey, freed: u64, now: u64) -> bool {
+    log.iter().enumerate().any(|(i, call)| match *call {
+        EventCall::SynchronizeAll { seq } => seq > freed && seq < now,
+        EventCall::Wait { stream, id, seq } if stream == waiter && seq > freed && seq < now => log
+            [..i]
+            .iter()
+            .rev()
+            .find_map(|c| match *c {
+                EventCall::Record {
+                    stream,
+                    id: rid,
+                    seq,
+                } if rid == id => Some((stream, seq)),
+                _ => None,
+            })
+            .is_some_and(|(s, rseq)| s == owner && rseq > freed),
+        _ => false,
+    })
+}
+
+/// Runs `ops` against `mr`; `round` gives the bytes a request occupies; `conserved` checks
+/// invariant 3 given the live bytes.
+fn run(
+    mr: &dyn MemoryResource,
+    events: &Arc<RecordingStreamEvents>,
+    ops: &[Op],
+    round: impl Fn(usize) -> usize,
+    conserved: impl Fn(usize),
+) -> Model {
+    let mut model = Model::new(events.clone());
+    for op in ops {
+        match *op {
+            Op::Alloc { stream: s, bytes } => match mr.allocate(bytes, stream(s)) {
+                Ok(ptr) => model.on_alloc(ptr, bytes, round(bytes), StreamKey::of(stream(s))),
+                Err(e) => assert!(e.is_out_of_memory(), "unexpected error {e}"),
+            },
+            Op::Free { pick, stream: s } => {
+                if let Some((addr, bytes, rounded)) = model.take_for_free(pick) {
+                    let t = events.tick();
+                    mr.deallocate(addr, bytes, stream(s)).unwrap();
+                    model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
+                }
+            }
+        }
+        conserved(model.live_bytes());
+    }
+    model
+}
+
+fn round256(b: usize) -> usize {
+    b.div_ceil(256) * 256
+}
+
+fn pool_with(
+    size: usize,
+    initial: usize,
+    max: Option<usize>,
+) -> (
+    Arc<SimulatedMemoryResource>,
+    PoolMemoryResource,
+    Arc<RecordingStreamEvents>,
+) {
+    let up = Arc::new(SimulatedMemoryResource::new(size));
+    let events = RecordingStreamEvents::new();
+    let dyn_events: Arc<dyn StreamEvents> = events.clone();
+    let pool = PoolMemoryResource::with_events(up.clone(), Some(initial), max, dyn_events).unwrap();
+    (up, pool, events)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pool_matches_the_model(ops in ops(40_000, 300), initial in 0usize..8, capped in any::<bool>()) {
+        let max = capped.then_some(1 << 20);
+        let (up, pool, events) = pool_with(4 << 20, initial * 16384, max);
+        let model = run(&pool, &events, &ops, round256, |live| {
+            assert_eq!(pool.free_bytes() + live, pool.pool_size(), "bytes conserved");
+            assert!(max.is_none_or(|m| pool.pool_size() <= m));
+        });
+        for (&addr, &(bytes, _)) in &model.live {
+            pool.deallocate(addr, bytes, stream(1)).unwrap();
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size());
+        let size = pool.pool_size();
+        assert_eq!(pool.release().unwrap(), size);
+        assert_eq!((pool.pool_size(), up.bytes_in_use()), (0, 0));
+        // Still works after release.
+        let p = pool.allocate(1000, stream(2)).unwrap();
+        pool.deallocate(p, 1000, stream(2)).unwrap();
+    }
+
+    #[test]
+    fn pool_on_one_stream_coalesces_back_to_the_upstream_chunks(ops in ops(100_000, 300)) {
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Alloc { bytes, .. } => Op::Alloc { stream: 3, bytes },
+                Op::Free { pick, .. } => Op::Free { pick, stream: 3 },
+            })
+            .collect();
+        let (up, pool, events) = pool_with(64 << 20, 4096, None);
+        let model = run(&pool, &events, &ops, round256, |live| {
+            assert_eq!(pool.free_bytes() + live, pool.pool_size());
+        });
+        for (&addr, &(bytes, _)) in &model.live {
+            pool.deallocate(addr, bytes, stream(3)).unwrap();
+        }
+        assert_eq!(pool.free_block_count(), pool.upstream_chunk_count());
+        assert!(events.log().is_empty(), "one stream: no event calls");
+        drop(pool);
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn fixed_size_matches_the_model(ops in ops(5000, 300)) {
+        let up = Arc::new(SimulatedMemoryResource::new(16 << 20));
+        let events = RecordingStreamEvents::new();
+        let dyn_events: Arc<dyn StreamEvents> = events.clone();
+        let mr = FixedSizeMemoryResource::with_events(up.clone(), 4096, 4, dyn_events).unwrap();
+        run(&mr, &events, &ops, |_| 4096, |live| {
+            assert_eq!(mr.free_block_count() * 4096 + live, mr.pool_size());
+            assert_eq!(mr.pool_size() % (4 * 4096), 0, "whole chunks");
+        });
+        drop(mr);
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn binning_matches_the_model(ops in ops(20_000, 300)) {
+        let up = Arc::new(SimulatedMemoryResource::new(64 << 20));
+        let events = RecordingStreamEvents::new();
+        let dyn_events: Arc<dyn StreamEvents> = events.clone();
+        let big = PoolMemoryResource::with_events(up.clone(), Some(0), None, dyn_events.clone())
+            .unwrap();
+        let mr = BinningMemoryResource::new(Arc::new(big.clone()), None, None).unwrap();
+        for e in 10..=13 {
+            let bin = FixedSizeMemoryResource::with_events(up.clone(), 1 << e, 8, dyn_events.clone())
+                .unwrap();
+            mr.add_bin(1 << e, Some(Arc::new(bin))).unwrap();
+        }
+        let round = |b: usize| if b <= 8192 { b.next_power_of_two().max(1024) } else { round256(b) };
+        let model = run(&mr, &events, &ops, round, |_| {});
+        for (&addr, &(bytes, _)) in &model.live {
+            mr.deallocate(addr, bytes, stream(0)).unwrap();
+        }
+        assert_eq!(big.free_bytes(), big.pool_size());
+        let held: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().held_bytes).sum();
+        let free: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().free_bytes).sum();
+        assert_eq!(held, free);
+    }
+}
+
+#[test]
+fn same_stream_reuse_makes_no_event_call_and_cross_stream_waits() {
+    let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
+    let a = pool.allocate(4096, stream(1)).unwrap();
+    pool.deallocate(a, 4096, stream(1)).unwrap();
+    let b = pool.allocate(4096, stream(1)).unwrap();
+    assert_eq!(a, b);
+    pool.deallocate(b, 4096, stream(1)).unwrap();
+    assert!(events.log().is_empty());
+    let c = pool.allocate(4096, stream(2)).unwrap();
+    assert_eq!(c, a);
+    let log = events.log();
+    let (k1, k2) = (StreamKey::of(stream(1)), StreamKey::of(stream(2)));
+    assert!(matches!(log.as_slice(),
+        [EventCall::Record { stream: r, id: 1, .. }, EventCall::Wait { stream: w, id: 1, .. }]
+        if *r == k1 && *w == k2));
+}
+
+#[test]
+fn per_thread_default_streams_are_separate_and_ordered_by_an_event_at_free() {
+    let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
+    let p2 = pool.clone();
+    let (ptr, other) = std::thread::spawn(move || {
+        let p = p2.allocate(4096, Stream::PER_THREAD).unwrap();
+        p2.deallocate(p, 4096, Stream::PER_THREAD).unwrap();
+        (p, StreamKey::of(Stream::PER_THREAD))
+    })
+    .join()
+    .unwrap();
+    // This thread's PTDS is another stream: the block is taken only after a wait on the event
+    // that the other thread recorded at its free (this thread cannot record on that stream).
+    let here = StreamKey::of(Stream::PER_THREAD);
+    assert_ne!(here, other);
+    assert_eq!(pool.allocate(4096, Stream::PER_THREAD).unwrap(), ptr);
+    let log = events.log();
+    assert!(
+        matches!(log.as_slice(),
+        [EventCall::Record { stream: r, id, .. }, EventCall::Wait { stream: w, id: wid, .. }]
+        if *r == other && *w == here && id == wid),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn growth_failure_synchronizes_merges_and_retries() {
+    let (_up, pool, events) = pool_with(1 << 20, 8192, Some(8192));
+    let a = pool.allocate(4096, stream(1)).unwrap();
+    let b = pool.allocate(4096, stream(2)).unwrap();
+    pool.deallocate(a, 4096, stream(1)).unwrap();
+    pool.deallocate(b, 4096, stream(2)).unwrap();
+    // Two 4 KiB halves in two streams' lists: 8 KiB fits only once they are merged.
+    let c = pool.allocate(8192, stream(3)).unwrap();
+    assert_eq!(c, a.min(b));
+    assert!(matches!(
+        events.log().last(),
+        Some(EventCall::SynchronizeAll { .. })
+    ));
+}
+
+// Compile-time check: every suballocator is a thread-safe, shareable memory resource.
+const _: () = {
+    const fn check<T: MemoryResource + Send + Sync + Clone + 'static>() {}
+    check::<PoolMemoryResource>();
+    check::<FixedSizeMemoryResource>();
+    check::<BinningMemoryResource>();
+};
+
+#[test]
+fn resources_coerce_to_shared_resource() {
+    let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+    let pool: SharedResource = Arc::new(PoolMemoryResource::new(up.clone(), None, None).unwrap());
+    let fixed: SharedResource =
+        Arc::new(FixedSizeMemoryResource::new(up.clone(), 4096, 2).unwrap());
+    let bins: SharedResource =
+        Arc::new(BinningMemoryResource::new(pool.clone(), Some(8), Some(9)).unwrap());
+    let names: Vec<&str> = [&pool, &fixed, &bins].iter().map(|r| r.name()).collect();
+    assert_eq!(names, ["pool", "fixed_size", "binning"]);
+}
