@@ -19,6 +19,7 @@ mod current;
 mod device_buffer;
 mod error;
 pub mod resource;
+pub mod suballocator;
 
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
@@ -32,6 +33,9 @@ pub use resource::{
     CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
     ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
     SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+};
+pub use suballocator::{
+    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

@@ -1,0 +1,211 @@
+//! `BinningMemoryResource`: requests routed by size to bins, the rest to the upstream.
+
+use super::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{
+    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+};
+use parking_lot::RwLock;
+use std::sync::Arc;
+
+/// Routes each request to the bin with the smallest size at least the request, and requests
+/// larger than every bin to the upstream (RMM's `binning_memory_resource`). Bins are any
+/// resources; by default fixed-size resources over the upstream. Cheap to clone.
+///
+/// # Time Complexity
+/// Allocate and free take a shared read lock and a binary search over the bins, then the bin's
+/// own cost.
+#[derive(Clone, Debug)]
+pub struct BinningMemoryResource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    upstream: SharedResource,
+    /// Bins sorted by size.
+    bins: RwLock<Vec<(usize, SharedResource)>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bins: Vec<(usize, &str)> = self
+            .bins
+            .read()
+            .iter()
+            .map(|(s, r)| (*s, r.name()))
+            .collect();
+        f.debug_struct("BinningMemoryResource")
+            .field("upstream", &self.upstream.name())
+            .field("bins", &bins)
+            .finish()
+    }
+}
+
+impl BinningMemoryResource {
+    /// A binning resource over `upstream`; when both exponents are given, with fixed-size bins of
+    /// 2^min, 2^(min+1), ..., 2^max bytes (none when min > max).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an exponent of 64 or more; the upstream's error when a bin
+    /// cannot preallocate.
+    pub fn new(
+        upstream: SharedResource,
+        min_size_exponent: Option<u32>,
+        max_size_exponent: Option<u32>,
+    ) -> Result<Self> {
+        let mr = BinningMemoryResource {
+            inner: Arc::new(Inner {
+                upstream,
+                bins: RwLock::new(Vec::new()),
+            }),
+        };
+        if let (Some(min), Some(max)) = (min_size_exponent, max_size_exponent) {
+            if max >= usize::BITS {
+                return Err(Error::invalid(
+                    "max_size_exponent",
+                    format!("must be below {}", usize::BITS),
+                ));
+            }
+            for e in min..=max {
+                mr.add_bin(1usize << e, None)?;
+            }
+        }
+        Ok(mr)
+    }
+
+    /// Adds a bin for requests up to `allocation_size` bytes (rounded up to 256): `bin_resource`,
+    /// or a fixed-size resource of that block size over the upstream. As in RMM, a bin of a size
+    /// that already exists is kept and the call does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero or overflowing size; the upstream's error when a new
+    /// fixed-size bin cannot preallocate.
+    pub fn add_bin(
+        &self,
+        allocation_size: usize,
+        bin_resource: Option<SharedResource>,
+    ) -> Result<()> {
+        if allocation_size == 0 {
+            return Err(Error::invalid("allocation_size", "must be positive"));
+        }
+        let size = align_up(allocation_size, ALLOCATION_ALIGNMENT)
+            .ok_or_else(|| Error::invalid("allocation_size", "too large"))?;
+        if self.inner.bins.read().iter().any(|(s, _)| *s == size) {
+            return Ok(());
+        }
+        let resource = match bin_resource {
+            Some(r) => r,
+            None => Arc::new(FixedSizeMemoryResource::new(
+                self.inner.upstream.clone(),
+                size,
+                DEFAULT_BLOCKS_TO_PREALLOCATE,
+            )?),
+        };
+        let mut bins = self.inner.bins.write();
+        let at = bins.partition_point(|(s, _)| *s < size);
+        if bins.get(at).is_some_and(|(s, _)| *s == size) {
+            return Ok(()); // added by another thread meanwhile
+        }
+        bins.insert(at, (size, resource));
+        Ok(())
+    }
+
+    /// The bins, by increasing size: (largest request served, resource).
+    pub fn bins(&self) -> Vec<(usize, SharedResource)> {
+        self.inner.bins.read().clone()
+    }
+
+    /// The upstream resource (served requests larger than every bin).
+    pub fn upstream(&self) -> &SharedResource {
+        &self.inner.upstream
+    }
+}
+
+impl MemoryResource for BinningMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        let bins = self.inner.bins.read();
+        match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
+            Some((_, bin)) => bin.allocate(bytes, stream),
+            None => self.inner.upstream.allocate(bytes, stream),
+        }
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        let bins = self.inner.bins.read();
+        match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
+            Some((_, bin)) => bin.deallocate(ptr, bytes, stream),
+            None => self.inner.upstream.deallocate(ptr, bytes, stream),
+        }
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.inner.upstream.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.inner.upstream.device()
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.inner.upstream.memory_info()
+    }
+
+    /// The bins' footprints summed (largest free block: the largest of theirs).
+    fn footprint(&self) -> Option<Footprint> {
+        let mut total = Footprint::default();
+        for (_, bin) in self.inner.bins.read().iter() {
+            if let Some(f) = bin.footprint() {
+                total.held_bytes += f.held_bytes;
+                total.free_bytes += f.free_bytes;
+                total.free_blocks += f.free_blocks;
+                total.largest_free_block = total.largest_free_block.max(f.largest_free_block);
+            }
+        }
+        Some(total)
+    }
+
+    fn name(&self) -> &'static str {
+        "binning"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::SimulatedMemoryResource;
+
+    #[test]
+    fn requests_go_to_the_smallest_bin_that_fits_or_upstream() {
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
+        let mr = BinningMemoryResource::new(up.clone(), Some(10), Some(12)).unwrap();
+        let sizes: Vec<usize> = mr.bins().iter().map(|(s, _)| *s).collect();
+        assert_eq!(sizes, vec![1024, 2048, 4096]);
+        let custom: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        mr.add_bin(300, Some(custom.clone())).unwrap();
+        assert_eq!(mr.bins()[0].0, 512);
+        mr.add_bin(1024, Some(custom.clone())).unwrap(); // exists: kept
+        assert_eq!(mr.bins()[1].1.name(), "fixed_size");
+
+        let p = mr.allocate(500, Stream::DEFAULT).unwrap();
+        assert_eq!(custom.footprint().unwrap().held_bytes, 512);
+        let q = mr.allocate(1500, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.bins()[2].1.footprint().unwrap().free_blocks, 127);
+        let in_use = up.bytes_in_use();
+        let r = mr.allocate(5000, Stream::DEFAULT).unwrap();
+        assert_eq!(
+            up.bytes_in_use(),
+            in_use + 5120,
+            "above the largest bin: upstream"
+        );
+        mr.deallocate(p, 500, Stream::DEFAULT).unwrap();
+        mr.deallocate(q, 1500, Stream::DEFAULT).unwrap();
+        mr.deallocate(r, 5000, Stream::DEFAULT).unwrap();
+        assert_eq!(up.bytes_in_use(), in_use);
+        assert_eq!(custom.footprint().unwrap().held_bytes, 0);
+        assert_eq!(mr.name(), "binning");
+        assert!(mr.add_bin(0, None).is_err());
+    }
+}

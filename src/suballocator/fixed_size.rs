@@ -1,0 +1,174 @@
+//! `FixedSizeMemoryResource`: blocks of one size, stream-ordered, taken from the upstream in
+//! chunks.
+
+use super::fixed_size_free_list::FixedSizeFreeList;
+use super::stream_events::StreamEvents;
+use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{
+    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+};
+use std::sync::Arc;
+
+/// RMM's default block size: 1 MiB.
+pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+/// RMM's default number of blocks per upstream chunk.
+pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
+
+/// Hands out blocks of one size (RMM's `fixed_size_memory_resource`); a larger request is out of
+/// memory. Blocks come from the upstream in chunks of `blocks_to_preallocate` blocks (one chunk at
+/// construction) and go back only when the resource drops. Stream-ordered like the pool; cheap to
+/// clone.
+#[derive(Clone, Debug)]
+pub struct FixedSizeMemoryResource {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    core: StreamOrderedCore<FixedSizeFreeList>,
+    block_size: usize,
+}
+
+impl FixedSizeMemoryResource {
+    /// Blocks of `block_size` bytes (rounded up to 256) over `upstream`, in chunks of
+    /// `blocks_to_preallocate` blocks (at least 1); RMM's defaults are
+    /// [`DEFAULT_BLOCK_SIZE`] and [`DEFAULT_BLOCKS_TO_PREALLOCATE`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero or overflowing block size; the upstream's error when
+    /// the first chunk cannot be allocated.
+    pub fn new(
+        upstream: SharedResource,
+        block_size: usize,
+        blocks_to_preallocate: usize,
+    ) -> Result<Self> {
+        let events = default_events(&upstream);
+        Self::with_events(upstream, block_size, blocks_to_preallocate, events)
+    }
+
+    /// As [`FixedSizeMemoryResource::new`], with an explicit cross-stream ordering
+    /// implementation.
+    ///
+    /// # Errors
+    /// As [`FixedSizeMemoryResource::new`].
+    pub fn with_events(
+        upstream: SharedResource,
+        block_size: usize,
+        blocks_to_preallocate: usize,
+        events: Arc<dyn StreamEvents>,
+    ) -> Result<Self> {
+        if block_size == 0 {
+            return Err(Error::invalid("block_size", "must be positive"));
+        }
+        let block_size = align_up(block_size, ALLOCATION_ALIGNMENT)
+            .ok_or_else(|| Error::invalid("block_size", "too large"))?;
+        let chunk = block_size
+            .checked_mul(blocks_to_preallocate.max(1))
+            .ok_or_else(|| Error::invalid("blocks_to_preallocate", "chunk size overflows"))?;
+        let core = StreamOrderedCore::new(
+            upstream,
+            events,
+            Growth::Chunks {
+                chunk,
+                block: block_size,
+            },
+            FixedSizeFreeList::new(block_size),
+            "fixed_size",
+        );
+        core.preallocate(chunk)?;
+        Ok(FixedSizeMemoryResource {
+            inner: Arc::new(Inner { core, block_size }),
+        })
+    }
+
+    /// The size of every block, in bytes.
+    pub fn block_size(&self) -> usize {
+        self.inner.block_size
+    }
+
+    /// Bytes held from the upstream.
+    pub fn pool_size(&self) -> usize {
+        self.inner.core.pool_size()
+    }
+
+    /// Number of free blocks, over all streams.
+    pub fn free_block_count(&self) -> usize {
+        self.inner.core.footprint().free_blocks
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        self.inner.core.upstream()
+    }
+}
+
+impl MemoryResource for FixedSizeMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.inner.core.allocate(bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        self.inner.core.deallocate(ptr, bytes, stream)
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.upstream().kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.upstream().device()
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.upstream().memory_info()
+    }
+
+    fn footprint(&self) -> Option<Footprint> {
+        Some(self.inner.core.footprint())
+    }
+
+    fn name(&self) -> &'static str {
+        "fixed_size"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::SimulatedMemoryResource;
+
+    #[test]
+    fn too_large_requests_are_out_of_memory_and_chunks_grow() {
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let mr = FixedSizeMemoryResource::new(up.clone(), 1000, 4).unwrap();
+        assert_eq!(mr.block_size(), 1024);
+        assert_eq!(mr.pool_size(), 4096);
+        let e = mr.allocate(1025, Stream::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        let ptrs: Vec<usize> = (0..5)
+            .map(|_| mr.allocate(10, Stream::DEFAULT).unwrap())
+            .collect();
+        assert_eq!(mr.pool_size(), 8192);
+        for p in ptrs {
+            assert_eq!(p % 256, 0);
+            mr.deallocate(p, 10, Stream::DEFAULT).unwrap();
+        }
+        assert_eq!(mr.free_block_count(), 8);
+        assert_eq!(mr.name(), "fixed_size");
+        drop(mr);
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn zero_block_size_is_invalid() {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        assert!(matches!(
+            FixedSizeMemoryResource::new(up, 0, 4),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

@@ -1,0 +1,280 @@
+//! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
+
+use super::coalescing_free_list::CoalescingFreeList;
+use super::stream_events::StreamEvents;
+use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{
+    Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+};
+use std::sync::Arc;
+
+/// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
+/// `pool_memory_resource` semantics and O(1) allocate and free (see the coalescing free list).
+///
+/// Stream-ordered: memory freed on a stream is reused on that stream at once, and on another
+/// stream only after an event wait. Cheap to clone (clones share the pool); the memory goes back
+/// to the upstream when the last clone drops.
+///
+/// # Growth policy
+/// When no free block fits, the pool asks the upstream for `max(request, pool size)` (so it
+/// doubles), capped by the room left to the maximum and by the upstream's free memory (when the
+/// upstream reports it and it covers the request); when the upstream fails, it halves the ask down
+/// to the request. So the pool never asks for more than the maximum allows (RMM's overshoot
+/// failures), and a request that fits the room left never fails for want of a round number.
+/// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
+/// and gives fully free upstream chunks back to grow one chunk large enough.
+#[derive(Clone, Debug)]
+pub struct PoolMemoryResource {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    core: StreamOrderedCore<CoalescingFreeList>,
+    maximum_pool_size: Option<usize>,
+}
+
+impl PoolMemoryResource {
+    /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
+    /// free memory, rounded down to 256, and at most the maximum) and growing up to
+    /// `maximum_pool_size` (default: no limit but the upstream's).
+    ///
+    /// # Errors
+    /// [`Error::Logic`] with RMM's messages when a size is not a multiple of 256 or the initial
+    /// size exceeds the maximum; the upstream's error when the initial allocation fails.
+    pub fn new(
+        upstream: SharedResource,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+    ) -> Result<Self> {
+        let events = default_events(&upstream);
+        Self::with_events(upstream, initial_pool_size, maximum_pool_size, events)
+    }
+
+    /// As [`PoolMemoryResource::new`], with an explicit cross-stream ordering implementation
+    /// (tests use a recording fake).
+    ///
+    /// # Errors
+    /// As [`PoolMemoryResource::new`].
+    pub fn with_events(
+        upstream: SharedResource,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        events: Arc<dyn StreamEvents>,
+    ) -> Result<Self> {
+        if initial_pool_size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
+            return Err(Error::Logic(
+                "Error, Initial pool size required to be a multiple of 256 bytes".into(),
+            ));
+        }
+        if maximum_pool_size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
+            return Err(Error::Logic(
+                "Error, Maximum pool size required to be a multiple of 256 bytes".into(),
+            ));
+        }
+        let initial = match initial_pool_size {
+            Some(size) => size,
+            None => {
+                let half = upstream.memory_info().map_or(0, |(free, _)| free / 2);
+                (half & !(ALLOCATION_ALIGNMENT - 1)).min(maximum_pool_size.unwrap_or(usize::MAX))
+            }
+        };
+        if initial > maximum_pool_size.unwrap_or(usize::MAX) {
+            return Err(Error::Logic(
+                "Initial pool size exceeds the maximum pool size!".into(),
+            ));
+        }
+        let core = StreamOrderedCore::new(
+            upstream,
+            events,
+            Growth::Geometric {
+                maximum: maximum_pool_size,
+            },
+            CoalescingFreeList::new(),
+            "pool",
+        );
+        core.preallocate(initial)?;
+        Ok(PoolMemoryResource {
+            inner: Arc::new(Inner {
+                core,
+                maximum_pool_size,
+            }),
+        })
+    }
+
+    /// Bytes held from the upstream, free and allocated.
+    pub fn pool_size(&self) -> usize {
+        self.inner.core.pool_size()
+    }
+
+    /// The maximum pool size, if one was set.
+    pub fn maximum_pool_size(&self) -> Option<usize> {
+        self.inner.maximum_pool_size
+    }
+
+    /// Gives every fully free upstream chunk back to the upstream (after synchronizing every
+    /// stream and merging the free lists) and returns the bytes released.
+    ///
+    /// # Errors
+    /// CUDA errors from the synchronisation or the upstream's deallocation.
+    ///
+    /// # Time Complexity
+    /// O(free blocks).
+    pub fn release(&self) -> Result<usize> {
+        self.inner.core.release()
+    }
+
+    /// Free bytes in the pool, over all streams.
+    pub fn free_bytes(&self) -> usize {
+        self.inner.core.footprint().free_bytes
+    }
+
+    /// The largest free block, in bytes.
+    ///
+    /// # Time Complexity
+    /// O(blocks in the largest size class of each stream).
+    pub fn largest_free_block(&self) -> usize {
+        self.inner.core.footprint().largest_free_block
+    }
+
+    /// Number of free blocks, over all streams.
+    pub fn free_block_count(&self) -> usize {
+        self.inner.core.footprint().free_blocks
+    }
+
+    /// Number of chunks currently held from the upstream.
+    pub fn upstream_chunk_count(&self) -> usize {
+        self.inner.core.chunk_count()
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        self.inner.core.upstream()
+    }
+}
+
+impl MemoryResource for PoolMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.inner.core.allocate(bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        self.inner.core.deallocate(ptr, bytes, stream)
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.upstream().kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.upstream().device()
+    }
+
+    /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
+    /// total, capped by the maximum.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        let (up_free, up_total) = self.upstream().memory_info()?;
+        let fp = self.inner.core.footprint();
+        let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
+        let room = max.saturating_sub(fp.held_bytes).min(up_free);
+        Some((fp.free_bytes + room, up_total.min(max)))
+    }
+
+    fn footprint(&self) -> Option<Footprint> {
+        Some(self.inner.core.footprint())
+    }
+
+    fn name(&self) -> &'static str {
+        "pool"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::SimulatedMemoryResource;
+
+    fn sim(size: usize) -> SharedResource {
+        Arc::new(SimulatedMemoryResource::new(size))
+    }
+
+    #[test]
+    fn default_initial_size_is_half_the_free_memory() {
+        let pool = PoolMemoryResource::new(sim(1 << 20), None, None).unwrap();
+        assert_eq!(pool.pool_size(), 1 << 19);
+        let capped = PoolMemoryResource::new(sim(1 << 20), None, Some(4096)).unwrap();
+        assert_eq!(capped.pool_size(), 4096);
+        assert_eq!(pool.name(), "pool");
+        assert_eq!(pool.kind(), MemoryKind::Simulated);
+    }
+
+    #[test]
+    fn size_validation_uses_rmm_messages() {
+        let msg = |r: Result<PoolMemoryResource>| r.unwrap_err().to_string();
+        assert_eq!(
+            msg(PoolMemoryResource::new(sim(1 << 20), Some(100), None)),
+            "Error, Initial pool size required to be a multiple of 256 bytes"
+        );
+        assert_eq!(
+            msg(PoolMemoryResource::new(sim(1 << 20), Some(256), Some(1000))),
+            "Error, Maximum pool size required to be a multiple of 256 bytes"
+        );
+        let e = PoolMemoryResource::new(sim(1 << 20), Some(2048), Some(1024)).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Logic("Initial pool size exceeds the maximum pool size!".into())
+        );
+        assert!(PoolMemoryResource::new(sim(1024), Some(4096), None)
+            .unwrap_err()
+            .is_out_of_memory());
+    }
+
+    #[test]
+    fn out_of_memory_at_the_maximum_then_the_pool_still_works() {
+        let pool = PoolMemoryResource::new(sim(1 << 24), Some(0), Some(1 << 20)).unwrap();
+        let a = pool.allocate(600 << 10, Stream::DEFAULT).unwrap();
+        let e = pool.allocate(600 << 10, Stream::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory());
+        let text = e.to_string();
+        assert!(text.contains("Maximum pool size exceeded"), "{text}");
+        assert!(text.contains(&(600usize << 10).to_string()), "{text}");
+        assert!(text.contains(&(1usize << 20).to_string()), "{text}");
+        assert!(pool.pool_size() <= 1 << 20);
+        pool.deallocate(a, 600 << 10, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), 1 << 20);
+        pool.deallocate(b, 1 << 20, Stream::DEFAULT).unwrap();
+    }
+
+    #[test]
+    fn growth_doubles_and_release_returns_free_chunks() {
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
+        let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();
+        let a = pool.allocate(4096, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(256, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), 8192, "grew by max(request, pool size)");
+        assert_eq!(pool.upstream_chunk_count(), 2);
+        pool.deallocate(b, 256, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.release().unwrap(), 4096);
+        assert_eq!(pool.pool_size(), 4096);
+        assert_eq!(up.bytes_in_use(), 4096);
+        pool.deallocate(a, 4096, Stream::DEFAULT).unwrap();
+        drop(pool);
+        assert_eq!(up.bytes_in_use(), 0, "dropping the pool returns everything");
+    }
+
+    #[test]
+    fn unknown_pointer_is_a_logic_error() {
+        let pool = PoolMemoryResource::new(sim(1 << 20), Some(4096), None).unwrap();
+        assert!(matches!(
+            pool.deallocate(0x1234_5600, 256, Stream::DEFAULT),
+            Err(Error::Logic(_))
+        ));
+        assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
+        pool.deallocate(0, 0, Stream::DEFAULT).unwrap();
+    }
+}

@@ -1,0 +1,331 @@
+//! Cross-stream ordering for the stream-ordered suballocators.
+//!
+//! The core ([`super::stream_ordered`]) keeps one free list per stream. A block freed on stream A
+//! may be handed to stream B only after B waits on an event recorded on A after the free. The
+//! core asks for that ordering through [`StreamEvents`]; this module has the three answers: real
+//! CUDA events ([`CudaStreamEvents`]), nothing at all for memory with no device behind it
+//! ([`NoStreamEvents`]), and a log for tests ([`RecordingStreamEvents`]).
+//!
+//! # Per-thread default streams
+//! `Stream::PER_THREAD` names a different stream on every thread, so free lists are keyed by
+//! [`StreamKey`] = (stream, thread tag for PTDS). Another thread cannot record an event on a PTDS
+//! of another thread (the handle would name its own PTDS). The scheme: whenever memory is freed on
+//! a PTDS, the freeing thread (the owner) re-records that list's event at once
+//! ([`StreamEvents::record_after_free`]); a thread that takes memory from another thread's PTDS list
+//! waits on that event, which was recorded after the latest free into the list and so after every
+//! free in it. For the owner thread itself, or for any ordinary stream, the event is recorded at
+//! steal time instead, so the same-stream free path of ordinary streams makes no CUDA call.
+
+use crate::cuda::{self, ContextGuard, Event, Stream};
+use crate::error::Result;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A unique, never reused tag for the calling thread (1, 2, ...).
+pub fn current_thread_tag() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TAG.with(|t| *t)
+}
+
+/// The stream a free list belongs to: the stream handle, plus the thread for the per-thread
+/// default stream (a different stream on every thread). The two legacy default handles (0 and
+/// 0x1) are one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamKey {
+    raw: usize,
+    thread: u64,
+}
+
+impl StreamKey {
+    /// The key of `stream` as used from the calling thread.
+    #[inline]
+    pub fn of(stream: Stream) -> StreamKey {
+        if stream.is_per_thread_default() {
+            StreamKey {
+                raw: stream.raw(),
+                thread: current_thread_tag(),
+            }
+        } else if stream.is_legacy_default() {
+            StreamKey { raw: 0, thread: 0 }
+        } else {
+            StreamKey {
+                raw: stream.raw(),
+                thread: 0,
+            }
+        }
+    }
+
+    /// The stream handle (for PTDS: valid only on the thread [`StreamKey::thread`]).
+    pub fn stream(self) -> Stream {
+        Stream::from_raw(self.raw)
+    }
+
+    /// The thread tag of a per-thread default stream; 0 for every other stream.
+    pub fn thread(self) -> u64 {
+        self.thread
+    }
+
+    /// Whether this is some thread's per-thread default stream.
+    pub fn is_per_thread(self) -> bool {
+        self.thread != 0
+    }
+
+    /// Whether this is the calling thread's per-thread default stream, or not a PTDS at all
+    /// (that is: whether the calling thread may enqueue work on it).
+    pub fn is_reachable_here(self) -> bool {
+        self.thread == 0 || self.thread == current_thread_tag()
+    }
+}
+
+/// How the stream-ordered core orders one stream after another.
+///
+/// Implementations are called with the core's lock held, in the order the core needs them.
+pub trait StreamEvents: Send + Sync + std::fmt::Debug {
+    /// Makes `waiter` wait (on the device) for all work enqueued on `owner` so far, including the
+    /// frees of memory now in `owner`'s free list. Called on the thread that allocates on
+    /// `waiter`.
+    ///
+    /// # Errors
+    /// CUDA errors from the event calls.
+    fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()>;
+
+    /// Called by the core after memory was freed into the list of a per-thread default stream
+    /// `owner` (only for those), on the owner's thread; see the module docs.
+    ///
+    /// # Errors
+    /// CUDA errors from the event calls.
+    fn record_after_free(&self, owner: StreamKey) -> Result<()>;
+
+    /// Waits on the host until all work on every stream is complete, after which every free
+    /// list may be used by every stream.
+    ///
+    /// # Errors
+    /// CUDA errors from the synchronisation.
+    fn synchronize_all(&self) -> Result<()>;
+}
+
+/// Events for resources whose memory no device work can touch (simulated or host upstreams):
+/// every call is a no-op.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoStreamEvents;
+
+impl StreamEvents for NoStreamEvents {
+    fn make_wait(&self, _waiter: StreamKey, _owner: StreamKey) -> Result<()> {
+        Ok(())
+    }
+    fn record_after_free(&self, _owner: StreamKey) -> Result<()> {
+        Ok(())
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Real CUDA events: one cached [`Event`] per owner stream, created the first time memory
+/// leaves that stream, recorded on the owner and waited on by the waiter.
+#[derive(Debug)]
+pub struct CudaStreamEvents {
+    device: Option<usize>,
+    events: Mutex<HashMap<StreamKey, Event>>,
+}
+
+impl CudaStreamEvents {
+    /// Events in the primary context of `device` (or the current context when `None`).
+    pub fn new(device: Option<usize>) -> Self {
+        CudaStreamEvents {
+            device,
+            events: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn context(&self) -> Result<Option<ContextGuard>> {
+        self.device.map(ContextGuard::new).transpose()
+    }
+}
+
+impl StreamEvents for CudaStreamEvents {
+    fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
+        let _ctx = self.context()?;
+        let mut events = self.events.lock();
+        if !owner.is_reachable_here() {
+            // Another thread's PTDS: its event was re-recorded at its latest free.
+            return match events.get(&owner) {
+                Some(event) => event.wait_on(waiter.stream()),
+                None => cuda::context_synchronize(),
+            };
+        }
+        let event = match events.entry(owner) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
+        };
+        event.record(owner.stream())?;
+        event.wait_on(waiter.stream())
+    }
+
+    fn record_after_free(&self, owner: StreamKey) -> Result<()> {
+        let _ctx = self.context()?;
+        let mut events = self.events.lock();
+        let event = match events.entry(owner) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
+        };
+        event.record(owner.stream())
+    }
+
+    fn synchronize_all(&self) -> Result<()> {
+        let _ctx = self.context()?;
+        cuda::context_synchronize()
+    }
+}
+
+/// One call logged by [`RecordingStreamEvents`], with its place in the global order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventCall {
+    /// Event `id` recorded on `stream` at sequence number `seq`.
+    Record {
+        /// The stream recorded on.
+        stream: StreamKey,
+        /// The event (one per owner stream, reused).
+        id: u64,
+        /// Global sequence number.
+        seq: u64,
+    },
+    /// `stream` made to wait on event `id` at sequence number `seq`.
+    Wait {
+        /// The waiting stream.
+        stream: StreamKey,
+        /// The event waited on.
+        id: u64,
+        /// Global sequence number.
+        seq: u64,
+    },
+    /// Host synchronisation of every stream at sequence number `seq`.
+    SynchronizeAll {
+        /// Global sequence number.
+        seq: u64,
+    },
+}
+
+/// A fake for tests: behaves like [`CudaStreamEvents`] (one event id per owner stream, the same
+/// PTDS scheme) but only logs the calls, each with a global sequence number from
+/// [`RecordingStreamEvents::tick`].
+#[derive(Debug, Default)]
+pub struct RecordingStreamEvents {
+    state: Mutex<RecordingState>,
+}
+
+#[derive(Debug, Default)]
+struct RecordingState {
+    seq: u64,
+    ids: HashMap<StreamKey, u64>,
+    log: Vec<EventCall>,
+}
+
+impl RecordingState {
+    fn next(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+    fn id(&mut self, owner: StreamKey) -> u64 {
+        let n = self.ids.len() as u64 + 1;
+        *self.ids.entry(owner).or_insert(n)
+    }
+}
+
+impl RecordingStreamEvents {
+    /// A new, empty log, shared so that the test keeps a handle while the resource owns one.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Takes the next global sequence number (tests mark their own frees and allocations
+    /// with it, so they interleave with the logged calls).
+    pub fn tick(&self) -> u64 {
+        self.state.lock().next()
+    }
+
+    /// A copy of the log so far.
+    pub fn log(&self) -> Vec<EventCall> {
+        self.state.lock().log.clone()
+    }
+}
+
+impl StreamEvents for RecordingStreamEvents {
+    fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
+        let mut s = self.state.lock();
+        let id = s.id(owner);
+        if owner.is_reachable_here() {
+            let seq = s.next();
+            s.log.push(EventCall::Record {
+                stream: owner,
+                id,
+                seq,
+            });
+        }
+        let seq = s.next();
+        s.log.push(EventCall::Wait {
+            stream: waiter,
+            id,
+            seq,
+        });
+        Ok(())
+    }
+
+    fn record_after_free(&self, owner: StreamKey) -> Result<()> {
+        let mut s = self.state.lock();
+        let id = s.id(owner);
+        let seq = s.next();
+        s.log.push(EventCall::Record {
+            stream: owner,
+            id,
+            seq,
+        });
+        Ok(())
+    }
+
+    fn synchronize_all(&self) -> Result<()> {
+        let mut s = self.state.lock();
+        let seq = s.next();
+        s.log.push(EventCall::SynchronizeAll { seq });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_merge_legacy_handles_and_split_ptds_by_thread() {
+        assert_eq!(
+            StreamKey::of(Stream::DEFAULT),
+            StreamKey::of(Stream::LEGACY)
+        );
+        let here = StreamKey::of(Stream::PER_THREAD);
+        let there = std::thread::spawn(|| StreamKey::of(Stream::PER_THREAD))
+            .join()
+            .unwrap();
+        assert_ne!(here, there);
+        assert!(here.is_reachable_here() && !there.is_reachable_here());
+        assert_eq!(here.stream(), Stream::PER_THREAD);
+    }
+
+    #[test]
+    fn recording_fake_logs_record_then_wait_with_one_id_per_owner() {
+        let ev = RecordingStreamEvents::new();
+        let a = StreamKey::of(Stream::from_raw(0x1000));
+        let b = StreamKey::of(Stream::from_raw(0x1001));
+        ev.make_wait(b, a).unwrap();
+        ev.make_wait(b, a).unwrap();
+        let log = ev.log();
+        assert_eq!(log.len(), 4);
+        assert!(matches!(log[0], EventCall::Record { stream, id: 1, seq: 1 } if stream == a));
+        assert!(matches!(log[1], EventCall::Wait { stream, id: 1, seq: 2 } if stream == b));
+        assert!(matches!(log[2], EventCall::Record { id: 1, .. }));
+    }
+}
