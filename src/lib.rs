@@ -14,6 +14,7 @@
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 
+pub mod adaptor;
 pub mod cuda;
 mod current;
 mod device_buffer;
@@ -21,6 +22,11 @@ mod error;
 pub mod resource;
 pub mod suballocator;
 
+pub use adaptor::{
+    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor,
+    TrackingResourceAdaptor,
+};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     clear_per_device_resources, current_device_ordinal, current_device_resource,

@@ -1,0 +1,125 @@
+//! An adaptor that hands out allocations with a larger alignment than 256 bytes.
+
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{align_up, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// Aligns allocations of at least `alignment_threshold` bytes to `alignment` (RMM's
+/// `aligned_resource_adaptor`): such requests take `bytes + alignment - 256` from the upstream
+/// and return the first aligned address inside; smaller requests pass straight through.
+pub struct AlignedResourceAdaptor {
+    upstream: SharedResource,
+    alignment: usize,
+    alignment_threshold: usize,
+    /// Aligned pointer -> the upstream's pointer, where they differ.
+    pointers: Mutex<HashMap<usize, usize>>,
+}
+
+impl AlignedResourceAdaptor {
+    /// An adaptor over `upstream` aligning allocations of `alignment_threshold` bytes or more to
+    /// `alignment`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `alignment` is not a power of two.
+    pub fn new(
+        upstream: SharedResource,
+        alignment: usize,
+        alignment_threshold: usize,
+    ) -> Result<Self> {
+        if !alignment.is_power_of_two() {
+            return Err(Error::invalid(
+                "alignment",
+                format!("{alignment}: allocation alignment is not a power of 2"),
+            ));
+        }
+        Ok(AlignedResourceAdaptor {
+            upstream,
+            alignment: alignment.max(ALLOCATION_ALIGNMENT),
+            alignment_threshold,
+            pointers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        &self.upstream
+    }
+
+    /// The alignment of large allocations.
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// Requests of this many bytes or more are aligned.
+    pub fn alignment_threshold(&self) -> usize {
+        self.alignment_threshold
+    }
+
+    fn passes_through(&self, bytes: usize) -> bool {
+        self.alignment == ALLOCATION_ALIGNMENT || bytes < self.alignment_threshold
+    }
+
+    fn upper_bound(&self, bytes: usize) -> Option<usize> {
+        align_up(bytes, ALLOCATION_ALIGNMENT)?.checked_add(self.alignment - ALLOCATION_ALIGNMENT)
+    }
+}
+
+impl MemoryResource for AlignedResourceAdaptor {
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        if bytes == 0 || self.passes_through(bytes) {
+            return self.upstream.allocate(bytes, stream);
+        }
+        let size = self
+            .upper_bound(bytes)
+            .ok_or_else(|| Error::out_of_memory(bytes, "size overflows"))?;
+        let ptr = self.upstream.allocate(size, stream)?;
+        // `ptr + size` is a valid address range, so aligning inside it cannot overflow.
+        let aligned = align_up(ptr, self.alignment).unwrap_or(ptr);
+        if aligned != ptr {
+            self.pointers.lock().insert(aligned, ptr);
+        }
+        Ok(aligned)
+    }
+
+    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 || self.passes_through(bytes) {
+            return self.upstream.deallocate(ptr, bytes, stream);
+        }
+        let size = self
+            .upper_bound(bytes)
+            .ok_or_else(|| Error::invalid("bytes", "size overflows"))?;
+        let original = self.pointers.lock().remove(&ptr).unwrap_or(ptr);
+        self.upstream.deallocate(original, size, stream)
+    }
+
+    forward_upstream_info!();
+
+    fn name(&self) -> &'static str {
+        "aligned"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_send_sync, simulated};
+    use super::*;
+
+    #[test]
+    fn large_allocations_are_aligned_small_pass_through() {
+        assert_send_sync::<AlignedResourceAdaptor>();
+        let up = simulated();
+        let mr = AlignedResourceAdaptor::new(up.clone(), 4096, 1000).unwrap();
+        let small = mr.allocate(10, Stream::DEFAULT).unwrap();
+        let big = mr.allocate(1000, Stream::DEFAULT).unwrap();
+        let big2 = mr.allocate(5000, Stream::DEFAULT).unwrap();
+        assert_eq!(big % 4096, 0);
+        assert_eq!(big2 % 4096, 0);
+        mr.deallocate(big, 1000, Stream::DEFAULT).unwrap();
+        mr.deallocate(big2, 5000, Stream::DEFAULT).unwrap();
+        mr.deallocate(small, 10, Stream::DEFAULT).unwrap();
+        assert_eq!(up.footprint().unwrap().held_bytes, 0);
+        assert!(AlignedResourceAdaptor::new(up, 3000, 0).is_err());
+    }
+}
