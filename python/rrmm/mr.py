@@ -7,7 +7,17 @@ from typing import Any
 
 from rrmm import _rrmm
 from rrmm._rrmm import (
+    AlignedResourceAdaptor,
+    BinningMemoryResource,
     CallbackMemoryResource,
+    FailureCallbackResourceAdaptor,
+    FixedSizeMemoryResource,
+    LimitingResourceAdaptor,
+    LoggingResourceAdaptor,
+    PoolMemoryResource,
+    PrefetchResourceAdaptor,
+    StatisticsResourceAdaptor,
+    TrackingResourceAdaptor,
     CudaAsyncMemoryResource,
     CudaAsyncViewMemoryResource,
     CudaMemoryResource,
@@ -27,7 +37,17 @@ from rrmm._rrmm import (
 )
 
 __all__ = [
+    "AlignedResourceAdaptor",
+    "BinningMemoryResource",
     "CallbackMemoryResource",
+    "FailureCallbackResourceAdaptor",
+    "FixedSizeMemoryResource",
+    "LimitingResourceAdaptor",
+    "LoggingResourceAdaptor",
+    "PoolMemoryResource",
+    "PrefetchResourceAdaptor",
+    "StatisticsResourceAdaptor",
+    "TrackingResourceAdaptor",
     "CudaAsyncMemoryResource",
     "CudaAsyncViewMemoryResource",
     "CudaMemoryResource",
@@ -52,28 +72,12 @@ __all__ = [
 ]
 
 # Resources that arrive from other parts of rrmm; present when the extension has them.
-_OPTIONAL = [
-    "PoolMemoryResource",
-    "FixedSizeMemoryResource",
-    "BinningMemoryResource",
-    "ArenaMemoryResource",
-    "LimitingResourceAdaptor",
-    "LoggingResourceAdaptor",
-    "StatisticsResourceAdaptor",
-    "TrackingResourceAdaptor",
-    "FailureCallbackResourceAdaptor",
-    "PrefetchResourceAdaptor",
-    "AlignedResourceAdaptor",
-]
+_OPTIONAL = ["ArenaMemoryResource"]
 for _name in _OPTIONAL:
     if hasattr(_rrmm, _name):
         globals()[_name] = getattr(_rrmm, _name)
         __all__.append(_name)
 del _name
-
-
-def _missing(name: str) -> NotImplementedError:
-    return NotImplementedError(f"rrmm.mr.{name} is not available in this build of rrmm")
 
 
 def get_per_device_resource_type(device: int) -> type:
@@ -106,9 +110,7 @@ def _on_device(device: int, make: Any) -> Any:
 def enable_logging(log_file_name: str | None = None) -> None:
     """Wraps each device's resource in a ``LoggingResourceAdaptor`` writing to ``log_file_name``
     (``$RMM_LOG_FILE`` when None), with ``.dev{N}`` inserted before the extension."""
-    logging_cls = globals().get("LoggingResourceAdaptor")
-    if logging_cls is None:
-        raise _missing("LoggingResourceAdaptor")
+    logging_cls = LoggingResourceAdaptor
     for device in _devices_with_resources() or [0]:
         current = get_per_device_resource(device)
         if not isinstance(current, logging_cls):
@@ -118,9 +120,7 @@ def enable_logging(log_file_name: str | None = None) -> None:
 
 def disable_logging() -> None:
     """Removes the ``LoggingResourceAdaptor`` of each device that has one."""
-    logging_cls = globals().get("LoggingResourceAdaptor")
-    if logging_cls is None:
-        return
+    logging_cls = LoggingResourceAdaptor
     for device in _devices_with_resources():
         current = get_per_device_resource(device)
         if isinstance(current, logging_cls):
@@ -129,11 +129,10 @@ def disable_logging() -> None:
 
 def get_log_filenames() -> dict[int, str | None]:
     """``{device: log file}`` for each device with a resource (None where it does not log)."""
-    logging_cls = globals().get("LoggingResourceAdaptor")
     out: dict[int, str | None] = {}
     for device in _devices_with_resources():
         current = get_per_device_resource(device)
-        if logging_cls is not None and isinstance(current, logging_cls):
+        if isinstance(current, LoggingResourceAdaptor):
             out[device] = current.get_file_name()
         else:
             out[device] = None
@@ -155,12 +154,6 @@ def _initialize(
             _rrmm.parse_bytes(value) if isinstance(value, str) else _check_int(value)
     if isinstance(devices, int):
         devices = [devices]
-    pool_cls = globals().get("PoolMemoryResource")
-    if pool_allocator and pool_cls is None:
-        raise _missing("PoolMemoryResource")
-    logging_cls = globals().get("LoggingResourceAdaptor")
-    if logging and logging_cls is None:
-        raise _missing("LoggingResourceAdaptor")
     _rrmm._clear_per_device_resources()
     if _rrmm.device_count() == 0:
         warnings.warn(
@@ -174,11 +167,11 @@ def _initialize(
     def build(device: int) -> Any:
         upstream = ManagedMemoryResource() if managed_memory else CudaMemoryResource()
         if pool_allocator:
-            mr = pool_cls(upstream, initial_pool_size, maximum_pool_size)
+            mr = PoolMemoryResource(upstream, initial_pool_size, maximum_pool_size)
         else:
             mr = upstream
         if logging:
-            mr = logging_cls(mr, log_file_name)
+            mr = LoggingResourceAdaptor(mr, log_file_name)
         return mr
 
     for device in devices:

@@ -38,17 +38,9 @@ class Statistics:
     total_count: int
 
 
-def _stats_cls() -> Any:
-    cls = getattr(rrmm.mr, "StatisticsResourceAdaptor", None)
-    if cls is None:
-        raise NotImplementedError("rrmm.mr.StatisticsResourceAdaptor is not available in this build")
-    return cls
-
-
 def _current_stats_mr() -> Any:
-    cls = getattr(rrmm.mr, "StatisticsResourceAdaptor", None)
     mr = rrmm.mr.get_current_device_resource()
-    if cls is not None and isinstance(mr, cls):
+    if isinstance(mr, rrmm.mr.StatisticsResourceAdaptor):
         return mr
     return None
 
@@ -56,9 +48,8 @@ def _current_stats_mr() -> Any:
 def enable_statistics() -> None:
     """Wraps the current device's resource in a ``StatisticsResourceAdaptor`` (once)."""
     mr = rrmm.mr.get_current_device_resource()
-    cls = _stats_cls()
-    if not isinstance(mr, cls):
-        rrmm.mr.set_current_device_resource(cls(mr))
+    if not isinstance(mr, rrmm.mr.StatisticsResourceAdaptor):
+        rrmm.mr.set_current_device_resource(rrmm.mr.StatisticsResourceAdaptor(mr))
 
 
 def get_statistics() -> Optional[Statistics]:

@@ -29,7 +29,7 @@ pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
 thread_local! {
     /// The last Python exception raised inside a Python callback, with the text of the rrmm
     /// error that carried it out of Rust.
-    static STASHED: std::cell::RefCell<Option<(String, PyErr)>> =
+    static STASHED: std::cell::RefCell<Option<(Option<String>, PyErr)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -43,8 +43,15 @@ pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error
         Error::Logic(format!("Python callback raised {err}"))
     };
     let text = error.to_string();
-    STASHED.with(|cell| *cell.borrow_mut() = Some((text, err)));
+    STASHED.with(|cell| *cell.borrow_mut() = Some((Some(text), err)));
     error
+}
+
+/// Remembers an exception raised by a Python callback whose failure reaches Rust only as a
+/// refusal (the failure callback's `false`): the next rrmm error converted on this thread
+/// becomes this exception.
+pub(crate) fn stash_pyerr_any(err: PyErr) {
+    STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
 }
 
 fn take_stashed(text: &str) -> Option<PyErr> {
@@ -52,7 +59,8 @@ fn take_stashed(text: &str) -> Option<PyErr> {
         .try_with(|cell| {
             let mut slot = cell.borrow_mut();
             match slot.as_ref() {
-                Some((stashed, _)) if stashed == text => slot.take().map(|(_, err)| err),
+                Some((None, _)) => slot.take().map(|(_, err)| err),
+                Some((Some(stashed), _)) if stashed == text => slot.take().map(|(_, err)| err),
                 _ => None,
             }
         })
