@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-class level_enum(IntEnum):  # noqa: N801 (RMM's name)
+class level_enum(IntEnum):
     """Severity levels, as RMM's ``level_enum``."""
 
     trace = 0

@@ -32,7 +32,9 @@ class RMMError(Exception):
 _reinitialize_hooks: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
 
-def register_reinitialize_hook(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+def register_reinitialize_hook(
+    func: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Callable[..., Any]:
     """Registers ``func(*args, **kwargs)`` to run before every ``reinitialize``; hooks run in
     reverse order of registration. Returns ``func`` (usable as a decorator)."""
     _reinitialize_hooks.append((func, args, kwargs))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import ContextDecorator, contextmanager
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
 import rrmm.mr
 
@@ -52,20 +53,20 @@ def enable_statistics() -> None:
         rrmm.mr.set_current_device_resource(rrmm.mr.StatisticsResourceAdaptor(mr))
 
 
-def get_statistics() -> Optional[Statistics]:
+def get_statistics() -> Statistics | None:
     """The current counters, or None when the current resource does not count."""
     mr = _current_stats_mr()
     return None if mr is None else mr.allocation_counts
 
 
-def push_statistics() -> Optional[Statistics]:
+def push_statistics() -> Statistics | None:
     """Starts a new level of counters; returns the counters before the push (None when the
     current resource does not count)."""
     mr = _current_stats_mr()
     return None if mr is None else mr.push_counters()
 
 
-def pop_statistics() -> Optional[Statistics]:
+def pop_statistics() -> Statistics | None:
     """Ends the top level of counters, merging it into the one below; returns the popped
     counters (None when the current resource does not count)."""
     mr = _current_stats_mr()
@@ -85,9 +86,7 @@ def statistics() -> Iterator[None]:
         yield
     finally:
         if current_mr is not rrmm.mr.get_current_device_resource():
-            raise ValueError(
-                "RMM memory source stack was changed while in the statistics context"
-            )
+            raise ValueError("RMM memory source stack was changed while in the statistics context")
         if prior_mr is None:
             pop_statistics()
         else:
@@ -170,15 +169,17 @@ default_profiler_records = ProfilerRecords()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class profiler(ContextDecorator):  # noqa: N801 (RMM's name)
+class profiler(ContextDecorator):
     """Records the memory used by a function (decorator) or a named block (context manager)
     into ``records`` while statistics are enabled."""
 
-    def __init__(self, *, records: ProfilerRecords = default_profiler_records, name: str = "") -> None:
+    def __init__(
+        self, *, records: ProfilerRecords = default_profiler_records, name: str = ""
+    ) -> None:
         self._name = name
         self._records = records
 
-    def __enter__(self) -> profiler:
+    def __enter__(self) -> profiler:  # noqa: PYI034
         if not self._name:
             raise ValueError(
                 "When profiler is used as a context manager, the name argument must be set"

@@ -4,7 +4,6 @@ device's resource, so DeviceBuffer moves real bytes without a GPU."""
 from __future__ import annotations
 
 import pytest
-
 import rrmm
 from rrmm import _rrmm
 

@@ -7,7 +7,6 @@ import pickle
 import sys
 
 import pytest
-
 import rrmm
 from rrmm.pylibrmm.device_buffer import (
     DeviceBuffer,

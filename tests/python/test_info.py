@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from rrmm import _cli_info, _rrmm
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 import rrmm
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM

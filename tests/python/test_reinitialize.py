@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 
 import pytest
-
 import rrmm
 from rrmm import _rrmm
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 import rrmm
 from rrmm import mr
 from rrmm.statistics import (
@@ -45,7 +44,12 @@ def test_counts_device_buffers():
     a = rrmm.DeviceBuffer(size=1000)
     b = rrmm.DeviceBuffer(size=24)
     assert get_statistics() == Statistics(
-        current_bytes=1024, current_count=2, peak_bytes=1024, peak_count=2, total_bytes=1024, total_count=2
+        current_bytes=1024,
+        current_count=2,
+        peak_bytes=1024,
+        peak_count=2,
+        total_bytes=1024,
+        total_count=2,
     )
     del a
     s = get_statistics()
@@ -88,9 +92,8 @@ def test_context_manager_pushes_when_enabled():
 
 
 def test_context_manager_detects_changes():
-    with pytest.raises(ValueError, match="changed"):
-        with statistics():
-            mr.set_current_device_resource(mr.SystemMemoryResource())
+    with pytest.raises(ValueError, match="changed"), statistics():
+        mr.set_current_device_resource(mr.SystemMemoryResource())
 
 
 def test_profiler_decorator_and_context():
@@ -107,7 +110,9 @@ def test_profiler_decorator_and_context():
         b = rrmm.DeviceBuffer(size=42)
         del b
     recs = records.records
-    assert recs["block"] == ProfilerRecords.MemoryRecord(num_calls=1, memory_total=42, memory_peak=42)
+    assert recs["block"] == ProfilerRecords.MemoryRecord(
+        num_calls=1, memory_total=42, memory_peak=42
+    )
     (func_name,) = [k for k in recs if k != "block"]
     assert "work" in func_name and ".py:" in func_name
     assert recs[func_name].num_calls == 2
@@ -121,9 +126,8 @@ def test_profiler_decorator_and_context():
 
 def test_profiler_needs_a_name_as_context_manager():
     enable_statistics()
-    with pytest.raises(ValueError):
-        with profiler():
-            pass
+    with pytest.raises(ValueError), profiler():
+        pass
 
 
 def test_profiler_without_statistics_records_nothing():

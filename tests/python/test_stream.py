@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import rrmm
 from rrmm import _rrmm
 from rrmm.pylibrmm.stream import (
@@ -64,7 +63,12 @@ class TorchLikeStream:
 
 @pytest.mark.parametrize(
     "obj",
-    [ProtocolStream(0x1234), CupyLikeStream(0x1234), NumbaLikeStream(0x1234), TorchLikeStream(0x1234)],
+    [
+        ProtocolStream(0x1234),
+        CupyLikeStream(0x1234),
+        NumbaLikeStream(0x1234),
+        TorchLikeStream(0x1234),
+    ],
 )
 def test_foreign_streams(obj):
     s = Stream(obj)
