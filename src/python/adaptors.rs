@@ -114,9 +114,8 @@ impl FixedSizeMemoryResource {
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_arg(upstream_mr)?;
         let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
-        let fixed = py_result(
-            py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)),
-        )?;
+        let fixed =
+            py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
         Ok(adaptor_init(
             FixedSizeMemoryResource {
                 fixed: fixed.clone(),
@@ -205,7 +204,11 @@ impl BinningMemoryResource {
     /// The bin resources given to `add_bin`.
     #[getter]
     fn bin_mrs(&self, py: Python<'_>) -> Vec<Py<DeviceMemoryResource>> {
-        self.bin_mrs.lock().iter().map(|m| m.clone_ref(py)).collect()
+        self.bin_mrs
+            .lock()
+            .iter()
+            .map(|m| m.clone_ref(py))
+            .collect()
     }
 }
 
@@ -300,7 +303,10 @@ impl LoggingResourceAdaptor {
 fn statistics_object<'py>(py: Python<'py>, s: RsStatistics) -> PyResult<Bound<'py, PyAny>> {
     static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let cls = CLASS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py.import("rrmm.statistics")?.getattr("Statistics")?.unbind())
+        Ok(py
+            .import("rrmm.statistics")?
+            .getattr("Statistics")?
+            .unbind())
     })?;
     cls.bind(py).call1((
         s.current_bytes,

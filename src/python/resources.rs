@@ -496,9 +496,7 @@ pub(crate) fn opt_bytes_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyRes
 /// `parse_bytes(s)`: an int is returned as is; a string is parsed as a byte specification.
 #[pyfunction]
 fn parse_bytes(s: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if s.is_instance_of::<PyString>() {
-        bytes_arg(s, "s")
-    } else if s.is_instance_of::<PyInt>() {
+    if s.is_instance_of::<PyString>() || s.is_instance_of::<PyInt>() {
         bytes_arg(s, "s")
     } else {
         Err(PyTypeError::new_err(format!(

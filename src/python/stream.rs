@@ -212,7 +212,11 @@ impl PyStream {
     /// Waits until all work on the stream has finished.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
         let handle = self.handle;
-        py_result(py.detach(|| handle.synchronize()))
+        py_result(py.detach(|| {
+            // A context must be current for the driver call; restore the caller's after.
+            let _ctx = crate::cuda::ContextGuard::new(super::resources::current_device())?;
+            handle.synchronize()
+        }))
     }
 
     /// Whether this is the (legacy) default stream, as RMM built without per-thread default.
