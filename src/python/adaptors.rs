@@ -24,7 +24,8 @@ use super::resources::{
     bytes_arg, opt_bytes_arg, upstream_arg, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
 
-/// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf`.
+/// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of an
+/// adaptor: it releases the GIL where its upstream does.
 fn adaptor_init<T>(
     leaf: T,
     upstream: Py<DeviceMemoryResource>,
@@ -33,7 +34,20 @@ fn adaptor_init<T>(
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
 {
-    UpstreamResourceAdaptor::init(upstream, inner).add_subclass(leaf)
+    let release_gil = upstream.get().release_gil;
+    UpstreamResourceAdaptor::init(upstream, inner, release_gil).add_subclass(leaf)
+}
+
+/// The initializer chain of a suballocator: answers from host bookkeeping, keeps the GIL.
+fn suballocator_init<T>(
+    leaf: T,
+    upstream: Py<DeviceMemoryResource>,
+    inner: SharedResource,
+) -> PyClassInitializer<T>
+where
+    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
+{
+    UpstreamResourceAdaptor::init(upstream, inner, false).add_subclass(leaf)
 }
 
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
@@ -57,7 +71,7 @@ impl PoolMemoryResource {
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
         let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
-        Ok(adaptor_init(
+        Ok(suballocator_init(
             PoolMemoryResource { pool: pool.clone() },
             up,
             Arc::new(pool),
@@ -116,7 +130,7 @@ impl FixedSizeMemoryResource {
         let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
         let fixed =
             py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
-        Ok(adaptor_init(
+        Ok(suballocator_init(
             FixedSizeMemoryResource {
                 fixed: fixed.clone(),
             },
@@ -166,7 +180,7 @@ impl BinningMemoryResource {
             (None, None)
         };
         let binning = py_result(py.detach(|| RsBinning::new(upstream, min, max)))?;
-        Ok(adaptor_init(
+        Ok(suballocator_init(
             BinningMemoryResource {
                 binning: binning.clone(),
                 bin_mrs: Mutex::new(Vec::new()),

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use super::buffer::HostBuffer;
 use super::errors::py_result;
-use super::resources::{current_resource, may_block, DeviceMemoryResource};
+use super::resources::{current_resource, DeviceMemoryResource};
 use super::stream::{PyStream, StreamArg};
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
@@ -105,7 +105,7 @@ impl PyDeviceBuffer {
         mr: Bound<'_, DeviceMemoryResource>,
         shared: SharedResource,
     ) -> PyResult<Self> {
-        let release_gil = may_block(&*shared);
+        let release_gil = mr.get().release_gil;
         let buf = if release_gil {
             py.detach(|| RsBuffer::new(size, raw, shared))
         } else {

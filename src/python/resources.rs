@@ -23,12 +23,23 @@ use super::stream::{stream_for, StreamArg};
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]
 pub(crate) struct DeviceMemoryResource {
     pub(crate) inner: SharedResource,
+    /// Whether calls may block for long (CUDA allocation calls), so the GIL is released around
+    /// them. Suballocators answer from host bookkeeping and keep the GIL; so does anything over
+    /// a Python callback, which needs the GIL (releasing it there could deadlock on the
+    /// suballocator's lock).
+    pub(crate) release_gil: bool,
 }
 
 impl DeviceMemoryResource {
-    /// A base-class initializer over `inner`.
+    /// A base-class initializer over a base resource `inner` (decides `release_gil` by kind).
     pub(crate) fn init(inner: SharedResource) -> Self {
-        DeviceMemoryResource { inner }
+        let release_gil = may_block(&*inner);
+        DeviceMemoryResource { inner, release_gil }
+    }
+
+    /// A base-class initializer with an explicit `release_gil`.
+    pub(crate) fn init_with(inner: SharedResource, release_gil: bool) -> Self {
+        DeviceMemoryResource { inner, release_gil }
     }
 }
 
@@ -40,12 +51,11 @@ where
     PyClassInitializer::from(DeviceMemoryResource::init(inner)).add_subclass(leaf)
 }
 
-/// Whether calls into `mr` may block for long (CUDA allocation calls, synchronisation), so that
-/// the GIL should be released around them. Suballocators answer from host bookkeeping.
-pub(crate) fn may_block(mr: &dyn MemoryResource) -> bool {
-    !matches!(
+/// Whether a base resource's calls go to CUDA allocation calls that may block for long.
+fn may_block(mr: &dyn MemoryResource) -> bool {
+    matches!(
         mr.name(),
-        "pool" | "fixed_size" | "binning" | "arena" | "simulated" | "callback" | "system"
+        "cuda" | "managed" | "pinned_host" | "cuda_async" | "cuda_async_view"
     )
 }
 
@@ -56,7 +66,7 @@ impl DeviceMemoryResource {
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
-        if may_block(&**mr) {
+        if self.release_gil {
             py_result(py.detach(|| mr.allocate(nbytes, raw)))
         } else {
             py_result(mr.allocate(nbytes, raw))
@@ -74,7 +84,7 @@ impl DeviceMemoryResource {
     ) -> PyResult<()> {
         let raw = stream.raw();
         let mr = &self.inner;
-        if may_block(&**mr) {
+        if self.release_gil {
             py_result(py.detach(|| mr.deallocate(ptr, nbytes, raw)))
         } else {
             py_result(mr.deallocate(ptr, nbytes, raw))
@@ -103,12 +113,13 @@ pub(crate) struct UpstreamResourceAdaptor {
 }
 
 impl UpstreamResourceAdaptor {
-    /// An initializer chain for an adaptor of `upstream` whose Rust resource is `inner`.
+    /// An initializer chain for a resource over `upstream` whose Rust resource is `inner`.
     pub(crate) fn init(
         upstream: Py<DeviceMemoryResource>,
         inner: SharedResource,
+        release_gil: bool,
     ) -> PyClassInitializer<UpstreamResourceAdaptor> {
-        PyClassInitializer::from(DeviceMemoryResource::init(inner))
+        PyClassInitializer::from(DeviceMemoryResource::init_with(inner, release_gil))
             .add_subclass(UpstreamResourceAdaptor { upstream })
     }
 }
@@ -549,11 +560,8 @@ pub(crate) fn per_device<'py>(
     py: Python<'py>,
     device: usize,
 ) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
-    let rust = if crate::has_per_device_resource(device) {
-        py_result(crate::per_device_resource(device))?
-    } else {
-        py_result(py.detach(|| crate::per_device_resource(device)))?
-    };
+    // One read lock when a resource is set; on first use this makes the default cuda resource.
+    let rust = py_result(crate::per_device_resource(device))?;
     {
         let table = PY_TABLE.lock();
         if let Some(Some((obj, known))) = table.get(device) {
