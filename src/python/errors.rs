@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 /// errors a `RuntimeError`, file errors an `OSError`.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     let text = error.to_string();
-    if let Some(original) = take_stashed(&text) {
+    if let Some(original) = take_stashed(&text, error.is_out_of_memory()) {
         return original;
     }
     match error {
@@ -48,18 +48,18 @@ pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error
 }
 
 /// Remembers an exception raised by a Python callback whose failure reaches Rust only as a
-/// refusal (the failure callback's `false`): the next rrmm error converted on this thread
-/// becomes this exception.
+/// refusal (the failure callback's `false`): the next out-of-memory error converted on this
+/// thread becomes this exception.
 pub(crate) fn stash_pyerr_any(err: PyErr) {
     STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
 }
 
-fn take_stashed(text: &str) -> Option<PyErr> {
+fn take_stashed(text: &str, out_of_memory: bool) -> Option<PyErr> {
     STASHED
         .try_with(|cell| {
             let mut slot = cell.borrow_mut();
             match slot.as_ref() {
-                Some((None, _)) => slot.take().map(|(_, err)| err),
+                Some((None, _)) if out_of_memory => slot.take().map(|(_, err)| err),
                 Some((Some(stashed), _)) if stashed == text => slot.take().map(|(_, err)| err),
                 _ => None,
             }
