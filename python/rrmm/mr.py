@@ -165,7 +165,10 @@ def _initialize(
         return
 
     def build(device: int) -> Any:
-        upstream = ManagedMemoryResource() if managed_memory else CudaMemoryResource()
+        upstream: DeviceMemoryResource = (
+            ManagedMemoryResource() if managed_memory else CudaMemoryResource()
+        )
+        mr: DeviceMemoryResource
         if pool_allocator:
             mr = PoolMemoryResource(upstream, initial_pool_size, maximum_pool_size)
         else:

@@ -187,11 +187,10 @@ class profiler(ContextDecorator):
         push_statistics()
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         stats = pop_statistics()
         if stats is not None:
             self._records.add(name=self._name, data=stats)
-        return False
 
     def __call__(self, func: F) -> F:  # type: ignore[override]
         name = self._name or _descriptive_name(func)
