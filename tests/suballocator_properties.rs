@@ -355,3 +355,125 @@ fn resources_coerce_to_shared_resource() {
     let names: Vec<&str> = [&pool, &fixed, &bins].iter().map(|r| r.name()).collect();
     assert_eq!(names, ["pool", "fixed_size", "binning"]);
 }
+
+/// Speed check (run in release: `cargo test --release --test suballocator_properties --
+/// --ignored --nocapture`): random alloc/free mixes at 10k and 100k live blocks, and the shared
+/// traces replayed on simulated memory, in ns per event including a small replay harness.
+#[test]
+#[ignore = "timing; run in release"]
+fn speed_on_simulated_memory() {
+    use std::collections::HashMap;
+    use std::io::BufRead;
+    use std::time::Instant;
+
+    fn rng(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+    let make_pool = || -> (SharedResource, PoolMemoryResource) {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up.clone(), None, None).unwrap();
+        (up, pool)
+    };
+    for (live, max) in [(10_000usize, 1usize << 20), (100_000, 4 << 20)] {
+        let (_up, pool) = {
+            // A pool of exactly what the live set needs at first, so growth and fit matter.
+            let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+            (
+                up.clone(),
+                PoolMemoryResource::new(up, Some(0), None).unwrap(),
+            )
+        };
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ptrs: Vec<(usize, usize)> = (0..live)
+            .map(|_| {
+                let b = (rng(&mut s) as usize % max) + 1;
+                (pool.allocate(b, Stream::DEFAULT).unwrap(), b)
+            })
+            .collect();
+        let ops = 1_000_000;
+        let t = Instant::now();
+        for _ in 0..ops / 2 {
+            let i = rng(&mut s) as usize % ptrs.len();
+            let (p, b) = ptrs.swap_remove(i);
+            pool.deallocate(p, b, Stream::DEFAULT).unwrap();
+            let b = (rng(&mut s) as usize % max) + 1;
+            ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
+        }
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        println!(
+            "pool random mix, {live} live blocks up to {max} B: {ns:.0} ns/op ({} free blocks, \
+             pool {} MiB for {} MiB live)",
+            pool.free_block_count(),
+            pool.pool_size() >> 20,
+            (pool.pool_size() - pool.free_bytes()) >> 20
+        );
+    }
+
+    // Trace replay: events parsed first, then replayed through a pointer map.
+    let dir = match std::env::var_os("RRMM_TRACES") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
+    };
+    for name in [
+        "random_10k_1mib",
+        "random_100k_4mib",
+        "transformer_training",
+    ] {
+        let path = dir.join(format!("{name}.csv.gz"));
+        let Ok(file) = std::fs::File::open(&path) else {
+            println!("{name}: trace not found at {}", path.display());
+            continue;
+        };
+        let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
+        let events: Vec<(bool, usize, usize)> = reader
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let l = l.ok()?;
+                let f: Vec<&str> = l.split(',').collect();
+                let ptr = usize::from_str_radix(f[3].trim_start_matches("0x"), 16).ok()?;
+                Some((f[2] == "allocate", ptr, f[4].parse().ok()?))
+            })
+            .collect();
+        for kind in ["pool", "binning"] {
+            let (_up, pool) = make_pool();
+            let mr: SharedResource = if kind == "pool" {
+                Arc::new(pool.clone())
+            } else {
+                Arc::new(
+                    BinningMemoryResource::new(Arc::new(pool.clone()), Some(18), Some(22)).unwrap(),
+                )
+            };
+            for pass in ["cold", "warm"] {
+                let mut map: HashMap<usize, (usize, usize)> = HashMap::with_capacity(200_000);
+                let t = Instant::now();
+                let mut failures = 0;
+                for &(alloc, ptr, size) in &events {
+                    if alloc {
+                        match mr.allocate(size, Stream::DEFAULT) {
+                            Ok(p) => {
+                                map.insert(ptr, (p, size));
+                            }
+                            Err(_) => failures += 1,
+                        }
+                    } else if let Some((p, _)) = map.remove(&ptr) {
+                        mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                    }
+                }
+                let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
+                println!(
+                    "{kind} replay {name} ({pass}): {} events, {ns:.0} ns/event, {failures} \
+                     failures, {} free blocks in the pool",
+                    events.len(),
+                    pool.free_block_count()
+                );
+                for (p, size) in map.into_values() {
+                    mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                }
+            }
+        }
+    }
+}

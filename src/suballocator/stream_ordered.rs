@@ -317,9 +317,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     try_size = ((try_size / 2) / step * step).max(min_size);
                 }
                 Err(e) if e.is_out_of_memory() => {
+                    let text = e.to_string();
+                    let inner = text
+                        .strip_prefix("std::bad_alloc: out_of_memory: ")
+                        .unwrap_or(&text);
                     let reason = match self.growth {
-                        Growth::Geometric { .. } => format!("Maximum pool size exceeded: {e}"),
-                        Growth::Chunks { .. } => format!("{}: upstream: {e}", self.name),
+                        Growth::Geometric { .. } => {
+                            format!("Maximum pool size exceeded: upstream: {inner}")
+                        }
+                        Growth::Chunks { .. } => format!("{}: upstream: {inner}", self.name),
                     };
                     return Err(Error::out_of_memory(bytes, reason));
                 }
