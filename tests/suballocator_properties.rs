@@ -336,6 +336,59 @@ fn growth_failure_synchronizes_merges_and_retries() {
     ));
 }
 
+#[test]
+fn threads_on_their_own_and_per_thread_streams_never_overlap() {
+    let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+    let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
+    let fixed = FixedSizeMemoryResource::new(up.clone(), 4096, 16).unwrap();
+    let resources: Vec<SharedResource> = vec![Arc::new(pool.clone()), Arc::new(fixed.clone())];
+    for mr in resources {
+        let live = Arc::new(parking_lot::Mutex::new(BTreeMap::<usize, usize>::new()));
+        let threads: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (mr, live) = (mr.clone(), live.clone());
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut s = 0x1234_5678_9abc_def1u64 ^ t as u64;
+                    for i in 0..5000 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        // Threads 0 and 1 use their per-thread default streams; all free on
+                        // a stream other than the one they allocated on now and then.
+                        let st = if t < 2 { Stream::PER_THREAD } else { stream(t) };
+                        if s % 3 != 0 || mine.is_empty() {
+                            let bytes = (s as usize % 4096) + 1;
+                            let p = mr.allocate(bytes, st).unwrap();
+                            let mut l = live.lock();
+                            if let Some((&a, &n)) = l.range(..p + bytes).next_back() {
+                                assert!(a + n <= p, "overlap between threads");
+                            }
+                            l.insert(p, bytes);
+                            drop(l);
+                            mine.push((p, bytes));
+                        } else {
+                            let (p, bytes) = mine.swap_remove(s as usize % mine.len());
+                            live.lock().remove(&p);
+                            let fs = if i % 7 == 0 { stream(3) } else { st };
+                            mr.deallocate(p, bytes, fs).unwrap();
+                        }
+                    }
+                    for (p, bytes) in mine {
+                        live.lock().remove(&p);
+                        mr.deallocate(p, bytes, Stream::DEFAULT).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    assert_eq!(pool.free_bytes(), pool.pool_size());
+    assert_eq!(fixed.free_block_count() * 4096, fixed.pool_size());
+}
+
 // Compile-time check: every suballocator is a thread-safe, shareable memory resource.
 const _: () = {
     const fn check<T: MemoryResource + Send + Sync + Clone + 'static>() {}
