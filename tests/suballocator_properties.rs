@@ -419,6 +419,13 @@ fn speed_on_simulated_memory() {
     use std::io::BufRead;
     use std::time::Instant;
 
+    /// This thread's time on a CPU (from the scheduler), so a loaded machine skews less.
+    fn cpu_ns() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
     fn rng(state: &mut u64) -> u64 {
         *state ^= *state << 13;
         *state ^= *state >> 7;
@@ -446,8 +453,8 @@ fn speed_on_simulated_memory() {
                 (pool.allocate(b, Stream::DEFAULT).unwrap(), b)
             })
             .collect();
-        let ops = 1_000_000;
-        let t = Instant::now();
+        let ops = 2_000_000;
+        let (t, c) = (Instant::now(), cpu_ns());
         for _ in 0..ops / 2 {
             let i = rng(&mut s) as usize % ptrs.len();
             let (p, b) = ptrs.swap_remove(i);
@@ -456,8 +463,9 @@ fn speed_on_simulated_memory() {
             ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
         }
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        let cpu = (cpu_ns() - c) as f64 / ops as f64;
         println!(
-            "pool random mix, {live} live blocks up to {max} B: {ns:.0} ns/op ({} free blocks, \
+            "pool random mix, {live} live blocks up to {max} B: {ns:.0} ns/op wall, {cpu:.0} ns/op on cpu ({} free blocks, \
              pool {} MiB for {} MiB live)",
             pool.free_block_count(),
             pool.pool_size() >> 20,
@@ -502,7 +510,7 @@ fn speed_on_simulated_memory() {
             };
             for pass in ["cold", "warm"] {
                 let mut map: HashMap<usize, (usize, usize)> = HashMap::with_capacity(200_000);
-                let t = Instant::now();
+                let (t, c) = (Instant::now(), cpu_ns());
                 let mut failures = 0;
                 for &(alloc, ptr, size) in &events {
                     if alloc {
@@ -517,8 +525,9 @@ fn speed_on_simulated_memory() {
                     }
                 }
                 let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
+                let cpu = (cpu_ns() - c) as f64 / events.len() as f64;
                 println!(
-                    "{kind} replay {name} ({pass}): {} events, {ns:.0} ns/event, {failures} \
+                    "{kind} replay {name} ({pass}): {} events, {ns:.0} ns/event wall, {cpu:.0} ns/event on cpu, {failures} \
                      failures, {} free blocks in the pool",
                     events.len(),
                     pool.free_block_count()

@@ -38,7 +38,8 @@ struct Inner {
 
 impl PoolMemoryResource {
     /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
-    /// free memory, rounded down to 256, and at most the maximum) and growing up to
+    /// free memory from [`MemoryResource::memory_info`], rounded down to 256 and at most the
+    /// maximum; 0 when the upstream does not report it) and growing up to
     /// `maximum_pool_size` (default: no limit but the upstream's).
     ///
     /// # Errors
