@@ -1,6 +1,6 @@
 //! Cross-stream ordering for the stream-ordered suballocators.
 //!
-//! The core ([`super::stream_ordered`]) keeps one free list per stream. A block freed on stream A
+//! The core (`stream_ordered.rs`) keeps one free list per stream. A block freed on stream A
 //! may be handed to stream B only after B waits on an event recorded on A after the free. The
 //! core asks for that ordering through [`StreamEvents`]; this module has the three answers: real
 //! CUDA events ([`CudaStreamEvents`]), nothing at all for memory with no device behind it
