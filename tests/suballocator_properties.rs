@@ -1,0 +1,541 @@
+//! Property tests of the stream-ordered suballocators (pool, fixed_size, binning) against a
+//! shadow model, on simulated memory, with a recording fake of the stream events.
+//!
+//! Invariants checked after every operation of random alloc/free sequences on several streams:
+//! 1. Every live allocation is 256-byte aligned and non-null (for a non-zero request).
+//! 2. No two live allocations overlap (the model keeps them by address; any overlap fails).
+//! 3. Bytes are conserved: pool free bytes + live bytes (rounded to the block size) == pool size.
+//! 4. Every cross-stream reuse is ordered: when memory last freed on stream A at time t is handed
+//!    to stream B != A, the event log holds, between t and the allocation, a `Wait` by B on an
+//!    event whose latest `Record` before that wait was on A and after t (or a host
+//!    `SynchronizeAll` after t).
+//! 5. Same-stream reuse makes no event call (checked by the unit tests at the bottom).
+//! 6. When everything is freed on one stream of a single-stream history, the free blocks are
+//!    exactly the upstream chunks (everything coalesced, never across chunks); after `release()`
+//!    the pool holds nothing and the upstream has everything back.
+//! 7. Errors are out-of-memory only (never a logic error for a valid sequence); the resource
+//!    keeps working after one.
+
+use proptest::prelude::*;
+use rrmm::suballocator::{EventCall, RecordingStreamEvents, StreamEvents, StreamKey};
+use rrmm::{
+    BinningMemoryResource, FixedSizeMemoryResource, MemoryResource, PoolMemoryResource,
+    SharedResource, SimulatedMemoryResource, Stream,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const STREAMS: usize = 4;
+
+fn stream(i: usize) -> Stream {
+    if i == 0 {
+        Stream::DEFAULT
+    } else {
+        Stream::from_raw(0x1000 + i)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { stream: usize, bytes: usize },
+    Free { pick: usize, stream: usize },
+}
+
+fn ops(max_bytes: usize, len: usize) -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        3 => (0..STREAMS, 1..=max_bytes).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
+        2 => (any::<usize>(), 0..STREAMS).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+    ];
+    proptest::collection::vec(op, 1..len)
+}
+
+/// The shadow model: live allocations and, per address range, the last free.
+struct Model {
+    events: Arc<RecordingStreamEvents>,
+    /// addr -> (requested bytes, rounded bytes)
+    live: BTreeMap<usize, (usize, usize)>,
+    /// Freed ranges not reused since: (start, end, freeing stream, time of the free).
+    freed: Vec<(usize, usize, StreamKey, u64)>,
+}
+
+impl Model {
+    fn new(events: Arc<RecordingStreamEvents>) -> Self {
+        Model {
+            events,
+            live: BTreeMap::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    fn live_bytes(&self) -> usize {
+        self.live.values().map(|&(_, r)| r).sum()
+    }
+
+    /// Checks invariants 1, 2 and 4 for a new allocation and records it.
+    fn on_alloc(&mut self, ptr: usize, bytes: usize, rounded: usize, key: StreamKey) {
+        let now = self.events.tick();
+        assert_ne!(ptr, 0);
+        assert_eq!(ptr % 256, 0, "alignment of {ptr:#x}");
+        let end = ptr + rounded;
+        if let Some((&a, &(_, r))) = self.live.range(..end).next_back() {
+            assert!(
+                a + r <= ptr,
+                "overlap: [{ptr:#x}, {end:#x}) with [{a:#x}, +{r})"
+            );
+        }
+        let log = self.events.log();
+        let mut kept = Vec::with_capacity(self.freed.len());
+        for &(s, e, owner, t) in &self.freed {
+            if e <= ptr || s >= end {
+                kept.push((s, e, owner, t));
+                continue;
+            }
+            if owner != key {
+                assert!(
+                    ordered(&log, owner, key, t, now),
+                    "memory [{s:#x}, {e:#x}) freed on {owner:?} at {t} reused on {key:?} at \
+                     {now} without a wait on an event recorded after the free; log {log:?}"
+                );
+            }
+            if s < ptr {
+                kept.push((s, ptr, owner, t));
+            }
+            if e > end {
+                kept.push((end, e, owner, t));
+            }
+        }
+        self.freed = kept;
+        self.live.insert(ptr, (bytes, rounded));
+    }
+
+    /// Picks a live allocation, removes it, and notes the free time (taken before the call).
+    fn take_for_free(&mut self, pick: usize) -> Option<(usize, usize, usize)> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let addr = *self.live.keys().nth(pick % self.live.len())?;
+        let (bytes, rounded) = self.live.remove(&addr)?;
+        Some((addr, bytes, rounded))
+    }
+
+    fn on_free(&mut self, addr: usize, rounded: usize, key: StreamKey, t: u64) {
+        self.freed.push((addr, addr + rounded, key, t));
+    }
+}
+
+/// Whether the log orders `waiter` after `owner`'s work at time `freed`, before `now`.
+fn ordered(log: &[EventCall], owner: StreamKey, waiter: StreamKey, freed: u64, now: u64) -> bool {
+    log.iter().enumerate().any(|(i, call)| match *call {
+        EventCall::SynchronizeAll { seq } => seq > freed && seq < now,
+        EventCall::Wait { stream, id, seq } if stream == waiter && seq > freed && seq < now => log
+            [..i]
+            .iter()
+            .rev()
+            .find_map(|c| match *c {
+                EventCall::Record {
+                    stream,
+                    id: rid,
+                    seq,
+                } if rid == id => Some((stream, seq)),
+                _ => None,
+            })
+            .is_some_and(|(s, rseq)| s == owner && rseq > freed),
+        _ => false,
+    })
+}
+
+/// Runs `ops` against `mr`; `round` gives the bytes a request occupies; `conserved` checks
+/// invariant 3 given the live bytes.
+fn run(
+    mr: &dyn MemoryResource,
+    events: &Arc<RecordingStreamEvents>,
+    ops: &[Op],
+    round: impl Fn(usize) -> usize,
+    conserved: impl Fn(usize),
+) -> Model {
+    let mut model = Model::new(events.clone());
+    for op in ops {
+        match *op {
+            Op::Alloc { stream: s, bytes } => match mr.allocate(bytes, stream(s)) {
+                Ok(ptr) => model.on_alloc(ptr, bytes, round(bytes), StreamKey::of(stream(s))),
+                Err(e) => assert!(e.is_out_of_memory(), "unexpected error {e}"),
+            },
+            Op::Free { pick, stream: s } => {
+                if let Some((addr, bytes, rounded)) = model.take_for_free(pick) {
+                    let t = events.tick();
+                    mr.deallocate(addr, bytes, stream(s)).unwrap();
+                    model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
+                }
+            }
+        }
+        conserved(model.live_bytes());
+    }
+    model
+}
+
+fn round256(b: usize) -> usize {
+    b.div_ceil(256) * 256
+}
+
+fn pool_with(
+    size: usize,
+    initial: usize,
+    max: Option<usize>,
+) -> (
+    Arc<SimulatedMemoryResource>,
+    PoolMemoryResource,
+    Arc<RecordingStreamEvents>,
+) {
+    let up = Arc::new(SimulatedMemoryResource::new(size));
+    let events = RecordingStreamEvents::new();
+    let dyn_events: Arc<dyn StreamEvents> = events.clone();
+    let pool = PoolMemoryResource::with_events(up.clone(), Some(initial), max, dyn_events).unwrap();
+    (up, pool, events)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pool_matches_the_model(ops in ops(40_000, 300), initial in 0usize..8, capped in any::<bool>()) {
+        let max = capped.then_some(1 << 20);
+        let (up, pool, events) = pool_with(4 << 20, initial * 16384, max);
+        let model = run(&pool, &events, &ops, round256, |live| {
+            assert_eq!(pool.free_bytes() + live, pool.pool_size(), "bytes conserved");
+            assert!(max.is_none_or(|m| pool.pool_size() <= m));
+        });
+        for (&addr, &(bytes, _)) in &model.live {
+            pool.deallocate(addr, bytes, stream(1)).unwrap();
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size());
+        let size = pool.pool_size();
+        assert_eq!(pool.release().unwrap(), size);
+        assert_eq!((pool.pool_size(), up.bytes_in_use()), (0, 0));
+        // Still works after release.
+        let p = pool.allocate(1000, stream(2)).unwrap();
+        pool.deallocate(p, 1000, stream(2)).unwrap();
+    }
+
+    #[test]
+    fn pool_on_one_stream_coalesces_back_to_the_upstream_chunks(ops in ops(100_000, 300)) {
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Alloc { bytes, .. } => Op::Alloc { stream: 3, bytes },
+                Op::Free { pick, .. } => Op::Free { pick, stream: 3 },
+            })
+            .collect();
+        let (up, pool, events) = pool_with(64 << 20, 4096, None);
+        let model = run(&pool, &events, &ops, round256, |live| {
+            assert_eq!(pool.free_bytes() + live, pool.pool_size());
+        });
+        for (&addr, &(bytes, _)) in &model.live {
+            pool.deallocate(addr, bytes, stream(3)).unwrap();
+        }
+        assert_eq!(pool.free_block_count(), pool.upstream_chunk_count());
+        assert!(events.log().is_empty(), "one stream: no event calls");
+        drop(pool);
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn fixed_size_matches_the_model(ops in ops(5000, 300)) {
+        let up = Arc::new(SimulatedMemoryResource::new(16 << 20));
+        let events = RecordingStreamEvents::new();
+        let dyn_events: Arc<dyn StreamEvents> = events.clone();
+        let mr = FixedSizeMemoryResource::with_events(up.clone(), 4096, 4, dyn_events).unwrap();
+        run(&mr, &events, &ops, |_| 4096, |live| {
+            assert_eq!(mr.free_block_count() * 4096 + live, mr.pool_size());
+            assert_eq!(mr.pool_size() % (4 * 4096), 0, "whole chunks");
+        });
+        drop(mr);
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn binning_matches_the_model(ops in ops(20_000, 300)) {
+        let up = Arc::new(SimulatedMemoryResource::new(64 << 20));
+        let events = RecordingStreamEvents::new();
+        let dyn_events: Arc<dyn StreamEvents> = events.clone();
+        let big = PoolMemoryResource::with_events(up.clone(), Some(0), None, dyn_events.clone())
+            .unwrap();
+        let mr = BinningMemoryResource::new(Arc::new(big.clone()), None, None).unwrap();
+        for e in 10..=13 {
+            let bin = FixedSizeMemoryResource::with_events(up.clone(), 1 << e, 8, dyn_events.clone())
+                .unwrap();
+            mr.add_bin(1 << e, Some(Arc::new(bin))).unwrap();
+        }
+        let round = |b: usize| if b <= 8192 { b.next_power_of_two().max(1024) } else { round256(b) };
+        let model = run(&mr, &events, &ops, round, |_| {});
+        for (&addr, &(bytes, _)) in &model.live {
+            mr.deallocate(addr, bytes, stream(0)).unwrap();
+        }
+        assert_eq!(big.free_bytes(), big.pool_size());
+        let held: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().held_bytes).sum();
+        let free: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().free_bytes).sum();
+        assert_eq!(held, free);
+    }
+}
+
+#[test]
+fn same_stream_reuse_makes_no_event_call_and_cross_stream_waits() {
+    let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
+    let a = pool.allocate(4096, stream(1)).unwrap();
+    pool.deallocate(a, 4096, stream(1)).unwrap();
+    let b = pool.allocate(4096, stream(1)).unwrap();
+    assert_eq!(a, b);
+    pool.deallocate(b, 4096, stream(1)).unwrap();
+    assert!(events.log().is_empty());
+    let c = pool.allocate(4096, stream(2)).unwrap();
+    assert_eq!(c, a);
+    let log = events.log();
+    let (k1, k2) = (StreamKey::of(stream(1)), StreamKey::of(stream(2)));
+    assert!(matches!(log.as_slice(),
+        [EventCall::Record { stream: r, id: 1, .. }, EventCall::Wait { stream: w, id: 1, .. }]
+        if *r == k1 && *w == k2));
+}
+
+#[test]
+fn per_thread_default_streams_are_separate_and_ordered_by_an_event_at_free() {
+    let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
+    let p2 = pool.clone();
+    let (ptr, other) = std::thread::spawn(move || {
+        let p = p2.allocate(4096, Stream::PER_THREAD).unwrap();
+        p2.deallocate(p, 4096, Stream::PER_THREAD).unwrap();
+        (p, StreamKey::of(Stream::PER_THREAD))
+    })
+    .join()
+    .unwrap();
+    // This thread's PTDS is another stream: the block is taken only after a wait on the event
+    // that the other thread recorded at its free (this thread cannot record on that stream).
+    let here = StreamKey::of(Stream::PER_THREAD);
+    assert_ne!(here, other);
+    assert_eq!(pool.allocate(4096, Stream::PER_THREAD).unwrap(), ptr);
+    let log = events.log();
+    assert!(
+        matches!(log.as_slice(),
+        [EventCall::Record { stream: r, id, .. }, EventCall::Wait { stream: w, id: wid, .. }]
+        if *r == other && *w == here && id == wid),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn growth_failure_synchronizes_merges_and_retries() {
+    let (_up, pool, events) = pool_with(1 << 20, 8192, Some(8192));
+    let a = pool.allocate(4096, stream(1)).unwrap();
+    let b = pool.allocate(4096, stream(2)).unwrap();
+    pool.deallocate(a, 4096, stream(1)).unwrap();
+    pool.deallocate(b, 4096, stream(2)).unwrap();
+    // Two 4 KiB halves in two streams' lists: 8 KiB fits only once they are merged.
+    let c = pool.allocate(8192, stream(3)).unwrap();
+    assert_eq!(c, a.min(b));
+    assert!(matches!(
+        events.log().last(),
+        Some(EventCall::SynchronizeAll { .. })
+    ));
+}
+
+#[test]
+fn threads_on_their_own_and_per_thread_streams_never_overlap() {
+    let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+    let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
+    let fixed = FixedSizeMemoryResource::new(up.clone(), 4096, 16).unwrap();
+    let resources: Vec<SharedResource> = vec![Arc::new(pool.clone()), Arc::new(fixed.clone())];
+    for mr in resources {
+        let live = Arc::new(parking_lot::Mutex::new(BTreeMap::<usize, usize>::new()));
+        let threads: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (mr, live) = (mr.clone(), live.clone());
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut s = 0x1234_5678_9abc_def1u64 ^ t as u64;
+                    for i in 0..5000 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        // Threads 0 and 1 use their per-thread default streams; all free on
+                        // a stream other than the one they allocated on now and then.
+                        let st = if t < 2 { Stream::PER_THREAD } else { stream(t) };
+                        if s % 3 != 0 || mine.is_empty() {
+                            let bytes = (s as usize % 4096) + 1;
+                            let p = mr.allocate(bytes, st).unwrap();
+                            let mut l = live.lock();
+                            if let Some((&a, &n)) = l.range(..p + bytes).next_back() {
+                                assert!(a + n <= p, "overlap between threads");
+                            }
+                            l.insert(p, bytes);
+                            drop(l);
+                            mine.push((p, bytes));
+                        } else {
+                            let (p, bytes) = mine.swap_remove(s as usize % mine.len());
+                            live.lock().remove(&p);
+                            let fs = if i % 7 == 0 { stream(3) } else { st };
+                            mr.deallocate(p, bytes, fs).unwrap();
+                        }
+                    }
+                    for (p, bytes) in mine {
+                        live.lock().remove(&p);
+                        mr.deallocate(p, bytes, Stream::DEFAULT).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    assert_eq!(pool.free_bytes(), pool.pool_size());
+    assert_eq!(fixed.free_block_count() * 4096, fixed.pool_size());
+}
+
+// Compile-time check: every suballocator is a thread-safe, shareable memory resource.
+const _: () = {
+    const fn check<T: MemoryResource + Send + Sync + Clone + 'static>() {}
+    check::<PoolMemoryResource>();
+    check::<FixedSizeMemoryResource>();
+    check::<BinningMemoryResource>();
+};
+
+#[test]
+fn resources_coerce_to_shared_resource() {
+    let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+    let pool: SharedResource = Arc::new(PoolMemoryResource::new(up.clone(), None, None).unwrap());
+    let fixed: SharedResource =
+        Arc::new(FixedSizeMemoryResource::new(up.clone(), 4096, 2).unwrap());
+    let bins: SharedResource =
+        Arc::new(BinningMemoryResource::new(pool.clone(), Some(8), Some(9)).unwrap());
+    let names: Vec<&str> = [&pool, &fixed, &bins].iter().map(|r| r.name()).collect();
+    assert_eq!(names, ["pool", "fixed_size", "binning"]);
+}
+
+/// Speed check (run in release: `cargo test --release --test suballocator_properties --
+/// --ignored --nocapture`): random alloc/free mixes at 10k and 100k live blocks, and the shared
+/// traces replayed on simulated memory, in ns per event including a small replay harness.
+#[test]
+#[ignore = "timing; run in release"]
+fn speed_on_simulated_memory() {
+    use std::collections::HashMap;
+    use std::io::BufRead;
+    use std::time::Instant;
+
+    /// This thread's time on a CPU (from the scheduler), so a loaded machine skews less.
+    fn cpu_ns() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+    fn rng(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+    let make_pool = || -> (SharedResource, PoolMemoryResource) {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up.clone(), None, None).unwrap();
+        (up, pool)
+    };
+    for (live, max) in [(10_000usize, 1usize << 20), (100_000, 4 << 20)] {
+        let (_up, pool) = {
+            // A pool of exactly what the live set needs at first, so growth and fit matter.
+            let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+            (
+                up.clone(),
+                PoolMemoryResource::new(up, Some(0), None).unwrap(),
+            )
+        };
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ptrs: Vec<(usize, usize)> = (0..live)
+            .map(|_| {
+                let b = (rng(&mut s) as usize % max) + 1;
+                (pool.allocate(b, Stream::DEFAULT).unwrap(), b)
+            })
+            .collect();
+        let ops = 2_000_000;
+        let (t, c) = (Instant::now(), cpu_ns());
+        for _ in 0..ops / 2 {
+            let i = rng(&mut s) as usize % ptrs.len();
+            let (p, b) = ptrs.swap_remove(i);
+            pool.deallocate(p, b, Stream::DEFAULT).unwrap();
+            let b = (rng(&mut s) as usize % max) + 1;
+            ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
+        }
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        let cpu = (cpu_ns() - c) as f64 / ops as f64;
+        println!(
+            "pool random mix, {live} live blocks up to {max} B: {ns:.0} ns/op wall, {cpu:.0} ns/op on cpu ({} free blocks, \
+             pool {} MiB for {} MiB live)",
+            pool.free_block_count(),
+            pool.pool_size() >> 20,
+            (pool.pool_size() - pool.free_bytes()) >> 20
+        );
+    }
+
+    // Trace replay: events parsed first, then replayed through a pointer map.
+    let dir = match std::env::var_os("RRMM_TRACES") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
+    };
+    for name in [
+        "random_10k_1mib",
+        "random_100k_4mib",
+        "transformer_training",
+    ] {
+        let path = dir.join(format!("{name}.csv.gz"));
+        let Ok(file) = std::fs::File::open(&path) else {
+            println!("{name}: trace not found at {}", path.display());
+            continue;
+        };
+        let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
+        let events: Vec<(bool, usize, usize)> = reader
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let l = l.ok()?;
+                let f: Vec<&str> = l.split(',').collect();
+                let ptr = usize::from_str_radix(f[3].trim_start_matches("0x"), 16).ok()?;
+                Some((f[2] == "allocate", ptr, f[4].parse().ok()?))
+            })
+            .collect();
+        for kind in ["pool", "binning"] {
+            let (_up, pool) = make_pool();
+            let mr: SharedResource = if kind == "pool" {
+                Arc::new(pool.clone())
+            } else {
+                Arc::new(
+                    BinningMemoryResource::new(Arc::new(pool.clone()), Some(18), Some(22)).unwrap(),
+                )
+            };
+            for pass in ["cold", "warm"] {
+                let mut map: HashMap<usize, (usize, usize)> = HashMap::with_capacity(200_000);
+                let (t, c) = (Instant::now(), cpu_ns());
+                let mut failures = 0;
+                for &(alloc, ptr, size) in &events {
+                    if alloc {
+                        match mr.allocate(size, Stream::DEFAULT) {
+                            Ok(p) => {
+                                map.insert(ptr, (p, size));
+                            }
+                            Err(_) => failures += 1,
+                        }
+                    } else if let Some((p, _)) = map.remove(&ptr) {
+                        mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                    }
+                }
+                let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
+                let cpu = (cpu_ns() - c) as f64 / events.len() as f64;
+                println!(
+                    "{kind} replay {name} ({pass}): {} events, {ns:.0} ns/event wall, {cpu:.0} ns/event on cpu, {failures} \
+                     failures, {} free blocks in the pool",
+                    events.len(),
+                    pool.free_block_count()
+                );
+                for (p, size) in map.into_values() {
+                    mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                }
+            }
+        }
+    }
+}
