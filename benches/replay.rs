@@ -1,1 +1,62 @@
-fn main() {}
+//! W1 on simulated memory: replay the shared RMM traces against every resource that
+//! `build_resource` can build, reporting time per event (criterion throughput in elements).
+//!
+//! Traces are read from `$RRMM_TRACES` (default: `shared/traces` beside the checkout); missing
+//! ones are skipped.
+
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rrmm::replay::{build_resource, replay, ReplayOptions, Trace, RESOURCE_NAMES};
+use std::time::Duration;
+
+const TRACES: &[&str] = &[
+    "random_10k_1mib",
+    "random_100k_4mib",
+    "transformer_training",
+];
+/// Simulated device size: larger than the largest trace's peak (16.8 GB).
+const SIMULATED_BYTES: usize = 64 << 30;
+
+fn bench_replay(c: &mut Criterion) {
+    let dir = std::env::var("RRMM_TRACES")
+        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
+    for name in TRACES {
+        let path = format!("{dir}/{name}.csv.gz");
+        let trace = match Trace::from_path(&path, false) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("skipping {name}: {e}");
+                continue;
+            }
+        };
+        let mut group = c.benchmark_group(format!("replay/{name}"));
+        group.throughput(Throughput::Elements(trace.events.len() as u64));
+        group.sample_size(10);
+        group.measurement_time(Duration::from_secs(5));
+        for resource in RESOURCE_NAMES {
+            let mr = match build_resource(resource, Some(SIMULATED_BYTES), None, None) {
+                Ok(mr) => mr,
+                Err(e) => {
+                    eprintln!("skipping {resource}: {e}");
+                    continue;
+                }
+            };
+            // The simulated device stands in for cuda, cuda_async and managed: bench it once.
+            if mr.name() == "simulated" && *resource != "simulated" {
+                continue;
+            }
+            group.bench_function(*resource, |b| {
+                b.iter(|| {
+                    replay(&trace, &mr, ReplayOptions::default())
+                        .expect("replay on simulated memory")
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_replay);
+criterion_main!(benches);

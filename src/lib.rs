@@ -19,6 +19,7 @@ pub mod cuda;
 mod current;
 mod device_buffer;
 mod error;
+pub mod replay;
 pub mod resource;
 pub mod suballocator;
 

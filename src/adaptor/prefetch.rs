@@ -75,3 +75,26 @@ mod tests {
         assert_eq!(mr.upstream().name(), "simulated");
     }
 }
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::resource::ManagedMemoryResource;
+    use std::sync::Arc;
+
+    /// Runs only where a GPU is present.
+    #[test]
+    fn prefetches_managed_memory_on_the_gpu() {
+        if crate::cuda::device_count() == 0 {
+            eprintln!("skipping: no GPU");
+            return;
+        }
+        let managed: SharedResource = Arc::new(ManagedMemoryResource::new().unwrap());
+        let mr = PrefetchResourceAdaptor::new(managed);
+        let stream = crate::OwnedStream::new(true).unwrap();
+        let p = mr.allocate(1 << 20, stream.stream()).unwrap();
+        stream.synchronize().unwrap();
+        mr.deallocate(p, 1 << 20, stream.stream()).unwrap();
+        assert_eq!(mr.kind(), MemoryKind::Managed);
+    }
+}

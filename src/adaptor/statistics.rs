@@ -3,7 +3,8 @@
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// Allocation counters of one level: current, peak and total bytes and counts. Current values
 /// can be negative inside a pushed level (memory freed there that was allocated before).
@@ -24,20 +25,6 @@ pub struct Statistics {
 }
 
 impl Statistics {
-    fn add(&mut self, bytes: i64) {
-        self.current_bytes += bytes;
-        self.total_bytes += bytes;
-        self.peak_bytes = self.peak_bytes.max(self.current_bytes);
-        self.current_count += 1;
-        self.total_count += 1;
-        self.peak_count = self.peak_count.max(self.current_count);
-    }
-
-    fn remove(&mut self, bytes: i64) {
-        self.current_bytes -= bytes;
-        self.current_count -= 1;
-    }
-
     /// Merges a popped child level into this (its parent), as RMM does:
     /// `peak = max(value + child.peak, peak)`, `value += child.value`, `total += child.total`.
     fn merge(&mut self, child: &Statistics) {
@@ -50,13 +37,65 @@ impl Statistics {
     }
 }
 
+/// One level of counters, updated with atomics under the shared (read) lock, so that
+/// allocations on several threads do not serialize on a mutex.
+#[derive(Default)]
+struct Level {
+    current_bytes: AtomicI64,
+    current_count: AtomicI64,
+    peak_bytes: AtomicI64,
+    peak_count: AtomicI64,
+    total_bytes: AtomicI64,
+    total_count: AtomicI64,
+}
+
+impl Level {
+    fn from_stats(s: Statistics) -> Self {
+        Level {
+            current_bytes: AtomicI64::new(s.current_bytes),
+            current_count: AtomicI64::new(s.current_count),
+            peak_bytes: AtomicI64::new(s.peak_bytes),
+            peak_count: AtomicI64::new(s.peak_count),
+            total_bytes: AtomicI64::new(s.total_bytes),
+            total_count: AtomicI64::new(s.total_count),
+        }
+    }
+
+    fn add(&self, bytes: i64) {
+        // The value after this add is exact, so the max over them is the true peak.
+        let now = self.current_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::AcqRel);
+        self.total_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let count = self.current_count.fetch_add(1, Ordering::AcqRel) + 1;
+        self.peak_count.fetch_max(count, Ordering::AcqRel);
+        self.total_count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn remove(&self, bytes: i64) {
+        self.current_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.current_count.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn load(&self) -> Statistics {
+        Statistics {
+            current_bytes: self.current_bytes.load(Ordering::Acquire),
+            current_count: self.current_count.load(Ordering::Acquire),
+            peak_bytes: self.peak_bytes.load(Ordering::Acquire),
+            peak_count: self.peak_count.load(Ordering::Acquire),
+            total_bytes: self.total_bytes.load(Ordering::Acquire),
+            total_count: self.total_count.load(Ordering::Acquire),
+        }
+    }
+}
+
 /// Counts the bytes and allocations that pass through it (RMM's
 /// `statistics_resource_adaptor`). `push_counters` starts a new level of counters (for a region
 /// of code); `pop_counters` ends it and merges it into the level below.
 pub struct StatisticsResourceAdaptor {
     upstream: SharedResource,
-    /// The stack of levels; never empty. A short critical section per call.
-    levels: Mutex<Vec<Statistics>>,
+    /// The stack of levels; never empty. Allocations take the shared lock and update the top
+    /// level's atomics; push and pop take the exclusive lock (RMM's `shared_mutex`).
+    levels: RwLock<Vec<Level>>,
 }
 
 fn signed(bytes: usize) -> i64 {
@@ -67,10 +106,10 @@ impl StatisticsResourceAdaptor {
     /// An adaptor over `upstream` with one level of zeroed counters.
     pub fn new(upstream: SharedResource) -> Self {
         let mut levels = Vec::with_capacity(4);
-        levels.push(Statistics::default());
+        levels.push(Level::default());
         StatisticsResourceAdaptor {
             upstream,
-            levels: Mutex::new(levels),
+            levels: RwLock::new(levels),
         }
     }
 
@@ -81,16 +120,16 @@ impl StatisticsResourceAdaptor {
 
     /// The counters of the current (innermost) level.
     pub fn allocation_counts(&self) -> Statistics {
-        let levels = self.levels.lock();
-        levels.last().copied().unwrap_or_default()
+        let levels = self.levels.read();
+        levels.last().map(Level::load).unwrap_or_default()
     }
 
     /// Starts a new level of zeroed counters; returns the counters of the level that was current
     /// before the push.
     pub fn push_counters(&self) -> Statistics {
-        let mut levels = self.levels.lock();
-        let before = levels.last().copied().unwrap_or_default();
-        levels.push(Statistics::default());
+        let mut levels = self.levels.write();
+        let before = levels.last().map(Level::load).unwrap_or_default();
+        levels.push(Level::default());
         before
     }
 
@@ -99,29 +138,31 @@ impl StatisticsResourceAdaptor {
     /// # Errors
     /// [`Error::OutOfRange`] when only the base level is left.
     pub fn pop_counters(&self) -> Result<Statistics> {
-        let mut levels = self.levels.lock();
+        let mut levels = self.levels.write();
         if levels.len() <= 1 {
             return Err(Error::OutOfRange(
                 "cannot pop the last counter pair".to_string(),
             ));
         }
-        let child = levels.pop().unwrap_or_default();
+        let child = levels.pop().map(|l| l.load()).unwrap_or_default();
         if let Some(parent) = levels.last_mut() {
-            parent.merge(&child);
+            let mut merged = parent.load();
+            merged.merge(&child);
+            *parent = Level::from_stats(merged);
         }
         Ok(child)
     }
 
     /// Number of levels (1 when nothing is pushed).
     pub fn depth(&self) -> usize {
-        self.levels.lock().len()
+        self.levels.read().len()
     }
 }
 
 impl MemoryResource for StatisticsResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let ptr = self.upstream.allocate(bytes, stream)?;
-        if let Some(top) = self.levels.lock().last_mut() {
+        if let Some(top) = self.levels.read().last() {
             top.add(signed(bytes));
         }
         Ok(ptr)
@@ -129,7 +170,7 @@ impl MemoryResource for StatisticsResourceAdaptor {
 
     fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.upstream.deallocate(ptr, bytes, stream)?;
-        if let Some(top) = self.levels.lock().last_mut() {
+        if let Some(top) = self.levels.read().last() {
             top.remove(signed(bytes));
         }
         Ok(())

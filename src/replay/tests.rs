@@ -1,0 +1,418 @@
+//! Replay tests on simulated memory: the shared traces with figures computed independently (a
+//! plain pass over the CSV), limits, round trips through the logging adaptor.
+
+use super::*;
+use crate::adaptor::{LimitingResourceAdaptor, LoggingResourceAdaptor};
+use crate::resource::MemoryResource;
+use crate::{SharedResource, SimulatedMemoryResource, Stream};
+use std::sync::Arc;
+
+const GIB: usize = 1 << 30;
+
+/// The shared trace `name`, or `None` where the traces are not present.
+fn shared_trace(name: &str) -> Option<Trace> {
+    // $RRMM_TRACES, else shared/traces beside the checkout.
+    let dir = std::env::var("RRMM_TRACES")
+        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
+    let path = format!("{dir}/{name}.csv.gz");
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("skipping: {path} not found");
+        return None;
+    }
+    Some(Trace::from_path(&path, false).unwrap())
+}
+
+fn simulated(size: usize) -> (Arc<SimulatedMemoryResource>, SharedResource) {
+    let sim = Arc::new(SimulatedMemoryResource::new(size));
+    let shared: SharedResource = sim.clone();
+    (sim, shared)
+}
+
+/// Expected figures from an independent pass over the CSV (Python, see the commit message;
+/// the transformer log has 38 zero-byte allocations with a null pointer, never freed, which
+/// are events but not leaks):
+/// (name, events, allocations, peak bytes in use, unfreed allocations, unfreed bytes,
+/// peak of the 256-rounded sizes, threads).
+/// One trace's expected figures.
+type Expected = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
+const EXPECTED: &[Expected] = &[
+    (
+        "random_10k_1mib",
+        20_000,
+        10_000,
+        3_309_099_223,
+        0,
+        0,
+        3_309_896_960,
+        1,
+    ),
+    (
+        "random_100k_4mib",
+        200_000,
+        100_000,
+        16_777_215_995,
+        0,
+        0,
+        16_778_442_240,
+        1,
+    ),
+    (
+        "transformer_training",
+        21_949,
+        11_046,
+        1_313_089_416,
+        105,
+        234_633_728,
+        1_313_093_120,
+        2,
+    ),
+];
+
+#[test]
+fn shared_traces_replay_with_exact_figures_on_simulated_memory() {
+    for &(name, events, allocs, peak, leaks, leaked_bytes, peak256, threads) in EXPECTED {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        assert_eq!(trace.events.len(), events, "{name}");
+        assert_eq!(trace.allocations(), allocs, "{name}");
+        assert_eq!(trace.peak_requested_bytes, peak, "{name}");
+        assert_eq!(trace.unfreed_allocations, leaks, "{name}");
+        assert_eq!(trace.threads.len(), threads, "{name}");
+        assert_eq!(trace.streams, vec![0], "{name}");
+        let (sim, mr) = simulated(64 * GIB);
+        let options = ReplayOptions {
+            timeline_points: 100,
+            progress: false,
+        };
+        let r = replay(&trace, &mr, options).unwrap();
+        assert_eq!(r.events, events, "{name}");
+        assert_eq!(r.allocations, allocs, "{name}");
+        assert_eq!(r.peak_bytes_in_use, peak, "{name}");
+        assert_eq!(r.failed_allocations, 0, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (leaks, leaked_bytes),
+            "{name}"
+        );
+        let pf = r.peak_footprint.unwrap();
+        assert!(pf >= peak && pf <= peak256, "{name}: {pf}");
+        assert_eq!(sim.peak_bytes_in_use(), peak256, "{name}");
+        let end = r.footprint_at_end.unwrap();
+        assert_eq!(end.held_bytes, sim.peak_bytes_in_use().min(end.held_bytes));
+        assert!(r.fragmentation_at_peak.is_some() && r.fragmentation_at_end.is_some());
+        assert!(r.total_ns > 0 && r.ns_per_event > 0.0);
+        // The timeline: ~100 points, first at 0, last at the end, bytes in use never above peak.
+        assert!(r.timeline.len() >= 100 && r.timeline.len() <= 102, "{name}");
+        assert_eq!(r.timeline[0].event, 0);
+        assert_eq!(r.timeline.last().unwrap().event, events);
+        assert!(r.timeline.iter().all(|p| p.bytes_in_use <= peak));
+        assert_eq!(r.timeline.last().unwrap().bytes_in_use, leaked_bytes);
+        // Everything was freed afterwards.
+        assert_eq!(sim.bytes_in_use(), 0, "{name}");
+        assert_eq!(sim.live_allocations(), 0, "{name}");
+        // A second replay on the same resource gives the same figures.
+        let again = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(again.peak_bytes_in_use, peak);
+        assert!(again.timeline.is_empty());
+    }
+}
+
+#[test]
+fn failures_under_a_limit_match_an_independent_model() {
+    // Limit 1 GiB over a large simulated device: an allocation fails exactly when the
+    // 256-rounded bytes in use would pass the limit (the Python model of the commit).
+    let cases = [
+        (
+            "random_10k_1mib",
+            4506,
+            2_811_481_551,
+            [4615, 4619, 4620],
+            1_073_482_159,
+            0,
+            0,
+        ),
+        (
+            "transformer_training",
+            22,
+            2_661_376_000,
+            [3100, 3165, 3845],
+            1_068_707_844,
+            105,
+            234_633_728,
+        ),
+    ];
+    for (name, fails, failed_bytes, first, peak, leaks, leaked_bytes) in cases {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        let (sim, device) = simulated(64 * GIB);
+        let mr: SharedResource = Arc::new(LimitingResourceAdaptor::new(device, GIB));
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, fails, "{name}");
+        assert_eq!(r.failed_bytes, failed_bytes, "{name}");
+        assert_eq!(r.failure_events[..3], first, "{name}");
+        assert_eq!(r.peak_bytes_in_use, peak, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (leaks, leaked_bytes),
+            "{name}"
+        );
+        assert_eq!(r.resource, "limiting");
+        assert_eq!(sim.bytes_in_use(), 0);
+    }
+}
+
+#[test]
+fn a_log_written_by_the_logging_adaptor_replays_with_identical_figures() {
+    let path = std::env::temp_dir()
+        .join(format!("rrmm-roundtrip-{}.csv", std::process::id()))
+        .to_string_lossy()
+        .into_owned();
+    let size = 1 << 20;
+    let (sim, device) = simulated(size);
+    let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
+    let s1 = Stream::from_raw(0x5555_0000);
+    // A known sequence on two streams and two threads: peak 700_000 + 200_000 bytes, one
+    // failure, one leak.
+    let a = logger.allocate(700_000, Stream::DEFAULT).unwrap();
+    let b = {
+        let logger = logger.clone();
+        std::thread::spawn(move || logger.allocate(200_000, s1).unwrap())
+            .join()
+            .unwrap()
+    };
+    assert!(logger.allocate(500_000, Stream::DEFAULT).is_err());
+    logger.deallocate(a, 700_000, Stream::DEFAULT).unwrap();
+    let c = logger.allocate(10, s1).unwrap();
+    logger.deallocate(c, 10, s1).unwrap();
+    let _leak = b;
+    let original_peak = sim.peak_bytes_in_use();
+    drop(logger);
+
+    let trace = Trace::from_path(&path, false).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(trace.events.len(), 5);
+    assert_eq!(trace.logged_failures, 1);
+    assert_eq!(trace.threads.len(), 2);
+    assert_eq!(trace.streams.len(), 2);
+    assert_eq!(trace.peak_requested_bytes, 900_000);
+    let (sim2, mr) = simulated(size);
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.events, 5);
+    assert_eq!(r.peak_bytes_in_use, 900_000);
+    assert_eq!(r.logged_failures, 1);
+    assert_eq!(r.failed_allocations, 0);
+    assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 200_000));
+    assert_eq!(sim2.peak_bytes_in_use(), original_peak);
+    assert_eq!(r.peak_footprint, Some(original_peak));
+    assert_eq!(sim2.bytes_in_use(), 0);
+}
+
+#[test]
+fn out_of_memory_on_small_simulated_device_is_counted_and_frees_are_skipped() {
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,t,allocate,0x1000,600,0\n\
+        1,t,allocate,0x2000,600,0x7\n\
+        1,t,free,0x2000,600,0x7\n\
+        1,t,free,0x1000,600,0\n\
+        1,t,allocate,0x3000,1000,0\n";
+    let trace = Trace::from_reader("small.csv", log.as_bytes(), false).unwrap();
+    let (sim, mr) = simulated(1024);
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failure_events, vec![1]);
+    assert_eq!(r.failed_bytes, 600);
+    assert_eq!(r.peak_bytes_in_use, 1000);
+    assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 1000));
+    assert_eq!(sim.bytes_in_use(), 0);
+    let f = r.footprint_at_end.unwrap();
+    assert_eq!(f.held_bytes, 1024);
+    assert_eq!(r.fragmentation_at_end, Some(0.0));
+}
+
+#[test]
+fn progress_is_reported_only_for_long_replays_and_empty_traces_work() {
+    let trace = Trace::from_reader(
+        "e.csv",
+        "Thread,Time,Action,Pointer,Size,Stream\n".as_bytes(),
+        false,
+    )
+    .unwrap();
+    let (_, mr) = simulated(1024);
+    let mut calls = 0;
+    let r =
+        replay_with_progress(&trace, &mr, ReplayOptions::default(), &mut |_| calls += 1).unwrap();
+    assert_eq!((r.events, calls), (0, 0));
+    assert_eq!(r.ns_per_event, 0.0);
+}
+
+#[test]
+fn resource_errors_other_than_out_of_memory_abort_the_replay_cleanly() {
+    use crate::resource::{CallbackMemoryResource, MemoryKind};
+    let (sim, device) = simulated(1 << 20);
+    let up = device.clone();
+    let up2 = device.clone();
+    let mr: SharedResource = Arc::new(CallbackMemoryResource::new(
+        Box::new(move |bytes, stream| {
+            if bytes == 777 {
+                Err(crate::Error::Logic("broken".into()))
+            } else {
+                up.allocate(bytes, stream)
+            }
+        }),
+        Box::new(move |ptr, bytes, stream| up2.deallocate(ptr, bytes, stream)),
+        MemoryKind::Simulated,
+    ));
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,t,allocate,0x1000,600,0\n\
+        1,t,allocate,0x2000,777,0\n";
+    let trace = Trace::from_reader("x.csv", log.as_bytes(), false).unwrap();
+    let err = replay(&trace, &mr, ReplayOptions::default()).unwrap_err();
+    assert_eq!(err, crate::Error::Logic("broken".into()));
+    assert_eq!(sim.bytes_in_use(), 0);
+}
+
+#[test]
+fn shared_traces_replay_on_the_suballocators_over_simulated_memory() {
+    // fixed_size (1 MiB blocks) fails exactly the requests above 1 MiB; expected values from
+    // the same independent pass: (failures, failed bytes, first failures, peak, leaks, bytes).
+    type Fixed = (usize, usize, &'static [usize], usize, usize, usize);
+    let fixed: [Fixed; 3] = [
+        (0, 0, &[], 3_309_099_223, 0, 0),
+        (67_336, 164_187_793_967, &[2, 3], 1_716_582_143, 0, 0),
+        (7_014, 74_104_760_320, &[0, 3], 26_911_244, 75, 9_714_176),
+    ];
+    for (i, &(name, events, _, peak, leaks, leaked_bytes, _, _)) in EXPECTED.iter().enumerate() {
+        let Some(trace) = shared_trace(name) else {
+            return;
+        };
+        for resource in ["pool", "binning"] {
+            let mr = build_resource(resource, Some(64 * GIB), None, None).unwrap();
+            let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+            assert_eq!(r.resource, resource);
+            assert_eq!(r.events, events, "{name} {resource}");
+            assert_eq!(r.peak_bytes_in_use, peak, "{name} {resource}");
+            assert_eq!(r.failed_allocations, 0, "{name} {resource}");
+            assert_eq!(
+                (r.leaked_allocations, r.leaked_bytes),
+                (leaks, leaked_bytes)
+            );
+            assert!(r.peak_footprint.unwrap() >= peak, "{name} {resource}");
+            let f = r.fragmentation_at_end.unwrap();
+            assert!((0.0..=1.0).contains(&f));
+        }
+        let (fails, failed_bytes, first, fixed_peak, fixed_leaks, fixed_leaked) = fixed[i];
+        let mr = build_resource("fixed_size", Some(64 * GIB), None, None).unwrap();
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, fails, "{name}");
+        assert_eq!(r.failed_bytes, failed_bytes, "{name}");
+        assert_eq!(&r.failure_events[..first.len()], first, "{name}");
+        assert_eq!(r.peak_bytes_in_use, fixed_peak, "{name}");
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes),
+            (fixed_leaks, fixed_leaked)
+        );
+    }
+}
+
+/// A deterministic synthetic log: `n` allocations of up to 4 MiB on three streams (one the
+/// default) from two threads, each freed a little later, some never freed.
+fn synthetic_log(n: usize) -> String {
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let streams = ["0", "0x5600aa", "0x5600bb"];
+    let mut live: Vec<(usize, usize, &str)> = Vec::new();
+    for i in 0..n {
+        let size = (next() % (4 << 20)) as usize + 1;
+        let stream = streams[(next() % 3) as usize];
+        let ptr = 0x7f00_0000_0000 + i * 0x100_0000;
+        text.push_str(&format!(
+            "{},t,allocate,{ptr:#x},{size},{stream}\n",
+            100 + i % 2
+        ));
+        live.push((ptr, size, stream));
+        if live.len() > 64 || next() % 3 == 0 {
+            let k = (next() % live.len() as u64) as usize;
+            let (p, s, st) = live.swap_remove(k);
+            if i % 97 != 0 {
+                text.push_str(&format!("{},t,free,{p:#x},{s},{st}\n", 100 + i % 2));
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn synthetic_multi_stream_log_replays_on_every_resource() {
+    let trace = Trace::from_reader("synthetic.csv", synthetic_log(5000).as_bytes(), false).unwrap();
+    assert_eq!(trace.streams.len(), 3);
+    assert_eq!(trace.threads.len(), 2);
+    let gpu = crate::cuda::device_count() > 0;
+    let names: &[&str] = if gpu {
+        &["cuda", "cuda_async", "managed", "pool", "binning"]
+    } else {
+        &["simulated", "pool", "binning"]
+    };
+    let simulate = if gpu { None } else { Some(64 * GIB) };
+    let mut reference: Option<ReplayReport> = None;
+    for name in names {
+        let mr = build_resource(name, simulate, None, None).unwrap();
+        let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+        assert_eq!(r.failed_allocations, 0, "{name}");
+        assert_eq!(r.peak_bytes_in_use, trace.peak_requested_bytes, "{name}");
+        assert_eq!(r.leaked_allocations, trace.unfreed_allocations, "{name}");
+        if let Some(first) = &reference {
+            assert_eq!(
+                (r.events, r.leaked_bytes),
+                (first.events, first.leaked_bytes),
+                "{name}"
+            );
+        }
+        reference.get_or_insert(r);
+    }
+}
+
+#[test]
+fn concurrent_logging_gives_a_log_that_parses_strictly() {
+    let path = std::env::temp_dir()
+        .join(format!("rrmm-concurrent-{}.csv", std::process::id()))
+        .to_string_lossy()
+        .into_owned();
+    let (_, device) = simulated(GIB);
+    let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let logger = logger.clone();
+            s.spawn(move || {
+                let stream = Stream::from_raw(0x1000 * (t + 1));
+                for i in 0..500 {
+                    let p = logger.allocate(256 * (i % 7 + 1), stream).unwrap();
+                    logger.deallocate(p, 256 * (i % 7 + 1), stream).unwrap();
+                }
+            });
+        }
+    });
+    drop(logger);
+    let trace = Trace::from_path(&path, false).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(trace.events.len(), 4000);
+    assert_eq!(trace.threads.len(), 4);
+    assert_eq!(trace.streams.len(), 4);
+    assert_eq!(trace.unfreed_allocations, 0);
+}
