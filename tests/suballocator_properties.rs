@@ -336,6 +336,59 @@ fn growth_failure_synchronizes_merges_and_retries() {
     ));
 }
 
+#[test]
+fn threads_on_their_own_and_per_thread_streams_never_overlap() {
+    let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+    let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
+    let fixed = FixedSizeMemoryResource::new(up.clone(), 4096, 16).unwrap();
+    let resources: Vec<SharedResource> = vec![Arc::new(pool.clone()), Arc::new(fixed.clone())];
+    for mr in resources {
+        let live = Arc::new(parking_lot::Mutex::new(BTreeMap::<usize, usize>::new()));
+        let threads: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (mr, live) = (mr.clone(), live.clone());
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut s = 0x1234_5678_9abc_def1u64 ^ t as u64;
+                    for i in 0..5000 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        // Threads 0 and 1 use their per-thread default streams; all free on
+                        // a stream other than the one they allocated on now and then.
+                        let st = if t < 2 { Stream::PER_THREAD } else { stream(t) };
+                        if s % 3 != 0 || mine.is_empty() {
+                            let bytes = (s as usize % 4096) + 1;
+                            let p = mr.allocate(bytes, st).unwrap();
+                            let mut l = live.lock();
+                            if let Some((&a, &n)) = l.range(..p + bytes).next_back() {
+                                assert!(a + n <= p, "overlap between threads");
+                            }
+                            l.insert(p, bytes);
+                            drop(l);
+                            mine.push((p, bytes));
+                        } else {
+                            let (p, bytes) = mine.swap_remove(s as usize % mine.len());
+                            live.lock().remove(&p);
+                            let fs = if i % 7 == 0 { stream(3) } else { st };
+                            mr.deallocate(p, bytes, fs).unwrap();
+                        }
+                    }
+                    for (p, bytes) in mine {
+                        live.lock().remove(&p);
+                        mr.deallocate(p, bytes, Stream::DEFAULT).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    assert_eq!(pool.free_bytes(), pool.pool_size());
+    assert_eq!(fixed.free_block_count() * 4096, fixed.pool_size());
+}
+
 // Compile-time check: every suballocator is a thread-safe, shareable memory resource.
 const _: () = {
     const fn check<T: MemoryResource + Send + Sync + Clone + 'static>() {}
@@ -354,4 +407,135 @@ fn resources_coerce_to_shared_resource() {
         Arc::new(BinningMemoryResource::new(pool.clone(), Some(8), Some(9)).unwrap());
     let names: Vec<&str> = [&pool, &fixed, &bins].iter().map(|r| r.name()).collect();
     assert_eq!(names, ["pool", "fixed_size", "binning"]);
+}
+
+/// Speed check (run in release: `cargo test --release --test suballocator_properties --
+/// --ignored --nocapture`): random alloc/free mixes at 10k and 100k live blocks, and the shared
+/// traces replayed on simulated memory, in ns per event including a small replay harness.
+#[test]
+#[ignore = "timing; run in release"]
+fn speed_on_simulated_memory() {
+    use std::collections::HashMap;
+    use std::io::BufRead;
+    use std::time::Instant;
+
+    /// This thread's time on a CPU (from the scheduler), so a loaded machine skews less.
+    fn cpu_ns() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+    fn rng(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+    let make_pool = || -> (SharedResource, PoolMemoryResource) {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up.clone(), None, None).unwrap();
+        (up, pool)
+    };
+    for (live, max) in [(10_000usize, 1usize << 20), (100_000, 4 << 20)] {
+        let (_up, pool) = {
+            // A pool of exactly what the live set needs at first, so growth and fit matter.
+            let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+            (
+                up.clone(),
+                PoolMemoryResource::new(up, Some(0), None).unwrap(),
+            )
+        };
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ptrs: Vec<(usize, usize)> = (0..live)
+            .map(|_| {
+                let b = (rng(&mut s) as usize % max) + 1;
+                (pool.allocate(b, Stream::DEFAULT).unwrap(), b)
+            })
+            .collect();
+        let ops = 2_000_000;
+        let (t, c) = (Instant::now(), cpu_ns());
+        for _ in 0..ops / 2 {
+            let i = rng(&mut s) as usize % ptrs.len();
+            let (p, b) = ptrs.swap_remove(i);
+            pool.deallocate(p, b, Stream::DEFAULT).unwrap();
+            let b = (rng(&mut s) as usize % max) + 1;
+            ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
+        }
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        let cpu = (cpu_ns() - c) as f64 / ops as f64;
+        println!(
+            "pool random mix, {live} live blocks up to {max} B: {ns:.0} ns/op wall, {cpu:.0} ns/op on cpu ({} free blocks, \
+             pool {} MiB for {} MiB live)",
+            pool.free_block_count(),
+            pool.pool_size() >> 20,
+            (pool.pool_size() - pool.free_bytes()) >> 20
+        );
+    }
+
+    // Trace replay: events parsed first, then replayed through a pointer map.
+    let dir = match std::env::var_os("RRMM_TRACES") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
+    };
+    for name in [
+        "random_10k_1mib",
+        "random_100k_4mib",
+        "transformer_training",
+    ] {
+        let path = dir.join(format!("{name}.csv.gz"));
+        let Ok(file) = std::fs::File::open(&path) else {
+            println!("{name}: trace not found at {}", path.display());
+            continue;
+        };
+        let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
+        let events: Vec<(bool, usize, usize)> = reader
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let l = l.ok()?;
+                let f: Vec<&str> = l.split(',').collect();
+                let ptr = usize::from_str_radix(f[3].trim_start_matches("0x"), 16).ok()?;
+                Some((f[2] == "allocate", ptr, f[4].parse().ok()?))
+            })
+            .collect();
+        for kind in ["pool", "binning"] {
+            let (_up, pool) = make_pool();
+            let mr: SharedResource = if kind == "pool" {
+                Arc::new(pool.clone())
+            } else {
+                Arc::new(
+                    BinningMemoryResource::new(Arc::new(pool.clone()), Some(18), Some(22)).unwrap(),
+                )
+            };
+            for pass in ["cold", "warm"] {
+                let mut map: HashMap<usize, (usize, usize)> = HashMap::with_capacity(200_000);
+                let (t, c) = (Instant::now(), cpu_ns());
+                let mut failures = 0;
+                for &(alloc, ptr, size) in &events {
+                    if alloc {
+                        match mr.allocate(size, Stream::DEFAULT) {
+                            Ok(p) => {
+                                map.insert(ptr, (p, size));
+                            }
+                            Err(_) => failures += 1,
+                        }
+                    } else if let Some((p, _)) = map.remove(&ptr) {
+                        mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                    }
+                }
+                let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
+                let cpu = (cpu_ns() - c) as f64 / events.len() as f64;
+                println!(
+                    "{kind} replay {name} ({pass}): {} events, {ns:.0} ns/event wall, {cpu:.0} ns/event on cpu, {failures} \
+                     failures, {} free blocks in the pool",
+                    events.len(),
+                    pool.free_block_count()
+                );
+                for (p, size) in map.into_values() {
+                    mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                }
+            }
+        }
+    }
 }

@@ -1,7 +1,593 @@
-//! (to be written)
+//! `rrmm.DeviceBuffer` and the pointer copy functions of `rrmm.pylibrmm.device_buffer`.
 
+use crate::cuda::Stream as RawStream;
+use crate::device_buffer::copy_bytes;
+use crate::resource::{MemoryKind, SharedResource};
+use crate::DeviceBuffer as RsBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use super::buffer::HostBuffer;
+use super::errors::py_result;
+use super::resources::{current_resource, DeviceMemoryResource};
+use super::stream::{PyStream, StreamArg};
+
+/// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
+/// object goes.
+#[pyclass(
+    module = "rrmm.pylibrmm.device_buffer",
+    name = "DeviceBuffer",
+    subclass
+)]
+pub(crate) struct PyDeviceBuffer {
+    buf: Option<RsBuffer>,
+    mr: Py<DeviceMemoryResource>,
+    stream: Py<PyStream>,
+    release_gil: bool,
+}
+
+impl Drop for PyDeviceBuffer {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            if self.release_gil {
+                Python::attach(|py| py.detach(move || drop(buf)));
+            } else {
+                drop(buf);
+            }
+        }
+    }
+}
+
+/// The memory kind used to copy raw pointers: device memory with a driver; without one the only
+/// memory that exists is host memory.
+fn raw_kind() -> MemoryKind {
+    if crate::cuda::driver_available() {
+        MemoryKind::Device
+    } else {
+        MemoryKind::Host
+    }
+}
+
+/// Copies with the GIL released.
+///
+/// Safety contract (checked by the callers): both ranges are valid for `bytes` bytes.
+fn copy(
+    py: Python<'_>,
+    dst: usize,
+    src: usize,
+    bytes: usize,
+    stream: RawStream,
+    kind: MemoryKind,
+) -> PyResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    py_result(py.detach(|| {
+        // SAFETY: the callers pass ranges they hold (a live buffer, a held host view, or the
+        // user's pointers, which RMM's API takes on trust too).
+        unsafe { copy_bytes(dst, src, bytes, stream, kind) }
+    }))
+}
+
+fn numpy(py: Python<'_>) -> Option<&Bound<'_, PyModule>> {
+    static NUMPY: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
+    NUMPY
+        .get_or_init(py, || py.import("numpy").ok().map(Bound::unbind))
+        .as_ref()
+        .map(|m| m.bind(py))
+}
+
+/// A new host array of `size` bytes: a numpy `uint8` array, or a `bytearray` without numpy.
+fn host_array(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyAny>> {
+    match numpy(py) {
+        Some(np) => np.call_method1("empty", (size, "u1")),
+        None => Ok(pyo3::types::PyByteArray::new(py, &vec![0u8; size]).into_any()),
+    }
+}
+
+impl PyDeviceBuffer {
+    fn inner(&self) -> &RsBuffer {
+        // A buffer is only taken in Drop.
+        self.buf.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.inner().resource().kind()
+    }
+
+    fn make(
+        py: Python<'_>,
+        size: usize,
+        raw: RawStream,
+        stream: Bound<'_, PyStream>,
+        mr: Bound<'_, DeviceMemoryResource>,
+        shared: SharedResource,
+    ) -> PyResult<Self> {
+        let release_gil = mr.get().release_gil;
+        let buf = if release_gil {
+            py.detach(|| RsBuffer::new(size, raw, shared))
+        } else {
+            RsBuffer::new(size, raw, shared)
+        };
+        Ok(PyDeviceBuffer {
+            buf: Some(py_result(buf)?),
+            mr: mr.unbind(),
+            stream: stream.unbind(),
+            release_gil,
+        })
+    }
+
+    fn resource_of<'py>(
+        py: Python<'py>,
+        mr: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
+        match mr {
+            Some(mr) if !mr.is_none() => {
+                let mr = mr.cast_into::<DeviceMemoryResource>().map_err(|_| {
+                    PyTypeError::new_err("mr must be a DeviceMemoryResource or None")
+                })?;
+                let shared = mr.get().inner.clone();
+                Ok((mr, shared))
+            }
+            _ => current_resource(py),
+        }
+    }
+
+    /// A new buffer holding the bytes of host buffer `b`.
+    fn from_host(
+        py: Python<'_>,
+        b: &Bound<'_, PyAny>,
+        stream: StreamArg<'_>,
+        mr: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let host = HostBuffer::get(b, false)?;
+        let (raw, stream) = stream.resolve(py)?;
+        let (mr, shared) = Self::resource_of(py, mr)?;
+        let this = Self::make(py, host.len(), raw, stream, mr, shared)?;
+        copy(
+            py,
+            this.inner().ptr(),
+            host.addr(),
+            host.len(),
+            raw,
+            this.kind(),
+        )?;
+        Ok(this)
+    }
+
+    fn set_stream(&mut self, py: Python<'_>, stream: StreamArg<'_>) -> PyResult<RawStream> {
+        let (raw, obj) = stream.resolve(py)?;
+        if let Some(buf) = self.buf.as_mut() {
+            buf.set_stream(raw);
+        }
+        self.stream = obj.unbind();
+        Ok(raw)
+    }
+}
+
+#[pymethods]
+impl PyDeviceBuffer {
+    /// `DeviceBuffer(*, ptr=0, size=0, stream=DEFAULT_STREAM, mr=None)`: `size` bytes from `mr`
+    /// (the current device's resource by default); with `ptr`, a copy of the `size` bytes there.
+    #[new]
+    #[pyo3(signature = (*, ptr = 0, size = 0, stream = StreamArg::Default, mr = None))]
+    fn new(
+        py: Python<'_>,
+        ptr: usize,
+        size: usize,
+        stream: StreamArg<'_>,
+        mr: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let (raw, stream) = stream.resolve(py)?;
+        let (mr, shared) = Self::resource_of(py, mr)?;
+        let this = Self::make(py, size, raw, stream, mr, shared)?;
+        if ptr != 0 && size > 0 {
+            let kind = this.kind();
+            copy(py, this.inner().ptr(), ptr, size, raw, kind)?;
+        }
+        Ok(this)
+    }
+
+    /// Bytes in the buffer.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner().size()
+    }
+
+    /// Bytes in the buffer.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.inner().size()
+    }
+
+    /// The device address (0 when empty).
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.inner().ptr()
+    }
+
+    /// The resource the memory came from.
+    #[getter]
+    fn mr(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
+        self.mr.clone_ref(py)
+    }
+
+    /// The stream the buffer is ordered on.
+    #[getter]
+    fn stream(&self, py: Python<'_>) -> Py<PyStream> {
+        self.stream.clone_ref(py)
+    }
+
+    /// The CUDA array interface (version 0): one-dimensional `uint8`.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("data", (self.inner().ptr(), false))?;
+        d.set_item("shape", (self.inner().size(),))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("version", 0)?;
+        Ok(d)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner().size()
+    }
+
+    fn __sizeof__(&self) -> usize {
+        self.inner().size()
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.tobytes(py, StreamArg::Default)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<rrmm.DeviceBuffer size={} ptr={:#x}>",
+            self.inner().size(),
+            self.inner().ptr()
+        )
+    }
+
+    /// Pickling: `(to_device, (host copy,))`.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let host = self.copy_to_host(py, None, StreamArg::Default)?;
+        let to_device = py.import("rrmm._rrmm")?.getattr("to_device")?;
+        PyTuple::new(py, [to_device, PyTuple::new(py, [host])?.into_any()])
+    }
+
+    /// Pickling; with protocol 5 the bytes travel as one out-of-band buffer.
+    fn __reduce_ex__<'py>(&self, py: Python<'py>, protocol: i64) -> PyResult<Bound<'py, PyTuple>> {
+        if protocol < 5 {
+            return self.__reduce__(py);
+        }
+        let host = self.copy_to_host(py, None, StreamArg::Default)?;
+        let pickle_buffer = py
+            .import("pickle")?
+            .getattr("PickleBuffer")?
+            .call1((host,))?;
+        let to_device = py.import("rrmm._rrmm")?.getattr("to_device")?;
+        PyTuple::new(
+            py,
+            [to_device, PyTuple::new(py, [pickle_buffer])?.into_any()],
+        )
+    }
+
+    /// Bytes allocated (at least `size`).
+    fn capacity(&self) -> usize {
+        self.inner().capacity()
+    }
+
+    /// Makes room for `new_capacity` bytes, keeping the contents; the buffer moves to `stream`.
+    #[pyo3(signature = (new_capacity, stream = StreamArg::Default))]
+    fn reserve(
+        &mut self,
+        py: Python<'_>,
+        new_capacity: usize,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
+        self.set_stream(py, stream)?;
+        let release = self.release_gil;
+        let Some(buf) = self.buf.as_mut() else {
+            return Ok(());
+        };
+        if release {
+            py_result(py.detach(|| buf.reserve(new_capacity)))
+        } else {
+            py_result(buf.reserve(new_capacity))
+        }
+    }
+
+    /// Changes the size: shrinking keeps the memory, growing past the capacity reallocates and
+    /// copies; the buffer moves to `stream`.
+    #[pyo3(signature = (new_size, stream = StreamArg::Default))]
+    fn resize(&mut self, py: Python<'_>, new_size: usize, stream: StreamArg<'_>) -> PyResult<()> {
+        self.set_stream(py, stream)?;
+        let release = self.release_gil;
+        let Some(buf) = self.buf.as_mut() else {
+            return Ok(());
+        };
+        if release {
+            py_result(py.detach(|| buf.resize(new_size)))
+        } else {
+            py_result(buf.resize(new_size))
+        }
+    }
+
+    /// Prefetches managed memory to `device` (the current device by default) on `stream` (the
+    /// buffer's by default); does nothing for other memory.
+    #[pyo3(signature = (device = None, stream = None))]
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        device: Option<usize>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let raw = match stream {
+            Some(s) if !s.is_none() => super::stream::stream_arg(&s)?,
+            _ => self.inner().stream(),
+        };
+        let (ptr, size) = (self.inner().ptr(), self.inner().size());
+        if ptr == 0 || size == 0 || !crate::cuda::is_managed(ptr) {
+            return Ok(());
+        }
+        let device = device.unwrap_or_else(super::resources::current_device);
+        py_result(py.detach(|| {
+            let _ctx = crate::cuda::ContextGuard::new(device)?;
+            // SAFETY: `ptr` is managed memory of this live buffer, valid for `size` bytes.
+            unsafe { crate::cuda::mem_prefetch_async(ptr, size, device, raw) }
+        }))
+    }
+
+    /// A deep copy: new memory from the same resource on the same stream, same bytes.
+    fn copy(&self, py: Python<'_>) -> PyResult<Self> {
+        let shared = self.inner().resource().clone();
+        let raw = self.inner().stream();
+        let this = Self::make(
+            py,
+            self.inner().size(),
+            raw,
+            self.stream.bind(py).clone(),
+            self.mr.bind(py).clone(),
+            shared,
+        )?;
+        copy(
+            py,
+            this.inner().ptr(),
+            self.inner().ptr(),
+            self.inner().size(),
+            raw,
+            this.kind(),
+        )?;
+        Ok(this)
+    }
+
+    fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
+        self.copy(py)
+    }
+
+    fn __deepcopy__(&self, py: Python<'_>, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        self.copy(py)
+    }
+
+    /// A new buffer with the bytes of `b` (a 1-D C-contiguous `uint8` buffer or `bytes`).
+    #[staticmethod]
+    #[pyo3(signature = (b, stream = StreamArg::Default, mr = None))]
+    fn to_device(
+        py: Python<'_>,
+        b: &Bound<'_, PyAny>,
+        stream: StreamArg<'_>,
+        mr: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Self::from_host(py, b, stream, mr)
+    }
+
+    /// Copies the buffer to host: into `ary` (a writable 1-D `uint8` buffer at least `size`
+    /// bytes long) or a new `uint8` numpy array; returns it.
+    #[pyo3(signature = (ary = None, stream = StreamArg::Default))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        ary: Option<Bound<'py, PyAny>>,
+        stream: StreamArg<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let size = self.inner().size();
+        let ary = match ary {
+            Some(a) if !a.is_none() => a,
+            _ => host_array(py, size)?,
+        };
+        let host = HostBuffer::get(&ary, true)?;
+        if host.len() < size {
+            return Err(PyValueError::new_err(format!(
+                "Argument `ary` is too small: {} bytes, need {size}",
+                host.len()
+            )));
+        }
+        copy(
+            py,
+            host.addr(),
+            self.inner().ptr(),
+            size,
+            stream.raw(),
+            self.kind(),
+        )?;
+        drop(host);
+        Ok(ary)
+    }
+
+    /// Copies host buffer `ary` (1-D `uint8`, at most `size` bytes) to the start of the buffer.
+    #[pyo3(signature = (ary, stream = StreamArg::Default))]
+    fn copy_from_host(
+        &self,
+        py: Python<'_>,
+        ary: &Bound<'_, PyAny>,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
+        let host = HostBuffer::get(ary, false)?;
+        if host.len() > self.inner().size() {
+            return Err(PyValueError::new_err(format!(
+                "Argument `hb` is too large: {} bytes into a buffer of {}",
+                host.len(),
+                self.inner().size()
+            )));
+        }
+        copy(
+            py,
+            self.inner().ptr(),
+            host.addr(),
+            host.len(),
+            stream.raw(),
+            self.kind(),
+        )
+    }
+
+    /// Copies device array `cuda_ary` (with `__cuda_array_interface__`, 1-D contiguous, at most
+    /// `size` bytes) to the start of the buffer.
+    #[pyo3(signature = (cuda_ary, stream = StreamArg::Default))]
+    fn copy_from_device(
+        &self,
+        py: Python<'_>,
+        cuda_ary: &Bound<'_, PyAny>,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
+        let (src, nbytes) = cai_ptr_nbytes(cuda_ary)?;
+        if nbytes > self.inner().size() {
+            return Err(PyValueError::new_err(format!(
+                "Argument `cuda_ary` is too large: {nbytes} bytes into a buffer of {}",
+                self.inner().size()
+            )));
+        }
+        copy(
+            py,
+            self.inner().ptr(),
+            src,
+            nbytes,
+            stream.raw(),
+            self.kind(),
+        )
+    }
+
+    /// The contents as `bytes`.
+    #[pyo3(signature = (stream = StreamArg::Default))]
+    fn tobytes<'py>(
+        &self,
+        py: Python<'py>,
+        stream: StreamArg<'_>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let size = self.inner().size();
+        let mut out = vec![0u8; size];
+        copy(
+            py,
+            out.as_mut_ptr() as usize,
+            self.inner().ptr(),
+            size,
+            stream.raw(),
+            self.kind(),
+        )?;
+        Ok(PyBytes::new(py, &out))
+    }
+}
+
+/// The device address and byte count of a 1-D contiguous `__cuda_array_interface__` object.
+fn cai_ptr_nbytes(obj: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    let cai = obj.getattr("__cuda_array_interface__").map_err(|_| {
+        PyValueError::new_err("Expected object to support `__cuda_array_interface__` protocol")
+    })?;
+    let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
+    let typestr: String = cai.get_item("typestr")?.extract()?;
+    let itemsize: usize = typestr
+        .get(2..)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| PyValueError::new_err(format!("bad typestr {typestr:?}")))?;
+    if shape.len() > 1 {
+        return Err(PyValueError::new_err(format!(
+            "Only 1-D contiguous arrays are supported, got {}-D array",
+            shape.len()
+        )));
+    }
+    if let Ok(strides) = cai.get_item("strides") {
+        if !strides.is_none() {
+            let strides: Vec<isize> = strides.extract()?;
+            if strides.first().is_some_and(|&s| s != itemsize as isize) {
+                return Err(PyValueError::new_err(
+                    "Only 1-D contiguous arrays are supported, got a non-contiguous array",
+                ));
+            }
+        }
+    }
+    let (ptr, _readonly): (usize, bool) = cai.get_item("data")?.extract()?;
+    let count = shape.first().copied().unwrap_or(1);
+    Ok((ptr, count * itemsize))
+}
+
+/// A new `DeviceBuffer` with the bytes of host buffer `b`.
+#[pyfunction]
+#[pyo3(signature = (b, stream = StreamArg::Default, mr = None))]
+fn to_device(
+    py: Python<'_>,
+    b: &Bound<'_, PyAny>,
+    stream: StreamArg<'_>,
+    mr: Option<Bound<'_, PyAny>>,
+) -> PyResult<PyDeviceBuffer> {
+    PyDeviceBuffer::from_host(py, b, stream, mr)
+}
+
+/// Copies `hb`'s length in bytes from device address `db` into writable host buffer `hb`.
+#[pyfunction]
+#[pyo3(signature = (db, hb, stream = StreamArg::Default))]
+fn copy_ptr_to_host(
+    py: Python<'_>,
+    db: usize,
+    hb: &Bound<'_, PyAny>,
+    stream: StreamArg<'_>,
+) -> PyResult<()> {
+    let host = HostBuffer::get(hb, true)?;
+    if db == 0 && host.len() > 0 {
+        return Err(PyValueError::new_err("db must not be a null pointer"));
+    }
+    copy(py, host.addr(), db, host.len(), stream.raw(), raw_kind())
+}
+
+/// Copies host buffer `hb` to device address `db`.
+#[pyfunction]
+#[pyo3(signature = (hb, db, stream = StreamArg::Default))]
+fn copy_host_to_ptr(
+    py: Python<'_>,
+    hb: &Bound<'_, PyAny>,
+    db: usize,
+    stream: StreamArg<'_>,
+) -> PyResult<()> {
+    let host = HostBuffer::get(hb, false)?;
+    if db == 0 && host.len() > 0 {
+        return Err(PyValueError::new_err("db must not be a null pointer"));
+    }
+    copy(py, db, host.addr(), host.len(), stream.raw(), raw_kind())
+}
+
+/// Copies `count` bytes from device address `d_src` to device address `d_dst`.
+#[pyfunction]
+#[pyo3(signature = (d_src, d_dst, count, stream = StreamArg::Default))]
+fn copy_device_to_ptr(
+    py: Python<'_>,
+    d_src: usize,
+    d_dst: usize,
+    count: usize,
+    stream: StreamArg<'_>,
+) -> PyResult<()> {
+    if count > 0 && (d_src == 0 || d_dst == 0) {
+        return Err(PyValueError::new_err("pointers must not be null"));
+    }
+    copy(py, d_dst, d_src, count, stream.raw(), raw_kind())
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyDeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_ptr_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_host_to_ptr, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_device_to_ptr, m)?)?;
     Ok(())
 }

@@ -9,6 +9,9 @@ use pyo3::prelude::*;
 /// errors a `RuntimeError`, file errors an `OSError`.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     let text = error.to_string();
+    if let Some(original) = take_stashed(&text, error.is_out_of_memory()) {
+        return original;
+    }
     match error {
         Error::OutOfMemory { .. } => PyMemoryError::new_err(text),
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
@@ -21,6 +24,48 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
 /// `?`-friendly conversion: `result.map_err(to_pyerr)?` spelled `py_result(result)?`.
 pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
     result.map_err(to_pyerr)
+}
+
+thread_local! {
+    /// The last Python exception raised inside a Python callback, with the text of the rrmm
+    /// error that carried it out of Rust.
+    static STASHED: std::cell::RefCell<Option<(Option<String>, PyErr)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Turns an exception raised by a Python callback (inside a resource) into an rrmm error, and
+/// remembers the exception so that `to_pyerr` re-raises it unchanged when that error comes back
+/// to Python on this thread. A `MemoryError` becomes an out-of-memory error.
+pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error {
+    let error = if err.is_instance_of::<PyMemoryError>(py) {
+        Error::out_of_memory(requested, format!("Python callback: {err}"))
+    } else {
+        Error::Logic(format!("Python callback raised {err}"))
+    };
+    let text = error.to_string();
+    STASHED.with(|cell| *cell.borrow_mut() = Some((Some(text), err)));
+    error
+}
+
+/// Remembers an exception raised by a Python callback whose failure reaches Rust only as a
+/// refusal (the failure callback's `false`): the next out-of-memory error converted on this
+/// thread becomes this exception.
+pub(crate) fn stash_pyerr_any(err: PyErr) {
+    STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
+}
+
+fn take_stashed(text: &str, out_of_memory: bool) -> Option<PyErr> {
+    STASHED
+        .try_with(|cell| {
+            let mut slot = cell.borrow_mut();
+            match slot.as_ref() {
+                Some((None, _)) if out_of_memory => slot.take().map(|(_, err)| err),
+                Some((Some(stashed), _)) if stashed == text => slot.take().map(|(_, err)| err),
+                _ => None,
+            }
+        })
+        .ok()
+        .flatten()
 }
 
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {

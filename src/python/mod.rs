@@ -2,6 +2,7 @@
 //! about Python. Each file registers its classes and functions with `register`.
 
 mod adaptors;
+mod buffer;
 mod device_buffer;
 mod errors;
 mod hooks;

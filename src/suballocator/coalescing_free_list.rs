@@ -34,7 +34,7 @@ const SL_COUNT: usize = 1 << SL_BITS;
 /// First-level classes: sizes up to 2^64 in 256-byte granules.
 const FL_COUNT: usize = (usize::BITS - GRANULE_SHIFT - SL_BITS + 1) as usize;
 /// How many blocks of the request's own size class `take` looks at for a fit.
-pub(crate) const EXACT_CLASS_SCAN: usize = 8;
+pub(crate) const EXACT_CLASS_SCAN: usize = 4;
 
 const NIL: u32 = u32::MAX;
 /// `Node::list` of an allocated block.

@@ -95,7 +95,7 @@ impl FixedSizeMemoryResource {
 
     /// Number of free blocks, over all streams.
     pub fn free_block_count(&self) -> usize {
-        self.inner.core.footprint().free_blocks
+        self.inner.core.free_blocks()
     }
 
     /// The upstream resource.

@@ -1,8 +1,10 @@
 //! Stream-ordered suballocators: the pool, the fixed-size resource and the binning resource.
 //!
-//! The pool and the fixed-size resource share one generic core ([`stream_ordered`]) with a
+//! The pool and the fixed-size resource share one generic core (`stream_ordered.rs`) with a
 //! pluggable free-list strategy (coalescing TLSF-style lists for the pool, stacks of equal blocks
 //! for fixed-size); cross-stream ordering goes through [`StreamEvents`].
+
+#![deny(unsafe_code)]
 
 mod binning;
 mod coalescing_free_list;

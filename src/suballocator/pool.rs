@@ -38,7 +38,8 @@ struct Inner {
 
 impl PoolMemoryResource {
     /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
-    /// free memory, rounded down to 256, and at most the maximum) and growing up to
+    /// free memory from [`MemoryResource::memory_info`], rounded down to 256 and at most the
+    /// maximum; 0 when the upstream does not report it) and growing up to
     /// `maximum_pool_size` (default: no limit but the upstream's).
     ///
     /// # Errors
@@ -128,7 +129,7 @@ impl PoolMemoryResource {
 
     /// Free bytes in the pool, over all streams.
     pub fn free_bytes(&self) -> usize {
-        self.inner.core.footprint().free_bytes
+        self.inner.core.free_bytes()
     }
 
     /// The largest free block, in bytes.
@@ -141,7 +142,7 @@ impl PoolMemoryResource {
 
     /// Number of free blocks, over all streams.
     pub fn free_block_count(&self) -> usize {
-        self.inner.core.footprint().free_blocks
+        self.inner.core.free_blocks()
     }
 
     /// Number of chunks currently held from the upstream.
@@ -178,10 +179,10 @@ impl MemoryResource for PoolMemoryResource {
     /// total, capped by the maximum.
     fn memory_info(&self) -> Option<(usize, usize)> {
         let (up_free, up_total) = self.upstream().memory_info()?;
-        let fp = self.inner.core.footprint();
+        let (held, free) = (self.pool_size(), self.free_bytes());
         let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(fp.held_bytes).min(up_free);
-        Some((fp.free_bytes + room, up_total.min(max)))
+        let room = max.saturating_sub(held).min(up_free);
+        Some((free + room, up_total.min(max)))
     }
 
     fn footprint(&self) -> Option<Footprint> {

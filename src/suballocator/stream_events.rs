@@ -1,6 +1,6 @@
 //! Cross-stream ordering for the stream-ordered suballocators.
 //!
-//! The core ([`super::stream_ordered`]) keeps one free list per stream. A block freed on stream A
+//! The core (`stream_ordered.rs`) keeps one free list per stream. A block freed on stream A
 //! may be handed to stream B only after B waits on an event recorded on A after the free. The
 //! core asks for that ordering through [`StreamEvents`]; this module has the three answers: real
 //! CUDA events ([`CudaStreamEvents`]), nothing at all for memory with no device behind it
@@ -128,6 +128,10 @@ impl StreamEvents for NoStreamEvents {
 
 /// Real CUDA events: one cached [`Event`] per owner stream, created the first time memory
 /// leaves that stream, recorded on the owner and waited on by the waiter.
+///
+/// Contract (as RMM's): a stream on which memory was freed stays valid while that memory is in
+/// its free list; where recording on it fails anyway, the whole context is synchronized instead.
+/// Calls run in the primary context of the resource's device.
 #[derive(Debug)]
 pub struct CudaStreamEvents {
     device: Option<usize>,
@@ -163,7 +167,10 @@ impl StreamEvents for CudaStreamEvents {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
         };
-        event.record(owner.stream())?;
+        if event.record(owner.stream()).is_err() {
+            // The owner stream is gone (destroyed after its frees): order everything instead.
+            return cuda::context_synchronize();
+        }
         event.wait_on(waiter.stream())
     }
 

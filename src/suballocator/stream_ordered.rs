@@ -317,9 +317,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     try_size = ((try_size / 2) / step * step).max(min_size);
                 }
                 Err(e) if e.is_out_of_memory() => {
+                    let text = e.to_string();
+                    let inner = text
+                        .strip_prefix("std::bad_alloc: out_of_memory: ")
+                        .unwrap_or(&text);
                     let reason = match self.growth {
-                        Growth::Geometric { .. } => format!("Maximum pool size exceeded: {e}"),
-                        Growth::Chunks { .. } => format!("{}: upstream: {e}", self.name),
+                        Growth::Geometric { .. } => {
+                            format!("Maximum pool size exceeded: upstream: {inner}")
+                        }
+                        Growth::Chunks { .. } => format!("{}: upstream: {inner}", self.name),
                     };
                     return Err(Error::out_of_memory(bytes, reason));
                 }
@@ -354,9 +360,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let key = StreamKey::of(stream);
         let mut st = self.state.lock();
-        let size = st.free_list.block_size_for(bytes.max(1))?;
         let list = st.list_of(key);
-        st.free_list.give_back(list, ptr, size)?;
+        // The strategies know each block's size; `bytes` is the caller's (unchecked) figure.
+        st.free_list.give_back(list, ptr, bytes)?;
         if key.is_per_thread() {
             self.events.record_after_free(key)?;
         }
@@ -379,6 +385,16 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Number of upstream chunks held.
     pub(crate) fn chunk_count(&self) -> usize {
         self.state.lock().chunks.len()
+    }
+
+    /// Free bytes over all lists.
+    pub(crate) fn free_bytes(&self) -> usize {
+        self.state.lock().free_list.free_bytes()
+    }
+
+    /// Free blocks over all lists.
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.state.lock().free_list.free_blocks()
     }
 
     /// Footprint: held bytes, free bytes, largest free block, free blocks.

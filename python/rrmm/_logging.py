@@ -1,0 +1,97 @@
+"""RMM's logging level API (``rmm.set_logging_level`` and friends) and the debug log
+(``$RMM_DEBUG_LOG_FILE``, else standard error)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from enum import IntEnum
+from typing import IO
+
+__all__ = [
+    "flush_logger",
+    "get_flush_level",
+    "get_logging_level",
+    "level_enum",
+    "set_flush_level",
+    "set_logging_level",
+    "should_log",
+]
+
+
+class level_enum(IntEnum):
+    """Severity levels, as RMM's ``level_enum``."""
+
+    trace = 0
+    debug = 1
+    info = 2
+    warn = 3
+    error = 4
+    critical = 5
+    off = 6
+
+
+_lock = threading.Lock()
+_level = level_enum.info
+_flush_level = level_enum.warn
+_sink: IO[str] | None = None
+
+
+def _check(level: object) -> level_enum:
+    if not isinstance(level, level_enum):
+        raise TypeError(f"level must be an rrmm.level_enum, not {type(level).__name__}")
+    return level
+
+
+def set_logging_level(level: level_enum) -> None:
+    """Sets the level below which debug-log messages are dropped."""
+    global _level
+    _level = _check(level)
+
+
+def get_logging_level() -> level_enum:
+    """The debug log's level."""
+    return _level
+
+
+def set_flush_level(level: level_enum) -> None:
+    """Sets the level at and above which the debug log is flushed after each message."""
+    global _flush_level
+    _flush_level = _check(level)
+
+
+def get_flush_level() -> level_enum:
+    """The debug log's flush level."""
+    return _flush_level
+
+
+def should_log(level: level_enum) -> bool:
+    """Whether a message of ``level`` would be written."""
+    return _check(level) >= _level and _level != level_enum.off
+
+
+def _open_sink() -> IO[str]:
+    global _sink
+    if _sink is None:
+        path = os.environ.get("RMM_DEBUG_LOG_FILE")
+        _sink = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
+    return _sink
+
+
+def flush_logger() -> None:
+    """Flushes the debug log."""
+    with _lock:
+        if _sink is not None:
+            _sink.flush()
+
+
+def _log(level: level_enum, message: str) -> None:
+    """Writes ``message`` to the debug log if ``level`` passes."""
+    if not should_log(level):
+        return
+    with _lock:
+        sink = _open_sink()
+        sink.write(f"[RMM] [{level.name}] {message}\n")
+        if level >= _flush_level:
+            sink.flush()
