@@ -87,6 +87,18 @@ pub fn current_device() -> Result<usize> {
     Ok(ordinal)
 }
 
+/// Makes the primary context of device `ordinal` current on this thread and leaves it current
+/// (CUDA's `cudaSetDevice`).
+///
+/// # Errors
+/// No driver, a bad ordinal, or the CUDA error of the context calls.
+pub fn set_current_device(ordinal: usize) -> Result<()> {
+    ensure_driver()?;
+    let ctx = primary_context(ordinal)?;
+    // SAFETY: `ctx` is a retained primary context that lives until the process exits.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })
+}
+
 /// Makes a device's primary context current for as long as it lives, then restores the
 /// caller's context. Costs one `cuCtxGetCurrent` when the right context is already current.
 #[must_use = "the context is restored when the guard drops"]

@@ -234,6 +234,7 @@ pub unsafe fn mem_prefetch_async(
     stream: Stream,
 ) -> Result<()> {
     let device = device_handle(ordinal)?;
+    let _ctx = super::ContextGuard::new(ordinal)?;
     // SAFETY: the caller's contract.
     check("cuMemPrefetchAsync", unsafe {
         sys::cuMemPrefetchAsync(ptr as sys::CUdeviceptr, bytes, device, stream.as_cu())

@@ -11,7 +11,7 @@ mod event;
 mod memory;
 mod stream;
 
-pub use context::{current_device, ContextGuard};
+pub use context::{current_device, set_current_device, ContextGuard};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
 pub use event::Event;
 pub use memory::*;

@@ -664,10 +664,7 @@ fn _device_mem_info(py: Python<'_>, device: usize) -> PyResult<(usize, usize)> {
 /// Makes device `device` current on this thread (CUDA's `setDevice`).
 #[pyfunction]
 fn _set_device(device: usize) -> PyResult<()> {
-    let guard = py_result(ContextGuard::new(device))?;
-    // Keeping the guard alive forever leaves the device's context current, as setDevice does.
-    std::mem::forget(guard);
-    Ok(())
+    py_result(crate::cuda::set_current_device(device))
 }
 
 /// Whether a CUDA driver is loaded.
