@@ -74,13 +74,13 @@ def main() -> None:
             for k, mod in mods.items():
                 try:
                     mrs[k] = make(mod, res)
-                except Exception as e:  # resource missing in one library
+                except (AttributeError, RuntimeError, MemoryError, ValueError) as e:  # missing in one library
                     print(f"{k} {res}: {type(e).__name__}: {e}")
             for _ in range(args.reps):
-                for k in mrs:
-                    times[k].append(time_round_trips(mods[k], mrs[k], size, n))
-            for k in mrs:
-                med = statistics.median(times[k])
+                for k, mr in mrs.items():
+                    times[k].append(time_round_trips(mods[k], mr, size, n))
+            for k, ts in times.items():
+                med = statistics.median(ts)
                 results.append({"impl": k, "resource": res, "size": label, "ns": med})
                 print(f"W2 {k:5s} {res:10s} {label:6s} {med:10.0f} ns")
             for k, mod in mods.items():

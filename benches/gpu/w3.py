@@ -9,16 +9,17 @@ import statistics
 import time
 from pathlib import Path
 
-from w2 import make  # noqa: E402  (same folder)
+from w2 import make
 
 HERE = Path(__file__).resolve().parent
 
 
 def load(path: str):
     ops = []
-    for line in open(path):
-        a, slot, size = line.split()
-        ops.append((a == "a", int(slot), int(size)))
+    with open(path) as f:
+        for line in f:
+            a, slot, size = line.split()
+            ops.append((a == "a", int(slot), int(size)))
     return ops
 
 
@@ -62,14 +63,14 @@ def main() -> None:
             for k, mod in mods.items():
                 try:
                     mrs[k] = make(mod, res)
-                except Exception as e:
+                except (AttributeError, RuntimeError, MemoryError, ValueError) as e:
                     print(f"{k} {res}: {type(e).__name__}: {e}")
             times: dict[str, list[float]] = {k: [] for k in mrs}
             for _ in range(args.reps):
-                for k in mrs:
-                    times[k].append(replay(mods[k], mrs[k], ops))
-            for k in mrs:
-                med = statistics.median(times[k])
+                for k, mr in mrs.items():
+                    times[k].append(replay(mods[k], mr, ops))
+            for k, ts in times.items():
+                med = statistics.median(ts)
                 name = Path(trace).stem
                 results.append({"impl": k, "trace": name, "resource": res, "ns_per_event": med})
                 print(f"W3 {k:5s} {name:22s} {res:10s} {med:8.0f} ns/event")
