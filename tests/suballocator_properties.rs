@@ -539,3 +539,74 @@ fn speed_on_simulated_memory() {
         }
     }
 }
+
+/// On a GPU (skipped without one): the three resources over `cuMemAlloc`, data written and read
+/// back on two streams with memory moving between them, per-thread default streams on several
+/// threads, and out of memory at the pool's maximum with the pool working afterwards.
+#[test]
+fn gpu_streams_threads_data_and_maximum() {
+    use rrmm::cuda::{self, ContextGuard, OwnedStream};
+    if !cuda::driver_available() || cuda::device_count() == 0 {
+        eprintln!("skipped: no CUDA driver or device");
+        return;
+    }
+    let _ctx = ContextGuard::new(0).unwrap();
+    let up: SharedResource = Arc::new(rrmm::CudaMemoryResource::on_device(0).unwrap());
+    let pool = PoolMemoryResource::new(up.clone(), Some(64 << 20), Some(256 << 20)).unwrap();
+    let resources: Vec<SharedResource> = vec![
+        Arc::new(pool.clone()),
+        Arc::new(FixedSizeMemoryResource::new(up.clone(), 1 << 20, 8).unwrap()),
+        Arc::new(BinningMemoryResource::new(Arc::new(pool.clone()), Some(10), Some(20)).unwrap()),
+    ];
+    /// Fills `bytes` at `ptr` with `value` on `stream` and checks it from the host.
+    fn fill_and_check(ptr: usize, bytes: usize, value: u8, stream: Stream) {
+        let mut host = vec![0u8; bytes];
+        // SAFETY: `ptr` is a live allocation of at least `bytes` bytes, used on `stream` only;
+        // `host` is a live buffer of `bytes` bytes that outlives the synchronous copy.
+        unsafe {
+            cuda::memset_async(ptr, value, bytes, stream).unwrap();
+            cuda::memcpy_sync(host.as_mut_ptr() as usize, ptr, bytes, stream).unwrap();
+        }
+        assert!(host.iter().all(|&b| b == value), "data check on {stream:?}");
+    }
+    for mr in &resources {
+        let (s1, s2) = (
+            OwnedStream::new(true).unwrap(),
+            OwnedStream::new(true).unwrap(),
+        );
+        for round in 0..20u8 {
+            let bytes = 1000 + 37 * round as usize;
+            let a = mr.allocate(bytes, *s1).unwrap();
+            fill_and_check(a, bytes, round, *s1);
+            mr.deallocate(a, bytes, *s1).unwrap();
+            // Freed on s1, reused on s2 (after the event wait).
+            let b = mr.allocate(bytes, *s2).unwrap();
+            fill_and_check(b, bytes, round.wrapping_add(100), *s2);
+            mr.deallocate(b, bytes, *s2).unwrap();
+        }
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let mr = mr.clone();
+                std::thread::spawn(move || {
+                    let _ctx = ContextGuard::new(0).unwrap();
+                    for i in 0..50usize {
+                        let bytes = 256 + 512 * (i % 7);
+                        let p = mr.allocate(bytes, Stream::PER_THREAD).unwrap();
+                        fill_and_check(p, bytes, t * 50 + i as u8 % 50, Stream::PER_THREAD);
+                        mr.deallocate(p, bytes, Stream::PER_THREAD).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    let e = pool.allocate(512 << 20, Stream::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let p = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
+    fill_and_check(p, 1 << 20, 7, Stream::DEFAULT);
+    pool.deallocate(p, 1 << 20, Stream::DEFAULT).unwrap();
+    drop(resources);
+    assert!(pool.release().unwrap() <= 256 << 20);
+}
