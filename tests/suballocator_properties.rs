@@ -25,13 +25,15 @@ use rrmm::{
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-const STREAMS: usize = 4;
+const STREAMS: usize = 5;
 
+/// Stream `i` of the tests: the legacy default stream, three fake handles, and this thread's
+/// per-thread default stream.
 fn stream(i: usize) -> Stream {
-    if i == 0 {
-        Stream::DEFAULT
-    } else {
-        Stream::from_raw(0x1000 + i)
+    match i {
+        0 => Stream::DEFAULT,
+        4 => Stream::PER_THREAD,
+        _ => Stream::from_raw(0x1000 + i),
     }
 }
 
