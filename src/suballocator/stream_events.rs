@@ -139,7 +139,7 @@ pub struct CudaStreamEvents {
 }
 
 impl CudaStreamEvents {
-    /// Events in the primary context of `device` (or the current context when `None`).
+    /// Events in the primary context of `device` (the current device's when `None`).
     pub fn new(device: Option<usize>) -> Self {
         CudaStreamEvents {
             device,
@@ -147,8 +147,14 @@ impl CudaStreamEvents {
         }
     }
 
-    fn context(&self) -> Result<Option<ContextGuard>> {
-        self.device.map(ContextGuard::new).transpose()
+    /// The device's primary context made current (for a resource with no device, such as
+    /// pinned host memory: the current device's).
+    fn context(&self) -> Result<ContextGuard> {
+        let device = match self.device {
+            Some(d) => d,
+            None => cuda::current_device()?,
+        };
+        ContextGuard::new(device)
     }
 }
 
