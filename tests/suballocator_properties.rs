@@ -9,7 +9,8 @@
 //!    to stream B != A, the event log holds, between t and the allocation, a `Wait` by B on an
 //!    event whose latest `Record` before that wait was on A and after t (or a host
 //!    `SynchronizeAll` after t).
-//! 5. Same-stream reuse makes no event call (checked by the unit tests at the bottom).
+//! 5. Same-stream reuse makes no event call, per-thread default streams included; another
+//!    thread's PTDS list is waited on only after its owner recorded it (unit tests below).
 //! 6. When everything is freed on one stream of a single-stream history, the free blocks are
 //!    exactly the upstream chunks (everything coalesced, never across chunks); after `release()`
 //!    the pool holds nothing and the upstream has everything back.
@@ -298,28 +299,98 @@ fn same_stream_reuse_makes_no_event_call_and_cross_stream_waits() {
 }
 
 #[test]
-fn per_thread_default_streams_are_separate_and_ordered_by_an_event_at_free() {
-    let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
+fn per_thread_default_streams_are_separate_and_recorded_only_when_wanted() {
+    use std::sync::mpsc;
+    let (_up, pool, events) = pool_with(1 << 20, 8192, Some(8192));
+    let (to_owner, owner_rx) = mpsc::channel::<()>();
+    let (to_main, main_rx) = mpsc::channel::<(usize, usize, StreamKey)>();
     let p2 = pool.clone();
-    let (ptr, other) = std::thread::spawn(move || {
-        let p = p2.allocate(4096, Stream::PER_THREAD).unwrap();
-        p2.deallocate(p, 4096, Stream::PER_THREAD).unwrap();
-        (p, StreamKey::of(Stream::PER_THREAD))
-    })
-    .join()
-    .unwrap();
-    // This thread's PTDS is another stream: the block is taken only after a wait on the event
-    // that the other thread recorded at its free (this thread cannot record on that stream).
-    let here = StreamKey::of(Stream::PER_THREAD);
-    assert_ne!(here, other);
-    assert_eq!(pool.allocate(4096, Stream::PER_THREAD).unwrap(), ptr);
+    let owner = std::thread::spawn(move || {
+        let a = p2.allocate(4096, Stream::PER_THREAD).unwrap();
+        let b = p2.allocate(4096, Stream::PER_THREAD).unwrap();
+        p2.deallocate(a, 4096, Stream::PER_THREAD).unwrap();
+        to_main
+            .send((a, b, StreamKey::of(Stream::PER_THREAD)))
+            .unwrap();
+        owner_rx.recv().unwrap();
+        p2.deallocate(b, 4096, Stream::PER_THREAD).unwrap();
+        to_main
+            .send((a, b, StreamKey::of(Stream::PER_THREAD)))
+            .unwrap();
+    });
+    let (a, b, other) = main_rx.recv().unwrap();
+    assert_ne!(
+        other,
+        StreamKey::of(Stream::PER_THREAD),
+        "one PTDS key per thread"
+    );
+    // Same-stream frees on a PTDS made no event call.
+    assert!(events.log().is_empty());
+    // `a` was freed on the owner's PTDS with no record since: not taken with a wait; the pool
+    // is at its maximum, so it is reached through the synchronize-and-merge path.
+    assert_eq!(pool.allocate(4096, stream(1)).unwrap(), a);
+    assert!(matches!(
+        events.log().as_slice(),
+        [EventCall::SynchronizeAll { .. }]
+    ));
+    // After the merge nobody wants the owner's list: its next free records nothing...
+    to_owner.send(()).unwrap();
+    main_rx.recv().unwrap();
+    owner.join().unwrap();
+    assert_eq!(events.log().len(), 1);
+    // ...so `b` is again reached only by synchronizing.
+    assert_eq!(pool.allocate(4096, stream(1)).unwrap(), b);
+    assert_eq!(events.log().len(), 2);
+}
+
+#[test]
+fn a_wanted_per_thread_list_is_recorded_by_its_owner_and_then_waited_on() {
+    use std::sync::mpsc;
+    // Room for exactly one more 4 KiB chunk after the initial 12 KiB.
+    let (_up, pool, events) = pool_with(1 << 20, 12288, Some(16384));
+    let (to_owner, owner_rx) = mpsc::channel::<()>();
+    let (to_main, main_rx) = mpsc::channel::<StreamKey>();
+    let p2 = pool.clone();
+    let owner = std::thread::spawn(move || {
+        let ptrs: Vec<usize> = (0..3)
+            .map(|_| p2.allocate(4096, Stream::PER_THREAD).unwrap())
+            .collect();
+        p2.deallocate(ptrs[0], 4096, Stream::PER_THREAD).unwrap();
+        to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
+        owner_rx.recv().unwrap();
+        // Another thread wanted this list: this free records the event.
+        p2.deallocate(ptrs[1], 4096, Stream::PER_THREAD).unwrap();
+        to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
+        owner_rx.recv().unwrap();
+        p2.deallocate(ptrs[2], 4096, Stream::PER_THREAD).unwrap();
+        ptrs
+    });
+    let other = main_rx.recv().unwrap();
+    let x = StreamKey::of(stream(1));
+    // The owner's list has an unrecorded free: marked wanted, and the pool grows instead.
+    let grown = pool.allocate(4096, stream(1)).unwrap();
+    assert_eq!(pool.pool_size(), 16384);
+    assert!(events.log().is_empty());
+    to_owner.send(()).unwrap();
+    main_rx.recv().unwrap();
     let log = events.log();
     assert!(
-        matches!(log.as_slice(),
-        [EventCall::Record { stream: r, id, .. }, EventCall::Wait { stream: w, id: wid, .. }]
-        if *r == other && *w == here && id == wid),
+        matches!(log.as_slice(), [EventCall::Record { stream: r, .. }] if *r == other),
         "{log:?}"
     );
+    // Now the list's event follows its latest free: taken with a lone wait (this thread cannot
+    // record on the owner's stream).
+    let got = pool.allocate(4096, stream(1)).unwrap();
+    let log = events.log();
+    assert!(
+        matches!(log.as_slice(), [EventCall::Record { id: r, .. }, EventCall::Wait { stream: w, id, .. }]
+            if *w == x && r == id),
+        "{log:?}"
+    );
+    to_owner.send(()).unwrap();
+    let ptrs = owner.join().unwrap();
+    assert!(got == ptrs[0] || got == ptrs[1]);
+    assert_ne!(grown, got);
 }
 
 #[test]

@@ -15,6 +15,15 @@
 //!   the fresh one (coalescing across them), retries, then gives fully free upstream chunks back
 //!   and grows again, before reporting out of memory.
 //!
+//! # Per-thread default streams
+//! Another thread cannot record an event on a thread's per-thread default stream (PTDS), so a
+//! PTDS list is handled lazily, with no CUDA call on its own allocate/free path either: a free
+//! marks the list "unrecorded". A thread that would take memory from another thread's PTDS list
+//! takes it only when the list's event was recorded after its latest free (then it waits on that
+//! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
+//! the end the synchronize-and-merge path). The owner thread records the event at its next
+//! allocate or free on that stream when the list is both unrecorded and wanted.
+//!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
 //! synchronous upstreams (cuda, managed, pinned, simulated); over a stream-ordered upstream
@@ -126,12 +135,23 @@ impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
     }
 }
 
+/// Event bookkeeping of a per-thread default stream's list (see "Per-thread default streams").
+#[derive(Clone, Copy, Debug, Default)]
+struct ListMarks {
+    /// Memory was freed into the list since its event was last recorded.
+    unrecorded: bool,
+    /// Another thread wanted memory from the list but could not record on its stream.
+    wanted: bool,
+}
+
 struct CoreState<F> {
     free_list: F,
     /// The list of each stream.
     lists: AddressMap<StreamKey, ListId>,
     /// The stream of each list (index = list id; `None` for the fresh list).
     owners: Vec<Option<StreamKey>>,
+    /// Event state of each list (index = list id); used for per-thread default streams.
+    marks: Vec<ListMarks>,
     /// The last stream looked up, to skip the map on runs of one stream.
     last: Option<(StreamKey, ListId)>,
     /// Upstream chunks: address -> size.
@@ -140,6 +160,12 @@ struct CoreState<F> {
 }
 
 impl<F: FreeList> CoreState<F> {
+    /// Moves every free block to the fresh list (after a synchronisation of every stream).
+    fn merge_all(&mut self) {
+        self.free_list.merge_all_into_fresh();
+        self.marks.fill(ListMarks::default());
+    }
+
     #[inline]
     fn list_of(&mut self, key: StreamKey) -> ListId {
         if let Some((k, id)) = self.last {
@@ -153,6 +179,7 @@ impl<F: FreeList> CoreState<F> {
                 let id = self.free_list.add_list();
                 debug_assert_eq!(id as usize, self.owners.len());
                 self.owners.push(Some(key));
+                self.marks.push(ListMarks::default());
                 self.lists.insert(key, id);
                 id
             }
@@ -189,6 +216,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 free_list,
                 lists: AddressMap::default(),
                 owners: vec![None],
+                marks: vec![ListMarks::default()],
                 last: None,
                 chunks: BTreeMap::new(),
                 pool_size: 0,
@@ -223,6 +251,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let mut st = self.state.lock();
         let size = st.free_list.block_size_for(bytes)?;
         let list = st.list_of(key);
+        if key.is_per_thread() {
+            self.record_if_wanted(&mut st, key, list)?;
+        }
         if let Some(p) = st.free_list.take(list, size) {
             return Ok(p);
         }
@@ -241,7 +272,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         // Last resort: every stream synchronized, every list merged, free chunks given back.
         self.events.synchronize_all()?;
-        st.free_list.merge_all_into_fresh();
+        st.merge_all();
         if let Some(p) = st.free_list.take(FRESH, size) {
             return Ok(p);
         }
@@ -269,10 +300,23 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if other == list || !st.free_list.can_take(other, size) {
                 continue;
             }
-            if let Some(owner) = st.owners[other as usize] {
-                self.events.make_wait(key, owner)?;
-                return Ok(st.free_list.take(other, size));
+            let Some(owner) = st.owners[other as usize] else {
+                continue;
+            };
+            if !owner.is_reachable_here() {
+                let marks = &mut st.marks[other as usize];
+                if marks.unrecorded {
+                    // Another thread's PTDS with frees after its last record: ask its owner to
+                    // record, and look elsewhere meanwhile.
+                    marks.wanted = true;
+                    continue;
+                }
             }
+            self.events.make_wait(key, owner)?;
+            if owner.is_reachable_here() {
+                st.marks[other as usize].unrecorded = false;
+            }
+            return Ok(st.free_list.take(other, size));
         }
         Ok(None)
     }
@@ -364,7 +408,20 @@ impl<F: FreeList> StreamOrderedCore<F> {
         // The strategies know each block's size; `bytes` is the caller's (unchecked) figure.
         st.free_list.give_back(list, ptr, bytes)?;
         if key.is_per_thread() {
+            st.marks[list as usize].unrecorded = true;
+            self.record_if_wanted(&mut st, key, list)?;
+        }
+        Ok(())
+    }
+
+    /// On the owner thread of a per-thread default stream's list: records the list's event if
+    /// another thread asked for it and the list had frees since the last record.
+    #[inline]
+    fn record_if_wanted(&self, st: &mut CoreState<F>, key: StreamKey, list: ListId) -> Result<()> {
+        let marks = &mut st.marks[list as usize];
+        if marks.wanted && marks.unrecorded {
             self.events.record_after_free(key)?;
+            *marks = ListMarks::default();
         }
         Ok(())
     }
@@ -373,7 +430,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     pub(crate) fn release(&self) -> Result<usize> {
         let mut st = self.state.lock();
         self.events.synchronize_all()?;
-        st.free_list.merge_all_into_fresh();
+        st.merge_all();
         self.give_back_free_chunks(&mut st)
     }
 
