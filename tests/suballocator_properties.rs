@@ -629,7 +629,14 @@ fn gpu_streams_threads_data_and_maximum() {
     let resources: Vec<SharedResource> = vec![
         Arc::new(pool.clone()),
         Arc::new(FixedSizeMemoryResource::new(up.clone(), 1 << 20, 8).unwrap()),
-        Arc::new(BinningMemoryResource::new(Arc::new(pool.clone()), Some(10), Some(20)).unwrap()),
+        Arc::new(
+            BinningMemoryResource::new(
+                Arc::new(PoolMemoryResource::new(up.clone(), Some(0), None).unwrap()),
+                Some(10),
+                Some(16),
+            )
+            .unwrap(),
+        ),
     ];
     /// Fills `bytes` at `ptr` with `value` on `stream` and checks it from the host.
     fn fill_and_check(ptr: usize, bytes: usize, value: u8, stream: Stream) {
