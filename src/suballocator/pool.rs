@@ -252,6 +252,20 @@ mod tests {
     }
 
     #[test]
+    fn a_request_above_the_maximum_keeps_the_pool() {
+        let pool = PoolMemoryResource::new(sim(1 << 24), Some(4096), Some(1 << 20)).unwrap();
+        assert!(pool
+            .allocate(2 << 20, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        assert_eq!(
+            pool.pool_size(),
+            4096,
+            "free chunks kept: releasing could not help"
+        );
+    }
+
+    #[test]
     fn growth_doubles_and_release_returns_free_chunks() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
         let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();

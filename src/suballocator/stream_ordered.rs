@@ -276,7 +276,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if let Some(p) = st.free_list.take(FRESH, size) {
             return Ok(p);
         }
-        if self.give_back_free_chunks(&mut st)? > 0 {
+        let could_fit = match self.growth {
+            Growth::Geometric { maximum } => maximum.map_or(true, |m| size <= m),
+            Growth::Chunks { .. } => true,
+        };
+        if could_fit && self.give_back_free_chunks(&mut st)? > 0 {
             self.grow(&mut st, bytes, size, stream)?;
             if let Some(p) = st.free_list.take(FRESH, size) {
                 return Ok(p);
