@@ -161,6 +161,8 @@ pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
     lists: Vec<Classes>,
+    /// Per list: whether its freed blocks coalesce with free fresh neighbours.
+    absorbs_fresh: Vec<bool>,
     allocated: AddressMap<usize, u32>,
     free_bytes: usize,
     free_blocks: usize,
@@ -179,6 +181,7 @@ impl CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
             lists: vec![Classes::new()],
+            absorbs_fresh: vec![true],
             allocated: AddressMap::default(),
             free_bytes: 0,
             free_blocks: 0,
@@ -313,8 +316,9 @@ impl FreeList for CoalescingFreeList {
             .ok_or_else(|| Error::out_of_memory(bytes, "request size overflows"))
     }
 
-    fn add_list(&mut self) -> ListId {
+    fn add_list(&mut self, absorbs_fresh: bool) -> ListId {
         self.lists.push(Classes::new());
+        self.absorbs_fresh.push(absorbs_fresh);
         (self.lists.len() - 1) as ListId
     }
 
@@ -351,10 +355,11 @@ impl FreeList for CoalescingFreeList {
                 "deallocate of {addr:#x}, which this resource did not allocate (or was freed)"
             )));
         };
+        let absorbs_fresh = self.absorbs_fresh.get(list as usize) == Some(&true);
         let mergeable = |s: &Self, j: u32| {
             s.is_free(j) && {
                 let l = s.nodes[j as usize].list;
-                l == list || l == FRESH
+                l == list || (l == FRESH && absorbs_fresh)
             }
         };
         let prev = self.nodes[i as usize].prev_phys;
@@ -541,8 +546,8 @@ mod tests {
         #[test]
         fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..200)) {
             let mut fl = CoalescingFreeList::new();
-            for _ in 1..4 {
-                fl.add_list();
+            for l in 1..4 {
+                fl.add_list(l != 3);
             }
             let mut next_addr = 0x100_0000usize;
             let mut chunks: Vec<(usize, usize)> = Vec::new();
@@ -641,8 +646,8 @@ mod tests {
     #[test]
     fn streams_keep_their_blocks_until_merged() {
         let mut fl = CoalescingFreeList::new();
-        let s1 = fl.add_list();
-        let s2 = fl.add_list();
+        let s1 = fl.add_list(true);
+        let s2 = fl.add_list(true);
         fl.add_chunk(0x10000, 3 * 256);
         let a = fl.take(FRESH, 256).unwrap();
         let b = fl.take(FRESH, 256).unwrap();

@@ -43,7 +43,7 @@ impl FreeList for FixedSizeFreeList {
         Ok(self.block_size)
     }
 
-    fn add_list(&mut self) -> ListId {
+    fn add_list(&mut self, _absorbs_fresh: bool) -> ListId {
         self.lists.push(Vec::new());
         (self.lists.len() - 1) as ListId
     }
@@ -114,7 +114,7 @@ mod tests {
     #[test]
     fn blocks_come_lowest_first_and_stay_on_their_stream() {
         let mut fl = FixedSizeFreeList::new(1024);
-        let s = fl.add_list();
+        let s = fl.add_list(true);
         fl.add_chunk(0x4000, 4096);
         assert_eq!(fl.free_blocks(), 4);
         let a = fl.take(FRESH, 1024).unwrap();

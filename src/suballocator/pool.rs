@@ -252,6 +252,17 @@ mod tests {
     }
 
     #[test]
+    fn per_thread_frees_leave_fresh_memory_fresh() {
+        for (stream, blocks) in [(Stream::PER_THREAD, 2), (Stream::from_raw(0x1000), 1)] {
+            let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
+            let p = pool.allocate(4096, stream).unwrap();
+            pool.deallocate(p, 4096, stream).unwrap();
+            assert_eq!(pool.free_block_count(), blocks, "{stream:?}");
+            assert_eq!(pool.release().unwrap(), 8192, "merged by release");
+        }
+    }
+
+    #[test]
     fn a_request_above_the_maximum_keeps_the_pool() {
         let pool = PoolMemoryResource::new(sim(1 << 24), Some(4096), Some(1 << 20)).unwrap();
         assert!(pool

@@ -6,7 +6,8 @@
 //!   and is reused by later allocations on A at once, with no CUDA call on that path.
 //! - Memory fresh from the upstream sits in the fresh list ([`FRESH`]): it belongs to no stream
 //!   and any stream takes it without a wait. A block freed on A coalesces with free neighbours in
-//!   A's list or in the fresh list (never with another stream's blocks); the result is A's.
+//!   A's list or in the fresh list (never with another stream's blocks); the result is A's
+//!   (except on per-thread default streams, below).
 //! - An allocation on B that neither B's list nor the fresh list can serve takes a block from
 //!   another stream A's list only after [`StreamEvents::make_wait`]`(B, A)`: an event recorded on
 //!   A (after every free into A's list) and waited on by B. One event per owner stream, reused.
@@ -22,7 +23,9 @@
 //! takes it only when the list's event was recorded after its latest free (then it waits on that
 //! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
 //! the end the synchronize-and-merge path). The owner thread records the event at its next
-//! allocate or free on that stream when the list is both unrecorded and wanted.
+//! allocate or free on that stream when the list is both unrecorded and wanted. A block freed on
+//! a PTDS does not absorb free fresh neighbours (it would take fresh memory out of the other
+//! threads' reach until the owner records); fresh memory stays fresh.
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -60,8 +63,9 @@ pub(crate) trait FreeList: Send + 'static {
     /// Out of memory for a request this strategy can never serve.
     fn block_size_for(&self, bytes: usize) -> Result<usize>;
 
-    /// Adds an empty list (for a new stream) and returns its id.
-    fn add_list(&mut self) -> ListId;
+    /// Adds an empty list (for a new stream) and returns its id. Blocks freed into it coalesce
+    /// with free fresh neighbours only when `absorbs_fresh` (see "Per-thread default streams").
+    fn add_list(&mut self, absorbs_fresh: bool) -> ListId;
 
     /// Whether [`FreeList::take`] would succeed.
     fn can_take(&self, list: ListId, size: usize) -> bool;
@@ -176,7 +180,7 @@ impl<F: FreeList> CoreState<F> {
         let id = match self.lists.get(&key) {
             Some(&id) => id,
             None => {
-                let id = self.free_list.add_list();
+                let id = self.free_list.add_list(!key.is_per_thread());
                 debug_assert_eq!(id as usize, self.owners.len());
                 self.owners.push(Some(key));
                 self.marks.push(ListMarks::default());
