@@ -161,8 +161,6 @@ pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
     lists: Vec<Classes>,
-    /// Per list: whether its freed blocks coalesce with free fresh neighbours.
-    absorbs_fresh: Vec<bool>,
     allocated: AddressMap<usize, u32>,
     free_bytes: usize,
     free_blocks: usize,
@@ -181,7 +179,6 @@ impl CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
             lists: vec![Classes::new()],
-            absorbs_fresh: vec![true],
             allocated: AddressMap::default(),
             free_bytes: 0,
             free_blocks: 0,
@@ -316,9 +313,8 @@ impl FreeList for CoalescingFreeList {
             .ok_or_else(|| Error::out_of_memory(bytes, "request size overflows"))
     }
 
-    fn add_list(&mut self, absorbs_fresh: bool) -> ListId {
+    fn add_list(&mut self) -> ListId {
         self.lists.push(Classes::new());
-        self.absorbs_fresh.push(absorbs_fresh);
         (self.lists.len() - 1) as ListId
     }
 
@@ -355,13 +351,7 @@ impl FreeList for CoalescingFreeList {
                 "deallocate of {addr:#x}, which this resource did not allocate (or was freed)"
             )));
         };
-        let absorbs_fresh = self.absorbs_fresh.get(list as usize) == Some(&true);
-        let mergeable = |s: &Self, j: u32| {
-            s.is_free(j) && {
-                let l = s.nodes[j as usize].list;
-                l == list || (l == FRESH && absorbs_fresh)
-            }
-        };
+        let mergeable = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
         let prev = self.nodes[i as usize].prev_phys;
         if mergeable(self, prev) {
             self.remove_free(prev);
@@ -380,6 +370,48 @@ impl FreeList for CoalescingFreeList {
     fn add_chunk(&mut self, addr: usize, size: usize) {
         let i = self.new_node(addr, size);
         self.insert_free(i, FRESH);
+    }
+
+    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool {
+        if list == FRESH {
+            return false;
+        }
+        let fresh: Vec<u32> = {
+            let classes = &self.lists[FRESH as usize];
+            let mut out = Vec::new();
+            for &head in &classes.heads {
+                let mut i = head;
+                while i != NIL {
+                    out.push(i);
+                    i = self.nodes[i as usize].next_free;
+                }
+            }
+            out
+        };
+        let in_list = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
+        let mut merged = false;
+        for f in fresh {
+            let prev = self.nodes[f as usize].prev_phys;
+            let next = self.nodes[f as usize].next_phys;
+            let (take_prev, take_next) = (in_list(self, prev), in_list(self, next));
+            if !take_prev && !take_next {
+                continue;
+            }
+            self.remove_free(f);
+            let mut at = f;
+            if take_prev {
+                self.remove_free(prev);
+                self.absorb_next(prev, f);
+                at = prev;
+            }
+            if take_next {
+                self.remove_free(next);
+                self.absorb_next(at, next);
+            }
+            self.insert_free(at, list);
+            merged = true;
+        }
+        merged
     }
 
     fn merge_all_into_fresh(&mut self) {
@@ -526,6 +558,7 @@ mod tests {
         Chunk { granules: usize },
         MergeAll,
         RemoveFreeChunks,
+        AbsorbFresh { list: u32 },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -535,6 +568,7 @@ mod tests {
             1 => (1..2000usize).prop_map(|granules| Op::Chunk { granules }),
             1 => Just(Op::MergeAll),
             1 => Just(Op::RemoveFreeChunks),
+            1 => (0..4u32).prop_map(|list| Op::AbsorbFresh { list }),
         ]
     }
 
@@ -546,8 +580,8 @@ mod tests {
         #[test]
         fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..200)) {
             let mut fl = CoalescingFreeList::new();
-            for l in 1..4 {
-                fl.add_list(l != 3);
+            for _ in 1..4 {
+                fl.add_list();
             }
             let mut next_addr = 0x100_0000usize;
             let mut chunks: Vec<(usize, usize)> = Vec::new();
@@ -579,6 +613,11 @@ mod tests {
                         next_addr += size + if granules % 2 == 0 { 0 } else { 4096 };
                     }
                     Op::MergeAll => fl.merge_all_into_fresh(),
+                    Op::AbsorbFresh { list } => {
+                        let before = fl.free_bytes();
+                        fl.absorb_fresh_neighbours(list);
+                        prop_assert_eq!(fl.free_bytes(), before);
+                    }
                     Op::RemoveFreeChunks => {
                         for (a, n) in fl.remove_free_chunks() {
                             let at = chunks.iter().position(|&c| c == (a, n));
@@ -646,8 +685,8 @@ mod tests {
     #[test]
     fn streams_keep_their_blocks_until_merged() {
         let mut fl = CoalescingFreeList::new();
-        let s1 = fl.add_list(true);
-        let s2 = fl.add_list(true);
+        let s1 = fl.add_list();
+        let s2 = fl.add_list();
         fl.add_chunk(0x10000, 3 * 256);
         let a = fl.take(FRESH, 256).unwrap();
         let b = fl.take(FRESH, 256).unwrap();

@@ -43,7 +43,7 @@ impl FreeList for FixedSizeFreeList {
         Ok(self.block_size)
     }
 
-    fn add_list(&mut self, _absorbs_fresh: bool) -> ListId {
+    fn add_list(&mut self) -> ListId {
         self.lists.push(Vec::new());
         (self.lists.len() - 1) as ListId
     }
@@ -76,6 +76,10 @@ impl FreeList for FixedSizeFreeList {
         // Pushed from the top so that the lowest address is taken first.
         fresh.extend((0..n).rev().map(|i| addr + i * self.block_size));
         self.free_blocks += n;
+    }
+
+    fn absorb_fresh_neighbours(&mut self, _list: ListId) -> bool {
+        false
     }
 
     fn merge_all_into_fresh(&mut self) {
@@ -114,7 +118,7 @@ mod tests {
     #[test]
     fn blocks_come_lowest_first_and_stay_on_their_stream() {
         let mut fl = FixedSizeFreeList::new(1024);
-        let s = fl.add_list(true);
+        let s = fl.add_list();
         fl.add_chunk(0x4000, 4096);
         assert_eq!(fl.free_blocks(), 4);
         let a = fl.take(FRESH, 1024).unwrap();

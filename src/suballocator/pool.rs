@@ -252,13 +252,22 @@ mod tests {
     }
 
     #[test]
-    fn per_thread_frees_leave_fresh_memory_fresh() {
-        for (stream, blocks) in [(Stream::PER_THREAD, 2), (Stream::from_raw(0x1000), 1)] {
+    fn frees_leave_fresh_memory_fresh_until_the_stream_needs_it() {
+        for stream in [Stream::PER_THREAD, Stream::from_raw(0x1000)] {
             let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
             let p = pool.allocate(4096, stream).unwrap();
             pool.deallocate(p, 4096, stream).unwrap();
-            assert_eq!(pool.free_block_count(), blocks, "{stream:?}");
-            assert_eq!(pool.release().unwrap(), 8192, "merged by release");
+            assert_eq!(
+                pool.free_block_count(),
+                2,
+                "{stream:?}: fresh tail kept apart"
+            );
+            // Needing both, the stream takes the fresh block beside its own: no growth.
+            let q = pool.allocate(8192, stream).unwrap();
+            assert_eq!((q, pool.pool_size()), (p, 8192));
+            pool.deallocate(q, 8192, stream).unwrap();
+            assert_eq!(pool.free_block_count(), 1);
+            assert_eq!(pool.release().unwrap(), 8192);
         }
     }
 

@@ -5,9 +5,13 @@
 //! - Each stream ([`StreamKey`]) has its own free list. Memory freed on stream A goes to A's list
 //!   and is reused by later allocations on A at once, with no CUDA call on that path.
 //! - Memory fresh from the upstream sits in the fresh list ([`FRESH`]): it belongs to no stream
-//!   and any stream takes it without a wait. A block freed on A coalesces with free neighbours in
-//!   A's list or in the fresh list (never with another stream's blocks); the result is A's
-//!   (except on per-thread default streams, below).
+//!   and any stream takes it without a wait. A block freed on A coalesces at once with free
+//!   neighbours in A's list only. Fresh memory stays fresh when a neighbour is freed (were it
+//!   absorbed, the first free beside the fresh tail would hand all fresh memory to one stream,
+//!   and every other stream would then wait on that stream's work: cold-start serialization).
+//!   Only when A's allocation finds no fit anywhere, before growing, do the fresh blocks that
+//!   border A's free blocks move into A's list, coalesced (the sound direction: fresh memory
+//!   may become A's, never the reverse).
 //! - An allocation on B that neither B's list nor the fresh list can serve takes a block from
 //!   another stream A's list only after [`StreamEvents::make_wait`]`(B, A)`: an event recorded on
 //!   A (after every free into A's list) and waited on by B. One event per owner stream, reused.
@@ -23,9 +27,7 @@
 //! takes it only when the list's event was recorded after its latest free (then it waits on that
 //! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
 //! the end the synchronize-and-merge path). The owner thread records the event at its next
-//! allocate or free on that stream when the list is both unrecorded and wanted. A block freed on
-//! a PTDS does not absorb free fresh neighbours (it would take fresh memory out of the other
-//! threads' reach until the owner records); fresh memory stays fresh.
+//! allocate or free on that stream when the list is both unrecorded and wanted.
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -63,9 +65,8 @@ pub(crate) trait FreeList: Send + 'static {
     /// Out of memory for a request this strategy can never serve.
     fn block_size_for(&self, bytes: usize) -> Result<usize>;
 
-    /// Adds an empty list (for a new stream) and returns its id. Blocks freed into it coalesce
-    /// with free fresh neighbours only when `absorbs_fresh` (see "Per-thread default streams").
-    fn add_list(&mut self, absorbs_fresh: bool) -> ListId;
+    /// Adds an empty list (for a new stream) and returns its id.
+    fn add_list(&mut self) -> ListId;
 
     /// Whether [`FreeList::take`] would succeed.
     fn can_take(&self, list: ListId, size: usize) -> bool;
@@ -81,6 +82,11 @@ pub(crate) trait FreeList: Send + 'static {
 
     /// Adds a chunk fresh from the upstream to the fresh list.
     fn add_chunk(&mut self, addr: usize, size: usize);
+
+    /// Moves the free fresh blocks that border a free block of `list` into `list`, coalesced;
+    /// whether any moved. Called before growing, so a stream's freed blocks and the fresh memory
+    /// beside them still combine.
+    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool;
 
     /// Moves every free block into the fresh list, coalescing where the strategy does (only
     /// after every stream was synchronized).
@@ -180,7 +186,7 @@ impl<F: FreeList> CoreState<F> {
         let id = match self.lists.get(&key) {
             Some(&id) => id,
             None => {
-                let id = self.free_list.add_list(!key.is_per_thread());
+                let id = self.free_list.add_list();
                 debug_assert_eq!(id as usize, self.owners.len());
                 self.owners.push(Some(key));
                 self.marks.push(ListMarks::default());
@@ -263,6 +269,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         if let Some(p) = self.take_elsewhere(&mut st, key, list, size)? {
             return Ok(p);
+        }
+        if st.free_list.absorb_fresh_neighbours(list) {
+            if let Some(p) = st.free_list.take(list, size) {
+                return Ok(p);
+            }
         }
         let grow_error = match self.grow(&mut st, bytes, size, stream) {
             Ok(()) => {
