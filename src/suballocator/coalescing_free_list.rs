@@ -351,12 +351,7 @@ impl FreeList for CoalescingFreeList {
                 "deallocate of {addr:#x}, which this resource did not allocate (or was freed)"
             )));
         };
-        let mergeable = |s: &Self, j: u32| {
-            s.is_free(j) && {
-                let l = s.nodes[j as usize].list;
-                l == list || l == FRESH
-            }
-        };
+        let mergeable = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
         let prev = self.nodes[i as usize].prev_phys;
         if mergeable(self, prev) {
             self.remove_free(prev);
@@ -375,6 +370,48 @@ impl FreeList for CoalescingFreeList {
     fn add_chunk(&mut self, addr: usize, size: usize) {
         let i = self.new_node(addr, size);
         self.insert_free(i, FRESH);
+    }
+
+    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool {
+        if list == FRESH {
+            return false;
+        }
+        let fresh: Vec<u32> = {
+            let classes = &self.lists[FRESH as usize];
+            let mut out = Vec::new();
+            for &head in &classes.heads {
+                let mut i = head;
+                while i != NIL {
+                    out.push(i);
+                    i = self.nodes[i as usize].next_free;
+                }
+            }
+            out
+        };
+        let in_list = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
+        let mut merged = false;
+        for f in fresh {
+            let prev = self.nodes[f as usize].prev_phys;
+            let next = self.nodes[f as usize].next_phys;
+            let (take_prev, take_next) = (in_list(self, prev), in_list(self, next));
+            if !take_prev && !take_next {
+                continue;
+            }
+            self.remove_free(f);
+            let mut at = f;
+            if take_prev {
+                self.remove_free(prev);
+                self.absorb_next(prev, f);
+                at = prev;
+            }
+            if take_next {
+                self.remove_free(next);
+                self.absorb_next(at, next);
+            }
+            self.insert_free(at, list);
+            merged = true;
+        }
+        merged
     }
 
     fn merge_all_into_fresh(&mut self) {
@@ -451,8 +488,157 @@ impl FreeList for CoalescingFreeList {
 }
 
 #[cfg(test)]
+impl CoalescingFreeList {
+    /// Panics unless every internal invariant holds: physical links are mutual and contiguous,
+    /// every free block is in the class list its size and list id say, the bitmaps match the
+    /// class lists, the counters match, allocated blocks are exactly the map's.
+    fn check_invariants(&self) {
+        let mut free_bytes = 0;
+        let mut free_blocks = 0;
+        for (l, classes) in self.lists.iter().enumerate() {
+            for fl in 0..FL_COUNT {
+                for sl in 0..SL_COUNT {
+                    let head = classes.heads[fl * SL_COUNT + sl];
+                    assert_eq!(head != NIL, classes.sl_bitmaps[fl] >> sl & 1 == 1);
+                    let mut prev = NIL;
+                    let mut i = head;
+                    while i != NIL {
+                        let n = &self.nodes[i as usize];
+                        assert_eq!(n.list as usize, l);
+                        assert_eq!(class_of(n.size), (fl, sl));
+                        assert_eq!(n.prev_free, prev);
+                        free_bytes += n.size;
+                        free_blocks += 1;
+                        prev = i;
+                        i = n.next_free;
+                    }
+                }
+                assert_eq!(
+                    classes.sl_bitmaps[fl] != 0,
+                    classes.fl_bitmap >> fl & 1 == 1
+                );
+            }
+        }
+        assert_eq!(
+            (free_bytes, free_blocks),
+            (self.free_bytes, self.free_blocks)
+        );
+        let mut allocated = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.list == UNUSED {
+                continue;
+            }
+            assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
+            if n.next_phys != NIL {
+                let m = &self.nodes[n.next_phys as usize];
+                assert_eq!(m.prev_phys as usize, i);
+                assert_eq!(n.addr + n.size, m.addr);
+            }
+            if n.prev_phys != NIL {
+                assert_eq!(self.nodes[n.prev_phys as usize].next_phys as usize, i);
+            }
+            if n.list == ALLOCATED {
+                allocated += 1;
+                assert_eq!(self.allocated.get(&n.addr), Some(&(i as u32)));
+            }
+        }
+        assert_eq!(allocated, self.allocated.len());
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Take { list: u32, granules: usize },
+        Give { pick: usize, list: u32 },
+        Chunk { granules: usize },
+        MergeAll,
+        RemoveFreeChunks,
+        AbsorbFresh { list: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..4u32, 1..200usize).prop_map(|(list, granules)| Op::Take { list, granules }),
+            5 => (any::<usize>(), 0..4u32).prop_map(|(pick, list)| Op::Give { pick, list }),
+            1 => (1..2000usize).prop_map(|granules| Op::Chunk { granules }),
+            1 => Just(Op::MergeAll),
+            1 => Just(Op::RemoveFreeChunks),
+            1 => (0..4u32).prop_map(|list| Op::AbsorbFresh { list }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Random operations keep every internal invariant, and what `take` hands out never
+        /// overlaps and never crosses a chunk.
+        #[test]
+        fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut fl = CoalescingFreeList::new();
+            for _ in 1..4 {
+                fl.add_list();
+            }
+            let mut next_addr = 0x100_0000usize;
+            let mut chunks: Vec<(usize, usize)> = Vec::new();
+            let mut live: Vec<(usize, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Take { list, granules } => {
+                        let size = granules * 256;
+                        let could = fl.can_take(list, size);
+                        let got = fl.take(list, size);
+                        prop_assert_eq!(could, got.is_some());
+                        if let Some(p) = got {
+                            prop_assert!(chunks.iter().any(|&(a, n)| a <= p && p + size <= a + n));
+                            prop_assert!(live.iter().all(|&(q, m)| p + size <= q || q + m <= p));
+                            live.push((p, size));
+                        }
+                    }
+                    Op::Give { pick, list } => {
+                        if !live.is_empty() {
+                            let (p, size) = live.swap_remove(pick % live.len());
+                            fl.give_back(list, p, size).unwrap();
+                        }
+                    }
+                    Op::Chunk { granules } => {
+                        // Chunks sometimes adjacent, to check they stay apart.
+                        let size = granules * 256;
+                        fl.add_chunk(next_addr, size);
+                        chunks.push((next_addr, size));
+                        next_addr += size + if granules % 2 == 0 { 0 } else { 4096 };
+                    }
+                    Op::MergeAll => fl.merge_all_into_fresh(),
+                    Op::AbsorbFresh { list } => {
+                        let before = fl.free_bytes();
+                        fl.absorb_fresh_neighbours(list);
+                        prop_assert_eq!(fl.free_bytes(), before);
+                    }
+                    Op::RemoveFreeChunks => {
+                        for (a, n) in fl.remove_free_chunks() {
+                            let at = chunks.iter().position(|&c| c == (a, n));
+                            prop_assert!(at.is_some(), "removed a block that is not a whole chunk");
+                            chunks.swap_remove(at.unwrap_or(0));
+                        }
+                    }
+                }
+                fl.check_invariants();
+            }
+            let held: usize = chunks.iter().map(|&(_, n)| n).sum();
+            let used: usize = live.iter().map(|&(_, n)| n).sum();
+            prop_assert_eq!(fl.free_bytes() + used, held);
+            for (p, size) in live {
+                fl.give_back(FRESH, p, size).unwrap();
+            }
+            fl.merge_all_into_fresh();
+            prop_assert_eq!(fl.free_blocks(), chunks.len());
+            fl.check_invariants();
+        }
+    }
 
     #[test]
     fn classes_are_monotone_and_search_class_fits() {

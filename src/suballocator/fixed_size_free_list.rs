@@ -78,6 +78,10 @@ impl FreeList for FixedSizeFreeList {
         self.free_blocks += n;
     }
 
+    fn absorb_fresh_neighbours(&mut self, _list: ListId) -> bool {
+        false
+    }
+
     fn merge_all_into_fresh(&mut self) {
         let mut all = std::mem::take(&mut self.lists[FRESH as usize]);
         for l in self.lists.iter_mut().skip(1) {

@@ -252,6 +252,40 @@ mod tests {
     }
 
     #[test]
+    fn frees_leave_fresh_memory_fresh_until_the_stream_needs_it() {
+        for stream in [Stream::PER_THREAD, Stream::from_raw(0x1000)] {
+            let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
+            let p = pool.allocate(4096, stream).unwrap();
+            pool.deallocate(p, 4096, stream).unwrap();
+            assert_eq!(
+                pool.free_block_count(),
+                2,
+                "{stream:?}: fresh tail kept apart"
+            );
+            // Needing both, the stream takes the fresh block beside its own: no growth.
+            let q = pool.allocate(8192, stream).unwrap();
+            assert_eq!((q, pool.pool_size()), (p, 8192));
+            pool.deallocate(q, 8192, stream).unwrap();
+            assert_eq!(pool.free_block_count(), 1);
+            assert_eq!(pool.release().unwrap(), 8192);
+        }
+    }
+
+    #[test]
+    fn a_request_above_the_maximum_keeps_the_pool() {
+        let pool = PoolMemoryResource::new(sim(1 << 24), Some(4096), Some(1 << 20)).unwrap();
+        assert!(pool
+            .allocate(2 << 20, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        assert_eq!(
+            pool.pool_size(),
+            4096,
+            "free chunks kept: releasing could not help"
+        );
+    }
+
+    #[test]
     fn growth_doubles_and_release_returns_free_chunks() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
         let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();

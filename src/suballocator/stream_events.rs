@@ -9,12 +9,13 @@
 //! # Per-thread default streams
 //! `Stream::PER_THREAD` names a different stream on every thread, so free lists are keyed by
 //! [`StreamKey`] = (stream, thread tag for PTDS). Another thread cannot record an event on a PTDS
-//! of another thread (the handle would name its own PTDS). The scheme: whenever memory is freed on
-//! a PTDS, the freeing thread (the owner) re-records that list's event at once
-//! ([`StreamEvents::record_after_free`]); a thread that takes memory from another thread's PTDS list
-//! waits on that event, which was recorded after the latest free into the list and so after every
-//! free in it. For the owner thread itself, or for any ordinary stream, the event is recorded at
-//! steal time instead, so the same-stream free path of ordinary streams makes no CUDA call.
+//! of another thread (the handle would name its own PTDS). So for a PTDS owner on another
+//! thread, [`StreamEvents::make_wait`] only waits on the owner's event as last recorded by the
+//! owner thread itself through [`StreamEvents::record_after_free`]; the core calls it that way only
+//! when that record came after the latest free into the list, and has the owner thread record
+//! when another thread asked for it (see the core's docs). For the calling thread's own PTDS, or
+//! any ordinary stream, the event is recorded at steal time. No path records an event unless
+//! memory crosses streams.
 
 use crate::cuda::{self, ContextGuard, Event, Stream};
 use crate::error::Result;
@@ -94,8 +95,9 @@ pub trait StreamEvents: Send + Sync + std::fmt::Debug {
     /// CUDA errors from the event calls.
     fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()>;
 
-    /// Called by the core after memory was freed into the list of a per-thread default stream
-    /// `owner` (only for those), on the owner's thread; see the module docs.
+    /// Records `owner`'s event on the owner's thread, after frees into the list of the
+    /// per-thread default stream `owner` that another thread wants (only for those); see the
+    /// module docs.
     ///
     /// # Errors
     /// CUDA errors from the event calls.
@@ -139,7 +141,7 @@ pub struct CudaStreamEvents {
 }
 
 impl CudaStreamEvents {
-    /// Events in the primary context of `device` (or the current context when `None`).
+    /// Events in the primary context of `device` (the current device's when `None`).
     pub fn new(device: Option<usize>) -> Self {
         CudaStreamEvents {
             device,
@@ -147,8 +149,14 @@ impl CudaStreamEvents {
         }
     }
 
-    fn context(&self) -> Result<Option<ContextGuard>> {
-        self.device.map(ContextGuard::new).transpose()
+    /// The device's primary context made current (for a resource with no device, such as
+    /// pinned host memory: the current device's).
+    fn context(&self) -> Result<ContextGuard> {
+        let device = match self.device {
+            Some(d) => d,
+            None => cuda::current_device()?,
+        };
+        ContextGuard::new(device)
     }
 }
 

@@ -5,8 +5,13 @@
 //! - Each stream ([`StreamKey`]) has its own free list. Memory freed on stream A goes to A's list
 //!   and is reused by later allocations on A at once, with no CUDA call on that path.
 //! - Memory fresh from the upstream sits in the fresh list ([`FRESH`]): it belongs to no stream
-//!   and any stream takes it without a wait. A block freed on A coalesces with free neighbours in
-//!   A's list or in the fresh list (never with another stream's blocks); the result is A's.
+//!   and any stream takes it without a wait. A block freed on A coalesces at once with free
+//!   neighbours in A's list only. Fresh memory stays fresh when a neighbour is freed (were it
+//!   absorbed, the first free beside the fresh tail would hand all fresh memory to one stream,
+//!   and every other stream would then wait on that stream's work: cold-start serialization).
+//!   Only when A's allocation finds no fit anywhere, before growing, do the fresh blocks that
+//!   border A's free blocks move into A's list, coalesced (the sound direction: fresh memory
+//!   may become A's, never the reverse).
 //! - An allocation on B that neither B's list nor the fresh list can serve takes a block from
 //!   another stream A's list only after [`StreamEvents::make_wait`]`(B, A)`: an event recorded on
 //!   A (after every free into A's list) and waited on by B. One event per owner stream, reused.
@@ -14,6 +19,15 @@
 //!   the core synchronizes every stream ([`StreamEvents::synchronize_all`]), merges every list into
 //!   the fresh one (coalescing across them), retries, then gives fully free upstream chunks back
 //!   and grows again, before reporting out of memory.
+//!
+//! # Per-thread default streams
+//! Another thread cannot record an event on a thread's per-thread default stream (PTDS), so a
+//! PTDS list is handled lazily, with no CUDA call on its own allocate/free path either: a free
+//! marks the list "unrecorded". A thread that would take memory from another thread's PTDS list
+//! takes it only when the list's event was recorded after its latest free (then it waits on that
+//! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
+//! the end the synchronize-and-merge path). The owner thread records the event at its next
+//! allocate or free on that stream when the list is both unrecorded and wanted.
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -68,6 +82,11 @@ pub(crate) trait FreeList: Send + 'static {
 
     /// Adds a chunk fresh from the upstream to the fresh list.
     fn add_chunk(&mut self, addr: usize, size: usize);
+
+    /// Moves the free fresh blocks that border a free block of `list` into `list`, coalesced;
+    /// whether any moved. Called before growing, so a stream's freed blocks and the fresh memory
+    /// beside them still combine.
+    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool;
 
     /// Moves every free block into the fresh list, coalescing where the strategy does (only
     /// after every stream was synchronized).
@@ -126,12 +145,23 @@ impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
     }
 }
 
+/// Event bookkeeping of a per-thread default stream's list (see "Per-thread default streams").
+#[derive(Clone, Copy, Debug, Default)]
+struct ListMarks {
+    /// Memory was freed into the list since its event was last recorded.
+    unrecorded: bool,
+    /// Another thread wanted memory from the list but could not record on its stream.
+    wanted: bool,
+}
+
 struct CoreState<F> {
     free_list: F,
     /// The list of each stream.
     lists: AddressMap<StreamKey, ListId>,
     /// The stream of each list (index = list id; `None` for the fresh list).
     owners: Vec<Option<StreamKey>>,
+    /// Event state of each list (index = list id); used for per-thread default streams.
+    marks: Vec<ListMarks>,
     /// The last stream looked up, to skip the map on runs of one stream.
     last: Option<(StreamKey, ListId)>,
     /// Upstream chunks: address -> size.
@@ -140,6 +170,12 @@ struct CoreState<F> {
 }
 
 impl<F: FreeList> CoreState<F> {
+    /// Moves every free block to the fresh list (after a synchronisation of every stream).
+    fn merge_all(&mut self) {
+        self.free_list.merge_all_into_fresh();
+        self.marks.fill(ListMarks::default());
+    }
+
     #[inline]
     fn list_of(&mut self, key: StreamKey) -> ListId {
         if let Some((k, id)) = self.last {
@@ -153,6 +189,7 @@ impl<F: FreeList> CoreState<F> {
                 let id = self.free_list.add_list();
                 debug_assert_eq!(id as usize, self.owners.len());
                 self.owners.push(Some(key));
+                self.marks.push(ListMarks::default());
                 self.lists.insert(key, id);
                 id
             }
@@ -189,6 +226,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 free_list,
                 lists: AddressMap::default(),
                 owners: vec![None],
+                marks: vec![ListMarks::default()],
                 last: None,
                 chunks: BTreeMap::new(),
                 pool_size: 0,
@@ -223,11 +261,19 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let mut st = self.state.lock();
         let size = st.free_list.block_size_for(bytes)?;
         let list = st.list_of(key);
+        if key.is_per_thread() {
+            self.record_if_wanted(&mut st, key, list)?;
+        }
         if let Some(p) = st.free_list.take(list, size) {
             return Ok(p);
         }
         if let Some(p) = self.take_elsewhere(&mut st, key, list, size)? {
             return Ok(p);
+        }
+        if st.free_list.absorb_fresh_neighbours(list) {
+            if let Some(p) = st.free_list.take(list, size) {
+                return Ok(p);
+            }
         }
         let grow_error = match self.grow(&mut st, bytes, size, stream) {
             Ok(()) => {
@@ -241,11 +287,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         // Last resort: every stream synchronized, every list merged, free chunks given back.
         self.events.synchronize_all()?;
-        st.free_list.merge_all_into_fresh();
+        st.merge_all();
         if let Some(p) = st.free_list.take(FRESH, size) {
             return Ok(p);
         }
-        if self.give_back_free_chunks(&mut st)? > 0 {
+        let could_fit = match self.growth {
+            Growth::Geometric { maximum } => maximum.map_or(true, |m| size <= m),
+            Growth::Chunks { .. } => true,
+        };
+        if could_fit && self.give_back_free_chunks(&mut st)? > 0 {
             self.grow(&mut st, bytes, size, stream)?;
             if let Some(p) = st.free_list.take(FRESH, size) {
                 return Ok(p);
@@ -269,10 +319,23 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if other == list || !st.free_list.can_take(other, size) {
                 continue;
             }
-            if let Some(owner) = st.owners[other as usize] {
-                self.events.make_wait(key, owner)?;
-                return Ok(st.free_list.take(other, size));
+            let Some(owner) = st.owners[other as usize] else {
+                continue;
+            };
+            if !owner.is_reachable_here() {
+                let marks = &mut st.marks[other as usize];
+                if marks.unrecorded {
+                    // Another thread's PTDS with frees after its last record: ask its owner to
+                    // record, and look elsewhere meanwhile.
+                    marks.wanted = true;
+                    continue;
+                }
             }
+            self.events.make_wait(key, owner)?;
+            if owner.is_reachable_here() {
+                st.marks[other as usize].unrecorded = false;
+            }
+            return Ok(st.free_list.take(other, size));
         }
         Ok(None)
     }
@@ -364,7 +427,20 @@ impl<F: FreeList> StreamOrderedCore<F> {
         // The strategies know each block's size; `bytes` is the caller's (unchecked) figure.
         st.free_list.give_back(list, ptr, bytes)?;
         if key.is_per_thread() {
+            st.marks[list as usize].unrecorded = true;
+            self.record_if_wanted(&mut st, key, list)?;
+        }
+        Ok(())
+    }
+
+    /// On the owner thread of a per-thread default stream's list: records the list's event if
+    /// another thread asked for it and the list had frees since the last record.
+    #[inline]
+    fn record_if_wanted(&self, st: &mut CoreState<F>, key: StreamKey, list: ListId) -> Result<()> {
+        let marks = &mut st.marks[list as usize];
+        if marks.wanted && marks.unrecorded {
             self.events.record_after_free(key)?;
+            *marks = ListMarks::default();
         }
         Ok(())
     }
@@ -373,7 +449,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     pub(crate) fn release(&self) -> Result<usize> {
         let mut st = self.state.lock();
         self.events.synchronize_all()?;
-        st.free_list.merge_all_into_fresh();
+        st.merge_all();
         self.give_back_free_chunks(&mut st)
     }
 
