@@ -1,7 +1,276 @@
-//! (to be written)
+//! The hot paths of the framework hooks (`rrmm.allocators.{cupy,numba}`): one call allocates
+//! from the per-device resource and returns a tiny owner object that frees itself on drop.
+//!
+//! CuPy wraps the owner in `UnownedMemory`, Numba calls its `free` from a finalizer; neither
+//! needs a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
+use super::errors::py_result;
+use crate::cuda::{self, ContextGuard};
+use crate::resource::{MemoryKind, PinnedHostMemoryResource};
+use crate::{per_device_resource, Error, MemoryResource, Result, SharedResource, Stream};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Makes device `device`'s primary context current while a resource of `mr`'s kind works, when
+/// it needs one: never for simulated or pageable host memory, and never without a driver (so
+/// the hooks run on simulated memory on machines with no GPU).
+///
+/// # Errors
+/// The context calls' errors (a bad device ordinal among them).
+pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
+    if matches!(mr.kind(), MemoryKind::Simulated | MemoryKind::Host) || !cuda::driver_available() {
+        return Ok(None);
+    }
+    ContextGuard::new(device).map(Some)
+}
+
+/// Allocates `bytes` on `stream` from the per-device resource of `device`; size 0 gives the null
+/// pointer without asking the resource.
+///
+/// # Errors
+/// The resource's errors (out of memory among them) and the context calls' errors.
+pub(crate) fn allocate_on(
+    device: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<(usize, Option<SharedResource>)> {
+    if bytes == 0 {
+        return Ok((0, None));
+    }
+    let mr = per_device_resource(device)?;
+    let _ctx = context_for(mr.as_ref(), device)?;
+    let ptr = mr.allocate(bytes, stream)?;
+    Ok((ptr, Some(mr)))
+}
+
+/// Frees what [`allocate_on`] returned, through the same resource and stream.
+///
+/// # Errors
+/// The resource's errors.
+pub(crate) fn deallocate_on(
+    mr: &dyn MemoryResource,
+    device: usize,
+    ptr: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<()> {
+    let _ctx = context_for(mr, device)?;
+    mr.deallocate(ptr, bytes, stream)
+}
+
+/// One allocation made for a framework: frees itself (through its resource, on its stream) when
+/// dropped or when `free()` is called, whichever comes first.
+#[pyclass(module = "rrmm._rrmm", name = "HookAllocation", frozen)]
+pub(crate) struct HookAllocation {
+    ptr: usize,
+    size: usize,
+    device: usize,
+    stream: Stream,
+    mr: Option<SharedResource>,
+    freed: AtomicBool,
+}
+
+impl HookAllocation {
+    fn release(&self) -> Result<()> {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match &self.mr {
+            Some(mr) if self.ptr != 0 => {
+                deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[pymethods]
+impl HookAllocation {
+    /// The address (0 for a size-0 allocation).
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.ptr
+    }
+
+    /// The size in bytes, as requested.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device ordinal whose resource made the allocation.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The raw handle of the stream the allocation is ordered on.
+    #[getter]
+    fn stream(&self) -> usize {
+        self.stream.raw()
+    }
+
+    /// Whether the memory has been given back already.
+    #[getter]
+    fn freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+
+    /// Gives the memory back now (later calls and the drop do nothing).
+    fn free(&self) -> PyResult<()> {
+        py_result(self.release())
+    }
+
+    fn __int__(&self) -> usize {
+        self.ptr
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HookAllocation(ptr={:#x}, size={}, device={}, stream={:#x}{})",
+            self.ptr,
+            self.size,
+            self.device,
+            self.stream.raw(),
+            if self.freed() { ", freed" } else { "" }
+        )
+    }
+}
+
+impl Drop for HookAllocation {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            // A destructor cannot raise; say it rather than lose it.
+            eprintln!("rrmm: freeing a framework allocation failed: {error}");
+        }
+    }
+}
+
+/// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`
+/// from the per-device resource of `device`. The hot path of the CuPy and Numba hooks.
+#[pyfunction]
+fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAllocation> {
+    let stream = Stream::from_raw(stream);
+    let (ptr, mr) = py_result(allocate_on(device, nbytes, stream))?;
+    Ok(HookAllocation {
+        ptr,
+        size: nbytes,
+        device,
+        stream,
+        mr,
+        freed: AtomicBool::new(false),
+    })
+}
+
+fn pinned_resource() -> Result<SharedResource> {
+    static PINNED: OnceLock<SharedResource> = OnceLock::new();
+    if let Some(mr) = PINNED.get() {
+        return Ok(mr.clone());
+    }
+    let mr: SharedResource = Arc::new(PinnedHostMemoryResource::new()?);
+    Ok(PINNED.get_or_init(|| mr).clone())
+}
+
+/// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from a process-wide
+/// `PinnedHostMemoryResource` (made on first use, on the current device).
+#[pyfunction]
+fn pinned_allocate(nbytes: usize) -> PyResult<HookAllocation> {
+    let (ptr, mr) = if nbytes == 0 {
+        (0, None)
+    } else {
+        let mr = py_result(pinned_resource())?;
+        let ptr = py_result(mr.allocate(nbytes, Stream::DEFAULT))?;
+        (ptr, Some(mr))
+    };
+    Ok(HookAllocation {
+        ptr,
+        size: nbytes,
+        device: py_result(cuda::current_device()).unwrap_or(0),
+        stream: Stream::DEFAULT,
+        mr,
+        freed: AtomicBool::new(false),
+    })
+}
+
+/// `ipc_mem_handle(ptr) -> (bytes, offset)`: the 64-byte `cuIpcGetMemHandle` handle of the
+/// allocation containing device address `ptr` (in the current context), and `ptr`'s offset
+/// from that allocation's base.
+#[pyfunction]
+fn ipc_mem_handle<'py>(py: Python<'py>, ptr: usize) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    if ptr == 0 {
+        return py_result(Err(Error::invalid(
+            "ptr",
+            "the null pointer has no IPC handle",
+        )));
+    }
+    let (handle, offset) = py_result(cuda::ipc_mem_handle(ptr))?;
+    Ok((PyBytes::new(py, &handle), offset))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<HookAllocation>()?;
+    m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{set_per_device_resource, SimulatedMemoryResource};
+
+    #[test]
+    fn allocate_and_free_go_through_the_per_device_resource() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(801, sim.clone());
+        let (ptr, mr) = allocate_on(801, 1000, Stream::from_raw(0x1234)).unwrap();
+        assert_ne!(ptr, 0);
+        assert_eq!(sim.live_allocations(), 1);
+        deallocate_on(
+            mr.unwrap().as_ref(),
+            801,
+            ptr,
+            1000,
+            Stream::from_raw(0x1234),
+        )
+        .unwrap();
+        assert_eq!(sim.live_allocations(), 0);
+    }
+
+    #[test]
+    fn size_zero_asks_nothing_and_oom_is_an_error() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(802, sim.clone());
+        let (ptr, mr) = allocate_on(802, 0, Stream::DEFAULT).unwrap();
+        assert_eq!((ptr, mr.is_none()), (0, true));
+        assert!(matches!(
+            allocate_on(802, 2 << 20, Stream::DEFAULT),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(sim.live_allocations(), 0);
+    }
+
+    #[test]
+    fn a_hook_allocation_frees_once() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(803, sim.clone());
+        let (ptr, mr) = allocate_on(803, 4096, Stream::DEFAULT).unwrap();
+        let a = HookAllocation {
+            ptr,
+            size: 4096,
+            device: 803,
+            stream: Stream::DEFAULT,
+            mr,
+            freed: AtomicBool::new(false),
+        };
+        assert_eq!(sim.live_allocations(), 1);
+        a.release().unwrap();
+        assert_eq!(sim.live_allocations(), 0);
+        a.release().unwrap();
+        drop(a);
+        assert_eq!(sim.bytes_in_use(), 0);
+    }
 }
