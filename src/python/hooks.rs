@@ -209,8 +209,17 @@ fn ipc_mem_handle<'py>(py: Python<'py>, ptr: usize) -> PyResult<(Bound<'py, PyBy
     Ok((PyBytes::new(py, &handle), offset))
 }
 
+/// `device_memory_info(device) -> (free, total)`: `cuMemGetInfo` of device `device`, with its
+/// primary context current for the call.
+#[pyfunction]
+fn device_memory_info(device: usize) -> PyResult<(usize, usize)> {
+    let _ctx = py_result(ContextGuard::new(device))?;
+    py_result(cuda::mem_get_info())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HookAllocation>()?;
+    m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
