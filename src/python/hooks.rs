@@ -8,7 +8,9 @@ use super::errors::py_result;
 use crate::cuda::{self, ContextGuard};
 use crate::resource::{MemoryKind, PinnedHostMemoryResource};
 use crate::{per_device_resource, Error, MemoryResource, Result, SharedResource, Stream};
+use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -164,6 +166,63 @@ fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAl
     })
 }
 
+/// CuPy's callables the CuPy hook needs, looked up once.
+struct CupyBindings {
+    unowned_memory: Py<PyAny>,
+    memory_pointer: Py<PyAny>,
+    get_current_stream: Py<PyAny>,
+    get_device_id: Py<PyAny>,
+}
+
+fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
+    static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
+    CUPY.get_or_try_init(py, || {
+        let missing = |cause: PyErr| {
+            let error = PyImportError::new_err(format!(
+                "rrmm.allocators.cupy needs cupy, which could not be imported ({cause}); install \
+                 it with `pip install cupy-cuda12x` (or cupy-cuda13x)"
+            ));
+            error.set_cause(py, Some(cause));
+            // Like Python's own ImportError: `name` is the missing module (best effort).
+            let _ = error.value(py).setattr("name", "cupy");
+            error
+        };
+        let memory = py.import("cupy.cuda.memory").map_err(missing)?;
+        let stream = py.import("cupy.cuda.stream").map_err(missing)?;
+        let device = py.import("cupy.cuda.device").map_err(missing)?;
+        Ok(CupyBindings {
+            unowned_memory: memory.getattr("UnownedMemory")?.unbind(),
+            memory_pointer: memory.getattr("MemoryPointer")?.unbind(),
+            get_current_stream: stream.getattr("get_current_stream")?.unbind(),
+            get_device_id: device.getattr("get_device_id")?.unbind(),
+        })
+    })
+}
+
+/// `cupy_allocate(nbytes) -> cupy.cuda.MemoryPointer`: the CuPy allocator hook, whole, in one
+/// call (rrmm.allocators.cupy.rmm_cupy_allocator is this function). Allocates `nbytes` from the
+/// per-device resource of CuPy's current device on CuPy's current stream, and wraps it as
+/// `MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`, the owner freeing the memory
+/// when CuPy drops it. Imports CuPy on first use; raises ImportError naming it when missing.
+#[pyfunction]
+fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
+    let cupy = cupy_bindings(py)?;
+    let device: usize = cupy.get_device_id.call0(py)?.extract(py)?;
+    let stream: isize = cupy
+        .get_current_stream
+        .bind(py)
+        .call0()?
+        .getattr(pyo3::intern!(py, "ptr"))?
+        .extract()?;
+    let owner = hook_allocate(nbytes, stream as usize, device)?;
+    let ptr = owner.ptr;
+    let owner = Py::new(py, owner)?;
+    let memory = cupy
+        .unowned_memory
+        .call1(py, (ptr, nbytes, owner, device))?;
+    cupy.memory_pointer.call1(py, (memory, 0))
+}
+
 fn pinned_resource() -> Result<SharedResource> {
     static PINNED: OnceLock<SharedResource> = OnceLock::new();
     if let Some(mr) = PINNED.get() {
@@ -221,6 +280,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HookAllocation>()?;
     m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())

@@ -54,13 +54,8 @@ def _bind():
     _UnownedMemory = _memory.UnownedMemory
 
 
-def rmm_cupy_allocator(nbytes):
-    """Allocates ``nbytes`` for CuPy from the current rrmm resource of CuPy's current device,
-    on CuPy's current stream; returns a ``cupy.cuda.MemoryPointer``. Size 0 works.
-
-    Use with ``cupy.cuda.set_allocator(rmm_cupy_allocator)``. Raises ``MemoryError`` when the
-    resource is out of memory.
-    """
+def _rmm_cupy_allocator_py(nbytes):
+    """The same hook as ``rmm_cupy_allocator``, in Python (kept for comparison and debugging)."""
     if _UnownedMemory is None:
         _bind()
     device = _device_id()
@@ -68,6 +63,11 @@ def rmm_cupy_allocator(nbytes):
     return _MemoryPointer(_UnownedMemory(owner.ptr, nbytes, owner, device), 0)
 
 
+# The hook itself is one Rust function (no Python frame in the hot path): it allocates from the
+# current rrmm resource of CuPy's current device on CuPy's current stream and returns
+# ``cupy.cuda.MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)``; size 0 works;
+# ``MemoryError`` when the resource is out of memory; CuPy is imported on the first call.
+rmm_cupy_allocator = _rrmm.cupy_allocate
 rrmm_cupy_allocator = rmm_cupy_allocator
 
 
