@@ -82,3 +82,53 @@ def test_errors_are_python_exceptions_not_crashes():
         a.free()
     with pytest.raises(ValueError):
         _rrmm.ipc_mem_handle(0)
+
+
+def _simulated_statistics():
+    """rrmm.mr with what the per-device test needs, or a skip."""
+    import rrmm
+
+    mr = getattr(rrmm, "mr", None)
+    need = (
+        "SimulatedMemoryResource",
+        "StatisticsResourceAdaptor",
+        "set_per_device_resource",
+    )
+    if mr is None or not all(hasattr(mr, n) for n in need):
+        pytest.skip("rrmm.mr resources are not available in this build")
+    return mr
+
+
+def _current_bytes(stats):
+    counts = stats.allocation_counts
+    return counts["current_bytes"] if isinstance(counts, dict) else counts.current_bytes
+
+
+def test_hook_and_torch_entry_points_allocate_from_the_per_device_resource():
+    mr = _simulated_statistics()
+    stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
+    device = 7000  # an ordinal no other test uses: the table takes any; simulated memory needs
+    mr.set_per_device_resource(device, stats)  # no context, so no real device either
+    a = _rrmm.hook_allocate(1 << 20, 0x55, device)
+    assert a.ptr != 0 and a.stream == 0x55
+    assert _current_bytes(stats) == 1 << 20
+    del a
+    assert _current_bytes(stats) == 0
+
+    # The C entry points PyTorch calls, called through ctypes (success paths only: a
+    # failure throws a C++ exception, which ctypes cannot catch).
+    from rrmm.allocators import torch as hook
+
+    lib = ctypes.CDLL(hook.library_path())
+    alloc = lib.rrmm_torch_allocate
+    alloc.restype = ctypes.c_void_p
+    alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free = lib.rrmm_torch_deallocate
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    ptr = alloc(3000, device, None)
+    assert ptr and ptr % 256 == 0
+    assert _current_bytes(stats) == 3000
+    free(ptr, 3000, device, None)
+    assert _current_bytes(stats) == 0
+    assert alloc(0, device, None) is None
