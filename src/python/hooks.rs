@@ -8,10 +8,14 @@ use super::errors::py_result;
 use crate::cuda::{self, ContextGuard};
 use crate::resource::{MemoryKind, PinnedHostMemoryResource};
 use crate::{per_device_resource, Error, MemoryResource, Result, SharedResource, Stream};
+use parking_lot::Mutex;
 use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -223,6 +227,108 @@ fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     cupy.memory_pointer.call1(py, (memory, 0))
 }
 
+/// What the C-function CuPy allocator must remember to free a pointer: CuPy's free callback
+/// passes only the pointer and the device.
+struct CupyLive {
+    size: usize,
+    stream: Stream,
+    mr: SharedResource,
+}
+
+fn cupy_live() -> &'static Mutex<HashMap<usize, CupyLive>> {
+    static LIVE: OnceLock<Mutex<HashMap<usize, CupyLive>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {
+    let cupy = cupy_bindings(py)?;
+    let stream: isize = cupy
+        .get_current_stream
+        .bind(py)
+        .call0()?
+        .getattr(pyo3::intern!(py, "ptr"))?
+        .extract()?;
+    let device = py_result(
+        usize::try_from(device)
+            .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
+    )?;
+    let stream = Stream::from_raw(stream as usize);
+    let (ptr, mr) = py_result(allocate_on(device, size, stream))?;
+    if let Some(mr) = mr {
+        cupy_live()
+            .lock()
+            .insert(ptr, CupyLive { size, stream, mr });
+    }
+    Ok(ptr)
+}
+
+/// CuPy's `CFunctionAllocator` malloc: `void* malloc(void* param, size_t size, int device)`,
+/// called by CuPy with the GIL held. Allocates on CuPy's current stream. On failure it sets the
+/// Python exception (MemoryError for out of memory) and returns `(void*)-1`, which CuPy's
+/// Cython code checks (or CPython reports as an error set by a call that returned).
+extern "C" fn rrmm_cupy_malloc(_param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        Python::attach(|py| match cupy_c_malloc(py, size, device) {
+            Ok(ptr) => ptr,
+            Err(error) => {
+                error.restore(py);
+                usize::MAX
+            }
+        })
+    }));
+    match outcome {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(_) => {
+            Python::attach(|py| {
+                pyo3::exceptions::PyRuntimeError::new_err("rrmm: internal error in the CuPy hook")
+                    .restore(py)
+            });
+            usize::MAX as *mut c_void
+        }
+    }
+}
+
+/// CuPy's `CFunctionAllocator` free: `void free(void* param, void* ptr, int device)`. Frees
+/// through the resource and stream the pointer was allocated with; unknown pointers (the -1 of
+/// a failed malloc) are ignored. Never unwinds.
+extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let live = cupy_live().lock().remove(&(ptr as usize));
+        match live {
+            Some(live) => deallocate_on(
+                live.mr.as_ref(),
+                usize::try_from(device).unwrap_or(0),
+                ptr as usize,
+                live.size,
+                live.stream,
+            ),
+            None => Ok(()),
+        }
+    }));
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => eprintln!("rrmm: freeing a CuPy allocation failed: {error}"),
+        Err(_) => eprintln!("rrmm: internal error (panic) freeing a CuPy allocation"),
+    }
+}
+
+/// `cupy_c_allocator_functions() -> (malloc, free)`: addresses of C functions for
+/// `cupy.cuda.memory.CFunctionAllocator(0, malloc, free, None)`, an allocator CuPy calls with
+/// no Python object of rrmm's per allocation.
+#[pyfunction]
+fn cupy_c_allocator_functions() -> (usize, usize) {
+    let malloc: extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void = rrmm_cupy_malloc;
+    let free: extern "C" fn(*mut c_void, *mut c_void, c_int) = rrmm_cupy_free;
+    (malloc as usize, free as usize)
+}
+
+/// `cupy_c_live_allocations() -> int`: how many allocations of the C-function CuPy allocator are
+/// live (for tests).
+#[pyfunction]
+fn cupy_c_live_allocations() -> usize {
+    cupy_live().lock().len()
+}
+
 fn pinned_resource() -> Result<SharedResource> {
     static PINNED: OnceLock<SharedResource> = OnceLock::new();
     if let Some(mr) = PINNED.get() {
@@ -281,6 +387,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())

@@ -120,7 +120,8 @@ assert u.sum().item() == 24690.0
 if mr is not None:
     del t, u
     log.flush()
-    rows = open(path).read().splitlines()
+    name = log.get_file_name() if hasattr(log, "get_file_name") else path
+    rows = open(name).read().splitlines()
     streams = {r.split(",")[5].strip().lower() for r in rows[1:] if r.split(",")[2] == "allocate"}
     assert any(int(v, 16) == s.cuda_stream for v in streams if v), (streams, hex(s.cuda_stream))
     print("LOGGED")

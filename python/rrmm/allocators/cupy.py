@@ -70,6 +70,23 @@ def _rmm_cupy_allocator_py(nbytes):
 rmm_cupy_allocator = _rrmm.cupy_allocate
 rrmm_cupy_allocator = rmm_cupy_allocator
 
+_c_allocator = None
+
+
+def rrmm_cupy_c_allocator():
+    """The same hook through CuPy's ``CFunctionAllocator``: CuPy calls rrmm's C functions
+    directly, and no Python object of rrmm's is made per allocation. Returns the allocator's
+    bound ``malloc``, for ``cupy.cuda.set_allocator``. Imports CuPy."""
+    global _c_allocator
+    if _c_allocator is None:
+        if _UnownedMemory is None:
+            _bind()
+        from cupy.cuda.memory import CFunctionAllocator
+
+        malloc, free = _rrmm.cupy_c_allocator_functions()
+        _c_allocator = CFunctionAllocator(0, malloc, free, None).malloc
+    return _c_allocator
+
 
 def rmm_cupy_pinned_allocator(nbytes):
     """Allocates ``nbytes`` of pinned host memory from rrmm's ``PinnedHostMemoryResource``;
