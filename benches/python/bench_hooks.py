@@ -207,7 +207,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="few iterations, one round")
     p.add_argument("--only", default=",".join(FRAMEWORKS), help="frameworks, comma-separated")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of processes")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of processes")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per process")
     p.add_argument("--iters", type=int, default=20000, help="allocations per repetition")
     p.add_argument("--temp-iters", type=int, default=2000)
