@@ -73,11 +73,15 @@ def _time_loop(body, iters, reps, warmup, sync):
 def worker_cupy(config, a):
     import cupy
 
-    note = _setup_pool(config)
+    note = _setup_pool("rrmm" if config == "rrmm_c" else config)
     if config == "rrmm":
         from rrmm.allocators.cupy import rmm_cupy_allocator
 
         cupy.cuda.set_allocator(rmm_cupy_allocator)
+    elif config == "rrmm_c":
+        from rrmm.allocators.cupy import rrmm_cupy_c_allocator
+
+        cupy.cuda.set_allocator(rrmm_cupy_c_allocator())
     elif config == "rmm":
         from rmm.allocators.cupy import rmm_cupy_allocator
 
@@ -95,9 +99,10 @@ def worker_cupy(config, a):
         for _ in range(n):
             ((x * 2 + 1) * x - 3).sum()
 
+    suffix = " [C fn]" if config == "rrmm_c" else ""
     return note, {
-        "W4 cupy.empty 1MiB (ns)": _time_loop(empties, a.iters, a.reps, 2, sync),
-        f"W4 temporaries x{a.temp_iters} (ms)": [
+        "W4 cupy.empty 1MiB (ns)" + suffix: _time_loop(empties, a.iters, a.reps, 2, sync),
+        f"W4 temporaries x{a.temp_iters} (ms)" + suffix: [
             v * a.temp_iters / 1e6
             for v in _time_loop(temporaries, a.temp_iters, a.reps, 1, sync)
         ],
@@ -214,6 +219,9 @@ def main():
     p.add_argument("--train-iters", type=int, default=100)
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--json", help="write all samples here")
+    p.add_argument("--cupy-c", action="store_true",
+                   help="also time rrmm_cupy_c_allocator (rows marked [C fn]; the native column "
+                        "of those rows is the plain native figure)")
     p.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.quick:
@@ -236,6 +244,8 @@ def main():
             notes.append(f"{framework}: not installed, skipped")
             continue
         configs = [c for c in CONFIGS if c != "rmm" or have_rmm]
+        if framework == "cupy" and a.cupy_c:
+            configs.insert(2, "rrmm_c")  # CuPy's CFunctionAllocator over rrmm's C functions
         if not have_rmm:
             notes.append(f"{framework}: rmm not installed, RMM column skipped")
         for r in range(a.rounds):
@@ -247,8 +257,9 @@ def main():
                     continue
                 if out["note"]:
                     notes.append(f"{framework}/{config}: {out['note']}")
+                column = "rrmm" if config == "rrmm_c" else config
                 for workload, values in out["results"].items():
-                    samples.setdefault((workload, config), []).extend(values)
+                    samples.setdefault((workload, column), []).extend(values)
 
     workloads = list(dict.fromkeys(w for w, _ in samples))
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -264,7 +275,9 @@ def main():
         return f"{x / y:{width}.2f}" if x is not None and y else f"{'-':>{width}}"
 
     for w in workloads:
-        n, r, m = (med.get((w, c)) for c in CONFIGS)
+        base = w.replace(" [C fn]", "")
+        n, m = med.get((base, "native")), med.get((base, "rmm"))
+        r = med.get((w, "rrmm"))
         print(f"{w:34} {cell(n)} {cell(r)} {cell(m)} {ratio(r, n, 12)} {ratio(m, n, 11)} "
               f"{ratio(r, m, 9)}")
     for note in dict.fromkeys(notes):

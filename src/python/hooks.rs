@@ -51,6 +51,25 @@ pub(crate) fn allocate_on(
     Ok((ptr, Some(mr)))
 }
 
+/// [`allocate_on`] for a caller whose current context is already `device`'s (CuPy's hooks: the
+/// device is CuPy's current device, whose primary context CuPy's runtime calls made current), so
+/// no context guard is needed.
+///
+/// # Errors
+/// The resource's errors.
+fn allocate_on_current(
+    device: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<(usize, Option<SharedResource>)> {
+    if bytes == 0 {
+        return Ok((0, None));
+    }
+    let mr = per_device_resource(device)?;
+    let ptr = mr.allocate(bytes, stream)?;
+    Ok((ptr, Some(mr)))
+}
+
 /// Frees what [`allocate_on`] returned, through the same resource and stream.
 ///
 /// # Errors
@@ -209,9 +228,19 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
 fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     let cupy = cupy_bindings(py)?;
     let (stream, device) = cupy_stream_and_device(py, cupy)?;
-    let owner = hook_allocate(nbytes, stream, device)?;
-    let ptr = owner.ptr;
-    let owner = Py::new(py, owner)?;
+    let stream = Stream::from_raw(stream);
+    let (ptr, mr) = py_result(allocate_on_current(device, nbytes, stream))?;
+    let owner = Py::new(
+        py,
+        HookAllocation {
+            ptr,
+            size: nbytes,
+            device,
+            stream,
+            mr,
+            freed: AtomicBool::new(false),
+        },
+    )?;
     let memory = cupy
         .unowned_memory
         .call1(py, (ptr, nbytes, owner, device))?;
@@ -259,7 +288,7 @@ fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> 
             .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
     )?;
     let stream = Stream::from_raw(stream as usize);
-    let (ptr, mr) = py_result(allocate_on(device, size, stream))?;
+    let (ptr, mr) = py_result(allocate_on_current(device, size, stream))?;
     if let Some(mr) = mr {
         cupy_live()
             .lock()
