@@ -1,7 +1,488 @@
-//! (to be written)
+//! The hot paths of the framework hooks (`rrmm.allocators.{cupy,numba}`): one call allocates
+//! from the per-device resource and returns a tiny owner object that frees itself on drop.
+//!
+//! CuPy wraps the owner in `UnownedMemory`, Numba calls its `free` from a finalizer; neither
+//! needs a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
+use super::errors::py_result;
+use crate::cuda::{self, ContextGuard};
+use crate::resource::{MemoryKind, PinnedHostMemoryResource};
+use crate::{per_device_resource, Error, MemoryResource, Result, SharedResource, Stream};
+use parking_lot::Mutex;
+use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Makes device `device`'s primary context current while a resource of `mr`'s kind works, when
+/// it needs one: never for simulated or pageable host memory, and never without a driver (so
+/// the hooks run on simulated memory on machines with no GPU).
+///
+/// # Errors
+/// The context calls' errors (a bad device ordinal among them).
+pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
+    if matches!(mr.kind(), MemoryKind::Simulated | MemoryKind::Host) || !cuda::driver_available() {
+        return Ok(None);
+    }
+    ContextGuard::new(device).map(Some)
+}
+
+/// Allocates `bytes` on `stream` from the per-device resource of `device`; size 0 gives the null
+/// pointer without asking the resource.
+///
+/// # Errors
+/// The resource's errors (out of memory among them) and the context calls' errors.
+pub(crate) fn allocate_on(
+    device: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<(usize, Option<SharedResource>)> {
+    if bytes == 0 {
+        return Ok((0, None));
+    }
+    let mr = per_device_resource(device)?;
+    let _ctx = context_for(mr.as_ref(), device)?;
+    let ptr = mr.allocate(bytes, stream)?;
+    Ok((ptr, Some(mr)))
+}
+
+/// [`allocate_on`] for a caller whose current context is already `device`'s (CuPy's hooks: the
+/// device is CuPy's current device, whose primary context CuPy's runtime calls made current), so
+/// no context guard is needed.
+///
+/// # Errors
+/// The resource's errors.
+fn allocate_on_current(
+    device: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<(usize, Option<SharedResource>)> {
+    if bytes == 0 {
+        return Ok((0, None));
+    }
+    let mr = per_device_resource(device)?;
+    let ptr = mr.allocate(bytes, stream)?;
+    Ok((ptr, Some(mr)))
+}
+
+/// Frees what [`allocate_on`] returned, through the same resource and stream.
+///
+/// # Errors
+/// The resource's errors.
+pub(crate) fn deallocate_on(
+    mr: &dyn MemoryResource,
+    device: usize,
+    ptr: usize,
+    bytes: usize,
+    stream: Stream,
+) -> Result<()> {
+    let _ctx = context_for(mr, device)?;
+    mr.deallocate(ptr, bytes, stream)
+}
+
+/// One allocation made for a framework: frees itself (through its resource, on its stream) when
+/// dropped or when `free()` is called, whichever comes first.
+#[pyclass(module = "rrmm._rrmm", name = "HookAllocation", frozen)]
+pub(crate) struct HookAllocation {
+    ptr: usize,
+    size: usize,
+    device: usize,
+    stream: Stream,
+    mr: Option<SharedResource>,
+    freed: AtomicBool,
+}
+
+impl HookAllocation {
+    fn release(&self) -> Result<()> {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match &self.mr {
+            Some(mr) if self.ptr != 0 => {
+                deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[pymethods]
+impl HookAllocation {
+    /// The address (0 for a size-0 allocation).
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.ptr
+    }
+
+    /// The size in bytes, as requested.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device ordinal whose resource made the allocation.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The raw handle of the stream the allocation is ordered on.
+    #[getter]
+    fn stream(&self) -> usize {
+        self.stream.raw()
+    }
+
+    /// Whether the memory has been given back already.
+    #[getter]
+    fn freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+
+    /// Gives the memory back now (later calls and the drop do nothing).
+    fn free(&self) -> PyResult<()> {
+        py_result(self.release())
+    }
+
+    fn __int__(&self) -> usize {
+        self.ptr
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HookAllocation(ptr={:#x}, size={}, device={}, stream={:#x}{})",
+            self.ptr,
+            self.size,
+            self.device,
+            self.stream.raw(),
+            if self.freed() { ", freed" } else { "" }
+        )
+    }
+}
+
+impl Drop for HookAllocation {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            // A destructor cannot raise; say it rather than lose it.
+            eprintln!("rrmm: freeing a framework allocation failed: {error}");
+        }
+    }
+}
+
+/// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`
+/// from the per-device resource of `device`. The hot path of the CuPy and Numba hooks.
+#[pyfunction]
+fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAllocation> {
+    let stream = Stream::from_raw(stream);
+    let (ptr, mr) = py_result(allocate_on(device, nbytes, stream))?;
+    Ok(HookAllocation {
+        ptr,
+        size: nbytes,
+        device,
+        stream,
+        mr,
+        freed: AtomicBool::new(false),
+    })
+}
+
+/// CuPy's callables the CuPy hook needs, looked up once.
+struct CupyBindings {
+    unowned_memory: Py<PyAny>,
+    memory_pointer: Py<PyAny>,
+    get_current_stream: Py<PyAny>,
+}
+
+fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
+    static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
+    CUPY.get_or_try_init(py, || {
+        let missing = |cause: PyErr| {
+            let error = PyImportError::new_err(format!(
+                "rrmm.allocators.cupy needs cupy, which could not be imported ({cause}); install \
+                 it with `pip install cupy-cuda12x` (or cupy-cuda13x)"
+            ));
+            error.set_cause(py, Some(cause));
+            // Like Python's own ImportError: `name` is the missing module (best effort).
+            let _ = error.value(py).setattr("name", "cupy");
+            error
+        };
+        let memory = py.import("cupy.cuda.memory").map_err(missing)?;
+        let stream = py.import("cupy.cuda.stream").map_err(missing)?;
+        Ok(CupyBindings {
+            unowned_memory: memory.getattr("UnownedMemory")?.unbind(),
+            memory_pointer: memory.getattr("MemoryPointer")?.unbind(),
+            get_current_stream: stream.getattr("get_current_stream")?.unbind(),
+        })
+    })
+}
+
+/// `cupy_allocate(nbytes) -> cupy.cuda.MemoryPointer`: the CuPy allocator hook, whole, in one
+/// call (rrmm.allocators.cupy.rmm_cupy_allocator is this function). Allocates `nbytes` from the
+/// per-device resource of CuPy's current device on CuPy's current stream, and wraps it as
+/// `MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`, the owner freeing the memory
+/// when CuPy drops it. Imports CuPy on first use; raises ImportError naming it when missing.
+#[pyfunction]
+fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
+    let cupy = cupy_bindings(py)?;
+    let (stream, device) = cupy_stream_and_device(py, cupy)?;
+    let stream = Stream::from_raw(stream);
+    let (ptr, mr) = py_result(allocate_on_current(device, nbytes, stream))?;
+    let owner = Py::new(
+        py,
+        HookAllocation {
+            ptr,
+            size: nbytes,
+            device,
+            stream,
+            mr,
+            freed: AtomicBool::new(false),
+        },
+    )?;
+    let memory = cupy
+        .unowned_memory
+        .call1(py, (ptr, nbytes, owner, device))?;
+    cupy.memory_pointer.call1(py, (memory, 0))
+}
+
+/// CuPy's current stream (raw handle) and its device. The device comes from the stream object
+/// (`Stream.device_id`), or, for streams that name none (-1), from the current CUDA context,
+/// which is CuPy's current device (CuPy's runtime calls make its device's primary context
+/// current): both cheaper than calling `cupy.cuda.device.get_device_id()` from Python.
+fn cupy_stream_and_device(py: Python<'_>, cupy: &CupyBindings) -> PyResult<(usize, usize)> {
+    let stream = cupy.get_current_stream.bind(py).call0()?;
+    let ptr: isize = stream.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
+    let device: i64 = stream.getattr(pyo3::intern!(py, "device_id"))?.extract()?;
+    let device = match usize::try_from(device) {
+        Ok(device) => device,
+        Err(_) => crate::current_device_ordinal(),
+    };
+    Ok((ptr as usize, device))
+}
+
+/// What the C-function CuPy allocator must remember to free a pointer: CuPy's free callback
+/// passes only the pointer and the device.
+struct CupyLive {
+    size: usize,
+    stream: Stream,
+    mr: SharedResource,
+}
+
+fn cupy_live() -> &'static Mutex<HashMap<usize, CupyLive>> {
+    static LIVE: OnceLock<Mutex<HashMap<usize, CupyLive>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {
+    let cupy = cupy_bindings(py)?;
+    let stream: isize = cupy
+        .get_current_stream
+        .bind(py)
+        .call0()?
+        .getattr(pyo3::intern!(py, "ptr"))?
+        .extract()?;
+    let device = py_result(
+        usize::try_from(device)
+            .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
+    )?;
+    let stream = Stream::from_raw(stream as usize);
+    let (ptr, mr) = py_result(allocate_on_current(device, size, stream))?;
+    if let Some(mr) = mr {
+        cupy_live()
+            .lock()
+            .insert(ptr, CupyLive { size, stream, mr });
+    }
+    Ok(ptr)
+}
+
+/// CuPy's `CFunctionAllocator` malloc: `void* malloc(void* param, size_t size, int device)`,
+/// called by CuPy with the GIL held. Allocates on CuPy's current stream. On failure it sets the
+/// Python exception (MemoryError for out of memory) and returns `(void*)-1`, which CuPy's
+/// Cython code checks (or CPython reports as an error set by a call that returned).
+extern "C" fn rrmm_cupy_malloc(_param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        Python::attach(|py| match cupy_c_malloc(py, size, device) {
+            Ok(ptr) => ptr,
+            Err(error) => {
+                error.restore(py);
+                usize::MAX
+            }
+        })
+    }));
+    match outcome {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(_) => {
+            Python::attach(|py| {
+                pyo3::exceptions::PyRuntimeError::new_err("rrmm: internal error in the CuPy hook")
+                    .restore(py)
+            });
+            usize::MAX as *mut c_void
+        }
+    }
+}
+
+/// CuPy's `CFunctionAllocator` free: `void free(void* param, void* ptr, int device)`. Frees
+/// through the resource and stream the pointer was allocated with; unknown pointers (the -1 of
+/// a failed malloc) are ignored. Never unwinds.
+extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let live = cupy_live().lock().remove(&(ptr as usize));
+        match live {
+            Some(live) => deallocate_on(
+                live.mr.as_ref(),
+                usize::try_from(device).unwrap_or(0),
+                ptr as usize,
+                live.size,
+                live.stream,
+            ),
+            None => Ok(()),
+        }
+    }));
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => eprintln!("rrmm: freeing a CuPy allocation failed: {error}"),
+        Err(_) => eprintln!("rrmm: internal error (panic) freeing a CuPy allocation"),
+    }
+}
+
+/// `cupy_c_allocator_functions() -> (malloc, free)`: addresses of C functions for
+/// `cupy.cuda.memory.CFunctionAllocator(0, malloc, free, None)`, an allocator CuPy calls with
+/// no Python object of rrmm's per allocation.
+#[pyfunction]
+fn cupy_c_allocator_functions() -> (usize, usize) {
+    let malloc: extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void = rrmm_cupy_malloc;
+    let free: extern "C" fn(*mut c_void, *mut c_void, c_int) = rrmm_cupy_free;
+    (malloc as usize, free as usize)
+}
+
+/// `cupy_c_live_allocations() -> int`: how many allocations of the C-function CuPy allocator are
+/// live (for tests).
+#[pyfunction]
+fn cupy_c_live_allocations() -> usize {
+    cupy_live().lock().len()
+}
+
+fn pinned_resource() -> Result<SharedResource> {
+    static PINNED: OnceLock<SharedResource> = OnceLock::new();
+    if let Some(mr) = PINNED.get() {
+        return Ok(mr.clone());
+    }
+    let mr: SharedResource = Arc::new(PinnedHostMemoryResource::new()?);
+    Ok(PINNED.get_or_init(|| mr).clone())
+}
+
+/// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from a process-wide
+/// `PinnedHostMemoryResource` (made on first use, on the current device).
+#[pyfunction]
+fn pinned_allocate(nbytes: usize) -> PyResult<HookAllocation> {
+    let (ptr, mr) = if nbytes == 0 {
+        (0, None)
+    } else {
+        let mr = py_result(pinned_resource())?;
+        let ptr = py_result(mr.allocate(nbytes, Stream::DEFAULT))?;
+        (ptr, Some(mr))
+    };
+    Ok(HookAllocation {
+        ptr,
+        size: nbytes,
+        device: py_result(cuda::current_device()).unwrap_or(0),
+        stream: Stream::DEFAULT,
+        mr,
+        freed: AtomicBool::new(false),
+    })
+}
+
+/// `ipc_mem_handle(ptr) -> (bytes, offset)`: the 64-byte `cuIpcGetMemHandle` handle of the
+/// allocation containing device address `ptr` (in the current context), and `ptr`'s offset
+/// from that allocation's base.
+#[pyfunction]
+fn ipc_mem_handle<'py>(py: Python<'py>, ptr: usize) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    if ptr == 0 {
+        return py_result(Err(Error::invalid(
+            "ptr",
+            "the null pointer has no IPC handle",
+        )));
+    }
+    let (handle, offset) = py_result(cuda::ipc_mem_handle(ptr))?;
+    Ok((PyBytes::new(py, &handle), offset))
+}
+
+/// `device_memory_info(device) -> (free, total)`: `cuMemGetInfo` of device `device`, with its
+/// primary context current for the call.
+#[pyfunction]
+fn device_memory_info(device: usize) -> PyResult<(usize, usize)> {
+    let _ctx = py_result(ContextGuard::new(device))?;
+    py_result(cuda::mem_get_info())
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<HookAllocation>()?;
+    m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
+    m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{set_per_device_resource, SimulatedMemoryResource};
+
+    #[test]
+    fn allocate_and_free_go_through_the_per_device_resource() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(801, sim.clone());
+        let (ptr, mr) = allocate_on(801, 1000, Stream::from_raw(0x1234)).unwrap();
+        assert_ne!(ptr, 0);
+        assert_eq!(sim.live_allocations(), 1);
+        deallocate_on(
+            mr.unwrap().as_ref(),
+            801,
+            ptr,
+            1000,
+            Stream::from_raw(0x1234),
+        )
+        .unwrap();
+        assert_eq!(sim.live_allocations(), 0);
+    }
+
+    #[test]
+    fn size_zero_asks_nothing_and_oom_is_an_error() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(802, sim.clone());
+        let (ptr, mr) = allocate_on(802, 0, Stream::DEFAULT).unwrap();
+        assert_eq!((ptr, mr.is_none()), (0, true));
+        assert!(matches!(
+            allocate_on(802, 2 << 20, Stream::DEFAULT),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert_eq!(sim.live_allocations(), 0);
+    }
+
+    #[test]
+    fn a_hook_allocation_frees_once() {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(803, sim.clone());
+        let (ptr, mr) = allocate_on(803, 4096, Stream::DEFAULT).unwrap();
+        let a = HookAllocation {
+            ptr,
+            size: 4096,
+            device: 803,
+            stream: Stream::DEFAULT,
+            mr,
+            freed: AtomicBool::new(false),
+        };
+        assert_eq!(sim.live_allocations(), 1);
+        a.release().unwrap();
+        assert_eq!(sim.live_allocations(), 0);
+        a.release().unwrap();
+        drop(a);
+        assert_eq!(sim.bytes_in_use(), 0);
+    }
 }

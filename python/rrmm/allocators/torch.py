@@ -1,0 +1,48 @@
+"""PyTorch allocator hook: ``torch.cuda.memory.change_current_allocator(rmm_torch_allocator)``.
+
+``rmm_torch_allocator`` is a ``torch.cuda.memory.CUDAPluggableAllocator`` over two C entry
+points exported by rrmm's own compiled module (``rrmm_torch_allocate`` /
+``rrmm_torch_deallocate``): each allocation comes from the current rrmm resource of the device
+PyTorch asks for, on PyTorch's stream, and so shows in rrmm's statistics when a
+``StatisticsResourceAdaptor`` is that resource (PyTorch's own ``memory_allocated()`` cannot see a
+pluggable allocator). Out of memory raises in PyTorch with rrmm's message. It also works as
+``torch.cuda.MemPool(rmm_torch_allocator.allocator())``.
+
+PyTorch is imported when ``rmm_torch_allocator`` is first looked up, not before; PyTorch lets a
+process change its allocator only before the first CUDA allocation.
+"""
+
+from rrmm import _rrmm
+from rrmm.allocators import _missing
+
+__all__ = ["rmm_torch_allocator", "rrmm_torch_allocator", "library_path", "symbols"]
+
+_allocator = None
+
+
+def library_path():
+    """The path of rrmm's compiled module, which exports the allocator's C entry points."""
+    return _rrmm.__file__
+
+
+def symbols():
+    """The names of the exported allocate and free functions."""
+    return _rrmm.torch_allocator_symbols()
+
+
+def _make_allocator():
+    global _allocator
+    if _allocator is None:
+        try:
+            from torch.cuda.memory import CUDAPluggableAllocator
+        except ImportError as cause:
+            raise _missing("torch", "rrmm.allocators.torch", "pip install torch", cause) from cause
+        alloc_name, free_name = symbols()
+        _allocator = CUDAPluggableAllocator(library_path(), alloc_name, free_name)
+    return _allocator
+
+
+def __getattr__(name):
+    if name in ("rmm_torch_allocator", "rrmm_torch_allocator"):
+        return _make_allocator()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

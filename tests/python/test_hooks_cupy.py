@@ -1,0 +1,155 @@
+"""GPU tests of rrmm.allocators.cupy (skipped without CuPy or a GPU)."""
+
+import gc
+
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    _GPUS = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # no driver / no device
+    _GPUS = 0
+if _GPUS == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import rrmm  # noqa: E402
+from rrmm import _rrmm  # noqa: E402
+from rrmm.allocators.cupy import (  # noqa: E402
+    rmm_cupy_allocator,
+    rmm_cupy_pinned_allocator,
+    rrmm_cupy_allocator,
+)
+
+
+def _mr_module():
+    mr = getattr(rrmm, "mr", None)
+    needed = ("StatisticsResourceAdaptor", "CudaMemoryResource", "set_current_device_resource")
+    if mr is None or not all(hasattr(mr, n) for n in needed):
+        pytest.skip("rrmm.mr resources are not available in this build")
+    return mr
+
+
+def _count(stats, key):
+    counts = stats.allocation_counts
+    return counts[key] if isinstance(counts, dict) else getattr(counts, key)
+
+
+@pytest.fixture
+def rrmm_allocator():
+    previous = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    try:
+        yield
+    finally:
+        cupy.cuda.set_allocator(previous)
+
+
+def test_alias():
+    assert rrmm_cupy_allocator is rmm_cupy_allocator
+
+
+def test_memory_pointer_owns_an_rrmm_allocation():
+    mp = rmm_cupy_allocator(1 << 20)
+    assert isinstance(mp, cupy.cuda.MemoryPointer)
+    owner = mp.mem._owner
+    assert isinstance(owner, _rrmm.HookAllocation)
+    assert mp.ptr == owner.ptr != 0
+    assert mp.mem.size == 1 << 20
+    assert mp.device_id == cupy.cuda.runtime.getDevice()
+    del mp, owner
+
+
+def test_size_zero():
+    mp = rmm_cupy_allocator(0)
+    assert mp.mem.size == 0
+    with cupy.cuda.Device(0):
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        try:
+            a = cupy.empty((0,), dtype=cupy.float32)
+            assert a.size == 0
+        finally:
+            cupy.cuda.set_allocator(None)
+
+
+def test_real_computation(rrmm_allocator):
+    x = cupy.arange(1_000_000, dtype=cupy.float64)
+    y = ((x * 2 + 1) * x - 3).sum()
+    n = 1_000_000
+    expected = 2 * (n - 1) * n * (2 * n - 1) / 6 + (n - 1) * n / 2 - 3 * n
+    assert float(y) == pytest.approx(expected, rel=1e-12)
+    a = cupy.random.rand(256, 256)
+    b = cupy.random.rand(256, 256)
+    assert cupy.allclose(a @ b, cupy.asarray(cupy.asnumpy(a) @ cupy.asnumpy(b)))
+
+
+def test_current_stream_is_honoured(rrmm_allocator):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cupy.ones(1000, dtype=cupy.float32)
+        owner = a.data.mem._owner
+        assert owner.stream == stream.ptr
+        b = a * 3
+    stream.synchronize()
+    assert float(b.sum()) == 3000.0
+    c = cupy.ones(10)
+    owner = c.data.mem._owner
+    assert owner.stream == cupy.cuda.get_current_stream().ptr
+
+
+def test_memory_lives_as_long_as_the_array(rrmm_allocator):
+    mr = _mr_module()
+    stats = mr.StatisticsResourceAdaptor(mr.CudaMemoryResource())
+    previous = mr.get_current_device_resource()
+    mr.set_current_device_resource(stats)
+    try:
+        a = cupy.zeros(1 << 18, dtype=cupy.float32)  # 1 MiB
+        view = a[10:20]
+        assert _count(stats, "current_bytes") >= 1 << 20
+        del a
+        gc.collect()
+        assert _count(stats, "current_bytes") >= 1 << 20  # the view keeps it alive
+        view += 1
+        assert float(view.sum()) == 10.0
+        del view
+        gc.collect()
+        assert _count(stats, "current_bytes") == 0
+        assert _count(stats, "total_count") >= 1
+    finally:
+        mr.set_current_device_resource(previous)
+
+
+def test_out_of_memory_raises_memory_error(rrmm_allocator):
+    mr = _mr_module()
+    if not hasattr(mr, "LimitingResourceAdaptor"):
+        pytest.skip("no LimitingResourceAdaptor in this build")
+    limited = mr.LimitingResourceAdaptor(mr.CudaMemoryResource(), allocation_limit=1 << 20)
+    previous = mr.get_current_device_resource()
+    mr.set_current_device_resource(limited)
+    try:
+        small = cupy.ones(1000)
+        with pytest.raises(MemoryError):
+            cupy.empty(2 << 20, dtype=cupy.uint8)
+        assert float(small.sum()) == 1000.0
+    finally:
+        mr.set_current_device_resource(previous)
+
+
+def test_pinned_allocator():
+    mp = rmm_cupy_pinned_allocator(4096)
+    assert isinstance(mp, cupy.cuda.PinnedMemoryPointer)
+    previous = cupy.cuda.get_pinned_memory_allocator() if hasattr(
+        cupy.cuda, "get_pinned_memory_allocator"
+    ) else None
+    cupy.cuda.set_pinned_memory_allocator(rmm_cupy_pinned_allocator)
+    try:
+        import cupyx
+
+        host = cupyx.empty_pinned((1000,), dtype="float32")
+        host[:] = 2.0
+        dev = cupy.asarray(host)
+        assert float(dev.sum()) == 2000.0
+        back = cupy.asnumpy(dev * 2, out=cupyx.empty_pinned((1000,), dtype="float32"))
+        assert float(back.sum()) == 4000.0
+    finally:
+        cupy.cuda.set_pinned_memory_allocator(previous)
+    del mp
