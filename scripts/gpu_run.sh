@@ -12,6 +12,7 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 STAGES="${*:-rust python w1 w2 w3 hooks}"
 export PYTHONUNBUFFERED=1
+export RRMM_TRACES="$PWD/.gpu/traces"
 SITE=/tmp/site
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -56,7 +57,7 @@ if has w1; then
   else
     echo "nvcc build of the RMM replay failed:"; tail -30 "$OUT/nvcc.log"
   fi
-  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --out "$OUT/w1_rrmm.jsonl"; fi
+  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --traces .gpu/traces --out "$OUT/w1_rrmm.jsonl"; fi
   [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py w1 "$OUT" | tee -a "$SUMMARY"
 fi
 

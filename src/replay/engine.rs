@@ -284,6 +284,13 @@ pub fn replay_with_progress(
             segment = Instant::now();
         }
     }
+    // Stream-ordered work (asynchronous frees) is part of the replay's cost: wait for it inside the
+    // timed region, as RMM's replay benchmark does.
+    if matches!(mr.kind(), MemoryKind::Device | MemoryKind::Managed) {
+        if let Ok(_ctx) = crate::cuda::ContextGuard::new(mr.device().unwrap_or(0)) {
+            let _ = crate::cuda::context_synchronize();
+        }
+    }
     timed += segment.elapsed();
     if progress_shown {
         progress(Progress {
