@@ -79,9 +79,9 @@ def worker_cupy(config, a):
 
         cupy.cuda.set_allocator(rmm_cupy_allocator)
     elif config == "rrmm_c":
-        from rrmm.allocators.cupy import rrmm_cupy_c_allocator
+        from rrmm.allocators.cupy import rrmm_cupy_unowned_allocator
 
-        cupy.cuda.set_allocator(rrmm_cupy_c_allocator())
+        cupy.cuda.set_allocator(rrmm_cupy_unowned_allocator)
     elif config == "rmm":
         from rmm.allocators.cupy import rmm_cupy_allocator
 
@@ -99,7 +99,7 @@ def worker_cupy(config, a):
         for _ in range(n):
             ((x * 2 + 1) * x - 3).sum()
 
-    suffix = " [C fn]" if config == "rrmm_c" else ""
+    suffix = " [unowned]" if config == "rrmm_c" else ""
     return note, {
         "W4 cupy.empty 1MiB (ns)" + suffix: _time_loop(empties, a.iters, a.reps, 2, sync),
         f"W4 temporaries x{a.temp_iters} (ms)" + suffix: [
@@ -219,9 +219,9 @@ def main():
     p.add_argument("--train-iters", type=int, default=100)
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--json", help="write all samples here")
-    p.add_argument("--cupy-c", action="store_true",
-                   help="also time rrmm_cupy_c_allocator (rows marked [C fn]; the native column "
-                        "of those rows is the plain native figure)")
+    p.add_argument("--cupy-unowned", action="store_true",
+                   help="also time rrmm_cupy_unowned_allocator (rows marked [unowned]; their "
+                        "native column is the plain native figure)")
     p.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.quick:
@@ -244,8 +244,8 @@ def main():
             notes.append(f"{framework}: not installed, skipped")
             continue
         configs = [c for c in CONFIGS if c != "rmm" or have_rmm]
-        if framework == "cupy" and a.cupy_c:
-            configs.insert(2, "rrmm_c")  # CuPy's CFunctionAllocator over rrmm's C functions
+        if framework == "cupy" and a.cupy_unowned:
+            configs.insert(2, "rrmm_c")  # rrmm_cupy_unowned_allocator (RMM's design, in Rust)
         if not have_rmm:
             notes.append(f"{framework}: rmm not installed, RMM column skipped")
         for r in range(a.rounds):
@@ -275,7 +275,7 @@ def main():
         return f"{x / y:{width}.2f}" if x is not None and y else f"{'-':>{width}}"
 
     for w in workloads:
-        base = w.replace(" [C fn]", "")
+        base = w.replace(" [unowned]", "")
         n, m = med.get((base, "native")), med.get((base, "rmm"))
         r = med.get((w, "rrmm"))
         print(f"{w:34} {cell(n)} {cell(r)} {cell(m)} {ratio(r, n, 12)} {ratio(m, n, 11)} "

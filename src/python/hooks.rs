@@ -219,8 +219,8 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
     })
 }
 
-/// `cupy_allocate(nbytes) -> cupy.cuda.MemoryPointer`: the CuPy allocator hook, whole, in one
-/// call (rrmm.allocators.cupy.rmm_cupy_allocator is this function). Allocates `nbytes` from the
+/// `cupy_allocate(nbytes) -> cupy.cuda.MemoryPointer`: a CuPy allocator hook, whole, in one
+/// call (`rrmm.allocators.cupy.rrmm_cupy_unowned_allocator`, RMM's design). Allocates `nbytes` from the
 /// per-device resource of CuPy's current device on CuPy's current stream, and wraps it as
 /// `MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`, the owner freeing the memory
 /// when CuPy drops it. Imports CuPy on first use; raises ImportError naming it when missing.
@@ -357,6 +357,16 @@ fn cupy_c_allocator_functions() -> (usize, usize) {
     (malloc as usize, free as usize)
 }
 
+/// `cupy_c_allocation(ptr) -> (size, stream) | None`: what the C-function CuPy allocator
+/// recorded for a live pointer (for tests).
+#[pyfunction]
+fn cupy_c_allocation(ptr: usize) -> Option<(usize, usize)> {
+    cupy_live()
+        .lock()
+        .get(&ptr)
+        .map(|live| (live.size, live.stream.raw()))
+}
+
 /// `cupy_c_live_allocations() -> int`: how many allocations of the C-function CuPy allocator are
 /// live (for tests).
 #[pyfunction]
@@ -424,6 +434,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
     m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_allocation, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())

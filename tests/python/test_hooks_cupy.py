@@ -18,7 +18,20 @@ from rrmm.allocators.cupy import (  # noqa: E402
     rmm_cupy_allocator,
     rmm_cupy_pinned_allocator,
     rrmm_cupy_allocator,
+    rrmm_cupy_unowned_allocator,
 )
+
+HOOKS = [rmm_cupy_allocator, rrmm_cupy_unowned_allocator]
+
+
+def _stream_of(mem_ptr):
+    """The stream rrmm recorded for a CuPy MemoryPointer made by either hook."""
+    owner = getattr(mem_ptr.mem, "_owner", None)
+    if isinstance(owner, _rrmm.HookAllocation):
+        return owner.stream
+    recorded = _rrmm.cupy_c_allocation(mem_ptr.mem.ptr)
+    assert recorded is not None, "not an rrmm allocation"
+    return recorded[1]
 
 
 def _mr_module():
@@ -34,10 +47,10 @@ def _count(stats, key):
     return counts[key] if isinstance(counts, dict) else getattr(counts, key)
 
 
-@pytest.fixture
-def rrmm_allocator():
+@pytest.fixture(params=HOOKS, ids=["c_function", "unowned"])
+def rrmm_allocator(request):
     previous = cupy.cuda.get_allocator()
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    cupy.cuda.set_allocator(request.param)
     try:
         yield
     finally:
@@ -51,6 +64,16 @@ def test_alias():
 def test_memory_pointer_owns_an_rrmm_allocation():
     mp = rmm_cupy_allocator(1 << 20)
     assert isinstance(mp, cupy.cuda.MemoryPointer)
+    assert type(mp.mem).__name__ == "CFunctionAllocatorMemory"
+    assert _rrmm.cupy_c_allocation(mp.ptr) == (1 << 20, cupy.cuda.get_current_stream().ptr)
+    assert mp.device_id == cupy.cuda.runtime.getDevice()
+    live = _rrmm.cupy_c_live_allocations()
+    ptr = mp.ptr
+    del mp
+    assert _rrmm.cupy_c_live_allocations() == live - 1
+    assert _rrmm.cupy_c_allocation(ptr) is None
+
+    mp = rrmm_cupy_unowned_allocator(1 << 20)
     owner = mp.mem._owner
     assert isinstance(owner, _rrmm.HookAllocation)
     assert mp.ptr == owner.ptr != 0
@@ -59,11 +82,12 @@ def test_memory_pointer_owns_an_rrmm_allocation():
     del mp, owner
 
 
-def test_size_zero():
-    mp = rmm_cupy_allocator(0)
+@pytest.mark.parametrize("hook", HOOKS, ids=["c_function", "unowned"])
+def test_size_zero(hook):
+    mp = hook(0)
     assert mp.mem.size == 0
     with cupy.cuda.Device(0):
-        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        cupy.cuda.set_allocator(hook)
         try:
             a = cupy.empty((0,), dtype=cupy.float32)
             assert a.size == 0
@@ -86,14 +110,12 @@ def test_current_stream_is_honoured(rrmm_allocator):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         a = cupy.ones(1000, dtype=cupy.float32)
-        owner = a.data.mem._owner
-        assert owner.stream == stream.ptr
+        assert _stream_of(a.data) == stream.ptr
         b = a * 3
     stream.synchronize()
     assert float(b.sum()) == 3000.0
     c = cupy.ones(10)
-    owner = c.data.mem._owner
-    assert owner.stream == cupy.cuda.get_current_stream().ptr
+    assert _stream_of(c.data) == cupy.cuda.get_current_stream().ptr
 
 
 def test_memory_lives_as_long_as_the_array(rrmm_allocator):

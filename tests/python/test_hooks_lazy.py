@@ -28,15 +28,18 @@ def test_cupy_hook_names_the_missing_package(monkeypatch):
 
     cupy_installed = importlib.util.find_spec("cupy") is not None
     mod = _fresh("rrmm.allocators.cupy", monkeypatch, ["cupy", "cupy.cuda"])
-    assert mod.rrmm_cupy_allocator is mod.rmm_cupy_allocator
+    for name in ("rmm_cupy_allocator", "rrmm_cupy_allocator"):
+        with pytest.raises(ImportError, match="cupy") as info:
+            getattr(mod, name)
+        assert info.value.name == "cupy"
     if not cupy_installed:  # the Rust hook keeps CuPy's functions once it has found them
         with pytest.raises(ImportError, match="cupy") as info:
-            mod.rmm_cupy_allocator(16)
+            mod.rrmm_cupy_unowned_allocator(16)
         assert info.value.name == "cupy"
     with pytest.raises(ImportError, match="cupy"):
         mod.rmm_cupy_pinned_allocator(16)
-    with pytest.raises(ImportError, match="cupy"):
-        mod.rrmm_cupy_c_allocator()
+    with pytest.raises(AttributeError):
+        mod.no_such_name  # noqa: B018
 
 
 def test_numba_hook_names_the_missing_package(monkeypatch):
