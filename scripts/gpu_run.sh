@@ -61,17 +61,22 @@ if has w1; then
   [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py w1 "$OUT" | tee -a "$SUMMARY"
 fi
 
+if has w3; then
+  for t in random_10k_1mib transformer_training; do
+    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
+  done
+fi
 for w in w2 w3; do
   if has $w && [ -f benches/gpu/$w.py ]; then
     echo "== ${w^^}"
-    python3 benches/gpu/$w.py --out "$OUT/$w.json" 2>&1 | tee "$OUT/$w.log" | tail -30
+    (cd benches/gpu && python3 $w.py --out "$OUT/$w.json") 2>&1 | tee "$OUT/$w.log" | tail -30
     [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py $w "$OUT" | tee -a "$SUMMARY"
   fi
 done
 
 if has hooks && [ -f benches/python/bench_hooks.py ]; then
   echo "== W4-W6: framework hooks"
-  python3 benches/python/bench_hooks.py --out "$OUT/hooks.json" 2>&1 | tee "$OUT/hooks.log" | tail -30
+  python3 benches/python/bench_hooks.py --json "$OUT/hooks.json" 2>&1 | tee "$OUT/hooks.log" | tail -30
 fi
 
 echo
