@@ -32,7 +32,11 @@ fn hammer(mr: SharedResource, threads: usize, rounds: usize, max_size: u64) {
             std::thread::spawn(move || {
                 let _ctx = cuda::ContextGuard::new(0).unwrap();
                 let own = OwnedStream::new(true).unwrap();
-                let stream = if t == 0 { Stream::PER_THREAD } else { own.stream() };
+                let stream = if t == 0 {
+                    Stream::PER_THREAD
+                } else {
+                    own.stream()
+                };
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
                 let mut live: Vec<(usize, usize, u8)> = Vec::new();
                 for round in 0..rounds {
