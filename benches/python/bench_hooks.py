@@ -196,7 +196,7 @@ def run_worker(framework, config, a):
     cmd = [
         sys.executable, os.path.abspath(__file__), "--worker", framework, config,
         "--iters", str(a.iters), "--reps", str(a.reps), "--temp-iters", str(a.temp_iters),
-        "--train-iters", str(a.train_iters),
+        "--train-iters", str(a.train_iters), "--cpu", str(a.cpu),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode != 0:
@@ -219,6 +219,8 @@ def main():
     p.add_argument("--train-iters", type=int, default=100)
     p.add_argument("--timeout", type=int, default=300, help="seconds per worker process")
     p.add_argument("--json", help="write all samples here")
+    p.add_argument("--cpu", type=int, default=1,
+                   help="pin every worker process to this CPU (-1: no pinning)")
     p.add_argument("--cupy-unowned", action="store_true",
                    help="also time rrmm_cupy_unowned_allocator (rows marked [unowned]; their "
                         "native column is the plain native figure)")
@@ -229,6 +231,13 @@ def main():
 
     if a.worker:
         framework, config = a.worker
+        if a.cpu >= 0 and hasattr(os, "sched_setaffinity"):
+            # Every worker on the same core: on shared multi-socket hosts, where a process lands
+            # changes its speed by up to 1.8x, which swamps the differences measured here.
+            try:
+                os.sched_setaffinity(0, {a.cpu})
+            except OSError:
+                pass
         note, results = WORKERS[framework](config, a)
         print(json.dumps({"framework": framework, "config": config, "note": note,
                           "results": results}))
