@@ -80,6 +80,8 @@ def main() -> None:
                 for k, mr in mrs.items():
                     times[k].append(time_round_trips(mods[k], mr, size, n))
             for k, ts in times.items():
+                if not ts:
+                    continue
                 med = statistics.median(ts)
                 results.append({"impl": k, "resource": res, "size": label, "ns": med})
                 print(f"W2 {k:5s} {res:10s} {label:6s} {med:10.0f} ns")

@@ -70,6 +70,8 @@ def main() -> None:
                 for k, mr in mrs.items():
                     times[k].append(replay(mods[k], mr, ops))
             for k, ts in times.items():
+                if not ts:
+                    continue
                 med = statistics.median(ts)
                 name = Path(trace).stem
                 results.append({"impl": k, "trace": name, "resource": res, "ns_per_event": med})

@@ -198,7 +198,7 @@ def run_worker(framework, config, a):
         "--iters", str(a.iters), "--reps", str(a.reps), "--temp-iters", str(a.temp_iters),
         "--train-iters", str(a.train_iters), "--cpu", str(a.cpu),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return None, f"{framework}/{config} failed: " + " | ".join(tail)

@@ -7,14 +7,14 @@ import pytest
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
 try:
     _GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device
+except cupy.cuda.runtime.CUDARuntimeError:  # no driver / no device
     _GPUS = 0
 if _GPUS == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-import rrmm  # noqa: E402
-from rrmm import _rrmm  # noqa: E402
-from rrmm.allocators.cupy import (  # noqa: E402
+import rrmm
+from rrmm import _rrmm
+from rrmm.allocators.cupy import (
     rmm_cupy_allocator,
     rmm_cupy_pinned_allocator,
     rrmm_cupy_allocator,

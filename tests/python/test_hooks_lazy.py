@@ -6,7 +6,6 @@ import importlib
 import sys
 
 import pytest
-
 from rrmm import _rrmm
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("numba", reason="Numba is not installed")
 numba_cuda = pytest.importorskip("numba.cuda", reason="numba-cuda is not installed")
 try:
     _GPU = numba_cuda.is_available()
-except Exception:
+except Exception:  # noqa: BLE001 (any failure to probe means no usable GPU)
     _GPU = False
 if not _GPU:
     pytest.skip("no CUDA device for Numba", allow_module_level=True)
@@ -31,6 +31,7 @@ def run_fresh(code, env=None, timeout=180):
         text=True,
         env=full_env,
         timeout=timeout,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -183,7 +184,7 @@ if __name__ == "__main__":
         path = f.name
     try:
         proc = subprocess.run(
-            [sys.executable, path], capture_output=True, text=True, timeout=240
+            [sys.executable, path], capture_output=True, text=True, timeout=240, check=False
         )
     finally:
         os.unlink(path)

@@ -24,6 +24,7 @@ def run_fresh(code, timeout=240):
         text=True,
         env=dict(os.environ),
         timeout=timeout,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

@@ -19,11 +19,11 @@ from rrmm import _rrmm
 from rrmm.allocators import _missing
 
 __all__ = [
-    "rmm_cupy_allocator",
-    "rrmm_cupy_allocator",
-    "rrmm_cupy_unowned_allocator",
+    "rmm_cupy_allocator",  # noqa: F822 (made on first use by __getattr__)
     "rmm_cupy_pinned_allocator",
+    "rrmm_cupy_allocator",  # noqa: F822
     "rrmm_cupy_pinned_allocator",
+    "rrmm_cupy_unowned_allocator",
 ]
 
 _pinned_allocate = _rrmm.pinned_allocate

@@ -19,7 +19,7 @@ __all__ = ["RMMNumbaManager", "RRMMNumbaManager"]
 _hook_allocate = _rrmm.hook_allocate
 
 try:
-    from numba import cuda as _cuda
+    from numba import cuda as _cuda  # noqa: F401 (imported to fail early without numba-cuda)
     from numba.cuda import HostOnlyCUDAMemoryManager, IpcHandle, MemoryPointer
     from numba.cuda.cudadrv import driver as _driver
 except ImportError as _cause:  # no Numba, or a Numba without CUDA support

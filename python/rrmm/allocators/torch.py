@@ -15,7 +15,8 @@ process change its allocator only before the first CUDA allocation.
 from rrmm import _rrmm
 from rrmm.allocators import _missing
 
-__all__ = ["rmm_torch_allocator", "rrmm_torch_allocator", "library_path", "symbols"]
+# The allocator objects are made on first use by __getattr__.
+__all__ = ["library_path", "rmm_torch_allocator", "rrmm_torch_allocator", "symbols"]  # noqa: F822
 
 _allocator = None
 
