@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -80,6 +81,19 @@ def _format_fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _resolve_log(log: str) -> str:
+    """A path as given, or the file of a shipped trace when ``log`` names one and no such file
+    exists."""
+    if os.path.exists(log):
+        return log
+    from rrmm import traces
+
+    try:
+        return str(traces.path(log))
+    except KeyError:
+        return log  # the engine reports the missing file by name
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` command to ``subparsers``; sets ``run`` to :func:`run`."""
     parser = subparsers.add_parser(
@@ -88,7 +102,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("logs", metavar="LOG", nargs="+", help="RMM-format CSV log (plain or .gz)")
+    parser.add_argument(
+        "logs",
+        metavar="LOG",
+        nargs="+",
+        help="RMM-format CSV log (plain or .gz), or the name of a log shipped with rrmm "
+        "(transformer_training, random_10k_1mib)",
+    )
     parser.add_argument(
         "--resource",
         default="pool",
@@ -269,7 +289,7 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
                     ys.append(in_use[lo] / gib)
                 ax.scatter(r["failure_events"], ys, marker="x", color="red", s=18, zorder=5,
                            label=f"{r['resource']}: failed allocations ({r['failed_allocations']})")
-        ax.set_title(log)
+        ax.set_title(os.path.basename(log))
         ax.set_xlabel("event")
         ax.set_ylabel("GiB")
         ax.grid(True, alpha=0.3)
@@ -311,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.json and sys.stderr.isatty()
     try:
         reports = _rrmm.replay_logs(
-            list(args.logs),
+            [_resolve_log(log) for log in args.logs],
             resources,
             simulate=simulate,
             initial_pool_size=args.initial_pool_size,

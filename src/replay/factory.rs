@@ -42,9 +42,10 @@ const SUBALLOCATORS: &[&str] = &["pool", "binning", "fixed_size"];
 ///   (benchmarks.md W1); its footprint is the pool's;
 /// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device.
 ///
+/// Resources without a pool ignore the pool sizes.
+///
 /// # Errors
-/// [`Error::InvalidArgument`] for an unknown name, or pool sizes given to a resource that has
-/// no pool; CUDA errors (no driver) for real memory; the pool's validation of its sizes.
+/// [`Error::InvalidArgument`] for an unknown name; CUDA errors (no driver) for real memory; the pool's validation of its sizes.
 pub fn build_resource(
     name: &str,
     simulate: Option<usize>,
@@ -61,13 +62,8 @@ pub fn build_resource(
             ),
         ));
     }
-    let pooled = matches!(name.as_str(), "pool" | "binning");
-    if !pooled && (initial_pool_size.is_some() || maximum_pool_size.is_some()) {
-        return Err(Error::invalid(
-            "initial_pool_size",
-            format!("pool sizes apply to pool and binning, not to {name}"),
-        ));
-    }
+    // Pool sizes shape the pool of `pool` and `binning`; the other resources hold no pool and
+    // ignore them, so one command line can compare every resource.
     let device = || -> Result<SharedResource> {
         match simulate {
             Some(size) => Ok(Arc::new(SimulatedMemoryResource::new(size))),

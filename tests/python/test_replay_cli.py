@@ -313,3 +313,24 @@ def test_help_lists_the_options(capsys):
     for option in ["--resource", "--compare", "--simulate", "--initial-pool-size",
                    "--maximum-pool-size", "--plot", "--json", "--lenient"]:
         assert option in out
+
+
+def test_shipped_trace_by_name_replays_like_its_file(capsys):
+    from rrmm import traces
+
+    assert "transformer_training" in traces.names()
+    by_name = replay_json(capsys, "transformer_training", "--simulate", "80GiB", "--resource", "pool")
+    path = str(traces.path("transformer_training"))
+    by_path = replay_json(capsys, path, "--simulate", "80GiB", "--resource", "pool")
+    (a,), (b,) = by_name["reports"], by_path["reports"]
+    assert a["log"] == b["log"] == path
+    for key in ("events", "allocations", "peak_bytes_in_use", "peak_footprint", "leaked_bytes"):
+        assert a[key] == b[key], key
+    assert a["events"] > 20000
+    assert a["failed_allocations"] == 0
+
+
+def test_unknown_name_is_reported_as_a_missing_file(capsys):
+    code, _, err = replay(capsys, "no_such_trace_anywhere", "--simulate", "1GiB")
+    assert code == 2
+    assert "no_such_trace_anywhere" in err
