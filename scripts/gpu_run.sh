@@ -4,13 +4,15 @@
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
 #   .gpu/traces/*.csv.gz          the shared traces (../shared does not travel)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
-# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks (default: all)
+# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile (default: all)
+#   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
+#   hooks stages.
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-STAGES="${*:-rust python w1 w2 w3 hooks}"
+STAGES="${*:-rust python w1 w2 w3 hooks profile}"
 export PYTHONUNBUFFERED=1
 export RRMM_TRACES="$PWD/.gpu/traces"
 SITE=/tmp/site
@@ -38,7 +40,7 @@ fi
 
 if has python; then
   echo "== pytest (GPU)"
-  (cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider -x --timeout=300 2>&1) | tee "$OUT/pytest.log" | tail -40
+  (cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider -x --timeout=300 ${PYTEST_ARGS:-} 2>&1) | tee "$OUT/pytest.log" | tail -40
   note "pytest: $(tail -1 "$OUT/pytest.log")"
 fi
 
@@ -76,7 +78,14 @@ done
 
 if has hooks && [ -f benches/python/bench_hooks.py ]; then
   echo "== W4-W6: framework hooks"
-  python3 benches/python/bench_hooks.py --json "$OUT/hooks.json" 2>&1 | tee "$OUT/hooks.log" | tail -30
+  python3 benches/python/bench_hooks.py --json "$OUT/hooks.json" ${HOOKS_ARGS:-} 2>&1 | tee "$OUT/hooks.log" | tail -30
+  sed -n '/^\[/,$p' "$OUT/hooks.log" >> "$SUMMARY"
+fi
+
+if has profile; then
+  echo "== W6 profile: where device_array's time goes"
+  python3 benches/python/profile_numba.py --json "$OUT/profile_numba.json" 2>&1 | tee "$OUT/profile_numba.log" | tail -12
+  cat "$OUT/profile_numba.log" >> "$SUMMARY"
 fi
 
 echo

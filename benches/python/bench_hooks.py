@@ -75,9 +75,11 @@ def worker_cupy(config, a):
 
     note = _setup_pool("rrmm" if config == "rrmm_c" else config)
     if config == "rrmm":
+        from rrmm import _rrmm
         from rrmm.allocators.cupy import rmm_cupy_allocator
 
         cupy.cuda.set_allocator(rmm_cupy_allocator)
+        note = (note + "; " if note else "") + f"stream lookup: {_rrmm.cupy_stream_lookup()}"
     elif config == "rrmm_c":
         from rrmm.allocators.cupy import rrmm_cupy_unowned_allocator
 
@@ -93,6 +95,12 @@ def worker_cupy(config, a):
         for _ in range(n):
             empty(1 << 20, dtype=u8)
 
+    alloc = cupy.cuda.alloc  # the current allocator alone: malloc, MemoryPointer, free
+
+    def allocs(n):
+        for _ in range(n):
+            alloc(1 << 20)
+
     x = cupy.random.rand(1_000_000).astype(cupy.float32)
 
     def temporaries(n):
@@ -102,6 +110,7 @@ def worker_cupy(config, a):
     suffix = " [unowned]" if config == "rrmm_c" else ""
     return note, {
         "W4 cupy.empty 1MiB (ns)" + suffix: _time_loop(empties, a.iters, a.reps, 2, sync),
+        "W4 cupy.cuda.alloc 1MiB (ns)" + suffix: _time_loop(allocs, a.iters, a.reps, 2, sync),
         f"W4 temporaries x{a.temp_iters} (ms)" + suffix: [
             v * a.temp_iters / 1e6
             for v in _time_loop(temporaries, a.temp_iters, a.reps, 1, sync)
@@ -172,6 +181,10 @@ def worker_numba(config, a):
         for _ in range(n):
             device_array(1 << 20, dtype=u8)
 
+    if config == "rrmm":
+        device_array(16, dtype=u8)
+        lean = cuda.current_context().memory_manager._make_pointer is not None
+        note = (note + "; " if note else "") + f"lean MemoryPointer: {lean}"
     return note, {
         "W6 numba device_array 1MiB (ns)": _time_loop(arrays, a.iters, a.reps, 2, sync),
     }

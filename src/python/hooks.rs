@@ -4,12 +4,12 @@
 //! CuPy wraps the owner in `UnownedMemory`, Numba calls its `free` from a finalizer; neither
 //! needs a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
+use super::cupy_stream::{cupy_missing, CupyStreamLookup};
 use super::errors::py_result;
 use crate::cuda::{self, ContextGuard};
 use crate::resource::{MemoryKind, PinnedHostMemoryResource};
 use crate::{per_device_resource, Error, MemoryResource, Result, SharedResource, Stream};
 use parking_lot::Mutex;
-use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
@@ -199,16 +199,7 @@ struct CupyBindings {
 fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
     static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
     CUPY.get_or_try_init(py, || {
-        let missing = |cause: PyErr| {
-            let error = PyImportError::new_err(format!(
-                "rrmm.allocators.cupy needs cupy, which could not be imported ({cause}); install \
-                 it with `pip install cupy-cuda12x` (or cupy-cuda13x)"
-            ));
-            error.set_cause(py, Some(cause));
-            // Like Python's own ImportError: `name` is the missing module (best effort).
-            let _ = error.value(py).setattr("name", "cupy");
-            error
-        };
+        let missing = |cause| cupy_missing(py, cause);
         let memory = py.import("cupy.cuda.memory").map_err(missing)?;
         let stream = py.import("cupy.cuda.stream").map_err(missing)?;
         Ok(CupyBindings {
@@ -297,18 +288,12 @@ fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
 }
 
 fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {
-    let cupy = cupy_bindings(py)?;
-    let stream: isize = cupy
-        .get_current_stream
-        .bind(py)
-        .call0()?
-        .getattr(pyo3::intern!(py, "ptr"))?
-        .extract()?;
+    let stream = CupyStreamLookup::get(py)?.current_stream(py)?;
     let device = py_result(
         usize::try_from(device)
             .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
     )?;
-    let stream = Stream::from_raw(stream as usize);
+    let stream = Stream::from_raw(stream);
     let (ptr, mr) = py_result(allocate_on_current(device, size, stream))?;
     if let Some(mr) = mr {
         cupy_live()

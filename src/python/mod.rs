@@ -3,6 +3,7 @@
 
 mod adaptors;
 mod buffer;
+mod cupy_stream;
 mod device_buffer;
 mod errors;
 mod hooks;
@@ -24,6 +25,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;
+    cupy_stream::register(m)?;
     torch_alloc::register(m)?;
     Ok(())
 }

@@ -175,3 +175,66 @@ def test_pinned_allocator():
     finally:
         cupy.cuda.set_pinned_memory_allocator(previous)
     del mp
+
+
+def _published_stream_getter():
+    """CuPy's C `get_current_stream_ptr` capsule, or None when this CuPy does not publish it."""
+    import importlib
+
+    try:
+        capi = importlib.import_module("cupy_backends.cuda.stream").__pyx_capi__
+    except (ImportError, AttributeError):
+        return None
+    return capi.get("get_current_stream_ptr")
+
+
+def test_stream_lookup_calls_cupys_c_function_when_published():
+    import threading
+
+    capsule = _published_stream_getter()
+    if capsule is None:
+        assert _rrmm.cupy_stream_lookup() == "python"
+        return
+    assert _rrmm.cupy_stream_lookup() == "c"
+    assert _rrmm.call_stream_capsule(capsule) == cupy.cuda.get_current_stream().ptr
+    seen = {}
+
+    def in_thread():
+        with cupy.cuda.Stream(non_blocking=True) as stream:
+            seen["thread"] = (_rrmm.call_stream_capsule(capsule), stream.ptr)
+
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        worker = threading.Thread(target=in_thread)
+        worker.start()
+        worker.join()
+        assert _rrmm.call_stream_capsule(capsule) == stream.ptr
+    assert seen["thread"][0] == seen["thread"][1] != stream.ptr
+
+
+def test_per_thread_default_stream_is_honoured():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import cupy\n"
+        "from rrmm import _rrmm\n"
+        "from rrmm.allocators.cupy import rmm_cupy_allocator\n"
+        "cupy.cuda.set_allocator(rmm_cupy_allocator)\n"
+        "a = cupy.ones(1000)\n"
+        "assert cupy.cuda.get_current_stream().ptr == 2, cupy.cuda.get_current_stream().ptr\n"
+        "assert _rrmm.cupy_c_allocation(a.data.ptr)[1] == 2\n"
+        "assert float(a.sum()) == 1000.0\n"
+        "print('ok', _rrmm.cupy_stream_lookup())\n"
+    )
+    env = dict(os.environ, CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok")

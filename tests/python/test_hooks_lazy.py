@@ -140,3 +140,21 @@ def test_hook_and_torch_entry_points_allocate_from_the_per_device_resource():
     free(ptr, 3000, device, None)
     assert _current_bytes(stats) == 0
     assert alloc(0, device, None) is None
+
+
+def _capsule(function, signature):
+    """A capsule holding a C function pointer under a Cython-style signature name."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.cast(function, ctypes.c_void_p), signature, None)
+
+
+def test_stream_capsules_are_called_only_with_the_expected_signature():
+    getter = ctypes.CFUNCTYPE(ctypes.c_ssize_t)(lambda: 0x5A5A00)
+    names = [b"intptr_t (void)", b"intptr_t (void) except? -1", b"int (int)", b"void *(void)"]
+    capsules = [_capsule(getter, name) for name in names]
+    results = [_rrmm.call_stream_capsule(capsule) for capsule in capsules]
+    assert results == [0x5A5A00, 0x5A5A00, None, None]
+    assert _rrmm.call_stream_capsule(object()) is None  # not a capsule at all
+

@@ -1,0 +1,94 @@
+"""Where the time of Numba's device_array goes with rrmm's EMM plugin (W6 profile).
+
+    python benches/python/profile_numba.py [--iters N] [--reps R] [--json out.json]
+
+Times, in ns per call (median of R repetitions of N calls, each object dropped at once):
+  device_array      numba.cuda.device_array(1 MiB) through rrmm's plugin over an rrmm pool
+  floor             device_array with a memalloc that returns one preallocated pointer
+                    (Numba's own cost, which no plugin can remove)
+  memalloc          the plugin's memalloc + drop (what rrmm adds to the floor)
+  memalloc (plain)  the same with MemoryPointer's constructor instead of the lean path
+  hook_allocate     rrmm's allocation + free alone (Rust: per-device lookup, pool)
+  CUdeviceptr       making the pointer object Numba wants
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+
+def timed(body, iters, reps):
+    body(iters // 10)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        body(iters)
+        out.append((time.perf_counter_ns() - t0) / iters)
+    return statistics.median(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--json")
+    a = p.parse_args()
+
+    import numpy as np
+    import rrmm
+    from numba import cuda
+    from rrmm import _rrmm
+    from rrmm.allocators import numba as hook
+
+    cuda.set_memory_manager(hook.RMMNumbaManager)
+    rrmm.mr.set_current_device_resource(
+        rrmm.mr.PoolMemoryResource(rrmm.mr.CudaMemoryResource(), initial_pool_size=1 << 30)
+    )
+    ctx = cuda.current_context()
+    mm = ctx.memory_manager
+    n, u8, device = 1 << 20, np.uint8, mm._device
+    device_array, memalloc, allocate = cuda.device_array, mm.memalloc, _rrmm.hook_allocate
+    device_ptr = hook._device_ptr
+
+    def arrays(k):
+        for _ in range(k):
+            device_array(n, dtype=u8)
+
+    def allocs(k):
+        for _ in range(k):
+            memalloc(n)
+
+    def hooks(k):
+        for _ in range(k):
+            allocate(n, 0, device)
+
+    def pointers(k):
+        for _ in range(k):
+            device_ptr(0x7F0000001000)
+
+    rows = {"lean path in use": mm._make_pointer is not None}
+    rows["device_array"] = timed(arrays, a.iters, a.reps)
+    rows["memalloc"] = timed(allocs, a.iters, a.reps)
+    lean, mm._make_pointer = mm._make_pointer, None
+    rows["memalloc (plain)"] = timed(allocs, a.iters, a.reps)
+    rows["device_array (plain)"] = timed(arrays, a.iters, a.reps)
+    mm._make_pointer = lean
+    rows["hook_allocate"] = timed(hooks, a.iters, a.reps)
+    rows["CUdeviceptr"] = timed(pointers, a.iters, a.reps)
+    fixed = memalloc(n)
+    mm.memalloc = lambda size: fixed
+    rows["floor"] = timed(arrays, a.iters, a.reps)
+    del mm.memalloc
+    cuda.synchronize()
+
+    print("W6 profile (ns per call, median):")
+    for name, value in rows.items():
+        print(f"  {name:24s} {value if isinstance(value, bool) else f'{value:10.1f}'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
