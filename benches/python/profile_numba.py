@@ -2,7 +2,8 @@
 
     python benches/python/profile_numba.py [--iters N] [--reps R] [--json out.json]
 
-Times, in ns per call (median of R repetitions of N calls, each object dropped at once):
+Times, in ns per call (median over interleaved passes of the median of R repetitions of N calls,
+each object dropped at once):
   device_array      numba.cuda.device_array(1 MiB) through rrmm's plugin over an rrmm pool
   floor             device_array with a memalloc that returns one preallocated pointer
                     (Numba's own cost, which no plugin can remove)
@@ -32,6 +33,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=20000)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--passes", type=int, default=3, help="interleaved passes over the cases")
     p.add_argument("--json")
     a = p.parse_args()
 
@@ -67,20 +69,43 @@ def main():
         for _ in range(k):
             device_ptr(0x7F0000001000)
 
-    rows = {"lean path in use": mm._make_pointer is not None}
-    rows["device_array"] = timed(arrays, a.iters, a.reps)
-    rows["memalloc"] = timed(allocs, a.iters, a.reps)
-    lean, mm._make_pointer = mm._make_pointer, None
-    rows["memalloc (plain)"] = timed(allocs, a.iters, a.reps)
-    rows["device_array (plain)"] = timed(arrays, a.iters, a.reps)
-    mm._make_pointer = lean
-    rows["hook_allocate"] = timed(hooks, a.iters, a.reps)
-    rows["CUdeviceptr"] = timed(pointers, a.iters, a.reps)
     fixed = memalloc(n)
-    mm.memalloc = lambda size: fixed
-    rows["floor"] = timed(arrays, a.iters, a.reps)
-    del mm.memalloc
+    lean = mm._make_pointer
+
+    def floor_arrays(k):
+        mm.memalloc = lambda size: fixed
+        try:
+            arrays(k)
+        finally:
+            del mm.memalloc
+
+    def plain(body):
+        def run(k):
+            mm._make_pointer = None
+            try:
+                body(k)
+            finally:
+                mm._make_pointer = lean
+
+        return run
+
+    cases = {
+        "floor": floor_arrays,
+        "device_array": arrays,
+        "device_array (plain)": plain(arrays),
+        "memalloc": allocs,
+        "memalloc (plain)": plain(allocs),
+        "hook_allocate": hooks,
+        "CUdeviceptr": pointers,
+    }
+    # Interleaved passes, so that a slow spell of the machine hits every case alike.
+    samples = {name: [] for name in cases}
+    for _ in range(a.passes):
+        for name, body in cases.items():
+            samples[name].append(timed(body, a.iters, a.reps))
     cuda.synchronize()
+    rows = {"lean path in use": lean is not None}
+    rows.update({name: statistics.median(values) for name, values in samples.items()})
 
     print("W6 profile (ns per call, median):")
     for name, value in rows.items():
