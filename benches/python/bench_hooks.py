@@ -181,10 +181,6 @@ def worker_numba(config, a):
         for _ in range(n):
             device_array(1 << 20, dtype=u8)
 
-    if config == "rrmm":
-        device_array(16, dtype=u8)
-        lean = cuda.current_context().memory_manager._make_pointer is not None
-        note = (note + "; " if note else "") + f"lean MemoryPointer: {lean}"
     return note, {
         "W6 numba device_array 1MiB (ns)": _time_loop(arrays, a.iters, a.reps, 2, sync),
     }

@@ -8,7 +8,6 @@ each object dropped at once):
   floor             device_array with a memalloc that returns one preallocated pointer
                     (Numba's own cost, which no plugin can remove)
   memalloc          the plugin's memalloc + drop (what rrmm adds to the floor)
-  memalloc (plain)  the same with MemoryPointer's constructor instead of the lean path
   hook_allocate     rrmm's allocation + free alone (Rust: per-device lookup, pool)
   CUdeviceptr       making the pointer object Numba wants
 """
@@ -70,7 +69,6 @@ def main():
             device_ptr(0x7F0000001000)
 
     fixed = memalloc(n)
-    lean = mm._make_pointer
 
     def floor_arrays(k):
         mm.memalloc = lambda size: fixed
@@ -79,22 +77,10 @@ def main():
         finally:
             del mm.memalloc
 
-    def plain(body):
-        def run(k):
-            mm._make_pointer = None
-            try:
-                body(k)
-            finally:
-                mm._make_pointer = lean
-
-        return run
-
     cases = {
         "floor": floor_arrays,
         "device_array": arrays,
-        "device_array (plain)": plain(arrays),
         "memalloc": allocs,
-        "memalloc (plain)": plain(allocs),
         "hook_allocate": hooks,
         "CUdeviceptr": pointers,
     }
@@ -104,12 +90,11 @@ def main():
         for name, body in cases.items():
             samples[name].append(timed(body, a.iters, a.reps))
     cuda.synchronize()
-    rows = {"lean path in use": lean is not None}
-    rows.update({name: statistics.median(values) for name, values in samples.items()})
+    rows = {name: statistics.median(values) for name, values in samples.items()}
 
     print("W6 profile (ns per call, median):")
     for name, value in rows.items():
-        print(f"  {name:24s} {value if isinstance(value, bool) else f'{value:10.1f}'}")
+        print(f"  {name:24s} {value:10.1f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

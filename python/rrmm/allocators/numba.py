@@ -13,7 +13,6 @@ install.
 
 from rrmm import _rrmm
 from rrmm.allocators import _missing
-from rrmm.allocators._lean import lean_maker
 
 __all__ = ["RMMNumbaManager", "RRMMNumbaManager"]
 
@@ -72,32 +71,15 @@ else:
             return handle
         return (_ctypes.c_byte * 64).from_buffer_copy(raw)
 
-    def _plain_pointer(context, pointer, size):
-        """``MemoryPointer(...)`` through its constructor, with or without the context argument
-        (numba-cuda dropped it in later releases)."""
-        if _MP_TAKES_CONTEXT:
-            return MemoryPointer(context, pointer, size)
-        return MemoryPointer(pointer, size)
-
-    def _lean_pointer_maker(context):
-        """Builds this context's MemoryPointers without their constructor when that is shown to
-        give the same objects (``rrmm.allocators._lean``); else None."""
-        return lean_maker(lambda pointer, size: _plain_pointer(context, pointer, size), _device_ptr)
-
     class RMMNumbaManager(HostOnlyCUDAMemoryManager):
         """Numba's EMM plugin over rrmm: device memory from the current rrmm resource of the
         context's device (interface version 1)."""
 
         _device = None
-        # Builds this context's MemoryPointers without running their __init__ (see
-        # _lean_pointer_maker), or None when that cannot be shown to give the same objects.
-        _make_pointer = None
 
         def initialize(self):
-            """Called by Numba when the context is first used; caches its device ordinal and
-            the fastest way to build its MemoryPointers."""
+            """Called by Numba when the context is first used; caches its device ordinal."""
             self._device = int(self.context.device.id)
-            self._make_pointer = _lean_pointer_maker(self.context)
 
         def memalloc(self, size):
             """Allocates ``size`` bytes on the default stream; returns a ``MemoryPointer`` that
@@ -106,14 +88,14 @@ else:
             if device is None:
                 device = self._device = int(self.context.device.id)
             owner = _hook_allocate(size, 0, device)
-            make = self._make_pointer
-            if make is not None:
-                return make(_device_ptr(owner.ptr), size, owner)
             if _OWN_BY_ATTRIBUTE:
                 # The pointer owns the allocation outright: it is freed (by the owner's drop) when
                 # the last reference to the pointer, or to a view of it, goes. Cheaper than a
                 # weakref finalizer and the same lifetime.
-                mem = _plain_pointer(self.context, _device_ptr(owner.ptr), size)
+                if _MP_TAKES_CONTEXT:
+                    mem = MemoryPointer(self.context, _device_ptr(owner.ptr), size)
+                else:
+                    mem = MemoryPointer(_device_ptr(owner.ptr), size)
                 mem._rrmm_allocation = owner
                 return mem
             if _MP_TAKES_CONTEXT:
