@@ -6,7 +6,8 @@
 //! `cupy_backends.cuda.stream` publishes `intptr_t get_current_stream_ptr()`, the thread's
 //! current stream of the current device (the per-thread default stream under
 //! `CUPY_CUDA_PER_THREAD_DEFAULT_STREAM`), which is what `cupy.cuda.get_current_stream().ptr`
-//! returns through two Python calls and an attribute lookup. When the capsule is missing or
+//! returns through two Python calls and an attribute lookup. Both CuPy hooks (the C-function
+//! allocator and the RMM-style unowned one) use it. When the capsule is missing or
 //! its signature is not the expected one (another CuPy release), the lookup falls back to that
 //! Python path, so a CuPy change costs speed, never correctness.
 
@@ -86,17 +87,20 @@ fn call_getter(py: Python<'_>, getter: StreamGetter) -> PyResult<usize> {
 pub(crate) fn getter_from_capsule(capsule: &Bound<'_, PyAny>) -> Option<StreamGetter> {
     let capsule = capsule.cast::<PyCapsule>().ok()?;
     let name = capsule.name().ok()??;
-    // SAFETY: the name is read at once, while the capsule (held by `capsule`) is alive and no
+    // SAFETY: the name is used at once, while the capsule (held by `capsule`) is alive and no
     // Python code runs; Cython's signature names are static strings.
-    let signature = unsafe { name.as_cstr() }.to_str().ok()?;
-    let compact: String = signature.chars().filter(|c| !c.is_whitespace()).collect();
+    let name = unsafe { name.as_cstr() };
+    let compact: String = name
+        .to_str()
+        .ok()?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
     if !compact.starts_with(EXPECTED_SIGNATURE) {
         return None;
     }
-    // SAFETY: the name passed is the capsule's own, so this only fails for a null pointer.
-    let pointer = capsule
-        .pointer_checked(Some(unsafe { name.as_cstr() }))
-        .ok()?;
+    // The name passed is the capsule's own, so this only fails for a null pointer.
+    let pointer = capsule.pointer_checked(Some(name)).ok()?;
     // SAFETY: Cython stores C function pointers in these capsules, and the signature checked
     // above is the one `StreamGetter` spells; function and data pointers have one size here.
     Some(unsafe { std::mem::transmute::<*mut c_void, StreamGetter>(pointer.as_ptr()) })

@@ -193,7 +193,6 @@ fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAl
 struct CupyBindings {
     unowned_memory: Py<PyAny>,
     memory_pointer: Py<PyAny>,
-    get_current_stream: Py<PyAny>,
 }
 
 fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
@@ -201,11 +200,9 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
     CUPY.get_or_try_init(py, || {
         let missing = |cause| cupy_missing(py, cause);
         let memory = py.import("cupy.cuda.memory").map_err(missing)?;
-        let stream = py.import("cupy.cuda.stream").map_err(missing)?;
         Ok(CupyBindings {
             unowned_memory: memory.getattr("UnownedMemory")?.unbind(),
             memory_pointer: memory.getattr("MemoryPointer")?.unbind(),
-            get_current_stream: stream.getattr("get_current_stream")?.unbind(),
         })
     })
 }
@@ -218,8 +215,9 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
 #[pyfunction]
 fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     let cupy = cupy_bindings(py)?;
-    let (stream, device) = cupy_stream_and_device(py, cupy)?;
-    let stream = Stream::from_raw(stream);
+    let stream = Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?);
+    // CuPy's current device: its runtime calls made that device's primary context current.
+    let device = crate::current_device_ordinal();
     let (ptr, mr) = py_result(allocate_on_current(device, nbytes, stream))?;
     let owner = Py::new(
         py,
@@ -236,21 +234,6 @@ fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
         .unowned_memory
         .call1(py, (ptr, nbytes, owner, device))?;
     cupy.memory_pointer.call1(py, (memory, 0))
-}
-
-/// CuPy's current stream (raw handle) and its device. The device comes from the stream object
-/// (`Stream.device_id`), or, for streams that name none (-1), from the current CUDA context,
-/// which is CuPy's current device (CuPy's runtime calls make its device's primary context
-/// current): both cheaper than calling `cupy.cuda.device.get_device_id()` from Python.
-fn cupy_stream_and_device(py: Python<'_>, cupy: &CupyBindings) -> PyResult<(usize, usize)> {
-    let stream = cupy.get_current_stream.bind(py).call0()?;
-    let ptr: isize = stream.getattr(pyo3::intern!(py, "ptr"))?.extract()?;
-    let device: i64 = stream.getattr(pyo3::intern!(py, "device_id"))?.extract()?;
-    let device = match usize::try_from(device) {
-        Ok(device) => device,
-        Err(_) => crate::current_device_ordinal(),
-    };
-    Ok((ptr as usize, device))
 }
 
 /// What the C-function CuPy allocator must remember to free a pointer: CuPy's free callback
