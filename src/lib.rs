@@ -42,7 +42,8 @@ pub use resource::{
     SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+mod arena;
 mod binning;
 mod coalescing_free_list;
 mod fixed_size;
@@ -14,6 +15,7 @@ mod pool;
 pub mod stream_events;
 mod stream_ordered;
 
+pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use pool::PoolMemoryResource;
@@ -25,6 +27,7 @@ pub use stream_events::{
 const _: () = {
     const fn assert_resource<T: crate::resource::MemoryResource + Send + Sync + Clone>() {}
     assert_resource::<PoolMemoryResource>();
+    assert_resource::<ArenaMemoryResource>();
     assert_resource::<FixedSizeMemoryResource>();
     assert_resource::<BinningMemoryResource>();
 };
