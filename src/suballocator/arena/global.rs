@@ -2,9 +2,9 @@
 //! and serving requests above the superblock size directly.
 //!
 //! Pure bookkeeping: addresses and sizes on the host, no CUDA, no `unsafe`. Free ranges are kept
-//! coalesced and are searched by address-ordered first fit (as RMM's); a carve leaves a remainder
-//! only when it is at least a superblock, so every free range but the ones between large blocks
-//! can become a superblock.
+//! coalesced and are searched by address-ordered first fit (as RMM's). A superblock takes the
+//! whole free range when less than a further superblock would be left (as RMM's); a large block
+//! takes exactly its size, so its remainder stays free and merges back with its neighbours.
 
 use super::local::Freed;
 use super::superblock::SUPERBLOCK_MIN;
@@ -17,8 +17,8 @@ pub(super) struct GlobalArena {
     size: usize,
     /// Free ranges by address: start -> length; never two adjacent.
     free: BTreeMap<usize, usize>,
-    /// Large blocks served directly: start -> (length held, rounded size asked for).
-    large: HashMap<usize, (usize, usize)>,
+    /// Large blocks served directly: start -> rounded size.
+    large: HashMap<usize, usize>,
 }
 
 impl GlobalArena {
@@ -37,11 +37,11 @@ impl GlobalArena {
     }
 
     /// Carves at least `need` bytes from the first free range that has them: exactly `need` when
-    /// the rest is at least a superblock, else the whole range. Returns (start, length).
-    fn carve(&mut self, need: usize) -> Option<(usize, usize)> {
+    /// `exact` or the rest is at least a superblock, else the whole range. Returns (start, length).
+    fn carve(&mut self, need: usize, exact: bool) -> Option<(usize, usize)> {
         let (&start, &len) = self.free.iter().find(|(_, &len)| len >= need)?;
         self.free.remove(&start);
-        if len - need >= SUPERBLOCK_MIN {
+        if len - need >= SUPERBLOCK_MIN || (exact && len > need) {
             self.free.insert(start + need, len - need);
             Some((start, need))
         } else {
@@ -55,7 +55,7 @@ impl GlobalArena {
     /// # Time Complexity
     /// O(free ranges).
     pub(super) fn acquire(&mut self, bytes: usize) -> Option<(usize, usize)> {
-        self.carve(bytes.max(SUPERBLOCK_MIN))
+        self.carve(bytes.max(SUPERBLOCK_MIN), false)
     }
 
     /// Takes back a range (a superblock, or a large block), merging it with free neighbours.
@@ -83,8 +83,8 @@ impl GlobalArena {
     /// # Time Complexity
     /// O(free ranges).
     pub(super) fn allocate_large(&mut self, bytes: usize) -> Option<usize> {
-        let (start, len) = self.carve(bytes)?;
-        self.large.insert(start, (len, bytes));
+        let (start, _) = self.carve(bytes, true)?;
+        self.large.insert(start, bytes);
         Some(start)
     }
 
@@ -92,10 +92,10 @@ impl GlobalArena {
     pub(super) fn deallocate_large(&mut self, ptr: usize, bytes: usize) -> Freed {
         match self.large.get(&ptr) {
             None => Freed::NotHere,
-            Some(&(_, asked)) if asked != bytes => Freed::WrongSize(asked),
-            Some(&(len, _)) => {
+            Some(&size) if size != bytes => Freed::WrongSize(size),
+            Some(&size) => {
                 self.large.remove(&ptr);
-                self.release(ptr, len);
+                self.release(ptr, size);
                 Freed::Done
             }
         }
@@ -123,7 +123,7 @@ impl GlobalArena {
 
     /// Number of live large blocks and the bytes they hold.
     pub(super) fn large_blocks(&self) -> (usize, usize) {
-        (self.large.len(), self.large.values().map(|&(l, _)| l).sum())
+        (self.large.len(), self.large.values().sum())
     }
 }
 
@@ -166,10 +166,11 @@ mod tests {
         assert_eq!(g.deallocate_large(a + 256, 2 * MIB), Freed::NotHere);
         assert_eq!(g.deallocate_large(a, 2 * MIB + 256), Freed::Done);
         assert_eq!(g.deallocate_large(a, 2 * MIB + 256), Freed::NotHere);
-        // 3 MiB - 256 left at the end: the next 2.5 MiB block takes all of it.
+        // 3 MiB - 256 left at the end: a 2.5 MiB block takes exactly its size.
         let c = g.allocate_large(5 * MIB / 2).unwrap();
         assert_eq!(c, BASE + 5 * MIB + 256);
-        assert_eq!(g.large_blocks(), (2, 3 * MIB + (3 * MIB - 256)));
+        assert_eq!(g.large_blocks(), (2, 3 * MIB + 5 * MIB / 2));
+        assert_eq!(g.free_bytes(), 8 * MIB - 3 * MIB - 5 * MIB / 2);
         assert_eq!(g.deallocate_large(b, 3 * MIB), Freed::Done);
         assert_eq!(g.deallocate_large(c, 5 * MIB / 2), Freed::Done);
         assert_eq!(g.free_bytes(), 8 * MIB);
