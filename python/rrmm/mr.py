@@ -8,6 +8,7 @@ from typing import Any
 from rrmm import _rrmm
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
+    ArenaMemoryResource,
     BinningMemoryResource,
     CallbackMemoryResource,
     CudaAsyncMemoryResource,
@@ -38,6 +39,7 @@ from rrmm._rrmm import (
 
 __all__ = [
     "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
     "BinningMemoryResource",
     "CallbackMemoryResource",
     "CudaAsyncMemoryResource",
@@ -70,14 +72,6 @@ __all__ = [
     "set_current_device_resource",
     "set_per_device_resource",
 ]
-
-# Resources that arrive from other parts of rrmm; present when the extension has them.
-_OPTIONAL = ["ArenaMemoryResource"]
-for _name in _OPTIONAL:
-    if hasattr(_rrmm, _name):
-        globals()[_name] = getattr(_rrmm, _name)
-        __all__.append(_name)
-del _name
 
 
 def get_per_device_resource_type(device: int) -> type:

@@ -2,6 +2,7 @@
 //! about Python. Each file registers its classes and functions with `register`.
 
 mod adaptors;
+mod arena;
 mod buffer;
 mod cupy_stream;
 mod device_buffer;
@@ -22,6 +23,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::register(m)?;
     resources::register(m)?;
     adaptors::register(m)?;
+    arena::register(m)?;
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;

@@ -71,11 +71,6 @@ impl Superblock {
         self.free.values().copied().max().unwrap_or(0)
     }
 
-    /// The free blocks in address order, as (start, length).
-    pub(super) fn free_ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.free.iter().map(|(&s, &l)| (s, l))
-    }
-
     /// Takes the lowest-addressed free block of at least `bytes` and returns its start; the rest
     /// of that block stays free.
     ///

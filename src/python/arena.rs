@@ -1,0 +1,77 @@
+//! `rrmm.mr.ArenaMemoryResource`: RMM's arena suballocator over an upstream.
+
+use crate::suballocator::ArenaMemoryResource as RsArena;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+use super::errors::py_result;
+use super::resources::{opt_bytes_arg, upstream_arg, UpstreamResourceAdaptor};
+
+/// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas
+/// (RMM's `ArenaMemoryResource`).
+#[pyclass(module = "rrmm.mr", name = "ArenaMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct ArenaMemoryResource {
+    arena: RsArena,
+}
+
+#[pymethods]
+impl ArenaMemoryResource {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, arena_size=None, dump_log_on_failure=false, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        arena_size: Option<&Bound<'_, PyAny>>,
+        dump_log_on_failure: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let upstream_obj = match (upstream_mr, upstream) {
+            (Some(_), Some(_)) => {
+                return Err(PyTypeError::new_err(
+                    "give the upstream once: upstream_mr or upstream",
+                ))
+            }
+            (Some(u), None) | (None, Some(u)) => u,
+            (None, None) => {
+                return Err(PyTypeError::new_err(
+                    "ArenaMemoryResource() missing required argument: 'upstream_mr'",
+                ))
+            }
+        };
+        let (up, shared) = upstream_arg(upstream_obj)?;
+        let size = opt_bytes_arg(arena_size, "arena_size")?;
+        let arena = py_result(py.detach(|| RsArena::new(shared, size, dump_log_on_failure)))?;
+        // Answers from host bookkeeping: keeps the GIL, as the other suballocators.
+        Ok(
+            UpstreamResourceAdaptor::init(up, Arc::new(arena.clone()), false)
+                .add_subclass(ArenaMemoryResource { arena }),
+        )
+    }
+
+    /// rrmm: the global arena's size in bytes.
+    fn arena_size(&self) -> usize {
+        self.arena.arena_size()
+    }
+
+    /// rrmm: free bytes (global arena and superblocks).
+    fn free_bytes(&self) -> usize {
+        self.arena.free_bytes()
+    }
+
+    /// rrmm: synchronizes and returns every empty superblock to the global arena.
+    fn defragment(&self, py: Python<'_>) -> PyResult<()> {
+        let arena = &self.arena;
+        py_result(py.detach(|| arena.defragment()))
+    }
+
+    /// rrmm: the arena's state as the out-of-memory dump writes it.
+    fn state_report(&self) -> String {
+        self.arena.state_report()
+    }
+}
+
+/// Registers the class.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ArenaMemoryResource>()
+}
