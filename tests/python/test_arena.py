@@ -3,6 +3,7 @@ exhaustion as MemoryError with RMM's message, bogus frees, several threads."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -136,3 +137,52 @@ def test_several_threads_share_one_arena(sim_mr):
     for i in range(8):
         for j in range(i + 1, 8):
             assert not (seen[i] & seen[j])
+
+
+def test_replay_with_the_arena(capsys, tmp_path):
+    from rrmm.__main__ import main
+
+    log = tmp_path / "arena.csv"
+    log.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,10:00:00.000001,allocate,0x7f0000000000,1000,0\n"
+        "1,10:00:00.000002,allocate,0x7f0000100000,3145728,0x1000\n"
+        "1,10:00:00.000003,free,0x7f0000000000,1000,0\n"
+        "1,10:00:00.000004,free,0x7f0000100000,3145728,0x1000\n"
+    )
+    code = main(
+        [
+            "replay",
+            str(log),
+            "--simulate",
+            "1GiB",
+            "--resource",
+            "arena",
+            "--arena-size",
+            "8MiB",
+            "--json",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert '"arena"' in out
+    code = main(
+        [
+            "replay",
+            str(log),
+            "--simulate",
+            "1GiB",
+            "--resource",
+            "arena",
+            "--arena-size",
+            "2MiB",
+            "--json",
+        ]
+    )
+    out, err = capsys.readouterr()
+    report = json.loads(out)["reports"][0]
+    assert (report["failed_allocations"], report["failed_bytes"]) == (1, 3 * MIB)
+    code = main(["replay", str(log), "--simulate", "1GiB", "--compare", "all"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert any(line.split()[:2] == ["arena", "4"] for line in out.splitlines()), out
