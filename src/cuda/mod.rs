@@ -8,11 +8,13 @@ mod check;
 mod context;
 mod driver;
 mod event;
+mod kernel;
 mod memory;
 mod stream;
 
 pub use context::{current_device, set_current_device, ContextGuard};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
 pub use event::Event;
+pub use kernel::SpinKernel;
 pub use memory::*;
 pub use stream::{OwnedStream, Stream};

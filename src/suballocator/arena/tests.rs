@@ -20,7 +20,7 @@ fn arena(size: usize) -> ArenaMemoryResource {
 fn default_size_is_half_the_free_memory_and_goes_back_on_drop() {
     let up = sim(64 * MIB + 300);
     let mr = ArenaMemoryResource::new(up.clone(), None, false).unwrap();
-    assert_eq!(mr.arena_size(), (64 * MIB + 300) / 2 & !255);
+    assert_eq!(mr.arena_size(), ((64 * MIB + 300) / 2) & !255);
     assert_eq!(up.bytes_in_use(), mr.arena_size());
     assert_eq!((mr.name(), mr.kind()), ("arena", MemoryKind::Simulated));
     let p = mr.allocate(1000, S1).unwrap();
