@@ -47,7 +47,12 @@ fn options() -> Options {
             .to_vec(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let list = |v: &str| v.split(',').map(str::trim).map(String::from).collect::<Vec<_>>();
+    let list = |v: &str| {
+        v.split(',')
+            .map(str::trim)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).map(String::as_str).unwrap_or("");
@@ -132,7 +137,9 @@ fn threads_run(mr: &SharedResource, threads: usize, ops: usize, simulate: bool) 
                 let own = (!simulate).then(|| OwnedStream::new(true).expect("a stream"));
                 let stream = own
                     .as_ref()
-                    .map_or(Stream::from_raw(0x1000 + t), |s| s.stream());
+                    // SAFETY: on simulated memory the handle is a key only, never given to the
+                    // driver.
+                    .map_or(unsafe { Stream::from_raw(0x1000 + t) }, |s| s.stream());
                 let mut rng = Rng(t as u64 + 1);
                 let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
                 for _ in 0..ops {
@@ -142,11 +149,13 @@ fn threads_run(mr: &SharedResource, threads: usize, ops: usize, simulate: bool) 
                     } else {
                         let k = (rng.next() % live.len() as u64) as usize;
                         let (p, n) = live.swap_remove(k);
-                        mr.deallocate(p, n, stream).expect("deallocate");
+                        // SAFETY: a live allocation of this size, freed once; no work uses it.
+                        unsafe { mr.deallocate(p, n, stream) }.expect("deallocate");
                     }
                 }
                 for (p, n) in live {
-                    mr.deallocate(p, n, stream).expect("deallocate");
+                    // SAFETY: as above.
+                    unsafe { mr.deallocate(p, n, stream) }.expect("deallocate");
                 }
                 if let Some(s) = &own {
                     s.synchronize().expect("synchronize");
@@ -193,7 +202,9 @@ fn main() -> rrmm::Result<()> {
         let ops = o.ops.unwrap_or(if name == "cuda" { 2000 } else { 100_000 });
         for &t in &o.threads {
             threads_run(&mr, t, ops / 10, o.simulate);
-            let v: Vec<f64> = (0..3).map(|_| threads_run(&mr, t, ops, o.simulate)).collect();
+            let v: Vec<f64> = (0..3)
+                .map(|_| threads_run(&mr, t, ops, o.simulate))
+                .collect();
             let m = median(v);
             println!(
                 "{{\"impl\":\"rrmm\",\"bench\":\"threads\",\"resource\":\"{name}\",\"threads\":{t},\

@@ -64,11 +64,14 @@ fn hammer(
                             };
                             assert!(host.iter().all(|&b| b == value), "thread {t}: corrupted");
                         }
-                        mr.deallocate(ptr, size, stream).unwrap();
+                        // SAFETY: a live allocation of this size, freed once; the check above
+                        // synchronized, and later work on it is ordered on the same stream.
+                        unsafe { mr.deallocate(ptr, size, stream) }.unwrap();
                     }
                 }
                 for (ptr, size, _) in live {
-                    mr.deallocate(ptr, size, stream).unwrap();
+                    // SAFETY: a live allocation of this size, freed once, on its stream.
+                    unsafe { mr.deallocate(ptr, size, stream) }.unwrap();
                 }
                 stream.synchronize().unwrap();
             });
@@ -109,7 +112,8 @@ fn arena_exhaustion_is_out_of_memory_then_the_arena_works() {
         err.is_out_of_memory() && err.to_string().contains("No room in arena."),
         "{err}"
     );
-    arena.deallocate(a, 40 * MIB, s.stream()).unwrap();
+    // SAFETY: live, this size, freed once; no work uses it.
+    unsafe { arena.deallocate(a, 40 * MIB, s.stream()) }.unwrap();
     let b = arena.allocate(64 * MIB, Stream::PER_THREAD).unwrap();
     let mut host = vec![0u8; 4096];
     // SAFETY: `b` holds 64 MiB.
@@ -124,7 +128,8 @@ fn arena_exhaustion_is_out_of_memory_then_the_arena_works() {
         .unwrap();
     }
     assert!(host.iter().all(|&x| x == 0x5a));
-    arena.deallocate(b, 64 * MIB, Stream::PER_THREAD).unwrap();
+    // SAFETY: live, this size, freed once; the copy above synchronized the stream.
+    unsafe { arena.deallocate(b, 64 * MIB, Stream::PER_THREAD) }.unwrap();
 }
 
 #[test]

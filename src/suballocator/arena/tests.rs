@@ -5,8 +5,17 @@ use crate::resource::SimulatedMemoryResource;
 use crate::suballocator::{EventCall, RecordingStreamEvents};
 
 const MIB: usize = SUPERBLOCK_MIN;
-const S1: Stream = Stream::from_raw(0x1000);
-const S2: Stream = Stream::from_raw(0x2000);
+// SAFETY: keys only: simulated memory never passes them to the driver.
+const S1: Stream = unsafe { Stream::from_raw(0x1000) };
+// SAFETY: as S1.
+const S2: Stream = unsafe { Stream::from_raw(0x2000) };
+
+/// Frees through the unsafe trait method; the arena checks every free itself.
+fn free(mr: &ArenaMemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // SAFETY: the tests free live blocks once, or bogus ones the arena must reject; simulated
+    // memory has no device work that could use them.
+    unsafe { mr.deallocate(ptr, bytes, stream) }
+}
 
 fn sim(size: usize) -> Arc<SimulatedMemoryResource> {
     Arc::new(SimulatedMemoryResource::new(size))
@@ -25,7 +34,7 @@ fn default_size_is_half_the_free_memory_and_goes_back_on_drop() {
     assert_eq!((mr.name(), mr.kind()), ("arena", MemoryKind::Simulated));
     let p = mr.allocate(1000, S1).unwrap();
     assert_eq!(up.live_allocations(), 1, "taken once, never grown");
-    mr.deallocate(p, 1000, S1).unwrap();
+    free(&mr, p, 1000, S1).unwrap();
     drop(mr);
     assert_eq!(up.bytes_in_use(), 0);
 }
@@ -74,10 +83,10 @@ fn streams_get_their_own_superblocks_and_threads_theirs() {
         (c, Stream::PER_THREAD),
         (d, Stream::LEGACY),
     ] {
-        mr.deallocate(p, 256, s).unwrap();
+        free(&mr, p, 256, s).unwrap();
     }
     // Freed on this thread's stream: goes back to the other thread's arena (after a sync).
-    mr.deallocate(e, 256, S1).unwrap();
+    free(&mr, e, 256, S1).unwrap();
     assert_eq!(mr.free_bytes(), 16 * MIB);
     // Superblocks stay with their arenas until a defragmentation.
     assert_eq!(mr.global_free_bytes(), 12 * MIB);
@@ -96,7 +105,7 @@ fn freed_memory_is_reused_first_fit_on_the_same_stream() {
     let a = mr.allocate(1000, S1).unwrap();
     let b = mr.allocate(5000, S1).unwrap();
     assert_eq!(b, a + 1024);
-    mr.deallocate(a, 1000, S1).unwrap();
+    free(&mr, a, 1000, S1).unwrap();
     assert_eq!(
         mr.allocate(700, S1).unwrap(),
         a,
@@ -118,9 +127,9 @@ fn large_requests_come_from_the_global_arena() {
         "no arena for S2: the global arena served it"
     );
     // Freed on any stream, straight back to the global arena.
-    mr.deallocate(big, MIB + 1, S1).unwrap();
+    free(&mr, big, MIB + 1, S1).unwrap();
     assert_eq!(mr.global_free_bytes(), 7 * MIB);
-    mr.deallocate(small, MIB, S1).unwrap();
+    free(&mr, small, MIB, S1).unwrap();
 }
 
 #[test]
@@ -131,13 +140,14 @@ fn exhaustion_is_no_room_in_arena_and_the_arena_works_afterwards() {
     // Four streams each hold a superblock; all of it is then freed but stays in the arenas.
     let ptrs: Vec<_> = (1..=4)
         .map(|i| {
-            let s = Stream::from_raw(0x1000 * i);
+            // SAFETY: a key only, on simulated memory.
+            let s = unsafe { Stream::from_raw(0x1000 * i) };
             (mr.allocate(MIB / 2, s).unwrap(), s)
         })
         .collect();
     assert_eq!(mr.global_free_bytes(), 0);
     for &(p, s) in &ptrs {
-        mr.deallocate(p, MIB / 2, s).unwrap();
+        free(&mr, p, MIB / 2, s).unwrap();
     }
     // A large request needs the superblocks back: synchronize, defragment, retry.
     let big = mr.allocate(3 * MIB, S1).unwrap();
@@ -150,9 +160,9 @@ fn exhaustion_is_no_room_in_arena_and_the_arena_works_afterwards() {
     let text = e.to_string();
     assert!(text.contains("No room in arena."), "{text}");
     assert!(text.contains(&(2 * MIB).to_string()), "{text}");
-    mr.deallocate(big, 3 * MIB, S1).unwrap();
+    free(&mr, big, 3 * MIB, S1).unwrap();
     let again = mr.allocate(2 * MIB, S2).unwrap();
-    mr.deallocate(again, 2 * MIB, S2).unwrap();
+    free(&mr, again, 2 * MIB, S2).unwrap();
     assert_eq!(mr.free_bytes(), 4 * MIB);
 }
 
@@ -162,28 +172,22 @@ fn bogus_double_and_missized_frees_are_logic_errors() {
     let p = mr.allocate(1000, S1).unwrap();
     let big = mr.allocate(2 * MIB, S1).unwrap();
     let logic = |r: Result<()>| matches!(r, Err(Error::Logic(_)));
-    assert!(logic(mr.deallocate(p, 2000, S1)), "wrong size");
-    assert!(logic(mr.deallocate(p + 256, 256, S1)), "inside a block");
-    assert!(logic(mr.deallocate(0x1234_5600, 256, S2)), "foreign");
+    assert!(logic(free(&mr, p, 2000, S1)), "wrong size");
+    assert!(logic(free(&mr, p + 256, 256, S1)), "inside a block");
+    assert!(logic(free(&mr, 0x1234_5600, 256, S2)), "foreign");
+    assert!(logic(free(&mr, big, MIB, S1)), "large block, small size");
     assert!(
-        logic(mr.deallocate(big, MIB, S1)),
-        "large block, small size"
-    );
-    assert!(
-        logic(mr.deallocate(big, 3 * MIB, S1)),
+        logic(free(&mr, big, 3 * MIB, S1)),
         "large block, wrong size"
     );
-    assert!(logic(mr.deallocate(p, 0, S1)));
-    mr.deallocate(p, 1000, S1).unwrap();
-    assert!(logic(mr.deallocate(p, 1000, S1)), "double free");
-    assert!(
-        logic(mr.deallocate(p, 1000, S2)),
-        "double free, other stream"
-    );
-    mr.deallocate(big, 2 * MIB, S2).unwrap();
-    assert!(logic(mr.deallocate(big, 2 * MIB, S2)));
+    assert!(logic(free(&mr, p, 0, S1)));
+    free(&mr, p, 1000, S1).unwrap();
+    assert!(logic(free(&mr, p, 1000, S1)), "double free");
+    assert!(logic(free(&mr, p, 1000, S2)), "double free, other stream");
+    free(&mr, big, 2 * MIB, S2).unwrap();
+    assert!(logic(free(&mr, big, 2 * MIB, S2)));
     assert_eq!(mr.allocate(0, S1).unwrap(), 0);
-    mr.deallocate(0, 0, S1).unwrap();
+    free(&mr, 0, 0, S1).unwrap();
     assert_eq!(mr.free_bytes(), 8 * MIB, "errors changed nothing");
 }
 
@@ -195,7 +199,7 @@ fn defragment_keeps_superblocks_freed_into_after_its_snapshot() {
     let p = mr.allocate(256, S1).unwrap();
     let arena = mr.arena_for(S1);
     let seq = arena.state.lock().seq();
-    mr.deallocate(p, 256, S1).unwrap();
+    free(&mr, p, 256, S1).unwrap();
     assert!(arena.state.lock().take_idle(seq).is_empty());
     assert_eq!(arena.state.lock().take_idle(seq + 1).len(), 1);
 }
@@ -231,7 +235,7 @@ fn dump_on_failure_writes_global_ranges_and_superblocks() {
         "{text}"
     );
     assert!(text.contains("Superblock 0:"), "{text}");
-    mr.deallocate(p, 300, S1).unwrap();
+    free(&mr, p, 300, S1).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     // Without the flag: no dump path.
     assert_eq!(arena(2 * MIB).dump_path(), None);
@@ -247,7 +251,7 @@ fn footprint_counts_free_bytes_everywhere() {
     assert_eq!(fp.largest_free_block, 7 * MIB);
     assert_eq!(fp.free_blocks, 2);
     assert_eq!(mr.memory_info(), Some((8 * MIB - MIB / 4, 8 * MIB)));
-    mr.deallocate(p, MIB / 4, S1).unwrap();
+    free(&mr, p, MIB / 4, S1).unwrap();
 }
 
 #[test]
@@ -260,7 +264,8 @@ fn many_threads_on_ptds_and_shared_streams() {
                 let stream = if t % 2 == 0 {
                     Stream::PER_THREAD
                 } else {
-                    Stream::from_raw(0x1000 + 0x100 * (t % 3))
+                    // SAFETY: a key only, on simulated memory.
+                    unsafe { Stream::from_raw(0x1000 + 0x100 * (t % 3)) }
                 };
                 let mut live = Vec::new();
                 for i in 0..2000usize {
@@ -269,11 +274,11 @@ fn many_threads_on_ptds_and_shared_streams() {
                         live.push((mr.allocate(n, stream).unwrap(), n));
                     } else {
                         let (p, n) = live.swap_remove(i % live.len());
-                        mr.deallocate(p, n, stream).unwrap();
+                        free(&mr, p, n, stream).unwrap();
                     }
                 }
                 for (p, n) in live {
-                    mr.deallocate(p, n, stream).unwrap();
+                    free(&mr, p, n, stream).unwrap();
                 }
             });
         }
