@@ -34,12 +34,13 @@ impl LocalArena {
     /// over the superblocks; `None` when none fits.
     ///
     /// # Time Complexity
-    /// O(superblocks + free blocks of the superblock that fits).
+    /// O(superblocks) to find the first that fits (a cached figure each), plus O(free blocks)
+    /// of that one.
     pub(super) fn allocate(&mut self, bytes: usize) -> Option<usize> {
         let ptr = self
             .superblocks
             .values_mut()
-            .filter(|sb| sb.free_bytes() >= bytes)
+            .filter(|sb| sb.largest_free() >= bytes)
             .find_map(|sb| sb.first_fit(bytes))?;
         self.live.insert(ptr, bytes);
         Some(ptr)

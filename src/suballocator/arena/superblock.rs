@@ -17,6 +17,8 @@ pub(super) struct Superblock {
     /// Free blocks by address: start -> length; never two adjacent (they are coalesced).
     free: BTreeMap<usize, usize>,
     free_bytes: usize,
+    /// The largest free block (kept so that arenas skip superblocks that cannot fit in O(1)).
+    largest: usize,
     /// The owning arena's free counter at the latest free into this superblock (see
     /// `LocalArena::take_idle`).
     pub(super) last_free_seq: u64,
@@ -32,6 +34,7 @@ impl Superblock {
             size,
             free,
             free_bytes: size,
+            largest: size,
             last_free_seq: seq,
         }
     }
@@ -64,20 +67,18 @@ impl Superblock {
     }
 
     /// The largest free block.
-    ///
-    /// # Time Complexity
-    /// O(free blocks).
     pub(super) fn largest_free(&self) -> usize {
-        self.free.values().copied().max().unwrap_or(0)
+        self.largest
     }
 
     /// Takes the lowest-addressed free block of at least `bytes` and returns its start; the rest
     /// of that block stays free.
     ///
     /// # Time Complexity
-    /// O(free blocks) to find it, O(log free blocks) to split it.
+    /// O(1) when no block fits; else O(free blocks) to find it (and to find the new largest
+    /// block when it was the largest).
     pub(super) fn first_fit(&mut self, bytes: usize) -> Option<usize> {
-        if bytes == 0 || bytes > self.free_bytes {
+        if bytes == 0 || bytes > self.largest {
             return None;
         }
         let (&start, &len) = self.free.iter().find(|(_, &len)| len >= bytes)?;
@@ -86,6 +87,9 @@ impl Superblock {
             self.free.insert(start + bytes, len - bytes);
         }
         self.free_bytes -= bytes;
+        if len == self.largest {
+            self.largest = self.free.values().copied().max().unwrap_or(0);
+        }
         Some(start)
     }
 
@@ -110,6 +114,7 @@ impl Superblock {
             len += next_len;
         }
         self.free.insert(start, len);
+        self.largest = self.largest.max(len);
         self.free_bytes += bytes;
         self.last_free_seq = seq;
     }
