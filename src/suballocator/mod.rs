@@ -1,4 +1,5 @@
-//! Stream-ordered suballocators: the pool, the fixed-size resource and the binning resource.
+//! Suballocators: the stream-ordered pool, fixed-size and binning resources, and the arena
+//! (`arena/`: global, per-thread and per-stream arenas of superblocks).
 //!
 //! The pool and the fixed-size resource share one generic core (`stream_ordered.rs`) with a
 //! pluggable free-list strategy (coalescing TLSF-style lists for the pool, stacks of equal blocks

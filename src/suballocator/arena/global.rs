@@ -6,9 +6,9 @@
 //! whole free range when less than a further superblock would be left (as RMM's); a large block
 //! takes exactly its size, so its remainder stays free and merges back with its neighbours.
 
-use super::local::Freed;
+use super::local::{AddressMap, Freed};
 use super::superblock::SUPERBLOCK_MIN;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The global arena's bookkeeping.
 #[derive(Debug)]
@@ -18,7 +18,7 @@ pub(super) struct GlobalArena {
     /// Free ranges by address: start -> length; never two adjacent.
     free: BTreeMap<usize, usize>,
     /// Large blocks served directly: start -> rounded size.
-    large: HashMap<usize, usize>,
+    large: AddressMap<usize>,
 }
 
 impl GlobalArena {
@@ -32,7 +32,7 @@ impl GlobalArena {
             base,
             size,
             free,
-            large: HashMap::new(),
+            large: AddressMap::default(),
         }
     }
 
