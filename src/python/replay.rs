@@ -21,6 +21,7 @@ struct TraceInfo {
     peak_requested_bytes: usize,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     logs: &[String],
     resources: &[String],
