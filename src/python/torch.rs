@@ -11,7 +11,7 @@
 //! `what()` is rrmm's message: PyTorch does not check the returned pointer, so a null return
 //! would not be noticed.
 
-use super::hooks::{allocate_on, deallocate_on};
+use super::hooks::{allocate_on, deallocate_on, Context};
 use crate::{per_device_resource, Error, Result, Stream};
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int, c_void};
@@ -34,7 +34,7 @@ fn device_ordinal(device: c_int) -> Result<usize> {
 
 fn allocate(size: usize, device: c_int, stream: usize) -> Result<usize> {
     let device = device_ordinal(device)?;
-    let (ptr, _mr) = allocate_on(device, size, Stream::from_raw(stream))?;
+    let (ptr, _mr) = allocate_on(device, size, Stream::from_raw(stream), Context::Make)?;
     Ok(ptr)
 }
 
