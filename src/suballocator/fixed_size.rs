@@ -2,13 +2,11 @@
 //! chunks.
 
 use super::fixed_size_free_list::FixedSizeFreeList;
+use super::growth::Chunks;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
-use crate::cuda::Stream;
+use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{align_up, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// RMM's default block size: 1 MiB.
@@ -19,7 +17,8 @@ pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// Hands out blocks of one size (RMM's `fixed_size_memory_resource`); a larger request is out of
 /// memory. Blocks come from the upstream in chunks of `blocks_to_preallocate` blocks (one chunk at
 /// construction) and go back only when the resource drops. Stream-ordered like the pool; cheap to
-/// clone.
+/// clone. A free of a pointer it did not hand out, or of one already freed, is
+/// [`Error::Logic`] and changes nothing.
 #[derive(Clone, Debug)]
 pub struct FixedSizeMemoryResource {
     inner: Arc<Inner>,
@@ -70,11 +69,12 @@ impl FixedSizeMemoryResource {
         let core = StreamOrderedCore::new(
             upstream,
             events,
-            Growth::Chunks {
+            Box::new(Chunks {
                 chunk,
                 block: block_size,
-            },
-            FixedSizeFreeList::new(block_size),
+                name: "fixed_size",
+            }),
+            block_size,
             "fixed_size",
         );
         core.preallocate(chunk)?;
@@ -104,42 +104,13 @@ impl FixedSizeMemoryResource {
     }
 }
 
-impl MemoryResource for FixedSizeMemoryResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
-    }
-
-    #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.upstream().kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.upstream().device()
-    }
-
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.upstream().memory_info()
-    }
-
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
-    }
-
-    fn name(&self) -> &'static str {
-        "fixed_size"
-    }
-}
+forward_memory_resource!(FixedSizeMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::cuda::Stream;
+    use crate::resource::{MemoryResource, SimulatedMemoryResource};
 
     #[test]
     fn too_large_requests_are_out_of_memory_and_chunks_grow() {

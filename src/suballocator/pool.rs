@@ -1,13 +1,11 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::coalescing_free_list::CoalescingFreeList;
+use super::growth::Geometric;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
-use crate::cuda::Stream;
+use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{
-    Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
@@ -24,7 +22,8 @@ use std::sync::Arc;
 /// to the request. So the pool never asks for more than the maximum allows (RMM's overshoot
 /// failures), and a request that fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
-/// and gives fully free upstream chunks back to grow one chunk large enough.
+/// and gives the fully free chunks it grew back to grow one chunk large enough (the initial
+/// chunk stays: a failed request never shrinks the pool below its initial size).
 #[derive(Clone, Debug)]
 pub struct PoolMemoryResource {
     inner: Arc<Inner>,
@@ -90,10 +89,10 @@ impl PoolMemoryResource {
         let core = StreamOrderedCore::new(
             upstream,
             events,
-            Growth::Geometric {
+            Box::new(Geometric {
                 maximum: maximum_pool_size,
-            },
-            CoalescingFreeList::new(),
+            }),
+            (),
             "pool",
         );
         core.preallocate(initial)?;
@@ -156,48 +155,15 @@ impl PoolMemoryResource {
     }
 }
 
-impl MemoryResource for PoolMemoryResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
-    }
-
-    #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.upstream().kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.upstream().device()
-    }
-
-    /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
-    /// total, capped by the maximum.
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.upstream().memory_info()?;
-        let (held, free) = (self.pool_size(), self.free_bytes());
-        let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(held).min(up_free);
-        Some((free + room, up_total.min(max)))
-    }
-
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
-    }
-
-    fn name(&self) -> &'static str {
-        "pool"
-    }
-}
+// Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
+// capped by the maximum (the `Geometric` growth policy's figures).
+forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::cuda::Stream;
+    use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
