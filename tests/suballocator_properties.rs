@@ -18,6 +18,9 @@
 //!    nothing and the upstream has everything back. Never a block across two chunks.
 //! 7. Errors are out-of-memory only (never a logic error for a valid sequence); the resource
 //!    keeps working after one.
+//! 8. A bad free (a double free, a pointer inside a live block, an address never handed out),
+//!    on any stream, is `Error::Logic` and changes nothing: invariants 1-7 hold after it and the
+//!    live blocks are still freed normally.
 
 use proptest::prelude::*;
 use rrmm::suballocator::{EventCall, RecordingStreamEvents, StreamEvents, StreamKey};
@@ -42,14 +45,28 @@ fn stream(i: usize) -> Stream {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { stream: usize, bytes: usize },
-    Free { pick: usize, stream: usize },
+    Alloc {
+        stream: usize,
+        bytes: usize,
+    },
+    Free {
+        pick: usize,
+        stream: usize,
+    },
+    /// A bad free: 0 = double free, 1 = interior pointer, 2 = never handed out.
+    BadFree {
+        pick: usize,
+        stream: usize,
+        kind: u8,
+    },
 }
 
 fn ops(max_bytes: usize, len: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         3 => (0..STREAMS, 1..=max_bytes).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
         2 => (any::<usize>(), 0..STREAMS).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<usize>(), 0..STREAMS, 0..3u8)
+            .prop_map(|(pick, stream, kind)| Op::BadFree { pick, stream, kind }),
     ];
     proptest::collection::vec(op, 1..len)
 }
@@ -61,6 +78,8 @@ struct Model {
     live: BTreeMap<usize, (usize, usize)>,
     /// Freed ranges not reused since: (start, end, freeing stream, time of the free).
     freed: Vec<(usize, usize, StreamKey, u64)>,
+    /// Addresses freed, for double frees (some may be live again: checked before use).
+    freed_ptrs: Vec<(usize, usize)>,
 }
 
 impl Model {
@@ -69,6 +88,7 @@ impl Model {
             events,
             live: BTreeMap::new(),
             freed: Vec::new(),
+            freed_ptrs: Vec::new(),
         }
     }
 
@@ -125,6 +145,20 @@ impl Model {
 
     fn on_free(&mut self, addr: usize, rounded: usize, key: StreamKey, t: u64) {
         self.freed.push((addr, addr + rounded, key, t));
+        self.freed_ptrs.push((addr, rounded));
+    }
+
+    /// An address that no live allocation starts at, of the kind `kind` (see [`Op::BadFree`]).
+    fn bad_pointer(&self, pick: usize, kind: u8) -> Option<(usize, usize)> {
+        let (addr, bytes) = match kind {
+            0 if !self.freed_ptrs.is_empty() => self.freed_ptrs[pick % self.freed_ptrs.len()],
+            1 if !self.live.is_empty() => {
+                let (&a, &(b, _)) = self.live.iter().nth(pick % self.live.len())?;
+                (a + 256, b)
+            }
+            _ => (0x7fff_0000_0000 + (pick % 1024) * 256, 256),
+        };
+        (!self.live.contains_key(&addr)).then_some((addr, bytes))
     }
 }
 
@@ -170,6 +204,18 @@ fn run(
                     let t = events.tick();
                     mr.deallocate(addr, bytes, stream(s)).unwrap();
                     model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
+                }
+            }
+            Op::BadFree {
+                pick,
+                stream: s,
+                kind,
+            } => {
+                if let Some((addr, bytes)) = model.bad_pointer(pick, kind) {
+                    match mr.deallocate(addr, bytes, stream(s)) {
+                        Err(rrmm::Error::Logic(_)) => {}
+                        other => panic!("bad free of {addr:#x} (kind {kind}): {other:?}"),
+                    }
                 }
             }
         }
@@ -228,6 +274,7 @@ proptest! {
             .map(|op| match op {
                 Op::Alloc { bytes, .. } => Op::Alloc { stream: 3, bytes },
                 Op::Free { pick, .. } => Op::Free { pick, stream: 3 },
+                Op::BadFree { pick, kind, .. } => Op::BadFree { pick, stream: 3, kind },
             })
             .collect();
         let (up, pool, events) = pool_with(256 << 20, initial, None);

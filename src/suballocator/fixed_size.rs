@@ -135,6 +135,32 @@ mod tests {
     }
 
     #[test]
+    fn double_and_foreign_frees_are_logic_errors_and_change_nothing() {
+        // Issue 9: a double free made the same block come out twice.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
+        let a = mr.allocate(100, Stream::DEFAULT).unwrap();
+        mr.deallocate(a, 100, Stream::DEFAULT).unwrap();
+        let e = mr.deallocate(a, 100, Stream::DEFAULT).unwrap_err();
+        assert!(matches!(e, Error::Logic(_)), "{e}");
+        assert!(e.to_string().contains("did not allocate"), "{e}");
+        // Never handed out: inside a chunk (a free block, and a block's interior) and outside.
+        let s = Stream::from_raw(0x1000);
+        for bogus in [a + 1024, a + 256, 0x7000_0000] {
+            assert!(matches!(mr.deallocate(bogus, 100, s), Err(Error::Logic(_))));
+        }
+        assert_eq!(mr.free_block_count(), 4, "nothing changed");
+        let (x, y) = (
+            mr.allocate(100, Stream::DEFAULT).unwrap(),
+            mr.allocate(100, Stream::DEFAULT).unwrap(),
+        );
+        assert_ne!(x, y);
+        mr.deallocate(x, 100, s).unwrap();
+        mr.deallocate(y, 100, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.free_block_count(), 4);
+    }
+
+    #[test]
     fn zero_block_size_is_invalid() {
         let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
         assert!(matches!(

@@ -252,6 +252,30 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_request_keeps_the_initial_chunk_and_gives_back_grown_ones() {
+        // Issue 9: an idle pool gave its whole initial chunk back after one failed request.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool = PoolMemoryResource::new(up.clone(), Some(256 << 10), None).unwrap();
+        let e = pool.allocate(2 << 20, Stream::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(pool.pool_size(), 256 << 10, "initial chunk kept");
+        assert_eq!(up.bytes_in_use(), 256 << 10);
+        // A grown chunk, free again, is given back to make room for a larger one.
+        let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.upstream_chunk_count(), 2);
+        pool.deallocate(b, 256 << 10, Stream::DEFAULT).unwrap();
+        let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
+        for (p, n) in [(a, 256 << 10), (c, 700 << 10)] {
+            pool.deallocate(p, n, Stream::DEFAULT).unwrap();
+        }
+        // release() gives back everything, the initial chunk included.
+        assert_eq!(pool.release().unwrap(), (256 << 10) + (700 << 10));
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
     fn growth_doubles_and_release_returns_free_chunks() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
         let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();
@@ -275,6 +299,22 @@ mod tests {
             pool.deallocate(0x1234_5600, 256, Stream::DEFAULT),
             Err(Error::Logic(_))
         ));
+        // A double free, on the same stream or another one, and an interior pointer.
+        let s1 = Stream::from_raw(0x1000);
+        let a = pool.allocate(1024, s1).unwrap();
+        assert!(matches!(
+            pool.deallocate(a + 256, 768, s1),
+            Err(Error::Logic(_))
+        ));
+        pool.deallocate(a, 1024, s1).unwrap();
+        for s in [s1, Stream::DEFAULT] {
+            let e = pool.deallocate(a, 1024, s).unwrap_err();
+            assert!(
+                e.to_string().contains("did not allocate (or was freed)"),
+                "{e}"
+            );
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size(), "nothing changed");
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
         pool.deallocate(0, 0, Stream::DEFAULT).unwrap();
     }
