@@ -767,3 +767,58 @@ fn gpu_streams_threads_data_and_maximum() {
     drop(resources);
     assert!(pool.release().unwrap() <= 256 << 20);
 }
+
+/// Thread scaling on simulated memory (run in release: `cargo test --release --test
+/// suballocator_properties threads_scale -- --ignored --nocapture`): W7's pattern on the CPU side,
+/// each thread on its own stream, random 256 B..1 MiB, at most 64 live, one shared pool; total
+/// million operations per second for 1, 2 and 4 threads, and per thread CPU time per operation.
+#[test]
+#[ignore = "timing; run in release"]
+fn threads_scale_on_simulated_memory() {
+    use std::time::Instant;
+    const OPS: usize = 1_000_000;
+    for threads in [1usize, 2, 4] {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up, Some(1 << 30), None).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let st = Stream::from_raw(0x1000 + t);
+                    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                    let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..OPS / 2 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        if live.len() == 64 || (!live.is_empty() && s % 2 == 0) {
+                            let (p, b) = live.swap_remove((s >> 8) as usize % live.len());
+                            pool.deallocate(p, b, st).unwrap();
+                        }
+                        let bytes = 256 + (s >> 20) as usize % (1 << 20);
+                        live.push((pool.allocate(bytes, st).unwrap(), bytes));
+                    }
+                    for (p, b) in live {
+                        pool.deallocate(p, b, st).unwrap();
+                    }
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let per_thread: Vec<f64> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().as_nanos() as f64 / OPS as f64)
+            .collect();
+        let total = t0.elapsed().as_secs_f64();
+        println!(
+            "{threads} thread(s): {:.1} M ops/s total, ns/op per thread {:?}",
+            (threads * OPS) as f64 / total / 1e6,
+            per_thread.iter().map(|n| n.round()).collect::<Vec<_>>()
+        );
+    }
+}

@@ -643,3 +643,79 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::coalescing_free_list::CoalescingFreeList;
+    use super::super::growth::FreeRanges;
+    use super::super::stream_events::NoStreamEvents;
+    use super::*;
+    use crate::resource::SimulatedMemoryResource;
+
+    /// A policy like the expandable pool's: one address range, grown by "mapping" at its end
+    /// (one region, so extensions coalesce), trimmed whole on release.
+    #[derive(Debug, Default)]
+    struct OneRange {
+        mapped: std::sync::Mutex<usize>,
+    }
+
+    const BASE: usize = 0x7000_0000;
+
+    impl Growth for OneRange {
+        fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+            let mut mapped = self
+                .mapped
+                .lock()
+                .map_err(|_| Error::Logic("poisoned".into()))?;
+            let size = request.size.max(4096);
+            let block = Block {
+                addr: BASE + *mapped,
+                size,
+                region: BASE,
+            };
+            *mapped += size;
+            Ok(block)
+        }
+        fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+            let mut trimmed = 0;
+            for b in fresh.ranges() {
+                assert!(fresh.take_range(b.addr, b.size));
+                trimmed += b.size;
+            }
+            Ok(trimmed)
+        }
+    }
+
+    #[test]
+    fn a_range_grown_at_its_end_coalesces_and_trims() {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let core = StreamOrderedCore::<CoalescingFreeList>::new(
+            up,
+            Arc::new(NoStreamEvents),
+            Box::new(OneRange::default()),
+            (),
+            "one_range",
+        );
+        let s = Stream::from_raw(0x1000);
+        let a = core.allocate(4096, s).unwrap();
+        let b = core.allocate(4096, s).unwrap();
+        assert_eq!((a, b), (BASE, BASE + 4096));
+        core.deallocate(a, 4096, s).unwrap();
+        core.deallocate(b, 4096, s).unwrap();
+        assert_eq!(
+            core.free_blocks(),
+            1,
+            "two extensions of one range coalesce"
+        );
+        let c = core.allocate(8192, s).unwrap();
+        assert_eq!((c, core.pool_size()), (BASE, 8192), "served with no growth");
+        core.deallocate(c, 8192, s).unwrap();
+        assert_eq!(core.release().unwrap(), 8192, "trimmed");
+        assert_eq!((core.pool_size(), core.free_bytes()), (0, 0));
+        assert_eq!(core.allocate(256, s).unwrap(), BASE + 8192);
+        assert_eq!(core.name(), "one_range");
+    }
+}
