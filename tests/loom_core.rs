@@ -44,7 +44,15 @@ fn disjoint(blocks: &[(usize, usize)]) {
 }
 
 fn s(i: usize) -> Stream {
-    Stream::from_raw(0x1000 + i)
+    // SAFETY: a key only: simulated memory never passes it to the driver.
+    unsafe { Stream::from_raw(0x1000 + i) }
+}
+
+/// Frees through the unsafe trait method.
+fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> rrmm::Result<()> {
+    // SAFETY: the pool and the fixed-size resource check every free against the blocks they
+    // handed out (a bad one is `Error::Logic`, which the tests check); nothing uses the memory.
+    unsafe { free(&mr, ptr, bytes, stream) }
 }
 
 /// Two threads on their own streams allocate and free; the second allocation of each must find
@@ -58,7 +66,7 @@ fn own_streams_allocate_free_steal_and_grow() {
                 let pool = pool.clone();
                 thread::spawn(move || {
                     let a = pool.allocate(512, s(i)).unwrap();
-                    pool.deallocate(a, 512, s(i)).unwrap();
+                    free(&pool, a, 512, s(i)).unwrap();
                     let b = pool.allocate(768, s(i)).unwrap();
                     (b, 768)
                 })
@@ -67,7 +75,7 @@ fn own_streams_allocate_free_steal_and_grow() {
         let live: Vec<(usize, usize)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         disjoint(&live);
         for (p, n) in live {
-            pool.deallocate(p, n, s(3)).unwrap();
+            free(&pool, p, n, s(3)).unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
         let size = pool.pool_size();
@@ -84,9 +92,9 @@ fn cross_stream_free_races_with_allocation_and_double_free() {
         let (_up, pool) = pool(1024, Some(1024));
         let a = pool.allocate(512, s(1)).unwrap();
         let p2 = pool.clone();
-        let t = thread::spawn(move || p2.deallocate(a, 512, s(2)).is_ok());
+        let t = thread::spawn(move || free(&p2, a, 512, s(2)).is_ok());
         let b = pool.allocate(512, s(1));
-        let again = pool.deallocate(a, 512, s(1)).is_ok();
+        let again = free(&pool, a, 512, s(1)).is_ok();
         let first = t.join().unwrap();
         assert!(
             first ^ again,
@@ -94,7 +102,7 @@ fn cross_stream_free_races_with_allocation_and_double_free() {
         );
         if let Ok(b) = b {
             assert_ne!(a, b, "handed out while live");
-            pool.deallocate(b, 512, s(1)).unwrap();
+            free(&pool, b, 512, s(1)).unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
     });
@@ -111,8 +119,8 @@ fn release_races_with_allocation_and_growth() {
             let a = p2.allocate(512, s(1)).unwrap();
             let b = p2.allocate(512, s(1)).unwrap();
             disjoint(&[(a, 512), (b, 512)]);
-            p2.deallocate(a, 512, s(1)).unwrap();
-            p2.deallocate(b, 512, s(2)).unwrap();
+            free(&p2, a, 512, s(1)).unwrap();
+            free(&p2, b, 512, s(2)).unwrap();
         });
         pool.release().unwrap();
         t.join().unwrap();
@@ -132,15 +140,15 @@ fn merge_races_with_frees() {
         let b = pool.allocate(512, s(2)).unwrap();
         let p2 = pool.clone();
         let t = thread::spawn(move || {
-            p2.deallocate(b, 512, s(2)).unwrap();
+            free(&p2, b, 512, s(2)).unwrap();
         });
-        pool.deallocate(a, 512, s(1)).unwrap();
+        free(&pool, a, 512, s(1)).unwrap();
         // Needs both halves: served once b's free is in and both lists are merged; else out of
         // memory (b's free not in yet), never an overlap.
         let c = pool.allocate(1024, s(3));
         t.join().unwrap();
         match c {
-            Ok(c) => pool.deallocate(c, 1024, s(3)).unwrap(),
+            Ok(c) => free(&pool, c, 1024, s(3)).unwrap(),
             Err(e) => assert!(e.is_out_of_memory(), "{e}"),
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
@@ -156,15 +164,15 @@ fn fixed_size_two_streams() {
         let m2 = mr.clone();
         let t = thread::spawn(move || {
             let a = m2.allocate(256, s(1)).unwrap();
-            m2.deallocate(a, 256, s(2)).unwrap();
-            assert!(m2.deallocate(a, 256, s(1)).is_err());
+            free(&m2, a, 256, s(2)).unwrap();
+            assert!(free(&m2, a, 256, s(1)).is_err());
         });
         let b = mr.allocate(256, s(2)).unwrap();
         let c = mr.allocate(256, s(2)).unwrap();
         assert_ne!(b, c);
         t.join().unwrap();
-        mr.deallocate(b, 256, s(1)).unwrap();
-        mr.deallocate(c, 256, s(1)).unwrap();
+        free(&mr, b, 256, s(1)).unwrap();
+        free(&mr, c, 256, s(1)).unwrap();
         assert_eq!(mr.free_block_count() * 256, mr.pool_size());
     });
 }

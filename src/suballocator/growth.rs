@@ -69,10 +69,18 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
 
     /// Returns a chunk that `grow` (or the core's preallocation) produced.
     ///
+    /// # Safety
+    /// 1. `chunk` is exactly a chunk that [`Growth::grow`] returned for `upstream` (or the core
+    ///    allocated from `upstream` with that size), not given back since.
+    /// 2. No block of it is allocated, and every stream was synchronized after its last use.
+    ///
     /// # Errors
     /// The upstream's error.
-    fn give_back(&self, upstream: &SharedResource, chunk: Block) -> Result<()> {
-        upstream.deallocate(chunk.addr, chunk.size, Stream::DEFAULT)
+    #[allow(unsafe_code)]
+    unsafe fn give_back(&self, upstream: &SharedResource, chunk: Block) -> Result<()> {
+        // SAFETY: by 1 the chunk came from `upstream.allocate` with this size and is freed once;
+        // by 2 no work uses it.
+        unsafe { upstream.deallocate(chunk.addr, chunk.size, Stream::DEFAULT) }
     }
 
     /// Gives back free memory inside free blocks of `fresh` (after every stream was synchronized

@@ -160,10 +160,19 @@ impl PoolMemoryResource {
 forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
     use crate::cuda::Stream;
     use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
+
+    /// Frees through the unsafe trait method.
+    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
+        // `Error::Logic`, which the tests check), and nothing uses the memory.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    }
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
@@ -211,18 +220,22 @@ mod tests {
         assert!(text.contains(&(600usize << 10).to_string()), "{text}");
         assert!(text.contains(&(1usize << 20).to_string()), "{text}");
         assert!(pool.pool_size() <= 1 << 20);
-        pool.deallocate(a, 600 << 10, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 600 << 10, Stream::DEFAULT) }.unwrap();
         let b = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 1 << 20);
-        pool.deallocate(b, 1 << 20, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 1 << 20, Stream::DEFAULT) }.unwrap();
     }
 
     #[test]
     fn frees_leave_fresh_memory_fresh_until_the_stream_needs_it() {
-        for stream in [Stream::PER_THREAD, Stream::from_raw(0x1000)] {
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        for stream in [Stream::PER_THREAD, unsafe { Stream::from_raw(0x1000) }] {
             let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
             let p = pool.allocate(4096, stream).unwrap();
-            pool.deallocate(p, 4096, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(p, 4096, stream) }.unwrap();
             assert_eq!(
                 pool.free_block_count(),
                 2,
@@ -231,7 +244,8 @@ mod tests {
             // Needing both, the stream takes the fresh block beside its own: no growth.
             let q = pool.allocate(8192, stream).unwrap();
             assert_eq!((q, pool.pool_size()), (p, 8192));
-            pool.deallocate(q, 8192, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(q, 8192, stream) }.unwrap();
             assert_eq!(pool.free_block_count(), 1);
             assert_eq!(pool.release().unwrap(), 8192);
         }
@@ -264,11 +278,11 @@ mod tests {
         let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
         let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.upstream_chunk_count(), 2);
-        pool.deallocate(b, 256 << 10, Stream::DEFAULT).unwrap();
+        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
         let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
         for (p, n) in [(a, 256 << 10), (c, 700 << 10)] {
-            pool.deallocate(p, n, Stream::DEFAULT).unwrap();
+            free(&pool, p, n, Stream::DEFAULT).unwrap();
         }
         // release() gives back everything, the initial chunk included.
         assert_eq!(pool.release().unwrap(), (256 << 10) + (700 << 10));
@@ -283,11 +297,13 @@ mod tests {
         let b = pool.allocate(256, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 8192, "grew by max(request, pool size)");
         assert_eq!(pool.upstream_chunk_count(), 2);
-        pool.deallocate(b, 256, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 256, Stream::DEFAULT) }.unwrap();
         assert_eq!(pool.release().unwrap(), 4096);
         assert_eq!(pool.pool_size(), 4096);
         assert_eq!(up.bytes_in_use(), 4096);
-        pool.deallocate(a, 4096, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 4096, Stream::DEFAULT) }.unwrap();
         drop(pool);
         assert_eq!(up.bytes_in_use(), 0, "dropping the pool returns everything");
     }
@@ -296,19 +312,22 @@ mod tests {
     fn unknown_pointer_is_a_logic_error() {
         let pool = PoolMemoryResource::new(sim(1 << 20), Some(4096), None).unwrap();
         assert!(matches!(
-            pool.deallocate(0x1234_5600, 256, Stream::DEFAULT),
+            // SAFETY: the pool checks every free against its blocks (documented), so a bogus
+            // pointer is reported and never dereferenced.
+            unsafe { pool.deallocate(0x1234_5600, 256, Stream::DEFAULT) },
             Err(Error::Logic(_))
         ));
         // A double free, on the same stream or another one, and an interior pointer.
-        let s1 = Stream::from_raw(0x1000);
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s1 = unsafe { Stream::from_raw(0x1000) };
         let a = pool.allocate(1024, s1).unwrap();
         assert!(matches!(
-            pool.deallocate(a + 256, 768, s1),
+            free(&pool, a + 256, 768, s1),
             Err(Error::Logic(_))
         ));
-        pool.deallocate(a, 1024, s1).unwrap();
+        free(&pool, a, 1024, s1).unwrap();
         for s in [s1, Stream::DEFAULT] {
-            let e = pool.deallocate(a, 1024, s).unwrap_err();
+            let e = free(&pool, a, 1024, s).unwrap_err();
             assert!(
                 e.to_string().contains("did not allocate (or was freed)"),
                 "{e}"
@@ -316,6 +335,7 @@ mod tests {
         }
         assert_eq!(pool.free_bytes(), pool.pool_size(), "nothing changed");
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
-        pool.deallocate(0, 0, Stream::DEFAULT).unwrap();
+        // SAFETY: the null pointer: a no-op by the trait's contract.
+        unsafe { pool.deallocate(0, 0, Stream::DEFAULT) }.unwrap();
     }
 }

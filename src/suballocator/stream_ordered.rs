@@ -402,11 +402,17 @@ impl<F: FreeList> StreamOrderedCore<F> {
         out
     }
 
-    /// Gives `chunks` back to the upstream; the first error, after trying every chunk.
+    /// Gives `chunks` (taken out by [`Self::take_free_chunks`] after a synchronize-and-merge)
+    /// back to the upstream; the first error, after trying every chunk.
     fn give_back_chunks(&self, chunks: Vec<Block>) -> Result<()> {
         let mut first_error = None;
         for chunk in chunks {
-            if let Err(e) = self.growth.give_back(&self.upstream, chunk) {
+            // SAFETY: each chunk was a whole free block of the fresh list, taken out of it and
+            // of the chunk table (so given back once) after every stream was synchronized: no
+            // block of it is allocated and no work uses it.
+            #[allow(unsafe_code)]
+            let given = unsafe { self.growth.give_back(&self.upstream, chunk) };
+            if let Err(e) = given {
                 first_error.get_or_insert(e);
             }
         }
@@ -549,7 +555,11 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
     }
 
     #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out (a bogus or double free is `Error::Logic`) and relies only on the stream-ordering part
+    // of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         StreamOrderedCore::deallocate(self, ptr, bytes, stream)
     }
 
@@ -591,14 +601,19 @@ macro_rules! forward_memory_resource {
             }
 
             #[inline]
-            fn deallocate(
+            // The core checks every free against the blocks it handed out (a bogus or double
+            // free is `Error::Logic`) and relies only on the stream-ordering part of the
+            // contract.
+            #[allow(unsafe_code)]
+            unsafe fn deallocate(
                 &self,
                 ptr: usize,
                 bytes: usize,
                 stream: $crate::cuda::Stream,
             ) -> $crate::error::Result<()> {
                 let $this = self;
-                $crate::resource::MemoryResource::deallocate($core, ptr, bytes, stream)
+                // The core's inherent (checked, safe) `deallocate`.
+                ($core).deallocate(ptr, bytes, stream)
             }
 
             fn kind(&self) -> $crate::resource::MemoryKind {
@@ -635,7 +650,11 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
         let _ = self.events.synchronize_all();
         let chunks = std::mem::take(&mut self.shared.lock().chunks);
         for chunk in chunks.into_values() {
-            let _ = self.growth.give_back(&self.upstream, chunk.block);
+            // SAFETY: the core is dropping, so no block is allocated any more (the handles that
+            // could free them are gone), every stream was just synchronized, and the chunk
+            // table held each chunk once.
+            #[allow(unsafe_code)]
+            let _ = unsafe { self.growth.give_back(&self.upstream, chunk.block) };
         }
         // Per-thread caches may still hold the lists: leave them empty.
         for list in &self.directory.read().all {
@@ -676,7 +695,8 @@ mod tests {
             *mapped += size;
             Ok(block)
         }
-        fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+        #[allow(unsafe_code)]
+        unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
             Ok(())
         }
         fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
@@ -699,7 +719,9 @@ mod tests {
             (),
             "one_range",
         );
-        let s = Stream::from_raw(0x1000);
+        // SAFETY: a key only: nothing passes it to the driver.
+        #[allow(unsafe_code)]
+        let s = unsafe { Stream::from_raw(0x1000) };
         let a = core.allocate(4096, s).unwrap();
         let b = core.allocate(4096, s).unwrap();
         assert_eq!((a, b), (BASE, BASE + 4096));
