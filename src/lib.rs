@@ -37,7 +37,8 @@ pub use current::{
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use resource::{
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+    CudaMemoryResource, Footprint,
     ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
     SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };

@@ -6,6 +6,8 @@ mod buffer;
 mod cupy_stream;
 mod device_buffer;
 mod errors;
+mod experimental;
+mod gpu;
 mod hooks;
 mod replay;
 mod resources;
@@ -27,5 +29,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hooks::register(m)?;
     cupy_stream::register(m)?;
     torch_alloc::register(m)?;
+    experimental::register(m)?;
+    gpu::register(m)?;
     Ok(())
 }

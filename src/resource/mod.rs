@@ -3,6 +3,7 @@
 mod callback;
 mod cuda;
 mod cuda_async;
+mod cuda_async_managed;
 mod managed;
 mod pinned_host;
 mod simulated;
@@ -11,6 +12,7 @@ mod system;
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
 pub use cuda::CudaMemoryResource;
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
+pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::SimulatedMemoryResource;
