@@ -186,3 +186,18 @@ def _check_int(value: Any) -> None:
         raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
     if value.__index__() < 0:
         raise OverflowError("pool sizes must not be negative")
+
+
+# RMM's ``rmm.mr.experimental`` submodule: ``rrmm.mr`` is a module, so its ``experimental`` part
+# lives in ``rrmm._mr_experimental`` and is registered under the dotted name.
+def _register_experimental() -> Any:
+    import sys
+
+    from rrmm import _mr_experimental
+
+    sys.modules[__name__ + ".experimental"] = _mr_experimental
+    return _mr_experimental
+
+
+experimental = _register_experimental()
+__all__.append("experimental")
