@@ -38,9 +38,9 @@ pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use resource::{
     CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
-    CudaMemoryResource, Footprint,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind, MemoryResource,
+    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
+    ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
     BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,

@@ -36,12 +36,9 @@ pub fn default_managed_pool(ordinal: usize) -> Result<usize> {
     type GetDefaultMemPool =
         unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut sys::CUmemLocation, u32) -> sys::CUresult;
     const CU_MEM_ALLOCATION_TYPE_MANAGED: u32 = 2;
-    let function: GetDefaultMemPool =
-        lookup("cuMemGetDefaultMemPool", 13000).map_err(|_| {
-            Error::Logic(
-                "cuda_async_managed_memory_resource requires CUDA 13.0 or higher".to_string(),
-            )
-        })?;
+    let function: GetDefaultMemPool = lookup("cuMemGetDefaultMemPool", 13000).map_err(|_| {
+        Error::Logic("cuda_async_managed_memory_resource requires CUDA 13.0 or higher".to_string())
+    })?;
     let mut location = sys::CUmemLocation {
         type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
         id: device,

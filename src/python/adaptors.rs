@@ -23,6 +23,7 @@ use super::errors::{py_result, stash_pyerr_any};
 use super::resources::{
     bytes_arg, opt_bytes_arg, upstream_arg, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
+use super::upstream_kw::{pick_upstream, required};
 
 /// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of an
 /// adaptor: it releases the GIL where its upstream does.
@@ -60,14 +61,15 @@ pub(crate) struct PoolMemoryResource {
 #[pymethods]
 impl PoolMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, initial_pool_size=None, maximum_pool_size=None))]
+    #[pyo3(signature = (upstream_mr=None, initial_pool_size=None, maximum_pool_size=None, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         initial_pool_size: Option<&Bound<'_, PyAny>>,
         maximum_pool_size: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
         let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
@@ -119,14 +121,15 @@ pub(crate) struct FixedSizeMemoryResource {
 #[pymethods]
 impl FixedSizeMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE))]
+    #[pyo3(signature = (upstream_mr=None, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
         blocks_to_preallocate: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
         let fixed =
             py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
@@ -165,14 +168,15 @@ pub(crate) struct BinningMemoryResource {
 #[pymethods]
 impl BinningMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, min_size_exponent=-1, max_size_exponent=-1))]
+    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         min_size_exponent: i64,
         max_size_exponent: i64,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let exp = |e: i64| u32::try_from(e).ok();
         let (min, max) = if min_size_exponent >= 0 && max_size_exponent >= 0 {
             (exp(min_size_exponent), exp(max_size_exponent))
@@ -236,11 +240,14 @@ pub(crate) struct LimitingResourceAdaptor {
 #[pymethods]
 impl LimitingResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, allocation_limit=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        allocation_limit: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        allocation_limit: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let allocation_limit = required(allocation_limit, "allocation_limit")?;
         let limit = bytes_arg(allocation_limit, "allocation_limit")?;
         let limiting = Arc::new(RsLimiting::new(upstream, limit));
         Ok(adaptor_init(
@@ -273,13 +280,14 @@ pub(crate) struct LoggingResourceAdaptor {
 #[pymethods]
 impl LoggingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, log_file_name=None, auto_flush=false))]
+    #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         log_file_name: Option<&Bound<'_, PyAny>>,
         auto_flush: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let name: Option<String> = match log_file_name {
             Some(n) if !n.is_none() => Some(match n.extract::<String>() {
                 Ok(s) => s,
@@ -341,8 +349,12 @@ pub(crate) struct StatisticsResourceAdaptor {
 #[pymethods]
 impl StatisticsResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let stats = Arc::new(RsStatisticsAdaptor::new(upstream));
         Ok(adaptor_init(
             StatisticsResourceAdaptor {
@@ -381,12 +393,13 @@ pub(crate) struct TrackingResourceAdaptor {
 #[pymethods]
 impl TrackingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, capture_stacks=false))]
+    #[pyo3(signature = (upstream_mr=None, capture_stacks=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         capture_stacks: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let tracking = Arc::new(RsTracking::new(upstream, capture_stacks));
         Ok(adaptor_init(
             TrackingResourceAdaptor {
@@ -423,11 +436,14 @@ pub(crate) struct FailureCallbackResourceAdaptor {
 #[pymethods]
 impl FailureCallbackResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, callback=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        callback: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        callback: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let callback = required(callback, "callback")?;
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
@@ -468,8 +484,12 @@ pub(crate) struct PrefetchResourceAdaptor;
 #[pymethods]
 impl PrefetchResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         Ok(adaptor_init(
             PrefetchResourceAdaptor,
             up,
@@ -488,13 +508,14 @@ pub(crate) struct AlignedResourceAdaptor {
 #[pymethods]
 impl AlignedResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, alignment=256, alignment_threshold=65536))]
+    #[pyo3(signature = (upstream_mr=None, alignment=256, alignment_threshold=65536, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         alignment: usize,
         alignment_threshold: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let aligned = Arc::new(py_result(RsAligned::new(
             upstream,
             alignment,

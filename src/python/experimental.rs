@@ -27,7 +27,8 @@ impl CudaAsyncManagedMemoryResource {
         let pool_handle = mr.pool_handle();
         // Pool allocation calls may block: the GIL is released around them.
         let base = DeviceMemoryResource::init_with(Arc::new(mr), true);
-        Ok(PyClassInitializer::from(base).add_subclass(CudaAsyncManagedMemoryResource { pool_handle }))
+        Ok(PyClassInitializer::from(base)
+            .add_subclass(CudaAsyncManagedMemoryResource { pool_handle }))
     }
 
     /// The raw `cudaMemPool_t` handle of the managed pool.

@@ -13,6 +13,7 @@ mod replay;
 mod resources;
 mod stream;
 mod torch_alloc;
+mod upstream_kw;
 
 use pyo3::prelude::*;
 

@@ -186,7 +186,11 @@ impl CudaAsyncViewMemoryResource {
     }
 }
 
-pool_resource!(CudaAsyncViewMemoryResource, "cuda_async_view", MemoryKind::Device);
+pool_resource!(
+    CudaAsyncViewMemoryResource,
+    "cuda_async_view",
+    MemoryKind::Device
+);
 
 #[cfg(test)]
 mod tests {
@@ -195,7 +199,13 @@ mod tests {
     #[test]
     fn a_null_pool_handle_is_an_invalid_argument() {
         let err = CudaAsyncViewMemoryResource::new(0).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument { argument: "pool_handle", .. }));
+        assert!(matches!(
+            err,
+            Error::InvalidArgument {
+                argument: "pool_handle",
+                ..
+            }
+        ));
     }
 
     #[test]
