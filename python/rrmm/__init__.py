@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rrmm import _cuda, mr, statistics
+from rrmm import (
+    _cuda,  # noqa: F401 (RMM's tests reach rmm._cuda.gpu after `import rmm`)
+    mr,
+    statistics,
+)
 from rrmm._logging import (
     flush_logger,
     get_flush_level,
@@ -33,7 +37,7 @@ from rrmm.rmm import (
 __all__ = [
     "DeviceBuffer",
     "RMMError",
-    "RMMNumbaManager",  # noqa: F822 (looked up lazily by __getattr__)
+    "RMMNumbaManager",
     "__git_commit__",
     "__version__",
     "disable_logging",
@@ -48,7 +52,7 @@ __all__ = [
     "parse_bytes",
     "register_reinitialize_hook",
     "reinitialize",
-    "rmm_cupy_allocator",  # noqa: F822 (looked up lazily by __getattr__)
+    "rmm_cupy_allocator",
     "set_flush_level",
     "set_logging_level",
     "should_log",

@@ -98,7 +98,7 @@ def _lib_list(libraries: Any) -> list[str] | None:
     if isinstance(libraries, str):
         libraries = [v.strip() for v in libraries.split(",") if v.strip()]
     elif not isinstance(libraries, list):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 (dask-cuda's exception type)
             "rmm_allocator_external_lib_list must be either a comma-separated "
             "string or a list of strings. Examples: 'torch,cupy' "
             "or ['torch', 'cupy']"

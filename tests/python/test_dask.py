@@ -6,12 +6,11 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-import dask  # noqa: E402
-import dask.sizeof  # noqa: E402
-from distributed import Client, LocalCluster  # noqa: E402
-
-import rrmm  # noqa: E402
-from rrmm.dask import RRMMSetup, memory_report  # noqa: E402
+import dask
+import dask.sizeof
+import rrmm
+from distributed import Client, LocalCluster
+from rrmm.dask import RRMMSetup, memory_report
 
 GiB = 1 << 30
 
@@ -39,12 +38,12 @@ def _hold(nbytes: int) -> int:
     """Allocates nbytes on the worker and keeps the buffer alive there."""
     import rrmm
 
-    global _held  # noqa: PLW0603
+    global _held
     _held = rrmm.DeviceBuffer(size=nbytes)
     return _held.size
 
 
-def _metrics(dask_worker) -> dict:  # noqa: ANN001
+def _metrics(dask_worker) -> dict:
     return dict(dask_worker.metrics["rmm"](dask_worker))
 
 
@@ -63,7 +62,7 @@ def test_every_worker_gets_the_resource_asked_for_and_later_workers_too(tmp_path
         _check_setup_and_a_later_worker(cluster_, client, tmp_path)
 
 
-def _check_setup_and_a_later_worker(cluster_, client, tmp_path) -> None:  # noqa: ANN001
+def _check_setup_and_a_later_worker(cluster_, client, tmp_path) -> None:
     client.register_plugin(
         RRMMSetup(
             initial_pool_size="1GiB",
@@ -177,7 +176,9 @@ def test_preload_reads_the_rrmm_config_section(tmp_path):
 
     class FakeWorker:
         name = "tcp://x/w7"
-        metrics: dict = {}
+
+        def __init__(self) -> None:
+            self.metrics: dict = {}
 
     with dask.config.set(
         {"rrmm": {"initial-pool-size": "256MiB", "simulate": "4GiB", "log-directory": str(tmp_path)}}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rrmm import _rrmm
-from rrmm.mr import *  # noqa: F403
-from rrmm.mr import LoggingResourceAdaptor, __all__ as _mr_all, get_per_device_resource
+from rrmm.mr import *
+from rrmm.mr import LoggingResourceAdaptor, get_per_device_resource
+from rrmm.mr import __all__ as _mr_all
 
-__all__ = [*_mr_all, "_flush_logs"]
+__all__ = [*_mr_all, "_flush_logs"]  # noqa: PLE0604
 
 
 def _flush_logs() -> None:
