@@ -24,14 +24,19 @@ impl PoolAllocator {
     }
 
     /// A core over a pool owned elsewhere, on the current device.
-    pub(crate) fn view(handle: usize) -> Result<Self> {
+    ///
+    /// # Safety
+    /// 1. `handle` is a live `CUmemoryPool` of the current device.
+    /// 2. Its owner keeps it live while this core, or memory allocated from it, is in use.
+    pub(crate) unsafe fn view(handle: usize) -> Result<Self> {
         if handle == 0 {
             return Err(Error::invalid("pool_handle", "the pool handle is null"));
         }
-        Ok(PoolAllocator::new(
-            cuda::current_device()?,
-            MemPool::from_raw(handle),
-        ))
+        let device = cuda::current_device()?;
+        // SAFETY: the caller's contract (a live pool kept live while this core is used).
+        Ok(PoolAllocator::new(device, unsafe {
+            MemPool::from_raw(handle)
+        }))
     }
 
     /// The raw `CUmemoryPool` handle.
@@ -99,9 +104,9 @@ macro_rules! pool_resource {
                 self.core.allocate(bytes, stream)
             }
 
-            fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+            unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
                 // SAFETY: `ptr` came from `allocate` of this resource and is freed once (the
-                // trait's contract).
+                // trait's `# Safety` preconditions, which the caller upholds).
                 unsafe { self.core.deallocate(ptr, stream) }
             }
 
@@ -174,9 +179,14 @@ impl CudaAsyncViewMemoryResource {
     ///
     /// # Errors
     /// A null handle, or no driver.
-    pub fn new(handle: usize) -> Result<Self> {
+    ///
+    /// # Safety
+    /// 1. `handle` is a live `CUmemoryPool` of the current device.
+    /// 2. Its owner keeps it live while this resource, or memory allocated from it, is in use.
+    pub unsafe fn new(handle: usize) -> Result<Self> {
         Ok(CudaAsyncViewMemoryResource {
-            core: PoolAllocator::view(handle)?,
+            // SAFETY: the caller's contract, passed on.
+            core: unsafe { PoolAllocator::view(handle)? },
         })
     }
 
@@ -198,7 +208,8 @@ mod tests {
 
     #[test]
     fn a_null_pool_handle_is_an_invalid_argument() {
-        let err = CudaAsyncViewMemoryResource::new(0).unwrap_err();
+        // SAFETY: a null handle is refused before it is used.
+        let err = unsafe { CudaAsyncViewMemoryResource::new(0) }.unwrap_err();
         assert!(matches!(
             err,
             Error::InvalidArgument {

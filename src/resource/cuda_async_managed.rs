@@ -24,7 +24,9 @@ impl CudaAsyncManagedMemoryResource {
         let device = cuda::current_device()?;
         let handle = cuda::default_managed_pool(device)?;
         Ok(CudaAsyncManagedMemoryResource {
-            core: PoolAllocator::new(device, cuda::MemPool::from_raw(handle)),
+            // SAFETY: the driver owns the default managed pool of a device and keeps it live for
+            // the life of the process; `handle` was just returned by the driver for `device`.
+            core: PoolAllocator::new(device, unsafe { cuda::MemPool::from_raw(handle) }),
         })
     }
 
