@@ -27,7 +27,6 @@ def _chain() -> list[str]:
 
 def _cupy_allocator_is_rrmm() -> bool:
     import cupy
-
     import rrmm.allocators.cupy as hook
 
     return cupy.cuda.get_allocator() is hook.rmm_cupy_allocator
@@ -43,7 +42,6 @@ def main() -> int:
     import dask.array as da
     from dask_cuda import LocalCUDACluster
     from distributed import Client
-
     from rrmm.dask import RRMMSetup, memory_report
 
     if args.mode == "plugin":
