@@ -127,3 +127,18 @@ def get_log_filenames() -> dict[int, str | None]:
         else:
             out[device] = None
     return out
+
+
+# RMM's ``rmm.mr.experimental`` submodule: ``rrmm.mr`` is a module, so its ``experimental`` part
+# lives in ``rrmm._mr_experimental`` and is registered under the dotted name.
+def _register_experimental() -> Any:
+    import sys
+
+    from rrmm import _mr_experimental
+
+    sys.modules[__name__ + ".experimental"] = _mr_experimental
+    return _mr_experimental
+
+
+experimental = _register_experimental()
+__all__.append("experimental")

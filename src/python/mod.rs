@@ -15,6 +15,8 @@ mod cupy_stream;
 mod device;
 mod device_buffer;
 mod errors;
+mod experimental;
+mod gpu;
 mod hooks;
 mod host_buffer;
 mod numba;
@@ -24,6 +26,7 @@ mod resource;
 mod stream;
 mod suballocators;
 mod torch;
+mod upstream_kw;
 
 use pyo3::prelude::*;
 
@@ -47,5 +50,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_stream::register(m)?;
     numba::register(m)?;
     torch::register(m)?;
+    experimental::register(m)?;
+    gpu::register(m)?;
     Ok(())
 }
