@@ -25,6 +25,7 @@ mod error;
 pub mod replay;
 pub mod resource;
 pub mod suballocator;
+mod sync;
 
 pub use adaptor::{
     AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
@@ -40,9 +41,10 @@ pub use current::{
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use resource::{
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+    CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind, MemoryResource,
+    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
+    ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
     ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,

@@ -1,12 +1,13 @@
 //! `rrmm.mr.ArenaMemoryResource`: RMM's arena suballocator over an upstream.
 
 use crate::suballocator::ArenaMemoryResource as RsArena;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
+use super::convert::{opt_bytes_arg, upstream_arg};
 use super::errors::py_result;
-use super::resources::{opt_bytes_arg, upstream_arg, UpstreamResourceAdaptor};
+use super::resource::{suballocator_init, UpstreamResourceAdaptor};
+use super::upstream_kw::pick_upstream;
 
 /// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas
 /// (RMM's `ArenaMemoryResource`).
@@ -26,27 +27,17 @@ impl ArenaMemoryResource {
         dump_log_on_failure: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let upstream_obj = match (upstream_mr, upstream) {
-            (Some(_), Some(_)) => {
-                return Err(PyTypeError::new_err(
-                    "give the upstream once: upstream_mr or upstream",
-                ))
-            }
-            (Some(u), None) | (None, Some(u)) => u,
-            (None, None) => {
-                return Err(PyTypeError::new_err(
-                    "ArenaMemoryResource() missing required argument: 'upstream_mr'",
-                ))
-            }
-        };
-        let (up, shared) = upstream_arg(upstream_obj)?;
+        let (up, shared) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let size = opt_bytes_arg(arena_size, "arena_size")?;
         let arena = py_result(py.detach(|| RsArena::new(shared, size, dump_log_on_failure)))?;
         // Answers from host bookkeeping: keeps the GIL, as the other suballocators.
-        Ok(
-            UpstreamResourceAdaptor::init(up, Arc::new(arena.clone()), false)
-                .add_subclass(ArenaMemoryResource { arena }),
-        )
+        Ok(suballocator_init(
+            ArenaMemoryResource {
+                arena: arena.clone(),
+            },
+            up,
+            Arc::new(arena),
+        ))
     }
 
     /// rrmm: the global arena's size in bytes.
