@@ -23,7 +23,7 @@ def main() -> None:
     with open(args.out, "w") as out:
         for name in ("random_10k_1mib", "random_100k_4mib", "transformer_training"):
             log = str(Path(args.traces) / f"{name}.csv.gz")
-            resources = ["pool", "binning", "fixed_size", "cuda_async"]
+            resources = ["pool", "binning", "arena", "fixed_size", "cuda_async"]
             if name != "random_100k_4mib":
                 resources.append("cuda")
             for res in resources:
