@@ -2,13 +2,15 @@
 //! and serving requests above the superblock size directly.
 //!
 //! Pure bookkeeping: addresses and sizes on the host, no CUDA, no `unsafe`. Free ranges are kept
-//! coalesced and are searched by address-ordered first fit (as RMM's). A superblock takes the
+//! coalesced and indexed by size: a request takes the smallest free range that fits (lowest
+//! address on ties; RMM scans in address order, which dominated replays with many ranges). A
+//! superblock takes the
 //! whole free range when less than a further superblock would be left (as RMM's); a large block
 //! takes exactly its size, so its remainder stays free and merges back with its neighbours.
 
 use super::local::{AddressMap, Freed};
 use super::superblock::SUPERBLOCK_MIN;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The global arena's bookkeeping.
 #[derive(Debug)]
@@ -17,6 +19,8 @@ pub(super) struct GlobalArena {
     size: usize,
     /// Free ranges by address: start -> length; never two adjacent.
     free: BTreeMap<usize, usize>,
+    /// The same ranges as (length, start), for best fit.
+    by_size: BTreeSet<(usize, usize)>,
     /// Large blocks served directly: start -> rounded size.
     large: AddressMap<usize>,
 }
@@ -24,25 +28,38 @@ pub(super) struct GlobalArena {
 impl GlobalArena {
     /// A global arena over `[base, base + size)`, all free.
     pub(super) fn new(base: usize, size: usize) -> Self {
-        let mut free = BTreeMap::new();
-        if size > 0 {
-            free.insert(base, size);
-        }
-        GlobalArena {
+        let mut arena = GlobalArena {
             base,
             size,
-            free,
+            free: BTreeMap::new(),
+            by_size: BTreeSet::new(),
             large: AddressMap::default(),
+        };
+        if size > 0 {
+            arena.insert_free(base, size);
         }
+        arena
     }
 
-    /// Carves at least `need` bytes from the first free range that has them: exactly `need` when
-    /// `exact` or the rest is at least a superblock, else the whole range. Returns (start, length).
+    fn insert_free(&mut self, start: usize, len: usize) {
+        self.free.insert(start, len);
+        self.by_size.insert((len, start));
+    }
+
+    fn remove_free(&mut self, start: usize) -> Option<usize> {
+        let len = self.free.remove(&start)?;
+        self.by_size.remove(&(len, start));
+        Some(len)
+    }
+
+    /// Carves at least `need` bytes from the smallest free range that has them: exactly `need`
+    /// when `exact` or the rest is at least a superblock, else the whole range. Returns (start,
+    /// length).
     fn carve(&mut self, need: usize, exact: bool) -> Option<(usize, usize)> {
-        let (&start, &len) = self.free.iter().find(|(_, &len)| len >= need)?;
-        self.free.remove(&start);
+        let &(len, start) = self.by_size.range((need, 0)..).next()?;
+        self.remove_free(start);
         if len - need >= SUPERBLOCK_MIN || (exact && len > need) {
-            self.free.insert(start + need, len - need);
+            self.insert_free(start + need, len - need);
             Some((start, need))
         } else {
             Some((start, len))
@@ -53,7 +70,7 @@ impl GlobalArena {
     /// size at least [`SUPERBLOCK_MIN`] and `bytes`.
     ///
     /// # Time Complexity
-    /// O(free ranges).
+    /// O(log free ranges).
     pub(super) fn acquire(&mut self, bytes: usize) -> Option<(usize, usize)> {
         self.carve(bytes.max(SUPERBLOCK_MIN), false)
     }
@@ -67,21 +84,21 @@ impl GlobalArena {
         let mut len = size;
         if let Some((&prev, &prev_len)) = self.free.range(..start).next_back() {
             if prev + prev_len == start {
-                self.free.remove(&prev);
+                self.remove_free(prev);
                 s = prev;
                 len += prev_len;
             }
         }
-        if let Some(next_len) = self.free.remove(&(start + size)) {
+        if let Some(next_len) = self.remove_free(start + size) {
             len += next_len;
         }
-        self.free.insert(s, len);
+        self.insert_free(s, len);
     }
 
     /// Serves a large request of `bytes` (rounded) directly.
     ///
     /// # Time Complexity
-    /// O(free ranges).
+    /// O(log free ranges).
     pub(super) fn allocate_large(&mut self, bytes: usize) -> Option<usize> {
         let (start, _) = self.carve(bytes, true)?;
         self.large.insert(start, bytes);
@@ -113,7 +130,7 @@ impl GlobalArena {
 
     /// The largest free range.
     pub(super) fn largest_free(&self) -> usize {
-        self.free.values().copied().max().unwrap_or(0)
+        self.by_size.last().map_or(0, |&(len, _)| len)
     }
 
     /// The free ranges in address order, as (start, length).
