@@ -180,7 +180,7 @@ class profiler(ContextDecorator):
         if stats is not None:
             self._records.add(name=self._name, data=stats)
 
-    def __call__(self, func: F) -> F:  # type: ignore[override]
+    def __call__(self, func: F) -> F:
         name = self._name or _descriptive_name(func)
 
         @wraps(func)
