@@ -108,7 +108,8 @@ mod tests {
             "allocate failure",
             0,
             5,
-            Stream::from_raw(0xabc),
+            // SAFETY: only formatted, never passed to the driver.
+            unsafe { Stream::from_raw(0xabc) },
         );
         assert_eq!(s, "1,02:09:58.056359,allocate failure,(nil),5,0xabc\n");
     }

@@ -147,7 +147,9 @@ impl CudaAsyncViewMemoryResource {
             Ok(h) => h,
             Err(_) => pool_handle.call_method0("__int__")?.extract()?,
         };
-        let mr = py_result(RsCudaAsyncView::new(handle))?;
+        // SAFETY: RMM's contract for `CudaAsyncViewMemoryResource`: the caller passes a live
+        // pool of the current device and keeps it live while this resource is used.
+        let mr = py_result(unsafe { RsCudaAsyncView::new(handle) })?;
         Ok(sub(
             CudaAsyncViewMemoryResource {
                 pool_handle: handle,

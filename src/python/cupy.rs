@@ -42,7 +42,9 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
 #[pyfunction]
 fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     let cupy = cupy_bindings(py)?;
-    let stream = Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?);
+    // SAFETY: CuPy's current stream: a live stream (or a default-stream handle) that CuPy keeps
+    // live while it uses memory allocated on it.
+    let stream = unsafe { Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?) };
     // CuPy's current device: its runtime calls made that device's primary context current.
     let device = crate::current_device_ordinal();
     let (ptr, mr) = py_result(allocate_on(device, nbytes, stream, Context::AlreadyCurrent))?;
@@ -93,7 +95,8 @@ fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> 
         usize::try_from(device)
             .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
     )?;
-    let stream = Stream::from_raw(stream);
+    // SAFETY: CuPy's current stream, as in `cupy_allocate`.
+    let stream = unsafe { Stream::from_raw(stream) };
     let (ptr, mr) = py_result(allocate_on(device, size, stream, Context::AlreadyCurrent))?;
     if let Some(mr) = mr {
         cupy_live()
@@ -136,13 +139,18 @@ extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_in
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let live = cupy_live().lock().remove(&(ptr as usize));
         match live {
-            Some(live) => deallocate_on(
-                live.mr.as_ref(),
-                usize::try_from(device).unwrap_or(0),
-                ptr as usize,
-                live.size,
-                live.stream,
-            ),
+            // SAFETY: the entry was removed from the live table, so this frees once what
+            // `rrmm_cupy_malloc` allocated from `live.mr` with `live.size`; CuPy frees only after
+            // its work on the memory is ordered before (its stream-ordered contract).
+            Some(live) => unsafe {
+                deallocate_on(
+                    live.mr.as_ref(),
+                    usize::try_from(device).unwrap_or(0),
+                    ptr as usize,
+                    live.size,
+                    live.stream,
+                )
+            },
             None => Ok(()),
         }
     }));

@@ -63,7 +63,12 @@ pub(crate) fn allocate_on(
 ///
 /// # Errors
 /// The resource's errors.
-pub(crate) fn deallocate_on(
+///
+/// # Safety
+/// 1. `ptr` came from [`allocate_on`] with `bytes`, which returned `mr`, and has not been freed
+///    since.
+/// 2. No work uses the memory after the free in `stream`'s order.
+pub(crate) unsafe fn deallocate_on(
     mr: &dyn MemoryResource,
     device: usize,
     ptr: usize,
@@ -71,7 +76,8 @@ pub(crate) fn deallocate_on(
     stream: Stream,
 ) -> Result<()> {
     let _ctx = context_for(mr, device)?;
-    mr.deallocate(ptr, bytes, stream)
+    // SAFETY: the caller's contract, for the resource that allocated `ptr`.
+    unsafe { mr.deallocate(ptr, bytes, stream) }
 }
 
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when
@@ -112,7 +118,10 @@ impl HookAllocation {
         }
         match &self.mr {
             Some(mr) if self.ptr != 0 => {
-                deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream)
+                // SAFETY: this allocation owns `ptr` (made by `allocate_on` with `size` from
+                // `mr`), and the `freed` flag lets only one caller through; the framework drops
+                // its last reference only after its work on the memory, on `stream`.
+                unsafe { deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream) }
             }
             _ => Ok(()),
         }
@@ -196,17 +205,13 @@ mod tests {
     fn allocate_and_free_go_through_the_per_device_resource() {
         let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
         set_per_device_resource(801, sim.clone());
-        let (ptr, mr) = allocate_on(801, 1000, Stream::from_raw(0x1234), Context::Make).unwrap();
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let stream = unsafe { Stream::from_raw(0x1234) };
+        let (ptr, mr) = allocate_on(801, 1000, stream, Context::Make).unwrap();
         assert_ne!(ptr, 0);
         assert_eq!(sim.live_allocations(), 1);
-        deallocate_on(
-            mr.unwrap().as_ref(),
-            801,
-            ptr,
-            1000,
-            Stream::from_raw(0x1234),
-        )
-        .unwrap();
+        // SAFETY: `ptr` was just allocated with 1000 bytes from `mr` and is freed once.
+        unsafe { deallocate_on(mr.unwrap().as_ref(), 801, ptr, 1000, stream) }.unwrap();
         assert_eq!(sim.live_allocations(), 0);
     }
 

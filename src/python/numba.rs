@@ -12,7 +12,9 @@ use crate::{cuda, Error, Stream};
 /// from the per-device resource of `device`. The hot path of the CuPy and Numba hooks.
 #[pyfunction]
 fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAllocation> {
-    let stream = Stream::from_raw(stream);
+    // SAFETY: the hooks pass the framework's current stream of `device` (Numba), a live stream or
+    // a default-stream handle, which the framework keeps live while it uses memory allocated on it.
+    let stream = unsafe { Stream::from_raw(stream) };
     let (ptr, mr) = py_result(allocate_on(device, nbytes, stream, Context::Make))?;
     Ok(HookAllocation::new(ptr, nbytes, device, stream, mr))
 }

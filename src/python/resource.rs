@@ -73,10 +73,15 @@ impl DeviceMemoryResource {
     ) -> PyResult<()> {
         let raw = stream.raw();
         let mr = &self.inner;
+        // RMM's Python contract, vouched for by the caller: `ptr` came from `allocate` on this
+        // resource with `nbytes`, is freed once, after its work on `stream`. Resources that check
+        // their frees (suballocators, simulated memory) raise for a broken one instead.
         if self.release_gil {
-            py_result(py.detach(|| mr.deallocate(ptr, nbytes, raw)))
+            // SAFETY: as above.
+            py_result(py.detach(|| unsafe { mr.deallocate(ptr, nbytes, raw) }))
         } else {
-            py_result(mr.deallocate(ptr, nbytes, raw))
+            // SAFETY: as above.
+            py_result(unsafe { mr.deallocate(ptr, nbytes, raw) })
         }
     }
 

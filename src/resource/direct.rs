@@ -89,7 +89,7 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         A::alloc(bytes)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
