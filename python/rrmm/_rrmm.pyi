@@ -191,6 +191,21 @@ class PoolMemoryResource(UpstreamResourceAdaptor):
     def free_block_count(self) -> int: ...
 
 @final
+class ArenaMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        arena_size: _Bytes | None = None,
+        dump_log_on_failure: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> ArenaMemoryResource: ...
+    def arena_size(self) -> int: ...
+    def free_bytes(self) -> int: ...
+    def defragment(self) -> None: ...
+    def state_report(self) -> str: ...
+
+@final
 class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,

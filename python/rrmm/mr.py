@@ -9,6 +9,7 @@ from rrmm import _rrmm
 from rrmm._logging import log_file_for_device
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
+    ArenaMemoryResource,
     BinningMemoryResource,
     CallbackMemoryResource,
     CudaAsyncMemoryResource,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
     "BinningMemoryResource",
     "CallbackMemoryResource",
     "CudaAsyncMemoryResource",

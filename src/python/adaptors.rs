@@ -14,8 +14,8 @@ use std::sync::Arc;
 use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
-use super::upstream_kw::{pick_upstream, required};
 use super::statistics::Statistics;
+use super::upstream_kw::{pick_upstream, required};
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
