@@ -81,12 +81,14 @@ class LoggingResourceAdaptor(_rrmm.LoggingResourceAdaptor):
 
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         log_file_name: str | bytes | os.PathLike[str] | None = None,
         auto_flush: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> Self:
         path = log_file_for_device(log_file_name, _rrmm._current_device())
-        return super().__new__(cls, upstream_mr, path, auto_flush)
+        return super().__new__(cls, upstream_mr, path, auto_flush, upstream=upstream)
 
 
 def get_per_device_resource_type(device: int) -> type:
@@ -146,3 +148,18 @@ def get_log_filenames() -> dict[int, str | None]:
         else:
             out[device] = None
     return out
+
+
+# RMM's ``rmm.mr.experimental`` submodule: ``rrmm.mr`` is a module, so its ``experimental`` part
+# lives in ``rrmm._mr_experimental`` and is registered under the dotted name.
+def _register_experimental() -> Any:
+    import sys
+
+    from rrmm import _mr_experimental
+
+    sys.modules[__name__ + ".experimental"] = _mr_experimental
+    return _mr_experimental
+
+
+experimental = _register_experimental()
+__all__.append("experimental")

@@ -15,6 +15,7 @@ use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
+use super::upstream_kw::{pick_upstream, required};
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
@@ -26,11 +27,14 @@ pub(crate) struct LimitingResourceAdaptor {
 #[pymethods]
 impl LimitingResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, allocation_limit=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        allocation_limit: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        allocation_limit: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let allocation_limit = required(allocation_limit, "allocation_limit")?;
         let limit = bytes_arg(allocation_limit, "allocation_limit")?;
         let limiting = Arc::new(RsLimiting::new(upstream, limit));
         Ok(adaptor_init(
@@ -64,13 +68,17 @@ pub(crate) struct LoggingResourceAdaptor {
 #[pymethods]
 impl LoggingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, log_file_name, auto_flush=false))]
+    #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        log_file_name: &str,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        log_file_name: Option<&str>,
         auto_flush: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let log_file_name = log_file_name.ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err("missing required argument 'log_file_name'")
+        })?;
         let logging = Arc::new(py_result(RsLogging::new(
             upstream,
             log_file_name,
@@ -105,8 +113,12 @@ pub(crate) struct StatisticsResourceAdaptor {
 #[pymethods]
 impl StatisticsResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let stats = Arc::new(RsStatisticsAdaptor::new(upstream));
         Ok(adaptor_init(
             StatisticsResourceAdaptor {
@@ -144,12 +156,13 @@ pub(crate) struct TrackingResourceAdaptor {
 #[pymethods]
 impl TrackingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, capture_stacks=false))]
+    #[pyo3(signature = (upstream_mr=None, capture_stacks=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         capture_stacks: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let tracking = Arc::new(RsTracking::new(upstream, capture_stacks));
         Ok(adaptor_init(
             TrackingResourceAdaptor {
@@ -186,11 +199,14 @@ pub(crate) struct FailureCallbackResourceAdaptor {
 #[pymethods]
 impl FailureCallbackResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, callback=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        callback: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        callback: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let callback = required(callback, "callback")?;
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
@@ -231,8 +247,12 @@ pub(crate) struct PrefetchResourceAdaptor;
 #[pymethods]
 impl PrefetchResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         Ok(adaptor_init(
             PrefetchResourceAdaptor,
             up,
@@ -251,13 +271,14 @@ pub(crate) struct AlignedResourceAdaptor {
 #[pymethods]
 impl AlignedResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, alignment=256, alignment_threshold=65536))]
+    #[pyo3(signature = (upstream_mr=None, alignment=256, alignment_threshold=65536, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         alignment: usize,
         alignment_threshold: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let aligned = Arc::new(py_result(RsAligned::new(
             upstream,
             alignment,

@@ -15,6 +15,8 @@ mod cupy_stream;
 mod device;
 mod device_buffer;
 mod errors;
+mod experimental;
+mod gpu;
 mod hooks;
 mod host_buffer;
 mod numba;
@@ -25,6 +27,7 @@ mod statistics;
 mod stream;
 mod suballocators;
 mod torch;
+mod upstream_kw;
 
 use pyo3::prelude::*;
 
@@ -49,5 +52,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_stream::register(m)?;
     numba::register(m)?;
     torch::register(m)?;
+    experimental::register(m)?;
+    gpu::register(m)?;
     Ok(())
 }
