@@ -30,7 +30,6 @@ impl ArenaMemoryResource {
         let (up, shared) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let size = opt_bytes_arg(arena_size, "arena_size")?;
         let arena = py_result(py.detach(|| RsArena::new(shared, size, dump_log_on_failure)))?;
-        // Answers from host bookkeeping: keeps the GIL, as the other suballocators.
         Ok(suballocator_init(
             ArenaMemoryResource {
                 arena: arena.clone(),

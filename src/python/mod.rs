@@ -4,7 +4,7 @@
 //!
 //! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
 //! base classes), `convert` (arguments), then the resources (`base_resources`,
-//! `suballocators`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
+//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
 //! (`hooks`, shared by `cupy`, `numba` and `torch`).
 
 mod adaptors;
@@ -24,6 +24,7 @@ mod numba;
 mod registry;
 mod replay;
 mod resource;
+mod statistics;
 mod stream;
 mod suballocators;
 mod torch;
@@ -41,10 +42,11 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
     base_resources::register(m)?;
     suballocators::register(m)?;
+    statistics::register(m)?;
     adaptors::register(m)?;
-    arena::register(m)?;
     registry::register(m)?;
     device::register(m)?;
+    arena::register(m)?;
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;
