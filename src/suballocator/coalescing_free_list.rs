@@ -3,11 +3,11 @@
 //!
 //! Free blocks sit in segregated size classes (64 - 8 first-level classes by power of two of the
 //! size in 256-byte granules, each split in 32 second-level classes), found with two bitmap
-//! lookups. Each list also indexes its free blocks by start and by end address, so a block put
-//! back finds its free neighbours (in this list, of the same growth region) in O(1) and
-//! coalesces with them: blocks never coalesce across two regions (two upstream chunks of the
-//! pool), and never with another stream's free blocks. Allocated blocks are not tracked here
-//! (the core keeps them).
+//! lookups. Each list indexes its blocks (free, and allocated through it) by start address and
+//! its free blocks by end address, so a block put back finds its free neighbours (in this list,
+//! of the same growth region) in O(1) and coalesces with them: blocks never coalesce across two
+//! regions (two upstream chunks of the pool), and never with another stream's free blocks. A
+//! block allocated and freed through one list costs three to four hash operations in all.
 //!
 //! # Fit
 //! Good fit, not exact best fit: `take` first looks at up to [`EXACT_CLASS_SCAN`] blocks of the
@@ -37,6 +37,14 @@ pub(crate) const EXACT_CLASS_SCAN: usize = 4;
 
 const NIL: u32 = u32::MAX;
 
+/// What an arena slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Free,
+    Allocated,
+    Unused,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     addr: usize,
@@ -44,8 +52,7 @@ struct Node {
     region: usize,
     prev_free: u32,
     next_free: u32,
-    /// Whether the slot holds a free block (else it is on the unused stack).
-    used: bool,
+    state: State,
 }
 
 /// The size classes of one stream.
@@ -119,13 +126,15 @@ fn search_class(size: usize) -> Option<(usize, usize)> {
     (fl < FL_COUNT).then_some((fl, sl))
 }
 
-/// One coalescing good-fit free list.
+/// One coalescing good-fit free list, with the blocks allocated through it.
 #[derive(Debug)]
 pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
     classes: Classes,
-    by_start: AddressMap<usize, u32>,
+    /// Every block of the list (free or allocated) by start address.
+    starts: AddressMap<usize, u32>,
+    /// Free blocks by end address.
     by_end: AddressMap<usize, u32>,
     free_bytes: usize,
 }
@@ -143,20 +152,20 @@ impl CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
             classes: Classes::new(),
-            by_start: AddressMap::default(),
+            starts: AddressMap::default(),
             by_end: AddressMap::default(),
             free_bytes: 0,
         }
     }
 
-    fn new_node(&mut self, addr: usize, size: usize, region: usize) -> u32 {
+    fn new_node(&mut self, block: Block, state: State) -> u32 {
         let node = Node {
-            addr,
-            size,
-            region,
+            addr: block.addr,
+            size: block.size,
+            region: block.region,
             prev_free: NIL,
             next_free: NIL,
-            used: true,
+            state,
         };
         if let Some(i) = self.unused.pop() {
             self.nodes[i as usize] = node;
@@ -168,11 +177,20 @@ impl CoalescingFreeList {
     }
 
     fn drop_node(&mut self, i: u32) {
-        self.nodes[i as usize].used = false;
+        self.nodes[i as usize].state = State::Unused;
         self.unused.push(i);
     }
 
-    /// Puts node `i` into its size class.
+    fn block(&self, i: u32) -> Block {
+        let n = &self.nodes[i as usize];
+        Block {
+            addr: n.addr,
+            size: n.size,
+            region: n.region,
+        }
+    }
+
+    /// Puts node `i` into its size class, as free.
     #[inline]
     fn link(&mut self, i: u32) {
         let (fl, sl) = class_of(self.nodes[i as usize].size);
@@ -187,10 +205,11 @@ impl CoalescingFreeList {
         let n = &mut self.nodes[i as usize];
         n.prev_free = NIL;
         n.next_free = head;
+        n.state = State::Free;
         self.free_bytes += n.size;
     }
 
-    /// Takes node `i` out of its size class (the address maps are the caller's).
+    /// Takes free node `i` out of its size class (the address maps are the caller's).
     #[inline]
     fn unlink(&mut self, i: u32) {
         let n = self.nodes[i as usize];
@@ -214,18 +233,14 @@ impl CoalescingFreeList {
         self.free_bytes -= n.size;
     }
 
-    /// Takes node `i` out of the list entirely and returns its block.
-    fn remove_node(&mut self, i: u32) -> Block {
+    /// Takes free node `i` out of the list entirely and returns its block.
+    fn remove_free_node(&mut self, i: u32) -> Block {
         self.unlink(i);
-        let n = self.nodes[i as usize];
-        self.by_start.remove(&n.addr);
-        self.by_end.remove(&(n.addr + n.size));
+        let b = self.block(i);
+        self.starts.remove(&b.addr);
+        self.by_end.remove(&b.end());
         self.drop_node(i);
-        Block {
-            addr: n.addr,
-            size: n.size,
-            region: n.region,
-        }
+        b
     }
 
     /// The free block `take(size)` would use.
@@ -250,21 +265,56 @@ impl CoalescingFreeList {
 
     /// Every free node id.
     fn all_free(&self) -> Vec<u32> {
-        self.by_start.values().copied().collect()
+        self.by_end.values().copied().collect()
     }
 
     /// The free neighbour of the same region ending at `addr`.
     #[inline]
-    fn ending_at(&self, addr: usize, region: usize) -> Option<u32> {
+    fn free_ending_at(&self, addr: usize, region: usize) -> Option<u32> {
         let &p = self.by_end.get(&addr)?;
         (self.nodes[p as usize].region == region).then_some(p)
     }
 
     /// The free neighbour of the same region starting at `addr`.
     #[inline]
-    fn starting_at(&self, addr: usize, region: usize) -> Option<u32> {
-        let &n = self.by_start.get(&addr)?;
-        (self.nodes[n as usize].region == region).then_some(n)
+    fn free_starting_at(&self, addr: usize, region: usize) -> Option<u32> {
+        let &n = self.starts.get(&addr)?;
+        let node = &self.nodes[n as usize];
+        (node.state == State::Free && node.region == region).then_some(n)
+    }
+
+    /// Makes node `x` (in `starts` already, not free) free, coalescing with its free neighbours;
+    /// `x` may be dropped into a neighbour.
+    #[inline]
+    fn make_free(&mut self, x: u32) {
+        let Block { addr, size, region } = self.block(x);
+        let end = addr + size;
+        let prev = self.free_ending_at(addr, region);
+        let next = self.free_starting_at(end, region);
+        let mut at = x;
+        if let Some(n) = next {
+            // x absorbs n: n's end now names x.
+            self.unlink(n);
+            self.starts.remove(&end);
+            let n_size = self.nodes[n as usize].size;
+            self.nodes[x as usize].size += n_size;
+            self.by_end.insert(end + n_size, x);
+            self.drop_node(n);
+        } else if prev.is_none() {
+            self.by_end.insert(end, x);
+        }
+        if let Some(p) = prev {
+            // p absorbs x: x's end (which may be n's) now names p.
+            self.unlink(p);
+            self.starts.remove(&addr);
+            self.by_end.remove(&addr);
+            let x_size = self.nodes[x as usize].size;
+            self.nodes[p as usize].size += x_size;
+            self.by_end.insert(addr + x_size, p);
+            self.drop_node(x);
+            at = p;
+        }
+        self.link(at);
     }
 }
 
@@ -284,22 +334,21 @@ impl FreeList for CoalescingFreeList {
         self.candidate(size).is_some()
     }
 
-    #[inline]
     fn take(&mut self, size: usize) -> Option<Block> {
         let i = self.candidate(size)?;
-        let n = self.nodes[i as usize];
+        let n = self.block(i);
         if n.size == size {
-            return Some(self.remove_node(i));
+            return Some(self.remove_free_node(i));
         }
         // Split: the node keeps the tail (its end, so `by_end`, is unchanged).
         self.unlink(i);
-        self.by_start.remove(&n.addr);
+        self.starts.remove(&n.addr);
         {
             let node = &mut self.nodes[i as usize];
             node.addr += size;
             node.size -= size;
         }
-        self.by_start.insert(n.addr + size, i);
+        self.starts.insert(n.addr + size, i);
         self.link(i);
         Some(Block {
             addr: n.addr,
@@ -309,75 +358,86 @@ impl FreeList for CoalescingFreeList {
     }
 
     #[inline]
+    fn take_allocated(&mut self, size: usize) -> Option<usize> {
+        let i = self.candidate(size)?;
+        let n = self.block(i);
+        self.unlink(i);
+        if n.size == size {
+            // The node becomes the allocated block: it stays in `starts`.
+            self.by_end.remove(&n.end());
+            self.nodes[i as usize].state = State::Allocated;
+            return Some(n.addr);
+        }
+        // Split: the node keeps the free tail (its end, so `by_end`, is unchanged); a new node
+        // takes the allocated head's place in `starts`.
+        let a = self.new_node(
+            Block {
+                addr: n.addr,
+                size,
+                region: n.region,
+            },
+            State::Allocated,
+        );
+        self.starts.insert(n.addr, a);
+        {
+            let node = &mut self.nodes[i as usize];
+            node.addr += size;
+            node.size -= size;
+        }
+        self.starts.insert(n.addr + size, i);
+        self.link(i);
+        Some(n.addr)
+    }
+
+    fn adopt(&mut self, block: Block) {
+        let a = self.new_node(block, State::Allocated);
+        self.starts.insert(block.addr, a);
+    }
+
+    #[inline]
+    fn free_allocated(&mut self, addr: usize) -> bool {
+        match self.starts.get(&addr) {
+            Some(&x) if self.nodes[x as usize].state == State::Allocated => {
+                self.make_free(x);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn forget(&mut self, addr: usize) -> Option<Block> {
+        let &x = self.starts.get(&addr)?;
+        if self.nodes[x as usize].state != State::Allocated {
+            return None;
+        }
+        self.starts.remove(&addr);
+        let b = self.block(x);
+        self.drop_node(x);
+        Some(b)
+    }
+
+    #[inline]
     fn insert(&mut self, block: Block) {
-        let end = block.end();
-        let Block { addr, size, region } = block;
-        let prev = self.ending_at(addr, region);
-        let next = self.starting_at(end, region);
-        let at = match (prev, next) {
-            (None, None) => {
-                let i = self.new_node(addr, size, region);
-                self.by_start.insert(addr, i);
-                self.by_end.insert(end, i);
-                i
-            }
-            (Some(p), None) => {
-                self.unlink(p);
-                self.by_end.remove(&addr);
-                self.nodes[p as usize].size += size;
-                self.by_end.insert(end, p);
-                p
-            }
-            (None, Some(n)) => {
-                self.unlink(n);
-                self.by_start.remove(&end);
-                let node = &mut self.nodes[n as usize];
-                node.addr = addr;
-                node.size += size;
-                self.by_start.insert(addr, n);
-                n
-            }
-            (Some(p), Some(n)) => {
-                self.unlink(p);
-                self.unlink(n);
-                self.by_end.remove(&addr);
-                self.by_start.remove(&end);
-                let next_size = self.nodes[n as usize].size;
-                self.nodes[p as usize].size += size + next_size;
-                // The merged block ends where `n` ended: that end now names `p`.
-                self.by_end.insert(end + next_size, p);
-                self.drop_node(n);
-                p
-            }
-        };
-        self.link(at);
+        let x = self.new_node(block, State::Allocated);
+        self.starts.insert(block.addr, x);
+        self.make_free(x);
     }
 
     fn drain(&mut self) -> Vec<Block> {
-        let out = self
-            .all_free()
+        self.all_free()
             .into_iter()
-            .map(|i| {
-                let n = &self.nodes[i as usize];
-                Block {
-                    addr: n.addr,
-                    size: n.size,
-                    region: n.region,
-                }
-            })
-            .collect();
-        *self = Self::empty();
-        out
+            .map(|i| self.remove_free_node(i))
+            .collect()
     }
 
     fn absorb_bordering(&mut self, fresh: &mut Self) -> bool {
         let mut moved = false;
         for i in fresh.all_free() {
-            let n = fresh.nodes[i as usize];
-            if self.ending_at(n.addr, n.region).is_some()
-                || self.starting_at(n.addr + n.size, n.region).is_some()
+            let n = fresh.block(i);
+            if self.free_ending_at(n.addr, n.region).is_some()
+                || self.free_starting_at(n.end(), n.region).is_some()
             {
-                let block = fresh.remove_node(i);
+                let block = fresh.remove_free_node(i);
                 self.insert(block);
                 moved = true;
             }
@@ -386,12 +446,9 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn remove_block(&mut self, block: Block) -> bool {
-        match self.by_start.get(&block.addr) {
-            Some(&i)
-                if self.nodes[i as usize].size == block.size
-                    && self.nodes[i as usize].region == block.region =>
-            {
-                self.remove_node(i);
+        match self.starts.get(&block.addr) {
+            Some(&i) if self.nodes[i as usize].state == State::Free && self.block(i) == block => {
+                self.remove_free_node(i);
                 true
             }
             _ => false,
@@ -409,7 +466,7 @@ impl FreeList for CoalescingFreeList {
         let Some(i) = found else {
             return false;
         };
-        let b = self.remove_node(i);
+        let b = self.remove_free_node(i);
         if b.addr < addr {
             self.insert(Block {
                 addr: b.addr,
@@ -428,18 +485,7 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_ranges(&self) -> Vec<Block> {
-        let mut out: Vec<Block> = self
-            .all_free()
-            .into_iter()
-            .map(|i| {
-                let n = &self.nodes[i as usize];
-                Block {
-                    addr: n.addr,
-                    size: n.size,
-                    region: n.region,
-                }
-            })
-            .collect();
+        let mut out: Vec<Block> = self.all_free().into_iter().map(|i| self.block(i)).collect();
         out.sort_by_key(|b| b.addr);
         out
     }
@@ -449,7 +495,7 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_blocks(&self) -> usize {
-        self.by_start.len()
+        self.by_end.len()
     }
 
     fn largest_free_block(&self) -> usize {
@@ -468,8 +514,9 @@ impl FreeList for CoalescingFreeList {
 #[cfg(test)]
 impl CoalescingFreeList {
     /// Panics unless every internal invariant holds: every free block is in the class list its
-    /// size says and in both address maps, the bitmaps match the class lists, the byte counter
-    /// matches, and no two free blocks of one region touch (fully coalesced).
+    /// size says, in `starts` and in `by_end`; every allocated block is in `starts` only; the
+    /// bitmaps match the class lists, the byte counter matches, and no two free blocks of one
+    /// region touch (fully coalesced).
     pub(crate) fn check_invariants(&self) {
         let mut free_bytes = 0;
         let mut free_blocks = 0;
@@ -482,14 +529,13 @@ impl CoalescingFreeList {
                 let mut i = head;
                 while i != NIL {
                     let n = &self.nodes[i as usize];
-                    assert!(n.used);
+                    assert_eq!(n.state, State::Free);
                     assert_eq!(class_of(n.size), (fl, sl));
                     assert_eq!(n.prev_free, prev);
                     assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
-                    assert_eq!(self.by_start.get(&n.addr), Some(&i));
                     assert_eq!(self.by_end.get(&(n.addr + n.size)), Some(&i));
-                    if let Some(&m) = self.by_start.get(&(n.addr + n.size)) {
-                        assert_ne!(self.nodes[m as usize].region, n.region, "not coalesced");
+                    if let Some(m) = self.free_starting_at(n.addr + n.size, n.region) {
+                        panic!("free blocks {i} and {m} touch: not coalesced");
                     }
                     free_bytes += n.size;
                     free_blocks += 1;
@@ -503,13 +549,16 @@ impl CoalescingFreeList {
             );
         }
         assert_eq!(free_bytes, self.free_bytes);
-        assert_eq!(free_blocks, self.by_start.len());
         assert_eq!(free_blocks, self.by_end.len());
-        assert_eq!(
-            free_blocks + self.unused.len(),
-            self.nodes.len(),
-            "every slot is free or unused"
-        );
+        let mut used = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.state != State::Unused {
+                used += 1;
+                assert_eq!(self.starts.get(&n.addr), Some(&(i as u32)));
+            }
+        }
+        assert_eq!(used, self.starts.len());
+        assert_eq!(used + self.unused.len(), self.nodes.len());
     }
 }
 
@@ -551,26 +600,48 @@ mod tests {
             let mut lists: Vec<CoalescingFreeList> = (0..4).map(|_| CoalescingFreeList::new(&())).collect();
             let mut next_addr = 0x100_0000usize;
             let mut chunks: Vec<Block> = Vec::new();
-            let mut live: Vec<Block> = Vec::new();
+            let mut live: Vec<(Block, Option<usize>)> = Vec::new();
             let mut trimmed = 0;
             for op in ops {
                 match op {
                     Op::Take { list, granules } => {
                         let size = granules * 256;
                         let could = lists[list].can_take(size);
-                        let got = lists[list].take(size);
+                        // Odd sizes through `take_allocated` (recorded in the list), even ones
+                        // taken out entirely.
+                        let got = if granules % 2 == 1 {
+                            lists[list].take_allocated(size).map(|addr| {
+                                let region = chunks.iter().find(|c| c.addr <= addr && addr < c.end()).map_or(0, |c| c.region);
+                                (Block { addr, size, region }, Some(list))
+                            })
+                        } else {
+                            lists[list].take(size).map(|b| (b, None))
+                        };
                         prop_assert_eq!(could, got.is_some());
-                        if let Some(b) = got {
+                        if let Some((b, owner)) = got {
                             prop_assert_eq!(b.size, size);
                             prop_assert!(chunks.iter().any(|c| c.region == b.region && c.addr <= b.addr && b.end() <= c.end()));
-                            prop_assert!(live.iter().all(|q| b.end() <= q.addr || q.end() <= b.addr));
-                            live.push(b);
+                            prop_assert!(live.iter().all(|(q, _)| b.end() <= q.addr || q.end() <= b.addr));
+                            live.push((b, owner));
                         }
                     }
                     Op::Give { pick, list } => {
                         if !live.is_empty() {
-                            let b = live.swap_remove(pick % live.len());
-                            lists[list].insert(b);
+                            let (b, owner) = live.swap_remove(pick % live.len());
+                            match owner {
+                                Some(o) if o == list => prop_assert!(lists[list].free_allocated(b.addr)),
+                                Some(o) => {
+                                    prop_assert!(!lists[list].free_allocated(b.addr) || o == list);
+                                    prop_assert_eq!(lists[o].forget(b.addr), Some(b));
+                                    prop_assert_eq!(lists[o].forget(b.addr), None, "forgotten once");
+                                    lists[list].insert(b);
+                                }
+                                None => {
+                                    prop_assert!(!lists[list].free_allocated(b.addr), "not recorded");
+                                    lists[list].insert(b);
+                                }
+                            }
+                            prop_assert!(!lists[list].free_allocated(b.addr), "double free refused");
                         }
                     }
                     Op::Chunk { granules } => {
@@ -617,12 +688,15 @@ mod tests {
                 }
             }
             let held: usize = chunks.iter().map(|c| c.size).sum();
-            let used: usize = live.iter().map(|b| b.size).sum();
+            let used: usize = live.iter().map(|(b, _)| b.size).sum();
             let free: usize = lists.iter().map(|l| l.free_bytes()).sum();
             prop_assert_eq!(free + used + trimmed, held);
             if trimmed == 0 {
-                for b in live {
-                    lists[1].insert(b);
+                for (b, owner) in live {
+                    match owner {
+                        Some(o) => prop_assert!(lists[o].free_allocated(b.addr)),
+                        None => lists[1].insert(b),
+                    }
                 }
                 for l in 1..4 {
                     for b in lists[l].drain() {

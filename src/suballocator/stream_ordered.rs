@@ -243,7 +243,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if key.is_per_thread() {
                 self.record_if_wanted(&mut st, key)?;
             }
-            Ok(st.take_and_record(size))
+            Ok(st.list.take_allocated(size))
         })?;
         match fast {
             Some(p) => Ok(p),
@@ -263,7 +263,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let list = self.list(key);
         let mut sh = self.shared.lock();
         // A free on this stream may have come in since the fast path looked.
-        if let Some(p) = list.state.lock().take_and_record(size) {
+        if let Some(p) = list.state.lock().list.take_allocated(size) {
             return Ok(p);
         }
         if let Some(b) = sh.fresh.take(size) {
@@ -274,8 +274,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         {
             let mut st = list.state.lock();
-            if st.free.absorb_bordering(&mut sh.fresh) {
-                if let Some(p) = st.take_and_record(size) {
+            if st.list.absorb_bordering(&mut sh.fresh) {
+                if let Some(p) = st.list.take_allocated(size) {
                     return Ok(p);
                 }
             }
@@ -316,7 +316,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 continue;
             }
             let mut st = other.state.lock();
-            if !st.free.can_take(size) {
+            if !st.list.can_take(size) {
                 continue;
             }
             let owner = other.key;
@@ -330,7 +330,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if owner.is_reachable_here() {
                 st.marks.unrecorded = false;
             }
-            return Ok(st.free.take(size));
+            return Ok(st.list.take(size));
         }
         Ok(None)
     }
@@ -360,7 +360,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             .map(|list| {
                 let mut st = list.state.lock();
                 st.marks = ListMarks::default();
-                st.free.drain()
+                st.list.drain()
             })
             .collect();
         if let Err(e) = self.events.synchronize_all() {
@@ -371,7 +371,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     st.marks.unrecorded = true;
                 }
                 for b in blocks {
-                    st.free.insert(b);
+                    st.list.insert(b);
                 }
             }
             return Err(e);
@@ -428,10 +428,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
         // The core knows each block's size; `bytes` is the caller's (unchecked) figure.
         let done = self.with_list(key, |list| -> Result<bool> {
             let mut st = list.state.lock();
-            let Some(block) = st.allocated.remove(&ptr) else {
+            if !st.list.free_allocated(ptr) {
                 return Ok(false);
-            };
-            self.put_free(&mut st, key, block)?;
+            }
+            self.after_free(&mut st, key)?;
             Ok(true)
         })?;
         if done {
@@ -441,10 +441,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
     }
 
-    /// Puts a freed block in a stream's list (the list's lock held).
+    /// The event marks after a free into a stream's list (the list's lock held).
     #[inline]
-    fn put_free(&self, st: &mut ListState<F>, key: StreamKey, block: Block) -> Result<()> {
-        st.free.insert(block);
+    fn after_free(&self, st: &mut ListState<F>, key: StreamKey) -> Result<()> {
         if key.is_per_thread() {
             st.marks.unrecorded = true;
             self.record_if_wanted(st, key)?;
@@ -461,7 +460,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             dir.all
                 .iter()
                 .filter(|other| other.id != list.id)
-                .find_map(|other| other.state.lock().allocated.remove(&ptr))
+                .find_map(|other| other.state.lock().list.forget(ptr))
         };
         let Some(block) = found else {
             return Err(Error::Logic(format!(
@@ -469,7 +468,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
             )));
         };
         let mut st = list.state.lock();
-        self.put_free(&mut st, key, block)
+        st.list.insert(block);
+        self.after_free(&mut st, key)
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
@@ -516,7 +516,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let dir = self.directory.read();
         dir.all
             .iter()
-            .fold(acc, |acc, list| f(acc, &list.state.lock().free))
+            .fold(acc, |acc, list| f(acc, &list.state.lock().list))
     }
 
     /// Free bytes over all lists.
