@@ -54,7 +54,9 @@
 //! list cannot serve. A free of a block allocated on another stream finds the block by locking
 //! the other lists one at a time (through the directory), then puts it in its own list.
 //!
-//! Lock order (a thread holding a lock takes only locks further down):
+//! Lock order (a thread holding a lock takes only locks further down; it may also *try* one
+//! further up, which never waits: a stream whose list cannot serve tries `shared` while holding
+//! its list's lock, to take fresh memory in one go):
 //! 1. `shared`;
 //! 2. `directory` (read for iteration; write only when adding a list, holding nothing else);
 //! 3. one stream list's mutex (never two at once);
@@ -238,38 +240,62 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let size = F::block_size_for(&self.sizing, bytes)?;
         let key = StreamKey::of(stream);
-        let fast = self.with_list(key, |list| -> Result<Option<usize>> {
+        self.with_list(key, |list| self.allocate_on(list, key, bytes, size, stream))
+    }
+
+    /// The stream's own list, then fresh memory if the shared lock is free at once, then the
+    /// slow path.
+    #[inline]
+    fn allocate_on(
+        &self,
+        list: &StreamList<F>,
+        key: StreamKey,
+        bytes: usize,
+        size: usize,
+        stream: Stream,
+    ) -> Result<usize> {
+        {
             let mut st = list.state.lock();
             if key.is_per_thread() {
                 self.record_if_wanted(&mut st, key)?;
             }
-            Ok(st.list.take_allocated(size))
-        })?;
-        match fast {
-            Some(p) => Ok(p),
-            None => self.allocate_slow(key, bytes, size, stream),
+            if let Some(p) = st.list.take_allocated(size) {
+                return Ok(p);
+            }
+            // Taking the shared lock while holding a list's would invert the lock order;
+            // `try_lock` never waits, so it cannot deadlock.
+            if let Some(mut sh) = self.shared.try_lock() {
+                if let Some(b) = sh.fresh.take(size) {
+                    st.list.adopt(b);
+                    return Ok(b.addr);
+                }
+            }
         }
+        self.allocate_slow(list, bytes, size, stream)
     }
 
     /// Everything after the stream's own list: fresh memory, steals, growth, merging.
     #[cold]
     fn allocate_slow(
         &self,
-        key: StreamKey,
+        list: &StreamList<F>,
         bytes: usize,
         size: usize,
         stream: Stream,
     ) -> Result<usize> {
-        let list = self.list(key);
         let mut sh = self.shared.lock();
-        // A free on this stream may have come in since the fast path looked.
-        if let Some(p) = list.state.lock().list.take_allocated(size) {
-            return Ok(p);
+        {
+            let mut st = list.state.lock();
+            // A free on this stream may have come in since the fast path looked.
+            if let Some(p) = st.list.take_allocated(size) {
+                return Ok(p);
+            }
+            if let Some(b) = sh.fresh.take(size) {
+                st.list.adopt(b);
+                return Ok(b.addr);
+            }
         }
-        if let Some(b) = sh.fresh.take(size) {
-            return Ok(list.record(b));
-        }
-        if let Some(b) = self.steal(&list, size)? {
+        if let Some(b) = self.steal(list, size)? {
             return Ok(list.record(b));
         }
         {
@@ -426,19 +452,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let key = StreamKey::of(stream);
         // The core knows each block's size; `bytes` is the caller's (unchecked) figure.
-        let done = self.with_list(key, |list| -> Result<bool> {
-            let mut st = list.state.lock();
-            if !st.list.free_allocated(ptr) {
-                return Ok(false);
+        self.with_list(key, |list| {
+            {
+                let mut st = list.state.lock();
+                if st.list.free_allocated(ptr) {
+                    return self.after_free(&mut st, key);
+                }
             }
-            self.after_free(&mut st, key)?;
-            Ok(true)
-        })?;
-        if done {
-            Ok(())
-        } else {
-            self.deallocate_foreign(key, ptr)
-        }
+            self.deallocate_foreign(list, key, ptr)
+        })
     }
 
     /// The event marks after a free into a stream's list (the list's lock held).
@@ -453,8 +475,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// A free of a block allocated on another stream (or never allocated here).
     #[cold]
-    fn deallocate_foreign(&self, key: StreamKey, ptr: usize) -> Result<()> {
-        let list = self.list(key);
+    fn deallocate_foreign(&self, list: &StreamList<F>, key: StreamKey, ptr: usize) -> Result<()> {
         let found = {
             let dir = self.directory.read();
             dir.all
