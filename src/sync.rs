@@ -31,8 +31,8 @@ mod loom_locks {
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             match self.0.try_lock() {
                 Ok(guard) => Some(guard),
-                Err(loom::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(loom::sync::TryLockError::WouldBlock) => None,
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
             }
         }
     }

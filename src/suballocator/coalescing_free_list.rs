@@ -3,11 +3,15 @@
 //!
 //! Free blocks sit in segregated size classes (64 - 8 first-level classes by power of two of the
 //! size in 256-byte granules, each split in 32 second-level classes), found with two bitmap
-//! lookups. Each list indexes its blocks (free, and allocated through it) by start address and
-//! its free blocks by end address, so a block put back finds its free neighbours (in this list,
-//! of the same growth region) in O(1) and coalesces with them: blocks never coalesce across two
-//! regions (two upstream chunks of the pool), and never with another stream's free blocks. A
-//! block allocated and freed through one list costs three to four hash operations in all.
+//! lookups. The blocks of one list (free, and allocated through it) that touch in memory and lie
+//! in one growth region are linked by address (`prev_phys`/`next_phys`), so a block freed on the
+//! stream that allocated it finds its free neighbours with no lookup, as in a single-arena TLSF.
+//! Blocks at the edge of a run of linked blocks (no neighbour in this list) are indexed by start
+//! (`open_start`) or end (`open_end`), so a block entering the list (fresh memory, another
+//! stream's block, a merge) links up with its neighbours in O(1). Allocated blocks are found by
+//! address. Blocks never coalesce across two regions (two upstream chunks of the pool), and
+//! never with another stream's free blocks. A block allocated and freed through one list costs
+//! two hash operations, plus one where it touches the edge of a run.
 //!
 //! # Fit
 //! Good fit, not exact best fit: `take` first looks at up to [`EXACT_CLASS_SCAN`] blocks of the
@@ -50,6 +54,8 @@ struct Node {
     addr: usize,
     size: usize,
     region: usize,
+    prev_phys: u32,
+    next_phys: u32,
     prev_free: u32,
     next_free: u32,
     state: State,
@@ -132,11 +138,14 @@ pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
     classes: Classes,
-    /// Every block of the list (free or allocated) by start address.
-    starts: AddressMap<usize, u32>,
-    /// Free blocks by end address.
-    by_end: AddressMap<usize, u32>,
+    /// Allocated blocks by start address.
+    allocated: AddressMap<usize, u32>,
+    /// Blocks with no `prev_phys`, by start address.
+    open_start: AddressMap<usize, u32>,
+    /// Blocks with no `next_phys`, by end address.
+    open_end: AddressMap<usize, u32>,
     free_bytes: usize,
+    free_blocks: usize,
 }
 
 impl Default for CoalescingFreeList {
@@ -152,9 +161,11 @@ impl CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
             classes: Classes::new(),
-            starts: AddressMap::default(),
-            by_end: AddressMap::default(),
+            allocated: AddressMap::default(),
+            open_start: AddressMap::default(),
+            open_end: AddressMap::default(),
             free_bytes: 0,
+            free_blocks: 0,
         }
     }
 
@@ -163,6 +174,8 @@ impl CoalescingFreeList {
             addr: block.addr,
             size: block.size,
             region: block.region,
+            prev_phys: NIL,
+            next_phys: NIL,
             prev_free: NIL,
             next_free: NIL,
             state,
@@ -190,6 +203,11 @@ impl CoalescingFreeList {
         }
     }
 
+    #[inline]
+    fn is_free(&self, i: u32) -> bool {
+        i != NIL && self.nodes[i as usize].state == State::Free
+    }
+
     /// Puts node `i` into its size class, as free.
     #[inline]
     fn link(&mut self, i: u32) {
@@ -207,9 +225,10 @@ impl CoalescingFreeList {
         n.next_free = head;
         n.state = State::Free;
         self.free_bytes += n.size;
+        self.free_blocks += 1;
     }
 
-    /// Takes free node `i` out of its size class (the address maps are the caller's).
+    /// Takes free node `i` out of its size class (its state is the caller's to set).
     #[inline]
     fn unlink(&mut self, i: u32) {
         let n = self.nodes[i as usize];
@@ -231,16 +250,104 @@ impl CoalescingFreeList {
             }
         }
         self.free_bytes -= n.size;
+        self.free_blocks -= 1;
     }
 
-    /// Takes free node `i` out of the list entirely and returns its block.
-    fn remove_free_node(&mut self, i: u32) -> Block {
-        self.unlink(i);
-        let b = self.block(i);
-        self.starts.remove(&b.addr);
-        self.by_end.remove(&b.end());
-        self.drop_node(i);
-        b
+    /// Links new node `x` (not linked yet) with its neighbours in this list, of its region.
+    fn attach(&mut self, x: u32) {
+        let Block { addr, size, region } = self.block(x);
+        let end = addr + size;
+        match self.open_end.get(&addr).copied() {
+            Some(p) if self.nodes[p as usize].region == region => {
+                self.open_end.remove(&addr);
+                self.nodes[p as usize].next_phys = x;
+                self.nodes[x as usize].prev_phys = p;
+            }
+            _ => {
+                self.open_start.insert(addr, x);
+            }
+        }
+        match self.open_start.get(&end).copied() {
+            Some(n) if self.nodes[n as usize].region == region => {
+                self.open_start.remove(&end);
+                self.nodes[n as usize].prev_phys = x;
+                self.nodes[x as usize].next_phys = n;
+            }
+            _ => {
+                self.open_end.insert(end, x);
+            }
+        }
+    }
+
+    /// Unlinks node `x` from its neighbours, which become open there (`x` leaves the list).
+    fn detach(&mut self, x: u32) {
+        let n = self.nodes[x as usize];
+        if n.prev_phys == NIL {
+            self.open_start.remove(&n.addr);
+        } else {
+            self.nodes[n.prev_phys as usize].next_phys = NIL;
+            self.open_end.insert(n.addr, n.prev_phys);
+        }
+        if n.next_phys == NIL {
+            self.open_end.remove(&(n.addr + n.size));
+        } else {
+            self.nodes[n.next_phys as usize].prev_phys = NIL;
+            self.open_start.insert(n.addr + n.size, n.next_phys);
+        }
+    }
+
+    /// Splits node `i` (out of the classes) after `size` bytes; the (head, tail) node ids. The
+    /// node that keeps `i` is the one that saves a map update.
+    #[inline]
+    fn split(&mut self, i: u32, size: usize) -> (u32, u32) {
+        let n = self.nodes[i as usize];
+        let keep_head = n.next_phys != NIL || n.prev_phys == NIL;
+        let (head, tail) = if keep_head {
+            let t = self.new_node(
+                Block {
+                    addr: n.addr + size,
+                    size: n.size - size,
+                    region: n.region,
+                },
+                State::Allocated,
+            );
+            (i, t)
+        } else {
+            let h = self.new_node(
+                Block {
+                    addr: n.addr,
+                    size,
+                    region: n.region,
+                },
+                State::Allocated,
+            );
+            (h, i)
+        };
+        {
+            let h = &mut self.nodes[head as usize];
+            h.addr = n.addr;
+            h.size = size;
+            h.prev_phys = n.prev_phys;
+            h.next_phys = tail;
+        }
+        {
+            let t = &mut self.nodes[tail as usize];
+            t.addr = n.addr + size;
+            t.size = n.size - size;
+            t.prev_phys = head;
+            t.next_phys = n.next_phys;
+        }
+        if keep_head {
+            if n.next_phys == NIL {
+                self.open_end.insert(n.addr + n.size, tail);
+            } else {
+                self.nodes[n.next_phys as usize].prev_phys = tail;
+            }
+        } else {
+            // Here `n.prev_phys == NIL` is false: the head's prev keeps pointing at it.
+            self.nodes[n.prev_phys as usize].next_phys = head;
+        }
+        (head, tail)
     }
 
     /// The free block `take(size)` would use.
@@ -263,58 +370,85 @@ impl CoalescingFreeList {
         Some(classes.heads[fl * SL_COUNT + sl])
     }
 
+    /// Takes a free block of `size` out of the classes, split off; its node (not free).
+    #[inline]
+    fn carve(&mut self, size: usize) -> Option<u32> {
+        let i = self.candidate(size)?;
+        self.unlink(i);
+        if self.nodes[i as usize].size == size {
+            self.nodes[i as usize].state = State::Allocated;
+            return Some(i);
+        }
+        let (head, tail) = self.split(i, size);
+        self.nodes[head as usize].state = State::Allocated;
+        self.link(tail);
+        Some(head)
+    }
+
     /// Every free node id.
     fn all_free(&self) -> Vec<u32> {
-        self.by_end.values().copied().collect()
+        let mut out = Vec::with_capacity(self.free_blocks);
+        for &head in &self.classes.heads {
+            let mut i = head;
+            while i != NIL {
+                out.push(i);
+                i = self.nodes[i as usize].next_free;
+            }
+        }
+        out
     }
 
-    /// The free neighbour of the same region ending at `addr`.
-    #[inline]
-    fn free_ending_at(&self, addr: usize, region: usize) -> Option<u32> {
-        let &p = self.by_end.get(&addr)?;
-        (self.nodes[p as usize].region == region).then_some(p)
-    }
-
-    /// The free neighbour of the same region starting at `addr`.
-    #[inline]
-    fn free_starting_at(&self, addr: usize, region: usize) -> Option<u32> {
-        let &n = self.starts.get(&addr)?;
-        let node = &self.nodes[n as usize];
-        (node.state == State::Free && node.region == region).then_some(n)
-    }
-
-    /// Makes node `x` (in `starts` already, not free) free, coalescing with its free neighbours;
-    /// `x` may be dropped into a neighbour.
+    /// Makes node `x` (linked, not free, not in the classes) free, coalescing with its free
+    /// neighbours.
     #[inline]
     fn make_free(&mut self, x: u32) {
-        let Block { addr, size, region } = self.block(x);
-        let end = addr + size;
-        let prev = self.free_ending_at(addr, region);
-        let next = self.free_starting_at(end, region);
         let mut at = x;
-        if let Some(n) = next {
-            // x absorbs n: n's end now names x.
-            self.unlink(n);
-            self.starts.remove(&end);
-            let n_size = self.nodes[n as usize].size;
-            self.nodes[x as usize].size += n_size;
-            self.by_end.insert(end + n_size, x);
-            self.drop_node(n);
-        } else if prev.is_none() {
-            self.by_end.insert(end, x);
+        let next = self.nodes[x as usize].next_phys;
+        if self.is_free(next) {
+            self.unlink(next);
+            self.absorb_next(x, next);
         }
-        if let Some(p) = prev {
-            // p absorbs x: x's end (which may be n's) now names p.
-            self.unlink(p);
-            self.starts.remove(&addr);
-            self.by_end.remove(&addr);
-            let x_size = self.nodes[x as usize].size;
-            self.nodes[p as usize].size += x_size;
-            self.by_end.insert(addr + x_size, p);
-            self.drop_node(x);
-            at = p;
+        let prev = self.nodes[x as usize].prev_phys;
+        if self.is_free(prev) {
+            self.unlink(prev);
+            self.absorb_next(prev, x);
+            at = prev;
         }
         self.link(at);
+    }
+
+    /// Merges node `b` (the physical successor of `a`, out of the classes) into `a`.
+    #[inline]
+    fn absorb_next(&mut self, a: u32, b: u32) {
+        let nb = self.nodes[b as usize];
+        let na = &mut self.nodes[a as usize];
+        na.size += nb.size;
+        na.next_phys = nb.next_phys;
+        if nb.next_phys == NIL {
+            self.open_end.insert(nb.addr + nb.size, a);
+        } else {
+            self.nodes[nb.next_phys as usize].prev_phys = a;
+        }
+        self.drop_node(b);
+    }
+
+    /// Takes free node `i` out of the list entirely; its block.
+    fn remove_free_node(&mut self, i: u32) -> Block {
+        self.unlink(i);
+        self.detach(i);
+        let b = self.block(i);
+        self.drop_node(i);
+        b
+    }
+
+    /// Whether a free block of this list, of `region`, ends at `addr` or starts at `end`.
+    fn borders_free(&self, addr: usize, end: usize, region: usize) -> bool {
+        let free_of_region = |i: u32| self.is_free(i) && self.nodes[i as usize].region == region;
+        self.open_end.get(&addr).is_some_and(|&p| free_of_region(p))
+            || self
+                .open_start
+                .get(&end)
+                .is_some_and(|&n| free_of_region(n))
     }
 }
 
@@ -335,82 +469,41 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn take(&mut self, size: usize) -> Option<Block> {
-        let i = self.candidate(size)?;
-        let n = self.block(i);
-        if n.size == size {
-            return Some(self.remove_free_node(i));
-        }
-        // Split: the node keeps the tail (its end, so `by_end`, is unchanged).
-        self.unlink(i);
-        self.starts.remove(&n.addr);
-        {
-            let node = &mut self.nodes[i as usize];
-            node.addr += size;
-            node.size -= size;
-        }
-        self.starts.insert(n.addr + size, i);
-        self.link(i);
-        Some(Block {
-            addr: n.addr,
-            size,
-            region: n.region,
-        })
+        let i = self.carve(size)?;
+        self.detach(i);
+        let b = self.block(i);
+        self.drop_node(i);
+        Some(b)
     }
 
     #[inline]
     fn take_allocated(&mut self, size: usize) -> Option<usize> {
-        let i = self.candidate(size)?;
-        let n = self.block(i);
-        self.unlink(i);
-        if n.size == size {
-            // The node becomes the allocated block: it stays in `starts`.
-            self.by_end.remove(&n.end());
-            self.nodes[i as usize].state = State::Allocated;
-            return Some(n.addr);
-        }
-        // Split: the node keeps the free tail (its end, so `by_end`, is unchanged); a new node
-        // takes the allocated head's place in `starts`.
-        let a = self.new_node(
-            Block {
-                addr: n.addr,
-                size,
-                region: n.region,
-            },
-            State::Allocated,
-        );
-        self.starts.insert(n.addr, a);
-        {
-            let node = &mut self.nodes[i as usize];
-            node.addr += size;
-            node.size -= size;
-        }
-        self.starts.insert(n.addr + size, i);
-        self.link(i);
-        Some(n.addr)
+        let i = self.carve(size)?;
+        let addr = self.nodes[i as usize].addr;
+        self.allocated.insert(addr, i);
+        Some(addr)
     }
 
     fn adopt(&mut self, block: Block) {
-        let a = self.new_node(block, State::Allocated);
-        self.starts.insert(block.addr, a);
+        let x = self.new_node(block, State::Allocated);
+        self.attach(x);
+        self.allocated.insert(block.addr, x);
     }
 
     #[inline]
     fn free_allocated(&mut self, addr: usize) -> bool {
-        match self.starts.get(&addr) {
-            Some(&x) if self.nodes[x as usize].state == State::Allocated => {
+        match self.allocated.remove(&addr) {
+            Some(x) => {
                 self.make_free(x);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
     fn forget(&mut self, addr: usize) -> Option<Block> {
-        let &x = self.starts.get(&addr)?;
-        if self.nodes[x as usize].state != State::Allocated {
-            return None;
-        }
-        self.starts.remove(&addr);
+        let x = self.allocated.remove(&addr)?;
+        self.detach(x);
         let b = self.block(x);
         self.drop_node(x);
         Some(b)
@@ -419,7 +512,7 @@ impl FreeList for CoalescingFreeList {
     #[inline]
     fn insert(&mut self, block: Block) {
         let x = self.new_node(block, State::Allocated);
-        self.starts.insert(block.addr, x);
+        self.attach(x);
         self.make_free(x);
     }
 
@@ -434,9 +527,7 @@ impl FreeList for CoalescingFreeList {
         let mut moved = false;
         for i in fresh.all_free() {
             let n = fresh.block(i);
-            if self.free_ending_at(n.addr, n.region).is_some()
-                || self.free_starting_at(n.end(), n.region).is_some()
-            {
+            if self.borders_free(n.addr, n.end(), n.region) {
                 let block = fresh.remove_free_node(i);
                 self.insert(block);
                 moved = true;
@@ -446,8 +537,15 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn remove_block(&mut self, block: Block) -> bool {
-        match self.starts.get(&block.addr) {
-            Some(&i) if self.nodes[i as usize].state == State::Free && self.block(i) == block => {
+        let found = match self.open_start.get(&block.addr) {
+            Some(&i) => Some(i),
+            None => self
+                .all_free()
+                .into_iter()
+                .find(|&i| self.nodes[i as usize].addr == block.addr),
+        };
+        match found {
+            Some(i) if self.is_free(i) && self.block(i) == block => {
                 self.remove_free_node(i);
                 true
             }
@@ -495,7 +593,7 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_blocks(&self) -> usize {
-        self.by_end.len()
+        self.free_blocks
     }
 
     fn largest_free_block(&self) -> usize {
@@ -513,11 +611,13 @@ impl FreeList for CoalescingFreeList {
 
 #[cfg(test)]
 impl CoalescingFreeList {
-    /// Panics unless every internal invariant holds: every free block is in the class list its
-    /// size says, in `starts` and in `by_end`; every allocated block is in `starts` only; the
-    /// bitmaps match the class lists, the byte counter matches, and no two free blocks of one
-    /// region touch (fully coalesced).
+    /// Panics unless every internal invariant holds: physical links are mutual, contiguous and
+    /// within one region, and every block with no link on a side is indexed as open there and
+    /// has no neighbour of its region in the list on that side; every free block is in the
+    /// class list its size says; the bitmaps and counters match; allocated blocks are exactly
+    /// the map's; no two free blocks touch (fully coalesced).
     pub(crate) fn check_invariants(&self) {
+        use std::collections::HashMap;
         let mut free_bytes = 0;
         let mut free_blocks = 0;
         let classes = &self.classes;
@@ -532,11 +632,6 @@ impl CoalescingFreeList {
                     assert_eq!(n.state, State::Free);
                     assert_eq!(class_of(n.size), (fl, sl));
                     assert_eq!(n.prev_free, prev);
-                    assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
-                    assert_eq!(self.by_end.get(&(n.addr + n.size)), Some(&i));
-                    if let Some(m) = self.free_starting_at(n.addr + n.size, n.region) {
-                        panic!("free blocks {i} and {m} touch: not coalesced");
-                    }
                     free_bytes += n.size;
                     free_blocks += 1;
                     prev = i;
@@ -548,16 +643,66 @@ impl CoalescingFreeList {
                 classes.fl_bitmap >> fl & 1 == 1
             );
         }
-        assert_eq!(free_bytes, self.free_bytes);
-        assert_eq!(free_blocks, self.by_end.len());
+        assert_eq!(
+            (free_bytes, free_blocks),
+            (self.free_bytes, self.free_blocks)
+        );
+        let by_start: HashMap<(usize, usize), u32> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.state != State::Unused)
+            .map(|(i, n)| ((n.addr, n.region), i as u32))
+            .collect();
         let mut used = 0;
+        let mut allocated = 0;
         for (i, n) in self.nodes.iter().enumerate() {
-            if n.state != State::Unused {
-                used += 1;
-                assert_eq!(self.starts.get(&n.addr), Some(&(i as u32)));
+            let i = i as u32;
+            if n.state == State::Unused {
+                continue;
+            }
+            used += 1;
+            assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
+            let end = n.addr + n.size;
+            if n.next_phys == NIL {
+                assert_eq!(self.open_end.get(&end), Some(&i), "open end indexed");
+                assert!(
+                    !by_start.contains_key(&(end, n.region)),
+                    "unlinked neighbour"
+                );
+            } else {
+                let m = &self.nodes[n.next_phys as usize];
+                assert_eq!((m.prev_phys, m.addr, m.region), (i, end, n.region));
+                assert!(
+                    !(n.state == State::Free && m.state == State::Free),
+                    "not coalesced"
+                );
+            }
+            if n.prev_phys == NIL {
+                assert_eq!(self.open_start.get(&n.addr), Some(&i), "open start indexed");
+            } else {
+                assert_eq!(self.nodes[n.prev_phys as usize].next_phys, i);
+            }
+            if n.state == State::Allocated {
+                allocated += 1;
+                assert_eq!(self.allocated.get(&n.addr), Some(&i));
             }
         }
-        assert_eq!(used, self.starts.len());
+        assert_eq!(allocated, self.allocated.len());
+        let open_start = self
+            .nodes
+            .iter()
+            .filter(|n| n.state != State::Unused && n.prev_phys == NIL)
+            .count();
+        let open_end = self
+            .nodes
+            .iter()
+            .filter(|n| n.state != State::Unused && n.next_phys == NIL)
+            .count();
+        assert_eq!(
+            (open_start, open_end),
+            (self.open_start.len(), self.open_end.len())
+        );
         assert_eq!(used + self.unused.len(), self.nodes.len());
     }
 }
