@@ -41,12 +41,14 @@ pub use current::{
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use resource::{
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+    CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind, MemoryResource,
+    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
+    ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]
