@@ -3,6 +3,7 @@
 //! locks from here, so `tests/loom_core.rs` explores its lock protocol.
 //!
 //! Both sides offer the same small API: `Mutex::new`, `Mutex::lock` (no poisoning),
+//! `Mutex::try_lock`,
 //! `RwLock::new`, `RwLock::read`, `RwLock::write`.
 
 #[cfg(not(loom))]
@@ -26,6 +27,13 @@ mod loom_locks {
         }
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
     }
 

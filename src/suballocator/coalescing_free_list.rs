@@ -3,11 +3,15 @@
 //!
 //! Free blocks sit in segregated size classes (64 - 8 first-level classes by power of two of the
 //! size in 256-byte granules, each split in 32 second-level classes), found with two bitmap
-//! lookups. Each list also indexes its free blocks by start and by end address, so a block put
-//! back finds its free neighbours (in this list, of the same growth region) in O(1) and
-//! coalesces with them: blocks never coalesce across two regions (two upstream chunks of the
-//! pool), and never with another stream's free blocks. Allocated blocks are not tracked here
-//! (the core keeps them).
+//! lookups. The blocks of one list (free, and allocated through it) that touch in memory and lie
+//! in one growth region are linked by address (`prev_phys`/`next_phys`), so a block freed on the
+//! stream that allocated it finds its free neighbours with no lookup, as in a single-arena TLSF.
+//! Blocks at the edge of a run of linked blocks (no neighbour in this list) are indexed by start
+//! (`open_start`) or end (`open_end`), so a block entering the list (fresh memory, another
+//! stream's block, a merge) links up with its neighbours in O(1). Allocated blocks are found by
+//! address. Blocks never coalesce across two regions (two upstream chunks of the pool), and
+//! never with another stream's free blocks. A block allocated and freed through one list costs
+//! two hash operations, plus one where it touches the edge of a run.
 //!
 //! # Fit
 //! Good fit, not exact best fit: `take` first looks at up to [`EXACT_CLASS_SCAN`] blocks of the
@@ -37,15 +41,24 @@ pub(crate) const EXACT_CLASS_SCAN: usize = 4;
 
 const NIL: u32 = u32::MAX;
 
+/// What an arena slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Free,
+    Allocated,
+    Unused,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     addr: usize,
     size: usize,
     region: usize,
+    prev_phys: u32,
+    next_phys: u32,
     prev_free: u32,
     next_free: u32,
-    /// Whether the slot holds a free block (else it is on the unused stack).
-    used: bool,
+    state: State,
 }
 
 /// The size classes of one stream.
@@ -119,15 +132,20 @@ fn search_class(size: usize) -> Option<(usize, usize)> {
     (fl < FL_COUNT).then_some((fl, sl))
 }
 
-/// One coalescing good-fit free list.
+/// One coalescing good-fit free list, with the blocks allocated through it.
 #[derive(Debug)]
 pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
     classes: Classes,
-    by_start: AddressMap<usize, u32>,
-    by_end: AddressMap<usize, u32>,
+    /// Allocated blocks by start address.
+    allocated: AddressMap<usize, u32>,
+    /// Blocks with no `prev_phys`, by start address.
+    open_start: AddressMap<usize, u32>,
+    /// Blocks with no `next_phys`, by end address.
+    open_end: AddressMap<usize, u32>,
     free_bytes: usize,
+    free_blocks: usize,
 }
 
 impl Default for CoalescingFreeList {
@@ -143,20 +161,24 @@ impl CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
             classes: Classes::new(),
-            by_start: AddressMap::default(),
-            by_end: AddressMap::default(),
+            allocated: AddressMap::default(),
+            open_start: AddressMap::default(),
+            open_end: AddressMap::default(),
             free_bytes: 0,
+            free_blocks: 0,
         }
     }
 
-    fn new_node(&mut self, addr: usize, size: usize, region: usize) -> u32 {
+    fn new_node(&mut self, block: Block, state: State) -> u32 {
         let node = Node {
-            addr,
-            size,
-            region,
+            addr: block.addr,
+            size: block.size,
+            region: block.region,
+            prev_phys: NIL,
+            next_phys: NIL,
             prev_free: NIL,
             next_free: NIL,
-            used: true,
+            state,
         };
         if let Some(i) = self.unused.pop() {
             self.nodes[i as usize] = node;
@@ -168,11 +190,25 @@ impl CoalescingFreeList {
     }
 
     fn drop_node(&mut self, i: u32) {
-        self.nodes[i as usize].used = false;
+        self.nodes[i as usize].state = State::Unused;
         self.unused.push(i);
     }
 
-    /// Puts node `i` into its size class.
+    fn block(&self, i: u32) -> Block {
+        let n = &self.nodes[i as usize];
+        Block {
+            addr: n.addr,
+            size: n.size,
+            region: n.region,
+        }
+    }
+
+    #[inline]
+    fn is_free(&self, i: u32) -> bool {
+        i != NIL && self.nodes[i as usize].state == State::Free
+    }
+
+    /// Puts node `i` into its size class, as free.
     #[inline]
     fn link(&mut self, i: u32) {
         let (fl, sl) = class_of(self.nodes[i as usize].size);
@@ -187,10 +223,12 @@ impl CoalescingFreeList {
         let n = &mut self.nodes[i as usize];
         n.prev_free = NIL;
         n.next_free = head;
+        n.state = State::Free;
         self.free_bytes += n.size;
+        self.free_blocks += 1;
     }
 
-    /// Takes node `i` out of its size class (the address maps are the caller's).
+    /// Takes free node `i` out of its size class (its state is the caller's to set).
     #[inline]
     fn unlink(&mut self, i: u32) {
         let n = self.nodes[i as usize];
@@ -212,20 +250,104 @@ impl CoalescingFreeList {
             }
         }
         self.free_bytes -= n.size;
+        self.free_blocks -= 1;
     }
 
-    /// Takes node `i` out of the list entirely and returns its block.
-    fn remove_node(&mut self, i: u32) -> Block {
-        self.unlink(i);
-        let n = self.nodes[i as usize];
-        self.by_start.remove(&n.addr);
-        self.by_end.remove(&(n.addr + n.size));
-        self.drop_node(i);
-        Block {
-            addr: n.addr,
-            size: n.size,
-            region: n.region,
+    /// Links new node `x` (not linked yet) with its neighbours in this list, of its region.
+    fn attach(&mut self, x: u32) {
+        let Block { addr, size, region } = self.block(x);
+        let end = addr + size;
+        match self.open_end.get(&addr).copied() {
+            Some(p) if self.nodes[p as usize].region == region => {
+                self.open_end.remove(&addr);
+                self.nodes[p as usize].next_phys = x;
+                self.nodes[x as usize].prev_phys = p;
+            }
+            _ => {
+                self.open_start.insert(addr, x);
+            }
         }
+        match self.open_start.get(&end).copied() {
+            Some(n) if self.nodes[n as usize].region == region => {
+                self.open_start.remove(&end);
+                self.nodes[n as usize].prev_phys = x;
+                self.nodes[x as usize].next_phys = n;
+            }
+            _ => {
+                self.open_end.insert(end, x);
+            }
+        }
+    }
+
+    /// Unlinks node `x` from its neighbours, which become open there (`x` leaves the list).
+    fn detach(&mut self, x: u32) {
+        let n = self.nodes[x as usize];
+        if n.prev_phys == NIL {
+            self.open_start.remove(&n.addr);
+        } else {
+            self.nodes[n.prev_phys as usize].next_phys = NIL;
+            self.open_end.insert(n.addr, n.prev_phys);
+        }
+        if n.next_phys == NIL {
+            self.open_end.remove(&(n.addr + n.size));
+        } else {
+            self.nodes[n.next_phys as usize].prev_phys = NIL;
+            self.open_start.insert(n.addr + n.size, n.next_phys);
+        }
+    }
+
+    /// Splits node `i` (out of the classes) after `size` bytes; the (head, tail) node ids. The
+    /// node that keeps `i` is the one that saves a map update.
+    #[inline]
+    fn split(&mut self, i: u32, size: usize) -> (u32, u32) {
+        let n = self.nodes[i as usize];
+        let keep_head = n.next_phys != NIL || n.prev_phys == NIL;
+        let (head, tail) = if keep_head {
+            let t = self.new_node(
+                Block {
+                    addr: n.addr + size,
+                    size: n.size - size,
+                    region: n.region,
+                },
+                State::Allocated,
+            );
+            (i, t)
+        } else {
+            let h = self.new_node(
+                Block {
+                    addr: n.addr,
+                    size,
+                    region: n.region,
+                },
+                State::Allocated,
+            );
+            (h, i)
+        };
+        {
+            let h = &mut self.nodes[head as usize];
+            h.addr = n.addr;
+            h.size = size;
+            h.prev_phys = n.prev_phys;
+            h.next_phys = tail;
+        }
+        {
+            let t = &mut self.nodes[tail as usize];
+            t.addr = n.addr + size;
+            t.size = n.size - size;
+            t.prev_phys = head;
+            t.next_phys = n.next_phys;
+        }
+        if keep_head {
+            if n.next_phys == NIL {
+                self.open_end.insert(n.addr + n.size, tail);
+            } else {
+                self.nodes[n.next_phys as usize].prev_phys = tail;
+            }
+        } else {
+            // Here `n.prev_phys == NIL` is false: the head's prev keeps pointing at it.
+            self.nodes[n.prev_phys as usize].next_phys = head;
+        }
+        (head, tail)
     }
 
     /// The free block `take(size)` would use.
@@ -248,23 +370,85 @@ impl CoalescingFreeList {
         Some(classes.heads[fl * SL_COUNT + sl])
     }
 
+    /// Takes a free block of `size` out of the classes, split off; its node (not free).
+    #[inline]
+    fn carve(&mut self, size: usize) -> Option<u32> {
+        let i = self.candidate(size)?;
+        self.unlink(i);
+        if self.nodes[i as usize].size == size {
+            self.nodes[i as usize].state = State::Allocated;
+            return Some(i);
+        }
+        let (head, tail) = self.split(i, size);
+        self.nodes[head as usize].state = State::Allocated;
+        self.link(tail);
+        Some(head)
+    }
+
     /// Every free node id.
     fn all_free(&self) -> Vec<u32> {
-        self.by_start.values().copied().collect()
+        let mut out = Vec::with_capacity(self.free_blocks);
+        for &head in &self.classes.heads {
+            let mut i = head;
+            while i != NIL {
+                out.push(i);
+                i = self.nodes[i as usize].next_free;
+            }
+        }
+        out
     }
 
-    /// The free neighbour of the same region ending at `addr`.
+    /// Makes node `x` (linked, not free, not in the classes) free, coalescing with its free
+    /// neighbours.
     #[inline]
-    fn ending_at(&self, addr: usize, region: usize) -> Option<u32> {
-        let &p = self.by_end.get(&addr)?;
-        (self.nodes[p as usize].region == region).then_some(p)
+    fn make_free(&mut self, x: u32) {
+        let mut at = x;
+        let next = self.nodes[x as usize].next_phys;
+        if self.is_free(next) {
+            self.unlink(next);
+            self.absorb_next(x, next);
+        }
+        let prev = self.nodes[x as usize].prev_phys;
+        if self.is_free(prev) {
+            self.unlink(prev);
+            self.absorb_next(prev, x);
+            at = prev;
+        }
+        self.link(at);
     }
 
-    /// The free neighbour of the same region starting at `addr`.
+    /// Merges node `b` (the physical successor of `a`, out of the classes) into `a`.
     #[inline]
-    fn starting_at(&self, addr: usize, region: usize) -> Option<u32> {
-        let &n = self.by_start.get(&addr)?;
-        (self.nodes[n as usize].region == region).then_some(n)
+    fn absorb_next(&mut self, a: u32, b: u32) {
+        let nb = self.nodes[b as usize];
+        let na = &mut self.nodes[a as usize];
+        na.size += nb.size;
+        na.next_phys = nb.next_phys;
+        if nb.next_phys == NIL {
+            self.open_end.insert(nb.addr + nb.size, a);
+        } else {
+            self.nodes[nb.next_phys as usize].prev_phys = a;
+        }
+        self.drop_node(b);
+    }
+
+    /// Takes free node `i` out of the list entirely; its block.
+    fn remove_free_node(&mut self, i: u32) -> Block {
+        self.unlink(i);
+        self.detach(i);
+        let b = self.block(i);
+        self.drop_node(i);
+        b
+    }
+
+    /// Whether a free block of this list, of `region`, ends at `addr` or starts at `end`.
+    fn borders_free(&self, addr: usize, end: usize, region: usize) -> bool {
+        let free_of_region = |i: u32| self.is_free(i) && self.nodes[i as usize].region == region;
+        self.open_end.get(&addr).is_some_and(|&p| free_of_region(p))
+            || self
+                .open_start
+                .get(&end)
+                .is_some_and(|&n| free_of_region(n))
     }
 }
 
@@ -284,100 +468,67 @@ impl FreeList for CoalescingFreeList {
         self.candidate(size).is_some()
     }
 
-    #[inline]
     fn take(&mut self, size: usize) -> Option<Block> {
-        let i = self.candidate(size)?;
-        let n = self.nodes[i as usize];
-        if n.size == size {
-            return Some(self.remove_node(i));
+        let i = self.carve(size)?;
+        self.detach(i);
+        let b = self.block(i);
+        self.drop_node(i);
+        Some(b)
+    }
+
+    #[inline]
+    fn take_allocated(&mut self, size: usize) -> Option<usize> {
+        let i = self.carve(size)?;
+        let addr = self.nodes[i as usize].addr;
+        self.allocated.insert(addr, i);
+        Some(addr)
+    }
+
+    fn adopt(&mut self, block: Block) {
+        let x = self.new_node(block, State::Allocated);
+        self.attach(x);
+        self.allocated.insert(block.addr, x);
+    }
+
+    #[inline]
+    fn free_allocated(&mut self, addr: usize) -> bool {
+        match self.allocated.remove(&addr) {
+            Some(x) => {
+                self.make_free(x);
+                true
+            }
+            None => false,
         }
-        // Split: the node keeps the tail (its end, so `by_end`, is unchanged).
-        self.unlink(i);
-        self.by_start.remove(&n.addr);
-        {
-            let node = &mut self.nodes[i as usize];
-            node.addr += size;
-            node.size -= size;
-        }
-        self.by_start.insert(n.addr + size, i);
-        self.link(i);
-        Some(Block {
-            addr: n.addr,
-            size,
-            region: n.region,
-        })
+    }
+
+    fn forget(&mut self, addr: usize) -> Option<Block> {
+        let x = self.allocated.remove(&addr)?;
+        self.detach(x);
+        let b = self.block(x);
+        self.drop_node(x);
+        Some(b)
     }
 
     #[inline]
     fn insert(&mut self, block: Block) {
-        let end = block.end();
-        let Block { addr, size, region } = block;
-        let prev = self.ending_at(addr, region);
-        let next = self.starting_at(end, region);
-        let at = match (prev, next) {
-            (None, None) => {
-                let i = self.new_node(addr, size, region);
-                self.by_start.insert(addr, i);
-                self.by_end.insert(end, i);
-                i
-            }
-            (Some(p), None) => {
-                self.unlink(p);
-                self.by_end.remove(&addr);
-                self.nodes[p as usize].size += size;
-                self.by_end.insert(end, p);
-                p
-            }
-            (None, Some(n)) => {
-                self.unlink(n);
-                self.by_start.remove(&end);
-                let node = &mut self.nodes[n as usize];
-                node.addr = addr;
-                node.size += size;
-                self.by_start.insert(addr, n);
-                n
-            }
-            (Some(p), Some(n)) => {
-                self.unlink(p);
-                self.unlink(n);
-                self.by_end.remove(&addr);
-                self.by_start.remove(&end);
-                let next_size = self.nodes[n as usize].size;
-                self.nodes[p as usize].size += size + next_size;
-                // The merged block ends where `n` ended: that end now names `p`.
-                self.by_end.insert(end + next_size, p);
-                self.drop_node(n);
-                p
-            }
-        };
-        self.link(at);
+        let x = self.new_node(block, State::Allocated);
+        self.attach(x);
+        self.make_free(x);
     }
 
     fn drain(&mut self) -> Vec<Block> {
-        let out = self
-            .all_free()
+        self.all_free()
             .into_iter()
-            .map(|i| {
-                let n = &self.nodes[i as usize];
-                Block {
-                    addr: n.addr,
-                    size: n.size,
-                    region: n.region,
-                }
-            })
-            .collect();
-        *self = Self::empty();
-        out
+            .map(|i| self.remove_free_node(i))
+            .collect()
     }
 
     fn absorb_bordering(&mut self, fresh: &mut Self) -> bool {
         let mut moved = false;
         for i in fresh.all_free() {
-            let n = fresh.nodes[i as usize];
-            if self.ending_at(n.addr, n.region).is_some()
-                || self.starting_at(n.addr + n.size, n.region).is_some()
-            {
-                let block = fresh.remove_node(i);
+            let n = fresh.block(i);
+            if self.borders_free(n.addr, n.end(), n.region) {
+                let block = fresh.remove_free_node(i);
                 self.insert(block);
                 moved = true;
             }
@@ -386,12 +537,16 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn remove_block(&mut self, block: Block) -> bool {
-        match self.by_start.get(&block.addr) {
-            Some(&i)
-                if self.nodes[i as usize].size == block.size
-                    && self.nodes[i as usize].region == block.region =>
-            {
-                self.remove_node(i);
+        let found = match self.open_start.get(&block.addr) {
+            Some(&i) => Some(i),
+            None => self
+                .all_free()
+                .into_iter()
+                .find(|&i| self.nodes[i as usize].addr == block.addr),
+        };
+        match found {
+            Some(i) if self.is_free(i) && self.block(i) == block => {
+                self.remove_free_node(i);
                 true
             }
             _ => false,
@@ -409,7 +564,7 @@ impl FreeList for CoalescingFreeList {
         let Some(i) = found else {
             return false;
         };
-        let b = self.remove_node(i);
+        let b = self.remove_free_node(i);
         if b.addr < addr {
             self.insert(Block {
                 addr: b.addr,
@@ -428,18 +583,7 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_ranges(&self) -> Vec<Block> {
-        let mut out: Vec<Block> = self
-            .all_free()
-            .into_iter()
-            .map(|i| {
-                let n = &self.nodes[i as usize];
-                Block {
-                    addr: n.addr,
-                    size: n.size,
-                    region: n.region,
-                }
-            })
-            .collect();
+        let mut out: Vec<Block> = self.all_free().into_iter().map(|i| self.block(i)).collect();
         out.sort_by_key(|b| b.addr);
         out
     }
@@ -449,7 +593,7 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_blocks(&self) -> usize {
-        self.by_start.len()
+        self.free_blocks
     }
 
     fn largest_free_block(&self) -> usize {
@@ -467,10 +611,13 @@ impl FreeList for CoalescingFreeList {
 
 #[cfg(test)]
 impl CoalescingFreeList {
-    /// Panics unless every internal invariant holds: every free block is in the class list its
-    /// size says and in both address maps, the bitmaps match the class lists, the byte counter
-    /// matches, and no two free blocks of one region touch (fully coalesced).
+    /// Panics unless every internal invariant holds: physical links are mutual, contiguous and
+    /// within one region, and every block with no link on a side is indexed as open there and
+    /// has no neighbour of its region in the list on that side; every free block is in the
+    /// class list its size says; the bitmaps and counters match; allocated blocks are exactly
+    /// the map's; no two free blocks touch (fully coalesced).
     pub(crate) fn check_invariants(&self) {
+        use std::collections::HashMap;
         let mut free_bytes = 0;
         let mut free_blocks = 0;
         let classes = &self.classes;
@@ -482,15 +629,9 @@ impl CoalescingFreeList {
                 let mut i = head;
                 while i != NIL {
                     let n = &self.nodes[i as usize];
-                    assert!(n.used);
+                    assert_eq!(n.state, State::Free);
                     assert_eq!(class_of(n.size), (fl, sl));
                     assert_eq!(n.prev_free, prev);
-                    assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
-                    assert_eq!(self.by_start.get(&n.addr), Some(&i));
-                    assert_eq!(self.by_end.get(&(n.addr + n.size)), Some(&i));
-                    if let Some(&m) = self.by_start.get(&(n.addr + n.size)) {
-                        assert_ne!(self.nodes[m as usize].region, n.region, "not coalesced");
-                    }
                     free_bytes += n.size;
                     free_blocks += 1;
                     prev = i;
@@ -502,14 +643,67 @@ impl CoalescingFreeList {
                 classes.fl_bitmap >> fl & 1 == 1
             );
         }
-        assert_eq!(free_bytes, self.free_bytes);
-        assert_eq!(free_blocks, self.by_start.len());
-        assert_eq!(free_blocks, self.by_end.len());
         assert_eq!(
-            free_blocks + self.unused.len(),
-            self.nodes.len(),
-            "every slot is free or unused"
+            (free_bytes, free_blocks),
+            (self.free_bytes, self.free_blocks)
         );
+        let by_start: HashMap<(usize, usize), u32> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.state != State::Unused)
+            .map(|(i, n)| ((n.addr, n.region), i as u32))
+            .collect();
+        let mut used = 0;
+        let mut allocated = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let i = i as u32;
+            if n.state == State::Unused {
+                continue;
+            }
+            used += 1;
+            assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
+            let end = n.addr + n.size;
+            if n.next_phys == NIL {
+                assert_eq!(self.open_end.get(&end), Some(&i), "open end indexed");
+                assert!(
+                    !by_start.contains_key(&(end, n.region)),
+                    "unlinked neighbour"
+                );
+            } else {
+                let m = &self.nodes[n.next_phys as usize];
+                assert_eq!((m.prev_phys, m.addr, m.region), (i, end, n.region));
+                assert!(
+                    !(n.state == State::Free && m.state == State::Free),
+                    "not coalesced"
+                );
+            }
+            if n.prev_phys == NIL {
+                assert_eq!(self.open_start.get(&n.addr), Some(&i), "open start indexed");
+            } else {
+                assert_eq!(self.nodes[n.prev_phys as usize].next_phys, i);
+            }
+            if n.state == State::Allocated {
+                allocated += 1;
+                assert_eq!(self.allocated.get(&n.addr), Some(&i));
+            }
+        }
+        assert_eq!(allocated, self.allocated.len());
+        let open_start = self
+            .nodes
+            .iter()
+            .filter(|n| n.state != State::Unused && n.prev_phys == NIL)
+            .count();
+        let open_end = self
+            .nodes
+            .iter()
+            .filter(|n| n.state != State::Unused && n.next_phys == NIL)
+            .count();
+        assert_eq!(
+            (open_start, open_end),
+            (self.open_start.len(), self.open_end.len())
+        );
+        assert_eq!(used + self.unused.len(), self.nodes.len());
     }
 }
 
@@ -551,26 +745,48 @@ mod tests {
             let mut lists: Vec<CoalescingFreeList> = (0..4).map(|_| CoalescingFreeList::new(&())).collect();
             let mut next_addr = 0x100_0000usize;
             let mut chunks: Vec<Block> = Vec::new();
-            let mut live: Vec<Block> = Vec::new();
+            let mut live: Vec<(Block, Option<usize>)> = Vec::new();
             let mut trimmed = 0;
             for op in ops {
                 match op {
                     Op::Take { list, granules } => {
                         let size = granules * 256;
                         let could = lists[list].can_take(size);
-                        let got = lists[list].take(size);
+                        // Odd sizes through `take_allocated` (recorded in the list), even ones
+                        // taken out entirely.
+                        let got = if granules % 2 == 1 {
+                            lists[list].take_allocated(size).map(|addr| {
+                                let region = chunks.iter().find(|c| c.addr <= addr && addr < c.end()).map_or(0, |c| c.region);
+                                (Block { addr, size, region }, Some(list))
+                            })
+                        } else {
+                            lists[list].take(size).map(|b| (b, None))
+                        };
                         prop_assert_eq!(could, got.is_some());
-                        if let Some(b) = got {
+                        if let Some((b, owner)) = got {
                             prop_assert_eq!(b.size, size);
                             prop_assert!(chunks.iter().any(|c| c.region == b.region && c.addr <= b.addr && b.end() <= c.end()));
-                            prop_assert!(live.iter().all(|q| b.end() <= q.addr || q.end() <= b.addr));
-                            live.push(b);
+                            prop_assert!(live.iter().all(|(q, _)| b.end() <= q.addr || q.end() <= b.addr));
+                            live.push((b, owner));
                         }
                     }
                     Op::Give { pick, list } => {
                         if !live.is_empty() {
-                            let b = live.swap_remove(pick % live.len());
-                            lists[list].insert(b);
+                            let (b, owner) = live.swap_remove(pick % live.len());
+                            match owner {
+                                Some(o) if o == list => prop_assert!(lists[list].free_allocated(b.addr)),
+                                Some(o) => {
+                                    prop_assert!(!lists[list].free_allocated(b.addr) || o == list);
+                                    prop_assert_eq!(lists[o].forget(b.addr), Some(b));
+                                    prop_assert_eq!(lists[o].forget(b.addr), None, "forgotten once");
+                                    lists[list].insert(b);
+                                }
+                                None => {
+                                    prop_assert!(!lists[list].free_allocated(b.addr), "not recorded");
+                                    lists[list].insert(b);
+                                }
+                            }
+                            prop_assert!(!lists[list].free_allocated(b.addr), "double free refused");
                         }
                     }
                     Op::Chunk { granules } => {
@@ -617,12 +833,15 @@ mod tests {
                 }
             }
             let held: usize = chunks.iter().map(|c| c.size).sum();
-            let used: usize = live.iter().map(|b| b.size).sum();
+            let used: usize = live.iter().map(|(b, _)| b.size).sum();
             let free: usize = lists.iter().map(|l| l.free_bytes()).sum();
             prop_assert_eq!(free + used + trimmed, held);
             if trimmed == 0 {
-                for b in live {
-                    lists[1].insert(b);
+                for (b, owner) in live {
+                    match owner {
+                        Some(o) => prop_assert!(lists[o].free_allocated(b.addr)),
+                        None => lists[1].insert(b),
+                    }
                 }
                 for l in 1..4 {
                     for b in lists[l].drain() {

@@ -6,15 +6,17 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{Block, FreeList};
+use super::free_list::{AddressMap, Block, FreeList};
 use crate::error::{Error, Result};
 
-/// A stack of equal free blocks. Blocks never coalesce and chunks are never given back before
-/// the resource drops (as RMM's `fixed_size_memory_resource`), so the list keeps addresses only.
+/// A stack of equal free blocks, and the set of blocks allocated through the list. Blocks never
+/// coalesce and chunks are never given back before the resource drops (as RMM's
+/// `fixed_size_memory_resource`), so the list keeps addresses only.
 #[derive(Debug)]
 pub(crate) struct FixedSizeFreeList {
     block_size: usize,
     stack: Vec<usize>,
+    allocated: AddressMap<usize, ()>,
 }
 
 impl FreeList for FixedSizeFreeList {
@@ -25,6 +27,7 @@ impl FreeList for FixedSizeFreeList {
         FixedSizeFreeList {
             block_size: *block_size,
             stack: Vec::new(),
+            allocated: AddressMap::default(),
         }
     }
 
@@ -48,6 +51,28 @@ impl FreeList for FixedSizeFreeList {
     #[inline]
     fn take(&mut self, _size: usize) -> Option<Block> {
         let addr = self.stack.pop()?;
+        Some(Block {
+            addr,
+            size: self.block_size,
+            region: 0,
+        })
+    }
+
+    fn adopt(&mut self, block: Block) {
+        self.allocated.insert(block.addr, ());
+    }
+
+    #[inline]
+    fn free_allocated(&mut self, addr: usize) -> bool {
+        let known = self.allocated.remove(&addr).is_some();
+        if known {
+            self.stack.push(addr);
+        }
+        known
+    }
+
+    fn forget(&mut self, addr: usize) -> Option<Block> {
+        self.allocated.remove(&addr)?;
         Some(Block {
             addr,
             size: self.block_size,

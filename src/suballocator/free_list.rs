@@ -34,10 +34,10 @@ impl Block {
     }
 }
 
-/// One free list of a suballocation strategy: how a block is carved from it and how a freed one
-/// goes back. Pure bookkeeping on addresses; no CUDA calls, no locks (the core locks it).
-// `remove_range` and `free_ranges` serve trimming growth policies (the expandable pool's).
-#[allow(dead_code)]
+/// One list of a suballocation strategy: its free blocks, and the blocks allocated through it
+/// (so that a free finds its block's size, and a bogus or double free is caught). How a block is
+/// carved from it and how a freed one goes back. Pure bookkeeping on addresses; no CUDA calls,
+/// no locks (the core locks it).
 pub(crate) trait FreeList: Send + Sized + 'static {
     /// The strategy's fixed parameters, shared by every list of one core.
     type Sizing: Send + Sync + std::fmt::Debug + 'static;
@@ -54,10 +54,29 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     /// Whether [`FreeList::take`] would succeed.
     fn can_take(&self, size: usize) -> bool;
 
-    /// Takes a block of `size` bytes (as from [`FreeList::block_size_for`]).
+    /// Takes a free block of `size` bytes (as from [`FreeList::block_size_for`]) out of the
+    /// list entirely (for another list to [`FreeList::adopt`]).
     fn take(&mut self, size: usize) -> Option<Block>;
 
-    /// Puts a free block (one taken earlier, from this or another list) into the list,
+    /// Takes a free block of `size` bytes and records it as allocated in this list; its address.
+    fn take_allocated(&mut self, size: usize) -> Option<usize> {
+        let block = self.take(size)?;
+        self.adopt(block);
+        Some(block.addr)
+    }
+
+    /// Records `block` (taken from another list) as allocated in this list.
+    fn adopt(&mut self, block: Block);
+
+    /// Frees the block allocated in this list at `addr` into this list (coalescing where the
+    /// strategy does); false, changing nothing, when no block allocated here starts there.
+    fn free_allocated(&mut self, addr: usize) -> bool;
+
+    /// Drops the record of the block allocated in this list at `addr` and returns it (for a
+    /// free on another stream); `None` when there is none.
+    fn forget(&mut self, addr: usize) -> Option<Block>;
+
+    /// Puts a free block (one taken or forgotten by this or another list) into the list,
     /// coalescing with its free neighbours of the same region where the strategy does.
     fn insert(&mut self, block: Block);
 
@@ -66,7 +85,7 @@ pub(crate) trait FreeList: Send + Sized + 'static {
         self.insert(chunk);
     }
 
-    /// Takes every free block out of the list.
+    /// Takes every free block out of the list (allocated ones stay recorded).
     fn drain(&mut self) -> Vec<Block>;
 
     /// Moves the blocks of `fresh` that border a free block of this list (same region) into

@@ -1,10 +1,10 @@
-//! One stream's part of the stream-ordered core: its free list, the blocks allocated through it,
-//! and its event marks, behind one lock; plus a per-thread cache that finds a stream's list
+//! One stream's part of the stream-ordered core: its list (free blocks and the blocks allocated
+//! through it) and its event marks, behind one lock; plus a per-thread cache that finds a stream's list
 //! without touching any shared cache line.
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, FreeList, ListId};
+use super::free_list::{Block, FreeList, ListId};
 use super::stream_events::StreamKey;
 use crate::sync::Mutex;
 
@@ -21,10 +21,8 @@ pub(crate) struct ListMarks {
 /// What one stream's lock guards.
 #[derive(Debug)]
 pub(crate) struct ListState<F> {
-    /// The stream's free blocks.
-    pub free: F,
-    /// Blocks allocated on this stream and not freed yet, by address.
-    pub allocated: AddressMap<usize, Block>,
+    /// The stream's free blocks and the blocks allocated on it.
+    pub list: F,
     /// Event state (per-thread default streams only).
     pub marks: ListMarks,
 }
@@ -33,18 +31,9 @@ impl<F: FreeList> ListState<F> {
     /// An empty state.
     pub fn new(sizing: &F::Sizing) -> Self {
         ListState {
-            free: F::new(sizing),
-            allocated: AddressMap::default(),
+            list: F::new(sizing),
             marks: ListMarks::default(),
         }
-    }
-
-    /// Takes a block of `size` bytes from the free list and records it as allocated.
-    #[inline]
-    pub fn take_and_record(&mut self, size: usize) -> Option<usize> {
-        let block = self.free.take(size)?;
-        self.allocated.insert(block.addr, block);
-        Some(block.addr)
     }
 }
 
@@ -62,7 +51,7 @@ pub(crate) struct StreamList<F> {
 impl<F: FreeList> StreamList<F> {
     /// Records `block` (taken elsewhere for this stream) as allocated; its address.
     pub fn record(&self, block: Block) -> usize {
-        self.state.lock().allocated.insert(block.addr, block);
+        self.state.lock().list.adopt(block);
         block.addr
     }
 }

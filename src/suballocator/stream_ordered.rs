@@ -54,7 +54,9 @@
 //! list cannot serve. A free of a block allocated on another stream finds the block by locking
 //! the other lists one at a time (through the directory), then puts it in its own list.
 //!
-//! Lock order (a thread holding a lock takes only locks further down):
+//! Lock order (a thread holding a lock takes only locks further down; it may also *try* one
+//! further up, which never waits: a stream whose list cannot serve tries `shared` while holding
+//! its list's lock, to take fresh memory in one go):
 //! 1. `shared`;
 //! 2. `directory` (read for iteration; write only when adding a list, holding nothing else);
 //! 3. one stream list's mutex (never two at once);
@@ -238,44 +240,68 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let size = F::block_size_for(&self.sizing, bytes)?;
         let key = StreamKey::of(stream);
-        let fast = self.with_list(key, |list| -> Result<Option<usize>> {
+        self.with_list(key, |list| self.allocate_on(list, key, bytes, size, stream))
+    }
+
+    /// The stream's own list, then fresh memory if the shared lock is free at once, then the
+    /// slow path.
+    #[inline]
+    fn allocate_on(
+        &self,
+        list: &StreamList<F>,
+        key: StreamKey,
+        bytes: usize,
+        size: usize,
+        stream: Stream,
+    ) -> Result<usize> {
+        {
             let mut st = list.state.lock();
             if key.is_per_thread() {
                 self.record_if_wanted(&mut st, key)?;
             }
-            Ok(st.take_and_record(size))
-        })?;
-        match fast {
-            Some(p) => Ok(p),
-            None => self.allocate_slow(key, bytes, size, stream),
+            if let Some(p) = st.list.take_allocated(size) {
+                return Ok(p);
+            }
+            // Taking the shared lock while holding a list's would invert the lock order;
+            // `try_lock` never waits, so it cannot deadlock.
+            if let Some(mut sh) = self.shared.try_lock() {
+                if let Some(b) = sh.fresh.take(size) {
+                    st.list.adopt(b);
+                    return Ok(b.addr);
+                }
+            }
         }
+        self.allocate_slow(list, bytes, size, stream)
     }
 
     /// Everything after the stream's own list: fresh memory, steals, growth, merging.
     #[cold]
     fn allocate_slow(
         &self,
-        key: StreamKey,
+        list: &StreamList<F>,
         bytes: usize,
         size: usize,
         stream: Stream,
     ) -> Result<usize> {
-        let list = self.list(key);
         let mut sh = self.shared.lock();
-        // A free on this stream may have come in since the fast path looked.
-        if let Some(p) = list.state.lock().take_and_record(size) {
-            return Ok(p);
+        {
+            let mut st = list.state.lock();
+            // A free on this stream may have come in since the fast path looked.
+            if let Some(p) = st.list.take_allocated(size) {
+                return Ok(p);
+            }
+            if let Some(b) = sh.fresh.take(size) {
+                st.list.adopt(b);
+                return Ok(b.addr);
+            }
         }
-        if let Some(b) = sh.fresh.take(size) {
-            return Ok(list.record(b));
-        }
-        if let Some(b) = self.steal(&list, size)? {
+        if let Some(b) = self.steal(list, size)? {
             return Ok(list.record(b));
         }
         {
             let mut st = list.state.lock();
-            if st.free.absorb_bordering(&mut sh.fresh) {
-                if let Some(p) = st.take_and_record(size) {
+            if st.list.absorb_bordering(&mut sh.fresh) {
+                if let Some(p) = st.list.take_allocated(size) {
                     return Ok(p);
                 }
             }
@@ -316,7 +342,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 continue;
             }
             let mut st = other.state.lock();
-            if !st.free.can_take(size) {
+            if !st.list.can_take(size) {
                 continue;
             }
             let owner = other.key;
@@ -330,7 +356,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if owner.is_reachable_here() {
                 st.marks.unrecorded = false;
             }
-            return Ok(st.free.take(size));
+            return Ok(st.list.take(size));
         }
         Ok(None)
     }
@@ -360,7 +386,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             .map(|list| {
                 let mut st = list.state.lock();
                 st.marks = ListMarks::default();
-                st.free.drain()
+                st.list.drain()
             })
             .collect();
         if let Err(e) = self.events.synchronize_all() {
@@ -371,7 +397,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     st.marks.unrecorded = true;
                 }
                 for b in blocks {
-                    st.free.insert(b);
+                    st.list.insert(b);
                 }
             }
             return Err(e);
@@ -426,25 +452,20 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let key = StreamKey::of(stream);
         // The core knows each block's size; `bytes` is the caller's (unchecked) figure.
-        let done = self.with_list(key, |list| -> Result<bool> {
-            let mut st = list.state.lock();
-            let Some(block) = st.allocated.remove(&ptr) else {
-                return Ok(false);
-            };
-            self.put_free(&mut st, key, block)?;
-            Ok(true)
-        })?;
-        if done {
-            Ok(())
-        } else {
-            self.deallocate_foreign(key, ptr)
-        }
+        self.with_list(key, |list| {
+            {
+                let mut st = list.state.lock();
+                if st.list.free_allocated(ptr) {
+                    return self.after_free(&mut st, key);
+                }
+            }
+            self.deallocate_foreign(list, key, ptr)
+        })
     }
 
-    /// Puts a freed block in a stream's list (the list's lock held).
+    /// The event marks after a free into a stream's list (the list's lock held).
     #[inline]
-    fn put_free(&self, st: &mut ListState<F>, key: StreamKey, block: Block) -> Result<()> {
-        st.free.insert(block);
+    fn after_free(&self, st: &mut ListState<F>, key: StreamKey) -> Result<()> {
         if key.is_per_thread() {
             st.marks.unrecorded = true;
             self.record_if_wanted(st, key)?;
@@ -454,14 +475,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// A free of a block allocated on another stream (or never allocated here).
     #[cold]
-    fn deallocate_foreign(&self, key: StreamKey, ptr: usize) -> Result<()> {
-        let list = self.list(key);
+    fn deallocate_foreign(&self, list: &StreamList<F>, key: StreamKey, ptr: usize) -> Result<()> {
         let found = {
             let dir = self.directory.read();
             dir.all
                 .iter()
                 .filter(|other| other.id != list.id)
-                .find_map(|other| other.state.lock().allocated.remove(&ptr))
+                .find_map(|other| other.state.lock().list.forget(ptr))
         };
         let Some(block) = found else {
             return Err(Error::Logic(format!(
@@ -469,7 +489,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
             )));
         };
         let mut st = list.state.lock();
-        self.put_free(&mut st, key, block)
+        st.list.insert(block);
+        self.after_free(&mut st, key)
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
@@ -516,7 +537,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let dir = self.directory.read();
         dir.all
             .iter()
-            .fold(acc, |acc, list| f(acc, &list.state.lock().free))
+            .fold(acc, |acc, list| f(acc, &list.state.lock().list))
     }
 
     /// Free bytes over all lists.
