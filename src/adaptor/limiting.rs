@@ -63,13 +63,33 @@ impl MemoryResource for LimitingResourceAdaptor {
         Err(Error::out_of_memory(bytes, "Exceeded memory limit"))
     }
 
+    /// Frees through the upstream and lowers the byte counter.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] (and the upstream is not called) when `bytes`, rounded, is more than is
+    /// allocated through this adaptor: the size cannot be the allocation's, and counting it would
+    /// wrap the counter and refuse every later allocation. The upstream's errors otherwise.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
+        let allocated = self.allocated_bytes.load(Ordering::Acquire);
+        if size > allocated {
+            return Err(too_large_free(ptr, bytes, allocated));
+        }
         // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
-        // `allocate` succeeded with this size, so the rounding cannot overflow.
-        let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(bytes);
-        self.allocated_bytes.fetch_sub(size, Ordering::AcqRel);
-        Ok(())
+        // Saturating: a concurrent wrong-size free may have raced past the check above.
+        let update = self
+            .allocated_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(size))
+            });
+        match update {
+            Ok(before) if before < size => Err(too_large_free(ptr, bytes, before)),
+            _ => Ok(()),
+        }
     }
 
     forward_upstream_info!();
@@ -77,6 +97,13 @@ impl MemoryResource for LimitingResourceAdaptor {
     fn name(&self) -> &'static str {
         "limiting"
     }
+}
+
+fn too_large_free(ptr: usize, bytes: usize, allocated: usize) -> Error {
+    Error::Logic(format!(
+        "limiting_resource_adaptor: deallocate of {ptr:#x} with size {bytes}, but only \
+         {allocated} bytes are allocated through this adaptor (wrong size or double free)"
+    ))
 }
 
 #[cfg(test)]
@@ -103,6 +130,33 @@ mod tests {
         unsafe { mr.deallocate(b, 768, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.allocated_bytes(), 0);
         assert_eq!(mr.kind(), crate::MemoryKind::Simulated);
+    }
+
+    /// Issue 9: a free with the wrong size wrapped the counter to 18446744073708503296 and
+    /// every later allocation was refused.
+    #[test]
+    fn a_too_large_free_is_a_logic_error_and_the_counter_does_not_wrap() {
+        let up = simulated();
+        let mr = LimitingResourceAdaptor::new(up.clone(), 1 << 20);
+        let a = mr.allocate(1000, Stream::DEFAULT).unwrap();
+        // SAFETY: simulated memory checks its frees; the adaptor refuses before forwarding.
+        let err = unsafe { mr.deallocate(a, 1 << 20, Stream::DEFAULT) }.unwrap_err();
+        assert!(
+            matches!(&err, Error::Logic(m) if m.contains("size 1048576") && m.contains("1024 bytes")),
+            "{err}"
+        );
+        assert_eq!(mr.allocated_bytes(), 1024);
+        let b = mr.allocate(4096, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.allocated_bytes(), 1024 + 4096);
+        // SAFETY: `a` and `b` are live with these sizes.
+        unsafe { mr.deallocate(a, 1000, Stream::DEFAULT) }.unwrap();
+        // SAFETY: as above.
+        unsafe { mr.deallocate(b, 4096, Stream::DEFAULT) }.unwrap();
+        assert_eq!(mr.allocated_bytes(), 0);
+        // SAFETY: checked by the adaptor (nothing allocated), never forwarded.
+        assert!(unsafe { mr.deallocate(b, 4096, Stream::DEFAULT) }.is_err());
+        assert_eq!(mr.allocated_bytes(), 0);
+        assert!(mr.allocate(1 << 19, Stream::DEFAULT).is_ok());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Resource adaptors: each wraps an upstream [`SharedResource`](crate::SharedResource) and adds
 //! one behaviour (logging, statistics, tracking, a limit, alignment, a failure callback,
-//! prefetching), with RMM's semantics. One adaptor per file.
+//! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
 /// memory_info, footprint) to `self.upstream`.
@@ -22,6 +22,7 @@ macro_rules! forward_upstream_info {
 }
 
 mod aligned;
+mod checked;
 mod failure_callback;
 mod limiting;
 mod logging;
@@ -30,6 +31,7 @@ mod statistics;
 mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
+pub use checked::CheckedResourceAdaptor;
 pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
 pub use limiting::LimitingResourceAdaptor;
 pub use logging::{log_file_for_device, LoggingResourceAdaptor, LOG_HEADER};

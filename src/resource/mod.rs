@@ -71,8 +71,8 @@ pub trait MemoryResource: Send + Sync {
     /// 4. `stream` is a default stream or names a live stream of the resource's device (see
     ///    [`Stream::from_raw`]).
     ///
-    /// Resources that document checked frees (the pool and simulated memory today, and
-    /// resources behind a checking wrapper) report a broken 1 or 2 as
+    /// Resources that document checked frees (the pool, simulated and system memory, and
+    /// resources behind a [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor)) report a broken 1 or 2 as
     /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required;
     /// with the others (CUDA's own frees, the system allocator) a broken 1 or 2 is undefined
     /// behaviour.

@@ -25,8 +25,6 @@
 use super::stream_ordered::{FreeList, ListId, FRESH};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 const GRANULE_SHIFT: u32 = 8;
 const SL_BITS: u32 = 5;
@@ -42,35 +40,7 @@ const ALLOCATED: u32 = u32::MAX;
 /// `Node::list` of an arena slot that holds no block.
 const UNUSED: u32 = u32::MAX - 1;
 
-/// Hashes block addresses (multiples of 256) with one folded multiply.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-        self.write_u64(0);
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let p = u128::from(x ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-    #[inline]
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-}
-
-/// A hash map keyed by addresses (or other integers) with [`AddressHasher`].
-pub(crate) type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
+pub(crate) use crate::live::AddressMap;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
