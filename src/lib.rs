@@ -39,12 +39,12 @@ pub use current::{
     set_current_device_resource, set_per_device_resource, MAX_VIRTUAL_DEVICES,
 };
 pub use device_buffer::DeviceBuffer;
-pub use error::{Error, Result};
+pub use error::{CallbackPayload, Error, Result};
 pub use live::LiveAllocations;
 pub use resource::{
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CallProfile, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource,
+    Footprint, ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource,
+    SharedResource, SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
     BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,

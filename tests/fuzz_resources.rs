@@ -100,7 +100,7 @@ fn stacks() -> Vec<Stack> {
         wrong_sizes: true,
     };
     vec![
-        s("simulated", |up| Ok(up), true),
+        s("simulated", Ok, true),
         s("pool", pool, true),
         s(
             "fixed_size",
@@ -160,7 +160,7 @@ fn stacks() -> Vec<Stack> {
             |up| {
                 Ok(Arc::new(FailureCallbackResourceAdaptor::new(
                     pool(up)?,
-                    Box::new(|_| false),
+                    Box::new(|_| Ok(false)),
                 )))
             },
             true,

@@ -3,9 +3,15 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint) to `self.upstream`.
+/// memory_info, footprint and, unless `no_profile` is given, call_profile) to `self.upstream`.
 macro_rules! forward_upstream_info {
     () => {
+        forward_upstream_info!(no_profile);
+        fn call_profile(&self) -> $crate::resource::CallProfile {
+            self.upstream.call_profile()
+        }
+    };
+    (no_profile) => {
         fn kind(&self) -> $crate::MemoryKind {
             self.upstream.kind()
         }

@@ -56,7 +56,14 @@ impl MemoryResource for PrefetchResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!();
+    forward_upstream_info!(no_profile);
+
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        // cuMemPrefetchAsync and the driver.
+        self.upstream
+            .call_profile()
+            .and(crate::resource::CallProfile::BLOCKING)
+    }
 
     fn name(&self) -> &'static str {
         "prefetch"

@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use std::sync::Arc;
 
-use super::errors::{py_result, stash_pyerr_any};
+use super::errors::{callback_error, py_result};
 use super::resources::{
     bytes_arg, opt_bytes_arg, upstream_arg, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
@@ -432,16 +432,13 @@ impl FailureCallbackResourceAdaptor {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
         let f = callback.clone().unbind();
-        let call = Box::new(move |bytes: usize| -> bool {
+        let call = Box::new(move |bytes: usize| -> crate::Result<bool> {
             Python::attach(|py| {
-                match f.bind(py).call1((bytes,)).and_then(|r| r.is_truthy()) {
-                    Ok(retry) => retry,
-                    Err(e) => {
-                        // The allocation fails; the caller sees the callback's exception.
-                        stash_pyerr_any(e);
-                        false
-                    }
-                }
+                // The allocation fails with the callback's own exception, carried in the error.
+                f.bind(py)
+                    .call1((bytes,))
+                    .and_then(|r| r.is_truthy())
+                    .map_err(|e| callback_error(py, e, bytes))
             })
         });
         let adaptor = Arc::new(RsFailureCallback::new(upstream, call));

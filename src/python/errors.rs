@@ -9,15 +9,22 @@ use pyo3::prelude::*;
 /// errors a `RuntimeError`, file errors an `OSError`.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     let text = error.to_string();
-    if let Some(original) = take_stashed(&text, error.is_out_of_memory()) {
-        return original;
-    }
     match error {
         Error::OutOfMemory { .. } => PyMemoryError::new_err(text),
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
         Error::OutOfRange(_) => PyIndexError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
         Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) => PyRuntimeError::new_err(text),
+        // The exact exception a Python callback raised, when it travels in the error.
+        Error::Callback {
+            payload,
+            out_of_memory,
+            ..
+        } => match payload.downcast_ref::<PyErr>() {
+            Some(err) => Python::attach(|py| err.clone_ref(py)),
+            None if out_of_memory => PyMemoryError::new_err(text),
+            None => PyRuntimeError::new_err(text),
+        },
     }
 }
 
@@ -26,46 +33,21 @@ pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
     result.map_err(to_pyerr)
 }
 
-thread_local! {
-    /// The last Python exception raised inside a Python callback, with the text of the rrmm
-    /// error that carried it out of Rust.
-    static STASHED: std::cell::RefCell<Option<(Option<String>, PyErr)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Turns an exception raised by a Python callback (inside a resource) into an rrmm error, and
-/// remembers the exception so that `to_pyerr` re-raises it unchanged when that error comes back
-/// to Python on this thread. A `MemoryError` becomes an out-of-memory error.
-pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error {
-    let error = if err.is_instance_of::<PyMemoryError>(py) {
-        Error::out_of_memory(requested, format!("Python callback: {err}"))
+/// Turns an exception raised by a Python callback (inside a resource or a failure callback)
+/// into an [`Error::Callback`] that carries it, so that `to_pyerr` re-raises that very exception
+/// when the error comes back to Python, whatever thread or path it took. A `MemoryError` counts
+/// as out of memory (pools and failure callbacks react to it).
+pub(crate) fn callback_error(py: Python<'_>, err: PyErr, requested: usize) -> Error {
+    let out_of_memory = err.is_instance_of::<PyMemoryError>(py);
+    let message = if out_of_memory {
+        format!(
+            "std::bad_alloc: out_of_memory: Python callback: {err} (failed to allocate \
+             {requested} bytes)"
+        )
     } else {
-        Error::Logic(format!("Python callback raised {err}"))
+        format!("Python callback raised {err}")
     };
-    let text = error.to_string();
-    STASHED.with(|cell| *cell.borrow_mut() = Some((Some(text), err)));
-    error
-}
-
-/// Remembers an exception raised by a Python callback whose failure reaches Rust only as a
-/// refusal (the failure callback's `false`): the next out-of-memory error converted on this
-/// thread becomes this exception.
-pub(crate) fn stash_pyerr_any(err: PyErr) {
-    STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
-}
-
-fn take_stashed(text: &str, out_of_memory: bool) -> Option<PyErr> {
-    STASHED
-        .try_with(|cell| {
-            let mut slot = cell.borrow_mut();
-            match slot.as_ref() {
-                Some((None, _)) if out_of_memory => slot.take().map(|(_, err)| err),
-                Some((Some(stashed), _)) if stashed == text => slot.take().map(|(_, err)| err),
-                _ => None,
-            }
-        })
-        .ok()
-        .flatten()
+    Error::callback(message, out_of_memory, err)
 }
 
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 use std::sync::{Arc, OnceLock};
 
-use super::errors::{py_result, stash_pyerr};
+use super::errors::{callback_error, py_result};
 use super::stream::{stream_for, StreamArg};
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
@@ -382,7 +382,7 @@ impl CallbackMemoryResource {
                         let s = stream_for(py, stream)?;
                         a.bind(py).call1((bytes, s))?.extract::<usize>()
                     };
-                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                    call().map_err(|e| callback_error(py, e, bytes))
                 })
             },
         );
@@ -394,7 +394,7 @@ impl CallbackMemoryResource {
                         d.bind(py).call1((ptr, bytes, s))?;
                         Ok(())
                     };
-                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                    call().map_err(|e| callback_error(py, e, bytes))
                 })
             },
         );

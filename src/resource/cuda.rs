@@ -54,6 +54,11 @@ impl MemoryResource for CudaMemoryResource {
         cuda::mem_get_info().ok()
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // cuMemAlloc/cuMemFree synchronize with the device.
+        super::CallProfile::BLOCKING
+    }
+
     fn name(&self) -> &'static str {
         "cuda"
     }

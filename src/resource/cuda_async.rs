@@ -73,6 +73,11 @@ impl MemoryResource for CudaAsyncMemoryResource {
         cuda::mem_get_info().ok()
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // Driver calls that may wait (pool growth, trimming, the driver's locks).
+        super::CallProfile::BLOCKING
+    }
+
     fn name(&self) -> &'static str {
         "cuda_async"
     }
@@ -128,6 +133,11 @@ impl MemoryResource for CudaAsyncViewMemoryResource {
 
     fn device(&self) -> Option<usize> {
         Some(self.device)
+    }
+
+    fn call_profile(&self) -> super::CallProfile {
+        // Driver calls that may wait (pool growth, trimming, the driver's locks).
+        super::CallProfile::BLOCKING
     }
 
     fn name(&self) -> &'static str {

@@ -84,6 +84,11 @@ impl MemoryResource for SystemMemoryResource {
         MemoryKind::Host
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // The system allocator (page faults, mmap) and the stream wait before a free.
+        super::CallProfile::BLOCKING
+    }
+
     fn name(&self) -> &'static str {
         "system"
     }

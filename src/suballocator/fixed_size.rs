@@ -134,6 +134,12 @@ impl MemoryResource for FixedSizeMemoryResource {
         Some(self.inner.core.footprint())
     }
 
+    /// The upstream's: growth and release call it, and cross-stream waits are CUDA events
+    /// exactly when the upstream is real memory (which blocks anyway).
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        self.upstream().call_profile()
+    }
+
     fn name(&self) -> &'static str {
         "fixed_size"
     }
