@@ -314,6 +314,25 @@ def test_failure_callback(sim_mr):
     f.deallocate(p, 100)
 
 
+def test_failure_callback_exception_is_the_very_one_raised_and_never_reused(sim_mr):
+    # Issue 9: the callback's exception was stashed per thread and matched by message text, so
+    # a later, unrelated out-of-memory error could raise it.
+    small = mr.LimitingResourceAdaptor(sim_mr, 4096)
+    raised = ZeroDivisionError("from callback")
+
+    def raising(nbytes):
+        raise raised
+
+    with pytest.raises(ZeroDivisionError) as info:
+        mr.FailureCallbackResourceAdaptor(small, raising).allocate(8192)
+    assert info.value is raised
+    with pytest.raises(MemoryError, match="Exceeded memory limit"):
+        small.allocate(8192)
+    refusing = mr.FailureCallbackResourceAdaptor(small, lambda nbytes: False)
+    with pytest.raises(MemoryError, match="Exceeded memory limit"):
+        refusing.allocate(8192)
+
+
 def test_prefetch_adaptor_over_host():
     pf = mr.PrefetchResourceAdaptor(mr.SystemMemoryResource())
     b = rrmm.DeviceBuffer.to_device(b"abc", mr=pf)
