@@ -2,9 +2,13 @@
 # The whole GPU run, on the GPU machine, from artifacts built elsewhere (that machine has no Rust):
 #   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
-#   .gpu/traces/*.csv.gz          the shared traces (../shared does not travel)
+#   .gpu/bench/w7                 rrmm's W7 benchmark (cargo build --release --bench w7, then copy
+#                                 target/release/deps/w7-<hash>; scripts/gpu_prepare.sh bench)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
-# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile (default: all)
+#   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
+#   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
+# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 w7 hooks profile rmmtests dask
+#   (default: all but rmmtests and dask)
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
 #   hooks stages.
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
@@ -12,9 +16,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-STAGES="${*:-rust python w1 w2 w3 hooks profile}"
+STAGES="${*:-rust python w1 w2 w3 w7 hooks profile}"
 export PYTHONUNBUFFERED=1
-export RRMM_TRACES="$PWD/.gpu/traces"
+export RRMM_TRACES="$PWD/python/rrmm/traces"
 SITE=/tmp/site
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -52,20 +56,20 @@ if has w1; then
       -L"$LOGGER/lib64" -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" \
       > "$OUT/nvcc.log" 2>&1; then
     for t in random_10k_1mib random_100k_4mib transformer_training; do
-      python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
+      python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
       res="pool,binning,arena,cuda_async"; [ "$t" != random_100k_4mib ] && res="$res,cuda"
       timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" "$res" 3 | tee -a "$OUT/w1_rmm.jsonl"
     done
   else
     echo "nvcc build of the RMM replay failed:"; tail -30 "$OUT/nvcc.log"
   fi
-  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --traces .gpu/traces --out "$OUT/w1_rrmm.jsonl"; fi
+  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces --out "$OUT/w1_rrmm.jsonl"; fi
   [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py w1 "$OUT" | tee -a "$SUMMARY"
 fi
 
 if has w3; then
   for t in random_10k_1mib transformer_training; do
-    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
+    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
   done
 fi
 for w in w2 w3; do
@@ -75,6 +79,29 @@ for w in w2 w3; do
     [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py $w "$OUT" | tee -a "$SUMMARY"
   fi
 done
+
+if has w7; then
+  echo "== W7: threads on their own streams, and 4 streams x 4 spinning kernels; RMM (C++) and rrmm"
+  LIBRMM="$SITE/librmm"; LOGGER="$SITE/rapids_logger"
+  w7_nvcc() {
+    nvcc -std=c++20 -O3 -arch=native "$@" -I"$LIBRMM/include" -I"$LIBRMM/include/rapids" \
+      -I"$LOGGER/include" benches/gpu/rmm_w7.cu -L"$LIBRMM/lib64" -L"$LOGGER/lib64" -lrmm \
+      -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" -o /tmp/rmm_w7
+  }
+  : > "$OUT/w7_rmm.jsonl"; : > "$OUT/w7_rrmm.jsonl"
+  # RMM's side with arena and binning; without them (the original three) if that does not build.
+  if w7_nvcc > "$OUT/nvcc_w7.log" 2>&1 || w7_nvcc -DRMM_W7_NO_EXTRA >> "$OUT/nvcc_w7.log" 2>&1; then
+    timeout 1200 /tmp/rmm_w7 | tee "$OUT/w7_rmm.jsonl"
+  else
+    echo "nvcc build of RMM's W7 failed:"; tail -30 "$OUT/nvcc_w7.log"
+  fi
+  if [ -x .gpu/bench/w7 ]; then
+    timeout 1200 .gpu/bench/w7 | tee "$OUT/w7_rrmm.jsonl"
+  else
+    echo "no .gpu/bench/w7: build it with scripts/gpu_prepare.sh bench"
+  fi
+  python3 benches/gpu/w7_summary.py "$OUT" | tee -a "$SUMMARY"
+fi
 
 if has hooks && [ -f benches/python/bench_hooks.py ]; then
   echo "== W4-W6: framework hooks"
@@ -86,6 +113,37 @@ if has profile; then
   echo "== W6 profile: where device_array's time goes"
   python3 benches/python/profile_numba.py --json "$OUT/profile_numba.json" 2>&1 | tee "$OUT/profile_numba.log" | tail -12
   cat "$OUT/profile_numba.log" >> "$SUMMARY"
+fi
+
+# The .pth of RRMM_AS_RMM only works from a site directory; --target dirs are not one, so a
+# sitecustomize on PYTHONPATH makes $SITE one in every process (dask workers included).
+alias_site() {
+  mkdir -p /tmp/alias_site
+  echo "import site; site.addsitedir('$SITE')" > /tmp/alias_site/sitecustomize.py
+  echo "/tmp/alias_site:$PYTHONPATH"
+}
+
+if has rmmtests; then
+  echo "== RMM's Python test suite: on RMM, then on rrmm (RRMM_AS_RMM=1), same run"
+  if [ -d .rmm-tests ]; then
+    (cd .rmm-tests && python3 -m pytest -q -p no:cacheprovider --timeout=600 . 2>&1) > "$OUT/rmmtests_rmm.log"
+    (cd .rmm-tests && RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 -m pytest -q -p no:cacheprovider -rf --timeout=600 . 2>&1) > "$OUT/rmmtests_rrmm.log"
+    note "RMM's tests on RMM:  $(tail -1 "$OUT/rmmtests_rmm.log")"
+    note "RMM's tests on rrmm: $(tail -1 "$OUT/rmmtests_rrmm.log")"
+    grep -E "^FAILED|^ERROR" "$OUT/rmmtests_rrmm.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -40
+  else
+    note "rmmtests: .rmm-tests/ missing (scripts/rmm_tests.md)"
+  fi
+fi
+
+if has dask; then
+  echo "== Dask: LocalCUDACluster, two workers, rrmm's pool on both GPUs"
+  python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" .whl-dask/*.whl \
+    || echo "dask wheel install failed"
+  python3 benches/gpu/dask_stage.py plugin --out "$OUT/dask_plugin.json" 2>&1 | tee "$OUT/dask_plugin.log" | grep -v "^INFO\|distributed\." | tail -20
+  RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 benches/gpu/dask_stage.py alias --out "$OUT/dask_alias.json" 2>&1 | tee "$OUT/dask_alias.log" | grep -v "^INFO\|distributed\." | tail -20
+  note "dask (RRMMSetup): $(grep -E '^dask plugin' "$OUT/dask_plugin.log" || echo 'no result')"
+  note "dask (RRMM_AS_RMM=1, dask-cuda's options): $(grep -E '^dask alias' "$OUT/dask_alias.log" || echo 'no result')"
 fi
 
 echo

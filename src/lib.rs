@@ -26,6 +26,7 @@ pub mod live;
 pub mod replay;
 pub mod resource;
 pub mod suballocator;
+mod sync;
 
 pub use adaptor::{
     AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,
@@ -42,12 +43,14 @@ pub use device_buffer::DeviceBuffer;
 pub use error::{CallbackPayload, Error, Result};
 pub use live::LiveAllocations;
 pub use resource::{
-    CallProfile, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource,
-    Footprint, ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource,
-    SharedResource, SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CallProfile, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind,
+    MemoryResource, PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource,
+    SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

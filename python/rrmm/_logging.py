@@ -1,13 +1,11 @@
-"""RMM's logging level API (``rmm.set_logging_level`` and friends) and the debug log
-(``$RMM_DEBUG_LOG_FILE``, else standard error)."""
+"""RMM's logging level API (``rmm.set_logging_level`` and friends), the debug log
+(``$RMM_DEBUG_LOG_FILE``, else standard error), and the naming of allocation-log files."""
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 from enum import IntEnum
-from typing import IO
 
 __all__ = [
     "flush_logger",
@@ -32,10 +30,8 @@ class level_enum(IntEnum):
     off = 6
 
 
-_lock = threading.Lock()
 _level = level_enum.info
 _flush_level = level_enum.warn
-_sink: IO[str] | None = None
 
 
 def _check(level: object) -> level_enum:
@@ -71,27 +67,23 @@ def should_log(level: level_enum) -> bool:
     return _check(level) >= _level and _level != level_enum.off
 
 
-def _open_sink() -> IO[str]:
-    global _sink
-    if _sink is None:
-        path = os.environ.get("RMM_DEBUG_LOG_FILE")
-        _sink = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
-    return _sink
-
-
 def flush_logger() -> None:
-    """Flushes the debug log."""
-    with _lock:
-        if _sink is not None:
-            _sink.flush()
+    """Flushes the debug log. rrmm writes each debug-log message whole to
+    ``$RMM_DEBUG_LOG_FILE`` (opened and closed per message), else to standard error, which is
+    what this flushes."""
+    sys.stderr.flush()
 
 
-def _log(level: level_enum, message: str) -> None:
-    """Writes ``message`` to the debug log if ``level`` passes."""
-    if not should_log(level):
-        return
-    with _lock:
-        sink = _open_sink()
-        sink.write(f"[RMM] [{level.name}] {message}\n")
-        if level >= _flush_level:
-            sink.flush()
+def log_file_for_device(name: str | bytes | os.PathLike[str] | None, device: int) -> str:
+    """The allocation-log file of ``device``: ``name`` (``$RMM_LOG_FILE`` when None) with
+    ``.dev{device}`` inserted before the extension (``rmm_log.csv`` -> ``rmm_log.dev0.csv``), as
+    RMM's Python ``_append_id`` does. ValueError when there is neither a name nor
+    ``RMM_LOG_FILE``."""
+    if name is None:
+        name = os.environ.get("RMM_LOG_FILE")
+        if name is None:
+            raise ValueError(
+                "RMM logging requested without an explicit file name, but RMM_LOG_FILE is unset"
+            )
+    stem, ext = os.path.splitext(os.fsdecode(name))
+    return f"{stem}.dev{device}{ext}"

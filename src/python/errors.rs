@@ -6,7 +6,8 @@ use pyo3::prelude::*;
 
 /// Converts an rrmm error into the exception RMM raises for it: out of memory is a
 /// `MemoryError`, bad arguments a `ValueError`, a missing level an `IndexError`, CUDA and logic
-/// errors a `RuntimeError`, file errors an `OSError`.
+/// errors a `RuntimeError`, file errors an `OSError`; a Python callback's failure re-raises the
+/// exception it carries.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     let text = error.to_string();
     match error {
@@ -15,7 +16,7 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
         Error::OutOfRange(_) => PyIndexError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
         Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) => PyRuntimeError::new_err(text),
-        // The exact exception a Python callback raised, when it travels in the error.
+        // The exception a Python callback raised (as RMM raises it), carried in the error.
         Error::Callback {
             payload,
             out_of_memory,
@@ -34,10 +35,12 @@ pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
 }
 
 /// Turns an exception raised by a Python callback (inside a resource or a failure callback)
-/// into an [`Error::Callback`] that carries it, so that `to_pyerr` re-raises that very exception
-/// when the error comes back to Python, whatever thread or path it took. A `MemoryError` counts
-/// as out of memory (pools and failure callbacks react to it).
+/// into an [`Error::Callback`] that carries it (as RMM raises it, see `as_rmm_raises`), so that
+/// `to_pyerr` re-raises that very exception when the error comes back to Python, whatever
+/// thread or path it took. A `MemoryError` counts as out of memory (pools and failure callbacks
+/// react to it).
 pub(crate) fn callback_error(py: Python<'_>, err: PyErr, requested: usize) -> Error {
+    let err = as_rmm_raises(py, err);
     let out_of_memory = err.is_instance_of::<PyMemoryError>(py);
     let message = if out_of_memory {
         format!(
@@ -48,6 +51,23 @@ pub(crate) fn callback_error(py: Python<'_>, err: PyErr, requested: usize) -> Er
         format!("Python callback raised {err}")
     };
     Error::callback(message, out_of_memory, err)
+}
+
+/// What RMM raises for an exception from a Python callback: a `MemoryError` or `RuntimeError`
+/// (or a subclass) as it is; anything else (`Exception`, `BaseException`, ...) as a
+/// `RuntimeError` with the same message, the original as its cause.
+fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
+    if err.is_instance_of::<PyMemoryError>(py) || err.is_instance_of::<PyRuntimeError>(py) {
+        return err;
+    }
+    let message = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    let converted = PyRuntimeError::new_err(message);
+    converted.set_cause(py, Some(err));
+    converted
 }
 
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -11,6 +11,8 @@ still imports, and looking up ``RMMNumbaManager`` raises an ImportError that say
 install.
 """
 
+from typing import Any
+
 from rrmm import _rrmm
 from rrmm.allocators import _missing
 
@@ -37,12 +39,13 @@ else:
     import inspect as _inspect
 
     _USE_NV_BINDING = bool(getattr(_driver, "USE_NV_BINDING", True))
-    _binding = getattr(_driver, "binding", None)
+    _binding: Any = getattr(_driver, "binding", None)
     if _USE_NV_BINDING and _binding is None:
         try:
-            from cuda.bindings import driver as _binding
+            from cuda.bindings import driver as _cuda_driver
         except ImportError:
-            from cuda import cuda as _binding
+            from cuda import cuda as _cuda_driver
+        _binding = _cuda_driver
 
     if _USE_NV_BINDING:
         _device_ptr = _binding.CUdeviceptr
@@ -53,9 +56,6 @@ else:
     _MP_PARAMS = list(_inspect.signature(MemoryPointer.__init__).parameters)
     _MP_TAKES_CONTEXT = len(_MP_PARAMS) > 1 and _MP_PARAMS[1] == "context"
     _MemoryInfo = getattr(_driver, "MemoryInfo", None)
-    # How a MemoryPointer keeps its allocation: as an attribute (True) or through a finalizer
-    # calling its free() (False, RMM's way).
-    _OWN_BY_ATTRIBUTE = True
 
     def _address(memory):
         value = getattr(memory, "device_pointer_value", None)
@@ -88,21 +88,15 @@ else:
             if device is None:
                 device = self._device = int(self.context.device.id)
             owner = _hook_allocate(size, 0, device)
-            if _OWN_BY_ATTRIBUTE:
-                # The pointer owns the allocation outright: it is freed (by the owner's drop) when
-                # the last reference to the pointer, or to a view of it, goes. Cheaper than a
-                # weakref finalizer and the same lifetime.
-                if _MP_TAKES_CONTEXT:
-                    mem = MemoryPointer(self.context, _device_ptr(owner.ptr), size)
-                else:
-                    mem = MemoryPointer(_device_ptr(owner.ptr), size)
-                mem._rrmm_allocation = owner
-                return mem
+            # The pointer owns the allocation outright: it is freed (by the owner's drop) when
+            # the last reference to the pointer, or to a view of it, goes. Cheaper than a
+            # weakref finalizer and the same lifetime.
             if _MP_TAKES_CONTEXT:
-                return MemoryPointer(
-                    self.context, _device_ptr(owner.ptr), size, finalizer=owner.free
-                )
-            return MemoryPointer(_device_ptr(owner.ptr), size, finalizer=owner.free)
+                mem = MemoryPointer(self.context, _device_ptr(owner.ptr), size)
+            else:
+                mem = MemoryPointer(_device_ptr(owner.ptr), size)
+            mem._rrmm_allocation = owner
+            return mem
 
         def get_ipc_handle(self, memory):
             """An ``IpcHandle`` for ``memory``: ``cuIpcGetMemHandle`` of its allocation's base
