@@ -2,7 +2,7 @@
 
 use crate::cuda::{self};
 use crate::error::{Error, Result};
-use crate::resource::{CudaMemoryResource, MemoryKind, SharedResource};
+use crate::resource::{CudaMemoryResource, SharedResource};
 use parking_lot::RwLock;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -14,13 +14,14 @@ fn table() -> &'static RwLock<HashMap<usize, SharedResource>> {
     TABLE.get_or_init(|| RwLock::new(HashMap::new()))
 }
 
-/// Ordinals below this bound are accepted for resources tied to no device (simulated memory,
-/// host memory) even beyond the machine's devices (and with no driver), so that tests and
-/// simulations can use several "devices". Resources on a device need a real ordinal.
+/// Ordinals below this bound are accepted for resources tied to no device
+/// ([`MemoryResource::device`](crate::MemoryResource::device) is `None`: simulated memory, host
+/// memory, user callbacks) even beyond the machine's devices (and with no driver), so that tests
+/// and simulations can use several "devices". Resources on a device need a real ordinal.
 pub const MAX_VIRTUAL_DEVICES: usize = 1024;
 
 /// Checks `ordinal` for a per-device table: below [`cuda::device_count`], or below
-/// [`MAX_VIRTUAL_DEVICES`] for a resource of no device (`mr`) or a lookup without a driver.
+/// [`MAX_VIRTUAL_DEVICES`] for a resource on no device (`mr`) or a lookup without a driver.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the ordinal.
@@ -30,9 +31,7 @@ pub fn check_device_ordinal(ordinal: usize, mr: Option<&SharedResource>) -> Resu
         return Ok(());
     }
     let virtual_ok = match mr {
-        Some(mr) => {
-            mr.device().is_none() && matches!(mr.kind(), MemoryKind::Simulated | MemoryKind::Host)
-        }
+        Some(mr) => mr.device().is_none(),
         // A lookup: without a driver, making the default resource reports the missing driver.
         None => !cuda::driver_available(),
     };
@@ -43,7 +42,7 @@ pub fn check_device_ordinal(ordinal: usize, mr: Option<&SharedResource>) -> Resu
         "device",
         format!(
             "device ordinal {ordinal} is out of range: this machine has {devices} CUDA device(s) \
-             (resources of simulated or host memory may use ordinals below \
+             (resources on no device, such as simulated memory, may use ordinals below \
              {MAX_VIRTUAL_DEVICES})"
         ),
     ))
@@ -98,8 +97,7 @@ fn lookup_or_create(ordinal: usize) -> Result<SharedResource> {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the ordinal when it is not a device of this machine (or,
-/// for resources of simulated or host memory, not below [`MAX_VIRTUAL_DEVICES`]); the table is
-/// unchanged then.
+/// for resources on no device, not below [`MAX_VIRTUAL_DEVICES`]); the table is unchanged then.
 pub fn set_per_device_resource(
     ordinal: usize,
     mr: SharedResource,
