@@ -433,6 +433,27 @@ def test_current_resource_round_trip(sim_mr):
     assert not mr.is_initialized()
 
 
+def test_huge_device_ordinals_are_value_errors_naming_the_ordinal(sim_mr):
+    # Issue 9: 2**40 aborted the interpreter (a table indexed by ordinal); 10**8 took 10 s and
+    # 2.4 GB.
+    import time
+
+    for ordinal in (2**40, 10**8, 1024):
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=str(ordinal)):
+            mr.set_per_device_resource(ordinal, sim_mr)
+        with pytest.raises(ValueError, match=str(ordinal)):
+            mr.get_per_device_resource(ordinal)
+        assert time.monotonic() - started < 1.0
+    try:
+        mr.set_per_device_resource(3, sim_mr)  # simulated memory may stand for device 3
+        assert mr.get_per_device_resource(3) is sim_mr
+        p = sim_mr.allocate(256)
+        sim_mr.deallocate(p, 256)
+    finally:
+        _rrmm._clear_per_device_resources()
+
+
 def test_upstream_kept_alive(sim_mr):
     p = mr.PoolMemoryResource(mr.StatisticsResourceAdaptor(sim_mr), "1MiB")
     assert isinstance(p.upstream_mr, mr.StatisticsResourceAdaptor)
