@@ -75,11 +75,14 @@ pub trait MemoryResource: Send + Sync {
     /// 4. `stream` is a default stream or names a live stream of the resource's device (see
     ///    [`Stream::from_raw`]).
     ///
-    /// Resources that document checked frees (the pool, simulated and system memory, and
-    /// resources behind a [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor)) report a broken 1 or 2 as
-    /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required;
-    /// with the others (CUDA's own frees, the system allocator) a broken 1 or 2 is undefined
-    /// behaviour.
+    /// Resources that document checked frees report a broken 1 or 2 as
+    /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required:
+    /// the suballocators (pool, fixed-size, arena; binning through its bins and upstream),
+    /// simulated and system memory, the tracking, limiting and aligned adaptors, and anything
+    /// behind a [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor). With CUDA's own
+    /// resources (cuda, managed, pinned host, cuda_async) a broken 1 or 2 is undefined
+    /// behaviour; adaptors that only forward (statistics, logging, prefetch, failure callback)
+    /// are as safe as their upstream.
     ///
     /// # Errors
     /// CUDA errors from the underlying free, or a logic error for a pointer this resource does
