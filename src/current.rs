@@ -1,7 +1,7 @@
 //! The per-device current resource (RMM's `get/set_per_device_resource`).
 
 use crate::cuda::{self};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::resource::{CudaMemoryResource, SharedResource};
 use parking_lot::RwLock;
 use std::cell::RefCell;
@@ -12,6 +12,40 @@ use std::sync::{Arc, OnceLock};
 fn table() -> &'static RwLock<HashMap<usize, SharedResource>> {
     static TABLE: OnceLock<RwLock<HashMap<usize, SharedResource>>> = OnceLock::new();
     TABLE.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+/// Ordinals below this bound are accepted for resources tied to no device
+/// ([`MemoryResource::device`](crate::MemoryResource::device) is `None`: simulated memory, host
+/// memory, user callbacks) even beyond the machine's devices (and with no driver), so that tests
+/// and simulations can use several "devices". Resources on a device need a real ordinal.
+pub const MAX_VIRTUAL_DEVICES: usize = 1024;
+
+/// Checks `ordinal` for a per-device table: below [`cuda::device_count`], or below
+/// [`MAX_VIRTUAL_DEVICES`] for a resource on no device (`mr`) or a lookup without a driver.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the ordinal.
+pub fn check_device_ordinal(ordinal: usize, mr: Option<&SharedResource>) -> Result<()> {
+    let devices = cuda::device_count();
+    if ordinal < devices {
+        return Ok(());
+    }
+    let virtual_ok = match mr {
+        Some(mr) => mr.device().is_none(),
+        // A lookup: without a driver, making the default resource reports the missing driver.
+        None => !cuda::driver_available(),
+    };
+    if virtual_ok && ordinal < MAX_VIRTUAL_DEVICES {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "device",
+        format!(
+            "device ordinal {ordinal} is out of range: this machine has {devices} CUDA device(s) \
+             (resources on no device, such as simulated memory, may use ordinals below \
+             {MAX_VIRTUAL_DEVICES})"
+        ),
+    ))
 }
 
 /// Bumped by every change of the table, so that per-thread caches know when they are stale.
@@ -26,7 +60,8 @@ thread_local! {
 /// The resource of device `ordinal`; a [`CudaMemoryResource`] is made on first use.
 ///
 /// # Errors
-/// Making the default resource fails without a driver.
+/// [`Error::InvalidArgument`] for an ordinal with no resource set and no device (see
+/// [`check_device_ordinal`]); making the default resource fails without a driver.
 ///
 /// # Time Complexity
 /// O(1): a thread-local hit when the table has not changed since this thread last asked.
@@ -48,6 +83,7 @@ fn lookup_or_create(ordinal: usize) -> Result<SharedResource> {
     if let Some(mr) = table().read().get(&ordinal) {
         return Ok(mr.clone());
     }
+    check_device_ordinal(ordinal, None)?;
     let mut map = table().write();
     if let Some(mr) = map.get(&ordinal) {
         return Ok(mr.clone());
@@ -58,11 +94,19 @@ fn lookup_or_create(ordinal: usize) -> Result<SharedResource> {
 }
 
 /// Sets the resource of device `ordinal` and returns the previous one, if any was set.
-pub fn set_per_device_resource(ordinal: usize, mr: SharedResource) -> Option<SharedResource> {
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the ordinal when it is not a device of this machine (or,
+/// for resources on no device, not below [`MAX_VIRTUAL_DEVICES`]); the table is unchanged then.
+pub fn set_per_device_resource(
+    ordinal: usize,
+    mr: SharedResource,
+) -> Result<Option<SharedResource>> {
+    check_device_ordinal(ordinal, Some(&mr))?;
     let mut map = table().write();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     forget_this_threads_lookup();
-    map.insert(ordinal, mr)
+    Ok(map.insert(ordinal, mr))
 }
 
 /// Drops this thread's cached lookup, so a replaced resource is not kept alive by it. (Other
@@ -95,7 +139,10 @@ pub fn current_device_resource() -> Result<SharedResource> {
 }
 
 /// Sets the resource of the current device, returning the previous one.
-pub fn set_current_device_resource(mr: SharedResource) -> Option<SharedResource> {
+///
+/// # Errors
+/// As [`set_per_device_resource`].
+pub fn set_current_device_resource(mr: SharedResource) -> Result<Option<SharedResource>> {
     set_per_device_resource(current_device_ordinal(), mr)
 }
 
@@ -107,12 +154,73 @@ mod tests {
     #[test]
     fn set_and_get_round_trip() {
         let mr: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(7, mr.clone());
+        set_per_device_resource(7, mr.clone()).unwrap();
         assert!(Arc::ptr_eq(&per_device_resource(7).unwrap(), &mr));
         assert!(has_per_device_resource(7));
         // The per-thread cache sees a replacement at once.
         let other: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 10));
-        set_per_device_resource(7, other.clone());
+        set_per_device_resource(7, other.clone()).unwrap();
         assert!(Arc::ptr_eq(&per_device_resource(7).unwrap(), &other));
+    }
+
+    /// Issue 9: `set_per_device_resource(2**40, sim)` aborted (a table indexed by ordinal) and
+    /// `10**8` took 10 s and 2.4 GB.
+    #[test]
+    fn huge_ordinals_are_invalid_arguments_naming_the_ordinal() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        for ordinal in [1usize << 40, 100_000_000, MAX_VIRTUAL_DEVICES, usize::MAX] {
+            let started = std::time::Instant::now();
+            let Err(err) = set_per_device_resource(ordinal, sim.clone()) else {
+                panic!("ordinal {ordinal} accepted");
+            };
+            assert!(
+                matches!(&err, Error::InvalidArgument { argument: "device", message }
+                    if message.contains(&ordinal.to_string())),
+                "{err}"
+            );
+            assert!(!has_per_device_resource(ordinal));
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+            let Err(lookup) = per_device_resource(ordinal) else {
+                panic!("ordinal {ordinal} looked up");
+            };
+            assert!(
+                matches!(&lookup, Error::InvalidArgument { .. }),
+                "{ordinal}: {lookup}"
+            );
+        }
+        // Below the bound, simulated memory may stand for a device that is not there.
+        set_per_device_resource(MAX_VIRTUAL_DEVICES - 1, sim.clone()).unwrap();
+        assert!(Arc::ptr_eq(
+            &per_device_resource(MAX_VIRTUAL_DEVICES - 1).unwrap(),
+            &sim
+        ));
+    }
+
+    #[test]
+    fn device_resources_need_a_real_device() {
+        // A resource on a device (here faked by a wrapper claiming device 0) is only accepted
+        // at the ordinals the driver reports.
+        struct OnDevice(SharedResource);
+        impl crate::MemoryResource for OnDevice {
+            fn allocate(&self, bytes: usize, stream: crate::Stream) -> Result<usize> {
+                self.0.allocate(bytes, stream)
+            }
+            unsafe fn deallocate(&self, ptr: usize, bytes: usize, s: crate::Stream) -> Result<()> {
+                // SAFETY: the caller's contract, forwarded.
+                unsafe { self.0.deallocate(ptr, bytes, s) }
+            }
+            fn device(&self) -> Option<usize> {
+                Some(0)
+            }
+            fn name(&self) -> &'static str {
+                "on_device"
+            }
+        }
+        let mr: SharedResource = Arc::new(OnDevice(Arc::new(SimulatedMemoryResource::new(64))));
+        let beyond = cuda::device_count();
+        assert!(matches!(
+            set_per_device_resource(beyond + 500, mr.clone()),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 }

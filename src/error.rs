@@ -1,5 +1,40 @@
 //! The one error type of rrmm.
 
+use std::any::Any;
+use std::sync::Arc;
+
+/// A value that travels inside [`Error::Callback`]: whatever a user callback failed with (for
+/// the Python layer, the exact Python exception), shared and never inspected by rrmm. Two
+/// payloads are equal when they are the same value (`Arc::ptr_eq`).
+#[derive(Clone)]
+pub struct CallbackPayload(pub Arc<dyn Any + Send + Sync>);
+
+impl CallbackPayload {
+    /// Wraps `value`.
+    pub fn new<T: Any + Send + Sync>(value: T) -> Self {
+        CallbackPayload(Arc::new(value))
+    }
+
+    /// The value, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
+    }
+}
+
+impl std::fmt::Debug for CallbackPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallbackPayload(..)")
+    }
+}
+
+impl PartialEq for CallbackPayload {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CallbackPayload {}
+
 /// Every way an rrmm call can fail. Out-of-memory is its own variant so that callers (and Python,
 /// where it becomes `MemoryError`) can react to it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +76,21 @@ pub enum Error {
     /// An index or level that does not exist (RMM's `out_of_range`).
     #[error("{0}")]
     OutOfRange(String),
+    /// A user callback (a [`CallbackMemoryResource`](crate::resource::CallbackMemoryResource)
+    /// function, a failure callback) failed; `payload` carries its own error value (for Python,
+    /// the exception to re-raise unchanged). Adaptors and suballocators pass it through
+    /// untouched.
+    #[error("{message}")]
+    Callback {
+        /// A description for logs and Rust callers.
+        message: String,
+        /// Whether the callback reported out of memory (a Python `MemoryError`): such an error
+        /// counts as out of memory ([`Error::is_out_of_memory`]), so pools and failure
+        /// callbacks react to it as to any other.
+        out_of_memory: bool,
+        /// The callback's own error value.
+        payload: CallbackPayload,
+    },
     /// A file could not be read or written.
     #[error("I/O error on {path}: {message}")]
     Io {
@@ -70,11 +120,60 @@ impl Error {
         }
     }
 
-    /// Whether this is an out-of-memory error.
+    /// A callback's failure carrying `payload` (see [`Error::Callback`]).
+    pub fn callback(
+        message: impl Into<String>,
+        out_of_memory: bool,
+        payload: impl Any + Send + Sync,
+    ) -> Self {
+        Error::Callback {
+            message: message.into(),
+            out_of_memory,
+            payload: CallbackPayload::new(payload),
+        }
+    }
+
+    /// Whether this is an out-of-memory error (including a callback's out of memory).
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::OutOfMemory { .. })
+        matches!(
+            self,
+            Error::OutOfMemory { .. }
+                | Error::Callback {
+                    out_of_memory: true,
+                    ..
+                }
+        )
+    }
+
+    /// The payload of a callback's failure, if this is one and it holds a `T`.
+    pub fn callback_payload<T: Any>(&self) -> Option<&T> {
+        match self {
+            Error::Callback { payload, .. } => payload.downcast_ref::<T>(),
+            _ => None,
+        }
     }
 }
 
 /// Result with rrmm's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callback_error_carries_its_payload_and_may_be_out_of_memory() {
+        #[derive(Debug, PartialEq)]
+        struct Raised(&'static str);
+        let e = Error::callback("callback raised KeyError", false, Raised("KeyError"));
+        assert_eq!(e.callback_payload::<Raised>(), Some(&Raised("KeyError")));
+        assert_eq!(e.callback_payload::<String>(), None);
+        assert!(!e.is_out_of_memory());
+        assert_eq!(e.to_string(), "callback raised KeyError");
+        assert_eq!(e.clone(), e, "a clone shares the payload");
+        let other = Error::callback("callback raised KeyError", false, Raised("KeyError"));
+        assert_ne!(other, e, "another payload is another error");
+        assert!(Error::callback("MemoryError", true, ()).is_out_of_memory());
+        assert_eq!(Error::Logic("x".into()).callback_payload::<()>(), None);
+    }
+}

@@ -22,29 +22,31 @@ pub mod cuda;
 mod current;
 mod device_buffer;
 mod error;
+pub mod live;
 pub mod replay;
 pub mod resource;
 pub mod suballocator;
 mod sync;
 
 pub use adaptor::{
-    AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
-    LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor,
-    TrackingResourceAdaptor,
+    AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,
+    LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics,
+    StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
-    clear_per_device_resources, current_device_ordinal, current_device_resource,
-    has_per_device_resource, per_device_resource, set_current_device_resource,
-    set_per_device_resource,
+    check_device_ordinal, clear_per_device_resources, current_device_ordinal,
+    current_device_resource, has_per_device_resource, per_device_resource,
+    set_current_device_resource, set_per_device_resource, MAX_VIRTUAL_DEVICES,
 };
 pub use device_buffer::DeviceBuffer;
-pub use error::{Error, Result};
+pub use error::{CallbackPayload, Error, Result};
+pub use live::LiveAllocations;
 pub use resource::{
-    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
-    CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind, MemoryResource,
-    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
-    ALLOCATION_ALIGNMENT,
+    CallProfile, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind,
+    MemoryResource, PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource,
+    SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
     ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,

@@ -2,19 +2,24 @@
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::live::{AddressMap, LiveAllocations};
 use crate::resource::{align_up, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 
 /// Aligns allocations of at least `alignment_threshold` bytes to `alignment` (RMM's
 /// `aligned_resource_adaptor`): such requests take `bytes + alignment - 256` from the upstream
 /// and return the first aligned address inside; smaller requests pass straight through.
+///
+/// Frees are checked against what it handed out (a pass-through pointer can be the upstream's
+/// start of another, aligned, allocation, which the upstream alone could not tell apart).
 pub struct AlignedResourceAdaptor {
     upstream: SharedResource,
     alignment: usize,
     alignment_threshold: usize,
     /// Aligned pointer -> the upstream's pointer, where they differ.
-    pointers: Mutex<HashMap<usize, usize>>,
+    pointers: Mutex<AddressMap<usize, usize>>,
+    /// Pointer handed out -> the size asked for.
+    live: LiveAllocations,
 }
 
 impl AlignedResourceAdaptor {
@@ -38,7 +43,8 @@ impl AlignedResourceAdaptor {
             upstream,
             alignment: alignment.max(ALLOCATION_ALIGNMENT),
             alignment_threshold,
-            pointers: Mutex::new(HashMap::new()),
+            pointers: Mutex::new(AddressMap::default()),
+            live: LiveAllocations::new(),
         })
     }
 
@@ -68,8 +74,13 @@ impl AlignedResourceAdaptor {
 
 impl MemoryResource for AlignedResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        if bytes == 0 || self.passes_through(bytes) {
+        if bytes == 0 {
             return self.upstream.allocate(bytes, stream);
+        }
+        if self.passes_through(bytes) {
+            let ptr = self.upstream.allocate(bytes, stream)?;
+            self.live.insert(ptr, bytes)?;
+            return Ok(ptr);
         }
         let size = self
             .upper_bound(bytes)
@@ -77,25 +88,43 @@ impl MemoryResource for AlignedResourceAdaptor {
         let ptr = self.upstream.allocate(size, stream)?;
         // `ptr + size` is a valid address range, so aligning inside it cannot overflow.
         let aligned = align_up(ptr, self.alignment).unwrap_or(ptr);
+        self.live.insert(aligned, bytes)?;
         if aligned != ptr {
             self.pointers.lock().insert(aligned, ptr);
         }
         Ok(aligned)
     }
 
+    /// Checks the free against what this adaptor handed out, then frees the upstream's
+    /// allocation.
+    ///
+    /// # Safety
+    /// Preconditions 3 and 4 of [`MemoryResource::deallocate`]; 1 and 2 are checked.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        if ptr == 0 || self.passes_through(bytes) {
-            // SAFETY: the caller's contract; sizes that pass through were allocated unchanged
-            // from the upstream.
-            return unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+        if ptr == 0 {
+            return Ok(());
         }
-        let size = self
-            .upper_bound(bytes)
-            .ok_or_else(|| Error::invalid("bytes", "size overflows"))?;
-        let original = self.pointers.lock().remove(&ptr).unwrap_or(ptr);
-        // SAFETY: by the caller's contract `ptr` came from `allocate` with `bytes`, which got
-        // `original` from the upstream with `size` bytes; it is freed once, ordered on `stream`.
-        unsafe { self.upstream.deallocate(original, size, stream) }
+        self.live
+            .remove(ptr, bytes)
+            .map_err(|e| Error::Logic(format!("aligned_resource_adaptor: {e}")))?;
+        let (original, size) = if self.passes_through(bytes) {
+            (ptr, bytes)
+        } else {
+            // `allocate` computed the same bound for this size without overflow.
+            let size = self.upper_bound(bytes).unwrap_or(bytes);
+            let original = self.pointers.lock().remove(&ptr).unwrap_or(ptr);
+            (original, size)
+        };
+        // SAFETY: the record shows `ptr` was handed out for `bytes`, so `original` came from
+        // the upstream with `size` bytes, not freed since (1, 2); the caller gives 3 and 4.
+        let freed = unsafe { self.upstream.deallocate(original, size, stream) };
+        if freed.is_err() {
+            let _ = self.live.insert(ptr, bytes);
+            if original != ptr {
+                self.pointers.lock().insert(ptr, original);
+            }
+        }
+        freed
     }
 
     forward_upstream_info!();

@@ -5,12 +5,15 @@ use crate::error::Result;
 use crate::resource::{MemoryResource, SharedResource};
 
 /// The callback of [`FailureCallbackResourceAdaptor`]: given the bytes that could not be
-/// allocated, returns whether to retry.
-pub type FailureCallback = Box<dyn Fn(usize) -> bool + Send + Sync>;
+/// allocated, returns whether to retry, or fails with its own error (typically
+/// [`Error::Callback`](crate::Error::Callback) carrying what it raised), which the allocation
+/// then returns unchanged.
+pub type FailureCallback = Box<dyn Fn(usize) -> Result<bool> + Send + Sync>;
 
 /// On an out-of-memory error from the upstream, calls `callback(bytes)`; retries the allocation
 /// while it returns true and returns the error once it returns false (RMM's
-/// `failure_callback_resource_adaptor`). Other errors pass through at once.
+/// `failure_callback_resource_adaptor`). Other errors pass through at once; an error of the
+/// callback itself is returned as it is (RMM: the callback's exception propagates).
 pub struct FailureCallbackResourceAdaptor {
     upstream: SharedResource,
     callback: FailureCallback,
@@ -33,7 +36,7 @@ impl MemoryResource for FailureCallbackResourceAdaptor {
         loop {
             match self.upstream.allocate(bytes, stream) {
                 Err(e) if e.is_out_of_memory() => {
-                    if !(self.callback)(bytes) {
+                    if !(self.callback)(bytes)? {
                         return Err(e);
                     }
                 }
@@ -47,7 +50,14 @@ impl MemoryResource for FailureCallbackResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!();
+    forward_upstream_info!(no_profile);
+
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        // The callback is arbitrary code (a Python function from Python).
+        self.upstream
+            .call_profile()
+            .and(crate::resource::CallProfile::UNKNOWN)
+    }
 
     fn name(&self) -> &'static str {
         "failure_callback"
@@ -70,7 +80,7 @@ mod tests {
             simulated(),
             Box::new(move |bytes| {
                 assert_eq!(bytes, 2 << 20);
-                seen.fetch_add(1, Ordering::SeqCst) < 2
+                Ok(seen.fetch_add(1, Ordering::SeqCst) < 2)
             }),
         );
         assert!(mr
@@ -93,10 +103,39 @@ mod tests {
             up,
             // SAFETY: `hog` was allocated from `up` with 1 MiB and this callback frees it once
             // (a second call finds it freed and the simulated resource reports that).
-            Box::new(move |_| unsafe { up2.deallocate(hog, 1 << 20, Stream::DEFAULT) }.is_ok()),
+            Box::new(move |_| Ok(unsafe { up2.deallocate(hog, 1 << 20, Stream::DEFAULT) }.is_ok())),
         );
         let p = mr.allocate(4096, Stream::DEFAULT).unwrap();
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(p, 4096, Stream::DEFAULT) }.unwrap();
+    }
+
+    /// The callback's own error comes out of `allocate` unchanged, payload and all, through
+    /// further adaptors and a pool; the resource keeps working.
+    #[test]
+    fn the_callbacks_error_travels_untouched_with_its_payload() {
+        #[derive(Debug, PartialEq)]
+        struct Raised(u32);
+        let mr = FailureCallbackResourceAdaptor::new(
+            simulated(),
+            Box::new(|bytes| {
+                Err(crate::Error::callback(
+                    format!("raised for {bytes}"),
+                    false,
+                    Raised(7),
+                ))
+            }),
+        );
+        let mr: crate::SharedResource = std::sync::Arc::new(mr);
+        let outer = crate::StatisticsResourceAdaptor::new(std::sync::Arc::new(
+            crate::LimitingResourceAdaptor::new(mr.clone(), usize::MAX),
+        ));
+        let err = outer.allocate(2 << 20, Stream::DEFAULT).unwrap_err();
+        assert_eq!(err.callback_payload::<Raised>(), Some(&Raised(7)));
+        assert_eq!(err.to_string(), "raised for 2097152");
+        assert!(!err.is_out_of_memory());
+        let p = outer.allocate(100, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above with 100 bytes, freed once.
+        unsafe { outer.deallocate(p, 100, Stream::DEFAULT) }.unwrap();
     }
 }

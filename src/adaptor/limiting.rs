@@ -2,15 +2,20 @@
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::live::LiveAllocations;
 use crate::resource::{align_up, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Allocates from its upstream until `allocation_limit` bytes are out (each allocation counted
 /// rounded up to 256 bytes); beyond that, out of memory with RMM's "Exceeded memory limit".
+///
+/// Frees are checked against the allocations made through it (a [`LiveAllocations`]): the byte
+/// counter can only drop by what was really allocated, whatever the upstream accepts.
 pub struct LimitingResourceAdaptor {
     upstream: SharedResource,
     allocation_limit: usize,
     allocated_bytes: AtomicUsize,
+    live: LiveAllocations,
 }
 
 impl LimitingResourceAdaptor {
@@ -20,6 +25,7 @@ impl LimitingResourceAdaptor {
             upstream,
             allocation_limit,
             allocated_bytes: AtomicUsize::new(0),
+            live: LiveAllocations::new(),
         }
     }
 
@@ -52,7 +58,17 @@ impl MemoryResource for LimitingResourceAdaptor {
             .is_some_and(|total| total <= self.allocation_limit)
         {
             match self.upstream.allocate(bytes, stream) {
-                Ok(ptr) => return Ok(ptr),
+                Ok(0) => {
+                    self.allocated_bytes.fetch_sub(proposed, Ordering::AcqRel);
+                    return Ok(0);
+                }
+                Ok(ptr) => {
+                    if let Err(e) = self.live.insert(ptr, bytes) {
+                        self.allocated_bytes.fetch_sub(proposed, Ordering::AcqRel);
+                        return Err(e);
+                    }
+                    return Ok(ptr);
+                }
                 Err(e) => {
                     self.allocated_bytes.fetch_sub(proposed, Ordering::AcqRel);
                     return Err(e);
@@ -63,12 +79,36 @@ impl MemoryResource for LimitingResourceAdaptor {
         Err(Error::out_of_memory(bytes, "Exceeded memory limit"))
     }
 
+    /// Checks the free against the allocations made through this adaptor, frees through the
+    /// upstream and lowers the byte counter.
+    ///
+    /// # Safety
+    /// Preconditions 3 and 4 of [`MemoryResource::deallocate`]; 1 and 2 are checked.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] (and the upstream is not called) for a pointer not allocated through
+    /// this adaptor or already freed, or a size other than the allocation's (counting it would
+    /// wrap the counter and refuse every later allocation). The upstream's errors otherwise.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
-        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
-        // `allocate` succeeded with this size, so the rounding cannot overflow.
-        let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(bytes);
-        self.allocated_bytes.fetch_sub(size, Ordering::AcqRel);
+        if ptr == 0 {
+            return Ok(());
+        }
+        let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
+        self.live
+            .remove(ptr, bytes)
+            .map_err(|e| Error::Logic(format!("limiting_resource_adaptor: {e}")))?;
+        // SAFETY: the record shows `ptr` came from the upstream with `bytes`, not freed since
+        // (1, 2); the caller's contract gives 3 and 4.
+        if let Err(e) = unsafe { self.upstream.deallocate(ptr, bytes, stream) } {
+            let _ = self.live.insert(ptr, bytes);
+            return Err(e);
+        }
+        // The record guarantees this size was counted; saturate anyway rather than wrap.
+        let _ = self
+            .allocated_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(size))
+            });
         Ok(())
     }
 
@@ -103,6 +143,35 @@ mod tests {
         unsafe { mr.deallocate(b, 768, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.allocated_bytes(), 0);
         assert_eq!(mr.kind(), crate::MemoryKind::Simulated);
+    }
+
+    /// Issue 9: a free with the wrong size wrapped the counter to 18446744073708503296 and
+    /// every later allocation was refused.
+    #[test]
+    fn a_too_large_free_is_a_logic_error_and_the_counter_does_not_wrap() {
+        let up = simulated();
+        let mr = LimitingResourceAdaptor::new(up.clone(), 1 << 20);
+        let a = mr.allocate(1000, Stream::DEFAULT).unwrap();
+        // SAFETY: simulated memory checks its frees; the adaptor refuses before forwarding.
+        let err = unsafe { mr.deallocate(a, 1 << 20, Stream::DEFAULT) }.unwrap_err();
+        assert!(
+            matches!(&err, Error::Logic(m) if m.contains("size 1048576") && m.contains("size 1000")),
+            "{err}"
+        );
+        // SAFETY: as above: a smaller wrong size is refused too.
+        assert!(unsafe { mr.deallocate(a, 10, Stream::DEFAULT) }.is_err());
+        assert_eq!(mr.allocated_bytes(), 1024);
+        let b = mr.allocate(4096, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.allocated_bytes(), 1024 + 4096);
+        // SAFETY: `a` and `b` are live with these sizes.
+        unsafe { mr.deallocate(a, 1000, Stream::DEFAULT) }.unwrap();
+        // SAFETY: as above.
+        unsafe { mr.deallocate(b, 4096, Stream::DEFAULT) }.unwrap();
+        assert_eq!(mr.allocated_bytes(), 0);
+        // SAFETY: checked by the adaptor (nothing allocated), never forwarded.
+        assert!(unsafe { mr.deallocate(b, 4096, Stream::DEFAULT) }.is_err());
+        assert_eq!(mr.allocated_bytes(), 0);
+        assert!(mr.allocate(1 << 19, Stream::DEFAULT).is_ok());
     }
 
     #[test]

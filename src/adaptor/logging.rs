@@ -127,7 +127,14 @@ impl MemoryResource for LoggingResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!();
+    forward_upstream_info!(no_profile);
+
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        // Writes the log file.
+        self.upstream
+            .call_profile()
+            .and(crate::resource::CallProfile::BLOCKING)
+    }
 
     fn name(&self) -> &'static str {
         "logging"

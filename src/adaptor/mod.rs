@@ -1,11 +1,17 @@
 //! Resource adaptors: each wraps an upstream [`SharedResource`](crate::SharedResource) and adds
 //! one behaviour (logging, statistics, tracking, a limit, alignment, a failure callback,
-//! prefetching), with RMM's semantics. One adaptor per file.
+//! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint) to `self.upstream`.
+/// memory_info, footprint and, unless `no_profile` is given, call_profile) to `self.upstream`.
 macro_rules! forward_upstream_info {
     () => {
+        forward_upstream_info!(no_profile);
+        fn call_profile(&self) -> $crate::resource::CallProfile {
+            self.upstream.call_profile()
+        }
+    };
+    (no_profile) => {
         fn kind(&self) -> $crate::MemoryKind {
             self.upstream.kind()
         }
@@ -22,6 +28,7 @@ macro_rules! forward_upstream_info {
 }
 
 mod aligned;
+mod checked;
 mod failure_callback;
 mod limiting;
 mod log_row;
@@ -31,6 +38,7 @@ mod statistics;
 mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
+pub use checked::CheckedResourceAdaptor;
 pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
 pub use limiting::LimitingResourceAdaptor;
 pub use log_row::LOG_HEADER;

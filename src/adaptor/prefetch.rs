@@ -56,7 +56,14 @@ impl MemoryResource for PrefetchResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!();
+    forward_upstream_info!(no_profile);
+
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        // cuMemPrefetchAsync and the driver.
+        self.upstream
+            .call_profile()
+            .and(crate::resource::CallProfile::BLOCKING)
+    }
 
     fn name(&self) -> &'static str {
         "prefetch"
@@ -86,18 +93,22 @@ mod gpu_tests {
     use crate::resource::ManagedMemoryResource;
     use std::sync::Arc;
 
-    /// Runs only where a GPU is present.
+    /// The allocation is prefetched to the resource's device: the driver reports it as the
+    /// range's last prefetch location.
     #[test]
+    #[ignore = "needs a CUDA GPU"]
     fn prefetches_managed_memory_on_the_gpu() {
-        if crate::cuda::device_count() == 0 {
-            eprintln!("skipping: no GPU");
-            return;
-        }
-        let managed: SharedResource = Arc::new(ManagedMemoryResource::new().unwrap());
+        let managed = ManagedMemoryResource::new().unwrap();
+        let device = managed.device().unwrap();
+        let managed: SharedResource = Arc::new(managed);
         let mr = PrefetchResourceAdaptor::new(managed);
         let stream = crate::OwnedStream::new(true).unwrap();
         let p = mr.allocate(1 << 20, stream.stream()).unwrap();
         stream.synchronize().unwrap();
+        assert!(crate::cuda::is_managed(p));
+        // SAFETY: `p` is managed memory of 1 MiB, live.
+        let location = unsafe { crate::cuda::mem_last_prefetch_location(p, 1 << 20) }.unwrap();
+        assert_eq!(location, device as i32, "prefetched to the device");
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(p, 1 << 20, stream.stream()) }.unwrap();
         assert_eq!(mr.kind(), MemoryKind::Managed);

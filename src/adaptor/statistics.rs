@@ -63,17 +63,17 @@ impl Level {
 
     fn add(&self, bytes: i64) {
         // The value after this add is exact, so the max over them is the true peak.
-        let now = self.current_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        let now = saturating_add(&self.current_bytes, bytes);
         self.peak_bytes.fetch_max(now, Ordering::AcqRel);
-        self.total_bytes.fetch_add(bytes, Ordering::AcqRel);
-        let count = self.current_count.fetch_add(1, Ordering::AcqRel) + 1;
+        saturating_add(&self.total_bytes, bytes);
+        let count = saturating_add(&self.current_count, 1);
         self.peak_count.fetch_max(count, Ordering::AcqRel);
-        self.total_count.fetch_add(1, Ordering::AcqRel);
+        saturating_add(&self.total_count, 1);
     }
 
     fn remove(&self, bytes: i64) {
-        self.current_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        self.current_count.fetch_sub(1, Ordering::AcqRel);
+        saturating_add(&self.current_bytes, bytes.saturating_neg());
+        saturating_add(&self.current_count, -1);
     }
 
     fn load(&self) -> Statistics {
@@ -96,6 +96,16 @@ pub struct StatisticsResourceAdaptor {
     /// The stack of levels; never empty. Allocations take the shared lock and update the top
     /// level's atomics; push and pop take the exclusive lock (RMM's `shared_mutex`).
     levels: RwLock<Vec<Level>>,
+}
+
+/// Adds `delta` to `counter`, saturating at the ends of `i64` instead of wrapping; the new value.
+fn saturating_add(counter: &AtomicI64, delta: i64) -> i64 {
+    let before = counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v.saturating_add(delta))
+        })
+        .unwrap_or_else(|v| v);
+    before.saturating_add(delta)
 }
 
 fn signed(bytes: usize) -> i64 {
@@ -168,7 +178,32 @@ impl MemoryResource for StatisticsResourceAdaptor {
         Ok(ptr)
     }
 
+    /// Frees through the upstream and counts the free in the current level.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] (the upstream is not called) when more bytes or more allocations would
+    /// be freed than are outstanding over all levels: the size cannot be an allocation's, or it
+    /// is a double free. The upstream's errors otherwise.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // (A null free of a zero-byte allocation is counted as RMM counts it, unchecked.)
+        if ptr != 0 {
+            // A level's counts may be negative (frees of what an outer level allocated); their
+            // sum over the levels is what is outstanding.
+            let levels = self.levels.read();
+            let (count, outstanding) = levels.iter().fold((0i64, 0i64), |(c, b), l| {
+                (
+                    c.saturating_add(l.current_count.load(Ordering::Acquire)),
+                    b.saturating_add(l.current_bytes.load(Ordering::Acquire)),
+                )
+            });
+            if count <= 0 || signed(bytes) > outstanding {
+                return Err(Error::Logic(format!(
+                    "statistics_resource_adaptor: deallocate of {ptr:#x} with size {bytes}, but \
+                     {count} allocations of {outstanding} bytes are outstanding (wrong size or \
+                     double free)"
+                )));
+            }
+        }
         // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
         if let Some(top) = self.levels.read().last() {
@@ -247,6 +282,37 @@ mod tests {
         assert!(matches!(mr.pop_counters(), Err(Error::OutOfRange(_))));
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(b, 500, Stream::DEFAULT) }.unwrap();
+    }
+
+    #[test]
+    fn frees_beyond_what_is_outstanding_are_logic_errors() {
+        let mr = StatisticsResourceAdaptor::new(simulated());
+        let a = mr.allocate(100, Stream::DEFAULT).unwrap();
+        // SAFETY: the adaptor refuses this free before the upstream sees it.
+        let err = unsafe { mr.deallocate(a, 1 << 20, Stream::DEFAULT) }.unwrap_err();
+        assert!(
+            matches!(&err, Error::Logic(m) if m.contains("size 1048576")),
+            "{err}"
+        );
+        assert_eq!(mr.allocation_counts().current_bytes, 100);
+        mr.push_counters();
+        // SAFETY: `a` is live with 100 bytes (allocated in the outer level).
+        unsafe { mr.deallocate(a, 100, Stream::DEFAULT) }.unwrap();
+        // SAFETY: refused by the adaptor: nothing is outstanding.
+        assert!(unsafe { mr.deallocate(a, 100, Stream::DEFAULT) }.is_err());
+        assert_eq!(mr.allocation_counts().current_count, -1);
+        mr.pop_counters().unwrap();
+        let base = mr.allocation_counts();
+        assert_eq!((base.current_bytes, base.current_count), (0, 0));
+        assert!(mr.allocate(10, Stream::DEFAULT).is_ok());
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let c = AtomicI64::new(i64::MAX - 1);
+        assert_eq!(saturating_add(&c, 10), i64::MAX);
+        let d = AtomicI64::new(i64::MIN + 1);
+        assert_eq!(saturating_add(&d, -10), i64::MIN);
     }
 
     #[test]

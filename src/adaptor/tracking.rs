@@ -1,7 +1,7 @@
 //! An adaptor that records every outstanding allocation (and optionally where it was made).
 
 use crate::cuda::Stream;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource};
 use parking_lot::Mutex;
 use std::backtrace::Backtrace;
@@ -96,6 +96,9 @@ impl TrackingResourceAdaptor {
 impl MemoryResource for TrackingResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let ptr = self.upstream.allocate(bytes, stream)?;
+        if ptr == 0 {
+            return Ok(0);
+        }
         // Capture the stack outside the lock; it is the slow part.
         let stack = self.capture_stacks.then(Backtrace::force_capture);
         self.allocations
@@ -105,14 +108,58 @@ impl MemoryResource for TrackingResourceAdaptor {
         Ok(ptr)
     }
 
+    /// Checks `ptr` and `bytes` against the tracked allocations, then frees through the
+    /// upstream.
+    ///
+    /// # Safety
+    /// Preconditions 3 and 4 of [`MemoryResource::deallocate`]; 1 and 2 are checked.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] (the upstream is not called) for a pointer not allocated through this
+    /// adaptor or already freed, and for a size other than the allocation's (the message names
+    /// both); the upstream's errors otherwise (the allocation stays tracked).
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
-        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
-        let removed = self.allocations.lock().remove(&ptr);
-        if let Some(info) = removed {
-            self.allocated_bytes.fetch_sub(info.size, Ordering::Relaxed);
+        if ptr == 0 {
+            return Ok(());
         }
-        Ok(())
+        let info = {
+            let mut allocations = self.allocations.lock();
+            match allocations.get(&ptr) {
+                None => {
+                    return Err(Error::Logic(format!(
+                        "tracking_resource_adaptor: deallocate of {ptr:#x} ({bytes} bytes), which \
+                         is not tracked (never allocated through this adaptor, or already freed)"
+                    )))
+                }
+                Some(info) if info.size != bytes => {
+                    return Err(Error::Logic(format!(
+                        "tracking_resource_adaptor: deallocate of {ptr:#x} with size {bytes}, but \
+                         it was allocated with size {}",
+                        info.size
+                    )))
+                }
+                // Taken out under the lock, so a concurrent double free finds it gone.
+                Some(_) => allocations.remove(&ptr),
+            }
+        };
+        // SAFETY: the record shows `ptr` came from the upstream with `bytes`, not freed since
+        // (1, 2); the caller's contract gives 3 and 4.
+        let freed = unsafe { self.upstream.deallocate(ptr, bytes, stream) };
+        match (freed, info) {
+            (Ok(()), _) => {
+                let _ =
+                    self.allocated_bytes
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                            Some(n.saturating_sub(bytes))
+                        });
+                Ok(())
+            }
+            (Err(e), Some(info)) => {
+                self.allocations.lock().insert(ptr, info);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 
     forward_upstream_info!();
@@ -150,9 +197,42 @@ mod tests {
     }
 
     #[test]
+    fn bogus_double_and_wrong_size_frees_are_logic_errors() {
+        let mr = TrackingResourceAdaptor::new(simulated(), false);
+        let a = mr.allocate(100, Stream::DEFAULT).unwrap();
+        // SAFETY: the adaptor checks 1 and 2 and does not forward a bad free.
+        let wrong = unsafe { mr.deallocate(a, 200, Stream::DEFAULT) }.unwrap_err();
+        assert!(
+            matches!(&wrong, Error::Logic(m) if m.contains("size 200") && m.contains("size 100")),
+            "{wrong}"
+        );
+        // SAFETY: as above.
+        let bogus = unsafe { mr.deallocate(0x4000, 8, Stream::DEFAULT) }.unwrap_err();
+        assert!(
+            matches!(&bogus, Error::Logic(m) if m.contains("0x4000")),
+            "{bogus}"
+        );
+        assert_eq!(mr.allocated_bytes(), 100);
+        assert_eq!(mr.outstanding_allocations(), vec![(a, 100)]);
+        // SAFETY: `a` is live with 100 bytes.
+        unsafe { mr.deallocate(a, 100, Stream::DEFAULT) }.unwrap();
+        // SAFETY: checked, as above.
+        let double = unsafe { mr.deallocate(a, 100, Stream::DEFAULT) };
+        assert!(matches!(double, Err(Error::Logic(_))));
+        assert_eq!(mr.allocated_bytes(), 0);
+        assert_eq!(mr.allocate(0, Stream::DEFAULT).unwrap(), 0);
+        assert!(
+            mr.outstanding_allocations().is_empty(),
+            "null is not tracked"
+        );
+    }
+
+    #[test]
     fn captures_stacks_when_asked() {
-        let mr =
-            TrackingResourceAdaptor::new(std::sync::Arc::new(crate::SystemMemoryResource), true);
+        let mr = TrackingResourceAdaptor::new(
+            std::sync::Arc::new(crate::SystemMemoryResource::new()),
+            true,
+        );
         let a = mr.allocate(64, Stream::DEFAULT).unwrap();
         assert!(mr.outstanding_allocations_str().contains(" : callstack:\n"));
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.

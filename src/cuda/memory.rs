@@ -245,6 +245,32 @@ pub unsafe fn mem_prefetch_async(
     })
 }
 
+/// The device that managed memory at `ptr` (`bytes` long) was last prefetched to
+/// (`CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`): a device ordinal, -1 for the host, -2 when
+/// it was never prefetched or the range's parts differ.
+///
+/// # Errors
+/// The driver's error for memory that is not managed.
+///
+/// # Safety
+/// `ptr` is managed memory valid for `bytes` bytes.
+pub unsafe fn mem_last_prefetch_location(ptr: usize, bytes: usize) -> Result<i32> {
+    ensure_driver()?;
+    let mut location: i32 = -2;
+    // SAFETY: `location` is a valid 4-byte out-value for this attribute; the range is valid
+    // managed memory (the caller's contract).
+    check("cuMemRangeGetAttribute", unsafe {
+        sys::cuMemRangeGetAttribute(
+            (&mut location as *mut i32).cast(),
+            std::mem::size_of::<i32>(),
+            sys::CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+            ptr as sys::CUdeviceptr,
+            bytes,
+        )
+    })?;
+    Ok(location)
+}
+
 /// Whether `ptr` is managed memory (false for any pointer CUDA does not know).
 pub fn is_managed(ptr: usize) -> bool {
     if ensure_driver().is_err() || ptr == 0 {

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, upstream_arg};
-use super::errors::{py_result, stash_pyerr_any};
+use super::errors::{callback_error, py_result};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
 use super::upstream_kw::{pick_upstream, required};
@@ -211,16 +211,13 @@ impl FailureCallbackResourceAdaptor {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
         let f = callback.clone().unbind();
-        let call = Box::new(move |bytes: usize| -> bool {
+        let call = Box::new(move |bytes: usize| -> crate::Result<bool> {
             Python::attach(|py| {
-                match f.bind(py).call1((bytes,)).and_then(|r| r.is_truthy()) {
-                    Ok(retry) => retry,
-                    Err(e) => {
-                        // The allocation fails; the caller sees the callback's exception.
-                        stash_pyerr_any(e);
-                        false
-                    }
-                }
+                // The allocation fails with the callback's own exception, carried in the error.
+                f.bind(py)
+                    .call1((bytes,))
+                    .and_then(|r| r.is_truthy())
+                    .map_err(|e| callback_error(py, e, bytes))
             })
         });
         let adaptor = Arc::new(RsFailureCallback::new(upstream, call));

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg};
-use super::errors::{py_result, stash_pyerr};
+use super::errors::{callback_error, py_result};
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
@@ -235,7 +235,7 @@ impl CallbackMemoryResource {
                         let s = stream_for(py, stream)?;
                         a.bind(py).call1((bytes, s))?.extract::<usize>()
                     };
-                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                    call().map_err(|e| callback_error(py, e, bytes))
                 })
             },
         );
@@ -247,7 +247,7 @@ impl CallbackMemoryResource {
                         d.bind(py).call1((ptr, bytes, s))?;
                         Ok(())
                     };
-                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                    call().map_err(|e| callback_error(py, e, bytes))
                 })
             },
         );

@@ -13,7 +13,6 @@ use super::cupy_stream::{cupy_missing, CupyStreamLookup};
 use super::errors::py_result;
 use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
 use crate::resource::PinnedHostMemoryResource;
-use crate::suballocator::AddressMap;
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
@@ -63,9 +62,12 @@ struct CupyLive {
     mr: SharedResource,
 }
 
-fn cupy_live() -> &'static Mutex<AddressMap<usize, CupyLive>> {
-    static LIVE: OnceLock<Mutex<AddressMap<usize, CupyLive>>> = OnceLock::new();
-    LIVE.get_or_init(|| Mutex::new(AddressMap::default()))
+/// Live CuPy allocations by pointer, with the crate's one address hasher ([`crate::live`]).
+type PointerMap<V> = crate::live::AddressMap<usize, V>;
+
+fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
+    static LIVE: OnceLock<Mutex<PointerMap<CupyLive>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(PointerMap::default()))
 }
 
 fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {

@@ -6,18 +6,26 @@ use pyo3::prelude::*;
 
 /// Converts an rrmm error into the exception RMM raises for it: out of memory is a
 /// `MemoryError`, bad arguments a `ValueError`, a missing level an `IndexError`, CUDA and logic
-/// errors a `RuntimeError`, file errors an `OSError`.
+/// errors a `RuntimeError`, file errors an `OSError`; a Python callback's failure re-raises the
+/// exception it carries.
 pub(crate) fn to_pyerr(error: Error) -> PyErr {
     let text = error.to_string();
-    if let Some(original) = take_stashed(&text, error.is_out_of_memory()) {
-        return original;
-    }
     match error {
         Error::OutOfMemory { .. } => PyMemoryError::new_err(text),
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
         Error::OutOfRange(_) => PyIndexError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
         Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) => PyRuntimeError::new_err(text),
+        // The exception a Python callback raised (as RMM raises it), carried in the error.
+        Error::Callback {
+            payload,
+            out_of_memory,
+            ..
+        } => match payload.downcast_ref::<PyErr>() {
+            Some(err) => Python::attach(|py| err.clone_ref(py)),
+            None if out_of_memory => PyMemoryError::new_err(text),
+            None => PyRuntimeError::new_err(text),
+        },
     }
 }
 
@@ -26,34 +34,23 @@ pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
     result.map_err(to_pyerr)
 }
 
-thread_local! {
-    /// The last Python exception raised inside a Python callback, with the text of the rrmm
-    /// error that carried it out of Rust.
-    static STASHED: std::cell::RefCell<Option<(Option<String>, PyErr)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Turns an exception raised by a Python callback (inside a resource) into an rrmm error, and
-/// remembers the exception so that `to_pyerr` re-raises it unchanged when that error comes back
-/// to Python on this thread. A `MemoryError` becomes an out-of-memory error.
-pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error {
+/// Turns an exception raised by a Python callback (inside a resource or a failure callback)
+/// into an [`Error::Callback`] that carries it (as RMM raises it, see `as_rmm_raises`), so that
+/// `to_pyerr` re-raises that very exception when the error comes back to Python, whatever
+/// thread or path it took. A `MemoryError` counts as out of memory (pools and failure callbacks
+/// react to it).
+pub(crate) fn callback_error(py: Python<'_>, err: PyErr, requested: usize) -> Error {
     let err = as_rmm_raises(py, err);
-    let error = if err.is_instance_of::<PyMemoryError>(py) {
-        Error::out_of_memory(requested, format!("Python callback: {err}"))
+    let out_of_memory = err.is_instance_of::<PyMemoryError>(py);
+    let message = if out_of_memory {
+        format!(
+            "std::bad_alloc: out_of_memory: Python callback: {err} (failed to allocate \
+             {requested} bytes)"
+        )
     } else {
-        Error::Logic(format!("Python callback raised {err}"))
+        format!("Python callback raised {err}")
     };
-    let text = error.to_string();
-    STASHED.with(|cell| *cell.borrow_mut() = Some((Some(text), err)));
-    error
-}
-
-/// Remembers an exception raised by a Python callback whose failure reaches Rust only as a
-/// refusal (the failure callback's `false`): the next out-of-memory error converted on this
-/// thread becomes this exception.
-pub(crate) fn stash_pyerr_any(err: PyErr) {
-    let err = Python::attach(|py| as_rmm_raises(py, err));
-    STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
+    Error::callback(message, out_of_memory, err)
 }
 
 /// What RMM raises for an exception from a Python callback: a `MemoryError` or `RuntimeError`
@@ -71,20 +68,6 @@ fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
     let converted = PyRuntimeError::new_err(message);
     converted.set_cause(py, Some(err));
     converted
-}
-
-fn take_stashed(text: &str, out_of_memory: bool) -> Option<PyErr> {
-    STASHED
-        .try_with(|cell| {
-            let mut slot = cell.borrow_mut();
-            match slot.as_ref() {
-                Some((None, _)) if out_of_memory => slot.take().map(|(_, err)| err),
-                Some((Some(stashed), _)) if stashed == text => slot.take().map(|(_, err)| err),
-                _ => None,
-            }
-        })
-        .ok()
-        .flatten()
 }
 
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -91,7 +91,7 @@ fn get_per_device_resource(
 fn set_per_device_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) =
         upstream_arg(mr).map_err(|_| PyTypeError::new_err("mr must be a DeviceMemoryResource"))?;
-    crate::set_per_device_resource(device, rust.clone());
+    py_result(crate::set_per_device_resource(device, rust.clone()))?;
     store(mr.py(), device, obj, rust);
     Ok(())
 }

@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn allocate_and_free_through_the_c_abi_use_the_device_resource() {
         let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(901, sim.clone());
+        set_per_device_resource(901, sim.clone()).unwrap();
         let ptr = call_from_cpp(4096, 901, 0x77).unwrap();
         assert_ne!(ptr, 0);
         assert_eq!(sim.bytes_in_use(), 4096);
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn out_of_memory_throws_bad_alloc_with_rrmms_message() {
         let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(902, sim.clone());
+        set_per_device_resource(902, sim.clone()).unwrap();
         let err = call_from_cpp(2 << 20, 902, 0).unwrap_err();
         assert!(
             err.contains("out of memory") || err.contains("2097152"),
@@ -215,7 +215,7 @@ mod tests {
     fn bad_device_throws_and_size_zero_is_null() {
         let err = call_from_cpp(64, -1, 0).unwrap_err();
         assert!(err.contains("device"), "{err}");
-        set_per_device_resource(903, Arc::new(SimulatedMemoryResource::new(1 << 20)));
+        set_per_device_resource(903, Arc::new(SimulatedMemoryResource::new(1 << 20))).unwrap();
         assert_eq!(call_from_cpp(0, 903, 0).unwrap(), 0);
         // SAFETY: freeing null is a no-op.
         unsafe { rrmm_torch_deallocate(std::ptr::null_mut(), 0, 903, std::ptr::null_mut()) };
@@ -223,14 +223,14 @@ mod tests {
 
     #[test]
     fn system_memory_is_real_and_freeing_errors_do_not_unwind() {
-        set_per_device_resource(904, Arc::new(SystemMemoryResource::new()));
+        set_per_device_resource(904, Arc::new(SystemMemoryResource::new())).unwrap();
         let ptr = call_from_cpp(1000, 904, 0).unwrap();
         // SAFETY: 1000 bytes of host memory were just allocated at `ptr`.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 1, 1000) };
         // SAFETY: as above.
         unsafe { rrmm_torch_deallocate(ptr as *mut c_void, 1000, 904, std::ptr::null_mut()) };
         // A pointer the simulated resource never gave out: an error, reported, not unwound.
-        set_per_device_resource(905, Arc::new(SimulatedMemoryResource::new(1 << 20)));
+        set_per_device_resource(905, Arc::new(SimulatedMemoryResource::new(1 << 20))).unwrap();
         // SAFETY: the simulated resource touches no memory; the bad free is an error value.
         unsafe { rrmm_torch_deallocate(0x1000 as *mut c_void, 64, 905, std::ptr::null_mut()) };
     }

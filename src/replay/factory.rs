@@ -193,6 +193,9 @@ impl MemoryResource for PoolFootprint {
     fn footprint(&self) -> Option<Footprint> {
         self.pool.footprint()
     }
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        self.resource.call_profile()
+    }
     fn name(&self) -> &'static str {
         self.resource.name()
     }

@@ -48,7 +48,77 @@ impl MemoryResource for CallbackMemoryResource {
         self.kind
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // The user's functions: foreign code (Python) that may do anything.
+        super::CallProfile::UNKNOWN
+    }
+
     fn name(&self) -> &'static str {
         "callback"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Error, PoolMemoryResource, SharedResource, SimulatedMemoryResource};
+    use std::sync::Arc;
+
+    #[derive(Debug, PartialEq)]
+    struct Raised(&'static str);
+
+    /// A callback resource whose allocate fails with `Error::Callback` above `limit` bytes.
+    fn failing(limit: usize, out_of_memory: bool) -> SharedResource {
+        let sim = Arc::new(SimulatedMemoryResource::new(64 << 20));
+        let up = sim.clone();
+        Arc::new(CallbackMemoryResource::new(
+            Box::new(move |bytes, stream| {
+                if bytes > limit {
+                    Err(Error::callback("raised", out_of_memory, Raised("exc")))
+                } else {
+                    sim.allocate(bytes, stream)
+                }
+            }),
+            // SAFETY: the callback resource passes on its caller's contract; its pointers come
+            // from `up`.
+            Box::new(move |ptr, bytes, stream| unsafe { up.deallocate(ptr, bytes, stream) }),
+            MemoryKind::Simulated,
+        ))
+    }
+
+    #[test]
+    fn the_callbacks_error_comes_out_untouched() {
+        let mr = failing(1 << 20, false);
+        let err = mr.allocate(2 << 20, Stream::DEFAULT).unwrap_err();
+        assert_eq!(err.callback_payload::<Raised>(), Some(&Raised("exc")));
+        let p = mr.allocate(100, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above with 100 bytes, freed once.
+        unsafe { mr.deallocate(p, 100, Stream::DEFAULT) }.unwrap();
+    }
+
+    /// A callback's error passes through a pool untouched; a callback's out of memory is what
+    /// the pool reacts to (it tries smaller growth, then reports its own out-of-memory error
+    /// naming the upstream's message, as RMM's pool does).
+    #[test]
+    fn a_pool_passes_the_callbacks_error_through() {
+        for out_of_memory in [false, true] {
+            let pool =
+                PoolMemoryResource::new(failing(1 << 20, out_of_memory), Some(1 << 20), None)
+                    .unwrap();
+            let err = pool.allocate(4 << 20, Stream::DEFAULT).unwrap_err();
+            if out_of_memory {
+                assert!(err.is_out_of_memory());
+                assert!(err.to_string().contains("upstream: raised"), "{err}");
+            } else {
+                assert_eq!(
+                    err.callback_payload::<Raised>(),
+                    Some(&Raised("exc")),
+                    "{err:?}"
+                );
+            }
+            let p = pool.allocate(4096, Stream::DEFAULT).unwrap();
+            // SAFETY: allocated just above with 4096 bytes, freed once.
+            unsafe { pool.deallocate(p, 4096, Stream::DEFAULT) }.unwrap();
+        }
     }
 }

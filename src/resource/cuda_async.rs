@@ -122,6 +122,11 @@ macro_rules! pool_resource {
                 self.core.memory_info()
             }
 
+            fn call_profile(&self) -> $crate::resource::CallProfile {
+                // Driver calls that may wait (pool growth, trimming, the driver's locks).
+                $crate::resource::CallProfile::BLOCKING
+            }
+
             fn name(&self) -> &'static str {
                 $name
             }

@@ -111,6 +111,11 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         cuda::device_memory_info(self.device).ok()
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // cuMemAlloc/cuMemAllocManaged/cuMemFree synchronize with the device.
+        super::CallProfile::BLOCKING
+    }
+
     fn name(&self) -> &'static str {
         A::NAME
     }

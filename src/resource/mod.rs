@@ -75,11 +75,14 @@ pub trait MemoryResource: Send + Sync {
     /// 4. `stream` is a default stream or names a live stream of the resource's device (see
     ///    [`Stream::from_raw`]).
     ///
-    /// Resources that document checked frees (the pool and simulated memory today, and
-    /// resources behind a checking wrapper) report a broken 1 or 2 as
-    /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required;
-    /// with the others (CUDA's own frees, the system allocator) a broken 1 or 2 is undefined
-    /// behaviour.
+    /// Resources that document checked frees report a broken 1 or 2 as
+    /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required:
+    /// the suballocators (pool, fixed-size, arena; binning through its bins and upstream),
+    /// simulated and system memory, the tracking, limiting and aligned adaptors, and anything
+    /// behind a [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor). With CUDA's own
+    /// resources (cuda, managed, pinned host, cuda_async) a broken 1 or 2 is undefined
+    /// behaviour; adaptors that only forward (statistics, logging, prefetch, failure callback)
+    /// are as safe as their upstream.
     ///
     /// # Errors
     /// CUDA errors from the underlying free, or a logic error for a pointer this resource does
@@ -108,8 +111,65 @@ pub trait MemoryResource: Send + Sync {
         None
     }
 
+    /// What a call into this resource may do: call foreign code (Python) and block (wait on
+    /// the GPU or the OS). The Python layer decides from it, in one place, whether to release
+    /// the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): only when the
+    /// call may block and never reaches foreign code, because a call that needs the GIL back
+    /// while another thread holds it and waits for this resource's lock deadlocks.
+    ///
+    /// Each type sets it: base resources by what they call, adaptors and suballocators combine
+    /// their own behaviour with their upstream's. The default, for resources that do not say,
+    /// is the safe [`CallProfile::UNKNOWN`] (may call foreign code, may block).
+    fn call_profile(&self) -> CallProfile {
+        CallProfile::UNKNOWN
+    }
+
     /// A short name for reports and logs, such as `"pool"`.
     fn name(&self) -> &'static str;
+}
+
+/// What calls into a resource may do (see [`MemoryResource::call_profile`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallProfile {
+    /// A call may run foreign code (a Python callback) that needs the GIL.
+    pub calls_foreign_code: bool,
+    /// A call may wait on the GPU (a synchronizing CUDA call) or the OS (file I/O, the system
+    /// allocator), long enough that other Python threads should run meanwhile.
+    pub may_block: bool,
+}
+
+impl CallProfile {
+    /// Pure Rust bookkeeping that returns at once (simulated memory).
+    pub const QUICK: CallProfile = CallProfile {
+        calls_foreign_code: false,
+        may_block: false,
+    };
+    /// Calls that may wait on the GPU or the OS and never call foreign code (CUDA resources).
+    pub const BLOCKING: CallProfile = CallProfile {
+        calls_foreign_code: false,
+        may_block: true,
+    };
+    /// Unknown code: may call foreign code and may block (user callbacks, the default).
+    pub const UNKNOWN: CallProfile = CallProfile {
+        calls_foreign_code: true,
+        may_block: true,
+    };
+
+    /// Both profiles together: a resource that does what `self` does and calls `other`.
+    #[must_use]
+    pub const fn and(self, other: CallProfile) -> CallProfile {
+        CallProfile {
+            calls_foreign_code: self.calls_foreign_code || other.calls_foreign_code,
+            may_block: self.may_block || other.may_block,
+        }
+    }
+
+    /// Whether a binding may release the GIL around the call: it may block (worth releasing)
+    /// and never calls foreign code (which would need the GIL back: a deadlock when another
+    /// thread holds the GIL and waits for this resource).
+    pub const fn release_gil(self) -> bool {
+        self.may_block && !self.calls_foreign_code
+    }
 }
 
 /// How much memory a resource holds and how fragmented its free part is.
@@ -159,7 +219,92 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     fn footprint(&self) -> Option<Footprint> {
         (**self).footprint()
     }
+    fn call_profile(&self) -> CallProfile {
+        (**self).call_profile()
+    }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        BinningMemoryResource, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
+        LoggingResourceAdaptor, PoolMemoryResource, StatisticsResourceAdaptor,
+    };
+
+    fn callback_resource() -> SharedResource {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let up = sim.clone();
+        Arc::new(CallbackMemoryResource::new(
+            Box::new(move |bytes, stream| sim.allocate(bytes, stream)),
+            // SAFETY: the callback resource passes on its caller's contract; pointers from `up`.
+            Box::new(move |ptr, bytes, stream| unsafe { up.deallocate(ptr, bytes, stream) }),
+            MemoryKind::Simulated,
+        ))
+    }
+
+    #[test]
+    fn profiles_decide_the_gil_in_one_place() {
+        assert!(!CallProfile::QUICK.release_gil(), "nothing to wait for");
+        assert!(CallProfile::BLOCKING.release_gil());
+        assert!(!CallProfile::UNKNOWN.release_gil(), "may need the GIL back");
+        assert_eq!(
+            CallProfile::QUICK.and(CallProfile::BLOCKING),
+            CallProfile::BLOCKING
+        );
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        assert_eq!(sim.call_profile(), CallProfile::QUICK);
+        assert_eq!(
+            SystemMemoryResource::new().call_profile(),
+            CallProfile::BLOCKING
+        );
+        assert_eq!(callback_resource().call_profile(), CallProfile::UNKNOWN);
+    }
+
+    /// Issue 9's deadlock: `PoolMemoryResource.release()` released the GIL and then called a
+    /// `CallbackMemoryResource` upstream under the pool's mutex. The profile of every stack over
+    /// a callback says foreign code, so the GIL is kept.
+    #[test]
+    fn stacks_over_a_callback_keep_the_gil() {
+        let pool: SharedResource =
+            Arc::new(PoolMemoryResource::new(callback_resource(), Some(1 << 16), None).unwrap());
+        assert!(pool.call_profile().calls_foreign_code);
+        assert!(!pool.call_profile().release_gil());
+        let stack = StatisticsResourceAdaptor::new(Arc::new(LimitingResourceAdaptor::new(
+            pool.clone(),
+            1 << 20,
+        )));
+        assert!(!stack.call_profile().release_gil());
+        let binning =
+            BinningMemoryResource::new(Arc::new(SimulatedMemoryResource::new(1 << 20)), None, None)
+                .unwrap();
+        assert_eq!(binning.call_profile(), CallProfile::QUICK);
+        binning.add_bin(4096, Some(pool)).unwrap();
+        assert!(
+            binning.call_profile().calls_foreign_code,
+            "a bin over a callback"
+        );
+    }
+
+    #[test]
+    fn adaptors_add_their_own_behaviour() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool: SharedResource =
+            Arc::new(PoolMemoryResource::new(sim.clone(), Some(1 << 16), None).unwrap());
+        assert_eq!(pool.call_profile(), CallProfile::QUICK);
+        let path = std::env::temp_dir().join(format!("rrmm_profile_{}.csv", std::process::id()));
+        let logging = LoggingResourceAdaptor::new(pool, &path.to_string_lossy(), false).unwrap();
+        assert_eq!(logging.call_profile(), CallProfile::BLOCKING, "file I/O");
+        drop(logging);
+        let _ = std::fs::remove_file(&path);
+        let fc = FailureCallbackResourceAdaptor::new(sim, Box::new(|_| Ok(false)));
+        assert_eq!(
+            fc.call_profile(),
+            CallProfile::UNKNOWN,
+            "the callback is any code"
+        );
     }
 }

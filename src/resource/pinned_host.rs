@@ -42,6 +42,11 @@ impl MemoryResource for PinnedHostMemoryResource {
         MemoryKind::PinnedHost
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // cuMemHostAlloc/cuMemFreeHost and the stream wait block.
+        super::CallProfile::BLOCKING
+    }
+
     fn name(&self) -> &'static str {
         "pinned_host"
     }

@@ -144,6 +144,11 @@ impl MemoryResource for SimulatedMemoryResource {
         })
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // Bookkeeping only.
+        super::CallProfile::QUICK
+    }
+
     fn name(&self) -> &'static str {
         "simulated"
     }

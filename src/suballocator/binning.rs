@@ -173,6 +173,17 @@ impl MemoryResource for BinningMemoryResource {
         Some(total)
     }
 
+    /// The upstream's combined with every bin's.
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        self.inner
+            .bins
+            .read()
+            .iter()
+            .fold(self.inner.upstream.call_profile(), |p, (_, bin)| {
+                p.and(bin.call_profile())
+            })
+    }
+
     fn name(&self) -> &'static str {
         "binning"
     }

@@ -4,8 +4,6 @@
 #![deny(unsafe_code)]
 
 use crate::error::Result;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// Index of a stream's free list in a core; dense, assigned in order of first use.
 pub(crate) type ListId = u32;
@@ -122,32 +120,5 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     fn largest_free_block(&self) -> usize;
 }
 
-/// Hashes block addresses (multiples of 256) with one folded multiply.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-        self.write_u64(0);
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let p = u128::from(x ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-    #[inline]
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-}
-
-/// A hash map keyed by addresses (or other integers) with [`AddressHasher`].
-pub(crate) type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
+/// The crate's one address-keyed map (see [`crate::live`]).
+pub(crate) use crate::live::AddressMap;

@@ -601,6 +601,12 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
         Some(StreamOrderedCore::footprint(self))
     }
 
+    /// The upstream's: growth and release call it, and cross-stream waits are CUDA events
+    /// exactly when the upstream is real memory (which blocks anyway).
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        self.upstream.call_profile()
+    }
+
     fn name(&self) -> &'static str {
         self.name
     }
@@ -655,6 +661,11 @@ macro_rules! forward_memory_resource {
             fn footprint(&self) -> Option<$crate::resource::Footprint> {
                 let $this = self;
                 $crate::resource::MemoryResource::footprint($core)
+            }
+
+            fn call_profile(&self) -> $crate::resource::CallProfile {
+                let $this = self;
+                $crate::resource::MemoryResource::call_profile($core)
             }
 
             fn name(&self) -> &'static str {

@@ -117,8 +117,10 @@ def _current_bytes(stats):
 def test_hook_and_torch_entry_points_allocate_from_the_per_device_resource():
     mr = _simulated_statistics()
     stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
-    device = 7000  # an ordinal no other test uses: the table takes any; simulated memory needs
-    mr.set_per_device_resource(device, stats)  # no context, so no real device either
+    # An ordinal no other test uses: simulated memory may stand for a device that is not there
+    # (ordinals below 1024, MAX_VIRTUAL_DEVICES in Rust); no context, so no real device either.
+    device = 700
+    mr.set_per_device_resource(device, stats)
     a = _rrmm.hook_allocate(1 << 20, 0x55, device)
     assert a.ptr != 0 and a.stream == 0x55
     assert _current_bytes(stats) == 1 << 20

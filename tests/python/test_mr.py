@@ -318,6 +318,26 @@ def test_failure_callback(sim_mr):
     f.deallocate(p, 100)
 
 
+def test_failure_callback_exception_is_the_very_one_raised_and_never_reused(sim_mr):
+    # Issue 9: the callback's exception was stashed per thread and matched by message text, so
+    # a later, unrelated out-of-memory error could raise it.
+    small = mr.LimitingResourceAdaptor(sim_mr, 4096)
+    raised = ZeroDivisionError("from callback")
+
+    def raising(nbytes):
+        raise raised
+
+    # RMM raises it as a RuntimeError caused by the callback's exception.
+    with pytest.raises(RuntimeError, match="from callback") as info:
+        mr.FailureCallbackResourceAdaptor(small, raising).allocate(8192)
+    assert info.value.__cause__ is raised
+    with pytest.raises(MemoryError, match="Exceeded memory limit"):
+        small.allocate(8192)
+    refusing = mr.FailureCallbackResourceAdaptor(small, lambda nbytes: False)
+    with pytest.raises(MemoryError, match="Exceeded memory limit"):
+        refusing.allocate(8192)
+
+
 def test_prefetch_adaptor_over_host():
     pf = mr.PrefetchResourceAdaptor(mr.SystemMemoryResource())
     b = rrmm.DeviceBuffer.to_device(b"abc", mr=pf)
@@ -411,6 +431,27 @@ def test_current_resource_round_trip(sim_mr):
     finally:
         _rrmm._clear_per_device_resources()
     assert not mr.is_initialized()
+
+
+def test_huge_device_ordinals_are_value_errors_naming_the_ordinal(sim_mr):
+    # Issue 9: 2**40 aborted the interpreter (a table indexed by ordinal); 10**8 took 10 s and
+    # 2.4 GB.
+    import time
+
+    for ordinal in (2**40, 10**8, 1024):
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=str(ordinal)):
+            mr.set_per_device_resource(ordinal, sim_mr)
+        with pytest.raises(ValueError, match=str(ordinal)):
+            mr.get_per_device_resource(ordinal)
+        assert time.monotonic() - started < 1.0
+    try:
+        mr.set_per_device_resource(3, sim_mr)  # simulated memory may stand for device 3
+        assert mr.get_per_device_resource(3) is sim_mr
+        p = sim_mr.allocate(256)
+        sim_mr.deallocate(p, 256)
+    finally:
+        _rrmm._clear_per_device_resources()
 
 
 def test_upstream_kept_alive(sim_mr):

@@ -5,30 +5,10 @@
 //! each one in its own lock.
 
 use super::superblock::Superblock;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, BTreeSet};
 
-/// A hasher for 256-byte-aligned addresses: one multiply (SipHash showed up as a tenth of the
-/// arena's time). Not for untrusted keys; the keys here are the arena's own addresses.
-#[derive(Default, Clone, Copy)]
-pub(super) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = ((self.0 << 8) | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = ((n as u64) >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// A map keyed by block address.
-pub(super) type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+/// A map keyed by block address, with the crate's one address hasher ([`crate::live`]).
+pub(super) type AddressMap<V> = crate::live::AddressMap<usize, V>;
 
 /// What a free found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

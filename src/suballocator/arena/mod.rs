@@ -496,6 +496,12 @@ impl MemoryResource for ArenaMemoryResource {
         Some(self.footprint_now())
     }
 
+    /// The upstream's: the arena's growth calls it, and its stream waits are CUDA calls exactly
+    /// when the upstream is real memory (which blocks anyway).
+    fn call_profile(&self) -> crate::resource::CallProfile {
+        self.inner.upstream.call_profile()
+    }
+
     fn name(&self) -> &'static str {
         "arena"
     }
