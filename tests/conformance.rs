@@ -17,6 +17,7 @@
 
 use rrmm::adaptor::FailureCallback;
 use rrmm::resource::CallbackMemoryResource;
+use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
     AlignedResourceAdaptor, BinningMemoryResource, FailureCallbackResourceAdaptor,
     FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryKind,
@@ -409,6 +410,15 @@ conformance!(binning, [], Stream::DEFAULT, {
     case
 });
 
+conformance!(arena, [], Stream::DEFAULT, {
+    let mut case = adaptor(
+        |up| ArenaMemoryResource::new(up, Some(512 * MIB), false).unwrap(),
+        |r| r.upstream().clone(),
+    );
+    (case.oom_size, case.oom_count) = (64 * MIB, 16);
+    case
+});
+
 conformance!(callback, [], Stream::DEFAULT, {
     let up = sim();
     let (a, d) = (up.clone(), up);
@@ -544,6 +554,20 @@ mod gpu {
     });
     conformance!(cuda_async_per_thread, [ignore = "needs a CUDA GPU"], Stream::PER_THREAD, {
         Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
+    });
+    conformance!(arena_over_cuda, [ignore = "needs a CUDA GPU"], owned_stream(), {
+        let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
+        let arena = ArenaMemoryResource::new(up.clone(), Some(512 * MIB), false).unwrap();
+        let mut case = Case::new(arena);
+        case.upstream = Some((up, |r: &ArenaMemoryResource| r.upstream().clone()));
+        (case.oom_size, case.oom_count) = (64 * MIB, 16);
+        case
+    });
+    conformance!(arena_per_thread, [ignore = "needs a CUDA GPU"], Stream::PER_THREAD, {
+        let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
+        let mut case = Case::new(ArenaMemoryResource::new(up, Some(512 * MIB), false).unwrap());
+        (case.oom_size, case.oom_count) = (64 * MIB, 16);
+        case
     });
     conformance!(cuda_async_managed, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
         Case::new(CudaAsyncManagedMemoryResource::new().expect("a managed pool"))
