@@ -32,12 +32,15 @@ use std::sync::{Arc, Mutex};
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
+/// An adaptor's upstream accessor.
+pub type UpstreamOf<R> = fn(&R) -> SharedResource;
+
 /// What the suite needs to know about one resource under test.
 pub struct Case<R: MemoryResource> {
     /// The resource.
     pub mr: R,
     /// The upstream it was built over and the accessor that should return it, for adaptors.
-    pub upstream: Option<(SharedResource, fn(&R) -> SharedResource)>,
+    pub upstream: Option<(SharedResource, UpstreamOf<R>)>,
     /// The largest request the resource serves (fixed-size: its block size).
     pub max_size: usize,
     /// The alignment the resource promises (at least [`ALLOCATION_ALIGNMENT`]).
@@ -207,7 +210,9 @@ pub fn zero_size<R: MemoryResource>(case: &Case<R>, stream: Stream) {
         // SAFETY: the null pointer with 0 bytes is the documented no-op free.
         unsafe { mr.deallocate(ptr, 0, stream) }.expect("deallocate(0, 0)");
     }
-    let ptr = mr.allocate(256, stream).expect("allocate after zero-size calls");
+    let ptr = mr
+        .allocate(256, stream)
+        .expect("allocate after zero-size calls");
     assert_ne!(ptr, 0);
     // SAFETY: allocated just above with 256 bytes, freed once.
     unsafe { mr.deallocate(ptr, 256, stream) }.expect("deallocate");
@@ -371,7 +376,12 @@ fn adaptor<R: MemoryResource>(
     case
 }
 
-conformance!(simulated, [], Stream::DEFAULT, Case::new(SimulatedMemoryResource::new(1 << 30)));
+conformance!(
+    simulated,
+    [],
+    Stream::DEFAULT,
+    Case::new(SimulatedMemoryResource::new(1 << 30))
+);
 
 conformance!(system, [], Stream::DEFAULT, {
     let mut case = Case::new(SystemMemoryResource::new());
@@ -424,8 +434,11 @@ conformance!(callback, [], Stream::DEFAULT, {
     let (a, d) = (up.clone(), up);
     Case::new(CallbackMemoryResource::new(
         Box::new(move |bytes, stream| a.allocate(bytes, stream)),
-        // SAFETY (of the closure's call): the suite frees each pointer once with its size.
-        Box::new(move |ptr, bytes, stream| unsafe { d.deallocate(ptr, bytes, stream) }),
+        Box::new(move |ptr, bytes, stream| {
+            // SAFETY: the callback resource passes on the caller's frees, and the suite frees
+            // each pointer of `a` once, with its size, with no work pending on it.
+            unsafe { d.deallocate(ptr, bytes, stream) }
+        }),
         MemoryKind::Simulated,
     ))
 });
@@ -499,7 +512,11 @@ fn adaptor_counters_return_to_zero_and_callbacks_run() {
     assert_eq!(counts.current_bytes, 0, "{counts:?}");
     assert_eq!(counts.current_count, 0, "{counts:?}");
     assert!(counts.peak_bytes >= 8 * MIB as i64, "{counts:?}");
-    assert_eq!(counts.total_count, 2 * sizes(8 * MIB).len() as i64, "{counts:?}");
+    assert_eq!(
+        counts.total_count,
+        2 * sizes(8 * MIB).len() as i64,
+        "{counts:?}"
+    );
 
     let tracking = Case::new(TrackingResourceAdaptor::new(sim(), false));
     round_trips(&tracking, Stream::DEFAULT);
@@ -540,55 +557,97 @@ mod gpu {
     conformance!(cuda, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
         Case::new(CudaMemoryResource::new().expect("a CUDA device"))
     });
-    conformance!(cuda_on_stream, [ignore = "needs a CUDA GPU"], owned_stream(), {
-        Case::new(CudaMemoryResource::new().expect("a CUDA device"))
-    });
+    conformance!(
+        cuda_on_stream,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        { Case::new(CudaMemoryResource::new().expect("a CUDA device")) }
+    );
     conformance!(managed, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
         Case::new(ManagedMemoryResource::new().expect("a CUDA device"))
     });
-    conformance!(cuda_async, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
-        Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
-    });
-    conformance!(cuda_async_on_stream, [ignore = "needs a CUDA GPU"], owned_stream(), {
-        Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
-    });
-    conformance!(cuda_async_per_thread, [ignore = "needs a CUDA GPU"], Stream::PER_THREAD, {
-        Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
-    });
-    conformance!(arena_over_cuda, [ignore = "needs a CUDA GPU"], owned_stream(), {
-        let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
-        let arena = ArenaMemoryResource::new(up.clone(), Some(512 * MIB), false).unwrap();
-        let mut case = Case::new(arena);
-        case.upstream = Some((up, |r: &ArenaMemoryResource| r.upstream().clone()));
-        (case.oom_size, case.oom_count) = (64 * MIB, 16);
-        case
-    });
-    conformance!(arena_per_thread, [ignore = "needs a CUDA GPU"], Stream::PER_THREAD, {
-        let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
-        let mut case = Case::new(ArenaMemoryResource::new(up, Some(512 * MIB), false).unwrap());
-        (case.oom_size, case.oom_count) = (64 * MIB, 16);
-        case
-    });
-    conformance!(cuda_async_managed, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
-        Case::new(CudaAsyncManagedMemoryResource::new().expect("a managed pool"))
-    });
+    conformance!(
+        cuda_async,
+        [ignore = "needs a CUDA GPU"],
+        Stream::DEFAULT,
+        {
+            Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
+        }
+    );
+    conformance!(
+        cuda_async_on_stream,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        {
+            Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
+        }
+    );
+    conformance!(
+        cuda_async_per_thread,
+        [ignore = "needs a CUDA GPU"],
+        Stream::PER_THREAD,
+        {
+            Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
+        }
+    );
+    conformance!(
+        arena_over_cuda,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        {
+            let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
+            let arena = ArenaMemoryResource::new(up.clone(), Some(512 * MIB), false).unwrap();
+            let mut case = Case::new(arena);
+            case.upstream = Some((up, |r: &ArenaMemoryResource| r.upstream().clone()));
+            (case.oom_size, case.oom_count) = (64 * MIB, 16);
+            case
+        }
+    );
+    conformance!(
+        arena_per_thread,
+        [ignore = "needs a CUDA GPU"],
+        Stream::PER_THREAD,
+        {
+            let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
+            let mut case = Case::new(ArenaMemoryResource::new(up, Some(512 * MIB), false).unwrap());
+            (case.oom_size, case.oom_count) = (64 * MIB, 16);
+            case
+        }
+    );
+    conformance!(
+        cuda_async_managed,
+        [ignore = "needs a CUDA GPU"],
+        Stream::DEFAULT,
+        { Case::new(CudaAsyncManagedMemoryResource::new().expect("a managed pool")) }
+    );
     conformance!(pinned, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
         let mut case = Case::new(PinnedHostMemoryResource::new().expect("a CUDA device"));
         // 4 PiB of pinned host memory cannot be had.
         case.oom_size = 1 << 52;
         case
     });
-    conformance!(system_on_stream, [ignore = "needs a CUDA GPU"], owned_stream(), {
-        let mut case = Case::new(SystemMemoryResource::new());
-        case.oom_size = usize::MAX - 4096;
-        case
-    });
-    conformance!(pool_over_cuda, [ignore = "needs a CUDA GPU"], owned_stream(), {
-        let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
-        let mut case =
-            Case::new(PoolMemoryResource::new(up.clone(), Some(64 * MIB), Some(512 * MIB)).unwrap());
-        case.upstream = Some((up, |r: &PoolMemoryResource| r.upstream().clone()));
-        (case.oom_size, case.oom_count) = (64 * MIB, 16);
-        case
-    });
+    conformance!(
+        system_on_stream,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        {
+            let mut case = Case::new(SystemMemoryResource::new());
+            case.oom_size = usize::MAX - 4096;
+            case
+        }
+    );
+    conformance!(
+        pool_over_cuda,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        {
+            let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
+            let mut case = Case::new(
+                PoolMemoryResource::new(up.clone(), Some(64 * MIB), Some(512 * MIB)).unwrap(),
+            );
+            case.upstream = Some((up, |r: &PoolMemoryResource| r.upstream().clone()));
+            (case.oom_size, case.oom_count) = (64 * MIB, 16);
+            case
+        }
+    );
 }

@@ -262,7 +262,10 @@ fn arena_exhaustion_is_out_of_memory_and_the_arena_works_afterwards() {
                         bytes: MIB,
                         word,
                     });
-                    assert!(held.len() <= 64, "a 64 MiB arena handed out more than 64 MiB");
+                    assert!(
+                        held.len() <= 64,
+                        "a 64 MiB arena handed out more than 64 MiB"
+                    );
                 }
                 Err(e) => break e,
             }
@@ -319,6 +322,10 @@ fn arena_exhaustion_from_several_threads_then_recovery() {
             });
         }
     });
-    assert_eq!(failures.load(Ordering::Relaxed), 8, "192 MiB fit in a 128 MiB arena");
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        8,
+        "192 MiB fit in a 128 MiB arena"
+    );
     stress(mr, 8, 200, MIB, Streams::Mixed);
 }
