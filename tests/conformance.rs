@@ -279,6 +279,9 @@ pub fn threads<R: MemoryResource>(case: &Case<R>, stream: Stream) {
         for t in 0..4usize {
             let (live, sizes, ops) = (&live, &sizes, &ops);
             scope.spawn(move || {
+                // Threads start with no current context; real memory may need one.
+                let _ctx = (is_real(mr) && rrmm::cuda::driver_available())
+                    .then(|| rrmm::cuda::ContextGuard::new(mr.device().unwrap_or(0)));
                 let mut mine = Vec::new();
                 for i in 0..150usize {
                     if mine.len() < 8 && (i * 7 + t) % 3 != 0 {
@@ -546,15 +549,23 @@ mod gpu {
         ManagedMemoryResource, PinnedHostMemoryResource,
     };
 
+    /// `stream`, with device 0's context made current on the test's thread (the data checks'
+    /// copies and stream synchronisations need one).
+    fn on(stream: Stream) -> Stream {
+        rrmm::cuda::set_current_device(0).expect("a CUDA device");
+        stream
+    }
+
     /// A non-blocking stream that lives for the rest of the test process (the suite's
     /// functions take a plain [`Stream`]).
     fn owned_stream() -> Stream {
+        rrmm::cuda::set_current_device(0).expect("a CUDA device");
         let owned: &'static OwnedStream =
             Box::leak(Box::new(OwnedStream::new(true).expect("a CUDA stream")));
         owned.stream()
     }
 
-    conformance!(cuda, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
+    conformance!(cuda, [ignore = "needs a CUDA GPU"], on(Stream::DEFAULT), {
         Case::new(CudaMemoryResource::new().expect("a CUDA device"))
     });
     conformance!(
@@ -563,9 +574,12 @@ mod gpu {
         owned_stream(),
         { Case::new(CudaMemoryResource::new().expect("a CUDA device")) }
     );
-    conformance!(managed, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
-        Case::new(ManagedMemoryResource::new().expect("a CUDA device"))
-    });
+    conformance!(
+        managed,
+        [ignore = "needs a CUDA GPU"],
+        on(Stream::DEFAULT),
+        { Case::new(ManagedMemoryResource::new().expect("a CUDA device")) }
+    );
     conformance!(
         cuda_async,
         [ignore = "needs a CUDA GPU"],
@@ -620,12 +634,17 @@ mod gpu {
         Stream::DEFAULT,
         { Case::new(CudaAsyncManagedMemoryResource::new().expect("a managed pool")) }
     );
-    conformance!(pinned, [ignore = "needs a CUDA GPU"], Stream::DEFAULT, {
-        let mut case = Case::new(PinnedHostMemoryResource::new().expect("a CUDA device"));
-        // 4 PiB of pinned host memory cannot be had.
-        case.oom_size = 1 << 52;
-        case
-    });
+    conformance!(
+        pinned,
+        [ignore = "needs a CUDA GPU"],
+        on(Stream::DEFAULT),
+        {
+            let mut case = Case::new(PinnedHostMemoryResource::new().expect("a CUDA device"));
+            // 4 PiB of pinned host memory cannot be had.
+            case.oom_size = 1 << 52;
+            case
+        }
+    );
     conformance!(
         system_on_stream,
         [ignore = "needs a CUDA GPU"],
