@@ -583,7 +583,7 @@ mod gpu {
     conformance!(
         cuda_async,
         [ignore = "needs a CUDA GPU"],
-        Stream::DEFAULT,
+        on(Stream::DEFAULT),
         {
             Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
         }
@@ -599,7 +599,7 @@ mod gpu {
     conformance!(
         cuda_async_per_thread,
         [ignore = "needs a CUDA GPU"],
-        Stream::PER_THREAD,
+        on(Stream::PER_THREAD),
         {
             Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
         }
@@ -620,7 +620,7 @@ mod gpu {
     conformance!(
         arena_per_thread,
         [ignore = "needs a CUDA GPU"],
-        Stream::PER_THREAD,
+        on(Stream::PER_THREAD),
         {
             let up: SharedResource = Arc::new(CudaMemoryResource::new().expect("a CUDA device"));
             let mut case = Case::new(ArenaMemoryResource::new(up, Some(512 * MIB), false).unwrap());
@@ -631,7 +631,7 @@ mod gpu {
     conformance!(
         cuda_async_managed,
         [ignore = "needs a CUDA GPU"],
-        Stream::DEFAULT,
+        on(Stream::DEFAULT),
         { Case::new(CudaAsyncManagedMemoryResource::new().expect("a managed pool")) }
     );
     conformance!(
