@@ -117,6 +117,22 @@ for w in w2 w3; do
   fi
 done
 
+if has w2base; then
+  # W2 pool before/after: the wheel of an earlier commit (.gpu/wheels-base, see docs/gpu.md)
+  # against this one, alternating processes; RMM runs in both as a control.
+  if ls .gpu/wheels-base/*.whl >/dev/null 2>&1; then
+    echo "== W2 pool, before/after"
+    python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site-base .gpu/wheels-base/*.whl
+    for i in 1 2 3; do
+      (cd benches/gpu && PYTHONPATH=/tmp/site-base:$SITE python3 w2.py --resources pool --reps 3 --out "$OUT/w2_before_$i.json" > /dev/null)
+      (cd benches/gpu && python3 w2.py --resources pool --reps 3 --out "$OUT/w2_after_$i.json" > /dev/null)
+    done
+    python3 benches/gpu/summarize.py w2base "$OUT" | tee -a "$SUMMARY"
+  else
+    note "w2base: no .gpu/wheels-base wheel"
+  fi
+fi
+
 if has w7; then
   echo "== W7: threads on their own streams, and 4 streams x 4 spinning kernels; RMM (C++) and rrmm"
   LIBRMM="$SITE/librmm"; LOGGER="$SITE/rapids_logger"
