@@ -539,6 +539,57 @@ fn adaptor_counters_return_to_zero_and_callbacks_run() {
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
 
+// ---- The suite itself fails on resources that break the contract ----
+
+/// A resource that breaks one promise: `shift` added to every pointer of a simulated device,
+/// every request served at the same address (`overlap`), or failures as logic errors.
+fn broken(shift: usize, overlap: bool, logic_errors: bool) -> Case<CallbackMemoryResource> {
+    let up = SimulatedMemoryResource::new(1 << 30);
+    let fixed = up.allocate(16 * MIB, Stream::DEFAULT).unwrap();
+    let up = Arc::new(up);
+    let (a, d) = (up.clone(), up);
+    Case::new(CallbackMemoryResource::new(
+        Box::new(move |bytes, stream| {
+            if bytes == 0 {
+                return Ok(0);
+            }
+            if logic_errors && bytes > 64 * MIB {
+                return Err(rrmm::Error::Logic("refused".into()));
+            }
+            if overlap {
+                return Ok(fixed);
+            }
+            a.allocate(bytes, stream).map(|p| p + shift)
+        }),
+        Box::new(move |ptr, bytes, stream| {
+            if overlap {
+                return Ok(());
+            }
+            // SAFETY: the pointer came from `a` shifted by `shift`, freed once with its size.
+            unsafe { d.deallocate(ptr - shift, bytes, stream) }
+        }),
+        MemoryKind::Simulated,
+    ))
+}
+
+#[test]
+#[should_panic(expected = "overlaps live")]
+fn the_suite_catches_overlapping_allocations() {
+    round_trips(&broken(0, true, false), Stream::DEFAULT);
+}
+
+#[test]
+#[should_panic(expected = "is not 256-aligned")]
+fn the_suite_catches_misaligned_allocations() {
+    alignment(&broken(64, false, false), Stream::DEFAULT);
+}
+
+#[test]
+#[should_panic(expected = "running out is not OutOfMemory")]
+fn the_suite_catches_out_of_memory_of_the_wrong_type() {
+    out_of_memory(&broken(0, false, true), Stream::DEFAULT);
+}
+
 // ---- GPU: the CUDA base resources, on the default stream and on an owned stream ----
 
 mod gpu {
