@@ -25,14 +25,15 @@ fi
 
 if has rust; then
   rm -rf .gpu/rust && mkdir -p .gpu/rust
-  # Every integration-test binary with GPU tests (named gpu_*), built in release.
+  # Every integration-test binary with GPU tests (named gpu_*, and the conformance suite),
+  # built in release.
   cargo test --release --no-run --message-format=json 2>/dev/null \
     | python3 -c '
 import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
     exe = m.get("executable")
-    if m.get("reason") == "compiler-artifact" and exe and m["target"]["name"].startswith("gpu_"):
+    if m.get("reason") == "compiler-artifact" and exe and (m["target"]["name"].startswith("gpu_") or m["target"]["name"] == "conformance"):
         shutil.copy(exe, ".gpu/rust/" + m["target"]["name"])
 '
   ls .gpu/rust

@@ -7,8 +7,12 @@
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
 #   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
-# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 w7 hooks profile rmmtests dask
-#   (default: all but rmmtests and dask)
+# Usage: scripts/gpu_run.sh [STAGE...]
+#   stages: rust python sanitizer w1 w2 w3 w7 hooks profile rmmtests dask
+#   (default: all but sanitizer, rmmtests and dask)
+#   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
+#   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
+#   scales the stress tests' rounds. The summary gives the error count of each.
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
 #   hooks stages.
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
@@ -40,6 +44,39 @@ if has rust; then
     "$t" --ignored --test-threads=1 2>&1 | tee -a "$OUT/rust.log" | grep -E "^test |test result" || status=1
   done
   note "rust gpu tests: $(grep -c '\.\.\. ok' "$OUT/rust.log") ok, $(grep -c 'FAILED' "$OUT/rust.log") failed"
+fi
+
+if has sanitizer; then
+  echo "== compute-sanitizer memcheck"
+  SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+  if [ -z "$SAN" ]; then
+    note "sanitizer: compute-sanitizer not found"
+  else
+    # API errors are not memory errors, and the tests provoke out-of-memory on purpose.
+    SAN_ARGS=(--tool memcheck --error-exitcode 1 --report-api-errors no --print-limit 50)
+    percent="${RRMM_STRESS_PERCENT:-25}"
+    if [ -n "${SANITIZER_PYTEST:-}" ]; then read -r -a pyt <<< "$SANITIZER_PYTEST"
+    else pyt=(test_gpu_stress.py test_device_buffer.py -k "not torch"); fi
+    total=0; runs=""
+    # errors LOG: the error count compute-sanitizer printed last in LOG ("?" when it printed none).
+    errors() { grep -oE "ERROR SUMMARY: [0-9]+" "$1" | tail -1 | grep -oE "[0-9]+" || echo "?"; }
+    for t in .gpu/rust/gpu_* .gpu/rust/conformance; do
+      [ -x "$t" ] || continue
+      name="$(basename "$t")"; log="$OUT/sanitizer_$name.log"
+      RRMM_STRESS_PERCENT="$percent" "$SAN" "${SAN_ARGS[@]}" "$t" --ignored --test-threads=1 > "$log" 2>&1
+      rc=$?; n="$(errors "$log")"
+      echo "$name: $n memcheck errors (exit $rc), $(grep 'test result' "$log" | tail -1)"
+      runs="$runs $name=$n"; [ "$n" = "?" ] && n=1; total=$((total + n))
+    done
+    log="$OUT/sanitizer_pytest.log"
+    (cd tests/python && RRMM_STRESS_PERCENT="$percent" "$SAN" "${SAN_ARGS[@]}" python3 -m pytest \
+      -q -rs -p no:cacheprovider --timeout=900 "${pyt[@]}") > "$log" 2>&1
+    rc=$?; n="$(errors "$log")"
+    echo "pytest: $n memcheck errors (exit $rc), $(grep -E 'passed|failed' "$log" | tail -1)"
+    runs="$runs pytest=$n"; [ "$n" = "?" ] && n=1; total=$((total + n))
+    note "sanitizer memcheck: $total errors in all ($runs )"
+    grep -h -m 20 -E "^========= (Invalid|Program hit|Error|  *at )" "$OUT"/sanitizer_*.log | head -40
+  fi
 fi
 
 if has python; then

@@ -227,6 +227,21 @@ pub unsafe fn memset_async(dst: usize, value: u8, bytes: usize, stream: Stream) 
     })
 }
 
+/// `cuMemsetD32Async`: sets `words` 32-bit words at `dst` to `value`, ordered on `stream`.
+///
+/// # Safety
+/// `dst` is valid device memory for `words * 4` bytes, 4-byte aligned, until the set completes.
+pub unsafe fn memset_d32_async(dst: usize, value: u32, words: usize, stream: Stream) -> Result<()> {
+    if words == 0 {
+        return Ok(());
+    }
+    ensure_driver()?;
+    // SAFETY: the caller's contract.
+    check("cuMemsetD32Async", unsafe {
+        sys::cuMemsetD32Async(dst as sys::CUdeviceptr, value, words, stream.as_cu())
+    })
+}
+
 /// `cuMemPrefetchAsync` of managed memory to device `ordinal`.
 ///
 /// # Safety
