@@ -461,7 +461,7 @@ conformance!(failure_callback, [], Stream::DEFAULT, {
     let seen = calls.clone();
     let callback: FailureCallback = Box::new(move |_bytes| {
         // Retry once per failure, then give up.
-        seen.fetch_add(1, Ordering::Relaxed) % 2 == 0
+        Ok(seen.fetch_add(1, Ordering::Relaxed) % 2 == 0)
     });
     adaptor(
         |up| FailureCallbackResourceAdaptor::new(up, callback),
@@ -532,7 +532,7 @@ fn adaptor_counters_return_to_zero_and_callbacks_run() {
         sim(),
         Box::new(move |_| {
             seen.fetch_add(1, Ordering::Relaxed);
-            false
+            Ok(false)
         }),
     );
     out_of_memory(&Case::new(failing), Stream::DEFAULT);

@@ -27,7 +27,6 @@ pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEF
 /// The address-keyed hash map of the suballocators, for other live-allocation tables (the
 /// CuPy hook's).
 #[cfg(feature = "python")]
-pub(crate) use free_list::AddressMap;
 pub use pool::PoolMemoryResource;
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
