@@ -24,9 +24,6 @@ mod stream_ordered;
 pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
-/// The address-keyed hash map of the suballocators, for other live-allocation tables (the
-/// CuPy hook's).
-#[cfg(feature = "python")]
 pub use pool::PoolMemoryResource;
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
