@@ -16,10 +16,21 @@ use rrmm::{
 };
 use std::sync::Arc;
 
+/// Runs `f` under loom (at most two preemptions per execution) and checks that loom explored
+/// more than one interleaving.
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(2);
-    builder.check(f);
+    builder.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    let runs = runs.load(Ordering::Relaxed);
+    println!("{runs} interleavings explored");
+    assert!(runs > 1, "loom explored a single interleaving");
 }
 
 fn events() -> Arc<dyn StreamEvents> {
