@@ -14,26 +14,79 @@ pub(crate) use self::loom_locks::{Mutex, RwLock};
 
 #[cfg(loom)]
 mod loom_locks {
-    /// loom's mutex with parking_lot's signature (a poisoned lock is taken anyway).
+    use loom::sync::atomic::{AtomicBool, Ordering};
+
+    /// A mutex for loom with parking_lot's signature. The lock itself is a flag taken with a
+    /// compare-and-swap (spinning with `yield_now`), so `try_lock` never waits: loom 0.7's own
+    /// `try_lock` marks a thread trying a held mutex as blocked, which reports a deadlock where
+    /// the real `try_lock` would have returned at once. The inner loom mutex, never contended,
+    /// carries the data and its happens-before edges.
     #[derive(Debug)]
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+    pub(crate) struct Mutex<T> {
+        locked: AtomicBool,
+        data: loom::sync::Mutex<T>,
+    }
+
+    /// Clears the lock flag when dropped (after the data guard: fields drop in order).
+    #[derive(Debug)]
+    struct Unlock<'a>(&'a AtomicBool);
+
+    impl Drop for Unlock<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
 
     /// The guard of [`Mutex`].
-    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+    #[derive(Debug)]
+    pub(crate) struct MutexGuard<'a, T> {
+        guard: loom::sync::MutexGuard<'a, T>,
+        _unlock: Unlock<'a>,
+    }
+
+    impl<T> std::ops::Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            &self.guard
+        }
+    }
+
+    impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            &mut self.guard
+        }
+    }
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {
-            Mutex(loom::sync::Mutex::new(value))
-        }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner())
-        }
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            match self.0.try_lock() {
-                Ok(guard) => Some(guard),
-                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
+            Mutex {
+                locked: AtomicBool::new(false),
+                data: loom::sync::Mutex::new(value),
             }
+        }
+
+        fn take_flag(&self) -> bool {
+            self.locked
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        }
+
+        fn guard(&self) -> MutexGuard<'_, T> {
+            MutexGuard {
+                guard: self.data.lock().unwrap_or_else(|e| e.into_inner()),
+                _unlock: Unlock(&self.locked),
+            }
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            while !self.take_flag() {
+                loom::thread::yield_now();
+            }
+            self.guard()
+        }
+
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.take_flag().then(|| self.guard())
         }
     }
 

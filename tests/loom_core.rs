@@ -2,7 +2,7 @@
 //! allocate/free/steal/grow/release runs on two threads, on simulated memory.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test
-//! loom_core` (`.ci/run` does). Each model is bounded (two preemptions) to stay small.
+//! loom_core` (`.ci/run` does). Each model is bounded (three preemptions) to stay small.
 //!
 //! Checked in every interleaving: no deadlock (loom fails on one), no two live blocks overlap,
 //! bytes are conserved when the threads are done (free bytes == pool size once everything is
@@ -16,10 +16,21 @@ use rrmm::{
 };
 use std::sync::Arc;
 
+/// Runs `f` under loom (at most three preemptions per execution) and checks that loom explored
+/// more than one interleaving.
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(f);
+    builder.preemption_bound = Some(3);
+    builder.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    let runs = runs.load(Ordering::Relaxed);
+    println!("{runs} interleavings explored");
+    assert!(runs > 1, "loom explored a single interleaving");
 }
 
 fn events() -> Arc<dyn StreamEvents> {

@@ -799,11 +799,18 @@ fn gpu_streams_threads_data_and_maximum() {
 /// Thread scaling on simulated memory (run in release: `cargo test --release --test
 /// suballocator_properties threads_scale -- --ignored --nocapture`): W7's pattern on the CPU side,
 /// each thread on its own stream, random 256 B..1 MiB, at most 64 live, one shared pool; total
-/// million operations per second for 1, 2 and 4 threads, and per thread CPU time per operation.
+/// million operations per second for 1, 2 and 4 threads, and per thread wall and CPU time per
+/// operation (CPU time from the scheduler: on a loaded machine it shows contention better).
 #[test]
 #[ignore = "timing; run in release"]
 fn threads_scale_on_simulated_memory() {
     use std::time::Instant;
+    fn thread_cpu_ns() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
     const OPS: usize = 1_000_000;
     for threads in [1usize, 2, 4] {
         let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
@@ -818,7 +825,7 @@ fn threads_scale_on_simulated_memory() {
                     let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
                     let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
                     barrier.wait();
-                    let t0 = Instant::now();
+                    let (t0, c0) = (Instant::now(), thread_cpu_ns());
                     for _ in 0..OPS / 2 {
                         s ^= s << 13;
                         s ^= s >> 7;
@@ -835,21 +842,27 @@ fn threads_scale_on_simulated_memory() {
                         // SAFETY: as above.
                         unsafe { pool.deallocate(p, b, st) }.unwrap();
                     }
-                    t0.elapsed()
+                    (t0.elapsed(), thread_cpu_ns() - c0)
                 })
             })
             .collect();
         barrier.wait();
         let t0 = Instant::now();
-        let per_thread: Vec<f64> = handles
+        let per_thread: Vec<(f64, f64)> = handles
             .into_iter()
-            .map(|h| h.join().unwrap().as_nanos() as f64 / OPS as f64)
+            .map(|h| {
+                let (wall, cpu) = h.join().unwrap();
+                (
+                    (wall.as_nanos() as f64 / OPS as f64).round(),
+                    (cpu as f64 / OPS as f64).round(),
+                )
+            })
             .collect();
         let total = t0.elapsed().as_secs_f64();
         println!(
-            "{threads} thread(s): {:.1} M ops/s total, ns/op per thread {:?}",
+            "{threads} thread(s): {:.1} M ops/s total, (wall, cpu) ns/op per thread {:?}",
             (threads * OPS) as f64 / total / 1e6,
-            per_thread.iter().map(|n| n.round()).collect::<Vec<_>>()
+            per_thread
         );
     }
 }

@@ -89,7 +89,8 @@ use std::sync::Arc;
 /// The generic stream-ordered suballocator: free lists of type `F`, a growth policy, an
 /// upstream, and stream events.
 pub(crate) struct StreamOrderedCore<F: FreeList> {
-    /// Unique for the process's lifetime (the per-thread list cache's key).
+    /// Unique for the process's lifetime (the per-thread list cache's key; no cache under loom).
+    #[cfg_attr(loom, allow(dead_code))]
     id: u64,
     upstream: SharedResource,
     events: Arc<dyn StreamEvents>,
