@@ -3,8 +3,8 @@
 
 use rrmm::cuda::{self, ContextGuard, OwnedStream};
 use rrmm::{
-    CudaAsyncMemoryResource, CudaMemoryResource, DeviceBuffer, ManagedMemoryResource,
-    MemoryResource, PinnedHostMemoryResource, SharedResource, Stream,
+    CheckedResourceAdaptor, CudaAsyncMemoryResource, CudaMemoryResource, DeviceBuffer, Error,
+    ManagedMemoryResource, MemoryResource, PinnedHostMemoryResource, SharedResource, Stream,
 };
 use std::sync::Arc;
 
@@ -107,4 +107,41 @@ fn memory_info_and_device_queries_answer() {
     assert!(free > 0 && free <= total);
     assert!(!cuda::device_name(0).unwrap().is_empty());
     assert!(cuda::driver_version().unwrap() >= 12000);
+}
+
+/// Every base resource behind the checking adaptor (as the Python layer drives them): a bogus,
+/// double or wrong-size free is a logic error that never reaches CUDA, and the resource and the
+/// data of a live buffer are intact afterwards.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn checked_base_resources_refuse_bad_frees_and_keep_working() {
+    let stream = OwnedStream::new(true).unwrap();
+    for base in base_resources() {
+        let name = base.name();
+        let mr: SharedResource = Arc::new(CheckedResourceAdaptor::new(base));
+        let data = pattern(1 << 16, 9);
+        let buf = DeviceBuffer::from_host(&data, stream.stream(), mr.clone()).unwrap();
+        let p = mr.allocate(4096, stream.stream()).unwrap();
+        // SAFETY: the adaptor checks 1 and 2, so these bad frees never reach CUDA; the stream
+        // is live.
+        let bad = unsafe {
+            [
+                mr.deallocate(p + 256, 4096, stream.stream()),
+                mr.deallocate(p, 8192, stream.stream()),
+                mr.deallocate(0xdead_0000, 256, stream.stream()),
+            ]
+        };
+        for r in bad {
+            assert!(matches!(r, Err(Error::Logic(_))), "{name}: {r:?}");
+        }
+        // SAFETY: `p` is live with 4096 bytes; nothing uses it.
+        unsafe { mr.deallocate(p, 4096, stream.stream()) }.unwrap();
+        // SAFETY: checked, as above.
+        let double = unsafe { mr.deallocate(p, 4096, stream.stream()) };
+        assert!(matches!(double, Err(Error::Logic(_))), "{name}: {double:?}");
+        assert_eq!(buf.to_vec().unwrap(), data, "{name}: data intact");
+        let q = mr.allocate(1 << 20, stream.stream()).unwrap();
+        // SAFETY: `q` is live with 1 MiB; nothing uses it.
+        unsafe { mr.deallocate(q, 1 << 20, stream.stream()) }.unwrap();
+    }
 }
