@@ -10,6 +10,7 @@ mod driver;
 mod event;
 mod memory;
 mod stream;
+pub mod vmm;
 
 pub use context::{current_device, set_current_device, ContextGuard};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};

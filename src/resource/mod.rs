@@ -6,7 +6,9 @@ mod cuda_async;
 mod managed;
 mod pinned_host;
 mod simulated;
+mod simulated_vmm;
 mod system;
+mod virtual_memory;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
 pub use cuda::CudaMemoryResource;
@@ -14,7 +16,9 @@ pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::SimulatedMemoryResource;
+pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 pub use system::SystemMemoryResource;
+pub use virtual_memory::{CudaVirtualMemory, VirtualMemory};
 
 use crate::cuda::Stream;
 use crate::error::Result;
