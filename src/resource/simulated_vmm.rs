@@ -231,10 +231,8 @@ mod tests {
         assert!(vm.map(base + 3 * P, 2 * P).is_err(), "past the reservation");
         assert!(vm.map(base - P, P).is_err(), "below the reservation");
         // SAFETY: simulated pages; nothing uses them.
-        assert!(matches!(
-            unsafe { vm.unmap(base, 2 * P) },
-            Err(Error::Logic(_))
-        ));
+        let unmapped = unsafe { vm.unmap(base, 2 * P) };
+        assert!(matches!(unmapped, Err(Error::Logic(_))));
         assert_eq!(vm.mapped_bytes(), P);
         assert!(SimulatedVirtualMemory::new(P, P, 100).is_err());
     }
