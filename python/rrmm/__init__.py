@@ -16,6 +16,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import __version__, parse_bytes
+from rrmm._snapshot import memory_snapshot
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
 from rrmm.pylibrmm.device_buffer import DeviceBuffer
 from rrmm.rmm import (
@@ -38,6 +39,7 @@ __all__ = [
     "get_logging_level",
     "is_initialized",
     "level_enum",
+    "memory_snapshot",
     "mr",
     "parse_bytes",
     "register_reinitialize_hook",

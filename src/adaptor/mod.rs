@@ -3,7 +3,7 @@
 //! prefetching), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint) to `self.upstream`.
+/// memory_info, footprint, memory_stats, memory_snapshot) to `self.upstream`.
 macro_rules! forward_upstream_info {
     () => {
         fn kind(&self) -> $crate::MemoryKind {
@@ -17,6 +17,15 @@ macro_rules! forward_upstream_info {
         }
         fn footprint(&self) -> Option<$crate::Footprint> {
             self.upstream.footprint()
+        }
+        fn memory_stats(&self) -> Option<$crate::suballocator::MemoryStats> {
+            self.upstream.memory_stats()
+        }
+        fn reset_peak_memory_stats(&self) -> bool {
+            self.upstream.reset_peak_memory_stats()
+        }
+        fn memory_snapshot(&self) -> Option<Vec<$crate::suballocator::SegmentInfo>> {
+            self.upstream.memory_snapshot()
         }
     };
 }

@@ -7,6 +7,7 @@ mod cupy_stream;
 mod device_buffer;
 mod errors;
 mod hooks;
+mod memory_stats;
 mod replay;
 mod resources;
 mod stream;
@@ -27,5 +28,6 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hooks::register(m)?;
     cupy_stream::register(m)?;
     torch_alloc::register(m)?;
+    memory_stats::register(m)?;
     Ok(())
 }

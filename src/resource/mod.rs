@@ -94,6 +94,24 @@ pub trait MemoryResource: Send + Sync {
 
     /// A short name for reports and logs, such as `"pool"`.
     fn name(&self) -> &'static str;
+
+    /// PyTorch-style counters of the pool behind this resource (through adaptors); `None` for
+    /// resources that are not pools.
+    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
+        None
+    }
+
+    /// Sets the peaks of [`MemoryResource::memory_stats`] to the current values; whether there
+    /// was a pool to reset.
+    fn reset_peak_memory_stats(&self) -> bool {
+        false
+    }
+
+    /// Every segment and block of the pool behind this resource (through adaptors); `None` for
+    /// resources that are not pools.
+    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
+        None
+    }
 }
 
 /// How much memory a resource holds and how fragmented its free part is.
@@ -144,5 +162,14 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
+        (**self).memory_stats()
+    }
+    fn reset_peak_memory_stats(&self) -> bool {
+        (**self).reset_peak_memory_stats()
+    }
+    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
+        (**self).memory_snapshot()
     }
 }

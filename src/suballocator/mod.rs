@@ -11,12 +11,16 @@ mod coalescing_free_list;
 mod fixed_size;
 mod fixed_size_free_list;
 mod pool;
+pub mod pool_stats;
+pub mod snapshot;
 pub mod stream_events;
 mod stream_ordered;
 
 pub use binning::BinningMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use pool::PoolMemoryResource;
+pub use pool_stats::{MemoryStats, Stat};
+pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
