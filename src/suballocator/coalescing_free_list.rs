@@ -468,6 +468,18 @@ impl FreeList for CoalescingFreeList {
         self.free_bytes
     }
 
+    fn blocks(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+        let (mut allocated, mut free) = (Vec::new(), Vec::new());
+        for n in &self.nodes {
+            match n.list {
+                UNUSED => {}
+                ALLOCATED => allocated.push((n.addr, n.size)),
+                _ => free.push((n.addr, n.size)),
+            }
+        }
+        (allocated, free)
+    }
+
     fn free_blocks(&self) -> usize {
         self.free_blocks
     }

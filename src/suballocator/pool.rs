@@ -192,6 +192,19 @@ impl MemoryResource for PoolMemoryResource {
     fn name(&self) -> &'static str {
         "pool"
     }
+
+    fn memory_stats(&self) -> Option<super::MemoryStats> {
+        Some(self.inner.core.memory_stats())
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        self.inner.core.reset_peak_memory_stats();
+        true
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<super::SegmentInfo>> {
+        Some(self.inner.core.snapshot())
+    }
 }
 
 #[cfg(test)]

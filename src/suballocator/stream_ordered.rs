@@ -42,6 +42,8 @@
 #![deny(unsafe_code)]
 
 use super::coalescing_free_list::AddressMap;
+use super::pool_stats::{MemoryStats, PoolCounters};
+use super::snapshot::{assemble, BlockState, SegmentInfo};
 use super::stream_events::{StreamEvents, StreamKey};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
@@ -103,6 +105,31 @@ pub(crate) trait FreeList: Send + 'static {
 
     /// The largest free block.
     fn largest_free_block(&self) -> usize;
+
+    /// Strategies that grow in place (the expandable pool maps pages into its address range):
+    /// makes room in the fresh list for a block of `size` bytes and returns the bytes added, or
+    /// `None` to let the core grow from the upstream.
+    fn grow(&mut self, _bytes: usize, _size: usize) -> Option<Result<usize>> {
+        None
+    }
+
+    /// Strategies that give memory back themselves: releases free memory (only after every
+    /// stream was synchronized and the lists merged) until at most `target` bytes are held, and
+    /// returns the bytes released; `None` to let the core give back whole free chunks.
+    fn trim(&mut self, _target: usize) -> Option<Result<usize>> {
+        None
+    }
+
+    /// The segments the strategy holds itself (address, size), for strategies that grow in
+    /// place; `None` when the core's upstream chunks are the segments.
+    fn segments(&self) -> Option<Vec<(usize, usize)>> {
+        None
+    }
+
+    /// Every block: (allocated (address, size), free (address, size)), for snapshots.
+    fn blocks(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+        (Vec::new(), Vec::new())
+    }
 }
 
 /// How the core sizes its upstream requests.
@@ -131,6 +158,7 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     events: Arc<dyn StreamEvents>,
     growth: Growth,
     name: &'static str,
+    counters: PoolCounters,
     state: Mutex<CoreState<F>>,
 }
 
@@ -222,6 +250,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             events,
             growth,
             name,
+            counters: PoolCounters::default(),
             state: Mutex::new(CoreState {
                 free_list,
                 lists: AddressMap::default(),
@@ -249,6 +278,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         st.chunks.insert(addr, bytes);
         st.pool_size += bytes;
         st.free_list.add_chunk(addr, bytes);
+        self.counters.segment_added(bytes);
         Ok(())
     }
 
@@ -257,6 +287,22 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
+        match self.allocate_block(bytes, stream) {
+            Ok((p, size)) => {
+                self.counters.allocated(bytes, size);
+                Ok(p)
+            }
+            Err(e) => {
+                if e.is_out_of_memory() {
+                    self.counters.out_of_memory();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`StreamOrderedCore::allocate`] without the counters: the block and its size.
+    fn allocate_block(&self, bytes: usize, stream: Stream) -> Result<(usize, usize)> {
         let key = StreamKey::of(stream);
         let mut st = self.state.lock();
         let size = st.free_list.block_size_for(bytes)?;
@@ -265,20 +311,20 @@ impl<F: FreeList> StreamOrderedCore<F> {
             self.record_if_wanted(&mut st, key, list)?;
         }
         if let Some(p) = st.free_list.take(list, size) {
-            return Ok(p);
+            return Ok((p, size));
         }
         if let Some(p) = self.take_elsewhere(&mut st, key, list, size)? {
-            return Ok(p);
+            return Ok((p, size));
         }
         if st.free_list.absorb_fresh_neighbours(list) {
             if let Some(p) = st.free_list.take(list, size) {
-                return Ok(p);
+                return Ok((p, size));
             }
         }
         let grow_error = match self.grow(&mut st, bytes, size, stream) {
             Ok(()) => {
                 if let Some(p) = st.free_list.take(FRESH, size) {
-                    return Ok(p);
+                    return Ok((p, size));
                 }
                 Error::out_of_memory(bytes, format!("{}: grown chunk too small", self.name))
             }
@@ -287,9 +333,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         // Last resort: every stream synchronized, every list merged, free chunks given back.
         self.events.synchronize_all()?;
+        self.counters.synchronized_all();
+        self.counters.retried();
         st.merge_all();
         if let Some(p) = st.free_list.take(FRESH, size) {
-            return Ok(p);
+            return Ok((p, size));
         }
         let could_fit = match self.growth {
             Growth::Geometric { maximum } => maximum.map_or(true, |m| size <= m),
@@ -298,7 +346,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if could_fit && self.give_back_free_chunks(&mut st)? > 0 {
             self.grow(&mut st, bytes, size, stream)?;
             if let Some(p) = st.free_list.take(FRESH, size) {
-                return Ok(p);
+                return Ok((p, size));
             }
         }
         Err(grow_error)
@@ -342,6 +390,12 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Adds a chunk of at least `size` bytes from the upstream to the fresh list.
     fn grow(&self, st: &mut CoreState<F>, bytes: usize, size: usize, stream: Stream) -> Result<()> {
+        if let Some(grown) = st.free_list.grow(bytes, size) {
+            let added = grown?;
+            st.pool_size += added;
+            self.counters.segment_added(added);
+            return Ok(());
+        }
         let (mut try_size, min_size, step) = match self.growth {
             Growth::Geometric { maximum } => {
                 let room = maximum.map_or(usize::MAX, |m| m.saturating_sub(st.pool_size));
@@ -374,6 +428,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     st.chunks.insert(addr, try_size);
                     st.pool_size += try_size;
                     st.free_list.add_chunk(addr, try_size);
+                    self.counters.segment_added(try_size);
                     return Ok(());
                 }
                 Err(e) if e.is_out_of_memory() && try_size > min_size => {
@@ -400,12 +455,27 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Gives every fully free chunk back to the upstream; the bytes given back. The caller has
     /// synchronized and merged.
     fn give_back_free_chunks(&self, st: &mut CoreState<F>) -> Result<usize> {
+        self.trim_locked(st, 0)
+    }
+
+    /// Gives free memory back until at most `target` bytes are held (the strategy's own trim,
+    /// else whole free chunks); the bytes given back. The caller has synchronized and merged.
+    fn trim_locked(&self, st: &mut CoreState<F>, target: usize) -> Result<usize> {
+        if let Some(trimmed) = st.free_list.trim(target) {
+            let released = trimmed?;
+            st.pool_size -= released;
+            if released > 0 {
+                self.counters.segment_removed(released);
+            }
+            return Ok(released);
+        }
         let mut released = 0;
         let mut first_error = None;
         for (addr, size) in st.free_list.remove_free_chunks() {
             st.chunks.remove(&addr);
             st.pool_size -= size;
             released += size;
+            self.counters.segment_removed(size);
             if let Err(e) = self.upstream.deallocate(addr, size, Stream::DEFAULT) {
                 first_error.get_or_insert(e);
             }
@@ -426,6 +496,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let list = st.list_of(key);
         // The strategies know each block's size; `bytes` is the caller's (unchecked) figure.
         st.free_list.give_back(list, ptr, bytes)?;
+        if let Ok(size) = st.free_list.block_size_for(bytes) {
+            self.counters.freed(bytes, size);
+        }
         if key.is_per_thread() {
             st.marks[list as usize].unrecorded = true;
             self.record_if_wanted(&mut st, key, list)?;
@@ -447,10 +520,50 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Synchronizes, merges, and gives every fully free upstream chunk back; bytes released.
     pub(crate) fn release(&self) -> Result<usize> {
+        self.trim(0)
+    }
+
+    /// Synchronizes, merges, and gives free memory back until at most `target` bytes are held
+    /// (whole free chunks, or what the strategy's own trim releases); bytes released.
+    pub(crate) fn trim(&self, target: usize) -> Result<usize> {
         let mut st = self.state.lock();
         self.events.synchronize_all()?;
+        self.counters.synchronized_all();
         st.merge_all();
-        self.give_back_free_chunks(&mut st)
+        self.trim_locked(&mut st, target)
+    }
+
+    /// Every segment (upstream chunk, or the strategy's own) with its blocks.
+    pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
+        let st = self.state.lock();
+        let segments = st
+            .free_list
+            .segments()
+            .unwrap_or_else(|| st.chunks.iter().map(|(&a, &s)| (a, s)).collect());
+        let (allocated, free) = st.free_list.blocks();
+        drop(st);
+        let allocated: Vec<_> = allocated.into_iter().map(|(a, s)| (a, s, s)).collect();
+        assemble(&segments, &allocated, &free, false)
+    }
+
+    /// The PyTorch-style counters, with the split figures from a snapshot.
+    pub(crate) fn memory_stats(&self) -> MemoryStats {
+        let mut stats = self.counters.get();
+        for segment in self.snapshot() {
+            if segment.allocated_size() == 0 {
+                continue;
+            }
+            for b in segment.blocks.iter().filter(|b| b.state == BlockState::Free) {
+                stats.inactive_split += 1;
+                stats.inactive_split_bytes += b.size as u64;
+            }
+        }
+        stats
+    }
+
+    /// Sets every peak of the counters to its current value.
+    pub(crate) fn reset_peak_memory_stats(&self) {
+        self.counters.reset_peaks();
     }
 
     /// Bytes held from the upstream.
