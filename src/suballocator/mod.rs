@@ -6,8 +6,10 @@
 
 #![deny(unsafe_code)]
 
+mod address_free_list;
 mod binning;
 mod coalescing_free_list;
+mod expandable;
 mod fixed_size;
 mod fixed_size_free_list;
 mod pool;
@@ -17,6 +19,7 @@ pub mod stream_events;
 mod stream_ordered;
 
 pub use binning::BinningMemoryResource;
+pub use expandable::{ExpandableMemoryResource, DEFAULT_RESERVE_FACTOR};
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use pool::PoolMemoryResource;
 pub use pool_stats::{MemoryStats, Stat};
@@ -31,4 +34,5 @@ const _: () = {
     assert_resource::<PoolMemoryResource>();
     assert_resource::<FixedSizeMemoryResource>();
     assert_resource::<BinningMemoryResource>();
+    assert_resource::<ExpandableMemoryResource>();
 };

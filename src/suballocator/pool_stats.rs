@@ -32,7 +32,8 @@ pub struct MemoryStats {
     pub allocated_bytes: Stat,
     /// Bytes the callers asked for (`requested_bytes.all.*`).
     pub requested_bytes: Stat,
-    /// Chunks held from the upstream, or mapped page runs (`segment.all.*`).
+    /// Chunks held from the upstream (`segment.all.*`); for the expandable pool, `current` and
+    /// `peak` count runs of mapped pages and the totals stay 0.
     pub segment: Stat,
     /// Bytes held from the upstream or mapped (`reserved_bytes.all.*`).
     pub reserved_bytes: Stat,
@@ -44,9 +45,9 @@ pub struct MemoryStats {
     pub num_alloc_retries: u64,
     /// Allocations that failed with out-of-memory (`num_ooms`).
     pub num_ooms: u64,
-    /// Successful upstream allocations or page maps (`num_device_alloc`).
+    /// Successful upstream allocations, or growth steps that mapped pages (`num_device_alloc`).
     pub num_device_alloc: u64,
-    /// Upstream frees or page unmaps (`num_device_free`).
+    /// Upstream frees, or trims that unmapped pages (`num_device_free`).
     pub num_device_free: u64,
     /// Times every stream was synchronized (`num_sync_all_streams`).
     pub num_sync_all_streams: u64,
@@ -105,7 +106,7 @@ struct AtomicStat {
 impl AtomicStat {
     #[inline]
     fn add(&self, n: u64) {
-        let now = self.current.fetch_add(n, Relaxed) + n;
+        let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
         self.allocated.fetch_add(n, Relaxed);
         if now > self.peak.load(Relaxed) {
             self.peak.fetch_max(now, Relaxed);
@@ -176,6 +177,25 @@ impl PoolCounters {
         self.segment.sub(1);
         self.reserved_bytes.sub(bytes as u64);
         self.device_free.fetch_add(1, Relaxed);
+    }
+
+    /// `bytes` were mapped into a segment that grows in place (no new segment).
+    pub(crate) fn mapped(&self, bytes: usize) {
+        self.reserved_bytes.add(bytes as u64);
+        self.device_alloc.fetch_add(1, Relaxed);
+    }
+
+    /// `bytes` were unmapped from a segment that grows in place.
+    pub(crate) fn unmapped(&self, bytes: usize) {
+        self.reserved_bytes.sub(bytes as u64);
+        self.device_free.fetch_add(1, Relaxed);
+    }
+
+    /// Sets the number of segments (strategies that keep their own, such as mapped runs).
+    pub(crate) fn set_segments(&self, n: usize) {
+        let n = n as u64;
+        self.segment.current.store(n, Relaxed);
+        self.segment.peak.fetch_max(n, Relaxed);
     }
 
     /// An allocation freed cached memory and tried again.

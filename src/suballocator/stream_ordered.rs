@@ -273,6 +273,16 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(());
         }
+        {
+            let mut st = self.state.lock();
+            if let Some(grown) = st.free_list.grow(bytes, bytes) {
+                let added = grown?;
+                st.pool_size += added;
+                self.counters.mapped(added);
+                self.note_segments(&st);
+                return Ok(());
+            }
+        }
         let addr = self.upstream.allocate(bytes, Stream::DEFAULT)?;
         let mut st = self.state.lock();
         st.chunks.insert(addr, bytes);
@@ -393,7 +403,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if let Some(grown) = st.free_list.grow(bytes, size) {
             let added = grown?;
             st.pool_size += added;
-            self.counters.segment_added(added);
+            self.counters.mapped(added);
+            self.note_segments(st);
             return Ok(());
         }
         let (mut try_size, min_size, step) = match self.growth {
@@ -452,6 +463,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
     }
 
+    /// For strategies with their own segments: records how many there are now.
+    fn note_segments(&self, st: &CoreState<F>) {
+        if let Some(segments) = st.free_list.segments() {
+            self.counters.set_segments(segments.len());
+        }
+    }
+
     /// Gives every fully free chunk back to the upstream; the bytes given back. The caller has
     /// synchronized and merged.
     fn give_back_free_chunks(&self, st: &mut CoreState<F>) -> Result<usize> {
@@ -465,7 +483,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
             let released = trimmed?;
             st.pool_size -= released;
             if released > 0 {
-                self.counters.segment_removed(released);
+                self.counters.unmapped(released);
+                self.note_segments(st);
             }
             return Ok(released);
         }
