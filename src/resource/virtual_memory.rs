@@ -114,17 +114,17 @@ impl VirtualMemory for CudaVirtualMemory {
     }
 
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
-        let offset = addr.checked_sub(self.base).ok_or_else(|| {
-            Error::invalid("addr", format!("{addr:#x} is below the reservation"))
-        })?;
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
         let _ctx = ContextGuard::new(self.ordinal)?;
         self.range.lock().map(offset, bytes)
     }
 
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
-        let offset = addr.checked_sub(self.base).ok_or_else(|| {
-            Error::invalid("addr", format!("{addr:#x} is below the reservation"))
-        })?;
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
         let _ctx = ContextGuard::new(self.ordinal)?;
         // SAFETY: the caller's precondition 1, passed on.
         unsafe { self.range.lock().unmap(offset, bytes) }

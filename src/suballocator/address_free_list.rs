@@ -149,7 +149,10 @@ impl AddressFreeLists {
                     .range(..addr)
                     .next_back()
                     .is_some_and(|(&a, f)| f.list == list && a + f.size == addr);
-                let after = self.free.get(&(addr + size)).is_some_and(|f| f.list == list);
+                let after = self
+                    .free
+                    .get(&(addr + size))
+                    .is_some_and(|f| f.list == list);
                 before || after
             })
             .collect();
@@ -253,7 +256,11 @@ mod tests {
         assert!(!l.can_take(FRESH, 0x1000));
         let s = l.add_list();
         l.give_back(s, a).unwrap();
-        assert_eq!(l.free_count(), 2, "a stream's block stays apart from fresh memory");
+        assert_eq!(
+            l.free_count(),
+            2,
+            "a stream's block stays apart from fresh memory"
+        );
         assert!(l.absorb_fresh_neighbours(s));
         assert_eq!(l.free_blocks_by_address(), vec![(0x1000, 0x2000)]);
         assert!(l.take(s, 0x2000).is_some());

@@ -22,7 +22,7 @@
 
 #![deny(unsafe_code)]
 
-use super::stream_ordered::{FreeList, ListId, FRESH};
+use super::stream_ordered::{BlockLists, FreeList, ListId, FRESH};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
 use std::collections::HashMap;
@@ -468,7 +468,7 @@ impl FreeList for CoalescingFreeList {
         self.free_bytes
     }
 
-    fn blocks(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    fn blocks(&self) -> BlockLists {
         let (mut allocated, mut free) = (Vec::new(), Vec::new());
         for n in &self.nodes {
             match n.list {

@@ -12,7 +12,9 @@
 
 use super::address_free_list::AddressFreeLists;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, FreeList, Growth, ListId, StreamOrderedCore};
+use super::stream_ordered::{
+    default_events, BlockLists, FreeList, Growth, ListId, StreamOrderedCore,
+};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -557,7 +559,7 @@ impl FreeList for ExpandableStrategy {
         Some(self.runs.iter().map(|(&s, &e)| (s, e - s)).collect())
     }
 
-    fn blocks(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    fn blocks(&self) -> BlockLists {
         (
             self.lists.allocated_blocks(),
             self.lists.free_blocks_by_address(),

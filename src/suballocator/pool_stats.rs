@@ -277,7 +277,10 @@ mod tests {
         c.out_of_memory();
         let s = c.get();
         assert_eq!((s.reserved_bytes.current, s.reserved_bytes.peak), (0, 4096));
-        assert_eq!((s.num_device_free, s.num_alloc_retries, s.num_ooms), (1, 1, 1));
+        assert_eq!(
+            (s.num_device_free, s.num_alloc_retries, s.num_ooms),
+            (1, 1, 1)
+        );
     }
 
     #[test]

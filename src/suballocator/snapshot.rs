@@ -155,10 +155,7 @@ mod tests {
             "an uncovered tail shows as free"
         );
         for s in &segs {
-            assert_eq!(
-                s.blocks.iter().map(|b| b.size).sum::<usize>(),
-                s.total_size
-            );
+            assert_eq!(s.blocks.iter().map(|b| b.size).sum::<usize>(), s.total_size);
         }
         assert_eq!(BlockState::Allocated.torch_name(), "active_allocated");
     }

@@ -55,6 +55,9 @@ use std::sync::Arc;
 /// Index of a free list in a strategy; dense, assigned in order by [`FreeList::add_list`].
 pub(crate) type ListId = u32;
 
+/// (allocated, free) blocks of a strategy as (address, size), for snapshots.
+pub(crate) type BlockLists = (Vec<(usize, usize)>, Vec<(usize, usize)>);
+
 /// The list of memory fresh from the upstream, which belongs to no stream.
 pub(crate) const FRESH: ListId = 0;
 
@@ -127,7 +130,7 @@ pub(crate) trait FreeList: Send + 'static {
     }
 
     /// Every block: (allocated (address, size), free (address, size)), for snapshots.
-    fn blocks(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    fn blocks(&self) -> BlockLists {
         (Vec::new(), Vec::new())
     }
 }
@@ -572,7 +575,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if segment.allocated_size() == 0 {
                 continue;
             }
-            for b in segment.blocks.iter().filter(|b| b.state == BlockState::Free) {
+            for b in segment
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Free)
+            {
                 stats.inactive_split += 1;
                 stats.inactive_split_bytes += b.size as u64;
             }

@@ -69,7 +69,11 @@ fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
     assert_eq!(mr.free_block_count(), 2);
     assert_eq!(mr.largest_free_block(), 3 * P / 2);
     assert_eq!(mr.trim(usize::MAX).unwrap(), 0, "merges, unmaps nothing");
-    assert_eq!(mr.free_block_count(), 1, "blocks from two growth steps coalesce");
+    assert_eq!(
+        mr.free_block_count(),
+        1,
+        "blocks from two growth steps coalesce"
+    );
     assert_eq!(mr.largest_free_block(), 2 * P);
     assert_eq!(vm.call_counts().0, 2);
 }
@@ -83,7 +87,11 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     let c = mr.allocate(P, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 6 * P);
     mr.deallocate(b, 4 * P, S).unwrap();
-    assert_eq!(mr.trim(0).unwrap(), 4 * P, "the middle pages go, not a whole chunk");
+    assert_eq!(
+        mr.trim(0).unwrap(),
+        4 * P,
+        "the middle pages go, not a whole chunk"
+    );
     assert_eq!(mr.mapped_bytes(), 2 * P);
     assert!(vm.is_mapped(a) && !vm.is_mapped(b) && vm.is_mapped(c));
     let snapshot = mr.memory_snapshot().unwrap();
@@ -123,7 +131,11 @@ fn partial_pages_of_a_free_block_stay_mapped() {
     // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it.
     assert_eq!(mr.trim(0).unwrap(), P);
     // What is left of b, and the fresh half page after c.
-    assert_eq!(mr.free_bytes(), P + P / 2, "the carved page left the free lists");
+    assert_eq!(
+        mr.free_bytes(),
+        P + P / 2,
+        "the carved page left the free lists"
+    );
     mr.deallocate(a, P / 2, S).unwrap();
     mr.deallocate(c, P, S).unwrap();
     mr.trim(0).unwrap();
@@ -158,7 +170,10 @@ fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
     mr.deallocate(a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
     mr.deallocate(b, 4 * P, S).unwrap();
-    assert!(mr.deallocate(0x1234_5600, 256, S).is_err(), "a bogus free is an error");
+    assert!(
+        mr.deallocate(0x1234_5600, 256, S).is_err(),
+        "a bogus free is an error"
+    );
 }
 
 #[test]
@@ -168,7 +183,11 @@ fn release_threshold_unmaps_on_free() {
     let a = mr.allocate(6 * P, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
     mr.deallocate(a, 6 * P, S).unwrap();
-    assert!(mr.free_bytes() <= P, "free {} above the threshold", mr.free_bytes());
+    assert!(
+        mr.free_bytes() <= P,
+        "free {} above the threshold",
+        mr.free_bytes()
+    );
     assert_eq!(mr.mapped_bytes(), 2 * P);
     mr.deallocate(b, P, S).unwrap();
     assert!(mr.mapped_bytes() <= P);
