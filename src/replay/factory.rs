@@ -7,7 +7,7 @@ use crate::resource::{
     MemoryResource, SharedResource, SimulatedMemoryResource,
 };
 use crate::suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
     DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
 use std::sync::Arc;
@@ -20,6 +20,7 @@ const BINNING_MAX_EXPONENT: u32 = 22;
 /// The resource names [`build_resource`] knows, in the order `--compare all` uses.
 pub const RESOURCE_NAMES: &[&str] = &[
     "pool",
+    "expandable",
     "binning",
     "fixed_size",
     "cuda_async",
@@ -40,7 +41,10 @@ const SUBALLOCATORS: &[&str] = &["pool", "binning", "fixed_size"];
 /// - `pool`: a pool with `initial_pool_size`/`maximum_pool_size` over the device;
 /// - `binning`: fixed-size bins of 2^18..2^22 bytes over a pool, larger requests to the pool
 ///   (benchmarks.md W1); its footprint is the pool's;
-/// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device.
+/// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device;
+/// - `expandable`: the expandable pool with `initial_pool_size`/`maximum_pool_size` on the
+///   device's virtual memory (on simulated memory, simulated virtual memory of that capacity with
+///   2 MiB pages and four times as many addresses).
 ///
 /// Resources without a pool ignore the pool sizes.
 ///
@@ -94,6 +98,29 @@ pub fn build_resource(
             Some(_) => device(),
             None => Ok(Arc::new(ManagedMemoryResource::new()?)),
         },
+        "expandable" => {
+            let mr = match simulate {
+                Some(size) => ExpandableMemoryResource::new(
+                    Arc::new(crate::resource::SimulatedVirtualMemory::new(
+                        size,
+                        size.saturating_mul(crate::suballocator::DEFAULT_RESERVE_FACTOR),
+                        crate::resource::DEFAULT_PAGE_SIZE,
+                    )?),
+                    initial_pool_size,
+                    maximum_pool_size,
+                    None,
+                )?,
+                None => ExpandableMemoryResource::on_device(
+                    crate::cuda::current_device()?,
+                    None,
+                    None,
+                    initial_pool_size,
+                    maximum_pool_size,
+                    None,
+                )?,
+            };
+            Ok(Arc::new(mr))
+        }
         sub if SUBALLOCATORS.contains(&sub) => {
             build_suballocator(sub, device()?, initial_pool_size, maximum_pool_size)
         }
