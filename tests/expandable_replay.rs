@@ -75,7 +75,14 @@ fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
         ran += 1;
         let vm = Arc::new(SimulatedVirtualMemory::new(64 * GIB, 256 * GIB, P).unwrap());
         let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
-        let streams: Vec<Stream> = trace.streams.iter().map(|&s| Stream::from_raw(s)).collect();
+        let streams: Vec<Stream> = trace
+            .streams
+            .iter()
+            .map(|&s| {
+                // SAFETY: keys for simulated memory, never passed to the driver.
+                unsafe { Stream::from_raw(s) }
+            })
+            .collect();
         let mut slots: HashMap<u32, (usize, usize, Stream)> = HashMap::new();
         for e in &trace.events {
             let stream = streams[e.stream as usize];
@@ -86,7 +93,9 @@ fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
                 }
                 Action::Free => {
                     if let Some((p, size, s)) = slots.remove(&e.slot) {
-                        mr.deallocate(p, size, s).unwrap();
+                        // SAFETY: allocated above with this size, freed once; no work runs on
+                        // simulated memory.
+                        unsafe { mr.deallocate(p, size, s) }.unwrap();
                     }
                 }
             }
@@ -119,7 +128,8 @@ fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
             "{name}: at most one partly used page per live allocation beyond the packed figure"
         );
         for (p, size, s) in slots.into_values() {
-            mr.deallocate(p, size, s).unwrap();
+            // SAFETY: live allocations of this resource, freed once.
+            unsafe { mr.deallocate(p, size, s) }.unwrap();
         }
         mr.trim(0).unwrap();
         assert_eq!(mr.mapped_bytes(), 0, "{name}");

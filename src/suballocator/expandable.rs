@@ -237,7 +237,10 @@ impl MemoryResource for ExpandableMemoryResource {
     }
 
     #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out and relies only on the stream-ordering part of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.inner.core.deallocate(ptr, bytes, stream)?;
         if let Some(threshold) = self.inner.release_threshold {
             let free = self.inner.core.free_bytes();
@@ -307,7 +310,9 @@ impl MemoryResource for VirtualMemoryInfo {
         ))
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    // Hands out nothing, so every free is refused; nothing unsafe happens here.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
         Err(Error::Logic(format!(
             "expandable: {ptr:#x} was not allocated from an upstream"
         )))

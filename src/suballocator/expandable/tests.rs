@@ -25,6 +25,21 @@ fn pool(vm: &Arc<SimulatedVirtualMemory>, max: Option<usize>) -> ExpandableMemor
 
 const S: Stream = Stream::DEFAULT;
 
+/// Frees through the unsafe trait method.
+#[allow(unsafe_code)]
+fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // SAFETY: the tests free pointers from `allocate` on this resource with their sizes, once
+    // (or bogus ones, which these resources check and refuse); simulated memory runs no work.
+    unsafe { mr.deallocate(ptr, bytes, stream) }
+}
+
+/// A stream key for simulated memory.
+#[allow(unsafe_code)]
+fn stream(raw: usize) -> Stream {
+    // SAFETY: used only with simulated memory, which never passes it to the driver.
+    unsafe { Stream::from_raw(raw) }
+}
+
 #[test]
 fn the_log_that_fails_on_the_pool_fits_here() {
     // 12 GiB, 8 GiB, free the 12, then 20 GiB on a 32 GiB device.
@@ -32,20 +47,20 @@ fn the_log_that_fails_on_the_pool_fits_here() {
     let mr = pool(&vm, None);
     let a = mr.allocate(12 * GIB, S).unwrap();
     let b = mr.allocate(8 * GIB, S).unwrap();
-    mr.deallocate(a, 12 * GIB, S).unwrap();
+    free(&mr, a, 12 * GIB, S).unwrap();
     let c = mr.allocate(20 * GIB, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 28 * GIB, "the free 12 GiB were unmapped");
     let stats = mr.memory_stats().unwrap();
     assert_eq!(stats.num_alloc_retries, 1);
     assert_eq!(stats.num_ooms, 0);
-    mr.deallocate(b, 8 * GIB, S).unwrap();
-    mr.deallocate(c, 20 * GIB, S).unwrap();
+    free(&mr, b, 8 * GIB, S).unwrap();
+    free(&mr, c, 20 * GIB, S).unwrap();
 
     let up = Arc::new(SimulatedMemoryResource::new(32 * GIB));
     let p = PoolMemoryResource::new(up, None, None).unwrap();
     let a = p.allocate(12 * GIB, S).unwrap();
     let _b = p.allocate(8 * GIB, S).unwrap();
-    p.deallocate(a, 12 * GIB, S).unwrap();
+    free(&p, a, 12 * GIB, S).unwrap();
     assert!(
         p.allocate(20 * GIB, S).unwrap_err().is_out_of_memory(),
         "the pool cannot coalesce across its chunks"
@@ -62,8 +77,8 @@ fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
     let b = mr.allocate(P, S).unwrap();
     assert_eq!(b, a + P / 2, "the new page joined the fresh tail");
     assert_eq!(mr.mapped_bytes(), 2 * P);
-    mr.deallocate(a, P / 2, S).unwrap();
-    mr.deallocate(b, P, S).unwrap();
+    free(&mr, a, P / 2, S).unwrap();
+    free(&mr, b, P, S).unwrap();
     // a and b (which spans both growth steps) coalesce in the stream's list; the fresh tail
     // stays fresh until the lists are merged.
     assert_eq!(mr.free_block_count(), 2);
@@ -86,7 +101,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     let b = mr.allocate(4 * P, S).unwrap();
     let c = mr.allocate(P, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 6 * P);
-    mr.deallocate(b, 4 * P, S).unwrap();
+    free(&mr, b, 4 * P, S).unwrap();
     assert_eq!(
         mr.trim(0).unwrap(),
         4 * P,
@@ -102,7 +117,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     assert_eq!(d, b);
     assert_eq!(mr.mapped_bytes(), 5 * P);
     for (p, n) in [(a, P), (c, P), (d, 3 * P)] {
-        mr.deallocate(p, n, S).unwrap();
+        free(&mr, p, n, S).unwrap();
     }
     assert_eq!(mr.trim(0).unwrap(), 5 * P);
     assert_eq!((mr.mapped_bytes(), vm.mapped_bytes()), (0, 0));
@@ -114,7 +129,7 @@ fn trim_to_a_target_keeps_that_much() {
     let vm = sim(64 * P, 256 * P);
     let mr = pool(&vm, None);
     let a = mr.allocate(8 * P, S).unwrap();
-    mr.deallocate(a, 8 * P, S).unwrap();
+    free(&mr, a, 8 * P, S).unwrap();
     assert_eq!(mr.trim(3 * P).unwrap(), 5 * P);
     assert_eq!(mr.mapped_bytes(), 3 * P);
     assert_eq!(mr.free_bytes(), 3 * P);
@@ -127,7 +142,7 @@ fn partial_pages_of_a_free_block_stay_mapped() {
     let a = mr.allocate(P / 2, S).unwrap();
     let b = mr.allocate(2 * P, S).unwrap();
     let c = mr.allocate(P, S).unwrap();
-    mr.deallocate(b, 2 * P, S).unwrap();
+    free(&mr, b, 2 * P, S).unwrap();
     // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it.
     assert_eq!(mr.trim(0).unwrap(), P);
     // What is left of b, and the fresh half page after c.
@@ -136,8 +151,8 @@ fn partial_pages_of_a_free_block_stay_mapped() {
         P + P / 2,
         "the carved page left the free lists"
     );
-    mr.deallocate(a, P / 2, S).unwrap();
-    mr.deallocate(c, P, S).unwrap();
+    free(&mr, a, P / 2, S).unwrap();
+    free(&mr, c, P, S).unwrap();
     mr.trim(0).unwrap();
     assert_eq!(mr.mapped_bytes(), 0);
 }
@@ -151,9 +166,9 @@ fn maximum_pool_size_is_honoured() {
     assert!(e.is_out_of_memory());
     assert!(e.to_string().contains("Maximum pool size exceeded"), "{e}");
     assert!(mr.mapped_bytes() <= 4 * P);
-    mr.deallocate(a, 3 * P, S).unwrap();
+    free(&mr, a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
-    mr.deallocate(b, 4 * P, S).unwrap();
+    free(&mr, b, 4 * P, S).unwrap();
     assert_eq!(mr.memory_stats().unwrap().num_ooms, 1);
     assert!(ExpandableMemoryResource::new(vm.clone(), Some(100), None, None).is_err());
     assert!(ExpandableMemoryResource::new(vm, Some(2048), Some(1024), None).is_err());
@@ -167,11 +182,11 @@ fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
     let e = mr.allocate(2 * P, S).unwrap_err();
     assert!(e.is_out_of_memory());
     assert!(e.to_string().contains("expandable: mapping"), "{e}");
-    mr.deallocate(a, 3 * P, S).unwrap();
+    free(&mr, a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
-    mr.deallocate(b, 4 * P, S).unwrap();
+    free(&mr, b, 4 * P, S).unwrap();
     assert!(
-        mr.deallocate(0x1234_5600, 256, S).is_err(),
+        free(&mr, 0x1234_5600, 256, S).is_err(),
         "a bogus free is an error"
     );
 }
@@ -182,14 +197,14 @@ fn release_threshold_unmaps_on_free() {
     let mr = ExpandableMemoryResource::new(vm.clone(), None, None, Some(P)).unwrap();
     let a = mr.allocate(6 * P, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
-    mr.deallocate(a, 6 * P, S).unwrap();
+    free(&mr, a, 6 * P, S).unwrap();
     assert!(
         mr.free_bytes() <= P,
         "free {} above the threshold",
         mr.free_bytes()
     );
     assert_eq!(mr.mapped_bytes(), 2 * P);
-    mr.deallocate(b, P, S).unwrap();
+    free(&mr, b, P, S).unwrap();
     assert!(mr.mapped_bytes() <= P);
 }
 
@@ -212,7 +227,7 @@ fn stats_and_snapshot_describe_the_blocks() {
     let mr = pool(&vm, None);
     let a = mr.allocate(1000, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
-    mr.deallocate(a, 1000, S).unwrap();
+    free(&mr, a, 1000, S).unwrap();
     let s = mr.memory_stats().unwrap();
     assert_eq!(s.allocation.current, 1);
     assert_eq!(s.allocation.peak, 2);
@@ -227,7 +242,7 @@ fn stats_and_snapshot_describe_the_blocks() {
     assert_eq!(segs[0].allocated_size(), P);
     mr.reset_peak_memory_stats();
     assert_eq!(mr.memory_stats().unwrap().allocation.peak, 1);
-    mr.deallocate(b, P, S).unwrap();
+    free(&mr, b, P, S).unwrap();
 }
 
 /// One step of a random sequence.
@@ -263,7 +278,7 @@ proptest! {
     fn random_sequences_keep_the_invariants(ops in proptest::collection::vec(op(), 1..120)) {
         let vm = sim(48 * P, 512 * P);
         let mr = pool(&vm, None);
-        let streams = [Stream::DEFAULT, Stream::from_raw(0x1000), Stream::from_raw(0x2000)];
+        let streams = [Stream::DEFAULT, stream(0x1000), stream(0x2000)];
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
         for op in ops {
             match op {
@@ -273,7 +288,7 @@ proptest! {
                 },
                 Op::Free { index } if !live.is_empty() => {
                     let (p, size, stream) = live.swap_remove(index % live.len());
-                    mr.deallocate(p, size, streams[stream]).unwrap();
+                    free(&mr, p, size, streams[stream]).unwrap();
                 }
                 Op::Free { .. } => {}
                 Op::Trim => {
@@ -299,7 +314,7 @@ proptest! {
             prop_assert_eq!(mr.mapped_bytes(), vm.mapped_bytes());
         }
         for (p, size, stream) in live.drain(..) {
-            mr.deallocate(p, size, streams[stream]).unwrap();
+            free(&mr, p, size, streams[stream]).unwrap();
         }
         mr.trim(usize::MAX).unwrap();
         // 4. everything free and merged: one free block per mapped run.
