@@ -5,23 +5,25 @@
 //! gives back only chunks that are wholly free; this one reserves one large address range per
 //! device (addresses are cheap) and backs it page by page through a [`VirtualMemory`]. A growth
 //! step maps pages right after a mapped run that ends in a free fresh block, so the new pages
-//! and that block become one block; free blocks coalesce across growth steps because the free
-//! lists ([`AddressFreeLists`]) have no chunk boundaries. `trim` unmaps every page that lies
-//! wholly inside a free block. When mapping fails, the core synchronizes, merges every stream's
-//! free blocks, trims, and maps again before reporting out of memory.
+//! and that block become one block; free blocks coalesce across growth steps because every
+//! extension is one growth region of the core (see `growth.rs`). `trim` unmaps every page that
+//! lies wholly inside a free block. When mapping fails, the core synchronizes, merges every
+//! stream's free blocks, trims, and maps again before reporting out of memory.
 
-use super::address_free_list::AddressFreeLists;
+use super::coalescing_free_list::CoalescingFreeList;
+use super::free_list::Block;
+use super::growth::{FreeRanges, GrowRequest, Growth};
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{
-    default_events, BlockLists, FreeList, Growth, ListId, StreamOrderedCore,
-};
+use super::stream_ordered::{default_events, StreamOrderedCore};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    align_up, CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource,
-    VirtualMemory, ALLOCATION_ALIGNMENT,
+    CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource, VirtualMemory,
+    ALLOCATION_ALIGNMENT,
 };
-use std::collections::BTreeMap;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Default address reservation, as a multiple of the device's memory.
@@ -45,8 +47,12 @@ pub struct ExpandableMemoryResource {
 
 #[derive(Debug)]
 struct Inner {
-    core: StreamOrderedCore<ExpandableStrategy>,
+    core: StreamOrderedCore<CoalescingFreeList>,
     vm: Arc<dyn VirtualMemory>,
+    /// Bytes the growth policy's trim keeps mapped (0 but inside [`ExpandableMemoryResource::trim`]).
+    trim_target: Arc<AtomicUsize>,
+    /// Serializes calls of [`ExpandableMemoryResource::trim`] (each sets the target).
+    trimming: Mutex<()>,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
 }
@@ -150,14 +156,18 @@ impl ExpandableMemoryResource {
                  use the pool over managed memory",
             ));
         }
-        let strategy = ExpandableStrategy::new(vm.clone(), maximum_pool_size);
-        let core = StreamOrderedCore::new(
+        let trim_target = Arc::new(AtomicUsize::new(0));
+        let growth = ExpandableGrowth {
+            vm: vm.clone(),
+            maximum: maximum_pool_size,
+            trim_target: trim_target.clone(),
+            mapped: Mutex::new(BTreeMap::new()),
+        };
+        let core = StreamOrderedCore::<CoalescingFreeList>::new(
             info,
             events,
-            Growth::Geometric {
-                maximum: maximum_pool_size,
-            },
-            strategy,
+            Box::new(growth),
+            (),
             "expandable",
         );
         core.preallocate(initial)?;
@@ -165,6 +175,8 @@ impl ExpandableMemoryResource {
             inner: Arc::new(Inner {
                 core,
                 vm,
+                trim_target,
+                trimming: Mutex::new(()),
                 maximum_pool_size,
                 release_threshold,
             }),
@@ -221,7 +233,11 @@ impl ExpandableMemoryResource {
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
     pub fn trim(&self, target: usize) -> Result<usize> {
-        self.inner.core.trim(target)
+        let _one_at_a_time = self.inner.trimming.lock();
+        self.inner.trim_target.store(target, Ordering::Relaxed);
+        let trimmed = self.inner.core.release();
+        self.inner.trim_target.store(0, Ordering::Relaxed);
+        trimmed
     }
 
     /// The virtual memory the pool maps into.
@@ -245,8 +261,8 @@ impl MemoryResource for ExpandableMemoryResource {
         if let Some(threshold) = self.inner.release_threshold {
             let free = self.inner.core.free_bytes();
             if free > threshold {
-                let target = self.mapped_bytes() - (free - threshold);
-                self.inner.core.trim(target)?;
+                let target = self.mapped_bytes().saturating_sub(free - threshold);
+                self.trim(target)?;
             }
         }
         Ok(())
@@ -263,10 +279,7 @@ impl MemoryResource for ExpandableMemoryResource {
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,
     /// capped by the maximum.
     fn memory_info(&self) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.inner.vm.memory_info()?;
-        let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(self.mapped_bytes()).min(up_free);
-        Some((self.free_bytes() + room, up_total.min(max)))
+        MemoryResource::memory_info(&self.inner.core)
     }
 
     fn footprint(&self) -> Option<Footprint> {
@@ -287,11 +300,7 @@ impl MemoryResource for ExpandableMemoryResource {
     }
 
     fn memory_snapshot(&self) -> Option<Vec<super::SegmentInfo>> {
-        let mut segments = self.inner.core.snapshot();
-        for s in &mut segments {
-            s.expandable = true;
-        }
-        Some(segments)
+        Some(self.inner.core.snapshot())
     }
 }
 
@@ -335,53 +344,53 @@ impl MemoryResource for VirtualMemoryInfo {
     }
 }
 
-/// The expandable pool's strategy: address-ordered free lists over the reservation, the runs of
-/// mapped pages, and the growth and trim policy.
+/// The expandable pool's growth policy: where to map, the runs of mapped pages, and the trim.
+/// Every extension is one growth region (the reservation's base), so the core's free lists
+/// coalesce blocks across growth steps.
 #[derive(Debug)]
-pub(crate) struct ExpandableStrategy {
-    lists: AddressFreeLists,
+struct ExpandableGrowth {
     vm: Arc<dyn VirtualMemory>,
-    page: usize,
-    base: usize,
-    end: usize,
-    /// Runs of mapped pages: start -> end.
-    runs: BTreeMap<usize, usize>,
-    mapped: usize,
     maximum: Option<usize>,
+    trim_target: Arc<AtomicUsize>,
+    /// Runs of mapped pages: start -> end (locked after the core's shared lock).
+    mapped: Mutex<BTreeMap<usize, usize>>,
 }
 
-impl ExpandableStrategy {
-    fn new(vm: Arc<dyn VirtualMemory>, maximum: Option<usize>) -> Self {
-        let (page, base) = (vm.page_size(), vm.base());
-        ExpandableStrategy {
-            lists: AddressFreeLists::new(),
-            page,
-            base,
-            end: base + vm.reserved_bytes(),
-            vm,
-            runs: BTreeMap::new(),
-            mapped: 0,
-            maximum,
-        }
+/// Fresh ranges for a growth without a view of the fresh list.
+struct NoRanges;
+
+impl FreeRanges for NoRanges {
+    fn ranges(&self) -> Vec<Block> {
+        Vec::new()
+    }
+    fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
+        false
+    }
+}
+
+impl ExpandableGrowth {
+    fn page(&self) -> usize {
+        self.vm.page_size()
     }
 
     fn pages_for(&self, bytes: usize) -> usize {
-        bytes.div_ceil(self.page) * self.page
+        bytes.div_ceil(self.page()) * self.page()
     }
 
-    /// Where to map for a block of `size` bytes: after a run ending in a fresh block (fewest new
-    /// pages), else the lowest unmapped gap that holds the block.
-    fn placement(&self, size: usize) -> Option<(usize, usize)> {
-        let gap_after = |end: usize| {
-            self.runs
-                .range(end..)
-                .next()
-                .map_or(self.end, |(&start, _)| start)
-                - end
-        };
+    /// Where to map for a block of `size` bytes: after a run that ends in a fresh block (fewest
+    /// new pages), else the lowest unmapped gap that holds the block.
+    fn placement(
+        &self,
+        runs: &BTreeMap<usize, usize>,
+        tails: &HashMap<usize, usize>,
+        size: usize,
+    ) -> Option<(usize, usize)> {
+        let end_of_range = self.vm.base() + self.vm.reserved_bytes();
+        let gap_after =
+            |end: usize| runs.range(end..).next().map_or(end_of_range, |(&s, _)| s) - end;
         let mut best: Option<(usize, usize)> = None;
-        for &end in self.runs.values() {
-            let Some(tail) = self.lists.fresh_ending_at(end) else {
+        for &end in runs.values() {
+            let Some(&tail) = tails.get(&end) else {
                 continue;
             };
             let need = self.pages_for(size.saturating_sub(tail));
@@ -393,61 +402,42 @@ impl ExpandableStrategy {
             return best;
         }
         let need = self.pages_for(size);
-        let mut at = self.base;
-        for (&start, &end) in &self.runs {
+        let mut at = self.vm.base();
+        for (&start, &end) in runs {
             if start - at >= need {
                 return Some((at, need));
             }
             at = end;
         }
-        (self.end - at >= need).then_some((at, need))
+        (end_of_range - at >= need).then_some((at, need))
     }
 
-    fn add_run(&mut self, addr: usize, len: usize) {
-        let (mut start, mut end) = (addr, addr + len);
-        if let Some((&s, &e)) = self.runs.range(..addr).next_back() {
-            if e == addr {
-                self.runs.remove(&s);
-                start = s;
-            }
-        }
-        if let Some(e) = self.runs.remove(&end) {
-            end = e;
-        }
-        self.runs.insert(start, end);
-    }
-
-    fn remove_run_part(&mut self, addr: usize, len: usize) {
-        let Some((&s, &e)) = self.runs.range(..=addr).next_back() else {
-            return;
-        };
-        self.runs.remove(&s);
-        if s < addr {
-            self.runs.insert(s, addr);
-        }
-        if addr + len < e {
-            self.runs.insert(addr + len, e);
-        }
-    }
-
-    fn grow_for(&mut self, bytes: usize, size: usize) -> Result<usize> {
-        let Some((addr, len)) = self.placement(size) else {
+    fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
+        let base = self.vm.base();
+        let tails: HashMap<usize, usize> = fresh
+            .ranges()
+            .into_iter()
+            .filter(|b| b.region == base)
+            .map(|b| (b.end(), b.size))
+            .collect();
+        let mut runs = self.mapped.lock();
+        let Some((addr, len)) = self.placement(&runs, &tails, request.size) else {
             return Err(Error::out_of_memory(
-                bytes,
+                request.bytes,
                 format!(
                     "expandable: no room in the reserved {} bytes",
-                    self.end - self.base
+                    self.vm.reserved_bytes()
                 ),
             ));
         };
         if let Some(max) = self.maximum {
-            if self.mapped + len > max {
+            if request.held + len > max {
                 return Err(Error::out_of_memory(
-                    bytes,
+                    request.bytes,
                     format!(
                         "Maximum pool size exceeded: not enough room to grow, \
                          current/max/try size = {}, {}, {}",
-                        self.mapped, max, len
+                        request.held, max, len
                     ),
                 ));
             }
@@ -460,115 +450,133 @@ impl ExpandableStrategy {
                     .unwrap_or(&text)
                     .to_owned();
                 Error::out_of_memory(
-                    bytes,
+                    request.bytes,
                     format!("expandable: mapping {len} bytes failed: {inner}"),
                 )
             }
             other => other,
         })?;
-        self.mapped += len;
-        self.add_run(addr, len);
-        self.lists.add_range(addr, len);
-        Ok(len)
+        add_run(&mut runs, addr, len);
+        Ok(Block {
+            addr,
+            size: len,
+            region: base,
+        })
+    }
+}
+
+fn add_run(runs: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
+    let (mut start, mut end) = (addr, addr + len);
+    if let Some((&s, &e)) = runs.range(..addr).next_back() {
+        if e == addr {
+            runs.remove(&s);
+            start = s;
+        }
+    }
+    if let Some(e) = runs.remove(&end) {
+        end = e;
+    }
+    runs.insert(start, end);
+}
+
+fn remove_run_part(runs: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
+    let Some((&s, &e)) = runs.range(..=addr).next_back() else {
+        return;
+    };
+    runs.remove(&s);
+    if s < addr {
+        runs.insert(s, addr);
+    }
+    if addr + len < e {
+        runs.insert(addr + len, e);
+    }
+}
+
+impl Growth for ExpandableGrowth {
+    fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+        self.map(request, &NoRanges)
     }
 
-    // The one unsafe call of the suballocators: unmapping pages (see the SAFETY line).
+    fn grow_beside(
+        &self,
+        _upstream: &SharedResource,
+        request: GrowRequest,
+        fresh: &dyn FreeRanges,
+    ) -> Result<Block> {
+        self.map(request, fresh)
+    }
+
+    fn gives_back_chunks(&self) -> bool {
+        false
+    }
+
+    fn segments(&self) -> Option<Vec<(usize, usize)>> {
+        Some(
+            self.mapped
+                .lock()
+                .iter()
+                .map(|(&s, &e)| (s, e - s))
+                .collect(),
+        )
+    }
+
+    fn may_grow_after_release(&self, size: usize) -> bool {
+        self.maximum.map_or(true, |m| size <= m)
+    }
+
+    // The pages go when the virtual memory drops (after the core, which owns this policy).
     #[allow(unsafe_code)]
-    fn trim_to(&mut self, target: usize) -> Result<usize> {
+    unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+        let target = self.trim_target.load(Ordering::Relaxed);
+        let page = self.page();
+        let base = self.vm.base();
+        let mut runs = self.mapped.lock();
+        let mut mapped: usize = runs.iter().map(|(&s, &e)| e - s).sum();
         let mut released = 0;
-        for (addr, size) in self.lists.free_blocks_by_address() {
-            if self.mapped <= target {
+        let mut ranges = fresh.ranges();
+        ranges.sort_unstable_by_key(|b| b.addr);
+        for b in ranges {
+            if mapped <= target {
                 break;
             }
-            let lo = self.pages_for(addr - self.base) + self.base;
-            let hi = (addr + size - self.base) / self.page * self.page + self.base;
+            let lo = base + self.pages_for(b.addr - base);
+            let hi = base + (b.end() - base) / page * page;
             if hi <= lo {
                 continue;
             }
-            let len = (hi - lo).min(self.pages_for(self.mapped - target));
+            let len = (hi - lo).min(self.pages_for(mapped - target));
             let at = hi - len;
-            self.lists.carve(at, len)?;
-            // SAFETY: the core calls `trim` only after synchronizing every stream (FreeList::trim
-            // contract), and the pages lie inside a free block, which no live allocation covers.
-            if let Err(e) = unsafe { self.vm.unmap(at, len) } {
-                self.lists.add_range(at, len);
-                return Err(e);
+            if !fresh.take_range(at, len) {
+                continue;
             }
-            self.remove_run_part(at, len);
-            self.mapped -= len;
+            // SAFETY: the core trims only after synchronizing every stream and merging every
+            // list into the fresh one, and the pages lay inside a free block of it (now taken
+            // out), so no allocation covers them and no work uses them.
+            unsafe { self.vm.unmap(at, len) }?;
+            remove_run_part(&mut runs, at, len);
+            mapped -= len;
             released += len;
         }
         Ok(released)
     }
-}
 
-impl FreeList for ExpandableStrategy {
-    fn block_size_for(&self, bytes: usize) -> Result<usize> {
-        align_up(bytes, ALLOCATION_ALIGNMENT)
-            .ok_or_else(|| Error::out_of_memory(bytes, "request size overflows"))
-    }
-
-    fn add_list(&mut self) -> ListId {
-        self.lists.add_list()
-    }
-
-    fn can_take(&self, list: ListId, size: usize) -> bool {
-        self.lists.can_take(list, size)
-    }
-
-    fn take(&mut self, list: ListId, size: usize) -> Option<usize> {
-        self.lists.take(list, size)
-    }
-
-    fn give_back(&mut self, list: ListId, addr: usize, _size: usize) -> Result<()> {
-        self.lists.give_back(list, addr)
-    }
-
-    fn add_chunk(&mut self, addr: usize, size: usize) {
-        self.lists.add_range(addr, size);
-    }
-
-    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool {
-        self.lists.absorb_fresh_neighbours(list)
-    }
-
-    fn merge_all_into_fresh(&mut self) {
-        self.lists.merge_all_into_fresh();
-    }
-
-    fn remove_free_chunks(&mut self) -> Vec<(usize, usize)> {
-        Vec::new()
-    }
-
-    fn free_bytes(&self) -> usize {
-        self.lists.free_bytes()
-    }
-
-    fn free_blocks(&self) -> usize {
-        self.lists.free_count()
-    }
-
-    fn largest_free_block(&self) -> usize {
-        self.lists.largest_free_block()
-    }
-
-    fn grow(&mut self, bytes: usize, size: usize) -> Option<Result<usize>> {
-        Some(self.grow_for(bytes, size))
-    }
-
-    fn trim(&mut self, target: usize) -> Option<Result<usize>> {
-        Some(self.trim_to(target))
-    }
-
-    fn segments(&self) -> Option<Vec<(usize, usize)>> {
-        Some(self.runs.iter().map(|(&s, &e)| (s, e - s)).collect())
-    }
-
-    fn blocks(&self) -> BlockLists {
-        (
-            self.lists.allocated_blocks(),
-            self.lists.free_blocks_by_address(),
-        )
+    /// Free: the pool's free bytes plus what it could still map; total: the device's total,
+    /// capped by the maximum.
+    fn memory_info(
+        &self,
+        _upstream: &SharedResource,
+        held: usize,
+        free: usize,
+    ) -> Option<(usize, usize)> {
+        let (up_free, up_total) = self.vm.memory_info()?;
+        let max = self.maximum.unwrap_or(usize::MAX);
+        let room = max.saturating_sub(held).min(up_free);
+        Some((free + room, up_total.min(max)))
     }
 }
 

@@ -1,10 +1,15 @@
-//! PyTorch-style counters of a pool (`torch.cuda.memory_stats`): allocated, requested and
-//! reserved bytes and counts, now, at the peak, and in total; retries, out-of-memory failures,
-//! and calls to the upstream.
+//! PyTorch-style counters of a pool (`torch.cuda.memory_stats`): allocated and reserved bytes
+//! and counts, now, at the peak, and in total; retries, out-of-memory failures, and calls to the
+//! upstream.
 //!
-//! The counters are relaxed atomics updated beside the pool's own bookkeeping: an allocate or a
-//! free adds to four of them and reads a peak (a `fetch_max` only when the peak moves), so no
-//! lock is taken for them. Growth and release figures change only on the pool's rare paths.
+//! Allocation figures are kept per stream list ([`ListCounters`]: plain integers under the
+//! list's own lock, which the allocate and free paths hold anyway), so counting adds no shared
+//! cache line and no lock to the fast path; a read sums the lists. Growth, release and failure
+//! figures ([`PoolCounters`]) change only on the pool's slow paths, in relaxed atomics.
+//!
+//! Peaks: each list keeps its own; the reported peak is the sum of the lists' peaks, exact for a
+//! pool used from one stream and an upper bound of the true peak when several streams peak at
+//! different times (an exact global peak would need a shared counter on every call).
 
 #![deny(unsafe_code)]
 
@@ -30,8 +35,6 @@ pub struct MemoryStats {
     pub allocation: Stat,
     /// Bytes of live blocks, 256-byte rounded (`allocated_bytes.all.*`, `active_bytes.all.*`).
     pub allocated_bytes: Stat,
-    /// Bytes the callers asked for (`requested_bytes.all.*`).
-    pub requested_bytes: Stat,
     /// Chunks held from the upstream (`segment.all.*`); for the expandable pool, `current` and
     /// `peak` count runs of mapped pages and the totals stay 0.
     pub segment: Stat,
@@ -57,14 +60,13 @@ impl MemoryStats {
     /// The figures under PyTorch's key names, in PyTorch's order of families.
     pub fn to_pairs(&self) -> Vec<(String, u64)> {
         let mut out = Vec::with_capacity(48);
-        let families: [(&str, &Stat); 7] = [
+        let families: [(&str, &Stat); 6] = [
             ("allocation", &self.allocation),
             ("segment", &self.segment),
             ("active", &self.allocation),
             ("allocated_bytes", &self.allocated_bytes),
             ("reserved_bytes", &self.reserved_bytes),
             ("active_bytes", &self.allocated_bytes),
-            ("requested_bytes", &self.requested_bytes),
         ];
         for (family, stat) in families {
             for (metric, value) in [
@@ -133,12 +135,75 @@ impl AtomicStat {
     }
 }
 
+/// Allocation figures of one stream list, under the list's lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ListCounters {
+    count: i64,
+    bytes: i64,
+    peak_count: i64,
+    peak_bytes: i64,
+    allocated_count: u64,
+    allocated_bytes: u64,
+    freed_count: u64,
+    freed_bytes: u64,
+}
+
+impl ListCounters {
+    /// A block of `size` bytes was handed out through this list.
+    #[inline]
+    pub(crate) fn allocated(&mut self, size: usize) {
+        self.count += 1;
+        self.bytes += size as i64;
+        self.peak_count = self.peak_count.max(self.count);
+        self.peak_bytes = self.peak_bytes.max(self.bytes);
+        self.allocated_count += 1;
+        self.allocated_bytes += size as u64;
+    }
+
+    /// A block of `size` bytes was freed into this list (it may have been allocated through
+    /// another, so a list's own figures may go below zero; their sums do not).
+    #[inline]
+    pub(crate) fn freed(&mut self, size: usize) {
+        self.count -= 1;
+        self.bytes -= size as i64;
+        self.freed_count += 1;
+        self.freed_bytes += size as u64;
+    }
+
+    /// Sets the peaks to the current values.
+    pub(crate) fn reset_peaks(&mut self) {
+        self.peak_count = self.count;
+        self.peak_bytes = self.bytes;
+    }
+
+    /// Adds this list's figures to `stats`.
+    pub(crate) fn add_to(&self, stats: &mut MemoryStats) {
+        let add = |stat: &mut Stat, now: i64, peak: i64, allocated: u64, freed: u64| {
+            stat.current = stat.current.wrapping_add(now as u64);
+            stat.peak = stat.peak.wrapping_add(peak.max(0) as u64);
+            stat.allocated += allocated;
+            stat.freed += freed;
+        };
+        add(
+            &mut stats.allocation,
+            self.count,
+            self.peak_count,
+            self.allocated_count,
+            self.freed_count,
+        );
+        add(
+            &mut stats.allocated_bytes,
+            self.bytes,
+            self.peak_bytes,
+            self.allocated_bytes,
+            self.freed_bytes,
+        );
+    }
+}
+
 /// The live counters of one pool; [`PoolCounters::get`] reads them into [`MemoryStats`].
 #[derive(Debug, Default)]
 pub(crate) struct PoolCounters {
-    allocation: AtomicStat,
-    allocated_bytes: AtomicStat,
-    requested_bytes: AtomicStat,
     segment: AtomicStat,
     reserved_bytes: AtomicStat,
     retries: AtomicU64,
@@ -149,22 +214,6 @@ pub(crate) struct PoolCounters {
 }
 
 impl PoolCounters {
-    /// A block of `size` bytes was handed out for a request of `requested` bytes.
-    #[inline]
-    pub(crate) fn allocated(&self, requested: usize, size: usize) {
-        self.allocation.add(1);
-        self.allocated_bytes.add(size as u64);
-        self.requested_bytes.add(requested as u64);
-    }
-
-    /// A block of `size` bytes asked for as `requested` bytes came back.
-    #[inline]
-    pub(crate) fn freed(&self, requested: usize, size: usize) {
-        self.allocation.sub(1);
-        self.allocated_bytes.sub(size as u64);
-        self.requested_bytes.sub(requested as u64);
-    }
-
     /// A segment of `bytes` was taken from the upstream (or mapped).
     pub(crate) fn segment_added(&self, bytes: usize) {
         self.segment.add(1);
@@ -215,23 +264,17 @@ impl PoolCounters {
 
     /// Sets every peak to its current value (`torch.cuda.reset_peak_memory_stats`).
     pub(crate) fn reset_peaks(&self) {
-        for stat in [
-            &self.allocation,
-            &self.allocated_bytes,
-            &self.requested_bytes,
-            &self.segment,
-            &self.reserved_bytes,
-        ] {
+        for stat in [&self.segment, &self.reserved_bytes] {
             stat.reset_peak();
         }
     }
 
-    /// The figures now; `inactive_split` ones are filled in by the pool, which knows its blocks.
+    /// The pool-wide figures; the allocation ones come from the lists ([`ListCounters::add_to`])
+    /// and the `inactive_split` ones from the pool, which knows its blocks.
     pub(crate) fn get(&self) -> MemoryStats {
         MemoryStats {
-            allocation: self.allocation.get(),
-            allocated_bytes: self.allocated_bytes.get(),
-            requested_bytes: self.requested_bytes.get(),
+            allocation: Stat::default(),
+            allocated_bytes: Stat::default(),
             segment: self.segment.get(),
             reserved_bytes: self.reserved_bytes.get(),
             inactive_split: 0,
@@ -253,25 +296,30 @@ mod tests {
     fn counters_track_current_peak_and_totals() {
         let c = PoolCounters::default();
         c.segment_added(4096);
-        c.allocated(100, 256);
-        c.allocated(300, 512);
-        c.freed(100, 256);
-        let s = c.get();
+        let (mut a, mut b) = (ListCounters::default(), ListCounters::default());
+        a.allocated(256);
+        a.allocated(512);
+        a.freed(256);
+        b.freed(512);
+        let mut s = c.get();
+        a.add_to(&mut s);
+        b.add_to(&mut s);
         assert_eq!(
             s.allocated_bytes,
             Stat {
-                current: 512,
+                current: 0,
                 peak: 768,
                 allocated: 768,
-                freed: 256
+                freed: 768
             }
         );
-        assert_eq!(s.requested_bytes.current, 300);
-        assert_eq!(s.allocation.peak, 2);
+        assert_eq!((s.allocation.current, s.allocation.peak), (0, 2));
         assert_eq!((s.segment.current, s.reserved_bytes.current), (1, 4096));
         assert_eq!(s.num_device_alloc, 1);
-        c.reset_peaks();
-        assert_eq!(c.get().allocated_bytes.peak, 512);
+        a.reset_peaks();
+        let mut s = c.get();
+        a.add_to(&mut s);
+        assert_eq!(s.allocated_bytes.peak, 512);
         c.segment_removed(4096);
         c.retried();
         c.out_of_memory();
@@ -293,7 +341,6 @@ mod tests {
             "reserved_bytes.all.allocated",
             "active_bytes.all.freed",
             "inactive_split_bytes.all.current",
-            "requested_bytes.all.current",
             "segment.all.current",
             "allocation.all.peak",
             "num_alloc_retries",
