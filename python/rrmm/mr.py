@@ -14,6 +14,7 @@ from rrmm._rrmm import (
     CudaAsyncViewMemoryResource,
     CudaMemoryResource,
     DeviceMemoryResource,
+    ExpandableMemoryResource,
     FailureCallbackResourceAdaptor,
     FixedSizeMemoryResource,
     LimitingResourceAdaptor,
@@ -44,6 +45,7 @@ __all__ = [
     "CudaAsyncViewMemoryResource",
     "CudaMemoryResource",
     "DeviceMemoryResource",
+    "ExpandableMemoryResource",
     "FailureCallbackResourceAdaptor",
     "FixedSizeMemoryResource",
     "LimitingResourceAdaptor",
@@ -140,7 +142,7 @@ def get_log_filenames() -> dict[int, str | None]:
 
 
 def _initialize(
-    pool_allocator: bool = False,
+    pool_allocator: bool | str = False,
     managed_memory: bool = False,
     initial_pool_size: int | str | None = None,
     maximum_pool_size: int | str | None = None,
@@ -152,6 +154,13 @@ def _initialize(
     for value in (initial_pool_size, maximum_pool_size):
         if value is not None:
             _rrmm.parse_bytes(value) if isinstance(value, str) else _check_int(value)
+    expandable = _expandable_requested(pool_allocator)
+    if expandable and managed_memory:
+        raise ValueError(
+            "reinitialize: managed memory cannot be mapped into a virtual address range, so "
+            "pool_allocator='expandable' cannot use managed_memory=True; use "
+            "pool_allocator=True for a pool over managed memory"
+        )
     if isinstance(devices, int):
         devices = [devices]
     _rrmm._clear_per_device_resources()
@@ -169,7 +178,9 @@ def _initialize(
             ManagedMemoryResource() if managed_memory else CudaMemoryResource()
         )
         mr: DeviceMemoryResource
-        if pool_allocator:
+        if expandable:
+            mr = ExpandableMemoryResource(device, initial_pool_size, maximum_pool_size)
+        elif pool_allocator:
             mr = PoolMemoryResource(upstream, initial_pool_size, maximum_pool_size)
         else:
             mr = upstream
@@ -179,6 +190,18 @@ def _initialize(
 
     for device in devices:
         set_per_device_resource(device, _on_device(device, lambda d=device: build(d)))
+
+
+def _expandable_requested(pool_allocator: bool | str) -> bool:
+    """Whether ``pool_allocator`` asks for the expandable pool (``"expandable"``); other
+    strings are an error, booleans keep RMM's meaning."""
+    if isinstance(pool_allocator, str):
+        if pool_allocator.lower() != "expandable":
+            raise ValueError(
+                f"pool_allocator must be a bool or 'expandable', not {pool_allocator!r}"
+            )
+        return True
+    return False
 
 
 def _check_int(value: Any) -> None:

@@ -47,7 +47,7 @@ def unregister_reinitialize_hook(func: Callable[..., Any]) -> None:
 
 
 def reinitialize(
-    pool_allocator: bool = False,
+    pool_allocator: bool | str = False,
     managed_memory: bool = False,
     initial_pool_size: int | str | None = None,
     maximum_pool_size: int | str | None = None,
@@ -59,7 +59,10 @@ def reinitialize(
 
     Runs the reinitialize hooks (last registered first), forgets every per-device resource, then
     sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda, initial, maximum) | Managed|Cuda)``.
-    Without a CUDA device it warns and sets nothing.
+    rrmm: ``pool_allocator="expandable"`` sets ``[Logging](ExpandableMemoryResource(device,
+    initial, maximum))`` instead, the pool on one virtual address range that coalesces across
+    growth and gives memory back with ``trim()`` (not with ``managed_memory=True``:
+    ``ValueError``). Without a CUDA device it warns and sets nothing.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)

@@ -6,6 +6,7 @@ mod buffer;
 mod cupy_stream;
 mod device_buffer;
 mod errors;
+mod expandable;
 mod hooks;
 mod memory_stats;
 mod replay;
@@ -29,5 +30,6 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_stream::register(m)?;
     torch_alloc::register(m)?;
     memory_stats::register(m)?;
+    expandable::register(m)?;
     Ok(())
 }
