@@ -66,21 +66,67 @@ def reinitialize(
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    _mr._initialize(
-        pool_allocator=pool_allocator,
-        managed_memory=managed_memory,
-        initial_pool_size=initial_pool_size,
-        maximum_pool_size=maximum_pool_size,
-        devices=devices,
-        logging=logging,
-        log_file_name=log_file_name,
-    )
+    for value in (initial_pool_size, maximum_pool_size):
+        _check_size(value)
+    expandable = _expandable_requested(pool_allocator)
+    if expandable and managed_memory:
+        raise ValueError(
+            "reinitialize: managed memory cannot be mapped into a virtual address range, so "
+            "pool_allocator='expandable' cannot use managed_memory=True; use "
+            "pool_allocator=True for a pool over managed memory"
+        )
+    if isinstance(devices, int):
+        devices = [devices]
+    _rrmm._clear_per_device_resources()
+    if _rrmm.device_count() == 0:
+        warnings.warn(
+            "rrmm.reinitialize: no CUDA device is available "
+            f"({_rrmm.driver_error() or 'no devices'}); no resource was set",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+
+    def build() -> _mr.DeviceMemoryResource:
+        mr: _mr.DeviceMemoryResource
+        if expandable:
+            mr = _mr.ExpandableMemoryResource(None, initial_pool_size, maximum_pool_size)
+        else:
+            mr = _mr.ManagedMemoryResource() if managed_memory else _mr.CudaMemoryResource()
+        if pool_allocator and not expandable:
+            mr = _mr.PoolMemoryResource(mr, initial_pool_size, maximum_pool_size)
+        if logging:
+            mr = _mr.LoggingResourceAdaptor(mr, log_file_name)
+        return mr
+
+    for device in devices:
+        _mr.set_per_device_resource(device, _mr._on_device(device, build))
+
+
+def _expandable_requested(pool_allocator: bool | str) -> bool:
+    """Whether ``pool_allocator`` asks for the expandable pool (``"expandable"``); other
+    strings are an error, booleans keep RMM's meaning."""
+    if isinstance(pool_allocator, str):
+        if pool_allocator.lower() != "expandable":
+            raise ValueError(
+                f"pool_allocator must be a bool or 'expandable', not {pool_allocator!r}"
+            )
+        return True
+    return False
+
+
+def _check_size(value: int | str | None) -> None:
+    """Raises what the pool would for a bad size, before any resource is forgotten."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        if isinstance(value, float) or not hasattr(value, "__index__"):
+            raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
+        value = value.__index__()
+    _rrmm.parse_bytes(value)
 
 
 def is_initialized() -> bool:
     """Whether a resource has been set (or made) for the current device."""
     return _rrmm.is_initialized()
 
-
-def _warn(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)

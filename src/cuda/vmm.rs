@@ -11,8 +11,8 @@
 //! ([`ContextGuard`](super::ContextGuard)).
 
 use super::check::{check, check_alloc};
-use super::context::device_handle;
-use super::driver::ensure_driver;
+
+use super::driver::{device_handle, ensure_driver};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::BTreeMap;

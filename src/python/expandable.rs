@@ -2,7 +2,8 @@
 //! device (or on simulated virtual memory, for CPU tests and sizing).
 
 use super::errors::py_result;
-use super::resources::{opt_bytes_arg, DeviceMemoryResource};
+use super::convert::opt_bytes_arg;
+use super::resource::DeviceMemoryResource;
 use crate::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
 use pyo3::prelude::*;

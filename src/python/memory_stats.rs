@@ -2,7 +2,7 @@
 //! `_memory_snapshot` (the dicts of `torch.cuda.memory_stats()` and
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
-use super::resources::DeviceMemoryResource;
+use super::resource::DeviceMemoryResource;
 use crate::suballocator::SegmentInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};

@@ -3,6 +3,8 @@
 mod callback;
 mod cuda;
 mod cuda_async;
+mod cuda_async_managed;
+mod direct;
 mod managed;
 mod pinned_host;
 mod simulated;
@@ -11,9 +13,11 @@ mod system;
 mod virtual_memory;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
-pub use cuda::CudaMemoryResource;
+pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
-pub use managed::ManagedMemoryResource;
+pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
+pub use direct::{DirectAllocator, DirectMemoryResource};
+pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::SimulatedMemoryResource;
 pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
