@@ -99,7 +99,6 @@ impl Drop for AddressReservation {
 pub struct PhysicalMemory {
     handle: sys::CUmemGenericAllocationHandle,
     size: usize,
-    device: sys::CUdevice,
 }
 
 impl PhysicalMemory {
@@ -116,11 +115,7 @@ impl PhysicalMemory {
         // must be 0.
         let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
         check_alloc("cuMemCreate", result, size)?;
-        Ok(PhysicalMemory {
-            handle,
-            size,
-            device,
-        })
+        Ok(PhysicalMemory { handle, size })
     }
 
     /// The size in bytes.
@@ -138,7 +133,8 @@ impl Drop for PhysicalMemory {
     }
 }
 
-/// Physical memory mapped at an address with read-write access for its device; unmapped on drop.
+/// Physical memory mapped at an address (access is granted separately, over whole ranges, by
+/// [`set_access`]); unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
     addr: usize,
@@ -146,7 +142,7 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// Maps all of `memory` at `addr` and makes it readable and writable from its device.
+    /// Maps all of `memory` at `addr` (no access yet: see [`set_access`]).
     ///
     /// # Safety
     /// 1. `addr .. addr + memory.size()` lies inside a live [`AddressReservation`] that outlives
@@ -154,22 +150,13 @@ impl Mapping {
     /// 2. No other mapping covers any of that range.
     ///
     /// # Errors
-    /// The CUDA error of the map or the access call (nothing stays mapped then).
+    /// The CUDA error of the map (nothing is mapped then).
     pub unsafe fn new(addr: usize, memory: PhysicalMemory) -> Result<Self> {
         // SAFETY: the caller's preconditions 1 and 2; offset 0 and flags 0 are the only values.
         check("cuMemMap", unsafe {
             sys::cuMemMap(addr as sys::CUdeviceptr, memory.size, 0, memory.handle, 0)
         })?;
-        let mapping = Mapping { addr, memory };
-        let access = sys::CUmemAccessDesc {
-            location: device_props(mapping.memory.device).location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range was just mapped; one access descriptor is passed.
-        check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(addr as sys::CUdeviceptr, mapping.memory.size, &access, 1)
-        })?;
-        Ok(mapping)
+        Ok(Mapping { addr, memory })
     }
 
     /// The mapped address.
@@ -191,6 +178,23 @@ impl Drop for Mapping {
             sys::cuMemUnmap(self.addr as sys::CUdeviceptr, self.memory.size);
         }
     }
+}
+
+/// `cuMemSetAccess`: makes `addr .. addr + bytes` readable and writable from device `ordinal`
+/// (one call over many mappings).
+///
+/// # Errors
+/// A bad ordinal, or the CUDA error (the range must be wholly mapped).
+pub fn set_access(ordinal: usize, addr: usize, bytes: usize) -> Result<()> {
+    let access = sys::CUmemAccessDesc {
+        location: device_props(device_handle(ordinal)?).location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `access` is one fully initialised descriptor; the driver checks that the range
+    // is mapped and fails otherwise.
+    check("cuMemSetAccess", unsafe {
+        sys::cuMemSetAccess(addr as sys::CUdeviceptr, bytes, &access, 1)
+    })
 }
 
 /// One reserved address range of a device, backed page by page: each mapped page has its own
@@ -292,6 +296,7 @@ impl VirtualRange {
             )));
         }
         let mut added = Vec::with_capacity(span.len());
+        let first = span.start;
         for page in span {
             let mapped = PhysicalMemory::new(self.ordinal, self.page_size).and_then(|memory| {
                 let addr = self.base() + page * self.page_size;
@@ -312,6 +317,13 @@ impl VirtualRange {
                     return Err(e);
                 }
             }
+        }
+        // One access call over the new pages (per-page calls cost most of a growth step).
+        if let Err(e) = set_access(self.ordinal, self.base + first * self.page_size, bytes) {
+            for page in added {
+                self.pages.remove(&page);
+            }
+            return Err(e);
         }
         Ok(())
     }
