@@ -7,8 +7,9 @@
 //! 4. When everything is freed and merged, one free block per mapped run remains.
 
 use super::*;
+use crate::resource::VirtualMemory;
 use crate::resource::{SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
-use crate::suballocator::PoolMemoryResource;
+use crate::suballocator::{PoolMemoryResource, StreamKey};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
@@ -322,4 +323,84 @@ proptest! {
         mr.trim(0).unwrap();
         prop_assert_eq!(mr.mapped_bytes(), 0);
     }
+}
+
+/// Simulated virtual memory that notes the event log's sequence number at each unmap.
+#[derive(Debug)]
+struct SpyVm {
+    inner: SimulatedVirtualMemory,
+    events: Arc<crate::suballocator::RecordingStreamEvents>,
+    unmapped_at: parking_lot::Mutex<Vec<u64>>,
+}
+
+impl VirtualMemory for SpyVm {
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+    fn base(&self) -> usize {
+        self.inner.base()
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes()
+    }
+    fn mapped_bytes(&self) -> usize {
+        self.inner.mapped_bytes()
+    }
+    fn map(&self, addr: usize, bytes: usize) -> Result<()> {
+        self.inner.map(addr, bytes)
+    }
+    #[allow(unsafe_code)]
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        self.unmapped_at.lock().push(self.events.tick());
+        // SAFETY: the caller's precondition, passed on.
+        unsafe { self.inner.unmap(addr, bytes) }
+    }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.inner.memory_info()
+    }
+    fn kind(&self) -> MemoryKind {
+        self.inner.kind()
+    }
+    fn device(&self) -> Option<usize> {
+        None
+    }
+}
+
+#[test]
+fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
+    use crate::suballocator::{EventCall, RecordingStreamEvents};
+    let events = RecordingStreamEvents::new();
+    let vm = Arc::new(SpyVm {
+        inner: SimulatedVirtualMemory::new(64 * P, 256 * P, P).unwrap(),
+        events: events.clone(),
+        unmapped_at: parking_lot::Mutex::new(Vec::new()),
+    });
+    let mr = ExpandableMemoryResource::with_stream_events(vm.clone(), None, None, events.clone())
+        .unwrap();
+    let (a_stream, b_stream) = (stream(0x1000), stream(0x2000));
+    let a = mr.allocate(3 * P, a_stream).unwrap();
+    free(&mr, a, 3 * P, a_stream).unwrap();
+    // B takes A's freed block only after waiting on A's event.
+    let b = mr.allocate(3 * P, b_stream).unwrap();
+    assert_eq!(b, a);
+    assert!(events.log().iter().any(
+        |c| matches!(c, EventCall::Wait { stream, .. } if *stream == StreamKey::of(b_stream))
+    ));
+    free(&mr, b, 3 * P, b_stream).unwrap();
+    assert_eq!(mr.trim(0).unwrap(), 3 * P);
+    let last_sync = events
+        .log()
+        .iter()
+        .filter_map(|c| match c {
+            EventCall::SynchronizeAll { seq } => Some(*seq),
+            _ => None,
+        })
+        .max()
+        .expect("trim synchronized");
+    let unmaps = vm.unmapped_at.lock().clone();
+    assert!(!unmaps.is_empty());
+    assert!(
+        unmaps.iter().all(|&at| at > last_sync),
+        "{unmaps:?} vs {last_sync}"
+    );
 }
