@@ -377,25 +377,26 @@ impl ExpandableGrowth {
         bytes.div_ceil(self.page()) * self.page()
     }
 
-    /// Where to map for a block of `size` bytes: after a run that ends in a fresh block (fewest
-    /// new pages), else the lowest unmapped gap that holds the block.
+    /// Where to map for a block of `size` bytes, how many bytes are needed there, and how many
+    /// unmapped bytes follow: after a run that ends in a fresh block (fewest new pages), else the
+    /// lowest unmapped gap that holds the block.
     fn placement(
         &self,
         runs: &BTreeMap<usize, usize>,
         tails: &HashMap<usize, usize>,
         size: usize,
-    ) -> Option<(usize, usize)> {
+    ) -> Option<(usize, usize, usize)> {
         let end_of_range = self.vm.base() + self.vm.reserved_bytes();
         let gap_after =
             |end: usize| runs.range(end..).next().map_or(end_of_range, |(&s, _)| s) - end;
-        let mut best: Option<(usize, usize)> = None;
+        let mut best: Option<(usize, usize, usize)> = None;
         for &end in runs.values() {
             let Some(&tail) = tails.get(&end) else {
                 continue;
             };
-            let need = self.pages_for(size.saturating_sub(tail));
-            if need > 0 && need <= gap_after(end) && best.map_or(true, |(_, n)| need < n) {
-                best = Some((end, need));
+            let (need, room) = (self.pages_for(size.saturating_sub(tail)), gap_after(end));
+            if need > 0 && need <= room && best.map_or(true, |(_, n, _)| need < n) {
+                best = Some((end, need, room));
             }
         }
         if best.is_some() {
@@ -405,11 +406,11 @@ impl ExpandableGrowth {
         let mut at = self.vm.base();
         for (&start, &end) in runs {
             if start - at >= need {
-                return Some((at, need));
+                return Some((at, need, start - at));
             }
             at = end;
         }
-        (end_of_range - at >= need).then_some((at, need))
+        (end_of_range - at >= need).then_some((at, need, end_of_range - at))
     }
 
     fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
@@ -421,7 +422,7 @@ impl ExpandableGrowth {
             .map(|b| (b.end(), b.size))
             .collect();
         let mut runs = self.mapped.lock();
-        let Some((addr, len)) = self.placement(&runs, &tails, request.size) else {
+        let Some((addr, need, room)) = self.placement(&runs, &tails, request.size) else {
             return Err(Error::out_of_memory(
                 request.bytes,
                 format!(
@@ -430,19 +431,35 @@ impl ExpandableGrowth {
                 ),
             ));
         };
-        if let Some(max) = self.maximum {
-            if request.held + len > max {
-                return Err(Error::out_of_memory(
-                    request.bytes,
-                    format!(
-                        "Maximum pool size exceeded: not enough room to grow, \
-                         current/max/try size = {}, {}, {}",
-                        request.held, max, len
-                    ),
-                ));
-            }
+        let max_room = self
+            .maximum
+            .map_or(usize::MAX, |m| m.saturating_sub(request.held));
+        if need > max_room {
+            return Err(Error::out_of_memory(
+                request.bytes,
+                format!(
+                    "Maximum pool size exceeded: not enough room to grow, \
+                     current/max/try size = {}, {}, {}",
+                    request.held,
+                    self.maximum.unwrap_or(usize::MAX),
+                    need
+                ),
+            ));
         }
-        self.vm.map(addr, len).map_err(|e| match e {
+        // Grow by at least half of what is mapped (few growth steps, like the pool's doubling),
+        // within the gap, the maximum and the device's free memory; on failure map only the need.
+        let mut want = self.pages_for(request.held / 2).max(need).min(room);
+        want = want.min(need.max(max_room / self.page() * self.page()));
+        if let Some((free, _)) = self.vm.memory_info() {
+            want = want.min(need.max(free / self.page() * self.page()));
+        }
+        let mut mapped = self.vm.map(addr, want);
+        if want > need && mapped.as_ref().is_err_and(Error::is_out_of_memory) {
+            want = need;
+            mapped = self.vm.map(addr, want);
+        }
+        let len = want;
+        mapped.map_err(|e| match e {
             Error::OutOfMemory { .. } => {
                 let text = e.to_string();
                 let inner = text

@@ -100,13 +100,14 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     let mr = pool(&vm, None);
     let a = mr.allocate(P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
+    // c's growth step maps half of what is mapped (3 pages): c and a fresh tail of 2.
     let c = mr.allocate(P, S).unwrap();
-    assert_eq!(mr.mapped_bytes(), 6 * P);
+    assert_eq!(mr.mapped_bytes(), 8 * P);
     free(&mr, b, 4 * P, S).unwrap();
     assert_eq!(
         mr.trim(0).unwrap(),
-        4 * P,
-        "the middle pages go, not a whole chunk"
+        6 * P,
+        "the middle pages and the fresh tail go, not a whole chunk"
     );
     assert_eq!(mr.mapped_bytes(), 2 * P);
     assert!(vm.is_mapped(a) && !vm.is_mapped(b) && vm.is_mapped(c));
@@ -144,9 +145,10 @@ fn partial_pages_of_a_free_block_stay_mapped() {
     let b = mr.allocate(2 * P, S).unwrap();
     let c = mr.allocate(P, S).unwrap();
     free(&mr, b, 2 * P, S).unwrap();
-    // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it.
-    assert_eq!(mr.trim(0).unwrap(), P);
-    // What is left of b, and the fresh half page after c.
+    // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it; c's growth step left
+    // a fresh tail [7P/2, 5P), whose page [4P, 5P) goes too.
+    assert_eq!(mr.trim(0).unwrap(), 2 * P);
+    // What is left of b, and the half page of the tail after c.
     assert_eq!(
         mr.free_bytes(),
         P + P / 2,
