@@ -52,7 +52,7 @@ fn s(i: usize) -> Stream {
 fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> rrmm::Result<()> {
     // SAFETY: the pool and the fixed-size resource check every free against the blocks they
     // handed out (a bad one is `Error::Logic`, which the tests check); nothing uses the memory.
-    unsafe { free(&mr, ptr, bytes, stream) }
+    unsafe { mr.deallocate(ptr, bytes, stream) }
 }
 
 /// Two threads on their own streams allocate and free; the second allocation of each must find
