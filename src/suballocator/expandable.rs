@@ -9,6 +9,15 @@
 //! extension is one growth region of the core (see `growth.rs`). `trim` unmaps every page that
 //! lies wholly inside a free block. When mapping fails, the core synchronizes, merges every
 //! stream's free blocks, trims, and maps again before reporting out of memory.
+//!
+//! # Growth step
+//! At least half of what is mapped (so a growing workload makes few, large mapping calls, like
+//! the pool's doubling), capped by the unmapped gap, the maximum and the device's free memory;
+//! when that mapping fails, exactly the pages the request needs.
+//!
+//! # Locking
+//! The growth policy's record of mapped runs has its own mutex, taken only under the core's
+//! shared lock (growth, trim, snapshots); the virtual memory's lock comes after it.
 
 use super::coalescing_free_list::CoalescingFreeList;
 use super::free_list::Block;
