@@ -232,3 +232,9 @@ def test_gpu_device_buffers_round_trip_across_growth_and_trim() -> None:
         _segsum_like(snap)
     finally:
         rrmm.reinitialize()
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the error without a CUDA device")
+def test_without_a_device_the_error_is_clear() -> None:
+    with pytest.raises(RuntimeError, match="(?i)cuda|driver|device"):
+        rrmm.mr.ExpandableMemoryResource()
