@@ -12,6 +12,7 @@ __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "PER_THREAD_DEFAULT_STREAM",
     "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
     "BinningMemoryResource",
     "CallbackMemoryResource",
     "CudaAsyncManagedMemoryResource",
@@ -491,6 +492,7 @@ def replay_logs(
     lenient: bool = False,
     timeline_points: int = 0,
     progress: bool = False,
+    arena_size: int | None = None,
 ) -> list[dict[str, Any]]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_gpu_available() -> bool: ...
