@@ -19,13 +19,18 @@ def main() -> None:
     ap.add_argument("--out", default="w1_rrmm.jsonl")
     ap.add_argument("--traces", default=".gpu/traces")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--resources",
+        default="pool,binning,fixed_size,cuda_async,cuda",
+        help="comma-separated replay resources (add 'expandable' to measure it beside the pool)",
+    )
     args = ap.parse_args()
     with open(args.out, "w") as out:
         for name in ("random_10k_1mib", "random_100k_4mib", "transformer_training"):
             log = str(Path(args.traces) / f"{name}.csv.gz")
-            resources = ["pool", "binning", "arena", "fixed_size", "cuda_async"]
-            if name != "random_100k_4mib":
-                resources.append("cuda")
+            resources = args.resources.split(",")
+            if name == "random_100k_4mib" and "cuda" in resources:
+                resources.remove("cuda")
             for res in resources:
                 runs = [_rrmm.replay_logs([log], [res])[0] for _ in range(args.reps)]
                 row = {

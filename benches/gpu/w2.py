@@ -29,6 +29,8 @@ def make(mod, name):
     if name == "binning":
         pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=POOL)
         return mr.BinningMemoryResource(pool, 18, 22)
+    if name == "expandable":
+        return mr.ExpandableMemoryResource(initial_pool_size=POOL)
     if name == "arena":
         return mr.ArenaMemoryResource(mr.CudaMemoryResource(), arena_size=POOL)
     raise ValueError(name)

@@ -9,7 +9,8 @@ their allocator once per process); configurations are interleaved over rounds (A
 ...), each process warms up and then times several repetitions, and the table shows medians in
 ns per operation (ms per loop for the temporaries and training loops) and ratios. The RMM column
 needs `rmm` (RAPIDS) installed; without it that column is skipped. rrmm's hooks run over an rrmm
-`PoolMemoryResource`, RMM's over RMM's `PoolMemoryResource`.
+`PoolMemoryResource` (or, with `--rrmm-resource expandable`, an `ExpandableMemoryResource`), RMM's
+over RMM's `PoolMemoryResource`.
 
 Workloads:
   W4 cupy.empty(1 MiB) loop; temporaries: N x ((x*2+1)*x-3).sum() on 1M float32
@@ -41,6 +42,11 @@ def _setup_pool(config):
         mr = getattr(rrmm, "mr", None)
         if mr is None or not hasattr(mr, "PoolMemoryResource"):
             return "rrmm.mr.PoolMemoryResource missing: rrmm column over its default resource"
+        if os.environ.get("RRMM_BENCH_RESOURCE") == "expandable":
+            mr.set_current_device_resource(
+                mr.ExpandableMemoryResource(initial_pool_size=POOL_BYTES)
+            )
+            return "rrmm over ExpandableMemoryResource"
         mr.set_current_device_resource(
             mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=POOL_BYTES)
         )
@@ -235,8 +241,12 @@ def main():
     p.add_argument("--cupy-unowned", action="store_true",
                    help="also time rrmm_cupy_unowned_allocator (rows marked [unowned]; their "
                         "native column is the plain native figure)")
+    p.add_argument("--rrmm-resource", choices=("pool", "expandable"), default="pool",
+                   help="the rrmm resource under rrmm's hooks (workers inherit it)")
     p.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.rrmm_resource != "pool":
+        os.environ["RRMM_BENCH_RESOURCE"] = a.rrmm_resource
     if a.quick:
         a.rounds, a.reps, a.iters, a.temp_iters, a.train_iters = 1, 3, 2000, 200, 20
 

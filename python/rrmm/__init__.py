@@ -22,6 +22,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import parse_bytes
+from rrmm._snapshot import memory_snapshot
 from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
 from rrmm.pylibrmm.device_buffer import DeviceBuffer
@@ -48,6 +49,7 @@ __all__ = [
     "get_logging_level",
     "is_initialized",
     "level_enum",
+    "memory_snapshot",
     "mr",
     "parse_bytes",
     "register_reinitialize_hook",

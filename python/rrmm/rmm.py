@@ -47,7 +47,7 @@ def unregister_reinitialize_hook(func: Callable[..., Any]) -> None:
 
 
 def reinitialize(
-    pool_allocator: bool = False,
+    pool_allocator: bool | str = False,
     managed_memory: bool = False,
     initial_pool_size: int | str | None = None,
     maximum_pool_size: int | str | None = None,
@@ -59,12 +59,22 @@ def reinitialize(
 
     Runs the reinitialize hooks (last registered first), forgets every per-device resource, then
     sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda, initial, maximum) | Managed|Cuda)``.
-    Without a CUDA device it warns and sets nothing.
+    rrmm: ``pool_allocator="expandable"`` sets ``[Logging](ExpandableMemoryResource(device,
+    initial, maximum))`` instead, the pool on one virtual address range that coalesces across
+    growth and gives memory back with ``trim()`` (not with ``managed_memory=True``:
+    ``ValueError``). Without a CUDA device it warns and sets nothing.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
     for value in (initial_pool_size, maximum_pool_size):
         _check_size(value)
+    expandable = _expandable_requested(pool_allocator)
+    if expandable and managed_memory:
+        raise ValueError(
+            "reinitialize: managed memory cannot be mapped into a virtual address range, so "
+            "pool_allocator='expandable' cannot use managed_memory=True; use "
+            "pool_allocator=True for a pool over managed memory"
+        )
     if isinstance(devices, int):
         devices = [devices]
     _rrmm._clear_per_device_resources()
@@ -78,10 +88,12 @@ def reinitialize(
         return
 
     def build() -> _mr.DeviceMemoryResource:
-        mr: _mr.DeviceMemoryResource = (
-            _mr.ManagedMemoryResource() if managed_memory else _mr.CudaMemoryResource()
-        )
-        if pool_allocator:
+        mr: _mr.DeviceMemoryResource
+        if expandable:
+            mr = _mr.ExpandableMemoryResource(None, initial_pool_size, maximum_pool_size)
+        else:
+            mr = _mr.ManagedMemoryResource() if managed_memory else _mr.CudaMemoryResource()
+        if pool_allocator and not expandable:
             mr = _mr.PoolMemoryResource(mr, initial_pool_size, maximum_pool_size)
         if logging:
             mr = _mr.LoggingResourceAdaptor(mr, log_file_name)
@@ -89,6 +101,18 @@ def reinitialize(
 
     for device in devices:
         _mr.set_per_device_resource(device, _mr._on_device(device, build))
+
+
+def _expandable_requested(pool_allocator: bool | str) -> bool:
+    """Whether ``pool_allocator`` asks for the expandable pool (``"expandable"``); other
+    strings are an error, booleans keep RMM's meaning."""
+    if isinstance(pool_allocator, str):
+        if pool_allocator.lower() != "expandable":
+            raise ValueError(
+                f"pool_allocator must be a bool or 'expandable', not {pool_allocator!r}"
+            )
+        return True
+    return False
 
 
 def _check_size(value: int | str | None) -> None:

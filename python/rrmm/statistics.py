@@ -12,6 +12,7 @@ from functools import wraps
 from typing import Any, Callable, TypeVar
 
 import rrmm.mr
+from rrmm import _rrmm
 from rrmm._rrmm import Statistics
 
 __all__ = [
@@ -20,9 +21,11 @@ __all__ = [
     "default_profiler_records",
     "enable_statistics",
     "get_statistics",
+    "memory_stats",
     "pop_statistics",
     "profiler",
     "push_statistics",
+    "reset_peak_memory_stats",
     "statistics",
 ]
 
@@ -32,6 +35,32 @@ def _current_stats_mr() -> Any:
     if isinstance(mr, rrmm.mr.StatisticsResourceAdaptor):
         return mr
     return None
+
+
+def _device_resource(device: int | None) -> Any:
+    """The resource of ``device`` (the current device when None)."""
+    if device is None:
+        device = _rrmm._current_device()
+    return rrmm.mr.get_per_device_resource(int(device))
+
+
+def memory_stats(device: int | None = None) -> dict[str, int]:
+    """PyTorch-style counters (``torch.cuda.memory_stats`` keys, pool ``all``) of the pool behind
+    ``device``'s resource (the current device when None), read through adaptors.
+
+    Keys: ``{allocation,segment,active,allocated_bytes,reserved_bytes,active_bytes,
+    requested_bytes}.all.{current,peak,allocated,freed}``, ``inactive_split{,_bytes}.all.current``,
+    ``num_alloc_retries``, ``num_ooms``, ``num_device_alloc``, ``num_device_free``,
+    ``num_sync_all_streams``. An empty dict when the resource has no pool (as PyTorch returns
+    for an uninitialized allocator).
+    """
+    stats = _rrmm._memory_stats(_device_resource(device))
+    return {} if stats is None else dict(sorted(stats.items()))
+
+
+def reset_peak_memory_stats(device: int | None = None) -> None:
+    """Sets every peak of :func:`memory_stats` to its current value."""
+    _rrmm._reset_peak_memory_stats(_device_resource(device))
 
 
 def enable_statistics() -> None:

@@ -3,7 +3,8 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint and, unless `no_profile` is given, call_profile) to `self.upstream`.
+/// memory_info, footprint, memory_stats, memory_snapshot and, unless `no_profile` is given,
+/// call_profile) to `self.upstream`.
 macro_rules! forward_upstream_info {
     () => {
         forward_upstream_info!(no_profile);
@@ -23,6 +24,15 @@ macro_rules! forward_upstream_info {
         }
         fn footprint(&self) -> Option<$crate::Footprint> {
             self.upstream.footprint()
+        }
+        fn memory_stats(&self) -> Option<$crate::suballocator::MemoryStats> {
+            self.upstream.memory_stats()
+        }
+        fn reset_peak_memory_stats(&self) -> bool {
+            self.upstream.reset_peak_memory_stats()
+        }
+        fn memory_snapshot(&self) -> Option<Vec<$crate::suballocator::SegmentInfo>> {
+            self.upstream.memory_snapshot()
         }
     };
 }

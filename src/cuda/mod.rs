@@ -12,6 +12,7 @@ mod event;
 mod kernel;
 mod memory;
 mod stream;
+pub mod vmm;
 
 pub use context::{current_device, set_current_device, ContextGuard};
 pub use device_info::{default_managed_pool, device_attribute};

@@ -16,10 +16,12 @@ mod cupy_stream;
 mod device;
 mod device_buffer;
 mod errors;
+mod expandable;
 mod experimental;
 mod gpu;
 mod hooks;
 mod host_buffer;
+mod memory_stats;
 mod numba;
 mod registry;
 mod replay;
@@ -56,5 +58,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch::register(m)?;
     experimental::register(m)?;
     gpu::register(m)?;
+    memory_stats::register(m)?;
+    expandable::register(m)?;
     Ok(())
 }

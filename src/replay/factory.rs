@@ -7,8 +7,8 @@ use crate::resource::{
     MemoryResource, SharedResource, SimulatedMemoryResource,
 };
 use crate::suballocator::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
-    DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    PoolMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
 use std::sync::Arc;
 
@@ -20,6 +20,7 @@ const BINNING_MAX_EXPONENT: u32 = 22;
 /// The resource names [`build_resource`] knows, in the order `--compare all` uses.
 pub const RESOURCE_NAMES: &[&str] = &[
     "pool",
+    "expandable",
     "binning",
     "arena",
     "fixed_size",
@@ -43,7 +44,10 @@ const SUBALLOCATORS: &[&str] = &["pool", "binning", "arena", "fixed_size"];
 ///   (benchmarks.md W1); its footprint is the pool's;
 /// - `arena`: an arena of half the device's free memory over the device (see
 ///   [`build_resource_sized`] for another size);
-/// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device.
+/// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device;
+/// - `expandable`: the expandable pool with `initial_pool_size`/`maximum_pool_size` on the
+///   device's virtual memory (on simulated memory, simulated virtual memory of that capacity with
+///   2 MiB pages and four times as many addresses).
 ///
 /// Resources without a pool ignore the pool sizes.
 ///
@@ -112,6 +116,29 @@ pub fn build_resource_sized(
             Some(_) => device(),
             None => Ok(Arc::new(ManagedMemoryResource::new()?)),
         },
+        "expandable" => {
+            let mr = match simulate {
+                Some(size) => ExpandableMemoryResource::new(
+                    Arc::new(crate::resource::SimulatedVirtualMemory::new(
+                        size,
+                        size.saturating_mul(crate::suballocator::DEFAULT_RESERVE_FACTOR),
+                        crate::resource::DEFAULT_PAGE_SIZE,
+                    )?),
+                    initial_pool_size,
+                    maximum_pool_size,
+                    None,
+                )?,
+                None => ExpandableMemoryResource::on_device(
+                    crate::cuda::current_device()?,
+                    None,
+                    None,
+                    initial_pool_size,
+                    maximum_pool_size,
+                    None,
+                )?,
+            };
+            Ok(Arc::new(mr))
+        }
         sub if SUBALLOCATORS.contains(&sub) => {
             if sub == "arena" {
                 return Ok(Arc::new(ArenaMemoryResource::new(

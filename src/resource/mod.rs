@@ -8,7 +8,9 @@ mod direct;
 mod managed;
 mod pinned_host;
 mod simulated;
+mod simulated_vmm;
 mod system;
+mod virtual_memory;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
@@ -18,7 +20,9 @@ pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::SimulatedMemoryResource;
+pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 pub use system::SystemMemoryResource;
+pub use virtual_memory::{CudaVirtualMemory, VirtualMemory};
 
 use crate::cuda::Stream;
 use crate::error::Result;
@@ -126,6 +130,24 @@ pub trait MemoryResource: Send + Sync {
 
     /// A short name for reports and logs, such as `"pool"`.
     fn name(&self) -> &'static str;
+
+    /// PyTorch-style counters of the pool behind this resource (through adaptors); `None` for
+    /// resources that are not pools.
+    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
+        None
+    }
+
+    /// Sets the peaks of [`MemoryResource::memory_stats`] to the current values; whether there
+    /// was a pool to reset.
+    fn reset_peak_memory_stats(&self) -> bool {
+        false
+    }
+
+    /// Every segment and block of the pool behind this resource (through adaptors); `None` for
+    /// resources that are not pools.
+    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
+        None
+    }
 }
 
 /// What calls into a resource may do (see [`MemoryResource::call_profile`]).
@@ -224,6 +246,15 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
+        (**self).memory_stats()
+    }
+    fn reset_peak_memory_stats(&self) -> bool {
+        (**self).reset_peak_memory_stats()
+    }
+    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
+        (**self).memory_snapshot()
     }
 }
 

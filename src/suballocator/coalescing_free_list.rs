@@ -491,14 +491,15 @@ impl FreeList for CoalescingFreeList {
     }
 
     #[inline]
-    fn free_allocated(&mut self, addr: usize) -> bool {
-        match self.allocated.remove(&addr) {
-            Some(x) => {
-                self.make_free(x);
-                true
-            }
-            None => false,
-        }
+    fn free_allocated(&mut self, addr: usize) -> Option<usize> {
+        let x = self.allocated.remove(&addr)?;
+        let size = self.nodes[x as usize].size;
+        self.make_free(x);
+        Some(size)
+    }
+
+    fn allocated_blocks(&self) -> Vec<Block> {
+        self.allocated.values().map(|&x| self.block(x)).collect()
     }
 
     fn forget(&mut self, addr: usize) -> Option<Block> {
@@ -774,19 +775,19 @@ mod tests {
                         if !live.is_empty() {
                             let (b, owner) = live.swap_remove(pick % live.len());
                             match owner {
-                                Some(o) if o == list => prop_assert!(lists[list].free_allocated(b.addr)),
+                                Some(o) if o == list => prop_assert!(lists[list].free_allocated(b.addr).is_some()),
                                 Some(o) => {
-                                    prop_assert!(!lists[list].free_allocated(b.addr) || o == list);
+                                    prop_assert!(lists[list].free_allocated(b.addr).is_none() || o == list);
                                     prop_assert_eq!(lists[o].forget(b.addr), Some(b));
                                     prop_assert_eq!(lists[o].forget(b.addr), None, "forgotten once");
                                     lists[list].insert(b);
                                 }
                                 None => {
-                                    prop_assert!(!lists[list].free_allocated(b.addr), "not recorded");
+                                    prop_assert!(lists[list].free_allocated(b.addr).is_none(), "not recorded");
                                     lists[list].insert(b);
                                 }
                             }
-                            prop_assert!(!lists[list].free_allocated(b.addr), "double free refused");
+                            prop_assert!(lists[list].free_allocated(b.addr).is_none(), "double free refused");
                         }
                     }
                     Op::Chunk { granules } => {
@@ -839,7 +840,7 @@ mod tests {
             if trimmed == 0 {
                 for (b, owner) in live {
                     match owner {
-                        Some(o) => prop_assert!(lists[o].free_allocated(b.addr)),
+                        Some(o) => prop_assert!(lists[o].free_allocated(b.addr).is_some()),
                         None => lists[1].insert(b),
                     }
                 }

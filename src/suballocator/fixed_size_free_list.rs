@@ -63,12 +63,21 @@ impl FreeList for FixedSizeFreeList {
     }
 
     #[inline]
-    fn free_allocated(&mut self, addr: usize) -> bool {
-        let known = self.allocated.remove(&addr).is_some();
-        if known {
-            self.stack.push(addr);
-        }
-        known
+    fn free_allocated(&mut self, addr: usize) -> Option<usize> {
+        self.allocated.remove(&addr)?;
+        self.stack.push(addr);
+        Some(self.block_size)
+    }
+
+    fn allocated_blocks(&self) -> Vec<Block> {
+        self.allocated
+            .keys()
+            .map(|&addr| Block {
+                addr,
+                size: self.block_size,
+                region: 0,
+            })
+            .collect()
     }
 
     fn forget(&mut self, addr: usize) -> Option<Block> {

@@ -67,8 +67,12 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     fn adopt(&mut self, block: Block);
 
     /// Frees the block allocated in this list at `addr` into this list (coalescing where the
-    /// strategy does); false, changing nothing, when no block allocated here starts there.
-    fn free_allocated(&mut self, addr: usize) -> bool;
+    /// strategy does) and returns its size; `None`, changing nothing, when no block allocated
+    /// here starts there.
+    fn free_allocated(&mut self, addr: usize) -> Option<usize>;
+
+    /// The blocks allocated in this list and not freed yet (for snapshots).
+    fn allocated_blocks(&self) -> Vec<Block>;
 
     /// Drops the record of the block allocated in this list at `addr` and returns it (for a
     /// free on another stream); `None` when there is none.

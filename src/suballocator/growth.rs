@@ -60,6 +60,34 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
     /// Out of memory with the strategy's own text; other upstream errors as they are.
     fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block>;
 
+    /// As [`Growth::grow`], seeing the fresh list's free ranges (a policy that extends one range
+    /// in place picks where to map from them); the default ignores them.
+    ///
+    /// # Errors
+    /// As [`Growth::grow`].
+    fn grow_beside(
+        &self,
+        upstream: &SharedResource,
+        request: GrowRequest,
+        fresh: &dyn FreeRanges,
+    ) -> Result<Block> {
+        let _ = fresh;
+        self.grow(upstream, request)
+    }
+
+    /// Whether the core gives fully free chunks back through [`Growth::give_back`] on
+    /// `release()` and before reporting out of memory; a policy that trims in place (and keeps
+    /// its own record of what is mapped) says no, and its chunks go back only at drop.
+    fn gives_back_chunks(&self) -> bool {
+        true
+    }
+
+    /// The segments (address, size) of a policy that keeps its own (the expandable pool's runs
+    /// of mapped pages); `None` when the core's chunks are the segments.
+    fn segments(&self) -> Option<Vec<(usize, usize)>> {
+        None
+    }
+
     /// Whether giving free chunks back could let [`Growth::grow`] serve `size` bytes (the core
     /// gives chunks back before reporting out of memory only when it could).
     fn may_grow_after_release(&self, size: usize) -> bool {

@@ -12,19 +12,25 @@
 mod arena;
 mod binning;
 mod coalescing_free_list;
+mod expandable;
 mod fixed_size;
 mod fixed_size_free_list;
 mod free_list;
 mod growth;
 mod pool;
+pub mod pool_stats;
+pub mod snapshot;
 pub mod stream_events;
 mod stream_list;
 mod stream_ordered;
 
 pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
+pub use expandable::{ExpandableMemoryResource, DEFAULT_RESERVE_FACTOR};
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use pool::PoolMemoryResource;
+pub use pool_stats::{MemoryStats, Stat};
+pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
@@ -36,4 +42,5 @@ const _: () = {
     assert_resource::<ArenaMemoryResource>();
     assert_resource::<FixedSizeMemoryResource>();
     assert_resource::<BinningMemoryResource>();
+    assert_resource::<ExpandableMemoryResource>();
 };

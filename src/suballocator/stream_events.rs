@@ -95,9 +95,10 @@ impl StreamKey {
 /// owner list's lock, `synchronize_all` under the shared lock); their own lock comes last in the
 /// core's lock order.
 pub trait StreamEvents: Send + Sync + std::fmt::Debug {
-    /// Makes `waiter` wait (on the device) for all work enqueued on `owner` so far, including the
-    /// frees of memory now in `owner`'s free list. Called on the thread that allocates on
-    /// `waiter`.
+    /// Makes `waiter` wait (on the device) for the frees of memory now in `owner`'s free list:
+    /// on `owner`'s event as last recorded by [`StreamEvents::record_after_free`], which the core
+    /// asks for only when that record came after the list's latest free. Never records on
+    /// `owner` (it may have been destroyed). Called on the thread that allocates on `waiter`.
     ///
     /// # Errors
     /// CUDA errors from the event calls.
@@ -139,8 +140,9 @@ impl StreamEvents for NoStreamEvents {
 /// Real CUDA events: one cached [`Event`] per owner stream, created the first time memory
 /// leaves that stream, recorded on the owner and waited on by the waiter.
 ///
-/// Contract (as RMM's): a stream on which memory was freed stays valid while that memory is in
-/// its free list; where recording on it fails anyway, the whole context is synchronized instead.
+/// A stream is touched only by its own users' calls (`record_after_free`, from an allocate or
+/// free on it): a stream destroyed after its frees is never recorded on, as in RMM, which
+/// records at free time; waiting uses the last recorded event, or synchronizes the context.
 /// Calls run in the primary context of the resource's device.
 #[derive(Debug)]
 pub struct CudaStreamEvents {
@@ -179,20 +181,14 @@ fn event_of(events: &mut HashMap<StreamKey, Event>, owner: StreamKey) -> Result<
 impl StreamEvents for CudaStreamEvents {
     fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
         let _ctx = self.context()?;
-        let mut events = self.events.lock();
-        if !owner.is_reachable_here() {
-            // Another thread's PTDS: its event was re-recorded at its latest free.
-            return match events.get(&owner) {
-                Some(event) => event.wait_on(waiter.stream()),
-                None => cuda::context_synchronize(),
-            };
+        let events = self.events.lock();
+        // The owner's event was recorded by a user of the owner stream after the list's latest
+        // free (the core asks only then); the owner stream itself is never touched here, as it
+        // may have been destroyed since.
+        match events.get(&owner) {
+            Some(event) => event.wait_on(waiter.stream()),
+            None => cuda::context_synchronize(),
         }
-        let event = event_of(&mut events, owner)?;
-        if event.record(owner.stream()).is_err() {
-            // The owner stream is gone (destroyed after its frees): order everything instead.
-            return cuda::context_synchronize();
-        }
-        event.wait_on(waiter.stream())
     }
 
     fn record_after_free(&self, owner: StreamKey) -> Result<()> {
@@ -283,14 +279,6 @@ impl StreamEvents for RecordingStreamEvents {
     fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
         let mut s = self.state.lock();
         let id = s.id(owner);
-        if owner.is_reachable_here() {
-            let seq = s.next();
-            s.log.push(EventCall::Record {
-                stream: owner,
-                id,
-                seq,
-            });
-        }
         let seq = s.next();
         s.log.push(EventCall::Wait {
             stream: waiter,

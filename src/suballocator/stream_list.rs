@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 use super::free_list::{Block, FreeList, ListId};
+use super::pool_stats::ListCounters;
 use super::stream_events::StreamKey;
 use crate::sync::Mutex;
 
@@ -25,6 +26,8 @@ pub(crate) struct ListState<F> {
     pub list: F,
     /// Event state (per-thread default streams only).
     pub marks: ListMarks,
+    /// Allocation figures of this list (`memory_stats`).
+    pub counters: ListCounters,
 }
 
 impl<F: FreeList> ListState<F> {
@@ -33,6 +36,7 @@ impl<F: FreeList> ListState<F> {
         ListState {
             list: F::new(sizing),
             marks: ListMarks::default(),
+            counters: ListCounters::default(),
         }
     }
 }
@@ -51,7 +55,9 @@ pub(crate) struct StreamList<F> {
 impl<F: FreeList> StreamList<F> {
     /// Records `block` (taken elsewhere for this stream) as allocated; its address.
     pub fn record(&self, block: Block) -> usize {
-        self.state.lock().list.adopt(block);
+        let mut st = self.state.lock();
+        st.list.adopt(block);
+        st.counters.allocated(block.size);
         block.addr
     }
 }

@@ -25,14 +25,17 @@
 //!   does not shrink the pool below what it was built with) and grows again, before reporting
 //!   out of memory. `release()` gives back every fully free chunk, the initial one included.
 //!
-//! # Per-thread default streams
-//! Another thread cannot record an event on a thread's per-thread default stream (PTDS), so a
-//! PTDS list is handled lazily, with no CUDA call on its own allocate/free path either: a free
-//! marks the list "unrecorded". A thread that would take memory from another thread's PTDS list
-//! takes it only when the list's event was recorded after its latest free (then it waits on that
-//! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
-//! the end the synchronize-and-merge path). The owner thread records the event at its next
-//! allocate or free on that stream when the list is both unrecorded and wanted (under its lock).
+//! # Recording events lazily (every stream, per-thread default streams included)
+//! A stealer never records an event on another stream: another thread cannot record on a
+//! thread's per-thread default stream (PTDS), and any other stream may have been destroyed after
+//! its frees (RMM records at every free, so it never touches a stream later; rrmm records only
+//! when memory must cross streams). So a free only marks its list "unrecorded", with no CUDA
+//! call. A thread that would take memory from another stream's list takes it only when the
+//! list's event was recorded after its latest free (then it waits on that event); otherwise it
+//! marks the list "wanted" and looks elsewhere (fresh memory, growth, and in the end the
+//! synchronize-and-merge path, a context synchronization that covers destroyed streams too). The
+//! next allocate or free on that stream records the event when the list is both unrecorded and
+//! wanted (under its lock).
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -76,6 +79,8 @@
 
 use super::free_list::{AddressMap, Block, FreeList, ListId, FRESH};
 use super::growth::{GrowRequest, Growth};
+use super::pool_stats::{MemoryStats, PoolCounters};
+use super::snapshot::{assemble, BlockState, SegmentInfo};
 use super::stream_events::{StreamEvents, StreamKey};
 use super::stream_list::{ListMarks, ListState, StreamList};
 use crate::cuda::Stream;
@@ -99,6 +104,8 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     name: &'static str,
     shared: Mutex<Shared<F>>,
     directory: RwLock<Directory<F>>,
+    /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
+    counters: PoolCounters,
 }
 
 impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
@@ -171,6 +178,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             growth,
             sizing,
             name,
+            counters: PoolCounters::default(),
         }
     }
 
@@ -185,6 +193,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(());
         }
+        if !self.growth.gives_back_chunks() {
+            // A policy that grows in place maps its initial memory as it grows.
+            let mut sh = self.shared.lock();
+            return self.grow(&mut sh, bytes, bytes, Stream::DEFAULT);
+        }
         let addr = self.upstream.allocate(bytes, Stream::DEFAULT)?;
         let block = Block {
             addr,
@@ -193,6 +206,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         let mut sh = self.shared.lock();
         Self::add_chunk(&mut sh, block, true);
+        self.counters.segment_added(bytes);
         Ok(())
     }
 
@@ -257,10 +271,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
     ) -> Result<usize> {
         {
             let mut st = list.state.lock();
-            if key.is_per_thread() {
-                self.record_if_wanted(&mut st, key)?;
-            }
+            self.record_if_wanted(&mut st, key)?;
             if let Some(p) = st.list.take_allocated(size) {
+                st.counters.allocated(size);
                 return Ok(p);
             }
             // Taking the shared lock while holding a list's would invert the lock order;
@@ -268,11 +281,17 @@ impl<F: FreeList> StreamOrderedCore<F> {
             if let Some(mut sh) = self.shared.try_lock() {
                 if let Some(b) = sh.fresh.take(size) {
                     st.list.adopt(b);
+                    st.counters.allocated(b.size);
                     return Ok(b.addr);
                 }
             }
         }
         self.allocate_slow(list, bytes, size, stream)
+            .inspect_err(|e| {
+                if e.is_out_of_memory() {
+                    self.counters.out_of_memory();
+                }
+            })
     }
 
     /// Everything after the stream's own list: fresh memory, steals, growth, merging.
@@ -317,14 +336,17 @@ impl<F: FreeList> StreamOrderedCore<F> {
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(e),
         };
-        // Last resort: every stream synchronized, every list merged, grown chunks given back.
+        // Last resort: every stream synchronized, every list merged, grown chunks given back
+        // (or free memory trimmed by the growth policy).
+        self.counters.retried();
         self.synchronize_and_merge(&mut sh)?;
         if let Some(b) = sh.fresh.take(size) {
             return Ok(list.record(b));
         }
         if self.growth.may_grow_after_release(size) {
-            let chunks = Self::take_free_chunks(&mut sh, false);
-            if !chunks.is_empty() {
+            let chunks = self.take_free_chunks(&mut sh, false);
+            let trimmed = self.trim_fresh(&mut sh)?;
+            if !chunks.is_empty() || trimmed > 0 {
                 self.give_back_chunks(chunks)?;
                 self.grow(&mut sh, bytes, size, stream)?;
                 if let Some(b) = sh.fresh.take(size) {
@@ -347,16 +369,14 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 continue;
             }
             let owner = other.key;
-            if !owner.is_reachable_here() && st.marks.unrecorded {
-                // Another thread's PTDS with frees after its last record: ask its owner to
-                // record, and look elsewhere meanwhile.
+            if st.marks.unrecorded {
+                // Frees after the list's last record: ask the stream's next user to record, and
+                // look elsewhere meanwhile (never record on another stream from here: it may
+                // have been destroyed since its frees).
                 st.marks.wanted = true;
                 continue;
             }
             self.events.make_wait(list.key, owner)?;
-            if owner.is_reachable_here() {
-                st.marks.unrecorded = false;
-            }
             return Ok(st.list.take(size));
         }
         Ok(None)
@@ -364,7 +384,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Adds a chunk of at least `size` bytes from the upstream to the fresh list.
     fn grow(&self, sh: &mut Shared<F>, bytes: usize, size: usize, stream: Stream) -> Result<()> {
-        let chunk = self.growth.grow(
+        let chunk = self.growth.grow_beside(
             &self.upstream,
             GrowRequest {
                 bytes,
@@ -372,9 +392,31 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 held: sh.pool_size,
                 stream,
             },
+            &sh.fresh,
         )?;
         Self::add_chunk(sh, chunk, false);
+        match self.growth.segments() {
+            Some(segments) => {
+                self.counters.mapped(chunk.size);
+                self.counters.set_segments(segments.len());
+            }
+            None => self.counters.segment_added(chunk.size),
+        }
         Ok(())
+    }
+
+    /// Lets the growth policy trim free memory of the fresh list (after a synchronize-and-merge);
+    /// the bytes it gave back.
+    fn trim_fresh(&self, sh: &mut Shared<F>) -> Result<usize> {
+        let trimmed = self.growth.trim(&self.upstream, &mut sh.fresh)?;
+        if trimmed > 0 {
+            sh.pool_size -= trimmed;
+            self.counters.unmapped(trimmed);
+            if let Some(segments) = self.growth.segments() {
+                self.counters.set_segments(segments.len());
+            }
+        }
+        Ok(trimmed)
     }
 
     /// Takes every stream's free blocks out, synchronizes every stream, and puts the blocks in
@@ -390,6 +432,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 st.list.drain()
             })
             .collect();
+        self.counters.synchronized_all();
         if let Err(e) = self.events.synchronize_all() {
             for (list, blocks) in dir.all.iter().zip(drained) {
                 let mut st = list.state.lock();
@@ -411,7 +454,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
     /// and the chunk table; the caller gives them back.
-    fn take_free_chunks(sh: &mut Shared<F>, initial_too: bool) -> Vec<Block> {
+    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool) -> Vec<Block> {
+        if !self.growth.gives_back_chunks() {
+            return Vec::new();
+        }
         let Shared {
             fresh,
             chunks,
@@ -434,6 +480,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     fn give_back_chunks(&self, chunks: Vec<Block>) -> Result<()> {
         let mut first_error = None;
         for chunk in chunks {
+            self.counters.segment_removed(chunk.size);
             // SAFETY: each chunk was a whole free block of the fresh list, taken out of it and
             // of the chunk table (so given back once) after every stream was synchronized: no
             // block of it is allocated and no work uses it.
@@ -456,8 +503,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.with_list(key, |list| {
             {
                 let mut st = list.state.lock();
-                if st.list.free_allocated(ptr) {
-                    return self.after_free(&mut st, key);
+                if let Some(size) = st.list.free_allocated(ptr) {
+                    return self.after_free(&mut st, key, size);
                 }
             }
             self.deallocate_foreign(list, key, ptr)
@@ -466,12 +513,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// The event marks after a free into a stream's list (the list's lock held).
     #[inline]
-    fn after_free(&self, st: &mut ListState<F>, key: StreamKey) -> Result<()> {
-        if key.is_per_thread() {
-            st.marks.unrecorded = true;
-            self.record_if_wanted(st, key)?;
-        }
-        Ok(())
+    fn after_free(&self, st: &mut ListState<F>, key: StreamKey, size: usize) -> Result<()> {
+        st.counters.freed(size);
+        st.marks.unrecorded = true;
+        self.record_if_wanted(st, key)
     }
 
     /// A free of a block allocated on another stream (or never allocated here).
@@ -491,7 +536,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         let mut st = list.state.lock();
         st.list.insert(block);
-        self.after_free(&mut st, key)
+        self.after_free(&mut st, key, block.size)
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
@@ -512,9 +557,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let (chunks, trimmed) = {
             let mut sh = self.shared.lock();
             self.synchronize_and_merge(&mut sh)?;
-            let chunks = Self::take_free_chunks(&mut sh, true);
-            let trimmed = self.growth.trim(&self.upstream, &mut sh.fresh)?;
-            sh.pool_size -= trimmed;
+            let chunks = self.take_free_chunks(&mut sh, true);
+            let trimmed = self.trim_fresh(&mut sh)?;
             (chunks, trimmed)
         };
         let released: usize = chunks.iter().map(|c| c.size).sum();
@@ -570,6 +614,76 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 }
 
+impl<F: FreeList> StreamOrderedCore<F> {
+    /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
+    pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
+        let (segments, mut free) = {
+            let sh = self.shared.lock();
+            let segments = self.growth.segments().unwrap_or_else(|| {
+                sh.chunks
+                    .values()
+                    .map(|c| (c.block.addr, c.block.size))
+                    .collect()
+            });
+            let free: Vec<(usize, usize)> = sh
+                .fresh
+                .free_ranges()
+                .iter()
+                .map(|b| (b.addr, b.size))
+                .collect();
+            (segments, free)
+        };
+        let mut allocated = Vec::new();
+        for list in &self.directory.read().all {
+            let st = list.state.lock();
+            free.extend(st.list.free_ranges().iter().map(|b| (b.addr, b.size)));
+            allocated.extend(
+                st.list
+                    .allocated_blocks()
+                    .iter()
+                    .map(|b| (b.addr, b.size, b.size)),
+            );
+        }
+        assemble(
+            &segments,
+            &allocated,
+            &free,
+            self.growth.segments().is_some(),
+        )
+    }
+
+    /// The PyTorch-style figures: the lists' allocation counters, the pool-wide ones, and the
+    /// split figures from a snapshot.
+    pub(crate) fn memory_stats(&self) -> MemoryStats {
+        let mut stats = self.counters.get();
+        for list in &self.directory.read().all {
+            list.state.lock().counters.add_to(&mut stats);
+        }
+        for segment in self.snapshot() {
+            if segment.allocated_size() == 0 {
+                continue;
+            }
+            for b in segment
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Free)
+            {
+                stats.inactive_split += 1;
+                stats.inactive_split_bytes += b.size as u64;
+            }
+        }
+        stats
+    }
+
+    /// Sets every peak of [`Self::memory_stats`] to its current value.
+    pub(crate) fn reset_peak_memory_stats(&self) {
+        self.counters.reset_peaks();
+        for list in &self.directory.read().all {
+            list.state.lock().counters.reset_peaks();
+        }
+    }
+}
+
 impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
@@ -610,6 +724,19 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
 
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(StreamOrderedCore::memory_stats(self))
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        StreamOrderedCore::reset_peak_memory_stats(self);
+        true
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
+        Some(StreamOrderedCore::snapshot(self))
     }
 }
 
@@ -672,6 +799,21 @@ macro_rules! forward_memory_resource {
             fn name(&self) -> &'static str {
                 let $this = self;
                 $crate::resource::MemoryResource::name($core)
+            }
+
+            fn memory_stats(&self) -> Option<$crate::suballocator::MemoryStats> {
+                let $this = self;
+                $crate::resource::MemoryResource::memory_stats($core)
+            }
+
+            fn reset_peak_memory_stats(&self) -> bool {
+                let $this = self;
+                $crate::resource::MemoryResource::reset_peak_memory_stats($core)
+            }
+
+            fn memory_snapshot(&self) -> Option<Vec<$crate::suballocator::SegmentInfo>> {
+                let $this = self;
+                $crate::resource::MemoryResource::memory_snapshot($core)
             }
         }
     };

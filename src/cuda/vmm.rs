@@ -1,0 +1,361 @@
+//! CUDA virtual memory management: reserve an address range once, back it with physical memory
+//! page by page (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`), and unmap any page again.
+//!
+//! Three RAII types hold the driver objects: an [`AddressReservation`] (freed with
+//! `cuMemAddressFree`), a [`PhysicalMemory`] handle (released with `cuMemRelease`) and a
+//! [`Mapping`] of one handle at one address (unmapped with `cuMemUnmap`). [`VirtualRange`] puts
+//! them together with a safe interface: one reservation, one physical handle per mapped page, so
+//! that any page can be unmapped on its own (CUDA unmaps only whole mappings).
+//!
+//! Every call expects the context of the range's device to be current
+//! ([`ContextGuard`](super::ContextGuard)).
+
+use super::check::{check, check_alloc};
+
+use super::driver::{device_handle, ensure_driver};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::collections::BTreeMap;
+
+/// Allocation properties of pinned device memory on `device`.
+fn device_props(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    // SAFETY: all-zero is a valid value of this plain C struct (no handle types, no flags).
+    let mut props: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    props.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    props
+}
+
+/// `cuMemGetAllocationGranularity` (minimum): the unit in which device `ordinal`'s physical
+/// memory is created and mapped (2 MiB on current GPUs).
+///
+/// # Errors
+/// No driver, a bad ordinal, or the CUDA error (devices without virtual memory management).
+pub fn allocation_granularity(ordinal: usize) -> Result<usize> {
+    let props = device_props(device_handle(ordinal)?);
+    let mut granularity = 0usize;
+    // SAFETY: `granularity` is a valid out-pointer and `props` a fully initialised struct.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            &props,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    Ok(granularity.max(1))
+}
+
+/// A reserved virtual address range with no memory behind it (`cuMemAddressReserve`); freed on
+/// drop.
+#[derive(Debug)]
+pub struct AddressReservation {
+    base: usize,
+    size: usize,
+}
+
+impl AddressReservation {
+    /// Reserves `size` bytes of addresses aligned to `alignment` (both multiples of the
+    /// allocation granularity).
+    ///
+    /// # Errors
+    /// No driver, or the CUDA error (out of memory when the address space is exhausted).
+    pub fn new(size: usize, alignment: usize) -> Result<Self> {
+        ensure_driver()?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: `base` is a valid out-pointer; a zero hint address and zero flags are valid.
+        let result = unsafe { sys::cuMemAddressReserve(&mut base, size, alignment, 0, 0) };
+        check_alloc("cuMemAddressReserve", result, size)?;
+        Ok(AddressReservation {
+            base: base as usize,
+            size,
+        })
+    }
+
+    /// The first address.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// The length in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for AddressReservation {
+    fn drop(&mut self) {
+        // SAFETY: the range came from cuMemAddressReserve with this size and is freed once; the
+        // owner unmapped every page before (VirtualRange clears its mappings first).
+        unsafe {
+            sys::cuMemAddressFree(self.base as sys::CUdeviceptr, self.size);
+        }
+    }
+}
+
+/// A handle to physical device memory (`cuMemCreate`); released on drop (the memory itself goes
+/// back to the device once no mapping uses it).
+#[derive(Debug)]
+pub struct PhysicalMemory {
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+}
+
+impl PhysicalMemory {
+    /// Creates `size` bytes (a multiple of the granularity) of physical memory on device
+    /// `ordinal`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the device has no memory left; other CUDA errors.
+    pub fn new(ordinal: usize, size: usize) -> Result<Self> {
+        let device = device_handle(ordinal)?;
+        let props = device_props(device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-pointer, `props` a fully initialised struct; flags
+        // must be 0.
+        let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
+        check_alloc("cuMemCreate", result, size)?;
+        Ok(PhysicalMemory { handle, size })
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for PhysicalMemory {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from cuMemCreate and is released once.
+        unsafe {
+            sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
+/// Physical memory mapped at an address (access is granted separately, over whole ranges, by
+/// [`set_access`]); unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    memory: PhysicalMemory,
+}
+
+impl Mapping {
+    /// Maps all of `memory` at `addr` (no access yet: see [`set_access`]).
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + memory.size()` lies inside a live [`AddressReservation`] that outlives
+    ///    the returned mapping.
+    /// 2. No other mapping covers any of that range.
+    ///
+    /// # Errors
+    /// The CUDA error of the map (nothing is mapped then).
+    pub unsafe fn new(addr: usize, memory: PhysicalMemory) -> Result<Self> {
+        // SAFETY: the caller's preconditions 1 and 2; offset 0 and flags 0 are the only values.
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(addr as sys::CUdeviceptr, memory.size, 0, memory.handle, 0)
+        })?;
+        Ok(Mapping { addr, memory })
+    }
+
+    /// The mapped address.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// The mapped length.
+    pub fn size(&self) -> usize {
+        self.memory.size
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: this exact range was mapped by `new`; unmapped once, before the physical
+        // handle is released (the field drops after this body).
+        unsafe {
+            sys::cuMemUnmap(self.addr as sys::CUdeviceptr, self.memory.size);
+        }
+    }
+}
+
+/// `cuMemSetAccess`: makes `addr .. addr + bytes` readable and writable from device `ordinal`
+/// (one call over many mappings).
+///
+/// # Errors
+/// A bad ordinal, or the CUDA error (the range must be wholly mapped).
+pub fn set_access(ordinal: usize, addr: usize, bytes: usize) -> Result<()> {
+    let access = sys::CUmemAccessDesc {
+        location: device_props(device_handle(ordinal)?).location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `access` is one fully initialised descriptor; the driver checks that the range
+    // is mapped and fails otherwise.
+    check("cuMemSetAccess", unsafe {
+        sys::cuMemSetAccess(addr as sys::CUdeviceptr, bytes, &access, 1)
+    })
+}
+
+/// One reserved address range of a device, backed page by page: each mapped page has its own
+/// physical handle, so any page can be unmapped on its own.
+#[derive(Debug)]
+pub struct VirtualRange {
+    /// Mapped pages by index.
+    pages: BTreeMap<usize, Mapping>,
+    /// Always `Some` until drop, which unmaps every page before freeing the reservation.
+    reservation: Option<AddressReservation>,
+    base: usize,
+    size: usize,
+    page_size: usize,
+    ordinal: usize,
+}
+
+impl VirtualRange {
+    /// Reserves `size` bytes of addresses for device `ordinal`, to be mapped in pages of
+    /// `page_size` bytes (a multiple of [`allocation_granularity`]; `size` a multiple of it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for sizes that are not multiples of the granularity; the CUDA
+    /// error of the reservation.
+    pub fn new(ordinal: usize, size: usize, page_size: usize) -> Result<Self> {
+        let granularity = allocation_granularity(ordinal)?;
+        if page_size == 0 || page_size % granularity != 0 {
+            return Err(Error::invalid(
+                "page_size",
+                format!("{page_size} is not a multiple of the device's granularity {granularity}"),
+            ));
+        }
+        if size == 0 || size % page_size != 0 {
+            return Err(Error::invalid(
+                "reserve_size",
+                format!("{size} is not a positive multiple of the page size {page_size}"),
+            ));
+        }
+        let reservation = AddressReservation::new(size, page_size)?;
+        Ok(VirtualRange {
+            pages: BTreeMap::new(),
+            base: reservation.base(),
+            size,
+            reservation: Some(reservation),
+            page_size,
+            ordinal,
+        })
+    }
+
+    /// The first address.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Reserved bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Bytes of each page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Bytes mapped.
+    pub fn mapped_bytes(&self) -> usize {
+        self.pages.len() * self.page_size
+    }
+
+    /// The page indices of `offset .. offset + bytes`, checked to be whole pages in range.
+    fn page_span(&self, offset: usize, bytes: usize) -> Result<std::ops::Range<usize>> {
+        let end = offset.checked_add(bytes);
+        if offset % self.page_size != 0
+            || bytes % self.page_size != 0
+            || end.map_or(true, |e| e > self.size())
+        {
+            return Err(Error::invalid(
+                "range",
+                format!(
+                    "{offset:#x}+{bytes:#x} is not whole pages of {} inside {} reserved bytes",
+                    self.page_size,
+                    self.size()
+                ),
+            ));
+        }
+        Ok(offset / self.page_size..(offset + bytes) / self.page_size)
+    }
+
+    /// Maps physical memory at `offset .. offset + bytes` (whole pages, none mapped yet); all or
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the device runs out of memory (nothing of this call stays
+    /// mapped); [`Error::Logic`] when a page is already mapped; CUDA errors.
+    pub fn map(&mut self, offset: usize, bytes: usize) -> Result<()> {
+        let span = self.page_span(offset, bytes)?;
+        if let Some((&page, _)) = self.pages.range(span.clone()).next() {
+            return Err(Error::Logic(format!(
+                "virtual range: page {page} is already mapped"
+            )));
+        }
+        let mut added = Vec::with_capacity(span.len());
+        let first = span.start;
+        for page in span {
+            let mapped = PhysicalMemory::new(self.ordinal, self.page_size).and_then(|memory| {
+                let addr = self.base() + page * self.page_size;
+                // SAFETY: the page lies inside our reservation (checked by page_span), which
+                // outlives every mapping (drop unmaps first), and it is not mapped (checked
+                // above).
+                unsafe { Mapping::new(addr, memory) }
+            });
+            match mapped {
+                Ok(mapping) => {
+                    self.pages.insert(page, mapping);
+                    added.push(page);
+                }
+                Err(e) => {
+                    for page in added {
+                        self.pages.remove(&page);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // One access call over the new pages (per-page calls cost most of a growth step).
+        if let Err(e) = set_access(self.ordinal, self.base + first * self.page_size, bytes) {
+            for page in added {
+                self.pages.remove(&page);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Unmaps `offset .. offset + bytes` (whole pages, all mapped) and gives their physical
+    /// memory back to the device.
+    ///
+    /// # Safety
+    /// 1. No work queued or running on the device uses the range, and none will before it is
+    ///    mapped again.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] when a page of the range is not mapped (nothing is unmapped then).
+    pub unsafe fn unmap(&mut self, offset: usize, bytes: usize) -> Result<()> {
+        let span = self.page_span(offset, bytes)?;
+        if self.pages.range(span.clone()).count() != span.len() {
+            return Err(Error::Logic(format!(
+                "virtual range: {offset:#x}+{bytes:#x} is not all mapped"
+            )));
+        }
+        for page in span {
+            self.pages.remove(&page);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VirtualRange {
+    fn drop(&mut self) {
+        // Unmap and free in the device's context (the caller's context is restored after).
+        let _ctx = super::ContextGuard::new(self.ordinal);
+        self.pages.clear();
+        self.reservation.take();
+    }
+}

@@ -1,0 +1,139 @@
+//! `rrmm.mr.ExpandableMemoryResource`: the expandable pool on one virtual address range per
+//! device (or on simulated virtual memory, for CPU tests and sizing).
+
+use super::convert::opt_bytes_arg;
+use super::errors::py_result;
+use super::resource::DeviceMemoryResource;
+use crate::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
+use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+/// A stream-ordered, coalescing pool on one virtual address range of a device: physical pages
+/// are mapped as it grows (so free blocks coalesce across growth) and unmapped anywhere by
+/// `trim()` (rrmm's answer to PyTorch's `expandable_segments`, for every library).
+#[pyclass(module = "rrmm.mr", name = "ExpandableMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct ExpandableMemoryResource {
+    mr: RsExpandable,
+}
+
+#[pymethods]
+impl ExpandableMemoryResource {
+    /// `device`: the device (default: the current one); `initial_pool_size`: bytes mapped at
+    /// once (default 0); `maximum_pool_size`: most bytes mapped (default: the device's memory);
+    /// `release_threshold`: free bytes above which a free unmaps free pages at once (default:
+    /// none, memory stays mapped until `trim()`); `reserve_size`: bytes of addresses (default 4x
+    /// the device's memory); `page_size`: bytes per mapping (default the device's granularity,
+    /// 2 MiB); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
+    /// a device (addresses only, never dereference them).
+    #[new]
+    #[pyo3(signature = (
+        device=None,
+        initial_pool_size=None,
+        maximum_pool_size=None,
+        release_threshold=None,
+        reserve_size=None,
+        page_size=None,
+        simulated_capacity=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        device: Option<usize>,
+        initial_pool_size: Option<&Bound<'_, PyAny>>,
+        maximum_pool_size: Option<&Bound<'_, PyAny>>,
+        release_threshold: Option<&Bound<'_, PyAny>>,
+        reserve_size: Option<&Bound<'_, PyAny>>,
+        page_size: Option<&Bound<'_, PyAny>>,
+        simulated_capacity: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
+        let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
+        let threshold = opt_bytes_arg(release_threshold, "release_threshold")?;
+        let reserve = opt_bytes_arg(reserve_size, "reserve_size")?;
+        let page = opt_bytes_arg(page_size, "page_size")?;
+        let simulated = opt_bytes_arg(simulated_capacity, "simulated_capacity")?;
+        let mr = py_result(py.detach(|| match simulated {
+            Some(capacity) => {
+                let vm = SimulatedVirtualMemory::new(
+                    capacity,
+                    reserve.unwrap_or(capacity.saturating_mul(DEFAULT_RESERVE_FACTOR)),
+                    page.unwrap_or(DEFAULT_PAGE_SIZE),
+                )?;
+                RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
+            }
+            None => {
+                let device = match device {
+                    Some(d) => d,
+                    None => crate::cuda::current_device()?,
+                };
+                RsExpandable::on_device(device, reserve, page, initial, maximum, threshold)
+            }
+        }))?;
+        let base = DeviceMemoryResource::init_with(Arc::new(mr.clone()), false);
+        Ok(PyClassInitializer::from(base).add_subclass(ExpandableMemoryResource { mr }))
+    }
+
+    /// Unmaps free pages (anywhere in the range) until at most `target` bytes stay mapped;
+    /// returns the bytes unmapped. Synchronizes every stream the pool has seen.
+    #[pyo3(signature = (target=0))]
+    fn trim(&self, py: Python<'_>, target: usize) -> PyResult<usize> {
+        let mr = &self.mr;
+        py_result(py.detach(|| mr.trim(target)))
+    }
+
+    /// `trim(0)`, under the pool's name for it (`PoolMemoryResource.release`).
+    fn release(&self, py: Python<'_>) -> PyResult<usize> {
+        self.trim(py, 0)
+    }
+
+    /// Bytes of physical memory mapped (free and allocated).
+    fn mapped_bytes(&self) -> usize {
+        self.mr.mapped_bytes()
+    }
+
+    /// Bytes of addresses reserved.
+    fn reserved_bytes(&self) -> usize {
+        self.mr.reserved_bytes()
+    }
+
+    /// `mapped_bytes()`, under the pool's name for it.
+    fn pool_size(&self) -> usize {
+        self.mr.mapped_bytes()
+    }
+
+    /// Bytes of one page, the unit of mapping.
+    fn page_size(&self) -> usize {
+        self.mr.page_size()
+    }
+
+    /// The maximum of mapped bytes (None: the device's memory).
+    fn maximum_pool_size(&self) -> Option<usize> {
+        self.mr.maximum_pool_size()
+    }
+
+    /// Free bytes above which a free unmaps free pages at once (None: never on its own).
+    fn release_threshold(&self) -> Option<usize> {
+        self.mr.release_threshold()
+    }
+
+    /// Bytes mapped but free.
+    fn free_bytes(&self) -> usize {
+        self.mr.free_bytes()
+    }
+
+    /// The largest free block, in bytes.
+    fn largest_free_block(&self) -> usize {
+        self.mr.largest_free_block()
+    }
+
+    /// The number of free blocks.
+    fn free_block_count(&self) -> usize {
+        self.mr.free_block_count()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ExpandableMemoryResource>()?;
+    Ok(())
+}

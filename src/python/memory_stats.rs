@@ -1,0 +1,88 @@
+//! PyTorch-style figures of rrmm's pools: `_memory_stats`, `_reset_peak_memory_stats` and
+//! `_memory_snapshot` (the dicts of `torch.cuda.memory_stats()` and
+//! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
+
+use super::resource::DeviceMemoryResource;
+use crate::suballocator::SegmentInfo;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// The PyTorch-keyed counters of the pool behind `mr`, or None when there is no pool.
+#[pyfunction]
+fn _memory_stats<'py>(
+    py: Python<'py>,
+    mr: PyRef<'py, DeviceMemoryResource>,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(stats) = mr.inner.memory_stats() else {
+        return Ok(None);
+    };
+    let out = PyDict::new(py);
+    for (key, value) in stats.to_pairs() {
+        out.set_item(key, value)?;
+    }
+    Ok(Some(out))
+}
+
+/// Sets the peaks of the pool behind `mr` to the current values; whether there was a pool.
+#[pyfunction]
+fn _reset_peak_memory_stats(mr: PyRef<'_, DeviceMemoryResource>) -> bool {
+    mr.inner.reset_peak_memory_stats()
+}
+
+/// The segments of the pool behind `mr` as PyTorch's snapshot dicts (device `device`), or None
+/// when there is no pool.
+#[pyfunction]
+fn _memory_snapshot<'py>(
+    py: Python<'py>,
+    mr: PyRef<'py, DeviceMemoryResource>,
+    device: usize,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let inner = mr.inner.clone();
+    let Some(segments) = py.detach(move || inner.memory_snapshot()) else {
+        return Ok(None);
+    };
+    let out = PyList::empty(py);
+    for segment in &segments {
+        out.append(segment_dict(py, segment, device)?)?;
+    }
+    Ok(Some(out))
+}
+
+fn segment_dict<'py>(
+    py: Python<'py>,
+    s: &SegmentInfo,
+    device: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("device", device)?;
+    d.set_item("address", s.address)?;
+    d.set_item("total_size", s.total_size)?;
+    let allocated = s.allocated_size();
+    d.set_item("allocated_size", allocated)?;
+    d.set_item("active_size", allocated)?;
+    d.set_item("requested_size", s.requested_size())?;
+    d.set_item("stream", 0)?;
+    d.set_item("segment_type", "large")?;
+    d.set_item("segment_pool_id", (0, 0))?;
+    d.set_item("is_expandable", s.expandable)?;
+    d.set_item("frames", PyList::empty(py))?;
+    let blocks = PyList::empty(py);
+    for b in &s.blocks {
+        let bd = PyDict::new(py);
+        bd.set_item("address", b.address)?;
+        bd.set_item("size", b.size)?;
+        bd.set_item("requested_size", b.requested_size)?;
+        bd.set_item("state", b.state.torch_name())?;
+        bd.set_item("frames", PyList::empty(py))?;
+        blocks.append(bd)?;
+    }
+    d.set_item("blocks", blocks)?;
+    Ok(d)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_memory_snapshot, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! [`VirtualMemory`]: one reserved address range whose pages are backed by physical memory on
+//! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
+//! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
+
+use super::MemoryKind;
+use crate::cuda::vmm::VirtualRange;
+use crate::cuda::{mem_get_info, ContextGuard};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+
+/// One reserved address range mapped and unmapped in whole pages; what the expandable resource
+/// grows into. Thread-safe (implementations lock internally).
+pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
+    /// Bytes of one page: the unit of [`map`](VirtualMemory::map) and
+    /// [`unmap`](VirtualMemory::unmap).
+    fn page_size(&self) -> usize;
+
+    /// The first reserved address (a multiple of the page size).
+    fn base(&self) -> usize;
+
+    /// Reserved bytes (a multiple of the page size).
+    fn reserved_bytes(&self) -> usize;
+
+    /// Bytes currently mapped.
+    fn mapped_bytes(&self) -> usize;
+
+    /// Backs `addr .. addr + bytes` (whole pages inside the reservation, none mapped) with
+    /// physical memory; all or nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when physical memory runs out (nothing of the call stays mapped);
+    /// [`Error::Logic`] or [`Error::InvalidArgument`] for a range that is not unmapped whole pages
+    /// of the reservation; CUDA errors.
+    fn map(&self, addr: usize, bytes: usize) -> Result<()>;
+
+    /// Gives the physical memory of `addr .. addr + bytes` (whole mapped pages) back.
+    ///
+    /// # Safety
+    /// 1. No work queued or running uses the range, and none will before it is mapped again.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] or [`Error::InvalidArgument`] for a range that is not mapped whole pages
+    /// (nothing is unmapped then); CUDA errors.
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()>;
+
+    /// Free and total physical bytes of the memory behind the range, where known.
+    fn memory_info(&self) -> Option<(usize, usize)>;
+
+    /// The kind of memory mapped.
+    fn kind(&self) -> MemoryKind;
+
+    /// The device ordinal, where there is one.
+    fn device(&self) -> Option<usize>;
+}
+
+/// Virtual memory of a CUDA device: one `cuMemAddressReserve` range, one `cuMemCreate` handle
+/// per mapped page.
+#[derive(Debug)]
+pub struct CudaVirtualMemory {
+    ordinal: usize,
+    base: usize,
+    reserved: usize,
+    page_size: usize,
+    range: Mutex<VirtualRange>,
+}
+
+impl CudaVirtualMemory {
+    /// Reserves `reserve_size` bytes (rounded up to pages) of addresses on device `ordinal`, to
+    /// be mapped in pages of `page_size` bytes (default: the device's allocation granularity;
+    /// rounded up to a multiple of it).
+    ///
+    /// # Errors
+    /// No driver, a bad ordinal, a device without virtual memory management, or the CUDA error
+    /// of the reservation.
+    pub fn new(ordinal: usize, reserve_size: usize, page_size: Option<usize>) -> Result<Self> {
+        let _ctx = ContextGuard::new(ordinal)?;
+        let granularity = crate::cuda::vmm::allocation_granularity(ordinal)?;
+        let page_size = round_up(page_size.unwrap_or(granularity).max(1), granularity)?;
+        let reserved = round_up(reserve_size.max(1), page_size)?;
+        let range = VirtualRange::new(ordinal, reserved, page_size)?;
+        Ok(CudaVirtualMemory {
+            ordinal,
+            base: range.base(),
+            reserved,
+            page_size,
+            range: Mutex::new(range),
+        })
+    }
+}
+
+/// Rounds `bytes` up to a multiple of `unit` (not necessarily a power of two).
+pub(crate) fn round_up(bytes: usize, unit: usize) -> Result<usize> {
+    bytes
+        .div_ceil(unit)
+        .checked_mul(unit)
+        .ok_or_else(|| Error::invalid("size", format!("{bytes} rounded to {unit} overflows")))
+}
+
+impl VirtualMemory for CudaVirtualMemory {
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn base(&self) -> usize {
+        self.base
+    }
+
+    fn reserved_bytes(&self) -> usize {
+        self.reserved
+    }
+
+    fn mapped_bytes(&self) -> usize {
+        self.range.lock().mapped_bytes()
+    }
+
+    fn map(&self, addr: usize, bytes: usize) -> Result<()> {
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        self.range.lock().map(offset, bytes)
+    }
+
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's precondition 1, passed on.
+        unsafe { self.range.lock().unmap(offset, bytes) }
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        let _ctx = ContextGuard::new(self.ordinal).ok()?;
+        mem_get_info().ok()
+    }
+
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Device
+    }
+
+    fn device(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+}

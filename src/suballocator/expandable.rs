@@ -1,0 +1,610 @@
+//! `ExpandableMemoryResource`: a stream-ordered pool over one virtual address range that grows
+//! by mapping physical pages and shrinks by unmapping free pages anywhere in it.
+//!
+//! The pool (`PoolMemoryResource`) grows in separate upstream chunks that never coalesce and
+//! gives back only chunks that are wholly free; this one reserves one large address range per
+//! device (addresses are cheap) and backs it page by page through a [`VirtualMemory`]. A growth
+//! step maps pages right after a mapped run that ends in a free fresh block, so the new pages
+//! and that block become one block; free blocks coalesce across growth steps because every
+//! extension is one growth region of the core (see `growth.rs`). `trim` unmaps every page that
+//! lies wholly inside a free block. When mapping fails, the core synchronizes, merges every
+//! stream's free blocks, trims, and maps again before reporting out of memory.
+//!
+//! # Growth step
+//! At least half of what is mapped (so a growing workload makes few, large mapping calls, like
+//! the pool's doubling), capped by the unmapped gap, the maximum and the device's free memory;
+//! when that mapping fails, exactly the pages the request needs.
+//!
+//! # Locking
+//! The growth policy's record of mapped runs has its own mutex, taken only under the core's
+//! shared lock (growth, trim, snapshots); the virtual memory's lock comes after it.
+
+use super::coalescing_free_list::CoalescingFreeList;
+use super::free_list::Block;
+use super::growth::{FreeRanges, GrowRequest, Growth};
+use super::stream_events::StreamEvents;
+use super::stream_ordered::{default_events, StreamOrderedCore};
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{
+    CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource, VirtualMemory,
+    ALLOCATION_ALIGNMENT,
+};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Default address reservation, as a multiple of the device's memory.
+pub const DEFAULT_RESERVE_FACTOR: usize = 4;
+
+/// A stream-ordered, coalescing pool on one virtual address range whose physical pages are
+/// mapped as it grows and unmapped by [`trim`](ExpandableMemoryResource::trim) (PyTorch's
+/// `expandable_segments` for every library).
+///
+/// Named for PyTorch's option, which its users know: the pool's one segment expands in place.
+/// Cheap to clone (clones share the pool); the pages are unmapped and the addresses freed when
+/// the last clone drops.
+///
+/// # Figures
+/// [`mapped_bytes`](Self::mapped_bytes) (physical memory held), [`reserved_bytes`](Self::reserved_bytes)
+/// (addresses), [`free_bytes`](Self::free_bytes), [`largest_free_block`](Self::largest_free_block).
+#[derive(Clone, Debug)]
+pub struct ExpandableMemoryResource {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    core: StreamOrderedCore<CoalescingFreeList>,
+    vm: Arc<dyn VirtualMemory>,
+    /// Bytes the growth policy's trim keeps mapped (0 but inside [`ExpandableMemoryResource::trim`]).
+    trim_target: Arc<AtomicUsize>,
+    /// Serializes calls of [`ExpandableMemoryResource::trim`] (each sets the target).
+    trimming: Mutex<()>,
+    maximum_pool_size: Option<usize>,
+    release_threshold: Option<usize>,
+}
+
+impl ExpandableMemoryResource {
+    /// An expandable pool on device `device`: `reserve_size` bytes of addresses (default
+    /// [`DEFAULT_RESERVE_FACTOR`] times the device's memory), pages of `page_size` bytes (default
+    /// the allocation granularity, 2 MiB), `initial_pool_size` bytes mapped at once (default 0),
+    /// at most `maximum_pool_size` bytes mapped, and free memory above `release_threshold` bytes
+    /// unmapped after a free (default: kept until [`trim`](Self::trim)).
+    ///
+    /// # Errors
+    /// No driver, a bad device, a device without virtual memory management, the CUDA error of
+    /// the reservation, or out of memory for the initial size.
+    pub fn on_device(
+        device: usize,
+        reserve_size: Option<usize>,
+        page_size: Option<usize>,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        release_threshold: Option<usize>,
+    ) -> Result<Self> {
+        let reserve = match reserve_size {
+            Some(r) => r,
+            None => {
+                let _ctx = crate::cuda::ContextGuard::new(device)?;
+                let (_, total) = crate::cuda::mem_get_info()?;
+                total.saturating_mul(DEFAULT_RESERVE_FACTOR)
+            }
+        };
+        let vm: Arc<dyn VirtualMemory> =
+            Arc::new(CudaVirtualMemory::new(device, reserve, page_size)?);
+        Self::new(vm, initial_pool_size, maximum_pool_size, release_threshold)
+    }
+
+    /// An expandable pool over `vm` (see [`on_device`](Self::on_device) for the sizes).
+    ///
+    /// # Errors
+    /// [`Error::Logic`] when a size is not a multiple of 256 or the initial size exceeds the
+    /// maximum; out of memory when the initial size cannot be mapped.
+    pub fn new(
+        vm: Arc<dyn VirtualMemory>,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        release_threshold: Option<usize>,
+    ) -> Result<Self> {
+        let info: SharedResource = Arc::new(VirtualMemoryInfo { vm: vm.clone() });
+        let events = default_events(&info);
+        Self::with_events(
+            vm,
+            info,
+            initial_pool_size,
+            maximum_pool_size,
+            release_threshold,
+            events,
+        )
+    }
+
+    /// As [`new`](Self::new), with explicit cross-stream ordering (tests use a recording fake).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_stream_events(
+        vm: Arc<dyn VirtualMemory>,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        events: Arc<dyn StreamEvents>,
+    ) -> Result<Self> {
+        let info: SharedResource = Arc::new(VirtualMemoryInfo { vm: vm.clone() });
+        Self::with_events(vm, info, initial_pool_size, maximum_pool_size, None, events)
+    }
+
+    fn with_events(
+        vm: Arc<dyn VirtualMemory>,
+        info: SharedResource,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        release_threshold: Option<usize>,
+        events: Arc<dyn StreamEvents>,
+    ) -> Result<Self> {
+        for (name, size) in [
+            ("Initial", initial_pool_size),
+            ("Maximum", maximum_pool_size),
+        ] {
+            if size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
+                return Err(Error::Logic(format!(
+                    "Error, {name} pool size required to be a multiple of 256 bytes"
+                )));
+            }
+        }
+        let initial = initial_pool_size.unwrap_or(0);
+        if initial > maximum_pool_size.unwrap_or(usize::MAX) {
+            return Err(Error::Logic(
+                "Initial pool size exceeds the maximum pool size!".into(),
+            ));
+        }
+        if matches!(vm.kind(), MemoryKind::Managed) {
+            return Err(Error::invalid(
+                "upstream",
+                "managed memory cannot be mapped into a virtual address range; \
+                 use the pool over managed memory",
+            ));
+        }
+        let trim_target = Arc::new(AtomicUsize::new(0));
+        let growth = ExpandableGrowth {
+            vm: vm.clone(),
+            maximum: maximum_pool_size,
+            trim_target: trim_target.clone(),
+            mapped: Mutex::new(BTreeMap::new()),
+        };
+        let core = StreamOrderedCore::<CoalescingFreeList>::new(
+            info,
+            events,
+            Box::new(growth),
+            (),
+            "expandable",
+        );
+        core.preallocate(initial)?;
+        Ok(ExpandableMemoryResource {
+            inner: Arc::new(Inner {
+                core,
+                vm,
+                trim_target,
+                trimming: Mutex::new(()),
+                maximum_pool_size,
+                release_threshold,
+            }),
+        })
+    }
+
+    /// Bytes of physical memory mapped, free and allocated.
+    pub fn mapped_bytes(&self) -> usize {
+        self.inner.vm.mapped_bytes()
+    }
+
+    /// Bytes of addresses reserved.
+    pub fn reserved_bytes(&self) -> usize {
+        self.inner.vm.reserved_bytes()
+    }
+
+    /// Bytes of one page, the unit of mapping.
+    pub fn page_size(&self) -> usize {
+        self.inner.vm.page_size()
+    }
+
+    /// The maximum of mapped bytes, if one was set.
+    pub fn maximum_pool_size(&self) -> Option<usize> {
+        self.inner.maximum_pool_size
+    }
+
+    /// Free bytes after a free above which free pages are unmapped at once, if set.
+    pub fn release_threshold(&self) -> Option<usize> {
+        self.inner.release_threshold
+    }
+
+    /// Free bytes in the pool (mapped and not allocated), over all streams.
+    pub fn free_bytes(&self) -> usize {
+        self.inner.core.free_bytes()
+    }
+
+    /// The largest free block, in bytes.
+    pub fn largest_free_block(&self) -> usize {
+        self.inner.core.footprint().largest_free_block
+    }
+
+    /// Number of free blocks, over all streams.
+    pub fn free_block_count(&self) -> usize {
+        self.inner.core.free_blocks()
+    }
+
+    /// Synchronizes every stream, merges the free lists, and unmaps free pages (any page wholly
+    /// inside a free block, anywhere in the range) until at most `target` bytes stay mapped or no
+    /// free page is left; returns the bytes unmapped.
+    ///
+    /// # Errors
+    /// CUDA errors from the synchronization or the unmapping.
+    ///
+    /// # Time Complexity
+    /// O(free blocks · log(free blocks)) plus one unmap per page.
+    pub fn trim(&self, target: usize) -> Result<usize> {
+        let _one_at_a_time = self.inner.trimming.lock();
+        self.inner.trim_target.store(target, Ordering::Relaxed);
+        let trimmed = self.inner.core.release();
+        self.inner.trim_target.store(0, Ordering::Relaxed);
+        trimmed
+    }
+
+    /// The virtual memory the pool maps into.
+    pub fn virtual_memory(&self) -> &Arc<dyn VirtualMemory> {
+        &self.inner.vm
+    }
+}
+
+impl MemoryResource for ExpandableMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.inner.core.allocate(bytes, stream)
+    }
+
+    #[inline]
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out and relies only on the stream-ordering part of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        self.inner.core.deallocate(ptr, bytes, stream)?;
+        if let Some(threshold) = self.inner.release_threshold {
+            let free = self.inner.core.free_bytes();
+            if free > threshold {
+                let target = self.mapped_bytes().saturating_sub(free - threshold);
+                self.trim(target)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.inner.vm.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.inner.vm.device()
+    }
+
+    /// Free: the pool's free bytes plus what it could still map; total: the device's total,
+    /// capped by the maximum.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        MemoryResource::memory_info(&self.inner.core)
+    }
+
+    fn footprint(&self) -> Option<Footprint> {
+        Some(self.inner.core.footprint())
+    }
+
+    fn name(&self) -> &'static str {
+        "expandable"
+    }
+
+    fn memory_stats(&self) -> Option<super::MemoryStats> {
+        Some(self.inner.core.memory_stats())
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        self.inner.core.reset_peak_memory_stats();
+        true
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<super::SegmentInfo>> {
+        Some(self.inner.core.snapshot())
+    }
+}
+
+/// The core's "upstream": describes the virtual memory (kind, device, free memory) and hands
+/// out nothing; the strategy grows by mapping.
+#[derive(Debug)]
+struct VirtualMemoryInfo {
+    vm: Arc<dyn VirtualMemory>,
+}
+
+impl MemoryResource for VirtualMemoryInfo {
+    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
+        Err(Error::out_of_memory(
+            bytes,
+            "expandable: grows by mapping pages, not from an upstream",
+        ))
+    }
+
+    // Hands out nothing, so every free is refused; nothing unsafe happens here.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+        Err(Error::Logic(format!(
+            "expandable: {ptr:#x} was not allocated from an upstream"
+        )))
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.vm.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.vm.device()
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.vm.memory_info()
+    }
+
+    fn name(&self) -> &'static str {
+        "virtual_memory"
+    }
+}
+
+/// The expandable pool's growth policy: where to map, the runs of mapped pages, and the trim.
+/// Every extension is one growth region (the reservation's base), so the core's free lists
+/// coalesce blocks across growth steps.
+#[derive(Debug)]
+struct ExpandableGrowth {
+    vm: Arc<dyn VirtualMemory>,
+    maximum: Option<usize>,
+    trim_target: Arc<AtomicUsize>,
+    /// Runs of mapped pages: start -> end (locked after the core's shared lock).
+    mapped: Mutex<BTreeMap<usize, usize>>,
+}
+
+/// Fresh ranges for a growth without a view of the fresh list.
+struct NoRanges;
+
+impl FreeRanges for NoRanges {
+    fn ranges(&self) -> Vec<Block> {
+        Vec::new()
+    }
+    fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
+        false
+    }
+}
+
+impl ExpandableGrowth {
+    fn page(&self) -> usize {
+        self.vm.page_size()
+    }
+
+    fn pages_for(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.page()) * self.page()
+    }
+
+    /// Where to map for a block of `size` bytes, how many bytes are needed there, and how many
+    /// unmapped bytes follow: after a run that ends in a fresh block (fewest new pages), else the
+    /// lowest unmapped gap that holds the block.
+    fn placement(
+        &self,
+        runs: &BTreeMap<usize, usize>,
+        tails: &HashMap<usize, usize>,
+        size: usize,
+    ) -> Option<(usize, usize, usize)> {
+        let end_of_range = self.vm.base() + self.vm.reserved_bytes();
+        let gap_after =
+            |end: usize| runs.range(end..).next().map_or(end_of_range, |(&s, _)| s) - end;
+        let mut best: Option<(usize, usize, usize)> = None;
+        for &end in runs.values() {
+            let Some(&tail) = tails.get(&end) else {
+                continue;
+            };
+            let (need, room) = (self.pages_for(size.saturating_sub(tail)), gap_after(end));
+            if need > 0 && need <= room && best.map_or(true, |(_, n, _)| need < n) {
+                best = Some((end, need, room));
+            }
+        }
+        if best.is_some() {
+            return best;
+        }
+        let need = self.pages_for(size);
+        let mut at = self.vm.base();
+        for (&start, &end) in runs {
+            if start - at >= need {
+                return Some((at, need, start - at));
+            }
+            at = end;
+        }
+        (end_of_range - at >= need).then_some((at, need, end_of_range - at))
+    }
+
+    fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
+        let base = self.vm.base();
+        let tails: HashMap<usize, usize> = fresh
+            .ranges()
+            .into_iter()
+            .filter(|b| b.region == base)
+            .map(|b| (b.end(), b.size))
+            .collect();
+        let mut runs = self.mapped.lock();
+        let Some((addr, need, room)) = self.placement(&runs, &tails, request.size) else {
+            return Err(Error::out_of_memory(
+                request.bytes,
+                format!(
+                    "expandable: no room in the reserved {} bytes",
+                    self.vm.reserved_bytes()
+                ),
+            ));
+        };
+        let max_room = self
+            .maximum
+            .map_or(usize::MAX, |m| m.saturating_sub(request.held));
+        if need > max_room {
+            return Err(Error::out_of_memory(
+                request.bytes,
+                format!(
+                    "Maximum pool size exceeded: not enough room to grow, \
+                     current/max/try size = {}, {}, {}",
+                    request.held,
+                    self.maximum.unwrap_or(usize::MAX),
+                    need
+                ),
+            ));
+        }
+        // Grow by at least half of what is mapped (few growth steps, like the pool's doubling),
+        // within the gap, the maximum and the device's free memory; on failure map only the need.
+        let mut want = self.pages_for(request.held / 2).max(need).min(room);
+        want = want.min(need.max(max_room / self.page() * self.page()));
+        if let Some((free, _)) = self.vm.memory_info() {
+            want = want.min(need.max(free / self.page() * self.page()));
+        }
+        let mut mapped = self.vm.map(addr, want);
+        if want > need && mapped.as_ref().is_err_and(Error::is_out_of_memory) {
+            want = need;
+            mapped = self.vm.map(addr, want);
+        }
+        let len = want;
+        mapped.map_err(|e| match e {
+            Error::OutOfMemory { .. } => {
+                let text = e.to_string();
+                let inner = text
+                    .strip_prefix("std::bad_alloc: out_of_memory: ")
+                    .unwrap_or(&text)
+                    .to_owned();
+                Error::out_of_memory(
+                    request.bytes,
+                    format!("expandable: mapping {len} bytes failed: {inner}"),
+                )
+            }
+            other => other,
+        })?;
+        add_run(&mut runs, addr, len);
+        Ok(Block {
+            addr,
+            size: len,
+            region: base,
+        })
+    }
+}
+
+fn add_run(runs: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
+    let (mut start, mut end) = (addr, addr + len);
+    if let Some((&s, &e)) = runs.range(..addr).next_back() {
+        if e == addr {
+            runs.remove(&s);
+            start = s;
+        }
+    }
+    if let Some(e) = runs.remove(&end) {
+        end = e;
+    }
+    runs.insert(start, end);
+}
+
+fn remove_run_part(runs: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
+    let Some((&s, &e)) = runs.range(..=addr).next_back() else {
+        return;
+    };
+    runs.remove(&s);
+    if s < addr {
+        runs.insert(s, addr);
+    }
+    if addr + len < e {
+        runs.insert(addr + len, e);
+    }
+}
+
+impl Growth for ExpandableGrowth {
+    fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+        self.map(request, &NoRanges)
+    }
+
+    fn grow_beside(
+        &self,
+        _upstream: &SharedResource,
+        request: GrowRequest,
+        fresh: &dyn FreeRanges,
+    ) -> Result<Block> {
+        self.map(request, fresh)
+    }
+
+    fn gives_back_chunks(&self) -> bool {
+        false
+    }
+
+    fn segments(&self) -> Option<Vec<(usize, usize)>> {
+        Some(
+            self.mapped
+                .lock()
+                .iter()
+                .map(|(&s, &e)| (s, e - s))
+                .collect(),
+        )
+    }
+
+    fn may_grow_after_release(&self, size: usize) -> bool {
+        self.maximum.map_or(true, |m| size <= m)
+    }
+
+    // The pages go when the virtual memory drops (after the core, which owns this policy).
+    #[allow(unsafe_code)]
+    unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+        let target = self.trim_target.load(Ordering::Relaxed);
+        let page = self.page();
+        let base = self.vm.base();
+        let mut runs = self.mapped.lock();
+        let mut mapped: usize = runs.iter().map(|(&s, &e)| e - s).sum();
+        let mut released = 0;
+        let mut ranges = fresh.ranges();
+        ranges.sort_unstable_by_key(|b| b.addr);
+        for b in ranges {
+            if mapped <= target {
+                break;
+            }
+            let lo = base + self.pages_for(b.addr - base);
+            let hi = base + (b.end() - base) / page * page;
+            if hi <= lo {
+                continue;
+            }
+            let len = (hi - lo).min(self.pages_for(mapped - target));
+            let at = hi - len;
+            if !fresh.take_range(at, len) {
+                continue;
+            }
+            // SAFETY: the core trims only after synchronizing every stream and merging every
+            // list into the fresh one, and the pages lay inside a free block of it (now taken
+            // out), so no allocation covers them and no work uses them.
+            unsafe { self.vm.unmap(at, len) }?;
+            remove_run_part(&mut runs, at, len);
+            mapped -= len;
+            released += len;
+        }
+        Ok(released)
+    }
+
+    /// Free: the pool's free bytes plus what it could still map; total: the device's total,
+    /// capped by the maximum.
+    fn memory_info(
+        &self,
+        _upstream: &SharedResource,
+        held: usize,
+        free: usize,
+    ) -> Option<(usize, usize)> {
+        let (up_free, up_total) = self.vm.memory_info()?;
+        let max = self.maximum.unwrap_or(usize::MAX);
+        let room = max.saturating_sub(held).min(up_free);
+        Some((free + room, up_total.min(max)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

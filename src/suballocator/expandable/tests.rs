@@ -1,0 +1,408 @@
+//! Tests of the expandable pool on simulated virtual memory.
+//!
+//! Invariants checked against a model after every step of random operation sequences:
+//! 1. Live blocks are 256-byte aligned, inside mapped pages, and never overlap.
+//! 2. Bytes are conserved: free bytes + live block bytes = mapped bytes.
+//! 3. After `trim(0)`, the mapped pages are exactly the pages the live blocks touch.
+//! 4. When everything is freed and merged, one free block per mapped run remains.
+
+use super::*;
+use crate::resource::VirtualMemory;
+use crate::resource::{SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
+use crate::suballocator::{PoolMemoryResource, StreamKey};
+use proptest::prelude::*;
+use std::collections::BTreeSet;
+
+const P: usize = DEFAULT_PAGE_SIZE;
+const GIB: usize = 1 << 30;
+
+fn sim(capacity: usize, reserve: usize) -> Arc<SimulatedVirtualMemory> {
+    Arc::new(SimulatedVirtualMemory::new(capacity, reserve, P).unwrap())
+}
+
+fn pool(vm: &Arc<SimulatedVirtualMemory>, max: Option<usize>) -> ExpandableMemoryResource {
+    ExpandableMemoryResource::new(vm.clone(), None, max, None).unwrap()
+}
+
+const S: Stream = Stream::DEFAULT;
+
+/// Frees through the unsafe trait method.
+#[allow(unsafe_code)]
+fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // SAFETY: the tests free pointers from `allocate` on this resource with their sizes, once
+    // (or bogus ones, which these resources check and refuse); simulated memory runs no work.
+    unsafe { mr.deallocate(ptr, bytes, stream) }
+}
+
+/// A stream key for simulated memory.
+#[allow(unsafe_code)]
+fn stream(raw: usize) -> Stream {
+    // SAFETY: used only with simulated memory, which never passes it to the driver.
+    unsafe { Stream::from_raw(raw) }
+}
+
+#[test]
+fn the_log_that_fails_on_the_pool_fits_here() {
+    // 12 GiB, 8 GiB, free the 12, then 20 GiB on a 32 GiB device.
+    let vm = sim(32 * GIB, 128 * GIB);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(12 * GIB, S).unwrap();
+    let b = mr.allocate(8 * GIB, S).unwrap();
+    free(&mr, a, 12 * GIB, S).unwrap();
+    let c = mr.allocate(20 * GIB, S).unwrap();
+    assert_eq!(mr.mapped_bytes(), 28 * GIB, "the free 12 GiB were unmapped");
+    let stats = mr.memory_stats().unwrap();
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_ooms, 0);
+    free(&mr, b, 8 * GIB, S).unwrap();
+    free(&mr, c, 20 * GIB, S).unwrap();
+
+    let up = Arc::new(SimulatedMemoryResource::new(32 * GIB));
+    let p = PoolMemoryResource::new(up, None, None).unwrap();
+    let a = p.allocate(12 * GIB, S).unwrap();
+    let _b = p.allocate(8 * GIB, S).unwrap();
+    free(&p, a, 12 * GIB, S).unwrap();
+    assert!(
+        p.allocate(20 * GIB, S).unwrap_err().is_out_of_memory(),
+        "the pool cannot coalesce across its chunks"
+    );
+}
+
+#[test]
+fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(P / 2, S).unwrap();
+    assert_eq!(mr.mapped_bytes(), P);
+    // Needs more than the P/2 fresh tail: maps one more page right after it.
+    let b = mr.allocate(P, S).unwrap();
+    assert_eq!(b, a + P / 2, "the new page joined the fresh tail");
+    assert_eq!(mr.mapped_bytes(), 2 * P);
+    free(&mr, a, P / 2, S).unwrap();
+    free(&mr, b, P, S).unwrap();
+    // a and b (which spans both growth steps) coalesce in the stream's list; the fresh tail
+    // stays fresh until the lists are merged.
+    assert_eq!(mr.free_block_count(), 2);
+    assert_eq!(mr.largest_free_block(), 3 * P / 2);
+    assert_eq!(mr.trim(usize::MAX).unwrap(), 0, "merges, unmaps nothing");
+    assert_eq!(
+        mr.free_block_count(),
+        1,
+        "blocks from two growth steps coalesce"
+    );
+    assert_eq!(mr.largest_free_block(), 2 * P);
+    assert_eq!(vm.call_counts().0, 2);
+}
+
+#[test]
+fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(P, S).unwrap();
+    let b = mr.allocate(4 * P, S).unwrap();
+    // c's growth step maps half of what is mapped (3 pages): c and a fresh tail of 2.
+    let c = mr.allocate(P, S).unwrap();
+    assert_eq!(mr.mapped_bytes(), 8 * P);
+    free(&mr, b, 4 * P, S).unwrap();
+    assert_eq!(
+        mr.trim(0).unwrap(),
+        6 * P,
+        "the middle pages and the fresh tail go, not a whole chunk"
+    );
+    assert_eq!(mr.mapped_bytes(), 2 * P);
+    assert!(vm.is_mapped(a) && !vm.is_mapped(b) && vm.is_mapped(c));
+    let snapshot = mr.memory_snapshot().unwrap();
+    assert_eq!(snapshot.len(), 2, "two mapped runs");
+    assert!(snapshot.iter().all(|s| s.expandable));
+    // A 3-page block goes into the hole (lowest gap that holds it).
+    let d = mr.allocate(3 * P, S).unwrap();
+    assert_eq!(d, b);
+    assert_eq!(mr.mapped_bytes(), 5 * P);
+    for (p, n) in [(a, P), (c, P), (d, 3 * P)] {
+        free(&mr, p, n, S).unwrap();
+    }
+    assert_eq!(mr.trim(0).unwrap(), 5 * P);
+    assert_eq!((mr.mapped_bytes(), vm.mapped_bytes()), (0, 0));
+    assert_eq!(mr.free_bytes(), 0);
+}
+
+#[test]
+fn trim_to_a_target_keeps_that_much() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(8 * P, S).unwrap();
+    free(&mr, a, 8 * P, S).unwrap();
+    assert_eq!(mr.trim(3 * P).unwrap(), 5 * P);
+    assert_eq!(mr.mapped_bytes(), 3 * P);
+    assert_eq!(mr.free_bytes(), 3 * P);
+}
+
+#[test]
+fn partial_pages_of_a_free_block_stay_mapped() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(P / 2, S).unwrap();
+    let b = mr.allocate(2 * P, S).unwrap();
+    let c = mr.allocate(P, S).unwrap();
+    free(&mr, b, 2 * P, S).unwrap();
+    // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it; c's growth step left
+    // a fresh tail [7P/2, 5P), whose page [4P, 5P) goes too.
+    assert_eq!(mr.trim(0).unwrap(), 2 * P);
+    // What is left of b, and the half page of the tail after c.
+    assert_eq!(
+        mr.free_bytes(),
+        P + P / 2,
+        "the carved page left the free lists"
+    );
+    free(&mr, a, P / 2, S).unwrap();
+    free(&mr, c, P, S).unwrap();
+    mr.trim(0).unwrap();
+    assert_eq!(mr.mapped_bytes(), 0);
+}
+
+#[test]
+fn maximum_pool_size_is_honoured() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, Some(4 * P));
+    let a = mr.allocate(3 * P, S).unwrap();
+    let e = mr.allocate(2 * P, S).unwrap_err();
+    assert!(e.is_out_of_memory());
+    assert!(e.to_string().contains("Maximum pool size exceeded"), "{e}");
+    assert!(mr.mapped_bytes() <= 4 * P);
+    free(&mr, a, 3 * P, S).unwrap();
+    let b = mr.allocate(4 * P, S).unwrap();
+    free(&mr, b, 4 * P, S).unwrap();
+    assert_eq!(mr.memory_stats().unwrap().num_ooms, 1);
+    assert!(ExpandableMemoryResource::new(vm.clone(), Some(100), None, None).is_err());
+    assert!(ExpandableMemoryResource::new(vm, Some(2048), Some(1024), None).is_err());
+}
+
+#[test]
+fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
+    let vm = sim(4 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(3 * P, S).unwrap();
+    let e = mr.allocate(2 * P, S).unwrap_err();
+    assert!(e.is_out_of_memory());
+    assert!(e.to_string().contains("expandable: mapping"), "{e}");
+    free(&mr, a, 3 * P, S).unwrap();
+    let b = mr.allocate(4 * P, S).unwrap();
+    free(&mr, b, 4 * P, S).unwrap();
+    assert!(
+        free(&mr, 0x1234_5600, 256, S).is_err(),
+        "a bogus free is an error"
+    );
+}
+
+#[test]
+fn release_threshold_unmaps_on_free() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, Some(P)).unwrap();
+    let a = mr.allocate(6 * P, S).unwrap();
+    let b = mr.allocate(P, S).unwrap();
+    free(&mr, a, 6 * P, S).unwrap();
+    assert!(
+        mr.free_bytes() <= P,
+        "free {} above the threshold",
+        mr.free_bytes()
+    );
+    assert_eq!(mr.mapped_bytes(), 2 * P);
+    free(&mr, b, P, S).unwrap();
+    assert!(mr.mapped_bytes() <= P);
+}
+
+#[test]
+fn initial_size_is_mapped_at_once() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = ExpandableMemoryResource::new(vm.clone(), Some(3 * P), None, None).unwrap();
+    assert_eq!(mr.mapped_bytes(), 3 * P);
+    assert_eq!(mr.reserved_bytes(), 256 * P);
+    assert_eq!(mr.name(), "expandable");
+    assert_eq!(mr.kind(), MemoryKind::Simulated);
+    let stats = mr.memory_stats().unwrap();
+    assert_eq!(stats.reserved_bytes.current, 3 * P as u64);
+    assert_eq!(mr.memory_info(), Some((64 * P, 64 * P)));
+}
+
+#[test]
+fn stats_and_snapshot_describe_the_blocks() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, None);
+    let a = mr.allocate(1000, S).unwrap();
+    let b = mr.allocate(P, S).unwrap();
+    free(&mr, a, 1000, S).unwrap();
+    let s = mr.memory_stats().unwrap();
+    assert_eq!(s.allocation.current, 1);
+    assert_eq!(s.allocation.peak, 2);
+    assert_eq!(s.allocated_bytes.current, P as u64);
+    assert_eq!(s.allocated_bytes.allocated, (P + 1024) as u64);
+    assert_eq!(s.reserved_bytes.current, 2 * P as u64);
+    assert_eq!(s.inactive_split_bytes, P as u64);
+    let segs = mr.memory_snapshot().unwrap();
+    assert_eq!(segs.len(), 1);
+    assert_eq!(segs[0].total_size, 2 * P);
+    assert_eq!(segs[0].allocated_size(), P);
+    mr.reset_peak_memory_stats();
+    assert_eq!(mr.memory_stats().unwrap().allocation.peak, 1);
+    free(&mr, b, P, S).unwrap();
+}
+
+/// One step of a random sequence.
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { stream: usize, size: usize },
+    Free { index: usize },
+    Trim,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, 1..(3 * P)).prop_map(|(stream, size)| Op::Alloc { stream, size }),
+        3 => any::<usize>().prop_map(|index| Op::Free { index }),
+        1 => Just(Op::Trim),
+    ]
+}
+
+fn pages_touched(live: &[(usize, usize, usize)]) -> usize {
+    let mut pages = BTreeSet::new();
+    for &(ptr, size, _) in live {
+        let size = size.div_ceil(256) * 256;
+        for page in ptr / P..(ptr + size).div_ceil(P) {
+            pages.insert(page);
+        }
+    }
+    pages.len() * P
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_sequences_keep_the_invariants(ops in proptest::collection::vec(op(), 1..120)) {
+        let vm = sim(48 * P, 512 * P);
+        let mr = pool(&vm, None);
+        let streams = [Stream::DEFAULT, stream(0x1000), stream(0x2000)];
+        let mut live: Vec<(usize, usize, usize)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { stream, size } => match mr.allocate(size, streams[stream]) {
+                    Ok(p) => live.push((p, size, stream)),
+                    Err(e) => prop_assert!(e.is_out_of_memory(), "{e}"),
+                },
+                Op::Free { index } if !live.is_empty() => {
+                    let (p, size, stream) = live.swap_remove(index % live.len());
+                    free(&mr, p, size, streams[stream]).unwrap();
+                }
+                Op::Free { .. } => {}
+                Op::Trim => {
+                    mr.trim(0).unwrap();
+                    // 3. mapped pages are exactly those the live blocks touch.
+                    prop_assert_eq!(mr.mapped_bytes(), pages_touched(&live));
+                }
+            }
+            // 1. aligned, mapped, disjoint.
+            let mut sorted: Vec<(usize, usize)> =
+                live.iter().map(|&(p, s, _)| (p, s.div_ceil(256) * 256)).collect();
+            sorted.sort_unstable();
+            for w in sorted.windows(2) {
+                prop_assert!(w[0].0 + w[0].1 <= w[1].0, "overlap {:?}", w);
+            }
+            for &(p, s) in &sorted {
+                prop_assert_eq!(p % 256, 0);
+                prop_assert!(vm.is_mapped(p) && vm.is_mapped(p + s - 1));
+            }
+            // 2. conservation.
+            let used: usize = sorted.iter().map(|&(_, s)| s).sum();
+            prop_assert_eq!(mr.free_bytes() + used, mr.mapped_bytes());
+            prop_assert_eq!(mr.mapped_bytes(), vm.mapped_bytes());
+        }
+        for (p, size, stream) in live.drain(..) {
+            free(&mr, p, size, streams[stream]).unwrap();
+        }
+        mr.trim(usize::MAX).unwrap();
+        // 4. everything free and merged: one free block per mapped run.
+        let runs = mr.memory_snapshot().unwrap().len();
+        prop_assert_eq!(mr.free_block_count(), runs);
+        mr.trim(0).unwrap();
+        prop_assert_eq!(mr.mapped_bytes(), 0);
+    }
+}
+
+/// Simulated virtual memory that notes the event log's sequence number at each unmap.
+#[derive(Debug)]
+struct SpyVm {
+    inner: SimulatedVirtualMemory,
+    events: Arc<crate::suballocator::RecordingStreamEvents>,
+    unmapped_at: parking_lot::Mutex<Vec<u64>>,
+}
+
+impl VirtualMemory for SpyVm {
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+    fn base(&self) -> usize {
+        self.inner.base()
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes()
+    }
+    fn mapped_bytes(&self) -> usize {
+        self.inner.mapped_bytes()
+    }
+    fn map(&self, addr: usize, bytes: usize) -> Result<()> {
+        self.inner.map(addr, bytes)
+    }
+    #[allow(unsafe_code)]
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        self.unmapped_at.lock().push(self.events.tick());
+        // SAFETY: the caller's precondition, passed on.
+        unsafe { self.inner.unmap(addr, bytes) }
+    }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.inner.memory_info()
+    }
+    fn kind(&self) -> MemoryKind {
+        self.inner.kind()
+    }
+    fn device(&self) -> Option<usize> {
+        None
+    }
+}
+
+#[test]
+fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
+    use crate::suballocator::{EventCall, RecordingStreamEvents};
+    let events = RecordingStreamEvents::new();
+    let vm = Arc::new(SpyVm {
+        inner: SimulatedVirtualMemory::new(64 * P, 256 * P, P).unwrap(),
+        events: events.clone(),
+        unmapped_at: parking_lot::Mutex::new(Vec::new()),
+    });
+    let mr = ExpandableMemoryResource::with_stream_events(vm.clone(), None, None, events.clone())
+        .unwrap();
+    let (a_stream, b_stream) = (stream(0x1000), stream(0x2000));
+    let a = mr.allocate(3 * P, a_stream).unwrap();
+    free(&mr, a, 3 * P, a_stream).unwrap();
+    // B takes A's freed block only after waiting on A's event.
+    let b = mr.allocate(3 * P, b_stream).unwrap();
+    assert_eq!(b, a);
+    assert!(events.log().iter().any(
+        |c| matches!(c, EventCall::Wait { stream, .. } if *stream == StreamKey::of(b_stream))
+    ));
+    free(&mr, b, 3 * P, b_stream).unwrap();
+    assert_eq!(mr.trim(0).unwrap(), 3 * P);
+    let last_sync = events
+        .log()
+        .iter()
+        .filter_map(|c| match c {
+            EventCall::SynchronizeAll { seq } => Some(*seq),
+            _ => None,
+        })
+        .max()
+        .expect("trim synchronized");
+    let unmaps = vm.unmapped_at.lock().clone();
+    assert!(!unmaps.is_empty());
+    assert!(
+        unmaps.iter().all(|&at| at > last_sync),
+        "{unmaps:?} vs {last_sync}"
+    );
+}
