@@ -101,20 +101,25 @@ fn fixed_size_and_binning_keep_data_intact() {
 #[ignore = "needs a CUDA GPU"]
 fn pool_out_of_memory_at_the_maximum_then_still_works() {
     let pool = PoolMemoryResource::new(cuda_upstream(), Some(32 << 20), Some(64 << 20)).unwrap();
-    let a = pool.allocate(40 << 20, Stream::DEFAULT).unwrap();
+    let a = pool.allocate(30 << 20, Stream::DEFAULT).unwrap();
     let err = pool.allocate(40 << 20, Stream::DEFAULT).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(
+        pool.pool_size(),
+        32 << 20,
+        "a failed request keeps the initial chunk"
+    );
     // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
-    unsafe { pool.deallocate(a, 40 << 20, Stream::DEFAULT) }.unwrap();
+    unsafe { pool.deallocate(a, 30 << 20, Stream::DEFAULT) }.unwrap();
     let _ctx = cuda::ContextGuard::new(0).unwrap();
-    let b = pool.allocate(60 << 20, Stream::DEFAULT).unwrap();
+    let b = pool.allocate(30 << 20, Stream::DEFAULT).unwrap();
     let mut host = vec![0u8; 4096];
-    // SAFETY: `b` holds 60 MiB.
+    // SAFETY: `b` holds 30 MiB.
     unsafe {
-        cuda::memset_async(b, 0x5a, 60 << 20, Stream::DEFAULT).unwrap();
+        cuda::memset_async(b, 0x5a, 30 << 20, Stream::DEFAULT).unwrap();
         cuda::memcpy_sync(host.as_mut_ptr() as usize, b, 4096, Stream::DEFAULT).unwrap();
     }
     assert!(host.iter().all(|&x| x == 0x5a));
     // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
-    unsafe { pool.deallocate(b, 60 << 20, Stream::DEFAULT) }.unwrap();
+    unsafe { pool.deallocate(b, 30 << 20, Stream::DEFAULT) }.unwrap();
 }
