@@ -1,8 +1,8 @@
 //! W1 on simulated memory: replay the shared RMM traces against every resource that
 //! `build_resource` can build, reporting time per event (criterion throughput in elements).
 //!
-//! Traces are read from `$RRMM_TRACES` (default: `shared/traces` beside the checkout); missing
-//! ones are skipped.
+//! Traces are read from `$RRMM_TRACES` (default: the traces shipped in `python/rrmm/traces`); a
+//! missing one is an error.
 
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
@@ -21,16 +21,11 @@ const SIMULATED_BYTES: usize = 64 << 30;
 
 fn bench_replay(c: &mut Criterion) {
     let dir = std::env::var("RRMM_TRACES")
-        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
+        .unwrap_or_else(|_| format!("{}/python/rrmm/traces", env!("CARGO_MANIFEST_DIR")));
     for name in TRACES {
         let path = format!("{dir}/{name}.csv.gz");
-        let trace = match Trace::from_path(&path, false) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("skipping {name}: {e}");
-                continue;
-            }
-        };
+        let trace = Trace::from_path(&path, false)
+            .unwrap_or_else(|e| panic!("trace {name} ({path}): {e}"));
         let mut group = c.benchmark_group(format!("replay/{name}"));
         group.throughput(Throughput::Elements(trace.events.len() as u64));
         group.sample_size(10);

@@ -2,7 +2,6 @@
 # The whole GPU run, on the GPU machine, from artifacts built elsewhere (that machine has no Rust):
 #   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
-#   .gpu/traces/*.csv.gz          the shared traces (../shared does not travel)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
 # Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile (default: all)
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
@@ -14,7 +13,7 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 STAGES="${*:-rust python w1 w2 w3 hooks profile}"
 export PYTHONUNBUFFERED=1
-export RRMM_TRACES="$PWD/.gpu/traces"
+export RRMM_TRACES="$PWD/python/rrmm/traces"
 SITE=/tmp/site
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -52,20 +51,20 @@ if has w1; then
       -L"$LOGGER/lib64" -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" \
       > "$OUT/nvcc.log" 2>&1; then
     for t in random_10k_1mib random_100k_4mib transformer_training; do
-      python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
+      python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
       res="pool,binning,arena,cuda_async"; [ "$t" != random_100k_4mib ] && res="$res,cuda"
       timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" "$res" 3 | tee -a "$OUT/w1_rmm.jsonl"
     done
   else
     echo "nvcc build of the RMM replay failed:"; tail -30 "$OUT/nvcc.log"
   fi
-  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --traces .gpu/traces --out "$OUT/w1_rrmm.jsonl"; fi
+  if [ -f benches/gpu/w1_rrmm.py ]; then python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces --out "$OUT/w1_rrmm.jsonl"; fi
   [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py w1 "$OUT" | tee -a "$SUMMARY"
 fi
 
 if has w3; then
   for t in random_10k_1mib transformer_training; do
-    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py ".gpu/traces/$t.csv.gz" "/tmp/$t.txt"
+    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
   done
 fi
 for w in w2 w3; do

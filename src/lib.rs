@@ -10,7 +10,10 @@
 //! let device = SimulatedMemoryResource::new(1 << 30);
 //! let ptr = device.allocate(1000, Stream::DEFAULT)?;
 //! assert_eq!(ptr % 256, 0);
-//! device.deallocate(ptr, 1000, Stream::DEFAULT)?;
+//! // SAFETY: `ptr` came from `allocate` on `device` with 1000 bytes, is freed once, and no
+//! // work uses it (`deallocate` is `unsafe`: a foreign or double free is undefined behaviour
+//! // for resources that do not check).
+//! unsafe { device.deallocate(ptr, 1000, Stream::DEFAULT) }?;
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 

@@ -36,7 +36,8 @@ fn stream(i: usize) -> Stream {
     match i {
         0 => Stream::DEFAULT,
         4 => Stream::PER_THREAD,
-        _ => Stream::from_raw(0x1000 + i),
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        _ => unsafe { Stream::from_raw(0x1000 + i) },
     }
 }
 
@@ -168,7 +169,8 @@ fn run(
             Op::Free { pick, stream: s } => {
                 if let Some((addr, bytes, rounded)) = model.take_for_free(pick) {
                     let t = events.tick();
-                    mr.deallocate(addr, bytes, stream(s)).unwrap();
+                    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                    unsafe { mr.deallocate(addr, bytes, stream(s)) }.unwrap();
                     model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
                 }
             }
@@ -210,7 +212,8 @@ proptest! {
             assert!(max.map_or(true, |m| pool.pool_size() <= m));
         });
         for (&addr, &(bytes, _)) in &model.live {
-            pool.deallocate(addr, bytes, stream(1)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(addr, bytes, stream(1)) }.unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
         let size = pool.pool_size();
@@ -218,7 +221,8 @@ proptest! {
         assert_eq!((pool.pool_size(), up.bytes_in_use()), (0, 0));
         // Still works after release.
         let p = pool.allocate(1000, stream(2)).unwrap();
-        pool.deallocate(p, 1000, stream(2)).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { pool.deallocate(p, 1000, stream(2)) }.unwrap();
     }
 
     #[test]
@@ -235,7 +239,8 @@ proptest! {
             assert_eq!(pool.free_bytes() + live, pool.pool_size());
         });
         for (&addr, &(bytes, _)) in &model.live {
-            pool.deallocate(addr, bytes, stream(3)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(addr, bytes, stream(3)) }.unwrap();
         }
         // Each chunk is at most the stream's coalesced run plus the fresh tail beside it...
         let chunks = pool.upstream_chunk_count();
@@ -246,7 +251,8 @@ proptest! {
             let size = pool.pool_size();
             let p = pool.allocate(size, stream(3)).unwrap();
             assert_eq!((pool.pool_size(), pool.free_block_count()), (size, 0));
-            pool.deallocate(p, size, stream(3)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, size, stream(3)) }.unwrap();
             assert_eq!(pool.free_block_count(), 1);
         }
         // And after a release, nothing is left: every chunk had coalesced whole.
@@ -286,7 +292,8 @@ proptest! {
         let round = |b: usize| if b <= 8192 { b.next_power_of_two().max(1024) } else { round256(b) };
         let model = run(&mr, &events, &ops, round, |_| {});
         for (&addr, &(bytes, _)) in &model.live {
-            mr.deallocate(addr, bytes, stream(0)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(addr, bytes, stream(0)) }.unwrap();
         }
         assert_eq!(big.free_bytes(), big.pool_size());
         let held: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().held_bytes).sum();
@@ -299,10 +306,12 @@ proptest! {
 fn same_stream_reuse_makes_no_event_call_and_cross_stream_waits() {
     let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
     let a = pool.allocate(4096, stream(1)).unwrap();
-    pool.deallocate(a, 4096, stream(1)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(a, 4096, stream(1)) }.unwrap();
     let b = pool.allocate(4096, stream(1)).unwrap();
     assert_eq!(a, b);
-    pool.deallocate(b, 4096, stream(1)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(b, 4096, stream(1)) }.unwrap();
     assert!(events.log().is_empty());
     let c = pool.allocate(4096, stream(2)).unwrap();
     assert_eq!(c, a);
@@ -323,12 +332,14 @@ fn per_thread_default_streams_are_separate_and_recorded_only_when_wanted() {
     let owner = std::thread::spawn(move || {
         let a = p2.allocate(4096, Stream::PER_THREAD).unwrap();
         let b = p2.allocate(4096, Stream::PER_THREAD).unwrap();
-        p2.deallocate(a, 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(a, 4096, Stream::PER_THREAD) }.unwrap();
         to_main
             .send((a, b, StreamKey::of(Stream::PER_THREAD)))
             .unwrap();
         owner_rx.recv().unwrap();
-        p2.deallocate(b, 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(b, 4096, Stream::PER_THREAD) }.unwrap();
         to_main
             .send((a, b, StreamKey::of(Stream::PER_THREAD)))
             .unwrap();
@@ -370,14 +381,17 @@ fn a_wanted_per_thread_list_is_recorded_by_its_owner_and_then_waited_on() {
         let ptrs: Vec<usize> = (0..3)
             .map(|_| p2.allocate(4096, Stream::PER_THREAD).unwrap())
             .collect();
-        p2.deallocate(ptrs[0], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[0], 4096, Stream::PER_THREAD) }.unwrap();
         to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
         owner_rx.recv().unwrap();
         // Another thread wanted this list: this free records the event.
-        p2.deallocate(ptrs[1], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[1], 4096, Stream::PER_THREAD) }.unwrap();
         to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
         owner_rx.recv().unwrap();
-        p2.deallocate(ptrs[2], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[2], 4096, Stream::PER_THREAD) }.unwrap();
         ptrs
     });
     let other = main_rx.recv().unwrap();
@@ -416,7 +430,8 @@ fn fresh_memory_never_makes_a_stream_wait() {
     for round in 0..50 {
         for s in 1..4 {
             let p = pool.allocate(4096 + 256 * round, stream(s)).unwrap();
-            pool.deallocate(p, 4096 + 256 * round, stream(s)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, 4096 + 256 * round, stream(s)) }.unwrap();
         }
     }
     assert!(events.log().is_empty(), "{:?}", events.log());
@@ -427,8 +442,10 @@ fn growth_failure_synchronizes_merges_and_retries() {
     let (_up, pool, events) = pool_with(1 << 20, 8192, Some(8192));
     let a = pool.allocate(4096, stream(1)).unwrap();
     let b = pool.allocate(4096, stream(2)).unwrap();
-    pool.deallocate(a, 4096, stream(1)).unwrap();
-    pool.deallocate(b, 4096, stream(2)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(a, 4096, stream(1)) }.unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(b, 4096, stream(2)) }.unwrap();
     // Two 4 KiB halves in two streams' lists: 8 KiB fits only once they are merged.
     let c = pool.allocate(8192, stream(3)).unwrap();
     assert_eq!(c, a.min(b));
@@ -473,12 +490,14 @@ fn threads_on_their_own_and_per_thread_streams_never_overlap() {
                             let (p, bytes) = mine.swap_remove(s as usize % mine.len());
                             live.lock().remove(&p);
                             let fs = if i % 7 == 0 { stream(3) } else { st };
-                            mr.deallocate(p, bytes, fs).unwrap();
+                            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                            unsafe { mr.deallocate(p, bytes, fs) }.unwrap();
                         }
                     }
                     for (p, bytes) in mine {
                         live.lock().remove(&p);
-                        mr.deallocate(p, bytes, Stream::DEFAULT).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, bytes, Stream::DEFAULT) }.unwrap();
                     }
                 })
             })
@@ -560,7 +579,8 @@ fn speed_on_simulated_memory() {
         for _ in 0..ops / 2 {
             let i = rng(&mut s) as usize % ptrs.len();
             let (p, b) = ptrs.swap_remove(i);
-            pool.deallocate(p, b, Stream::DEFAULT).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, b, Stream::DEFAULT) }.unwrap();
             let b = (rng(&mut s) as usize % max) + 1;
             ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
         }
@@ -626,7 +646,8 @@ fn speed_on_simulated_memory() {
                             Err(_) => failures += 1,
                         }
                     } else if let Some((p, _)) = map.remove(&ptr) {
-                        mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, size, Stream::DEFAULT) }.unwrap();
                     }
                 }
                 let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
@@ -638,7 +659,8 @@ fn speed_on_simulated_memory() {
                     pool.free_block_count()
                 );
                 for (p, size) in map.into_values() {
-                    mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                    unsafe { mr.deallocate(p, size, Stream::DEFAULT) }.unwrap();
                 }
             }
         }
@@ -688,11 +710,13 @@ fn gpu_streams_threads_data_and_maximum() {
             let bytes = 1000 + 37 * round as usize;
             let a = mr.allocate(bytes, *s1).unwrap();
             fill_and_check(a, bytes, round, *s1);
-            mr.deallocate(a, bytes, *s1).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(a, bytes, *s1) }.unwrap();
             // Freed on s1, reused on s2 (after the event wait).
             let b = mr.allocate(bytes, *s2).unwrap();
             fill_and_check(b, bytes, round.wrapping_add(100), *s2);
-            mr.deallocate(b, bytes, *s2).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(b, bytes, *s2) }.unwrap();
         }
         let threads: Vec<_> = (0..4u8)
             .map(|t| {
@@ -703,7 +727,8 @@ fn gpu_streams_threads_data_and_maximum() {
                         let bytes = 256 + 512 * (i % 7);
                         let p = mr.allocate(bytes, Stream::PER_THREAD).unwrap();
                         fill_and_check(p, bytes, t * 50 + i as u8 % 50, Stream::PER_THREAD);
-                        mr.deallocate(p, bytes, Stream::PER_THREAD).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, bytes, Stream::PER_THREAD) }.unwrap();
                     }
                 })
             })
@@ -716,7 +741,8 @@ fn gpu_streams_threads_data_and_maximum() {
     assert!(e.is_out_of_memory(), "{e}");
     let p = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
     fill_and_check(p, 1 << 20, 7, Stream::DEFAULT);
-    pool.deallocate(p, 1 << 20, Stream::DEFAULT).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(p, 1 << 20, Stream::DEFAULT) }.unwrap();
     drop(resources);
     assert!(pool.release().unwrap() <= 256 << 20);
 }

@@ -19,6 +19,11 @@ def table(rows: list[tuple], header: tuple) -> str:
     return "\n".join([fmt.format(*header)] + [fmt.format(*r) for r in rows])
 
 
+def cell(v: float | None) -> str:
+    """A figure, or "not run" where that side produced none (never a 0 that looks measured)."""
+    return "not run" if v is None else f"{v:.0f}"
+
+
 def ratio(rmm: float | None, rrmm: float | None) -> str:
     if not rmm or not rrmm:
         return "-"
@@ -30,7 +35,7 @@ def w1(out: Path) -> str:
     for r in jsonl(out / "w1_rmm.jsonl") + jsonl(out / "w1_rrmm.jsonl"):
         rows.setdefault((r["trace"], r["resource"]), {})[r["impl"]] = r["ns_per_event"]
     body = [
-        (t, res, f"{v.get('rrmm', 0):.0f}", f"{v.get('rmm', 0):.0f}", ratio(v.get("rmm"), v.get("rrmm")))
+        (t, res, cell(v.get("rrmm")), cell(v.get("rmm")), ratio(v.get("rmm"), v.get("rrmm")))
         for (t, res), v in sorted(rows.items())
     ]
     return "W1 trace replay, ns/event (ratio = RMM/rrmm, higher is better)\n" + table(
@@ -46,7 +51,7 @@ def keyed(out: Path, name: str, key: tuple, value: str) -> str:
     for r in json.loads(path.read_text()):
         rows.setdefault(tuple(r[k] for k in key), {})[r["impl"]] = r[value]
     body = [
-        (*k, f"{v.get('rrmm', 0):.0f}", f"{v.get('rmm', 0):.0f}", ratio(v.get("rmm"), v.get("rrmm")))
+        (*k, cell(v.get("rrmm")), cell(v.get("rmm")), ratio(v.get("rmm"), v.get("rrmm")))
         for k, v in rows.items()
     ]
     return f"{name.upper()} ns (ratio = RMM/rrmm)\n" + table(body, (*key, "rrmm", "RMM", "speedup"))

@@ -112,7 +112,12 @@ impl MemPool {
     }
 
     /// Wraps a pool created elsewhere (not destroyed on drop).
-    pub fn from_raw(raw: usize) -> Self {
+    ///
+    /// # Safety
+    /// 1. `raw` is a live `CUmemoryPool` handle.
+    /// 2. The pool stays live (its owner does not destroy it) while the returned value, or any
+    ///    allocation made from it, is in use.
+    pub unsafe fn from_raw(raw: usize) -> Self {
         MemPool { raw, owned: false }
     }
 

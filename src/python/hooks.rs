@@ -72,9 +72,14 @@ fn allocate_on_current(
 
 /// Frees what [`allocate_on`] returned, through the same resource and stream.
 ///
+/// # Safety
+/// 1. `ptr` came from [`allocate_on`] (or [`allocate_on_current`]) with `bytes`, which returned
+///    `mr`, and has not been freed since.
+/// 2. No work uses the memory after the free in `stream`'s order.
+///
 /// # Errors
 /// The resource's errors.
-pub(crate) fn deallocate_on(
+pub(crate) unsafe fn deallocate_on(
     mr: &dyn MemoryResource,
     device: usize,
     ptr: usize,
@@ -82,7 +87,8 @@ pub(crate) fn deallocate_on(
     stream: Stream,
 ) -> Result<()> {
     let _ctx = context_for(mr, device)?;
-    mr.deallocate(ptr, bytes, stream)
+    // SAFETY: the caller's contract, for the resource that allocated `ptr`.
+    unsafe { mr.deallocate(ptr, bytes, stream) }
 }
 
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when
@@ -104,7 +110,10 @@ impl HookAllocation {
         }
         match &self.mr {
             Some(mr) if self.ptr != 0 => {
-                deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream)
+                // SAFETY: this allocation owns `ptr` (made by `allocate_on` with `size` from
+                // `mr`), and the `freed` flag lets only one caller through; the framework drops
+                // its last reference only after its work on the memory, on `stream`.
+                unsafe { deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream) }
             }
             _ => Ok(()),
         }
@@ -177,7 +186,10 @@ impl Drop for HookAllocation {
 /// from the per-device resource of `device`. The hot path of the CuPy and Numba hooks.
 #[pyfunction]
 fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAllocation> {
-    let stream = Stream::from_raw(stream);
+    // SAFETY: the hooks pass the framework's current stream of `device` (CuPy, Numba), a live
+    // stream or a default-stream handle, which the framework keeps live while it uses memory
+    // allocated on it.
+    let stream = unsafe { Stream::from_raw(stream) };
     let (ptr, mr) = py_result(allocate_on(device, nbytes, stream))?;
     Ok(HookAllocation {
         ptr,
@@ -215,7 +227,9 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
 #[pyfunction]
 fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     let cupy = cupy_bindings(py)?;
-    let stream = Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?);
+    // SAFETY: CuPy's current stream: a live stream (or a default-stream handle) that CuPy keeps
+    // live while it uses memory allocated on it.
+    let stream = unsafe { Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?) };
     // CuPy's current device: its runtime calls made that device's primary context current.
     let device = crate::current_device_ordinal();
     let (ptr, mr) = py_result(allocate_on_current(device, nbytes, stream))?;
@@ -276,7 +290,8 @@ fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> 
         usize::try_from(device)
             .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
     )?;
-    let stream = Stream::from_raw(stream);
+    // SAFETY: CuPy's current stream, as in `cupy_allocate`.
+    let stream = unsafe { Stream::from_raw(stream) };
     let (ptr, mr) = py_result(allocate_on_current(device, size, stream))?;
     if let Some(mr) = mr {
         cupy_live()
@@ -319,13 +334,18 @@ extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_in
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let live = cupy_live().lock().remove(&(ptr as usize));
         match live {
-            Some(live) => deallocate_on(
-                live.mr.as_ref(),
-                usize::try_from(device).unwrap_or(0),
-                ptr as usize,
-                live.size,
-                live.stream,
-            ),
+            // SAFETY: the entry was removed from the live table, so this frees once what
+            // `cupy_c_malloc` allocated from `live.mr` with `live.size`; CuPy frees only after
+            // its work on the memory is ordered before (its stream-ordered contract).
+            Some(live) => unsafe {
+                deallocate_on(
+                    live.mr.as_ref(),
+                    usize::try_from(device).unwrap_or(0),
+                    ptr as usize,
+                    live.size,
+                    live.stream,
+                )
+            },
             None => Ok(()),
         }
     }));
@@ -438,17 +458,13 @@ mod tests {
     fn allocate_and_free_go_through_the_per_device_resource() {
         let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
         set_per_device_resource(801, sim.clone());
-        let (ptr, mr) = allocate_on(801, 1000, Stream::from_raw(0x1234)).unwrap();
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let stream = unsafe { Stream::from_raw(0x1234) };
+        let (ptr, mr) = allocate_on(801, 1000, stream).unwrap();
         assert_ne!(ptr, 0);
         assert_eq!(sim.live_allocations(), 1);
-        deallocate_on(
-            mr.unwrap().as_ref(),
-            801,
-            ptr,
-            1000,
-            Stream::from_raw(0x1234),
-        )
-        .unwrap();
+        // SAFETY: `ptr` was just allocated with 1000 bytes from `mr` and is freed once.
+        unsafe { deallocate_on(mr.unwrap().as_ref(), 801, ptr, 1000, stream) }.unwrap();
         assert_eq!(sim.live_allocations(), 0);
     }
 

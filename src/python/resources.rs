@@ -84,10 +84,15 @@ impl DeviceMemoryResource {
     ) -> PyResult<()> {
         let raw = stream.raw();
         let mr = &self.inner;
+        // RMM's Python contract, vouched for by the caller: `ptr` came from `allocate` on this
+        // resource with `nbytes`, is freed once, after its work on `stream`. Resources that check
+        // their frees (suballocators, simulated memory) raise for a broken one instead.
         if self.release_gil {
-            py_result(py.detach(|| mr.deallocate(ptr, nbytes, raw)))
+            // SAFETY: as above.
+            py_result(py.detach(|| unsafe { mr.deallocate(ptr, nbytes, raw) }))
         } else {
-            py_result(mr.deallocate(ptr, nbytes, raw))
+            // SAFETY: as above.
+            py_result(unsafe { mr.deallocate(ptr, nbytes, raw) })
         }
     }
 
@@ -289,7 +294,9 @@ impl CudaAsyncViewMemoryResource {
             Ok(h) => h,
             Err(_) => pool_handle.call_method0("__int__")?.extract()?,
         };
-        let mr = py_result(RsCudaAsyncView::new(handle))?;
+        // SAFETY: RMM's contract for `CudaAsyncViewMemoryResource`: the caller passes a live
+        // pool of the current device and keeps it live while this resource is used.
+        let mr = py_result(unsafe { RsCudaAsyncView::new(handle) })?;
         Ok(sub(
             CudaAsyncViewMemoryResource {
                 pool_handle: handle,

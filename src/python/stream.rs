@@ -76,11 +76,15 @@ fn handle_of(obj: &Bound<'_, PyAny>) -> PyResult<(RawStream, bool)> {
             )));
         }
         let handle: usize = tuple.get_item(1)?.extract()?;
-        return Ok((RawStream::from_raw(handle), true));
+        // SAFETY: the `__cuda_stream__` protocol: the object gives its live stream handle and
+        // keeps the stream live while it is used (the Python object is held by the caller).
+        return Ok((unsafe { RawStream::from_raw(handle) }, true));
     }
     for attr in ["ptr", "cuda_stream", "handle"] {
         if let Some(handle) = int_attr(obj, attr)? {
-            return Ok((RawStream::from_raw(handle), true));
+            // SAFETY: the handle of a CuPy, Numba or PyTorch stream object, which owns the live
+            // stream while the caller holds it (RMM trusts these attributes the same way).
+            return Ok((unsafe { RawStream::from_raw(handle) }, true));
         }
     }
     Err(PyTypeError::new_err(format!(
@@ -246,7 +250,9 @@ impl PyStream {
     /// A Stream over a raw handle (internal; no ownership).
     #[staticmethod]
     fn _from_handle(py: Python<'_>, handle: usize) -> PyResult<Bound<'_, PyStream>> {
-        stream_for(py, RawStream::from_raw(handle))
+        // SAFETY: internal entry (RMM's `Stream._from_handle` contract): callers pass a live
+        // stream or a default-stream handle.
+        stream_for(py, unsafe { RawStream::from_raw(handle) })
     }
 }
 

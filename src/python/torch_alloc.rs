@@ -34,7 +34,9 @@ fn device_ordinal(device: c_int) -> Result<usize> {
 
 fn allocate(size: usize, device: c_int, stream: usize) -> Result<usize> {
     let device = device_ordinal(device)?;
-    let (ptr, _mr) = allocate_on(device, size, Stream::from_raw(stream))?;
+    // SAFETY: `rrmm_torch_allocate`'s contract: a live stream of `device` or a default stream.
+    let stream = unsafe { Stream::from_raw(stream) };
+    let (ptr, _mr) = allocate_on(device, size, stream)?;
     Ok(ptr)
 }
 
@@ -44,7 +46,10 @@ fn deallocate(ptr: usize, size: usize, device: c_int, stream: usize) -> Result<(
     }
     let device = device_ordinal(device)?;
     let mr = per_device_resource(device)?;
-    deallocate_on(mr.as_ref(), device, ptr, size, Stream::from_raw(stream))
+    // SAFETY: `rrmm_torch_deallocate`'s contract: `ptr` came from `rrmm_torch_allocate` with
+    // `size` on `device` (so from this per-device resource, which users do not replace while
+    // PyTorch holds memory, as with RMM), freed once, on a live stream.
+    unsafe { deallocate_on(mr.as_ref(), device, ptr, size, Stream::from_raw(stream)) }
 }
 
 /// The message as a NUL-terminated C string in a fixed buffer (no destructor to run when the

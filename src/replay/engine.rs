@@ -94,10 +94,13 @@ struct Streams {
 }
 
 fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
-    let real = matches!(
-        mr.kind(),
-        MemoryKind::Device | MemoryKind::Managed | MemoryKind::PinnedHost
-    );
+    // Fake handles only where nothing passes them to the driver: simulated memory, or host
+    // memory with no driver loaded (a pool over host memory records events on its streams).
+    let real = match mr.kind() {
+        MemoryKind::Simulated => false,
+        MemoryKind::Host => crate::cuda::driver_available(),
+        MemoryKind::Device | MemoryKind::Managed | MemoryKind::PinnedHost => true,
+    };
     let mut handles = Vec::with_capacity(trace.streams.len());
     let mut owned = Vec::new();
     for (i, &logged) in trace.streams.iter().enumerate() {
@@ -111,7 +114,9 @@ fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
                 owned.push(s);
                 h
             }
-            _ => Stream::from_raw(0x1000 + i),
+            // SAFETY: `real` is false, so no resource in this replay passes the handle to the
+            // driver: it is only a key.
+            _ => unsafe { Stream::from_raw(0x1000 + i) },
         };
         handles.push(handle);
     }
@@ -239,7 +244,10 @@ pub fn replay_with_progress(
             Action::Free => {
                 let (ptr, _, _) = slots[slot];
                 if ptr != 0 {
-                    if let Err(e) = mr.deallocate(ptr, ev.size, stream) {
+                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
+                    // trace checks a free's size against its allocation) and is freed once; the
+                    // replay does no work on the memory.
+                    if let Err(e) = unsafe { mr.deallocate(ptr, ev.size, stream) } {
                         error = Some(e);
                         break;
                     }
@@ -312,7 +320,8 @@ pub fn replay_with_progress(
         if ptr != 0 {
             leaked_allocations += 1;
             leaked_bytes += size;
-            if let Err(e) = mr.deallocate(ptr, size, streams.handles[stream as usize]) {
+            // SAFETY: the slot still owns `ptr`, allocated from `mr` with `size`; freed once.
+            if let Err(e) = unsafe { mr.deallocate(ptr, size, streams.handles[stream as usize]) } {
                 cleanup_error.get_or_insert(e);
             }
         }

@@ -36,7 +36,7 @@ impl MemoryResource for CudaMemoryResource {
         cuda::mem_alloc(bytes)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }

@@ -55,7 +55,7 @@ impl MemoryResource for CudaAsyncMemoryResource {
         self.pool.allocate(bytes, stream)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
@@ -87,13 +87,18 @@ pub struct CudaAsyncViewMemoryResource {
 
 impl CudaAsyncViewMemoryResource {
     /// Wraps the pool `handle`, on the current device.
-    pub fn new(handle: usize) -> Result<Self> {
+    ///
+    /// # Safety
+    /// 1. `handle` is a live `CUmemoryPool` of the current device.
+    /// 2. Its owner keeps it live while this resource, or memory allocated from it, is in use.
+    pub unsafe fn new(handle: usize) -> Result<Self> {
         if handle == 0 {
             return Err(Error::invalid("pool_handle", "the pool handle is null"));
         }
         Ok(CudaAsyncViewMemoryResource {
             device: cuda::current_device()?,
-            pool: Arc::new(MemPool::from_raw(handle)),
+            // SAFETY: the caller's contract (a live pool kept live while this resource is used).
+            pool: Arc::new(unsafe { MemPool::from_raw(handle) }),
         })
     }
 
@@ -112,7 +117,7 @@ impl MemoryResource for CudaAsyncViewMemoryResource {
         self.pool.allocate(bytes, stream)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }

@@ -32,7 +32,7 @@ impl MemoryResource for ManagedMemoryResource {
         cuda::mem_alloc_managed(bytes)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }

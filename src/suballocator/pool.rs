@@ -163,7 +163,10 @@ impl MemoryResource for PoolMemoryResource {
     }
 
     #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out and relies only on the stream-ordering part of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.inner.core.deallocate(ptr, bytes, stream)
     }
 
@@ -195,6 +198,8 @@ impl MemoryResource for PoolMemoryResource {
 }
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
@@ -245,18 +250,22 @@ mod tests {
         assert!(text.contains(&(600usize << 10).to_string()), "{text}");
         assert!(text.contains(&(1usize << 20).to_string()), "{text}");
         assert!(pool.pool_size() <= 1 << 20);
-        pool.deallocate(a, 600 << 10, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 600 << 10, Stream::DEFAULT) }.unwrap();
         let b = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 1 << 20);
-        pool.deallocate(b, 1 << 20, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 1 << 20, Stream::DEFAULT) }.unwrap();
     }
 
     #[test]
     fn frees_leave_fresh_memory_fresh_until_the_stream_needs_it() {
-        for stream in [Stream::PER_THREAD, Stream::from_raw(0x1000)] {
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        for stream in [Stream::PER_THREAD, unsafe { Stream::from_raw(0x1000) }] {
             let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
             let p = pool.allocate(4096, stream).unwrap();
-            pool.deallocate(p, 4096, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(p, 4096, stream) }.unwrap();
             assert_eq!(
                 pool.free_block_count(),
                 2,
@@ -265,7 +274,8 @@ mod tests {
             // Needing both, the stream takes the fresh block beside its own: no growth.
             let q = pool.allocate(8192, stream).unwrap();
             assert_eq!((q, pool.pool_size()), (p, 8192));
-            pool.deallocate(q, 8192, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(q, 8192, stream) }.unwrap();
             assert_eq!(pool.free_block_count(), 1);
             assert_eq!(pool.release().unwrap(), 8192);
         }
@@ -293,11 +303,13 @@ mod tests {
         let b = pool.allocate(256, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 8192, "grew by max(request, pool size)");
         assert_eq!(pool.upstream_chunk_count(), 2);
-        pool.deallocate(b, 256, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 256, Stream::DEFAULT) }.unwrap();
         assert_eq!(pool.release().unwrap(), 4096);
         assert_eq!(pool.pool_size(), 4096);
         assert_eq!(up.bytes_in_use(), 4096);
-        pool.deallocate(a, 4096, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 4096, Stream::DEFAULT) }.unwrap();
         drop(pool);
         assert_eq!(up.bytes_in_use(), 0, "dropping the pool returns everything");
     }
@@ -306,10 +318,13 @@ mod tests {
     fn unknown_pointer_is_a_logic_error() {
         let pool = PoolMemoryResource::new(sim(1 << 20), Some(4096), None).unwrap();
         assert!(matches!(
-            pool.deallocate(0x1234_5600, 256, Stream::DEFAULT),
+            // SAFETY: the pool checks every free against its blocks (documented), so a bogus
+            // pointer is reported and never dereferenced.
+            unsafe { pool.deallocate(0x1234_5600, 256, Stream::DEFAULT) },
             Err(Error::Logic(_))
         ));
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
-        pool.deallocate(0, 0, Stream::DEFAULT).unwrap();
+        // SAFETY: the null pointer: a no-op by the trait's contract.
+        unsafe { pool.deallocate(0, 0, Stream::DEFAULT) }.unwrap();
     }
 }

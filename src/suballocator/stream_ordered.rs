@@ -406,7 +406,12 @@ impl<F: FreeList> StreamOrderedCore<F> {
             st.chunks.remove(&addr);
             st.pool_size -= size;
             released += size;
-            if let Err(e) = self.upstream.deallocate(addr, size, Stream::DEFAULT) {
+            // SAFETY: `addr` is a chunk allocated from the upstream with `size`, removed from
+            // the chunk table here so it is freed once; all lists were synchronized, so no
+            // work is pending on it.
+            #[allow(unsafe_code)]
+            let freed = unsafe { self.upstream.deallocate(addr, size, Stream::DEFAULT) };
+            if let Err(e) = freed {
                 first_error.get_or_insert(e);
             }
         }
@@ -490,7 +495,10 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
         let _ = self.events.synchronize_all();
         let chunks = std::mem::take(&mut self.state.get_mut().chunks);
         for (addr, size) in chunks {
-            let _ = self.upstream.deallocate(addr, size, Stream::DEFAULT);
+            // SAFETY: `addr` is a chunk allocated from the upstream with `size`, taken out of the
+            // table so freed once; the core is being dropped after synchronizing its streams.
+            #[allow(unsafe_code)]
+            let _ = unsafe { self.upstream.deallocate(addr, size, Stream::DEFAULT) };
         }
     }
 }

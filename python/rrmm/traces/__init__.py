@@ -3,6 +3,7 @@
 - ``transformer_training``: 30 steps of a 4-layer transformer trained by PyTorch through a
   logging adaptor (about 22k events).
 - ``random_10k_1mib``: RMM's random_allocations pattern, 10k allocations of up to 1 MiB.
+- ``random_100k_4mib``: the same pattern, 100k allocations of up to 4 MiB.
 """
 
 from __future__ import annotations

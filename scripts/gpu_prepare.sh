@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Makes every input of scripts/gpu_run.sh on a machine with Rust and network (the GPU machine has
+# neither). Everything it writes is git-ignored and travels to the GPU machine as carried folders:
+#   .gpu/wheels/rrmm-*.whl   rrmm's abi3 wheel (maturin build --release)
+#   .gpu/rust/*              Rust GPU test binaries (cargo test --release --no-run), run --ignored
+#   .gpu/bench/w7            rrmm's W7 benchmark binary (benches/w7.rs)
+#   .whl/*.whl               RMM 26.10 (rmm-cu13, librmm-cu13, rapids-logger 0.3), the reference
+#   .whl-dask/*.whl          dask, distributed, dask-cuda and what the GPU image lacks of their needs
+#   .rmm-tests/              RMM's own Python tests (python/rmm/rmm/tests of rapidsai/rmm 26.10),
+#                            copied from a checkout given as $RMM_SRC; never committed
+# Usage: scripts/gpu_prepare.sh [wheel] [rust] [bench] [rmm] [dask] [rmmtests]  (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${*:-wheel rust bench rmm dask rmmtests}"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+PIP_PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+  --platform any)
+
+if has wheel; then
+  rm -rf .gpu/wheels && mkdir -p .gpu/wheels
+  maturin build --release -o .gpu/wheels
+fi
+
+if has rust; then
+  rm -rf .gpu/rust && mkdir -p .gpu/rust
+  # Every integration-test binary with GPU tests (named gpu_*), built in release.
+  cargo test --release --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["name"].startswith("gpu_"):
+        shutil.copy(exe, ".gpu/rust/" + m["target"]["name"])
+'
+  ls .gpu/rust
+fi
+
+if has bench && [ -f benches/w7.rs ]; then
+  mkdir -p .gpu/bench
+  cargo build --release --bench w7 --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "w7":
+        shutil.copy(m["executable"], ".gpu/bench/w7")
+'
+fi
+
+if has rmm; then
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps "${PIP_PLATFORM[@]}" -d .whl \
+    "rmm-cu13==26.10.*" "librmm-cu13==26.10.*" "rapids-logger==0.3.*"
+fi
+
+if has dask; then
+  mkdir -p .whl-dask
+  # The GPU image has numpy, pandas, cupy, numba, cloudpickle, toolz, pyyaml, psutil, msgpack,
+  # sortedcontainers, jinja2, click, fsspec, packaging, nvidia-ml-py, tornado is checked there.
+  python3 -m pip download -q --no-deps "${PIP_PLATFORM[@]}" -d .whl-dask \
+    dask distributed dask-cuda partd locket tblib zict tornado urllib3 \
+    importlib-metadata zipp pynvml
+fi
+
+if has rmmtests; then
+  if [ -n "${RMM_SRC:-}" ]; then
+    rm -rf .rmm-tests && mkdir -p .rmm-tests
+    cp -r "$RMM_SRC/python/rmm/rmm/tests/." .rmm-tests/
+  else
+    echo "rmmtests: set RMM_SRC to a checkout of rapidsai/rmm (branch-26.10) to copy its tests"
+  fi
+fi
+du -sh .gpu .whl .whl-dask .rmm-tests 2>/dev/null || true
