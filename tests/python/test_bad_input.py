@@ -823,3 +823,44 @@ def test_callback_resource_exception_raised_exactly(sim):
 def test_callback_resource_bad_return(ret, exc, pattern):
     cb = mr.CallbackMemoryResource(lambda n, s: ret, lambda p, n, s: None)
     raises(exc, pattern, lambda: cb.allocate(16))
+
+
+# ------------------------------------------------- no panic across C entry points or destructors
+
+_BROKEN_STDERR = """
+import ctypes, os
+sim = mr.SimulatedMemoryResource(1 << 30)
+mr.set_per_device_resource(0, sim)
+# Standard error becomes a pipe nobody reads: every write to it fails with EPIPE (Python
+# ignores SIGPIPE), as when the reader of a pipeline has gone.
+r, w = os.pipe()
+os.close(r)
+os.dup2(w, 2)
+"""
+
+
+def test_torch_free_failure_with_broken_stderr_does_not_abort(child):
+    child(
+        _BROKEN_STDERR
+        + """
+alloc, free = _rrmm.torch_allocator_addresses()
+c_free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(free)
+c_free(0x1000, 64, 0, None)  # a pointer the resource never handed out: reported, not raised
+p = sim.allocate(256)
+sim.deallocate(p, 256)
+print("CHILD OK")
+"""
+    )
+
+
+def test_hook_allocation_drop_failure_with_broken_stderr_does_not_abort(child):
+    child(
+        _BROKEN_STDERR
+        + """
+h = _rrmm.hook_allocate(256, 0, 0)
+sim.deallocate(h.ptr, 256)  # freed behind the owner's back: its own free fails on drop
+del h
+assert sim.live_allocations() == 0
+print("CHILD OK")
+"""
+    )
