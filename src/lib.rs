@@ -25,6 +25,7 @@ mod error;
 pub mod replay;
 pub mod resource;
 pub mod suballocator;
+mod sync;
 
 pub use adaptor::{
     AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,

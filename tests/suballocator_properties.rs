@@ -18,6 +18,9 @@
 //!    nothing and the upstream has everything back. Never a block across two chunks.
 //! 7. Errors are out-of-memory only (never a logic error for a valid sequence); the resource
 //!    keeps working after one.
+//! 8. A bad free (a double free, a pointer inside a live block, an address never handed out),
+//!    on any stream, is `Error::Logic` and changes nothing: invariants 1-7 hold after it and the
+//!    live blocks are still freed normally.
 
 use proptest::prelude::*;
 use rrmm::suballocator::{EventCall, RecordingStreamEvents, StreamEvents, StreamKey};
@@ -43,14 +46,28 @@ fn stream(i: usize) -> Stream {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { stream: usize, bytes: usize },
-    Free { pick: usize, stream: usize },
+    Alloc {
+        stream: usize,
+        bytes: usize,
+    },
+    Free {
+        pick: usize,
+        stream: usize,
+    },
+    /// A bad free: 0 = double free, 1 = interior pointer, 2 = never handed out.
+    BadFree {
+        pick: usize,
+        stream: usize,
+        kind: u8,
+    },
 }
 
 fn ops(max_bytes: usize, len: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         3 => (0..STREAMS, 1..=max_bytes).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
         2 => (any::<usize>(), 0..STREAMS).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<usize>(), 0..STREAMS, 0..3u8)
+            .prop_map(|(pick, stream, kind)| Op::BadFree { pick, stream, kind }),
     ];
     proptest::collection::vec(op, 1..len)
 }
@@ -62,6 +79,8 @@ struct Model {
     live: BTreeMap<usize, (usize, usize)>,
     /// Freed ranges not reused since: (start, end, freeing stream, time of the free).
     freed: Vec<(usize, usize, StreamKey, u64)>,
+    /// Addresses freed, for double frees (some may be live again: checked before use).
+    freed_ptrs: Vec<(usize, usize)>,
 }
 
 impl Model {
@@ -70,6 +89,7 @@ impl Model {
             events,
             live: BTreeMap::new(),
             freed: Vec::new(),
+            freed_ptrs: Vec::new(),
         }
     }
 
@@ -126,6 +146,20 @@ impl Model {
 
     fn on_free(&mut self, addr: usize, rounded: usize, key: StreamKey, t: u64) {
         self.freed.push((addr, addr + rounded, key, t));
+        self.freed_ptrs.push((addr, rounded));
+    }
+
+    /// An address that no live allocation starts at, of the kind `kind` (see [`Op::BadFree`]).
+    fn bad_pointer(&self, pick: usize, kind: u8) -> Option<(usize, usize)> {
+        let (addr, bytes) = match kind {
+            0 if !self.freed_ptrs.is_empty() => self.freed_ptrs[pick % self.freed_ptrs.len()],
+            1 if !self.live.is_empty() => {
+                let (&a, &(b, _)) = self.live.iter().nth(pick % self.live.len())?;
+                (a + 256, b)
+            }
+            _ => (0x7fff_0000_0000 + (pick % 1024) * 256, 256),
+        };
+        (!self.live.contains_key(&addr)).then_some((addr, bytes))
     }
 }
 
@@ -172,6 +206,20 @@ fn run(
                     // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
                     unsafe { mr.deallocate(addr, bytes, stream(s)) }.unwrap();
                     model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
+                }
+            }
+            Op::BadFree {
+                pick,
+                stream: s,
+                kind,
+            } => {
+                if let Some((addr, bytes)) = model.bad_pointer(pick, kind) {
+                    // SAFETY: every resource tested here checks frees (documented): a bad one is
+                    // reported, never acted on; that is what this checks.
+                    match unsafe { mr.deallocate(addr, bytes, stream(s)) } {
+                        Err(rrmm::Error::Logic(_)) => {}
+                        other => panic!("bad free of {addr:#x} (kind {kind}): {other:?}"),
+                    }
                 }
             }
         }
@@ -232,6 +280,7 @@ proptest! {
             .map(|op| match op {
                 Op::Alloc { bytes, .. } => Op::Alloc { stream: 3, bytes },
                 Op::Free { pick, .. } => Op::Free { pick, stream: 3 },
+                Op::BadFree { pick, kind, .. } => Op::BadFree { pick, stream: 3, kind },
             })
             .collect();
         let (up, pool, events) = pool_with(256 << 20, initial, None);
@@ -745,4 +794,62 @@ fn gpu_streams_threads_data_and_maximum() {
     unsafe { pool.deallocate(p, 1 << 20, Stream::DEFAULT) }.unwrap();
     drop(resources);
     assert!(pool.release().unwrap() <= 256 << 20);
+}
+
+/// Thread scaling on simulated memory (run in release: `cargo test --release --test
+/// suballocator_properties threads_scale -- --ignored --nocapture`): W7's pattern on the CPU side,
+/// each thread on its own stream, random 256 B..1 MiB, at most 64 live, one shared pool; total
+/// million operations per second for 1, 2 and 4 threads, and per thread CPU time per operation.
+#[test]
+#[ignore = "timing; run in release"]
+fn threads_scale_on_simulated_memory() {
+    use std::time::Instant;
+    const OPS: usize = 1_000_000;
+    for threads in [1usize, 2, 4] {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up, Some(1 << 30), None).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    // SAFETY: a key only: simulated memory never passes it to the driver.
+                    let st = unsafe { Stream::from_raw(0x1000 + t) };
+                    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                    let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..OPS / 2 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        if live.len() == 64 || (!live.is_empty() && s % 2 == 0) {
+                            let (p, b) = live.swap_remove((s >> 8) as usize % live.len());
+                            // SAFETY: a live allocation of the pool with this size, freed once.
+                            unsafe { pool.deallocate(p, b, st) }.unwrap();
+                        }
+                        let bytes = 256 + (s >> 20) as usize % (1 << 20);
+                        live.push((pool.allocate(bytes, st).unwrap(), bytes));
+                    }
+                    for (p, b) in live {
+                        // SAFETY: as above.
+                        unsafe { pool.deallocate(p, b, st) }.unwrap();
+                    }
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let per_thread: Vec<f64> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().as_nanos() as f64 / OPS as f64)
+            .collect();
+        let total = t0.elapsed().as_secs_f64();
+        println!(
+            "{threads} thread(s): {:.1} M ops/s total, ns/op per thread {:?}",
+            (threads * OPS) as f64 / total / 1e6,
+            per_thread.iter().map(|n| n.round()).collect::<Vec<_>>()
+        );
+    }
 }

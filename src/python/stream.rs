@@ -218,7 +218,7 @@ impl PyStream {
         let handle = self.handle;
         py_result(py.detach(|| {
             // A context must be current for the driver call; restore the caller's after.
-            let _ctx = crate::cuda::ContextGuard::new(super::resources::current_device())?;
+            let _ctx = crate::cuda::ContextGuard::new(crate::current_device_ordinal())?;
             handle.synchronize()
         }))
     }

@@ -3,15 +3,17 @@
 mod callback;
 mod cuda;
 mod cuda_async;
+mod direct;
 mod managed;
 mod pinned_host;
 mod simulated;
 mod system;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
-pub use cuda::CudaMemoryResource;
+pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
-pub use managed::ManagedMemoryResource;
+pub use direct::{DirectAllocator, DirectMemoryResource};
+pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::SimulatedMemoryResource;
 pub use system::SystemMemoryResource;

@@ -1,13 +1,11 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::coalescing_free_list::CoalescingFreeList;
+use super::growth::Geometric;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
-use crate::cuda::Stream;
+use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{
-    Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
@@ -24,7 +22,8 @@ use std::sync::Arc;
 /// to the request. So the pool never asks for more than the maximum allows (RMM's overshoot
 /// failures), and a request that fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
-/// and gives fully free upstream chunks back to grow one chunk large enough.
+/// and gives the fully free chunks it grew back to grow one chunk large enough (the initial
+/// chunk stays: a failed request never shrinks the pool below its initial size).
 #[derive(Clone, Debug)]
 pub struct PoolMemoryResource {
     inner: Arc<Inner>,
@@ -90,10 +89,10 @@ impl PoolMemoryResource {
         let core = StreamOrderedCore::new(
             upstream,
             events,
-            Growth::Geometric {
+            Box::new(Geometric {
                 maximum: maximum_pool_size,
-            },
-            CoalescingFreeList::new(),
+            }),
+            (),
             "pool",
         );
         core.preallocate(initial)?;
@@ -156,53 +155,24 @@ impl PoolMemoryResource {
     }
 }
 
-impl MemoryResource for PoolMemoryResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
-    }
-
-    #[inline]
-    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
-    // out and relies only on the stream-ordering part of the contract.
-    #[allow(unsafe_code)]
-    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.upstream().kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.upstream().device()
-    }
-
-    /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
-    /// total, capped by the maximum.
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.upstream().memory_info()?;
-        let (held, free) = (self.pool_size(), self.free_bytes());
-        let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(held).min(up_free);
-        Some((free + room, up_total.min(max)))
-    }
-
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
-    }
-
-    fn name(&self) -> &'static str {
-        "pool"
-    }
-}
+// Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
+// capped by the maximum (the `Geometric` growth policy's figures).
+forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
 // Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
 #[allow(unsafe_code)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::cuda::Stream;
+    use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
+
+    /// Frees through the unsafe trait method.
+    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
+        // `Error::Logic`, which the tests check), and nothing uses the memory.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    }
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
@@ -296,6 +266,30 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_request_keeps_the_initial_chunk_and_gives_back_grown_ones() {
+        // Issue 9: an idle pool gave its whole initial chunk back after one failed request.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool = PoolMemoryResource::new(up.clone(), Some(256 << 10), None).unwrap();
+        let e = pool.allocate(2 << 20, Stream::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(pool.pool_size(), 256 << 10, "initial chunk kept");
+        assert_eq!(up.bytes_in_use(), 256 << 10);
+        // A grown chunk, free again, is given back to make room for a larger one.
+        let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.upstream_chunk_count(), 2);
+        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
+        let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
+        for (p, n) in [(a, 256 << 10), (c, 700 << 10)] {
+            free(&pool, p, n, Stream::DEFAULT).unwrap();
+        }
+        // release() gives back everything, the initial chunk included.
+        assert_eq!(pool.release().unwrap(), (256 << 10) + (700 << 10));
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
     fn growth_doubles_and_release_returns_free_chunks() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
         let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();
@@ -323,6 +317,23 @@ mod tests {
             unsafe { pool.deallocate(0x1234_5600, 256, Stream::DEFAULT) },
             Err(Error::Logic(_))
         ));
+        // A double free, on the same stream or another one, and an interior pointer.
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s1 = unsafe { Stream::from_raw(0x1000) };
+        let a = pool.allocate(1024, s1).unwrap();
+        assert!(matches!(
+            free(&pool, a + 256, 768, s1),
+            Err(Error::Logic(_))
+        ));
+        free(&pool, a, 1024, s1).unwrap();
+        for s in [s1, Stream::DEFAULT] {
+            let e = free(&pool, a, 1024, s).unwrap_err();
+            assert!(
+                e.to_string().contains("did not allocate (or was freed)"),
+                "{e}"
+            );
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size(), "nothing changed");
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
         // SAFETY: the null pointer: a no-op by the trait's contract.
         unsafe { pool.deallocate(0, 0, Stream::DEFAULT) }.unwrap();
