@@ -1,5 +1,6 @@
 //! The adaptors of `rrmm.mr`: limiting, logging, statistics, tracking, failure callback,
-//! prefetch and aligned. Each releases the GIL where its upstream does.
+//! prefetch and aligned. Each calls its upstream as its upstream is called (see `gil`); the
+//! failure callback also runs Python code of its own.
 
 use crate::adaptor::{
     log_file_for_device, AlignedResourceAdaptor as RsAligned,
@@ -8,9 +9,10 @@ use crate::adaptor::{
     Statistics as RsStatistics, StatisticsResourceAdaptor as RsStatisticsAdaptor,
     TrackingResourceAdaptor as RsTracking,
 };
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyBytes;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, upstream_arg};
@@ -40,6 +42,7 @@ impl LimitingResourceAdaptor {
             },
             up,
             limiting,
+            false,
         ))
     }
 
@@ -56,6 +59,27 @@ impl LimitingResourceAdaptor {
 
 /// Logs every allocation and free to a CSV file in RMM's format (RMM's
 /// `LoggingResourceAdaptor`).
+/// A log file name: a str, bytes (RMM's code passes encoded names) or a path-like object; an
+/// empty name is a ValueError, another type a TypeError.
+fn file_name_arg(n: &Bound<'_, PyAny>) -> PyResult<String> {
+    let name = if let Ok(s) = n.extract::<String>() {
+        s
+    } else if let Ok(b) = n.cast::<PyBytes>() {
+        String::from_utf8_lossy(b.as_bytes()).into_owned()
+    } else if n.hasattr("__fspath__")? {
+        return file_name_arg(&n.call_method0("__fspath__")?);
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "log_file_name must be a str, bytes or os.PathLike, not {}",
+            n.get_type().name()?
+        )));
+    };
+    if name.is_empty() {
+        return Err(PyValueError::new_err("log_file_name must not be empty"));
+    }
+    Ok(name)
+}
+
 #[pyclass(module = "rrmm.mr", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct LoggingResourceAdaptor {
     logging: Arc<RsLogging>,
@@ -72,14 +96,7 @@ impl LoggingResourceAdaptor {
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_arg(upstream_mr)?;
         let name: Option<String> = match log_file_name {
-            Some(n) if !n.is_none() => Some(match n.extract::<String>() {
-                Ok(s) => s,
-                // bytes (RMM's code passes encoded names) and path-like objects
-                Err(_) => match n.extract::<Vec<u8>>() {
-                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-                    Err(_) => n.call_method0("__fspath__")?.extract::<String>()?,
-                },
-            }),
+            Some(n) if !n.is_none() => Some(file_name_arg(n)?),
             _ => None,
         };
         let device = crate::current_device_ordinal();
@@ -91,6 +108,7 @@ impl LoggingResourceAdaptor {
             },
             up,
             logging,
+            false,
         ))
     }
 
@@ -141,6 +159,7 @@ impl StatisticsResourceAdaptor {
             },
             up,
             stats,
+            false,
         ))
     }
 
@@ -185,6 +204,7 @@ impl TrackingResourceAdaptor {
             },
             up,
             tracking,
+            false,
         ))
     }
 
@@ -242,6 +262,7 @@ impl FailureCallbackResourceAdaptor {
             },
             up,
             adaptor,
+            true,
         ))
     }
 
@@ -265,6 +286,7 @@ impl PrefetchResourceAdaptor {
             PrefetchResourceAdaptor,
             up,
             Arc::new(RsPrefetch::new(upstream)),
+            false,
         ))
     }
 }
@@ -297,6 +319,7 @@ impl AlignedResourceAdaptor {
             },
             up,
             aligned,
+            false,
         ))
     }
 

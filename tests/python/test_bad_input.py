@@ -356,8 +356,8 @@ def test_set_per_device_resource_bad_ordinal(child, device):
         f"""
 sim = mr.SimulatedMemoryResource(1 << 30)
 start = time.monotonic()
-expect(ValueError, r"\\b{device}\\b", lambda: mr.set_per_device_resource({device}, sim))
-expect(ValueError, r"\\b{device}\\b", lambda: mr.get_per_device_resource({device}))
+expect(ValueError, r"(?<![0-9]){device}(?![0-9])", lambda: mr.set_per_device_resource({device}, sim))
+expect(ValueError, r"(?<![0-9]){device}(?![0-9])", lambda: mr.get_per_device_resource({device}))
 assert time.monotonic() - start < 2, "the check took too long"
 mr.set_per_device_resource(0, sim)
 assert mr.get_per_device_resource(0) is sim
