@@ -697,11 +697,17 @@ def test_replay_bad_arguments(tmp_path, kwargs, exc, pattern):
 
 def test_no_deadlock_pool_growth_over_callback(child):
     """Two threads allocate from a pool over a CallbackMemoryResource: each growth runs Python
-    code under the pool's lock; a thread that waits for that lock must not hold the GIL."""
+    code under the pool's lock, and CPython hands the GIL to the other thread meanwhile (here
+    for certain: the callback sleeps). A thread that waits for the pool's lock while holding the
+    GIL would block the callback for ever: calls into a chain that reaches Python must release
+    the GIL (the callback takes it back)."""
     child(
         """
 sim = mr.SimulatedMemoryResource("1TiB")
-cb = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n), lambda p, n, s: sim.deallocate(p, n))
+def grow(n, s):
+    time.sleep(0.002)  # gives the GIL to the other thread
+    return sim.allocate(n)
+cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
 pool = mr.PoolMemoryResource(cb, 1 << 20)
 stop = time.monotonic() + 2
 counts = [0, 0]
