@@ -277,12 +277,12 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
                         linewidth=1.2, label=f"{r['resource']}: footprint")
             if r["failure_events"] and events:
                 ys = []
-                for e in r["failure_events"]:
+                for failed_at in r["failure_events"]:
                     # The bytes in use at the nearest recorded point before the failure.
                     lo, hi = 0, len(events) - 1
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
-                        if events[mid] <= e:
+                        if events[mid] <= failed_at:
                             lo = mid
                         else:
                             hi = mid - 1

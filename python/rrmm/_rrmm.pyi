@@ -1,11 +1,78 @@
 """Type stubs of the extension module ``rrmm._rrmm`` (the part written by the Python face:
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
-from typing import Any, Callable, SupportsIndex, final
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, SupportsIndex, final
 
 from typing_extensions import Buffer, Self, TypeAlias, disjoint_base
 
 __version__: str
+__all__ = [
+    "DEFAULT_STREAM",
+    "LEGACY_DEFAULT_STREAM",
+    "PER_THREAD_DEFAULT_STREAM",
+    "AlignedResourceAdaptor",
+    "BinningMemoryResource",
+    "CallbackMemoryResource",
+    "CudaAsyncMemoryResource",
+    "CudaAsyncViewMemoryResource",
+    "CudaMemoryResource",
+    "DeviceBuffer",
+    "DeviceMemoryResource",
+    "FailureCallbackResourceAdaptor",
+    "FixedSizeMemoryResource",
+    "HookAllocation",
+    "LimitingResourceAdaptor",
+    "LoggingResourceAdaptor",
+    "ManagedMemoryResource",
+    "PinnedHostMemoryResource",
+    "PoolMemoryResource",
+    "PrefetchResourceAdaptor",
+    "SamHeadroomMemoryResource",
+    "SimulatedMemoryResource",
+    "Statistics",
+    "StatisticsResourceAdaptor",
+    "Stream",
+    "SystemMemoryResource",
+    "TrackingResourceAdaptor",
+    "UpstreamResourceAdaptor",
+    "__version__",
+    "_clear_per_device_resources",
+    "_current_device",
+    "_set_device",
+    "available_device_memory",
+    "call_stream_capsule",
+    "copy_device_to_ptr",
+    "copy_host_to_ptr",
+    "copy_ptr_to_host",
+    "cupy_allocate",
+    "cupy_c_allocation",
+    "cupy_c_allocator_functions",
+    "cupy_c_live_allocations",
+    "cupy_stream_lookup",
+    "device_count",
+    "device_memory_info",
+    "device_name",
+    "driver_available",
+    "driver_error",
+    "driver_version",
+    "get_current_device_resource",
+    "get_per_device_resource",
+    "has_per_device_resource",
+    "hook_allocate",
+    "ipc_mem_handle",
+    "is_initialized",
+    "parse_bytes",
+    "pinned_allocate",
+    "replay_gpu_available",
+    "replay_logs",
+    "replay_resource_names",
+    "set_current_device_resource",
+    "set_per_device_resource",
+    "to_device",
+    "torch_allocator_addresses",
+    "torch_allocator_symbols",
+]
 
 _StreamLike: TypeAlias = Any  # rrmm Stream, __cuda_stream__ objects, CuPy/Numba/PyTorch streams
 _Bytes: TypeAlias = int | str
@@ -83,6 +150,11 @@ class CudaAsyncViewMemoryResource(DeviceMemoryResource):
     def pool_handle(self) -> int: ...
 
 @final
+class CudaAsyncManagedMemoryResource(DeviceMemoryResource):
+    def __new__(cls) -> CudaAsyncManagedMemoryResource: ...
+    def pool_handle(self) -> int: ...
+
+@final
 class SimulatedMemoryResource(DeviceMemoryResource):
     def __new__(cls, size: _Bytes) -> SimulatedMemoryResource: ...
     @property
@@ -152,14 +224,14 @@ class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def get_allocated_bytes(self) -> int: ...
     def get_allocation_limit(self) -> int: ...
 
-@final
+@disjoint_base
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
         upstream_mr: DeviceMemoryResource,
-        log_file_name: str | bytes | None = None,
+        log_file_name: str,
         auto_flush: bool = False,
-    ) -> LoggingResourceAdaptor: ...
+    ) -> Self: ...
     def flush(self) -> None: ...
     def get_file_name(self) -> str: ...
 
@@ -167,9 +239,9 @@ class LoggingResourceAdaptor(UpstreamResourceAdaptor):
 class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(cls, upstream_mr: DeviceMemoryResource) -> StatisticsResourceAdaptor: ...
     @property
-    def allocation_counts(self) -> Any: ...  # rrmm.statistics.Statistics
-    def push_counters(self) -> Any: ...
-    def pop_counters(self) -> Any: ...
+    def allocation_counts(self) -> Statistics: ...
+    def push_counters(self) -> Statistics: ...
+    def pop_counters(self) -> Statistics: ...
 
 @final
 class TrackingResourceAdaptor(UpstreamResourceAdaptor):
@@ -222,6 +294,7 @@ def driver_error() -> str | None: ...
 def driver_version() -> int: ...
 def device_count() -> int: ...
 def device_name(device: int) -> str: ...
+def _device_attribute(attribute: int, device: int) -> int: ...
 
 # ------------------------------------------------------------------ DeviceBuffer
 
@@ -274,4 +347,77 @@ def to_device(
 def copy_ptr_to_host(db: int, hb: Buffer, stream: _StreamLike = ...) -> None: ...
 def copy_host_to_ptr(hb: Buffer, db: int, stream: _StreamLike = ...) -> None: ...
 def copy_device_to_ptr(d_src: int, d_dst: int, count: int, stream: _StreamLike = ...) -> None: ...
-def __getattr__(name: str) -> Any: ...  # bindings of other parts (replay, hooks, torch)
+
+# ------------------------------------------------------------------ Statistics
+
+@final
+class Statistics:
+    def __new__(
+        cls,
+        current_bytes: int,
+        current_count: int,
+        peak_bytes: int,
+        peak_count: int,
+        total_bytes: int,
+        total_count: int,
+    ) -> Statistics: ...
+    @property
+    def current_bytes(self) -> int: ...
+    @property
+    def current_count(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+    @property
+    def peak_count(self) -> int: ...
+    @property
+    def total_bytes(self) -> int: ...
+    @property
+    def total_count(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Statistics], tuple[int, int, int, int, int, int]]: ...
+
+# ------------------------------------------------------------------ framework hooks
+
+@final
+class HookAllocation:
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def freed(self) -> bool: ...
+    def free(self) -> None: ...
+    def __int__(self) -> int: ...
+
+def hook_allocate(nbytes: int, stream: int, device: int) -> HookAllocation: ...
+def ipc_mem_handle(ptr: int) -> tuple[bytes, int]: ...
+def cupy_allocate(nbytes: int) -> Any: ...  # cupy.cuda.MemoryPointer (CuPy is optional)
+def cupy_c_allocator_functions() -> tuple[int, int]: ...
+def cupy_c_allocation(ptr: int) -> tuple[int, int] | None: ...
+def cupy_c_live_allocations() -> int: ...
+def cupy_stream_lookup() -> Literal["c", "python"]: ...
+def call_stream_capsule(capsule: object) -> int | None: ...
+def pinned_allocate(nbytes: int) -> HookAllocation: ...
+def torch_allocator_symbols() -> tuple[str, str]: ...
+def torch_allocator_addresses() -> tuple[int, int]: ...
+
+# ------------------------------------------------------------------ replay
+
+def replay_logs(
+    logs: Sequence[str],
+    resources: Sequence[str],
+    simulate: int | None = None,
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    lenient: bool = False,
+    timeline_points: int = 0,
+    progress: bool = False,
+) -> list[dict[str, Any]]: ...
+def replay_resource_names() -> list[str]: ...
+def replay_gpu_available() -> bool: ...

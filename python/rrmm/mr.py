@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from rrmm import _rrmm
+from rrmm._logging import log_file_for_device
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
     BinningMemoryResource,
@@ -16,7 +18,6 @@ from rrmm._rrmm import (
     FailureCallbackResourceAdaptor,
     FixedSizeMemoryResource,
     LimitingResourceAdaptor,
-    LoggingResourceAdaptor,
     ManagedMemoryResource,
     PinnedHostMemoryResource,
     PoolMemoryResource,
@@ -34,6 +35,9 @@ from rrmm._rrmm import (
     set_current_device_resource,
     set_per_device_resource,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "AlignedResourceAdaptor",
@@ -69,6 +73,28 @@ __all__ = [
     "set_current_device_resource",
     "set_per_device_resource",
 ]
+
+class LoggingResourceAdaptor(_rrmm.LoggingResourceAdaptor):
+    """Logs every allocation and free to a CSV file in RMM's format (RMM's
+    ``LoggingResourceAdaptor``): ``log_file_name`` (``$RMM_LOG_FILE`` when None) with
+    ``.dev{N}`` of the current device inserted before the extension."""
+
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        log_file_name: str | bytes | os.PathLike[str] | None = None,
+        auto_flush: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> Self:
+        if (upstream_mr is None) == (upstream is None):
+            raise TypeError(
+                "give the upstream resource once, as `upstream_mr` (or `upstream`)"
+            )
+        path = log_file_for_device(log_file_name, _rrmm._current_device())
+        mr = upstream_mr if upstream_mr is not None else upstream
+        return super().__new__(cls, mr, path, auto_flush)
+
 
 def get_per_device_resource_type(device: int) -> type:
     """The type of the resource of ``device``."""
@@ -127,3 +153,18 @@ def get_log_filenames() -> dict[int, str | None]:
         else:
             out[device] = None
     return out
+
+
+# RMM's ``rmm.mr.experimental`` submodule: ``rrmm.mr`` is a module, so its ``experimental`` part
+# lives in ``rrmm._mr_experimental`` and is registered under the dotted name.
+def _register_experimental() -> Any:
+    import sys
+
+    from rrmm import _mr_experimental
+
+    sys.modules[__name__ + ".experimental"] = _mr_experimental
+    return _mr_experimental
+
+
+experimental = _register_experimental()
+__all__.append("experimental")

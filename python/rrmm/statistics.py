@@ -12,6 +12,7 @@ from functools import wraps
 from typing import Any, Callable, TypeVar
 
 import rrmm.mr
+from rrmm._rrmm import Statistics
 
 __all__ = [
     "ProfilerRecords",
@@ -24,19 +25,6 @@ __all__ = [
     "push_statistics",
     "statistics",
 ]
-
-
-@dataclass
-class Statistics:
-    """Counters of a ``StatisticsResourceAdaptor``: bytes and allocations now, at the peak, and
-    in total."""
-
-    current_bytes: int
-    current_count: int
-    peak_bytes: int
-    peak_count: int
-    total_bytes: int
-    total_count: int
 
 
 def _current_stats_mr() -> Any:
@@ -192,7 +180,7 @@ class profiler(ContextDecorator):
         if stats is not None:
             self._records.add(name=self._name, data=stats)
 
-    def __call__(self, func: F) -> F:  # type: ignore[override]
+    def __call__(self, func: F) -> F:
         name = self._name or _descriptive_name(func)
 
         @wraps(func)
@@ -206,3 +194,9 @@ class profiler(ContextDecorator):
                     self._records.add(name=name, data=stats)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _get_descriptive_name_of_object(obj: object) -> str:
+    """The name the profiler records ``obj`` under (``file:line(qualname)`` of the undecorated
+    function), as RMM's helper of that name."""
+    return _descriptive_name(inspect.unwrap(obj))  # type: ignore[arg-type]

@@ -3,21 +3,20 @@
 //! failure callback also runs Python code of its own.
 
 use crate::adaptor::{
-    log_file_for_device, AlignedResourceAdaptor as RsAligned,
-    FailureCallbackResourceAdaptor as RsFailureCallback, LimitingResourceAdaptor as RsLimiting,
-    LoggingResourceAdaptor as RsLogging, PrefetchResourceAdaptor as RsPrefetch,
-    Statistics as RsStatistics, StatisticsResourceAdaptor as RsStatisticsAdaptor,
+    AlignedResourceAdaptor as RsAligned, FailureCallbackResourceAdaptor as RsFailureCallback,
+    LimitingResourceAdaptor as RsLimiting, LoggingResourceAdaptor as RsLogging,
+    PrefetchResourceAdaptor as RsPrefetch, StatisticsResourceAdaptor as RsStatisticsAdaptor,
     TrackingResourceAdaptor as RsTracking,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyBytes;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
+use super::upstream_kw::{pick_upstream, required};
+use super::statistics::Statistics;
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
@@ -29,11 +28,14 @@ pub(crate) struct LimitingResourceAdaptor {
 #[pymethods]
 impl LimitingResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, allocation_limit=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        allocation_limit: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        allocation_limit: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let allocation_limit = required(allocation_limit, "allocation_limit")?;
         let limit = bytes_arg(allocation_limit, "allocation_limit")?;
         let limiting = Arc::new(RsLimiting::new(upstream, limit));
         Ok(adaptor_init(
@@ -57,30 +59,10 @@ impl LimitingResourceAdaptor {
     }
 }
 
-/// Logs every allocation and free to a CSV file in RMM's format (RMM's
-/// `LoggingResourceAdaptor`).
-/// A log file name: a str, bytes (RMM's code passes encoded names) or a path-like object; an
-/// empty name is a ValueError, another type a TypeError.
-fn file_name_arg(n: &Bound<'_, PyAny>) -> PyResult<String> {
-    let name = if let Ok(s) = n.extract::<String>() {
-        s
-    } else if let Ok(b) = n.cast::<PyBytes>() {
-        String::from_utf8_lossy(b.as_bytes()).into_owned()
-    } else if n.hasattr("__fspath__")? {
-        return file_name_arg(&n.call_method0("__fspath__")?);
-    } else {
-        return Err(PyTypeError::new_err(format!(
-            "log_file_name must be a str, bytes or os.PathLike, not {}",
-            n.get_type().name()?
-        )));
-    };
-    if name.is_empty() {
-        return Err(PyValueError::new_err("log_file_name must not be empty"));
-    }
-    Ok(name)
-}
-
-#[pyclass(module = "rrmm.mr", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
+/// Logs every allocation and free to the CSV file `log_file_name`, in RMM's format. The file
+/// name is used as given: `rrmm.mr.LoggingResourceAdaptor`, a Python subclass, applies RMM's
+/// naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension).
+#[pyclass(module = "rrmm._rrmm", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, subclass, frozen)]
 pub(crate) struct LoggingResourceAdaptor {
     logging: Arc<RsLogging>,
 }
@@ -88,20 +70,18 @@ pub(crate) struct LoggingResourceAdaptor {
 #[pymethods]
 impl LoggingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, log_file_name=None, auto_flush=false))]
+    #[pyo3(signature = (upstream_mr, log_file_name, auto_flush=false))]
     fn new(
         upstream_mr: &Bound<'_, PyAny>,
-        log_file_name: Option<&Bound<'_, PyAny>>,
+        log_file_name: &str,
         auto_flush: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_arg(upstream_mr)?;
-        let name: Option<String> = match log_file_name {
-            Some(n) if !n.is_none() => Some(file_name_arg(n)?),
-            _ => None,
-        };
-        let device = crate::current_device_ordinal();
-        let path = py_result(log_file_for_device(name.as_deref(), device))?;
-        let logging = Arc::new(py_result(RsLogging::new(upstream, &path, auto_flush))?);
+        let logging = Arc::new(py_result(RsLogging::new(
+            upstream,
+            log_file_name,
+            auto_flush,
+        ))?);
         Ok(adaptor_init(
             LoggingResourceAdaptor {
                 logging: logging.clone(),
@@ -117,28 +97,10 @@ impl LoggingResourceAdaptor {
         py_result(self.logging.flush())
     }
 
-    /// The log file's path (with `.dev{N}`).
+    /// The log file's path.
     fn get_file_name(&self) -> String {
         self.logging.file_name().to_string()
     }
-}
-
-fn statistics_object<'py>(py: Python<'py>, s: RsStatistics) -> PyResult<Bound<'py, PyAny>> {
-    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let cls = CLASS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py
-            .import("rrmm.statistics")?
-            .getattr("Statistics")?
-            .unbind())
-    })?;
-    cls.bind(py).call1((
-        s.current_bytes,
-        s.current_count,
-        s.peak_bytes,
-        s.peak_count,
-        s.total_bytes,
-        s.total_count,
-    ))
 }
 
 /// Counts bytes and allocations, with push/pop levels (RMM's `StatisticsResourceAdaptor`).
@@ -150,8 +112,12 @@ pub(crate) struct StatisticsResourceAdaptor {
 #[pymethods]
 impl StatisticsResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let stats = Arc::new(RsStatisticsAdaptor::new(upstream));
         Ok(adaptor_init(
             StatisticsResourceAdaptor {
@@ -165,20 +131,19 @@ impl StatisticsResourceAdaptor {
 
     /// The counters of the top level, as `rrmm.statistics.Statistics`.
     #[getter]
-    fn allocation_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        statistics_object(py, self.stats.allocation_counts())
+    fn allocation_counts(&self) -> Statistics {
+        self.stats.allocation_counts().into()
     }
 
     /// Starts a new level of counters; returns the counters before the push.
-    fn push_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        statistics_object(py, self.stats.push_counters())
+    fn push_counters(&self) -> Statistics {
+        self.stats.push_counters().into()
     }
 
     /// Ends the top level, merging it into the level below; returns the popped counters
     /// (IndexError when only one level is left).
-    fn pop_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let popped = py_result(self.stats.pop_counters())?;
-        statistics_object(py, popped)
+    fn pop_counters(&self) -> PyResult<Statistics> {
+        Ok(py_result(self.stats.pop_counters())?.into())
     }
 }
 
@@ -191,12 +156,13 @@ pub(crate) struct TrackingResourceAdaptor {
 #[pymethods]
 impl TrackingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, capture_stacks=false))]
+    #[pyo3(signature = (upstream_mr=None, capture_stacks=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         capture_stacks: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let tracking = Arc::new(RsTracking::new(upstream, capture_stacks));
         Ok(adaptor_init(
             TrackingResourceAdaptor {
@@ -234,11 +200,14 @@ pub(crate) struct FailureCallbackResourceAdaptor {
 #[pymethods]
 impl FailureCallbackResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, callback=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        callback: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        callback: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let callback = required(callback, "callback")?;
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
@@ -280,8 +249,12 @@ pub(crate) struct PrefetchResourceAdaptor;
 #[pymethods]
 impl PrefetchResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         Ok(adaptor_init(
             PrefetchResourceAdaptor,
             up,
@@ -301,13 +274,14 @@ pub(crate) struct AlignedResourceAdaptor {
 #[pymethods]
 impl AlignedResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, alignment=256, alignment_threshold=65536))]
+    #[pyo3(signature = (upstream_mr=None, alignment=256, alignment_threshold=65536, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         alignment: usize,
         alignment_threshold: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let aligned = Arc::new(py_result(RsAligned::new(
             upstream,
             alignment,

@@ -4,7 +4,7 @@
 //!
 //! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
 //! base classes), `convert` (arguments), then the resources (`base_resources`,
-//! `suballocators`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
+//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
 //! (`hooks`, shared by `cupy`, `numba` and `torch`).
 
 mod adaptors;
@@ -15,7 +15,9 @@ mod cupy_stream;
 mod device;
 mod device_buffer;
 mod errors;
+mod experimental;
 mod gil;
+mod gpu;
 mod hooks;
 mod host_buffer;
 mod numba;
@@ -23,9 +25,11 @@ mod pointers;
 mod registry;
 mod replay;
 mod resource;
+mod statistics;
 mod stream;
 mod suballocators;
 mod torch;
+mod upstream_kw;
 
 use pyo3::prelude::*;
 
@@ -39,6 +43,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
     base_resources::register(m)?;
     suballocators::register(m)?;
+    statistics::register(m)?;
     adaptors::register(m)?;
     registry::register(m)?;
     device::register(m)?;
@@ -49,5 +54,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_stream::register(m)?;
     numba::register(m)?;
     torch::register(m)?;
+    experimental::register(m)?;
+    gpu::register(m)?;
     Ok(())
 }

