@@ -112,7 +112,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--resource",
         default="pool",
-        help="resource to replay against: pool, binning, fixed_size, cuda, cuda_async, managed "
+        help="resource to replay against: pool, binning, arena, fixed_size, cuda, cuda_async, managed "
         "(default: pool)",
     )
     parser.add_argument(
@@ -129,6 +129,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--initial-pool-size", metavar="SIZE", type=parse_size)
     parser.add_argument("--maximum-pool-size", metavar="SIZE", type=parse_size)
+    parser.add_argument(
+        "--arena-size", metavar="SIZE", type=parse_size,
+        help="size of the arena resource (default: half the free memory)",
+    )
     parser.add_argument("--plot", metavar="OUT.png", help="draw memory over the events to a PNG")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument(
@@ -146,7 +150,7 @@ def _resources(args: argparse.Namespace, gpu: bool, known: Sequence[str]) -> lis
         if names == ["all"]:
             if gpu:
                 return [n for n in known if n != "simulated"]
-            return ["pool", "binning", "fixed_size", "simulated"]
+            return ["pool", "binning", "arena", "fixed_size", "simulated"]
     else:
         names = [args.resource.strip()]
     out: list[str] = []
@@ -339,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
             lenient=args.lenient,
             timeline_points=PLOT_POINTS if args.plot else 0,
             progress=progress,
+            arena_size=args.arena_size,
         )
     except (ValueError, OSError) as e:
         return fail(str(e))

@@ -12,8 +12,10 @@ __all__ = [
     "LEGACY_DEFAULT_STREAM",
     "PER_THREAD_DEFAULT_STREAM",
     "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
     "BinningMemoryResource",
     "CallbackMemoryResource",
+    "CudaAsyncManagedMemoryResource",
     "CudaAsyncMemoryResource",
     "CudaAsyncViewMemoryResource",
     "CudaMemoryResource",
@@ -39,6 +41,7 @@ __all__ = [
     "__version__",
     "_clear_per_device_resources",
     "_current_device",
+    "_device_attribute",
     "_set_device",
     "available_device_memory",
     "call_stream_capsule",
@@ -179,9 +182,11 @@ class CallbackMemoryResource(DeviceMemoryResource):
 class PoolMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         initial_pool_size: _Bytes | None = None,
         maximum_pool_size: _Bytes | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> PoolMemoryResource: ...
     def pool_size(self) -> int: ...
     def maximum_pool_size(self) -> int | None: ...
@@ -191,12 +196,29 @@ class PoolMemoryResource(UpstreamResourceAdaptor):
     def free_block_count(self) -> int: ...
 
 @final
+class ArenaMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        arena_size: _Bytes | None = None,
+        dump_log_on_failure: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> ArenaMemoryResource: ...
+    def arena_size(self) -> int: ...
+    def free_bytes(self) -> int: ...
+    def defragment(self) -> None: ...
+    def state_report(self) -> str: ...
+
+@final
 class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         block_size: _Bytes | None = ...,
         blocks_to_preallocate: int = ...,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> FixedSizeMemoryResource: ...
     def block_size(self) -> int: ...
     def pool_size(self) -> int: ...
@@ -206,9 +228,11 @@ class FixedSizeMemoryResource(UpstreamResourceAdaptor):
 class BinningMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         min_size_exponent: int = ...,
         max_size_exponent: int = ...,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> BinningMemoryResource: ...
     def add_bin(
         self, allocation_size: _Bytes, bin_resource: DeviceMemoryResource | None = None
@@ -219,7 +243,11 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
 @final
 class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, allocation_limit: _Bytes
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        allocation_limit: _Bytes | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> LimitingResourceAdaptor: ...
     def get_allocated_bytes(self) -> int: ...
     def get_allocation_limit(self) -> int: ...
@@ -228,16 +256,23 @@ class LimitingResourceAdaptor(UpstreamResourceAdaptor):
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
-        log_file_name: str,
+        upstream_mr: DeviceMemoryResource | None = None,
+        log_file_name: str | None = None,
         auto_flush: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> Self: ...
     def flush(self) -> None: ...
     def get_file_name(self) -> str: ...
 
 @final
 class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
-    def __new__(cls, upstream_mr: DeviceMemoryResource) -> StatisticsResourceAdaptor: ...
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> StatisticsResourceAdaptor: ...
     @property
     def allocation_counts(self) -> Statistics: ...
     def push_counters(self) -> Statistics: ...
@@ -246,7 +281,11 @@ class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
 @final
 class TrackingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, capture_stacks: bool = False
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        capture_stacks: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> TrackingResourceAdaptor: ...
     def get_allocated_bytes(self) -> int: ...
     def get_outstanding_allocations_str(self) -> str: ...
@@ -255,22 +294,33 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 @final
 class FailureCallbackResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, callback: Callable[[int], bool]
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        callback: Callable[[int], bool] | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> FailureCallbackResourceAdaptor: ...
     @property
     def callback(self) -> Callable[[int], bool]: ...
 
 @final
 class PrefetchResourceAdaptor(UpstreamResourceAdaptor):
-    def __new__(cls, upstream_mr: DeviceMemoryResource) -> PrefetchResourceAdaptor: ...
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> PrefetchResourceAdaptor: ...
 
 @final
 class AlignedResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         alignment: int = 256,
         alignment_threshold: int = 65536,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> AlignedResourceAdaptor: ...
     def alignment(self) -> int: ...
     def alignment_threshold(self) -> int: ...
@@ -418,6 +468,7 @@ def replay_logs(
     lenient: bool = False,
     timeline_points: int = 0,
     progress: bool = False,
+    arena_size: int | None = None,
 ) -> list[dict[str, Any]]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_gpu_available() -> bool: ...

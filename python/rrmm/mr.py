@@ -9,6 +9,7 @@ from rrmm import _rrmm
 from rrmm._logging import log_file_for_device
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
+    ArenaMemoryResource,
     BinningMemoryResource,
     CallbackMemoryResource,
     CudaAsyncMemoryResource,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
     "BinningMemoryResource",
     "CallbackMemoryResource",
     "CudaAsyncMemoryResource",
@@ -87,13 +89,8 @@ class LoggingResourceAdaptor(_rrmm.LoggingResourceAdaptor):
         *,
         upstream: DeviceMemoryResource | None = None,
     ) -> Self:
-        if (upstream_mr is None) == (upstream is None):
-            raise TypeError(
-                "give the upstream resource once, as `upstream_mr` (or `upstream`)"
-            )
         path = log_file_for_device(log_file_name, _rrmm._current_device())
-        mr = upstream_mr if upstream_mr is not None else upstream
-        return super().__new__(cls, mr, path, auto_flush)
+        return super().__new__(cls, upstream_mr, path, auto_flush, upstream=upstream)
 
 
 def get_per_device_resource_type(device: int) -> type:

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
-use super::upstream_kw::{pick_upstream, required};
 use super::statistics::Statistics;
+use super::upstream_kw::{pick_upstream, required};
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
@@ -70,13 +70,17 @@ pub(crate) struct LoggingResourceAdaptor {
 #[pymethods]
 impl LoggingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, log_file_name, auto_flush=false))]
+    #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        log_file_name: &str,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        log_file_name: Option<&str>,
         auto_flush: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let log_file_name = log_file_name.ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err("missing required argument 'log_file_name'")
+        })?;
         let logging = Arc::new(py_result(RsLogging::new(
             upstream,
             log_file_name,

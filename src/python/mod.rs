@@ -8,6 +8,7 @@
 //! (`hooks`, shared by `cupy`, `numba` and `torch`).
 
 mod adaptors;
+mod arena;
 mod base_resources;
 mod convert;
 mod cupy;
@@ -47,6 +48,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     adaptors::register(m)?;
     registry::register(m)?;
     device::register(m)?;
+    arena::register(m)?;
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;

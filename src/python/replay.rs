@@ -1,7 +1,9 @@
 //! `rrmm._rrmm.replay_logs` and helpers: the engine of `python -m rrmm replay`.
 
 use super::errors::py_result;
-use crate::replay::{build_resource, replay, ReplayOptions, ReplayReport, Trace, RESOURCE_NAMES};
+use crate::replay::{
+    build_resource_sized, replay, ReplayOptions, ReplayReport, Trace, RESOURCE_NAMES,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -19,12 +21,14 @@ struct TraceInfo {
     peak_requested_bytes: usize,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     logs: &[String],
     resources: &[String],
     simulate: Option<usize>,
     initial_pool_size: Option<usize>,
     maximum_pool_size: Option<usize>,
+    arena_size: Option<usize>,
     options: ReplayOptions,
     lenient: bool,
 ) -> crate::Result<Vec<LogResult>> {
@@ -34,7 +38,13 @@ fn run(
         let mut reports = Vec::with_capacity(resources.len());
         for name in resources {
             // A fresh resource per replay, dropped before the next is built.
-            let mr = build_resource(name, simulate, initial_pool_size, maximum_pool_size)?;
+            let mr = build_resource_sized(
+                name,
+                simulate,
+                initial_pool_size,
+                maximum_pool_size,
+                arena_size,
+            )?;
             let mut report = replay(&trace, &mr, options)?;
             report.resource = name.clone();
             reports.push(report);
@@ -100,7 +110,7 @@ fn report_dict<'py>(
 /// for bad input (naming file and line) or an unknown resource, OSError for an unreadable file,
 /// RuntimeError for CUDA errors.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false))]
+#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, arena_size=None))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
@@ -112,6 +122,7 @@ fn replay_logs<'py>(
     lenient: bool,
     timeline_points: usize,
     progress: bool,
+    arena_size: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     let options = ReplayOptions {
         timeline_points,
@@ -124,6 +135,7 @@ fn replay_logs<'py>(
             simulate,
             initial_pool_size,
             maximum_pool_size,
+            arena_size,
             options,
             lenient,
         )

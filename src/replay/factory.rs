@@ -7,7 +7,7 @@ use crate::resource::{
     MemoryResource, SharedResource, SimulatedMemoryResource,
 };
 use crate::suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
     DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
 use std::sync::Arc;
@@ -21,6 +21,7 @@ const BINNING_MAX_EXPONENT: u32 = 22;
 pub const RESOURCE_NAMES: &[&str] = &[
     "pool",
     "binning",
+    "arena",
     "fixed_size",
     "cuda_async",
     "cuda",
@@ -29,7 +30,7 @@ pub const RESOURCE_NAMES: &[&str] = &[
 ];
 
 /// Names that need the suballocators (pool, binning, fixed_size).
-const SUBALLOCATORS: &[&str] = &["pool", "binning", "fixed_size"];
+const SUBALLOCATORS: &[&str] = &["pool", "binning", "arena", "fixed_size"];
 
 /// Builds the resource `name` for a replay: over simulated memory of `simulate` bytes when
 /// given, else over real CUDA memory of the current device.
@@ -40,6 +41,8 @@ const SUBALLOCATORS: &[&str] = &["pool", "binning", "fixed_size"];
 /// - `pool`: a pool with `initial_pool_size`/`maximum_pool_size` over the device;
 /// - `binning`: fixed-size bins of 2^18..2^22 bytes over a pool, larger requests to the pool
 ///   (benchmarks.md W1); its footprint is the pool's;
+/// - `arena`: an arena of half the device's free memory over the device (see
+///   [`build_resource_sized`] for another size);
 /// - `fixed_size`: 1 MiB blocks, 128 preallocated, over the device.
 ///
 /// Resources without a pool ignore the pool sizes.
@@ -51,6 +54,21 @@ pub fn build_resource(
     simulate: Option<usize>,
     initial_pool_size: Option<usize>,
     maximum_pool_size: Option<usize>,
+) -> Result<SharedResource> {
+    build_resource_sized(name, simulate, initial_pool_size, maximum_pool_size, None)
+}
+
+/// As [`build_resource`], with the arena's size for `arena` (default: half the free memory);
+/// other resources ignore it.
+///
+/// # Errors
+/// As [`build_resource`]; the arena's validation of its size.
+pub fn build_resource_sized(
+    name: &str,
+    simulate: Option<usize>,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
+    arena_size: Option<usize>,
 ) -> Result<SharedResource> {
     let name = name.trim().to_ascii_lowercase().replace('-', "_");
     if !RESOURCE_NAMES.contains(&name.as_str()) {
@@ -95,6 +113,13 @@ pub fn build_resource(
             None => Ok(Arc::new(ManagedMemoryResource::new()?)),
         },
         sub if SUBALLOCATORS.contains(&sub) => {
+            if sub == "arena" {
+                return Ok(Arc::new(ArenaMemoryResource::new(
+                    device()?,
+                    arena_size,
+                    false,
+                )?));
+            }
             build_suballocator(sub, device()?, initial_pool_size, maximum_pool_size)
         }
         _ => Err(Error::invalid(
@@ -196,6 +221,16 @@ mod tests {
         assert_eq!(pool.footprint().unwrap().held_bytes, 1 << 20);
         let binning = build_resource("binning", Some(1 << 30), Some(1 << 20), None).unwrap();
         assert_eq!(binning.name(), "binning");
+        let arena = build_resource("arena", Some(1 << 30), Some(1 << 20), None).unwrap();
+        assert_eq!(arena.name(), "arena");
+        assert_eq!(
+            arena.footprint().unwrap().held_bytes,
+            1 << 29,
+            "pool sizes ignored"
+        );
+        let sized = build_resource_sized("arena", Some(1 << 30), None, None, Some(1 << 24));
+        assert_eq!(sized.unwrap().footprint().unwrap().held_bytes, 1 << 24);
+        assert!(build_resource_sized("arena", Some(1 << 30), None, None, Some(4096)).is_err());
         let fixed = build_resource("fixed_size", Some(1 << 30), None, None).unwrap();
         assert_eq!(fixed.name(), "fixed_size");
         // RMM's validation of pool sizes comes through.

@@ -23,7 +23,7 @@ mod trace;
 pub use engine::{
     replay, replay_with_progress, Progress, ReplayOptions, ReplayReport, TimelinePoint,
 };
-pub use factory::{build_resource, RESOURCE_NAMES};
+pub use factory::{build_resource, build_resource_sized, RESOURCE_NAMES};
 pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]
