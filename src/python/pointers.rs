@@ -53,7 +53,7 @@ mod tests {
     use crate::{MemoryResource, Stream};
 
     #[test]
-    fn live_simulated_ranges_are_known_and_dropped_ones_forgotten() {
+    fn live_simulated_ranges_are_known_and_host_memory_is_not() {
         let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
         register_simulated(&sim);
         let p = sim.allocate(256, Stream::DEFAULT).unwrap();
