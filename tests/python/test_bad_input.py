@@ -108,6 +108,12 @@ CONSTRUCTORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] =
     ("prefetch-none-upstream", lambda s: mr.PrefetchResourceAdaptor(None), TypeError, r"upstream_mr"),
     ("logging-none-upstream", lambda s: mr.LoggingResourceAdaptor(None, "x.csv"), TypeError, r"upstream_mr"),
     ("sam-headroom-negative", lambda s: mr.SamHeadroomMemoryResource(-1), OverflowError, r"headroom"),
+    ("arena-negative-size", lambda s: mr.ArenaMemoryResource(s, -1), OverflowError, r"arena_size must be a non-negative"),
+    ("arena-unparsable-size", lambda s: mr.ArenaMemoryResource(s, "x"), ValueError, r"Could not parse 'x'"),
+    ("arena-float-size", lambda s: mr.ArenaMemoryResource(s, 1.5), TypeError, r"arena_size must be an int"),
+    ("arena-zero-size", lambda s: mr.ArenaMemoryResource(s, 0), RuntimeError, r"smaller than minimum superblock size"),
+    ("arena-over-device", lambda s: mr.ArenaMemoryResource(s, 2 * GiB), MemoryError, r"failed to allocate 2147483648 bytes"),
+    ("arena-none-upstream", lambda s: mr.ArenaMemoryResource(None), TypeError, r"upstream_mr"),
     ("async-view-str-handle", lambda s: mr.CudaAsyncViewMemoryResource("x"), TypeError, r"pool_handle"),
     ("async-view-null-handle", lambda s: mr.CudaAsyncViewMemoryResource(0), ValueError, r"pool_handle.*null"),
     ("async-unparsable-initial", lambda s: mr.CudaAsyncMemoryResource(initial_pool_size="x"), ValueError, r"Could not parse 'x'"),
@@ -130,6 +136,7 @@ NO_DRIVER_CONSTRUCTORS = [
     mr.ManagedMemoryResource,
     mr.PinnedHostMemoryResource,
     mr.CudaAsyncMemoryResource,
+    mr.experimental.CudaAsyncManagedMemoryResource,
 ]
 
 
@@ -161,6 +168,7 @@ def _resources(tmp_path: Path) -> dict[str, Callable[[Any], Any]]:
         "failure_callback": lambda s: mr.FailureCallbackResourceAdaptor(s, lambda n: False),
         "aligned": lambda s: mr.AlignedResourceAdaptor(s, 4096),
         "callback": callback,
+        "arena": lambda s: mr.ArenaMemoryResource(s, 64 * MiB),
     }
 
 
@@ -219,6 +227,7 @@ MAKE = {
     "failure_callback": lambda s: mr.FailureCallbackResourceAdaptor(s, lambda n: False),
     "aligned": lambda s: mr.AlignedResourceAdaptor(s, 4096),
     "callback": callback,
+    "arena": lambda s: mr.ArenaMemoryResource(s, 64 << 20),
 }
 
 def counters(r):
