@@ -734,6 +734,34 @@ print("CHILD OK")
     )
 
 
+def test_no_deadlock_hook_allocations_over_callback(child):
+    """The framework hooks' entry point (`hook_allocate`, CuPy/Numba) from two threads, with a
+    pool over a CallbackMemoryResource as the device's resource: same rule as the methods."""
+    child(
+        """
+sim = mr.SimulatedMemoryResource("1TiB")
+def grow(n, s):
+    time.sleep(0.002)  # gives the GIL to the other thread
+    return sim.allocate(n)
+cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+mr.set_per_device_resource(0, mr.PoolMemoryResource(cb, 1 << 20))
+stop = time.monotonic() + 2
+counts = [0, 0]
+keep = []
+def work(i):
+    while time.monotonic() < stop:
+        keep.append(_rrmm.hook_allocate(64 << 20, 0, 0))  # grows the pool every time
+        counts[i] += 1
+threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert min(counts) > 0, counts
+print("CHILD OK")
+""",
+        timeout=30,
+    )
+
+
 @pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason())
 def test_no_deadlock_release_over_callback(child):
     """Thread A holds the GIL and calls into the pool while thread B calls release(), whose
