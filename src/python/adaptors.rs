@@ -1,5 +1,6 @@
 //! The adaptors of `rrmm.mr`: limiting, logging, statistics, tracking, failure callback,
-//! prefetch and aligned. Each releases the GIL where its upstream does.
+//! prefetch and aligned. Each calls its upstream as its upstream is called (see `gil`); the
+//! failure callback also runs Python code of its own.
 
 use crate::adaptor::{
     AlignedResourceAdaptor as RsAligned, FailureCallbackResourceAdaptor as RsFailureCallback,
@@ -43,6 +44,7 @@ impl LimitingResourceAdaptor {
             },
             up,
             limiting,
+            false,
         ))
     }
 
@@ -90,6 +92,7 @@ impl LoggingResourceAdaptor {
             },
             up,
             logging,
+            false,
         ))
     }
 
@@ -126,6 +129,7 @@ impl StatisticsResourceAdaptor {
             },
             up,
             stats,
+            false,
         ))
     }
 
@@ -170,6 +174,7 @@ impl TrackingResourceAdaptor {
             },
             up,
             tracking,
+            false,
         ))
     }
 
@@ -227,6 +232,7 @@ impl FailureCallbackResourceAdaptor {
             },
             up,
             adaptor,
+            true,
         ))
     }
 
@@ -254,6 +260,7 @@ impl PrefetchResourceAdaptor {
             PrefetchResourceAdaptor,
             up,
             Arc::new(RsPrefetch::new(upstream)),
+            false,
         ))
     }
 }
@@ -287,6 +294,7 @@ impl AlignedResourceAdaptor {
             },
             up,
             aligned,
+            false,
         ))
     }
 

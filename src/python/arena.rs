@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::convert::{opt_bytes_arg, upstream_arg};
 use super::errors::py_result;
+use super::gil;
 use super::resource::{suballocator_init, UpstreamResourceAdaptor};
 use super::upstream_kw::pick_upstream;
 
@@ -50,9 +51,11 @@ impl ArenaMemoryResource {
     }
 
     /// rrmm: synchronizes and returns every empty superblock to the global arena.
-    fn defragment(&self, py: Python<'_>) -> PyResult<()> {
-        let arena = &self.arena;
-        py_result(py.detach(|| arena.defragment()))
+    fn defragment(slf: &Bound<'_, Self>) -> PyResult<()> {
+        // It synchronizes: a blocking call.
+        let profile = slf.as_super().as_super().get().profile.blocking();
+        let arena = &slf.get().arena;
+        py_result(gil::call(slf.py(), profile, || arena.defragment()))
     }
 
     /// rrmm: the arena's state as the out-of-memory dump writes it.

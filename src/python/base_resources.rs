@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg};
 use super::errors::{callback_error, py_result};
+use super::gil::CallProfile;
+use super::pointers;
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
@@ -26,7 +28,7 @@ impl CudaMemoryResource {
     #[new]
     fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
         let mr = py_result(py.detach(RsCuda::new))?;
-        Ok(sub(CudaMemoryResource, Arc::new(mr)))
+        Ok(sub(CudaMemoryResource, Arc::new(mr), CallProfile::DRIVER))
     }
 }
 
@@ -39,7 +41,11 @@ impl ManagedMemoryResource {
     #[new]
     fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
         let mr = py_result(py.detach(RsManaged::new))?;
-        Ok(sub(ManagedMemoryResource, Arc::new(mr)))
+        Ok(sub(
+            ManagedMemoryResource,
+            Arc::new(mr),
+            CallProfile::DRIVER,
+        ))
     }
 }
 
@@ -51,7 +57,11 @@ pub(crate) struct SystemMemoryResource;
 impl SystemMemoryResource {
     #[new]
     fn new() -> PyClassInitializer<Self> {
-        sub(SystemMemoryResource, Arc::new(RsSystem::new()))
+        sub(
+            SystemMemoryResource,
+            Arc::new(RsSystem::new()),
+            CallProfile::HOST,
+        )
     }
 }
 
@@ -67,11 +77,12 @@ impl SamHeadroomMemoryResource {
     #[new]
     fn new(headroom: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let headroom = bytes_arg(headroom, "headroom")?;
-        Ok(
-            PyClassInitializer::from(DeviceMemoryResource::init(Arc::new(RsSystem::new())))
-                .add_subclass(SystemMemoryResource)
-                .add_subclass(SamHeadroomMemoryResource { headroom }),
-        )
+        Ok(PyClassInitializer::from(DeviceMemoryResource::init(
+            Arc::new(RsSystem::new()),
+            CallProfile::HOST,
+        ))
+        .add_subclass(SystemMemoryResource)
+        .add_subclass(SamHeadroomMemoryResource { headroom }))
     }
 
     /// The device memory kept free, in bytes.
@@ -90,7 +101,11 @@ impl PinnedHostMemoryResource {
     #[new]
     fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
         let mr = py_result(py.detach(RsPinned::new))?;
-        Ok(sub(PinnedHostMemoryResource, Arc::new(mr)))
+        Ok(sub(
+            PinnedHostMemoryResource,
+            Arc::new(mr),
+            CallProfile::DRIVER,
+        ))
     }
 }
 
@@ -123,6 +138,7 @@ impl CudaAsyncMemoryResource {
                 pool_handle: mr.pool_handle(),
             },
             Arc::new(mr),
+            CallProfile::DRIVER,
         ))
     }
 
@@ -145,7 +161,15 @@ impl CudaAsyncViewMemoryResource {
         // Accept ints and objects convertible with int() (cuda-python's cudaMemPool_t).
         let handle: usize = match pool_handle.extract::<usize>() {
             Ok(h) => h,
-            Err(_) => pool_handle.call_method0("__int__")?.extract()?,
+            Err(_) if pool_handle.hasattr("__int__")? => {
+                pool_handle.call_method0("__int__")?.extract()?
+            }
+            Err(_) => {
+                return Err(PyTypeError::new_err(format!(
+                    "pool_handle must be an int or a cudaMemPool_t, not {}",
+                    pool_handle.get_type().name()?
+                )))
+            }
         };
         // SAFETY: RMM's contract for `CudaAsyncViewMemoryResource`: the caller passes a live
         // pool of the current device and keeps it live while this resource is used.
@@ -155,6 +179,7 @@ impl CudaAsyncViewMemoryResource {
                 pool_handle: handle,
             },
             Arc::new(mr),
+            CallProfile::DRIVER,
         ))
     }
 
@@ -177,7 +202,13 @@ impl SimulatedMemoryResource {
     fn new(size: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
         let sim = Arc::new(RsSimulated::new(size));
-        Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
+        // Copy paths refuse pointers into its range (nothing is behind them).
+        pointers::register_simulated(&sim);
+        Ok(sub(
+            SimulatedMemoryResource { sim: sim.clone() },
+            sim,
+            CallProfile::HOST,
+        ))
     }
 
     /// The pretend device's size in bytes.
@@ -258,6 +289,7 @@ impl CallbackMemoryResource {
                 deallocate_func: dealloc,
             },
             Arc::new(mr),
+            CallProfile::PYTHON,
         ))
     }
 

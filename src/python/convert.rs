@@ -30,6 +30,26 @@ pub(crate) fn upstream_arg<'py>(
     Ok((mr.clone().unbind(), mr.get().inner.clone()))
 }
 
+/// A device ordinal argument: an int or an object with `__index__` (a TypeError otherwise);
+/// a negative one, or one past `usize`, is a ValueError naming it. (Whether the device exists
+/// is the per-device table's check.)
+pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let index = obj.call_method0("__index__").map_err(|_| {
+        PyTypeError::new_err(format!(
+            "'{}' object cannot be interpreted as an integer",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    index.extract::<usize>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "invalid argument `device`: device ordinal {index} is out of range"
+        ))
+    })
+}
+
 /// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
 /// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes.
 pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
 use super::cupy_stream::{cupy_missing, CupyStreamLookup};
-use super::errors::py_result;
+use super::errors::{py_result, report_to_stderr};
 use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
 use crate::resource::PinnedHostMemoryResource;
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
@@ -137,8 +137,12 @@ extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_in
     }));
     match outcome {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => eprintln!("rrmm: freeing a CuPy allocation failed: {error}"),
-        Err(_) => eprintln!("rrmm: internal error (panic) freeing a CuPy allocation"),
+        Ok(Err(error)) => report_to_stderr(format_args!(
+            "rrmm: freeing a CuPy allocation failed: {error}"
+        )),
+        Err(_) => report_to_stderr(format_args!(
+            "rrmm: internal error (panic) freeing a CuPy allocation"
+        )),
     }
 }
 

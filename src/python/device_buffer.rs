@@ -10,7 +10,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use super::errors::py_result;
+use super::gil::{self, CallProfile};
 use super::host_buffer::HostBuffer;
+use super::pointers;
 use super::registry::current_resource;
 use super::resource::DeviceMemoryResource;
 use super::stream::{PyStream, StreamArg};
@@ -26,17 +28,14 @@ pub(crate) struct PyDeviceBuffer {
     buf: Option<RsBuffer>,
     mr: Py<DeviceMemoryResource>,
     stream: Py<PyStream>,
-    release_gil: bool,
+    /// The resource's call profile: frees (on drop) and reallocations go through `gil`.
+    profile: CallProfile,
 }
 
 impl Drop for PyDeviceBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            if self.release_gil {
-                Python::attach(|py| py.detach(move || drop(buf)));
-            } else {
-                drop(buf);
-            }
+            gil::drop_with(self.profile, buf);
         }
     }
 }
@@ -51,7 +50,8 @@ fn raw_kind() -> MemoryKind {
     }
 }
 
-/// Copies with the GIL released.
+/// Copies with the GIL released. A range in simulated memory (a raw pointer from a
+/// `SimulatedMemoryResource`, or a buffer over one) is an error, never a dereference.
 ///
 /// Safety contract (checked by the callers): both ranges are valid for `bytes` bytes.
 fn copy(
@@ -65,6 +65,8 @@ fn copy(
     if bytes == 0 {
         return Ok(());
     }
+    py_result(pointers::check_copyable("destination", dst, bytes))?;
+    py_result(pointers::check_copyable("source", src, bytes))?;
     py_result(py.detach(|| {
         // SAFETY: the callers pass ranges they hold (a live buffer, a held host view, or the
         // user's pointers, which RMM's API takes on trust too).
@@ -106,17 +108,13 @@ impl PyDeviceBuffer {
         mr: Bound<'_, DeviceMemoryResource>,
         shared: SharedResource,
     ) -> PyResult<Self> {
-        let release_gil = mr.get().release_gil;
-        let buf = if release_gil {
-            py.detach(|| RsBuffer::new(size, raw, shared))
-        } else {
-            RsBuffer::new(size, raw, shared)
-        };
+        let profile = mr.get().profile;
+        let buf = gil::call(py, profile, || RsBuffer::new(size, raw, shared));
         Ok(PyDeviceBuffer {
             buf: Some(py_result(buf)?),
             mr: mr.unbind(),
             stream: stream.unbind(),
-            release_gil,
+            profile,
         })
     }
 
@@ -291,15 +289,11 @@ impl PyDeviceBuffer {
         stream: StreamArg<'_>,
     ) -> PyResult<()> {
         self.set_stream(py, stream)?;
-        let release = self.release_gil;
+        let profile = self.profile;
         let Some(buf) = self.buf.as_mut() else {
             return Ok(());
         };
-        if release {
-            py_result(py.detach(|| buf.reserve(new_capacity)))
-        } else {
-            py_result(buf.reserve(new_capacity))
-        }
+        py_result(gil::call(py, profile, || buf.reserve(new_capacity)))
     }
 
     /// Changes the size: shrinking keeps the memory, growing past the capacity reallocates and
@@ -307,15 +301,11 @@ impl PyDeviceBuffer {
     #[pyo3(signature = (new_size, stream = StreamArg::Default))]
     fn resize(&mut self, py: Python<'_>, new_size: usize, stream: StreamArg<'_>) -> PyResult<()> {
         self.set_stream(py, stream)?;
-        let release = self.release_gil;
+        let profile = self.profile;
         let Some(buf) = self.buf.as_mut() else {
             return Ok(());
         };
-        if release {
-            py_result(py.detach(|| buf.resize(new_size)))
-        } else {
-            py_result(buf.resize(new_size))
-        }
+        py_result(gil::call(py, profile, || buf.resize(new_size)))
     }
 
     /// Prefetches managed memory to `device` (the current device by default) on `stream` (the

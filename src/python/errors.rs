@@ -73,3 +73,11 @@ fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
+
+/// Writes one line to the process's standard error, losing it if the write fails (a closed
+/// or broken stderr): for the places that cannot raise, the `extern "C"` entry points and
+/// destructors. `eprintln!` panics when the write fails, and a panic there aborts the process.
+pub(crate) fn report_to_stderr(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}

@@ -70,7 +70,8 @@ impl ExpandableMemoryResource {
                 RsExpandable::on_device(device, reserve, page, initial, maximum, threshold)
             }
         }))?;
-        let base = DeviceMemoryResource::init_with(Arc::new(mr.clone()), false);
+        let base =
+            DeviceMemoryResource::init(Arc::new(mr.clone()), super::gil::CallProfile::of_rust(&mr));
         Ok(PyClassInitializer::from(base).add_subclass(ExpandableMemoryResource { mr }))
     }
 

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::errors::py_result;
+use super::gil::CallProfile;
 use super::resource::DeviceMemoryResource;
 
 /// Stream-ordered managed memory from the current device's default managed memory pool
@@ -26,7 +27,7 @@ impl CudaAsyncManagedMemoryResource {
         let mr = py_result(py.detach(RsCudaAsyncManaged::new))?;
         let pool_handle = mr.pool_handle();
         // Pool allocation calls may block: the GIL is released around them.
-        let base = DeviceMemoryResource::init_with(Arc::new(mr), true);
+        let base = DeviceMemoryResource::init(Arc::new(mr), CallProfile::DRIVER);
         Ok(PyClassInitializer::from(base)
             .add_subclass(CudaAsyncManagedMemoryResource { pool_handle }))
     }

@@ -5,7 +5,7 @@
 //! CuPy wraps the owner in `UnownedMemory`, Numba keeps it on its `MemoryPointer`; neither needs
 //! a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
-use super::errors::py_result;
+use super::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
 use crate::resource::MemoryKind;
 use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
@@ -185,7 +185,9 @@ impl Drop for HookAllocation {
     fn drop(&mut self) {
         if let Err(error) = self.release() {
             // A destructor cannot raise; say it rather than lose it.
-            eprintln!("rrmm: freeing a framework allocation failed: {error}");
+            report_to_stderr(format_args!(
+                "rrmm: freeing a framework allocation failed: {error}"
+            ));
         }
     }
 }

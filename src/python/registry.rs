@@ -6,18 +6,20 @@ use crate::resource::SharedResource;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::base_resources::{CudaMemoryResource, ManagedMemoryResource};
-use super::convert::upstream_arg;
+use super::convert::{device_arg, upstream_arg};
 use super::errors::py_result;
+use super::gil::CallProfile;
 use super::resource::DeviceMemoryResource;
 
-type Entry = Option<(Py<DeviceMemoryResource>, SharedResource)>;
+type Entry = (Py<DeviceMemoryResource>, SharedResource);
 
 /// The Python object set for each device, with the Rust resource it was set with (to notice
-/// resources set from Rust, for example by the torch hook).
-static PY_TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+/// resources set from Rust, for example by the torch hook). A map, so that no ordinal sizes it.
+static PY_TABLE: Mutex<Option<HashMap<usize, Entry>>> = Mutex::new(None);
 
 fn same(a: &SharedResource, b: &SharedResource) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
@@ -25,7 +27,8 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
 
 /// A Python object for a Rust resource that was not made from Python.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
-    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
+    let profile = CallProfile::of_rust(&*mr);
+    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone(), profile));
     let obj: Py<DeviceMemoryResource> = match mr.name() {
         "cuda" => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()
@@ -47,7 +50,7 @@ pub(crate) fn per_device<'py>(
     let rust = py_result(crate::per_device_resource(device))?;
     {
         let table = PY_TABLE.lock();
-        if let Some(Some((obj, known))) = table.get(device) {
+        if let Some((obj, known)) = table.as_ref().and_then(|t| t.get(&device)) {
             if same(known, &rust) {
                 return Ok((obj.bind(py).clone(), rust));
             }
@@ -61,10 +64,9 @@ pub(crate) fn per_device<'py>(
 fn store(_py: Python<'_>, device: usize, obj: Py<DeviceMemoryResource>, mr: SharedResource) {
     let old = {
         let mut table = PY_TABLE.lock();
-        if table.len() <= device {
-            table.resize_with(device + 1, || None);
-        }
-        table[device].replace((obj, mr))
+        table
+            .get_or_insert_with(HashMap::new)
+            .insert(device, (obj, mr))
     };
     // The old object is dropped here, after the lock is released (its finalizer may run code).
     drop(old);
@@ -79,16 +81,20 @@ pub(crate) fn current_resource<'py>(
 
 /// `get_per_device_resource(device)`.
 #[pyfunction]
-fn get_per_device_resource(
-    py: Python<'_>,
-    device: usize,
-) -> PyResult<Bound<'_, DeviceMemoryResource>> {
-    Ok(per_device(py, device)?.0)
+fn get_per_device_resource<'py>(
+    py: Python<'py>,
+    device: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, DeviceMemoryResource>> {
+    Ok(per_device(py, device_arg(device)?)?.0)
 }
 
 /// `set_per_device_resource(device, mr)`.
 #[pyfunction]
-fn set_per_device_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+    set_resource(device_arg(device)?, mr)
+}
+
+fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) =
         upstream_arg(mr).map_err(|_| PyTypeError::new_err("mr must be a DeviceMemoryResource"))?;
     py_result(crate::set_per_device_resource(device, rust.clone()))?;
@@ -105,7 +111,7 @@ fn get_current_device_resource(py: Python<'_>) -> PyResult<Bound<'_, DeviceMemor
 /// `set_current_device_resource(mr)`.
 #[pyfunction]
 fn set_current_device_resource(mr: &Bound<'_, PyAny>) -> PyResult<()> {
-    set_per_device_resource(crate::current_device_ordinal(), mr)
+    set_resource(crate::current_device_ordinal(), mr)
 }
 
 /// Forgets every per-device resource (used by `reinitialize`).
@@ -125,8 +131,8 @@ fn is_initialized() -> bool {
 
 /// Whether device `device` has a resource set (without making one).
 #[pyfunction]
-fn has_per_device_resource(device: usize) -> bool {
-    crate::has_per_device_resource(device)
+fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(crate::has_per_device_resource(device_arg(device)?))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

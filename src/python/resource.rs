@@ -1,51 +1,37 @@
 //! The base classes of every resource in `rrmm.mr`: `DeviceMemoryResource` (allocate,
-//! deallocate, the GIL policy) and `UpstreamResourceAdaptor` (a resource over another), with the
+//! deallocate, through the one GIL helper) and `UpstreamResourceAdaptor` (a resource over another), with the
 //! initializer chains their subclasses use.
 
-use crate::resource::{MemoryResource, SharedResource};
+use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
 use super::errors::py_result;
+use super::gil::{self, CallProfile};
 use super::stream::StreamArg;
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]
 pub(crate) struct DeviceMemoryResource {
     pub(crate) inner: SharedResource,
-    /// Whether calls may block for long (CUDA allocation calls), so the GIL is released around
-    /// them. Suballocators answer from host bookkeeping and keep the GIL; so does anything over
-    /// a Python callback, which needs the GIL (releasing it there could deadlock on the
-    /// suballocator's lock).
-    pub(crate) release_gil: bool,
+    /// What calls into `inner` may do, which decides whether they release the GIL
+    /// ([`gil::call`]).
+    pub(crate) profile: CallProfile,
 }
 
 impl DeviceMemoryResource {
-    /// A base-class initializer over a base resource `inner` (decides `release_gil` by kind).
-    pub(crate) fn init(inner: SharedResource) -> Self {
-        let release_gil = may_block(&*inner);
-        DeviceMemoryResource { inner, release_gil }
-    }
-
-    /// A base-class initializer with an explicit `release_gil`.
-    pub(crate) fn init_with(inner: SharedResource, release_gil: bool) -> Self {
-        DeviceMemoryResource { inner, release_gil }
+    /// A base-class initializer over `inner`, whose calls behave as `profile` says.
+    pub(crate) fn init(inner: SharedResource, profile: CallProfile) -> Self {
+        DeviceMemoryResource { inner, profile }
     }
 }
 
-/// The initializer of a direct subclass of `DeviceMemoryResource` over `inner`.
-pub(crate) fn sub<T>(leaf: T, inner: SharedResource) -> PyClassInitializer<T>
+/// The initializer of a direct subclass of `DeviceMemoryResource` over the base resource
+/// `inner`, whose calls behave as `profile` says.
+pub(crate) fn sub<T>(leaf: T, inner: SharedResource, profile: CallProfile) -> PyClassInitializer<T>
 where
     T: pyo3::PyClass<BaseType = DeviceMemoryResource>,
 {
-    PyClassInitializer::from(DeviceMemoryResource::init(inner)).add_subclass(leaf)
-}
-
-/// Whether a base resource's calls go to CUDA allocation calls that may block for long.
-fn may_block(mr: &dyn MemoryResource) -> bool {
-    matches!(
-        mr.name(),
-        "cuda" | "managed" | "pinned_host" | "cuda_async" | "cuda_async_view"
-    )
+    PyClassInitializer::from(DeviceMemoryResource::init(inner, profile)).add_subclass(leaf)
 }
 
 #[pymethods]
@@ -55,11 +41,7 @@ impl DeviceMemoryResource {
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
-        if self.release_gil {
-            py_result(py.detach(|| mr.allocate(nbytes, raw)))
-        } else {
-            py_result(mr.allocate(nbytes, raw))
-        }
+        py_result(gil::call(py, self.profile, || mr.allocate(nbytes, raw)))
     }
 
     /// Returns `ptr` (allocated with the same `nbytes`) on `stream`.
@@ -76,13 +58,10 @@ impl DeviceMemoryResource {
         // RMM's Python contract, vouched for by the caller: `ptr` came from `allocate` on this
         // resource with `nbytes`, is freed once, after its work on `stream`. Resources that check
         // their frees (suballocators, simulated memory) raise for a broken one instead.
-        if self.release_gil {
-            // SAFETY: as above.
-            py_result(py.detach(|| unsafe { mr.deallocate(ptr, nbytes, raw) }))
-        } else {
-            // SAFETY: as above.
-            py_result(unsafe { mr.deallocate(ptr, nbytes, raw) })
-        }
+        // SAFETY: as above.
+        py_result(gil::call(py, self.profile, || unsafe {
+            mr.deallocate(ptr, nbytes, raw)
+        }))
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
@@ -111,9 +90,9 @@ impl UpstreamResourceAdaptor {
     pub(crate) fn init(
         upstream: Py<DeviceMemoryResource>,
         inner: SharedResource,
-        release_gil: bool,
+        profile: CallProfile,
     ) -> PyClassInitializer<UpstreamResourceAdaptor> {
-        PyClassInitializer::from(DeviceMemoryResource::init_with(inner, release_gil))
+        PyClassInitializer::from(DeviceMemoryResource::init(inner, profile))
             .add_subclass(UpstreamResourceAdaptor { upstream })
     }
 }
@@ -133,20 +112,23 @@ impl UpstreamResourceAdaptor {
 }
 
 /// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of an
-/// adaptor: it releases the GIL where its upstream does.
+/// adaptor that forwards each call to its upstream (and, with `calls_python`, runs Python code
+/// of its own).
 pub(crate) fn adaptor_init<T>(
     leaf: T,
     upstream: Py<DeviceMemoryResource>,
     inner: SharedResource,
+    calls_python: bool,
 ) -> PyClassInitializer<T>
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
 {
-    let release_gil = upstream.get().release_gil;
-    UpstreamResourceAdaptor::init(upstream, inner, release_gil).add_subclass(leaf)
+    let profile = CallProfile::adaptor(upstream.get().profile, calls_python);
+    UpstreamResourceAdaptor::init(upstream, inner, profile).add_subclass(leaf)
 }
 
-/// The initializer chain of a suballocator: answers from host bookkeeping, keeps the GIL.
+/// The initializer chain of a suballocator: answers from host bookkeeping, and grows from its
+/// upstream under its lock.
 pub(crate) fn suballocator_init<T>(
     leaf: T,
     upstream: Py<DeviceMemoryResource>,
@@ -155,7 +137,8 @@ pub(crate) fn suballocator_init<T>(
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
 {
-    UpstreamResourceAdaptor::init(upstream, inner, false).add_subclass(leaf)
+    let profile = CallProfile::suballocator(upstream.get().profile);
+    UpstreamResourceAdaptor::init(upstream, inner, profile).add_subclass(leaf)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::py_result;
+use super::gil;
 use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::pick_upstream;
 
@@ -54,9 +55,11 @@ impl PoolMemoryResource {
     }
 
     /// rrmm: gives fully free upstream blocks back; returns the bytes released.
-    fn release(&self, py: Python<'_>) -> PyResult<usize> {
-        let pool = &self.pool;
-        py_result(py.detach(|| pool.release()))
+    fn release(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        // It synchronizes and frees upstream: a blocking call.
+        let profile = slf.as_super().as_super().get().profile.blocking();
+        let pool = &slf.get().pool;
+        py_result(gil::call(slf.py(), profile, || pool.release()))
     }
 
     /// rrmm: bytes held but free.

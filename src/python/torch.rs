@@ -11,6 +11,7 @@
 //! `what()` is rrmm's message: PyTorch does not check the returned pointer, so a null return
 //! would not be noticed.
 
+use super::errors::report_to_stderr;
 use super::hooks::{allocate_on, deallocate_on, Context};
 use crate::{per_device_resource, Error, Result, Stream};
 use pyo3::prelude::*;
@@ -105,8 +106,12 @@ pub unsafe extern "C" fn rrmm_torch_deallocate(
     }));
     match outcome {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => eprintln!("rrmm: rrmm_torch_deallocate failed: {error}"),
-        Err(_) => eprintln!("rrmm: internal error (panic) in rrmm_torch_deallocate"),
+        Ok(Err(error)) => {
+            report_to_stderr(format_args!("rrmm: rrmm_torch_deallocate failed: {error}"))
+        }
+        Err(_) => report_to_stderr(format_args!(
+            "rrmm: internal error (panic) in rrmm_torch_deallocate"
+        )),
     }
 }
 

@@ -64,6 +64,11 @@ impl SimulatedMemoryResource {
     pub fn live_allocations(&self) -> usize {
         self.state.lock().live.len()
     }
+
+    /// The pretend addresses this device hands out (empty for a device of size 0).
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        BASE_ADDRESS..BASE_ADDRESS + self.size
+    }
 }
 
 impl MemoryResource for SimulatedMemoryResource {

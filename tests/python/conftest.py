@@ -3,6 +3,11 @@ device's resource, so DeviceBuffer moves real bytes without a GPU."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import rrmm
 from rrmm import _rrmm
@@ -31,3 +36,58 @@ def system_mr():
 def sim_mr():
     """A 1 GiB simulated device (pointers only, no memory)."""
     return rrmm.mr.SimulatedMemoryResource("1GiB")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running code in a child interpreter: a crash (signal) or a deadlock fails one test, not the run.
+
+#: Put before every child's code: the imports and the `expect` helper the snippets use.
+CHILD_PRELUDE = '''
+import re, sys, time, threading
+import rrmm, rrmm.mr as mr
+from rrmm import _rrmm
+from rrmm.pylibrmm.device_buffer import (
+    DeviceBuffer, copy_device_to_ptr, copy_host_to_ptr, copy_ptr_to_host, to_device,
+)
+
+def expect(exc_type, pattern, fn):
+    """Calls fn(); it must raise exactly exc_type (not a subclass) with a message matching
+    pattern; returns the exception."""
+    try:
+        fn()
+    except BaseException as e:
+        assert type(e) is exc_type, f"raised {type(e).__name__}: {e} (wanted {exc_type.__name__})"
+        assert re.search(pattern, str(e)), f"message {str(e)!r} does not match {pattern!r}"
+        return e
+    raise AssertionError(f"no exception (wanted {exc_type.__name__} matching {pattern!r})")
+'''
+
+
+def run_in_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Runs ``CHILD_PRELUDE + code`` in a fresh interpreter and fails the calling test (with the
+    child's output) when the child dies of a signal, times out (a deadlock) or exits non-zero.
+    The code must print ``CHILD OK`` as its last act."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD_PRELUDE + textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child did not finish in {timeout} s (deadlock?); stderr: {e.stderr!r}")
+    tail = f"\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+    if proc.returncode < 0:
+        pytest.fail(f"the child crashed: {signal.Signals(-proc.returncode).name}{tail}")
+    if proc.returncode != 0:
+        pytest.fail(f"the child failed (exit status {proc.returncode}){tail}")
+    if "CHILD OK" not in proc.stdout:
+        pytest.fail(f"the child did not reach its end{tail}")
+    return proc
+
+
+@pytest.fixture
+def child():
+    """``child(code, timeout=60)``: see ``run_in_child``."""
+    return run_in_child

@@ -232,9 +232,13 @@ def test_copy_is_deep():
 
 
 def test_prefetch_is_noop_on_host_memory():
-    b = DeviceBuffer(size=10)
-    b.prefetch()
-    b.prefetch(device=0, stream=DEFAULT_STREAM)
+    b = to_device(bytes(range(10)))
+    ptr = b.ptr
+    assert b.prefetch() is None
+    assert b.prefetch(device=0, stream=DEFAULT_STREAM) is None
+    # Nothing moved or changed.
+    assert b.ptr == ptr and b.size == 10
+    assert b.tobytes() == bytes(range(10))
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))

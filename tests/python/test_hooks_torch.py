@@ -37,9 +37,10 @@ import rrmm
 from rrmm.allocators.torch import rmm_torch_allocator
 
 def rrmm_mr(*names):
-    mr = getattr(rrmm, "mr", None)
-    need = ("CudaMemoryResource", "set_current_device_resource") + names
-    return mr if mr is not None and all(hasattr(mr, n) for n in need) else None
+    import rrmm.mr as mr
+    for n in ("CudaMemoryResource", "set_current_device_resource") + names:
+        getattr(mr, n)  # a missing class fails the test
+    return mr
 
 def count(stats, key):
     c = stats.allocation_counts
