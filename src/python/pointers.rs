@@ -60,7 +60,7 @@ mod tests {
         assert!(is_simulated(p, 16));
         assert!(check_copyable("src", p, 16).is_err());
         assert!(check_copyable("src", p, 0).is_ok());
-        let host = vec![0u8; 16];
+        let host = [0u8; 16];
         assert!(!is_simulated(host.as_ptr() as usize, 16));
         // SAFETY: `p` came from `sim` with 256 bytes; simulated memory touches nothing.
         unsafe { sim.deallocate(p, 256, Stream::DEFAULT) }.unwrap();
