@@ -13,7 +13,7 @@ pub use cuda::CudaMemoryResource;
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use managed::ManagedMemoryResource;
 pub use pinned_host::PinnedHostMemoryResource;
-pub use simulated::SimulatedMemoryResource;
+pub use simulated::{SimulatedMemoryResource, SIMULATED_PAGE_SIZE};
 pub use system::SystemMemoryResource;
 
 use crate::cuda::Stream;
