@@ -9,7 +9,10 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rrmm`` command line; returns the exit status."""
+    from rrmm import __version__
+
     parser = argparse.ArgumentParser(prog="rrmm", description="rrmm: CUDA memory resources")
+    parser.add_argument("--version", action="version", version=f"rrmm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from rrmm import _cli_info, _cli_replay

@@ -237,8 +237,8 @@ fn simulated_device(size: usize) -> BuiltResource {
     base(
         Arc::new(SimulatedMemoryResource::new(size)),
         format!(
-            "the simulated device: {}, charged in 2 MiB pages, never fragments (stands for \
-             cuda, cuda_async and managed; its timings are the simulator's, not CUDA's)",
+            "{}, charged in 2 MiB pages (256 B units below a page), never fragments; stands \
+             for cuda, cuda_async and managed",
             human(size)
         ),
         true,
@@ -466,7 +466,7 @@ mod tests {
             let built = build(name, Some(1 << 20), &ResourceOptions::default()).unwrap();
             assert_eq!(built.resource.name(), "simulated");
             assert!(built.simulated_device);
-            assert!(built.setup.starts_with("the simulated device"));
+            assert!(built.setup.contains("charged in 2 MiB pages"));
         }
         let err = build("nope", Some(1), &ResourceOptions::default()).unwrap_err();
         assert!(err.to_string().contains("unknown resource \"nope\""));

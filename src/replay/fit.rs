@@ -69,8 +69,9 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
         replays: 0,
         reason: None,
     };
-    // A resource that cannot serve some requests by design fits nowhere.
-    let probe = build(name, Some(SIMULATED_PAGE_SIZE), options);
+    // A resource that cannot serve some requests by design fits nowhere (asked of one built on
+    // the largest device, where it surely can be built).
+    let probe = build(name, Some(LARGEST_DEVICE), options);
     if let Ok(built) = &probe {
         if let Some(largest) = built.largest_request {
             let above = trace
