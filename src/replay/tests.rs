@@ -416,3 +416,99 @@ fn concurrent_logging_gives_a_log_that_parses_strictly() {
     assert_eq!(trace.streams.len(), 4);
     assert_eq!(trace.unfreed_allocations, 0);
 }
+
+#[test]
+fn repetitions_run_on_one_resource_after_the_figures_pass() {
+    use crate::resource::{CallbackMemoryResource, MemoryKind};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (sim, device) = simulated(GIB);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (up, up2, counter) = (device.clone(), device.clone(), calls.clone());
+    let mr: SharedResource = Arc::new(CallbackMemoryResource::new(
+        Box::new(move |bytes, stream| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            up.allocate(bytes, stream)
+        }),
+        Box::new(move |ptr, bytes, stream| up2.deallocate(ptr, bytes, stream)),
+        MemoryKind::Simulated,
+    ));
+    let trace = Trace::from_reader("s.csv", synthetic_log(200).as_bytes(), false).unwrap();
+    let options = ReplayOptions {
+        repeat: Repeat::Times(3),
+        ..ReplayOptions::default()
+    };
+    let r = replay(&trace, &mr, options).unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), 4 * trace.allocations());
+    assert_eq!((r.repeats, r.samples_ns.len()), (3, 3));
+    let mut sorted = r.samples_ns.clone();
+    sorted.sort_unstable();
+    assert_eq!(r.total_ns, sorted[1]);
+    assert!(r.ns_per_event_min <= r.ns_per_event && r.ns_per_event <= r.ns_per_event_max);
+    assert_eq!(sim.bytes_in_use(), 0);
+    // Without repetitions the figures pass is the one sample.
+    let once = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!((once.repeats, once.samples_ns.len()), (0, 1));
+}
+
+/// Replays `trace` into `name` on a simulated device of `size` bytes: failed allocations
+/// (`usize::MAX` when the resource cannot even be built there for want of memory).
+fn failures_at(trace: &Trace, name: &str, size: usize) -> usize {
+    match build(name, Some(size), &ResourceOptions::default()) {
+        Ok(b) => {
+            replay(trace, &b.resource, ReplayOptions::default())
+                .unwrap()
+                .failed_allocations
+        }
+        Err(e) => {
+            assert!(e.is_out_of_memory(), "{e}");
+            usize::MAX
+        }
+    }
+}
+
+/// `--fit` for `name` on `trace`, checked: no failure at the size found, failures at 10% less.
+fn check_fit(trace_name: &str, name: &str) {
+    let trace = shared_trace(trace_name).unwrap();
+    let f = fit(&trace, name, &ResourceOptions::default()).unwrap();
+    if name == "fixed_size" && trace_name != "random_10k_1mib" {
+        // Requests above 1 MiB: no device serves them.
+        assert_eq!(f.device_bytes, None, "{trace_name} {name}");
+        assert!(f.reason.unwrap().contains("above its largest block"));
+        return;
+    }
+    let size = f
+        .device_bytes
+        .unwrap_or_else(|| panic!("{trace_name} {name}: {f:?}"));
+    assert!(size as u128 >= trace.peak_requested_bytes, "{trace_name} {name}");
+    assert!(size - f.failing_bytes <= (size / 100).min(64 << 20).max(256));
+    assert_eq!(failures_at(&trace, name, size), 0, "{trace_name} {name} at {size}");
+    assert!(
+        failures_at(&trace, name, size / 10 * 9) > 0,
+        "{trace_name} {name} at 90% of {size}"
+    );
+    if name == "pool" || name == "binning" {
+        assert!(f.pool_sizes.is_some() && f.setup.contains("initial"));
+    }
+}
+
+#[test]
+fn fit_on_the_small_shipped_traces_is_checked_by_replaying_at_the_size_and_below() {
+    for trace_name in ["transformer_training", "random_10k_1mib"] {
+        for name in ["simulated", "pool", "binning", "fixed_size"] {
+            check_fit(trace_name, name);
+        }
+    }
+}
+
+#[test]
+fn fit_on_random_100k_4mib_device_and_fixed_size() {
+    check_fit("random_100k_4mib", "simulated");
+    check_fit("random_100k_4mib", "fixed_size");
+}
+
+#[test]
+#[ignore = "minutes in a debug build: cargo test --release --lib -- --ignored fit_on_random_100k"]
+fn fit_on_random_100k_4mib_suballocators() {
+    check_fit("random_100k_4mib", "pool");
+    check_fit("random_100k_4mib", "binning");
+}

@@ -503,8 +503,9 @@ def test_fixed_size_says_why_it_fails(capsys):
     code, out, _ = replay(capsys, "transformer_training", "--simulate", "32GiB", "--resource",
                           "fixed_size", "--repeat", "1")
     assert "7014 of them ask for more than its block size: it cannot serve them by design" in out
-    # The largest request is 139,264,000 bytes: 136 MiB blocks serve every one.
-    (r,) = replay_json(capsys, "transformer_training", "--simulate", "32GiB", "--resource",
+    # The largest request is 139,264,000 bytes: 136 MiB blocks serve every one (on a device
+    # large enough for one block per live allocation).
+    (r,) = replay_json(capsys, "transformer_training", "--simulate", "1TiB", "--resource",
                        "fixed_size", "--block-size", "136MiB", "--blocks", "4",
                        "--repeat", "1")["reports"]
     assert r["log_largest_request"] == 139_264_000
