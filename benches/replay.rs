@@ -24,8 +24,8 @@ fn bench_replay(c: &mut Criterion) {
         .unwrap_or_else(|_| format!("{}/python/rrmm/traces", env!("CARGO_MANIFEST_DIR")));
     for name in TRACES {
         let path = format!("{dir}/{name}.csv.gz");
-        let trace = Trace::from_path(&path, false)
-            .unwrap_or_else(|e| panic!("trace {name} ({path}): {e}"));
+        let trace =
+            Trace::from_path(&path, false).unwrap_or_else(|e| panic!("trace {name} ({path}): {e}"));
         let mut group = c.benchmark_group(format!("replay/{name}"));
         group.throughput(Throughput::Elements(trace.events.len() as u64));
         group.sample_size(10);

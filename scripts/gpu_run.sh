@@ -3,7 +3,10 @@
 #   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
-# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile (default: all)
+#   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
+#   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
+# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile rmmtests dask
+#   (default: all but rmmtests and dask)
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
 #   hooks stages.
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
@@ -85,6 +88,37 @@ if has profile; then
   echo "== W6 profile: where device_array's time goes"
   python3 benches/python/profile_numba.py --json "$OUT/profile_numba.json" 2>&1 | tee "$OUT/profile_numba.log" | tail -12
   cat "$OUT/profile_numba.log" >> "$SUMMARY"
+fi
+
+# The .pth of RRMM_AS_RMM only works from a site directory; --target dirs are not one, so a
+# sitecustomize on PYTHONPATH makes $SITE one in every process (dask workers included).
+alias_site() {
+  mkdir -p /tmp/alias_site
+  echo "import site; site.addsitedir('$SITE')" > /tmp/alias_site/sitecustomize.py
+  echo "/tmp/alias_site:$PYTHONPATH"
+}
+
+if has rmmtests; then
+  echo "== RMM's Python test suite: on RMM, then on rrmm (RRMM_AS_RMM=1), same run"
+  if [ -d .rmm-tests ]; then
+    (cd .rmm-tests && python3 -m pytest -q -p no:cacheprovider --timeout=600 . 2>&1) > "$OUT/rmmtests_rmm.log"
+    (cd .rmm-tests && RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 -m pytest -q -p no:cacheprovider -rf --timeout=600 . 2>&1) > "$OUT/rmmtests_rrmm.log"
+    note "RMM's tests on RMM:  $(tail -1 "$OUT/rmmtests_rmm.log")"
+    note "RMM's tests on rrmm: $(tail -1 "$OUT/rmmtests_rrmm.log")"
+    grep -E "^FAILED|^ERROR" "$OUT/rmmtests_rrmm.log" | cut -c1-160 | sort | uniq -c | sort -rn | head -40
+  else
+    note "rmmtests: .rmm-tests/ missing (scripts/rmm_tests.md)"
+  fi
+fi
+
+if has dask; then
+  echo "== Dask: LocalCUDACluster, two workers, rrmm's pool on both GPUs"
+  python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" .whl-dask/*.whl \
+    || echo "dask wheel install failed"
+  python3 benches/gpu/dask_stage.py plugin --out "$OUT/dask_plugin.json" 2>&1 | tee "$OUT/dask_plugin.log" | grep -v "^INFO\|distributed\." | tail -20
+  RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 benches/gpu/dask_stage.py alias --out "$OUT/dask_alias.json" 2>&1 | tee "$OUT/dask_alias.log" | grep -v "^INFO\|distributed\." | tail -20
+  note "dask (RRMMSetup): $(grep -E '^dask plugin' "$OUT/dask_plugin.log" || echo 'no result')"
+  note "dask (RRMM_AS_RMM=1, dask-cuda's options): $(grep -E '^dask alias' "$OUT/dask_alias.log" || echo 'no result')"
 fi
 
 echo

@@ -168,12 +168,16 @@ impl DeviceBuffer {
         // copy is enqueued on the same stream.
         if let Err(e) = unsafe { copy_bytes(new_ptr, self.ptr, keep, self.stream, self.mr.kind()) }
         {
-            let _ = self.mr.deallocate(new_ptr, capacity, self.stream);
+            // SAFETY: `new_ptr` was just allocated from `self.mr` with `capacity` on
+            // `self.stream`, is not handed out, and the failed copy enqueued no work on it.
+            let _ = unsafe { self.mr.deallocate(new_ptr, capacity, self.stream) };
             return Err(e);
         }
         let old = std::mem::replace(&mut self.ptr, new_ptr);
         let old_capacity = std::mem::replace(&mut self.capacity, capacity);
-        self.mr.deallocate(old, old_capacity, self.stream)
+        // SAFETY: the buffer owned `old`, allocated from `self.mr` with `old_capacity`, and
+        // forgets it here; the copy out of it is ordered before the free on `self.stream`.
+        unsafe { self.mr.deallocate(old, old_capacity, self.stream) }
     }
 
     /// Gives up ownership: returns (ptr, capacity, stream) without freeing the memory.
@@ -188,7 +192,10 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; the resource stays consistent either way.
-        let _ = self.mr.deallocate(self.ptr, self.capacity, self.stream);
+        // SAFETY: the buffer owns `ptr`, allocated from `mr` with `capacity`, and frees it
+        // once; work on it was enqueued on `stream` (the buffer's stream), so the free is
+        // ordered after it.
+        let _ = unsafe { self.mr.deallocate(self.ptr, self.capacity, self.stream) };
     }
 }
 

@@ -10,7 +10,10 @@
 //! let device = SimulatedMemoryResource::new(1 << 30);
 //! let ptr = device.allocate(1000, Stream::DEFAULT)?;
 //! assert_eq!(ptr % 256, 0);
-//! device.deallocate(ptr, 1000, Stream::DEFAULT)?;
+//! // SAFETY: `ptr` came from `allocate` on `device` with 1000 bytes, is freed once, and no
+//! // work uses it (`deallocate` is `unsafe`: a foreign or double free is undefined behaviour
+//! // for resources that do not check).
+//! unsafe { device.deallocate(ptr, 1000, Stream::DEFAULT) }?;
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 
@@ -22,6 +25,7 @@ mod error;
 pub mod replay;
 pub mod resource;
 pub mod suballocator;
+mod sync;
 
 pub use adaptor::{
     AlignedResourceAdaptor, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
@@ -37,9 +41,10 @@ pub use current::{
 pub use device_buffer::DeviceBuffer;
 pub use error::{Error, Result};
 pub use resource::{
-    CudaAsyncMemoryResource, CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+    CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind, MemoryResource,
+    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
+    ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
     BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,

@@ -90,7 +90,8 @@ fn out_of_memory_is_its_own_error() {
 #[ignore = "needs a CUDA GPU"]
 fn raw_stream_handles_work_with_stream_ordered_memory() {
     let owned = OwnedStream::new(false).unwrap();
-    let raw = Stream::from_raw(owned.raw());
+    // SAFETY: `owned` is a live stream of the current device and outlives every use of `raw`.
+    let raw = unsafe { Stream::from_raw(owned.raw()) };
     let mr = CudaAsyncMemoryResource::new(None, Some(0), Default::default()).unwrap();
     let mr: SharedResource = Arc::new(mr);
     let data = pattern(1 << 16, 3);

@@ -60,11 +60,13 @@ fn hammer(mr: SharedResource, threads: usize, rounds: usize, max_size: u64) {
                             };
                             assert!(host.iter().all(|&b| b == value), "thread {t}: corrupted");
                         }
-                        mr.deallocate(ptr, size, stream).unwrap();
+                        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+                        unsafe { mr.deallocate(ptr, size, stream) }.unwrap();
                     }
                 }
                 for (ptr, size, _) in live {
-                    mr.deallocate(ptr, size, stream).unwrap();
+                    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+                    unsafe { mr.deallocate(ptr, size, stream) }.unwrap();
                 }
                 stream.synchronize().unwrap();
             })
@@ -102,7 +104,8 @@ fn pool_out_of_memory_at_the_maximum_then_still_works() {
     let a = pool.allocate(40 << 20, Stream::DEFAULT).unwrap();
     let err = pool.allocate(40 << 20, Stream::DEFAULT).unwrap_err();
     assert!(err.is_out_of_memory(), "{err}");
-    pool.deallocate(a, 40 << 20, Stream::DEFAULT).unwrap();
+    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+    unsafe { pool.deallocate(a, 40 << 20, Stream::DEFAULT) }.unwrap();
     let _ctx = cuda::ContextGuard::new(0).unwrap();
     let b = pool.allocate(60 << 20, Stream::DEFAULT).unwrap();
     let mut host = vec![0u8; 4096];
@@ -112,5 +115,6 @@ fn pool_out_of_memory_at_the_maximum_then_still_works() {
         cuda::memcpy_sync(host.as_mut_ptr() as usize, b, 4096, Stream::DEFAULT).unwrap();
     }
     assert!(host.iter().all(|&x| x == 0x5a));
-    pool.deallocate(b, 60 << 20, Stream::DEFAULT).unwrap();
+    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+    unsafe { pool.deallocate(b, 60 << 20, Stream::DEFAULT) }.unwrap();
 }

@@ -18,6 +18,9 @@
 //!    nothing and the upstream has everything back. Never a block across two chunks.
 //! 7. Errors are out-of-memory only (never a logic error for a valid sequence); the resource
 //!    keeps working after one.
+//! 8. A bad free (a double free, a pointer inside a live block, an address never handed out),
+//!    on any stream, is `Error::Logic` and changes nothing: invariants 1-7 hold after it and the
+//!    live blocks are still freed normally.
 
 use proptest::prelude::*;
 use rrmm::suballocator::{EventCall, RecordingStreamEvents, StreamEvents, StreamKey};
@@ -36,20 +39,35 @@ fn stream(i: usize) -> Stream {
     match i {
         0 => Stream::DEFAULT,
         4 => Stream::PER_THREAD,
-        _ => Stream::from_raw(0x1000 + i),
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        _ => unsafe { Stream::from_raw(0x1000 + i) },
     }
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { stream: usize, bytes: usize },
-    Free { pick: usize, stream: usize },
+    Alloc {
+        stream: usize,
+        bytes: usize,
+    },
+    Free {
+        pick: usize,
+        stream: usize,
+    },
+    /// A bad free: 0 = double free, 1 = interior pointer, 2 = never handed out.
+    BadFree {
+        pick: usize,
+        stream: usize,
+        kind: u8,
+    },
 }
 
 fn ops(max_bytes: usize, len: usize) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         3 => (0..STREAMS, 1..=max_bytes).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
         2 => (any::<usize>(), 0..STREAMS).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        1 => (any::<usize>(), 0..STREAMS, 0..3u8)
+            .prop_map(|(pick, stream, kind)| Op::BadFree { pick, stream, kind }),
     ];
     proptest::collection::vec(op, 1..len)
 }
@@ -61,6 +79,8 @@ struct Model {
     live: BTreeMap<usize, (usize, usize)>,
     /// Freed ranges not reused since: (start, end, freeing stream, time of the free).
     freed: Vec<(usize, usize, StreamKey, u64)>,
+    /// Addresses freed, for double frees (some may be live again: checked before use).
+    freed_ptrs: Vec<(usize, usize)>,
 }
 
 impl Model {
@@ -69,6 +89,7 @@ impl Model {
             events,
             live: BTreeMap::new(),
             freed: Vec::new(),
+            freed_ptrs: Vec::new(),
         }
     }
 
@@ -125,6 +146,20 @@ impl Model {
 
     fn on_free(&mut self, addr: usize, rounded: usize, key: StreamKey, t: u64) {
         self.freed.push((addr, addr + rounded, key, t));
+        self.freed_ptrs.push((addr, rounded));
+    }
+
+    /// An address that no live allocation starts at, of the kind `kind` (see [`Op::BadFree`]).
+    fn bad_pointer(&self, pick: usize, kind: u8) -> Option<(usize, usize)> {
+        let (addr, bytes) = match kind {
+            0 if !self.freed_ptrs.is_empty() => self.freed_ptrs[pick % self.freed_ptrs.len()],
+            1 if !self.live.is_empty() => {
+                let (&a, &(b, _)) = self.live.iter().nth(pick % self.live.len())?;
+                (a + 256, b)
+            }
+            _ => (0x7fff_0000_0000 + (pick % 1024) * 256, 256),
+        };
+        (!self.live.contains_key(&addr)).then_some((addr, bytes))
     }
 }
 
@@ -168,8 +203,23 @@ fn run(
             Op::Free { pick, stream: s } => {
                 if let Some((addr, bytes, rounded)) = model.take_for_free(pick) {
                     let t = events.tick();
-                    mr.deallocate(addr, bytes, stream(s)).unwrap();
+                    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                    unsafe { mr.deallocate(addr, bytes, stream(s)) }.unwrap();
                     model.on_free(addr, rounded, StreamKey::of(stream(s)), t);
+                }
+            }
+            Op::BadFree {
+                pick,
+                stream: s,
+                kind,
+            } => {
+                if let Some((addr, bytes)) = model.bad_pointer(pick, kind) {
+                    // SAFETY: every resource tested here checks frees (documented): a bad one is
+                    // reported, never acted on; that is what this checks.
+                    match unsafe { mr.deallocate(addr, bytes, stream(s)) } {
+                        Err(rrmm::Error::Logic(_)) => {}
+                        other => panic!("bad free of {addr:#x} (kind {kind}): {other:?}"),
+                    }
                 }
             }
         }
@@ -210,7 +260,8 @@ proptest! {
             assert!(max.map_or(true, |m| pool.pool_size() <= m));
         });
         for (&addr, &(bytes, _)) in &model.live {
-            pool.deallocate(addr, bytes, stream(1)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(addr, bytes, stream(1)) }.unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
         let size = pool.pool_size();
@@ -218,7 +269,8 @@ proptest! {
         assert_eq!((pool.pool_size(), up.bytes_in_use()), (0, 0));
         // Still works after release.
         let p = pool.allocate(1000, stream(2)).unwrap();
-        pool.deallocate(p, 1000, stream(2)).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { pool.deallocate(p, 1000, stream(2)) }.unwrap();
     }
 
     #[test]
@@ -228,6 +280,7 @@ proptest! {
             .map(|op| match op {
                 Op::Alloc { bytes, .. } => Op::Alloc { stream: 3, bytes },
                 Op::Free { pick, .. } => Op::Free { pick, stream: 3 },
+                Op::BadFree { pick, kind, .. } => Op::BadFree { pick, stream: 3, kind },
             })
             .collect();
         let (up, pool, events) = pool_with(256 << 20, initial, None);
@@ -235,7 +288,8 @@ proptest! {
             assert_eq!(pool.free_bytes() + live, pool.pool_size());
         });
         for (&addr, &(bytes, _)) in &model.live {
-            pool.deallocate(addr, bytes, stream(3)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(addr, bytes, stream(3)) }.unwrap();
         }
         // Each chunk is at most the stream's coalesced run plus the fresh tail beside it...
         let chunks = pool.upstream_chunk_count();
@@ -246,7 +300,8 @@ proptest! {
             let size = pool.pool_size();
             let p = pool.allocate(size, stream(3)).unwrap();
             assert_eq!((pool.pool_size(), pool.free_block_count()), (size, 0));
-            pool.deallocate(p, size, stream(3)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, size, stream(3)) }.unwrap();
             assert_eq!(pool.free_block_count(), 1);
         }
         // And after a release, nothing is left: every chunk had coalesced whole.
@@ -286,7 +341,8 @@ proptest! {
         let round = |b: usize| if b <= 8192 { b.next_power_of_two().max(1024) } else { round256(b) };
         let model = run(&mr, &events, &ops, round, |_| {});
         for (&addr, &(bytes, _)) in &model.live {
-            mr.deallocate(addr, bytes, stream(0)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(addr, bytes, stream(0)) }.unwrap();
         }
         assert_eq!(big.free_bytes(), big.pool_size());
         let held: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().held_bytes).sum();
@@ -299,10 +355,12 @@ proptest! {
 fn same_stream_reuse_makes_no_event_call_and_cross_stream_waits() {
     let (_up, pool, events) = pool_with(1 << 20, 4096, Some(4096));
     let a = pool.allocate(4096, stream(1)).unwrap();
-    pool.deallocate(a, 4096, stream(1)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(a, 4096, stream(1)) }.unwrap();
     let b = pool.allocate(4096, stream(1)).unwrap();
     assert_eq!(a, b);
-    pool.deallocate(b, 4096, stream(1)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(b, 4096, stream(1)) }.unwrap();
     assert!(events.log().is_empty());
     let c = pool.allocate(4096, stream(2)).unwrap();
     assert_eq!(c, a);
@@ -323,12 +381,14 @@ fn per_thread_default_streams_are_separate_and_recorded_only_when_wanted() {
     let owner = std::thread::spawn(move || {
         let a = p2.allocate(4096, Stream::PER_THREAD).unwrap();
         let b = p2.allocate(4096, Stream::PER_THREAD).unwrap();
-        p2.deallocate(a, 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(a, 4096, Stream::PER_THREAD) }.unwrap();
         to_main
             .send((a, b, StreamKey::of(Stream::PER_THREAD)))
             .unwrap();
         owner_rx.recv().unwrap();
-        p2.deallocate(b, 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(b, 4096, Stream::PER_THREAD) }.unwrap();
         to_main
             .send((a, b, StreamKey::of(Stream::PER_THREAD)))
             .unwrap();
@@ -370,14 +430,17 @@ fn a_wanted_per_thread_list_is_recorded_by_its_owner_and_then_waited_on() {
         let ptrs: Vec<usize> = (0..3)
             .map(|_| p2.allocate(4096, Stream::PER_THREAD).unwrap())
             .collect();
-        p2.deallocate(ptrs[0], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[0], 4096, Stream::PER_THREAD) }.unwrap();
         to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
         owner_rx.recv().unwrap();
         // Another thread wanted this list: this free records the event.
-        p2.deallocate(ptrs[1], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[1], 4096, Stream::PER_THREAD) }.unwrap();
         to_main.send(StreamKey::of(Stream::PER_THREAD)).unwrap();
         owner_rx.recv().unwrap();
-        p2.deallocate(ptrs[2], 4096, Stream::PER_THREAD).unwrap();
+        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+        unsafe { p2.deallocate(ptrs[2], 4096, Stream::PER_THREAD) }.unwrap();
         ptrs
     });
     let other = main_rx.recv().unwrap();
@@ -416,7 +479,8 @@ fn fresh_memory_never_makes_a_stream_wait() {
     for round in 0..50 {
         for s in 1..4 {
             let p = pool.allocate(4096 + 256 * round, stream(s)).unwrap();
-            pool.deallocate(p, 4096 + 256 * round, stream(s)).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, 4096 + 256 * round, stream(s)) }.unwrap();
         }
     }
     assert!(events.log().is_empty(), "{:?}", events.log());
@@ -427,8 +491,10 @@ fn growth_failure_synchronizes_merges_and_retries() {
     let (_up, pool, events) = pool_with(1 << 20, 8192, Some(8192));
     let a = pool.allocate(4096, stream(1)).unwrap();
     let b = pool.allocate(4096, stream(2)).unwrap();
-    pool.deallocate(a, 4096, stream(1)).unwrap();
-    pool.deallocate(b, 4096, stream(2)).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(a, 4096, stream(1)) }.unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(b, 4096, stream(2)) }.unwrap();
     // Two 4 KiB halves in two streams' lists: 8 KiB fits only once they are merged.
     let c = pool.allocate(8192, stream(3)).unwrap();
     assert_eq!(c, a.min(b));
@@ -473,12 +539,14 @@ fn threads_on_their_own_and_per_thread_streams_never_overlap() {
                             let (p, bytes) = mine.swap_remove(s as usize % mine.len());
                             live.lock().remove(&p);
                             let fs = if i % 7 == 0 { stream(3) } else { st };
-                            mr.deallocate(p, bytes, fs).unwrap();
+                            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                            unsafe { mr.deallocate(p, bytes, fs) }.unwrap();
                         }
                     }
                     for (p, bytes) in mine {
                         live.lock().remove(&p);
-                        mr.deallocate(p, bytes, Stream::DEFAULT).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, bytes, Stream::DEFAULT) }.unwrap();
                     }
                 })
             })
@@ -560,7 +628,8 @@ fn speed_on_simulated_memory() {
         for _ in 0..ops / 2 {
             let i = rng(&mut s) as usize % ptrs.len();
             let (p, b) = ptrs.swap_remove(i);
-            pool.deallocate(p, b, Stream::DEFAULT).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { pool.deallocate(p, b, Stream::DEFAULT) }.unwrap();
             let b = (rng(&mut s) as usize % max) + 1;
             ptrs.push((pool.allocate(b, Stream::DEFAULT).unwrap(), b));
         }
@@ -626,7 +695,8 @@ fn speed_on_simulated_memory() {
                             Err(_) => failures += 1,
                         }
                     } else if let Some((p, _)) = map.remove(&ptr) {
-                        mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, size, Stream::DEFAULT) }.unwrap();
                     }
                 }
                 let ns = t.elapsed().as_nanos() as f64 / events.len() as f64;
@@ -638,7 +708,8 @@ fn speed_on_simulated_memory() {
                     pool.free_block_count()
                 );
                 for (p, size) in map.into_values() {
-                    mr.deallocate(p, size, Stream::DEFAULT).unwrap();
+                    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                    unsafe { mr.deallocate(p, size, Stream::DEFAULT) }.unwrap();
                 }
             }
         }
@@ -688,11 +759,13 @@ fn gpu_streams_threads_data_and_maximum() {
             let bytes = 1000 + 37 * round as usize;
             let a = mr.allocate(bytes, *s1).unwrap();
             fill_and_check(a, bytes, round, *s1);
-            mr.deallocate(a, bytes, *s1).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(a, bytes, *s1) }.unwrap();
             // Freed on s1, reused on s2 (after the event wait).
             let b = mr.allocate(bytes, *s2).unwrap();
             fill_and_check(b, bytes, round.wrapping_add(100), *s2);
-            mr.deallocate(b, bytes, *s2).unwrap();
+            // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+            unsafe { mr.deallocate(b, bytes, *s2) }.unwrap();
         }
         let threads: Vec<_> = (0..4u8)
             .map(|t| {
@@ -703,7 +776,8 @@ fn gpu_streams_threads_data_and_maximum() {
                         let bytes = 256 + 512 * (i % 7);
                         let p = mr.allocate(bytes, Stream::PER_THREAD).unwrap();
                         fill_and_check(p, bytes, t * 50 + i as u8 % 50, Stream::PER_THREAD);
-                        mr.deallocate(p, bytes, Stream::PER_THREAD).unwrap();
+                        // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+                        unsafe { mr.deallocate(p, bytes, Stream::PER_THREAD) }.unwrap();
                     }
                 })
             })
@@ -716,7 +790,66 @@ fn gpu_streams_threads_data_and_maximum() {
     assert!(e.is_out_of_memory(), "{e}");
     let p = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
     fill_and_check(p, 1 << 20, 7, Stream::DEFAULT);
-    pool.deallocate(p, 1 << 20, Stream::DEFAULT).unwrap();
+    // SAFETY: a live allocation of this resource with this size, freed once; nothing uses it.
+    unsafe { pool.deallocate(p, 1 << 20, Stream::DEFAULT) }.unwrap();
     drop(resources);
     assert!(pool.release().unwrap() <= 256 << 20);
+}
+
+/// Thread scaling on simulated memory (run in release: `cargo test --release --test
+/// suballocator_properties threads_scale -- --ignored --nocapture`): W7's pattern on the CPU side,
+/// each thread on its own stream, random 256 B..1 MiB, at most 64 live, one shared pool; total
+/// million operations per second for 1, 2 and 4 threads, and per thread CPU time per operation.
+#[test]
+#[ignore = "timing; run in release"]
+fn threads_scale_on_simulated_memory() {
+    use std::time::Instant;
+    const OPS: usize = 1_000_000;
+    for threads in [1usize, 2, 4] {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 40));
+        let pool = PoolMemoryResource::new(up, Some(1 << 30), None).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    // SAFETY: a key only: simulated memory never passes it to the driver.
+                    let st = unsafe { Stream::from_raw(0x1000 + t) };
+                    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                    let mut live: Vec<(usize, usize)> = Vec::with_capacity(64);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..OPS / 2 {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        if live.len() == 64 || (!live.is_empty() && s % 2 == 0) {
+                            let (p, b) = live.swap_remove((s >> 8) as usize % live.len());
+                            // SAFETY: a live allocation of the pool with this size, freed once.
+                            unsafe { pool.deallocate(p, b, st) }.unwrap();
+                        }
+                        let bytes = 256 + (s >> 20) as usize % (1 << 20);
+                        live.push((pool.allocate(bytes, st).unwrap(), bytes));
+                    }
+                    for (p, b) in live {
+                        // SAFETY: as above.
+                        unsafe { pool.deallocate(p, b, st) }.unwrap();
+                    }
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let per_thread: Vec<f64> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap().as_nanos() as f64 / OPS as f64)
+            .collect();
+        let total = t0.elapsed().as_secs_f64();
+        println!(
+            "{threads} thread(s): {:.1} M ops/s total, ns/op per thread {:?}",
+            (threads * OPS) as f64 / total / 1e6,
+            per_thread.iter().map(|n| n.round()).collect::<Vec<_>>()
+        );
+    }
 }

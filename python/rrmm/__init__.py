@@ -5,7 +5,13 @@ Code written for RMM runs with ``import rrmm as rmm``.
 
 from __future__ import annotations
 
-from rrmm import mr, statistics
+from typing import Any
+
+from rrmm import (
+    _cuda,  # noqa: F401 (RMM's tests reach rmm._cuda.gpu after `import rmm`)
+    mr,
+    statistics,
+)
 from rrmm._logging import (
     flush_logger,
     get_flush_level,
@@ -15,9 +21,11 @@ from rrmm._logging import (
     set_logging_level,
     should_log,
 )
-from rrmm._rrmm import __version__, parse_bytes
+from rrmm._rrmm import parse_bytes
+from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
 from rrmm.pylibrmm.device_buffer import DeviceBuffer
+from rrmm.pylibrmm.stream import DEFAULT_STREAM as _DEFAULT_STREAM
 from rrmm.rmm import (
     RMMError,
     is_initialized,
@@ -29,6 +37,8 @@ from rrmm.rmm import (
 __all__ = [
     "DeviceBuffer",
     "RMMError",
+    "RMMNumbaManager",
+    "__git_commit__",
     "__version__",
     "disable_logging",
     "enable_logging",
@@ -42,9 +52,44 @@ __all__ = [
     "parse_bytes",
     "register_reinitialize_hook",
     "reinitialize",
+    "rmm_cupy_allocator",
     "set_flush_level",
     "set_logging_level",
     "should_log",
     "statistics",
+    "to_device",
     "unregister_reinitialize_hook",
 ]
+
+
+def to_device(obj: Any, stream: Any = _DEFAULT_STREAM, mr: Any = None) -> DeviceBuffer:
+    """A new ``DeviceBuffer`` holding a copy of the bytes of ``obj``: ``bytes`` or any
+    C-contiguous buffer of any dtype and shape (older RMM releases' ``rmm.to_device``).
+
+    Raises TypeError when ``obj`` has no buffer and ValueError when it is not C-contiguous.
+    """
+    view = memoryview(obj)
+    if not view.c_contiguous:
+        raise ValueError("to_device needs a C-contiguous buffer")
+    if view.ndim != 1 or view.format not in ("B", "b", "c", "?"):
+        view = view.cast("B")
+    return DeviceBuffer.to_device(view, stream=stream, mr=mr)
+
+
+# Names of older RMM releases, found on first use so that no framework is imported with rrmm:
+# ``rmm.rmm_cupy_allocator``, ``rmm.RMMNumbaManager`` and Numba's plugin entry
+# (``NUMBA_CUDA_MEMORY_MANAGER=rrmm`` looks up ``rrmm._numba_memory_manager``).
+_LAZY = {
+    "rmm_cupy_allocator": ("rrmm.allocators.cupy", "rmm_cupy_allocator"),
+    "RMMNumbaManager": ("rrmm.allocators.numba", "RMMNumbaManager"),
+    "_numba_memory_manager": ("rrmm.allocators.numba", "_numba_memory_manager"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

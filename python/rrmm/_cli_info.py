@@ -47,7 +47,7 @@ def run(args: argparse.Namespace | None = None) -> int:
         except RuntimeError as e:
             name = f"? ({e})"
         try:
-            free, total = _rrmm._device_mem_info(device)
+            free, total = _rrmm.device_memory_info(device)
             memory = f"{_gib(free)} free of {_gib(total)}"
         except RuntimeError as e:
             memory = f"memory unknown ({e})"

@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 from enum import IntEnum
-from typing import IO
 
 __all__ = [
     "flush_logger",
@@ -32,10 +29,8 @@ class level_enum(IntEnum):
     off = 6
 
 
-_lock = threading.Lock()
 _level = level_enum.info
 _flush_level = level_enum.warn
-_sink: IO[str] | None = None
 
 
 def _check(level: object) -> level_enum:
@@ -71,27 +66,9 @@ def should_log(level: level_enum) -> bool:
     return _check(level) >= _level and _level != level_enum.off
 
 
-def _open_sink() -> IO[str]:
-    global _sink
-    if _sink is None:
-        path = os.environ.get("RMM_DEBUG_LOG_FILE")
-        _sink = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
-    return _sink
-
-
 def flush_logger() -> None:
-    """Flushes the debug log."""
-    with _lock:
-        if _sink is not None:
-            _sink.flush()
+    """Flushes the debug log. rrmm writes each debug-log message whole to
+    ``$RMM_DEBUG_LOG_FILE`` (opened and closed per message), else to standard error, which is
+    what this flushes."""
+    sys.stderr.flush()
 
-
-def _log(level: level_enum, message: str) -> None:
-    """Writes ``message`` to the debug log if ``level`` passes."""
-    if not should_log(level):
-        return
-    with _lock:
-        sink = _open_sink()
-        sink.write(f"[RMM] [{level.name}] {message}\n")
-        if level >= _flush_level:
-            sink.flush()

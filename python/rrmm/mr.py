@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from rrmm import _rrmm
@@ -71,15 +70,6 @@ __all__ = [
     "set_per_device_resource",
 ]
 
-# Resources that arrive from other parts of rrmm; present when the extension has them.
-_OPTIONAL = ["ArenaMemoryResource"]
-for _name in _OPTIONAL:
-    if hasattr(_rrmm, _name):
-        globals()[_name] = getattr(_rrmm, _name)
-        __all__.append(_name)
-del _name
-
-
 def get_per_device_resource_type(device: int) -> type:
     """The type of the resource of ``device``."""
     return type(get_per_device_resource(device))
@@ -139,50 +129,16 @@ def get_log_filenames() -> dict[int, str | None]:
     return out
 
 
-def _initialize(
-    pool_allocator: bool = False,
-    managed_memory: bool = False,
-    initial_pool_size: int | str | None = None,
-    maximum_pool_size: int | str | None = None,
-    devices: int | list[int] = 0,
-    logging: bool = False,
-    log_file_name: str | None = None,
-) -> None:
-    """The work of ``rrmm.reinitialize`` after its hooks ran."""
-    for value in (initial_pool_size, maximum_pool_size):
-        if value is not None:
-            _rrmm.parse_bytes(value) if isinstance(value, str) else _check_int(value)
-    if isinstance(devices, int):
-        devices = [devices]
-    _rrmm._clear_per_device_resources()
-    if _rrmm.device_count() == 0:
-        warnings.warn(
-            "rrmm.reinitialize: no CUDA device is available "
-            f"({_rrmm.driver_error() or 'no devices'}); no resource was set",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return
+# RMM's ``rmm.mr.experimental`` submodule: ``rrmm.mr`` is a module, so its ``experimental`` part
+# lives in ``rrmm._mr_experimental`` and is registered under the dotted name.
+def _register_experimental() -> Any:
+    import sys
 
-    def build(device: int) -> Any:
-        upstream: DeviceMemoryResource = (
-            ManagedMemoryResource() if managed_memory else CudaMemoryResource()
-        )
-        mr: DeviceMemoryResource
-        if pool_allocator:
-            mr = PoolMemoryResource(upstream, initial_pool_size, maximum_pool_size)
-        else:
-            mr = upstream
-        if logging:
-            mr = LoggingResourceAdaptor(mr, log_file_name)
-        return mr
+    from rrmm import _mr_experimental
 
-    for device in devices:
-        set_per_device_resource(device, _on_device(device, lambda d=device: build(d)))
+    sys.modules[__name__ + ".experimental"] = _mr_experimental
+    return _mr_experimental
 
 
-def _check_int(value: Any) -> None:
-    if isinstance(value, float) or not hasattr(value, "__index__"):
-        raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
-    if value.__index__() < 0:
-        raise OverflowError("pool sizes must not be negative")
+experimental = _register_experimental()
+__all__.append("experimental")

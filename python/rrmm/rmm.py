@@ -63,21 +63,46 @@ def reinitialize(
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    _mr._initialize(
-        pool_allocator=pool_allocator,
-        managed_memory=managed_memory,
-        initial_pool_size=initial_pool_size,
-        maximum_pool_size=maximum_pool_size,
-        devices=devices,
-        logging=logging,
-        log_file_name=log_file_name,
-    )
+    for value in (initial_pool_size, maximum_pool_size):
+        _check_size(value)
+    if isinstance(devices, int):
+        devices = [devices]
+    _rrmm._clear_per_device_resources()
+    if _rrmm.device_count() == 0:
+        warnings.warn(
+            "rrmm.reinitialize: no CUDA device is available "
+            f"({_rrmm.driver_error() or 'no devices'}); no resource was set",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+
+    def build() -> _mr.DeviceMemoryResource:
+        mr: _mr.DeviceMemoryResource = (
+            _mr.ManagedMemoryResource() if managed_memory else _mr.CudaMemoryResource()
+        )
+        if pool_allocator:
+            mr = _mr.PoolMemoryResource(mr, initial_pool_size, maximum_pool_size)
+        if logging:
+            mr = _mr.LoggingResourceAdaptor(mr, log_file_name)
+        return mr
+
+    for device in devices:
+        _mr.set_per_device_resource(device, _mr._on_device(device, build))
+
+
+def _check_size(value: int | str | None) -> None:
+    """Raises what the pool would for a bad size, before any resource is forgotten."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        if isinstance(value, float) or not hasattr(value, "__index__"):
+            raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
+        value = value.__index__()
+    _rrmm.parse_bytes(value)
 
 
 def is_initialized() -> bool:
     """Whether a resource has been set (or made) for the current device."""
     return _rrmm.is_initialized()
 
-
-def _warn(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -206,3 +206,9 @@ class profiler(ContextDecorator):
                     self._records.add(name=name, data=stats)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _get_descriptive_name_of_object(obj: object) -> str:
+    """The name the profiler records ``obj`` under (``file:line(qualname)`` of the undecorated
+    function), as RMM's helper of that name."""
+    return _descriptive_name(inspect.unwrap(obj))  # type: ignore[arg-type]

@@ -83,15 +83,19 @@ impl MemoryResource for AlignedResourceAdaptor {
         Ok(aligned)
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 || self.passes_through(bytes) {
-            return self.upstream.deallocate(ptr, bytes, stream);
+            // SAFETY: the caller's contract; sizes that pass through were allocated unchanged
+            // from the upstream.
+            return unsafe { self.upstream.deallocate(ptr, bytes, stream) };
         }
         let size = self
             .upper_bound(bytes)
             .ok_or_else(|| Error::invalid("bytes", "size overflows"))?;
         let original = self.pointers.lock().remove(&ptr).unwrap_or(ptr);
-        self.upstream.deallocate(original, size, stream)
+        // SAFETY: by the caller's contract `ptr` came from `allocate` with `bytes`, which got
+        // `original` from the upstream with `size` bytes; it is freed once, ordered on `stream`.
+        unsafe { self.upstream.deallocate(original, size, stream) }
     }
 
     forward_upstream_info!();
@@ -116,9 +120,12 @@ mod tests {
         let big2 = mr.allocate(5000, Stream::DEFAULT).unwrap();
         assert_eq!(big % 4096, 0);
         assert_eq!(big2 % 4096, 0);
-        mr.deallocate(big, 1000, Stream::DEFAULT).unwrap();
-        mr.deallocate(big2, 5000, Stream::DEFAULT).unwrap();
-        mr.deallocate(small, 10, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(big, 1000, Stream::DEFAULT) }.unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(big2, 5000, Stream::DEFAULT) }.unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(small, 10, Stream::DEFAULT) }.unwrap();
         assert_eq!(up.footprint().unwrap().held_bytes, 0);
         assert!(AlignedResourceAdaptor::new(up, 3000, 0).is_err());
     }

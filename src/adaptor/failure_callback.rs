@@ -42,8 +42,9 @@ impl MemoryResource for FailureCallbackResourceAdaptor {
         }
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.upstream.deallocate(ptr, bytes, stream)
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
     forward_upstream_info!();
@@ -78,7 +79,8 @@ mod tests {
             .is_out_of_memory());
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         let p = mr.allocate(100, Stream::DEFAULT).unwrap();
-        mr.deallocate(p, 100, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 100, Stream::DEFAULT) }.unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 
@@ -89,9 +91,12 @@ mod tests {
         let up2 = up.clone();
         let mr = FailureCallbackResourceAdaptor::new(
             up,
-            Box::new(move |_| up2.deallocate(hog, 1 << 20, Stream::DEFAULT).is_ok()),
+            // SAFETY: `hog` was allocated from `up` with 1 MiB and this callback frees it once
+            // (a second call finds it freed and the simulated resource reports that).
+            Box::new(move |_| unsafe { up2.deallocate(hog, 1 << 20, Stream::DEFAULT) }.is_ok()),
         );
         let p = mr.allocate(4096, Stream::DEFAULT).unwrap();
-        mr.deallocate(p, 4096, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 4096, Stream::DEFAULT) }.unwrap();
     }
 }

@@ -63,8 +63,9 @@ impl MemoryResource for LimitingResourceAdaptor {
         Err(Error::out_of_memory(bytes, "Exceeded memory limit"))
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.upstream.deallocate(ptr, bytes, stream)?;
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
         // `allocate` succeeded with this size, so the rounding cannot overflow.
         let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(bytes);
         self.allocated_bytes.fetch_sub(size, Ordering::AcqRel);
@@ -96,8 +97,10 @@ mod tests {
         assert!(err.is_out_of_memory());
         assert!(err.to_string().contains("Exceeded memory limit"));
         assert_eq!(mr.allocated_bytes(), 1024);
-        mr.deallocate(a, 1, Stream::DEFAULT).unwrap();
-        mr.deallocate(b, 768, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(a, 1, Stream::DEFAULT) }.unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(b, 768, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.allocated_bytes(), 0);
         assert_eq!(mr.kind(), crate::MemoryKind::Simulated);
     }

@@ -312,9 +312,10 @@ impl MemoryResource for LoggingResourceAdaptor {
     }
 
     /// Logs `free`, then frees through the upstream.
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.log("free", ptr, bytes, stream);
-        self.upstream.deallocate(ptr, bytes, stream)
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
     forward_upstream_info!();
@@ -371,7 +372,8 @@ mod tests {
             "allocate failure",
             0,
             5,
-            Stream::from_raw(0xabc),
+            // SAFETY: only formatted, never passed to the driver.
+            unsafe { Stream::from_raw(0xabc) },
         );
         assert!(s.ends_with(",allocate failure,(nil),5,0xabc\n"), "{s}");
     }
@@ -382,9 +384,12 @@ mod tests {
         let path = temp_path("basic");
         let mr = LoggingResourceAdaptor::new(simulated(), &path, false).unwrap();
         assert_eq!(mr.file_name(), path);
-        let p = mr.allocate(1000, Stream::from_raw(0x1000)).unwrap();
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s = unsafe { Stream::from_raw(0x1000) };
+        let p = mr.allocate(1000, s).unwrap();
         assert!(mr.allocate(2 << 20, Stream::DEFAULT).is_err());
-        mr.deallocate(p, 1000, Stream::from_raw(0x1000)).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 1000, s) }.unwrap();
         mr.flush().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = text.lines().collect();
@@ -419,7 +424,8 @@ mod tests {
         let mr = LoggingResourceAdaptor::new(simulated(), &path, true).unwrap();
         let p = mr.allocate(10, Stream::DEFAULT).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
-        mr.deallocate(p, 10, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 10, Stream::DEFAULT) }.unwrap();
         drop(mr);
         let _ = std::fs::remove_file(&path);
         assert!(LoggingResourceAdaptor::new(simulated(), "/nonexistent/dir/x.csv", false).is_err());

@@ -43,14 +43,17 @@ impl MemoryResource for PrefetchResourceAdaptor {
             Ok(()) => Ok(ptr),
             Err(e) => {
                 // The allocation is unusable to the caller; give it back, keep the first error.
-                let _ = self.upstream.deallocate(ptr, bytes, stream);
+                // SAFETY: `ptr` was just allocated from the upstream with `bytes` on `stream`
+                // and is not handed out; the failed prefetch enqueued no work on it.
+                let _ = unsafe { self.upstream.deallocate(ptr, bytes, stream) };
                 Err(e)
             }
         }
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.upstream.deallocate(ptr, bytes, stream)
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
     forward_upstream_info!();
@@ -71,7 +74,8 @@ mod tests {
         let mr = PrefetchResourceAdaptor::new(simulated());
         let p = mr.allocate(1000, Stream::DEFAULT).unwrap();
         assert_eq!(mr.footprint().unwrap().held_bytes, 1024);
-        mr.deallocate(p, 1000, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 1000, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.upstream().name(), "simulated");
     }
 }
@@ -94,7 +98,8 @@ mod gpu_tests {
         let stream = crate::OwnedStream::new(true).unwrap();
         let p = mr.allocate(1 << 20, stream.stream()).unwrap();
         stream.synchronize().unwrap();
-        mr.deallocate(p, 1 << 20, stream.stream()).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 1 << 20, stream.stream()) }.unwrap();
         assert_eq!(mr.kind(), MemoryKind::Managed);
     }
 }

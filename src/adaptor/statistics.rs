@@ -168,8 +168,9 @@ impl MemoryResource for StatisticsResourceAdaptor {
         Ok(ptr)
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.upstream.deallocate(ptr, bytes, stream)?;
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
         if let Some(top) = self.levels.read().last() {
             top.remove(signed(bytes));
         }
@@ -194,7 +195,8 @@ mod tests {
         let mr = StatisticsResourceAdaptor::new(simulated());
         let a = mr.allocate(100, Stream::DEFAULT).unwrap();
         let b = mr.allocate(200, Stream::DEFAULT).unwrap();
-        mr.deallocate(a, 100, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(a, 100, Stream::DEFAULT) }.unwrap();
         let s = mr.allocation_counts();
         assert_eq!(
             s,
@@ -207,7 +209,8 @@ mod tests {
                 total_count: 2
             }
         );
-        mr.deallocate(b, 200, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(b, 200, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.allocation_counts().current_bytes, 0);
         // Failed allocations are not counted.
         assert!(mr.allocate(2 << 20, Stream::DEFAULT).is_err());
@@ -224,9 +227,11 @@ mod tests {
         assert_eq!(mr.allocation_counts(), Statistics::default());
         let b = mr.allocate(500, Stream::DEFAULT).unwrap();
         let c = mr.allocate(300, Stream::DEFAULT).unwrap();
-        mr.deallocate(c, 300, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(c, 300, Stream::DEFAULT) }.unwrap();
         // Freeing memory of the outer level makes the inner one negative.
-        mr.deallocate(a, 1000, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(a, 1000, Stream::DEFAULT) }.unwrap();
         let inner = mr.allocation_counts();
         assert_eq!(inner.current_bytes, -500);
         assert_eq!(inner.peak_bytes, 800);
@@ -240,7 +245,8 @@ mod tests {
         assert_eq!(outer.peak_count, 3);
         assert_eq!(outer.total_count, 3);
         assert!(matches!(mr.pop_counters(), Err(Error::OutOfRange(_))));
-        mr.deallocate(b, 500, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(b, 500, Stream::DEFAULT) }.unwrap();
     }
 
     #[test]
@@ -252,7 +258,8 @@ mod tests {
                 s.spawn(move || {
                     for _ in 0..200 {
                         let p = mr.allocate(256, Stream::DEFAULT).unwrap();
-                        mr.deallocate(p, 256, Stream::DEFAULT).unwrap();
+                        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+                        unsafe { mr.deallocate(p, 256, Stream::DEFAULT) }.unwrap();
                     }
                 });
             }

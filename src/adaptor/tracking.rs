@@ -105,8 +105,9 @@ impl MemoryResource for TrackingResourceAdaptor {
         Ok(ptr)
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.upstream.deallocate(ptr, bytes, stream)?;
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
+        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
         let removed = self.allocations.lock().remove(&ptr);
         if let Some(info) = removed {
             self.allocated_bytes.fetch_sub(info.size, Ordering::Relaxed);
@@ -138,10 +139,12 @@ mod tests {
             mr.outstanding_allocations_str(),
             format!("{a:#x}: 100 B\n{b:#x}: 300 B\n")
         );
-        mr.deallocate(a, 100, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(a, 100, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.outstanding_allocations(), vec![(b, 300)]);
         mr.log_outstanding_allocations();
-        mr.deallocate(b, 300, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(b, 300, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.allocated_bytes(), 0);
         assert_eq!(mr.outstanding_allocations_str(), "");
     }
@@ -152,6 +155,7 @@ mod tests {
             TrackingResourceAdaptor::new(std::sync::Arc::new(crate::SystemMemoryResource), true);
         let a = mr.allocate(64, Stream::DEFAULT).unwrap();
         assert!(mr.outstanding_allocations_str().contains(" : callstack:\n"));
-        mr.deallocate(a, 64, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(a, 64, Stream::DEFAULT) }.unwrap();
     }
 }

@@ -1,28 +1,10 @@
 //! Primary contexts: made current where a call needs one, and the caller's context restored.
 
 use super::check::check;
-use super::driver::{device_count, ensure_driver};
+use super::driver::{device_count, device_handle, ensure_driver};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::sync::OnceLock;
-
-/// The driver's handle for device `ordinal`, checked against the device count.
-pub(crate) fn device_handle(ordinal: usize) -> Result<sys::CUdevice> {
-    ensure_driver()?;
-    let count = device_count();
-    if ordinal >= count {
-        return Err(Error::invalid(
-            "device",
-            format!("device {ordinal} does not exist ({count} devices)"),
-        ));
-    }
-    let mut device = 0;
-    // SAFETY: `device` is a valid out-pointer and the ordinal is in range.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut device, ordinal as i32)
-    })?;
-    Ok(device)
-}
 
 /// One slot per device for its retained primary context, as an address.
 fn context_table() -> &'static [OnceLock<usize>] {
@@ -58,9 +40,13 @@ fn current_context() -> Result<sys::CUcontext> {
 }
 
 /// The device of the calling thread's current context (CUDA's "current device"); 0 when no
-/// context is current.
+/// context is current or the machine has one device. rrmm's one notion of "current device".
 pub fn current_device() -> Result<usize> {
     ensure_driver()?;
+    // With at most one device the answer is 0 whatever is current: no driver call.
+    if context_table().len() <= 1 {
+        return Ok(0);
+    }
     let ctx = current_context()?;
     if ctx.is_null() {
         return Ok(0);

@@ -70,9 +70,27 @@ pub fn driver_version() -> Result<i32> {
     Ok(version)
 }
 
+/// The driver's handle for device `ordinal`, checked against the device count.
+pub(crate) fn device_handle(ordinal: usize) -> Result<sys::CUdevice> {
+    ensure_driver()?;
+    let count = device_count();
+    if ordinal >= count {
+        return Err(Error::invalid(
+            "device",
+            format!("device {ordinal} does not exist ({count} devices)"),
+        ));
+    }
+    let mut device = 0;
+    // SAFETY: `device` is a valid out-pointer and the ordinal is in range.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut device, ordinal as i32)
+    })?;
+    Ok(device)
+}
+
 /// The marketing name of device `ordinal`.
 pub fn device_name(ordinal: usize) -> Result<String> {
-    let device = super::context::device_handle(ordinal)?;
+    let device = device_handle(ordinal)?;
     let mut buf = [0 as std::ffi::c_char; 256];
     // SAFETY: the buffer is 256 bytes long and the length passed says so.
     check("cuDeviceGetName", unsafe {

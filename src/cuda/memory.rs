@@ -4,8 +4,7 @@
 //! ([`ContextGuard`](super::ContextGuard)); pointers are plain integers (`usize`).
 
 use super::check::{check, check_alloc};
-use super::context::device_handle;
-use super::driver::ensure_driver;
+use super::driver::{device_handle, ensure_driver};
 use super::stream::Stream;
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -112,7 +111,12 @@ impl MemPool {
     }
 
     /// Wraps a pool created elsewhere (not destroyed on drop).
-    pub fn from_raw(raw: usize) -> Self {
+    ///
+    /// # Safety
+    /// 1. `raw` is a live `CUmemoryPool` handle.
+    /// 2. The pool stays live (its owner does not destroy it) while the returned value, or any
+    ///    allocation made from it, is in use.
+    pub unsafe fn from_raw(raw: usize) -> Self {
         MemPool { raw, owned: false }
     }
 
@@ -267,6 +271,15 @@ pub fn mem_get_info() -> Result<(usize, usize)> {
         sys::cuMemGetInfo_v2(&mut free, &mut total)
     })?;
     Ok((free, total))
+}
+
+/// `(free, total)` bytes of device `ordinal`, with its primary context current for the call.
+///
+/// # Errors
+/// No driver, a bad ordinal, or the CUDA error of the calls.
+pub fn device_memory_info(ordinal: usize) -> Result<(usize, usize)> {
+    let _ctx = super::ContextGuard::new(ordinal)?;
+    mem_get_info()
 }
 
 /// `cuCtxSynchronize`: waits for all work of the current context.

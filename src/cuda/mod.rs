@@ -6,12 +6,14 @@
 
 mod check;
 mod context;
+mod device_info;
 mod driver;
 mod event;
 mod memory;
 mod stream;
 
 pub use context::{current_device, set_current_device, ContextGuard};
+pub use device_info::{default_managed_pool, device_attribute};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
 pub use event::Event;
 pub use memory::*;

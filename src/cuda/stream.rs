@@ -21,7 +21,18 @@ impl Stream {
     pub const PER_THREAD: Stream = Stream(0x2);
 
     /// Wraps a raw stream handle from another library.
-    pub const fn from_raw(handle: usize) -> Stream {
+    ///
+    /// # Safety
+    /// 1. `handle` is 0, 0x1 or 0x2 (the default streams), or a `CUstream` that stays live (not
+    ///    destroyed) for as long as the returned handle, or any resource call made with it, is in
+    ///    use: rrmm passes it to the driver (synchronize, event record and wait, stream-ordered
+    ///    allocation) without checking it.
+    /// 2. If it names a stream, that stream belongs to a context of the device whose resources it
+    ///    is used with.
+    ///
+    /// A handle used only with resources that never call the driver (simulated memory, the host
+    /// system allocator with no driver loaded) is a plain key and may be any value.
+    pub const unsafe fn from_raw(handle: usize) -> Stream {
         Stream(handle)
     }
 

@@ -1,5 +1,5 @@
-//! `rrmm.mr` resources that wrap an upstream: the suballocators (pool, fixed-size, binning) and
-//! the adaptors (limiting, logging, statistics, tracking, failure callback, prefetch, aligned).
+//! The adaptors of `rrmm.mr`: limiting, logging, statistics, tracking, failure callback,
+//! prefetch and aligned. Each releases the GIL where its upstream does.
 
 use crate::adaptor::{
     log_file_for_device, AlignedResourceAdaptor as RsAligned,
@@ -8,223 +8,15 @@ use crate::adaptor::{
     Statistics as RsStatistics, StatisticsResourceAdaptor as RsStatisticsAdaptor,
     TrackingResourceAdaptor as RsTracking,
 };
-use crate::resource::SharedResource;
-use crate::suballocator::{
-    BinningMemoryResource as RsBinning, FixedSizeMemoryResource as RsFixedSize,
-    PoolMemoryResource as RsPool, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
-};
-use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use std::sync::Arc;
 
+use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
-use super::resources::{
-    bytes_arg, opt_bytes_arg, upstream_arg, DeviceMemoryResource, UpstreamResourceAdaptor,
-};
-
-/// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of an
-/// adaptor: it releases the GIL where its upstream does.
-fn adaptor_init<T>(
-    leaf: T,
-    upstream: Py<DeviceMemoryResource>,
-    inner: SharedResource,
-) -> PyClassInitializer<T>
-where
-    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
-{
-    let release_gil = upstream.get().release_gil;
-    UpstreamResourceAdaptor::init(upstream, inner, release_gil).add_subclass(leaf)
-}
-
-/// The initializer chain of a suballocator: answers from host bookkeeping, keeps the GIL.
-fn suballocator_init<T>(
-    leaf: T,
-    upstream: Py<DeviceMemoryResource>,
-    inner: SharedResource,
-) -> PyClassInitializer<T>
-where
-    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
-{
-    UpstreamResourceAdaptor::init(upstream, inner, false).add_subclass(leaf)
-}
-
-/// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
-/// rrmm's `release()` and fragmentation figures.
-#[pyclass(module = "rrmm.mr", name = "PoolMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct PoolMemoryResource {
-    pool: RsPool,
-}
-
-#[pymethods]
-impl PoolMemoryResource {
-    #[new]
-    #[pyo3(signature = (upstream_mr, initial_pool_size=None, maximum_pool_size=None))]
-    fn new(
-        py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
-        initial_pool_size: Option<&Bound<'_, PyAny>>,
-        maximum_pool_size: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
-        let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
-        let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
-        let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
-        Ok(suballocator_init(
-            PoolMemoryResource { pool: pool.clone() },
-            up,
-            Arc::new(pool),
-        ))
-    }
-
-    /// Bytes held from the upstream.
-    fn pool_size(&self) -> usize {
-        self.pool.pool_size()
-    }
-
-    /// The maximum pool size (None: no limit but the upstream's).
-    fn maximum_pool_size(&self) -> Option<usize> {
-        self.pool.maximum_pool_size()
-    }
-
-    /// rrmm: gives fully free upstream blocks back; returns the bytes released.
-    fn release(&self, py: Python<'_>) -> PyResult<usize> {
-        let pool = &self.pool;
-        py_result(py.detach(|| pool.release()))
-    }
-
-    /// rrmm: bytes held but free.
-    fn free_bytes(&self) -> usize {
-        self.pool.free_bytes()
-    }
-
-    /// rrmm: the largest free block, in bytes.
-    fn largest_free_block(&self) -> usize {
-        self.pool.largest_free_block()
-    }
-
-    /// rrmm: the number of free blocks.
-    fn free_block_count(&self) -> usize {
-        self.pool.free_block_count()
-    }
-}
-
-/// Blocks of one size from `upstream_mr` (RMM's `FixedSizeMemoryResource`).
-#[pyclass(module = "rrmm.mr", name = "FixedSizeMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct FixedSizeMemoryResource {
-    fixed: RsFixedSize,
-}
-
-#[pymethods]
-impl FixedSizeMemoryResource {
-    #[new]
-    #[pyo3(signature = (upstream_mr, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE))]
-    fn new(
-        py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        blocks_to_preallocate: usize,
-    ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
-        let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
-        let fixed =
-            py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
-        Ok(suballocator_init(
-            FixedSizeMemoryResource {
-                fixed: fixed.clone(),
-            },
-            up,
-            Arc::new(fixed),
-        ))
-    }
-
-    /// The size of every block.
-    fn block_size(&self) -> usize {
-        self.fixed.block_size()
-    }
-
-    /// Bytes held from the upstream.
-    fn pool_size(&self) -> usize {
-        self.fixed.pool_size()
-    }
-
-    /// Free blocks.
-    fn free_block_count(&self) -> usize {
-        self.fixed.free_block_count()
-    }
-}
-
-/// Requests routed by size to bins (RMM's `BinningMemoryResource`); larger ones go upstream.
-#[pyclass(module = "rrmm.mr", name = "BinningMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct BinningMemoryResource {
-    binning: RsBinning,
-    bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
-}
-
-#[pymethods]
-impl BinningMemoryResource {
-    #[new]
-    #[pyo3(signature = (upstream_mr, min_size_exponent=-1, max_size_exponent=-1))]
-    fn new(
-        py: Python<'_>,
-        upstream_mr: &Bound<'_, PyAny>,
-        min_size_exponent: i64,
-        max_size_exponent: i64,
-    ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
-        let exp = |e: i64| u32::try_from(e).ok();
-        let (min, max) = if min_size_exponent >= 0 && max_size_exponent >= 0 {
-            (exp(min_size_exponent), exp(max_size_exponent))
-        } else {
-            (None, None)
-        };
-        let binning = py_result(py.detach(|| RsBinning::new(upstream, min, max)))?;
-        Ok(suballocator_init(
-            BinningMemoryResource {
-                binning: binning.clone(),
-                bin_mrs: Mutex::new(Vec::new()),
-            },
-            up,
-            Arc::new(binning),
-        ))
-    }
-
-    /// Adds a bin for requests up to `allocation_size` bytes: `bin_resource`, or a fixed-size
-    /// resource over the upstream.
-    #[pyo3(signature = (allocation_size, bin_resource=None))]
-    fn add_bin(
-        &self,
-        py: Python<'_>,
-        allocation_size: &Bound<'_, PyAny>,
-        bin_resource: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        let size = bytes_arg(allocation_size, "allocation_size")?;
-        match bin_resource {
-            Some(r) if !r.is_none() => {
-                let (obj, shared) = upstream_arg(r)?;
-                let binning = &self.binning;
-                py_result(py.detach(|| binning.add_bin(size, Some(shared))))?;
-                self.bin_mrs.lock().push(obj);
-            }
-            _ => {
-                let binning = &self.binning;
-                py_result(py.detach(|| binning.add_bin(size, None)))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The bin resources given to `add_bin`.
-    #[getter]
-    fn bin_mrs(&self, py: Python<'_>) -> Vec<Py<DeviceMemoryResource>> {
-        self.bin_mrs
-            .lock()
-            .iter()
-            .map(|m| m.clone_ref(py))
-            .collect()
-    }
-}
+use super::resource::{adaptor_init, UpstreamResourceAdaptor};
+use super::upstream_kw::{pick_upstream, required};
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
@@ -236,11 +28,14 @@ pub(crate) struct LimitingResourceAdaptor {
 #[pymethods]
 impl LimitingResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, allocation_limit=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        allocation_limit: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        allocation_limit: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let allocation_limit = required(allocation_limit, "allocation_limit")?;
         let limit = bytes_arg(allocation_limit, "allocation_limit")?;
         let limiting = Arc::new(RsLimiting::new(upstream, limit));
         Ok(adaptor_init(
@@ -273,13 +68,14 @@ pub(crate) struct LoggingResourceAdaptor {
 #[pymethods]
 impl LoggingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, log_file_name=None, auto_flush=false))]
+    #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         log_file_name: Option<&Bound<'_, PyAny>>,
         auto_flush: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let name: Option<String> = match log_file_name {
             Some(n) if !n.is_none() => Some(match n.extract::<String>() {
                 Ok(s) => s,
@@ -341,8 +137,12 @@ pub(crate) struct StatisticsResourceAdaptor {
 #[pymethods]
 impl StatisticsResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let stats = Arc::new(RsStatisticsAdaptor::new(upstream));
         Ok(adaptor_init(
             StatisticsResourceAdaptor {
@@ -381,12 +181,13 @@ pub(crate) struct TrackingResourceAdaptor {
 #[pymethods]
 impl TrackingResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, capture_stacks=false))]
+    #[pyo3(signature = (upstream_mr=None, capture_stacks=false, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         capture_stacks: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let tracking = Arc::new(RsTracking::new(upstream, capture_stacks));
         Ok(adaptor_init(
             TrackingResourceAdaptor {
@@ -423,11 +224,14 @@ pub(crate) struct FailureCallbackResourceAdaptor {
 #[pymethods]
 impl FailureCallbackResourceAdaptor {
     #[new]
+    #[pyo3(signature = (upstream_mr=None, callback=None, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
-        callback: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        callback: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let callback = required(callback, "callback")?;
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
@@ -468,8 +272,12 @@ pub(crate) struct PrefetchResourceAdaptor;
 #[pymethods]
 impl PrefetchResourceAdaptor {
     #[new]
-    fn new(upstream_mr: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+    #[pyo3(signature = (upstream_mr=None, *, upstream=None))]
+    fn new(
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         Ok(adaptor_init(
             PrefetchResourceAdaptor,
             up,
@@ -488,13 +296,14 @@ pub(crate) struct AlignedResourceAdaptor {
 #[pymethods]
 impl AlignedResourceAdaptor {
     #[new]
-    #[pyo3(signature = (upstream_mr, alignment=256, alignment_threshold=65536))]
+    #[pyo3(signature = (upstream_mr=None, alignment=256, alignment_threshold=65536, *, upstream=None))]
     fn new(
-        upstream_mr: &Bound<'_, PyAny>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
         alignment: usize,
         alignment_threshold: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(upstream_mr)?;
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
         let aligned = Arc::new(py_result(RsAligned::new(
             upstream,
             alignment,
@@ -521,9 +330,6 @@ impl AlignedResourceAdaptor {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PoolMemoryResource>()?;
-    m.add_class::<FixedSizeMemoryResource>()?;
-    m.add_class::<BinningMemoryResource>()?;
     m.add_class::<LimitingResourceAdaptor>()?;
     m.add_class::<LoggingResourceAdaptor>()?;
     m.add_class::<StatisticsResourceAdaptor>()?;

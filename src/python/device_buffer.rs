@@ -9,9 +9,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use super::buffer::HostBuffer;
 use super::errors::py_result;
-use super::resources::{current_resource, DeviceMemoryResource};
+use super::host_buffer::HostBuffer;
+use super::registry::current_resource;
+use super::resource::DeviceMemoryResource;
 use super::stream::{PyStream, StreamArg};
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
@@ -334,7 +335,7 @@ impl PyDeviceBuffer {
         if ptr == 0 || size == 0 || !crate::cuda::is_managed(ptr) {
             return Ok(());
         }
-        let device = device.unwrap_or_else(super::resources::current_device);
+        let device = device.unwrap_or_else(crate::current_device_ordinal);
         py_result(py.detach(|| {
             let _ctx = crate::cuda::ContextGuard::new(device)?;
             // SAFETY: `ptr` is managed memory of this live buffer, valid for `size` bytes.

@@ -37,6 +37,7 @@ thread_local! {
 /// remembers the exception so that `to_pyerr` re-raises it unchanged when that error comes back
 /// to Python on this thread. A `MemoryError` becomes an out-of-memory error.
 pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error {
+    let err = as_rmm_raises(py, err);
     let error = if err.is_instance_of::<PyMemoryError>(py) {
         Error::out_of_memory(requested, format!("Python callback: {err}"))
     } else {
@@ -51,7 +52,25 @@ pub(crate) fn stash_pyerr(py: Python<'_>, err: PyErr, requested: usize) -> Error
 /// refusal (the failure callback's `false`): the next out-of-memory error converted on this
 /// thread becomes this exception.
 pub(crate) fn stash_pyerr_any(err: PyErr) {
+    let err = Python::attach(|py| as_rmm_raises(py, err));
     STASHED.with(|cell| *cell.borrow_mut() = Some((None, err)));
+}
+
+/// What RMM raises for an exception from a Python callback: a `MemoryError` or `RuntimeError`
+/// (or a subclass) as it is; anything else (`Exception`, `BaseException`, ...) as a
+/// `RuntimeError` with the same message, the original as its cause.
+fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
+    if err.is_instance_of::<PyMemoryError>(py) || err.is_instance_of::<PyRuntimeError>(py) {
+        return err;
+    }
+    let message = err
+        .value(py)
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    let converted = PyRuntimeError::new_err(message);
+    converted.set_cause(py, Some(err));
+    converted
 }
 
 fn take_stashed(text: &str, out_of_memory: bool) -> Option<PyErr> {

@@ -1,16 +1,32 @@
 //! The Python extension module `rrmm._rrmm` (cargo feature `python`): the only code that knows
-//! about Python. Each file registers its classes and functions with `register`.
+//! about Python. One file per job, mirroring `python/rrmm`; each registers its classes and
+//! functions with `register`, and a new binding is a new file plus one line below.
+//!
+//! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
+//! base classes), `convert` (arguments), then the resources (`base_resources`,
+//! `suballocators`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
+//! (`hooks`, shared by `cupy`, `numba` and `torch`).
 
 mod adaptors;
-mod buffer;
+mod base_resources;
+mod convert;
+mod cupy;
 mod cupy_stream;
+mod device;
 mod device_buffer;
 mod errors;
+mod experimental;
+mod gpu;
 mod hooks;
+mod host_buffer;
+mod numba;
+mod registry;
 mod replay;
-mod resources;
+mod resource;
 mod stream;
-mod torch_alloc;
+mod suballocators;
+mod torch;
+mod upstream_kw;
 
 use pyo3::prelude::*;
 
@@ -20,12 +36,21 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     stream::register(m)?;
-    resources::register(m)?;
+    resource::register(m)?;
+    convert::register(m)?;
+    base_resources::register(m)?;
+    suballocators::register(m)?;
     adaptors::register(m)?;
+    registry::register(m)?;
+    device::register(m)?;
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;
+    cupy::register(m)?;
     cupy_stream::register(m)?;
-    torch_alloc::register(m)?;
+    numba::register(m)?;
+    torch::register(m)?;
+    experimental::register(m)?;
+    gpu::register(m)?;
     Ok(())
 }

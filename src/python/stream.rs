@@ -72,15 +72,19 @@ fn handle_of(obj: &Bound<'_, PyAny>) -> PyResult<(RawStream, bool)> {
         let version: i64 = tuple.get_item(0)?.extract()?;
         if version != 0 {
             return Err(PyNotImplementedError::new_err(format!(
-                "__cuda_stream__ protocol version {version} is not supported (only 0)"
+                "only version 0 of the __cuda_stream__ protocol is supported, got version: '{version}'"
             )));
         }
         let handle: usize = tuple.get_item(1)?.extract()?;
-        return Ok((RawStream::from_raw(handle), true));
+        // SAFETY: the `__cuda_stream__` protocol: the object gives its live stream handle and
+        // keeps the stream live while it is used (the Python object is held by the caller).
+        return Ok((unsafe { RawStream::from_raw(handle) }, true));
     }
     for attr in ["ptr", "cuda_stream", "handle"] {
         if let Some(handle) = int_attr(obj, attr)? {
-            return Ok((RawStream::from_raw(handle), true));
+            // SAFETY: the handle of a CuPy, Numba or PyTorch stream object, which owns the live
+            // stream while the caller holds it (RMM trusts these attributes the same way).
+            return Ok((unsafe { RawStream::from_raw(handle) }, true));
         }
     }
     Err(PyTypeError::new_err(format!(
@@ -163,7 +167,7 @@ impl PyStream {
             Some(obj) if !obj.is_none() => {
                 if flags.is_some() {
                     return Err(PyValueError::new_err(
-                        "flags can only be given when creating a new stream (obj=None)",
+                        "flags may only be specified when obj is None",
                     ));
                 }
                 let (handle, keep) = handle_of(obj)?;
@@ -214,7 +218,7 @@ impl PyStream {
         let handle = self.handle;
         py_result(py.detach(|| {
             // A context must be current for the driver call; restore the caller's after.
-            let _ctx = crate::cuda::ContextGuard::new(super::resources::current_device())?;
+            let _ctx = crate::cuda::ContextGuard::new(crate::current_device_ordinal())?;
             handle.synchronize()
         }))
     }
@@ -246,7 +250,9 @@ impl PyStream {
     /// A Stream over a raw handle (internal; no ownership).
     #[staticmethod]
     fn _from_handle(py: Python<'_>, handle: usize) -> PyResult<Bound<'_, PyStream>> {
-        stream_for(py, RawStream::from_raw(handle))
+        // SAFETY: internal entry (RMM's `Stream._from_handle` contract): callers pass a live
+        // stream or a default-stream handle.
+        stream_for(py, unsafe { RawStream::from_raw(handle) })
     }
 }
 

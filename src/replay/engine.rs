@@ -157,7 +157,9 @@ fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
                 owned.push(s);
                 h
             }
-            _ => Stream::from_raw(0x1000 + i),
+            // SAFETY: `real` is false, so no resource in this replay passes the handle to the
+            // driver: it is only a key.
+            _ => unsafe { Stream::from_raw(0x1000 + i) },
         };
         handles.push(handle);
     }
@@ -252,7 +254,9 @@ fn free_live(
         if ptr != 0 {
             count += 1;
             bytes += size as u128;
-            if let Err(e) = mr.deallocate(ptr, size, streams.handles[stream as usize]) {
+            // SAFETY: the slot owns `ptr`, allocated from `mr` with `size` and not freed since;
+            // it is freed once (the slot is cleared) and the replay does no work on the memory.
+            if let Err(e) = unsafe { mr.deallocate(ptr, size, streams.handles[stream as usize]) } {
                 first_error.get_or_insert(e);
             }
             *slot = (0, 0, 0);
@@ -398,7 +402,10 @@ fn timed_pass(
             Action::Free => {
                 let (ptr, _, _) = slots[slot];
                 if ptr != 0 {
-                    mr.deallocate(ptr, ev.size, stream)?;
+                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
+                    // trace checks a free's size against its allocation) and is freed once (the
+                    // slot is cleared); the replay does no work on the memory.
+                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
                     slots[slot] = (0, 0, 0);
                 }
             }
@@ -476,7 +483,10 @@ fn figures_pass(
             Action::Free => {
                 let (ptr, _, _) = slots[slot];
                 if ptr != 0 {
-                    mr.deallocate(ptr, ev.size, stream)?;
+                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
+                    // trace checks a free's size against its allocation) and is freed once (the
+                    // slot is cleared); the replay does no work on the memory.
+                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
                     slots[slot] = (0, 0, 0);
                     in_use -= ev.size as u128;
                     blocks -= rounding.block(ev.size) as u128;

@@ -429,8 +429,9 @@ impl MemoryResource for PoolFootprint {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         self.resource.allocate(bytes, stream)
     }
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.resource.deallocate(ptr, bytes, stream)
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded to the wrapped resource that allocated `ptr`.
+        unsafe { self.resource.deallocate(ptr, bytes, stream) }
     }
     fn kind(&self) -> MemoryKind {
         self.resource.kind()

@@ -182,7 +182,8 @@ fn a_log_written_by_the_logging_adaptor_replays_with_identical_figures() {
     let size = 1 << 20;
     let (sim, device) = simulated(size);
     let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
-    let s1 = Stream::from_raw(0x5555_0000);
+    // SAFETY: a key only: simulated memory never passes it to the driver.
+    let s1 = unsafe { Stream::from_raw(0x5555_0000) };
     // A known sequence on two streams and two threads: peak 700_000 + 200_000 bytes, one
     // failure, one leak.
     let a = logger.allocate(700_000, Stream::DEFAULT).unwrap();
@@ -193,9 +194,11 @@ fn a_log_written_by_the_logging_adaptor_replays_with_identical_figures() {
             .unwrap()
     };
     assert!(logger.allocate(500_000, Stream::DEFAULT).is_err());
-    logger.deallocate(a, 700_000, Stream::DEFAULT).unwrap();
+    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+    unsafe { logger.deallocate(a, 700_000, Stream::DEFAULT) }.unwrap();
     let c = logger.allocate(10, s1).unwrap();
-    logger.deallocate(c, 10, s1).unwrap();
+    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+    unsafe { logger.deallocate(c, 10, s1) }.unwrap();
     let _leak = b;
     let original_peak = sim.peak_bytes_in_use();
     drop(logger);
@@ -270,7 +273,9 @@ fn resource_errors_other_than_out_of_memory_abort_the_replay_cleanly() {
                 up.allocate(bytes, stream)
             }
         }),
-        Box::new(move |ptr, bytes, stream| up2.deallocate(ptr, bytes, stream)),
+        // SAFETY: the callback resource's `deallocate` passes on its caller's contract, and its
+        // pointers come from `up`.
+        Box::new(move |ptr, bytes, stream| unsafe { up2.deallocate(ptr, bytes, stream) }),
         MemoryKind::Simulated,
     ));
     let log = "Thread,Time,Action,Pointer,Size,Stream\n\
@@ -400,10 +405,12 @@ fn concurrent_logging_gives_a_log_that_parses_strictly() {
         for t in 0..4usize {
             let logger = logger.clone();
             s.spawn(move || {
-                let stream = Stream::from_raw(0x1000 * (t + 1));
+                // SAFETY: a key only: simulated memory never passes it to the driver.
+                let stream = unsafe { Stream::from_raw(0x1000 * (t + 1)) };
                 for i in 0..500 {
                     let p = logger.allocate(256 * (i % 7 + 1), stream).unwrap();
-                    logger.deallocate(p, 256 * (i % 7 + 1), stream).unwrap();
+                    // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+                    unsafe { logger.deallocate(p, 256 * (i % 7 + 1), stream) }.unwrap();
                 }
             });
         }
@@ -429,7 +436,9 @@ fn repetitions_run_on_one_resource_after_the_figures_pass() {
             counter.fetch_add(1, Ordering::Relaxed);
             up.allocate(bytes, stream)
         }),
-        Box::new(move |ptr, bytes, stream| up2.deallocate(ptr, bytes, stream)),
+        // SAFETY: the callback resource's `deallocate` passes on its caller's contract, and its
+        // pointers come from `up`.
+        Box::new(move |ptr, bytes, stream| unsafe { up2.deallocate(ptr, bytes, stream) }),
         MemoryKind::Simulated,
     ));
     let trace = Trace::from_reader("s.csv", synthetic_log(200).as_bytes(), false).unwrap();

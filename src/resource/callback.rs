@@ -40,7 +40,7 @@ impl MemoryResource for CallbackMemoryResource {
         (self.allocate)(bytes, stream)
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         (self.deallocate)(ptr, bytes, stream)
     }
 

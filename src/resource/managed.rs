@@ -1,60 +1,24 @@
 //! `cuMemAllocManaged`: unified memory that can exceed the device.
 
-use super::{MemoryKind, MemoryResource};
-use crate::cuda::{self, ContextGuard, Stream};
+use super::direct::{sealed, DirectAllocator, DirectMemoryResource};
+use super::MemoryKind;
+use crate::cuda;
 use crate::error::Result;
 
-/// Managed (unified) memory from `cuMemAllocManaged`, attached globally.
-#[derive(Debug, Clone)]
-pub struct ManagedMemoryResource {
-    device: usize,
-}
+/// `cuMemAllocManaged` (attached globally), the driver call of [`ManagedMemoryResource`].
+#[derive(Debug, Clone, Copy)]
+pub struct ManagedAlloc;
 
-impl ManagedMemoryResource {
-    /// A resource on the current device.
-    pub fn new() -> Result<Self> {
-        Self::on_device(cuda::current_device()?)
-    }
+impl sealed::Sealed for ManagedAlloc {}
 
-    /// A resource on device `ordinal`.
-    pub fn on_device(ordinal: usize) -> Result<Self> {
-        let _ctx = ContextGuard::new(ordinal)?;
-        Ok(ManagedMemoryResource { device: ordinal })
-    }
-}
+impl DirectAllocator for ManagedAlloc {
+    const NAME: &'static str = "managed";
+    const KIND: MemoryKind = MemoryKind::Managed;
 
-impl MemoryResource for ManagedMemoryResource {
-    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
-        if bytes == 0 {
-            return Ok(0);
-        }
-        let _ctx = ContextGuard::new(self.device)?;
+    fn alloc(bytes: usize) -> Result<usize> {
         cuda::mem_alloc_managed(bytes)
     }
-
-    fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
-        if ptr == 0 {
-            return Ok(());
-        }
-        let _ctx = ContextGuard::new(self.device)?;
-        // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract).
-        unsafe { cuda::mem_free(ptr) }
-    }
-
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Managed
-    }
-
-    fn device(&self) -> Option<usize> {
-        Some(self.device)
-    }
-
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        let _ctx = ContextGuard::new(self.device).ok()?;
-        cuda::mem_get_info().ok()
-    }
-
-    fn name(&self) -> &'static str {
-        "managed"
-    }
 }
+
+/// Managed (unified) memory from `cuMemAllocManaged`, attached globally.
+pub type ManagedMemoryResource = DirectMemoryResource<ManagedAlloc>;

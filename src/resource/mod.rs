@@ -3,15 +3,19 @@
 mod callback;
 mod cuda;
 mod cuda_async;
+mod cuda_async_managed;
+mod direct;
 mod managed;
 mod pinned_host;
 mod simulated;
 mod system;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
-pub use cuda::CudaMemoryResource;
+pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
-pub use managed::ManagedMemoryResource;
+pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
+pub use direct::{DirectAllocator, DirectMemoryResource};
+pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::{SimulatedMemoryResource, SIMULATED_PAGE_SIZE};
 pub use system::SystemMemoryResource;
@@ -61,10 +65,26 @@ pub trait MemoryResource: Send + Sync {
 
     /// Returns `ptr`, allocated from this resource with the same `bytes`, on `stream`.
     ///
+    /// # Safety
+    /// 1. `ptr` was returned by [`allocate`](MemoryResource::allocate) on this resource (or on a
+    ///    resource that shares its memory, such as an `Arc` clone), with the same `bytes`.
+    /// 2. `ptr` has not been deallocated since it was allocated (no double free).
+    /// 3. No work reads or writes the memory after the free in `stream`'s order: work enqueued
+    ///    on other streams has been made to complete before, or is ordered before, this call on
+    ///    `stream`; the host no longer uses it.
+    /// 4. `stream` is a default stream or names a live stream of the resource's device (see
+    ///    [`Stream::from_raw`]).
+    ///
+    /// Resources that document checked frees (the pool and simulated memory today, and
+    /// resources behind a checking wrapper) report a broken 1 or 2 as
+    /// [`Error::Logic`](crate::Error::Logic) instead, so with them only 3 and 4 are required;
+    /// with the others (CUDA's own frees, the system allocator) a broken 1 or 2 is undefined
+    /// behaviour.
+    ///
     /// # Errors
     /// CUDA errors from the underlying free, or a logic error for a pointer this resource does
     /// not know (where the resource can tell).
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()>;
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()>;
 
     /// The kind of memory this resource hands out.
     fn kind(&self) -> MemoryKind {
@@ -123,8 +143,9 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         (**self).allocate(bytes, stream)
     }
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        (**self).deallocate(ptr, bytes, stream)
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract, forwarded unchanged to the shared resource.
+        unsafe { (**self).deallocate(ptr, bytes, stream) }
     }
     fn kind(&self) -> MemoryKind {
         (**self).kind()

@@ -28,7 +28,7 @@ impl MemoryResource for PinnedHostMemoryResource {
         cuda::mem_alloc_host(bytes)
     }
 
-    fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }

@@ -38,7 +38,7 @@ impl MemoryResource for SystemMemoryResource {
         Ok(ptr as usize)
     }
 
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
@@ -73,6 +73,7 @@ mod tests {
         assert_eq!(p % 256, 0);
         // SAFETY: 1000 bytes were just allocated at `p`.
         unsafe { std::ptr::write_bytes(p as *mut u8, 7, 1000) };
-        mr.deallocate(p, 1000, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 1000, Stream::DEFAULT) }.unwrap();
     }
 }

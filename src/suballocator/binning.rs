@@ -133,11 +133,17 @@ impl MemoryResource for BinningMemoryResource {
     }
 
     #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out and relies only on the stream-ordering part of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         let bins = self.inner.bins.read();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
-            Some((_, bin)) => bin.deallocate(ptr, bytes, stream),
-            None => self.inner.upstream.deallocate(ptr, bytes, stream),
+            // SAFETY: the caller's contract; a size maps to one bin (or the upstream) on both
+            // allocate and free, so `ptr` came from the resource it is returned to.
+            Some((_, bin)) => unsafe { bin.deallocate(ptr, bytes, stream) },
+            // SAFETY: as above.
+            None => unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) },
         }
     }
 
@@ -173,6 +179,8 @@ impl MemoryResource for BinningMemoryResource {
 }
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
@@ -200,9 +208,12 @@ mod tests {
             in_use + 5120,
             "above the largest bin: upstream"
         );
-        mr.deallocate(p, 500, Stream::DEFAULT).unwrap();
-        mr.deallocate(q, 1500, Stream::DEFAULT).unwrap();
-        mr.deallocate(r, 5000, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(p, 500, Stream::DEFAULT) }.unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(q, 1500, Stream::DEFAULT) }.unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { mr.deallocate(r, 5000, Stream::DEFAULT) }.unwrap();
         assert_eq!(up.bytes_in_use(), in_use);
         assert_eq!(custom.footprint().unwrap().held_bytes, 0);
         assert_eq!(mr.name(), "binning");

@@ -1,12 +1,13 @@
-//! The pool's strategy: a coalescing TLSF-style free list with one set of size classes per
-//! stream, in O(1) per operation.
+//! The pool's strategy: a coalescing TLSF-style free list (one instance per stream, one for
+//! fresh memory), in O(1) per operation.
 //!
-//! Every block (free or allocated) is a node in one arena; nodes of one upstream chunk are linked
-//! by address (`prev_phys`/`next_phys`), and the links stop at chunk boundaries, so blocks never
-//! coalesce across two upstream allocations. Free blocks sit in segregated size classes (64 - 8
-//! first-level classes by power of two of the size in 256-byte granules, each split in 32
-//! second-level classes), found with two bitmap lookups. Allocated blocks are found by address in
-//! a hash map.
+//! Free blocks sit in segregated size classes (64 - 8 first-level classes by power of two of the
+//! size in 256-byte granules, each split in 32 second-level classes), found with two bitmap
+//! lookups. Each list also indexes its free blocks by start and by end address, so a block put
+//! back finds its free neighbours (in this list, of the same growth region) in O(1) and
+//! coalesces with them: blocks never coalesce across two regions (two upstream chunks of the
+//! pool), and never with another stream's free blocks. Allocated blocks are not tracked here
+//! (the core keeps them).
 //!
 //! # Fit
 //! Good fit, not exact best fit: `take` first looks at up to [`EXACT_CLASS_SCAN`] blocks of the
@@ -16,17 +17,15 @@
 //! blocks looked at.
 //!
 //! # Time Complexity
-//! `take`, `give_back` and `add_chunk` are O(1) (bitmap scans of 64 bits, a bounded class scan,
-//! expected O(1) hash operations). Merging all lists, removing free chunks and the largest-block
-//! figure are O(free blocks) and only run on rare paths.
+//! `take`, `insert` and `add_chunk` are O(1) (bitmap scans of 64 bits, a bounded class scan,
+//! expected O(1) hash operations). Draining, absorbing fresh neighbours, `remove_range` and the
+//! largest-block figure are O(free blocks) and only run on rare paths.
 
 #![deny(unsafe_code)]
 
-use super::stream_ordered::{FreeList, ListId, FRESH};
+use super::free_list::{AddressMap, Block, FreeList};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 const GRANULE_SHIFT: u32 = 8;
 const SL_BITS: u32 = 5;
@@ -37,51 +36,16 @@ const FL_COUNT: usize = (usize::BITS - GRANULE_SHIFT - SL_BITS + 1) as usize;
 pub(crate) const EXACT_CLASS_SCAN: usize = 4;
 
 const NIL: u32 = u32::MAX;
-/// `Node::list` of an allocated block.
-const ALLOCATED: u32 = u32::MAX;
-/// `Node::list` of an arena slot that holds no block.
-const UNUSED: u32 = u32::MAX - 1;
-
-/// Hashes block addresses (multiples of 256) with one folded multiply.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-        self.write_u64(0);
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let p = u128::from(x ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-    #[inline]
-    fn write_usize(&mut self, x: usize) {
-        self.write_u64(x as u64);
-    }
-}
-
-/// A hash map keyed by addresses (or other integers) with [`AddressHasher`].
-pub(crate) type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
     addr: usize,
     size: usize,
-    prev_phys: u32,
-    next_phys: u32,
+    region: usize,
     prev_free: u32,
     next_free: u32,
-    /// The free list holding this block, [`ALLOCATED`] or [`UNUSED`].
-    list: u32,
+    /// Whether the slot holds a free block (else it is on the unused stack).
+    used: bool,
 }
 
 /// The size classes of one stream.
@@ -155,45 +119,44 @@ fn search_class(size: usize) -> Option<(usize, usize)> {
     (fl < FL_COUNT).then_some((fl, sl))
 }
 
-/// Coalescing good-fit free lists, one per stream, over one arena of block nodes.
+/// One coalescing good-fit free list.
 #[derive(Debug)]
 pub(crate) struct CoalescingFreeList {
     nodes: Vec<Node>,
     unused: Vec<u32>,
-    lists: Vec<Classes>,
-    allocated: AddressMap<usize, u32>,
+    classes: Classes,
+    by_start: AddressMap<usize, u32>,
+    by_end: AddressMap<usize, u32>,
     free_bytes: usize,
-    free_blocks: usize,
 }
 
 impl Default for CoalescingFreeList {
     fn default() -> Self {
-        Self::new()
+        Self::empty()
     }
 }
 
 impl CoalescingFreeList {
-    /// Empty lists, with the fresh list (id [`FRESH`]) only.
-    pub(crate) fn new() -> Self {
+    /// An empty list.
+    pub(crate) fn empty() -> Self {
         CoalescingFreeList {
             nodes: Vec::new(),
             unused: Vec::new(),
-            lists: vec![Classes::new()],
-            allocated: AddressMap::default(),
+            classes: Classes::new(),
+            by_start: AddressMap::default(),
+            by_end: AddressMap::default(),
             free_bytes: 0,
-            free_blocks: 0,
         }
     }
 
-    fn new_node(&mut self, addr: usize, size: usize) -> u32 {
+    fn new_node(&mut self, addr: usize, size: usize, region: usize) -> u32 {
         let node = Node {
             addr,
             size,
-            prev_phys: NIL,
-            next_phys: NIL,
+            region,
             prev_free: NIL,
             next_free: NIL,
-            list: UNUSED,
+            used: true,
         };
         if let Some(i) = self.unused.pop() {
             self.nodes[i as usize] = node;
@@ -205,37 +168,31 @@ impl CoalescingFreeList {
     }
 
     fn drop_node(&mut self, i: u32) {
-        self.nodes[i as usize].list = UNUSED;
+        self.nodes[i as usize].used = false;
         self.unused.push(i);
     }
 
+    /// Puts node `i` into its size class.
     #[inline]
-    fn is_free(&self, i: u32) -> bool {
-        i != NIL && self.nodes[i as usize].list < UNUSED
-    }
-
-    #[inline]
-    fn insert_free(&mut self, i: u32, list: ListId) {
+    fn link(&mut self, i: u32) {
         let (fl, sl) = class_of(self.nodes[i as usize].size);
-        let classes = &mut self.lists[list as usize];
         let slot = fl * SL_COUNT + sl;
-        let head = classes.heads[slot];
-        classes.heads[slot] = i;
-        classes.fl_bitmap |= 1 << fl;
-        classes.sl_bitmaps[fl] |= 1 << sl;
+        let head = self.classes.heads[slot];
+        self.classes.heads[slot] = i;
+        self.classes.fl_bitmap |= 1 << fl;
+        self.classes.sl_bitmaps[fl] |= 1 << sl;
         if head != NIL {
             self.nodes[head as usize].prev_free = i;
         }
         let n = &mut self.nodes[i as usize];
         n.prev_free = NIL;
         n.next_free = head;
-        n.list = list;
         self.free_bytes += n.size;
-        self.free_blocks += 1;
     }
 
+    /// Takes node `i` out of its size class (the address maps are the caller's).
     #[inline]
-    fn remove_free(&mut self, i: u32) {
+    fn unlink(&mut self, i: u32) {
         let n = self.nodes[i as usize];
         if n.prev_free != NIL {
             self.nodes[n.prev_free as usize].next_free = n.next_free;
@@ -245,7 +202,7 @@ impl CoalescingFreeList {
         }
         if n.prev_free == NIL {
             let (fl, sl) = class_of(n.size);
-            let classes = &mut self.lists[n.list as usize];
+            let classes = &mut self.classes;
             classes.heads[fl * SL_COUNT + sl] = n.next_free;
             if n.next_free == NIL {
                 classes.sl_bitmaps[fl] &= !(1 << sl);
@@ -255,14 +212,26 @@ impl CoalescingFreeList {
             }
         }
         self.free_bytes -= n.size;
-        self.free_blocks -= 1;
-        self.nodes[i as usize].list = ALLOCATED;
     }
 
-    /// The free block `take(list, size)` would use.
+    /// Takes node `i` out of the list entirely and returns its block.
+    fn remove_node(&mut self, i: u32) -> Block {
+        self.unlink(i);
+        let n = self.nodes[i as usize];
+        self.by_start.remove(&n.addr);
+        self.by_end.remove(&(n.addr + n.size));
+        self.drop_node(i);
+        Block {
+            addr: n.addr,
+            size: n.size,
+            region: n.region,
+        }
+    }
+
+    /// The free block `take(size)` would use.
     #[inline]
-    fn candidate(&self, list: ListId, size: usize) -> Option<u32> {
-        let classes = self.lists.get(list as usize)?;
+    fn candidate(&self, size: usize) -> Option<u32> {
+        let classes = &self.classes;
         let (fl, sl) = class_of(size);
         let mut i = classes.heads[fl * SL_COUNT + sl];
         let mut looked = 0;
@@ -279,189 +248,200 @@ impl CoalescingFreeList {
         Some(classes.heads[fl * SL_COUNT + sl])
     }
 
-    /// Every free node id, of every list.
+    /// Every free node id.
     fn all_free(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.free_blocks);
-        for classes in &self.lists {
-            for &head in &classes.heads {
-                let mut i = head;
-                while i != NIL {
-                    out.push(i);
-                    i = self.nodes[i as usize].next_free;
-                }
-            }
-        }
-        out
+        self.by_start.values().copied().collect()
     }
 
-    /// Merges free block `b` (the physical successor of `a`) into `a`; both out of the lists.
-    fn absorb_next(&mut self, a: u32, b: u32) {
-        let nb = self.nodes[b as usize];
-        let na = &mut self.nodes[a as usize];
-        na.size += nb.size;
-        na.next_phys = nb.next_phys;
-        if nb.next_phys != NIL {
-            self.nodes[nb.next_phys as usize].prev_phys = a;
-        }
-        self.drop_node(b);
+    /// The free neighbour of the same region ending at `addr`.
+    #[inline]
+    fn ending_at(&self, addr: usize, region: usize) -> Option<u32> {
+        let &p = self.by_end.get(&addr)?;
+        (self.nodes[p as usize].region == region).then_some(p)
+    }
+
+    /// The free neighbour of the same region starting at `addr`.
+    #[inline]
+    fn starting_at(&self, addr: usize, region: usize) -> Option<u32> {
+        let &n = self.by_start.get(&addr)?;
+        (self.nodes[n as usize].region == region).then_some(n)
     }
 }
 
 impl FreeList for CoalescingFreeList {
-    fn block_size_for(&self, bytes: usize) -> Result<usize> {
+    type Sizing = ();
+
+    fn new(_sizing: &()) -> Self {
+        Self::empty()
+    }
+
+    fn block_size_for(_sizing: &(), bytes: usize) -> Result<usize> {
         align_up(bytes, ALLOCATION_ALIGNMENT)
             .ok_or_else(|| Error::out_of_memory(bytes, "request size overflows"))
     }
 
-    fn add_list(&mut self) -> ListId {
-        self.lists.push(Classes::new());
-        (self.lists.len() - 1) as ListId
+    fn can_take(&self, size: usize) -> bool {
+        self.candidate(size).is_some()
     }
 
-    fn can_take(&self, list: ListId, size: usize) -> bool {
-        self.candidate(list, size).is_some()
-    }
-
-    fn take(&mut self, list: ListId, size: usize) -> Option<usize> {
-        let i = self.candidate(list, size)?;
-        self.remove_free(i);
+    #[inline]
+    fn take(&mut self, size: usize) -> Option<Block> {
+        let i = self.candidate(size)?;
         let n = self.nodes[i as usize];
-        if n.size > size {
-            let rest = self.new_node(n.addr + size, n.size - size);
-            {
-                let r = &mut self.nodes[rest as usize];
-                r.prev_phys = i;
-                r.next_phys = n.next_phys;
-            }
-            if n.next_phys != NIL {
-                self.nodes[n.next_phys as usize].prev_phys = rest;
-            }
+        if n.size == size {
+            return Some(self.remove_node(i));
+        }
+        // Split: the node keeps the tail (its end, so `by_end`, is unchanged).
+        self.unlink(i);
+        self.by_start.remove(&n.addr);
+        {
             let node = &mut self.nodes[i as usize];
-            node.next_phys = rest;
-            node.size = size;
-            self.insert_free(rest, list);
+            node.addr += size;
+            node.size -= size;
         }
-        self.allocated.insert(n.addr, i);
-        Some(n.addr)
+        self.by_start.insert(n.addr + size, i);
+        self.link(i);
+        Some(Block {
+            addr: n.addr,
+            size,
+            region: n.region,
+        })
     }
 
-    fn give_back(&mut self, list: ListId, addr: usize, _size: usize) -> Result<()> {
-        let Some(mut i) = self.allocated.remove(&addr) else {
-            return Err(Error::Logic(format!(
-                "deallocate of {addr:#x}, which this resource did not allocate (or was freed)"
-            )));
+    #[inline]
+    fn insert(&mut self, block: Block) {
+        let end = block.end();
+        let Block { addr, size, region } = block;
+        let prev = self.ending_at(addr, region);
+        let next = self.starting_at(end, region);
+        let at = match (prev, next) {
+            (None, None) => {
+                let i = self.new_node(addr, size, region);
+                self.by_start.insert(addr, i);
+                self.by_end.insert(end, i);
+                i
+            }
+            (Some(p), None) => {
+                self.unlink(p);
+                self.by_end.remove(&addr);
+                self.nodes[p as usize].size += size;
+                self.by_end.insert(end, p);
+                p
+            }
+            (None, Some(n)) => {
+                self.unlink(n);
+                self.by_start.remove(&end);
+                let node = &mut self.nodes[n as usize];
+                node.addr = addr;
+                node.size += size;
+                self.by_start.insert(addr, n);
+                n
+            }
+            (Some(p), Some(n)) => {
+                self.unlink(p);
+                self.unlink(n);
+                self.by_end.remove(&addr);
+                self.by_start.remove(&end);
+                let next_size = self.nodes[n as usize].size;
+                self.nodes[p as usize].size += size + next_size;
+                // The merged block ends where `n` ended: that end now names `p`.
+                self.by_end.insert(end + next_size, p);
+                self.drop_node(n);
+                p
+            }
         };
-        let mergeable = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
-        let prev = self.nodes[i as usize].prev_phys;
-        if mergeable(self, prev) {
-            self.remove_free(prev);
-            self.absorb_next(prev, i);
-            i = prev;
-        }
-        let next = self.nodes[i as usize].next_phys;
-        if mergeable(self, next) {
-            self.remove_free(next);
-            self.absorb_next(i, next);
-        }
-        self.insert_free(i, list);
-        Ok(())
+        self.link(at);
     }
 
-    fn add_chunk(&mut self, addr: usize, size: usize) {
-        let i = self.new_node(addr, size);
-        self.insert_free(i, FRESH);
-    }
-
-    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool {
-        if list == FRESH {
-            return false;
-        }
-        let fresh: Vec<u32> = {
-            let classes = &self.lists[FRESH as usize];
-            let mut out = Vec::new();
-            for &head in &classes.heads {
-                let mut i = head;
-                while i != NIL {
-                    out.push(i);
-                    i = self.nodes[i as usize].next_free;
-                }
-            }
-            out
-        };
-        let in_list = |s: &Self, j: u32| s.is_free(j) && s.nodes[j as usize].list == list;
-        let mut merged = false;
-        for f in fresh {
-            let prev = self.nodes[f as usize].prev_phys;
-            let next = self.nodes[f as usize].next_phys;
-            let (take_prev, take_next) = (in_list(self, prev), in_list(self, next));
-            if !take_prev && !take_next {
-                continue;
-            }
-            self.remove_free(f);
-            let mut at = f;
-            if take_prev {
-                self.remove_free(prev);
-                self.absorb_next(prev, f);
-                at = prev;
-            }
-            if take_next {
-                self.remove_free(next);
-                self.absorb_next(at, next);
-            }
-            self.insert_free(at, list);
-            merged = true;
-        }
-        merged
-    }
-
-    fn merge_all_into_fresh(&mut self) {
-        let free = self.all_free();
-        for &i in &free {
-            self.remove_free(i);
-        }
-        // Every block is now out of the lists (marked ALLOCATED); mark the free ones FRESH.
-        for &i in &free {
-            self.nodes[i as usize].list = FRESH;
-        }
-        let mut starts = Vec::with_capacity(free.len());
-        for &i in &free {
-            if self.nodes[i as usize].list != FRESH
-                || self.is_free(self.nodes[i as usize].prev_phys)
-            {
-                continue; // absorbed already, or not the first of a run of free blocks
-            }
-            loop {
-                let next = self.nodes[i as usize].next_phys;
-                if !self.is_free(next) {
-                    break;
-                }
-                self.absorb_next(i, next);
-            }
-            starts.push(i);
-        }
-        for i in starts {
-            self.insert_free(i, FRESH);
-        }
-    }
-
-    fn remove_free_chunks(&mut self) -> Vec<(usize, usize)> {
-        let whole: Vec<u32> = self
+    fn drain(&mut self) -> Vec<Block> {
+        let out = self
             .all_free()
             .into_iter()
-            .filter(|&i| {
+            .map(|i| {
                 let n = &self.nodes[i as usize];
-                n.prev_phys == NIL && n.next_phys == NIL
+                Block {
+                    addr: n.addr,
+                    size: n.size,
+                    region: n.region,
+                }
             })
             .collect();
-        whole
+        *self = Self::empty();
+        out
+    }
+
+    fn absorb_bordering(&mut self, fresh: &mut Self) -> bool {
+        let mut moved = false;
+        for i in fresh.all_free() {
+            let n = fresh.nodes[i as usize];
+            if self.ending_at(n.addr, n.region).is_some()
+                || self.starting_at(n.addr + n.size, n.region).is_some()
+            {
+                let block = fresh.remove_node(i);
+                self.insert(block);
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    fn remove_block(&mut self, block: Block) -> bool {
+        match self.by_start.get(&block.addr) {
+            Some(&i)
+                if self.nodes[i as usize].size == block.size
+                    && self.nodes[i as usize].region == block.region =>
+            {
+                self.remove_node(i);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn remove_range(&mut self, addr: usize, size: usize) -> bool {
+        let Some(end) = addr.checked_add(size) else {
+            return false;
+        };
+        let found = self.all_free().into_iter().find(|&i| {
+            let n = &self.nodes[i as usize];
+            n.addr <= addr && end <= n.addr + n.size
+        });
+        let Some(i) = found else {
+            return false;
+        };
+        let b = self.remove_node(i);
+        if b.addr < addr {
+            self.insert(Block {
+                addr: b.addr,
+                size: addr - b.addr,
+                region: b.region,
+            });
+        }
+        if end < b.end() {
+            self.insert(Block {
+                addr: end,
+                size: b.end() - end,
+                region: b.region,
+            });
+        }
+        true
+    }
+
+    fn free_ranges(&self) -> Vec<Block> {
+        let mut out: Vec<Block> = self
+            .all_free()
             .into_iter()
             .map(|i| {
-                self.remove_free(i);
-                let n = self.nodes[i as usize];
-                self.drop_node(i);
-                (n.addr, n.size)
+                let n = &self.nodes[i as usize];
+                Block {
+                    addr: n.addr,
+                    size: n.size,
+                    region: n.region,
+                }
             })
-            .collect()
+            .collect();
+        out.sort_by_key(|b| b.addr);
+        out
     }
 
     fn free_bytes(&self) -> usize {
@@ -469,18 +449,16 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_blocks(&self) -> usize {
-        self.free_blocks
+        self.by_start.len()
     }
 
     fn largest_free_block(&self) -> usize {
         let mut largest = 0;
-        for classes in &self.lists {
-            if let Some((fl, sl)) = classes.highest() {
-                let mut i = classes.heads[fl * SL_COUNT + sl];
-                while i != NIL {
-                    largest = largest.max(self.nodes[i as usize].size);
-                    i = self.nodes[i as usize].next_free;
-                }
+        if let Some((fl, sl)) = self.classes.highest() {
+            let mut i = self.classes.heads[fl * SL_COUNT + sl];
+            while i != NIL {
+                largest = largest.max(self.nodes[i as usize].size);
+                i = self.nodes[i as usize].next_free;
             }
         }
         largest
@@ -489,60 +467,49 @@ impl FreeList for CoalescingFreeList {
 
 #[cfg(test)]
 impl CoalescingFreeList {
-    /// Panics unless every internal invariant holds: physical links are mutual and contiguous,
-    /// every free block is in the class list its size and list id say, the bitmaps match the
-    /// class lists, the counters match, allocated blocks are exactly the map's.
-    fn check_invariants(&self) {
+    /// Panics unless every internal invariant holds: every free block is in the class list its
+    /// size says and in both address maps, the bitmaps match the class lists, the byte counter
+    /// matches, and no two free blocks of one region touch (fully coalesced).
+    pub(crate) fn check_invariants(&self) {
         let mut free_bytes = 0;
         let mut free_blocks = 0;
-        for (l, classes) in self.lists.iter().enumerate() {
-            for fl in 0..FL_COUNT {
-                for sl in 0..SL_COUNT {
-                    let head = classes.heads[fl * SL_COUNT + sl];
-                    assert_eq!(head != NIL, classes.sl_bitmaps[fl] >> sl & 1 == 1);
-                    let mut prev = NIL;
-                    let mut i = head;
-                    while i != NIL {
-                        let n = &self.nodes[i as usize];
-                        assert_eq!(n.list as usize, l);
-                        assert_eq!(class_of(n.size), (fl, sl));
-                        assert_eq!(n.prev_free, prev);
-                        free_bytes += n.size;
-                        free_blocks += 1;
-                        prev = i;
-                        i = n.next_free;
+        let classes = &self.classes;
+        for fl in 0..FL_COUNT {
+            for sl in 0..SL_COUNT {
+                let head = classes.heads[fl * SL_COUNT + sl];
+                assert_eq!(head != NIL, classes.sl_bitmaps[fl] >> sl & 1 == 1);
+                let mut prev = NIL;
+                let mut i = head;
+                while i != NIL {
+                    let n = &self.nodes[i as usize];
+                    assert!(n.used);
+                    assert_eq!(class_of(n.size), (fl, sl));
+                    assert_eq!(n.prev_free, prev);
+                    assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
+                    assert_eq!(self.by_start.get(&n.addr), Some(&i));
+                    assert_eq!(self.by_end.get(&(n.addr + n.size)), Some(&i));
+                    if let Some(&m) = self.by_start.get(&(n.addr + n.size)) {
+                        assert_ne!(self.nodes[m as usize].region, n.region, "not coalesced");
                     }
+                    free_bytes += n.size;
+                    free_blocks += 1;
+                    prev = i;
+                    i = n.next_free;
                 }
-                assert_eq!(
-                    classes.sl_bitmaps[fl] != 0,
-                    classes.fl_bitmap >> fl & 1 == 1
-                );
             }
+            assert_eq!(
+                classes.sl_bitmaps[fl] != 0,
+                classes.fl_bitmap >> fl & 1 == 1
+            );
         }
+        assert_eq!(free_bytes, self.free_bytes);
+        assert_eq!(free_blocks, self.by_start.len());
+        assert_eq!(free_blocks, self.by_end.len());
         assert_eq!(
-            (free_bytes, free_blocks),
-            (self.free_bytes, self.free_blocks)
+            free_blocks + self.unused.len(),
+            self.nodes.len(),
+            "every slot is free or unused"
         );
-        let mut allocated = 0;
-        for (i, n) in self.nodes.iter().enumerate() {
-            if n.list == UNUSED {
-                continue;
-            }
-            assert!(n.size > 0 && n.size % 256 == 0 && n.addr % 256 == 0);
-            if n.next_phys != NIL {
-                let m = &self.nodes[n.next_phys as usize];
-                assert_eq!(m.prev_phys as usize, i);
-                assert_eq!(n.addr + n.size, m.addr);
-            }
-            if n.prev_phys != NIL {
-                assert_eq!(self.nodes[n.prev_phys as usize].next_phys as usize, i);
-            }
-            if n.list == ALLOCATED {
-                allocated += 1;
-                assert_eq!(self.allocated.get(&n.addr), Some(&(i as u32)));
-            }
-        }
-        assert_eq!(allocated, self.allocated.len());
     }
 }
 
@@ -553,97 +520,128 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        Take { list: u32, granules: usize },
-        Give { pick: usize, list: u32 },
+        Take { list: usize, granules: usize },
+        Give { pick: usize, list: usize },
         Chunk { granules: usize },
         MergeAll,
         RemoveFreeChunks,
-        AbsorbFresh { list: u32 },
+        AbsorbFresh { list: usize },
+        Trim { pick: usize, granules: usize },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            6 => (0..4u32, 1..200usize).prop_map(|(list, granules)| Op::Take { list, granules }),
-            5 => (any::<usize>(), 0..4u32).prop_map(|(pick, list)| Op::Give { pick, list }),
+            6 => (0..4usize, 1..200usize).prop_map(|(list, granules)| Op::Take { list, granules }),
+            5 => (any::<usize>(), 0..4usize).prop_map(|(pick, list)| Op::Give { pick, list }),
             1 => (1..2000usize).prop_map(|granules| Op::Chunk { granules }),
             1 => Just(Op::MergeAll),
             1 => Just(Op::RemoveFreeChunks),
-            1 => (0..4u32).prop_map(|list| Op::AbsorbFresh { list }),
+            1 => (1..4usize).prop_map(|list| Op::AbsorbFresh { list }),
+            1 => (any::<usize>(), 1..4usize).prop_map(|(pick, granules)| Op::Trim { pick, granules }),
         ]
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
-        /// Random operations keep every internal invariant, and what `take` hands out never
-        /// overlaps and never crosses a chunk.
+        /// Random operations on four lists (0 = fresh) keep every internal invariant, and what
+        /// `take` hands out never overlaps and never crosses a chunk.
         #[test]
         fn random_operations_keep_the_invariants(ops in proptest::collection::vec(op(), 1..200)) {
-            let mut fl = CoalescingFreeList::new();
-            for _ in 1..4 {
-                fl.add_list();
-            }
+            let mut lists: Vec<CoalescingFreeList> = (0..4).map(|_| CoalescingFreeList::new(&())).collect();
             let mut next_addr = 0x100_0000usize;
-            let mut chunks: Vec<(usize, usize)> = Vec::new();
-            let mut live: Vec<(usize, usize)> = Vec::new();
+            let mut chunks: Vec<Block> = Vec::new();
+            let mut live: Vec<Block> = Vec::new();
+            let mut trimmed = 0;
             for op in ops {
                 match op {
                     Op::Take { list, granules } => {
                         let size = granules * 256;
-                        let could = fl.can_take(list, size);
-                        let got = fl.take(list, size);
+                        let could = lists[list].can_take(size);
+                        let got = lists[list].take(size);
                         prop_assert_eq!(could, got.is_some());
-                        if let Some(p) = got {
-                            prop_assert!(chunks.iter().any(|&(a, n)| a <= p && p + size <= a + n));
-                            prop_assert!(live.iter().all(|&(q, m)| p + size <= q || q + m <= p));
-                            live.push((p, size));
+                        if let Some(b) = got {
+                            prop_assert_eq!(b.size, size);
+                            prop_assert!(chunks.iter().any(|c| c.region == b.region && c.addr <= b.addr && b.end() <= c.end()));
+                            prop_assert!(live.iter().all(|q| b.end() <= q.addr || q.end() <= b.addr));
+                            live.push(b);
                         }
                     }
                     Op::Give { pick, list } => {
                         if !live.is_empty() {
-                            let (p, size) = live.swap_remove(pick % live.len());
-                            fl.give_back(list, p, size).unwrap();
+                            let b = live.swap_remove(pick % live.len());
+                            lists[list].insert(b);
                         }
                     }
                     Op::Chunk { granules } => {
                         // Chunks sometimes adjacent, to check they stay apart.
                         let size = granules * 256;
-                        fl.add_chunk(next_addr, size);
-                        chunks.push((next_addr, size));
+                        let c = Block { addr: next_addr, size, region: next_addr };
+                        lists[0].add_chunk(c);
+                        chunks.push(c);
                         next_addr += size + if granules % 2 == 0 { 0 } else { 4096 };
                     }
-                    Op::MergeAll => fl.merge_all_into_fresh(),
+                    Op::MergeAll => {
+                        for l in 1..4 {
+                            for b in lists[l].drain() {
+                                lists[0].insert(b);
+                            }
+                        }
+                    }
                     Op::AbsorbFresh { list } => {
-                        let before = fl.free_bytes();
-                        fl.absorb_fresh_neighbours(list);
-                        prop_assert_eq!(fl.free_bytes(), before);
+                        let before: usize = lists.iter().map(|l| l.free_bytes()).sum();
+                        let (fresh, rest) = lists.split_at_mut(1);
+                        rest[list - 1].absorb_bordering(&mut fresh[0]);
+                        let after: usize = lists.iter().map(|l| l.free_bytes()).sum();
+                        prop_assert_eq!(after, before);
                     }
                     Op::RemoveFreeChunks => {
-                        for (a, n) in fl.remove_free_chunks() {
-                            let at = chunks.iter().position(|&c| c == (a, n));
-                            prop_assert!(at.is_some(), "removed a block that is not a whole chunk");
-                            chunks.swap_remove(at.unwrap_or(0));
+                        for at in (0..chunks.len()).rev() {
+                            if lists[0].remove_block(chunks[at]) {
+                                chunks.swap_remove(at);
+                            }
+                        }
+                    }
+                    Op::Trim { pick, granules } => {
+                        let ranges = lists[0].free_ranges();
+                        if !ranges.is_empty() {
+                            let b = ranges[pick % ranges.len()];
+                            let size = (granules * 256).min(b.size);
+                            prop_assert!(lists[0].remove_range(b.addr + b.size - size, size));
+                            trimmed += size;
                         }
                     }
                 }
-                fl.check_invariants();
+                for l in &lists {
+                    l.check_invariants();
+                }
             }
-            let held: usize = chunks.iter().map(|&(_, n)| n).sum();
-            let used: usize = live.iter().map(|&(_, n)| n).sum();
-            prop_assert_eq!(fl.free_bytes() + used, held);
-            for (p, size) in live {
-                fl.give_back(FRESH, p, size).unwrap();
+            let held: usize = chunks.iter().map(|c| c.size).sum();
+            let used: usize = live.iter().map(|b| b.size).sum();
+            let free: usize = lists.iter().map(|l| l.free_bytes()).sum();
+            prop_assert_eq!(free + used + trimmed, held);
+            if trimmed == 0 {
+                for b in live {
+                    lists[1].insert(b);
+                }
+                for l in 1..4 {
+                    for b in lists[l].drain() {
+                        lists[0].insert(b);
+                    }
+                }
+                prop_assert_eq!(lists[0].free_blocks(), chunks.len());
+                for c in &chunks {
+                    prop_assert!(lists[0].remove_block(*c), "every chunk whole again");
+                }
+                lists[0].check_invariants();
             }
-            fl.merge_all_into_fresh();
-            prop_assert_eq!(fl.free_blocks(), chunks.len());
-            fl.check_invariants();
         }
     }
 
     #[test]
     fn classes_are_monotone_and_search_class_fits() {
         let mut last = (0, 0);
-        for u in 1..5000usize {
+        for u in 1..300usize {
             let c = class_of(u * 256);
             assert!(c >= last, "class of {u} granules went down");
             last = c;
@@ -652,9 +650,6 @@ mod tests {
             for v in 1..u {
                 assert!(class_of(v * 256) < (fl, sl) || (fl, sl) == class_of(v * 256) && v >= u);
             }
-            if u > 300 {
-                break;
-            }
         }
         assert_eq!(class_of(256), (0, 1));
         assert_eq!(class_of(32 * 256), (1, 0));
@@ -662,44 +657,73 @@ mod tests {
     }
 
     #[test]
-    fn split_coalesce_and_chunk_boundaries() {
-        let mut fl = CoalescingFreeList::new();
-        fl.add_chunk(0x10000, 4096);
-        fl.add_chunk(0x10000 + 4096, 4096); // adjacent but a different upstream chunk
-        let a = fl.take(FRESH, 1024).unwrap();
-        let b = fl.take(FRESH, 1024).unwrap();
-        assert_eq!(b, a + 1024);
+    fn split_coalesce_and_region_boundaries() {
+        let mut fl = CoalescingFreeList::new(&());
+        fl.add_chunk(Block {
+            addr: 0x10000,
+            size: 4096,
+            region: 1,
+        });
+        // Adjacent but another region (another upstream chunk).
+        fl.add_chunk(Block {
+            addr: 0x11000,
+            size: 4096,
+            region: 2,
+        });
+        let a = fl.take(1024).unwrap();
+        let b = fl.take(1024).unwrap();
+        assert_eq!((a.region, b.addr), (a.region, a.addr + 1024));
         assert_eq!(fl.free_bytes(), 8192 - 2048);
-        fl.give_back(FRESH, a, 1024).unwrap();
-        fl.give_back(FRESH, b, 1024).unwrap();
-        assert_eq!(fl.free_blocks(), 2, "never coalesce across chunks");
+        fl.insert(a);
+        fl.insert(b);
+        assert_eq!(fl.free_blocks(), 2, "never coalesce across regions");
         assert_eq!(fl.largest_free_block(), 4096);
-        assert!(
-            fl.give_back(FRESH, a, 1024).is_err(),
-            "double free is an error"
-        );
-        assert_eq!(fl.remove_free_chunks().len(), 2);
+        // One region grown at its end: the extension coalesces.
+        fl.add_chunk(Block {
+            addr: 0x12000,
+            size: 4096,
+            region: 2,
+        });
+        assert_eq!(fl.free_blocks(), 2);
+        assert_eq!(fl.largest_free_block(), 8192);
+        assert!(fl.remove_range(0x12000, 4096));
+        assert!(!fl.remove_range(0x12000, 256), "already gone");
+        assert!(fl.remove_block(Block {
+            addr: 0x10000,
+            size: 4096,
+            region: 1
+        }));
+        assert!(fl.remove_block(Block {
+            addr: 0x11000,
+            size: 4096,
+            region: 2
+        }));
         assert_eq!(fl.free_bytes(), 0);
+        fl.check_invariants();
     }
 
     #[test]
-    fn streams_keep_their_blocks_until_merged() {
-        let mut fl = CoalescingFreeList::new();
-        let s1 = fl.add_list();
-        let s2 = fl.add_list();
-        fl.add_chunk(0x10000, 3 * 256);
-        let a = fl.take(FRESH, 256).unwrap();
-        let b = fl.take(FRESH, 256).unwrap();
-        let c = fl.take(FRESH, 256).unwrap();
-        fl.give_back(s1, a, 256).unwrap();
-        fl.give_back(s2, b, 256).unwrap();
-        fl.give_back(s1, c, 256).unwrap();
-        assert_eq!(fl.free_blocks(), 3);
-        assert!(!fl.can_take(s2, 512) && !fl.can_take(FRESH, 256));
-        assert_eq!(fl.take(s2, 256), Some(b));
-        fl.give_back(s2, b, 256).unwrap();
-        fl.merge_all_into_fresh();
-        assert_eq!(fl.free_blocks(), 1);
-        assert_eq!(fl.take(FRESH, 768), Some(a));
+    fn absorb_moves_only_bordering_fresh_blocks() {
+        let mut fresh = CoalescingFreeList::new(&());
+        let mut mine = CoalescingFreeList::new(&());
+        fresh.add_chunk(Block {
+            addr: 0x10000,
+            size: 3 * 256,
+            region: 7,
+        });
+        fresh.add_chunk(Block {
+            addr: 0x20000,
+            size: 1024,
+            region: 8,
+        });
+        let a = fresh.take(256).unwrap();
+        assert_eq!(a.addr, 0x10000);
+        mine.insert(a);
+        assert!(!mine.can_take(768));
+        assert!(mine.absorb_bordering(&mut fresh));
+        assert_eq!(mine.take(768).map(|b| b.addr), Some(0x10000));
+        assert_eq!((fresh.free_blocks(), fresh.free_bytes()), (1, 1024));
+        mine.check_invariants();
+        fresh.check_invariants();
     }
 }

@@ -2,13 +2,11 @@
 //! chunks.
 
 use super::fixed_size_free_list::FixedSizeFreeList;
+use super::growth::Chunks;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
-use crate::cuda::Stream;
+use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{align_up, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// RMM's default block size: 1 MiB.
@@ -19,7 +17,8 @@ pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// Hands out blocks of one size (RMM's `fixed_size_memory_resource`); a larger request is out of
 /// memory. Blocks come from the upstream in chunks of `blocks_to_preallocate` blocks (one chunk at
 /// construction) and go back only when the resource drops. Stream-ordered like the pool; cheap to
-/// clone.
+/// clone. A free of a pointer it did not hand out, or of one already freed, is
+/// [`Error::Logic`] and changes nothing.
 #[derive(Clone, Debug)]
 pub struct FixedSizeMemoryResource {
     inner: Arc<Inner>,
@@ -70,11 +69,12 @@ impl FixedSizeMemoryResource {
         let core = StreamOrderedCore::new(
             upstream,
             events,
-            Growth::Chunks {
+            Box::new(Chunks {
                 chunk,
                 block: block_size,
-            },
-            FixedSizeFreeList::new(block_size),
+                name: "fixed_size",
+            }),
+            block_size,
             "fixed_size",
         );
         core.preallocate(chunk)?;
@@ -104,42 +104,22 @@ impl FixedSizeMemoryResource {
     }
 }
 
-impl MemoryResource for FixedSizeMemoryResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
-    }
-
-    #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.upstream().kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.upstream().device()
-    }
-
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.upstream().memory_info()
-    }
-
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
-    }
-
-    fn name(&self) -> &'static str {
-        "fixed_size"
-    }
-}
+forward_memory_resource!(FixedSizeMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::cuda::Stream;
+    use crate::resource::{MemoryResource, SimulatedMemoryResource};
+
+    /// Frees through the unsafe trait method.
+    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
+        // `Error::Logic`, which the tests check), and nothing uses the memory.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    }
 
     #[test]
     fn too_large_requests_are_out_of_memory_and_chunks_grow() {
@@ -155,12 +135,40 @@ mod tests {
         assert_eq!(mr.pool_size(), 8192);
         for p in ptrs {
             assert_eq!(p % 256, 0);
-            mr.deallocate(p, 10, Stream::DEFAULT).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { mr.deallocate(p, 10, Stream::DEFAULT) }.unwrap();
         }
         assert_eq!(mr.free_block_count(), 8);
         assert_eq!(mr.name(), "fixed_size");
         drop(mr);
         assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn double_and_foreign_frees_are_logic_errors_and_change_nothing() {
+        // Issue 9: a double free made the same block come out twice.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
+        let a = mr.allocate(100, Stream::DEFAULT).unwrap();
+        free(&mr, a, 100, Stream::DEFAULT).unwrap();
+        let e = free(&mr, a, 100, Stream::DEFAULT).unwrap_err();
+        assert!(matches!(e, Error::Logic(_)), "{e}");
+        assert!(e.to_string().contains("did not allocate"), "{e}");
+        // Never handed out: inside a chunk (a free block, and a block's interior) and outside.
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s = unsafe { Stream::from_raw(0x1000) };
+        for bogus in [a + 1024, a + 256, 0x7000_0000] {
+            assert!(matches!(free(&mr, bogus, 100, s), Err(Error::Logic(_))));
+        }
+        assert_eq!(mr.free_block_count(), 4, "nothing changed");
+        let (x, y) = (
+            mr.allocate(100, Stream::DEFAULT).unwrap(),
+            mr.allocate(100, Stream::DEFAULT).unwrap(),
+        );
+        assert_ne!(x, y);
+        free(&mr, x, 100, s).unwrap();
+        free(&mr, y, 100, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.free_block_count(), 4);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Stream-ordered suballocators: the pool, the fixed-size resource and the binning resource.
 //!
-//! The pool and the fixed-size resource share one generic core (`stream_ordered.rs`) with a
-//! pluggable free-list strategy (coalescing TLSF-style lists for the pool, stacks of equal blocks
-//! for fixed-size); cross-stream ordering goes through [`StreamEvents`].
+//! The pool and the fixed-size resource share one generic core (`stream_ordered.rs`, no global
+//! lock on the same-stream path) with a pluggable free-list strategy (`free_list.rs`: coalescing
+//! TLSF-style lists for the pool, stacks of equal blocks for fixed-size) and growth policy
+//! (`growth.rs`); each stream's list lives in `stream_list.rs`; cross-stream ordering goes
+//! through [`StreamEvents`].
 
 #![deny(unsafe_code)]
 
@@ -10,8 +12,11 @@ mod binning;
 mod coalescing_free_list;
 mod fixed_size;
 mod fixed_size_free_list;
+mod free_list;
+mod growth;
 mod pool;
 pub mod stream_events;
+mod stream_list;
 mod stream_ordered;
 
 pub use binning::BinningMemoryResource;

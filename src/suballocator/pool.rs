@@ -1,13 +1,11 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::coalescing_free_list::CoalescingFreeList;
+use super::growth::Geometric;
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, Growth, StreamOrderedCore};
-use crate::cuda::Stream;
+use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{
-    Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
@@ -24,7 +22,8 @@ use std::sync::Arc;
 /// to the request. So the pool never asks for more than the maximum allows (RMM's overshoot
 /// failures), and a request that fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
-/// and gives fully free upstream chunks back to grow one chunk large enough.
+/// and gives the fully free chunks it grew back to grow one chunk large enough (the initial
+/// chunk stays: a failed request never shrinks the pool below its initial size).
 #[derive(Clone, Debug)]
 pub struct PoolMemoryResource {
     inner: Arc<Inner>,
@@ -90,10 +89,10 @@ impl PoolMemoryResource {
         let core = StreamOrderedCore::new(
             upstream,
             events,
-            Growth::Geometric {
+            Box::new(Geometric {
                 maximum: maximum_pool_size,
-            },
-            CoalescingFreeList::new(),
+            }),
+            (),
             "pool",
         );
         core.preallocate(initial)?;
@@ -156,48 +155,24 @@ impl PoolMemoryResource {
     }
 }
 
-impl MemoryResource for PoolMemoryResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
-    }
-
-    #[inline]
-    fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.upstream().kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.upstream().device()
-    }
-
-    /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
-    /// total, capped by the maximum.
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.upstream().memory_info()?;
-        let (held, free) = (self.pool_size(), self.free_bytes());
-        let max = self.inner.maximum_pool_size.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(held).min(up_free);
-        Some((free + room, up_total.min(max)))
-    }
-
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
-    }
-
-    fn name(&self) -> &'static str {
-        "pool"
-    }
-}
+// Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
+// capped by the maximum (the `Geometric` growth policy's figures).
+forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
+    use crate::cuda::Stream;
+    use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
+
+    /// Frees through the unsafe trait method.
+    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
+        // `Error::Logic`, which the tests check), and nothing uses the memory.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    }
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
@@ -245,18 +220,22 @@ mod tests {
         assert!(text.contains(&(600usize << 10).to_string()), "{text}");
         assert!(text.contains(&(1usize << 20).to_string()), "{text}");
         assert!(pool.pool_size() <= 1 << 20);
-        pool.deallocate(a, 600 << 10, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 600 << 10, Stream::DEFAULT) }.unwrap();
         let b = pool.allocate(1 << 20, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 1 << 20);
-        pool.deallocate(b, 1 << 20, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 1 << 20, Stream::DEFAULT) }.unwrap();
     }
 
     #[test]
     fn frees_leave_fresh_memory_fresh_until_the_stream_needs_it() {
-        for stream in [Stream::PER_THREAD, Stream::from_raw(0x1000)] {
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        for stream in [Stream::PER_THREAD, unsafe { Stream::from_raw(0x1000) }] {
             let pool = PoolMemoryResource::new(sim(1 << 20), Some(8192), None).unwrap();
             let p = pool.allocate(4096, stream).unwrap();
-            pool.deallocate(p, 4096, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(p, 4096, stream) }.unwrap();
             assert_eq!(
                 pool.free_block_count(),
                 2,
@@ -265,7 +244,8 @@ mod tests {
             // Needing both, the stream takes the fresh block beside its own: no growth.
             let q = pool.allocate(8192, stream).unwrap();
             assert_eq!((q, pool.pool_size()), (p, 8192));
-            pool.deallocate(q, 8192, stream).unwrap();
+            // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+            unsafe { pool.deallocate(q, 8192, stream) }.unwrap();
             assert_eq!(pool.free_block_count(), 1);
             assert_eq!(pool.release().unwrap(), 8192);
         }
@@ -286,6 +266,30 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_request_keeps_the_initial_chunk_and_gives_back_grown_ones() {
+        // Issue 9: an idle pool gave its whole initial chunk back after one failed request.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool = PoolMemoryResource::new(up.clone(), Some(256 << 10), None).unwrap();
+        let e = pool.allocate(2 << 20, Stream::DEFAULT).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!(pool.pool_size(), 256 << 10, "initial chunk kept");
+        assert_eq!(up.bytes_in_use(), 256 << 10);
+        // A grown chunk, free again, is given back to make room for a larger one.
+        let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.upstream_chunk_count(), 2);
+        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
+        let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
+        for (p, n) in [(a, 256 << 10), (c, 700 << 10)] {
+            free(&pool, p, n, Stream::DEFAULT).unwrap();
+        }
+        // release() gives back everything, the initial chunk included.
+        assert_eq!(pool.release().unwrap(), (256 << 10) + (700 << 10));
+        assert_eq!(up.bytes_in_use(), 0);
+    }
+
+    #[test]
     fn growth_doubles_and_release_returns_free_chunks() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
         let pool = PoolMemoryResource::new(up.clone(), Some(4096), None).unwrap();
@@ -293,11 +297,13 @@ mod tests {
         let b = pool.allocate(256, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), 8192, "grew by max(request, pool size)");
         assert_eq!(pool.upstream_chunk_count(), 2);
-        pool.deallocate(b, 256, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(b, 256, Stream::DEFAULT) }.unwrap();
         assert_eq!(pool.release().unwrap(), 4096);
         assert_eq!(pool.pool_size(), 4096);
         assert_eq!(up.bytes_in_use(), 4096);
-        pool.deallocate(a, 4096, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
+        unsafe { pool.deallocate(a, 4096, Stream::DEFAULT) }.unwrap();
         drop(pool);
         assert_eq!(up.bytes_in_use(), 0, "dropping the pool returns everything");
     }
@@ -306,10 +312,30 @@ mod tests {
     fn unknown_pointer_is_a_logic_error() {
         let pool = PoolMemoryResource::new(sim(1 << 20), Some(4096), None).unwrap();
         assert!(matches!(
-            pool.deallocate(0x1234_5600, 256, Stream::DEFAULT),
+            // SAFETY: the pool checks every free against its blocks (documented), so a bogus
+            // pointer is reported and never dereferenced.
+            unsafe { pool.deallocate(0x1234_5600, 256, Stream::DEFAULT) },
             Err(Error::Logic(_))
         ));
+        // A double free, on the same stream or another one, and an interior pointer.
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s1 = unsafe { Stream::from_raw(0x1000) };
+        let a = pool.allocate(1024, s1).unwrap();
+        assert!(matches!(
+            free(&pool, a + 256, 768, s1),
+            Err(Error::Logic(_))
+        ));
+        free(&pool, a, 1024, s1).unwrap();
+        for s in [s1, Stream::DEFAULT] {
+            let e = free(&pool, a, 1024, s).unwrap_err();
+            assert!(
+                e.to_string().contains("did not allocate (or was freed)"),
+                "{e}"
+            );
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size(), "nothing changed");
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
-        pool.deallocate(0, 0, Stream::DEFAULT).unwrap();
+        // SAFETY: the null pointer: a no-op by the trait's contract.
+        unsafe { pool.deallocate(0, 0, Stream::DEFAULT) }.unwrap();
     }
 }

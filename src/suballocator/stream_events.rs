@@ -63,7 +63,12 @@ impl StreamKey {
 
     /// The stream handle (for PTDS: valid only on the thread [`StreamKey::thread`]).
     pub fn stream(self) -> Stream {
-        Stream::from_raw(self.raw)
+        // SAFETY: `raw` was taken from a `Stream` in `StreamKey::of`, whose maker vouched for
+        // the handle; this gives the same handle back.
+        #[allow(unsafe_code)]
+        unsafe {
+            Stream::from_raw(self.raw)
+        }
     }
 
     /// The thread tag of a per-thread default stream; 0 for every other stream.
@@ -85,7 +90,10 @@ impl StreamKey {
 
 /// How the stream-ordered core orders one stream after another.
 ///
-/// Implementations are called with the core's lock held, in the order the core needs them.
+/// Implementations are called with core locks held, in the order the core needs them
+/// (`make_wait` under the shared lock and the owner list's lock, `record_after_free` under the
+/// owner list's lock, `synchronize_all` under the shared lock); their own lock comes last in the
+/// core's lock order.
 pub trait StreamEvents: Send + Sync + std::fmt::Debug {
     /// Makes `waiter` wait (on the device) for all work enqueued on `owner` so far, including the
     /// frees of memory now in `owner`'s free list. Called on the thread that allocates on
@@ -160,6 +168,14 @@ impl CudaStreamEvents {
     }
 }
 
+/// The cached event of `owner`, created on first use.
+fn event_of(events: &mut HashMap<StreamKey, Event>, owner: StreamKey) -> Result<&mut Event> {
+    Ok(match events.entry(owner) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
+    })
+}
+
 impl StreamEvents for CudaStreamEvents {
     fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
         let _ctx = self.context()?;
@@ -171,10 +187,7 @@ impl StreamEvents for CudaStreamEvents {
                 None => cuda::context_synchronize(),
             };
         }
-        let event = match events.entry(owner) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
-        };
+        let event = event_of(&mut events, owner)?;
         if event.record(owner.stream()).is_err() {
             // The owner stream is gone (destroyed after its frees): order everything instead.
             return cuda::context_synchronize();
@@ -185,11 +198,7 @@ impl StreamEvents for CudaStreamEvents {
     fn record_after_free(&self, owner: StreamKey) -> Result<()> {
         let _ctx = self.context()?;
         let mut events = self.events.lock();
-        let event = match events.entry(owner) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(Event::new()?),
-        };
-        event.record(owner.stream())
+        event_of(&mut events, owner)?.record(owner.stream())
     }
 
     fn synchronize_all(&self) -> Result<()> {
@@ -312,6 +321,8 @@ impl StreamEvents for RecordingStreamEvents {
 }
 
 #[cfg(test)]
+// Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
 
@@ -333,8 +344,10 @@ mod tests {
     #[test]
     fn recording_fake_logs_record_then_wait_with_one_id_per_owner() {
         let ev = RecordingStreamEvents::new();
-        let a = StreamKey::of(Stream::from_raw(0x1000));
-        let b = StreamKey::of(Stream::from_raw(0x1001));
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let a = StreamKey::of(unsafe { Stream::from_raw(0x1000) });
+        // SAFETY: as above.
+        let b = StreamKey::of(unsafe { Stream::from_raw(0x1001) });
         ev.make_wait(b, a).unwrap();
         ev.make_wait(b, a).unwrap();
         let log = ev.log();

@@ -1,24 +1,29 @@
 //! The one stream-ordered core that the pool and the fixed-size resource plug their strategy
-//! into (RMM's `stream_ordered_memory_resource`).
+//! into (RMM's `stream_ordered_memory_resource`): a [`FreeList`] type (how blocks are carved and
+//! put back) and a [`Growth`] policy (how the core grows from its upstream and gives back).
 //!
 //! # Ordering rules
 //! - Each stream ([`StreamKey`]) has its own free list. Memory freed on stream A goes to A's list
 //!   and is reused by later allocations on A at once, with no CUDA call on that path.
-//! - Memory fresh from the upstream sits in the fresh list ([`FRESH`]): it belongs to no stream
-//!   and any stream takes it without a wait. A block freed on A coalesces at once with free
-//!   neighbours in A's list only. Fresh memory stays fresh when a neighbour is freed (were it
-//!   absorbed, the first free beside the fresh tail would hand all fresh memory to one stream,
-//!   and every other stream would then wait on that stream's work: cold-start serialization).
-//!   Only when A's allocation finds no fit anywhere, before growing, do the fresh blocks that
-//!   border A's free blocks move into A's list, coalesced (the sound direction: fresh memory
-//!   may become A's, never the reverse).
+//! - Memory fresh from the upstream sits in the fresh list: it belongs to no stream and any
+//!   stream takes it without a wait. A block freed on A coalesces at once with free neighbours in
+//!   A's list only. Fresh memory stays fresh when a neighbour is freed (were it absorbed, the
+//!   first free beside the fresh tail would hand all fresh memory to one stream, and every other
+//!   stream would then wait on that stream's work: cold-start serialization). Only when A's
+//!   allocation finds no fit anywhere, before growing, do the fresh blocks that border A's free
+//!   blocks move into A's list, coalesced (the sound direction: fresh memory may become A's,
+//!   never the reverse).
 //! - An allocation on B that neither B's list nor the fresh list can serve takes a block from
 //!   another stream A's list only after [`StreamEvents::make_wait`]`(B, A)`: an event recorded on
 //!   A (after every free into A's list) and waited on by B. One event per owner stream, reused.
-//! - When nothing fits, the pool grows from the upstream (into the fresh list). When growth fails,
-//!   the core synchronizes every stream ([`StreamEvents::synchronize_all`]), merges every list into
-//!   the fresh one (coalescing across them), retries, then gives fully free upstream chunks back
-//!   and grows again, before reporting out of memory.
+//!   A's lock is held from the record to the take, so no block freed after the record is taken.
+//! - When nothing fits, the core grows from the upstream (into the fresh list). When growth
+//!   fails, the core takes every stream's free blocks out of their lists, synchronizes every
+//!   stream ([`StreamEvents::synchronize_all`]: it covers every free of the blocks taken out,
+//!   as those came before it), puts them in the fresh list (coalescing across streams), retries,
+//!   then gives back the fully free chunks it grew (never the initial chunk: a failed request
+//!   does not shrink the pool below what it was built with) and grows again, before reporting
+//!   out of memory. `release()` gives back every fully free chunk, the initial one included.
 //!
 //! # Per-thread default streams
 //! Another thread cannot record an event on a thread's per-thread default stream (PTDS), so a
@@ -27,7 +32,7 @@
 //! takes it only when the list's event was recorded after its latest free (then it waits on that
 //! event); otherwise it marks the list "wanted" and looks elsewhere (fresh memory, growth, and in
 //! the end the synchronize-and-merge path). The owner thread records the event at its next
-//! allocate or free on that stream when the list is both unrecorded and wanted.
+//! allocate or free on that stream when the list is both unrecorded and wanted (under its lock).
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -35,103 +40,62 @@
 //! (cuda_async) the chunk is allocated on the requesting stream.
 //!
 //! # Locking
-//! One mutex guards the state today. The per-stream part of the state (one list id per stream,
-//! its size classes in the strategy) is separate from the shared part (upstream chunks, pool
-//! size), so the lock can later be split into a lock per stream list plus one for growth.
+//! No lock is global on the same-stream path. Each stream's list ([`StreamList`]) has its own
+//! mutex, guarding its free blocks, the blocks allocated on that stream (by address, so a free
+//! finds the block's size and a bogus or double free is a logic error) and its event marks. A
+//! thread finds its stream's list through a per-thread cache of `(core, stream) -> list` (no
+//! shared cache line touched); on a miss, through the directory (a read-write lock over the map
+//! of lists). An allocation that its own list serves, and a free on the stream that allocated
+//! the block, take that one mutex and nothing else, and make no CUDA call (except the owner's
+//! record of a wanted PTDS list, above).
+//!
+//! The shared part (fresh list, upstream chunks, pool size, growth, steals, the
+//! synchronize-and-merge, release) is behind the `shared` mutex, taken only when a stream's own
+//! list cannot serve. A free of a block allocated on another stream finds the block by locking
+//! the other lists one at a time (through the directory), then puts it in its own list.
+//!
+//! Lock order (a thread holding a lock takes only locks further down):
+//! 1. `shared`;
+//! 2. `directory` (read for iteration; write only when adding a list, holding nothing else);
+//! 3. one stream list's mutex (never two at once);
+//! 4. the [`StreamEvents`] implementation's own lock, and the upstream's.
+//!
+//! CUDA calls under a lock: growth and give-back (upstream) under `shared`; the event record and
+//! wait of a steal under `shared` and the owner list's mutex (so no free slips in between);
+//! `synchronize_all` under `shared` only. `release()` gives the chunks back after unlocking.
+//! `tests/loom_core.rs` model-checks this protocol with loom (`--cfg loom`, see `crate::sync`).
+//!
+//! # Extension points
+//! See `growth.rs`: a strategy grows by returning a chunk with a region (chunks of one region
+//! coalesce, so one virtual range grown at its end stays one block), gives chunks back its way,
+//! and may trim free memory inside free blocks on `release()`.
 
 #![deny(unsafe_code)]
 
-use super::coalescing_free_list::AddressMap;
+use super::free_list::{AddressMap, Block, FreeList, ListId, FRESH};
+use super::growth::{GrowRequest, Growth};
 use super::stream_events::{StreamEvents, StreamKey};
+use super::stream_list::{ListMarks, ListState, StreamList};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
-use crate::resource::{Footprint, SharedResource, ALLOCATION_ALIGNMENT};
-use parking_lot::Mutex;
+use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
+use crate::sync::{Mutex, RwLock};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Index of a free list in a strategy; dense, assigned in order by [`FreeList::add_list`].
-pub(crate) type ListId = u32;
-
-/// The list of memory fresh from the upstream, which belongs to no stream.
-pub(crate) const FRESH: ListId = 0;
-
-/// A suballocation strategy: how requests are sized, how a block is carved from a list, and how a
-/// freed one goes back. Pure bookkeeping on addresses; no CUDA calls.
-pub(crate) trait FreeList: Send + 'static {
-    /// The block size handed out for a request of `bytes` (> 0).
-    ///
-    /// # Errors
-    /// Out of memory for a request this strategy can never serve.
-    fn block_size_for(&self, bytes: usize) -> Result<usize>;
-
-    /// Adds an empty list (for a new stream) and returns its id.
-    fn add_list(&mut self) -> ListId;
-
-    /// Whether [`FreeList::take`] would succeed.
-    fn can_take(&self, list: ListId, size: usize) -> bool;
-
-    /// Takes a block of `size` bytes (as from [`FreeList::block_size_for`]) from `list`.
-    fn take(&mut self, list: ListId, size: usize) -> Option<usize>;
-
-    /// Puts back a block taken earlier, freed on the stream of `list`.
-    ///
-    /// # Errors
-    /// A logic error for a block the strategy can tell it did not hand out.
-    fn give_back(&mut self, list: ListId, addr: usize, size: usize) -> Result<()>;
-
-    /// Adds a chunk fresh from the upstream to the fresh list.
-    fn add_chunk(&mut self, addr: usize, size: usize);
-
-    /// Moves the free fresh blocks that border a free block of `list` into `list`, coalesced;
-    /// whether any moved. Called before growing, so a stream's freed blocks and the fresh memory
-    /// beside them still combine.
-    fn absorb_fresh_neighbours(&mut self, list: ListId) -> bool;
-
-    /// Moves every free block into the fresh list, coalescing where the strategy does (only
-    /// after every stream was synchronized).
-    fn merge_all_into_fresh(&mut self);
-
-    /// Takes every free block that is a whole upstream chunk out of the lists and returns them.
-    fn remove_free_chunks(&mut self) -> Vec<(usize, usize)>;
-
-    /// Free bytes in all lists.
-    fn free_bytes(&self) -> usize;
-
-    /// Free blocks in all lists.
-    fn free_blocks(&self) -> usize;
-
-    /// The largest free block.
-    fn largest_free_block(&self) -> usize;
-}
-
-/// How the core sizes its upstream requests.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Growth {
-    /// The pool's policy: ask for `max(needed, pool size)` (doubling), capped by the room left to
-    /// `maximum` and by the upstream's free memory (when known and enough for `needed`); on an
-    /// upstream failure halve the request, down to `needed`.
-    Geometric {
-        /// The pool's maximum size, if any.
-        maximum: Option<usize>,
-    },
-    /// The fixed-size policy: chunks of `chunk` bytes; on an upstream failure halve (in whole
-    /// blocks) down to one `block`.
-    Chunks {
-        /// Bytes per chunk.
-        chunk: usize,
-        /// Bytes per block.
-        block: usize,
-    },
-}
-
-/// The generic stream-ordered suballocator: a strategy `F`, an upstream, and stream events.
+/// The generic stream-ordered suballocator: free lists of type `F`, a growth policy, an
+/// upstream, and stream events.
 pub(crate) struct StreamOrderedCore<F: FreeList> {
+    /// Unique for the process's lifetime (the per-thread list cache's key).
+    id: u64,
     upstream: SharedResource,
     events: Arc<dyn StreamEvents>,
-    growth: Growth,
+    growth: Box<dyn Growth>,
+    sizing: F::Sizing,
     name: &'static str,
-    state: Mutex<CoreState<F>>,
+    shared: Mutex<Shared<F>>,
+    directory: RwLock<Directory<F>>,
 }
 
 impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
@@ -140,97 +104,70 @@ impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
             .field("name", &self.name)
             .field("upstream", &self.upstream.name())
             .field("growth", &self.growth)
+            .field("sizing", &self.sizing)
             .field("events", &self.events)
             .finish_non_exhaustive()
     }
 }
 
-/// Event bookkeeping of a per-thread default stream's list (see "Per-thread default streams").
-#[derive(Clone, Copy, Debug, Default)]
-struct ListMarks {
-    /// Memory was freed into the list since its event was last recorded.
-    unrecorded: bool,
-    /// Another thread wanted memory from the list but could not record on its stream.
-    wanted: bool,
+/// A chunk held from the upstream.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    block: Block,
+    /// Taken at construction: kept when a failed request gives grown chunks back.
+    initial: bool,
 }
 
-struct CoreState<F> {
-    free_list: F,
-    /// The list of each stream.
-    lists: AddressMap<StreamKey, ListId>,
-    /// The stream of each list (index = list id; `None` for the fresh list).
-    owners: Vec<Option<StreamKey>>,
-    /// Event state of each list (index = list id); used for per-thread default streams.
-    marks: Vec<ListMarks>,
-    /// The last stream looked up, to skip the map on runs of one stream.
-    last: Option<(StreamKey, ListId)>,
-    /// Upstream chunks: address -> size.
-    chunks: BTreeMap<usize, usize>,
+/// What the `shared` mutex guards.
+struct Shared<F> {
+    fresh: F,
+    /// Upstream chunks by address.
+    chunks: BTreeMap<usize, Chunk>,
     pool_size: usize,
 }
 
-impl<F: FreeList> CoreState<F> {
-    /// Moves every free block to the fresh list (after a synchronisation of every stream).
-    fn merge_all(&mut self) {
-        self.free_list.merge_all_into_fresh();
-        self.marks.fill(ListMarks::default());
-    }
-
-    #[inline]
-    fn list_of(&mut self, key: StreamKey) -> ListId {
-        if let Some((k, id)) = self.last {
-            if k == key {
-                return id;
-            }
-        }
-        let id = match self.lists.get(&key) {
-            Some(&id) => id,
-            None => {
-                let id = self.free_list.add_list();
-                debug_assert_eq!(id as usize, self.owners.len());
-                self.owners.push(Some(key));
-                self.marks.push(ListMarks::default());
-                self.lists.insert(key, id);
-                id
-            }
-        };
-        self.last = Some((key, id));
-        id
-    }
+/// Every stream's list.
+struct Directory<F> {
+    by_key: AddressMap<StreamKey, Arc<StreamList<F>>>,
+    all: Vec<Arc<StreamList<F>>>,
 }
 
 /// Which default events to use over `upstream`.
 pub(crate) fn default_events(upstream: &SharedResource) -> Arc<dyn StreamEvents> {
     use super::stream_events::{CudaStreamEvents, NoStreamEvents};
     match upstream.kind() {
-        crate::resource::MemoryKind::Simulated => Arc::new(NoStreamEvents),
+        MemoryKind::Simulated => Arc::new(NoStreamEvents),
         _ => Arc::new(CudaStreamEvents::new(upstream.device())),
     }
 }
+
+static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl<F: FreeList> StreamOrderedCore<F> {
     /// A core with no memory yet.
     pub(crate) fn new(
         upstream: SharedResource,
         events: Arc<dyn StreamEvents>,
-        growth: Growth,
-        free_list: F,
+        growth: Box<dyn Growth>,
+        sizing: F::Sizing,
         name: &'static str,
     ) -> Self {
         StreamOrderedCore {
-            upstream,
-            events,
-            growth,
-            name,
-            state: Mutex::new(CoreState {
-                free_list,
-                lists: AddressMap::default(),
-                owners: vec![None],
-                marks: vec![ListMarks::default()],
-                last: None,
+            id: NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed),
+            shared: Mutex::new(Shared {
+                fresh: F::new(&sizing),
                 chunks: BTreeMap::new(),
                 pool_size: 0,
             }),
+            directory: RwLock::new(Directory {
+                by_key: AddressMap::default(),
+                all: Vec::new(),
+            }),
+            upstream,
+            events,
+            growth,
+            sizing,
+            name,
         }
     }
 
@@ -239,17 +176,59 @@ impl<F: FreeList> StreamOrderedCore<F> {
         &self.upstream
     }
 
-    /// Adds exactly `bytes` from the upstream to the fresh list (construction).
+    /// Adds exactly `bytes` from the upstream to the fresh list as the initial chunk
+    /// (construction).
     pub(crate) fn preallocate(&self, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         let addr = self.upstream.allocate(bytes, Stream::DEFAULT)?;
-        let mut st = self.state.lock();
-        st.chunks.insert(addr, bytes);
-        st.pool_size += bytes;
-        st.free_list.add_chunk(addr, bytes);
+        let block = Block {
+            addr,
+            size: bytes,
+            region: addr,
+        };
+        let mut sh = self.shared.lock();
+        Self::add_chunk(&mut sh, block, true);
         Ok(())
+    }
+
+    fn add_chunk(sh: &mut Shared<F>, block: Block, initial: bool) {
+        sh.chunks.insert(block.addr, Chunk { block, initial });
+        sh.pool_size += block.size;
+        sh.fresh.add_chunk(block);
+    }
+
+    /// The list of `key`, made on first use.
+    fn list(&self, key: StreamKey) -> Arc<StreamList<F>> {
+        if let Some(list) = self.directory.read().by_key.get(&key) {
+            return list.clone();
+        }
+        let mut dir = self.directory.write();
+        if let Some(list) = dir.by_key.get(&key) {
+            return list.clone();
+        }
+        let list = Arc::new(StreamList {
+            id: FRESH + 1 + dir.all.len() as ListId,
+            key,
+            state: Mutex::new(ListState::new(&self.sizing)),
+        });
+        dir.by_key.insert(key, list.clone());
+        dir.all.push(list.clone());
+        list
+    }
+
+    /// Calls `f` with the list of `key`: from this thread's cache when it is there.
+    #[inline]
+    fn with_list<R>(&self, key: StreamKey, f: impl Fn(&StreamList<F>) -> R) -> R {
+        #[cfg(not(loom))]
+        if let Some(r) = super::stream_list::cache::with_cached(self.id, key, &f) {
+            return r;
+        }
+        let list = self.list(key);
+        #[cfg(not(loom))]
+        super::stream_list::cache::remember(self.id, key, list.clone());
+        f(&list)
     }
 
     /// Allocates `bytes` on `stream`; see the module docs for the order of the searches.
@@ -257,187 +236,247 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
+        let size = F::block_size_for(&self.sizing, bytes)?;
         let key = StreamKey::of(stream);
-        let mut st = self.state.lock();
-        let size = st.free_list.block_size_for(bytes)?;
-        let list = st.list_of(key);
-        if key.is_per_thread() {
-            self.record_if_wanted(&mut st, key, list)?;
-        }
-        if let Some(p) = st.free_list.take(list, size) {
-            return Ok(p);
-        }
-        if let Some(p) = self.take_elsewhere(&mut st, key, list, size)? {
-            return Ok(p);
-        }
-        if st.free_list.absorb_fresh_neighbours(list) {
-            if let Some(p) = st.free_list.take(list, size) {
-                return Ok(p);
+        let fast = self.with_list(key, |list| -> Result<Option<usize>> {
+            let mut st = list.state.lock();
+            if key.is_per_thread() {
+                self.record_if_wanted(&mut st, key)?;
             }
+            Ok(st.take_and_record(size))
+        })?;
+        match fast {
+            Some(p) => Ok(p),
+            None => self.allocate_slow(key, bytes, size, stream),
         }
-        let grow_error = match self.grow(&mut st, bytes, size, stream) {
-            Ok(()) => {
-                if let Some(p) = st.free_list.take(FRESH, size) {
+    }
+
+    /// Everything after the stream's own list: fresh memory, steals, growth, merging.
+    #[cold]
+    fn allocate_slow(
+        &self,
+        key: StreamKey,
+        bytes: usize,
+        size: usize,
+        stream: Stream,
+    ) -> Result<usize> {
+        let list = self.list(key);
+        let mut sh = self.shared.lock();
+        // A free on this stream may have come in since the fast path looked.
+        if let Some(p) = list.state.lock().take_and_record(size) {
+            return Ok(p);
+        }
+        if let Some(b) = sh.fresh.take(size) {
+            return Ok(list.record(b));
+        }
+        if let Some(b) = self.steal(&list, size)? {
+            return Ok(list.record(b));
+        }
+        {
+            let mut st = list.state.lock();
+            if st.free.absorb_bordering(&mut sh.fresh) {
+                if let Some(p) = st.take_and_record(size) {
                     return Ok(p);
                 }
-                Error::out_of_memory(bytes, format!("{}: grown chunk too small", self.name))
             }
+        }
+        let grow_error = match self.grow(&mut sh, bytes, size, stream) {
+            Ok(()) => match sh.fresh.take(size) {
+                Some(b) => return Ok(list.record(b)),
+                None => {
+                    Error::out_of_memory(bytes, format!("{}: grown chunk too small", self.name))
+                }
+            },
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(e),
         };
-        // Last resort: every stream synchronized, every list merged, free chunks given back.
-        self.events.synchronize_all()?;
-        st.merge_all();
-        if let Some(p) = st.free_list.take(FRESH, size) {
-            return Ok(p);
+        // Last resort: every stream synchronized, every list merged, grown chunks given back.
+        self.synchronize_and_merge(&mut sh)?;
+        if let Some(b) = sh.fresh.take(size) {
+            return Ok(list.record(b));
         }
-        let could_fit = match self.growth {
-            Growth::Geometric { maximum } => maximum.map_or(true, |m| size <= m),
-            Growth::Chunks { .. } => true,
-        };
-        if could_fit && self.give_back_free_chunks(&mut st)? > 0 {
-            self.grow(&mut st, bytes, size, stream)?;
-            if let Some(p) = st.free_list.take(FRESH, size) {
-                return Ok(p);
+        if self.growth.may_grow_after_release(size) {
+            let chunks = Self::take_free_chunks(&mut sh, false);
+            if !chunks.is_empty() {
+                self.give_back_chunks(chunks)?;
+                self.grow(&mut sh, bytes, size, stream)?;
+                if let Some(b) = sh.fresh.take(size) {
+                    return Ok(list.record(b));
+                }
             }
         }
         Err(grow_error)
     }
 
-    /// The fresh list, then another stream's list after the event wait.
-    fn take_elsewhere(
-        &self,
-        st: &mut CoreState<F>,
-        key: StreamKey,
-        list: ListId,
-        size: usize,
-    ) -> Result<Option<usize>> {
-        if let Some(p) = st.free_list.take(FRESH, size) {
-            return Ok(Some(p));
-        }
-        for other in 1..st.owners.len() as ListId {
-            if other == list || !st.free_list.can_take(other, size) {
+    /// A block from another stream's list, after the event wait (see the ordering rules).
+    fn steal(&self, list: &StreamList<F>, size: usize) -> Result<Option<Block>> {
+        let dir = self.directory.read();
+        for other in &dir.all {
+            if other.id == list.id {
                 continue;
             }
-            let Some(owner) = st.owners[other as usize] else {
+            let mut st = other.state.lock();
+            if !st.free.can_take(size) {
                 continue;
-            };
-            if !owner.is_reachable_here() {
-                let marks = &mut st.marks[other as usize];
-                if marks.unrecorded {
-                    // Another thread's PTDS with frees after its last record: ask its owner to
-                    // record, and look elsewhere meanwhile.
-                    marks.wanted = true;
-                    continue;
-                }
             }
-            self.events.make_wait(key, owner)?;
+            let owner = other.key;
+            if !owner.is_reachable_here() && st.marks.unrecorded {
+                // Another thread's PTDS with frees after its last record: ask its owner to
+                // record, and look elsewhere meanwhile.
+                st.marks.wanted = true;
+                continue;
+            }
+            self.events.make_wait(list.key, owner)?;
             if owner.is_reachable_here() {
-                st.marks[other as usize].unrecorded = false;
+                st.marks.unrecorded = false;
             }
-            return Ok(st.free_list.take(other, size));
+            return Ok(st.free.take(size));
         }
         Ok(None)
     }
 
     /// Adds a chunk of at least `size` bytes from the upstream to the fresh list.
-    fn grow(&self, st: &mut CoreState<F>, bytes: usize, size: usize, stream: Stream) -> Result<()> {
-        let (mut try_size, min_size, step) = match self.growth {
-            Growth::Geometric { maximum } => {
-                let room = maximum.map_or(usize::MAX, |m| m.saturating_sub(st.pool_size));
-                if size > room {
-                    return Err(Error::out_of_memory(
-                        bytes,
-                        format!(
-                            "Maximum pool size exceeded: not enough room to grow, \
-                             current/max/try size = {}, {}, {}",
-                            st.pool_size,
-                            maximum.unwrap_or(usize::MAX),
-                            size
-                        ),
-                    ));
-                }
-                let mut t = size.max(st.pool_size).min(room);
-                if let Some((free, _)) = self.upstream.memory_info() {
-                    let free = free & !(ALLOCATION_ALIGNMENT - 1);
-                    if free >= size {
-                        t = t.min(free);
-                    }
-                }
-                (t, size, ALLOCATION_ALIGNMENT)
-            }
-            Growth::Chunks { chunk, block } => (chunk.max(size), size.max(block), block),
-        };
-        loop {
-            match self.upstream.allocate(try_size, stream) {
-                Ok(addr) => {
-                    st.chunks.insert(addr, try_size);
-                    st.pool_size += try_size;
-                    st.free_list.add_chunk(addr, try_size);
-                    return Ok(());
-                }
-                Err(e) if e.is_out_of_memory() && try_size > min_size => {
-                    try_size = ((try_size / 2) / step * step).max(min_size);
-                }
-                Err(e) if e.is_out_of_memory() => {
-                    let text = e.to_string();
-                    let inner = text
-                        .strip_prefix("std::bad_alloc: out_of_memory: ")
-                        .unwrap_or(&text);
-                    let reason = match self.growth {
-                        Growth::Geometric { .. } => {
-                            format!("Maximum pool size exceeded: upstream: {inner}")
-                        }
-                        Growth::Chunks { .. } => format!("{}: upstream: {inner}", self.name),
-                    };
-                    return Err(Error::out_of_memory(bytes, reason));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+    fn grow(&self, sh: &mut Shared<F>, bytes: usize, size: usize, stream: Stream) -> Result<()> {
+        let chunk = self.growth.grow(
+            &self.upstream,
+            GrowRequest {
+                bytes,
+                size,
+                held: sh.pool_size,
+                stream,
+            },
+        )?;
+        Self::add_chunk(sh, chunk, false);
+        Ok(())
     }
 
-    /// Gives every fully free chunk back to the upstream; the bytes given back. The caller has
-    /// synchronized and merged.
-    fn give_back_free_chunks(&self, st: &mut CoreState<F>) -> Result<usize> {
-        let mut released = 0;
+    /// Takes every stream's free blocks out, synchronizes every stream, and puts the blocks in
+    /// the fresh list. On a failed synchronisation the blocks go back to their lists.
+    fn synchronize_and_merge(&self, sh: &mut Shared<F>) -> Result<()> {
+        let dir = self.directory.read();
+        let drained: Vec<Vec<Block>> = dir
+            .all
+            .iter()
+            .map(|list| {
+                let mut st = list.state.lock();
+                st.marks = ListMarks::default();
+                st.free.drain()
+            })
+            .collect();
+        if let Err(e) = self.events.synchronize_all() {
+            for (list, blocks) in dir.all.iter().zip(drained) {
+                let mut st = list.state.lock();
+                if !blocks.is_empty() {
+                    // Not known to be recorded after these frees any more.
+                    st.marks.unrecorded = true;
+                }
+                for b in blocks {
+                    st.free.insert(b);
+                }
+            }
+            return Err(e);
+        }
+        for b in drained.into_iter().flatten() {
+            sh.fresh.insert(b);
+        }
+        Ok(())
+    }
+
+    /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
+    /// and the chunk table; the caller gives them back.
+    fn take_free_chunks(sh: &mut Shared<F>, initial_too: bool) -> Vec<Block> {
+        let Shared {
+            fresh,
+            chunks,
+            pool_size,
+        } = sh;
+        let mut out = Vec::new();
+        chunks.retain(|_, c| {
+            let goes = (initial_too || !c.initial) && fresh.remove_block(c.block);
+            if goes {
+                *pool_size -= c.block.size;
+                out.push(c.block);
+            }
+            !goes
+        });
+        out
+    }
+
+    /// Gives `chunks` (taken out by [`Self::take_free_chunks`] after a synchronize-and-merge)
+    /// back to the upstream; the first error, after trying every chunk.
+    fn give_back_chunks(&self, chunks: Vec<Block>) -> Result<()> {
         let mut first_error = None;
-        for (addr, size) in st.free_list.remove_free_chunks() {
-            st.chunks.remove(&addr);
-            st.pool_size -= size;
-            released += size;
-            if let Err(e) = self.upstream.deallocate(addr, size, Stream::DEFAULT) {
+        for chunk in chunks {
+            // SAFETY: each chunk was a whole free block of the fresh list, taken out of it and
+            // of the chunk table (so given back once) after every stream was synchronized: no
+            // block of it is allocated and no work uses it.
+            #[allow(unsafe_code)]
+            let given = unsafe { self.growth.give_back(&self.upstream, chunk) };
+            if let Err(e) = given {
                 first_error.get_or_insert(e);
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(released),
-        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Frees `ptr` on `stream` into that stream's list.
-    pub(crate) fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+    pub(crate) fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         let key = StreamKey::of(stream);
-        let mut st = self.state.lock();
-        let list = st.list_of(key);
-        // The strategies know each block's size; `bytes` is the caller's (unchecked) figure.
-        st.free_list.give_back(list, ptr, bytes)?;
+        // The core knows each block's size; `bytes` is the caller's (unchecked) figure.
+        let done = self.with_list(key, |list| -> Result<bool> {
+            let mut st = list.state.lock();
+            let Some(block) = st.allocated.remove(&ptr) else {
+                return Ok(false);
+            };
+            self.put_free(&mut st, key, block)?;
+            Ok(true)
+        })?;
+        if done {
+            Ok(())
+        } else {
+            self.deallocate_foreign(key, ptr)
+        }
+    }
+
+    /// Puts a freed block in a stream's list (the list's lock held).
+    #[inline]
+    fn put_free(&self, st: &mut ListState<F>, key: StreamKey, block: Block) -> Result<()> {
+        st.free.insert(block);
         if key.is_per_thread() {
-            st.marks[list as usize].unrecorded = true;
-            self.record_if_wanted(&mut st, key, list)?;
+            st.marks.unrecorded = true;
+            self.record_if_wanted(st, key)?;
         }
         Ok(())
+    }
+
+    /// A free of a block allocated on another stream (or never allocated here).
+    #[cold]
+    fn deallocate_foreign(&self, key: StreamKey, ptr: usize) -> Result<()> {
+        let list = self.list(key);
+        let found = {
+            let dir = self.directory.read();
+            dir.all
+                .iter()
+                .filter(|other| other.id != list.id)
+                .find_map(|other| other.state.lock().allocated.remove(&ptr))
+        };
+        let Some(block) = found else {
+            return Err(Error::Logic(format!(
+                "deallocate of {ptr:#x}, which this resource did not allocate (or was freed)"
+            )));
+        };
+        let mut st = list.state.lock();
+        self.put_free(&mut st, key, block)
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
     /// another thread asked for it and the list had frees since the last record.
     #[inline]
-    fn record_if_wanted(&self, st: &mut CoreState<F>, key: StreamKey, list: ListId) -> Result<()> {
-        let marks = &mut st.marks[list as usize];
+    fn record_if_wanted(&self, st: &mut ListState<F>, key: StreamKey) -> Result<()> {
+        let marks = &mut st.marks;
         if marks.wanted && marks.unrecorded {
             self.events.record_after_free(key)?;
             *marks = ListMarks::default();
@@ -445,52 +484,260 @@ impl<F: FreeList> StreamOrderedCore<F> {
         Ok(())
     }
 
-    /// Synchronizes, merges, and gives every fully free upstream chunk back; bytes released.
+    /// Synchronizes, merges, gives every fully free upstream chunk back (and lets the growth
+    /// policy trim); bytes released.
     pub(crate) fn release(&self) -> Result<usize> {
-        let mut st = self.state.lock();
-        self.events.synchronize_all()?;
-        st.merge_all();
-        self.give_back_free_chunks(&mut st)
+        let (chunks, trimmed) = {
+            let mut sh = self.shared.lock();
+            self.synchronize_and_merge(&mut sh)?;
+            let chunks = Self::take_free_chunks(&mut sh, true);
+            let trimmed = self.growth.trim(&self.upstream, &mut sh.fresh)?;
+            sh.pool_size -= trimmed;
+            (chunks, trimmed)
+        };
+        let released: usize = chunks.iter().map(|c| c.size).sum();
+        self.give_back_chunks(chunks)?;
+        Ok(released + trimmed)
     }
 
     /// Bytes held from the upstream.
     pub(crate) fn pool_size(&self) -> usize {
-        self.state.lock().pool_size
+        self.shared.lock().pool_size
     }
 
     /// Number of upstream chunks held.
     pub(crate) fn chunk_count(&self) -> usize {
-        self.state.lock().chunks.len()
+        self.shared.lock().chunks.len()
+    }
+
+    /// Applies `f` to the fresh list and then to every stream's list (one lock at a time).
+    fn fold_lists<T>(&self, init: T, f: impl Fn(T, &F) -> T) -> T {
+        let acc = f(init, &self.shared.lock().fresh);
+        let dir = self.directory.read();
+        dir.all
+            .iter()
+            .fold(acc, |acc, list| f(acc, &list.state.lock().free))
     }
 
     /// Free bytes over all lists.
     pub(crate) fn free_bytes(&self) -> usize {
-        self.state.lock().free_list.free_bytes()
+        self.fold_lists(0, |n, l| n + l.free_bytes())
     }
 
     /// Free blocks over all lists.
     pub(crate) fn free_blocks(&self) -> usize {
-        self.state.lock().free_list.free_blocks()
+        self.fold_lists(0, |n, l| n + l.free_blocks())
     }
 
     /// Footprint: held bytes, free bytes, largest free block, free blocks.
     pub(crate) fn footprint(&self) -> Footprint {
-        let st = self.state.lock();
+        let (free_bytes, largest_free_block, free_blocks) =
+            self.fold_lists((0, 0, 0), |(b, l, n), list| {
+                (
+                    b + list.free_bytes(),
+                    l.max(list.largest_free_block()),
+                    n + list.free_blocks(),
+                )
+            });
         Footprint {
-            held_bytes: st.pool_size,
-            free_bytes: st.free_list.free_bytes(),
-            largest_free_block: st.free_list.largest_free_block(),
-            free_blocks: st.free_list.free_blocks(),
+            held_bytes: self.pool_size(),
+            free_bytes,
+            largest_free_block,
+            free_blocks,
         }
     }
 }
 
+impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        StreamOrderedCore::allocate(self, bytes, stream)
+    }
+
+    #[inline]
+    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
+    // out (a bogus or double free is `Error::Logic`) and relies only on the stream-ordering part
+    // of the contract.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        StreamOrderedCore::deallocate(self, ptr, bytes, stream)
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.upstream.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.upstream.device()
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.growth
+            .memory_info(&self.upstream, self.pool_size(), self.free_bytes())
+    }
+
+    fn footprint(&self) -> Option<Footprint> {
+        Some(StreamOrderedCore::footprint(self))
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// Implements [`MemoryResource`] for a handle type by forwarding every method to the core that
+/// `$core` (an expression of `$this`) names.
+macro_rules! forward_memory_resource {
+    ($ty:ty, |$this:ident| $core:expr) => {
+        impl $crate::resource::MemoryResource for $ty {
+            #[inline]
+            fn allocate(
+                &self,
+                bytes: usize,
+                stream: $crate::cuda::Stream,
+            ) -> $crate::error::Result<usize> {
+                let $this = self;
+                $crate::resource::MemoryResource::allocate($core, bytes, stream)
+            }
+
+            #[inline]
+            // The core checks every free against the blocks it handed out (a bogus or double
+            // free is `Error::Logic`) and relies only on the stream-ordering part of the
+            // contract.
+            #[allow(unsafe_code)]
+            unsafe fn deallocate(
+                &self,
+                ptr: usize,
+                bytes: usize,
+                stream: $crate::cuda::Stream,
+            ) -> $crate::error::Result<()> {
+                let $this = self;
+                // The core's inherent (checked, safe) `deallocate`.
+                ($core).deallocate(ptr, bytes, stream)
+            }
+
+            fn kind(&self) -> $crate::resource::MemoryKind {
+                let $this = self;
+                $crate::resource::MemoryResource::kind($core)
+            }
+
+            fn device(&self) -> Option<usize> {
+                let $this = self;
+                $crate::resource::MemoryResource::device($core)
+            }
+
+            fn memory_info(&self) -> Option<(usize, usize)> {
+                let $this = self;
+                $crate::resource::MemoryResource::memory_info($core)
+            }
+
+            fn footprint(&self) -> Option<$crate::resource::Footprint> {
+                let $this = self;
+                $crate::resource::MemoryResource::footprint($core)
+            }
+
+            fn name(&self) -> &'static str {
+                let $this = self;
+                $crate::resource::MemoryResource::name($core)
+            }
+        }
+    };
+}
+pub(crate) use forward_memory_resource;
+
 impl<F: FreeList> Drop for StreamOrderedCore<F> {
     fn drop(&mut self) {
         let _ = self.events.synchronize_all();
-        let chunks = std::mem::take(&mut self.state.get_mut().chunks);
-        for (addr, size) in chunks {
-            let _ = self.upstream.deallocate(addr, size, Stream::DEFAULT);
+        let chunks = std::mem::take(&mut self.shared.lock().chunks);
+        for chunk in chunks.into_values() {
+            // SAFETY: the core is dropping, so no block is allocated any more (the handles that
+            // could free them are gone), every stream was just synchronized, and the chunk
+            // table held each chunk once.
+            #[allow(unsafe_code)]
+            let _ = unsafe { self.growth.give_back(&self.upstream, chunk.block) };
         }
+        // Per-thread caches may still hold the lists: leave them empty.
+        for list in &self.directory.read().all {
+            *list.state.lock() = ListState::new(&self.sizing);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::coalescing_free_list::CoalescingFreeList;
+    use super::super::growth::FreeRanges;
+    use super::super::stream_events::NoStreamEvents;
+    use super::*;
+    use crate::resource::SimulatedMemoryResource;
+
+    /// A policy like the expandable pool's: one address range, grown by "mapping" at its end
+    /// (one region, so extensions coalesce), trimmed whole on release.
+    #[derive(Debug, Default)]
+    struct OneRange {
+        mapped: std::sync::Mutex<usize>,
+    }
+
+    const BASE: usize = 0x7000_0000;
+
+    impl Growth for OneRange {
+        fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+            let mut mapped = self
+                .mapped
+                .lock()
+                .map_err(|_| Error::Logic("poisoned".into()))?;
+            let size = request.size.max(4096);
+            let block = Block {
+                addr: BASE + *mapped,
+                size,
+                region: BASE,
+            };
+            *mapped += size;
+            Ok(block)
+        }
+        #[allow(unsafe_code)]
+        unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+            let mut trimmed = 0;
+            for b in fresh.ranges() {
+                assert!(fresh.take_range(b.addr, b.size));
+                trimmed += b.size;
+            }
+            Ok(trimmed)
+        }
+    }
+
+    #[test]
+    fn a_range_grown_at_its_end_coalesces_and_trims() {
+        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let core = StreamOrderedCore::<CoalescingFreeList>::new(
+            up,
+            Arc::new(NoStreamEvents),
+            Box::new(OneRange::default()),
+            (),
+            "one_range",
+        );
+        // SAFETY: a key only: nothing passes it to the driver.
+        #[allow(unsafe_code)]
+        let s = unsafe { Stream::from_raw(0x1000) };
+        let a = core.allocate(4096, s).unwrap();
+        let b = core.allocate(4096, s).unwrap();
+        assert_eq!((a, b), (BASE, BASE + 4096));
+        core.deallocate(a, 4096, s).unwrap();
+        core.deallocate(b, 4096, s).unwrap();
+        assert_eq!(
+            core.free_blocks(),
+            1,
+            "two extensions of one range coalesce"
+        );
+        let c = core.allocate(8192, s).unwrap();
+        assert_eq!((c, core.pool_size()), (BASE, 8192), "served with no growth");
+        core.deallocate(c, 8192, s).unwrap();
+        assert_eq!(core.release().unwrap(), 8192, "trimmed");
+        assert_eq!((core.pool_size(), core.free_bytes()), (0, 0));
+        assert_eq!(core.allocate(256, s).unwrap(), BASE + 8192);
+        assert_eq!(core.name(), "one_range");
     }
 }

@@ -185,12 +185,16 @@ def test_callback_exceptions_propagate():
     def bad_return(size, stream):
         return "not an int"
 
-    with pytest.raises(KeyError, match="boom"):
+    # As RMM: an exception that is not a MemoryError or RuntimeError arrives as a RuntimeError
+    # (the original as its cause).
+    with pytest.raises(RuntimeError, match="boom") as info:
         mr.CallbackMemoryResource(alloc, lambda p, s, st: None).allocate(10)
+    assert isinstance(info.value.__cause__, KeyError)
     with pytest.raises(MemoryError, match="no memory here"):
         rrmm.DeviceBuffer(size=10, mr=mr.CallbackMemoryResource(oom, lambda p, s, st: None))
-    with pytest.raises(TypeError):
+    with pytest.raises(RuntimeError) as info:  # a bad return value, raised as RMM raises it
         mr.CallbackMemoryResource(bad_return, lambda p, s, st: None).allocate(10)
+    assert isinstance(info.value.__cause__, TypeError)
     with pytest.raises(TypeError):
         mr.CallbackMemoryResource(1, 2)
 
@@ -308,7 +312,7 @@ def test_failure_callback(sim_mr):
     def raising(nbytes):
         raise ZeroDivisionError("from callback")
 
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(RuntimeError, match="from callback"):  # as RMM raises it
         mr.FailureCallbackResourceAdaptor(small, raising).allocate(8192)
     p = f.allocate(100)
     f.deallocate(p, 100)

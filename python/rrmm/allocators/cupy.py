@@ -73,9 +73,26 @@ def rmm_cupy_pinned_allocator(nbytes):
 rrmm_cupy_pinned_allocator = rmm_cupy_pinned_allocator
 
 
+def _cupy_missing_allocator(cause):
+    """The allocator named when CuPy cannot be imported: importing it works (as with RMM), calling
+    it raises ModuleNotFoundError."""
+
+    def rmm_cupy_allocator(nbytes):
+        error = ModuleNotFoundError(
+            f"No module named 'cupy' (rrmm.allocators.cupy needs CuPy: {cause})"
+        )
+        error.name = "cupy"
+        raise error
+
+    return rmm_cupy_allocator
+
+
 def __getattr__(name):
     if name in ("rmm_cupy_allocator", "rrmm_cupy_allocator"):
-        allocator = rrmm_cupy_c_allocator()
+        try:
+            allocator = rrmm_cupy_c_allocator()
+        except ImportError as cause:
+            return _cupy_missing_allocator(cause)
         globals()["rmm_cupy_allocator"] = globals()["rrmm_cupy_allocator"] = allocator
         return allocator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,9 +53,6 @@ else:
     _MP_PARAMS = list(_inspect.signature(MemoryPointer.__init__).parameters)
     _MP_TAKES_CONTEXT = len(_MP_PARAMS) > 1 and _MP_PARAMS[1] == "context"
     _MemoryInfo = getattr(_driver, "MemoryInfo", None)
-    # How a MemoryPointer keeps its allocation: as an attribute (True) or through a finalizer
-    # calling its free() (False, RMM's way).
-    _OWN_BY_ATTRIBUTE = True
 
     def _address(memory):
         value = getattr(memory, "device_pointer_value", None)
@@ -88,21 +85,15 @@ else:
             if device is None:
                 device = self._device = int(self.context.device.id)
             owner = _hook_allocate(size, 0, device)
-            if _OWN_BY_ATTRIBUTE:
-                # The pointer owns the allocation outright: it is freed (by the owner's drop) when
-                # the last reference to the pointer, or to a view of it, goes. Cheaper than a
-                # weakref finalizer and the same lifetime.
-                if _MP_TAKES_CONTEXT:
-                    mem = MemoryPointer(self.context, _device_ptr(owner.ptr), size)
-                else:
-                    mem = MemoryPointer(_device_ptr(owner.ptr), size)
-                mem._rrmm_allocation = owner
-                return mem
+            # The pointer owns the allocation outright: it is freed (by the owner's drop) when
+            # the last reference to the pointer, or to a view of it, goes. Cheaper than a
+            # weakref finalizer and the same lifetime.
             if _MP_TAKES_CONTEXT:
-                return MemoryPointer(
-                    self.context, _device_ptr(owner.ptr), size, finalizer=owner.free
-                )
-            return MemoryPointer(_device_ptr(owner.ptr), size, finalizer=owner.free)
+                mem = MemoryPointer(self.context, _device_ptr(owner.ptr), size)
+            else:
+                mem = MemoryPointer(_device_ptr(owner.ptr), size)
+            mem._rrmm_allocation = owner
+            return mem
 
         def get_ipc_handle(self, memory):
             """An ``IpcHandle`` for ``memory``: ``cuIpcGetMemHandle`` of its allocation's base

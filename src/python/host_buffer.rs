@@ -92,7 +92,9 @@ impl HostBuffer {
                 .into_owned()
         };
         let code = format.trim_start_matches(['@', '=', '<', '>', '!']);
-        if v.itemsize != 1 || !(code == "B" || code == "c") {
+        // Any 8-bit type: unsigned and signed bytes, chars and bools (RMM's user guide copies
+        // an int8 view of an array).
+        if v.itemsize != 1 || !matches!(code, "B" | "c" | "b" | "?") {
             return Err(PyValueError::new_err(format!(
                 "Buffer dtype mismatch, expected 'unsigned char' but got '{format}'"
             )));

@@ -11,7 +11,7 @@
 //! `what()` is rrmm's message: PyTorch does not check the returned pointer, so a null return
 //! would not be noticed.
 
-use super::hooks::{allocate_on, deallocate_on};
+use super::hooks::{allocate_on, deallocate_on, Context};
 use crate::{per_device_resource, Error, Result, Stream};
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int, c_void};
@@ -34,7 +34,9 @@ fn device_ordinal(device: c_int) -> Result<usize> {
 
 fn allocate(size: usize, device: c_int, stream: usize) -> Result<usize> {
     let device = device_ordinal(device)?;
-    let (ptr, _mr) = allocate_on(device, size, Stream::from_raw(stream))?;
+    // SAFETY: `rrmm_torch_allocate`'s contract: a live stream of `device` or a default stream.
+    let stream = unsafe { Stream::from_raw(stream) };
+    let (ptr, _mr) = allocate_on(device, size, stream, Context::Make)?;
     Ok(ptr)
 }
 
@@ -44,7 +46,9 @@ fn deallocate(ptr: usize, size: usize, device: c_int, stream: usize) -> Result<(
     }
     let device = device_ordinal(device)?;
     let mr = per_device_resource(device)?;
-    deallocate_on(mr.as_ref(), device, ptr, size, Stream::from_raw(stream))
+    // SAFETY: `rrmm_torch_deallocate`'s contract (PyTorch's pluggable allocator): `ptr` came from
+    // `rrmm_torch_allocate` with `size` on `device` and `stream`, and is freed once, after its work.
+    unsafe { deallocate_on(mr.as_ref(), device, ptr, size, Stream::from_raw(stream)) }
 }
 
 /// The message as a NUL-terminated C string in a fixed buffer (no destructor to run when the

@@ -1,0 +1,488 @@
+"""rrmm on Dask clusters (extra ``dask``: ``pip install 'rrmm[dask]'``).
+
+- ``RRMMSetup``: a ``distributed.WorkerPlugin`` taking dask-cuda's RMM options (with dask-cuda's
+  validation and messages) plus ``simulate="80GiB"`` for simulated memory (CPU-only clusters,
+  dry runs, tests). ``client.register_plugin(RRMMSetup(...))`` sets up every worker, including
+  workers that join later.
+- A preload module: ``dask worker --preload rrmm.dask`` reads the same options from the ``rrmm``
+  section of Dask's config (``rrmm: {initial-pool-size: 4GiB, simulate: ...}``).
+- Worker metrics ``rmm-used`` / ``rmm-total`` (distributed's dashboard page reads them),
+  ``dask.sizeof`` and distributed's cuda/dask serializers for ``rrmm.DeviceBuffer``.
+- ``memory_report(client)``: per worker, bytes in use now and at peak, footprint,
+  fragmentation, largest free block and failed allocations; printable, and ``.rows`` for
+  scripts.
+
+Importing this module registers the sizeof and serializers (needs ``distributed``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import dask
+import dask.sizeof
+from distributed import WorkerPlugin
+from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
+
+import rrmm
+import rrmm.mr
+
+__all__ = [
+    "MemoryReport",
+    "RRMMSetup",
+    "dask_setup",
+    "memory_report",
+    "options_from_config",
+    "worker_figures",
+]
+
+_SUPPORTED_LIBS = ("torch", "cupy")
+_ALIGNMENT = 256
+
+
+# ---------------------------------------------------------------- sizes and validation
+
+
+def _device_total(simulate: int | None) -> int:
+    if simulate is not None:
+        return simulate
+    return int(rrmm._rrmm._device_mem_info(rrmm._rrmm._current_device())[1])
+
+
+def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT) -> int | None:
+    """dask-cuda's ``parse_device_bytes``: None, 0 and "0 B" give None; a float in (0, 1] is a
+    fraction of the device's memory (``total``, the simulated size when simulating); a string
+    is parsed (``"4GiB"``, ``"5GB"``); the result is rounded down to ``alignment``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"a memory size must be int, float or str, not {value!r}")
+    if isinstance(value, float):
+        if value == 0:
+            return None
+        if not 0 < value <= 1:
+            raise ValueError(f"a fraction of device memory must be in (0, 1], not {value}")
+        if total is None:
+            raise ValueError("a fraction of device memory needs a device")
+        size = int(total * value)
+    elif isinstance(value, str):
+        size = rrmm.parse_bytes(value.replace(" ", ""))
+    elif isinstance(value, int):
+        size = value
+    else:
+        raise TypeError(f"a memory size must be int, float or str, not {type(value).__name__}")
+    if size < 0:
+        raise ValueError(f"a memory size must not be negative, not {value!r}")
+    size -= size % alignment
+    return size or None
+
+
+def _check_size(value: Any, name: str) -> None:
+    """Validates a size option at construction (fractions are checked on the worker)."""
+    if value is None or isinstance(value, float) and 0 <= value <= 1:
+        return
+    try:
+        parse_device_bytes(value, total=None)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"`{name}`: {error}") from error
+
+
+def _lib_list(libraries: Any) -> list[str] | None:
+    """dask-cuda's handling of ``rmm_allocator_external_lib_list``."""
+    if libraries is None:
+        return None
+    if isinstance(libraries, str):
+        libraries = [v.strip() for v in libraries.split(",") if v.strip()]
+    elif not isinstance(libraries, list):
+        raise ValueError(  # noqa: TRY004 (dask-cuda's exception type)
+            "rmm_allocator_external_lib_list must be either a comma-separated "
+            "string or a list of strings. Examples: 'torch,cupy' "
+            "or ['torch', 'cupy']"
+        )
+    for lib in libraries:
+        if lib not in _SUPPORTED_LIBS:
+            raise ValueError(
+                f"The library '{lib}' is not supported for RMM integration. "
+                f"Supported libraries are: {', '.join(_SUPPORTED_LIBS)}."
+            )
+    return libraries
+
+
+# ---------------------------------------------------------------- the worker's state
+
+
+@dataclass
+class _State:
+    """What the plugin set up in this process (read by the metrics and the report)."""
+
+    resource: Any = None
+    statistics: Any = None
+    pool: Any = None
+    failed: int = 0
+    log_file: str | None = None
+    description: str = ""
+
+
+_state = _State()
+_state_lock = threading.Lock()
+
+
+def _count_failure(nbytes: int) -> bool:
+    with _state_lock:
+        _state.failed += 1
+    return False  # do not retry: the allocation fails as it would without the adaptor
+
+
+def _find(mr: Any, cls: Any) -> Any:
+    """The first resource of type ``cls`` in ``mr``'s upstream chain, or None."""
+    seen = 0
+    while mr is not None and seen < 64:
+        if isinstance(mr, cls):
+            return mr
+        mr = getattr(mr, "upstream_mr", None)
+        seen += 1
+    return None
+
+
+def _worker_name(worker: Any) -> str:
+    name = getattr(worker, "name", None)
+    if name is None:
+        return "scheduler" if worker is None else str(os.getpid())
+    return name.split("/")[-1] if isinstance(name, str) else str(name)
+
+
+# ---------------------------------------------------------------- the plugin
+
+
+class RRMMSetup(WorkerPlugin):
+    """Sets up rrmm in each worker, with dask-cuda's RMM options.
+
+    ``initial_pool_size``/``maximum_pool_size`` (bytes, strings such as ``"4GiB"`` or fractions
+    of the device's memory) make a ``PoolMemoryResource``; ``managed_memory`` puts it (or the
+    plain resource) on managed memory; ``async_alloc`` uses ``CudaAsyncMemoryResource``
+    (``release_threshold``; ``maximum_pool_size`` then a ``LimitingResourceAdaptor``);
+    ``log_directory`` logs to ``rmm_log_<worker-name>.txt`` there (the logging adaptor
+    inserts the device, ``.dev0``, before the extension, as RMM's does under dask-cuda); ``track_allocations`` adds a
+    ``TrackingResourceAdaptor``; ``external_lib_list`` (``"cupy"``, ``"torch"``) points those
+    libraries' allocators at rrmm. ``simulate`` (a size) builds all of it on a
+    ``SimulatedMemoryResource`` of that size instead of the GPU (nothing may touch the memory).
+
+    Every worker also gets a ``StatisticsResourceAdaptor`` (for ``rmm-used`` and the peak) and a
+    failure counter. Bad options raise ValueError here, before anything is registered.
+    """
+
+    name = "rrmm-setup"
+    idempotent = False
+
+    def __init__(
+        self,
+        initial_pool_size: Any = None,
+        maximum_pool_size: Any = None,
+        managed_memory: bool = False,
+        async_alloc: bool = False,
+        release_threshold: Any = None,
+        log_directory: str | None = None,
+        track_allocations: bool = False,
+        external_lib_list: Any = None,
+        simulate: Any = None,
+    ) -> None:
+        if async_alloc is True and managed_memory is True:
+            raise ValueError("`rmm_managed_memory` is incompatible with the `rmm_async`.")
+        if async_alloc is False and release_threshold is not None:
+            raise ValueError("`rmm_release_threshold` requires `rmm_async`.")
+        if initial_pool_size is None and maximum_pool_size is not None and not async_alloc:
+            raise ValueError(
+                "`rmm_maximum_pool_size` was specified without specifying "
+                "`rmm_pool_size`.`rmm_pool_size` must be specified to use RMM pool."
+            )
+        for value, option in (
+            (initial_pool_size, "rmm_pool_size"),
+            (maximum_pool_size, "rmm_maximum_pool_size"),
+            (release_threshold, "rmm_release_threshold"),
+        ):
+            _check_size(value, option)
+        self.simulate = None
+        if simulate is not None:
+            self.simulate = parse_device_bytes(simulate, alignment=1)
+            if self.simulate is None:
+                raise ValueError("`simulate` must be a positive size, such as '80GiB'")
+        self.initial_pool_size = initial_pool_size
+        self.maximum_pool_size = maximum_pool_size
+        self.managed_memory = bool(managed_memory)
+        self.async_alloc = bool(async_alloc)
+        self.release_threshold = release_threshold
+        self.log_directory = log_directory
+        self.track_allocations = bool(track_allocations)
+        self.external_lib_list = _lib_list(external_lib_list)
+
+    def setup(self, worker: Any = None) -> None:
+        """Builds the resource and makes it the current device's; adds the worker metrics."""
+        mr, pool, description = self._base()
+        log_file = None
+        if self.log_directory is not None:
+            os.makedirs(self.log_directory, exist_ok=True)
+            log_file = os.path.join(self.log_directory, f"rmm_log_{_worker_name(worker)}.txt")
+            mr = rrmm.mr.LoggingResourceAdaptor(mr, log_file)
+        statistics = rrmm.mr.StatisticsResourceAdaptor(mr)
+        mr = statistics
+        if self.track_allocations:
+            mr = rrmm.mr.TrackingResourceAdaptor(mr)
+        mr = rrmm.mr.FailureCallbackResourceAdaptor(mr, _count_failure)
+        rrmm.mr.set_current_device_resource(mr)
+        with _state_lock:
+            _state.resource, _state.statistics, _state.pool = mr, statistics, pool
+            _state.failed, _state.log_file, _state.description = 0, log_file, description
+        if worker is not None and hasattr(worker, "metrics"):
+            worker.metrics["rmm"] = _rmm_metric
+        for lib in self.external_lib_list or ():
+            _set_allocator_for(lib)
+
+    def teardown(self, worker: Any = None) -> None:
+        """Flushes the log, if any."""
+        logging = _find(_state.resource, rrmm.mr.LoggingResourceAdaptor)
+        if logging is not None:
+            logging.flush()
+
+    def _base(self) -> tuple[Any, Any, str]:
+        total = _device_total(self.simulate)
+        initial = parse_device_bytes(self.initial_pool_size, total)
+        maximum = parse_device_bytes(self.maximum_pool_size, total)
+        if self.simulate is not None:
+            upstream: Any = rrmm.mr.SimulatedMemoryResource(self.simulate)
+            kind = f"simulated {self.simulate} B"
+        elif self.async_alloc:
+            threshold = parse_device_bytes(self.release_threshold, total)
+            upstream = rrmm.mr.CudaAsyncMemoryResource(
+                initial_pool_size=initial, release_threshold=threshold
+            )
+            if maximum is not None:
+                upstream = rrmm.mr.LimitingResourceAdaptor(upstream, allocation_limit=maximum)
+            return upstream, None, "cuda_async"
+        elif self.managed_memory:
+            upstream, kind = rrmm.mr.ManagedMemoryResource(), "managed"
+        else:
+            upstream, kind = rrmm.mr.CudaMemoryResource(), "cuda"
+        if initial is None:
+            return upstream, None, kind
+        pool = rrmm.mr.PoolMemoryResource(upstream, initial, maximum)
+        return pool, pool, f"pool({kind})"
+
+
+def _set_allocator_for(lib: str) -> None:
+    """Points CuPy's or PyTorch's allocator at rrmm (dask-cuda's
+    ``enable_rmm_memory_for_library``)."""
+    if lib == "cupy":
+        try:
+            import cupy
+        except ImportError as e:
+            raise ImportError("CuPy is not installed.") from e
+        from rrmm.allocators.cupy import rmm_cupy_allocator
+
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+    elif lib == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("PyTorch is not installed.") from e
+        from rrmm.allocators.torch import rmm_torch_allocator
+
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+
+
+# ---------------------------------------------------------------- preload
+
+
+def options_from_config() -> dict[str, Any]:
+    """``RRMMSetup``'s keyword arguments from the ``rrmm`` section of Dask's config (keys with
+    dashes or underscores; ``pool-size`` is accepted for ``initial-pool-size``)."""
+    section = dask.config.get("rrmm", default={}) or {}
+    names = {
+        "initial_pool_size",
+        "maximum_pool_size",
+        "managed_memory",
+        "async_alloc",
+        "release_threshold",
+        "log_directory",
+        "track_allocations",
+        "external_lib_list",
+        "simulate",
+    }
+    aliases = {"pool_size": "initial_pool_size", "async": "async_alloc"}
+    options: dict[str, Any] = {}
+    for key, value in section.items():
+        name = key.replace("-", "_")
+        name = aliases.get(name, name)
+        if name not in names:
+            raise ValueError(f"unknown option {key!r} in Dask's `rrmm` config section")
+        options[name] = value
+    return options
+
+
+def dask_setup(worker: Any) -> None:
+    """The preload entry point (``dask worker --preload rrmm.dask``): sets rrmm up from the
+    ``rrmm`` section of Dask's config."""
+    RRMMSetup(**options_from_config()).setup(worker)
+
+
+# ---------------------------------------------------------------- metrics and the report
+
+
+def worker_figures() -> dict[str, Any]:
+    """This process's rrmm figures (what ``memory_report`` gathers from each worker)."""
+    mr = _state.resource or rrmm.mr.get_current_device_resource()
+    statistics = _state.statistics or _find(mr, rrmm.mr.StatisticsResourceAdaptor)
+    pool = _state.pool or _find(mr, rrmm.mr.PoolMemoryResource)
+    in_use = peak = 0
+    if statistics is not None:
+        counts = statistics.allocation_counts
+        in_use, peak = int(counts.current_bytes), int(counts.peak_bytes)
+    footprint, free, largest = in_use, 0, 0
+    if pool is not None:
+        footprint = int(pool.pool_size())
+        free = int(pool.free_bytes())
+        largest = int(pool.largest_free_block())
+    fragmentation = 0.0 if free == 0 else 1.0 - largest / free
+    return {
+        "pid": os.getpid(),
+        "resource": _state.description or type(mr).__name__,
+        "in_use": in_use,
+        "peak": peak,
+        "footprint": footprint,
+        "fragmentation": fragmentation,
+        "largest_free_block": largest,
+        "failed_allocations": _state.failed,
+        "log_file": _state.log_file,
+    }
+
+
+def _rmm_metric(worker: Any = None) -> dict[str, int]:
+    """distributed's ``rmm`` worker metric: ``rmm-used`` and ``rmm-total`` (the footprint)."""
+    figures = worker_figures()
+    return {
+        "rmm-used": figures["in_use"],
+        "rmm-total": max(figures["footprint"], figures["in_use"]),
+    }
+
+
+@dataclass
+class MemoryRow:
+    """One worker's line of ``memory_report``."""
+
+    worker: str
+    name: str
+    resource: str
+    in_use: int
+    peak: int
+    footprint: int
+    fragmentation: float
+    largest_free_block: int
+    failed_allocations: int
+
+
+class MemoryReport:
+    """Per-worker memory figures: ``rows`` (``MemoryRow``), ``as_dicts()``, and ``str()`` a
+    table."""
+
+    def __init__(self, rows: list[MemoryRow]) -> None:
+        self.rows = rows
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts."""
+        return [asdict(r) for r in self.rows]
+
+    def __str__(self) -> str:
+        def size(n: int) -> str:
+            value = float(n)
+            for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+                if value < 1024 or unit == "TiB":
+                    return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+                value /= 1024
+            return f"{n} B"
+
+        head = ("worker", "resource", "in use", "peak", "footprint", "frag", "largest free",
+                "failed")
+        lines = [head] + [
+            (
+                r.name,
+                r.resource,
+                size(r.in_use),
+                size(r.peak),
+                size(r.footprint),
+                f"{r.fragmentation:.1%}",
+                size(r.largest_free_block),
+                str(r.failed_allocations),
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+        return "\n".join(
+            "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines
+        )
+
+    def __repr__(self) -> str:
+        return f"MemoryReport({len(self.rows)} workers)"
+
+
+def memory_report(client: Any) -> MemoryReport:
+    """Gathers each worker's figures (``worker_figures``) through ``client.run``."""
+    figures = client.run(worker_figures)
+    names = {
+        address: str(info.get("name", address))
+        for address, info in client.scheduler_info().get("workers", {}).items()
+    }
+    rows = [
+        MemoryRow(
+            worker=address,
+            name=names.get(address, address),
+            resource=f["resource"],
+            in_use=f["in_use"],
+            peak=f["peak"],
+            footprint=f["footprint"],
+            fragmentation=f["fragmentation"],
+            largest_free_block=f["largest_free_block"],
+            failed_allocations=f["failed_allocations"],
+        )
+        for address, f in sorted(figures.items(), key=lambda kv: names.get(kv[0], kv[0]))
+    ]
+    return MemoryReport(rows)
+
+
+# ---------------------------------------------------------------- sizeof and serializers
+
+
+@dask.sizeof.sizeof.register(rrmm.DeviceBuffer)
+def _sizeof_device_buffer(buffer: Any) -> int:
+    return int(buffer.nbytes)
+
+
+@cuda_serialize.register(rrmm.DeviceBuffer)
+def _cuda_serialize_device_buffer(buffer: Any) -> tuple[dict[str, Any], list[Any]]:
+    header = dict(buffer.__cuda_array_interface__)
+    header["strides"] = (1,)
+    return header, [buffer]
+
+
+@cuda_deserialize.register(rrmm.DeviceBuffer)
+def _cuda_deserialize_device_buffer(header: dict[str, Any], frames: list[Any]) -> Any:
+    (frame,) = frames
+    if isinstance(frame, rrmm.DeviceBuffer):
+        return frame
+    ptr, _ = frame.__cuda_array_interface__["data"]
+    return rrmm.DeviceBuffer(ptr=ptr, size=int(header["shape"][0]))
+
+
+@dask_serialize.register(rrmm.DeviceBuffer)
+def _dask_serialize_device_buffer(buffer: Any) -> tuple[dict[str, Any], list[Any]]:
+    header = dict(buffer.__cuda_array_interface__)
+    header["strides"] = (1,)
+    return header, [memoryview(buffer.copy_to_host())]
+
+
+@dask_deserialize.register(rrmm.DeviceBuffer)
+def _dask_deserialize_device_buffer(header: dict[str, Any], frames: list[Any]) -> Any:
+    (frame,) = frames
+    return rrmm.DeviceBuffer.to_device(memoryview(frame).cast("B"))

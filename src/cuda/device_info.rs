@@ -1,0 +1,80 @@
+//! Device attributes and the default managed memory pool (CUDA 13's `cuMemGetDefaultMemPool`,
+//! looked up through `cuGetProcAddress` so that rrmm still loads on older drivers).
+
+use super::check::check;
+use super::driver::device_handle;
+use super::driver::ensure_driver;
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+/// `cuDeviceGetAttribute`: the value of attribute `attribute` (a `CUdevice_attribute`, numerically
+/// the same as the runtime's `cudaDeviceAttr`) of device `ordinal`.
+///
+/// # Errors
+/// No driver, a bad ordinal, or an attribute the driver does not know (`CUDA_ERROR_INVALID_VALUE`).
+pub fn device_attribute(attribute: i32, ordinal: usize) -> Result<i32> {
+    let device = device_handle(ordinal)?;
+    type GetAttribute = unsafe extern "C" fn(*mut i32, i32, sys::CUdevice) -> sys::CUresult;
+    // The attribute goes through as a plain int, so that attributes newer than cudarc's enum work.
+    let function: GetAttribute = lookup("cuDeviceGetAttribute", 12000)?;
+    let mut value = 0;
+    // SAFETY: `function` is the driver's cuDeviceGetAttribute (int*, int, CUdevice); `value` is a
+    // valid out-pointer and `device` a valid handle.
+    check("cuDeviceGetAttribute", unsafe {
+        function(&mut value, attribute, device)
+    })?;
+    Ok(value)
+}
+
+/// The default managed-memory pool of device `ordinal` (`cuMemGetDefaultMemPool` with
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED`), owned by the driver.
+///
+/// # Errors
+/// [`Error::Logic`] when the driver predates CUDA 13 (no managed pools), else the CUDA error.
+pub fn default_managed_pool(ordinal: usize) -> Result<usize> {
+    let device = device_handle(ordinal)?;
+    type GetDefaultMemPool =
+        unsafe extern "C" fn(*mut sys::CUmemoryPool, *mut sys::CUmemLocation, u32) -> sys::CUresult;
+    const CU_MEM_ALLOCATION_TYPE_MANAGED: u32 = 2;
+    let function: GetDefaultMemPool = lookup("cuMemGetDefaultMemPool", 13000).map_err(|_| {
+        Error::Logic("cuda_async_managed_memory_resource requires CUDA 13.0 or higher".to_string())
+    })?;
+    let mut location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `function` is the driver's cuMemGetDefaultMemPool (CUmemoryPool*, CUmemLocation*,
+    // CUmemAllocationType as a 32-bit enum); both out-pointers are valid.
+    check("cuMemGetDefaultMemPool", unsafe {
+        function(&mut pool, &mut location, CU_MEM_ALLOCATION_TYPE_MANAGED)
+    })?;
+    Ok(pool as usize)
+}
+
+/// A driver function by name, as of CUDA version `version` (`cuGetProcAddress_v2`).
+fn lookup<F: Copy>(symbol: &'static str, version: i32) -> Result<F> {
+    ensure_driver()?;
+    debug_assert_eq!(
+        std::mem::size_of::<F>(),
+        std::mem::size_of::<*mut std::ffi::c_void>()
+    );
+    let name = std::ffi::CString::new(symbol)
+        .map_err(|_| Error::invalid("symbol", "contains a NUL byte"))?;
+    let mut pointer: *mut std::ffi::c_void = std::ptr::null_mut();
+    let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+    // SAFETY: `name` is NUL-terminated and both out-pointers are valid.
+    check("cuGetProcAddress", unsafe {
+        sys::cuGetProcAddress_v2(name.as_ptr(), &mut pointer, version, 0, &mut status)
+    })?;
+    if pointer.is_null()
+        || status != sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
+    {
+        return Err(Error::Logic(format!(
+            "the CUDA driver has no {symbol} (CUDA {version} or newer needed)"
+        )));
+    }
+    // SAFETY: `F` is a function-pointer type of the same size as a pointer (checked above) whose
+    // signature the callers give as the driver documents it for `symbol`.
+    Ok(unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, F>(&pointer) })
+}

@@ -1,0 +1,288 @@
+//! The base resources of `rrmm.mr`, those with no upstream: CUDA, managed, system (and SAM
+//! headroom), pinned host, `cuda_async` (owned pool and view), simulated, and Python callbacks.
+
+use crate::cuda::{PoolExport, Stream as RawStream};
+use crate::resource::{
+    CallbackMemoryResource as RsCallback, CudaAsyncMemoryResource as RsCudaAsync,
+    CudaAsyncViewMemoryResource as RsCudaAsyncView, CudaMemoryResource as RsCuda,
+    ManagedMemoryResource as RsManaged, MemoryKind, PinnedHostMemoryResource as RsPinned,
+    SimulatedMemoryResource as RsSimulated, SystemMemoryResource as RsSystem,
+};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+use super::convert::{bytes_arg, opt_bytes_arg};
+use super::errors::{py_result, stash_pyerr};
+use super::resource::{sub, DeviceMemoryResource};
+use super::stream::stream_for;
+
+/// `cudaMalloc`/`cuMemAlloc` memory of the current device.
+#[pyclass(module = "rrmm.mr", name = "CudaMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct CudaMemoryResource;
+
+#[pymethods]
+impl CudaMemoryResource {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
+        let mr = py_result(py.detach(RsCuda::new))?;
+        Ok(sub(CudaMemoryResource, Arc::new(mr)))
+    }
+}
+
+/// Managed (unified) memory of the current device.
+#[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct ManagedMemoryResource;
+
+#[pymethods]
+impl ManagedMemoryResource {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
+        let mr = py_result(py.detach(RsManaged::new))?;
+        Ok(sub(ManagedMemoryResource, Arc::new(mr)))
+    }
+}
+
+/// Pageable host memory from the system allocator (HMM/ATS systems can use it on the GPU).
+#[pyclass(module = "rrmm.mr", name = "SystemMemoryResource", extends = DeviceMemoryResource, subclass, frozen)]
+pub(crate) struct SystemMemoryResource;
+
+#[pymethods]
+impl SystemMemoryResource {
+    #[new]
+    fn new() -> PyClassInitializer<Self> {
+        sub(SystemMemoryResource, Arc::new(RsSystem::new()))
+    }
+}
+
+/// System memory that leaves `headroom` bytes of device memory free (RMM's
+/// `SamHeadroomMemoryResource`); rrmm allocates system memory and records the headroom.
+#[pyclass(module = "rrmm.mr", name = "SamHeadroomMemoryResource", extends = SystemMemoryResource, frozen)]
+pub(crate) struct SamHeadroomMemoryResource {
+    headroom: usize,
+}
+
+#[pymethods]
+impl SamHeadroomMemoryResource {
+    #[new]
+    fn new(headroom: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let headroom = bytes_arg(headroom, "headroom")?;
+        Ok(
+            PyClassInitializer::from(DeviceMemoryResource::init(Arc::new(RsSystem::new())))
+                .add_subclass(SystemMemoryResource)
+                .add_subclass(SamHeadroomMemoryResource { headroom }),
+        )
+    }
+
+    /// The device memory kept free, in bytes.
+    #[getter]
+    fn headroom(&self) -> usize {
+        self.headroom
+    }
+}
+
+/// Pinned host memory (`cuMemHostAlloc`).
+#[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct PinnedHostMemoryResource;
+
+#[pymethods]
+impl PinnedHostMemoryResource {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
+        let mr = py_result(py.detach(RsPinned::new))?;
+        Ok(sub(PinnedHostMemoryResource, Arc::new(mr)))
+    }
+}
+
+/// Stream-ordered allocation from a CUDA memory pool that this resource owns.
+#[pyclass(module = "rrmm.mr", name = "CudaAsyncMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct CudaAsyncMemoryResource {
+    pool_handle: usize,
+}
+
+#[pymethods]
+impl CudaAsyncMemoryResource {
+    #[new]
+    #[pyo3(signature = (initial_pool_size=None, release_threshold=None, enable_ipc=false, enable_fabric=false))]
+    fn new(
+        py: Python<'_>,
+        initial_pool_size: Option<&Bound<'_, PyAny>>,
+        release_threshold: Option<&Bound<'_, PyAny>>,
+        enable_ipc: bool,
+        enable_fabric: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
+        let threshold = opt_bytes_arg(release_threshold, "release_threshold")?.map(|b| b as u64);
+        let export = PoolExport {
+            ipc: enable_ipc,
+            fabric: enable_fabric,
+        };
+        let mr = py_result(py.detach(|| RsCudaAsync::new(initial, threshold, export)))?;
+        Ok(sub(
+            CudaAsyncMemoryResource {
+                pool_handle: mr.pool_handle(),
+            },
+            Arc::new(mr),
+        ))
+    }
+
+    /// The raw `cudaMemPool_t` handle.
+    fn pool_handle(&self) -> usize {
+        self.pool_handle
+    }
+}
+
+/// Allocation from a CUDA memory pool owned by someone else.
+#[pyclass(module = "rrmm.mr", name = "CudaAsyncViewMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct CudaAsyncViewMemoryResource {
+    pool_handle: usize,
+}
+
+#[pymethods]
+impl CudaAsyncViewMemoryResource {
+    #[new]
+    fn new(pool_handle: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        // Accept ints and objects convertible with int() (cuda-python's cudaMemPool_t).
+        let handle: usize = match pool_handle.extract::<usize>() {
+            Ok(h) => h,
+            Err(_) => pool_handle.call_method0("__int__")?.extract()?,
+        };
+        // SAFETY: RMM's contract for `CudaAsyncViewMemoryResource`: the caller passes a live
+        // pool of the current device and keeps it live while this resource is used.
+        let mr = py_result(unsafe { RsCudaAsyncView::new(handle) })?;
+        Ok(sub(
+            CudaAsyncViewMemoryResource {
+                pool_handle: handle,
+            },
+            Arc::new(mr),
+        ))
+    }
+
+    /// The raw `cudaMemPool_t` handle.
+    fn pool_handle(&self) -> usize {
+        self.pool_handle
+    }
+}
+
+/// rrmm: a pretend device of `size` bytes, address ranges with nothing behind them (for
+/// replays and tests; never read or write the pointers).
+#[pyclass(module = "rrmm.mr", name = "SimulatedMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct SimulatedMemoryResource {
+    sim: Arc<RsSimulated>,
+}
+
+#[pymethods]
+impl SimulatedMemoryResource {
+    #[new]
+    fn new(size: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+        let size = bytes_arg(size, "size")?;
+        let sim = Arc::new(RsSimulated::new(size));
+        Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
+    }
+
+    /// The pretend device's size in bytes.
+    #[getter]
+    fn size(&self) -> usize {
+        self.sim.size()
+    }
+
+    /// Bytes allocated now.
+    fn bytes_in_use(&self) -> usize {
+        self.sim.bytes_in_use()
+    }
+
+    /// The most bytes allocated at once.
+    fn peak_bytes_in_use(&self) -> usize {
+        self.sim.peak_bytes_in_use()
+    }
+
+    /// Number of live allocations.
+    fn live_allocations(&self) -> usize {
+        self.sim.live_allocations()
+    }
+}
+
+/// Allocation through Python functions: `allocate_func(size, stream) -> int` and
+/// `deallocate_func(ptr, size, stream)`. Exceptions they raise propagate to the caller.
+#[pyclass(module = "rrmm.mr", name = "CallbackMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct CallbackMemoryResource {
+    allocate_func: Py<PyAny>,
+    deallocate_func: Py<PyAny>,
+}
+
+#[pymethods]
+impl CallbackMemoryResource {
+    #[new]
+    fn new(
+        allocate_func: &Bound<'_, PyAny>,
+        deallocate_func: &Bound<'_, PyAny>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        if !allocate_func.is_callable() || !deallocate_func.is_callable() {
+            return Err(PyTypeError::new_err(
+                "allocate_func and deallocate_func must be callable",
+            ));
+        }
+        let alloc: Py<PyAny> = allocate_func.clone().unbind();
+        let dealloc: Py<PyAny> = deallocate_func.clone().unbind();
+        let (a, d) = (
+            alloc.clone_ref(allocate_func.py()),
+            dealloc.clone_ref(allocate_func.py()),
+        );
+        let allocate = Box::new(
+            move |bytes: usize, stream: RawStream| -> crate::Result<usize> {
+                Python::attach(|py| {
+                    let call = || -> PyResult<usize> {
+                        let s = stream_for(py, stream)?;
+                        a.bind(py).call1((bytes, s))?.extract::<usize>()
+                    };
+                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                })
+            },
+        );
+        let deallocate = Box::new(
+            move |ptr: usize, bytes: usize, stream: RawStream| -> crate::Result<()> {
+                Python::attach(|py| {
+                    let call = || -> PyResult<()> {
+                        let s = stream_for(py, stream)?;
+                        d.bind(py).call1((ptr, bytes, s))?;
+                        Ok(())
+                    };
+                    call().map_err(|e| stash_pyerr(py, e, bytes))
+                })
+            },
+        );
+        let mr = RsCallback::new(allocate, deallocate, MemoryKind::Device);
+        Ok(sub(
+            CallbackMemoryResource {
+                allocate_func: alloc,
+                deallocate_func: dealloc,
+            },
+            Arc::new(mr),
+        ))
+    }
+
+    /// The allocate function.
+    #[getter]
+    fn allocate_func(&self, py: Python<'_>) -> Py<PyAny> {
+        self.allocate_func.clone_ref(py)
+    }
+
+    /// The deallocate function.
+    #[getter]
+    fn deallocate_func(&self, py: Python<'_>) -> Py<PyAny> {
+        self.deallocate_func.clone_ref(py)
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CudaMemoryResource>()?;
+    m.add_class::<ManagedMemoryResource>()?;
+    m.add_class::<SystemMemoryResource>()?;
+    m.add_class::<SamHeadroomMemoryResource>()?;
+    m.add_class::<PinnedHostMemoryResource>()?;
+    m.add_class::<CudaAsyncMemoryResource>()?;
+    m.add_class::<CudaAsyncViewMemoryResource>()?;
+    m.add_class::<SimulatedMemoryResource>()?;
+    m.add_class::<CallbackMemoryResource>()?;
+    Ok(())
+}

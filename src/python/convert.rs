@@ -1,0 +1,158 @@
+//! Conversion of Python arguments: byte sizes (RMM's `parse_bytes` grammar, the one parser of
+//! rrmm) and upstream resources. Stream arguments (`StreamArg`, `stream_arg`) live with the
+//! `Stream` class in `stream`, which the resource base class needs below this file.
+
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+use super::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
+
+/// The upstream argument of an adaptor: a `DeviceMemoryResource`, else an exception.
+pub(crate) fn upstream_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
+    if obj.is_none() {
+        return Err(PyTypeError::new_err(
+            "upstream_mr must be a DeviceMemoryResource, not None",
+        ));
+    }
+    let mr = obj.cast::<DeviceMemoryResource>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "upstream_mr must be a DeviceMemoryResource, not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    Ok((mr.clone().unbind(), mr.get().inner.clone()))
+}
+
+/// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
+/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes.
+pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
+    let s = text.strip_suffix('\n').unwrap_or(text);
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    if digits_end == 0 {
+        return None;
+    }
+    let mut end = digits_end;
+    let mut fraction = "";
+    if s[end..].starts_with('.') {
+        let rest = &s[end + 1..];
+        let frac_len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        fraction = &rest[..frac_len];
+        end += 1 + frac_len;
+    }
+    let number = &s[..end];
+    let unit = s[end..]
+        .trim_start_matches([' ', '\t'])
+        .to_ascii_lowercase();
+    let multiplier: u128 = match unit.as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "pb" => 1_000_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "pib" => 1 << 50,
+        _ => return None,
+    };
+    let value: u128 = if fraction.trim_end_matches('0').is_empty() {
+        let whole: u128 = s[..digits_end].parse().ok()?;
+        whole.checked_mul(multiplier)?
+    } else {
+        let x: f64 = number.parse().ok()?;
+        (x * multiplier as f64) as u128
+    };
+    usize::try_from(value).ok()
+}
+
+/// A size argument: an int (negative is an OverflowError) or a byte string such as `"4MiB"`;
+/// a float is a TypeError.
+pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<PyFloat>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int or a byte string such as \"4MiB\", not float"
+        )));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        let text: String = s.extract()?;
+        let text = text.as_str();
+        return parse_byte_spec(text).ok_or_else(|| {
+            PyValueError::new_err(format!("Could not parse '{text}' as a byte specification"))
+        });
+    }
+    if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
+        return obj.extract::<usize>().map_err(|_| {
+            PyOverflowError::new_err(format!(
+                "{name} must be a non-negative size that fits in size_t"
+            ))
+        });
+    }
+    // Anything with __index__ (numpy integers).
+    match obj.call_method0("__index__") {
+        Ok(i) => bytes_arg(&i, name),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name} must be an int or a byte string, not {}",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
+/// [`bytes_arg`] where `None` means "not given".
+pub(crate) fn opt_bytes_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => bytes_arg(o, name).map(Some),
+    }
+}
+
+/// `parse_bytes(s)`: an int is returned as is; a string is parsed as a byte specification.
+#[pyfunction]
+fn parse_bytes(s: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if s.is_instance_of::<PyString>() || s.is_instance_of::<PyInt>() {
+        bytes_arg(s, "s")
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "parse_bytes expects a str or an int, not {}",
+            s.get_type().name()?
+        )))
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_byte_spec as p;
+
+    #[test]
+    fn byte_specs_follow_rmm() {
+        assert_eq!(p("4MiB"), Some(4 << 20));
+        assert_eq!(p("2kib"), Some(2048));
+        assert_eq!(p("2kb"), Some(2000));
+        assert_eq!(p("2 KB"), Some(2000));
+        assert_eq!(p("1.5KiB"), Some(1536));
+        assert_eq!(p("100"), Some(100));
+        assert_eq!(p("100b"), Some(100));
+        assert_eq!(p("1."), Some(1));
+        assert_eq!(p("2k"), None);
+        assert_eq!(p(".5kb"), None);
+        assert_eq!(p("-1"), None);
+        assert_eq!(p("abc"), None);
+        assert_eq!(p(""), None);
+    }
+}

@@ -1,0 +1,227 @@
+//! The CuPy hooks (`rrmm.allocators.cupy`): the C-function allocator CuPy calls with no Python
+//! object of rrmm's per allocation (a live map remembers what to free), the RMM-style unowned
+//! allocator that returns a `MemoryPointer` in one call, and pinned host memory.
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use super::cupy_stream::{cupy_missing, CupyStreamLookup};
+use super::errors::py_result;
+use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
+use crate::resource::PinnedHostMemoryResource;
+use crate::{Error, MemoryResource, Result, SharedResource, Stream};
+
+/// CuPy's callables the CuPy hook needs, looked up once.
+struct CupyBindings {
+    unowned_memory: Py<PyAny>,
+    memory_pointer: Py<PyAny>,
+}
+
+fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
+    static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
+    CUPY.get_or_try_init(py, || {
+        let missing = |cause| cupy_missing(py, cause);
+        let memory = py.import("cupy.cuda.memory").map_err(missing)?;
+        Ok(CupyBindings {
+            unowned_memory: memory.getattr("UnownedMemory")?.unbind(),
+            memory_pointer: memory.getattr("MemoryPointer")?.unbind(),
+        })
+    })
+}
+
+/// `cupy_allocate(nbytes) -> cupy.cuda.MemoryPointer`: a CuPy allocator hook, whole, in one
+/// call (`rrmm.allocators.cupy.rrmm_cupy_unowned_allocator`, RMM's design). Allocates `nbytes` from the
+/// per-device resource of CuPy's current device on CuPy's current stream, and wraps it as
+/// `MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`, the owner freeing the memory
+/// when CuPy drops it. Imports CuPy on first use; raises ImportError naming it when missing.
+#[pyfunction]
+fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
+    let cupy = cupy_bindings(py)?;
+    // SAFETY: CuPy's current stream: a live stream (or a default-stream handle) that CuPy keeps
+    // live while it uses memory allocated on it.
+    let stream = unsafe { Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?) };
+    // CuPy's current device: its runtime calls made that device's primary context current.
+    let device = crate::current_device_ordinal();
+    let (ptr, mr) = py_result(allocate_on(device, nbytes, stream, Context::AlreadyCurrent))?;
+    let owner = Py::new(py, HookAllocation::new(ptr, nbytes, device, stream, mr))?;
+    let memory = cupy
+        .unowned_memory
+        .call1(py, (ptr, nbytes, owner, device))?;
+    cupy.memory_pointer.call1(py, (memory, 0))
+}
+
+/// What the C-function CuPy allocator must remember to free a pointer: CuPy's free callback
+/// passes only the pointer and the device.
+struct CupyLive {
+    size: usize,
+    stream: Stream,
+    mr: SharedResource,
+}
+
+/// Hashes device pointers (256-byte aligned) with one multiplication, far cheaper than the
+/// default SipHash on the allocate/free path of every CuPy array.
+#[derive(Default)]
+struct PointerHasher(u64);
+
+impl std::hash::Hasher for PointerHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, value: usize) {
+        self.0 = ((value as u64) >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type PointerMap<V> = HashMap<usize, V, std::hash::BuildHasherDefault<PointerHasher>>;
+
+fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
+    static LIVE: OnceLock<Mutex<PointerMap<CupyLive>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(PointerMap::default()))
+}
+
+fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {
+    let stream = CupyStreamLookup::get(py)?.current_stream(py)?;
+    let device = py_result(
+        usize::try_from(device)
+            .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
+    )?;
+    // SAFETY: CuPy's current stream, as in `cupy_allocate`.
+    let stream = unsafe { Stream::from_raw(stream) };
+    let (ptr, mr) = py_result(allocate_on(device, size, stream, Context::AlreadyCurrent))?;
+    if let Some(mr) = mr {
+        cupy_live()
+            .lock()
+            .insert(ptr, CupyLive { size, stream, mr });
+    }
+    Ok(ptr)
+}
+
+/// CuPy's `CFunctionAllocator` malloc: `void* malloc(void* param, size_t size, int device)`,
+/// called by CuPy with the GIL held. Allocates on CuPy's current stream. On failure it sets the
+/// Python exception (MemoryError for out of memory) and returns `(void*)-1`, which CuPy's
+/// Cython code checks (or CPython reports as an error set by a call that returned).
+extern "C" fn rrmm_cupy_malloc(_param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        Python::attach(|py| match cupy_c_malloc(py, size, device) {
+            Ok(ptr) => ptr,
+            Err(error) => {
+                error.restore(py);
+                usize::MAX
+            }
+        })
+    }));
+    match outcome {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(_) => {
+            Python::attach(|py| {
+                pyo3::exceptions::PyRuntimeError::new_err("rrmm: internal error in the CuPy hook")
+                    .restore(py)
+            });
+            usize::MAX as *mut c_void
+        }
+    }
+}
+
+/// CuPy's `CFunctionAllocator` free: `void free(void* param, void* ptr, int device)`. Frees
+/// through the resource and stream the pointer was allocated with; unknown pointers (the -1 of
+/// a failed malloc) are ignored. Never unwinds.
+extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let live = cupy_live().lock().remove(&(ptr as usize));
+        match live {
+            // SAFETY: the entry was removed from the live table, so this frees once what
+            // `rrmm_cupy_malloc` allocated from `live.mr` with `live.size`; CuPy frees only after
+            // its work on the memory is ordered before (its stream-ordered contract).
+            Some(live) => unsafe {
+                deallocate_on(
+                    live.mr.as_ref(),
+                    usize::try_from(device).unwrap_or(0),
+                    ptr as usize,
+                    live.size,
+                    live.stream,
+                )
+            },
+            None => Ok(()),
+        }
+    }));
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => eprintln!("rrmm: freeing a CuPy allocation failed: {error}"),
+        Err(_) => eprintln!("rrmm: internal error (panic) freeing a CuPy allocation"),
+    }
+}
+
+/// `cupy_c_allocator_functions() -> (malloc, free)`: addresses of C functions for
+/// `cupy.cuda.memory.CFunctionAllocator(0, malloc, free, None)`, an allocator CuPy calls with
+/// no Python object of rrmm's per allocation.
+#[pyfunction]
+fn cupy_c_allocator_functions() -> (usize, usize) {
+    let malloc: extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void = rrmm_cupy_malloc;
+    let free: extern "C" fn(*mut c_void, *mut c_void, c_int) = rrmm_cupy_free;
+    (malloc as usize, free as usize)
+}
+
+/// `cupy_c_allocation(ptr) -> (size, stream) | None`: what the C-function CuPy allocator
+/// recorded for a live pointer (for tests).
+#[pyfunction]
+fn cupy_c_allocation(ptr: usize) -> Option<(usize, usize)> {
+    cupy_live()
+        .lock()
+        .get(&ptr)
+        .map(|live| (live.size, live.stream.raw()))
+}
+
+/// `cupy_c_live_allocations() -> int`: how many allocations of the C-function CuPy allocator are
+/// live (for tests).
+#[pyfunction]
+fn cupy_c_live_allocations() -> usize {
+    cupy_live().lock().len()
+}
+
+fn pinned_resource() -> Result<SharedResource> {
+    static PINNED: OnceLock<SharedResource> = OnceLock::new();
+    if let Some(mr) = PINNED.get() {
+        return Ok(mr.clone());
+    }
+    let mr: SharedResource = Arc::new(PinnedHostMemoryResource::new()?);
+    Ok(PINNED.get_or_init(|| mr).clone())
+}
+
+/// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from a process-wide
+/// `PinnedHostMemoryResource` (made on first use, on the current device).
+#[pyfunction]
+fn pinned_allocate(nbytes: usize) -> PyResult<HookAllocation> {
+    let (ptr, mr) = if nbytes == 0 {
+        (0, None)
+    } else {
+        let mr = py_result(pinned_resource())?;
+        let ptr = py_result(mr.allocate(nbytes, Stream::DEFAULT))?;
+        (ptr, Some(mr))
+    };
+    Ok(HookAllocation::new(
+        ptr,
+        nbytes,
+        crate::current_device_ordinal(),
+        Stream::DEFAULT,
+        mr,
+    ))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(cupy_c_allocation, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! Driver and device queries (`python -m rrmm info`, `available_device_memory`, switching the
+//! current device for `reinitialize`).
+
+use crate::Error;
+use pyo3::prelude::*;
+
+use super::errors::py_result;
+
+/// The current device's ordinal (CUDA's `getDevice`).
+#[pyfunction]
+fn _current_device() -> usize {
+    crate::current_device_ordinal()
+}
+
+/// `(free, total)` bytes of the current device.
+#[pyfunction]
+fn available_device_memory(py: Python<'_>) -> PyResult<(usize, usize)> {
+    device_memory_info(py, crate::current_device_ordinal())
+}
+
+/// `device_memory_info(device) -> (free, total)`: `cuMemGetInfo` of device `device`, with its
+/// primary context current for the call.
+#[pyfunction]
+fn device_memory_info(py: Python<'_>, device: usize) -> PyResult<(usize, usize)> {
+    py_result(py.detach(|| crate::cuda::device_memory_info(device)))
+}
+
+/// Makes device `device` current on this thread (CUDA's `setDevice`).
+#[pyfunction]
+fn _set_device(device: usize) -> PyResult<()> {
+    py_result(crate::cuda::set_current_device(device))
+}
+
+/// Whether a CUDA driver is loaded.
+#[pyfunction]
+fn driver_available() -> bool {
+    crate::cuda::driver_available()
+}
+
+/// Why the driver is unusable (`None` when it is usable).
+#[pyfunction]
+fn driver_error() -> Option<String> {
+    match crate::cuda::ensure_driver() {
+        Ok(()) => None,
+        Err(Error::NoDriver(why)) => Some(why),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The driver's CUDA version, `major * 1000 + minor * 10`.
+#[pyfunction]
+fn driver_version() -> PyResult<i32> {
+    py_result(crate::cuda::driver_version())
+}
+
+/// Number of CUDA devices (0 without a driver).
+#[pyfunction]
+fn device_count() -> usize {
+    crate::cuda::device_count()
+}
+
+/// The name of device `device`.
+#[pyfunction]
+fn device_name(device: usize) -> PyResult<String> {
+    py_result(crate::cuda::device_name(device))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_current_device, m)?)?;
+    m.add_function(wrap_pyfunction!(available_device_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_device, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_available, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_error, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device_name, m)?)?;
+    Ok(())
+}

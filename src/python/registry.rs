@@ -1,0 +1,141 @@
+//! The per-device current resource as Python objects (`get/set_per_device_resource` and the
+//! current-device variants): the core's table holds the Rust resources, this one the Python
+//! object set for each device, so `get` returns the very object that was set.
+
+use crate::resource::SharedResource;
+use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+use super::base_resources::{CudaMemoryResource, ManagedMemoryResource};
+use super::convert::upstream_arg;
+use super::errors::py_result;
+use super::resource::DeviceMemoryResource;
+
+type Entry = Option<(Py<DeviceMemoryResource>, SharedResource)>;
+
+/// The Python object set for each device, with the Rust resource it was set with (to notice
+/// resources set from Rust, for example by the torch hook).
+static PY_TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+fn same(a: &SharedResource, b: &SharedResource) -> bool {
+    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+}
+
+/// A Python object for a Rust resource that was not made from Python.
+fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
+    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
+    let obj: Py<DeviceMemoryResource> = match mr.name() {
+        "cuda" => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
+            .into_super()
+            .unbind(),
+        "managed" => Bound::new(py, base_init.add_subclass(ManagedMemoryResource))?
+            .into_super()
+            .unbind(),
+        _ => Py::new(py, base_init)?,
+    };
+    Ok(obj)
+}
+
+/// The resource of `device`, as a Python object and as the Rust resource.
+pub(crate) fn per_device<'py>(
+    py: Python<'py>,
+    device: usize,
+) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
+    // One read lock when a resource is set; on first use this makes the default cuda resource.
+    let rust = py_result(crate::per_device_resource(device))?;
+    {
+        let table = PY_TABLE.lock();
+        if let Some(Some((obj, known))) = table.get(device) {
+            if same(known, &rust) {
+                return Ok((obj.bind(py).clone(), rust));
+            }
+        }
+    }
+    let obj = wrap(py, rust.clone())?;
+    store(py, device, obj.clone_ref(py), rust.clone());
+    Ok((obj.into_bound(py), rust))
+}
+
+fn store(_py: Python<'_>, device: usize, obj: Py<DeviceMemoryResource>, mr: SharedResource) {
+    let old = {
+        let mut table = PY_TABLE.lock();
+        if table.len() <= device {
+            table.resize_with(device + 1, || None);
+        }
+        table[device].replace((obj, mr))
+    };
+    // The old object is dropped here, after the lock is released (its finalizer may run code).
+    drop(old);
+}
+
+/// The current device's resource.
+pub(crate) fn current_resource<'py>(
+    py: Python<'py>,
+) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
+    per_device(py, crate::current_device_ordinal())
+}
+
+/// `get_per_device_resource(device)`.
+#[pyfunction]
+fn get_per_device_resource(
+    py: Python<'_>,
+    device: usize,
+) -> PyResult<Bound<'_, DeviceMemoryResource>> {
+    Ok(per_device(py, device)?.0)
+}
+
+/// `set_per_device_resource(device, mr)`.
+#[pyfunction]
+fn set_per_device_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (obj, rust) =
+        upstream_arg(mr).map_err(|_| PyTypeError::new_err("mr must be a DeviceMemoryResource"))?;
+    crate::set_per_device_resource(device, rust.clone());
+    store(mr.py(), device, obj, rust);
+    Ok(())
+}
+
+/// `get_current_device_resource()`.
+#[pyfunction]
+fn get_current_device_resource(py: Python<'_>) -> PyResult<Bound<'_, DeviceMemoryResource>> {
+    Ok(current_resource(py)?.0)
+}
+
+/// `set_current_device_resource(mr)`.
+#[pyfunction]
+fn set_current_device_resource(mr: &Bound<'_, PyAny>) -> PyResult<()> {
+    set_per_device_resource(crate::current_device_ordinal(), mr)
+}
+
+/// Forgets every per-device resource (used by `reinitialize`).
+#[pyfunction]
+fn _clear_per_device_resources(py: Python<'_>) {
+    crate::clear_per_device_resources();
+    let old = std::mem::take(&mut *PY_TABLE.lock());
+    drop(old);
+    let _ = py;
+}
+
+/// Whether a resource has been set (or made) for the current device.
+#[pyfunction]
+fn is_initialized() -> bool {
+    crate::has_per_device_resource(crate::current_device_ordinal())
+}
+
+/// Whether device `device` has a resource set (without making one).
+#[pyfunction]
+fn has_per_device_resource(device: usize) -> bool {
+    crate::has_per_device_resource(device)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(set_per_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(get_current_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(set_current_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(_clear_per_device_resources, m)?)?;
+    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(has_per_device_resource, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! The suballocators of `rrmm.mr`: pool, fixed-size and binning. They answer from host
+//! bookkeeping, so they keep the GIL.
+
+use crate::suballocator::{
+    BinningMemoryResource as RsBinning, FixedSizeMemoryResource as RsFixedSize,
+    PoolMemoryResource as RsPool, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
+};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
+use super::errors::py_result;
+use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
+use super::upstream_kw::pick_upstream;
+
+/// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
+/// rrmm's `release()` and fragmentation figures.
+#[pyclass(module = "rrmm.mr", name = "PoolMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct PoolMemoryResource {
+    pool: RsPool,
+}
+
+#[pymethods]
+impl PoolMemoryResource {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, initial_pool_size=None, maximum_pool_size=None, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        initial_pool_size: Option<&Bound<'_, PyAny>>,
+        maximum_pool_size: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
+        let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
+        let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
+        Ok(suballocator_init(
+            PoolMemoryResource { pool: pool.clone() },
+            up,
+            Arc::new(pool),
+        ))
+    }
+
+    /// Bytes held from the upstream.
+    fn pool_size(&self) -> usize {
+        self.pool.pool_size()
+    }
+
+    /// The maximum pool size (None: no limit but the upstream's).
+    fn maximum_pool_size(&self) -> Option<usize> {
+        self.pool.maximum_pool_size()
+    }
+
+    /// rrmm: gives fully free upstream blocks back; returns the bytes released.
+    fn release(&self, py: Python<'_>) -> PyResult<usize> {
+        let pool = &self.pool;
+        py_result(py.detach(|| pool.release()))
+    }
+
+    /// rrmm: bytes held but free.
+    fn free_bytes(&self) -> usize {
+        self.pool.free_bytes()
+    }
+
+    /// rrmm: the largest free block, in bytes.
+    fn largest_free_block(&self) -> usize {
+        self.pool.largest_free_block()
+    }
+
+    /// rrmm: the number of free blocks.
+    fn free_block_count(&self) -> usize {
+        self.pool.free_block_count()
+    }
+}
+
+/// Blocks of one size from `upstream_mr` (RMM's `FixedSizeMemoryResource`).
+#[pyclass(module = "rrmm.mr", name = "FixedSizeMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct FixedSizeMemoryResource {
+    fixed: RsFixedSize,
+}
+
+#[pymethods]
+impl FixedSizeMemoryResource {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        blocks_to_preallocate: usize,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
+        let fixed =
+            py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
+        Ok(suballocator_init(
+            FixedSizeMemoryResource {
+                fixed: fixed.clone(),
+            },
+            up,
+            Arc::new(fixed),
+        ))
+    }
+
+    /// The size of every block.
+    fn block_size(&self) -> usize {
+        self.fixed.block_size()
+    }
+
+    /// Bytes held from the upstream.
+    fn pool_size(&self) -> usize {
+        self.fixed.pool_size()
+    }
+
+    /// Free blocks.
+    fn free_block_count(&self) -> usize {
+        self.fixed.free_block_count()
+    }
+}
+
+/// Requests routed by size to bins (RMM's `BinningMemoryResource`); larger ones go upstream.
+#[pyclass(module = "rrmm.mr", name = "BinningMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct BinningMemoryResource {
+    binning: RsBinning,
+    bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
+}
+
+#[pymethods]
+impl BinningMemoryResource {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        min_size_exponent: i64,
+        max_size_exponent: i64,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let exp = |e: i64| u32::try_from(e).ok();
+        let (min, max) = if min_size_exponent >= 0 && max_size_exponent >= 0 {
+            (exp(min_size_exponent), exp(max_size_exponent))
+        } else {
+            (None, None)
+        };
+        let binning = py_result(py.detach(|| RsBinning::new(upstream, min, max)))?;
+        Ok(suballocator_init(
+            BinningMemoryResource {
+                binning: binning.clone(),
+                bin_mrs: Mutex::new(Vec::new()),
+            },
+            up,
+            Arc::new(binning),
+        ))
+    }
+
+    /// Adds a bin for requests up to `allocation_size` bytes: `bin_resource`, or a fixed-size
+    /// resource over the upstream.
+    #[pyo3(signature = (allocation_size, bin_resource=None))]
+    fn add_bin(
+        &self,
+        py: Python<'_>,
+        allocation_size: &Bound<'_, PyAny>,
+        bin_resource: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let size = bytes_arg(allocation_size, "allocation_size")?;
+        match bin_resource {
+            Some(r) if !r.is_none() => {
+                let (obj, shared) = upstream_arg(r)?;
+                let binning = &self.binning;
+                py_result(py.detach(|| binning.add_bin(size, Some(shared))))?;
+                self.bin_mrs.lock().push(obj);
+            }
+            _ => {
+                let binning = &self.binning;
+                py_result(py.detach(|| binning.add_bin(size, None)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bin resources given to `add_bin`.
+    #[getter]
+    fn bin_mrs(&self, py: Python<'_>) -> Vec<Py<DeviceMemoryResource>> {
+        self.bin_mrs
+            .lock()
+            .iter()
+            .map(|m| m.clone_ref(py))
+            .collect()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PoolMemoryResource>()?;
+    m.add_class::<FixedSizeMemoryResource>()?;
+    m.add_class::<BinningMemoryResource>()?;
+    Ok(())
+}

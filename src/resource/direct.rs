@@ -1,0 +1,117 @@
+//! The shared implementation of the resources that take every allocation straight from one
+//! driver call on one device and free it with `cuMemFree`: [`CudaMemoryResource`]
+//! (`cuMemAlloc`) and [`ManagedMemoryResource`] (`cuMemAllocManaged`). Each of those files
+//! names its driver call; everything else is here, once.
+//!
+//! [`CudaMemoryResource`]: super::CudaMemoryResource
+//! [`ManagedMemoryResource`]: super::ManagedMemoryResource
+
+use super::{MemoryKind, MemoryResource};
+use crate::cuda::{self, ContextGuard, Stream};
+use crate::error::Result;
+use std::fmt;
+use std::marker::PhantomData;
+
+pub(super) mod sealed {
+    /// Only rrmm's driver calls are [`DirectAllocator`](super::DirectAllocator)s: what they
+    /// return must be freed with `cuMemFree`.
+    pub trait Sealed {}
+}
+
+/// One driver allocation call whose memory `cuMemFree` frees (sealed: rrmm's own only).
+pub trait DirectAllocator: sealed::Sealed + Send + Sync + 'static {
+    /// The resource's short name (`"cuda"`, `"managed"`).
+    const NAME: &'static str;
+    /// The kind of memory the call returns.
+    const KIND: MemoryKind;
+
+    /// Allocates `bytes` (non-zero) in the current context.
+    ///
+    /// # Errors
+    /// Out of memory, or the driver's error.
+    fn alloc(bytes: usize) -> Result<usize>;
+}
+
+/// Memory from the driver call `A` on one device; every call synchronises the device. Use it
+/// through its names, [`CudaMemoryResource`](super::CudaMemoryResource) and
+/// [`ManagedMemoryResource`](super::ManagedMemoryResource).
+pub struct DirectMemoryResource<A> {
+    device: usize,
+    _alloc: PhantomData<fn() -> A>,
+}
+
+impl<A: DirectAllocator> DirectMemoryResource<A> {
+    /// A resource on the current device.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`](crate::Error::NoDriver) where there is no CUDA driver.
+    pub fn new() -> Result<Self> {
+        Self::on_device(cuda::current_device()?)
+    }
+
+    /// A resource on device `ordinal`.
+    ///
+    /// # Errors
+    /// No driver, or a bad ordinal.
+    pub fn on_device(ordinal: usize) -> Result<Self> {
+        let _ctx = ContextGuard::new(ordinal)?;
+        Ok(DirectMemoryResource {
+            device: ordinal,
+            _alloc: PhantomData,
+        })
+    }
+}
+
+impl<A> Clone for DirectMemoryResource<A> {
+    fn clone(&self) -> Self {
+        DirectMemoryResource {
+            device: self.device,
+            _alloc: PhantomData,
+        }
+    }
+}
+
+impl<A: DirectAllocator> fmt::Debug for DirectMemoryResource<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DirectMemoryResource")
+            .field("name", &A::NAME)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
+    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let _ctx = ContextGuard::new(self.device)?;
+        A::alloc(bytes)
+    }
+
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let _ctx = ContextGuard::new(self.device)?;
+        // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract), that is
+        // from `A::alloc`, whose memory `cuMemFree` frees (the sealed trait's contract).
+        unsafe { cuda::mem_free(ptr) }
+    }
+
+    fn kind(&self) -> MemoryKind {
+        A::KIND
+    }
+
+    fn device(&self) -> Option<usize> {
+        Some(self.device)
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        cuda::device_memory_info(self.device).ok()
+    }
+
+    fn name(&self) -> &'static str {
+        A::NAME
+    }
+}

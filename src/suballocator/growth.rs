@@ -1,0 +1,235 @@
+//! How a stream-ordered core gets memory from its upstream and gives it back: the [`Growth`]
+//! hook, and the two policies of today ([`Geometric`] for the pool, [`Chunks`] for fixed-size).
+//!
+//! # Extension point
+//! A strategy decides the size of each upstream request and owns its error text; the core only
+//! records what [`Growth::grow`] returned (a [`Block`] with its region) and hands it back through
+//! [`Growth::give_back`]. Blocks coalesce only within one region, so a strategy that grows ONE
+//! virtual address range by mapping pages at its end returns every extension with the region of
+//! that range: the new chunk then coalesces with a free block that ends at its start. Such a
+//! strategy may also unmap free granules in [`Growth::trim`], which `release()` calls after the
+//! synchronize-and-merge with the fresh list as [`FreeRanges`]: it reads the free ranges, takes
+//! out what it unmaps, and returns the bytes given back (the core subtracts them from the pool
+//! size). A strategy that trims keeps its own record of what is mapped; at drop the core passes
+//! each chunk that `grow` returned to `give_back`.
+
+#![deny(unsafe_code)]
+
+use super::free_list::{Block, FreeList};
+use crate::cuda::Stream;
+use crate::error::{Error, Result};
+use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
+
+/// One growth request of the core.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrowRequest {
+    /// The user's request, in bytes (for error messages).
+    pub bytes: usize,
+    /// The block size needed (a chunk must hold at least this).
+    pub size: usize,
+    /// Bytes the core holds from the upstream now.
+    pub held: usize,
+    /// The stream of the request (a stream-ordered upstream allocates on it).
+    pub stream: Stream,
+}
+
+/// The free ranges of a core's fresh list, as a trimming strategy sees them.
+// Used by trimming policies (the expandable pool's); none of today's policies trims.
+#[allow(dead_code)]
+pub(crate) trait FreeRanges {
+    /// Every free block.
+    fn ranges(&self) -> Vec<Block>;
+    /// Takes `[addr, addr + size)` out of the free block containing it; whether one did.
+    fn take_range(&mut self, addr: usize, size: usize) -> bool;
+}
+
+impl<F: FreeList> FreeRanges for F {
+    fn ranges(&self) -> Vec<Block> {
+        self.free_ranges()
+    }
+    fn take_range(&mut self, addr: usize, size: usize) -> bool {
+        self.remove_range(addr, size)
+    }
+}
+
+/// How a core grows from, and gives back to, its upstream.
+pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
+    /// A new chunk of at least `request.size` bytes from `upstream`.
+    ///
+    /// # Errors
+    /// Out of memory with the strategy's own text; other upstream errors as they are.
+    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block>;
+
+    /// Whether giving free chunks back could let [`Growth::grow`] serve `size` bytes (the core
+    /// gives chunks back before reporting out of memory only when it could).
+    fn may_grow_after_release(&self, size: usize) -> bool {
+        let _ = size;
+        true
+    }
+
+    /// Returns a chunk that `grow` (or the core's preallocation) produced.
+    ///
+    /// # Safety
+    /// 1. `chunk` is exactly a chunk that [`Growth::grow`] returned for `upstream` (or the core
+    ///    allocated from `upstream` with that size), not given back since.
+    /// 2. No block of it is allocated, and every stream was synchronized after its last use.
+    ///
+    /// # Errors
+    /// The upstream's error.
+    #[allow(unsafe_code)]
+    unsafe fn give_back(&self, upstream: &SharedResource, chunk: Block) -> Result<()> {
+        // SAFETY: by 1 the chunk came from `upstream.allocate` with this size and is freed once;
+        // by 2 no work uses it.
+        unsafe { upstream.deallocate(chunk.addr, chunk.size, Stream::DEFAULT) }
+    }
+
+    /// Gives back free memory inside free blocks of `fresh` (after every stream was synchronized
+    /// and merged); the bytes given back. The default trims nothing.
+    ///
+    /// # Errors
+    /// The upstream's error.
+    fn trim(&self, upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+        let _ = (upstream, fresh);
+        Ok(0)
+    }
+
+    /// The resource's `memory_info`, given what the core holds and has free; the default is the
+    /// upstream's.
+    fn memory_info(
+        &self,
+        upstream: &SharedResource,
+        held: usize,
+        free: usize,
+    ) -> Option<(usize, usize)> {
+        let _ = (held, free);
+        upstream.memory_info()
+    }
+}
+
+/// The upstream's out-of-memory text without the `std::bad_alloc` prefix of the error display.
+fn upstream_reason(e: &Error) -> String {
+    let text = e.to_string();
+    text.strip_prefix("std::bad_alloc: out_of_memory: ")
+        .unwrap_or(&text)
+        .to_string()
+}
+
+/// Asks the upstream for `try_size` bytes, halving in multiples of `step` down to `min_size` on
+/// out of memory; out-of-memory errors get `reason(upstream text)`.
+fn allocate_halving(
+    upstream: &SharedResource,
+    request: GrowRequest,
+    mut try_size: usize,
+    min_size: usize,
+    step: usize,
+    reason: impl Fn(&str) -> String,
+) -> Result<Block> {
+    loop {
+        match upstream.allocate(try_size, request.stream) {
+            Ok(addr) => {
+                return Ok(Block {
+                    addr,
+                    size: try_size,
+                    region: addr,
+                })
+            }
+            Err(e) if e.is_out_of_memory() && try_size > min_size => {
+                try_size = ((try_size / 2) / step * step).max(min_size);
+            }
+            Err(e) if e.is_out_of_memory() => {
+                return Err(Error::out_of_memory(
+                    request.bytes,
+                    reason(&upstream_reason(&e)),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The pool's policy: ask for `max(needed, pool size)` (doubling), capped by the room left to
+/// `maximum` and by the upstream's free memory (when known and enough for the need); on an
+/// upstream failure halve the request, down to the need. Each chunk is its own region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geometric {
+    /// The pool's maximum size, if any.
+    pub maximum: Option<usize>,
+}
+
+impl Growth for Geometric {
+    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+        let GrowRequest { size, held, .. } = request;
+        let room = self.maximum.map_or(usize::MAX, |m| m.saturating_sub(held));
+        if size > room {
+            return Err(Error::out_of_memory(
+                request.bytes,
+                format!(
+                    "Maximum pool size exceeded: not enough room to grow, \
+                     current/max/try size = {}, {}, {}",
+                    held,
+                    self.maximum.unwrap_or(usize::MAX),
+                    size
+                ),
+            ));
+        }
+        let mut try_size = size.max(held).min(room);
+        if let Some((free, _)) = upstream.memory_info() {
+            let free = free & !(ALLOCATION_ALIGNMENT - 1);
+            if free >= size {
+                try_size = try_size.min(free);
+            }
+        }
+        allocate_halving(
+            upstream,
+            request,
+            try_size,
+            size,
+            ALLOCATION_ALIGNMENT,
+            |inner| format!("Maximum pool size exceeded: upstream: {inner}"),
+        )
+    }
+
+    fn may_grow_after_release(&self, size: usize) -> bool {
+        self.maximum.map_or(true, |m| size <= m)
+    }
+
+    /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
+    /// total, capped by the maximum.
+    fn memory_info(
+        &self,
+        upstream: &SharedResource,
+        held: usize,
+        free: usize,
+    ) -> Option<(usize, usize)> {
+        let (up_free, up_total) = upstream.memory_info()?;
+        let max = self.maximum.unwrap_or(usize::MAX);
+        let room = max.saturating_sub(held).min(up_free);
+        Some((free + room, up_total.min(max)))
+    }
+}
+
+/// The fixed-size policy: chunks of `chunk` bytes; on an upstream failure halve (in whole
+/// blocks) down to one `block`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Chunks {
+    /// Bytes per chunk.
+    pub chunk: usize,
+    /// Bytes per block.
+    pub block: usize,
+    /// The resource's name, for error messages.
+    pub name: &'static str,
+}
+
+impl Growth for Chunks {
+    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+        let size = request.size;
+        allocate_halving(
+            upstream,
+            request,
+            self.chunk.max(size),
+            size.max(self.block),
+            self.block,
+            |inner| format!("{}: upstream: {inner}", self.name),
+        )
+    }
+}
