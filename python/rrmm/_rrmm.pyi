@@ -280,4 +280,34 @@ def to_device(
 def copy_ptr_to_host(db: int, hb: Buffer, stream: _StreamLike = ...) -> None: ...
 def copy_host_to_ptr(hb: Buffer, db: int, stream: _StreamLike = ...) -> None: ...
 def copy_device_to_ptr(d_src: int, d_dst: int, count: int, stream: _StreamLike = ...) -> None: ...
+# ------------------------------------------------------------------ replay (rrmm replay)
+
+def replay_logs(
+    logs: list[str],
+    resources: list[str],
+    simulate: int | None = None,
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    lenient: bool = False,
+    timeline_points: int = 0,
+    progress: bool = False,
+    repeat: int | None = None,
+    bins: tuple[int, int] | None = None,
+    block_size: int | None = None,
+    blocks: int | None = None,
+) -> list[dict[str, Any]]: ...
+def fit_logs(
+    logs: list[str],
+    resources: list[str],
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    lenient: bool = False,
+    bins: tuple[int, int] | None = None,
+    block_size: int | None = None,
+    blocks: int | None = None,
+) -> list[dict[str, Any]]: ...
+def replay_resource_names() -> list[str]: ...
+def replay_resource_summaries() -> list[tuple[str, str]]: ...
+def replay_gpu_available() -> bool: ...
+
 def __getattr__(name: str) -> Any: ...  # bindings of other parts (replay, hooks, torch)

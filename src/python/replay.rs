@@ -64,7 +64,11 @@ struct Settings {
     lenient: bool,
 }
 
-fn replay_one(trace: &Trace, built: &BuiltResource, settings: &Settings) -> crate::Result<ReplayReport> {
+fn replay_one(
+    trace: &Trace,
+    built: &BuiltResource,
+    settings: &Settings,
+) -> crate::Result<ReplayReport> {
     let options = ReplayOptions {
         rounding: Some(built.rounding.clone()),
         largest_request: built.largest_request,
@@ -75,7 +79,11 @@ fn replay_one(trace: &Trace, built: &BuiltResource, settings: &Settings) -> crat
     Ok(report)
 }
 
-fn run(logs: &[String], resources: &[String], settings: &Settings) -> crate::Result<Vec<LogResult>> {
+fn run(
+    logs: &[String],
+    resources: &[String],
+    settings: &Settings,
+) -> crate::Result<Vec<LogResult>> {
     let mut out = Vec::with_capacity(logs.len());
     for log in logs {
         let trace = Trace::from_path(log, settings.lenient)?;

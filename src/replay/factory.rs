@@ -367,7 +367,8 @@ fn build_binning(simulate: Option<usize>, options: &ResourceOptions) -> Result<B
     let mut bin_sizes = Vec::new();
     for e in min..=max {
         let size = 1usize << e;
-        let bin = FixedSizeMemoryResource::new(pool.clone(), size.max(ALLOCATION_ALIGNMENT), blocks)?;
+        let bin =
+            FixedSizeMemoryResource::new(pool.clone(), size.max(ALLOCATION_ALIGNMENT), blocks)?;
         binning.add_bin(size, Some(Arc::new(bin)))?;
         bin_sizes.push(size.max(ALLOCATION_ALIGNMENT));
     }
@@ -490,13 +491,17 @@ mod tests {
         assert_eq!(pool.pool_sizes, Some((1 << 20, Some(1 << 29))));
         assert!(pool.setup.contains("initial 1.00 MiB, maximum 512.00 MiB"));
         let default_pool = build("pool", Some(1 << 30), &ResourceOptions::default()).unwrap();
-        assert!(default_pool.setup.contains("512.00 MiB (half the free memory)"));
+        assert!(default_pool
+            .setup
+            .contains("512.00 MiB (half the free memory)"));
         // Five bins of 128 blocks preallocate 992 MiB: more than a 512 MiB pool may hold.
         let err = build("binning", Some(1 << 30), &options).unwrap_err();
         assert!(err.is_out_of_memory(), "{err}");
         let binning = build("binning", Some(1 << 30), &ResourceOptions::default()).unwrap();
         assert_eq!(binning.resource.name(), "binning");
-        assert!(binning.setup.starts_with("bins 2^18..2^22 (256.00 KiB..4.00 MiB) x 128"));
+        assert!(binning
+            .setup
+            .starts_with("bins 2^18..2^22 (256.00 KiB..4.00 MiB) x 128"));
         let fixed = build("fixed_size", Some(1 << 30), &ResourceOptions::default()).unwrap();
         assert_eq!(fixed.resource.name(), "fixed_size");
         assert_eq!(fixed.largest_request, Some(1 << 20));
@@ -520,7 +525,9 @@ mod tests {
             binning.rounding,
             BlockRounding::Bins(vec![1024, 2048, 4096])
         );
-        assert!(binning.setup.starts_with("bins 2^10..2^12 (1.00 KiB..4.00 KiB) x 4 blocks"));
+        assert!(binning
+            .setup
+            .starts_with("bins 2^10..2^12 (1.00 KiB..4.00 KiB) x 4 blocks"));
         let fixed = build("fixed_size", Some(1 << 30), &options).unwrap();
         assert_eq!(fixed.rounding, BlockRounding::Fixed(4096));
         // 4 blocks of 4 KiB preallocated.

@@ -113,9 +113,7 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
         hi = hi.saturating_mul(2).min(LARGEST_DEVICE);
     }
     loop {
-        let tolerance = ((hi as f64 * FIT_RELATIVE) as usize)
-            .min(FIT_ABSOLUTE)
-            .max(256);
+        let tolerance = ((hi as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE);
         if hi - lo <= tolerance {
             break;
         }

@@ -72,8 +72,7 @@ impl SimulatedMemoryResource {
         let size = size & !(ALLOCATION_ALIGNMENT - 1);
         let space = size
             .saturating_mul(ADDRESS_SPACE_FACTOR)
-            .max(MIN_ADDRESS_SPACE)
-            .min(usize::MAX - BASE_ADDRESS)
+            .clamp(MIN_ADDRESS_SPACE, usize::MAX - BASE_ADDRESS)
             & !(SIMULATED_PAGE_SIZE - 1);
         let mut state = SimulatedState::default();
         state.free_by_address.insert(BASE_ADDRESS, space);
@@ -283,10 +282,7 @@ mod tests {
             .allocate(2048, Stream::DEFAULT)
             .unwrap_err()
             .is_out_of_memory());
-        assert!(matches!(
-            free(&mr, 0x1234, 8),
-            Err(Error::Logic(_))
-        ));
+        assert!(matches!(free(&mr, 0x1234, 8), Err(Error::Logic(_))));
         assert_eq!(mr.allocate(0, Stream::DEFAULT).unwrap(), 0);
         assert!(mr
             .allocate(usize::MAX, Stream::DEFAULT)

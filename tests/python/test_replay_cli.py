@@ -343,6 +343,7 @@ def test_shipped_trace_by_name_replays_like_its_file(capsys):
     assert a["log"] == "transformer_training.csv.gz"
     assert b["log"] == path
     code, out, _ = replay(capsys, "transformer_training", "--simulate", "80GiB", "--repeat", "1")
+    assert code == 0
     assert out.startswith("transformer_training.csv.gz: 21949 events")
     assert "site-packages" not in out
     for key in ("events", "allocations", "peak_bytes_in_use", "peak_footprint", "leaked_bytes"):
@@ -502,6 +503,7 @@ def test_fixed_size_says_why_it_fails(capsys):
     assert r["failed_allocations"] == r["unservable_allocations"] == 7014
     code, out, _ = replay(capsys, "transformer_training", "--simulate", "32GiB", "--resource",
                           "fixed_size", "--repeat", "1")
+    assert code == 0
     assert "7014 of them ask for more than its block size: it cannot serve them by design" in out
     # The largest request is 139,264,000 bytes: 136 MiB blocks serve every one (on a device
     # large enough for one block per live allocation).
@@ -596,6 +598,10 @@ def test_bad_option_values_are_one_line_usage_errors(capsys, small_log, args, ne
 
 
 def test_unwritable_plot_is_refused_before_the_replay(capsys, small_log, tmp_path):
+    folder = tmp_path / "folder.png"
+    folder.mkdir()
+    code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--plot", str(folder))
+    assert code == 2 and "is a directory" in err
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
@@ -608,8 +614,6 @@ def test_unwritable_plot_is_refused_before_the_replay(capsys, small_log, tmp_pat
         assert "not writable" in err
     finally:
         locked.chmod(0o700)
-    code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--plot", str(tmp_path))
-    assert code == 2
 
 
 def test_plot_with_fit_and_failures_per_resource(capsys, tmp_path, small_log):
@@ -619,6 +623,8 @@ def test_plot_with_fit_and_failures_per_resource(capsys, tmp_path, small_log):
                              "simulated,pool,fixed_size", "--fit", "--plot", str(out),
                              "--repeat", "1")
     assert code == 0, err
+    assert f"plot written to {out}" in text
+    assert "fit (smallest simulated device with no failed allocation):" in text
     svg = out.read_text()
     # Legend entries: one per resource's footprint, failures and fit.
     for label in ["bytes in use", "pool: footprint", "fits in", "failed ("]:
