@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
 DEFAULT_SIMULATED_BYTES = 80 << 30
@@ -242,6 +242,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip bad lines of a log with a counted warning instead of stopping",
     )
     parser.set_defaults(run=run)
+
+    def one_line_error(message: str) -> NoReturn:
+        # argparse prints the usage block first; a misuse gets one line instead.
+        print(f"rrmm replay: error: {message} (rrmm replay --help lists the options)",
+              file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
     return parser
 
 
