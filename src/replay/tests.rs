@@ -531,3 +531,40 @@ fn fit_on_random_100k_4mib_suballocators() {
     check_fit("random_100k_4mib", "pool");
     check_fit("random_100k_4mib", "binning");
 }
+
+#[test]
+fn the_issue_log_fits_the_simulated_device_and_fails_once_on_the_pool() {
+    // 12 GiB, 8 GiB, free the 12, then 20 GiB on 32 GiB: the driver maps pages wherever they
+    // are, so the device serves it; the pool's two 16 GiB chunks never coalesce.
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,00:00:00.000001,allocate,0x1000,12884901888,0\n\
+        1,00:00:00.000002,allocate,0x2000,8589934592,0\n\
+        1,00:00:00.000003,free,0x1000,12884901888,0\n\
+        1,00:00:00.000004,allocate,0x3000,21474836480,0\n\
+        1,00:00:00.000005,free,0x2000,8589934592,0\n\
+        1,00:00:00.000006,free,0x3000,21474836480,0\n";
+    let trace = Trace::from_reader("issue.csv", log.as_bytes(), false).unwrap();
+    let device = build("cuda", Some(32 * GIB), &ResourceOptions::default()).unwrap();
+    assert!(device.simulated_device);
+    let r = replay(&trace, &device.resource, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failed_allocations, 0);
+    assert_eq!(r.peak_bytes_in_use, 28 * GIB as u128);
+    assert_eq!(r.fragmentation_at_peak, Some(0.0));
+    let pool = build("pool", Some(32 * GIB), &ResourceOptions::default()).unwrap();
+    let r = replay(&trace, &pool.resource, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failure_events, vec![3]);
+    assert_eq!(r.failed_bytes, 20 * GIB as u128);
+}
+
+#[test]
+fn sums_are_exact_beyond_64_bits() {
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+        1,t,allocate,0x1000,9223372036854775808,0\n\
+        1,t,allocate,0x2000,9223372036854775808,0\n";
+    let trace = Trace::from_reader("huge.csv", log.as_bytes(), false).unwrap();
+    assert_eq!(trace.peak_requested_bytes, 1u128 << 64);
+    let (_, mr) = simulated(GIB);
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failed_allocations, 2);
+    assert_eq!(r.failed_bytes, 1u128 << 64);
+}
