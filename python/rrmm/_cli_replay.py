@@ -44,6 +44,8 @@ The report (one row per resource, the log's own properties once in the header):
   frag@end    use and after the last event (0: all free memory in one block; a resource
               that holds nothing free shows 0)
   failed      allocations that failed with out of memory (their frees are skipped)
+A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
+rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
 resource with no failed allocation, and the pool sizes that do it.
 On simulated memory cuda, cuda_async and managed are the simulated device itself: one row,

@@ -224,6 +224,23 @@ impl ProgressPrinter {
     }
 }
 
+/// Shows on standard error how many timed repetitions are done (long replays only).
+fn show_repetition(done: usize, elapsed: Duration) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\rreplay: {done} timed repetition(s) done, {:.1}s",
+        elapsed.as_secs_f64()
+    );
+    let _ = err.flush();
+}
+
+fn show_repetition_done() {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock());
+}
+
 /// The memory figures of the figures pass.
 #[derive(Default)]
 struct Figures {
@@ -326,6 +343,12 @@ pub fn replay_with_progress(
             sync_streams(&streams);
             return Err(e);
         }
+        if options.progress && started.elapsed() >= PROGRESS_AFTER {
+            show_repetition(samples.len(), started.elapsed());
+        }
+    }
+    if options.progress && started.elapsed() >= PROGRESS_AFTER {
+        show_repetition_done();
     }
     sync_streams(&streams);
     let repeats = samples.len();
