@@ -2,10 +2,12 @@
 # The whole GPU run, on the GPU machine, from artifacts built elsewhere (that machine has no Rust):
 #   .gpu/wheels/rrmm-*.whl        the abi3 wheel (maturin build --release)
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
+#   .gpu/bench/w7                 rrmm's W7 benchmark (cargo build --release --bench w7, then copy
+#                                 target/release/deps/w7-<hash>; scripts/gpu_prepare.sh bench)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
 #   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
-# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 hooks profile rmmtests dask
+# Usage: scripts/gpu_run.sh [STAGE...]   stages: rust python w1 w2 w3 w7 hooks profile rmmtests dask
 #   (default: all but rmmtests and dask)
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
 #   hooks stages.
@@ -14,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-STAGES="${*:-rust python w1 w2 w3 hooks profile}"
+STAGES="${*:-rust python w1 w2 w3 w7 hooks profile}"
 export PYTHONUNBUFFERED=1
 export RRMM_TRACES="$PWD/python/rrmm/traces"
 SITE=/tmp/site
@@ -77,6 +79,45 @@ for w in w2 w3; do
     [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py $w "$OUT" | tee -a "$SUMMARY"
   fi
 done
+
+if has w2base; then
+  # W2 pool before/after: the wheel of an earlier commit (.gpu/wheels-base, see docs/gpu.md)
+  # against this one, alternating processes; RMM runs in both as a control.
+  if ls .gpu/wheels-base/*.whl >/dev/null 2>&1; then
+    echo "== W2 pool, before/after"
+    python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site-base .gpu/wheels-base/*.whl
+    for i in 1 2 3; do
+      (cd benches/gpu && PYTHONPATH=/tmp/site-base:$SITE python3 w2.py --resources pool --reps 3 --out "$OUT/w2_before_$i.json" > /dev/null)
+      (cd benches/gpu && python3 w2.py --resources pool --reps 3 --out "$OUT/w2_after_$i.json" > /dev/null)
+    done
+    python3 benches/gpu/summarize.py w2base "$OUT" | tee -a "$SUMMARY"
+  else
+    note "w2base: no .gpu/wheels-base wheel"
+  fi
+fi
+
+if has w7; then
+  echo "== W7: threads on their own streams, and 4 streams x 4 spinning kernels; RMM (C++) and rrmm"
+  LIBRMM="$SITE/librmm"; LOGGER="$SITE/rapids_logger"
+  w7_nvcc() {
+    nvcc -std=c++20 -O3 -arch=native "$@" -I"$LIBRMM/include" -I"$LIBRMM/include/rapids" \
+      -I"$LOGGER/include" benches/gpu/rmm_w7.cu -L"$LIBRMM/lib64" -L"$LOGGER/lib64" -lrmm \
+      -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" -o /tmp/rmm_w7
+  }
+  : > "$OUT/w7_rmm.jsonl"; : > "$OUT/w7_rrmm.jsonl"
+  # RMM's side with arena and binning; without them (the original three) if that does not build.
+  if w7_nvcc > "$OUT/nvcc_w7.log" 2>&1 || w7_nvcc -DRMM_W7_NO_EXTRA >> "$OUT/nvcc_w7.log" 2>&1; then
+    timeout 1200 /tmp/rmm_w7 | tee "$OUT/w7_rmm.jsonl"
+  else
+    echo "nvcc build of RMM's W7 failed:"; tail -30 "$OUT/nvcc_w7.log"
+  fi
+  if [ -x .gpu/bench/w7 ]; then
+    timeout 1200 .gpu/bench/w7 | tee "$OUT/w7_rrmm.jsonl"
+  else
+    echo "no .gpu/bench/w7: build it with scripts/gpu_prepare.sh bench"
+  fi
+  python3 benches/gpu/w7_summary.py "$OUT" | tee -a "$SUMMARY"
+fi
 
 if has hooks && [ -f benches/python/bench_hooks.py ]; then
   echo "== W4-W6: framework hooks"

@@ -47,7 +47,8 @@ pub use resource::{
     ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

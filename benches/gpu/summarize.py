@@ -57,12 +57,37 @@ def keyed(out: Path, name: str, key: tuple, value: str) -> str:
     return f"{name.upper()} ns (ratio = RMM/rrmm)\n" + table(body, (*key, "rrmm", "RMM", "speedup"))
 
 
+def w2base(out: Path) -> str:
+    """W2 pool before/after this change: medians over the alternating runs of each wheel."""
+    import statistics
+
+    def rrmm_ns(pattern: str) -> dict:
+        got: dict = {}
+        for path in sorted(out.glob(pattern)):
+            for r in json.loads(path.read_text()):
+                if r["impl"] == "rrmm":
+                    got.setdefault(r["size"], []).append(r["ns"])
+        return {k: statistics.median(v) for k, v in got.items()}
+
+    before, after = rrmm_ns("w2_before_*.json"), rrmm_ns("w2_after_*.json")
+    body = [
+        (size, cell(before.get(size)), cell(after.get(size)),
+         f"{(after[size] / before[size] - 1) * 100:+.1f}%" if size in before and size in after else "-")
+        for size in sorted(set(before) | set(after))
+    ]
+    return "W2 pool round trip, rrmm before/after, ns (median of 3 alternating processes)\n" + table(
+        body, ("size", "before", "after", "change")
+    )
+
+
 def main() -> None:
     what, out = sys.argv[1], Path(sys.argv[2])
     if what == "w1":
         print(w1(out))
     elif what == "w2":
         print(keyed(out, "w2", ("resource", "size"), "ns"))
+    elif what == "w2base":
+        print(w2base(out))
     elif what == "w3":
         print(keyed(out, "w3", ("trace", "resource"), "ns_per_event"))
 

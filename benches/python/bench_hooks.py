@@ -1,4 +1,4 @@
-"""W4-W6: the cost of the framework hooks (benchmarks.md), rrmm vs RMM vs the native allocator.
+"""W4-W6: the cost of the framework hooks (docs/benchmarks.md), rrmm vs RMM vs the native allocator.
 
     python benches/python/bench_hooks.py            # full run (about 2-3 minutes on an H100)
     python benches/python/bench_hooks.py --quick    # a smoke run (seconds per framework)

@@ -220,6 +220,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="blocks per chunk of fixed_size and of binning's bins (default 128)",
     )
     parser.add_argument(
+        "--arena-size",
+        metavar="SIZE",
+        type=_positive_size,
+        help="arena's global arena (default: half the device's free memory)",
+    )
+    parser.add_argument(
         "--repeat",
         metavar="N",
         type=_positive_int,
@@ -543,6 +549,7 @@ def run(args: argparse.Namespace) -> int:
         "bins": args.bins,
         "block_size": args.block_size,
         "blocks": args.blocks,
+        "arena_size": args.arena_size,
     }
     try:
         reports = _rrmm.replay_logs(

@@ -1,8 +1,9 @@
-"""RMM's logging level API (``rmm.set_logging_level`` and friends) and the debug log
-(``$RMM_DEBUG_LOG_FILE``, else standard error)."""
+"""RMM's logging level API (``rmm.set_logging_level`` and friends), the debug log
+(``$RMM_DEBUG_LOG_FILE``, else standard error), and the naming of allocation-log files."""
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import IntEnum
 
@@ -72,3 +73,17 @@ def flush_logger() -> None:
     what this flushes."""
     sys.stderr.flush()
 
+
+def log_file_for_device(name: str | bytes | os.PathLike[str] | None, device: int) -> str:
+    """The allocation-log file of ``device``: ``name`` (``$RMM_LOG_FILE`` when None) with
+    ``.dev{device}`` inserted before the extension (``rmm_log.csv`` -> ``rmm_log.dev0.csv``), as
+    RMM's Python ``_append_id`` does. ValueError when there is neither a name nor
+    ``RMM_LOG_FILE``."""
+    if name is None:
+        name = os.environ.get("RMM_LOG_FILE")
+        if name is None:
+            raise ValueError(
+                "RMM logging requested without an explicit file name, but RMM_LOG_FILE is unset"
+            )
+    stem, ext = os.path.splitext(os.fsdecode(name))
+    return f"{stem}.dev{device}{ext}"

@@ -1,11 +1,83 @@
 """Type stubs of the extension module ``rrmm._rrmm`` (the part written by the Python face:
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
-from typing import Any, Callable, SupportsIndex, final
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, SupportsIndex, final
 
 from typing_extensions import Buffer, Self, TypeAlias, disjoint_base
 
 __version__: str
+__all__ = [
+    "DEFAULT_STREAM",
+    "LEGACY_DEFAULT_STREAM",
+    "PER_THREAD_DEFAULT_STREAM",
+    "AlignedResourceAdaptor",
+    "ArenaMemoryResource",
+    "BinningMemoryResource",
+    "CallbackMemoryResource",
+    "CudaAsyncManagedMemoryResource",
+    "CudaAsyncMemoryResource",
+    "CudaAsyncViewMemoryResource",
+    "CudaMemoryResource",
+    "DeviceBuffer",
+    "DeviceMemoryResource",
+    "FailureCallbackResourceAdaptor",
+    "FixedSizeMemoryResource",
+    "HookAllocation",
+    "LimitingResourceAdaptor",
+    "LoggingResourceAdaptor",
+    "ManagedMemoryResource",
+    "PinnedHostMemoryResource",
+    "PoolMemoryResource",
+    "PrefetchResourceAdaptor",
+    "SamHeadroomMemoryResource",
+    "SimulatedMemoryResource",
+    "Statistics",
+    "StatisticsResourceAdaptor",
+    "Stream",
+    "SystemMemoryResource",
+    "TrackingResourceAdaptor",
+    "UpstreamResourceAdaptor",
+    "__version__",
+    "_clear_per_device_resources",
+    "_current_device",
+    "_device_attribute",
+    "_set_device",
+    "available_device_memory",
+    "call_stream_capsule",
+    "copy_device_to_ptr",
+    "copy_host_to_ptr",
+    "copy_ptr_to_host",
+    "cupy_allocate",
+    "cupy_c_allocation",
+    "cupy_c_allocator_functions",
+    "cupy_c_live_allocations",
+    "cupy_stream_lookup",
+    "device_count",
+    "device_memory_info",
+    "device_name",
+    "driver_available",
+    "driver_error",
+    "driver_version",
+    "fit_logs",
+    "get_current_device_resource",
+    "get_per_device_resource",
+    "has_per_device_resource",
+    "hook_allocate",
+    "ipc_mem_handle",
+    "is_initialized",
+    "parse_bytes",
+    "pinned_allocate",
+    "replay_gpu_available",
+    "replay_logs",
+    "replay_resource_names",
+    "replay_resource_summaries",
+    "set_current_device_resource",
+    "set_per_device_resource",
+    "to_device",
+    "torch_allocator_addresses",
+    "torch_allocator_symbols",
+]
 
 _StreamLike: TypeAlias = Any  # rrmm Stream, __cuda_stream__ objects, CuPy/Numba/PyTorch streams
 _Bytes: TypeAlias = int | str
@@ -112,9 +184,11 @@ class CallbackMemoryResource(DeviceMemoryResource):
 class PoolMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         initial_pool_size: _Bytes | None = None,
         maximum_pool_size: _Bytes | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> PoolMemoryResource: ...
     def pool_size(self) -> int: ...
     def maximum_pool_size(self) -> int | None: ...
@@ -124,12 +198,29 @@ class PoolMemoryResource(UpstreamResourceAdaptor):
     def free_block_count(self) -> int: ...
 
 @final
+class ArenaMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        arena_size: _Bytes | None = None,
+        dump_log_on_failure: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> ArenaMemoryResource: ...
+    def arena_size(self) -> int: ...
+    def free_bytes(self) -> int: ...
+    def defragment(self) -> None: ...
+    def state_report(self) -> str: ...
+
+@final
 class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         block_size: _Bytes | None = ...,
         blocks_to_preallocate: int = ...,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> FixedSizeMemoryResource: ...
     def block_size(self) -> int: ...
     def pool_size(self) -> int: ...
@@ -139,9 +230,11 @@ class FixedSizeMemoryResource(UpstreamResourceAdaptor):
 class BinningMemoryResource(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         min_size_exponent: int = ...,
         max_size_exponent: int = ...,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> BinningMemoryResource: ...
     def add_bin(
         self, allocation_size: _Bytes, bin_resource: DeviceMemoryResource | None = None
@@ -152,34 +245,49 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
 @final
 class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, allocation_limit: _Bytes
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        allocation_limit: _Bytes | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> LimitingResourceAdaptor: ...
     def get_allocated_bytes(self) -> int: ...
     def get_allocation_limit(self) -> int: ...
 
-@final
+@disjoint_base
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
-        log_file_name: str | bytes | None = None,
+        upstream_mr: DeviceMemoryResource | None = None,
+        log_file_name: str | None = None,
         auto_flush: bool = False,
-    ) -> LoggingResourceAdaptor: ...
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> Self: ...
     def flush(self) -> None: ...
     def get_file_name(self) -> str: ...
 
 @final
 class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
-    def __new__(cls, upstream_mr: DeviceMemoryResource) -> StatisticsResourceAdaptor: ...
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> StatisticsResourceAdaptor: ...
     @property
-    def allocation_counts(self) -> Any: ...  # rrmm.statistics.Statistics
-    def push_counters(self) -> Any: ...
-    def pop_counters(self) -> Any: ...
+    def allocation_counts(self) -> Statistics: ...
+    def push_counters(self) -> Statistics: ...
+    def pop_counters(self) -> Statistics: ...
 
 @final
 class TrackingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, capture_stacks: bool = False
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        capture_stacks: bool = False,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> TrackingResourceAdaptor: ...
     def get_allocated_bytes(self) -> int: ...
     def get_outstanding_allocations_str(self) -> str: ...
@@ -188,22 +296,33 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 @final
 class FailureCallbackResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
-        cls, upstream_mr: DeviceMemoryResource, callback: Callable[[int], bool]
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        callback: Callable[[int], bool] | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> FailureCallbackResourceAdaptor: ...
     @property
     def callback(self) -> Callable[[int], bool]: ...
 
 @final
 class PrefetchResourceAdaptor(UpstreamResourceAdaptor):
-    def __new__(cls, upstream_mr: DeviceMemoryResource) -> PrefetchResourceAdaptor: ...
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> PrefetchResourceAdaptor: ...
 
 @final
 class AlignedResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
-        upstream_mr: DeviceMemoryResource,
+        upstream_mr: DeviceMemoryResource | None = None,
         alignment: int = 256,
         alignment_threshold: int = 65536,
+        *,
+        upstream: DeviceMemoryResource | None = None,
     ) -> AlignedResourceAdaptor: ...
     def alignment(self) -> int: ...
     def alignment_threshold(self) -> int: ...
@@ -280,11 +399,71 @@ def to_device(
 def copy_ptr_to_host(db: int, hb: Buffer, stream: _StreamLike = ...) -> None: ...
 def copy_host_to_ptr(hb: Buffer, db: int, stream: _StreamLike = ...) -> None: ...
 def copy_device_to_ptr(d_src: int, d_dst: int, count: int, stream: _StreamLike = ...) -> None: ...
-# ------------------------------------------------------------------ replay (rrmm replay)
+
+# ------------------------------------------------------------------ Statistics
+
+@final
+class Statistics:
+    def __new__(
+        cls,
+        current_bytes: int,
+        current_count: int,
+        peak_bytes: int,
+        peak_count: int,
+        total_bytes: int,
+        total_count: int,
+    ) -> Statistics: ...
+    @property
+    def current_bytes(self) -> int: ...
+    @property
+    def current_count(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+    @property
+    def peak_count(self) -> int: ...
+    @property
+    def total_bytes(self) -> int: ...
+    @property
+    def total_count(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Statistics], tuple[int, int, int, int, int, int]]: ...
+
+# ------------------------------------------------------------------ framework hooks
+
+@final
+class HookAllocation:
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def freed(self) -> bool: ...
+    def free(self) -> None: ...
+    def __int__(self) -> int: ...
+
+def hook_allocate(nbytes: int, stream: int, device: int) -> HookAllocation: ...
+def ipc_mem_handle(ptr: int) -> tuple[bytes, int]: ...
+def cupy_allocate(nbytes: int) -> Any: ...  # cupy.cuda.MemoryPointer (CuPy is optional)
+def cupy_c_allocator_functions() -> tuple[int, int]: ...
+def cupy_c_allocation(ptr: int) -> tuple[int, int] | None: ...
+def cupy_c_live_allocations() -> int: ...
+def cupy_stream_lookup() -> Literal["c", "python"]: ...
+def call_stream_capsule(capsule: object) -> int | None: ...
+def pinned_allocate(nbytes: int) -> HookAllocation: ...
+def torch_allocator_symbols() -> tuple[str, str]: ...
+def torch_allocator_addresses() -> tuple[int, int]: ...
+
+# ------------------------------------------------------------------ replay
 
 def replay_logs(
-    logs: list[str],
-    resources: list[str],
+    logs: Sequence[str],
+    resources: Sequence[str],
     simulate: int | None = None,
     initial_pool_size: int | None = None,
     maximum_pool_size: int | None = None,
@@ -295,19 +474,19 @@ def replay_logs(
     bins: tuple[int, int] | None = None,
     block_size: int | None = None,
     blocks: int | None = None,
+    arena_size: int | None = None,
 ) -> list[dict[str, Any]]: ...
 def fit_logs(
-    logs: list[str],
-    resources: list[str],
+    logs: Sequence[str],
+    resources: Sequence[str],
     initial_pool_size: int | None = None,
     maximum_pool_size: int | None = None,
     lenient: bool = False,
     bins: tuple[int, int] | None = None,
     block_size: int | None = None,
     blocks: int | None = None,
+    arena_size: int | None = None,
 ) -> list[dict[str, Any]]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...
-
-def __getattr__(name: str) -> Any: ...  # bindings of other parts (replay, hooks, torch)

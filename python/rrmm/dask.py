@@ -50,7 +50,7 @@ _ALIGNMENT = 256
 def _device_total(simulate: int | None) -> int:
     if simulate is not None:
         return simulate
-    return int(rrmm._rrmm._device_mem_info(rrmm._rrmm._current_device())[1])
+    return int(rrmm._rrmm.device_memory_info(rrmm._rrmm._current_device())[1])
 
 
 def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT) -> int | None:

@@ -12,6 +12,7 @@ from functools import wraps
 from typing import Any, Callable, TypeVar
 
 import rrmm.mr
+from rrmm._rrmm import Statistics
 
 __all__ = [
     "ProfilerRecords",
@@ -24,19 +25,6 @@ __all__ = [
     "push_statistics",
     "statistics",
 ]
-
-
-@dataclass
-class Statistics:
-    """Counters of a ``StatisticsResourceAdaptor``: bytes and allocations now, at the peak, and
-    in total."""
-
-    current_bytes: int
-    current_count: int
-    peak_bytes: int
-    peak_count: int
-    total_bytes: int
-    total_count: int
 
 
 def _current_stats_mr() -> Any:
@@ -192,7 +180,7 @@ class profiler(ContextDecorator):
         if stats is not None:
             self._records.add(name=self._name, data=stats)
 
-    def __call__(self, func: F) -> F:  # type: ignore[override]
+    def __call__(self, func: F) -> F:
         name = self._name or _descriptive_name(func)
 
         @wraps(func)

@@ -24,6 +24,7 @@ macro_rules! forward_upstream_info {
 mod aligned;
 mod failure_callback;
 mod limiting;
+mod log_row;
 mod logging;
 mod prefetch;
 mod statistics;
@@ -32,7 +33,8 @@ mod tracking;
 pub use aligned::AlignedResourceAdaptor;
 pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
 pub use limiting::LimitingResourceAdaptor;
-pub use logging::{log_file_for_device, LoggingResourceAdaptor, LOG_HEADER};
+pub use log_row::LOG_HEADER;
+pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
 pub use tracking::TrackingResourceAdaptor;

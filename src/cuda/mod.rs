@@ -9,6 +9,7 @@ mod context;
 mod device_info;
 mod driver;
 mod event;
+mod kernel;
 mod memory;
 mod stream;
 
@@ -16,5 +17,6 @@ pub use context::{current_device, set_current_device, ContextGuard};
 pub use device_info::{default_managed_pool, device_attribute};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
 pub use event::Event;
+pub use kernel::SpinKernel;
 pub use memory::*;
 pub use stream::{OwnedStream, Stream};

@@ -2,20 +2,19 @@
 //! prefetch and aligned. Each releases the GIL where its upstream does.
 
 use crate::adaptor::{
-    log_file_for_device, AlignedResourceAdaptor as RsAligned,
-    FailureCallbackResourceAdaptor as RsFailureCallback, LimitingResourceAdaptor as RsLimiting,
-    LoggingResourceAdaptor as RsLogging, PrefetchResourceAdaptor as RsPrefetch,
-    Statistics as RsStatistics, StatisticsResourceAdaptor as RsStatisticsAdaptor,
+    AlignedResourceAdaptor as RsAligned, FailureCallbackResourceAdaptor as RsFailureCallback,
+    LimitingResourceAdaptor as RsLimiting, LoggingResourceAdaptor as RsLogging,
+    PrefetchResourceAdaptor as RsPrefetch, StatisticsResourceAdaptor as RsStatisticsAdaptor,
     TrackingResourceAdaptor as RsTracking,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{py_result, stash_pyerr_any};
 use super::resource::{adaptor_init, UpstreamResourceAdaptor};
+use super::statistics::Statistics;
 use super::upstream_kw::{pick_upstream, required};
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
@@ -58,9 +57,10 @@ impl LimitingResourceAdaptor {
     }
 }
 
-/// Logs every allocation and free to a CSV file in RMM's format (RMM's
-/// `LoggingResourceAdaptor`).
-#[pyclass(module = "rrmm.mr", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
+/// Logs every allocation and free to the CSV file `log_file_name`, in RMM's format. The file
+/// name is used as given: `rrmm.mr.LoggingResourceAdaptor`, a Python subclass, applies RMM's
+/// naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension).
+#[pyclass(module = "rrmm._rrmm", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, subclass, frozen)]
 pub(crate) struct LoggingResourceAdaptor {
     logging: Arc<RsLogging>,
 }
@@ -71,25 +71,19 @@ impl LoggingResourceAdaptor {
     #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
         upstream_mr: Option<&Bound<'_, PyAny>>,
-        log_file_name: Option<&Bound<'_, PyAny>>,
+        log_file_name: Option<&str>,
         auto_flush: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
-        let name: Option<String> = match log_file_name {
-            Some(n) if !n.is_none() => Some(match n.extract::<String>() {
-                Ok(s) => s,
-                // bytes (RMM's code passes encoded names) and path-like objects
-                Err(_) => match n.extract::<Vec<u8>>() {
-                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-                    Err(_) => n.call_method0("__fspath__")?.extract::<String>()?,
-                },
-            }),
-            _ => None,
-        };
-        let device = crate::current_device_ordinal();
-        let path = py_result(log_file_for_device(name.as_deref(), device))?;
-        let logging = Arc::new(py_result(RsLogging::new(upstream, &path, auto_flush))?);
+        let log_file_name = log_file_name.ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err("missing required argument 'log_file_name'")
+        })?;
+        let logging = Arc::new(py_result(RsLogging::new(
+            upstream,
+            log_file_name,
+            auto_flush,
+        ))?);
         Ok(adaptor_init(
             LoggingResourceAdaptor {
                 logging: logging.clone(),
@@ -104,28 +98,10 @@ impl LoggingResourceAdaptor {
         py_result(self.logging.flush())
     }
 
-    /// The log file's path (with `.dev{N}`).
+    /// The log file's path.
     fn get_file_name(&self) -> String {
         self.logging.file_name().to_string()
     }
-}
-
-fn statistics_object<'py>(py: Python<'py>, s: RsStatistics) -> PyResult<Bound<'py, PyAny>> {
-    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let cls = CLASS.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py
-            .import("rrmm.statistics")?
-            .getattr("Statistics")?
-            .unbind())
-    })?;
-    cls.bind(py).call1((
-        s.current_bytes,
-        s.current_count,
-        s.peak_bytes,
-        s.peak_count,
-        s.total_bytes,
-        s.total_count,
-    ))
 }
 
 /// Counts bytes and allocations, with push/pop levels (RMM's `StatisticsResourceAdaptor`).
@@ -155,20 +131,19 @@ impl StatisticsResourceAdaptor {
 
     /// The counters of the top level, as `rrmm.statistics.Statistics`.
     #[getter]
-    fn allocation_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        statistics_object(py, self.stats.allocation_counts())
+    fn allocation_counts(&self) -> Statistics {
+        self.stats.allocation_counts().into()
     }
 
     /// Starts a new level of counters; returns the counters before the push.
-    fn push_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        statistics_object(py, self.stats.push_counters())
+    fn push_counters(&self) -> Statistics {
+        self.stats.push_counters().into()
     }
 
     /// Ends the top level, merging it into the level below; returns the popped counters
     /// (IndexError when only one level is left).
-    fn pop_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let popped = py_result(self.stats.pop_counters())?;
-        statistics_object(py, popped)
+    fn pop_counters(&self) -> PyResult<Statistics> {
+        Ok(py_result(self.stats.pop_counters())?.into())
     }
 }
 

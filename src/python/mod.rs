@@ -4,10 +4,11 @@
 //!
 //! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
 //! base classes), `convert` (arguments), then the resources (`base_resources`,
-//! `suballocators`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
+//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
 //! (`hooks`, shared by `cupy`, `numba` and `torch`).
 
 mod adaptors;
+mod arena;
 mod base_resources;
 mod convert;
 mod cupy;
@@ -23,6 +24,7 @@ mod numba;
 mod registry;
 mod replay;
 mod resource;
+mod statistics;
 mod stream;
 mod suballocators;
 mod torch;
@@ -40,9 +42,11 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
     base_resources::register(m)?;
     suballocators::register(m)?;
+    statistics::register(m)?;
     adaptors::register(m)?;
     registry::register(m)?;
     device::register(m)?;
+    arena::register(m)?;
     device_buffer::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;

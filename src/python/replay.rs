@@ -223,7 +223,7 @@ fn fit_dict<'py>(
 /// of memory gives a dict with `error` set. Raises ValueError for bad input (naming file and
 /// line) or an unknown resource, OSError for an unreadable file.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None))]
+#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
@@ -239,6 +239,7 @@ fn replay_logs<'py>(
     bins: Option<(u32, u32)>,
     block_size: Option<usize>,
     blocks: Option<usize>,
+    arena_size: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let settings = Settings {
@@ -249,6 +250,7 @@ fn replay_logs<'py>(
             bins,
             block_size,
             blocks,
+            arena_size,
         },
         replay: ReplayOptions {
             timeline_points,
@@ -291,7 +293,7 @@ fn check_names(resources: &[String]) -> PyResult<()> {
 /// when it fits nowhere, with `reason`), `failing_bytes`, the pool sizes and setup on the device
 /// found. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None))]
+#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None))]
 #[allow(clippy::too_many_arguments)]
 fn fit_logs<'py>(
     py: Python<'py>,
@@ -303,6 +305,7 @@ fn fit_logs<'py>(
     bins: Option<(u32, u32)>,
     block_size: Option<usize>,
     blocks: Option<usize>,
+    arena_size: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let options = ResourceOptions {
@@ -311,6 +314,7 @@ fn fit_logs<'py>(
         bins,
         block_size,
         blocks,
+        arena_size,
     };
     type Fits = Vec<(String, Vec<(String, Result<FitResult, String>)>)>;
     let results: Fits = py_result(py.detach(|| -> crate::Result<Fits> {

@@ -11,7 +11,7 @@ use crate::resource::{
     MemoryResource, SharedResource, SimulatedMemoryResource, ALLOCATION_ALIGNMENT,
 };
 use crate::suballocator::{
-    BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
     DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct ResourceOptions {
     pub block_size: Option<usize>,
     /// `fixed_size`'s blocks per chunk (default 128).
     pub blocks: Option<usize>,
+    /// `arena`'s global arena (default: half the device's free memory).
+    pub arena_size: Option<usize>,
 }
 
 /// How a resource rounds a request into the block it holds for it (for internal waste).
@@ -118,6 +120,12 @@ pub const RESOURCES: &[ResourceEntry] = &[
         build: build_binning,
     },
     ResourceEntry {
+        name: "arena",
+        summary:
+            "global arena (--arena-size) with per-thread and per-stream arenas, over the device",
+        build: build_arena,
+    },
+    ResourceEntry {
         name: "fixed_size",
         summary: "blocks of one size (--block-size, --blocks) over the device",
         build: build_fixed_size,
@@ -199,6 +207,27 @@ pub fn build_resource(
     let options = ResourceOptions {
         initial_pool_size,
         maximum_pool_size,
+        ..ResourceOptions::default()
+    };
+    Ok(build(name, simulate, &options)?.resource)
+}
+
+/// As [`build_resource`], with the arena's size for `arena` (default: half the free memory);
+/// other resources ignore it.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_resource_sized(
+    name: &str,
+    simulate: Option<usize>,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
+    arena_size: Option<usize>,
+) -> Result<SharedResource> {
+    let options = ResourceOptions {
+        initial_pool_size,
+        maximum_pool_size,
+        arena_size,
         ..ResourceOptions::default()
     };
     Ok(build(name, simulate, &options)?.resource)
@@ -391,6 +420,27 @@ fn build_binning(simulate: Option<usize>, options: &ResourceOptions) -> Result<B
     })
 }
 
+fn build_arena(simulate: Option<usize>, options: &ResourceOptions) -> Result<BuiltResource> {
+    let (upstream, below) = device(simulate)?;
+    let arena = ArenaMemoryResource::new(upstream, options.arena_size, false)?;
+    let size = match options.arena_size {
+        Some(_) => human(arena.arena_size()),
+        None => format!("{} (half the free memory)", human(arena.arena_size())),
+    };
+    Ok(BuiltResource {
+        name: String::new(),
+        resource: Arc::new(arena),
+        setup: format!(
+            "global arena of {size}, per-thread arenas for per-thread default streams and \
+             per-stream arenas otherwise, over {below}"
+        ),
+        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
+        largest_request: None,
+        pool_sizes: None,
+        simulated_device: false,
+    })
+}
+
 fn build_fixed_size(simulate: Option<usize>, options: &ResourceOptions) -> Result<BuiltResource> {
     let block_size = options.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
     let blocks = options.blocks.unwrap_or(DEFAULT_BLOCKS_TO_PREALLOCATE);
@@ -502,6 +552,19 @@ mod tests {
         assert!(binning
             .setup
             .starts_with("bins 2^18..2^22 (256.00 KiB..4.00 MiB) x 128"));
+        let arena = build("arena", Some(1 << 30), &options).unwrap();
+        assert_eq!(arena.resource.name(), "arena");
+        assert_eq!(
+            arena.resource.footprint().unwrap().held_bytes,
+            1 << 29,
+            "pool sizes ignored"
+        );
+        assert!(arena
+            .setup
+            .starts_with("global arena of 512.00 MiB (half the free memory)"));
+        let sized = build_resource_sized("arena", Some(1 << 30), None, None, Some(1 << 24));
+        assert_eq!(sized.unwrap().footprint().unwrap().held_bytes, 1 << 24);
+        assert!(build_resource_sized("arena", Some(1 << 30), None, None, Some(4096)).is_err());
         let fixed = build("fixed_size", Some(1 << 30), &ResourceOptions::default()).unwrap();
         assert_eq!(fixed.resource.name(), "fixed_size");
         assert_eq!(fixed.largest_request, Some(1 << 20));

@@ -26,8 +26,8 @@ pub use engine::{
     AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
 };
 pub use factory::{
-    build, build_resource, canonical_name, resource_names, BlockRounding, BuiltResource,
-    ResourceEntry, ResourceOptions, DEFAULT_BINS, RESOURCES,
+    build, build_resource, build_resource_sized, canonical_name, resource_names, BlockRounding,
+    BuiltResource, ResourceEntry, ResourceOptions, DEFAULT_BINS, RESOURCES,
 };
 pub use fit::{fit, FitResult};
 pub use trace::{Action, Trace, TraceEvent};

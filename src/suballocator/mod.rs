@@ -1,4 +1,5 @@
-//! Stream-ordered suballocators: the pool, the fixed-size resource and the binning resource.
+//! Suballocators: the stream-ordered pool, fixed-size and binning resources, and the arena
+//! (`arena/`: global, per-thread and per-stream arenas of superblocks).
 //!
 //! The pool and the fixed-size resource share one generic core (`stream_ordered.rs`, no global
 //! lock on the same-stream path) with a pluggable free-list strategy (`free_list.rs`: coalescing
@@ -8,6 +9,7 @@
 
 #![deny(unsafe_code)]
 
+mod arena;
 mod binning;
 mod coalescing_free_list;
 mod fixed_size;
@@ -19,8 +21,13 @@ pub mod stream_events;
 mod stream_list;
 mod stream_ordered;
 
+pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+/// The address-keyed hash map of the suballocators, for other live-allocation tables (the
+/// CuPy hook's).
+#[cfg(feature = "python")]
+pub(crate) use free_list::AddressMap;
 pub use pool::PoolMemoryResource;
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
@@ -30,6 +37,7 @@ pub use stream_events::{
 const _: () = {
     const fn assert_resource<T: crate::resource::MemoryResource + Send + Sync + Clone>() {}
     assert_resource::<PoolMemoryResource>();
+    assert_resource::<ArenaMemoryResource>();
     assert_resource::<FixedSizeMemoryResource>();
     assert_resource::<BinningMemoryResource>();
 };

@@ -157,3 +157,19 @@ def test_records_are_thread_safe():
         t.join()
     assert records.records["x"].num_calls == 4000
     assert records.records["x"].memory_total == 20000
+
+
+def test_statistics_is_a_frozen_value():
+    import pickle
+
+    s = Statistics(1, 2, 3, 4, 5, 6)
+    assert s == Statistics(1, 2, 3, 4, 5, 6) != Statistics(1, 2, 3, 4, 5, 7)
+    assert hash(s) == hash(Statistics(1, 2, 3, 4, 5, 6))
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert repr(s) == (
+        "Statistics(current_bytes=1, current_count=2, peak_bytes=3, peak_count=4, "
+        "total_bytes=5, total_count=6)"
+    )
+    with pytest.raises(AttributeError):
+        s.current_bytes = 0  # type: ignore[misc]
+    assert type(s).__module__ == "rrmm.statistics"

@@ -87,7 +87,7 @@ def getDeviceProperties(device: int) -> dict[str, Any]:
     """A few of ``cudaGetDeviceProperties``' fields, as a dict (RMM returns cuda-python's
     ``cudaDeviceProp``): ``name``, ``totalGlobalMem``, ``major``, ``minor``,
     ``multiProcessorCount``."""
-    free_total = _call(_rrmm._device_mem_info, int(device))
+    free_total = _call(_rrmm.device_memory_info, int(device))
     return {
         "name": deviceGetName(device),
         "totalGlobalMem": int(free_total[1]),

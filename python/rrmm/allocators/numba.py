@@ -11,6 +11,8 @@ still imports, and looking up ``RMMNumbaManager`` raises an ImportError that say
 install.
 """
 
+from typing import Any
+
 from rrmm import _rrmm
 from rrmm.allocators import _missing
 
@@ -37,12 +39,13 @@ else:
     import inspect as _inspect
 
     _USE_NV_BINDING = bool(getattr(_driver, "USE_NV_BINDING", True))
-    _binding = getattr(_driver, "binding", None)
+    _binding: Any = getattr(_driver, "binding", None)
     if _USE_NV_BINDING and _binding is None:
         try:
-            from cuda.bindings import driver as _binding
+            from cuda.bindings import driver as _cuda_driver
         except ImportError:
-            from cuda import cuda as _binding
+            from cuda import cuda as _cuda_driver
+        _binding = _cuda_driver
 
     if _USE_NV_BINDING:
         _device_ptr = _binding.CUdeviceptr

@@ -1,0 +1,67 @@
+//! `rrmm.mr.ArenaMemoryResource`: RMM's arena suballocator over an upstream.
+
+use crate::suballocator::ArenaMemoryResource as RsArena;
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+use super::convert::{opt_bytes_arg, upstream_arg};
+use super::errors::py_result;
+use super::resource::{suballocator_init, UpstreamResourceAdaptor};
+use super::upstream_kw::pick_upstream;
+
+/// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas
+/// (RMM's `ArenaMemoryResource`).
+#[pyclass(module = "rrmm.mr", name = "ArenaMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct ArenaMemoryResource {
+    arena: RsArena,
+}
+
+#[pymethods]
+impl ArenaMemoryResource {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, arena_size=None, dump_log_on_failure=false, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        arena_size: Option<&Bound<'_, PyAny>>,
+        dump_log_on_failure: bool,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, shared) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let size = opt_bytes_arg(arena_size, "arena_size")?;
+        let arena = py_result(py.detach(|| RsArena::new(shared, size, dump_log_on_failure)))?;
+        Ok(suballocator_init(
+            ArenaMemoryResource {
+                arena: arena.clone(),
+            },
+            up,
+            Arc::new(arena),
+        ))
+    }
+
+    /// rrmm: the global arena's size in bytes.
+    fn arena_size(&self) -> usize {
+        self.arena.arena_size()
+    }
+
+    /// rrmm: free bytes (global arena and superblocks).
+    fn free_bytes(&self) -> usize {
+        self.arena.free_bytes()
+    }
+
+    /// rrmm: synchronizes and returns every empty superblock to the global arena.
+    fn defragment(&self, py: Python<'_>) -> PyResult<()> {
+        let arena = &self.arena;
+        py_result(py.detach(|| arena.defragment()))
+    }
+
+    /// rrmm: the arena's state as the out-of-memory dump writes it.
+    fn state_report(&self) -> String {
+        self.arena.state_report()
+    }
+}
+
+/// Registers the class.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ArenaMemoryResource>()
+}

@@ -1,0 +1,592 @@
+//! `ArenaMemoryResource`: a global arena taken from the upstream once, and per-thread and
+//! per-stream arenas that take superblocks from it, with RMM's `arena_memory_resource`
+//! semantics and no lock shared by all threads on the fast path.
+//!
+//! # Structure
+//! - The **global arena** (`global.rs`) is one range of `arena_size` bytes taken from the
+//!   upstream at construction; it never grows. It hands out superblocks (1 MiB, or the whole free
+//!   range when less than a further superblock would be left) and serves requests above 1 MiB
+//!   directly.
+//! - **Arenas** (`local.rs`): one per thread for the per-thread default stream and the legacy
+//!   default stream, one per stream for every other stream. Each allocates by address-ordered
+//!   first fit inside its superblocks (`superblock.rs`), coalescing on free, and knows its live
+//!   blocks, so bogus, double and wrongly sized frees are [`Error::Logic`].
+//!
+//! # Stream ordering
+//! A block freed on a stream goes back to that stream's arena, which is only ever used by that
+//! stream (a per-thread arena: by the thread's per-thread default stream and the legacy default
+//! stream, which are ordered with each other), so it is reused at once without an event. Memory
+//! crosses to another stream only after a host synchronisation, as in RMM:
+//! - a block freed on a stream whose arena does not own it: the freeing stream is synchronized,
+//!   then the block goes back to its owner;
+//! - a large block (above 1 MiB): the freeing stream is synchronized, then the range goes back to
+//!   the global arena;
+//! - on allocation failure, every stream is synchronized ([`StreamEvents::synchronize_all`]) and
+//!   empty superblocks go back to the global arena, then the request is retried once. A superblock
+//!   freed into after the synchronisation began stays (its work may be pending): each arena counts
+//!   its frees and each superblock remembers the count at its latest free.
+//!
+//! Then out of memory, with RMM's message "... No room in arena.", after writing the arena's state
+//! to the dump file when `dump_log_on_failure` is set: `$RMM_ARENA_DUMP` if set, else
+//! `rrmm_arena_memory_dump.log` in the current directory (appended to).
+//!
+//! # Locking
+//! Each arena has its own lock; the global arena has its own; the registry of arenas has its own.
+//! The stream -> arena lookup is a thread-local cache (the registry is locked only on a miss), so
+//! threads on different streams share no lock on the fast path. Lock order: registry, then one
+//! arena, then the global arena; no two arenas are locked at once; no CUDA call is made under a
+//! lock. A thread's exit marks its arena orphaned; the next defragmentation returns its idle
+//! superblocks and drops it once it holds none.
+
+mod dump;
+mod global;
+mod local;
+mod superblock;
+
+pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
+pub use superblock::SUPERBLOCK_MIN;
+
+use super::stream_events::{current_thread_tag, CudaStreamEvents, NoStreamEvents, StreamEvents};
+use crate::cuda::{self, ContextGuard, Stream};
+use crate::error::{Error, Result};
+use crate::resource::{
+    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+};
+use global::GlobalArena;
+use local::{Freed, LocalArena};
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Which arena: a thread's (per-thread and legacy default streams) or a stream's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ArenaKey {
+    /// The arena of the thread with this tag.
+    Thread(u64),
+    /// The arena of the stream with this handle.
+    Stream(usize),
+}
+
+impl ArenaKey {
+    fn of(stream: Stream) -> ArenaKey {
+        if stream.is_default() {
+            ArenaKey::Thread(current_thread_tag())
+        } else {
+            ArenaKey::Stream(stream.raw())
+        }
+    }
+}
+
+/// One arena behind its own lock.
+#[derive(Debug)]
+struct Arena {
+    key: ArenaKey,
+    state: Mutex<LocalArena>,
+    /// Set when the owning thread exited (per-thread arenas only).
+    orphaned: AtomicBool,
+}
+
+/// Every arena of one resource, for the slow paths (lookup misses, foreign frees,
+/// defragmentation, reports).
+#[derive(Debug, Default)]
+struct Registry {
+    arenas: HashMap<ArenaKey, Arc<Arena>>,
+}
+
+/// A suballocator that divides a fixed global arena into per-thread and per-stream arenas (RMM's
+/// `arena_memory_resource`); see the module docs for the design.
+///
+/// Cheap to clone (clones share the arenas); the global arena goes back to the upstream when
+/// the last clone drops.
+#[derive(Clone, Debug)]
+pub struct ArenaMemoryResource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    upstream: SharedResource,
+    base: usize,
+    size: usize,
+    global: Mutex<GlobalArena>,
+    registry: Mutex<Registry>,
+    events: Arc<dyn StreamEvents>,
+    /// Whether streams are real (synchronized through CUDA before memory crosses streams).
+    device_streams: bool,
+    dump_path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaMemoryResource")
+            .field("upstream", &self.upstream.name())
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("size", &self.size)
+            .field("dump_path", &self.dump_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // Nothing to report to from a drop; the upstream keeps working either way.
+        // SAFETY: the global arena was allocated from this upstream with this size in
+        // `with_events` and is freed once, here; the last handle is gone, so no block of it is
+        // handed out any more.
+        let _ = unsafe {
+            self.upstream
+                .deallocate(self.base, self.size, Stream::DEFAULT)
+        };
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl ArenaMemoryResource {
+    /// An arena over `upstream` of `arena_size` bytes (rounded down to 256; default: half the
+    /// upstream's free memory from [`MemoryResource::memory_info`]), taken from the upstream now.
+    /// With `dump_log_on_failure`, out-of-memory appends the arena's state to
+    /// `$RMM_ARENA_DUMP`, or `rrmm_arena_memory_dump.log` in the current directory.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] when the size is below a superblock (1 MiB);
+    /// [`Error::InvalidArgument`] when no size is given and the upstream does not report its
+    /// free memory; the upstream's error when it cannot supply the arena.
+    pub fn new(
+        upstream: SharedResource,
+        arena_size: Option<usize>,
+        dump_log_on_failure: bool,
+    ) -> Result<Self> {
+        let events: Arc<dyn StreamEvents> = match upstream.kind() {
+            MemoryKind::Simulated => Arc::new(NoStreamEvents),
+            _ => Arc::new(CudaStreamEvents::new(upstream.device())),
+        };
+        let dump = dump_log_on_failure.then(|| {
+            std::env::var_os(DUMP_ENV)
+                .filter(|p| !p.is_empty())
+                .map_or_else(|| PathBuf::from(DEFAULT_DUMP_FILE), PathBuf::from)
+        });
+        Self::with_events(upstream, arena_size, dump, events)
+    }
+
+    /// As [`ArenaMemoryResource::new`], with the dump file given (`None`: no dump) and an
+    /// explicit cross-stream synchronisation (tests use a recording fake).
+    ///
+    /// # Errors
+    /// As [`ArenaMemoryResource::new`].
+    pub fn with_events(
+        upstream: SharedResource,
+        arena_size: Option<usize>,
+        dump_path: Option<PathBuf>,
+        events: Arc<dyn StreamEvents>,
+    ) -> Result<Self> {
+        let size = match arena_size {
+            Some(size) => size,
+            None => {
+                let (free, _) = upstream.memory_info().ok_or_else(|| {
+                    Error::invalid(
+                        "arena_size",
+                        "the upstream does not report its free memory; give arena_size",
+                    )
+                })?;
+                free / 2
+            }
+        } & !(ALLOCATION_ALIGNMENT - 1);
+        if size < SUPERBLOCK_MIN {
+            return Err(Error::Logic(
+                "Arena size smaller than minimum superblock size.".into(),
+            ));
+        }
+        let base = upstream.allocate(size, Stream::DEFAULT)?;
+        let device_streams = upstream.kind() != MemoryKind::Simulated;
+        Ok(ArenaMemoryResource {
+            inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                upstream,
+                base,
+                size,
+                global: Mutex::new(GlobalArena::new(base, size)),
+                registry: Mutex::new(Registry::default()),
+                events,
+                device_streams,
+                dump_path,
+            }),
+        })
+    }
+
+    /// The global arena's size: the bytes held from the upstream.
+    pub fn arena_size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        &self.inner.upstream
+    }
+
+    /// Where out-of-memory dumps go (`None` without `dump_log_on_failure`).
+    pub fn dump_path(&self) -> Option<&Path> {
+        self.inner.dump_path.as_deref()
+    }
+
+    /// Free bytes in the global arena (not counting free space inside the arenas' superblocks).
+    pub fn global_free_bytes(&self) -> usize {
+        self.inner.global.lock().free_bytes()
+    }
+
+    /// Free bytes anywhere: the global arena's plus the arenas' superblocks'.
+    pub fn free_bytes(&self) -> usize {
+        self.footprint_now().free_bytes
+    }
+
+    /// Number of arenas (per-thread and per-stream) that exist now.
+    pub fn arena_count(&self) -> usize {
+        self.inner.registry.lock().arenas.len()
+    }
+
+    /// Synchronizes every stream and returns every empty superblock of every arena to the global
+    /// arena (what an allocation does before it fails); drops arenas of exited threads that hold
+    /// nothing.
+    ///
+    /// # Errors
+    /// CUDA errors from the synchronisation.
+    ///
+    /// # Time Complexity
+    /// O(superblocks) plus the synchronisation.
+    pub fn defragment(&self) -> Result<()> {
+        let arenas = self.snapshot();
+        let seqs: Vec<u64> = arenas.iter().map(|a| a.state.lock().seq()).collect();
+        self.inner.events.synchronize_all()?;
+        let mut idle = Vec::new();
+        for (arena, seq) in arenas.iter().zip(seqs) {
+            idle.extend(arena.state.lock().take_idle(seq));
+        }
+        {
+            let mut global = self.inner.global.lock();
+            for (start, size) in idle {
+                global.release(start, size);
+            }
+        }
+        self.inner
+            .registry
+            .lock()
+            .arenas
+            .retain(|_, a| !(a.orphaned.load(Ordering::Acquire) && a.state.lock().is_bare()));
+        Ok(())
+    }
+
+    /// The global arena's free ranges and every arena's superblocks, as the dump writes them.
+    pub fn state_report(&self) -> String {
+        self.report(None)
+    }
+
+    fn report(&self, requested: Option<usize>) -> String {
+        let arenas = self.snapshot();
+        let guards: Vec<_> = arenas.iter().map(|a| (a.key, a.state.lock())).collect();
+        let views: Vec<(ArenaKey, &LocalArena)> = guards.iter().map(|(k, g)| (*k, &**g)).collect();
+        let global = self.inner.global.lock();
+        dump::report(requested, &global, &views)
+    }
+
+    /// Every arena, in a stable order (threads, then streams, by key).
+    fn snapshot(&self) -> Vec<Arc<Arena>> {
+        let mut arenas: Vec<Arc<Arena>> = self
+            .inner
+            .registry
+            .lock()
+            .arenas
+            .values()
+            .cloned()
+            .collect();
+        arenas.sort_by_key(|a| match a.key {
+            ArenaKey::Thread(t) => (0, t as usize),
+            ArenaKey::Stream(h) => (1, h),
+        });
+        arenas
+    }
+
+    /// The arena for `stream` on the calling thread: from the thread-local cache, else from the
+    /// registry (created there on first use).
+    fn arena_for(&self, stream: Stream) -> Arc<Arena> {
+        let key = ArenaKey::of(stream);
+        let id = self.inner.id;
+        if let Some(arena) = cache::lookup(id, key) {
+            return arena;
+        }
+        let arena = {
+            let mut registry = self.inner.registry.lock();
+            registry
+                .arenas
+                .entry(key)
+                .or_insert_with(|| {
+                    Arc::new(Arena {
+                        key,
+                        state: Mutex::new(LocalArena::default()),
+                        orphaned: AtomicBool::new(false),
+                    })
+                })
+                .clone()
+        };
+        cache::insert(id, key, &arena);
+        arena
+    }
+
+    /// One attempt at an allocation of `rounded` bytes, with no synchronisation.
+    fn try_allocate(&self, rounded: usize, stream: Stream) -> Option<usize> {
+        if rounded > SUPERBLOCK_MIN {
+            return self.inner.global.lock().allocate_large(rounded);
+        }
+        let arena = self.arena_for(stream);
+        let mut local = arena.state.lock();
+        if let Some(ptr) = local.allocate(rounded) {
+            return Some(ptr);
+        }
+        let (start, size) = self.inner.global.lock().acquire(rounded)?;
+        local.adopt_and_allocate(start, size, rounded)
+    }
+
+    /// Waits on the host for `stream` (before its memory crosses to other streams).
+    fn sync_stream(&self, stream: Stream) -> Result<()> {
+        if !self.inner.device_streams {
+            return Ok(());
+        }
+        let device = match self.inner.upstream.device() {
+            Some(d) => d,
+            None => cuda::current_device()?,
+        };
+        let _ctx = ContextGuard::new(device)?;
+        stream.synchronize()
+    }
+
+    fn no_room(bytes: usize) -> Error {
+        Error::OutOfMemory {
+            requested: bytes,
+            message: format!(
+                "std::bad_alloc: out_of_memory: Maximum pool size exceeded (failed to allocate \
+                 {bytes} bytes): No room in arena."
+            ),
+        }
+    }
+
+    fn wrong_size(ptr: usize, bytes: usize, size: usize) -> Error {
+        Error::Logic(format!(
+            "arena: deallocation of {ptr:#x} with {bytes} bytes, but it was allocated with {size} \
+             bytes (rounded)"
+        ))
+    }
+
+    fn unknown(ptr: usize, bytes: usize) -> Error {
+        Error::Logic(format!(
+            "arena: allocation not found: {ptr:#x} ({bytes} bytes) is not a live allocation of \
+             this resource (foreign pointer or double free)"
+        ))
+    }
+
+    fn dump(&self, bytes: usize) {
+        if let Some(path) = &self.inner.dump_path {
+            let text = self.report(Some(bytes));
+            // The out-of-memory error is what the caller needs; a dump that cannot be written is
+            // not worth replacing it.
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+        }
+    }
+
+    fn footprint_now(&self) -> Footprint {
+        let mut fp = Footprint {
+            held_bytes: self.inner.size,
+            ..Footprint::default()
+        };
+        for arena in self.snapshot() {
+            let local = arena.state.lock();
+            for sb in local.superblocks() {
+                fp.free_bytes += sb.free_bytes();
+                fp.largest_free_block = fp.largest_free_block.max(sb.largest_free());
+                fp.free_blocks += sb.free_blocks();
+            }
+        }
+        let global = self.inner.global.lock();
+        fp.free_bytes += global.free_bytes();
+        fp.largest_free_block = fp.largest_free_block.max(global.largest_free());
+        fp.free_blocks += global.free_ranges().count();
+        fp
+    }
+}
+
+impl MemoryResource for ArenaMemoryResource {
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
+        if let Some(ptr) = self.try_allocate(rounded, stream) {
+            return Ok(ptr);
+        }
+        self.defragment()?;
+        if let Some(ptr) = self.try_allocate(rounded, stream) {
+            return Ok(ptr);
+        }
+        self.dump(rounded);
+        Err(Self::no_room(rounded))
+    }
+
+    // The trait's method is unsafe; this body checks the pointer and size against the live
+    // blocks it handed out, so a bogus, double or missized free is a logic error, not harm.
+    #[allow(unsafe_code)]
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let rounded = align_up(bytes, ALLOCATION_ALIGNMENT)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| Self::unknown(ptr, bytes))?;
+        if rounded > SUPERBLOCK_MIN {
+            self.sync_stream(stream)?;
+            return match self.inner.global.lock().deallocate_large(ptr, rounded) {
+                Freed::Done => Ok(()),
+                Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
+                Freed::NotHere => Err(Self::unknown(ptr, bytes)),
+            };
+        }
+        let own = self.arena_for(stream);
+        match own.state.lock().deallocate(ptr, rounded) {
+            Freed::Done => return Ok(()),
+            Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
+            Freed::NotHere => {}
+        }
+        // Another arena's block: the freeing stream catches up before the owner may reuse it.
+        self.sync_stream(stream)?;
+        for arena in self.snapshot() {
+            if Arc::ptr_eq(&arena, &own) {
+                continue;
+            }
+            match arena.state.lock().deallocate(ptr, rounded) {
+                Freed::Done => return Ok(()),
+                Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
+                Freed::NotHere => {}
+            }
+        }
+        match self.inner.global.lock().deallocate_large(ptr, usize::MAX) {
+            Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
+            _ => Err(Self::unknown(ptr, bytes)),
+        }
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.inner.upstream.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.inner.upstream.device()
+    }
+
+    /// Free: every free byte in the arena; total: the arena's size.
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        Some((self.free_bytes(), self.inner.size))
+    }
+
+    fn footprint(&self) -> Option<Footprint> {
+        Some(self.footprint_now())
+    }
+
+    fn name(&self) -> &'static str {
+        "arena"
+    }
+}
+
+/// The thread-local stream -> arena cache.
+mod cache {
+    use super::{Arc, Arena, ArenaKey, Ordering, RefCell, Weak};
+
+    /// Stream arenas cached per thread; the oldest is dropped beyond this.
+    const STREAM_SLOTS: usize = 16;
+
+    struct Slot {
+        resource: u64,
+        key: ArenaKey,
+        arena: Weak<Arena>,
+    }
+
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            // The thread's own arena loses its thread: mark it for the next defragmentation.
+            if matches!(self.key, ArenaKey::Thread(_)) {
+                if let Some(arena) = self.arena.upgrade() {
+                    arena.orphaned.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct Cache {
+        /// This thread's arenas, one per live resource; kept until the thread or the resource
+        /// ends.
+        threads: Vec<Slot>,
+        /// Recently used stream arenas.
+        streams: Vec<Slot>,
+    }
+
+    thread_local! {
+        static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+    }
+
+    /// The cached arena of `key` for resource `resource`, if any.
+    pub(super) fn lookup(resource: u64, key: ArenaKey) -> Option<Arc<Arena>> {
+        CACHE
+            .try_with(|c| {
+                let c = c.try_borrow().ok()?;
+                let slots = match key {
+                    ArenaKey::Thread(_) => &c.threads,
+                    ArenaKey::Stream(_) => &c.streams,
+                };
+                slots
+                    .iter()
+                    .find(|s| s.resource == resource && s.key == key)
+                    .and_then(|s| s.arena.upgrade())
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Caches `arena` as the arena of `key` for `resource`, dropping slots of dead resources.
+    pub(super) fn insert(resource: u64, key: ArenaKey, arena: &Arc<Arena>) {
+        let _ = CACHE.try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else {
+                return;
+            };
+            let slots = match key {
+                ArenaKey::Thread(_) => &mut c.threads,
+                ArenaKey::Stream(_) => &mut c.streams,
+            };
+            let present = |s: &Slot| s.resource == resource && s.key == key;
+            if slots
+                .iter()
+                .any(|s| present(s) && s.arena.strong_count() > 0)
+            {
+                return;
+            }
+            slots.retain(|s| s.arena.strong_count() > 0 && !present(s));
+            if matches!(key, ArenaKey::Stream(_)) && slots.len() >= STREAM_SLOTS {
+                slots.remove(0);
+            }
+            slots.push(Slot {
+                resource,
+                key,
+                arena: Arc::downgrade(arena),
+            });
+        });
+    }
+}
+
+// Tests call the unsafe `deallocate` and make fake stream handles, each with its SAFETY line.
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod tests;
