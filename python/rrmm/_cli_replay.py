@@ -34,7 +34,7 @@ DEFINITIONS = """\
 The report (one row per resource, the log's own properties once in the header):
   ns/event    median time per log event over the timed repetitions (--repeat), which run on
               the same resource after a warm-up pass, as RMM's replay benchmark does
-  spread      (slowest - fastest) / median of those repetitions
+  spread      (slowest - fastest) / median of those repetitions (- with one)
   footprint   the most memory the resource held at once (a pool's size; the bytes the device
               charged for a base resource: whole 2 MiB pages from 2 MiB, else 256 B units)
   overhead    footprint / peak bytes in use (1.00: it held no more than the log needed)
@@ -324,7 +324,7 @@ def _table(reports: list[dict[str, Any]]) -> str:
         rows.append([
             _row_name(r),
             f"{r['ns_per_event']:.1f}",
-            f"{100 * r['spread']:.0f}%",
+            "-" if r["spread"] is None else f"{100 * r['spread']:.0f}%",
             format_bytes(r["peak_footprint"]),
             overhead,
             format_bytes(r["internal_waste_at_peak"]),
@@ -355,6 +355,8 @@ def _fit_line(f: dict[str, Any]) -> str:
         text += (f" with initial_pool_size={f['initial_pool_size']} "
                  f"({format_bytes(f['initial_pool_size'])}), maximum_pool_size="
                  f"{maximum if maximum is not None else 'None'}")
+    if f.get("arena_size") is not None:
+        text += f" with arena_size={f['arena_size']} ({format_bytes(f['arena_size'])})"
     text += f" (fails on {format_bytes(f['failing_bytes'])})"
     return text
 

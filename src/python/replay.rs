@@ -178,12 +178,14 @@ fn row_dict<'py>(
     Ok(d)
 }
 
-/// Relative spread of the timings: (slowest - fastest) / median.
-fn spread(r: &ReplayReport) -> f64 {
-    if r.ns_per_event > 0.0 {
-        (r.ns_per_event_max - r.ns_per_event_min) / r.ns_per_event
+/// Relative spread of the timings, (slowest - fastest) / median; `None` with fewer than two.
+fn spread(r: &ReplayReport) -> Option<f64> {
+    if r.samples_ns.len() < 2 {
+        None
+    } else if r.ns_per_event > 0.0 {
+        Some((r.ns_per_event_max - r.ns_per_event_min) / r.ns_per_event)
     } else {
-        0.0
+        Some(0.0)
     }
 }
 
@@ -202,6 +204,7 @@ fn fit_dict<'py>(
             d.set_item("failing_bytes", f.failing_bytes)?;
             d.set_item("initial_pool_size", f.pool_sizes.map(|p| p.0))?;
             d.set_item("maximum_pool_size", f.pool_sizes.and_then(|p| p.1))?;
+            d.set_item("arena_size", f.arena_size)?;
             d.set_item("setup", &f.setup)?;
             d.set_item("replays", f.replays)?;
             d.set_item("reason", &f.reason)?;

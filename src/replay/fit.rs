@@ -26,6 +26,8 @@ pub struct FitResult {
     pub failing_bytes: usize,
     /// The pool sizes (initial, maximum) the resource ran with on the device found.
     pub pool_sizes: Option<(usize, Option<usize>)>,
+    /// The arena size the resource ran with on the device found, where it is an arena.
+    pub arena_size: Option<usize>,
     /// The resource's setup on the device found.
     pub setup: String,
     /// Replays the search ran.
@@ -34,8 +36,8 @@ pub struct FitResult {
     pub reason: Option<String>,
 }
 
-/// Outcome of one try: fits (with setup and pool sizes) or not.
-type Try = Option<(String, Option<(usize, Option<usize>)>)>;
+/// Outcome of one try: fits (with setup, pool sizes and arena size) or not.
+type Try = Option<(String, Option<(usize, Option<usize>)>, Option<usize>)>;
 
 /// Whether `trace` replays into `name` on a simulated device of `size` bytes with no failed
 /// allocation. A resource that cannot even be built there for want of memory does not fit.
@@ -46,7 +48,11 @@ fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -
         Err(e) => return Err(e),
     };
     let report = replay(trace, &built.resource, ReplayOptions::default())?;
-    Ok((report.failed_allocations == 0).then_some((built.setup, built.pool_sizes)))
+    Ok((report.failed_allocations == 0).then_some((
+        built.setup,
+        built.pool_sizes,
+        built.arena_size,
+    )))
 }
 
 /// The smallest simulated device on which `trace` replays into resource `name` (set up by
@@ -65,6 +71,7 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
         device_bytes: None,
         failing_bytes: 0,
         pool_sizes: None,
+        arena_size: None,
         setup: String::new(),
         replays: 0,
         reason: None,
@@ -132,9 +139,10 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
     }
     result.device_bytes = Some(hi);
     result.failing_bytes = lo;
-    if let Some((setup, pool_sizes)) = found {
+    if let Some((setup, pool_sizes, arena_size)) = found {
         result.setup = setup;
         result.pool_sizes = pool_sizes;
+        result.arena_size = arena_size;
     }
     Ok(result)
 }

@@ -508,12 +508,15 @@ fn check_fit(trace_name: &str, name: &str) {
     if name == "pool" || name == "binning" {
         assert!(f.pool_sizes.is_some() && f.setup.contains("initial"));
     }
+    if name == "arena" {
+        assert!(f.arena_size.is_some() && f.setup.starts_with("global arena of"));
+    }
 }
 
 #[test]
 fn fit_on_the_small_shipped_traces_is_checked_by_replaying_at_the_size_and_below() {
     for trace_name in ["transformer_training", "random_10k_1mib"] {
-        for name in ["simulated", "pool", "binning", "fixed_size"] {
+        for name in ["simulated", "pool", "binning", "arena", "fixed_size"] {
             check_fit(trace_name, name);
         }
     }

@@ -534,7 +534,8 @@ def test_fit_on_shipped_traces_is_checked_by_replaying(capsys):
                                 f["resource"], "--repeat", "1")["reports"][0]
             assert below["failed_allocations"] > 0, (name, f)
     code, out, _ = replay(capsys, "transformer_training", "--simulate", "64GiB", "--compare",
-                          "pool,fixed_size", "--fit", "--repeat", "1")
+                          "pool,fixed_size,arena", "--fit", "--repeat", "1")
+    assert "    arena needs " in out and "with arena_size=" in out
     assert code == 0
     assert "fit (smallest simulated device with no failed allocation):" in out
     assert "    pool needs " in out and "with initial_pool_size=" in out
