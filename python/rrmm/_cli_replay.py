@@ -34,7 +34,7 @@ DEFINITIONS = """\
 The report (one row per resource, the log's own properties once in the header):
   ns/event    median time per log event over the timed repetitions (--repeat), which run on
               the same resource after a warm-up pass, as RMM's replay benchmark does
-  spread      (slowest - fastest) / median of those repetitions (- with one)
+  spread      (3rd quartile - 1st quartile) / median of those repetitions (- with one)
   footprint   the most memory the resource held at once (a pool's size; the bytes the device
               charged for a base resource: whole 2 MiB pages from 2 MiB, else 256 B units)
   overhead    footprint / peak bytes in use (1.00: it held no more than the log needed)

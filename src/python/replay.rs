@@ -150,6 +150,8 @@ fn row_dict<'py>(
     d.set_item("ns_per_event", r.ns_per_event)?;
     d.set_item("ns_per_event_min", r.ns_per_event_min)?;
     d.set_item("ns_per_event_max", r.ns_per_event_max)?;
+    d.set_item("ns_per_event_p25", r.ns_per_event_p25)?;
+    d.set_item("ns_per_event_p75", r.ns_per_event_p75)?;
     d.set_item("spread", spread(r))?;
     d.set_item("repeats", r.repeats)?;
     d.set_item("samples_ns", PyList::new(py, &r.samples_ns)?)?;
@@ -178,12 +180,13 @@ fn row_dict<'py>(
     Ok(d)
 }
 
-/// Relative spread of the timings, (slowest - fastest) / median; `None` with fewer than two.
+/// Relative spread of the timings, interquartile range / median (robust to one preempted
+/// repetition); `None` with fewer than two.
 fn spread(r: &ReplayReport) -> Option<f64> {
     if r.samples_ns.len() < 2 {
         None
     } else if r.ns_per_event > 0.0 {
-        Some((r.ns_per_event_max - r.ns_per_event_min) / r.ns_per_event)
+        Some((r.ns_per_event_p75 - r.ns_per_event_p25) / r.ns_per_event)
     } else {
         Some(0.0)
     }

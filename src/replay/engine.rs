@@ -81,6 +81,10 @@ pub struct ReplayReport {
     pub ns_per_event_min: f64,
     /// The slowest repetition's time per event.
     pub ns_per_event_max: f64,
+    /// The first quartile of the repetitions' time per event (nearest rank).
+    pub ns_per_event_p25: f64,
+    /// The third quartile of the repetitions' time per event (nearest rank).
+    pub ns_per_event_p75: f64,
     /// Wall time of every timed repetition, in order (the figures pass's alone when none).
     pub samples_ns: Vec<u64>,
     /// Timed repetitions (0: the figures pass was the timing).
@@ -377,6 +381,8 @@ pub fn replay_with_progress(
         ns_per_event: per_event(median),
         ns_per_event_min: per_event(sorted[0]),
         ns_per_event_max: per_event(sorted[sorted.len() - 1]),
+        ns_per_event_p25: per_event(quantile(&sorted, 1, 4)),
+        ns_per_event_p75: per_event(quantile(&sorted, 3, 4)),
         samples_ns: samples,
         repeats,
         peak_bytes_in_use: figures.peak,
@@ -397,6 +403,12 @@ pub fn replay_with_progress(
         parse_warnings: trace.warnings,
         timeline: figures.timeline,
     })
+}
+
+/// The `num/den` quantile of sorted, non-empty `values`, by nearest rank.
+fn quantile(values: &[u64], num: usize, den: usize) -> u64 {
+    let last = values.len() - 1;
+    values[((last * num) + den / 2) / den]
 }
 
 fn sync_streams(streams: &Streams) {

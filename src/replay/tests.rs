@@ -455,6 +455,9 @@ fn repetitions_run_on_one_resource_after_the_figures_pass() {
     let mut sorted = r.samples_ns.clone();
     sorted.sort_unstable();
     assert_eq!(r.total_ns, sorted[1]);
+    let n = trace.events.len() as f64;
+    assert_eq!(r.ns_per_event_p25, sorted[1] as f64 / n);
+    assert_eq!(r.ns_per_event_p75, sorted[2] as f64 / n);
     assert!(r.ns_per_event_min <= r.ns_per_event && r.ns_per_event <= r.ns_per_event_max);
     assert_eq!(sim.bytes_in_use(), 0);
     // Without repetitions the figures pass is the one sample.

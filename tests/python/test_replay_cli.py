@@ -460,7 +460,10 @@ def test_repeated_timings_with_spread_in_the_json(capsys, small_log):
     assert r["ns_per_event"] == pytest.approx(samples[3] / 7)
     assert r["ns_per_event_min"] == pytest.approx(samples[0] / 7)
     assert r["ns_per_event_max"] == pytest.approx(samples[-1] / 7)
-    assert r["spread"] == pytest.approx((samples[-1] - samples[0]) / samples[3])
+    # Quartiles by nearest rank of 7: the 2nd and 5th fastest.
+    assert r["ns_per_event_p25"] == pytest.approx(samples[2] / 7)
+    assert r["ns_per_event_p75"] == pytest.approx(samples[5] / 7)
+    assert r["spread"] == pytest.approx((samples[5] - samples[2]) / samples[3])
 
 
 def test_default_repeats_at_least_five_and_half_a_second(capsys, small_log):
