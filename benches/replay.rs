@@ -8,7 +8,7 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rrmm::replay::{build_resource, replay, ReplayOptions, Trace, RESOURCE_NAMES};
+use rrmm::replay::{build_resource, replay, resource_names, ReplayOptions, Trace};
 use std::time::Duration;
 
 const TRACES: &[&str] = &[
@@ -30,7 +30,7 @@ fn bench_replay(c: &mut Criterion) {
         group.throughput(Throughput::Elements(trace.events.len() as u64));
         group.sample_size(10);
         group.measurement_time(Duration::from_secs(5));
-        for resource in RESOURCE_NAMES {
+        for resource in &resource_names() {
             let mr = match build_resource(resource, Some(SIMULATED_BYTES), None, None) {
                 Ok(mr) => mr,
                 Err(e) => {

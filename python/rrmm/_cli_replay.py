@@ -1,10 +1,10 @@
 """``rrmm replay``: replay RMM-format allocation logs against memory resources.
 
 Replays one or more logs written by RMM's or rrmm's ``LoggingResourceAdaptor`` (CSV, plain or
-gzipped) against one resource (``--resource``) or several (``--compare``), on the GPU or on
-simulated memory of any size (``--simulate``), and reports time per event, peak memory, the
-resource's footprint (pool size), fragmentation, failed allocations and leaks; ``--json`` for
-scripts, ``--plot`` for a picture.
+gzipped) against one resource (``--resource``) or several (``--compare``), on the GPU or on a
+simulated device of any size (``--simulate``), and reports time per event, memory held,
+overhead, waste, fragmentation and failed allocations; ``--fit`` finds the smallest device each
+resource needs; ``--json`` for scripts, ``--plot`` for a picture.
 """
 
 from __future__ import annotations
@@ -16,13 +16,41 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
 DEFAULT_SIMULATED_BYTES = 80 << 30
 
 #: Points of the timeline recorded per replay for ``--plot``.
 PLOT_POINTS = 2000
+
+#: The base resources that the simulated device stands for on simulated memory.
+BASE_RESOURCES = ("cuda", "cuda_async", "managed")
+
+#: File types ``--plot`` writes (matplotlib's raster and vector formats).
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+DEFINITIONS = """\
+The report (one row per resource, the log's own properties once in the header):
+  ns/event    median time per log event over the timed repetitions (--repeat), which run on
+              the same resource after a warm-up pass, as RMM's replay benchmark does
+  spread      (3rd quartile - 1st quartile) / median of those repetitions (- with one)
+  footprint   the most memory the resource held at once (a pool's size; the bytes the device
+              charged for a base resource: whole 2 MiB pages from 2 MiB, else 256 B units)
+  overhead    footprint / peak bytes in use (1.00: it held no more than the log needed)
+  waste       internal waste at the peak: bytes of the blocks holding the live allocations
+              minus the bytes they asked for (bin, block and page rounding)
+  frag@peak   external fragmentation, 1 - largest free block / free bytes, at the peak in
+  frag@end    use and after the last event (0: all free memory in one block; a resource
+              that holds nothing free shows 0)
+  failed      allocations that failed with out of memory (their frees are skipped)
+A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
+rrmm can see).
+With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
+resource with no failed allocation, and the pool sizes that do it.
+On simulated memory cuda, cuda_async and managed are the simulated device itself: one row,
+labelled so, whose timings are the simulator's, not CUDA's.
+"""
 
 _UNITS = {
     "": 1,
@@ -48,7 +76,7 @@ def parse_size(text: str) -> int:
     """Parse a size such as ``4GiB``, ``512 MiB``, ``1.5GB``, ``4G`` or ``1000000`` into bytes.
 
     Binary units (KiB, MiB, GiB, TiB, and the bare K, M, G, T) are powers of 1024; decimal
-    units (KB, MB, GB, TB) are powers of 1000.
+    units (KB, MB, GB, TB) are powers of 1000. The command line's one size parser.
     """
     match = _SIZE.match(str(text))
     if match is None:
@@ -63,6 +91,34 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value) or value < 0 or value >= 2**64:
         raise argparse.ArgumentTypeError(f"size out of range: {text!r}")
     return int(value)
+
+
+def _positive_size(text: str) -> int:
+    value = parse_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"needs a positive size, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"needs a positive whole number, got {text!r}")
+    return value
+
+
+def parse_bins(text: str) -> tuple[int, int]:
+    """Parse ``--bins MIN:MAX`` (powers of two: bins of 2^MIN..2^MAX bytes)."""
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX exponents such as 18:22, got {text!r}")
+    low, high = int(match.group(1)), int(match.group(2))
+    if low > high or high >= 64:
+        raise argparse.ArgumentTypeError(f"need MIN <= MAX < 64, got {text!r}")
+    return low, high
 
 
 def format_bytes(value: int | None) -> str:
@@ -81,25 +137,32 @@ def _format_fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _resolve_log(log: str) -> str:
-    """A path as given, or the file of a shipped trace when ``log`` names one and no such file
-    exists."""
+def _resolve_log(log: str) -> tuple[str, str]:
+    """(file to read, name to show): a path as given, or the file of a shipped trace when ``log``
+    names one and no such file exists (shown by its file name, not its installed path)."""
     if os.path.exists(log):
-        return log
+        return log, log
     from rrmm import traces
 
     try:
-        return str(traces.path(log))
+        path = traces.path(log)
     except KeyError:
-        return log  # the engine reports the missing file by name
+        return log, log  # the engine reports the missing file by name
+    return str(path), path.name
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` command to ``subparsers``; sets ``run`` to :func:`run`."""
+    from rrmm import _rrmm
+
+    summaries = "\n".join(
+        f"  {name:<11} {summary}" for name, summary in _rrmm.replay_resource_summaries()
+    )
     parser = subparsers.add_parser(
         "replay",
         help="replay RMM-format allocation logs against memory resources",
         description=__doc__,
+        epilog=f"Resources:\n{summaries}\n\n{DEFINITIONS}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -107,33 +170,79 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="LOG",
         nargs="+",
         help="RMM-format CSV log (plain or .gz), or the name of a log shipped with rrmm "
-        "(transformer_training, random_10k_1mib)",
+        "(transformer_training, random_10k_1mib, random_100k_4mib)",
     )
     parser.add_argument(
         "--resource",
         default="pool",
-        help="resource to replay against: pool, binning, arena, fixed_size, cuda, cuda_async, managed "
-        "(default: pool)",
+        help="the resource to replay against (see Resources below; default: pool)",
     )
     parser.add_argument(
         "--compare",
         metavar="R1,R2,...",
-        help="replay against each of these resources and print one table ('all': every one)",
+        help="replay against each of these resources, one row each ('all': every one)",
     )
     parser.add_argument(
         "--simulate",
         metavar="SIZE",
-        type=parse_size,
-        help="replay on simulated device memory of SIZE bytes (e.g. 80GiB) instead of the GPU "
+        type=_positive_size,
+        help="replay on a simulated device of SIZE bytes (e.g. 80GiB) instead of the GPU "
         "(default without a GPU: 80GiB)",
     )
-    parser.add_argument("--initial-pool-size", metavar="SIZE", type=parse_size)
-    parser.add_argument("--maximum-pool-size", metavar="SIZE", type=parse_size)
     parser.add_argument(
-        "--arena-size", metavar="SIZE", type=parse_size,
-        help="size of the arena resource (default: half the free memory)",
+        "--initial-pool-size",
+        metavar="SIZE",
+        type=parse_size,
+        help="initial size of the pool (pool, binning); default: half the device's free memory",
     )
-    parser.add_argument("--plot", metavar="OUT.png", help="draw memory over the events to a PNG")
+    parser.add_argument(
+        "--maximum-pool-size",
+        metavar="SIZE",
+        type=parse_size,
+        help="largest size the pool may grow to (pool, binning); default: the device",
+    )
+    parser.add_argument(
+        "--bins",
+        metavar="MIN:MAX",
+        type=parse_bins,
+        help="binning's bins: 2^MIN..2^MAX bytes (default 18:22, 256 KiB..4 MiB)",
+    )
+    parser.add_argument(
+        "--block-size",
+        metavar="SIZE",
+        type=_positive_size,
+        help="fixed_size's block size (default 1MiB); larger requests fail by design",
+    )
+    parser.add_argument(
+        "--blocks",
+        metavar="N",
+        type=_positive_int,
+        help="blocks per chunk of fixed_size and of binning's bins (default 128)",
+    )
+    parser.add_argument(
+        "--arena-size",
+        metavar="SIZE",
+        type=_positive_size,
+        help="arena's global arena (default: half the device's free memory)",
+    )
+    parser.add_argument(
+        "--repeat",
+        metavar="N",
+        type=_positive_int,
+        help="timed repetitions after the warm-up pass, on the same resource "
+        "(default: at least 5 and at least 0.5 s of them, at most 1000)",
+    )
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="also find, per resource, the smallest simulated device on which the log replays "
+        "with no failed allocation (binary search to 1%% or 64 MiB)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="draw memory over the events to OUT (.png, .pdf, .svg, .jpg); needs matplotlib",
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument(
         "--lenient",
@@ -141,16 +250,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip bad lines of a log with a counted warning instead of stopping",
     )
     parser.set_defaults(run=run)
+
+    def one_line_error(message: str) -> NoReturn:
+        # argparse prints the usage block first; a misuse gets one line instead.
+        print(f"rrmm replay: error: {message} (rrmm replay --help lists the options)",
+              file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
     return parser
 
 
-def _resources(args: argparse.Namespace, gpu: bool, known: Sequence[str]) -> list[str]:
-    if args.compare:
+def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) -> list[str]:
+    """The canonical resource names to replay, in order, without duplicates; on simulated
+    memory the base resources collapse into the one simulated device. ValueError on misuse."""
+    if args.compare is not None:
         names = [n.strip() for n in args.compare.split(",") if n.strip()]
-        if names == ["all"]:
-            if gpu:
-                return [n for n in known if n != "simulated"]
-            return ["pool", "binning", "arena", "fixed_size", "simulated"]
+        if not names:
+            raise ValueError(f"--compare names no resource (got {args.compare!r}); "
+                             f"known: {', '.join(known)}, all")
+        if [n.lower() for n in names] == ["all"]:
+            if simulated:
+                return [n for n in known if n not in BASE_RESOURCES]
+            return [n for n in known if n != "simulated"]
     else:
         names = [args.resource.strip()]
     out: list[str] = []
@@ -158,46 +280,58 @@ def _resources(args: argparse.Namespace, gpu: bool, known: Sequence[str]) -> lis
         canonical = name.lower().replace("-", "_")
         if canonical not in known:
             raise ValueError(f"unknown resource {name!r}; known: {', '.join(known)}")
+        if simulated and canonical in BASE_RESOURCES:
+            canonical = "simulated"
+        if canonical == "simulated" and not simulated:
+            raise ValueError("resource 'simulated' needs --simulate SIZE")
         if canonical not in out:
             out.append(canonical)
-    if not out:
-        raise ValueError("--compare names no resource")
     return out
 
 
+def _check_plot_path(path: str) -> str | None:
+    """Why ``--plot PATH`` cannot be written, or None."""
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in PLOT_FORMATS:
+        return (f"--plot {path!r}: unknown file type {extension or '(none)'!r}; "
+                f"use one of {', '.join(PLOT_FORMATS)}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"--plot {path!r}: directory {directory!r} does not exist"
+    if os.path.isdir(path):
+        return f"--plot {path!r} is a directory"
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"--plot {path!r}: not writable"
+    return None
+
+
+def _row_name(r: dict[str, Any]) -> str:
+    return "simulated device" if r["simulated_device"] else r["resource"]
+
+
 def _table(reports: list[dict[str, Any]]) -> str:
-    header = [
-        "resource",
-        "events",
-        "ns/event",
-        "peak in use",
-        "peak footprint",
-        "frag@peak",
-        "frag@end",
-        "failed",
-        "leaks",
-    ]
+    header = ["resource", "ns/event", "spread", "footprint", "overhead", "waste",
+              "frag@peak", "frag@end", "failed"]
     rows = []
     for r in reports:
+        if r["error"] is not None:
+            rows.append([_row_name(r), "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
         failed = str(r["failed_allocations"])
         if r["failed_allocations"]:
             failed += " !"
-        leaks = "0" if not r["leaked_allocations"] else (
-            f"{r['leaked_allocations']} ({format_bytes(r['leaked_bytes'])})"
-        )
-        rows.append(
-            [
-                r["resource"],
-                str(r["events"]),
-                f"{r['ns_per_event']:.1f}",
-                format_bytes(r["peak_bytes_in_use"]),
-                format_bytes(r["peak_footprint"]),
-                _format_fraction(r["fragmentation_at_peak"]),
-                _format_fraction(r["fragmentation_at_end"]),
-                failed,
-                leaks,
-            ]
-        )
+        overhead = "-" if r["overhead"] is None else f"{r['overhead']:.2f}"
+        rows.append([
+            _row_name(r),
+            f"{r['ns_per_event']:.1f}",
+            "-" if r["spread"] is None else f"{100 * r['spread']:.0f}%",
+            format_bytes(r["peak_footprint"]),
+            overhead,
+            format_bytes(r["internal_waste_at_peak"]),
+            _format_fraction(r["fragmentation_at_peak"]),
+            _format_fraction(r["fragmentation_at_end"]),
+            failed,
+        ])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -211,42 +345,83 @@ def _table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _print_text(reports: list[dict[str, Any]], target: str, out: Any) -> None:
+def _fit_line(f: dict[str, Any]) -> str:
+    name = f["resource"]
+    if f["device_bytes"] is None:
+        return f"{name} fits on no device: {f['reason']}"
+    text = f"{name} needs {format_bytes(f['device_bytes'])}"
+    if f.get("initial_pool_size") is not None:
+        maximum = f.get("maximum_pool_size")
+        text += (f" with initial_pool_size={f['initial_pool_size']} "
+                 f"({format_bytes(f['initial_pool_size'])}), maximum_pool_size="
+                 f"{maximum if maximum is not None else 'None'}")
+    if f.get("arena_size") is not None:
+        text += f" with arena_size={f['arena_size']} ({format_bytes(f['arena_size'])})"
+    text += f" (fails on {format_bytes(f['failing_bytes'])})"
+    return text
+
+
+def _print_text(reports: list[dict[str, Any]], fits: list[dict[str, Any]], target: str,
+                shown: dict[str, str], out: Any) -> None:
     logs: dict[str, list[dict[str, Any]]] = {}
     for r in reports:
         logs.setdefault(r["log"], []).append(r)
     for log, rs in logs.items():
         first = rs[0]
-        print(f"{log}: {first['events']} events, {first['threads']} thread(s), "
+        leaks = first["log_unfreed_allocations"]
+        print(f"{shown.get(log, log)}: {first['events']} events, {first['threads']} thread(s), "
               f"{first['streams']} stream(s), peak {format_bytes(first['log_peak_bytes'])} "
-              f"in use in the log; on {target}", file=out)
-        if first["logged_failures"]:
-            print(f"  the log records {first['logged_failures']} failed allocation(s) "
-                  "(not replayed)", file=out)
+              f"in use; {leaks} allocation(s) never freed, {first['logged_failures']} "
+              f"failed allocation(s) logged (not replayed); on {target}", file=out)
         if first["parse_warnings"]:
             print(f"  {first['parse_warnings']} bad line(s) skipped (--lenient):", file=out)
             for message in first["warning_messages"]:
                 print(f"    {message}", file=out)
         print(_table(rs), file=out)
+        repeats = {r["repeats"] for r in rs if r["error"] is None}
+        if repeats:
+            counts = "/".join(str(n) for n in sorted(repeats))
+            print(f"  timings: median of {counts} repetition(s) after a warm-up, on one "
+                  "resource per row", file=out)
         for r in rs:
+            setup = r["setup"] if r["setup"] is not None else "-"
+            print(f"  {_row_name(r)}: {setup}", file=out)
+            if r["error"] is not None:
+                print(f"    no figures: {r['error']}", file=out)
+                continue
             if r["failed_allocations"]:
-                shown = ", ".join(str(i) for i in r["failure_events"][:10])
+                shown_events = ", ".join(str(i) for i in r["failure_events"][:10])
                 more = " ..." if r["failed_allocations"] > 10 else ""
-                print(f"  {r['resource']}: {r['failed_allocations']} allocation(s) failed "
-                      f"({format_bytes(r['failed_bytes'])}), at events {shown}{more}", file=out)
+                print(f"    {r['failed_allocations']} allocation(s) failed "
+                      f"({format_bytes(r['failed_bytes'])}), at events {shown_events}{more}",
+                      file=out)
+            if r["unservable_allocations"]:
+                print(f"    {r['unservable_allocations']} of them ask for more than its block "
+                      "size: it cannot serve them by design", file=out)
+        if any(r["simulated_device"] for r in rs):
+            print("  (the simulated device's timings are the simulator's, not CUDA's)", file=out)
+        log_fits = [f for f in fits if f["log"] == log]
+        if log_fits:
+            print("  fit (smallest simulated device with no failed allocation):", file=out)
+            for f in log_fits:
+                print(f"    {_fit_line(f)}", file=out)
         print(file=out)
 
 
-def _json_report(r: dict[str, Any], with_timeline: bool) -> dict[str, Any]:
+def _json_report(r: dict[str, Any], shown: dict[str, str], with_timeline: bool) -> dict[str, Any]:
     out = dict(r)
+    out["log"] = shown.get(r["log"], r["log"])
     if not with_timeline:
         out.pop("timeline", None)
     return out
 
 
-def plot(reports: list[dict[str, Any]], path: str) -> None:
-    """Draw bytes in use and footprint over the events, one subplot per log, one line per
-    resource, failures marked with red crosses, to the PNG ``path``.
+def plot(reports: list[dict[str, Any]], path: str, fits: Sequence[dict[str, Any]] = (),
+         shown: dict[str, str] | None = None) -> None:
+    """Draw bytes in use and each resource's footprint over the events, one panel per log, to
+    ``path``: bytes in use once (black), each resource in its own colour and line style, its
+    failed allocations as markers of its colour, its ``--fit`` size as a dotted line; the
+    legend outside the data.
 
     Raises ImportError with an installation hint when matplotlib is missing.
     """
@@ -260,46 +435,70 @@ def plot(reports: list[dict[str, Any]], path: str) -> None:
             "--plot needs matplotlib: pip install rrmm[plot] (or pip install matplotlib)"
         ) from e
 
+    shown = shown or {}
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text
+        _draw(plt, reports, path, fits, shown)
+
+
+def _draw(plt: Any, reports: list[dict[str, Any]], path: str, fits: Sequence[dict[str, Any]],
+          shown: dict[str, str]) -> None:
     logs: dict[str, list[dict[str, Any]]] = {}
     for r in reports:
-        logs.setdefault(r["log"], []).append(r)
-    fig, axes = plt.subplots(len(logs), 1, figsize=(10, 4.5 * len(logs)), squeeze=False)
+        if r["error"] is None:
+            logs.setdefault(r["log"], []).append(r)
+    if not logs:
+        logs = {r["log"]: [] for r in reports}
+    fig, axes = plt.subplots(len(logs), 1, figsize=(12, 4.5 * len(logs)), squeeze=False)
     gib = float(1 << 30)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1))]
+    markers = ["x", "+", "v", "^", "s", "D", "o"]
     for ax, (log, rs) in zip(axes[:, 0], logs.items()):
-        first_in_use = rs[0]["timeline"]["bytes_in_use"]
-        distinct = any(r["timeline"]["bytes_in_use"] != first_in_use for r in rs)
+        drawn_in_use: list[list[int]] = []
         for index, r in enumerate(rs):
+            colour = colours[index % len(colours)]
             t = r["timeline"]
             events, in_use = t["event"], t["bytes_in_use"]
             # Bytes in use are the same for every resource unless allocations failed.
-            if index == 0 or in_use != first_in_use:
-                label = f"{r['resource']}: bytes in use" if distinct else "bytes in use"
-                ax.plot(events, [b / gib for b in in_use], linewidth=1.2, label=label)
+            if in_use not in drawn_in_use:
+                label = "bytes in use" if not drawn_in_use else f"bytes in use ({_row_name(r)})"
+                ax.plot(events, [b / gib for b in in_use], color="black" if not drawn_in_use
+                        else colour, linewidth=2.4 if not drawn_in_use else 1.0, alpha=0.8,
+                        label=label, zorder=2)
+                drawn_in_use.append(in_use)
             points = [(e, f) for e, f in zip(events, t["footprint"]) if f is not None]
             if points:
-                ax.plot([p[0] for p in points], [p[1] / gib for p in points], linestyle="--",
-                        linewidth=1.2, label=f"{r['resource']}: footprint")
+                ax.plot([p[0] for p in points], [p[1] / gib for p in points],
+                        linestyle=styles[index % len(styles)], color=colour, linewidth=1.6,
+                        label=f"{_row_name(r)}: footprint", zorder=3)
             if r["failure_events"] and events:
                 ys = []
-                for failed_at in r["failure_events"]:
+                for e in r["failure_events"]:
                     # The bytes in use at the nearest recorded point before the failure.
                     lo, hi = 0, len(events) - 1
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
-                        if events[mid] <= failed_at:
+                        if events[mid] <= e:
                             lo = mid
                         else:
                             hi = mid - 1
                     ys.append(in_use[lo] / gib)
-                ax.scatter(r["failure_events"], ys, marker="x", color="red", s=18, zorder=5,
-                           label=f"{r['resource']}: failed allocations ({r['failed_allocations']})")
-        ax.set_title(os.path.basename(log))
+                ax.scatter(r["failure_events"], ys, marker=markers[index % len(markers)],
+                           color=colour, s=22, zorder=5,
+                           label=f"{_row_name(r)}: failed ({r['failed_allocations']})")
+            for f in fits:
+                if f["log"] == log and f["resource"] == r["resource"] and f["device_bytes"]:
+                    ax.axhline(f["device_bytes"] / gib, color=colour, linestyle=":",
+                               linewidth=1.0, label=f"{_row_name(r)}: fits in "
+                               f"{format_bytes(f['device_bytes'])}")
+        ax.set_title(os.path.basename(shown.get(log, log)))
         ax.set_xlabel("event")
         ax.set_ylabel("GiB")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -319,51 +518,75 @@ def run(args: argparse.Namespace) -> int:
         simulate = DEFAULT_SIMULATED_BYTES
         print(f"rrmm replay: no GPU found; replaying on simulated memory of "
               f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
-    if simulate is not None and simulate <= 0:
-        return fail("--simulate needs a positive size")
     try:
-        resources = _resources(args, gpu, known)
+        resources = _resources(args, simulate is not None, known)
     except ValueError as e:
         return fail(str(e))
+    for option, value in (("--initial-pool-size", args.initial_pool_size),
+                          ("--maximum-pool-size", args.maximum_pool_size)):
+        if value is not None and value % 256:
+            return fail(f"{option} must be a multiple of 256 bytes (RMM's rule), got {value}")
+    if (args.initial_pool_size is not None and args.maximum_pool_size is not None
+            and args.initial_pool_size > args.maximum_pool_size):
+        return fail(f"--initial-pool-size {args.initial_pool_size} exceeds --maximum-pool-size "
+                    f"{args.maximum_pool_size}")
     if args.plot:
+        problem = _check_plot_path(args.plot)
+        if problem:
+            return fail(problem)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             print("rrmm replay: --plot needs matplotlib: pip install rrmm[plot] "
                   "(or pip install matplotlib)", file=sys.stderr)
             return 1
+    resolved = [_resolve_log(log) for log in args.logs]
+    shown = dict(resolved)
+    files = [path for path, _ in resolved]
     progress = not args.json and sys.stderr.isatty()
+    options = {
+        "initial_pool_size": args.initial_pool_size,
+        "maximum_pool_size": args.maximum_pool_size,
+        "lenient": args.lenient,
+        "bins": args.bins,
+        "block_size": args.block_size,
+        "blocks": args.blocks,
+        "arena_size": args.arena_size,
+    }
     try:
         reports = _rrmm.replay_logs(
-            [_resolve_log(log) for log in args.logs],
+            files,
             resources,
             simulate=simulate,
-            initial_pool_size=args.initial_pool_size,
-            maximum_pool_size=args.maximum_pool_size,
-            lenient=args.lenient,
             timeline_points=PLOT_POINTS if args.plot else 0,
             progress=progress,
-            arena_size=args.arena_size,
+            repeat=args.repeat,
+            **options,
         )
-    except (ValueError, OSError) as e:
+        fits = _rrmm.fit_logs(files, resources, **options) if args.fit else []
+    except (ValueError, OSError, RuntimeError) as e:
         return fail(str(e))
     except MemoryError as e:
-        return fail(f"out of memory building the resource: {e}")
-    except RuntimeError as e:
-        return fail(str(e))
-    target = f"simulated memory of {format_bytes(simulate)}" if simulate is not None else "the GPU"
+        return fail(f"out of memory: {e}")
+    target = (f"a simulated device of {format_bytes(simulate)}" if simulate is not None
+              else "the GPU")
     if args.json:
-        doc = {
+        doc: dict[str, Any] = {
             "memory": "simulated" if simulate is not None else "gpu",
             "simulated_bytes": simulate,
-            "reports": [_json_report(r, with_timeline=bool(args.plot)) for r in reports],
+            "reports": [_json_report(r, shown, with_timeline=bool(args.plot)) for r in reports],
         }
+        if args.fit:
+            doc["fits"] = [dict(f, log=shown.get(f["log"], f["log"])) for f in fits]
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_text(reports, target, sys.stdout)
+        _print_text(reports, fits, target, shown, sys.stdout)
     if args.plot:
-        plot(reports, args.plot)
+        try:
+            plot(reports, args.plot, fits, shown)
+        except (OSError, ValueError) as e:
+            return fail(f"--plot {args.plot!r}: {e}")
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0

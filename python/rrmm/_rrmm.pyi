@@ -63,6 +63,7 @@ __all__ = [
     "driver_available",
     "driver_error",
     "driver_version",
+    "fit_logs",
     "get_current_device_resource",
     "get_per_device_resource",
     "has_per_device_resource",
@@ -74,6 +75,7 @@ __all__ = [
     "replay_gpu_available",
     "replay_logs",
     "replay_resource_names",
+    "replay_resource_summaries",
     "set_current_device_resource",
     "set_per_device_resource",
     "to_device",
@@ -496,9 +498,25 @@ def replay_logs(
     lenient: bool = False,
     timeline_points: int = 0,
     progress: bool = False,
+    repeat: int | None = None,
+    bins: tuple[int, int] | None = None,
+    block_size: int | None = None,
+    blocks: int | None = None,
+    arena_size: int | None = None,
+) -> list[dict[str, Any]]: ...
+def fit_logs(
+    logs: Sequence[str],
+    resources: Sequence[str],
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    lenient: bool = False,
+    bins: tuple[int, int] | None = None,
+    block_size: int | None = None,
+    blocks: int | None = None,
     arena_size: int | None = None,
 ) -> list[dict[str, Any]]: ...
 def replay_resource_names() -> list[str]: ...
+def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).

@@ -1,5 +1,6 @@
 //! Replaying a compiled trace against a resource, with timing and memory figures.
 
+use super::factory::BlockRounding;
 use super::trace::{Action, Trace};
 use crate::cuda::{OwnedStream, Stream};
 use crate::error::{Error, Result};
@@ -13,13 +14,40 @@ const SAMPLES: usize = 1024;
 /// Replays shorter than this show no progress.
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 
+/// How many timed repetitions follow the figures pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Repeat {
+    /// None: the figures pass (clock stopped while sampling) is the one timing.
+    #[default]
+    FiguresOnly,
+    /// Exactly this many timed repetitions after the figures pass (a warm-up).
+    Times(usize),
+    /// At least [`AUTO_MIN_REPEATS`] repetitions and [`AUTO_MIN_TIME`] of them, at most
+    /// [`AUTO_MAX_REPEATS`].
+    Auto,
+}
+
+/// [`Repeat::Auto`]'s least number of timed repetitions.
+pub const AUTO_MIN_REPEATS: usize = 5;
+/// [`Repeat::Auto`]'s least time spent in timed repetitions.
+pub const AUTO_MIN_TIME: Duration = Duration::from_millis(500);
+/// [`Repeat::Auto`]'s most repetitions (short logs).
+pub const AUTO_MAX_REPEATS: usize = 1000;
+
 /// Options of [`replay`].
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
     /// Points of the timeline to record for a plot (0: none).
     pub timeline_points: usize,
     /// Print a progress bar on standard error when the replay takes more than a second.
     pub progress: bool,
+    /// Timed repetitions after the figures pass, on the same resource (warm against warm).
+    pub repeat: Repeat,
+    /// How the resource rounds requests into blocks (for internal waste; default 256 B).
+    pub rounding: Option<BlockRounding>,
+    /// The largest request the resource serves by design (requests above it are counted as
+    /// [`ReplayReport::unservable_allocations`]).
+    pub largest_request: Option<usize>,
 }
 
 /// One point of a replay's timeline.
@@ -28,12 +56,12 @@ pub struct TimelinePoint {
     /// Events replayed so far.
     pub event: usize,
     /// Sum of the requested sizes of the live allocations.
-    pub bytes_in_use: usize,
+    pub bytes_in_use: u128,
     /// The resource's footprint (`held_bytes`), where it reports one.
     pub footprint: Option<usize>,
 }
 
-/// The figures of one replay.
+/// The figures of one replay. Byte sums are exact (`u128`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayReport {
     /// The trace's source.
@@ -44,30 +72,52 @@ pub struct ReplayReport {
     pub events: usize,
     /// Allocate events.
     pub allocations: usize,
-    /// Wall time of the replay in nanoseconds, without the time spent sampling footprints.
+    /// Median wall time of the timed repetitions in nanoseconds (of the figures pass, without
+    /// its sampling, when there were none).
     pub total_ns: u64,
-    /// `total_ns / events`.
+    /// `total_ns / events`: the median time per event.
     pub ns_per_event: f64,
+    /// The fastest repetition's time per event.
+    pub ns_per_event_min: f64,
+    /// The slowest repetition's time per event.
+    pub ns_per_event_max: f64,
+    /// The first quartile of the repetitions' time per event (nearest rank).
+    pub ns_per_event_p25: f64,
+    /// The third quartile of the repetitions' time per event (nearest rank).
+    pub ns_per_event_p75: f64,
+    /// Wall time of every timed repetition, in order (the figures pass's alone when none).
+    pub samples_ns: Vec<u64>,
+    /// Timed repetitions (0: the figures pass was the timing).
+    pub repeats: usize,
     /// The most bytes in use at once (sum of live requested sizes).
-    pub peak_bytes_in_use: usize,
+    pub peak_bytes_in_use: u128,
     /// The largest footprint sampled (`Footprint::held_bytes`: a pool's size), where reported.
     pub peak_footprint: Option<usize>,
-    /// Fragmentation (`1 - largest free block / free bytes`) when bytes in use peaked.
+    /// Overhead: `peak_footprint / peak_bytes_in_use`.
+    pub overhead: Option<f64>,
+    /// Internal waste when bytes in use peaked: bytes of the blocks holding the live
+    /// allocations minus the bytes they requested (bin, block and page rounding).
+    pub internal_waste_at_peak: u128,
+    /// Internal waste after the last event.
+    pub internal_waste_at_end: u128,
+    /// External fragmentation (`1 - largest free block / free bytes`) when bytes in use peaked.
     pub fragmentation_at_peak: Option<f64>,
-    /// Fragmentation after the last event (before leaks are freed).
+    /// External fragmentation after the last event (before leaks are freed).
     pub fragmentation_at_end: Option<f64>,
     /// The full footprint after the last event.
     pub footprint_at_end: Option<Footprint>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: usize,
     /// Bytes those failed allocations asked for.
-    pub failed_bytes: usize,
+    pub failed_bytes: u128,
     /// Event indices of the failed allocations.
     pub failure_events: Vec<usize>,
+    /// Allocations above the largest request the resource serves by design (they fail).
+    pub unservable_allocations: usize,
     /// Allocations still live after the last event (freed after the report).
     pub leaked_allocations: usize,
     /// Bytes of those allocations.
-    pub leaked_bytes: usize,
+    pub leaked_bytes: u128,
     /// `allocate failure` rows of the log (not replayed).
     pub logged_failures: usize,
     /// Lines the lenient parse skipped.
@@ -94,13 +144,10 @@ struct Streams {
 }
 
 fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
-    // Fake handles only where nothing passes them to the driver: simulated memory, or host
-    // memory with no driver loaded (a pool over host memory records events on its streams).
-    let real = match mr.kind() {
-        MemoryKind::Simulated => false,
-        MemoryKind::Host => crate::cuda::driver_available(),
-        MemoryKind::Device | MemoryKind::Managed | MemoryKind::PinnedHost => true,
-    };
+    let real = matches!(
+        mr.kind(),
+        MemoryKind::Device | MemoryKind::Managed | MemoryKind::PinnedHost
+    );
     let mut handles = Vec::with_capacity(trace.streams.len());
     let mut owned = Vec::new();
     for (i, &logged) in trace.streams.iter().enumerate() {
@@ -126,6 +173,10 @@ fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
 /// Replays `trace` against `mr` in log order and reports time and memory figures; every
 /// allocation the log leaves live is freed afterwards, so `mr` is left as it was.
 ///
+/// The first pass measures the memory figures (sampling the footprint with the clock stopped)
+/// and warms the resource up; then `options.repeat` timed repetitions run on the same resource
+/// (warm against warm, as RMM's replay benchmark does) and give the timings.
+///
 /// Logged streams map to fake handles on simulated and host memory and to created streams on
 /// device memory (stream 0 stays the default stream). Out of memory is counted, not fatal: the
 /// matching free is skipped.
@@ -135,7 +186,7 @@ fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
 /// streams on a device.
 ///
 /// # Time Complexity
-/// O(events) calls to the resource.
+/// O(events x (1 + repetitions)) calls to the resource.
 pub fn replay(trace: &Trace, mr: &SharedResource, options: ReplayOptions) -> Result<ReplayReport> {
     if options.progress {
         let mut printer = ProgressPrinter::default();
@@ -177,8 +228,76 @@ impl ProgressPrinter {
     }
 }
 
-/// [`replay`] with a progress callback, called every few thousand events once the replay has
-/// run for a second, and once at the end if it was called before.
+/// Shows on standard error how many timed repetitions are done (long replays only).
+fn show_repetition(done: usize, elapsed: Duration) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\rreplay: {done} timed repetition(s) done, {:.1}s",
+        elapsed.as_secs_f64()
+    );
+    let _ = err.flush();
+}
+
+fn show_repetition_done() {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock());
+}
+
+/// The memory figures of the figures pass.
+#[derive(Default)]
+struct Figures {
+    peak: u128,
+    peak_footprint: Option<usize>,
+    fragmentation_at_peak: Option<f64>,
+    waste_at_peak: u128,
+    waste_at_end: u128,
+    failure_events: Vec<usize>,
+    failed_bytes: u128,
+    unservable: usize,
+    timeline: Vec<TimelinePoint>,
+    end: Option<Footprint>,
+    leaked_allocations: usize,
+    leaked_bytes: u128,
+    timed: Duration,
+}
+
+/// Frees what `slots` holds (the log's leaks); counts them.
+fn free_live(
+    mr: &SharedResource,
+    streams: &Streams,
+    slots: &mut [(usize, usize, u32)],
+) -> (usize, u128, Option<Error>) {
+    let (mut count, mut bytes, mut first_error) = (0, 0u128, None);
+    for slot in slots.iter_mut() {
+        let (ptr, size, stream) = *slot;
+        if ptr != 0 {
+            count += 1;
+            bytes += size as u128;
+            // SAFETY: the slot owns `ptr`, allocated from `mr` with `size` and not freed since;
+            // it is freed once (the slot is cleared) and the replay does no work on the memory.
+            if let Err(e) = unsafe { mr.deallocate(ptr, size, streams.handles[stream as usize]) } {
+                first_error.get_or_insert(e);
+            }
+            *slot = (0, 0, 0);
+        }
+    }
+    (count, bytes, first_error)
+}
+
+/// Waits for stream-ordered work (asynchronous frees) on device memory: part of the replay's
+/// cost, as in RMM's replay benchmark.
+fn synchronize_device(mr: &SharedResource) {
+    if matches!(mr.kind(), MemoryKind::Device | MemoryKind::Managed) {
+        if let Ok(_ctx) = crate::cuda::ContextGuard::new(mr.device().unwrap_or(0)) {
+            let _ = crate::cuda::context_synchronize();
+        }
+    }
+}
+
+/// [`replay`] with a progress callback, called every few thousand events of the figures pass
+/// once it has run for a second, and once at its end if it was called before.
 ///
 /// # Errors
 /// As [`replay`].
@@ -190,22 +309,174 @@ pub fn replay_with_progress(
 ) -> Result<ReplayReport> {
     let streams = map_streams(trace, mr)?;
     let n = trace.events.len();
+    let mut slots: Vec<(usize, usize, u32)> = vec![(0, 0, 0); trace.slot_count];
+    let figures = figures_pass(trace, mr, &options, &streams, &mut slots, progress);
+    let figures = match figures {
+        Ok(f) => f,
+        Err(e) => {
+            free_live(mr, &streams, &mut slots);
+            sync_streams(&streams);
+            return Err(e);
+        }
+    };
+    // Timed repetitions on the same, now warm, resource.
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    loop {
+        let more = match options.repeat {
+            Repeat::FiguresOnly => false,
+            Repeat::Times(k) => samples.len() < k,
+            Repeat::Auto => {
+                samples.len() < AUTO_MAX_REPEATS
+                    && (samples.len() < AUTO_MIN_REPEATS || started.elapsed() < AUTO_MIN_TIME)
+            }
+        };
+        if !more {
+            break;
+        }
+        match timed_pass(trace, mr, &streams, &mut slots) {
+            Ok(t) => samples.push(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)),
+            Err(e) => {
+                free_live(mr, &streams, &mut slots);
+                sync_streams(&streams);
+                return Err(e);
+            }
+        }
+        let (_, _, error) = free_live(mr, &streams, &mut slots);
+        if let Some(e) = error {
+            sync_streams(&streams);
+            return Err(e);
+        }
+        if options.progress && started.elapsed() >= PROGRESS_AFTER {
+            show_repetition(samples.len(), started.elapsed());
+        }
+    }
+    if options.progress && started.elapsed() >= PROGRESS_AFTER {
+        show_repetition_done();
+    }
+    sync_streams(&streams);
+    let repeats = samples.len();
+    if samples.is_empty() {
+        samples.push(u64::try_from(figures.timed.as_nanos()).unwrap_or(u64::MAX));
+    }
+    let mut sorted = samples.clone();
+    sorted.sort_unstable();
+    let median = if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        let (a, b) = (sorted[sorted.len() / 2 - 1], sorted[sorted.len() / 2]);
+        a / 2 + b / 2 + (a % 2 + b % 2) / 2
+    };
+    let per_event = |ns: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 };
+    let overhead = match (figures.peak_footprint, figures.peak) {
+        (Some(f), p) if p > 0 => Some(f as f64 / p as f64),
+        _ => None,
+    };
+    Ok(ReplayReport {
+        source: trace.source.clone(),
+        resource: mr.name().to_string(),
+        events: n,
+        allocations: trace.allocations(),
+        total_ns: median,
+        ns_per_event: per_event(median),
+        ns_per_event_min: per_event(sorted[0]),
+        ns_per_event_max: per_event(sorted[sorted.len() - 1]),
+        ns_per_event_p25: per_event(quantile(&sorted, 1, 4)),
+        ns_per_event_p75: per_event(quantile(&sorted, 3, 4)),
+        samples_ns: samples,
+        repeats,
+        peak_bytes_in_use: figures.peak,
+        peak_footprint: figures.peak_footprint,
+        overhead,
+        internal_waste_at_peak: figures.waste_at_peak,
+        internal_waste_at_end: figures.waste_at_end,
+        fragmentation_at_peak: figures.fragmentation_at_peak,
+        fragmentation_at_end: figures.end.map(|f| f.fragmentation()),
+        footprint_at_end: figures.end,
+        failed_allocations: figures.failure_events.len(),
+        failed_bytes: figures.failed_bytes,
+        failure_events: figures.failure_events,
+        unservable_allocations: figures.unservable,
+        leaked_allocations: figures.leaked_allocations,
+        leaked_bytes: figures.leaked_bytes,
+        logged_failures: trace.logged_failures,
+        parse_warnings: trace.warnings,
+        timeline: figures.timeline,
+    })
+}
+
+/// The `num/den` quantile of sorted, non-empty `values`, by nearest rank.
+fn quantile(values: &[u64], num: usize, den: usize) -> u64 {
+    let last = values.len() - 1;
+    values[((last * num) + den / 2) / den]
+}
+
+fn sync_streams(streams: &Streams) {
+    for s in &streams.owned {
+        let _ = s.synchronize();
+    }
+}
+
+/// One replay with nothing but the calls inside the clock; leaves the leaks in `slots`.
+fn timed_pass(
+    trace: &Trace,
+    mr: &SharedResource,
+    streams: &Streams,
+    slots: &mut [(usize, usize, u32)],
+) -> Result<Duration> {
+    let started = Instant::now();
+    for ev in &trace.events {
+        let slot = ev.slot as usize;
+        let stream = streams.handles[ev.stream as usize];
+        match ev.action {
+            Action::Allocate => match mr.allocate(ev.size, stream) {
+                Ok(ptr) => slots[slot] = (ptr, ev.size, ev.stream),
+                Err(e) if e.is_out_of_memory() => slots[slot] = (0, 0, 0),
+                Err(e) => return Err(e),
+            },
+            Action::Free => {
+                let (ptr, _, _) = slots[slot];
+                if ptr != 0 {
+                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
+                    // trace checks a free's size against its allocation) and is freed once (the
+                    // slot is cleared); the replay does no work on the memory.
+                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
+                    slots[slot] = (0, 0, 0);
+                }
+            }
+        }
+    }
+    synchronize_device(mr);
+    Ok(started.elapsed())
+}
+
+/// The first pass: every memory figure, the timeline, the failures; the clock stops while the
+/// footprint is sampled. Frees the leaks at the end.
+fn figures_pass(
+    trace: &Trace,
+    mr: &SharedResource,
+    options: &ReplayOptions,
+    streams: &Streams,
+    slots: &mut [(usize, usize, u32)],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Figures> {
+    let n = trace.events.len();
+    let rounding = options
+        .rounding
+        .clone()
+        .unwrap_or(BlockRounding::Align(crate::resource::ALLOCATION_ALIGNMENT));
+    let largest = options.largest_request.unwrap_or(usize::MAX);
     let measures_footprint = mr.footprint().is_some();
     let sample_stride = (n / SAMPLES).clamp(1, CHECK_EVERY);
     let timeline_stride = n
         .checked_div(options.timeline_points)
         .map_or(usize::MAX, |stride| stride.max(1));
-    // Per slot: (pointer, size, stream index); pointer 0 means not live (or failed).
-    let mut slots: Vec<(usize, usize, u32)> = vec![(0, 0, 0); trace.slot_count];
-    let mut in_use = 0usize;
-    let mut peak = 0usize;
-    let mut peak_footprint: Option<usize> = None;
-    let mut fragmentation_at_peak = None;
-    let mut failure_events = Vec::new();
-    let mut failed_bytes = 0usize;
-    let mut timeline = Vec::new();
+    let mut f = Figures::default();
+    // Bytes requested by the live allocations, and bytes of the blocks holding them.
+    let mut in_use = 0u128;
+    let mut blocks = 0u128;
     if options.timeline_points > 0 {
-        timeline.push(TimelinePoint {
+        f.timeline.push(TimelinePoint {
             event: 0,
             bytes_in_use: 0,
             footprint: mr.footprint().map(|f| f.held_bytes),
@@ -213,72 +484,75 @@ pub fn replay_with_progress(
     }
     let mut progress_shown = false;
     let started = Instant::now();
-    let mut timed = Duration::ZERO;
     let mut segment = Instant::now();
-    let mut error: Option<Error> = None;
-
     for (i, ev) in trace.events.iter().enumerate() {
         let slot = ev.slot as usize;
         let stream = streams.handles[ev.stream as usize];
         let mut new_peak = false;
+        let mut grew = false;
         match ev.action {
             Action::Allocate => match mr.allocate(ev.size, stream) {
                 Ok(ptr) => {
                     slots[slot] = (ptr, ev.size, ev.stream);
-                    in_use += ev.size;
-                    if in_use > peak {
-                        peak = in_use;
+                    grew = true;
+                    if ptr != 0 {
+                        in_use += ev.size as u128;
+                        blocks += rounding.block(ev.size) as u128;
+                    }
+                    if in_use > f.peak {
+                        f.peak = in_use;
+                        f.waste_at_peak = blocks.saturating_sub(in_use);
                         new_peak = true;
                     }
                 }
                 Err(e) if e.is_out_of_memory() => {
-                    slots[slot] = (0, 0, ev.stream);
-                    failure_events.push(i);
-                    failed_bytes += ev.size;
+                    slots[slot] = (0, 0, 0);
+                    f.failure_events.push(i);
+                    f.failed_bytes += ev.size as u128;
+                    if ev.size > largest {
+                        f.unservable += 1;
+                    }
                 }
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
+                Err(e) => return Err(e),
             },
             Action::Free => {
                 let (ptr, _, _) = slots[slot];
                 if ptr != 0 {
                     // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
-                    // trace checks a free's size against its allocation) and is freed once; the
-                    // replay does no work on the memory.
-                    if let Err(e) = unsafe { mr.deallocate(ptr, ev.size, stream) } {
-                        error = Some(e);
-                        break;
-                    }
+                    // trace checks a free's size against its allocation) and is freed once (the
+                    // slot is cleared); the replay does no work on the memory.
+                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
                     slots[slot] = (0, 0, 0);
-                    in_use -= ev.size;
+                    in_use -= ev.size as u128;
+                    blocks -= rounding.block(ev.size) as u128;
                 }
             }
         }
         let done = i + 1;
         let regular = done % sample_stride == 0;
-        let on_timeline = done % timeline_stride == 0 || (done == n && !timeline.is_empty());
+        let on_timeline = done % timeline_stride == 0 || (done == n && !f.timeline.is_empty());
         let check = done % CHECK_EVERY == 0;
-        if (measures_footprint && (new_peak || regular)) || on_timeline || check {
+        // The footprint can only grow on an allocation: sampling after each one makes the peak
+        // footprint exact.
+        if (measures_footprint && (grew || regular)) || on_timeline || check {
             // Stop the clock while sampling.
-            timed += segment.elapsed();
-            let footprint = if measures_footprint && (new_peak || regular || on_timeline) {
+            f.timed += segment.elapsed();
+            let footprint = if measures_footprint && (grew || regular || on_timeline) {
                 mr.footprint()
             } else {
                 None
             };
-            if let Some(f) = footprint {
-                peak_footprint = Some(peak_footprint.unwrap_or(0).max(f.held_bytes));
+            if let Some(fp) = footprint {
+                f.peak_footprint = Some(f.peak_footprint.unwrap_or(0).max(fp.held_bytes));
                 if new_peak {
-                    fragmentation_at_peak = Some(f.fragmentation());
+                    f.fragmentation_at_peak = Some(fp.fragmentation());
                 }
             }
             if on_timeline {
-                timeline.push(TimelinePoint {
+                f.timeline.push(TimelinePoint {
                     event: done,
                     bytes_in_use: in_use,
-                    footprint: footprint.map(|f| f.held_bytes),
+                    footprint: footprint.map(|fp| fp.held_bytes),
                 });
             }
             if check && started.elapsed() >= PROGRESS_AFTER {
@@ -292,14 +566,8 @@ pub fn replay_with_progress(
             segment = Instant::now();
         }
     }
-    // Stream-ordered work (asynchronous frees) is part of the replay's cost: wait for it inside the
-    // timed region, as RMM's replay benchmark does.
-    if matches!(mr.kind(), MemoryKind::Device | MemoryKind::Managed) {
-        if let Ok(_ctx) = crate::cuda::ContextGuard::new(mr.device().unwrap_or(0)) {
-            let _ = crate::cuda::context_synchronize();
-        }
-    }
-    timed += segment.elapsed();
+    synchronize_device(mr);
+    f.timed += segment.elapsed();
     if progress_shown {
         progress(Progress {
             done: n,
@@ -307,61 +575,19 @@ pub fn replay_with_progress(
             elapsed: started.elapsed(),
         });
     }
-
-    let end = mr.footprint();
-    if let Some(f) = end {
-        peak_footprint = Some(peak_footprint.unwrap_or(0).max(f.held_bytes));
+    f.end = mr.footprint();
+    if let Some(end) = f.end {
+        f.peak_footprint = Some(f.peak_footprint.unwrap_or(0).max(end.held_bytes));
     }
-    // Leaks: what is still live.
-    let mut leaked_allocations = 0;
-    let mut leaked_bytes = 0;
-    let mut cleanup_error = None;
-    for &(ptr, size, stream) in &slots {
-        if ptr != 0 {
-            leaked_allocations += 1;
-            leaked_bytes += size;
-            // SAFETY: the slot still owns `ptr`, allocated from `mr` with `size`; freed once.
-            if let Err(e) = unsafe { mr.deallocate(ptr, size, streams.handles[stream as usize]) } {
-                cleanup_error.get_or_insert(e);
-            }
-        }
+    if measures_footprint && f.fragmentation_at_peak.is_none() {
+        f.fragmentation_at_peak = Some(0.0);
     }
-    if !streams.owned.is_empty() {
-        for s in &streams.owned {
-            let _ = s.synchronize();
-        }
+    f.waste_at_end = blocks.saturating_sub(in_use);
+    let (count, bytes, error) = free_live(mr, streams, slots);
+    f.leaked_allocations = count;
+    f.leaked_bytes = bytes;
+    match error {
+        Some(e) => Err(e),
+        None => Ok(f),
     }
-    if let Some(e) = error.or(cleanup_error) {
-        return Err(e);
-    }
-    let total_ns = u64::try_from(timed.as_nanos()).unwrap_or(u64::MAX);
-    Ok(ReplayReport {
-        source: trace.source.clone(),
-        resource: mr.name().to_string(),
-        events: n,
-        allocations: trace.allocations(),
-        total_ns,
-        ns_per_event: if n == 0 {
-            0.0
-        } else {
-            total_ns as f64 / n as f64
-        },
-        peak_bytes_in_use: peak,
-        peak_footprint,
-        fragmentation_at_peak: if measures_footprint {
-            Some(fragmentation_at_peak.unwrap_or(0.0))
-        } else {
-            None
-        },
-        fragmentation_at_end: end.map(|f| f.fragmentation()),
-        footprint_at_end: end,
-        failed_allocations: failure_events.len(),
-        failed_bytes,
-        failure_events,
-        leaked_allocations,
-        leaked_bytes,
-        logged_failures: trace.logged_failures,
-        parse_warnings: trace.warnings,
-        timeline,
-    })
 }

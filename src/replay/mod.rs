@@ -18,12 +18,18 @@
 
 mod engine;
 mod factory;
+mod fit;
 mod trace;
 
 pub use engine::{
-    replay, replay_with_progress, Progress, ReplayOptions, ReplayReport, TimelinePoint,
+    replay, replay_with_progress, Progress, Repeat, ReplayOptions, ReplayReport, TimelinePoint,
+    AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
 };
-pub use factory::{build_resource, build_resource_sized, RESOURCE_NAMES};
+pub use factory::{
+    build, build_resource, build_resource_sized, canonical_name, resource_names, BlockRounding,
+    BuiltResource, ResourceEntry, ResourceOptions, DEFAULT_BINS, RESOURCES,
+};
+pub use fit::{fit, FitResult};
 pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ pub struct Trace {
     /// The first warnings' messages (`FILE:LINE: ...`).
     pub warning_messages: Vec<String>,
     /// The most bytes the log had live at once (sum of requested sizes).
-    pub peak_requested_bytes: usize,
+    pub peak_requested_bytes: u128,
     /// Allocations the log never frees.
     pub unfreed_allocations: usize,
 }
@@ -108,7 +108,7 @@ struct Parser<'a> {
     free_slots: Vec<u32>,
     stream_index: HashMap<usize, u32>,
     thread_index: HashMap<u64, u32>,
-    in_use: usize,
+    in_use: u128,
 }
 
 impl Parser<'_> {
@@ -214,7 +214,7 @@ impl Parser<'_> {
                 }
                 let slot = self.take_slot()?;
                 self.live.insert(ptr, (slot, size));
-                self.in_use += size;
+                self.in_use += size as u128;
                 self.trace.peak_requested_bytes = self.trace.peak_requested_bytes.max(self.in_use);
                 let event = TraceEvent {
                     size,
@@ -245,7 +245,7 @@ impl Parser<'_> {
                 }
                 self.live.remove(&ptr);
                 self.free_slots.push(slot);
-                self.in_use -= allocated;
+                self.in_use -= allocated as u128;
                 let event = TraceEvent {
                     size: allocated,
                     slot,

@@ -19,7 +19,7 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
-pub use simulated::SimulatedMemoryResource;
+pub use simulated::{SimulatedMemoryResource, SIMULATED_PAGE_SIZE};
 pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 pub use system::SystemMemoryResource;
 pub use virtual_memory::{CudaVirtualMemory, VirtualMemory};

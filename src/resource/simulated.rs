@@ -1,17 +1,43 @@
-//! A pretend device: address ranges with no memory behind them.
+//! A pretend device that behaves like the driver: capacity counted in pages, addresses from a
+//! space much larger than the capacity, no memory behind them.
+//!
+//! The CUDA driver maps physical pages wherever they are free into a large virtual address
+//! space, so `cuMemAlloc` fails only when pages run out, never because of where earlier
+//! allocations sit. The simulated device does the same: it charges each allocation against its
+//! capacity (whole 2 MiB pages for requests of a page or more, 256-byte units for smaller ones,
+//! which the driver packs into shared pages) and places it in an address space at least 64 times
+//! the capacity, so placement never decides whether an allocation succeeds.
 
 use super::{align_up, Footprint, MemoryKind, MemoryResource, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// First address handed out: non-null, far from real allocations, 2 MiB aligned.
 const BASE_ADDRESS: usize = 0x7a00_0000_0000;
 
-/// Hands out 256-byte-aligned address ranges of a pretend device of `size` bytes, with best-fit
-/// placement and coalescing (like `cudaMalloc`), so replays and suballocator tests run at any
-/// GPU size on a machine without one. The pointers must never be dereferenced.
+/// The driver's page: allocations of at least this size are charged in whole pages.
+pub const SIMULATED_PAGE_SIZE: usize = 2 << 20;
+
+/// The address space is at least this many times the capacity.
+const ADDRESS_SPACE_FACTOR: usize = 64;
+
+/// The smallest address space (1 TiB), so small devices also place freely.
+const MIN_ADDRESS_SPACE: usize = 1 << 40;
+
+/// Hands out 256-byte-aligned address ranges of a pretend device of `size` bytes, so replays
+/// and suballocator tests run at any GPU size on a machine without one. The pointers must never
+/// be dereferenced.
+///
+/// An allocation fails (out of memory) only when the capacity is used up: requests of 2 MiB or
+/// more are charged in whole 2 MiB pages, smaller ones in 256-byte units. Frees are checked: a
+/// pointer that is not live, or a size that rounds differently from the allocation's, is a
+/// [`Error::Logic`] and changes nothing.
+///
+/// # Time Complexity
+/// O(log n) per call in the number of live allocations and free address ranges; a failed
+/// allocation is O(1) (a counter check).
 #[derive(Debug)]
 pub struct SimulatedMemoryResource {
     size: usize,
@@ -20,25 +46,46 @@ pub struct SimulatedMemoryResource {
 
 #[derive(Debug, Default)]
 struct SimulatedState {
-    /// Free ranges by address: start -> length.
+    /// Free address ranges by address: start -> length.
     free_by_address: BTreeMap<usize, usize>,
-    /// Free ranges by (length, start), for best fit.
+    /// Free address ranges by (length, start), for best fit.
     free_by_size: BTreeSet<(usize, usize)>,
-    /// Live allocations: start -> rounded length.
-    live: BTreeMap<usize, usize>,
+    /// Live allocations: start -> (256-rounded request, bytes charged).
+    live: HashMap<usize, (usize, usize)>,
+    /// Bytes charged to live allocations.
     in_use: usize,
     peak: usize,
 }
 
+/// Bytes the device charges for `bytes` (pages for large requests); `None` on overflow.
+fn charge(bytes: usize) -> Option<usize> {
+    if bytes >= SIMULATED_PAGE_SIZE {
+        align_up(bytes, SIMULATED_PAGE_SIZE)
+    } else {
+        align_up(bytes, ALLOCATION_ALIGNMENT)
+    }
+}
+
+/// The address space of a device of `size` bytes: at least 64 times the capacity.
+fn address_space(size: usize) -> usize {
+    size.saturating_mul(ADDRESS_SPACE_FACTOR)
+        .clamp(MIN_ADDRESS_SPACE, usize::MAX - BASE_ADDRESS)
+        & !(SIMULATED_PAGE_SIZE - 1)
+}
+
 impl SimulatedMemoryResource {
+    /// The pretend addresses this device may hand out (pointers to check copies against).
+    pub fn address_range(&self) -> std::ops::Range<usize> {
+        BASE_ADDRESS..BASE_ADDRESS + address_space(self.size)
+    }
+
     /// A pretend device of `size` bytes (rounded down to 256).
     pub fn new(size: usize) -> Self {
         let size = size & !(ALLOCATION_ALIGNMENT - 1);
+        let space = address_space(size);
         let mut state = SimulatedState::default();
-        if size > 0 {
-            state.free_by_address.insert(BASE_ADDRESS, size);
-            state.free_by_size.insert((size, BASE_ADDRESS));
-        }
+        state.free_by_address.insert(BASE_ADDRESS, space);
+        state.free_by_size.insert((space, BASE_ADDRESS));
         SimulatedMemoryResource {
             size,
             state: Mutex::new(state),
@@ -50,12 +97,18 @@ impl SimulatedMemoryResource {
         self.size
     }
 
-    /// Bytes currently allocated (rounded to 256 per allocation).
+    /// Bytes the device charges for a request of `bytes`: whole 2 MiB pages for requests of a
+    /// page or more, 256-byte units below (saturating at `usize::MAX`).
+    pub fn charged_bytes(bytes: usize) -> usize {
+        charge(bytes).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes currently charged to live allocations.
     pub fn bytes_in_use(&self) -> usize {
         self.state.lock().in_use
     }
 
-    /// The most bytes ever allocated at once.
+    /// The most bytes ever charged at once.
     pub fn peak_bytes_in_use(&self) -> usize {
         self.state.lock().peak
     }
@@ -65,9 +118,43 @@ impl SimulatedMemoryResource {
         self.state.lock().live.len()
     }
 
-    /// The pretend addresses this device hands out (empty for a device of size 0).
-    pub fn address_range(&self) -> std::ops::Range<usize> {
-        BASE_ADDRESS..BASE_ADDRESS + self.size
+    /// Whether `ptr` is the start of a live allocation of this device.
+    pub fn owns(&self, ptr: usize) -> bool {
+        self.state.lock().live.contains_key(&ptr)
+    }
+}
+
+impl SimulatedState {
+    /// Takes `len` bytes of address space (best fit); `None` if no range is that large.
+    fn place(&mut self, len: usize) -> Option<usize> {
+        let &(range, start) = self.free_by_size.range((len, 0)..).next()?;
+        self.free_by_size.remove(&(range, start));
+        self.free_by_address.remove(&start);
+        if range > len {
+            self.free_by_address.insert(start + len, range - len);
+            self.free_by_size.insert((range - len, start + len));
+        }
+        Some(start)
+    }
+
+    /// Returns `[start, start + len)` to the address space, merging with its neighbours.
+    fn unplace(&mut self, mut start: usize, mut len: usize) {
+        if let Some((&prev, &prev_len)) = self.free_by_address.range(..start).next_back() {
+            if prev + prev_len == start {
+                self.free_by_address.remove(&prev);
+                self.free_by_size.remove(&(prev_len, prev));
+                start = prev;
+                len += prev_len;
+            }
+        }
+        if let Some(&next_len) = self.free_by_address.get(&(start + len)) {
+            let next = start + len;
+            self.free_by_address.remove(&next);
+            self.free_by_size.remove(&(next_len, next));
+            len += next_len;
+        }
+        self.free_by_address.insert(start, len);
+        self.free_by_size.insert((len, start));
     }
 }
 
@@ -76,58 +163,61 @@ impl MemoryResource for SimulatedMemoryResource {
         if bytes == 0 {
             return Ok(0);
         }
-        let rounded = align_up(bytes, ALLOCATION_ALIGNMENT)
-            .ok_or_else(|| Error::out_of_memory(bytes, "simulated device: size overflows"))?;
+        let (Some(rounded), Some(charged)) = (align_up(bytes, ALLOCATION_ALIGNMENT), charge(bytes))
+        else {
+            return Err(Error::out_of_memory(
+                bytes,
+                "simulated device: size overflows",
+            ));
+        };
         let mut s = self.state.lock();
-        let Some(&(len, start)) = s.free_by_size.range((rounded, 0)..).next() else {
+        if charged > self.size - s.in_use {
+            let in_use = s.in_use;
+            drop(s);
             return Err(Error::out_of_memory(
                 bytes,
                 format!(
-                    "simulated device of {} bytes has no free range that large ({} bytes in use)",
-                    self.size, s.in_use
+                    "simulated device of {} bytes: {charged} bytes needed, {} free",
+                    self.size,
+                    self.size - in_use
                 ),
             ));
-        };
-        s.free_by_size.remove(&(len, start));
-        s.free_by_address.remove(&start);
-        if len > rounded {
-            s.free_by_address.insert(start + rounded, len - rounded);
-            s.free_by_size.insert((len - rounded, start + rounded));
         }
-        s.live.insert(start, rounded);
-        s.in_use += rounded;
+        let Some(start) = s.place(rounded) else {
+            // Unreachable while the address space is 64x the capacity; reported honestly.
+            return Err(Error::out_of_memory(
+                bytes,
+                "simulated device: address space exhausted",
+            ));
+        };
+        s.live.insert(start, (rounded, charged));
+        s.in_use += charged;
         s.peak = s.peak.max(s.in_use);
         Ok(start)
     }
 
-    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    /// Checked: a pointer that is not live, or a size that rounds differently from the
+    /// allocation's, is [`Error::Logic`] (so only preconditions 3 and 4 apply).
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, _stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         let mut s = self.state.lock();
-        let Some(len) = s.live.remove(&ptr) else {
+        let Some(&(rounded, charged)) = s.live.get(&ptr) else {
             return Err(Error::Logic(format!(
-                "simulated device: deallocate of {ptr:#x}, which is not allocated"
+                "simulated device: deallocate of {ptr:#x}, which is not allocated \
+                 (never, already freed, or inside another allocation)"
             )));
         };
-        s.in_use -= len;
-        let (mut start, mut len) = (ptr, len);
-        if let Some((&prev, &prev_len)) = s.free_by_address.range(..start).next_back() {
-            if prev + prev_len == start {
-                s.free_by_address.remove(&prev);
-                s.free_by_size.remove(&(prev_len, prev));
-                start = prev;
-                len += prev_len;
-            }
+        if align_up(bytes, ALLOCATION_ALIGNMENT) != Some(rounded) {
+            return Err(Error::Logic(format!(
+                "simulated device: deallocate of {ptr:#x} with {bytes} bytes, but it was \
+                 allocated with {rounded} bytes (rounded to 256)"
+            )));
         }
-        if let Some(&next_len) = s.free_by_address.get(&(start + len)) {
-            let next = start + len;
-            s.free_by_address.remove(&next);
-            s.free_by_size.remove(&(next_len, next));
-            len += next_len;
-        }
-        s.free_by_address.insert(start, len);
-        s.free_by_size.insert((len, start));
+        s.live.remove(&ptr);
+        s.in_use -= charged;
+        s.unplace(ptr, rounded);
         Ok(())
     }
 
@@ -135,23 +225,29 @@ impl MemoryResource for SimulatedMemoryResource {
         MemoryKind::Simulated
     }
 
+    /// Free bytes (whole pages once a page or more is free, so a request of that size fits)
+    /// and the capacity.
     fn memory_info(&self) -> Option<(usize, usize)> {
-        Some((self.size - self.state.lock().in_use, self.size))
+        let free = self.size - self.state.lock().in_use;
+        let usable = if free >= SIMULATED_PAGE_SIZE {
+            free & !(SIMULATED_PAGE_SIZE - 1)
+        } else {
+            free
+        };
+        Some((usable, self.size))
     }
 
+    /// Held: the bytes charged to live allocations; free: the rest of the capacity, all of it
+    /// usable by one request (the driver's placement never fragments).
     fn footprint(&self) -> Option<Footprint> {
         let s = self.state.lock();
+        let free = self.size - s.in_use;
         Some(Footprint {
             held_bytes: s.in_use,
-            free_bytes: self.size - s.in_use,
-            largest_free_block: s.free_by_size.iter().next_back().map_or(0, |&(len, _)| len),
-            free_blocks: s.free_by_size.len(),
+            free_bytes: free,
+            largest_free_block: free,
+            free_blocks: usize::from(free > 0),
         })
-    }
-
-    fn call_profile(&self) -> super::CallProfile {
-        // Bookkeeping only.
-        super::CallProfile::QUICK
     }
 
     fn name(&self) -> &'static str {
@@ -163,20 +259,29 @@ impl MemoryResource for SimulatedMemoryResource {
 mod tests {
     use super::*;
 
+    const GIB: usize = 1 << 30;
+
+    /// Frees on the default stream.
+    fn free(mr: &SimulatedMemoryResource, ptr: usize, bytes: usize) -> Result<()> {
+        // SAFETY: simulated memory checks every free (a bad one is `Error::Logic`, which these
+        // tests provoke on purpose) and nothing dereferences its pointers.
+        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
+    }
+
     #[test]
-    fn allocations_are_aligned_disjoint_and_coalesce() {
+    fn allocations_are_aligned_disjoint_and_counted() {
         let mr = SimulatedMemoryResource::new(1 << 20);
         let a = mr.allocate(1, Stream::DEFAULT).unwrap();
         let b = mr.allocate(300, Stream::DEFAULT).unwrap();
         assert_eq!(a % 256, 0);
-        assert_eq!(b, a + 256);
+        assert_eq!(b % 256, 0);
+        assert!(b >= a + 256 || a >= b + 512);
         assert_eq!(mr.bytes_in_use(), 256 + 512);
-        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
-        unsafe { mr.deallocate(a, 1, Stream::DEFAULT) }.unwrap();
-        // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
-        unsafe { mr.deallocate(b, 300, Stream::DEFAULT) }.unwrap();
+        free(&mr, a, 1).unwrap();
+        free(&mr, b, 300).unwrap();
         assert_eq!(mr.bytes_in_use(), 0);
-        assert_eq!(mr.allocate(1 << 20, Stream::DEFAULT).unwrap(), a);
+        assert_eq!(mr.peak_bytes_in_use(), 768);
+        assert!(mr.allocate(1 << 20, Stream::DEFAULT).is_ok());
     }
 
     #[test]
@@ -186,9 +291,68 @@ mod tests {
             .allocate(2048, Stream::DEFAULT)
             .unwrap_err()
             .is_out_of_memory());
-        // SAFETY: simulated memory checks every free (documented), so a bogus pointer is
-        // reported and never dereferenced.
-        assert!(unsafe { mr.deallocate(0x1234, 8, Stream::DEFAULT) }.is_err());
+        assert!(matches!(free(&mr, 0x1234, 8), Err(Error::Logic(_))));
         assert_eq!(mr.allocate(0, Stream::DEFAULT).unwrap(), 0);
+        assert!(mr
+            .allocate(usize::MAX, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+    }
+
+    #[test]
+    fn large_requests_are_charged_in_pages() {
+        let mr = SimulatedMemoryResource::new(8 << 20);
+        let a = mr.allocate((2 << 20) + 1, Stream::DEFAULT).unwrap();
+        assert_eq!(mr.bytes_in_use(), 4 << 20);
+        let b = mr.allocate(4 << 20, Stream::DEFAULT).unwrap();
+        assert!(mr
+            .allocate(256, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        free(&mr, a, (2 << 20) + 1).unwrap();
+        free(&mr, b, 4 << 20).unwrap();
+        assert_eq!(SimulatedMemoryResource::charged_bytes(3 << 20), 4 << 20);
+        assert_eq!(SimulatedMemoryResource::charged_bytes(1000), 1024);
+    }
+
+    #[test]
+    fn placement_never_fails_while_pages_remain() {
+        // Issue 10: 12 GiB, 8 GiB, free the 12, then 20 GiB on a 32 GiB device succeeds, as
+        // `cudaMalloc` does (the driver maps pages wherever they are).
+        let mr = SimulatedMemoryResource::new(32 * GIB);
+        let a = mr.allocate(12 * GIB, Stream::DEFAULT).unwrap();
+        let b = mr.allocate(8 * GIB, Stream::DEFAULT).unwrap();
+        free(&mr, a, 12 * GIB).unwrap();
+        let c = mr.allocate(20 * GIB, Stream::DEFAULT).unwrap();
+        assert!(c + 20 * GIB <= b || b + 8 * GIB <= c);
+        assert!(mr
+            .allocate(5 * GIB, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        assert_eq!(mr.footprint().unwrap().fragmentation(), 0.0);
+        free(&mr, b, 8 * GIB).unwrap();
+        free(&mr, c, 20 * GIB).unwrap();
+    }
+
+    #[test]
+    fn frees_are_checked_and_the_device_keeps_working() {
+        // Issue 9: freeing a pool's pointer (inside its chunk, or the chunk's start with the
+        // request's size) on the pool's upstream must not free the chunk.
+        let mr = SimulatedMemoryResource::new(1 << 30);
+        let chunk = mr.allocate(64 << 20, Stream::DEFAULT).unwrap();
+        let wrong_size = free(&mr, chunk, 4096);
+        assert!(matches!(wrong_size, Err(Error::Logic(ref m)) if m.contains("allocated with")));
+        let inside = free(&mr, chunk + 4096, 4096);
+        assert!(matches!(inside, Err(Error::Logic(_))));
+        assert_eq!(mr.bytes_in_use(), 64 << 20);
+        assert!(mr.owns(chunk));
+        free(&mr, chunk, 64 << 20).unwrap();
+        let double = free(&mr, chunk, 64 << 20);
+        assert!(matches!(double, Err(Error::Logic(_))));
+        assert_eq!(mr.bytes_in_use(), 0);
+        let again = mr.allocate(1 << 20, Stream::DEFAULT).unwrap();
+        assert!(mr.owns(again));
+        free(&mr, again, 1 << 20).unwrap();
+        assert_eq!(mr.live_allocations(), 0);
     }
 }

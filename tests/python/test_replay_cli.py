@@ -31,14 +31,13 @@ SMALL_LOG = f"""{HEADER}
 101,10:00:00.000008,free,0x7f0000001000,256,0
 """
 
-def _traces_dir() -> Path:
-    """The shared traces: $RRMM_TRACES, else shared/traces beside the checkout."""
-    if "RRMM_TRACES" in os.environ:
-        return Path(os.environ["RRMM_TRACES"])
-    return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+def shipped(name: str) -> str:
+    """The shipped trace ``name``; a missing one fails the test."""
+    from rrmm import traces
 
-
-TRACES = _traces_dir()
+    path = traces.path(name)
+    assert path.is_file(), f"{path} is missing"
+    return str(path)
 
 
 def replay(capsys, *args: str) -> tuple[int, str, str]:
@@ -48,6 +47,8 @@ def replay(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def replay_json(capsys, *args: str) -> dict:
+    if "--repeat" not in args:
+        args = (*args, "--repeat", "2")
     code, out, err = replay(capsys, *args, "--json")
     assert code == 0, err
     return json.loads(out)
@@ -140,22 +141,29 @@ def test_failures_on_a_small_simulated_device(capsys, tmp_path):
 
 def test_comparison_table(capsys, small_log):
     code, out, _ = replay(
-        capsys, small_log, "--simulate", "1GiB", "--compare", "pool,binning,fixed_size,simulated"
+        capsys, small_log, "--simulate", "1GiB", "--compare", "pool,binning,fixed_size,simulated",
+        "--repeat", "2",
     )
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].startswith(f"{small_log}: 7 events, 2 thread(s), 2 stream(s)")
-    assert "the log records 1 failed allocation(s)" in out
+    # The log's own properties once, in the header.
+    assert lines[0].startswith(f"{small_log}: 7 events, 2 thread(s), 2 stream(s), peak 3.91 KiB")
+    assert "1 allocation(s) never freed, 1 failed allocation(s) logged (not replayed)" in lines[0]
     header = next(line for line in lines if line.startswith("resource"))
-    columns = ["events", "ns/event", "peak in use", "peak footprint", "frag@peak", "frag@end"]
-    for column in columns + ["failed", "leaks"]:
+    for column in ["ns/event", "spread", "footprint", "overhead", "waste", "frag@peak",
+                   "frag@end", "failed"]:
         assert column in header
-    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in
-            {"pool", "binning", "fixed_size", "simulated"}}
+    assert "leaks" not in header
+    rows = {line.split()[0]: line for line in lines
+            if line.split() and line.split()[0] in {"pool", "binning", "fixed_size", "simulated"}}
     assert set(rows) == {"pool", "binning", "fixed_size", "simulated"}
-    for row in rows.values():
-        assert " 7 " in row
-        assert "1 (500 B)" in row  # the leak
+    assert "simulated device" in rows["simulated"]
+    # Each resource's setup is printed.
+    assert "  pool: coalescing pool, initial 512.00 MiB (half the free memory)" in out
+    assert "  binning: bins 2^18..2^22 (256.00 KiB..4.00 MiB) x 128 blocks per chunk" in out
+    assert "  fixed_size: 1.00 MiB blocks, 128 per chunk" in out
+    assert "the simulated device's timings are the simulator's, not CUDA's" in out
+    assert "median of 2 repetition(s) after a warm-up" in out
 
 
 def test_compare_all_and_json_of_several_logs(capsys, tmp_path, small_log):
@@ -168,7 +176,7 @@ def test_compare_all_and_json_of_several_logs(capsys, tmp_path, small_log):
     assert all(r["peak_bytes_in_use"] == 100 for r in doc["reports"][len(names) :])
 
 
-def test_shared_traces_figures(capsys):
+def test_shipped_traces_figures(capsys):
     # From an independent pass over the CSV: (events, allocations, peak bytes in use, leaks,
     # leaked bytes, threads).
     expected = {
@@ -176,18 +184,21 @@ def test_shared_traces_figures(capsys):
         "transformer_training": (21_949, 11_046, 1_313_089_416, 105, 234_633_728, 2),
     }
     for name, (events, allocs, peak, leaks, leaked_bytes, threads) in expected.items():
-        path = TRACES / f"{name}.csv.gz"
-        if not path.exists():
-            pytest.skip(f"{path} not found")
-        doc = replay_json(capsys, str(path), "--simulate", "64GiB", "--compare", "pool,binning")
+        doc = replay_json(capsys, name, "--simulate", "64GiB", "--compare", "pool,binning",
+                          "--repeat", "1")
+        assert shipped(name).endswith(f"{name}.csv.gz")
         for r in doc["reports"]:
+            assert r["log"] == f"{name}.csv.gz"  # the file name, not the installed path
             assert r["events"] == events
             assert r["allocations"] == allocs
             assert r["peak_bytes_in_use"] == peak
+            assert r["log_peak_bytes"] == peak
             assert (r["leaked_allocations"], r["leaked_bytes"]) == (leaks, leaked_bytes)
+            assert r["log_unfreed_allocations"] == leaks
             assert r["failed_allocations"] == 0
             assert r["threads"] == threads
             assert r["peak_footprint"] >= peak
+            assert r["overhead"] == pytest.approx(r["peak_footprint"] / peak)
 
 
 def test_plot_is_a_png_that_is_not_blank(capsys, tmp_path, small_log):
@@ -270,15 +281,7 @@ def test_not_a_log_missing_file_and_bad_arguments(capsys, tmp_path, small_log):
     code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--resource", "nope")
     assert code == 2 and "unknown resource 'nope'" in err
     code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--compare", ",")
-    assert code == 2
-    code, _, err = replay(capsys, small_log, "--simulate", "0")
-    assert code == 2 and "positive" in err
-    code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--initial-pool-size", "1000")
-    assert code == 2 and "256" in err  # RMM's pool size validation
-    with pytest.raises(SystemExit) as exit_info:
-        main(["replay", small_log, "--simulate", "4XB"])
-    assert exit_info.value.code == 2
-    capsys.readouterr()
+    assert code == 2 and "--compare names no resource" in err
 
 
 def test_python_dash_m_runs_the_command(small_log):
@@ -298,7 +301,7 @@ def test_without_gpu_or_simulate_uses_default_simulated_memory(capsys, small_log
 
     if _rrmm.replay_gpu_available():
         pytest.skip("a GPU is present: the replay runs on it")
-    code, out, err = replay(capsys, small_log, "--json")
+    code, out, err = replay(capsys, small_log, "--json", "--repeat", "1")
     assert code == 0
     assert "no GPU found; replaying on simulated memory of 80.00 GiB" in err
     doc = json.loads(out)
@@ -311,19 +314,38 @@ def test_help_lists_the_options(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for option in ["--resource", "--compare", "--simulate", "--initial-pool-size",
-                   "--maximum-pool-size", "--plot", "--json", "--lenient"]:
+                   "--maximum-pool-size", "--bins", "--block-size", "--blocks", "--repeat",
+                   "--fit", "--plot", "--json", "--lenient"]:
         assert option in out
+    # Every option has help text.
+    from rrmm import _cli_replay
+
+    parser = _cli_replay.add_parser(argparse.ArgumentParser().add_subparsers())
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    for figure in ["ns/event", "spread", "footprint", "overhead", "waste", "frag@peak",
+                   "failed", "1 - largest free block / free bytes"]:
+        assert figure in out
+    for name in ["pool", "binning", "fixed_size", "cuda_async", "cuda", "managed", "simulated"]:
+        assert f"  {name} " in out
 
 
 def test_shipped_trace_by_name_replays_like_its_file(capsys):
     from rrmm import traces
 
     assert "transformer_training" in traces.names()
-    by_name = replay_json(capsys, "transformer_training", "--simulate", "80GiB", "--resource", "pool")
+    by_name = replay_json(capsys, "transformer_training", "--simulate", "80GiB", "--resource",
+                          "pool", "--repeat", "1")
     path = str(traces.path("transformer_training"))
-    by_path = replay_json(capsys, path, "--simulate", "80GiB", "--resource", "pool")
+    by_path = replay_json(capsys, path, "--simulate", "80GiB", "--resource", "pool",
+                          "--repeat", "1")
     (a,), (b,) = by_name["reports"], by_path["reports"]
-    assert a["log"] == b["log"] == path
+    assert a["log"] == "transformer_training.csv.gz"
+    assert b["log"] == path
+    code, out, _ = replay(capsys, "transformer_training", "--simulate", "80GiB", "--repeat", "1")
+    assert code == 0
+    assert out.startswith("transformer_training.csv.gz: 21949 events")
+    assert "site-packages" not in out
     for key in ("events", "allocations", "peak_bytes_in_use", "peak_footprint", "leaked_bytes"):
         assert a[key] == b[key], key
     assert a["events"] > 20000
@@ -334,3 +356,283 @@ def test_unknown_name_is_reported_as_a_missing_file(capsys):
     code, _, err = replay(capsys, "no_such_trace_anywhere", "--simulate", "1GiB")
     assert code == 2
     assert "no_such_trace_anywhere" in err
+
+
+# Hand-computed figures. The log: A=1000, B=3000, free A, C=500, free B; C never freed.
+# Peak in use 4000 (A+B), 500 at the end.
+HAND_LOG = f"""{HEADER}
+1,t,allocate,0xa000,1000,0
+1,t,allocate,0xb000,3000,0
+1,t,free,0xa000,1000,0
+1,t,allocate,0xc000,500,0
+1,t,free,0xb000,3000,0
+"""
+
+MIB = 1 << 20
+# pool (initial 1 MiB): holds 1 MiB throughout; blocks are 256-rounded (1024 + 3072 at the
+# peak: waste 96; 512 for C at the end: waste 12). At the peak the free memory is one block.
+# At the end C took the start of A's freed block, and B's freed block merged with the rest of
+# it, [512, 4096), which the pool keeps apart from the never-used (fresh) memory [4096, 1 MiB):
+# fragmentation 1 - (MIB - 4096) / (MIB - 512).
+# binning (bins 1, 2, 4 KiB x 4 blocks, over the same pool): the bins take 4 + 8 + 16 KiB of
+# the pool; A -> 1 KiB bin, B -> 4 KiB bin, C -> 1 KiB bin. Waste: 1024 + 4096 - 4000 at the
+# peak, 1024 - 500 at the end. Free: the pool's one block (MIB - 28 KiB) plus the bins' free
+# blocks (3 + 8 + 12 KiB at the peak; 3 + 8 + 16 KiB at the end); largest: the pool's.
+# fixed_size (4 KiB x 4 blocks): holds 16 KiB; waste 8192 - 4000, then 4096 - 500; free
+# blocks of 4 KiB: 2 at the peak (fragmentation 1/2), 3 at the end (2/3).
+# simulated: charges 1024 + 3072 at the peak (overhead 1.024), 512 at the end; never fragments.
+POOL_FREE = MIB - 28 * 1024
+HAND = {
+    "pool": (MIB, MIB / 4000, 96, 12, 0.0, 1 - (MIB - 4096) / (MIB - 512)),
+    "binning": (MIB, MIB / 4000, 1120, 524, 1 - POOL_FREE / (POOL_FREE + 23 * 1024),
+                1 - POOL_FREE / (POOL_FREE + 27 * 1024)),
+    "fixed_size": (16384, 16384 / 4000, 4192, 3596, 0.5, 2 / 3),
+    "simulated": (4096, 4096 / 4000, 96, 12, 0.0, 0.0),
+}
+
+
+def test_overhead_waste_and_fragmentation_match_hand_computed_values(capsys, tmp_path):
+    log = tmp_path / "hand.csv"
+    log.write_text(HAND_LOG)
+    doc = replay_json(
+        capsys, str(log), "--simulate", "1GiB", "--compare", "pool,binning,fixed_size,simulated",
+        "--initial-pool-size", "1MiB", "--bins", "10:12", "--blocks", "4", "--block-size", "4KiB",
+    )
+    assert [r["resource"] for r in doc["reports"]] == list(HAND)
+    for r in doc["reports"]:
+        footprint, overhead, waste_peak, waste_end, frag_peak, frag_end = HAND[r["resource"]]
+        name = r["resource"]
+        assert r["peak_bytes_in_use"] == 4000, name
+        assert r["peak_footprint"] == footprint, name
+        assert r["overhead"] == pytest.approx(overhead), name
+        assert r["internal_waste_at_peak"] == waste_peak, name
+        assert r["internal_waste_at_end"] == waste_end, name
+        assert r["fragmentation_at_peak"] == pytest.approx(frag_peak), name
+        assert r["fragmentation_at_end"] == pytest.approx(frag_end), name
+        assert r["failed_allocations"] == 0, name
+        assert (r["leaked_allocations"], r["leaked_bytes"]) == (1, 500), name
+
+
+ISSUE_LOG = f"""{HEADER}
+1,00:00:00.000001,allocate,0x1000,12884901888,0
+1,00:00:00.000002,allocate,0x2000,8589934592,0
+1,00:00:00.000003,free,0x1000,12884901888,0
+1,00:00:00.000004,allocate,0x3000,21474836480,0
+1,00:00:00.000005,free,0x2000,8589934592,0
+1,00:00:00.000006,free,0x3000,21474836480,0
+"""
+
+
+def test_the_issue_log_fits_the_simulated_device_but_not_the_pool(capsys, tmp_path):
+    # 12 GiB, 8 GiB, free the 12, 20 GiB on 32 GiB: the driver maps pages wherever they are,
+    # so the device serves it; the pool's chunks (16 GiB initial, 16 GiB grown) never coalesce.
+    log = tmp_path / "issue.csv"
+    log.write_text(ISSUE_LOG)
+    doc = replay_json(capsys, str(log), "--simulate", "32GiB", "--compare", "cuda,pool")
+    device, pool = doc["reports"]
+    assert device["resource"] == "simulated" and device["simulated_device"]
+    assert device["failed_allocations"] == 0
+    assert device["peak_bytes_in_use"] == 28 << 30
+    assert pool["resource"] == "pool"
+    assert pool["failed_allocations"] == 1
+    assert pool["failure_events"] == [3]
+
+
+def test_base_resources_are_one_simulated_device_row(capsys, small_log):
+    doc = replay_json(capsys, small_log, "--simulate", "1GiB", "--compare",
+                      "cuda,cuda_async,managed,pool")
+    assert [r["resource"] for r in doc["reports"]] == ["simulated", "pool"]
+    code, out, _ = replay(capsys, small_log, "--simulate", "1GiB", "--compare", "all",
+                          "--repeat", "1")
+    assert code == 0
+    assert out.count("simulated device") >= 2  # the row and its setup line
+    for base in ["cuda ", "cuda_async", "managed"]:
+        assert not any(line.startswith(base) for line in out.splitlines())
+
+
+def test_repeated_timings_with_spread_in_the_json(capsys, small_log):
+    (r,) = replay_json(capsys, small_log, "--simulate", "1GiB", "--repeat", "7")["reports"]
+    assert r["repeats"] == 7
+    assert len(r["samples_ns"]) == 7
+    assert all(t > 0 for t in r["samples_ns"])
+    samples = sorted(r["samples_ns"])
+    assert r["total_ns"] == samples[3]  # the median
+    assert r["ns_per_event"] == pytest.approx(samples[3] / 7)
+    assert r["ns_per_event_min"] == pytest.approx(samples[0] / 7)
+    assert r["ns_per_event_max"] == pytest.approx(samples[-1] / 7)
+    # Quartiles by nearest rank of 7: the 2nd and 5th fastest.
+    assert r["ns_per_event_p25"] == pytest.approx(samples[2] / 7)
+    assert r["ns_per_event_p75"] == pytest.approx(samples[5] / 7)
+    assert r["spread"] == pytest.approx((samples[5] - samples[2]) / samples[3])
+
+
+def test_default_repeats_at_least_five_and_half_a_second(capsys, small_log):
+    code, out, err = replay(capsys, small_log, "--simulate", "1GiB", "--json")
+    assert code == 0, err
+    (r,) = json.loads(out)["reports"]
+    # At least 5 repetitions and 0.5 s of them, at most 1000 (this log takes microseconds).
+    assert r["repeats"] >= 5
+    assert sum(r["samples_ns"]) >= 0.5e9 or r["repeats"] == 1000
+
+
+def test_sums_are_exact_beyond_64_bits(capsys, tmp_path):
+    log = write_log(tmp_path, "1,t,allocate,0x1000,9223372036854775808,0\n"
+                              "1,t,allocate,0x2000,9223372036854775808,0", "huge.csv")
+    (r,) = replay_json(capsys, log, "--simulate", "1GiB", "--resource", "simulated")["reports"]
+    assert r["failed_allocations"] == 2
+    assert r["failed_bytes"] == 2**64
+    assert r["log_peak_bytes"] == 2**64
+
+
+def test_a_resource_that_cannot_be_built_is_its_own_row(capsys):
+    # Five bins of 128 blocks need 992 MiB of pool: more than the maximum of 512 MiB.
+    args = ("transformer_training", "--simulate", "32GiB", "--compare", "pool,binning,cuda",
+            "--maximum-pool-size", "512MiB", "--initial-pool-size", "256MiB")
+    doc = replay_json(capsys, *args, "--repeat", "1")
+    pool, binning, device = doc["reports"]
+    assert binning["error"].startswith("cannot be built: ")
+    assert "out_of_memory" in binning["error"]
+    assert pool["error"] is None and device["error"] is None
+    assert pool["events"] == device["events"] == 21949
+    code, out, _ = replay(capsys, *args, "--repeat", "1")
+    assert code == 0
+    assert "    no figures: cannot be built: " in out
+
+
+def test_fixed_size_says_why_it_fails(capsys):
+    doc = replay_json(capsys, "transformer_training", "--simulate", "32GiB", "--resource",
+                      "fixed_size", "--repeat", "1")
+    (r,) = doc["reports"]
+    assert r["failed_allocations"] == r["unservable_allocations"] == 7014
+    code, out, _ = replay(capsys, "transformer_training", "--simulate", "32GiB", "--resource",
+                          "fixed_size", "--repeat", "1")
+    assert code == 0
+    assert "7014 of them ask for more than its block size: it cannot serve them by design" in out
+    # The largest request is 139,264,000 bytes: 136 MiB blocks serve every one (on a device
+    # large enough for one block per live allocation).
+    (r,) = replay_json(capsys, "transformer_training", "--simulate", "1TiB", "--resource",
+                       "fixed_size", "--block-size", "136MiB", "--blocks", "4",
+                       "--repeat", "1")["reports"]
+    assert r["log_largest_request"] == 139_264_000
+    assert r["failed_allocations"] == r["unservable_allocations"] == 0
+    assert r["setup"].startswith("136.00 MiB blocks, 4 per chunk")
+
+
+def test_fit_on_shipped_traces_is_checked_by_replaying(capsys):
+    for name in ["transformer_training", "random_10k_1mib"]:
+        doc = replay_json(capsys, name, "--simulate", "64GiB", "--compare",
+                          "pool,binning,simulated", "--fit", "--repeat", "1")
+        assert len(doc["fits"]) == 3
+        for f in doc["fits"]:
+            size = f["device_bytes"]
+            assert size is not None, f
+            assert f["failing_bytes"] < size
+            assert size - f["failing_bytes"] <= max(size // 100, 256)
+            if f["resource"] != "simulated":
+                assert f["initial_pool_size"] is not None
+            at = replay_json(capsys, name, "--simulate", str(size), "--resource", f["resource"],
+                             "--repeat", "1")["reports"][0]
+            assert at["failed_allocations"] == 0, (name, f)
+            below = replay_json(capsys, name, "--simulate", str(size * 9 // 10), "--resource",
+                                f["resource"], "--repeat", "1")["reports"][0]
+            assert below["failed_allocations"] > 0, (name, f)
+    code, out, _ = replay(capsys, "transformer_training", "--simulate", "64GiB", "--compare",
+                          "pool,fixed_size,arena", "--fit", "--repeat", "1")
+    assert "    arena needs " in out and "with arena_size=" in out
+    assert code == 0
+    assert "fit (smallest simulated device with no failed allocation):" in out
+    assert "    pool needs " in out and "with initial_pool_size=" in out
+    assert "    fixed_size fits on no device: 7014 request(s) above its largest block" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    from rrmm import __version__
+
+    assert capsys.readouterr().out.strip() == f"rrmm {__version__}"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--compare", ""], "--compare names no resource"),
+        (["--compare", " , "], "--compare names no resource"),
+        (["--compare", "pool,nope"], "unknown resource 'nope'"),
+        (["--plot", "out.txt"], "unknown file type '.txt'"),
+        (["--plot", "out"], "unknown file type '(none)'"),
+        (["--plot", "/no/such/dir/out.png"], "does not exist"),
+        (["--initial-pool-size", "1000"], "multiple of 256"),
+        (["--maximum-pool-size", "1000"], "multiple of 256"),
+        (["--initial-pool-size", "2MiB", "--maximum-pool-size", "1MiB"], "exceeds"),
+    ],
+)
+def test_misuse_is_a_one_line_error_before_any_replay(capsys, small_log, args, needle):
+    code, out, err = replay(capsys, small_log, "--simulate", "1GiB", *args)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rrmm replay: error: ")
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--simulate", "4XB"], "unknown unit"),
+        (["--simulate", "0"], "positive"),
+        (["--repeat", "0"], "positive"),
+        (["--repeat", "x"], "not a whole number"),
+        (["--bins", "22:18"], "MIN <= MAX"),
+        (["--bins", "18"], "MIN:MAX"),
+        (["--block-size", "0"], "positive"),
+        (["--blocks", "0"], "positive"),
+        (["--blocks", "-3"], "positive"),
+        (["--no-such-option"], "unrecognized arguments"),
+        (["--compare"], "expected one argument"),
+    ],
+)
+def test_bad_option_values_are_one_line_usage_errors(capsys, small_log, args, needle):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", small_log, *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(("rrmm replay: error: ", "rrmm: error: "))
+    assert needle in line
+
+
+def test_unwritable_plot_is_refused_before_the_replay(capsys, small_log, tmp_path):
+    folder = tmp_path / "folder.png"
+    folder.mkdir()
+    code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--plot", str(folder))
+    assert code == 2 and "is a directory" in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        code, out, err = replay(capsys, small_log, "--simulate", "1GiB", "--plot",
+                                str(locked / "x.png"))
+        assert code == 2 and out == ""
+        assert "not writable" in err
+    finally:
+        locked.chmod(0o700)
+
+
+def test_plot_with_fit_and_failures_per_resource(capsys, tmp_path, small_log):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "fit.svg"
+    code, text, err = replay(capsys, small_log, "--simulate", "4KiB", "--compare",
+                             "simulated,pool,fixed_size", "--fit", "--plot", str(out),
+                             "--repeat", "1")
+    assert code == 0, err
+    assert f"plot written to {out}" in text
+    assert "fit (smallest simulated device with no failed allocation):" in text
+    svg = out.read_text()
+    # Legend entries: one per resource's footprint, failures and fit.
+    for label in ["bytes in use", "pool: footprint", "fits in", "failed ("]:
+        assert label in svg

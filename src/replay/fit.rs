@@ -1,0 +1,148 @@
+//! `--fit`: the smallest simulated device on which a log replays into a resource with no failed
+//! allocation.
+
+use super::engine::{replay, ReplayOptions};
+use super::factory::{build, ResourceOptions};
+use super::trace::{Action, Trace};
+use crate::error::Result;
+use crate::resource::SIMULATED_PAGE_SIZE;
+
+/// The largest device the search tries (1 PiB).
+const LARGEST_DEVICE: usize = 1 << 50;
+/// The search stops once the bracket is this fine (or [`FIT_RELATIVE`] of the size, if finer).
+pub const FIT_ABSOLUTE: usize = 64 << 20;
+/// Relative precision of the search: 1% of the size found.
+pub const FIT_RELATIVE: f64 = 0.01;
+
+/// What [`fit`] found for one resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FitResult {
+    /// The resource's name.
+    pub resource: String,
+    /// The smallest device size found on which the log replays with no failed allocation;
+    /// `None` when no device up to 1 PiB does (see `reason`).
+    pub device_bytes: Option<usize>,
+    /// The largest size tried on which the log failed (the search's lower bracket; 0 if none).
+    pub failing_bytes: usize,
+    /// The pool sizes (initial, maximum) the resource ran with on the device found.
+    pub pool_sizes: Option<(usize, Option<usize>)>,
+    /// The arena size the resource ran with on the device found, where it is an arena.
+    pub arena_size: Option<usize>,
+    /// The resource's setup on the device found.
+    pub setup: String,
+    /// Replays the search ran.
+    pub replays: usize,
+    /// Why the log fits on no device, where it does not.
+    pub reason: Option<String>,
+}
+
+/// Outcome of one try: fits (with setup, pool sizes and arena size) or not.
+type Try = Option<(String, Option<(usize, Option<usize>)>, Option<usize>)>;
+
+/// Whether `trace` replays into `name` on a simulated device of `size` bytes with no failed
+/// allocation. A resource that cannot even be built there for want of memory does not fit.
+fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -> Result<Try> {
+    let built = match build(name, Some(size), options) {
+        Ok(b) => b,
+        Err(e) if e.is_out_of_memory() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let report = replay(trace, &built.resource, ReplayOptions::default())?;
+    Ok((report.failed_allocations == 0).then_some((
+        built.setup,
+        built.pool_sizes,
+        built.arena_size,
+    )))
+}
+
+/// The smallest simulated device on which `trace` replays into resource `name` (set up by
+/// `options`) with no failed allocation: doubling from the log's peak until it fits, then a
+/// binary search down to 1% of the size or 64 MiB, whichever is finer (256-byte steps at
+/// least). The size returned is one the log was replayed on without failure.
+///
+/// # Errors
+/// The resource's errors other than out of memory (bad options, a broken log).
+///
+/// # Time Complexity
+/// O(log(size / precision)) replays.
+pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitResult> {
+    let mut result = FitResult {
+        resource: name.to_string(),
+        device_bytes: None,
+        failing_bytes: 0,
+        pool_sizes: None,
+        arena_size: None,
+        setup: String::new(),
+        replays: 0,
+        reason: None,
+    };
+    // A resource that cannot serve some requests by design fits nowhere (asked of one built on
+    // the largest device, where it surely can be built).
+    let probe = build(name, Some(LARGEST_DEVICE), options);
+    if let Ok(built) = &probe {
+        if let Some(largest) = built.largest_request {
+            let above = trace
+                .events
+                .iter()
+                .filter(|e| e.action == Action::Allocate && e.size > largest)
+                .count();
+            if above > 0 {
+                result.setup = built.setup.clone();
+                result.reason = Some(format!(
+                    "{above} request(s) above its largest block ({largest} bytes) cannot be \
+                     served on any device"
+                ));
+                return Ok(result);
+            }
+        }
+    }
+    let peak = usize::try_from(trace.peak_requested_bytes).unwrap_or(usize::MAX);
+    let mut hi = crate::resource::align_up(peak.max(1), SIMULATED_PAGE_SIZE)
+        .unwrap_or(LARGEST_DEVICE)
+        .min(LARGEST_DEVICE);
+    let mut lo = 0usize;
+    let mut found: Try;
+    loop {
+        result.replays += 1;
+        found = try_size(trace, name, hi, options)?;
+        if found.is_some() {
+            break;
+        }
+        lo = hi;
+        if hi >= LARGEST_DEVICE {
+            result.failing_bytes = lo;
+            result.reason = Some(format!(
+                "failed allocations even on a device of {} bytes",
+                LARGEST_DEVICE
+            ));
+            return Ok(result);
+        }
+        hi = hi.saturating_mul(2).min(LARGEST_DEVICE);
+    }
+    loop {
+        let tolerance = ((hi as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE);
+        if hi - lo <= tolerance {
+            break;
+        }
+        let mid = (lo + (hi - lo) / 2) & !255;
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        result.replays += 1;
+        match try_size(trace, name, mid, options)? {
+            Some(ok) => {
+                hi = mid;
+                found = Some(ok);
+            }
+            None => lo = mid,
+        }
+    }
+    result.device_bytes = Some(hi);
+    result.failing_bytes = lo;
+    if let Some((setup, pool_sizes, arena_size)) = found {
+        result.setup = setup;
+        result.pool_sizes = pool_sizes;
+        result.arena_size = arena_size;
+    }
+    Ok(result)
+}
