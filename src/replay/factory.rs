@@ -582,7 +582,7 @@ mod tests {
         // Resources without a pool ignore the pool sizes, so one command line compares all.
         assert!(build_resource("cuda", Some(1 << 20), Some(1), None).is_ok());
         assert!(build_resource("simulated", None, None, None).is_err());
-        assert_eq!(resource_names()[..2], ["pool", "binning"]);
+        assert_eq!(resource_names()[..3], ["pool", "expandable", "binning"]);
         assert!(resource_names().contains(&"fixed_size"));
     }
 

@@ -117,9 +117,9 @@ pub trait MemoryResource: Send + Sync {
 
     /// What a call into this resource may do: call foreign code (Python) and block (wait on
     /// the GPU or the OS). The Python layer decides from it, in one place, whether to release
-    /// the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): only when the
-    /// call may block and never reaches foreign code, because a call that needs the GIL back
-    /// while another thread holds it and waits for this resource's lock deadlocks.
+    /// the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): when the call may
+    /// block, and when it may reach foreign code (so that no thread waits for this resource's
+    /// lock while holding the GIL that the lock's holder needs for a callback).
     ///
     /// Each type sets it: base resources by what they call, adaptors and suballocators combine
     /// their own behaviour with their upstream's. The default, for resources that do not say,
@@ -186,11 +186,13 @@ impl CallProfile {
         }
     }
 
-    /// Whether a binding may release the GIL around the call: it may block (worth releasing)
-    /// and never calls foreign code (which would need the GIL back: a deadlock when another
-    /// thread holds the GIL and waits for this resource).
+    /// Whether a binding releases the GIL around the call: when it may block (so other
+    /// Python threads run) or may reach foreign code. The second matters for deadlocks: a thread
+    /// must never wait for a resource's lock while holding the GIL if the lock's holder may need
+    /// the GIL (a Python callback below the lock, reached from another Python thread or from a
+    /// C entry point that runs without the GIL); the callback takes the GIL back itself.
     pub const fn release_gil(self) -> bool {
-        self.may_block && !self.calls_foreign_code
+        self.may_block || self.calls_foreign_code
     }
 }
 
@@ -281,7 +283,10 @@ mod tests {
     fn profiles_decide_the_gil_in_one_place() {
         assert!(!CallProfile::QUICK.release_gil(), "nothing to wait for");
         assert!(CallProfile::BLOCKING.release_gil());
-        assert!(!CallProfile::UNKNOWN.release_gil(), "may need the GIL back");
+        assert!(
+            CallProfile::UNKNOWN.release_gil(),
+            "the callback takes the GIL back"
+        );
         assert_eq!(
             CallProfile::QUICK.and(CallProfile::BLOCKING),
             CallProfile::BLOCKING
@@ -296,19 +301,20 @@ mod tests {
     }
 
     /// Issue 9's deadlock: `PoolMemoryResource.release()` released the GIL and then called a
-    /// `CallbackMemoryResource` upstream under the pool's mutex. The profile of every stack over
-    /// a callback says foreign code, so the GIL is kept.
+    /// `CallbackMemoryResource` upstream under the pool's mutex while another thread held the GIL
+    /// and waited for that mutex. The profile of every stack over a callback says foreign code,
+    /// so every caller releases the GIL before it can wait for the mutex.
     #[test]
     fn stacks_over_a_callback_keep_the_gil() {
         let pool: SharedResource =
             Arc::new(PoolMemoryResource::new(callback_resource(), Some(1 << 16), None).unwrap());
         assert!(pool.call_profile().calls_foreign_code);
-        assert!(!pool.call_profile().release_gil());
+        assert!(pool.call_profile().release_gil());
         let stack = StatisticsResourceAdaptor::new(Arc::new(LimitingResourceAdaptor::new(
             pool.clone(),
             1 << 20,
         )));
-        assert!(!stack.call_profile().release_gil());
+        assert!(stack.call_profile().release_gil());
         let binning =
             BinningMemoryResource::new(Arc::new(SimulatedMemoryResource::new(1 << 20)), None, None)
                 .unwrap();

@@ -250,6 +250,11 @@ impl MemoryResource for SimulatedMemoryResource {
         })
     }
 
+    fn call_profile(&self) -> super::CallProfile {
+        // Host bookkeeping that returns at once.
+        super::CallProfile::QUICK
+    }
+
     fn name(&self) -> &'static str {
         "simulated"
     }
