@@ -257,7 +257,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
               file=sys.stderr)
         sys.exit(2)
 
-    parser.error = one_line_error  # type: ignore[method-assign]
+    parser.error = one_line_error
     return parser
 
 
