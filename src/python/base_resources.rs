@@ -8,6 +8,7 @@ use crate::resource::{
     ManagedMemoryResource as RsManaged, MemoryKind, PinnedHostMemoryResource as RsPinned,
     SimulatedMemoryResource as RsSimulated, SystemMemoryResource as RsSystem,
 };
+use crate::{CheckedResourceAdaptor, MemoryResource, SharedResource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -19,6 +20,12 @@ use super::pointers;
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
+/// A CUDA base resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
+/// double or wrong-size free from Python is a `RuntimeError` and never reaches the driver.
+fn checked(mr: impl MemoryResource + 'static) -> SharedResource {
+    Arc::new(CheckedResourceAdaptor::new(Arc::new(mr)))
+}
+
 /// `cudaMalloc`/`cuMemAlloc` memory of the current device.
 #[pyclass(module = "rrmm.mr", name = "CudaMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct CudaMemoryResource;
@@ -28,7 +35,7 @@ impl CudaMemoryResource {
     #[new]
     fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
         let mr = py_result(py.detach(RsCuda::new))?;
-        Ok(sub(CudaMemoryResource, Arc::new(mr), CallProfile::DRIVER))
+        Ok(sub(CudaMemoryResource, checked(mr), CallProfile::DRIVER))
     }
 }
 
@@ -41,11 +48,7 @@ impl ManagedMemoryResource {
     #[new]
     fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
         let mr = py_result(py.detach(RsManaged::new))?;
-        Ok(sub(
-            ManagedMemoryResource,
-            Arc::new(mr),
-            CallProfile::DRIVER,
-        ))
+        Ok(sub(ManagedMemoryResource, checked(mr), CallProfile::DRIVER))
     }
 }
 
@@ -103,7 +106,7 @@ impl PinnedHostMemoryResource {
         let mr = py_result(py.detach(RsPinned::new))?;
         Ok(sub(
             PinnedHostMemoryResource,
-            Arc::new(mr),
+            checked(mr),
             CallProfile::DRIVER,
         ))
     }
@@ -137,7 +140,7 @@ impl CudaAsyncMemoryResource {
             CudaAsyncMemoryResource {
                 pool_handle: mr.pool_handle(),
             },
-            Arc::new(mr),
+            checked(mr),
             CallProfile::DRIVER,
         ))
     }
@@ -178,7 +181,7 @@ impl CudaAsyncViewMemoryResource {
             CudaAsyncViewMemoryResource {
                 pool_handle: handle,
             },
-            Arc::new(mr),
+            checked(mr),
             CallProfile::DRIVER,
         ))
     }

@@ -27,7 +27,10 @@ impl CudaAsyncManagedMemoryResource {
         let mr = py_result(py.detach(RsCudaAsyncManaged::new))?;
         let pool_handle = mr.pool_handle();
         // Pool allocation calls may block: the GIL is released around them.
-        let base = DeviceMemoryResource::init(Arc::new(mr), CallProfile::DRIVER);
+        let base = DeviceMemoryResource::init(
+            Arc::new(crate::CheckedResourceAdaptor::new(Arc::new(mr))),
+            CallProfile::DRIVER,
+        );
         Ok(PyClassInitializer::from(base)
             .add_subclass(CudaAsyncManagedMemoryResource { pool_handle }))
     }

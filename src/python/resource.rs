@@ -56,8 +56,11 @@ impl DeviceMemoryResource {
         let raw = stream.raw();
         let mr = &self.inner;
         // RMM's Python contract, vouched for by the caller: `ptr` came from `allocate` on this
-        // resource with `nbytes`, is freed once, after its work on `stream`. Resources that check
-        // their frees (suballocators, simulated memory) raise for a broken one instead.
+        // resource with `nbytes`, is freed once, after its work on `stream`. Every resource made
+        // from Python checks preconditions 1 and 2 (suballocators, adaptors, simulated and
+        // system memory by their own records, the CUDA base resources behind a
+        // CheckedResourceAdaptor; a callback resource's functions are the user's) and raises
+        // for a broken one instead.
         // SAFETY: as above.
         py_result(gil::call(py, self.profile, || unsafe {
             mr.deallocate(ptr, nbytes, raw)

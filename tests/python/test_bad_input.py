@@ -921,3 +921,29 @@ assert sim.live_allocations() == 0
 print("CHILD OK")
 """
     )
+
+
+@pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason())
+@pytest.mark.parametrize(
+    "make",
+    [
+        mr.CudaMemoryResource,
+        mr.ManagedMemoryResource,
+        mr.PinnedHostMemoryResource,
+        mr.CudaAsyncMemoryResource,
+    ],
+    ids=lambda c: c.__name__,
+)
+def test_cuda_base_resources_check_frees_from_python(make):
+    """Driven from Python, the CUDA base resources keep a live-pointer map: a bogus, double or
+    wrong-size free is a RuntimeError and never reaches the driver."""
+    r = make()
+    raises(RuntimeError, r"0x1000.*not allocated", lambda: r.deallocate(0x1000, 8))
+    a = r.allocate(1000)
+    raises(RuntimeError, r"size", lambda: r.deallocate(a, 4096))
+    r.deallocate(a, 1000)
+    raises(RuntimeError, hex(a), lambda: r.deallocate(a, 1000))
+    b, c = r.allocate(1000), r.allocate(1000)
+    assert b != c
+    r.deallocate(b, 1000)
+    r.deallocate(c, 1000)
