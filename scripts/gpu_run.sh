@@ -37,6 +37,13 @@ note "GPU: $(head -1 "$OUT/gpu.txt")"
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
+# /tmp/site as a site directory (its .pth files run, as in a real install: the RRMM_AS_RMM hook).
+alias_site() {
+  mkdir -p /tmp/alias_site
+  echo "import site; site.addsitedir('$SITE')" > /tmp/alias_site/sitecustomize.py
+  echo "/tmp/alias_site:$PYTHONPATH"
+}
+
 if has rust; then
   echo "== Rust GPU tests"
   status=0
@@ -81,7 +88,7 @@ fi
 
 if has python; then
   echo "== pytest (GPU)"
-  (cd tests/python && python3 -m pytest -q -rs -p no:cacheprovider -x --timeout=300 ${PYTEST_ARGS:-} 2>&1) | tee "$OUT/pytest.log" | tail -40
+  (cd tests/python && PYTHONPATH="$(alias_site)" python3 -m pytest -q -rs -p no:cacheprovider --timeout=300 ${PYTEST_ARGS:-} 2>&1) | tee "$OUT/pytest.log" | tail -40
   note "pytest: $(tail -1 "$OUT/pytest.log")"
 fi
 
@@ -170,11 +177,6 @@ fi
 
 # The .pth of RRMM_AS_RMM only works from a site directory; --target dirs are not one, so a
 # sitecustomize on PYTHONPATH makes $SITE one in every process (dask workers included).
-alias_site() {
-  mkdir -p /tmp/alias_site
-  echo "import site; site.addsitedir('$SITE')" > /tmp/alias_site/sitecustomize.py
-  echo "/tmp/alias_site:$PYTHONPATH"
-}
 
 if has rmmtests; then
   echo "== RMM's Python test suite: on RMM, then on rrmm (RRMM_AS_RMM=1), same run"
