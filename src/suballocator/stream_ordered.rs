@@ -34,8 +34,10 @@
 //! list's event was recorded after its latest free (then it waits on that event); otherwise it
 //! marks the list "wanted" and looks elsewhere (fresh memory, growth, and in the end the
 //! synchronize-and-merge path, a context synchronization that covers destroyed streams too). The
-//! next allocate or free on that stream records the event when the list is both unrecorded and
-//! wanted (under its lock).
+//! next allocation on that stream (or, for a per-thread default stream, also the next free on
+//! its thread) records the event when the list is both unrecorded and wanted (under its lock).
+//! A free on any other stream never makes a CUDA call: frameworks free memory after its stream
+//! was destroyed (a CuPy array outliving its stream), and the handle is then only a key.
 //!
 //! # Fresh chunks
 //! Chunks from the upstream are assumed usable by every stream at once. This holds for the
@@ -516,7 +518,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
     fn after_free(&self, st: &mut ListState<F>, key: StreamKey, size: usize) -> Result<()> {
         st.counters.freed(size);
         st.marks.unrecorded = true;
-        self.record_if_wanted(st, key)
+        // A free may come after its stream was destroyed (a CuPy array outliving its stream):
+        // only a per-thread default stream, alive as long as its thread, is recorded on here;
+        // any other stream is recorded on at its next allocation, which proves it alive.
+        if key.is_per_thread() {
+            self.record_if_wanted(st, key)?;
+        }
+        Ok(())
     }
 
     /// A free of a block allocated on another stream (or never allocated here).
