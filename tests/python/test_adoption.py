@@ -280,3 +280,11 @@ def test_a_real_rmm_already_imported_is_a_clear_error():
     assert result.returncode == 0, result.stderr
     assert "the real rmm is already imported" in result.stdout
     assert "/site/rmm/__init__.py" in result.stdout
+
+
+def test_pylibrmm_logger_module_has_rmms_names():
+    from rrmm.pylibrmm import logger
+
+    assert logger.level_enum is rrmm.level_enum
+    logger.set_logging_level(logger.level_enum.info)
+    assert logger.get_logging_level() == logger.level_enum.info
