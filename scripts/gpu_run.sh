@@ -29,7 +29,7 @@ SUMMARY="$OUT/summary.txt"
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" $(ls .gpu/wheels/*.whl .whl/*.whl 2>/dev/null) \
+python3 -m pip install -q --upgrade --no-deps --no-index --no-compile --target "$SITE" $(ls .gpu/wheels/*.whl .whl/*.whl 2>/dev/null) \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="$SITE"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -193,7 +193,7 @@ fi
 
 if has dask; then
   echo "== Dask: LocalCUDACluster, two workers, rrmm's pool on both GPUs"
-  python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" .whl-dask/*.whl \
+  python3 -m pip install -q --upgrade --no-deps --no-index --no-compile --target "$SITE" .whl-dask/*.whl \
     || echo "dask wheel install failed"
   python3 benches/gpu/dask_stage.py plugin --out "$OUT/dask_plugin.json" 2>&1 | tee "$OUT/dask_plugin.log" | grep -v "^INFO\|distributed\." | tail -20
   RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 benches/gpu/dask_stage.py alias --out "$OUT/dask_alias.json" 2>&1 | tee "$OUT/dask_alias.log" | grep -v "^INFO\|distributed\." | tail -20
