@@ -203,14 +203,14 @@ def test_snapshot_of_a_pool(system_mr: Any) -> None:
 @pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason())
 def test_gpu_trim_returns_memory_the_driver_sees() -> None:
     mr = rrmm.mr.ExpandableMemoryResource(0)
-    free_before, _ = _rrmm._device_mem_info(0)
+    free_before, _ = _rrmm.device_memory_info(0)
     p = mr.allocate(1 * GIB)
     mr.deallocate(p, 1 * GIB)
     assert mr.mapped_bytes() >= GIB
-    free_mapped, _ = _rrmm._device_mem_info(0)
+    free_mapped, _ = _rrmm.device_memory_info(0)
     assert free_mapped <= free_before - GIB + 64 * MIB
     assert mr.trim() >= GIB
-    free_after, _ = _rrmm._device_mem_info(0)
+    free_after, _ = _rrmm.device_memory_info(0)
     assert free_after >= free_before - 64 * MIB
 
 

@@ -209,9 +209,10 @@ def test_reinitialize_on_gpu(tmp_path):
 
 def test_pool_out_of_memory_then_works():
     pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), "16MiB", "32MiB")
-    keep = DeviceBuffer(size=20 << 20, mr=pool)
+    keep = DeviceBuffer(size=12 << 20, mr=pool)
     with pytest.raises(MemoryError):
-        DeviceBuffer(size=20 << 20, mr=pool)
+        DeviceBuffer(size=20 << 20, mr=pool)  # 16 MiB initial (kept) + 20 MiB > 32 MiB
+    assert pool.pool_size() == 16 << 20, "a failed request keeps the initial chunk"
     del keep
     assert DeviceBuffer.to_device(b"again", mr=pool).tobytes() == b"again"
 
