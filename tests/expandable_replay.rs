@@ -42,37 +42,23 @@ fn the_growth_log_replays_on_expandable_and_fails_on_the_pool() {
     );
 }
 
-/// The shipped trace `name`, or `None` where the traces are not present.
-fn shared_trace(name: &str) -> Option<Trace> {
-    let dir = std::env::var("RRMM_TRACES")
-        .unwrap_or_else(|_| format!("{}/../shared/traces", env!("CARGO_MANIFEST_DIR")));
-    let path = format!("{dir}/{name}.csv.gz");
-    if !std::path::Path::new(&path).exists() {
-        let shipped = format!(
-            "{}/python/rrmm/traces/{name}.csv.gz",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        if std::path::Path::new(&shipped).exists() {
-            return Some(Trace::from_path(&shipped, false).unwrap());
-        }
-        eprintln!("skipping: {path} not found");
-        return None;
-    }
-    Some(Trace::from_path(&path, false).unwrap())
+/// The trace `name` shipped in `python/rrmm/traces` (a missing one fails the test).
+fn shipped_trace(name: &str) -> Trace {
+    let path = format!(
+        "{}/python/rrmm/traces/{name}.csv.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Trace::from_path(&path, false).unwrap_or_else(|e| panic!("shipped trace {path}: {e}"))
 }
 
 #[test]
 fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
-    let mut ran = 0;
     for name in [
         "random_10k_1mib",
         "transformer_training",
         "random_100k_4mib",
     ] {
-        let Some(trace) = shared_trace(name) else {
-            continue;
-        };
-        ran += 1;
+        let trace = shipped_trace(name);
         let vm = Arc::new(SimulatedVirtualMemory::new(64 * GIB, 256 * GIB, P).unwrap());
         let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
         let streams: Vec<Stream> = trace
@@ -133,8 +119,5 @@ fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
         }
         mr.trim(0).unwrap();
         assert_eq!(mr.mapped_bytes(), 0, "{name}");
-    }
-    if ran == 0 {
-        eprintln!("skipping: no shipped traces found");
     }
 }

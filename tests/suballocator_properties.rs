@@ -665,7 +665,7 @@ fn speed_on_simulated_memory() {
     // Trace replay: events parsed first, then replayed through a pointer map.
     let dir = match std::env::var_os("RRMM_TRACES") {
         Some(d) => std::path::PathBuf::from(d),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/rrmm/traces"),
     };
     for name in [
         "random_10k_1mib",
@@ -673,10 +673,8 @@ fn speed_on_simulated_memory() {
         "transformer_training",
     ] {
         let path = dir.join(format!("{name}.csv.gz"));
-        let Ok(file) = std::fs::File::open(&path) else {
-            println!("{name}: trace not found at {}", path.display());
-            continue;
-        };
+        let file = std::fs::File::open(&path)
+            .unwrap_or_else(|e| panic!("shipped trace {name} ({}): {e}", path.display()));
         let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
         let events: Vec<(bool, usize, usize)> = reader
             .lines()

@@ -1,4 +1,4 @@
-// Copied from ../shared/bench/rmm_w7.cu (the GPU machine sees only the repository), with arena and
+// RMM's reference W7 harness, kept in the repository (the GPU machine sees only it), with arena and
 // binning added (same workload; build with -DRMM_W7_NO_EXTRA for the original three resources).
 // W7 anchors for RMM: (a) threads, each on its own stream, allocating and freeing random small
 // sizes from one shared resource; (b) RMM's multi-stream pattern: S streams x K kernels, each
