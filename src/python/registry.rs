@@ -6,7 +6,6 @@ use crate::resource::SharedResource;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::base_resources::{CudaMemoryResource, ManagedMemoryResource};
@@ -18,8 +17,10 @@ use super::resource::DeviceMemoryResource;
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
 
 /// The Python object set for each device, with the Rust resource it was set with (to notice
-/// resources set from Rust, for example by the torch hook). A map, so that no ordinal sizes it.
-static PY_TABLE: Mutex<Option<HashMap<usize, Entry>>> = Mutex::new(None);
+/// resources set from Rust, for example by the torch hook), indexed by ordinal. Only ordinals the
+/// core's table accepted reach it (`crate::per_device_resource` / `set_per_device_resource`
+/// check them first), so no ordinal can size it beyond the core's bound.
+static PY_TABLE: Mutex<Vec<Option<Entry>>> = Mutex::new(Vec::new());
 
 fn same(a: &SharedResource, b: &SharedResource) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
@@ -50,7 +51,7 @@ pub(crate) fn per_device<'py>(
     let rust = py_result(crate::per_device_resource(device))?;
     {
         let table = PY_TABLE.lock();
-        if let Some((obj, known)) = table.as_ref().and_then(|t| t.get(&device)) {
+        if let Some(Some((obj, known))) = table.get(device) {
             if same(known, &rust) {
                 return Ok((obj.bind(py).clone(), rust));
             }
@@ -64,9 +65,10 @@ pub(crate) fn per_device<'py>(
 fn store(_py: Python<'_>, device: usize, obj: Py<DeviceMemoryResource>, mr: SharedResource) {
     let old = {
         let mut table = PY_TABLE.lock();
-        table
-            .get_or_insert_with(HashMap::new)
-            .insert(device, (obj, mr))
+        if table.len() <= device {
+            table.resize_with(device + 1, || None);
+        }
+        table[device].replace((obj, mr))
     };
     // The old object is dropped here, after the lock is released (its finalizer may run code).
     drop(old);
