@@ -5,21 +5,10 @@ Usage: python3 w7_summary.py OUT_DIR   (reads OUT_DIR/w7_rrmm.jsonl and OUT_DIR/
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-
-
-def table(rows: list[tuple], header: tuple) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header)] + [fmt.format(*r) for r in rows])
+from summarize import jsonl, table
 
 
 def fmt(value: float | None, spec: str) -> str:
