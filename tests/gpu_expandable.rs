@@ -8,18 +8,10 @@ use rrmm::suballocator::ExpandableMemoryResource;
 use rrmm::{MemoryResource, Stream};
 use std::sync::{Arc, Barrier};
 
-const MIB: usize = 1 << 20;
+mod common;
+use common::Rng;
 
-/// A deterministic generator (xorshift).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+const MIB: usize = 1 << 20;
 
 fn expandable(maximum: Option<usize>) -> ExpandableMemoryResource {
     let _ctx = cuda::ContextGuard::new(0).expect("a CUDA device");
