@@ -50,7 +50,21 @@ pub(crate) fn allocate_on(
     if bytes == 0 {
         return Ok((0, None));
     }
-    let mr = per_device_resource(device)?;
+    allocate_from(per_device_resource(device)?, device, bytes, stream, context)
+}
+
+/// As [`allocate_on`], from `mr` (the per-device resource of `device`, already looked up), for
+/// `bytes` > 0.
+///
+/// # Errors
+/// As [`allocate_on`].
+pub(crate) fn allocate_from(
+    mr: SharedResource,
+    device: usize,
+    bytes: usize,
+    stream: Stream,
+    context: Context,
+) -> Result<(usize, Option<SharedResource>)> {
     let _ctx = match context {
         Context::Make => context_for(mr.as_ref(), device)?,
         Context::AlreadyCurrent => None,

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::errors::py_result;
-use super::hooks::{allocate_on, Context, HookAllocation};
+use super::hooks::{allocate_from, Context, HookAllocation};
 use crate::{cuda, Error, Stream};
 
 /// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`
@@ -22,11 +22,13 @@ fn hook_allocate(
     let stream = unsafe { Stream::from_raw(stream) };
     // The one GIL rule: released when the resource may block or reach Python (a pool over a
     // callback grows under its lock; the callback takes the GIL back).
-    let profile = crate::per_device_resource(device).map_or(super::gil::CallProfile::HOST, |mr| {
-        super::gil::CallProfile::of_rust(mr.as_ref())
-    });
+    if nbytes == 0 {
+        return Ok(HookAllocation::new(0, 0, device, stream, None));
+    }
+    let mr = py_result(crate::per_device_resource(device))?;
+    let profile = super::gil::CallProfile::of_rust(mr.as_ref());
     let (ptr, mr) = py_result(super::gil::call(py, profile, || {
-        allocate_on(device, nbytes, stream, Context::Make)
+        allocate_from(mr, device, nbytes, stream, Context::Make)
     }))?;
     Ok(HookAllocation::new(ptr, nbytes, device, stream, mr))
 }
