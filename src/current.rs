@@ -130,6 +130,10 @@ pub fn clear_per_device_resources() {
 
 /// The device that "current" refers to: the current context's device, or 0 with no driver.
 pub fn current_device_ordinal() -> usize {
+    // Without a driver there is no context to ask (and no error worth building on a hot path).
+    if !cuda::driver_available() {
+        return 0;
+    }
     cuda::current_device().unwrap_or(0)
 }
 

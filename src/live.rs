@@ -135,6 +135,25 @@ impl LiveAllocations {
         self.shard(ptr).lock().get(&ptr).copied()
     }
 
+    /// The live allocation `(start, bytes)` that contains `ptr`, if any.
+    ///
+    /// # Time Complexity
+    /// O(live allocations): every shard is searched (for rare checks of raw addresses, not for
+    /// frees).
+    pub fn containing(&self, ptr: usize) -> Option<(usize, usize)> {
+        if let Some(bytes) = self.size_of(ptr) {
+            return Some((ptr, bytes));
+        }
+        self.shards.iter().find_map(|shard| {
+            shard
+                .0
+                .lock()
+                .iter()
+                .find(|(&start, &bytes)| start <= ptr && ptr - start < bytes)
+                .map(|(&start, &bytes)| (start, bytes))
+        })
+    }
+
     /// Number of live allocations.
     ///
     /// # Time Complexity
@@ -203,6 +222,18 @@ mod tests {
         let double = live.remove(0x1000, 8).unwrap_err();
         assert!(matches!(double, Error::Logic(_)));
         assert!(live.is_empty());
+    }
+
+    #[test]
+    fn containing_finds_the_allocation_around_an_interior_address() {
+        let live = LiveAllocations::new();
+        live.insert(0x1000, 256).unwrap();
+        live.insert(0x9000, 16).unwrap();
+        assert_eq!(live.containing(0x1000), Some((0x1000, 256)));
+        assert_eq!(live.containing(0x10ff), Some((0x1000, 256)));
+        assert_eq!(live.containing(0x1100), None);
+        assert_eq!(live.containing(0x900f), Some((0x9000, 16)));
+        assert_eq!(live.containing(0x8fff), None);
     }
 
     #[test]

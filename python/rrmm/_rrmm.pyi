@@ -1,10 +1,10 @@
 """Type stubs of the extension module ``rrmm._rrmm`` (the part written by the Python face:
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
-from collections.abc import Sequence
-from typing import Any, Callable, Literal, SupportsIndex, final
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, SupportsIndex, TypeAlias, final
 
-from typing_extensions import Buffer, Self, TypeAlias, disjoint_base
+from typing_extensions import Buffer, Self, disjoint_base
 
 __version__: str
 __all__ = [

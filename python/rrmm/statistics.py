@@ -5,11 +5,11 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ContextDecorator, contextmanager
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import rrmm.mr
 from rrmm import _rrmm

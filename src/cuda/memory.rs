@@ -303,6 +303,34 @@ pub fn is_managed(ptr: usize) -> bool {
     result == sys::CUresult::CUDA_SUCCESS && value != 0
 }
 
+/// The CUDA allocation that contains `ptr`, as `(start, bytes)`: device, managed, pinned or
+/// registered host memory, a memory-pool block or a mapped virtual range; `None` for any
+/// address CUDA does not know (pageable host memory, unmapped or bogus addresses) and without a
+/// driver. A pure query: nothing is read through `ptr`.
+pub fn allocation_range(ptr: usize) -> Option<(usize, usize)> {
+    if ensure_driver().is_err() || ptr == 0 {
+        return None;
+    }
+    let mut start: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: RANGE_START_ADDR writes a CUdeviceptr and RANGE_SIZE a size_t into valid
+    // out-values; the driver only looks `ptr` up in its tables.
+    let ok = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut start as *mut sys::CUdeviceptr).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            ptr as sys::CUdeviceptr,
+        ) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuPointerGetAttribute(
+                (&mut size as *mut usize).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                ptr as sys::CUdeviceptr,
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    let start = start as usize;
+    (ok && size > 0 && start <= ptr && ptr - start < size).then_some((start, size))
+}
+
 /// `cuMemGetInfo`: (free, total) bytes of the current context's device.
 pub fn mem_get_info() -> Result<(usize, usize)> {
     ensure_driver()?;

@@ -56,15 +56,18 @@ impl ManagedMemoryResource {
 #[pyclass(module = "rrmm.mr", name = "SystemMemoryResource", extends = DeviceMemoryResource, subclass, frozen)]
 pub(crate) struct SystemMemoryResource;
 
+/// A new system resource, recorded so that raw copies recognise its allocations.
+fn system() -> Arc<RsSystem> {
+    let mr = Arc::new(RsSystem::new());
+    super::pointers::register_system(&mr);
+    mr
+}
+
 #[pymethods]
 impl SystemMemoryResource {
     #[new]
     fn new() -> PyClassInitializer<Self> {
-        sub(
-            SystemMemoryResource,
-            Arc::new(RsSystem::new()),
-            CallProfile::HOST,
-        )
+        sub(SystemMemoryResource, system(), CallProfile::HOST)
     }
 }
 
@@ -80,12 +83,11 @@ impl SamHeadroomMemoryResource {
     #[new]
     fn new(headroom: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let headroom = bytes_arg(headroom, "headroom")?;
-        Ok(PyClassInitializer::from(DeviceMemoryResource::init(
-            Arc::new(RsSystem::new()),
-            CallProfile::HOST,
-        ))
-        .add_subclass(SystemMemoryResource)
-        .add_subclass(SamHeadroomMemoryResource { headroom }))
+        Ok(
+            PyClassInitializer::from(DeviceMemoryResource::init(system(), CallProfile::HOST))
+                .add_subclass(SystemMemoryResource)
+                .add_subclass(SamHeadroomMemoryResource { headroom }),
+        )
     }
 
     /// The device memory kept free, in bytes.

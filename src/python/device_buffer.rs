@@ -53,7 +53,9 @@ fn raw_kind() -> MemoryKind {
 /// Copies with the GIL released. A range in simulated memory (a raw pointer from a
 /// `SimulatedMemoryResource`, or a buffer over one) is an error, never a dereference.
 ///
-/// Safety contract (checked by the callers): both ranges are valid for `bytes` bytes.
+/// Safety contract (checked by the callers): both ranges are valid for `bytes` bytes: a live
+/// buffer or a held host view, or a user's raw range that [`pointers::check_user_range`] vouched
+/// for.
 fn copy(
     py: Python<'_>,
     dst: usize,
@@ -68,8 +70,8 @@ fn copy(
     py_result(pointers::check_copyable("destination", dst, bytes))?;
     py_result(pointers::check_copyable("source", src, bytes))?;
     py_result(py.detach(|| {
-        // SAFETY: the callers pass ranges they hold (a live buffer, a held host view, or the
-        // user's pointers, which RMM's API takes on trust too).
+        // SAFETY: the callers pass ranges they hold (a live buffer, a held host view) or user
+        // ranges that `pointers::check_user_range` found in CUDA's or rrmm's allocations.
         unsafe { copy_bytes(dst, src, bytes, stream, kind) }
     }))
 }
@@ -181,6 +183,9 @@ impl PyDeviceBuffer {
     ) -> PyResult<Self> {
         let (raw, stream) = stream.resolve(py)?;
         let (mr, shared) = Self::resource_of(py, mr)?;
+        if ptr != 0 {
+            py_result(pointers::check_user_range("ptr", ptr, size))?;
+        }
         let this = Self::make(py, size, raw, stream, mr, shared)?;
         if ptr != 0 && size > 0 {
             let kind = this.kind();
@@ -451,6 +456,10 @@ impl PyDeviceBuffer {
                 self.inner().size()
             )));
         }
+        // A live rrmm buffer vouches for its own range; any other object's address is checked.
+        if !cuda_ary.is_instance_of::<PyDeviceBuffer>() {
+            py_result(pointers::check_user_range("cuda_ary", src, nbytes))?;
+        }
         copy(
             py,
             self.inner().ptr(),
@@ -539,6 +548,7 @@ fn copy_ptr_to_host(
     if db == 0 && host.len() > 0 {
         return Err(PyValueError::new_err("db must not be a null pointer"));
     }
+    py_result(pointers::check_user_range("db", db, host.len()))?;
     copy(py, host.addr(), db, host.len(), stream.raw(), raw_kind())
 }
 
@@ -555,6 +565,7 @@ fn copy_host_to_ptr(
     if db == 0 && host.len() > 0 {
         return Err(PyValueError::new_err("db must not be a null pointer"));
     }
+    py_result(pointers::check_user_range("db", db, host.len()))?;
     copy(py, db, host.addr(), host.len(), stream.raw(), raw_kind())
 }
 
@@ -571,6 +582,8 @@ fn copy_device_to_ptr(
     if count > 0 && (d_src == 0 || d_dst == 0) {
         return Err(PyValueError::new_err("pointers must not be null"));
     }
+    py_result(pointers::check_user_range("d_src", d_src, count))?;
+    py_result(pointers::check_user_range("d_dst", d_dst, count))?;
     copy(py, d_dst, d_src, count, stream.raw(), raw_kind())
 }
 

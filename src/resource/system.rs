@@ -29,6 +29,15 @@ impl SystemMemoryResource {
         self.live.len()
     }
 
+    /// The live allocation `(start, bytes)` of this resource (or of a clone of it) that contains
+    /// `ptr`, if any.
+    ///
+    /// # Time Complexity
+    /// O(live allocations).
+    pub fn allocation_containing(&self, ptr: usize) -> Option<(usize, usize)> {
+        self.live.containing(ptr)
+    }
+
     fn layout(bytes: usize) -> Result<Layout> {
         let size = align_up(bytes, ALLOCATION_ALIGNMENT)
             .ok_or_else(|| Error::out_of_memory(bytes, "size overflows"))?;

@@ -342,6 +342,43 @@ _SIM_COPIES = {
 }
 
 
+_BOGUS_COPIES = {
+    "copy_ptr_to_host": "copy_ptr_to_host(BOGUS, bytearray(16))",
+    "copy_host_to_ptr": "copy_host_to_ptr(b'x' * 16, BOGUS)",
+    "copy_device_to_ptr-src": "copy_device_to_ptr(BOGUS, host.ptr, 16)",
+    "copy_device_to_ptr-dst": "copy_device_to_ptr(host.ptr, BOGUS, 16)",
+    "DeviceBuffer-ptr": "DeviceBuffer(ptr=BOGUS, size=16, mr=mr.SystemMemoryResource())",
+    "copy_from_device": "host.copy_from_device(Cai(BOGUS, 16))",
+    "numpy-host-as-device": "copy_ptr_to_host(arr.ctypes.data, bytearray(16))",
+    "past-the-end": "copy_ptr_to_host(host.ptr, bytearray(4096))",
+}
+
+
+@pytest.mark.parametrize("call", list(_BOGUS_COPIES.values()), ids=list(_BOGUS_COPIES))
+def test_copy_through_a_bogus_address_is_an_error(child, call):
+    """Addresses that neither CUDA nor a live rrmm system allocation vouches for (was SIGSEGV:
+    the driver dereferences an address it does not know as pageable host memory)."""
+    child(
+        f"""
+import numpy as np
+BOGUS = 0x1000
+arr = np.zeros(16, dtype=np.uint8)
+class Cai:
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {{
+            "data": (ptr, False), "shape": (n,), "strides": None, "typestr": "|u1", "version": 3,
+        }}
+host = DeviceBuffer(size=16, mr=mr.SystemMemoryResource())
+expect(ValueError, r"not memory rrmm can copy", lambda: {call})
+host.copy_from_host(b"y" * 16)
+assert host.tobytes() == b"y" * 16
+copy_ptr_to_host(host.ptr, arr)
+assert arr.tobytes() == b"y" * 16
+print("CHILD OK")
+"""
+    )
+
+
 @pytest.mark.parametrize("call", list(_SIM_COPIES.values()), ids=list(_SIM_COPIES))
 def test_copy_through_simulated_memory_is_an_error(child, call):
     child(

@@ -8,6 +8,7 @@ resources that need a GPU skip with the reason where there is none.
 
 from __future__ import annotations
 
+import itertools
 import re
 import tempfile
 from collections.abc import Callable
@@ -158,7 +159,7 @@ def test_round_trip(built):
     for _ in range(2):  # twice: freed memory is reused correctly
         ptrs = [(r.allocate(n), n) for n in SIZES]
         spans = sorted(ptrs)
-        for (a, n), (b, _) in zip(spans, spans[1:]):
+        for (a, n), (b, _) in itertools.pairwise(spans):
             assert a + n <= b, f"{hex(a)}+{n} overlaps {hex(b)}"
         for p, n in reversed(ptrs):
             r.deallocate(p, n)

@@ -169,14 +169,30 @@ def test_copy_from_host():
 
 
 class FakeCudaArray:
-    """A host array exposing __cuda_array_interface__ (valid without a GPU only for host memory)."""
+    """`arr`'s bytes in a rrmm system-memory buffer, exposed through __cuda_array_interface__
+    (without a GPU, system memory is the memory rrmm can copy through a raw address)."""
 
     def __init__(self, arr, strides=None):
+        self.arr = arr
+        self.buf = to_device(arr.tobytes(), mr=rrmm.mr.SystemMemoryResource())
+        self.__cuda_array_interface__ = {
+            "data": (self.buf.ptr, False),
+            "shape": arr.shape,
+            "strides": strides,
+            "typestr": arr.dtype.str,
+            "version": 3,
+        }
+
+
+class HostCudaArray:
+    """Pageable host memory (a numpy array) posing as device memory."""
+
+    def __init__(self, arr):
         self.arr = arr
         self.__cuda_array_interface__ = {
             "data": (arr.__array_interface__["data"][0], False),
             "shape": arr.shape,
-            "strides": strides,
+            "strides": None,
             "typestr": arr.dtype.str,
             "version": 3,
         }
@@ -186,6 +202,9 @@ def test_copy_from_device():
     src = np.arange(4, dtype=np.int32)
     b = DeviceBuffer(size=16)
     b.copy_from_device(FakeCudaArray(src))
+    assert b.tobytes() == src.tobytes()
+    with pytest.raises(ValueError, match="not memory rrmm can copy"):
+        b.copy_from_device(HostCudaArray(np.arange(4, dtype=np.int32)))
     assert b.tobytes() == src.tobytes()
     b2 = DeviceBuffer(size=16)
     b2.copy_from_device(to_device(b"xyz"))

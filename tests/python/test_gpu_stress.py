@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import rrmm
