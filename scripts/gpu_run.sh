@@ -8,8 +8,8 @@
 #   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
-#   stages: rust python sanitizer w1 w2 w3 w7 hooks profile rmmtests dask
-#   (default: all but sanitizer, rmmtests and dask)
+#   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
+#   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
 #   scales the stress tests' rounds. The summary gives the error count of each.
@@ -173,6 +173,47 @@ if has profile; then
   echo "== W6 profile: where device_array's time goes"
   python3 benches/python/profile_numba.py --json "$OUT/profile_numba.json" 2>&1 | tee "$OUT/profile_numba.log" | tail -12
   cat "$OUT/profile_numba.log" >> "$SUMMARY"
+fi
+
+if has cupythreads; then
+  # The CuPy hook from 8 threads on their own non-blocking streams, per resource and variant,
+  # each in its own process (a crash ends one case). With gdb, a crashing case is rerun under
+  # it for a backtrace (RRMM_DEBUG_SO: an unstripped extension to put in place first).
+  echo "== CuPy hook from threads on their streams"
+  [ -n "${RRMM_DEBUG_SO:-}" ] && [ -f "$RRMM_DEBUG_SO" ] && cp "$RRMM_DEBUG_SO" "$SITE/rrmm/_rrmm.abi3.so"
+  for res in ${CUPY_THREADS_RESOURCES:-cuda pool arena binning cuda_async}; do
+    for variant in late early keep; do
+      timeout 120 python3 benches/gpu/cupy_threads.py "$res" "$variant" > "$OUT/cupy_threads_${res}_$variant.log" 2>&1
+      rc=$?
+      note "cupy threads $res $variant: rc=$rc $(grep -E '^OK|Error|Fatal' "$OUT/cupy_threads_${res}_$variant.log" | head -1 | cut -c1-120)"
+      if [ $rc -ne 0 ] && command -v gdb > /dev/null && [ ! -f "$OUT/gdb_$res.log" ]; then
+        timeout 180 gdb -q -batch -ex run -ex "thread apply all bt 25" --args python3 benches/gpu/cupy_threads.py "$res" "$variant" > "$OUT/gdb_$res.log" 2>&1
+      fi
+    done
+  done
+fi
+
+if has asyncw1; then
+  # cuda_async in W1, rrmm against RMM, alternating processes, 5 rounds (needs stage w1's
+  # /tmp/rmm_replay and compiled traces); with perf, a profile of rrmm's replay.
+  echo "== cuda_async W1, alternating"
+  for round in 1 2 3 4 5; do
+    for t in random_10k_1mib random_100k_4mib transformer_training; do
+      timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" cuda_async 5 >> "$OUT/asyncw1_rmm.jsonl"
+      python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces --only "$t" --resources cuda_async \
+        --reps 5 --out /dev/null | grep '^{' >> "$OUT/asyncw1_rrmm.jsonl"
+    done
+  done
+  python3 benches/gpu/summarize.py asyncw1 "$OUT" | tee -a "$SUMMARY"
+  if command -v perf > /dev/null; then
+    perf record -g -o "$OUT/perf_async.data" python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces \
+      --only random_10k_1mib --resources cuda_async --reps 20 --out /dev/null > /dev/null 2>&1
+    perf report -i "$OUT/perf_async.data" --no-children --stdio 2>/dev/null | grep -v "^$" | head -60 > "$OUT/perf_async.txt"
+    perf record -g -o "$OUT/perf_async_rmm.data" /tmp/rmm_replay random_10k_1mib /tmp/random_10k_1mib.txt cuda_async 20 > /dev/null 2>&1
+    perf report -i "$OUT/perf_async_rmm.data" --no-children --stdio 2>/dev/null | grep -v "^$" | head -60 > "$OUT/perf_async_rmm.txt"
+  else
+    note "asyncw1: perf not found"
+  fi
 fi
 
 # The .pth of RRMM_AS_RMM only works from a site directory; --target dirs are not one, so a

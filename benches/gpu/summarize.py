@@ -80,6 +80,27 @@ def w2base(out: Path) -> str:
     )
 
 
+def asyncw1(out: Path) -> str:
+    """cuda_async W1 from alternating processes: the median and range of each side's medians."""
+    import statistics
+
+    got: dict = {}
+    for r in jsonl(out / "asyncw1_rmm.jsonl") + jsonl(out / "asyncw1_rrmm.jsonl"):
+        got.setdefault(r["trace"], {}).setdefault(r["impl"], []).append(r["ns_per_event"])
+
+    def spread(v: list[float] | None) -> str:
+        return "not run" if not v else f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+
+    body = []
+    for trace, v in sorted(got.items()):
+        mine, theirs = v.get("rrmm"), v.get("rmm")
+        med = (statistics.median(theirs) if theirs else None, statistics.median(mine) if mine else None)
+        body.append((trace, spread(mine), spread(theirs), ratio(*med)))
+    return "cuda_async W1, ns/event, median (range) over alternating rounds\n" + table(
+        body, ("trace", "rrmm", "RMM", "speedup")
+    )
+
+
 def main() -> None:
     what, out = sys.argv[1], Path(sys.argv[2])
     if what == "w1":
@@ -88,6 +109,8 @@ def main() -> None:
         print(keyed(out, "w2", ("resource", "size"), "ns"))
     elif what == "w2base":
         print(w2base(out))
+    elif what == "asyncw1":
+        print(asyncw1(out))
     elif what == "w3":
         print(keyed(out, "w3", ("trace", "resource"), "ns_per_event"))
 

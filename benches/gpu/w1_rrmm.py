@@ -20,12 +20,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument(
         "--resources",
-        default="pool,binning,fixed_size,cuda_async,cuda",
-        help="comma-separated replay resources (add 'expandable' to measure it beside the pool)",
+        default="pool,binning,arena,expandable,fixed_size,cuda_async,cuda",
+        help="comma-separated replay resources",
     )
+    ap.add_argument("--only", default=None, help="one trace name (default: the three of W1)")
     args = ap.parse_args()
     with open(args.out, "w") as out:
-        for name in ("random_10k_1mib", "random_100k_4mib", "transformer_training"):
+        names = ("random_10k_1mib", "random_100k_4mib", "transformer_training")
+        for name in [args.only] if args.only else names:
             log = str(Path(args.traces) / f"{name}.csv.gz")
             resources = args.resources.split(",")
             if name == "random_100k_4mib" and "cuda" in resources:
