@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
-use super::cupy_stream::{cupy_missing, CupyStreamLookup};
+use super::cupy_stream::{cupy_missing, AllocationStream};
 use super::errors::{py_result, report_to_stderr};
 use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
 use crate::resource::PinnedHostMemoryResource;
@@ -41,13 +41,16 @@ fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
 #[pyfunction]
 fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
     let cupy = cupy_bindings(py)?;
-    // SAFETY: CuPy's current stream: a live stream (or a default-stream handle) that CuPy keeps
-    // live while it uses memory allocated on it.
-    let stream = unsafe { Stream::from_raw(CupyStreamLookup::get(py)?.current_stream(py)?) };
+    let on = AllocationStream::current(py)?;
+    // SAFETY: CuPy's current stream: a live stream (or a default-stream handle).
+    let stream = unsafe { Stream::from_raw(on.raw()) };
     // CuPy's current device: its runtime calls made that device's primary context current.
     let device = crate::current_device_ordinal();
     let (ptr, mr) = py_result(allocate_on(device, nbytes, stream, Context::AlreadyCurrent))?;
-    let owner = Py::new(py, HookAllocation::new(ptr, nbytes, device, stream, mr))?;
+    let owner = Py::new(
+        py,
+        HookAllocation::new(ptr, nbytes, device, stream, mr).on_cupy_stream(on),
+    )?;
     let memory = cupy
         .unowned_memory
         .call1(py, (ptr, nbytes, owner, device))?;
@@ -58,7 +61,7 @@ fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
 /// passes only the pointer and the device.
 struct CupyLive {
     size: usize,
-    stream: Stream,
+    stream: AllocationStream,
     mr: SharedResource,
 }
 
@@ -71,18 +74,23 @@ fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
 }
 
 fn cupy_c_malloc(py: Python<'_>, size: usize, device: c_int) -> PyResult<usize> {
-    let stream = CupyStreamLookup::get(py)?.current_stream(py)?;
+    let on = AllocationStream::current(py)?;
     let device = py_result(
         usize::try_from(device)
             .map_err(|_| Error::invalid("device", format!("{device} is not a device ordinal"))),
     )?;
     // SAFETY: CuPy's current stream, as in `cupy_allocate`.
-    let stream = unsafe { Stream::from_raw(stream) };
+    let stream = unsafe { Stream::from_raw(on.raw()) };
     let (ptr, mr) = py_result(allocate_on(device, size, stream, Context::AlreadyCurrent))?;
     if let Some(mr) = mr {
-        cupy_live()
-            .lock()
-            .insert(ptr, CupyLive { size, stream, mr });
+        cupy_live().lock().insert(
+            ptr,
+            CupyLive {
+                size,
+                stream: on,
+                mr,
+            },
+        );
     }
     Ok(ptr)
 }
@@ -113,25 +121,32 @@ extern "C" fn rrmm_cupy_malloc(_param: *mut c_void, size: usize, device: c_int) 
     }
 }
 
-/// CuPy's `CFunctionAllocator` free: `void free(void* param, void* ptr, int device)`. Frees
-/// through the resource and stream the pointer was allocated with; unknown pointers (the -1 of
-/// a failed malloc) are ignored. Never unwinds.
+/// CuPy's `CFunctionAllocator` free: `void free(void* param, void* ptr, int device)`, called by
+/// CuPy with the GIL held. Frees through the resource the pointer was allocated from, on its
+/// stream (or CuPy's current one when that stream was destroyed first, see
+/// [`AllocationStream`]); unknown pointers (the -1 of a failed malloc) are ignored. Never
+/// unwinds.
 extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let live = cupy_live().lock().remove(&(ptr as usize));
         match live {
-            // SAFETY: the entry was removed from the live table, so this frees once what
-            // `rrmm_cupy_malloc` allocated from `live.mr` with `live.size`; CuPy frees only after
-            // its work on the memory is ordered before (its stream-ordered contract).
-            Some(live) => unsafe {
-                deallocate_on(
-                    live.mr.as_ref(),
-                    usize::try_from(device).unwrap_or(0),
-                    ptr as usize,
-                    live.size,
-                    live.stream,
-                )
-            },
+            Some(live) => {
+                let raw = Python::attach(|py| live.stream.for_free(py));
+                // SAFETY: a live stream: the allocation's while CuPy's object for it lives, else
+                // CuPy's current one (or a default stream); the entry was removed from the live
+                // table, so this frees once what `rrmm_cupy_malloc` allocated from `live.mr` with
+                // `live.size`; CuPy frees only after its work on the memory is ordered before
+                // (its stream-ordered contract).
+                unsafe {
+                    deallocate_on(
+                        live.mr.as_ref(),
+                        usize::try_from(device).unwrap_or(0),
+                        ptr as usize,
+                        live.size,
+                        Stream::from_raw(raw),
+                    )
+                }
+            }
             None => Ok(()),
         }
     }));

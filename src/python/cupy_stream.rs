@@ -11,6 +11,7 @@
 //! its signature is not the expected one (another CuPy release), the lookup falls back to that
 //! Python path, so a CuPy change costs speed, never correctness.
 
+use parking_lot::Mutex;
 use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -67,6 +68,85 @@ impl CupyStreamLookup {
             Self::CFunction(_) => "c",
             Self::Python(_) => "python",
         }
+    }
+}
+
+/// The stream a CuPy-hook allocation was made on, as CuPy lets it be used: a stream may be
+/// destroyed before the memory allocated on it is freed (CuPy's own `MemoryAsync` then frees on
+/// the current stream, trusting the user to have ordered the work). A free on a destroyed
+/// stream's handle would be undefined behaviour in the driver (a crash with `cuda_async`), so an
+/// allocation on a stream CuPy created keeps a weak reference to CuPy's stream object and, once
+/// that is dead, frees on CuPy's current stream instead. Default streams (the null, legacy and
+/// per-thread handles) live for ever and carry no reference.
+pub(crate) struct AllocationStream {
+    raw: usize,
+    /// `weakref.ref(stream)` for a stream CuPy created; `None` for a default stream.
+    alive: Option<Py<PyAny>>,
+}
+
+/// Stream handles that are never destroyed: CUDA's null, legacy and per-thread default streams.
+fn is_default_stream(raw: usize) -> bool {
+    raw <= 2
+}
+
+/// Weak references to CuPy's stream objects by handle (one Python call per stream, not per
+/// allocation). An entry whose stream is dead is replaced when its handle is seen again (CUDA
+/// reuses the handles of destroyed streams).
+static STREAM_REFS: Mutex<Vec<(usize, Py<PyAny>)>> = Mutex::new(Vec::new());
+
+/// A live weak reference to the CuPy stream object of handle `raw` (CuPy's current stream).
+fn stream_weakref(py: Python<'_>, raw: usize) -> PyResult<Py<PyAny>> {
+    {
+        let refs = STREAM_REFS.lock();
+        if let Some((_, weak)) = refs.iter().find(|(h, _)| *h == raw) {
+            if !weak.bind(py).call0()?.is_none() {
+                return Ok(weak.clone_ref(py));
+            }
+        }
+    }
+    let stream = py.import("cupy.cuda")?.call_method0("get_current_stream")?;
+    let weak = py
+        .import("weakref")?
+        .call_method1("ref", (stream,))?
+        .unbind();
+    let mut refs = STREAM_REFS.lock();
+    refs.retain(|(h, w)| *h != raw && w.bind(py).call0().is_ok_and(|s| !s.is_none()));
+    refs.push((raw, weak.clone_ref(py)));
+    Ok(weak)
+}
+
+impl AllocationStream {
+    /// CuPy's current stream, for an allocation about to be made on it.
+    ///
+    /// # Errors
+    /// What CuPy raises.
+    pub(crate) fn current(py: Python<'_>) -> PyResult<Self> {
+        let raw = CupyStreamLookup::get(py)?.current_stream(py)?;
+        let alive = if is_default_stream(raw) {
+            None
+        } else {
+            Some(stream_weakref(py, raw)?)
+        };
+        Ok(AllocationStream { raw, alive })
+    }
+
+    /// The handle the allocation was made on.
+    pub(crate) fn raw(&self) -> usize {
+        self.raw
+    }
+
+    /// The handle to free on: the allocation's stream while CuPy's object for it lives, else
+    /// CuPy's current stream (the default stream if even that cannot be asked).
+    pub(crate) fn for_free(&self, py: Python<'_>) -> usize {
+        let Some(weak) = &self.alive else {
+            return self.raw;
+        };
+        if weak.bind(py).call0().is_ok_and(|s| !s.is_none()) {
+            return self.raw;
+        }
+        CupyStreamLookup::get(py)
+            .and_then(|lookup| lookup.current_stream(py))
+            .unwrap_or(0)
     }
 }
 

@@ -5,6 +5,7 @@
 //! CuPy wraps the owner in `UnownedMemory`, Numba keeps it on its `MemoryPointer`; neither needs
 //! a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
+use super::cupy_stream::AllocationStream;
 use super::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
 use crate::resource::MemoryKind;
@@ -102,6 +103,9 @@ pub(crate) struct HookAllocation {
     size: usize,
     device: usize,
     stream: Stream,
+    /// For an allocation on a CuPy stream: the stream to free on once CuPy's stream object is
+    /// gone (see [`AllocationStream`]).
+    cupy_stream: Option<AllocationStream>,
     mr: Option<SharedResource>,
     freed: AtomicBool,
 }
@@ -121,8 +125,26 @@ impl HookAllocation {
             size,
             device,
             stream,
+            cupy_stream: None,
             mr,
             freed: AtomicBool::new(false),
+        }
+    }
+
+    /// The same owner for an allocation made on CuPy stream `on` (which CuPy may destroy before
+    /// the memory is freed).
+    pub(crate) fn on_cupy_stream(mut self, on: AllocationStream) -> Self {
+        self.cupy_stream = Some(on);
+        self
+    }
+
+    /// The stream to free on: the allocation's, unless CuPy destroyed it.
+    fn free_stream(&self) -> Stream {
+        match &self.cupy_stream {
+            // SAFETY: `for_free` gives a live stream (the allocation's while CuPy's object for
+            // it lives, else CuPy's current one, or a default stream).
+            Some(on) => unsafe { Stream::from_raw(Python::attach(|py| on.for_free(py))) },
+            None => self.stream,
         }
     }
 
@@ -135,7 +157,15 @@ impl HookAllocation {
                 // SAFETY: this allocation owns `ptr` (made by `allocate_on` with `size` from
                 // `mr`), and the `freed` flag lets only one caller through; the framework drops
                 // its last reference only after its work on the memory, on `stream`.
-                unsafe { deallocate_on(mr.as_ref(), self.device, self.ptr, self.size, self.stream) }
+                unsafe {
+                    deallocate_on(
+                        mr.as_ref(),
+                        self.device,
+                        self.ptr,
+                        self.size,
+                        self.free_stream(),
+                    )
+                }
             }
             _ => Ok(()),
         }

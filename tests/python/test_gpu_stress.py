@@ -143,14 +143,14 @@ def test_arena_exhaustion_through_device_buffer_then_recovery() -> None:
     assert buf.tobytes() == data
 
 
-@pytest.mark.xfail(
-    run=False,
-    reason="known bug: segfaults on the H200 (8 threads, each in its own non-blocking "
-    "cupy.cuda.Stream, allocating through rmm_cupy_allocator); not run so the suite survives",
-)
 def test_cupy_hook_from_threads_on_their_streams() -> None:
+    """Each thread's last arrays outlive its stream (CuPy destroys the stream at the end of the
+    ``with``; the arrays go when the function returns), which CuPy allows. This segfaulted with
+    arena and cuda_async: the free went to the destroyed stream's handle. The hooks now free on
+    CuPy's current stream once the allocation's stream object is gone, as CuPy's own MemoryAsync
+    does."""
     cupy = pytest.importorskip("cupy")
-    from rrmm.allocators.cupy import rmm_cupy_allocator
+    from rrmm.allocators.cupy import rmm_cupy_allocator, rrmm_cupy_unowned_allocator
 
     def work(t: int, label: str) -> None:
         with cupy.cuda.Stream(non_blocking=True):
@@ -163,15 +163,18 @@ def test_cupy_hook_from_threads_on_their_streams() -> None:
                 assert total == 3 * (n * (n - 1) // 2 + t * n), f"{label} thread {t}"
             cupy.cuda.get_current_stream().synchronize()
 
-    for name in ("arena", "pool"):
-        mr.set_current_device_resource(RESOURCES[name]())
-        previous = cupy.cuda.get_allocator()
-        cupy.cuda.set_allocator(rmm_cupy_allocator)
-        try:
-            run_threads(8, functools.partial(work, label=name))
-        finally:
-            cupy.cuda.set_allocator(previous)
-            _rrmm._clear_per_device_resources()
+    hooks = {"c": rmm_cupy_allocator, "unowned": rrmm_cupy_unowned_allocator}
+    for name in ("arena", "pool", "binning", "cuda_async"):
+        for kind, hook in hooks.items():
+            mr.set_current_device_resource(RESOURCES[name]())
+            previous = cupy.cuda.get_allocator()
+            cupy.cuda.set_allocator(hook)
+            try:
+                run_threads(8, functools.partial(work, label=f"{name} ({kind} hook)"))
+                cupy.cuda.Device().synchronize()
+            finally:
+                cupy.cuda.set_allocator(previous)
+                _rrmm._clear_per_device_resources()
 
 
 def test_cupy_hook_exhaustion_is_memory_error_then_recovery() -> None:
