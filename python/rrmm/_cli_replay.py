@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from rrmm import parse_bytes
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
 DEFAULT_SIMULATED_BYTES = 80 << 30
@@ -50,47 +51,23 @@ With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log rep
 resource with no failed allocation, and the pool sizes that do it.
 On simulated memory cuda, cuda_async and managed are the simulated device itself: one row,
 labelled so, whose timings are the simulator's, not CUDA's.
+A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes) reads them: 1000000, or a number and
+a unit, 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000. A bare
+unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
 """
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 10**3,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 10**9,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 10**12,
-    "tib": 1 << 40,
-}
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
-    """Parse a size such as ``4GiB``, ``512 MiB``, ``1.5GB``, ``4G`` or ``1000000`` into bytes.
-
-    Binary units (KiB, MiB, GiB, TiB, and the bare K, M, G, T) are powers of 1024; decimal
-    units (KB, MB, GB, TB) are powers of 1000. The command line's one size parser.
-    """
-    match = _SIZE.match(str(text))
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4GiB, 512MiB, 1000000)")
-    number, unit = match.groups()
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
+    """A SIZE option, parsed by ``rrmm.parse_bytes`` as the API parses sizes (so
+    ``--initial-pool-size X`` means what ``reinitialize(initial_pool_size="X")`` means); its
+    ValueError becomes argparse's one-line usage error."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
         raise argparse.ArgumentTypeError(
-            f"unknown unit {unit!r} in {text!r} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-        )
-    value = float(number) * factor
-    if not math.isfinite(value) or value < 0 or value >= 2**64:
-        raise argparse.ArgumentTypeError(f"size out of range: {text!r}")
-    return int(value)
+            f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000; a bare unit such as 4G is not "
+            "one: 4GiB or 4GB)"
+        ) from None
 
 
 def _positive_size(text: str) -> int:

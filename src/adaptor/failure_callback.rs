@@ -50,14 +50,8 @@ impl MemoryResource for FailureCallbackResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!(no_profile);
-
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        // The callback is arbitrary code (a Python function from Python).
-        self.upstream
-            .call_profile()
-            .and(crate::resource::CallProfile::UNKNOWN)
-    }
+    // The callback is arbitrary code (a Python function from Python).
+    forward_upstream_info!(and UNKNOWN);
 
     fn name(&self) -> &'static str {
         "failure_callback"

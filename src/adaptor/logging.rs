@@ -127,14 +127,8 @@ impl MemoryResource for LoggingResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!(no_profile);
-
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        // Writes the log file.
-        self.upstream
-            .call_profile()
-            .and(crate::resource::CallProfile::BLOCKING)
-    }
+    // Writes the log file.
+    forward_upstream_info!(and BLOCKING);
 
     fn name(&self) -> &'static str {
         "logging"
@@ -143,20 +137,13 @@ impl MemoryResource for LoggingResourceAdaptor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{assert_send_sync, simulated};
+    use super::super::test_util::{assert_send_sync, simulated, temp_log_path};
     use super::*;
-
-    fn temp_path(tag: &str) -> String {
-        let dir = std::env::temp_dir();
-        dir.join(format!("rrmm-log-{tag}-{}.csv", std::process::id()))
-            .to_string_lossy()
-            .into_owned()
-    }
 
     #[test]
     fn logs_allocations_frees_and_failures() {
         assert_send_sync::<LoggingResourceAdaptor>();
-        let path = temp_path("basic");
+        let path = temp_log_path("basic");
         let mr = LoggingResourceAdaptor::new(simulated(), &path, false).unwrap();
         assert_eq!(mr.file_name(), path);
         // SAFETY: a key only: simulated memory never passes it to the driver.
@@ -195,7 +182,7 @@ mod tests {
 
     #[test]
     fn auto_flush_writes_each_row() {
-        let path = temp_path("flush");
+        let path = temp_log_path("flush");
         let mr = LoggingResourceAdaptor::new(simulated(), &path, true).unwrap();
         let p = mr.allocate(10, Stream::DEFAULT).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);

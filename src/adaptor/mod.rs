@@ -3,13 +3,23 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint, memory_stats, memory_snapshot and, unless `no_profile` is given,
-/// call_profile) to `self.upstream`.
+/// memory_info, footprint, memory_stats, memory_snapshot and call_profile) to `self.upstream`.
+/// With `and OWN`, the call profile is the upstream's combined with the adaptor's own
+/// (`CallProfile::OWN`, for the work it adds to each call); with `no_profile`, the adaptor
+/// writes `call_profile` itself.
 macro_rules! forward_upstream_info {
     () => {
         forward_upstream_info!(no_profile);
         fn call_profile(&self) -> $crate::resource::CallProfile {
             self.upstream.call_profile()
+        }
+    };
+    (and $own:ident) => {
+        forward_upstream_info!(no_profile);
+        fn call_profile(&self) -> $crate::resource::CallProfile {
+            self.upstream
+                .call_profile()
+                .and($crate::resource::CallProfile::$own)
         }
     };
     (no_profile) => {
@@ -69,4 +79,12 @@ pub(crate) mod test_util {
 
     /// Compile-time check that an adaptor is `Send + Sync`.
     pub(crate) fn assert_send_sync<T: Send + Sync>() {}
+
+    /// A path in the temporary directory for a test's allocation log, `rrmm-log-{tag}-{pid}.csv`.
+    pub(crate) fn temp_log_path(tag: &str) -> String {
+        std::env::temp_dir()
+            .join(format!("rrmm-log-{tag}-{}.csv", std::process::id()))
+            .to_string_lossy()
+            .into_owned()
+    }
 }

@@ -56,14 +56,8 @@ impl MemoryResource for PrefetchResourceAdaptor {
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }
     }
 
-    forward_upstream_info!(no_profile);
-
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        // cuMemPrefetchAsync and the driver.
-        self.upstream
-            .call_profile()
-            .and(crate::resource::CallProfile::BLOCKING)
-    }
+    // cuMemPrefetchAsync and the driver.
+    forward_upstream_info!(and BLOCKING);
 
     fn name(&self) -> &'static str {
         "prefetch"

@@ -8,15 +8,32 @@ use crate::adaptor::{
     PrefetchResourceAdaptor as RsPrefetch, StatisticsResourceAdaptor as RsStatisticsAdaptor,
     TrackingResourceAdaptor as RsTracking,
 };
+use crate::MemoryResource;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::PyClass;
 use std::sync::Arc;
 
-use super::convert::{bytes_arg, upstream_arg};
+use super::convert::bytes_arg;
 use super::errors::{callback_error, py_result};
-use super::resource::{adaptor_init, UpstreamResourceAdaptor};
+use super::resource::{adaptor_init, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
-use super::upstream_kw::{pick_upstream, required};
+use super::upstream_kw::{required, upstream_of};
+
+/// The initializer of an adaptor class over `up` whose Rust adaptor serves both the base class
+/// (allocate, deallocate) and the class's own methods, through the handle `leaf` keeps.
+fn adaptor_keeping<R, T>(
+    up: Py<DeviceMemoryResource>,
+    adaptor: R,
+    leaf: impl FnOnce(Arc<R>) -> T,
+) -> PyClassInitializer<T>
+where
+    R: MemoryResource + 'static,
+    T: PyClass<BaseType = UpstreamResourceAdaptor>,
+{
+    let adaptor = Arc::new(adaptor);
+    adaptor_init(leaf(adaptor.clone()), up, adaptor, false)
+}
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
@@ -34,18 +51,13 @@ impl LimitingResourceAdaptor {
         allocation_limit: Option<&Bound<'_, PyAny>>,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let allocation_limit = required(allocation_limit, "allocation_limit")?;
         let limit = bytes_arg(allocation_limit, "allocation_limit")?;
-        let limiting = Arc::new(RsLimiting::new(upstream, limit));
-        Ok(adaptor_init(
-            LimitingResourceAdaptor {
-                limiting: limiting.clone(),
-            },
-            up,
-            limiting,
-            false,
-        ))
+        let limiting = RsLimiting::new(upstream, limit);
+        Ok(adaptor_keeping(up, limiting, |limiting| {
+            LimitingResourceAdaptor { limiting }
+        }))
     }
 
     /// Bytes allocated through this adaptor now.
@@ -77,23 +89,12 @@ impl LoggingResourceAdaptor {
         auto_flush: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
-        let log_file_name = log_file_name.ok_or_else(|| {
-            pyo3::exceptions::PyTypeError::new_err("missing required argument 'log_file_name'")
-        })?;
-        let logging = Arc::new(py_result(RsLogging::new(
-            upstream,
-            log_file_name,
-            auto_flush,
-        ))?);
-        Ok(adaptor_init(
-            LoggingResourceAdaptor {
-                logging: logging.clone(),
-            },
-            up,
-            logging,
-            false,
-        ))
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
+        let log_file_name = required(log_file_name, "log_file_name")?;
+        let logging = py_result(RsLogging::new(upstream, log_file_name, auto_flush))?;
+        Ok(adaptor_keeping(up, logging, |logging| {
+            LoggingResourceAdaptor { logging }
+        }))
     }
 
     /// Writes buffered rows to the file.
@@ -121,16 +122,11 @@ impl StatisticsResourceAdaptor {
         upstream_mr: Option<&Bound<'_, PyAny>>,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
-        let stats = Arc::new(RsStatisticsAdaptor::new(upstream));
-        Ok(adaptor_init(
-            StatisticsResourceAdaptor {
-                stats: stats.clone(),
-            },
-            up,
-            stats,
-            false,
-        ))
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
+        let stats = RsStatisticsAdaptor::new(upstream);
+        Ok(adaptor_keeping(up, stats, |stats| {
+            StatisticsResourceAdaptor { stats }
+        }))
     }
 
     /// The counters of the top level, as `rrmm.statistics.Statistics`.
@@ -166,16 +162,11 @@ impl TrackingResourceAdaptor {
         capture_stacks: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
-        let tracking = Arc::new(RsTracking::new(upstream, capture_stacks));
-        Ok(adaptor_init(
-            TrackingResourceAdaptor {
-                tracking: tracking.clone(),
-            },
-            up,
-            tracking,
-            false,
-        ))
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
+        let tracking = RsTracking::new(upstream, capture_stacks);
+        Ok(adaptor_keeping(up, tracking, |tracking| {
+            TrackingResourceAdaptor { tracking }
+        }))
     }
 
     /// Bytes outstanding.
@@ -210,7 +201,7 @@ impl FailureCallbackResourceAdaptor {
         callback: Option<&Bound<'_, PyAny>>,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let callback = required(callback, "callback")?;
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
@@ -255,7 +246,7 @@ impl PrefetchResourceAdaptor {
         upstream_mr: Option<&Bound<'_, PyAny>>,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         Ok(adaptor_init(
             PrefetchResourceAdaptor,
             up,
@@ -282,20 +273,11 @@ impl AlignedResourceAdaptor {
         alignment_threshold: usize,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
-        let aligned = Arc::new(py_result(RsAligned::new(
-            upstream,
-            alignment,
-            alignment_threshold,
-        ))?);
-        Ok(adaptor_init(
-            AlignedResourceAdaptor {
-                aligned: aligned.clone(),
-            },
-            up,
-            aligned,
-            false,
-        ))
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
+        let aligned = py_result(RsAligned::new(upstream, alignment, alignment_threshold))?;
+        Ok(adaptor_keeping(up, aligned, |aligned| {
+            AlignedResourceAdaptor { aligned }
+        }))
     }
 
     /// The alignment in bytes.

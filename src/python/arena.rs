@@ -2,13 +2,13 @@
 
 use crate::suballocator::ArenaMemoryResource as RsArena;
 use pyo3::prelude::*;
-use std::sync::Arc;
 
-use super::convert::{opt_bytes_arg, upstream_arg};
+use super::convert::opt_bytes_arg;
 use super::errors::py_result;
 use super::gil;
-use super::resource::{suballocator_init, UpstreamResourceAdaptor};
-use super::upstream_kw::pick_upstream;
+use super::resource::UpstreamResourceAdaptor;
+use super::suballocators::suballocator_keeping;
+use super::upstream_kw::upstream_of;
 
 /// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas
 /// (RMM's `ArenaMemoryResource`).
@@ -28,16 +28,12 @@ impl ArenaMemoryResource {
         dump_log_on_failure: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, shared) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, shared) = upstream_of(upstream_mr, upstream)?;
         let size = opt_bytes_arg(arena_size, "arena_size")?;
         let arena = py_result(py.detach(|| RsArena::new(shared, size, dump_log_on_failure)))?;
-        Ok(suballocator_init(
-            ArenaMemoryResource {
-                arena: arena.clone(),
-            },
-            up,
-            Arc::new(arena),
-        ))
+        Ok(suballocator_keeping(up, arena, |arena| {
+            ArenaMemoryResource { arena }
+        }))
     }
 
     /// rrmm: the global arena's size in bytes.

@@ -26,30 +26,33 @@ fn checked(mr: impl MemoryResource + 'static) -> SharedResource {
     Arc::new(CheckedResourceAdaptor::new(Arc::new(mr)))
 }
 
-/// `cudaMalloc`/`cuMemAlloc` memory of the current device.
-#[pyclass(module = "rrmm.mr", name = "CudaMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct CudaMemoryResource;
+/// A class with no arguments over the CUDA base resource `$rs`: made on the current device
+/// without the GIL, used behind [`checked`], its calls driver calls.
+macro_rules! driver_resource {
+    ($(#[doc = $doc:literal])* $class:ident($rs:ident)) => {
+        $(#[doc = $doc])*
+        #[pyclass(module = "rrmm.mr", extends = DeviceMemoryResource, frozen)]
+        pub(crate) struct $class;
 
-#[pymethods]
-impl CudaMemoryResource {
-    #[new]
-    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
-        let mr = py_result(py.detach(RsCuda::new))?;
-        Ok(sub(CudaMemoryResource, checked(mr), CallProfile::DRIVER))
-    }
+        #[pymethods]
+        impl $class {
+            #[new]
+            fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
+                let mr = py_result(py.detach($rs::new))?;
+                Ok(sub($class, checked(mr), CallProfile::DRIVER))
+            }
+        }
+    };
 }
 
-/// Managed (unified) memory of the current device.
-#[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct ManagedMemoryResource;
+driver_resource! {
+    /// `cudaMalloc`/`cuMemAlloc` memory of the current device.
+    CudaMemoryResource(RsCuda)
+}
 
-#[pymethods]
-impl ManagedMemoryResource {
-    #[new]
-    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
-        let mr = py_result(py.detach(RsManaged::new))?;
-        Ok(sub(ManagedMemoryResource, checked(mr), CallProfile::DRIVER))
-    }
+driver_resource! {
+    /// Managed (unified) memory of the current device.
+    ManagedMemoryResource(RsManaged)
 }
 
 /// Pageable host memory from the system allocator (HMM/ATS systems can use it on the GPU).
@@ -97,21 +100,9 @@ impl SamHeadroomMemoryResource {
     }
 }
 
-/// Pinned host memory (`cuMemHostAlloc`).
-#[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct PinnedHostMemoryResource;
-
-#[pymethods]
-impl PinnedHostMemoryResource {
-    #[new]
-    fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
-        let mr = py_result(py.detach(RsPinned::new))?;
-        Ok(sub(
-            PinnedHostMemoryResource,
-            checked(mr),
-            CallProfile::DRIVER,
-        ))
-    }
+driver_resource! {
+    /// Pinned host memory (`cuMemHostAlloc`).
+    PinnedHostMemoryResource(RsPinned)
 }
 
 /// Stream-ordered allocation from a CUDA memory pool that this resource owns.

@@ -51,7 +51,8 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
 }
 
 /// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
-/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes.
+/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes. The one size grammar of rrmm,
+/// the command line's included. A bare unit (`2k`, `4G`) is refused, as RMM's tests require.
 pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
     let s = text.strip_suffix('\n').unwrap_or(text);
     let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -170,6 +171,11 @@ mod tests {
         assert_eq!(p("100b"), Some(100));
         assert_eq!(p("1."), Some(1));
         assert_eq!(p("2k"), None);
+        assert_eq!(p("4G"), None);
+        assert_eq!(p("4 gi"), None);
+        assert_eq!(p(" 4GiB"), None);
+        assert_eq!(p("1e3"), None);
+        assert_eq!(p("4GiB\n"), Some(4 << 30));
         assert_eq!(p(".5kb"), None);
         assert_eq!(p("-1"), None);
         assert_eq!(p("abc"), None);

@@ -247,10 +247,16 @@ mod tests {
     use crate::{set_per_device_resource, Error, SimulatedMemoryResource};
     use std::sync::Arc;
 
+    /// A 1 MiB simulated device, set as the resource of the (made-up) device `ordinal`.
+    fn simulated_on(ordinal: usize) -> Arc<SimulatedMemoryResource> {
+        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        set_per_device_resource(ordinal, sim.clone()).unwrap();
+        sim
+    }
+
     #[test]
     fn allocate_and_free_go_through_the_per_device_resource() {
-        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(801, sim.clone()).unwrap();
+        let sim = simulated_on(801);
         // SAFETY: a key only: simulated memory never passes it to the driver.
         let stream = unsafe { Stream::from_raw(0x1234) };
         let (ptr, mr) = allocate_on(801, 1000, stream, Context::Make).unwrap();
@@ -263,8 +269,7 @@ mod tests {
 
     #[test]
     fn size_zero_asks_nothing_and_oom_is_an_error() {
-        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(802, sim.clone()).unwrap();
+        let sim = simulated_on(802);
         let (ptr, mr) = allocate_on(802, 0, Stream::DEFAULT, Context::Make).unwrap();
         assert_eq!((ptr, mr.is_none()), (0, true));
         assert!(matches!(
@@ -276,8 +281,7 @@ mod tests {
 
     #[test]
     fn a_hook_allocation_frees_once() {
-        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        set_per_device_resource(803, sim.clone()).unwrap();
+        let sim = simulated_on(803);
         let (ptr, mr) = allocate_on(803, 4096, Stream::DEFAULT, Context::AlreadyCurrent).unwrap();
         let a = HookAllocation::new(ptr, 4096, 803, Stream::DEFAULT, mr);
         assert_eq!(sim.live_allocations(), 1);

@@ -5,15 +5,32 @@ use crate::suballocator::{
     BinningMemoryResource as RsBinning, FixedSizeMemoryResource as RsFixedSize,
     PoolMemoryResource as RsPool, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
 };
+use crate::MemoryResource;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::PyClass;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::py_result;
 use super::gil;
 use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
-use super::upstream_kw::pick_upstream;
+use super::upstream_kw::upstream_of;
+
+/// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared
+/// state) serves both the base class (allocate, deallocate) and the class's own methods,
+/// through the clone `leaf` keeps.
+pub(super) fn suballocator_keeping<R, T>(
+    up: Py<DeviceMemoryResource>,
+    suballocator: R,
+    leaf: impl FnOnce(R) -> T,
+) -> PyClassInitializer<T>
+where
+    R: MemoryResource + Clone + 'static,
+    T: PyClass<BaseType = UpstreamResourceAdaptor>,
+{
+    suballocator_init(leaf(suballocator.clone()), up, Arc::new(suballocator))
+}
 
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
 /// rrmm's `release()` and fragmentation figures.
@@ -33,15 +50,13 @@ impl PoolMemoryResource {
         maximum_pool_size: Option<&Bound<'_, PyAny>>,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
         let pool = py_result(py.detach(|| RsPool::new(upstream, initial, maximum)))?;
-        Ok(suballocator_init(
-            PoolMemoryResource { pool: pool.clone() },
-            up,
-            Arc::new(pool),
-        ))
+        Ok(suballocator_keeping(up, pool, |pool| PoolMemoryResource {
+            pool,
+        }))
     }
 
     /// Bytes held from the upstream.
@@ -95,17 +110,13 @@ impl FixedSizeMemoryResource {
         blocks_to_preallocate: usize,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let block_size = opt_bytes_arg(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK_SIZE);
         let fixed =
             py_result(py.detach(|| RsFixedSize::new(upstream, block_size, blocks_to_preallocate)))?;
-        Ok(suballocator_init(
-            FixedSizeMemoryResource {
-                fixed: fixed.clone(),
-            },
-            up,
-            Arc::new(fixed),
-        ))
+        Ok(suballocator_keeping(up, fixed, |fixed| {
+            FixedSizeMemoryResource { fixed }
+        }))
     }
 
     /// The size of every block.
@@ -142,7 +153,7 @@ impl BinningMemoryResource {
         max_size_exponent: i64,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let (up, upstream) = upstream_arg(pick_upstream(upstream_mr, upstream)?)?;
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let exp = |e: i64| u32::try_from(e).ok();
         let (min, max) = if min_size_exponent >= 0 && max_size_exponent >= 0 {
             (exp(min_size_exponent), exp(max_size_exponent))
@@ -150,14 +161,12 @@ impl BinningMemoryResource {
             (None, None)
         };
         let binning = py_result(py.detach(|| RsBinning::new(upstream, min, max)))?;
-        Ok(suballocator_init(
+        Ok(suballocator_keeping(up, binning, |binning| {
             BinningMemoryResource {
-                binning: binning.clone(),
+                binning,
                 bin_mrs: Mutex::new(Vec::new()),
-            },
-            up,
-            Arc::new(binning),
-        ))
+            }
+        }))
     }
 
     /// Adds a bin for requests up to `allocation_size` bytes: `bin_resource`, or a fixed-size

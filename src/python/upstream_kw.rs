@@ -4,23 +4,33 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-/// The upstream given as `upstream_mr` (positionally or by keyword) or as `upstream`.
+use super::convert::upstream_arg;
+use super::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
+
+/// The upstream given as `upstream_mr` (positionally or by keyword) or as `upstream`: the
+/// Python object and its Rust resource.
 ///
 /// # Errors
-/// TypeError when neither or both are given.
-pub(crate) fn pick_upstream<'a, 'py>(
-    upstream_mr: Option<&'a Bound<'py, PyAny>>,
-    upstream: Option<&'a Bound<'py, PyAny>>,
-) -> PyResult<&'a Bound<'py, PyAny>> {
-    match (upstream_mr, upstream) {
-        (Some(mr), None) | (None, Some(mr)) => Ok(mr),
-        (Some(_), Some(_)) => Err(PyTypeError::new_err(
-            "got both `upstream_mr` and `upstream` (they name the same argument)",
-        )),
-        (None, None) => Err(PyTypeError::new_err(
-            "missing required argument 'upstream_mr' (or 'upstream')",
-        )),
-    }
+/// TypeError when neither or both are given, or when it is not a `DeviceMemoryResource`.
+pub(crate) fn upstream_of(
+    upstream_mr: Option<&Bound<'_, PyAny>>,
+    upstream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
+    let given = match (upstream_mr, upstream) {
+        (Some(mr), None) | (None, Some(mr)) => mr,
+        (Some(_), Some(_)) => {
+            return Err(PyTypeError::new_err(
+                "got both `upstream_mr` and `upstream` (they name the same argument)",
+            ))
+        }
+        (None, None) => {
+            return Err(PyTypeError::new_err(
+                "missing required argument 'upstream_mr' (or 'upstream')",
+            ))
+        }
+    };
+    upstream_arg(given)
 }
 
 /// A required argument that follows `upstream_mr` (optional in the signature so that
@@ -28,9 +38,6 @@ pub(crate) fn pick_upstream<'a, 'py>(
 ///
 /// # Errors
 /// TypeError naming `name` when it is missing.
-pub(crate) fn required<'a, 'py>(
-    value: Option<&'a Bound<'py, PyAny>>,
-    name: &str,
-) -> PyResult<&'a Bound<'py, PyAny>> {
+pub(crate) fn required<T>(value: Option<T>, name: &str) -> PyResult<T> {
     value.ok_or_else(|| PyTypeError::new_err(format!("missing required argument '{name}'")))
 }

@@ -212,12 +212,7 @@ pub fn build_resource(
     initial_pool_size: Option<usize>,
     maximum_pool_size: Option<usize>,
 ) -> Result<SharedResource> {
-    let options = ResourceOptions {
-        initial_pool_size,
-        maximum_pool_size,
-        ..ResourceOptions::default()
-    };
-    Ok(build(name, simulate, &options)?.resource)
+    build_resource_sized(name, simulate, initial_pool_size, maximum_pool_size, None)
 }
 
 /// As [`build_resource`], with the arena's size for `arena` (default: half the free memory);
@@ -258,6 +253,11 @@ pub(crate) fn human(bytes: usize) -> String {
     format!("{bytes} B")
 }
 
+/// The largest pool size in words: `human(size)`, or "the device" where there is none.
+fn maximum_in_words(maximum_pool_size: Option<usize>) -> String {
+    maximum_pool_size.map_or_else(|| "the device".into(), human)
+}
+
 fn base(resource: SharedResource, setup: String, simulated: bool) -> BuiltResource {
     BuiltResource {
         name: String::new(),
@@ -268,6 +268,15 @@ fn base(resource: SharedResource, setup: String, simulated: bool) -> BuiltResour
         pool_sizes: None,
         arena_size: None,
         simulated_device: simulated,
+    }
+}
+
+/// A suballocator as built: 256-byte blocks, and no pool, arena or request limit unless the
+/// caller sets one.
+fn suballocator(resource: SharedResource, setup: String) -> BuiltResource {
+    BuiltResource {
+        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
+        ..base(resource, setup, false)
     }
 }
 
@@ -360,10 +369,7 @@ fn pool_over(
         Some(size) => human(size),
         None => format!("{} (half the free memory)", human(pool.pool_size())),
     };
-    let maximum = match options.maximum_pool_size {
-        Some(size) => human(size),
-        None => "the device".into(),
-    };
+    let maximum = maximum_in_words(options.maximum_pool_size);
     Ok((pool, format!("initial {initial}, maximum {maximum}")))
 }
 
@@ -371,15 +377,10 @@ fn build_pool(simulate: Option<usize>, options: &ResourceOptions) -> Result<Buil
     let (upstream, below) = device(simulate)?;
     let (pool, sizes) = pool_over(upstream, options)?;
     let pool_sizes = Some((pool.pool_size(), options.maximum_pool_size));
+    let setup = format!("coalescing pool, {sizes}, over {below}");
     Ok(BuiltResource {
-        name: String::new(),
-        resource: Arc::new(pool),
-        setup: format!("coalescing pool, {sizes}, over {below}"),
-        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
-        largest_request: None,
         pool_sizes,
-        arena_size: None,
-        simulated_device: false,
+        ..suballocator(Arc::new(pool), setup)
     })
 }
 
@@ -410,19 +411,12 @@ fn build_expandable(simulate: Option<usize>, options: &ResourceOptions) -> Resul
             "cuMemCreate/cuMemMap".into(),
         ),
     };
-    let maximum = options
-        .maximum_pool_size
-        .map_or_else(|| "the device".to_string(), human);
+    let maximum = maximum_in_words(options.maximum_pool_size);
     let pool_sizes = Some((mr.mapped_bytes(), options.maximum_pool_size));
+    let setup = format!("expandable pool, 2 MiB pages, maximum {maximum}, over {below}");
     Ok(BuiltResource {
-        name: String::new(),
-        resource: Arc::new(mr),
-        setup: format!("expandable pool, 2 MiB pages, maximum {maximum}, over {below}"),
-        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
-        largest_request: None,
         pool_sizes,
-        arena_size: None,
-        simulated_device: false,
+        ..suballocator(Arc::new(mr), setup)
     })
 }
 
@@ -454,23 +448,20 @@ fn build_binning(simulate: Option<usize>, options: &ResourceOptions) -> Result<B
         binning.add_bin(size, Some(Arc::new(bin)))?;
         bin_sizes.push(size.max(ALLOCATION_ALIGNMENT));
     }
+    let setup = format!(
+        "bins 2^{min}..2^{max} ({}..{}) x {blocks} blocks per chunk over a pool ({sizes}, over \
+         {below}); larger requests to the pool",
+        human(1 << min),
+        human(1 << max)
+    );
+    let resource = Arc::new(PoolFootprint {
+        resource: Arc::new(binning),
+        pool,
+    });
     Ok(BuiltResource {
-        name: String::new(),
-        resource: Arc::new(PoolFootprint {
-            resource: Arc::new(binning),
-            pool,
-        }),
-        setup: format!(
-            "bins 2^{min}..2^{max} ({}..{}) x {blocks} blocks per chunk over a pool ({sizes}, \
-             over {below}); larger requests to the pool",
-            human(1 << min),
-            human(1 << max)
-        ),
         rounding: BlockRounding::Bins(bin_sizes),
-        largest_request: None,
         pool_sizes,
-        arena_size: None,
-        simulated_device: false,
+        ..suballocator(resource, setup)
     })
 }
 
@@ -482,18 +473,13 @@ fn build_arena(simulate: Option<usize>, options: &ResourceOptions) -> Result<Bui
         None => format!("{} (half the free memory)", human(arena.arena_size())),
     };
     let arena_size = Some(arena.arena_size());
+    let setup = format!(
+        "global arena of {size}, per-thread arenas for per-thread default streams and \
+         per-stream arenas otherwise, over {below}"
+    );
     Ok(BuiltResource {
-        name: String::new(),
-        resource: Arc::new(arena),
-        setup: format!(
-            "global arena of {size}, per-thread arenas for per-thread default streams and \
-             per-stream arenas otherwise, over {below}"
-        ),
-        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
-        largest_request: None,
-        pool_sizes: None,
         arena_size,
-        simulated_device: false,
+        ..suballocator(Arc::new(arena), setup)
     })
 }
 
@@ -509,19 +495,15 @@ fn build_fixed_size(simulate: Option<usize>, options: &ResourceOptions) -> Resul
     let (upstream, below) = device(simulate)?;
     let fixed = FixedSizeMemoryResource::new(upstream, block_size, blocks)?;
     let block = fixed.block_size();
+    let setup = format!(
+        "{} blocks, {blocks} per chunk, over {below}; cannot serve requests above {}",
+        human(block),
+        human(block)
+    );
     Ok(BuiltResource {
-        name: String::new(),
-        resource: Arc::new(fixed),
-        setup: format!(
-            "{} blocks, {blocks} per chunk, over {below}; cannot serve requests above {}",
-            human(block),
-            human(block)
-        ),
         rounding: BlockRounding::Fixed(block),
         largest_request: Some(block),
-        pool_sizes: None,
-        arena_size: None,
-        simulated_device: false,
+        ..suballocator(Arc::new(fixed), setup)
     })
 }
 

@@ -2,6 +2,7 @@
 //! plain pass over the CSV), limits, round trips through the logging adaptor.
 
 use super::*;
+use crate::adaptor::test_util::temp_log_path;
 use crate::adaptor::{LimitingResourceAdaptor, LoggingResourceAdaptor};
 use crate::resource::MemoryResource;
 use crate::{SharedResource, SimulatedMemoryResource, Stream};
@@ -178,10 +179,7 @@ fn failures_under_a_limit_match_an_independent_model() {
 
 #[test]
 fn a_log_written_by_the_logging_adaptor_replays_with_identical_figures() {
-    let path = std::env::temp_dir()
-        .join(format!("rrmm-roundtrip-{}.csv", std::process::id()))
-        .to_string_lossy()
-        .into_owned();
+    let path = temp_log_path("roundtrip");
     let size = 1 << 20;
     let (sim, device) = simulated(size);
     let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
@@ -398,10 +396,7 @@ fn synthetic_multi_stream_log_replays_on_every_resource() {
 
 #[test]
 fn concurrent_logging_gives_a_log_that_parses_strictly() {
-    let path = std::env::temp_dir()
-        .join(format!("rrmm-concurrent-{}.csv", std::process::id()))
-        .to_string_lossy()
-        .into_owned();
+    let path = temp_log_path("concurrent");
     let (_, device) = simulated(GIB);
     let logger = Arc::new(LoggingResourceAdaptor::new(device, &path, false).unwrap());
     std::thread::scope(|s| {

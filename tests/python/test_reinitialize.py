@@ -126,6 +126,11 @@ def test_reinitialize_without_gpu_warns_only():
 def test_reinitialize_checks_sizes():
     with pytest.raises(ValueError):
         rrmm.reinitialize(pool_allocator=True, initial_pool_size="lots")
+    # RMM's test_reinitialize_with_invalid_str_arg_pool_size: "2kb" is a size, "2k" is not (nor
+    # "4G", which `rrmm replay --initial-pool-size` refuses the same way).
+    for bare in ["2k", "4G"]:
+        with pytest.raises(ValueError, match="Could not parse"):
+            rrmm.reinitialize(pool_allocator=True, initial_pool_size=bare, maximum_pool_size="8k")
     with pytest.raises(TypeError):
         rrmm.reinitialize(pool_allocator=True, initial_pool_size=1.5)
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import rrmm
 from rrmm.__main__ import main
 from rrmm._cli_replay import parse_size
 
@@ -67,15 +68,20 @@ def write_log(tmp_path: Path, body: str, name: str = "bad.csv") -> str:
     return str(path)
 
 
-def test_parse_size():
-    assert parse_size("4GiB") == 4 << 30
-    assert parse_size("512 MiB") == 512 << 20
-    assert parse_size("1.5GB") == 1_500_000_000
-    assert parse_size("4G") == 4 << 30
-    assert parse_size("1000") == 1000
-    for bad in ["", "GiB", "4XB", "-1GiB", "1e400"]:
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_size(bad)
+@pytest.mark.parametrize(
+    "text, value",
+    [("4GiB", 4 << 30), ("512 MiB", 512 << 20), ("1.5GB", 1_500_000_000), ("1000", 1000)],
+)
+def test_parse_size_is_the_apis_parse_bytes(text, value):
+    assert parse_size(text) == value == rrmm.parse_bytes(text)
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "4XB", "-1GiB", "1e400", "4G", "2k", " 4GiB"])
+def test_a_size_the_api_refuses_is_a_usage_error(bad):
+    with pytest.raises(ValueError, match="as a byte specification"):
+        rrmm.parse_bytes(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="as a byte specification"):
+        parse_size(bad)
 
 
 def test_small_log_figures(capsys, small_log):
@@ -581,7 +587,8 @@ def test_misuse_is_a_one_line_error_before_any_replay(capsys, small_log, args, n
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--simulate", "4XB"], "unknown unit"),
+        (["--simulate", "4XB"], "Could not parse '4XB' as a byte specification"),
+        (["--initial-pool-size", "4G"], "a bare unit such as 4G is not one: 4GiB or 4GB"),
         (["--simulate", "0"], "positive"),
         (["--repeat", "0"], "positive"),
         (["--repeat", "x"], "not a whole number"),

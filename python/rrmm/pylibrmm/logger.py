@@ -1,21 +1,7 @@
-"""RMM's ``rmm.pylibrmm.logger``: the logging level API and ``level_enum``."""
+"""RMM's ``rmm.pylibrmm.logger``: the logging level API and ``level_enum``, defined in
+``rrmm._logging`` and re-exported here whole."""
 
-from rrmm._logging import (
-    flush_logger,
-    get_flush_level,
-    get_logging_level,
-    level_enum,
-    set_flush_level,
-    set_logging_level,
-    should_log,
-)
+from rrmm import _logging
+from rrmm._logging import *
 
-__all__ = [
-    "flush_logger",
-    "get_flush_level",
-    "get_logging_level",
-    "level_enum",
-    "set_flush_level",
-    "set_logging_level",
-    "should_log",
-]
+__all__ = _logging.__all__

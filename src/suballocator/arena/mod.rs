@@ -46,7 +46,8 @@ mod superblock;
 pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
-use super::stream_events::{current_thread_tag, CudaStreamEvents, NoStreamEvents, StreamEvents};
+use super::stream_events::{current_thread_tag, StreamEvents};
+use super::stream_ordered::default_events;
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -161,10 +162,7 @@ impl ArenaMemoryResource {
         arena_size: Option<usize>,
         dump_log_on_failure: bool,
     ) -> Result<Self> {
-        let events: Arc<dyn StreamEvents> = match upstream.kind() {
-            MemoryKind::Simulated => Arc::new(NoStreamEvents),
-            _ => Arc::new(CudaStreamEvents::new(upstream.device())),
-        };
+        let events = default_events(&upstream);
         let dump = dump_log_on_failure.then(|| {
             std::env::var_os(DUMP_ENV)
                 .filter(|p| !p.is_empty())

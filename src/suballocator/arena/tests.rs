@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::resource::SimulatedMemoryResource;
+use crate::suballocator::stream_events::NoStreamEvents;
 use crate::suballocator::{EventCall, RecordingStreamEvents};
 
 const MIB: usize = SUPERBLOCK_MIN;
