@@ -4,6 +4,7 @@
 #   .gpu/wheels/rrmm-*.whl   rrmm's abi3 wheel (maturin build --release)
 #   .gpu/rust/*              Rust GPU test binaries (cargo test --release --no-run), run --ignored
 #   .gpu/bench/w7            rrmm's W7 benchmark binary (benches/w7.rs)
+#   .gpu/bench/cuda_async_overhead  cuda_async's cost split, rrmm vs driver (benches/cuda_async_overhead.rs)
 #   .whl/*.whl               RMM 26.10 (rmm-cu13, librmm-cu13, rapids-logger 0.3), the reference
 #   .whl-dask/*.whl          dask, distributed, dask-cuda and what the GPU image lacks of their needs
 #   .rmm-tests/              RMM's own Python tests (python/rmm/rmm/tests of rapidsai/rmm 26.10),
@@ -39,16 +40,19 @@ for line in sys.stdin:
   ls .gpu/rust
 fi
 
-if has bench && [ -f benches/w7.rs ]; then
+if has bench; then
   mkdir -p .gpu/bench
-  cargo build --release --bench w7 --message-format=json 2>/dev/null \
-    | python3 -c '
+  for b in w7 cuda_async_overhead; do
+    cargo build --release --bench "$b" --message-format=json 2>/dev/null \
+      | python3 -c '
 import json, shutil, sys
+name = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "w7":
-        shutil.copy(m["executable"], ".gpu/bench/w7")
-'
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
+        shutil.copy(m["executable"], ".gpu/bench/" + name)
+' "$b"
+  done
 fi
 
 if has rmm; then

@@ -4,6 +4,7 @@
 #   .gpu/rust/*                   Rust GPU test binaries (cargo test --release --no-run)
 #   .gpu/bench/w7                 rrmm's W7 benchmark (cargo build --release --bench w7, then copy
 #                                 target/release/deps/w7-<hash>; scripts/gpu_prepare.sh bench)
+#   .gpu/bench/cuda_async_overhead  stage asyncw1's split of cuda_async's W1 time (same way)
 #   .whl/*.whl                    RMM 26.10 wheels (rmm-cu13, librmm-cu13, rapids-logger), reference
 #   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
@@ -194,26 +195,19 @@ if has cupythreads; then
 fi
 
 if has asyncw1; then
-  # cuda_async in W1, rrmm against RMM, alternating processes, 5 rounds (needs stage w1's
-  # /tmp/rmm_replay and compiled traces); with perf, a profile of rrmm's replay.
+  # cuda_async in W1, warm against warm, each side in a native process (RMM's C++ harness, rrmm's
+  # replay engine in benches/cuda_async_overhead.rs), alternating, 5 rounds; the bench also times
+  # a bare loop over rrmm's resource and over the driver's pool calls (rrmm's own share). Needs
+  # stage w1's /tmp/rmm_replay and compiled traces.
   echo "== cuda_async W1, alternating"
+  : > "$OUT/asyncw1_rmm.jsonl"; : > "$OUT/asyncw1_split.jsonl"
   for round in 1 2 3 4 5; do
     for t in random_10k_1mib random_100k_4mib transformer_training; do
-      timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" cuda_async 5 >> "$OUT/asyncw1_rmm.jsonl"
-      python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces --only "$t" --resources cuda_async \
-        --reps 5 --out /dev/null | grep '^{' >> "$OUT/asyncw1_rrmm.jsonl"
+      timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" cuda_async 7 >> "$OUT/asyncw1_rmm.jsonl"
     done
+    RRMM_TRACES="$PWD/python/rrmm/traces" timeout 300 .gpu/bench/cuda_async_overhead >> "$OUT/asyncw1_split.jsonl"
   done
   python3 benches/gpu/summarize.py asyncw1 "$OUT" | tee -a "$SUMMARY"
-  if command -v perf > /dev/null; then
-    perf record -g -o "$OUT/perf_async.data" python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces \
-      --only random_10k_1mib --resources cuda_async --reps 20 --out /dev/null > /dev/null 2>&1
-    perf report -i "$OUT/perf_async.data" --no-children --stdio 2>/dev/null | grep -v "^$" | head -60 > "$OUT/perf_async.txt"
-    perf record -g -o "$OUT/perf_async_rmm.data" /tmp/rmm_replay random_10k_1mib /tmp/random_10k_1mib.txt cuda_async 20 > /dev/null 2>&1
-    perf report -i "$OUT/perf_async_rmm.data" --no-children --stdio 2>/dev/null | grep -v "^$" | head -60 > "$OUT/perf_async_rmm.txt"
-  else
-    note "asyncw1: perf not found"
-  fi
 fi
 
 # The .pth of RRMM_AS_RMM only works from a site directory; --target dirs are not one, so a

@@ -81,23 +81,36 @@ def w2base(out: Path) -> str:
 
 
 def asyncw1(out: Path) -> str:
-    """cuda_async W1 from alternating processes: the median and range of each side's medians."""
+    """cuda_async W1 from alternating native processes: RMM's harness against rrmm's replay
+    engine, with the bare loops over rrmm's resource and over the driver beside them; each
+    cell is the median (range) of the rounds' medians."""
     import statistics
 
     got: dict = {}
-    for r in jsonl(out / "asyncw1_rmm.jsonl") + jsonl(out / "asyncw1_rrmm.jsonl"):
-        got.setdefault(r["trace"], {}).setdefault(r["impl"], []).append(r["ns_per_event"])
+    for r in jsonl(out / "asyncw1_rmm.jsonl"):
+        got.setdefault(r["trace"], {}).setdefault("rmm", []).append(r["ns_per_event"])
+    for r in jsonl(out / "asyncw1_split.jsonl"):
+        got.setdefault(r["trace"], {}).setdefault(r["variant"], []).append(r["ns_per_event"])
+
+    def med(v: list[float] | None) -> float | None:
+        return statistics.median(v) if v else None
 
     def spread(v: list[float] | None) -> str:
         return "not run" if not v else f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
 
-    body = []
-    for trace, v in sorted(got.items()):
-        mine, theirs = v.get("rrmm"), v.get("rmm")
-        med = (statistics.median(theirs) if theirs else None, statistics.median(mine) if mine else None)
-        body.append((trace, spread(mine), spread(theirs), ratio(*med)))
-    return "cuda_async W1, ns/event, median (range) over alternating rounds\n" + table(
-        body, ("trace", "rrmm", "RMM", "speedup")
+    body = [
+        (
+            t,
+            spread(v.get("engine")),
+            spread(v.get("rmm")),
+            ratio(med(v.get("rmm")), med(v.get("engine"))),
+            spread(v.get("resource")),
+            spread(v.get("driver")),
+        )
+        for t, v in sorted(got.items())
+    ]
+    return "cuda_async W1, ns/event, median (range) of alternating rounds; speedup = RMM/rrmm\n" + table(
+        body, ("trace", "rrmm engine", "RMM", "speedup", "rrmm bare loop", "driver only")
     )
 
 
