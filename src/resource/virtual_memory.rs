@@ -2,7 +2,7 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::MemoryKind;
+use super::{CallProfile, MemoryKind};
 use crate::cuda::vmm::VirtualRange;
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
@@ -51,6 +51,13 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
 
     /// The device ordinal, where there is one.
     fn device(&self) -> Option<usize>;
+
+    /// What [`map`](VirtualMemory::map) and [`unmap`](VirtualMemory::unmap) may do (see
+    /// [`MemoryResource::call_profile`](super::MemoryResource::call_profile)); the default, for
+    /// implementations that do not say, is the safe [`CallProfile::UNKNOWN`].
+    fn call_profile(&self) -> CallProfile {
+        CallProfile::UNKNOWN
+    }
 }
 
 /// Virtual memory of a CUDA device: one `cuMemAddressReserve` range, one `cuMemCreate` handle
@@ -141,5 +148,10 @@ impl VirtualMemory for CudaVirtualMemory {
 
     fn device(&self) -> Option<usize> {
         Some(self.ordinal)
+    }
+
+    fn call_profile(&self) -> CallProfile {
+        // cuMemCreate/cuMemMap/cuMemUnmap/cuMemRelease: driver calls that may wait.
+        CallProfile::BLOCKING
     }
 }

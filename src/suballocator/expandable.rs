@@ -27,8 +27,8 @@ use super::stream_ordered::{default_events, StreamOrderedCore};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource, VirtualMemory,
-    ALLOCATION_ALIGNMENT,
+    CallProfile, CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource,
+    VirtualMemory, ALLOCATION_ALIGNMENT,
 };
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -295,6 +295,12 @@ impl MemoryResource for ExpandableMemoryResource {
         Some(self.inner.core.footprint())
     }
 
+    /// The virtual memory's: growth maps pages, trims unmap them, and cross-stream waits are
+    /// CUDA events exactly when the pages are device memory (whose calls block anyway).
+    fn call_profile(&self) -> CallProfile {
+        self.inner.vm.call_profile()
+    }
+
     fn name(&self) -> &'static str {
         "expandable"
     }
@@ -346,6 +352,10 @@ impl MemoryResource for VirtualMemoryInfo {
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.vm.memory_info()
+    }
+
+    fn call_profile(&self) -> CallProfile {
+        self.vm.call_profile()
     }
 
     fn name(&self) -> &'static str {

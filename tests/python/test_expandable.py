@@ -82,6 +82,19 @@ def test_options_are_checked() -> None:
     assert mr.mapped_bytes() == 0, "a release threshold of 0 unmaps at every free"
 
 
+def test_device_buffers_trim_on_free_with_a_release_threshold() -> None:
+    mr = rrmm.mr.ExpandableMemoryResource(simulated_capacity="1GiB", release_threshold=0)
+    rrmm.mr.set_current_device_resource(mr)
+    try:
+        for size in (1 << 10, 3 * PAGE):
+            buf = rrmm.DeviceBuffer(size=size)
+            assert mr.mapped_bytes() >= size
+            del buf
+            assert mr.mapped_bytes() == 0, size
+    finally:
+        _rrmm._clear_per_device_resources()
+
+
 def test_reinitialize_expandable_rejects_managed_and_unknown_names() -> None:
     with pytest.raises(ValueError, match="managed"):
         rrmm.reinitialize(pool_allocator="expandable", managed_memory=True)

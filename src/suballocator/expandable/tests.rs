@@ -409,3 +409,20 @@ fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
         "{unmaps:?} vs {last_sync}"
     );
 }
+
+#[test]
+fn the_call_profile_is_the_virtual_memory_s() {
+    let mr = pool(&sim(64 * P, 256 * P), None);
+    assert_eq!(mr.call_profile(), CallProfile::QUICK, "bookkeeping only");
+    let spy = Arc::new(SpyVm {
+        inner: SimulatedVirtualMemory::new(64 * P, 256 * P, P).unwrap(),
+        events: crate::suballocator::RecordingStreamEvents::new(),
+        unmapped_at: parking_lot::Mutex::new(Vec::new()),
+    });
+    let mr = ExpandableMemoryResource::new(spy, None, None, None).unwrap();
+    assert_eq!(
+        mr.call_profile(),
+        CallProfile::UNKNOWN,
+        "a virtual memory that does not say is assumed to do anything"
+    );
+}
