@@ -200,3 +200,16 @@ def test_preload_reads_the_rrmm_config_section(tmp_path):
             rrmm.reinitialize()
     with dask.config.set({"rrmm": {"pool-sise": "1GiB"}}), pytest.raises(ValueError, match="pool-sise"):
         options_from_config()
+
+
+def test_sizes_are_read_as_dask_cuda_reads_them():
+    """dask-cuda parses sizes with dask's ``parse_bytes``: a bare unit is decimal there."""
+    from rrmm.dask import parse_device_bytes
+
+    assert parse_device_bytes("4G") == 4 * 10**9
+    assert parse_device_bytes("4GB") == 4 * 10**9
+    assert parse_device_bytes("4GiB") == 4 << 30
+    assert parse_device_bytes("0 B") is None
+    assert parse_device_bytes(0.5, total=8 << 30) == 4 << 30
+    with pytest.raises(ValueError):
+        parse_device_bytes("four gigabytes")
