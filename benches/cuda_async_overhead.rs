@@ -17,7 +17,11 @@ use rrmm::{CudaAsyncMemoryResource, MemoryResource, SharedResource};
 use std::sync::Arc;
 use std::time::Instant;
 
-const TRACES: &[&str] = &["random_10k_1mib", "random_100k_4mib", "transformer_training"];
+const TRACES: &[&str] = &[
+    "random_10k_1mib",
+    "random_100k_4mib",
+    "transformer_training",
+];
 const REPS: usize = 7;
 
 /// One pass of `trace` with `alloc`/`free`, timed; leaks freed after the clock stops.
@@ -78,8 +82,8 @@ fn main() {
         |p: usize, n: usize| unsafe { resource.deallocate(p, n, Stream::DEFAULT) }.expect("free");
     let direct_alloc = |n: usize| pool.allocate(n, Stream::DEFAULT).unwrap_or(0);
     // SAFETY: `p` came from this pool and is freed once (the pass clears its slot).
-    let direct_free = |p: usize, _n: usize| unsafe { cuda::mem_free_async(p, Stream::DEFAULT) }
-        .expect("free");
+    let direct_free =
+        |p: usize, _n: usize| unsafe { cuda::mem_free_async(p, Stream::DEFAULT) }.expect("free");
     for name in TRACES {
         let path = format!("{dir}/{name}.csv.gz");
         let trace = Trace::from_path(&path, false).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -89,7 +93,12 @@ fn main() {
         pass(&trace, &direct_alloc, &direct_free, &mut slots);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for _ in 0..REPS {
-            a.push(pass(&trace, &via_resource_alloc, &via_resource_free, &mut slots));
+            a.push(pass(
+                &trace,
+                &via_resource_alloc,
+                &via_resource_free,
+                &mut slots,
+            ));
             b.push(pass(&trace, &direct_alloc, &direct_free, &mut slots));
         }
         let shared: SharedResource = Arc::new(resource.clone());

@@ -67,18 +67,20 @@ impl DeviceBuffer {
         &self.mr
     }
 
-    /// Copies `data` (at most `size` bytes) to the start of the buffer, and waits.
-    pub fn copy_from_host(&self, data: &[u8]) -> Result<()> {
-        if data.len() > self.size {
+    /// An error naming `argument` unless `len` bytes fit in the buffer.
+    fn check_fits(&self, argument: &'static str, len: usize) -> Result<()> {
+        if len > self.size {
             return Err(Error::invalid(
-                "data",
-                format!(
-                    "{} bytes do not fit in a buffer of {} bytes",
-                    data.len(),
-                    self.size
-                ),
+                argument,
+                format!("{len} bytes do not fit in a buffer of {} bytes", self.size),
             ));
         }
+        Ok(())
+    }
+
+    /// Copies `data` (at most `size` bytes) to the start of the buffer, and waits.
+    pub fn copy_from_host(&self, data: &[u8]) -> Result<()> {
+        self.check_fits("data", data.len())?;
         // SAFETY: the buffer holds at least `data.len()` bytes and `data` is a live slice.
         unsafe {
             copy_bytes(
@@ -93,16 +95,7 @@ impl DeviceBuffer {
 
     /// Copies the first `out.len()` bytes of the buffer to `out`, and waits.
     pub fn copy_to_host(&self, out: &mut [u8]) -> Result<()> {
-        if out.len() > self.size {
-            return Err(Error::invalid(
-                "out",
-                format!(
-                    "asked for {} bytes from a buffer of {} bytes",
-                    out.len(),
-                    self.size
-                ),
-            ));
-        }
+        self.check_fits("out", out.len())?;
         // SAFETY: the buffer holds at least `out.len()` bytes and `out` is a live slice.
         unsafe {
             copy_bytes(

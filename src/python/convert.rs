@@ -21,13 +21,18 @@ pub(crate) fn upstream_arg<'py>(
     let mr = obj.cast::<DeviceMemoryResource>().map_err(|_| {
         PyTypeError::new_err(format!(
             "upstream_mr must be a DeviceMemoryResource, not {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            type_name(obj)
         ))
     })?;
     Ok((mr.clone().unbind(), mr.get().inner.clone()))
+}
+
+/// The name of `obj`'s type, for an error message (empty if even that fails).
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
 }
 
 /// A device ordinal argument: an int or an object with `__index__` (a TypeError otherwise);
@@ -37,10 +42,7 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     let index = obj.call_method0("__index__").map_err(|_| {
         PyTypeError::new_err(format!(
             "'{}' object cannot be interpreted as an integer",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            type_name(obj)
         ))
     })?;
     index.extract::<usize>().map_err(|_| {
