@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="w2.json")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--resources", default="cuda,managed,cuda_async,pool,binning,arena")
+    ap.add_argument("--resources", default="cuda,managed,cuda_async,pool,expandable,binning,arena")
     args = ap.parse_args()
     import rrmm
 
