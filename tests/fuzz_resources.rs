@@ -6,9 +6,9 @@
 //! RRMM_FUZZ_CASES=20000 cargo test --release --test fuzz_resources -- --ignored --nocapture
 //! ```
 //!
-//! (`RRMM_FUZZ_CASES` cases per stack, default 256; `RRMM_FUZZ_ALL_BAD_FREES=1` also sends bad
-//! frees to stacks marked as not checking them (none today);
-//! `RRMM_FUZZ_BINNING_WRONG_SIZES=1` sends wrong-size frees to binning, a known failure.)
+//! (`RRMM_FUZZ_CASES` cases per stack, default 256; `RRMM_FUZZ_STACK=name` runs the stacks whose
+//! name contains `name` only; `RRMM_FUZZ_ALL_BAD_FREES=1` also sends bad frees to stacks marked
+//! as not checking them (none today).)
 //!
 //! Checked after every operation: a non-zero request gives a non-null pointer aligned as
 //! promised; no two live allocations overlap; a bad free is an error and changes nothing that a
@@ -77,9 +77,10 @@ struct Stack {
     host: bool,
     /// Alignment of requests of 1024 bytes or more.
     big_alignment: usize,
-    /// Whether wrong-size frees are sent. Off for statistics over the pool: the pool takes a
-    /// block's size from its own records and accepts any size, and statistics counts bytes in
-    /// aggregate only, so an accepted wrong size skews its counters (not checked here).
+    /// Whether wrong-size frees are sent. Off for statistics over the pool: the pool checks a
+    /// free's size only up to its 256-byte rounding, and statistics keeps its own figures per
+    /// size, so a wrong size of the same rounding that the pool accepts skews them (and a later
+    /// right free is refused).
     wrong_sizes: bool,
 }
 
@@ -108,25 +109,19 @@ fn stacks() -> Vec<Stack> {
             |up| Ok(Arc::new(FixedSizeMemoryResource::new(up, 64 << 10, 8)?)),
             true,
         ),
-        // No wrong sizes: binning routes a free by its size, so a small block freed with a
-        // large size reaches the pool, which takes sizes from its own records and accepts the
-        // pointer when it is the start of a bin's chunk: it frees the chunk while the bin still
-        // hands out its blocks (overlap). Found by this fuzz; the fix belongs in the pool core
-        // (check the size against the block's). RRMM_FUZZ_BINNING_WRONG_SIZES=1 sends them.
-        Stack {
-            wrong_sizes: std::env::var_os("RRMM_FUZZ_BINNING_WRONG_SIZES").is_some(),
-            ..s(
-                "binning(pool)",
-                |up| {
-                    Ok(Arc::new(BinningMemoryResource::new(
-                        pool(up)?,
-                        Some(10),
-                        Some(16),
-                    )?))
-                },
-                true,
-            )
-        },
+        // Binning routes a free by its size: a bin's block freed with a size above every bin
+        // reaches the pool, which must refuse it also where the pointer starts a bin's chunk.
+        s(
+            "binning(pool)",
+            |up| {
+                Ok(Arc::new(BinningMemoryResource::new(
+                    pool(up)?,
+                    Some(10),
+                    Some(16),
+                )?))
+            },
+            true,
+        ),
         s(
             "arena",
             |up| {
@@ -347,8 +342,9 @@ fn run_case(stack: &Stack, ops: &[Op], all_bad: bool) -> Result<(), TestCaseErro
                 if bytes == right {
                     continue;
                 }
-                // SAFETY: the stack checks frees; a resource that takes the block's size from
-                // its own records (pool, simulated) may accept it, which then frees the block.
+                // SAFETY: the stack checks frees; a resource that checks the size only up to its
+                // rounding (pool, simulated: 256 bytes) may accept it, which then frees the
+                // block.
                 let r = unsafe { mr.deallocate(ptr, bytes, st(live[&ptr].stream)) };
                 match r {
                     Err(e) => {
@@ -400,9 +396,10 @@ fn fuzz_every_stack() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
     let all_bad = std::env::var_os("RRMM_FUZZ_ALL_BAD_FREES").is_some();
-    let mut total = 0u64;
+    let (mut total, mut ran) = (0u64, 0usize);
+    let only = std::env::var("RRMM_FUZZ_STACK").unwrap_or_default();
     let mut failures = Vec::new();
-    for stack in stacks() {
+    for stack in stacks().into_iter().filter(|s| s.name.contains(&only)) {
         let mut runner = TestRunner::new(Config {
             cases,
             failure_persistence: None,
@@ -413,6 +410,7 @@ fn fuzz_every_stack() {
             run_case(&stack, &ops, all_bad)
         });
         total += u64::from(cases);
+        ran += 1;
         match result {
             Ok(()) => println!(
                 "{:<28} {cases} cases ok in {:.1?}",
@@ -425,7 +423,7 @@ fn fuzz_every_stack() {
             }
         }
     }
-    println!("fuzz: {total} cases over {} stacks", stacks().len());
+    println!("fuzz: {total} cases over {ran} stacks");
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -141,14 +141,20 @@ fn release_races_with_allocation_and_growth() {
     });
 }
 
+/// A pool of 1024 bytes at its maximum, its two halves allocated on streams 1 and 2.
+fn two_halves() -> (PoolMemoryResource, usize, usize) {
+    let (_up, pool) = pool(1024, Some(1024));
+    let a = pool.allocate(512, s(1)).unwrap();
+    let b = pool.allocate(512, s(2)).unwrap();
+    (pool, a, b)
+}
+
 /// A stream at the pool's maximum takes the synchronize-and-merge path while the other stream
 /// frees into its own list.
 #[test]
 fn merge_races_with_frees() {
     model(|| {
-        let (_up, pool) = pool(1024, Some(1024));
-        let a = pool.allocate(512, s(1)).unwrap();
-        let b = pool.allocate(512, s(2)).unwrap();
+        let (pool, a, b) = two_halves();
         let p2 = pool.clone();
         let t = thread::spawn(move || {
             free(&p2, b, 512, s(2)).unwrap();
@@ -162,6 +168,38 @@ fn merge_races_with_frees() {
             Ok(c) => free(&pool, c, 1024, s(3)).unwrap(),
             Err(e) => assert!(e.is_out_of_memory(), "{e}"),
         }
+        assert_eq!(pool.free_bytes(), pool.pool_size());
+    });
+}
+
+/// A stream fails twice at the pool's maximum (the second failure may skip the merge) while
+/// the other stream frees: once the free is in, the request succeeds, whatever the failures
+/// recorded in between; a wrong-size free is refused and changes nothing.
+#[test]
+fn repeated_failures_race_with_a_free() {
+    model(|| {
+        let (pool, a, b) = two_halves();
+        free(&pool, a, 512, s(1)).unwrap();
+        let p2 = pool.clone();
+        let t = thread::spawn(move || {
+            assert!(free(&p2, b, 1024, s(2)).is_err(), "wrong size refused");
+            free(&p2, b, 512, s(2)).unwrap();
+        });
+        let tries: Vec<_> = (0..2).map(|_| pool.allocate(1024, s(3))).collect();
+        t.join().unwrap();
+        let mut served = Vec::new();
+        for r in tries {
+            match r {
+                Ok(c) => served.push(c),
+                Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+            }
+        }
+        assert!(served.len() <= 1, "one 1024-byte block in a 1024-byte pool");
+        let c = match served.pop() {
+            Some(c) => c,
+            None => pool.allocate(1024, s(3)).expect("everything is free"),
+        };
+        free(&pool, c, 1024, s(3)).unwrap();
         assert_eq!(pool.free_bytes(), pool.pool_size());
     });
 }

@@ -3,6 +3,7 @@
 use super::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::live::LiveAllocations;
 use crate::resource::{
     align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
 };
@@ -13,9 +14,14 @@ use std::sync::Arc;
 /// larger than every bin to the upstream (RMM's `binning_memory_resource`). Bins are any
 /// resources; by default fixed-size resources over the upstream. Cheap to clone.
 ///
+/// A free goes where its size routes it. The allocations made through the upstream route are
+/// recorded, so a free routed there must be one of them with its size: a bin's block freed
+/// with a size above every bin is [`Error::Logic`] and changes nothing (the upstream could not
+/// tell it from the bin's own chunk, which starts at the same address).
+///
 /// # Time Complexity
 /// Allocate and free take a shared read lock and a binary search over the bins, then the bin's
-/// own cost.
+/// own cost; the upstream route adds one hash operation under one of 64 locks.
 #[derive(Clone, Debug)]
 pub struct BinningMemoryResource {
     inner: Arc<Inner>,
@@ -25,6 +31,8 @@ struct Inner {
     upstream: SharedResource,
     /// Bins sorted by size.
     bins: RwLock<Vec<(usize, SharedResource)>>,
+    /// What the upstream route handed out (pointer -> bytes).
+    from_upstream: LiveAllocations,
 }
 
 impl std::fmt::Debug for Inner {
@@ -58,6 +66,7 @@ impl BinningMemoryResource {
             inner: Arc::new(Inner {
                 upstream,
                 bins: RwLock::new(Vec::new()),
+                from_upstream: LiveAllocations::new(),
             }),
         };
         if let (Some(min), Some(max)) = (min_size_exponent, max_size_exponent) {
@@ -122,13 +131,47 @@ impl BinningMemoryResource {
     }
 }
 
+impl BinningMemoryResource {
+    /// A request larger than every bin, from the upstream, recorded.
+    fn allocate_upstream(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        let ptr = self.inner.upstream.allocate(bytes, stream)?;
+        if ptr != 0 {
+            self.inner.from_upstream.insert(ptr, bytes)?;
+        }
+        Ok(ptr)
+    }
+
+    /// A free routed to the upstream: checked against the record first.
+    ///
+    /// # Safety
+    /// Preconditions 3 and 4 of [`MemoryResource::deallocate`] (the record checks 1 and 2).
+    #[allow(unsafe_code)]
+    unsafe fn deallocate_upstream(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.inner
+            .from_upstream
+            .remove(ptr, bytes)
+            .map_err(|e| Error::Logic(format!("binning_memory_resource: {e}")))?;
+        // SAFETY: the record shows `ptr` came from the upstream with `bytes` and was not freed
+        // since (1, 2); the caller gives 3 and 4.
+        let freed = unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
+        if freed.is_err() {
+            // The upstream kept it: so does the record.
+            let _ = self.inner.from_upstream.insert(ptr, bytes);
+        }
+        freed
+    }
+}
+
 impl MemoryResource for BinningMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let bins = self.inner.bins.read();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
             Some((_, bin)) => bin.allocate(bytes, stream),
-            None => self.inner.upstream.allocate(bytes, stream),
+            None => self.allocate_upstream(bytes, stream),
         }
     }
 
@@ -143,7 +186,7 @@ impl MemoryResource for BinningMemoryResource {
             // allocate and free, so `ptr` came from the resource it is returned to.
             Some((_, bin)) => unsafe { bin.deallocate(ptr, bytes, stream) },
             // SAFETY: as above.
-            None => unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) },
+            None => unsafe { self.deallocate_upstream(ptr, bytes, stream) },
         }
     }
 
@@ -229,5 +272,46 @@ mod tests {
         assert_eq!(custom.footprint().unwrap().held_bytes, 0);
         assert_eq!(mr.name(), "binning");
         assert!(mr.add_bin(0, None).is_err());
+    }
+
+    /// Frees through the unsafe trait method.
+    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize) -> Result<()> {
+        // SAFETY: binning, its bins and the pool check every free against what they handed
+        // out (a bad one is `Error::Logic`, which the test checks); nothing uses the memory.
+        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
+    }
+
+    #[test]
+    fn a_bin_block_freed_with_a_size_above_the_bins_changes_nothing() {
+        // Issue 9: the free reached the pool, which freed the bin's chunk (it starts where the
+        // bin's first block does), and the pool handed the bin's blocks out again.
+        let up = Arc::new(SimulatedMemoryResource::new(64 << 20));
+        let pool = Arc::new(
+            crate::suballocator::PoolMemoryResource::new(up, Some(1 << 20), Some(32 << 20))
+                .unwrap(),
+        );
+        let mr = BinningMemoryResource::new(pool.clone(), Some(10), Some(12)).unwrap();
+        let a = mr.allocate(1000, Stream::DEFAULT).unwrap();
+        let chunk = 1024 * DEFAULT_BLOCKS_TO_PREALLOCATE;
+        let pool_free = pool.free_bytes();
+        for bytes in [chunk, chunk - 100, 8192] {
+            let e = free(&mr, a, bytes).unwrap_err();
+            assert!(matches!(e, Error::Logic(_)), "{bytes}: {e}");
+        }
+        assert_eq!(
+            pool.free_bytes(),
+            pool_free,
+            "the bin's chunk stays allocated"
+        );
+        let big = mr.allocate(chunk, Stream::DEFAULT).unwrap();
+        assert!(
+            big >= a + chunk || big + chunk <= a,
+            "no overlap with the bin's chunk"
+        );
+        // The upstream route checks its own frees too.
+        assert!(matches!(free(&mr, big, chunk + 4096), Err(Error::Logic(_))));
+        free(&mr, big, chunk).unwrap();
+        assert!(matches!(free(&mr, big, chunk), Err(Error::Logic(_))));
+        free(&mr, a, 1000).unwrap();
     }
 }

@@ -27,7 +27,7 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, FreeList};
+use super::free_list::{AddressMap, Block, Found, FreeList};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
 
@@ -385,17 +385,41 @@ impl CoalescingFreeList {
         Some(head)
     }
 
-    /// Every free node id.
+    /// Every free node id (the non-empty classes only, found through the bitmaps).
     fn all_free(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.free_blocks);
-        for &head in &self.classes.heads {
-            let mut i = head;
-            while i != NIL {
-                out.push(i);
-                i = self.nodes[i as usize].next_free;
+        let mut fl_map = self.classes.fl_bitmap;
+        while fl_map != 0 {
+            let fl = fl_map.trailing_zeros() as usize;
+            fl_map &= fl_map - 1;
+            let mut sl_map = self.classes.sl_bitmaps[fl];
+            while sl_map != 0 {
+                let sl = sl_map.trailing_zeros() as usize;
+                sl_map &= sl_map - 1;
+                let mut i = self.classes.heads[fl * SL_COUNT + sl];
+                while i != NIL {
+                    out.push(i);
+                    i = self.nodes[i as usize].next_free;
+                }
             }
         }
         out
+    }
+
+    /// The free node of exactly `block`, if there is one (looking in its size class only).
+    fn free_node_of(&self, block: Block) -> Option<u32> {
+        if let Some(&i) = self.open_start.get(&block.addr) {
+            return (self.is_free(i) && self.block(i) == block).then_some(i);
+        }
+        let (fl, sl) = class_of(block.size);
+        let mut i = *self.classes.heads.get(fl * SL_COUNT + sl)?;
+        while i != NIL {
+            if self.block(i) == block {
+                return Some(i);
+            }
+            i = self.nodes[i as usize].next_free;
+        }
+        None
     }
 
     /// Makes node `x` (linked, not free, not in the classes) free, coalescing with its free
@@ -439,6 +463,38 @@ impl CoalescingFreeList {
         let b = self.block(i);
         self.drop_node(i);
         b
+    }
+
+    /// Takes the allocated block at `addr` out of the map of allocated blocks when it is the
+    /// block a request of `bytes` gets (of `block_size_for(bytes)`); its node.
+    #[inline]
+    fn unrecord(&mut self, addr: usize, bytes: usize) -> Found<u32> {
+        let Some(x) = self.allocated.remove(&addr) else {
+            return Found::No;
+        };
+        let size = self.nodes[x as usize].size;
+        // `block_size_for(bytes)`; a request that overflows wraps below 256 and gives 0, which
+        // is no block's size (nor is a request of 0).
+        let rounded = bytes.wrapping_add(ALLOCATION_ALIGNMENT - 1) & !(ALLOCATION_ALIGNMENT - 1);
+        if rounded == size {
+            Found::Yes(x)
+        } else {
+            self.allocated.insert(addr, x);
+            Found::OtherSize(size)
+        }
+    }
+
+    /// The free blocks of this list, of `block`'s region, that end where `block` starts or start
+    /// where it ends.
+    fn free_neighbours(&self, block: Block) -> impl Iterator<Item = u32> + '_ {
+        let free_of_region =
+            move |i: u32| self.is_free(i) && self.nodes[i as usize].region == block.region;
+        let before = self.open_end.get(&block.addr).copied();
+        let after = self.open_start.get(&block.end()).copied();
+        before
+            .into_iter()
+            .chain(after)
+            .filter(move |&i| free_of_region(i))
     }
 
     /// Whether a free block of this list, of `region`, ends at `addr` or starts at `end`.
@@ -491,23 +547,25 @@ impl FreeList for CoalescingFreeList {
     }
 
     #[inline]
-    fn free_allocated(&mut self, addr: usize) -> Option<usize> {
-        let x = self.allocated.remove(&addr)?;
-        let size = self.nodes[x as usize].size;
-        self.make_free(x);
-        Some(size)
+    fn free_allocated(&mut self, addr: usize, bytes: usize) -> Found<usize> {
+        self.unrecord(addr, bytes).map(|x| {
+            let size = self.nodes[x as usize].size;
+            self.make_free(x);
+            size
+        })
     }
 
     fn allocated_blocks(&self) -> Vec<Block> {
         self.allocated.values().map(|&x| self.block(x)).collect()
     }
 
-    fn forget(&mut self, addr: usize) -> Option<Block> {
-        let x = self.allocated.remove(&addr)?;
-        self.detach(x);
-        let b = self.block(x);
-        self.drop_node(x);
-        Some(b)
+    fn forget(&mut self, addr: usize, bytes: usize) -> Found<Block> {
+        self.unrecord(addr, bytes).map(|x| {
+            self.detach(x);
+            let b = self.block(x);
+            self.drop_node(x);
+            b
+        })
     }
 
     #[inline]
@@ -524,33 +582,45 @@ impl FreeList for CoalescingFreeList {
             .collect()
     }
 
+    /// Looks at the free blocks of whichever list has fewer.
     fn absorb_bordering(&mut self, fresh: &mut Self) -> bool {
-        let mut moved = false;
-        for i in fresh.all_free() {
-            let n = fresh.block(i);
-            if self.borders_free(n.addr, n.end(), n.region) {
-                let block = fresh.remove_free_node(i);
-                self.insert(block);
-                moved = true;
-            }
+        if self.free_blocks == 0 || fresh.free_blocks == 0 {
+            return false;
         }
-        moved
+        let bordering: Vec<u32> = if self.free_blocks <= fresh.free_blocks {
+            let mut ids: Vec<u32> = self
+                .all_free()
+                .into_iter()
+                .flat_map(|i| fresh.free_neighbours(self.block(i)))
+                .collect();
+            // By address; a fresh block between two of this list's free blocks is found twice.
+            ids.sort_unstable_by_key(|&i| fresh.nodes[i as usize].addr);
+            ids.dedup();
+            ids
+        } else {
+            fresh
+                .all_free()
+                .into_iter()
+                .filter(|&i| {
+                    let n = fresh.block(i);
+                    self.borders_free(n.addr, n.end(), n.region)
+                })
+                .collect()
+        };
+        for &i in &bordering {
+            let block = fresh.remove_free_node(i);
+            self.insert(block);
+        }
+        !bordering.is_empty()
     }
 
     fn remove_block(&mut self, block: Block) -> bool {
-        let found = match self.open_start.get(&block.addr) {
-            Some(&i) => Some(i),
-            None => self
-                .all_free()
-                .into_iter()
-                .find(|&i| self.nodes[i as usize].addr == block.addr),
-        };
-        match found {
-            Some(i) if self.is_free(i) && self.block(i) == block => {
+        match self.free_node_of(block) {
+            Some(i) => {
                 self.remove_free_node(i);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -774,20 +844,25 @@ mod tests {
                     Op::Give { pick, list } => {
                         if !live.is_empty() {
                             let (b, owner) = live.swap_remove(pick % live.len());
+                            if let Some(o) = owner {
+                                // A wrong size is refused and changes nothing.
+                                prop_assert_eq!(lists[o].free_allocated(b.addr, b.size + 256), Found::OtherSize(b.size));
+                                prop_assert_eq!(lists[o].forget(b.addr, b.size - 256), Found::OtherSize(b.size));
+                            }
                             match owner {
-                                Some(o) if o == list => prop_assert!(lists[list].free_allocated(b.addr).is_some()),
+                                Some(o) if o == list => prop_assert_eq!(lists[list].free_allocated(b.addr, b.size), Found::Yes(b.size)),
                                 Some(o) => {
-                                    prop_assert!(lists[list].free_allocated(b.addr).is_none() || o == list);
-                                    prop_assert_eq!(lists[o].forget(b.addr), Some(b));
-                                    prop_assert_eq!(lists[o].forget(b.addr), None, "forgotten once");
+                                    prop_assert_eq!(lists[list].free_allocated(b.addr, b.size), Found::No);
+                                    prop_assert_eq!(lists[o].forget(b.addr, b.size), Found::Yes(b));
+                                    prop_assert_eq!(lists[o].forget(b.addr, b.size), Found::No, "forgotten once");
                                     lists[list].insert(b);
                                 }
                                 None => {
-                                    prop_assert!(lists[list].free_allocated(b.addr).is_none(), "not recorded");
+                                    prop_assert_eq!(lists[list].free_allocated(b.addr, b.size), Found::No, "not recorded");
                                     lists[list].insert(b);
                                 }
                             }
-                            prop_assert!(lists[list].free_allocated(b.addr).is_none(), "double free refused");
+                            prop_assert_eq!(lists[list].free_allocated(b.addr, b.size), Found::No, "double free refused");
                         }
                     }
                     Op::Chunk { granules } => {
@@ -840,7 +915,7 @@ mod tests {
             if trimmed == 0 {
                 for (b, owner) in live {
                     match owner {
-                        Some(o) => prop_assert!(lists[o].free_allocated(b.addr).is_some()),
+                        Some(o) => prop_assert_eq!(lists[o].free_allocated(b.addr, b.size), Found::Yes(b.size)),
                         None => lists[1].insert(b),
                     }
                 }

@@ -172,6 +172,26 @@ mod tests {
     }
 
     #[test]
+    fn a_free_with_a_size_of_another_block_size_is_a_logic_error() {
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
+        let a = mr.allocate(100, Stream::DEFAULT).unwrap();
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s = unsafe { Stream::from_raw(0x1000) };
+        for (bytes, stream) in [(1025, Stream::DEFAULT), (0, Stream::DEFAULT), (4096, s)] {
+            let e = free(&mr, a, bytes, stream).unwrap_err();
+            assert!(
+                matches!(&e, Error::Logic(m) if m.contains("1024 bytes")),
+                "{e}"
+            );
+        }
+        assert_eq!(mr.free_block_count(), 3, "nothing changed");
+        // Any size of the block size is its size.
+        free(&mr, a, 1000, s).unwrap();
+        assert_eq!(mr.free_block_count(), 4);
+    }
+
+    #[test]
     fn zero_block_size_is_invalid() {
         let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
         assert!(matches!(

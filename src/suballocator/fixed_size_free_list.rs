@@ -6,7 +6,7 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, FreeList};
+use super::free_list::{AddressMap, Block, Found, FreeList};
 use crate::error::{Error, Result};
 
 /// A stack of equal free blocks, and the set of blocks allocated through the list. Blocks never
@@ -17,6 +17,24 @@ pub(crate) struct FixedSizeFreeList {
     block_size: usize,
     stack: Vec<usize>,
     allocated: AddressMap<usize, ()>,
+}
+
+impl FixedSizeFreeList {
+    /// Drops the record of the block allocated at `addr` when a request of `bytes` gets a
+    /// block (any size from 1 to the block size).
+    #[inline]
+    fn check(&mut self, addr: usize, bytes: usize) -> Found<()> {
+        if bytes != 0 && bytes <= self.block_size {
+            match self.allocated.remove(&addr) {
+                Some(()) => Found::Yes(()),
+                None => Found::No,
+            }
+        } else if self.allocated.contains_key(&addr) {
+            Found::OtherSize(self.block_size)
+        } else {
+            Found::No
+        }
+    }
 }
 
 impl FreeList for FixedSizeFreeList {
@@ -63,10 +81,12 @@ impl FreeList for FixedSizeFreeList {
     }
 
     #[inline]
-    fn free_allocated(&mut self, addr: usize) -> Option<usize> {
-        self.allocated.remove(&addr)?;
-        self.stack.push(addr);
-        Some(self.block_size)
+    fn free_allocated(&mut self, addr: usize, bytes: usize) -> Found<usize> {
+        let found = self.check(addr, bytes);
+        if found == Found::Yes(()) {
+            self.stack.push(addr);
+        }
+        found.map(|()| self.block_size)
     }
 
     fn allocated_blocks(&self) -> Vec<Block> {
@@ -80,11 +100,11 @@ impl FreeList for FixedSizeFreeList {
             .collect()
     }
 
-    fn forget(&mut self, addr: usize) -> Option<Block> {
-        self.allocated.remove(&addr)?;
-        Some(Block {
+    fn forget(&mut self, addr: usize, bytes: usize) -> Found<Block> {
+        let block_size = self.block_size;
+        self.check(addr, bytes).map(|()| Block {
             addr,
-            size: self.block_size,
+            size: block_size,
             region: 0,
         })
     }

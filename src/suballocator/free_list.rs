@@ -32,10 +32,34 @@ impl Block {
     }
 }
 
+/// What a list found when asked for the block allocated through it at an address for a request
+/// of some size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found<T> {
+    /// The block was there, the one the request gets (and was acted on).
+    Yes(T),
+    /// No block allocated through this list starts at the address.
+    No,
+    /// The block there has this size, not the request's (nothing changed).
+    OtherSize(usize),
+}
+
+impl<T> Found<T> {
+    /// The same finding with `f` applied to what was found.
+    #[inline]
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Found<U> {
+        match self {
+            Found::Yes(t) => Found::Yes(f(t)),
+            Found::No => Found::No,
+            Found::OtherSize(size) => Found::OtherSize(size),
+        }
+    }
+}
+
 /// One list of a suballocation strategy: its free blocks, and the blocks allocated through it
-/// (so that a free finds its block's size, and a bogus or double free is caught). How a block is
-/// carved from it and how a freed one goes back. Pure bookkeeping on addresses; no CUDA calls,
-/// no locks (the core locks it).
+/// (so that a free finds its block, and a bogus or double free or one with another size is
+/// caught). How a block is carved from it and how a freed one goes back. Pure bookkeeping on
+/// addresses; no CUDA calls, no locks (the core locks it).
 pub(crate) trait FreeList: Send + Sized + 'static {
     /// The strategy's fixed parameters, shared by every list of one core.
     type Sizing: Send + Sync + std::fmt::Debug + 'static;
@@ -66,17 +90,19 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     /// Records `block` (taken from another list) as allocated in this list.
     fn adopt(&mut self, block: Block);
 
-    /// Frees the block allocated in this list at `addr` into this list (coalescing where the
-    /// strategy does) and returns its size; `None`, changing nothing, when no block allocated
-    /// here starts there.
-    fn free_allocated(&mut self, addr: usize) -> Option<usize>;
+    /// Frees the block allocated in this list at `addr` for a request of `bytes` into this list
+    /// (coalescing where the strategy does); its size. Changes nothing when no block allocated
+    /// here starts there, or when the one that does is not the block a request of `bytes` gets
+    /// (another size: [`Found::OtherSize`]).
+    fn free_allocated(&mut self, addr: usize, bytes: usize) -> Found<usize>;
 
     /// The blocks allocated in this list and not freed yet (for snapshots).
     fn allocated_blocks(&self) -> Vec<Block>;
 
-    /// Drops the record of the block allocated in this list at `addr` and returns it (for a
-    /// free on another stream); `None` when there is none.
-    fn forget(&mut self, addr: usize) -> Option<Block>;
+    /// Drops the record of the block allocated in this list at `addr` for a request of `bytes`
+    /// and returns it (for a free on another stream); changes nothing when [`Self::free_allocated`]
+    /// would not free it.
+    fn forget(&mut self, addr: usize, bytes: usize) -> Found<Block>;
 
     /// Puts a free block (one taken or forgotten by this or another list) into the list,
     /// coalescing with its free neighbours of the same region where the strategy does.

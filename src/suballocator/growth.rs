@@ -143,7 +143,11 @@ fn upstream_reason(e: &Error) -> String {
 }
 
 /// Asks the upstream for `try_size` bytes, halving in multiples of `step` down to `min_size` on
-/// out of memory; out-of-memory errors get `reason(upstream text)`.
+/// out of memory; out-of-memory errors get `reason(upstream text)`, built once, for the last
+/// attempt. After the first failure it asks for `min_size` once: when even that fails, no size
+/// between can succeed (an upstream that cannot serve `min_size` cannot serve more), and the
+/// halving stops there; when it succeeds, the block goes back at once and the halving goes on,
+/// so the chunk is the largest halving that fits, as without the probe.
 fn allocate_halving(
     upstream: &SharedResource,
     request: GrowRequest,
@@ -152,6 +156,10 @@ fn allocate_halving(
     step: usize,
     reason: impl Fn(&str) -> String,
 ) -> Result<Block> {
+    let halve = |size: usize| ((size / 2) / step * step).max(min_size);
+    let out_of_memory =
+        |e: &Error| Error::out_of_memory(request.bytes, reason(&upstream_reason(e)));
+    let mut probed = false;
     loop {
         match upstream.allocate(try_size, request.stream) {
             Ok(addr) => {
@@ -162,22 +170,32 @@ fn allocate_halving(
                 })
             }
             Err(e) if e.is_out_of_memory() && try_size > min_size => {
-                try_size = ((try_size / 2) / step * step).max(min_size);
+                try_size = halve(try_size);
+                if !probed && try_size > min_size {
+                    probed = true;
+                    let least = upstream.allocate(min_size, request.stream);
+                    match least {
+                        Ok(addr) => {
+                            // SAFETY: allocated just above from `upstream` with `min_size` on
+                            // this stream, freed once; nothing used it.
+                            #[allow(unsafe_code)]
+                            unsafe { upstream.deallocate(addr, min_size, request.stream) }?;
+                        }
+                        Err(e) if e.is_out_of_memory() => return Err(out_of_memory(&e)),
+                        Err(e) => return Err(e),
+                    }
+                }
             }
-            Err(e) if e.is_out_of_memory() => {
-                return Err(Error::out_of_memory(
-                    request.bytes,
-                    reason(&upstream_reason(&e)),
-                ))
-            }
+            Err(e) if e.is_out_of_memory() => return Err(out_of_memory(&e)),
             Err(e) => return Err(e),
         }
     }
 }
 
 /// The pool's policy: ask for `max(needed, pool size)` (doubling), capped by the room left to
-/// `maximum` and by the upstream's free memory (when known and enough for the need); on an
-/// upstream failure halve the request, down to the need. Each chunk is its own region.
+/// `maximum` and by the upstream's free memory (when known and enough for the need; when known
+/// and less than the need, ask for the need alone, once); on an upstream failure halve the
+/// request, down to the need. Each chunk is its own region.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Geometric {
     /// The pool's maximum size, if any.
@@ -203,9 +221,13 @@ impl Growth for Geometric {
         let mut try_size = size.max(held).min(room);
         if let Some((free, _)) = upstream.memory_info() {
             let free = free & !(ALLOCATION_ALIGNMENT - 1);
-            if free >= size {
-                try_size = try_size.min(free);
-            }
+            // Less free than the need: one request for the need itself (the upstream's own
+            // answer, and a chance should its figure be stale).
+            try_size = if free >= size {
+                try_size.min(free)
+            } else {
+                size
+            };
         }
         allocate_halving(
             upstream,

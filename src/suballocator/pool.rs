@@ -18,12 +18,18 @@ use std::sync::Arc;
 /// # Growth policy
 /// When no free block fits, the pool asks the upstream for `max(request, pool size)` (so it
 /// doubles), capped by the room left to the maximum and by the upstream's free memory (when the
-/// upstream reports it and it covers the request); when the upstream fails, it halves the ask down
-/// to the request. So the pool never asks for more than the maximum allows (RMM's overshoot
-/// failures), and a request that fits the room left never fails for want of a round number.
+/// upstream reports it and it covers the request; when it reports less, the pool asks for the
+/// request alone); when the upstream fails, it halves the ask down to the request. So the pool
+/// never asks for more than the maximum allows (RMM's overshoot failures), and a request that
+/// fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
 /// and gives the fully free chunks it grew back to grow one chunk large enough (the initial
-/// chunk stays: a failed request never shrinks the pool below its initial size).
+/// chunk stays: a failed request never shrinks the pool below its initial size); a failure with
+/// nothing freed, grown or released since the last one skips these steps (they would find
+/// nothing) and only asks the upstream again.
+///
+/// A free must give the allocation's size (up to the 256-byte rounding): a pointer the pool did
+/// not hand out, a double free, or another size is [`Error::Logic`] and changes nothing.
 #[derive(Clone, Debug)]
 pub struct PoolMemoryResource {
     inner: Arc<Inner>,
@@ -306,6 +312,93 @@ mod tests {
         unsafe { pool.deallocate(a, 4096, Stream::DEFAULT) }.unwrap();
         drop(pool);
         assert_eq!(up.bytes_in_use(), 0, "dropping the pool returns everything");
+    }
+
+    #[test]
+    fn a_repeated_failure_skips_the_merge_until_memory_is_freed() {
+        // SAFETY: keys only: simulated memory never passes them to the driver.
+        let (s1, s2) = unsafe { (Stream::from_raw(0x1000), Stream::from_raw(0x2000)) };
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool = PoolMemoryResource::new(up.clone(), Some(512 << 10), None).unwrap();
+        let a = pool.allocate(256 << 10, s1).unwrap();
+        let b = pool.allocate(256 << 10, s2).unwrap();
+        let c = pool.allocate(512 << 10, s1).unwrap();
+        assert_eq!(up.bytes_in_use(), 1 << 20, "the device is full");
+        let retries = || pool.memory_stats().unwrap().num_alloc_retries;
+        for _ in 0..3 {
+            let e = pool.allocate(512 << 10, s1).unwrap_err();
+            assert!(e.is_out_of_memory(), "{e}");
+        }
+        assert_eq!(retries(), 1, "one merge, then nothing changed");
+        // Frees on two streams change what the merge finds: the same request then gets the two
+        // freed blocks, coalesced across the streams.
+        free(&pool, b, 256 << 10, s2).unwrap();
+        free(&pool, a, 256 << 10, s1).unwrap();
+        let d = pool.allocate(512 << 10, s1).unwrap();
+        assert_eq!((d, retries()), (a.min(b), 2));
+        for _ in 0..3 {
+            let e = pool.allocate(512 << 10, s2).unwrap_err();
+            assert!(e.is_out_of_memory(), "{e}");
+        }
+        assert_eq!(retries(), 3);
+        // Freed on another stream than the failed one: found by the next merge.
+        free(&pool, c, 512 << 10, s1).unwrap();
+        let f = pool.allocate(512 << 10, s2).unwrap();
+        assert_eq!((f, retries()), (c, 4));
+        for (p, s) in [(d, s1), (f, s2)] {
+            free(&pool, p, 512 << 10, s).unwrap();
+        }
+        assert_eq!(pool.free_bytes(), pool.pool_size());
+        assert_eq!(pool.memory_stats().unwrap().allocation.current, 0);
+    }
+
+    #[test]
+    fn a_settled_failure_still_gives_back_chunks_for_a_smaller_request() {
+        // A request above the maximum keeps the grown chunks; one below it, with nothing freed
+        // since, still gives them back to grow a chunk large enough.
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        let pool = PoolMemoryResource::new(up.clone(), Some(256 << 10), Some(1 << 20)).unwrap();
+        let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
+        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.upstream_chunk_count(), 2);
+        assert!(pool
+            .allocate(2 << 20, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        assert_eq!(pool.upstream_chunk_count(), 2, "above the maximum: kept");
+        let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
+        assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
+        free(&pool, a, 256 << 10, Stream::DEFAULT).unwrap();
+        free(&pool, c, 700 << 10, Stream::DEFAULT).unwrap();
+    }
+
+    #[test]
+    fn a_free_with_another_size_is_a_logic_error_and_changes_nothing() {
+        // SAFETY: a key only: simulated memory never passes it to the driver.
+        let s1 = unsafe { Stream::from_raw(0x1000) };
+        let pool = PoolMemoryResource::new(sim(1 << 20), Some(64 << 10), None).unwrap();
+        let a = pool.allocate(1000, s1).unwrap();
+        let b = pool.allocate(4096, s1).unwrap();
+        let free_before = pool.free_bytes();
+        for (stream, bytes) in [
+            (s1, 4096),
+            (Stream::DEFAULT, 4096),
+            (s1, 0),
+            (s1, usize::MAX),
+        ] {
+            let e = free(&pool, a, bytes, stream).unwrap_err();
+            assert!(
+                matches!(&e, Error::Logic(m) if m.contains("1024 bytes")),
+                "{stream:?} {bytes}: {e}"
+            );
+        }
+        assert_eq!(pool.free_bytes(), free_before, "nothing changed");
+        // The size is checked up to the 256-byte rounding, on any stream.
+        free(&pool, a, 1010, Stream::DEFAULT).unwrap();
+        assert!(matches!(free(&pool, b, 1000, s1), Err(Error::Logic(_))));
+        free(&pool, b, 4096, s1).unwrap();
+        assert_eq!(pool.free_bytes(), pool.pool_size());
     }
 
     #[test]

@@ -170,6 +170,12 @@ impl ListCounters {
         self.freed_bytes += size as u64;
     }
 
+    /// Frees into this list so far (never goes down).
+    #[inline]
+    pub(crate) fn frees(&self) -> u64 {
+        self.freed_count
+    }
+
     /// Sets the peaks to the current values.
     pub(crate) fn reset_peaks(&mut self) {
         self.peak_count = self.count;

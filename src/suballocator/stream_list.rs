@@ -39,6 +39,22 @@ impl<F: FreeList> ListState<F> {
             counters: ListCounters::default(),
         }
     }
+
+    /// Takes a free block of `size` bytes from the list as allocated, counted; its address.
+    #[inline]
+    pub fn take_counted(&mut self, size: usize) -> Option<usize> {
+        let p = self.list.take_allocated(size)?;
+        self.counters.allocated(size);
+        Some(p)
+    }
+
+    /// Records `block` (taken elsewhere for this stream) as allocated, counted; its address.
+    #[inline]
+    pub fn adopt_counted(&mut self, block: Block) -> usize {
+        self.list.adopt(block);
+        self.counters.allocated(block.size);
+        block.addr
+    }
 }
 
 /// A stream's free list with its lock.
@@ -55,10 +71,7 @@ pub(crate) struct StreamList<F> {
 impl<F: FreeList> StreamList<F> {
     /// Records `block` (taken elsewhere for this stream) as allocated; its address.
     pub fn record(&self, block: Block) -> usize {
-        let mut st = self.state.lock();
-        st.list.adopt(block);
-        st.counters.allocated(block.size);
-        block.addr
+        self.state.lock().adopt_counted(block)
     }
 }
 

@@ -23,7 +23,12 @@
 //!   as those came before it), puts them in the fresh list (coalescing across streams), retries,
 //!   then gives back the fully free chunks it grew (never the initial chunk: a failed request
 //!   does not shrink the pool below what it was built with) and grows again, before reporting
-//!   out of memory. `release()` gives back every fully free chunk, the initial one included.
+//!   out of memory. A failure that finds nothing freed (no list's free count moved), grown or
+//!   released since a last resort ran skips the steps of it that ran then: no list holds a free
+//!   block, and once grown chunks were given back none is fully free, so they would change
+//!   nothing (the upstream is still asked). With no free block in any list, the merge does not
+//!   synchronize: every block in the fresh list is unused since its last synchronization.
+//!   `release()` gives back every fully free chunk, the initial one included.
 //!
 //! # Recording events lazily (every stream, per-thread default streams included)
 //! A stealer never records an event on another stream: another thread cannot record on a
@@ -47,12 +52,12 @@
 //! # Locking
 //! No lock is global on the same-stream path. Each stream's list ([`StreamList`]) has its own
 //! mutex, guarding its free blocks, the blocks allocated on that stream (by address, so a free
-//! finds the block's size and a bogus or double free is a logic error) and its event marks. A
-//! thread finds its stream's list through a per-thread cache of `(core, stream) -> list` (no
-//! shared cache line touched); on a miss, through the directory (a read-write lock over the map
-//! of lists). An allocation that its own list serves, and a free on the stream that allocated
-//! the block, take that one mutex and nothing else, and make no CUDA call (except the owner's
-//! record of a wanted PTDS list, above).
+//! finds its block, and a bogus or double free or one with another size is a logic error) and its
+//! event marks. A thread finds its stream's list through a per-thread cache of `(core, stream) ->
+//! list` (no shared cache line touched); on a miss, through the directory (a read-write lock over
+//! the map of lists). An allocation that its own list serves, and a free on the stream that
+//! allocated the block, take that one mutex and nothing else, and make no CUDA call (except the
+//! owner's record of a wanted PTDS list, above).
 //!
 //! The shared part (fresh list, upstream chunks, pool size, growth, steals, the
 //! synchronize-and-merge, release) is behind the `shared` mutex, taken only when a stream's own
@@ -79,7 +84,7 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, FreeList, ListId, FRESH};
+use super::free_list::{AddressMap, Block, Found, FreeList, ListId, FRESH};
 use super::growth::{GrowRequest, Growth};
 use super::pool_stats::{MemoryStats, PoolCounters};
 use super::snapshot::{assemble, BlockState, SegmentInfo};
@@ -122,6 +127,17 @@ impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
     }
 }
 
+/// One allocation request on its way through the core.
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    /// The user's request, in bytes.
+    bytes: usize,
+    /// The block size it needs ([`FreeList::block_size_for`]).
+    size: usize,
+    /// The stream it is for.
+    stream: Stream,
+}
+
 /// A chunk held from the upstream.
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
@@ -136,6 +152,21 @@ struct Shared<F> {
     /// Upstream chunks by address.
     chunks: BTreeMap<usize, Chunk>,
     pool_size: usize,
+    /// Set when a failed allocation's last resort ran; cleared by growth and release.
+    settled: Option<Settled>,
+}
+
+/// What the last resort of a failed allocation left behind: every list merged into the fresh
+/// list (so no stream's list holds a free block) and, if `gave_back`, every fully free grown
+/// chunk given back and the fresh list trimmed. It holds while the lists' free count is still
+/// `frees` and nothing grew or was released since: the last resort would then change nothing,
+/// and a failed allocation skips it.
+#[derive(Clone, Copy, Debug)]
+struct Settled {
+    /// The sum of every list's free count when the lists were merged.
+    frees: u64,
+    /// Whether the fully free grown chunks were given back (and the fresh list trimmed).
+    gave_back: bool,
 }
 
 /// Every stream's list.
@@ -170,6 +201,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 fresh: F::new(&sizing),
                 chunks: BTreeMap::new(),
                 pool_size: 0,
+                settled: None,
             }),
             directory: RwLock::new(Directory {
                 by_key: AddressMap::default(),
@@ -198,7 +230,12 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if !self.growth.gives_back_chunks() {
             // A policy that grows in place maps its initial memory as it grows.
             let mut sh = self.shared.lock();
-            return self.grow(&mut sh, bytes, bytes, Stream::DEFAULT);
+            let request = Request {
+                bytes,
+                size: bytes,
+                stream: Stream::DEFAULT,
+            };
+            return self.grow(&mut sh, request);
         }
         let addr = self.upstream.allocate(bytes, Stream::DEFAULT)?;
         let block = Block {
@@ -216,6 +253,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         sh.chunks.insert(block.addr, Chunk { block, initial });
         sh.pool_size += block.size;
         sh.fresh.add_chunk(block);
+        sh.settled = None;
     }
 
     /// The list of `key`, made on first use.
@@ -255,66 +293,53 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
-        let size = F::block_size_for(&self.sizing, bytes)?;
+        let request = Request {
+            bytes,
+            size: F::block_size_for(&self.sizing, bytes)?,
+            stream,
+        };
         let key = StreamKey::of(stream);
-        self.with_list(key, |list| self.allocate_on(list, key, bytes, size, stream))
+        self.with_list(key, |list| self.allocate_on(list, key, request))
     }
 
     /// The stream's own list, then fresh memory if the shared lock is free at once, then the
     /// slow path.
     #[inline]
-    fn allocate_on(
-        &self,
-        list: &StreamList<F>,
-        key: StreamKey,
-        bytes: usize,
-        size: usize,
-        stream: Stream,
-    ) -> Result<usize> {
+    fn allocate_on(&self, list: &StreamList<F>, key: StreamKey, request: Request) -> Result<usize> {
         {
             let mut st = list.state.lock();
             self.record_if_wanted(&mut st, key)?;
-            if let Some(p) = st.list.take_allocated(size) {
-                st.counters.allocated(size);
+            if let Some(p) = st.take_counted(request.size) {
                 return Ok(p);
             }
             // Taking the shared lock while holding a list's would invert the lock order;
             // `try_lock` never waits, so it cannot deadlock.
             if let Some(mut sh) = self.shared.try_lock() {
-                if let Some(b) = sh.fresh.take(size) {
-                    st.list.adopt(b);
-                    st.counters.allocated(b.size);
-                    return Ok(b.addr);
+                if let Some(b) = sh.fresh.take(request.size) {
+                    return Ok(st.adopt_counted(b));
                 }
             }
         }
-        self.allocate_slow(list, bytes, size, stream)
-            .inspect_err(|e| {
-                if e.is_out_of_memory() {
-                    self.counters.out_of_memory();
-                }
-            })
+        self.allocate_slow(list, request).inspect_err(|e| {
+            if e.is_out_of_memory() {
+                self.counters.out_of_memory();
+            }
+        })
     }
 
     /// Everything after the stream's own list: fresh memory, steals, growth, merging.
     #[cold]
-    fn allocate_slow(
-        &self,
-        list: &StreamList<F>,
-        bytes: usize,
-        size: usize,
-        stream: Stream,
-    ) -> Result<usize> {
+    fn allocate_slow(&self, list: &StreamList<F>, request: Request) -> Result<usize> {
+        let size = request.size;
         let mut sh = self.shared.lock();
         {
             let mut st = list.state.lock();
             // A free on this stream may have come in since the fast path looked.
-            if let Some(p) = st.list.take_allocated(size) {
+            if let Some(p) = st.take_counted(size) {
                 return Ok(p);
             }
             if let Some(b) = sh.fresh.take(size) {
-                st.list.adopt(b);
-                return Ok(b.addr);
+                return Ok(st.adopt_counted(b));
             }
         }
         if let Some(b) = self.steal(list, size)? {
@@ -323,40 +348,80 @@ impl<F: FreeList> StreamOrderedCore<F> {
         {
             let mut st = list.state.lock();
             if st.list.absorb_bordering(&mut sh.fresh) {
-                if let Some(p) = st.list.take_allocated(size) {
+                if let Some(p) = st.take_counted(size) {
                     return Ok(p);
                 }
             }
         }
-        let grow_error = match self.grow(&mut sh, bytes, size, stream) {
+        let grow_error = match self.grow(&mut sh, request) {
             Ok(()) => match sh.fresh.take(size) {
                 Some(b) => return Ok(list.record(b)),
-                None => {
-                    Error::out_of_memory(bytes, format!("{}: grown chunk too small", self.name))
-                }
+                None => Error::out_of_memory(
+                    request.bytes,
+                    format!("{}: grown chunk too small", self.name),
+                ),
             },
             Err(e) if e.is_out_of_memory() => e,
             Err(e) => return Err(e),
         };
-        // Last resort: every stream synchronized, every list merged, grown chunks given back
-        // (or free memory trimmed by the growth policy).
-        self.counters.retried();
-        self.synchronize_and_merge(&mut sh)?;
-        if let Some(b) = sh.fresh.take(size) {
-            return Ok(list.record(b));
-        }
-        if self.growth.may_grow_after_release(size) {
-            let chunks = self.take_free_chunks(&mut sh, false);
-            let trimmed = self.trim_fresh(&mut sh)?;
-            if !chunks.is_empty() || trimmed > 0 {
-                self.give_back_chunks(chunks)?;
-                self.grow(&mut sh, bytes, size, stream)?;
+        self.last_resort(&mut sh, list, request, grow_error)
+    }
+
+    /// After growth failed with `grow_error`: every stream synchronized, every list merged,
+    /// grown chunks given back (or free memory trimmed by the growth policy) and growth tried
+    /// again. The merge and the give-back are skipped where they already ran with nothing
+    /// freed, grown or released since ([`Settled`]): they would find nothing.
+    fn last_resort(
+        &self,
+        sh: &mut Shared<F>,
+        list: &StreamList<F>,
+        request: Request,
+        grow_error: Error,
+    ) -> Result<usize> {
+        let size = request.size;
+        let settled = sh.settled.filter(|s| s.frees == self.frees());
+        let frees = match settled {
+            Some(s) => s.frees,
+            None => {
+                self.counters.retried();
+                let frees = self.synchronize_and_merge(sh, false)?;
                 if let Some(b) = sh.fresh.take(size) {
                     return Ok(list.record(b));
                 }
+                frees
+            }
+        };
+        let mut error = grow_error;
+        let mut gave_back = settled.is_some_and(|s| s.gave_back);
+        if !gave_back && self.growth.may_grow_after_release(size) {
+            gave_back = true;
+            let chunks = self.take_free_chunks(sh, false);
+            let trimmed = self.trim_fresh(sh)?;
+            if !chunks.is_empty() || trimmed > 0 {
+                self.give_back_chunks(chunks)?;
+                match self.grow(sh, request) {
+                    Ok(()) => {
+                        return match sh.fresh.take(size) {
+                            Some(b) => Ok(list.record(b)),
+                            None => Err(error),
+                        }
+                    }
+                    Err(e) if e.is_out_of_memory() => error = e,
+                    Err(e) => return Err(e),
+                }
             }
         }
-        Err(grow_error)
+        sh.settled = Some(Settled { frees, gave_back });
+        Err(error)
+    }
+
+    /// The sum of every list's free count (it grows with every free).
+    fn frees(&self) -> u64 {
+        let dir = self.directory.read();
+        dir.all
+            .iter()
+            .map(|list| list.state.lock().counters.frees())
+            .sum()
     }
 
     /// A block from another stream's list, after the event wait (see the ordering rules).
@@ -384,15 +449,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
         Ok(None)
     }
 
-    /// Adds a chunk of at least `size` bytes from the upstream to the fresh list.
-    fn grow(&self, sh: &mut Shared<F>, bytes: usize, size: usize, stream: Stream) -> Result<()> {
+    /// Adds a chunk of at least `request.size` bytes from the upstream to the fresh list.
+    fn grow(&self, sh: &mut Shared<F>, request: Request) -> Result<()> {
         let chunk = self.growth.grow_beside(
             &self.upstream,
             GrowRequest {
-                bytes,
-                size,
+                bytes: request.bytes,
+                size: request.size,
                 held: sh.pool_size,
-                stream,
+                stream: request.stream,
             },
             &sh.fresh,
         )?;
@@ -422,18 +487,29 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Takes every stream's free blocks out, synchronizes every stream, and puts the blocks in
-    /// the fresh list. On a failed synchronisation the blocks go back to their lists.
-    fn synchronize_and_merge(&self, sh: &mut Shared<F>) -> Result<()> {
+    /// the fresh list; the sum of the lists' free counts read as they were drained. On a failed
+    /// synchronisation the blocks go back to their lists. When no list holds a free block, the
+    /// streams are synchronized only if `always_sync` (the fresh list holds no block used since
+    /// its last synchronization: frees go to the streams' lists).
+    fn synchronize_and_merge(&self, sh: &mut Shared<F>, always_sync: bool) -> Result<u64> {
         let dir = self.directory.read();
+        let mut frees = 0;
         let drained: Vec<Vec<Block>> = dir
             .all
             .iter()
             .map(|list| {
                 let mut st = list.state.lock();
+                frees += st.counters.frees();
+                if st.list.free_blocks() == 0 {
+                    return Vec::new();
+                }
                 st.marks = ListMarks::default();
                 st.list.drain()
             })
             .collect();
+        if !always_sync && drained.iter().all(Vec::is_empty) {
+            return Ok(frees);
+        }
         self.counters.synchronized_all();
         if let Err(e) = self.events.synchronize_all() {
             for (list, blocks) in dir.all.iter().zip(drained) {
@@ -451,7 +527,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         for b in drained.into_iter().flatten() {
             sh.fresh.insert(b);
         }
-        Ok(())
+        Ok(frees)
     }
 
     /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
@@ -464,6 +540,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             fresh,
             chunks,
             pool_size,
+            ..
         } = sh;
         let mut out = Vec::new();
         chunks.retain(|_, c| {
@@ -495,22 +572,35 @@ impl<F: FreeList> StreamOrderedCore<F> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Frees `ptr` on `stream` into that stream's list.
-    pub(crate) fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+    /// Frees `ptr`, allocated with `bytes`, on `stream` into that stream's list. A pointer not
+    /// allocated here (or freed already), or a size that gives another block size than the
+    /// allocation's, is [`Error::Logic`] and changes nothing.
+    pub(crate) fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         let key = StreamKey::of(stream);
-        // The core knows each block's size; `bytes` is the caller's (unchecked) figure.
-        self.with_list(key, |list| {
+        self.with_list(key, move |list| {
             {
                 let mut st = list.state.lock();
-                if let Some(size) = st.list.free_allocated(ptr) {
-                    return self.after_free(&mut st, key, size);
+                match st.list.free_allocated(ptr, bytes) {
+                    Found::Yes(size) => return self.after_free(&mut st, key, size),
+                    Found::OtherSize(actual) => return Err(self.wrong_size(ptr, bytes, actual)),
+                    Found::No => {}
                 }
             }
-            self.deallocate_foreign(list, key, ptr)
+            self.deallocate_foreign(list, key, ptr, bytes)
         })
+    }
+
+    /// The error of a free of `ptr` with `bytes` whose block has `actual` bytes.
+    #[cold]
+    fn wrong_size(&self, ptr: usize, bytes: usize, actual: usize) -> Error {
+        Error::Logic(format!(
+            "{}: deallocate of {ptr:#x} with {bytes} bytes, but its block has {actual} bytes \
+             (allocated with another size)",
+            self.name
+        ))
     }
 
     /// The event marks after a free into a stream's list (the list's lock held).
@@ -529,18 +619,29 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// A free of a block allocated on another stream (or never allocated here).
     #[cold]
-    fn deallocate_foreign(&self, list: &StreamList<F>, key: StreamKey, ptr: usize) -> Result<()> {
+    fn deallocate_foreign(
+        &self,
+        list: &StreamList<F>,
+        key: StreamKey,
+        ptr: usize,
+        bytes: usize,
+    ) -> Result<()> {
         let found = {
             let dir = self.directory.read();
             dir.all
                 .iter()
                 .filter(|other| other.id != list.id)
-                .find_map(|other| other.state.lock().list.forget(ptr))
+                .map(|other| other.state.lock().list.forget(ptr, bytes))
+                .find(|found| *found != Found::No)
         };
-        let Some(block) = found else {
-            return Err(Error::Logic(format!(
-                "deallocate of {ptr:#x}, which this resource did not allocate (or was freed)"
-            )));
+        let block = match found {
+            Some(Found::Yes(block)) => block,
+            Some(Found::OtherSize(actual)) => return Err(self.wrong_size(ptr, bytes, actual)),
+            _ => {
+                return Err(Error::Logic(format!(
+                    "deallocate of {ptr:#x}, which this resource did not allocate (or was freed)"
+                )))
+            }
         };
         let mut st = list.state.lock();
         st.list.insert(block);
@@ -564,7 +665,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
     pub(crate) fn release(&self) -> Result<usize> {
         let (chunks, trimmed) = {
             let mut sh = self.shared.lock();
-            self.synchronize_and_merge(&mut sh)?;
+            self.synchronize_and_merge(&mut sh, true)?;
+            sh.settled = None;
             let chunks = self.take_free_chunks(&mut sh, true);
             let trimmed = self.trim_fresh(&mut sh)?;
             (chunks, trimmed)
@@ -699,9 +801,9 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
     }
 
     #[inline]
-    // The trait's method is unsafe; this body checks the pointer against the blocks it handed
-    // out (a bogus or double free is `Error::Logic`) and relies only on the stream-ordering part
-    // of the contract.
+    // The trait's method is unsafe; this body checks the pointer and size against the blocks it
+    // handed out (a bogus, double or wrong-size free is `Error::Logic`) and relies only on the
+    // stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         StreamOrderedCore::deallocate(self, ptr, bytes, stream)
