@@ -293,7 +293,10 @@ print("CHILD OK")
 
 # Frees with the wrong size, where the resource knows the size (or its counter would go
 # below zero): a logic error, and nothing changes (the right free then works).
-@pytest.mark.parametrize("resource", ["simulated", "system", "limiting", "tracking", "statistics"])
+@pytest.mark.parametrize(
+    "resource",
+    ["simulated", "system", "limiting", "tracking", "statistics", "pool", "fixed_size", "binning", "arena"],
+)
 def test_wrong_size_free_is_an_error(child, resource):
     child(
         _CHILD_RESOURCES
