@@ -417,6 +417,28 @@ fn sync_streams(streams: &Streams) {
     }
 }
 
+/// Frees the allocation in `slots[slot]` (a free event of `size` bytes on `stream`), if the
+/// allocation succeeded; whether it freed.
+#[inline]
+fn free_slot(
+    mr: &SharedResource,
+    slots: &mut [(usize, usize, u32)],
+    slot: usize,
+    size: usize,
+    stream: Stream,
+) -> Result<bool> {
+    let (ptr, _, _) = slots[slot];
+    if ptr == 0 {
+        return Ok(false);
+    }
+    // SAFETY: `ptr` was allocated from `mr` for this slot with `size` (the trace checks a free's
+    // size against its allocation) and is freed once (the slot is cleared); the replay does no
+    // work on the memory.
+    unsafe { mr.deallocate(ptr, size, stream) }?;
+    slots[slot] = (0, 0, 0);
+    Ok(true)
+}
+
 /// One replay with nothing but the calls inside the clock; leaves the leaks in `slots`.
 fn timed_pass(
     trace: &Trace,
@@ -435,14 +457,7 @@ fn timed_pass(
                 Err(e) => return Err(e),
             },
             Action::Free => {
-                let (ptr, _, _) = slots[slot];
-                if ptr != 0 {
-                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
-                    // trace checks a free's size against its allocation) and is freed once (the
-                    // slot is cleared); the replay does no work on the memory.
-                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
-                    slots[slot] = (0, 0, 0);
-                }
+                free_slot(mr, slots, slot, ev.size, stream)?;
             }
         }
     }
@@ -516,13 +531,7 @@ fn figures_pass(
                 Err(e) => return Err(e),
             },
             Action::Free => {
-                let (ptr, _, _) = slots[slot];
-                if ptr != 0 {
-                    // SAFETY: `ptr` was allocated from `mr` for this slot with `ev.size` (the
-                    // trace checks a free's size against its allocation) and is freed once (the
-                    // slot is cleared); the replay does no work on the memory.
-                    unsafe { mr.deallocate(ptr, ev.size, stream) }?;
-                    slots[slot] = (0, 0, 0);
+                if free_slot(mr, slots, slot, ev.size, stream)? {
                     in_use -= ev.size as u128;
                     blocks -= rounding.block(ev.size) as u128;
                 }
