@@ -450,21 +450,10 @@ impl ExpandableGrowth {
                 ),
             ));
         };
+        super::growth::check_maximum(self.maximum, request.bytes, request.held, need)?;
         let max_room = self
             .maximum
             .map_or(usize::MAX, |m| m.saturating_sub(request.held));
-        if need > max_room {
-            return Err(Error::out_of_memory(
-                request.bytes,
-                format!(
-                    "Maximum pool size exceeded: not enough room to grow, \
-                     current/max/try size = {}, {}, {}",
-                    request.held,
-                    self.maximum.unwrap_or(usize::MAX),
-                    need
-                ),
-            ));
-        }
         // Grow by at least half of what is mapped (few growth steps, like the pool's doubling),
         // within the gap, the maximum and the device's free memory; on failure map only the need.
         let mut want = self.pages_for(request.held / 2).max(need).min(room);

@@ -192,6 +192,33 @@ fn allocate_halving(
     }
 }
 
+/// RMM's out-of-memory error when growing by `size` bytes from `held` would pass `maximum`
+/// (for the user's request of `bytes`).
+///
+/// # Errors
+/// [`Error::OutOfMemory`] with RMM's "Maximum pool size exceeded" text.
+pub(crate) fn check_maximum(
+    maximum: Option<usize>,
+    bytes: usize,
+    held: usize,
+    size: usize,
+) -> Result<()> {
+    let room = maximum.map_or(usize::MAX, |m| m.saturating_sub(held));
+    if size <= room {
+        return Ok(());
+    }
+    Err(Error::out_of_memory(
+        bytes,
+        format!(
+            "Maximum pool size exceeded: not enough room to grow, current/max/try size = {}, {}, \
+             {}",
+            held,
+            maximum.unwrap_or(usize::MAX),
+            size
+        ),
+    ))
+}
+
 /// The pool's policy: ask for `max(needed, pool size)` (doubling), capped by the room left to
 /// `maximum` and by the upstream's free memory (when known and enough for the need; when known
 /// and less than the need, ask for the need alone, once); on an upstream failure halve the
@@ -205,19 +232,8 @@ pub(crate) struct Geometric {
 impl Growth for Geometric {
     fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
         let GrowRequest { size, held, .. } = request;
+        check_maximum(self.maximum, request.bytes, held, size)?;
         let room = self.maximum.map_or(usize::MAX, |m| m.saturating_sub(held));
-        if size > room {
-            return Err(Error::out_of_memory(
-                request.bytes,
-                format!(
-                    "Maximum pool size exceeded: not enough room to grow, \
-                     current/max/try size = {}, {}, {}",
-                    held,
-                    self.maximum.unwrap_or(usize::MAX),
-                    size
-                ),
-            ));
-        }
         let mut try_size = size.max(held).min(room);
         if let Some((free, _)) = upstream.memory_info() {
             let free = free & !(ALLOCATION_ALIGNMENT - 1);
