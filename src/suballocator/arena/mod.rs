@@ -164,6 +164,8 @@ impl Drop for Inner {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
         // Nothing to report to from a drop; the upstream keeps working either way.
+        // The free is on the legacy default stream, ordered after the pending frees (all on
+        // default streams).
         // SAFETY: the global arena was allocated from this upstream with this size in
         // `with_events` and is freed once, here; the last handle is gone, so no block of it is
         // handed out any more.
@@ -556,15 +558,21 @@ impl MemoryResource for ArenaMemoryResource {
             Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
             Freed::NotHere => {}
         }
-        let owner = self
-            .snapshot()
-            .into_iter()
-            .find(|a| !Arc::ptr_eq(a, &own) && a.state.lock().live_size(ptr).is_some());
-        let Some(owner) = owner else {
-            return Err(match self.inner.global.lock().large_size(ptr) {
-                Some(size) => Self::wrong_size(ptr, bytes, size),
-                None => Self::unknown(ptr, bytes),
-            });
+        let owner = self.snapshot().into_iter().find_map(|a| {
+            let size = (!Arc::ptr_eq(&a, &own))
+                .then(|| a.state.lock().live_size(ptr))
+                .flatten()?;
+            Some((a, size))
+        });
+        let owner = match owner {
+            Some((owner, size)) if size == rounded => owner,
+            Some((_, size)) => return Err(Self::wrong_size(ptr, bytes, size)),
+            None => {
+                return Err(match self.inner.global.lock().large_size(ptr) {
+                    Some(size) => Self::wrong_size(ptr, bytes, size),
+                    None => Self::unknown(ptr, bytes),
+                })
+            }
         };
         // Another arena's block: the freeing stream catches up before the owner may reuse it,
         // unless both of the owner's streams are ordered after it (the legacy default stream
