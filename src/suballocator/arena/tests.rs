@@ -174,6 +174,7 @@ fn bogus_double_and_missized_frees_are_logic_errors() {
     let big = mr.allocate(2 * MIB, S1).unwrap();
     let logic = |r: Result<()>| matches!(r, Err(Error::Logic(_)));
     assert!(logic(free(&mr, p, 2000, S1)), "wrong size");
+    assert!(logic(free(&mr, p, 2000, S2)), "wrong size, another arena");
     assert!(logic(free(&mr, p + 256, 256, S1)), "inside a block");
     assert!(logic(free(&mr, 0x1234_5600, 256, S2)), "foreign");
     assert!(logic(free(&mr, big, MIB, S1)), "large block, small size");
