@@ -1,7 +1,8 @@
 //! GPU tests of the arena (and, at 16 threads, the pool and binning): each thread on its own
 //! stream or its per-thread default stream writes a byte pattern into every allocation and checks
-//! it; exhaustion then recovery; the spin kernel. They need a CUDA GPU and are ignored elsewhere
-//! (`cargo test --test gpu_arena -- --ignored`).
+//! it; exhaustion then recovery; a large block freed on a default stream while a kernel still
+//! writes it, reused by another stream only after that kernel; the spin kernel. They need a CUDA
+//! GPU and are ignored elsewhere (`cargo test --test gpu_arena -- --ignored`).
 
 use rrmm::cuda::{self, OwnedStream, SpinKernel};
 use rrmm::suballocator::{ArenaMemoryResource, BinningMemoryResource, PoolMemoryResource};
@@ -64,6 +65,55 @@ fn arena_exhaustion_is_out_of_memory_then_the_arena_works() {
     assert!(host.iter().all(|&x| x == 0x5a));
     // SAFETY: live, this size, freed once; the copy above synchronized the stream.
     unsafe { arena.deallocate(b, 64 * MIB, Stream::PER_THREAD) }.unwrap();
+}
+
+/// Frees a large block on `freer` while a spinning kernel on `freer` is still to write into it,
+/// then takes the same range on a non-blocking stream and clears it there: the kernel's late
+/// write must land before the clearing, so the block reads as cleared once everything is done.
+fn large_block_reuse_waits_for_the_freeing_stream(freer: Stream) {
+    let kernel = SpinKernel::new(0).unwrap();
+    let _ctx = cuda::ContextGuard::new(0).unwrap();
+    let arena = ArenaMemoryResource::new(cuda_upstream(), Some(64 * MIB), false).unwrap();
+    let mr: SharedResource = Arc::new(arena.clone());
+    let s = OwnedStream::new(true).unwrap();
+    for round in 0..4 {
+        let buf = DeviceBuffer::new(4 * MIB, freer, mr.clone()).unwrap();
+        let ptr = buf.ptr();
+        // About 50 ms at H200 clocks: far longer than the host takes to reach the clearing.
+        kernel.launch(100_000_000, &buf).unwrap();
+        drop(buf); // freed on `freer`, the kernel still running
+        let again = arena.allocate(4 * MIB, s.stream()).unwrap();
+        assert_eq!(
+            again, ptr,
+            "round {round}: the same range, or the test proves nothing"
+        );
+        let mut host = [0xffu8; 8];
+        // SAFETY: `again` holds 4 MiB; the context synchronisation ends all work before the
+        // copy reads it back.
+        unsafe {
+            cuda::memset_async(again, 0, 8, s.stream()).unwrap();
+            cuda::context_synchronize().unwrap();
+            cuda::memcpy_sync(host.as_mut_ptr() as usize, again, 8, s.stream()).unwrap();
+        }
+        assert_eq!(
+            host, [0; 8],
+            "round {round}: the kernel wrote after the reuse"
+        );
+        // SAFETY: live, this size, freed once; the work on it is done.
+        unsafe { arena.deallocate(again, 4 * MIB, s.stream()) }.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_large_block_freed_on_the_legacy_stream_is_reused_elsewhere_after_its_work() {
+    large_block_reuse_waits_for_the_freeing_stream(Stream::DEFAULT);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_large_block_freed_on_the_per_thread_stream_is_reused_elsewhere_after_its_work() {
+    large_block_reuse_waits_for_the_freeing_stream(Stream::PER_THREAD);
 }
 
 #[test]

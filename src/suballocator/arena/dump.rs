@@ -45,7 +45,7 @@ fn write_report(
     }
     let (base, size) = global.extent();
     let (free, largest) = (global.free_bytes(), global.largest_free());
-    let ranges: Vec<_> = global.free_ranges().collect();
+    let ranges = global.free_ranges();
     writeln!(s, "Global arena:")?;
     writeln!(s, "  Arena size: {size} bytes at {base:#x}")?;
     writeln!(
@@ -69,26 +69,27 @@ fn write_report(
             ArenaKey::Thread(t) => format!("per-thread arena (thread {t})"),
             ArenaKey::Stream(h) => format!("per-stream arena (stream {h:#x})"),
         };
+        let superblocks = arena.superblocks();
         writeln!(
             s,
             "  {name}: {} superblocks, {} bytes held, {} bytes free, {} live blocks",
-            arena.superblocks().count(),
+            superblocks.len(),
             arena.held_bytes(),
             arena.free_bytes(),
             arena.live_blocks()
         )?;
-        for (i, sb) in arena.superblocks().enumerate() {
+        for (i, sb) in superblocks.iter().enumerate() {
             writeln!(
                 s,
                 "    Superblock {i}: start={:#x}, end={:#x}, size={}, empty={}, free={}, \
                  free blocks={}, largest free={}",
-                sb.start(),
-                sb.start() + sb.size(),
-                sb.size(),
+                sb.start,
+                sb.start + sb.size,
+                sb.size,
                 if sb.is_empty() { "T" } else { "F" },
-                sb.free_bytes(),
-                sb.free_blocks(),
-                sb.largest_free()
+                sb.free_bytes,
+                sb.free_blocks,
+                sb.largest_free
             )?;
         }
     }

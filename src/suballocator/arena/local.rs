@@ -2,13 +2,15 @@
 //! blocks.
 //!
 //! Pure bookkeeping: addresses and sizes on the host, no CUDA, no `unsafe`. The resource wraps
-//! each one in its own lock.
+//! each one in its own lock. Every superblock is one region of the arena's [`RangeHeap`], so
+//! blocks are carved by its good fit over all the superblocks and coalesce only inside their
+//! own; the heap's taken ranges are the live blocks.
 
-use super::superblock::Superblock;
-use std::collections::{BTreeMap, BTreeSet};
+use super::ranges::{GiveBack, RangeHeap};
+use super::superblock::{Superblock, SuperblockReport};
 
-/// A map keyed by block address, with the crate's one address hasher ([`crate::live`]).
-pub(super) type AddressMap<V> = crate::live::AddressMap<usize, V>;
+/// The heap tag of a live block.
+const BLOCK: u8 = 0;
 
 /// What a free found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,82 +26,73 @@ pub(super) enum Freed {
 /// One arena's superblocks and live blocks.
 #[derive(Debug, Default)]
 pub(super) struct LocalArena {
-    /// Superblocks by start address.
-    superblocks: BTreeMap<usize, Superblock>,
-    /// (largest free block, start) of every superblock: which one a request goes to.
-    fit: BTreeSet<(usize, usize)>,
-    /// Live blocks: start -> rounded size.
-    live: AddressMap<usize>,
+    heap: RangeHeap,
+    /// Superblocks by region id (a slot is empty once its superblock went back).
+    superblocks: Vec<Option<Superblock>>,
+    /// Empty slots of `superblocks`.
+    spare: Vec<u32>,
     /// Counts frees; each superblock remembers the count at its latest free.
     seq: u64,
 }
 
 impl LocalArena {
-    /// Allocates `bytes` (a multiple of 256, at most a superblock) from the superblock whose
-    /// largest free block fits most tightly (lowest address on ties), by address-ordered first
-    /// fit inside it; `None` when none fits. (RMM scans its superblocks in address order; with
-    /// thousands of superblocks that scan dominated replays, so rrmm indexes them by their
-    /// largest free block.)
+    /// Allocates `bytes` (a multiple of 256, at most a superblock) from any superblock by the
+    /// heap's good fit; `None` when none has a free block that large.
     ///
     /// # Time Complexity
-    /// O(log superblocks) to pick the superblock, plus O(free blocks) of that one.
+    /// O(1).
+    #[inline]
     pub(super) fn allocate(&mut self, bytes: usize) -> Option<usize> {
-        let &(before, start) = self.fit.range((bytes, 0)..).next()?;
-        let sb = self.superblocks.get_mut(&start)?;
-        let ptr = sb.first_fit(bytes)?;
-        let after = sb.largest_free();
-        if after != before {
-            self.fit.remove(&(before, start));
-            self.fit.insert((after, start));
-        }
-        self.live.insert(ptr, bytes);
-        Some(ptr)
+        self.heap.take(bytes, 1, BLOCK).map(|t| t.start)
     }
 
     /// Adopts a free superblock `[start, start + size)` from the global arena and allocates
-    /// `bytes` from it.
+    /// `bytes` at its start (`None` when `bytes` exceeds `size`).
     pub(super) fn adopt_and_allocate(
         &mut self,
         start: usize,
         size: usize,
         bytes: usize,
     ) -> Option<usize> {
-        let mut sb = Superblock::new(start, size, self.seq);
-        let ptr = sb.first_fit(bytes);
-        self.fit.insert((sb.largest_free(), start));
-        self.superblocks.insert(start, sb);
-        let ptr = ptr?;
-        self.live.insert(ptr, bytes);
-        Some(ptr)
+        let slot = match self.spare.pop() {
+            Some(slot) => slot,
+            None => {
+                self.superblocks.push(None);
+                (self.superblocks.len() - 1) as u32
+            }
+        };
+        let first = self.heap.add_region(start, size, slot);
+        self.superblocks[slot as usize] = Some(Superblock {
+            start,
+            size,
+            first,
+            last_free_seq: self.seq,
+        });
+        self.heap.take_from(first, bytes, BLOCK).map(|t| t.start)
     }
 
     /// Frees the live block at `ptr` of `bytes` (rounded), coalescing it in its superblock.
     ///
     /// # Time Complexity
-    /// O(log superblocks + log free blocks).
+    /// O(1).
+    #[inline]
     pub(super) fn deallocate(&mut self, ptr: usize, bytes: usize) -> Freed {
-        match self.live.get(&ptr) {
-            None => return Freed::NotHere,
-            Some(&size) if size != bytes => return Freed::WrongSize(size),
-            Some(_) => {}
-        }
-        self.live.remove(&ptr);
-        self.seq += 1;
-        let seq = self.seq;
-        match self.superblocks.range_mut(..=ptr).next_back() {
-            Some((&start, sb)) if sb.contains(ptr, bytes) => {
-                let before = sb.largest_free();
-                sb.free(ptr, bytes, seq);
-                let after = sb.largest_free();
-                if after != before {
-                    self.fit.remove(&(before, start));
-                    self.fit.insert((after, start));
+        match self.heap.give_back(ptr, bytes, BLOCK) {
+            GiveBack::Done(region) => {
+                self.seq += 1;
+                if let Some(Some(sb)) = self.superblocks.get_mut(region as usize) {
+                    sb.last_free_seq = self.seq;
                 }
                 Freed::Done
             }
-            // A live block always lies in one of its arena's superblocks.
-            _ => Freed::NotHere,
+            GiveBack::NotHere => Freed::NotHere,
+            GiveBack::WrongSize(size) => Freed::WrongSize(size),
         }
+    }
+
+    /// The rounded size of the live block at `ptr`, if there is one here.
+    pub(super) fn live_size(&self, ptr: usize) -> Option<usize> {
+        self.heap.taken_at(ptr).map(|(size, _)| size)
     }
 
     /// The free counter now (see [`LocalArena::take_idle`]).
@@ -109,45 +102,76 @@ impl LocalArena {
 
     /// Removes and returns, as (start, size), every empty superblock whose latest free came at
     /// or before free number `seq` (frees after it may have work still pending on their stream).
+    ///
+    /// # Time Complexity
+    /// O(superblocks).
     pub(super) fn take_idle(&mut self, seq: u64) -> Vec<(usize, usize)> {
-        let idle: Vec<usize> = self
-            .superblocks
-            .values()
-            .filter(|sb| sb.is_empty() && sb.last_free_seq <= seq)
-            .map(Superblock::start)
-            .collect();
-        idle.into_iter()
-            .filter_map(|start| self.superblocks.remove(&start))
-            .map(|sb| {
-                self.fit.remove(&(sb.largest_free(), sb.start()));
-                (sb.start(), sb.size())
-            })
-            .collect()
+        let mut idle = Vec::new();
+        for (slot, entry) in self.superblocks.iter_mut().enumerate() {
+            let Some(sb) = *entry else { continue };
+            if sb.last_free_seq <= seq && self.heap.is_whole_and_free(sb.first, sb.size) {
+                self.heap.remove_region(sb.first);
+                *entry = None;
+                self.spare.push(slot as u32);
+                idle.push((sb.start, sb.size));
+            }
+        }
+        idle.sort_unstable();
+        idle
     }
 
     /// Whether this arena holds no superblock.
     pub(super) fn is_bare(&self) -> bool {
-        self.superblocks.is_empty()
+        self.spare.len() == self.superblocks.len()
     }
 
     /// Bytes held in superblocks.
     pub(super) fn held_bytes(&self) -> usize {
-        self.superblocks.values().map(Superblock::size).sum()
+        self.superblocks.iter().flatten().map(|sb| sb.size).sum()
     }
 
     /// Free bytes in the superblocks.
     pub(super) fn free_bytes(&self) -> usize {
-        self.superblocks.values().map(Superblock::free_bytes).sum()
+        self.heap.free_bytes()
+    }
+
+    /// Number of free blocks in the superblocks (coalesced).
+    pub(super) fn free_blocks(&self) -> usize {
+        self.heap.free_count()
+    }
+
+    /// The largest free block in the superblocks.
+    pub(super) fn largest_free(&self) -> usize {
+        self.heap.largest_free()
     }
 
     /// Number of live blocks.
     pub(super) fn live_blocks(&self) -> usize {
-        self.live.len()
+        self.heap.taken_count()
     }
 
-    /// The superblocks in address order.
-    pub(super) fn superblocks(&self) -> impl Iterator<Item = &Superblock> + '_ {
-        self.superblocks.values()
+    /// Every superblock's figures, in address order.
+    ///
+    /// # Time Complexity
+    /// O(blocks + superblocks x log superblocks).
+    pub(super) fn superblocks(&self) -> Vec<SuperblockReport> {
+        let mut out: Vec<SuperblockReport> = self
+            .superblocks
+            .iter()
+            .flatten()
+            .map(|sb| {
+                let (free_bytes, free_blocks, largest_free) = self.heap.region_free(sb.first);
+                SuperblockReport {
+                    start: sb.start,
+                    size: sb.size,
+                    free_bytes,
+                    free_blocks,
+                    largest_free,
+                }
+            })
+            .collect();
+        out.sort_unstable_by_key(|r| r.start);
+        out
     }
 }
 
@@ -157,21 +181,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allocates_first_fit_over_superblocks_and_knows_its_blocks() {
+    fn allocates_over_superblocks_and_knows_its_blocks() {
         let mut a = LocalArena::default();
         assert_eq!(a.allocate(256), None, "no superblock yet");
         let p = a.adopt_and_allocate(0x100_0000, MIB, MIB / 2).unwrap();
         assert_eq!(p, 0x100_0000);
         let q = a.adopt_and_allocate(0x300_0000, MIB, MIB).unwrap();
-        // Fits in the first superblock's tail, not the second.
+        assert_eq!(q, 0x300_0000);
+        // Only the first superblock's tail has room.
         assert_eq!(a.allocate(MIB / 4), Some(0x100_0000 + MIB / 2));
         assert_eq!(a.live_blocks(), 3);
+        assert_eq!(a.live_size(q), Some(MIB));
         assert_eq!(a.deallocate(q, 256), Freed::WrongSize(MIB));
         assert_eq!(a.deallocate(q + 256, 256), Freed::NotHere);
         assert_eq!(a.deallocate(q, MIB), Freed::Done);
         assert_eq!(a.deallocate(q, MIB), Freed::NotHere, "double free");
         assert_eq!(a.held_bytes(), 2 * MIB);
         assert_eq!(a.free_bytes(), MIB + MIB / 4);
+        let reports = a.superblocks();
+        assert_eq!(reports.len(), 2);
+        assert_eq!(
+            reports[0],
+            SuperblockReport {
+                start: 0x100_0000,
+                size: MIB,
+                free_bytes: MIB / 4,
+                free_blocks: 1,
+                largest_free: MIB / 4,
+            }
+        );
+        assert!(reports[1].is_empty() && !reports[0].is_empty());
+        a.heap.check();
     }
 
     #[test]
@@ -179,11 +219,18 @@ mod tests {
         let mut a = LocalArena::default();
         let p = a.adopt_and_allocate(0, MIB, 256).unwrap();
         let q = a.adopt_and_allocate(MIB, MIB, 256).unwrap();
+        assert_eq!((p, q), (0, MIB), "each at its new superblock's start");
         assert_eq!(a.deallocate(p, 256), Freed::Done);
         let snapshot = a.seq();
         assert_eq!(a.deallocate(q, 256), Freed::Done);
         assert_eq!(a.take_idle(snapshot), vec![(0, MIB)]);
         assert_eq!(a.take_idle(a.seq()), vec![(MIB, MIB)]);
         assert!(a.is_bare());
+        // Slots are reused.
+        assert_eq!(a.adopt_and_allocate(5 * MIB, MIB, 512), Some(5 * MIB));
+        assert_eq!(a.adopt_and_allocate(6 * MIB, MIB, MIB + 256), None);
+        assert_eq!(a.superblocks.len(), 2);
+        assert!(!a.is_bare());
+        a.heap.check();
     }
 }

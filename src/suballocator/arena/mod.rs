@@ -8,23 +8,47 @@
 //!   range when less than a further superblock would be left) and serves requests above 1 MiB
 //!   directly.
 //! - **Arenas** (`local.rs`): one per thread for the per-thread default stream and the legacy
-//!   default stream, one per stream for every other stream. Each allocates by address-ordered
-//!   first fit inside its superblocks (`superblock.rs`), coalescing on free, and knows its live
-//!   blocks, so bogus, double and wrongly sized frees are [`Error::Logic`].
+//!   default stream, one per stream for every other stream. Each carves its blocks from its
+//!   superblocks (`superblock.rs`), coalescing on free, and knows its live blocks, so bogus,
+//!   double and wrongly sized frees are [`Error::Logic`].
+//! - Both keep their ranges in a [`RangeHeap`](ranges::RangeHeap) (`ranges.rs`): free ranges in
+//!   segregated size classes (good fit, within 1/32 of the smallest class that serves the
+//!   request), neighbours linked by address inside a region (the global arena; each superblock),
+//!   taken ranges in a hash map by address: O(1) per allocation and free. (RMM picks superblocks
+//!   and global ranges by address-ordered first fit, in O(superblocks) and O(ranges).)
 //!
 //! # Stream ordering
-//! A block freed on a stream goes back to that stream's arena, which is only ever used by that
-//! stream (a per-thread arena: by the thread's per-thread default stream and the legacy default
-//! stream, which are ordered with each other), so it is reused at once without an event. Memory
-//! crosses to another stream only after a host synchronisation, as in RMM:
-//! - a block freed on a stream whose arena does not own it: the freeing stream is synchronized,
-//!   then the block goes back to its owner;
-//! - a large block (above 1 MiB): the freeing stream is synchronized, then the range goes back to
-//!   the global arena;
+//! A block is reused by a stream only once that stream's later work is ordered after the work of
+//! the stream that freed it (RMM's rule: memory is never reused before the freeing stream's work
+//! on it is done). CUDA orders some streams implicitly (`ordering::ordered_after`): a stream
+//! after itself, both default streams after the legacy default stream, and the legacy default
+//! stream after a per-thread default stream (the legacy default stream synchronizes with every
+//! blocking stream; per-thread default streams are blocking). A thread's arena serves exactly its
+//! two default streams, ordered with each other; a stream's arena serves its stream. So:
+//! - a block freed on a stream whose arena owns it is reused at once, with no CUDA call;
+//! - a block freed on a stream whose arena does not own it: the freeing stream is synchronized on
+//!   the host, then the block goes back to its owner; except a block freed on the legacy default
+//!   stream into a thread's arena, whose two streams are ordered after it anyway;
+//! - a large block (above 1 MiB) freed on an ordinary stream: that stream is synchronized on the
+//!   host, then the range goes back to the global arena (the stream may be destroyed right
+//!   after, and CUDA reuses its handle, so nothing may wait on it later);
+//! - a large block freed on a default stream (never destroyed) goes back to the global arena
+//!   with no CUDA call, and that stream is noted *pending* there (`ordering.rs`). A range handed
+//!   out of the global arena (a large block, or a superblock for an arena) is for the allocating
+//!   stream, or for the arena's streams; for each pending stream that a user is not implicitly
+//!   ordered after, the user waits on an event recorded on the pending stream at hand-out time
+//!   ([`StreamEvents::record_after_free`] then [`StreamEvents::make_wait`]: the pending stream
+//!   is the legacy one or this thread's own per-thread one), or, for another thread's per-thread
+//!   default stream (this thread cannot record on it), every stream is synchronized
+//!   ([`StreamEvents::synchronize_all`]), which alone clears the pending streams. A stream stays
+//!   pending after an event wait: the range is ordered for its users, not for the next ones.
+//!   So a program on the default streams (one thread, or each thread on its own) never makes a
+//!   CUDA call in the arena;
 //! - on allocation failure, every stream is synchronized ([`StreamEvents::synchronize_all`]) and
 //!   empty superblocks go back to the global arena, then the request is retried once. A superblock
 //!   freed into after the synchronisation began stays (its work may be pending): each arena counts
-//!   its frees and each superblock remembers the count at its latest free.
+//!   its frees and each superblock remembers the count at its latest free. Pending streams whose
+//!   latest free came before the synchronisation are cleared.
 //!
 //! Then out of memory, with RMM's message "... No room in arena.", after writing the arena's state
 //! to the dump file when `dump_log_on_failure` is set: `$RMM_ARENA_DUMP` if set, else
@@ -35,18 +59,22 @@
 //! The stream -> arena lookup is a thread-local cache (the registry is locked only on a miss), so
 //! threads on different streams share no lock on the fast path. Lock order: registry, then one
 //! arena, then the global arena; no two arenas are locked at once; no CUDA call is made under a
-//! lock. A thread's exit marks its arena orphaned; the next defragmentation returns its idle
-//! superblocks and drops it once it holds none.
+//! lock (a hand-out that needs event waits or a synchronisation makes them after carving its
+//! range and unlocking, and gives the range back if they fail). A thread's exit marks its arena
+//! orphaned; the next defragmentation returns its idle superblocks and drops it once it holds
+//! none.
 
 mod dump;
 mod global;
 mod local;
+mod ordering;
+mod ranges;
 mod superblock;
 
 pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
-use super::stream_events::{current_thread_tag, StreamEvents};
+use super::stream_events::{current_thread_tag, StreamEvents, StreamKey};
 use super::stream_ordered::default_events;
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
@@ -55,6 +83,7 @@ use crate::resource::{
 };
 use global::GlobalArena;
 use local::{Freed, LocalArena};
+use ordering::Plan;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -135,6 +164,8 @@ impl Drop for Inner {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
         // Nothing to report to from a drop; the upstream keeps working either way.
+        // The free is on the legacy default stream, ordered after the pending frees (all on
+        // default streams).
         // SAFETY: the global arena was allocated from this upstream with this size in
         // `with_events` and is freed once, here; the last handle is gone, so no block of it is
         // handed out any more.
@@ -258,6 +289,7 @@ impl ArenaMemoryResource {
     pub fn defragment(&self) -> Result<()> {
         let arenas = self.snapshot();
         let seqs: Vec<u64> = arenas.iter().map(|a| a.state.lock().seq()).collect();
+        let stamp = self.inner.global.lock().pending.stamp();
         self.inner.events.synchronize_all()?;
         let mut idle = Vec::new();
         for (arena, seq) in arenas.iter().zip(seqs) {
@@ -268,6 +300,7 @@ impl ArenaMemoryResource {
             for (start, size) in idle {
                 global.release(start, size);
             }
+            global.pending.clear_through(stamp);
         }
         self.inner
             .registry
@@ -333,18 +366,77 @@ impl ArenaMemoryResource {
         arena
     }
 
-    /// One attempt at an allocation of `rounded` bytes, with no synchronisation.
-    fn try_allocate(&self, rounded: usize, stream: Stream) -> Option<usize> {
+    /// One attempt at an allocation of `rounded` bytes, with no synchronisation but what orders
+    /// a range from the global arena after its pending frees (see the module docs).
+    fn try_allocate(&self, rounded: usize, stream: Stream) -> Result<Option<usize>> {
         if rounded > SUPERBLOCK_MIN {
-            return self.inner.global.lock().allocate_large(rounded);
+            let (ptr, plan) = {
+                let mut global = self.inner.global.lock();
+                let Some(ptr) = global.allocate_large(rounded) else {
+                    return Ok(None);
+                };
+                (ptr, global.pending.plan(&[StreamKey::of(stream)]))
+            };
+            if let Err(e) = self.order_after_pending(plan) {
+                self.inner.global.lock().deallocate_large(ptr, rounded);
+                return Err(e);
+            }
+            return Ok(Some(ptr));
         }
         let arena = self.arena_for(stream);
         let mut local = arena.state.lock();
         if let Some(ptr) = local.allocate(rounded) {
-            return Some(ptr);
+            return Ok(Some(ptr));
         }
-        let (start, size) = self.inner.global.lock().acquire(rounded)?;
-        local.adopt_and_allocate(start, size, rounded)
+        let thread_streams = [
+            StreamKey::of(Stream::DEFAULT),
+            StreamKey::of(Stream::PER_THREAD),
+        ];
+        let own_stream = [StreamKey::of(stream)];
+        let users: &[StreamKey] = match arena.key {
+            ArenaKey::Thread(_) => &thread_streams,
+            ArenaKey::Stream(_) => &own_stream,
+        };
+        let (start, size, plan) = {
+            let mut global = self.inner.global.lock();
+            let Some((start, size)) = global.acquire(rounded) else {
+                return Ok(None);
+            };
+            (start, size, global.pending.plan(users))
+        };
+        if plan.is_empty() {
+            return Ok(local.adopt_and_allocate(start, size, rounded));
+        }
+        drop(local);
+        if let Err(e) = self.order_after_pending(plan) {
+            self.inner.global.lock().release(start, size);
+            return Err(e);
+        }
+        let ptr = arena.state.lock().adopt_and_allocate(start, size, rounded);
+        Ok(ptr)
+    }
+
+    /// Carries out `plan`: event waits, or a host synchronisation of every stream (which clears
+    /// the streams pending when the plan was made). Called with no lock held.
+    fn order_after_pending(&self, plan: Plan) -> Result<()> {
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let events = &self.inner.events;
+        if plan.synchronize_all {
+            events.synchronize_all()?;
+            self.inner.global.lock().pending.clear_through(plan.stamp);
+            return Ok(());
+        }
+        let mut recorded = None;
+        for (pending, user) in plan.waits {
+            if recorded != Some(pending) {
+                events.record_after_free(pending)?;
+                recorded = Some(pending);
+            }
+            events.make_wait(user, pending)?;
+        }
+        Ok(())
     }
 
     /// Waits on the host for `stream` (before its memory crosses to other streams).
@@ -404,16 +496,14 @@ impl ArenaMemoryResource {
         };
         for arena in self.snapshot() {
             let local = arena.state.lock();
-            for sb in local.superblocks() {
-                fp.free_bytes += sb.free_bytes();
-                fp.largest_free_block = fp.largest_free_block.max(sb.largest_free());
-                fp.free_blocks += sb.free_blocks();
-            }
+            fp.free_bytes += local.free_bytes();
+            fp.largest_free_block = fp.largest_free_block.max(local.largest_free());
+            fp.free_blocks += local.free_blocks();
         }
         let global = self.inner.global.lock();
         fp.free_bytes += global.free_bytes();
         fp.largest_free_block = fp.largest_free_block.max(global.largest_free());
-        fp.free_blocks += global.free_ranges().count();
+        fp.free_blocks += global.free_count();
         fp
     }
 }
@@ -424,11 +514,11 @@ impl MemoryResource for ArenaMemoryResource {
             return Ok(0);
         }
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
-        if let Some(ptr) = self.try_allocate(rounded, stream) {
+        if let Some(ptr) = self.try_allocate(rounded, stream)? {
             return Ok(ptr);
         }
         self.defragment()?;
-        if let Some(ptr) = self.try_allocate(rounded, stream) {
+        if let Some(ptr) = self.try_allocate(rounded, stream)? {
             return Ok(ptr);
         }
         self.dump(rounded);
@@ -446,9 +536,18 @@ impl MemoryResource for ArenaMemoryResource {
             .filter(|&r| r > 0)
             .ok_or_else(|| Self::unknown(ptr, bytes))?;
         if rounded > SUPERBLOCK_MIN {
-            self.sync_stream(stream)?;
-            return match self.inner.global.lock().deallocate_large(ptr, rounded) {
-                Freed::Done => Ok(()),
+            // A default stream is never destroyed: it is noted pending instead (module docs).
+            if !stream.is_default() {
+                self.sync_stream(stream)?;
+            }
+            let mut global = self.inner.global.lock();
+            return match global.deallocate_large(ptr, rounded) {
+                Freed::Done => {
+                    if stream.is_default() {
+                        global.pending.note(StreamKey::of(stream));
+                    }
+                    Ok(())
+                }
                 Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
                 Freed::NotHere => Err(Self::unknown(ptr, bytes)),
             };
@@ -459,21 +558,33 @@ impl MemoryResource for ArenaMemoryResource {
             Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
             Freed::NotHere => {}
         }
-        // Another arena's block: the freeing stream catches up before the owner may reuse it.
-        self.sync_stream(stream)?;
-        for arena in self.snapshot() {
-            if Arc::ptr_eq(&arena, &own) {
-                continue;
+        let owner = self.snapshot().into_iter().find_map(|a| {
+            let size = (!Arc::ptr_eq(&a, &own))
+                .then(|| a.state.lock().live_size(ptr))
+                .flatten()?;
+            Some((a, size))
+        });
+        let owner = match owner {
+            Some((owner, size)) if size == rounded => owner,
+            Some((_, size)) => return Err(Self::wrong_size(ptr, bytes, size)),
+            None => {
+                return Err(match self.inner.global.lock().large_size(ptr) {
+                    Some(size) => Self::wrong_size(ptr, bytes, size),
+                    None => Self::unknown(ptr, bytes),
+                })
             }
-            match arena.state.lock().deallocate(ptr, rounded) {
-                Freed::Done => return Ok(()),
-                Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
-                Freed::NotHere => {}
-            }
+        };
+        // Another arena's block: the freeing stream catches up before the owner may reuse it,
+        // unless both of the owner's streams are ordered after it (the legacy default stream
+        // into a thread's arena).
+        if !(stream.is_legacy_default() && matches!(owner.key, ArenaKey::Thread(_))) {
+            self.sync_stream(stream)?;
         }
-        match self.inner.global.lock().deallocate_large(ptr, usize::MAX) {
+        let freed = owner.state.lock().deallocate(ptr, rounded);
+        match freed {
+            Freed::Done => Ok(()),
             Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
-            _ => Err(Self::unknown(ptr, bytes)),
+            Freed::NotHere => Err(Self::unknown(ptr, bytes)),
         }
     }
 

@@ -3,7 +3,7 @@
 use super::*;
 use crate::resource::SimulatedMemoryResource;
 use crate::suballocator::stream_events::NoStreamEvents;
-use crate::suballocator::{EventCall, RecordingStreamEvents};
+use crate::suballocator::{EventCall, RecordingStreamEvents, StreamKey};
 
 const MIB: usize = SUPERBLOCK_MIN;
 // SAFETY: keys only: simulated memory never passes them to the driver.
@@ -174,6 +174,7 @@ fn bogus_double_and_missized_frees_are_logic_errors() {
     let big = mr.allocate(2 * MIB, S1).unwrap();
     let logic = |r: Result<()>| matches!(r, Err(Error::Logic(_)));
     assert!(logic(free(&mr, p, 2000, S1)), "wrong size");
+    assert!(logic(free(&mr, p, 2000, S2)), "wrong size, another arena");
     assert!(logic(free(&mr, p + 256, 256, S1)), "inside a block");
     assert!(logic(free(&mr, 0x1234_5600, 256, S2)), "foreign");
     assert!(logic(free(&mr, big, MIB, S1)), "large block, small size");
@@ -287,4 +288,172 @@ fn many_threads_on_ptds_and_shared_streams() {
     assert_eq!(mr.free_bytes(), 64 * MIB);
     mr.defragment().unwrap();
     assert_eq!(mr.global_free_bytes(), 64 * MIB);
+}
+
+fn recorded(size: usize) -> (ArenaMemoryResource, Arc<RecordingStreamEvents>) {
+    let events = RecordingStreamEvents::new();
+    let mr =
+        ArenaMemoryResource::with_events(sim(4 * size), Some(size), None, events.clone()).unwrap();
+    (mr, events)
+}
+
+#[test]
+fn default_streams_reuse_large_blocks_with_no_event_call() {
+    let (mr, events) = recorded(16 * MIB);
+    let a = mr.allocate(3 * MIB, Stream::DEFAULT).unwrap();
+    free(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
+    let b = mr.allocate(3 * MIB, Stream::PER_THREAD).unwrap();
+    free(&mr, b, 3 * MIB, Stream::PER_THREAD).unwrap();
+    let c = mr.allocate(2 * MIB, Stream::LEGACY).unwrap();
+    // This thread's arena takes a superblock: for both default streams, each ordered after the
+    // pending legacy and this thread's PTDS frees.
+    let d = mr.allocate(256, Stream::PER_THREAD).unwrap();
+    assert_eq!((a, b, c), (a, a, a), "the same range each time");
+    assert_ne!(d, a);
+    assert_eq!(events.log(), vec![], "no CUDA call on the default streams");
+    free(&mr, c, 2 * MIB, Stream::DEFAULT).unwrap();
+    free(&mr, d, 256, Stream::DEFAULT).unwrap();
+}
+
+#[test]
+fn a_range_freed_on_a_default_stream_reaches_another_stream_after_an_event_wait() {
+    let (mr, events) = recorded(16 * MIB);
+    let legacy = StreamKey::of(Stream::DEFAULT);
+    let (ptds, s1) = (StreamKey::of(Stream::PER_THREAD), StreamKey::of(S1));
+    let a = mr.allocate(3 * MIB, Stream::DEFAULT).unwrap();
+    let freed = events.tick();
+    free(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
+    let b = mr.allocate(3 * MIB, S1).unwrap();
+    assert_eq!(b, a);
+    let log = events.log();
+    assert!(
+        matches!(log.as_slice(), [EventCall::Record { stream: r, id, seq }, EventCall::Wait { stream: w, id: wid, .. }]
+            if *r == legacy && *w == s1 && id == wid && *seq > freed),
+        "{log:?}"
+    );
+    // Freed on S1: synchronized on the host at once, never pending.
+    free(&mr, b, 3 * MIB, S1).unwrap();
+    // The legacy free stays pending: S2's superblock waits too, and so does S1's again after
+    // a free on this thread's PTDS, which is waited on as well.
+    let c = mr.allocate(256, S2).unwrap();
+    let d = mr.allocate(2 * MIB, Stream::PER_THREAD).unwrap();
+    free(&mr, d, 2 * MIB, Stream::PER_THREAD).unwrap();
+    let e = mr.allocate(2 * MIB, S1).unwrap();
+    let log = events.log();
+    let calls: Vec<(char, StreamKey)> = log[2..]
+        .iter()
+        .map(|c| match *c {
+            EventCall::Record { stream, .. } => ('r', stream),
+            EventCall::Wait { stream, .. } => ('w', stream),
+            EventCall::SynchronizeAll { .. } => ('s', legacy),
+        })
+        .collect();
+    let s2 = StreamKey::of(S2);
+    assert_eq!(
+        calls,
+        vec![
+            ('r', legacy),
+            ('w', s2),
+            ('r', legacy),
+            ('w', s1),
+            ('r', ptds),
+            ('w', s1)
+        ]
+    );
+    free(&mr, c, 256, S2).unwrap();
+    free(&mr, e, 2 * MIB, S1).unwrap();
+}
+
+#[test]
+fn another_threads_ptds_frees_are_covered_by_synchronizing_every_stream() {
+    let (mr, events) = recorded(16 * MIB);
+    let freed = std::thread::spawn({
+        let (mr, events) = (mr.clone(), events.clone());
+        move || {
+            let p = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
+            let t = events.tick();
+            free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+            t
+        }
+    })
+    .join()
+    .unwrap();
+    // The legacy stream is ordered after every PTDS: no call.
+    let a = mr.allocate(4 * MIB, Stream::DEFAULT).unwrap();
+    assert!(events.log().is_empty());
+    free(&mr, a, 4 * MIB, Stream::DEFAULT).unwrap();
+    // This thread's PTDS is not, and no thread but the freeing one may record on its PTDS.
+    let b = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
+    let log = events.log();
+    assert!(
+        matches!(log.as_slice(), [EventCall::SynchronizeAll { seq }] if *seq > freed),
+        "{log:?}"
+    );
+    free(&mr, b, 4 * MIB, Stream::PER_THREAD).unwrap();
+    // The synchronisation cleared the other thread's PTDS; this thread's is ordered.
+    let c = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
+    assert_eq!(events.log().len(), 1);
+    free(&mr, c, 4 * MIB, Stream::PER_THREAD).unwrap();
+}
+
+#[test]
+fn defragment_clears_the_pending_streams_it_synchronized() {
+    let (mr, events) = recorded(16 * MIB);
+    std::thread::spawn({
+        let mr = mr.clone();
+        move || {
+            let p = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
+            free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    mr.defragment().unwrap();
+    let p = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
+    let q = mr.allocate(256, Stream::PER_THREAD).unwrap();
+    assert!(
+        matches!(events.log().as_slice(), [EventCall::SynchronizeAll { .. }]),
+        "only the defragmentation's: {:?}",
+        events.log()
+    );
+    free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+    free(&mr, q, 256, Stream::PER_THREAD).unwrap();
+}
+
+/// Stream events that fail every call.
+#[derive(Debug)]
+struct FailingEvents;
+
+impl StreamEvents for FailingEvents {
+    fn make_wait(&self, _waiter: StreamKey, _owner: StreamKey) -> Result<()> {
+        Err(Error::Logic("make_wait failed".into()))
+    }
+    fn record_after_free(&self, _owner: StreamKey) -> Result<()> {
+        Err(Error::Logic("record failed".into()))
+    }
+    fn synchronize_all(&self) -> Result<()> {
+        Err(Error::Logic("synchronize failed".into()))
+    }
+}
+
+#[test]
+fn a_failed_wait_gives_the_range_back() {
+    let mr = ArenaMemoryResource::with_events(
+        sim(64 * MIB),
+        Some(8 * MIB),
+        None,
+        Arc::new(FailingEvents),
+    )
+    .unwrap();
+    let a = mr.allocate(2 * MIB, Stream::DEFAULT).unwrap();
+    free(&mr, a, 2 * MIB, Stream::DEFAULT).unwrap();
+    let e = mr.allocate(2 * MIB, S1).unwrap_err();
+    assert_eq!(e, Error::Logic("record failed".into()));
+    assert!(mr.allocate(256, S2).is_err(), "a superblock for S2 too");
+    assert_eq!(mr.global_free_bytes(), 8 * MIB, "both ranges given back");
+    assert_eq!(mr.arena_count(), 1, "S2's arena exists, and holds nothing");
+    assert_eq!(mr.free_bytes(), 8 * MIB);
+    // The default streams need no call: they still work.
+    let b = mr.allocate(2 * MIB, Stream::PER_THREAD).unwrap();
+    free(&mr, b, 2 * MIB, Stream::PER_THREAD).unwrap();
 }
