@@ -131,7 +131,7 @@ if has w2base; then
   if ls .gpu/wheels-base/*.whl >/dev/null 2>&1; then
     echo "== W2 pool, before/after"
     python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site-base .gpu/wheels-base/*.whl
-    for i in 1 2 3; do
+    for i in $(seq 1 "${W2BASE_ROUNDS:-3}"); do
       (cd benches/gpu && PYTHONPATH=/tmp/site-base:$SITE python3 w2.py --resources pool --reps 3 --out "$OUT/w2_before_$i.json" > /dev/null)
       (cd benches/gpu && python3 w2.py --resources pool --reps 3 --out "$OUT/w2_after_$i.json" > /dev/null)
     done

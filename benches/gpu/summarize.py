@@ -75,7 +75,7 @@ def w2base(out: Path) -> str:
          f"{(after[size] / before[size] - 1) * 100:+.1f}%" if size in before and size in after else "-")
         for size in sorted(set(before) | set(after))
     ]
-    return "W2 pool round trip, rrmm before/after, ns (median of 3 alternating processes)\n" + table(
+    return "W2 pool round trip, rrmm before/after, ns (median over alternating processes)\n" + table(
         body, ("size", "before", "after", "change")
     )
 
