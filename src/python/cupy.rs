@@ -131,7 +131,7 @@ extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_in
         let live = cupy_live().lock().remove(&(ptr as usize));
         match live {
             Some(live) => {
-                let raw = Python::attach(|py| live.stream.for_free(py));
+                let raw = live.stream.free_handle();
                 // SAFETY: a live stream: the allocation's while CuPy's object for it lives, else
                 // CuPy's current one (or a default stream); the entry was removed from the live
                 // table, so this frees once what `rrmm_cupy_malloc` allocated from `live.mr` with

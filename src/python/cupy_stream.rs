@@ -135,9 +135,18 @@ impl AllocationStream {
         self.raw
     }
 
+    /// The handle to free on, asking Python only for a stream CuPy created: a default stream's
+    /// allocation frees without touching the GIL (CuPy may free without holding it).
+    pub(crate) fn free_handle(&self) -> usize {
+        if self.alive.is_none() {
+            return self.raw;
+        }
+        Python::attach(|py| self.for_free(py))
+    }
+
     /// The handle to free on: the allocation's stream while CuPy's object for it lives, else
     /// CuPy's current stream (the default stream if even that cannot be asked).
-    pub(crate) fn for_free(&self, py: Python<'_>) -> usize {
+    fn for_free(&self, py: Python<'_>) -> usize {
         let Some(weak) = &self.alive else {
             return self.raw;
         };

@@ -143,7 +143,7 @@ impl HookAllocation {
         match &self.cupy_stream {
             // SAFETY: `for_free` gives a live stream (the allocation's while CuPy's object for
             // it lives, else CuPy's current one, or a default stream).
-            Some(on) => unsafe { Stream::from_raw(Python::attach(|py| on.for_free(py))) },
+            Some(on) => unsafe { Stream::from_raw(on.free_handle()) },
             None => self.stream,
         }
     }
