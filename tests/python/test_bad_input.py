@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import rrmm
 from conftest import gpu_available, gpu_skip_reason
+from resource_checks import assert_still_works, counters, make_resources
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.device_buffer import (
     DeviceBuffer,
@@ -38,34 +39,6 @@ def raises(exc_type: type[BaseException], pattern: str, fn: Callable[[], Any]) -
     assert type(info.value) is exc_type, f"raised {type(info.value).__name__}: {info.value}"
     assert re.search(pattern, str(info.value)), f"{str(info.value)!r} !~ {pattern!r}"
     return info.value
-
-
-def counters(r: Any) -> dict[str, Any]:
-    """The counters a resource (and, through the chain, its upstreams) reports."""
-    out: dict[str, Any] = {}
-    depth = 0
-    while r is not None:
-        for name in ("bytes_in_use", "live_allocations", "get_allocated_bytes", "pool_size"):
-            if hasattr(r, name):
-                out[f"{depth}.{name}"] = getattr(r, name)()
-        if isinstance(r, mr.StatisticsResourceAdaptor):
-            c = r.allocation_counts
-            out[f"{depth}.stats"] = (c.current_bytes, c.current_count)
-        r = r.get_upstream() if isinstance(r, mr.UpstreamResourceAdaptor) else None
-        depth += 1
-    return out
-
-
-def assert_still_works(r: Any, before: dict[str, Any]) -> None:
-    """The resource allocates (256-byte aligned, distinct pointers) and frees, and its counters
-    are what they were before the bad call."""
-    assert counters(r) == before
-    a = r.allocate(1000)
-    b = r.allocate(1000)
-    assert a != b and a % 256 == 0 and b % 256 == 0
-    r.deallocate(b, 1000)
-    r.deallocate(a, 1000)
-    assert counters(r) == before
 
 
 @pytest.fixture
@@ -150,26 +123,7 @@ def test_gpu_constructor_without_driver(cls):
 
 
 def _resources(tmp_path: Path) -> dict[str, Callable[[Any], Any]]:
-    def callback(s: Any) -> Any:
-        return mr.CallbackMemoryResource(
-            lambda n, stream: s.allocate(n), lambda p, n, stream: s.deallocate(p, n)
-        )
-
-    return {
-        "simulated": lambda s: s,
-        "system": lambda s: mr.SystemMemoryResource(),
-        "pool": lambda s: mr.PoolMemoryResource(s, MiB),
-        "fixed_size": lambda s: mr.FixedSizeMemoryResource(s, 4096, 4),
-        "binning": lambda s: mr.BinningMemoryResource(s, 8, 12),
-        "limiting": lambda s: mr.LimitingResourceAdaptor(s, 64 * MiB),
-        "logging": lambda s: mr.LoggingResourceAdaptor(s, str(tmp_path / "log.csv")),
-        "statistics": lambda s: mr.StatisticsResourceAdaptor(s),
-        "tracking": lambda s: mr.TrackingResourceAdaptor(s),
-        "failure_callback": lambda s: mr.FailureCallbackResourceAdaptor(s, lambda n: False),
-        "aligned": lambda s: mr.AlignedResourceAdaptor(s, 4096),
-        "callback": callback,
-        "arena": lambda s: mr.ArenaMemoryResource(s, 64 * MiB),
-    }
+    return make_resources(str(tmp_path / "log.csv"))
 
 
 RESOURCE_NAMES = list(_resources(Path(".")))
@@ -208,49 +162,12 @@ def test_out_of_memory_is_memory_error_and_leaves_resource_working(tmp_path):
 
 # Bogus, double and foreign frees run in a child: before issue 9 some of them crashed or
 # corrupted the resource's state.
-_CHILD_RESOURCES = """
-import tempfile, os
+_CHILD_RESOURCES = f"""
+import os, sys, tempfile
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from resource_checks import assert_still_works, counters, make_resources
 sim = mr.SimulatedMemoryResource("1GiB")
-log = os.path.join(tempfile.mkdtemp(), "log.csv")
-def callback(s):
-    return mr.CallbackMemoryResource(lambda n, st: s.allocate(n), lambda p, n, st: s.deallocate(p, n))
-MAKE = {
-    "simulated": lambda s: s,
-    "system": lambda s: mr.SystemMemoryResource(),
-    "pool": lambda s: mr.PoolMemoryResource(s, 1 << 20),
-    "fixed_size": lambda s: mr.FixedSizeMemoryResource(s, 4096, 4),
-    "binning": lambda s: mr.BinningMemoryResource(s, 8, 12),
-    "limiting": lambda s: mr.LimitingResourceAdaptor(s, 64 << 20),
-    "logging": lambda s: mr.LoggingResourceAdaptor(s, log),
-    "statistics": lambda s: mr.StatisticsResourceAdaptor(s),
-    "tracking": lambda s: mr.TrackingResourceAdaptor(s),
-    "failure_callback": lambda s: mr.FailureCallbackResourceAdaptor(s, lambda n: False),
-    "aligned": lambda s: mr.AlignedResourceAdaptor(s, 4096),
-    "callback": callback,
-    "arena": lambda s: mr.ArenaMemoryResource(s, 64 << 20),
-}
-
-def counters(r):
-    out = {}
-    depth = 0
-    while r is not None:
-        for name in ("bytes_in_use", "live_allocations", "get_allocated_bytes", "pool_size"):
-            if hasattr(r, name):
-                out[f"{depth}.{name}"] = getattr(r, name)()
-        if isinstance(r, mr.StatisticsResourceAdaptor):
-            c = r.allocation_counts
-            out[f"{depth}.stats"] = (c.current_bytes, c.current_count)
-        r = r.get_upstream() if isinstance(r, mr.UpstreamResourceAdaptor) else None
-        depth += 1
-    return out
-
-def assert_still_works(r, before):
-    assert counters(r) == before, (counters(r), before)
-    ptrs = [r.allocate(1000) for _ in range(3)]
-    assert len(set(ptrs)) == 3 and all(p % 256 == 0 for p in ptrs), ptrs
-    for p in ptrs:
-        r.deallocate(p, 1000)
-    assert counters(r) == before, (counters(r), before)
+MAKE = make_resources(os.path.join(tempfile.mkdtemp(), "log.csv"))
 """
 
 FREE_PATTERN = r"0x[0-9a-f]+.*(not allocated|did not allocate|freed|double free|unknown)"
