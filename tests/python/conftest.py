@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
 
 import pytest
 import rrmm
@@ -91,3 +93,22 @@ def run_in_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProces
 def child():
     """``child(code, timeout=60)``: see ``run_in_child``."""
     return run_in_child
+
+
+def run_threads(count: int, work: Callable[[int], None]) -> None:
+    """Runs ``work(t)`` on ``count`` threads and re-raises the first failure."""
+    errors: list[BaseException] = []
+
+    def guarded(t: int) -> None:
+        try:
+            work(t)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]

@@ -4,10 +4,10 @@ exhaustion as MemoryError with RMM's message, bogus frees, several threads."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 import rrmm
+from conftest import run_threads
 from rrmm import mr
 from rrmm.pylibrmm.stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM
 
@@ -102,35 +102,26 @@ def test_device_buffer_over_arena_over_system_memory():
 
 def test_several_threads_share_one_arena(sim_mr):
     a = mr.ArenaMemoryResource(sim_mr, arena_size=64 * MIB)
-    errors: list[BaseException] = []
     seen: list[set[int]] = []
 
     def work(t: int) -> None:
-        try:
-            live = []
-            mine = set()
-            for i in range(400):
-                if len(live) < 16 and (i % 3 or not live):
-                    n = 256 + (i * 7919 + t * 104729) % (256 << 10)
-                    p = a.allocate(n, PER_THREAD_DEFAULT_STREAM)
-                    assert p % 256 == 0
-                    live.append((p, n))
-                    mine.add(p)
-                else:
-                    p, n = live.pop(i % len(live))
-                    a.deallocate(p, n, PER_THREAD_DEFAULT_STREAM)
-            for p, n in live:
+        live = []
+        mine = set()
+        for i in range(400):
+            if len(live) < 16 and (i % 3 or not live):
+                n = 256 + (i * 7919 + t * 104729) % (256 << 10)
+                p = a.allocate(n, PER_THREAD_DEFAULT_STREAM)
+                assert p % 256 == 0
+                live.append((p, n))
+                mine.add(p)
+            else:
+                p, n = live.pop(i % len(live))
                 a.deallocate(p, n, PER_THREAD_DEFAULT_STREAM)
-            seen.append(mine)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+        for p, n in live:
+            a.deallocate(p, n, PER_THREAD_DEFAULT_STREAM)
+        seen.append(mine)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    run_threads(8, work)
     assert len(seen) == 8
     assert a.free_bytes() == 64 * MIB
     # Each thread had its own arena: no address was handed to two threads.

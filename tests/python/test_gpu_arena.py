@@ -4,14 +4,9 @@ PyTorch hooks over an arena. Skipped without a CUDA driver and device."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-import threading
-
 import pytest
 import rrmm
+from conftest import run_in_child, run_threads
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.stream import PER_THREAD_DEFAULT_STREAM, Stream
 
@@ -54,32 +49,22 @@ def test_device_buffer_round_trip(arena):
 
 @pytest.mark.parametrize("ptds", [False, True], ids=["own_streams", "per_thread_default"])
 def test_threads_write_and_check_their_patterns(arena, ptds):
-    errors: list[BaseException] = []
-
     def work(t: int) -> None:
-        try:
-            stream = PER_THREAD_DEFAULT_STREAM if ptds else Stream(flags=1)
-            live = []
-            for i in range(200):
-                if len(live) < 8 and i % 3:
-                    n = 256 + (i * 7919 + t * 104729) % (2 * MIB)
-                    pattern = bytes([(t * 16 + i) % 251 + 1]) * n
-                    live.append((rrmm.DeviceBuffer.to_device(pattern, stream=stream), pattern))
-                elif live:
-                    buf, pattern = live.pop(i % len(live))
-                    assert buf.tobytes(stream=stream) == pattern, f"thread {t}: corrupted"
-            for buf, pattern in live:
-                assert buf.tobytes(stream=stream) == pattern
-            stream.synchronize()
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+        stream = PER_THREAD_DEFAULT_STREAM if ptds else Stream(flags=1)
+        live = []
+        for i in range(200):
+            if len(live) < 8 and i % 3:
+                n = 256 + (i * 7919 + t * 104729) % (2 * MIB)
+                pattern = bytes([(t * 16 + i) % 251 + 1]) * n
+                live.append((rrmm.DeviceBuffer.to_device(pattern, stream=stream), pattern))
+            elif live:
+                buf, pattern = live.pop(i % len(live))
+                assert buf.tobytes(stream=stream) == pattern, f"thread {t}: corrupted"
+        for buf, pattern in live:
+            assert buf.tobytes(stream=stream) == pattern
+        stream.synchronize()
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    run_threads(16, work)
     assert arena.free_bytes() == 256 * MIB
 
 
@@ -112,14 +97,6 @@ def test_torch_over_an_arena():
     b = torch.randn(256, 128)
     assert torch.allclose((a.cuda() @ b.cuda()).cpu(), a @ b, rtol=1e-3, atol=1e-3)
     assert arena.free_bytes() < 256 << 20
-    print("ok")
+    print("CHILD OK")
     """
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+    run_in_child(code, timeout=240)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
-import textwrap
-import threading
 from collections.abc import Callable
 
 import pytest
 import rrmm
+from conftest import run_in_child, run_threads
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.stream import PER_THREAD_DEFAULT_STREAM, Stream
 
@@ -35,25 +32,6 @@ NON_BLOCKING = 1
 
 def rounds(n: int) -> int:
     return max(20, n * PERCENT // 100)
-
-
-def run_threads(count: int, work: Callable[[int], None]) -> None:
-    """Runs ``work(t)`` on ``count`` threads and re-raises the first failure."""
-    errors: list[BaseException] = []
-
-    def guarded(t: int) -> None:
-        try:
-            work(t)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(count)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
 
 
 def pattern(t: int, i: int, n: int) -> bytes:
@@ -228,14 +206,6 @@ def test_torch_hook_from_threads_on_their_streams() -> None:
             th.join()
         assert not errors, errors
         torch.cuda.synchronize()
-    print("ok")
+    print("CHILD OK")
     """
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+    run_in_child(code, timeout=600)
