@@ -28,14 +28,12 @@
 #![deny(unsafe_code)]
 
 use super::free_list::{AddressMap, Block, Found, FreeList};
+use super::size_classes::{
+    class_at_least, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
+};
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
 
-const GRANULE_SHIFT: u32 = 8;
-const SL_BITS: u32 = 5;
-const SL_COUNT: usize = 1 << SL_BITS;
-/// First-level classes: sizes up to 2^64 in 256-byte granules.
-const FL_COUNT: usize = (usize::BITS - GRANULE_SHIFT - SL_BITS + 1) as usize;
 /// How many blocks of the request's own size class `take` looks at for a fit.
 pub(crate) const EXACT_CLASS_SCAN: usize = 4;
 
@@ -61,75 +59,20 @@ struct Node {
     state: State,
 }
 
-/// The size classes of one stream.
+/// The size classes of one stream: which are non-empty, and the first free block of each.
 #[derive(Debug)]
 struct Classes {
-    fl_bitmap: u64,
-    sl_bitmaps: [u32; FL_COUNT],
+    map: ClassMap,
     heads: Vec<u32>,
 }
 
 impl Classes {
     fn new() -> Self {
         Classes {
-            fl_bitmap: 0,
-            sl_bitmaps: [0; FL_COUNT],
-            heads: vec![NIL; FL_COUNT * SL_COUNT],
+            map: ClassMap::default(),
+            heads: vec![NIL; CLASSES],
         }
     }
-
-    /// The first class at or above (fl, sl) with a block.
-    #[inline]
-    fn find_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
-        let sl_map = self.sl_bitmaps[fl] & (!0u32 << sl);
-        if sl_map != 0 {
-            return Some((fl, sl_map.trailing_zeros() as usize));
-        }
-        let fl_map = self.fl_bitmap & (!0u64).checked_shl(fl as u32 + 1).unwrap_or(0);
-        if fl_map == 0 {
-            return None;
-        }
-        let f = fl_map.trailing_zeros() as usize;
-        Some((f, self.sl_bitmaps[f].trailing_zeros() as usize))
-    }
-
-    /// The highest non-empty class.
-    fn highest(&self) -> Option<(usize, usize)> {
-        if self.fl_bitmap == 0 {
-            return None;
-        }
-        let f = 63 - self.fl_bitmap.leading_zeros() as usize;
-        Some((f, 31 - self.sl_bitmaps[f].leading_zeros() as usize))
-    }
-}
-
-/// The size class holding blocks of `size` bytes (a multiple of 256, at least 256).
-#[inline]
-fn class_of(size: usize) -> (usize, usize) {
-    class_of_granules(size >> GRANULE_SHIFT)
-}
-
-/// The size class of blocks of `u` granules of 256 bytes.
-#[inline]
-fn class_of_granules(u: usize) -> (usize, usize) {
-    if u < SL_COUNT {
-        (0, u)
-    } else {
-        let f = usize::BITS - 1 - u.leading_zeros();
-        ((f - SL_BITS + 1) as usize, (u >> (f - SL_BITS)) - SL_COUNT)
-    }
-}
-
-/// The smallest class whose every block is at least `size` bytes; `None` when there is none.
-#[inline]
-fn search_class(size: usize) -> Option<(usize, usize)> {
-    let mut u = size >> GRANULE_SHIFT;
-    if u >= SL_COUNT {
-        let f = usize::BITS - 1 - u.leading_zeros();
-        u = u.checked_add((1usize << (f - SL_BITS)) - 1)?;
-    }
-    let (fl, sl) = class_of_granules(u);
-    (fl < FL_COUNT).then_some((fl, sl))
 }
 
 /// One coalescing good-fit free list, with the blocks allocated through it.
@@ -211,12 +154,11 @@ impl CoalescingFreeList {
     /// Puts node `i` into its size class, as free.
     #[inline]
     fn link(&mut self, i: u32) {
-        let (fl, sl) = class_of(self.nodes[i as usize].size);
-        let slot = fl * SL_COUNT + sl;
+        let class = class_of_bytes(self.nodes[i as usize].size);
+        let slot = index(class);
         let head = self.classes.heads[slot];
         self.classes.heads[slot] = i;
-        self.classes.fl_bitmap |= 1 << fl;
-        self.classes.sl_bitmaps[fl] |= 1 << sl;
+        self.classes.map.mark(class);
         if head != NIL {
             self.nodes[head as usize].prev_free = i;
         }
@@ -239,14 +181,10 @@ impl CoalescingFreeList {
             self.nodes[n.next_free as usize].prev_free = n.prev_free;
         }
         if n.prev_free == NIL {
-            let (fl, sl) = class_of(n.size);
-            let classes = &mut self.classes;
-            classes.heads[fl * SL_COUNT + sl] = n.next_free;
+            let class = class_of_bytes(n.size);
+            self.classes.heads[index(class)] = n.next_free;
             if n.next_free == NIL {
-                classes.sl_bitmaps[fl] &= !(1 << sl);
-                if classes.sl_bitmaps[fl] == 0 {
-                    classes.fl_bitmap &= !(1 << fl);
-                }
+                self.classes.map.clear(class);
             }
         }
         self.free_bytes -= n.size;
@@ -354,8 +292,7 @@ impl CoalescingFreeList {
     #[inline]
     fn candidate(&self, size: usize) -> Option<u32> {
         let classes = &self.classes;
-        let (fl, sl) = class_of(size);
-        let mut i = classes.heads[fl * SL_COUNT + sl];
+        let mut i = classes.heads[index(class_of_bytes(size))];
         let mut looked = 0;
         while i != NIL && looked < EXACT_CLASS_SCAN {
             let n = &self.nodes[i as usize];
@@ -365,9 +302,10 @@ impl CoalescingFreeList {
             i = n.next_free;
             looked += 1;
         }
-        let (fl, sl) = search_class(size)?;
-        let (fl, sl) = classes.find_from(fl, sl)?;
-        Some(classes.heads[fl * SL_COUNT + sl])
+        let class = classes
+            .map
+            .first_at_or_above(class_at_least(size >> GRANULE_SHIFT)?)?;
+        Some(classes.heads[index(class)])
     }
 
     /// Takes a free block of `size` out of the classes, split off; its node (not free).
@@ -388,19 +326,11 @@ impl CoalescingFreeList {
     /// Every free node id (the non-empty classes only, found through the bitmaps).
     fn all_free(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.free_blocks);
-        let mut fl_map = self.classes.fl_bitmap;
-        while fl_map != 0 {
-            let fl = fl_map.trailing_zeros() as usize;
-            fl_map &= fl_map - 1;
-            let mut sl_map = self.classes.sl_bitmaps[fl];
-            while sl_map != 0 {
-                let sl = sl_map.trailing_zeros() as usize;
-                sl_map &= sl_map - 1;
-                let mut i = self.classes.heads[fl * SL_COUNT + sl];
-                while i != NIL {
-                    out.push(i);
-                    i = self.nodes[i as usize].next_free;
-                }
+        for class in self.classes.map.marked() {
+            let mut i = self.classes.heads[index(class)];
+            while i != NIL {
+                out.push(i);
+                i = self.nodes[i as usize].next_free;
             }
         }
         out
@@ -411,8 +341,7 @@ impl CoalescingFreeList {
         if let Some(&i) = self.open_start.get(&block.addr) {
             return (self.is_free(i) && self.block(i) == block).then_some(i);
         }
-        let (fl, sl) = class_of(block.size);
-        let mut i = *self.classes.heads.get(fl * SL_COUNT + sl)?;
+        let mut i = *self.classes.heads.get(index(class_of_bytes(block.size)))?;
         while i != NIL {
             if self.block(i) == block {
                 return Some(i);
@@ -669,8 +598,8 @@ impl FreeList for CoalescingFreeList {
 
     fn largest_free_block(&self) -> usize {
         let mut largest = 0;
-        if let Some((fl, sl)) = self.classes.highest() {
-            let mut i = self.classes.heads[fl * SL_COUNT + sl];
+        if let Some(class) = self.classes.map.highest() {
+            let mut i = self.classes.heads[index(class)];
             while i != NIL {
                 largest = largest.max(self.nodes[i as usize].size);
                 i = self.nodes[i as usize].next_free;
@@ -692,16 +621,17 @@ impl CoalescingFreeList {
         let mut free_bytes = 0;
         let mut free_blocks = 0;
         let classes = &self.classes;
-        for fl in 0..FL_COUNT {
-            for sl in 0..SL_COUNT {
-                let head = classes.heads[fl * SL_COUNT + sl];
-                assert_eq!(head != NIL, classes.sl_bitmaps[fl] >> sl & 1 == 1);
+        use super::size_classes::{POWERS, STEPS};
+        for fl in 0..POWERS {
+            for sl in 0..STEPS {
+                let head = classes.heads[index((fl, sl))];
+                assert_eq!(head != NIL, classes.map.is_marked((fl, sl)));
                 let mut prev = NIL;
                 let mut i = head;
                 while i != NIL {
                     let n = &self.nodes[i as usize];
                     assert_eq!(n.state, State::Free);
-                    assert_eq!(class_of(n.size), (fl, sl));
+                    assert_eq!(class_of_bytes(n.size), (fl, sl));
                     assert_eq!(n.prev_free, prev);
                     free_bytes += n.size;
                     free_blocks += 1;
@@ -709,10 +639,7 @@ impl CoalescingFreeList {
                     i = n.next_free;
                 }
             }
-            assert_eq!(
-                classes.sl_bitmaps[fl] != 0,
-                classes.fl_bitmap >> fl & 1 == 1
-            );
+            assert!(classes.map.power_consistent(fl));
         }
         assert_eq!(
             (free_bytes, free_blocks),
@@ -931,24 +858,6 @@ mod tests {
                 lists[0].check_invariants();
             }
         }
-    }
-
-    #[test]
-    fn classes_are_monotone_and_search_class_fits() {
-        let mut last = (0, 0);
-        for u in 1..300usize {
-            let c = class_of(u * 256);
-            assert!(c >= last, "class of {u} granules went down");
-            last = c;
-            // Every size in the search class is >= the request.
-            let (fl, sl) = search_class(u * 256).unwrap();
-            for v in 1..u {
-                assert!(class_of(v * 256) < (fl, sl) || (fl, sl) == class_of(v * 256) && v >= u);
-            }
-        }
-        assert_eq!(class_of(256), (0, 1));
-        assert_eq!(class_of(32 * 256), (1, 0));
-        assert!(search_class(usize::MAX & !255).is_none());
     }
 
     #[test]

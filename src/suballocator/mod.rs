@@ -19,6 +19,7 @@ mod free_list;
 mod growth;
 mod pool;
 pub mod pool_stats;
+mod size_classes;
 pub mod snapshot;
 pub mod stream_events;
 mod stream_list;

@@ -17,15 +17,11 @@
 //! So the owner of a region finds its first range (and whether the region is wholly free) with
 //! no lookup.
 
+use super::super::size_classes::{
+    class_at_least, class_of, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
+};
 use crate::live::AddressMap;
 
-/// Bits of a granule (256 bytes, the allocation alignment).
-const GRANULE_SHIFT: u32 = 8;
-/// Bits of the steps each power of two is split into.
-const STEP_BITS: u32 = 5;
-const STEPS: usize = 1 << STEP_BITS;
-/// Powers of two of granules (the first one holds every size below `STEPS` granules).
-const POWERS: usize = (usize::BITS - GRANULE_SHIFT - STEP_BITS + 1) as usize;
 /// Ranges of the request's own class that [`RangeHeap::take`] looks at.
 pub(super) const OWN_CLASS_LOOKS: usize = 4;
 
@@ -57,30 +53,6 @@ struct Node {
     next_in_class: u32,
 }
 
-/// The size class of a range of `granules` 256-byte granules: (power, step).
-#[inline]
-fn class_of(granules: usize) -> (usize, usize) {
-    if granules < STEPS {
-        (0, granules)
-    } else {
-        let top = usize::BITS - 1 - granules.leading_zeros();
-        let shift = top - STEP_BITS;
-        ((shift + 1) as usize, (granules >> shift) - STEPS)
-    }
-}
-
-/// The smallest class whose every range holds at least `granules`; `None` past the last class.
-#[inline]
-fn class_at_least(granules: usize) -> Option<(usize, usize)> {
-    let mut g = granules;
-    if g >= STEPS {
-        let shift = usize::BITS - 1 - g.leading_zeros() - STEP_BITS;
-        g = g.checked_add((1 << shift) - 1)?;
-    }
-    let (power, step) = class_of(g);
-    (power < POWERS).then_some((power, step))
-}
-
 /// A range taken by [`RangeHeap::take`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Taken {
@@ -108,11 +80,9 @@ pub(super) enum GiveBack {
 pub(super) struct RangeHeap {
     nodes: Vec<Node>,
     spare: Vec<u32>,
-    /// Bit `p`: power `p` has a non-empty class.
-    powers: u64,
-    /// Bit `s` of entry `p`: class (p, s) is non-empty.
-    steps: [u32; POWERS],
-    /// The first free range of every class (`power * STEPS + step`).
+    /// The non-empty classes.
+    classes: ClassMap,
+    /// The first free range of every class (by `size_classes::index`).
     heads: Vec<u32>,
     /// Taken ranges by start address.
     taken: AddressMap<usize, u32>,
@@ -125,9 +95,8 @@ impl Default for RangeHeap {
         RangeHeap {
             nodes: Vec::new(),
             spare: Vec::new(),
-            powers: 0,
-            steps: [0; POWERS],
-            heads: vec![NONE; POWERS * STEPS],
+            classes: ClassMap::default(),
+            heads: vec![NONE; CLASSES],
             taken: AddressMap::default(),
             free_bytes: 0,
             free_ranges: 0,
@@ -173,8 +142,8 @@ impl RangeHeap {
     #[inline]
     fn push_free(&mut self, i: u32) {
         let len = self.nodes[i as usize].len;
-        let (power, step) = class_of(len >> GRANULE_SHIFT);
-        let slot = power * STEPS + step;
+        let class = class_of_bytes(len);
+        let slot = index(class);
         let first = self.heads[slot];
         if first != NONE {
             self.nodes[first as usize].prev_in_class = i;
@@ -184,8 +153,7 @@ impl RangeHeap {
         node.prev_in_class = NONE;
         node.next_in_class = first;
         self.heads[slot] = i;
-        self.powers |= 1 << power;
-        self.steps[power] |= 1 << step;
+        self.classes.mark(class);
         self.free_bytes += len;
         self.free_ranges += 1;
     }
@@ -205,13 +173,10 @@ impl RangeHeap {
         if prev != NONE {
             self.nodes[prev as usize].next_in_class = next;
         } else {
-            let (power, step) = class_of(len >> GRANULE_SHIFT);
-            self.heads[power * STEPS + step] = next;
+            let class = class_of_bytes(len);
+            self.heads[index(class)] = next;
             if next == NONE {
-                self.steps[power] &= !(1 << step);
-                if self.steps[power] == 0 {
-                    self.powers &= !(1 << power);
-                }
+                self.classes.clear(class);
             }
         }
         self.free_bytes -= len;
@@ -222,8 +187,7 @@ impl RangeHeap {
     #[inline]
     fn fit(&self, need: usize) -> Option<u32> {
         let granules = need >> GRANULE_SHIFT;
-        let (power, step) = class_of(granules);
-        let mut i = self.heads[power * STEPS + step];
+        let mut i = self.heads[index(class_of(granules))];
         for _ in 0..OWN_CLASS_LOOKS {
             if i == NONE {
                 break;
@@ -234,19 +198,8 @@ impl RangeHeap {
             }
             i = node.next_in_class;
         }
-        let (power, step) = class_at_least(granules)?;
-        let in_power = self.steps[power] & (!0u32 << step);
-        let (power, step) = if in_power != 0 {
-            (power, in_power.trailing_zeros() as usize)
-        } else {
-            let above = self.powers & (!0u64).checked_shl(power as u32 + 1).unwrap_or(0);
-            if above == 0 {
-                return None;
-            }
-            let p = above.trailing_zeros() as usize;
-            (p, self.steps[p].trailing_zeros() as usize)
-        };
-        Some(self.heads[power * STEPS + step])
+        let class = self.classes.first_at_or_above(class_at_least(granules)?)?;
+        Some(self.heads[index(class)])
     }
 
     /// Adds the free region `[start, start + len)` (a multiple of 256 bytes, at least 256) as
@@ -421,13 +374,11 @@ impl RangeHeap {
     /// # Time Complexity
     /// O(ranges of the highest non-empty class).
     pub(super) fn largest_free(&self) -> usize {
-        if self.powers == 0 {
+        let Some(class) = self.classes.highest() else {
             return 0;
-        }
-        let power = 63 - self.powers.leading_zeros() as usize;
-        let step = 31 - self.steps[power].leading_zeros() as usize;
+        };
         let mut largest = 0;
-        let mut i = self.heads[power * STEPS + step];
+        let mut i = self.heads[index(class)];
         while i != NONE {
             largest = largest.max(self.nodes[i as usize].len);
             i = self.nodes[i as usize].next_in_class;
@@ -457,16 +408,17 @@ impl RangeHeap {
     /// one region; no two free neighbours; every free range in the class its length says, the
     /// bitmaps and counters matching; taken ranges exactly the map's.
     pub(super) fn check(&self) {
+        use super::super::size_classes::{POWERS, STEPS};
         let (mut bytes, mut count) = (0, 0);
         for power in 0..POWERS {
             for step in 0..STEPS {
                 let mut prev = NONE;
-                let mut i = self.heads[power * STEPS + step];
-                assert_eq!(i != NONE, self.steps[power] >> step & 1 == 1);
+                let mut i = self.heads[index((power, step))];
+                assert_eq!(i != NONE, self.classes.is_marked((power, step)));
                 while i != NONE {
                     let n = &self.nodes[i as usize];
                     assert_eq!(n.state, State::Free);
-                    assert_eq!(class_of(n.len >> GRANULE_SHIFT), (power, step));
+                    assert_eq!(class_of_bytes(n.len), (power, step));
                     assert_eq!(n.prev_in_class, prev);
                     bytes += n.len;
                     count += 1;
@@ -474,7 +426,7 @@ impl RangeHeap {
                     i = n.next_in_class;
                 }
             }
-            assert_eq!(self.steps[power] != 0, self.powers >> power & 1 == 1);
+            assert!(self.classes.power_consistent(power));
         }
         assert_eq!((bytes, count), (self.free_bytes, self.free_ranges));
         let mut taken = 0;
@@ -506,21 +458,6 @@ mod tests {
     use super::*;
 
     const KIB: usize = 1024;
-
-    #[test]
-    fn classes_cover_every_size_once_and_searches_round_up() {
-        assert_eq!(class_of(1), (0, 1));
-        assert_eq!(class_of(31), (0, 31));
-        assert_eq!(class_of(32), (1, 0));
-        assert_eq!(class_of(63), (1, 31));
-        assert_eq!(class_of(64), (2, 0));
-        assert_eq!(class_of(65), (2, 0));
-        assert_eq!(class_of(66), (2, 1));
-        assert_eq!(class_at_least(65), Some((2, 1)));
-        assert_eq!(class_at_least(64), Some((2, 0)));
-        assert_eq!(class_of(usize::MAX >> GRANULE_SHIFT).0, POWERS - 1);
-        assert_eq!(class_at_least(usize::MAX >> GRANULE_SHIFT), None);
-    }
 
     #[test]
     fn take_splits_and_give_back_merges_both_sides_within_a_region() {
