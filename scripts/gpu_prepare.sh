@@ -7,12 +7,14 @@
 #   .gpu/bench/cuda_async_overhead  cuda_async's cost split, rrmm vs driver (benches/cuda_async_overhead.rs)
 #   .whl/*.whl               RMM 26.10 (rmm-cu13, librmm-cu13, rapids-logger 0.3), the reference
 #   .whl-dask/*.whl          dask, distributed, dask-cuda and what the GPU image lacks of their needs
+#   .w9/                     rapids-singlecell's Harmony (W8/W9): the Harmony subpackage, its CUDA
+#                            extensions and _utils, taken from the rapids-singlecell-cu13 wheel
 #   .rmm-tests/              RMM's own Python tests (python/rmm/rmm/tests of rapidsai/rmm 26.10),
 #                            copied from a checkout given as $RMM_SRC; never committed
-# Usage: scripts/gpu_prepare.sh [wheel] [rust] [bench] [rmm] [dask] [rmmtests]  (default: all)
+# Usage: scripts/gpu_prepare.sh [wheel] [rust] [bench] [rmm] [dask] [w9] [rmmtests]  (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${*:-wheel rust bench rmm dask rmmtests}"
+STEPS="${*:-wheel rust bench rmm dask w9 rmmtests}"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 PIP_PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -70,6 +72,19 @@ if has dask; then
     importlib-metadata zipp pynvml
 fi
 
+if has w9; then
+  # Only what rapids_singlecell.preprocessing._harmony imports (the whole wheel is 22 MB, over
+  # what a GPU call carries beside the rest); benches/gpu/w8_w9.py loads it without the package
+  # __init__ (which needs cuML).
+  tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps "${PIP_PLATFORM[@]}" -d "$tmp" "rapids-singlecell-cu13==0.18.*"
+  (cd "$tmp" && python3 -m zipfile -e rapids_singlecell*.whl x)
+  rm -rf .w9 && mkdir -p .w9
+  (cd "$tmp/x" && cp --parents rapids_singlecell/_cuda/__init__.py rapids_singlecell/_cuda/_harmony*.so \
+     rapids_singlecell/_utils/*.py rapids_singlecell/preprocessing/_harmony/*.py "$OLDPWD/.w9/")
+  rm -rf "$tmp"
+fi
+
 if has rmmtests; then
   if [ -n "${RMM_SRC:-}" ]; then
     rm -rf .rmm-tests && mkdir -p .rmm-tests
@@ -78,4 +93,4 @@ if has rmmtests; then
     echo "rmmtests: set RMM_SRC to a checkout of rapidsai/rmm (branch-26.10) to copy its tests"
   fi
 fi
-du -sh .gpu .whl .whl-dask .rmm-tests 2>/dev/null || true
+du -sh .gpu .whl .whl-dask .w9 .rmm-tests 2>/dev/null || true
