@@ -1,4 +1,5 @@
-"""Command line: ``python -m rrmm info`` and ``python -m rrmm replay`` (also the ``rrmm`` command)."""
+"""Command line: ``python -m rrmm info``, ``replay`` and ``snapshot view`` (also the ``rrmm``
+command)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error = one_line_error  # type: ignore[method-assign]
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from rrmm import _cli_info, _cli_replay
+    from rrmm import _cli_info, _cli_replay, _cli_snapshot
 
     _cli_info.add_parser(sub)
     _cli_replay.add_parser(sub)
+    _cli_snapshot.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 

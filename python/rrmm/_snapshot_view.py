@@ -1,0 +1,484 @@
+"""A memory snapshot as one self-contained HTML page: the active-memory timeline of its
+allocation history and its segments with their blocks and holes (``rrmm snapshot view``).
+
+Reads what PyTorch's memory tools read: ``rrmm.memory_snapshot()`` and
+``torch.cuda.memory._snapshot()`` dicts (``{"segments": [...], "device_traces": [[...]]}``),
+saved with ``pickle`` or as JSON. A log of RMM's or rrmm's logging adaptor is replayed through
+a pool on simulated memory first, so it becomes a snapshot with a history too. The page needs
+no network and no PyTorch: SVG with tooltips, no script.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import io
+import json
+import math
+import pickle
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["load_snapshot", "render_html", "snapshot_from_log", "write_html"]
+
+#: Allocations drawn as their own band in the timeline (the largest); the rest form one band.
+MAX_BANDS = 1200
+#: Columns of the timeline (events are bucketed into this many).
+TIMELINE_COLUMNS = 1400
+#: Points of band outlines in the timeline at most (about 40 bytes each in the page).
+MAX_POINTS = 60_000
+#: Segments drawn (the largest); the rest are counted.
+MAX_SEGMENTS = 120
+_ALLOC_ACTIONS = ("alloc",)
+_FREE_ACTIONS = ("free_completed", "free")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only (dicts, lists, strings, numbers): a snapshot file cannot make
+    this process run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"a snapshot holds plain data only; {module}.{name} is not allowed"
+        )
+
+
+def load_snapshot(path: str) -> dict[str, Any]:
+    """Reads a snapshot (pickle or JSON) or a logging adaptor's CSV log (``.csv``, ``.csv.gz``:
+    replayed with :func:`snapshot_from_log`).
+
+    Raises ValueError for a file that is none of these.
+    """
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:2] == b"\x1f\x8b" or path.endswith((".csv", ".csv.gz")):
+        opener = gzip.open if head[:2] == b"\x1f\x8b" else open
+        with opener(path, "rt", newline="") as text:
+            return snapshot_from_log(text)
+    with open(path, "rb") as f:
+        data = f.read()
+    snapshot: Any
+    if data[:1] == b"\x80":
+        try:
+            snapshot = _PlainUnpickler(io.BytesIO(data)).load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as error:
+            raise ValueError(f"{path}: not a memory snapshot ({error})") from None
+    else:
+        try:
+            snapshot = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"{path}: not a memory snapshot (pickle or JSON) or a CSV log ({error})"
+            ) from None
+    if not isinstance(snapshot, dict) or not (
+        "segments" in snapshot or "device_traces" in snapshot
+    ):
+        raise ValueError(f"{path}: not a memory snapshot (no 'segments' or 'device_traces')")
+    return snapshot
+
+
+def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50) -> dict[str, Any]:
+    """Replays a logging adaptor's CSV log (``Thread,Time,Action,Pointer,Size,Stream``) through
+    a pool on a simulated device of ``simulate`` bytes, recording each allocation and free, and
+    returns the snapshot taken at the peak of bytes in use, with the whole history.
+
+    Pointers in the log are keys; the addresses shown are the pool's. Failed allocations in the
+    log are recorded as ``oom`` entries. Raises ValueError for a line that is not a log row.
+    """
+    import csv
+
+    from rrmm import _rrmm, mr
+
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header[:6]] != [
+        "Thread", "Time", "Action", "Pointer", "Size", "Stream"
+    ]:
+        raise ValueError("not a logging adaptor's log: its header must be "
+                         "Thread,Time,Action,Pointer,Size,Stream")
+    rows: list[tuple[int, str, str, int, int]] = []  # (line, action, key, size, stream)
+    for number, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        try:
+            action, key, size = row[2].strip(), row[3].strip(), int(row[4])
+            stream = row[5].strip()
+            stream_id = int(stream, 16) if stream else 0
+        except (IndexError, ValueError):
+            raise ValueError(f"line {number}: not a log row: {','.join(row)[:80]!r}") from None
+        if action not in ("allocate", "free", "allocate failure"):
+            raise ValueError(f"line {number}: unknown action {action!r}")
+        rows.append((number, action, key, size, stream_id))
+    # First pass: where the bytes in use peak (the segments are shown there).
+    sizes: dict[str, int] = {}
+    in_use = peak = 0
+    peak_at = -1
+    for i, (_, action, key, size, _) in enumerate(rows):
+        if action == "allocate" and size > 0:
+            sizes[key] = size
+            in_use += size
+            if in_use > peak:
+                peak, peak_at = in_use, i
+        elif action == "free" and key in sizes:
+            in_use -= sizes.pop(key)
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(simulate), initial_pool_size=0)
+    live: dict[str, tuple[int, int]] = {}
+    traces: list[dict[str, Any]] = []
+    segments: Any = []
+    for i, (number, action, key, size, stream_id) in enumerate(rows):
+        if action == "allocate" and size > 0:
+            address = pool.allocate(size)
+            live[key] = (address, size)
+            traces.append({"action": "alloc", "addr": address, "size": size,
+                           "stream": stream_id, "frames": [], "line": number})
+        elif action == "free" and key in live:
+            address, size = live.pop(key)
+            pool.deallocate(address, size)
+            traces.append({"action": "free_completed", "addr": address, "size": size,
+                           "stream": stream_id, "frames": [], "line": number})
+        elif action == "allocate failure":
+            traces.append({"action": "oom", "addr": 0, "size": size, "stream": stream_id,
+                           "frames": [], "line": number})
+        if i == peak_at:
+            segments = _rrmm._memory_snapshot(pool, 0) or []
+    for address, size in live.values():
+        pool.deallocate(address, size)
+    return {"segments": segments, "device_traces": [traces],
+            "rrmm": {"source": "log", "peak_bytes": peak, "segments_at": "peak"}}
+
+
+# ---------------------------------------------------------------- the timeline
+
+
+@dataclass
+class _Band:
+    """One allocation drawn in the timeline: its columns and its offset in each."""
+
+    address: int
+    size: int
+    start: int
+    frames: list[dict[str, Any]]
+    end: int | None = None
+    points: list[tuple[int, int]] = field(default_factory=list)  # (column, offset)
+
+
+@dataclass
+class Timeline:
+    """The active-memory timeline: allocations stacked in the order they were made; when one is
+    freed, those above it move down (PyTorch's memory_viz draws the same)."""
+
+    bands: list[_Band]
+    others: list[int]  # per column, bytes of the allocations not drawn on their own
+    totals: list[int]  # per column, bytes in use (the highest in the column)
+    columns: int
+    events: int
+    ooms: list[int]
+
+
+def build_timeline(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
+                   columns: int = TIMELINE_COLUMNS, max_points: int = MAX_POINTS) -> Timeline:
+    """Stacks the allocations of ``trace`` into bands (:func:`stack_bands`), with fewer bands
+    drawn on their own while their outlines would take more than ``max_points`` points (a page
+    of a few MiB at most)."""
+    while True:
+        tl = stack_bands(trace, max_bands, columns)
+        points = sum(len(b.points) for b in tl.bands)
+        if points <= max_points or max_bands <= 16:
+            return tl
+        max_bands //= 2
+
+
+def stack_bands(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
+                columns: int = TIMELINE_COLUMNS) -> Timeline:
+    """Stacks the allocations of ``trace`` (one device's trace entries) into bands.
+
+    The ``max_bands`` largest allocations are drawn; the rest form the band on top of them.
+    Events are bucketed into at most ``columns`` columns; each column shows the state after its
+    last event, and a band's offset is recorded only where it changes.
+    """
+    events = [e for e in trace if e.get("action") in (*_ALLOC_ACTIONS, *_FREE_ACTIONS, "oom")]
+    n = len(events)
+    columns = max(1, min(columns, n))
+    # Which allocations are drawn: the largest (by size), counted per (address, occurrence).
+    occurrence: dict[int, int] = {}
+    keyed: list[tuple[str, tuple[int, int], int]] = []
+    for e in events:
+        action, addr, size = e["action"], int(e.get("addr", 0)), int(e.get("size", 0))
+        if action in _ALLOC_ACTIONS:
+            k = occurrence.get(addr, 0)
+            occurrence[addr] = k + 1
+            keyed.append(("a", (addr, k), size))
+        elif action == "oom":
+            keyed.append(("o", (0, 0), size))
+        else:
+            k = occurrence.get(addr, 0) - 1
+            keyed.append(("f", (addr, k), size))
+    alloc_sizes = sorted((s for kind, _, s in keyed if kind == "a"), reverse=True)
+    threshold = alloc_sizes[max_bands - 1] if len(alloc_sizes) >= max_bands else 0
+    drawn_at_threshold = max_bands - sum(1 for s in alloc_sizes if s > threshold)
+
+    stack: list[_Band] = []  # drawn, live, bottom to top
+    live_drawn: dict[tuple[int, int], _Band] = {}
+    live_other: dict[tuple[int, int], int] = {}
+    bands: list[_Band] = []
+    others = [0] * columns
+    totals = [0] * columns
+    ooms: list[int] = []
+    other_bytes = drawn_bytes = 0
+    column_of = (lambda i: i * columns // n) if n else (lambda i: 0)
+    for i, (kind, key, size) in enumerate(keyed):
+        col = column_of(i)
+        if kind == "a":
+            draw = size > threshold or (size == threshold and drawn_at_threshold > 0)
+            if draw and size == threshold:
+                drawn_at_threshold -= 1
+            if draw:
+                band = _Band(key[0], size, col, events[i].get("frames") or [])
+                band.points.append((col, drawn_bytes))
+                stack.append(band)
+                live_drawn[key] = band
+                bands.append(band)
+                drawn_bytes += size
+            else:
+                live_other[key] = size
+                other_bytes += size
+        elif kind == "f":
+            band = live_drawn.pop(key, None)
+            if band is not None:
+                band.end = col
+                index = stack.index(band)
+                stack.pop(index)
+                drawn_bytes -= band.size
+                for above in stack[index:]:
+                    offset = above.points[-1][1] - band.size
+                    if above.points[-1][0] == col:
+                        above.points[-1] = (col, offset)
+                    else:
+                        above.points.append((col, offset))
+            elif key in live_other:
+                other_bytes -= live_other.pop(key)
+        else:
+            ooms.append(col)
+        others[col] = other_bytes
+        totals[col] = max(totals[col], drawn_bytes + other_bytes)
+    return Timeline(bands, others, totals, columns, n, ooms)
+
+
+# ---------------------------------------------------------------- rendering
+
+_PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+            "#ff9da7", "#9c755f", "#86bcb6", "#8cd17d", "#b6992d", "#499894", "#d37295",
+            "#a0cbe8", "#ffbe7d"]
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _frames_text(frames: Sequence[dict[str, Any]], limit: int = 12) -> str:
+    lines = [f"{f.get('filename', '?')}:{f.get('line', '?')} {f.get('name', '?')}"
+             for f in list(frames)[:limit]]
+    if len(frames) > limit:
+        lines.append(f"... {len(frames) - limit} more")
+    return "\n".join(lines)
+
+
+def _color(band: _Band, index: int) -> str:
+    """Bands with a stack are coloured by their innermost frame (the same code, the same colour);
+    bands without one alternate, so neighbours differ."""
+    if band.frames:
+        frame = band.frames[0]
+        key = f"{frame.get('filename', '')}:{frame.get('line', '')}"
+        return _PALETTE[sum(key.encode()) % len(_PALETTE)]
+    return _PALETTE[index % len(_PALETTE)]
+
+
+def _timeline_svg(tl: Timeline, width: int = 1400, height: int = 420) -> str:
+    peak = max(tl.totals, default=0) or 1
+    left, bottom, top = 70, 30, 10
+    plot_w, plot_h = width - left - 10, height - bottom - top
+    sx = plot_w / max(tl.columns, 1)
+    sy = plot_h / peak
+
+    def x(c: float) -> float:
+        return left + c * sx
+
+    def y(b: float) -> float:
+        return top + plot_h - b * sy
+
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'class="timeline" role="img" aria-label="active memory timeline">')]
+    for i in range(5):
+        b = peak * i / 4
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y(b):.1f}" y2="{y(b):.1f}" '
+                     f'class="grid"/><text x="{left - 6}" y="{y(b) + 4:.1f}" '
+                     f'class="axis" text-anchor="end">{_bytes(b)}</text>')
+    for index, band in enumerate(tl.bands):
+        end = band.end if band.end is not None else tl.columns
+        pts = band.points
+        upper: list[str] = []
+        lower: list[str] = []
+        for j, (c, off) in enumerate(pts):
+            c_next = pts[j + 1][0] if j + 1 < len(pts) else end + 1
+            if c_next <= c:
+                continue
+            lower += [f"{x(c):.1f},{y(off):.1f}", f"{x(c_next):.1f},{y(off):.1f}"]
+            upper += [f"{x(c):.1f},{y(off + band.size):.1f}",
+                      f"{x(c_next):.1f},{y(off + band.size):.1f}"]
+        if not lower:
+            continue
+        title = html.escape(f"{_bytes(band.size)} at {band.address:#x}\n" +
+                            _frames_text(band.frames))
+        parts.append(f'<polygon points="{" ".join(lower + upper[::-1])}" '
+                     f'fill="{_color(band, index)}" class="band"><title>{title}</title></polygon>')
+    # The band of the allocations not drawn on their own, on top of the drawn ones.
+    if any(tl.others):
+        drawn = [t - o for t, o in zip(tl.totals, tl.others)]
+        lower = [f"{x(c):.1f},{y(drawn[c]):.1f} {x(c + 1):.1f},{y(drawn[c]):.1f}"
+                 for c in range(tl.columns)]
+        upper = [f"{x(c + 1):.1f},{y(tl.totals[c]):.1f} {x(c):.1f},{y(tl.totals[c]):.1f}"
+                 for c in reversed(range(tl.columns))]
+        parts.append(f'<polygon points="{" ".join(lower + upper)}" class="others">'
+                     f'<title>smaller allocations, together</title></polygon>')
+    for c in tl.ooms:
+        parts.append(f'<line x1="{x(c):.1f}" x2="{x(c):.1f}" y1="{top}" y2="{top + plot_h}" '
+                     f'class="oom"><title>allocation failed</title></line>')
+    parts.append(f'<text x="{left}" y="{height - 8}" class="axis">event 0</text>'
+                 f'<text x="{width - 10}" y="{height - 8}" class="axis" text-anchor="end">'
+                 f'event {tl.events}</text></svg>')
+    return "".join(parts)
+
+
+def _segments_html(segments: Sequence[dict[str, Any]], width: int = 1100) -> str:
+    if not segments:
+        return '<p class="muted">No segments: the resource holds no pool.</p>'
+    shown = sorted(segments, key=lambda s: -int(s.get("total_size", 0)))[:MAX_SEGMENTS]
+    shown.sort(key=lambda s: int(s.get("address", 0)))
+    biggest = max(int(s.get("total_size", 0)) for s in shown) or 1
+    smallest = min(int(s.get("total_size", 0)) for s in shown) or 1
+    span = math.log2(biggest / smallest) if biggest > smallest else 1.0
+    rows = []
+    for seg in shown:
+        total = int(seg.get("total_size", 0))
+        base = int(seg.get("address", 0))
+        # Widths on a log scale (from a quarter of the page up), so small segments stay visible.
+        w = width * (0.25 + 0.75 * math.log2(max(total, 1) / smallest) / span)
+        rects = []
+        holes = []
+        for block in seg.get("blocks", []):
+            size = int(block.get("size", 0))
+            addr = int(block.get("address", base))
+            bx = (addr - base) * w / max(total, 1)
+            bw = max(0.5, size * w / max(total, 1))
+            allocated = str(block.get("state", "")).startswith("active")
+            if not allocated:
+                holes.append(size)
+            title = html.escape(
+                f"{'allocated' if allocated else 'free'} {_bytes(size)} at {addr:#x}"
+                + (f" (asked {_bytes(int(block.get('requested_size', 0)))})" if allocated
+                   else "")
+                + ("\n" + _frames_text(block.get("frames") or []) if block.get("frames")
+                   else "")
+            )
+            cls = "blk-alloc" if allocated else "blk-free"
+            rects.append(f'<rect x="{bx:.1f}" y="0" width="{bw:.1f}" height="18" '
+                         f'class="{cls}"><title>{title}</title></rect>')
+        free = sum(holes)
+        largest = max(holes, default=0)
+        frag = 0.0 if not free else 1 - largest / free
+        label = (f"{base:#x}: {_bytes(total)}, {_bytes(total - free)} allocated, "
+                 f"{_bytes(free)} free in {len(holes)} hole(s), largest {_bytes(largest)}, "
+                 f"fragmentation {frag:.3f}"
+                 + (", expandable" if seg.get("is_expandable") else ""))
+        rows.append(f'<div class="seg"><div class="seglabel">{html.escape(label)}</div>'
+                    f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 2:.0f}" height="20">'
+                    f'<rect x="0" y="0" width="{w:.1f}" height="18" class="segbg"/>'
+                    f'{"".join(rects)}</svg></div>')
+    more = len(segments) - len(shown)
+    if more > 0:
+        rows.append(f'<p class="muted">{more} smaller segment(s) not drawn.</p>')
+    return "".join(rows)
+
+
+_CSS = """
+body{font:14px system-ui,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:24px 0 8px}
+table.sum td{padding:2px 12px 2px 0} table.sum td:first-child{color:#555}
+.grid{stroke:#ddd;stroke-width:1} .axis{font-size:11px;fill:#555}
+.band:hover{opacity:.6}
+.others{fill:#c8c8c8} .oom{stroke:#d00;stroke-width:1.5;stroke-dasharray:4 3}
+.seg{margin:6px 0} .seglabel{font-size:12px;color:#333;margin-bottom:2px}
+.segbg{fill:#f3f3f3} .blk-alloc{fill:#4e79a7;stroke:#fff;stroke-width:.5}
+.blk-free{fill:#fbe3c0;stroke:#e0a040;stroke-width:.5} .muted{color:#777}
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
+vertical-align:middle}
+"""
+
+
+def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
+                device: int | None = None) -> str:
+    """The page for ``snapshot`` as one HTML string (no external resources).
+
+    ``device`` picks the trace of one device (default: the first with entries) and the segments
+    of that device (segments without a ``device`` key are shown for any device).
+    """
+    traces = snapshot.get("device_traces") or []
+    if device is None:
+        device = next((i for i, t in enumerate(traces) if t), 0)
+    trace = traces[device] if device < len(traces) else []
+    segments = [s for s in snapshot.get("segments") or []
+                if s.get("device", device) == device]
+    tl = build_timeline(trace)
+    reserved = sum(int(s.get("total_size", 0)) for s in segments)
+    allocated = sum(int(s.get("allocated_size", 0)) or sum(
+        int(b.get("size", 0)) for b in s.get("blocks", [])
+        if str(b.get("state", "")).startswith("active")) for s in segments)
+    holes = [int(b.get("size", 0)) for s in segments for b in s.get("blocks", [])
+             if not str(b.get("state", "")).startswith("active")]
+    free = sum(holes)
+    largest = max(holes, default=0)
+    rows = [
+        ("device", str(device)),
+        ("history", f"{tl.events} allocation/free event(s), {len(tl.ooms)} failed; "
+                    f"peak {_bytes(max(tl.totals, default=0))} in use"
+         if tl.events else "none recorded (rrmm.record_memory_history() records it)"),
+        ("segments", f"{len(segments)}, {_bytes(reserved)} held"),
+        ("allocated", _bytes(allocated)),
+        ("free in segments", (f"{_bytes(free)} in {len(holes)} hole(s), largest "
+                             f"{_bytes(largest)}, fragmentation "
+                             f"{0.0 if not free else 1 - largest / free:.3f}")),
+    ]
+    extra = snapshot.get("rrmm") or {}
+    if extra.get("source") == "log":
+        rows.append(("source", ("a logging adaptor's log, replayed through a pool on simulated "
+                               "memory; segments at the peak")))
+    summary = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                      for k, v in rows)
+    timeline = (_timeline_svg(tl) if tl.events else
+                '<p class="muted">No allocation history in this snapshot.</p>')
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><table class=\"sum\">{summary}</table>"
+        "<h2>Active memory over time</h2>"
+        "<p class=\"muted\">Each band is one allocation, stacked in the order they were made; "
+        "hover for its size, address and stack. Grey: smaller allocations together; red "
+        "dashes: failed allocations.</p>"
+        f"{timeline}<h2>Segments, blocks and holes</h2>"
+        "<p class=\"legend muted\"><span style=\"background:#4e79a7\"></span>allocated"
+        "<span style=\"background:#fbe3c0\"></span>free (a hole)</p>"
+        f"{_segments_html(segments)}</body></html>"
+    )
+
+
+def write_html(snapshot: dict[str, Any], path: str, title: str | None = None,
+               device: int | None = None) -> None:
+    """Writes :func:`render_html` of ``snapshot`` to ``path``."""
+    page = render_html(snapshot, title or "rrmm memory snapshot", device)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
