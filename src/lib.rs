@@ -23,7 +23,9 @@ mod current;
 mod device_buffer;
 mod error;
 pub mod live;
+pub mod os;
 pub mod replay;
+pub mod report;
 pub mod resource;
 pub mod suballocator;
 mod sync;
@@ -42,9 +44,10 @@ pub use current::{
 pub use device_buffer::DeviceBuffer;
 pub use error::{CallbackPayload, Error, Result};
 pub use live::LiveAllocations;
+pub use report::{Footprint, MemoryStats, PoolReport, SegmentInfo};
 pub use resource::{
     CallProfile, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource, MemoryKind,
     MemoryResource, PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource,
     SystemMemoryResource, ALLOCATION_ALIGNMENT,
 };

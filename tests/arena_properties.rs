@@ -187,7 +187,11 @@ fn check_everything_returns(mr: &ArenaMemoryResource) {
         ARENA,
         "superblocks back in the global arena"
     );
-    assert_eq!(mr.footprint().unwrap().free_blocks, 1, "one free range");
+    assert_eq!(
+        mr.report().unwrap().footprint().free_blocks,
+        1,
+        "one free range"
+    );
     let whole = mr.allocate(ARENA, Stream::PER_THREAD).unwrap();
     free(mr, whole, ARENA, stream(1)).unwrap();
 }

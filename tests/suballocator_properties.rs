@@ -345,8 +345,8 @@ proptest! {
             unsafe { mr.deallocate(addr, bytes, stream(0)) }.unwrap();
         }
         assert_eq!(big.free_bytes(), big.pool_size());
-        let held: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().held_bytes).sum();
-        let free: usize = mr.bins().iter().map(|(_, b)| b.footprint().unwrap().free_bytes).sum();
+        let held: usize = mr.bins().iter().map(|(_, b)| b.report().unwrap().footprint().held_bytes).sum();
+        let free: usize = mr.bins().iter().map(|(_, b)| b.report().unwrap().footprint().free_bytes).sum();
         assert_eq!(held, free);
     }
 }

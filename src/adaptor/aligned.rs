@@ -155,7 +155,7 @@ mod tests {
         unsafe { mr.deallocate(big2, 5000, Stream::DEFAULT) }.unwrap();
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(small, 10, Stream::DEFAULT) }.unwrap();
-        assert_eq!(up.footprint().unwrap().held_bytes, 0);
+        assert_eq!(up.report().unwrap().footprint().held_bytes, 0);
         assert!(AlignedResourceAdaptor::new(up, 3000, 0).is_err());
     }
 }

@@ -3,7 +3,7 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, footprint, memory_stats, memory_snapshot and call_profile) to `self.upstream`.
+/// memory_info, report and call_profile) to `self.upstream`, and names it as the one upstream.
 /// With `and OWN`, the call profile is the upstream's combined with the adaptor's own
 /// (`CallProfile::OWN`, for the work it adds to each call); with `no_profile`, the adaptor
 /// writes `call_profile` itself.
@@ -32,17 +32,11 @@ macro_rules! forward_upstream_info {
         fn memory_info(&self) -> Option<(usize, usize)> {
             self.upstream.memory_info()
         }
-        fn footprint(&self) -> Option<$crate::Footprint> {
-            self.upstream.footprint()
+        fn report(&self) -> Option<&dyn $crate::report::PoolReport> {
+            self.upstream.report()
         }
-        fn memory_stats(&self) -> Option<$crate::suballocator::MemoryStats> {
-            self.upstream.memory_stats()
-        }
-        fn reset_peak_memory_stats(&self) -> bool {
-            self.upstream.reset_peak_memory_stats()
-        }
-        fn memory_snapshot(&self) -> Option<Vec<$crate::suballocator::SegmentInfo>> {
-            self.upstream.memory_snapshot()
+        fn upstreams(&self) -> Vec<$crate::SharedResource> {
+            vec![self.upstream.clone()]
         }
     };
 }

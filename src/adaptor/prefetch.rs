@@ -74,7 +74,7 @@ mod tests {
         assert_send_sync::<PrefetchResourceAdaptor>();
         let mr = PrefetchResourceAdaptor::new(simulated());
         let p = mr.allocate(1000, Stream::DEFAULT).unwrap();
-        assert_eq!(mr.footprint().unwrap().held_bytes, 1024);
+        assert_eq!(mr.report().unwrap().footprint().held_bytes, 1024);
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(p, 1000, Stream::DEFAULT) }.unwrap();
         assert_eq!(mr.upstream().name(), "simulated");

@@ -9,14 +9,13 @@ use crate::resource::{
     SimulatedMemoryResource as RsSimulated, SystemMemoryResource as RsSystem,
 };
 use crate::{CheckedResourceAdaptor, MemoryResource, SharedResource};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg};
 use super::errors::{callback_error, py_result};
 use super::gil::CallProfile;
-use super::pointers;
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
@@ -197,9 +196,14 @@ impl SimulatedMemoryResource {
     #[new]
     fn new(size: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
+        if size > crate::resource::MAX_SIMULATED_SIZE {
+            return Err(PyValueError::new_err(format!(
+                "size: {size} bytes is larger than a simulated device can be ({} bytes)",
+                crate::resource::MAX_SIMULATED_SIZE
+            )));
+        }
+        // Copy paths refuse its addresses (above every host address; nothing is behind them).
         let sim = Arc::new(RsSimulated::new(size));
-        // Copy paths refuse pointers into its range (nothing is behind them).
-        pointers::register_simulated(&sim);
         Ok(sub(
             SimulatedMemoryResource { sim: sim.clone() },
             sim,

@@ -2,6 +2,7 @@
 
 use crate::cuda::Stream as RawStream;
 use crate::device_buffer::copy_bytes;
+use crate::os::host_memory::Access;
 use crate::resource::{MemoryKind, SharedResource};
 use crate::DeviceBuffer as RsBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -184,7 +185,7 @@ impl PyDeviceBuffer {
         let (raw, stream) = stream.resolve(py)?;
         let (mr, shared) = Self::resource_of(py, mr)?;
         if ptr != 0 {
-            py_result(pointers::check_user_range("ptr", ptr, size))?;
+            py_result(pointers::check_user_range("ptr", ptr, size, Access::Read))?;
         }
         let this = Self::make(py, size, raw, stream, mr, shared)?;
         if ptr != 0 && size > 0 {
@@ -458,7 +459,12 @@ impl PyDeviceBuffer {
         }
         // A live rrmm buffer vouches for its own range; any other object's address is checked.
         if !cuda_ary.is_instance_of::<PyDeviceBuffer>() {
-            py_result(pointers::check_user_range("cuda_ary", src, nbytes))?;
+            py_result(pointers::check_user_range(
+                "cuda_ary",
+                src,
+                nbytes,
+                Access::Read,
+            ))?;
         }
         copy(
             py,
@@ -520,7 +526,13 @@ fn cai_ptr_nbytes(obj: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
     }
     let (ptr, _readonly): (usize, bool) = cai.get_item("data")?.extract()?;
     let count = shape.first().copied().unwrap_or(1);
-    Ok((ptr, count * itemsize))
+    let nbytes = count.checked_mul(itemsize).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "`__cuda_array_interface__` describes {count} items of {itemsize} bytes, more bytes \
+             than an address space holds"
+        ))
+    })?;
+    Ok((ptr, nbytes))
 }
 
 /// A new `DeviceBuffer` with the bytes of host buffer `b`.
@@ -548,7 +560,12 @@ fn copy_ptr_to_host(
     if db == 0 && host.len() > 0 {
         return Err(PyValueError::new_err("db must not be a null pointer"));
     }
-    py_result(pointers::check_user_range("db", db, host.len()))?;
+    py_result(pointers::check_user_range(
+        "db",
+        db,
+        host.len(),
+        Access::Read,
+    ))?;
     copy(py, host.addr(), db, host.len(), stream.raw(), raw_kind())
 }
 
@@ -565,7 +582,12 @@ fn copy_host_to_ptr(
     if db == 0 && host.len() > 0 {
         return Err(PyValueError::new_err("db must not be a null pointer"));
     }
-    py_result(pointers::check_user_range("db", db, host.len()))?;
+    py_result(pointers::check_user_range(
+        "db",
+        db,
+        host.len(),
+        Access::Write,
+    ))?;
     copy(py, db, host.addr(), host.len(), stream.raw(), raw_kind())
 }
 
@@ -582,8 +604,18 @@ fn copy_device_to_ptr(
     if count > 0 && (d_src == 0 || d_dst == 0) {
         return Err(PyValueError::new_err("pointers must not be null"));
     }
-    py_result(pointers::check_user_range("d_src", d_src, count))?;
-    py_result(pointers::check_user_range("d_dst", d_dst, count))?;
+    py_result(pointers::check_user_range(
+        "d_src",
+        d_src,
+        count,
+        Access::Read,
+    ))?;
+    py_result(pointers::check_user_range(
+        "d_dst",
+        d_dst,
+        count,
+        Access::Write,
+    ))?;
     copy(py, d_dst, d_src, count, stream.raw(), raw_kind())
 }
 

@@ -3,7 +3,7 @@
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
 use super::resource::DeviceMemoryResource;
-use crate::suballocator::SegmentInfo;
+use crate::report::SegmentInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -13,7 +13,7 @@ fn _memory_stats<'py>(
     py: Python<'py>,
     mr: PyRef<'py, DeviceMemoryResource>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
-    let Some(stats) = mr.inner.memory_stats() else {
+    let Some(stats) = mr.inner.report().and_then(|r| r.memory_stats()) else {
         return Ok(None);
     };
     let out = PyDict::new(py);
@@ -26,7 +26,9 @@ fn _memory_stats<'py>(
 /// Sets the peaks of the pool behind `mr` to the current values; whether there was a pool.
 #[pyfunction]
 fn _reset_peak_memory_stats(mr: PyRef<'_, DeviceMemoryResource>) -> bool {
-    mr.inner.reset_peak_memory_stats()
+    mr.inner
+        .report()
+        .is_some_and(|r| r.reset_peak_memory_stats())
 }
 
 /// The segments of the pool behind `mr` as PyTorch's snapshot dicts (device `device`), or None
@@ -38,7 +40,7 @@ fn _memory_snapshot<'py>(
     device: usize,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
     let inner = mr.inner.clone();
-    let Some(segments) = py.detach(move || inner.memory_snapshot()) else {
+    let Some(segments) = py.detach(move || inner.report().and_then(|r| r.memory_snapshot())) else {
         return Ok(None);
     };
     let out = PyList::empty(py);

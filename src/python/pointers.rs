@@ -3,19 +3,19 @@
 //! Simulated memory has nothing behind it: a copy to or from the address range of a live
 //! simulated device made from Python is an error (RuntimeError), never a dereference. A raw
 //! address a user passes (`copy_ptr_to_host(db, ...)`, `DeviceBuffer(ptr=...)`, a
-//! `__cuda_array_interface__`) is copied through only when something vouches for it: CUDA knows
-//! an allocation at its first and last byte (device, managed, pinned, pool or mapped virtual
-//! memory), or it is a live allocation of a system resource made from Python. Anything else (a
-//! bogus address, pageable host memory CUDA does not know) is a ValueError: the driver would
-//! otherwise dereference it on the host and crash the process.
+//! `__cuda_array_interface__`) is copied through when something vouches for it: CUDA knows an
+//! allocation at its first and last byte (device, managed, pinned, pool or mapped virtual
+//! memory), it is a live allocation of a system resource made from Python, or it is host memory
+//! mapped in this process with the access the copy needs (readable for a source, writable for a
+//! destination: RMM copies from pageable host memory, `DeviceBuffer(ptr=a.ctypes.data, ...)`).
+//! Anything else (an address that is not mapped, a read-only page as a destination) is a
+//! ValueError: the driver would otherwise dereference it on the host and crash the process.
 
-use crate::resource::{SimulatedMemoryResource, SystemMemoryResource};
+use crate::os::host_memory::{self, Access};
+use crate::resource::{SystemMemoryResource, SIMULATED_ADDRESS_BASE};
 use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
-
-/// The simulated devices made from Python, while they live.
-static SIMULATED: Mutex<Vec<Weak<SimulatedMemoryResource>>> = Mutex::new(Vec::new());
 
 /// The system-memory resources made from Python, while they live.
 static SYSTEM: Mutex<Vec<Weak<SystemMemoryResource>>> = Mutex::new(Vec::new());
@@ -27,80 +27,101 @@ fn register<T>(registry: &Mutex<Vec<Weak<T>>>, mr: &Arc<T>) {
     all.push(Arc::downgrade(mr));
 }
 
-/// Records a simulated device made from Python.
-pub(crate) fn register_simulated(sim: &Arc<SimulatedMemoryResource>) {
-    register(&SIMULATED, sim);
-}
-
 /// Records a system-memory resource made from Python.
 pub(crate) fn register_system(mr: &Arc<SystemMemoryResource>) {
     register(&SYSTEM, mr);
 }
 
-/// Whether `[ptr, ptr + bytes)` lies in one live allocation of a system resource made from
-/// Python (a suballocator's block inside one counts).
+/// The live allocation of a system resource made from Python that holds `ptr` (a suballocator's
+/// block inside one counts): (start, size).
 ///
 /// # Time Complexity
 /// O(live allocations of those resources).
-fn is_system_allocation(ptr: usize, bytes: usize) -> bool {
-    SYSTEM.lock().iter().filter_map(Weak::upgrade).any(|mr| {
-        mr.allocation_containing(ptr)
-            .is_some_and(|(start, size)| bytes <= size - (ptr - start))
-    })
+fn system_allocation_at(ptr: usize) -> Option<(usize, usize)> {
+    SYSTEM
+        .lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find_map(|mr| mr.allocation_containing(ptr))
 }
 
-/// Whether CUDA knows allocations at the first and the last byte of `[ptr, ptr + bytes)`.
-fn is_cuda_memory(ptr: usize, bytes: usize) -> bool {
-    let Some(last) = ptr.checked_add(bytes - 1) else {
-        return false;
-    };
-    match crate::cuda::allocation_range(ptr) {
-        Some((start, size)) if last - start < size => true,
+/// What CUDA says of `[ptr, ptr + bytes)`: `None` when it knows no allocation at `ptr`; else
+/// whether it knows allocations at the first and the last byte.
+fn cuda_memory(ptr: usize, bytes: usize) -> Option<bool> {
+    let last = ptr.checked_add(bytes - 1)?;
+    match crate::cuda::allocation_range(ptr)? {
+        (start, size) if last - start < size => Some(true),
         // The range may span allocations mapped side by side (virtual memory): the last byte
         // must be known too.
-        Some(_) => crate::cuda::allocation_range(last).is_some(),
-        None => false,
+        _ => Some(crate::cuda::allocation_range(last).is_some()),
     }
 }
 
 /// An error unless `[ptr, ptr + bytes)` (the user's argument `name`) is memory rrmm can copy
-/// through: not simulated, and known to CUDA or a live system allocation (see the module doc).
+/// through with `access`: not simulated, and known to CUDA, a live system allocation, or host
+/// memory mapped in this process with that access (see the module doc).
 ///
 /// # Errors
 /// [`Error::Logic`] for simulated memory; [`Error::InvalidArgument`] for an address nothing
 /// vouches for.
-pub(crate) fn check_user_range(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
+pub(crate) fn check_user_range(
+    name: &'static str,
+    ptr: usize,
+    bytes: usize,
+    access: Access,
+) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     check_copyable(name, ptr, bytes)?;
-    if is_system_allocation(ptr, bytes) || is_cuda_memory(ptr, bytes) {
+    let past_the_end = || {
+        Error::invalid(
+            name,
+            format!(
+                "{name}={ptr:#x} ({bytes} bytes) runs past the end of the allocation that holds \
+                 its first byte"
+            ),
+        )
+    };
+    // An allocation CUDA or rrmm knows at the first byte must hold the whole range; other host
+    // memory must be mapped with the access the copy needs.
+    match cuda_memory(ptr, bytes) {
+        Some(true) => return Ok(()),
+        Some(false) => return Err(past_the_end()),
+        None => {}
+    }
+    if let Some((start, size)) = system_allocation_at(ptr) {
+        return if bytes <= size - (ptr - start) {
+            Ok(())
+        } else {
+            Err(past_the_end())
+        };
+    }
+    if host_memory::is_accessible(ptr, bytes, access) {
         return Ok(());
     }
+    let what = match access {
+        Access::Read => "readable",
+        Access::Write => "writable",
+    };
     Err(Error::invalid(
         name,
         format!(
             "{name}={ptr:#x} ({bytes} bytes) is not memory rrmm can copy: CUDA knows no \
-             allocation there (device, managed, pinned or pool memory) and it is no live \
-             allocation of a SystemMemoryResource"
+             allocation there (device, managed, pinned or pool memory) and it is not host \
+             memory mapped {what} in this process"
         ),
     ))
 }
 
-/// Whether `[ptr, ptr + bytes)` touches the addresses of a live simulated device.
+/// Whether `[ptr, ptr + bytes)` touches simulated addresses: every simulated device and
+/// simulated virtual memory hands out addresses at or above [`SIMULATED_ADDRESS_BASE`], where
+/// no host or CUDA memory can be.
 ///
 /// # Time Complexity
-/// O(live simulated devices made from Python).
+/// O(1).
 pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
-    let end = ptr.saturating_add(bytes.max(1));
-    SIMULATED
-        .lock()
-        .iter()
-        .filter_map(Weak::upgrade)
-        .any(|sim| {
-            let range = sim.address_range();
-            ptr < range.end && range.start < end
-        })
+    ptr.saturating_add(bytes.max(1)) > SIMULATED_ADDRESS_BASE
 }
 
 /// An error when `[ptr, ptr + bytes)` (the argument `name`) is simulated memory.
@@ -110,8 +131,8 @@ pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 pub(crate) fn check_copyable(name: &str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && is_simulated(ptr, bytes) {
         return Err(Error::Logic(format!(
-            "{name}={ptr:#x} is simulated memory, which has nothing behind it and cannot be \
-             copied"
+            "{name}={ptr:#x} is simulated memory (or above every host address), which has \
+             nothing behind it and cannot be copied"
         )));
     }
     Ok(())
@@ -123,15 +144,21 @@ mod tests {
     use crate::{MemoryResource, Stream};
 
     #[test]
-    fn live_simulated_ranges_are_known_and_host_memory_is_not() {
-        let sim = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        register_simulated(&sim);
+    fn simulated_ranges_are_known_and_host_memory_is_not() {
+        use crate::resource::SimulatedMemoryResource;
+        // A device larger than any host's memory (the probe's 141 GB) stays out of host
+        // addresses.
+        let sim = Arc::new(SimulatedMemoryResource::new(141_000_000_000));
         let p = sim.allocate(256, Stream::DEFAULT).unwrap();
         assert!(is_simulated(p, 16));
         assert!(check_copyable("src", p, 16).is_err());
         assert!(check_copyable("src", p, 0).is_ok());
         let host = [0u8; 16];
         assert!(!is_simulated(host.as_ptr() as usize, 16));
+        let heap = vec![0u8; 4 << 20];
+        assert!(check_copyable("src", heap.as_ptr() as usize, heap.len()).is_ok());
+        assert!(check_user_range("src", heap.as_ptr() as usize, heap.len(), Access::Read).is_ok());
+        assert!(check_user_range("src", 0x1000, 16, Access::Read).is_err());
         // SAFETY: `p` came from `sim` with 256 bytes; simulated memory touches nothing.
         unsafe { sim.deallocate(p, 256, Stream::DEFAULT) }.unwrap();
     }

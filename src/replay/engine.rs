@@ -481,7 +481,7 @@ fn figures_pass(
         .clone()
         .unwrap_or(BlockRounding::Align(crate::resource::ALLOCATION_ALIGNMENT));
     let largest = options.largest_request.unwrap_or(usize::MAX);
-    let measures_footprint = mr.footprint().is_some();
+    let measures_footprint = mr.report().map(|r| r.footprint()).is_some();
     let sample_stride = (n / SAMPLES).clamp(1, CHECK_EVERY);
     let timeline_stride = n
         .checked_div(options.timeline_points)
@@ -494,7 +494,7 @@ fn figures_pass(
         f.timeline.push(TimelinePoint {
             event: 0,
             bytes_in_use: 0,
-            footprint: mr.footprint().map(|f| f.held_bytes),
+            footprint: mr.report().map(|r| r.footprint()).map(|f| f.held_bytes),
         });
     }
     let mut progress_shown = false;
@@ -547,7 +547,7 @@ fn figures_pass(
             // Stop the clock while sampling.
             f.timed += segment.elapsed();
             let footprint = if measures_footprint && (grew || regular || on_timeline) {
-                mr.footprint()
+                mr.report().map(|r| r.footprint())
             } else {
                 None
             };
@@ -584,7 +584,7 @@ fn figures_pass(
             elapsed: started.elapsed(),
         });
     }
-    f.end = mr.footprint();
+    f.end = mr.report().map(|r| r.footprint());
     if let Some(end) = f.end {
         f.peak_footprint = Some(f.peak_footprint.unwrap_or(0).max(end.held_bytes));
     }

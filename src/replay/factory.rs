@@ -4,11 +4,10 @@
 //! `--help`, and a function that builds it from [`ResourceOptions`] over the device (real or
 //! simulated) and says how it was set up. To add a resource, add one entry.
 
-use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, Footprint, ManagedMemoryResource, MemoryKind,
-    MemoryResource, SharedResource, SimulatedMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, SharedResource,
+    SimulatedMemoryResource, ALLOCATION_ALIGNMENT,
 };
 use crate::suballocator::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
@@ -454,10 +453,9 @@ fn build_binning(simulate: Option<usize>, options: &ResourceOptions) -> Result<B
         human(1 << min),
         human(1 << max)
     );
-    let resource = Arc::new(PoolFootprint {
-        resource: Arc::new(binning),
-        pool,
-    });
+    // Its footprint is the pool's, with the bins' free blocks counted free (BinningMemoryResource's
+    // report).
+    let resource: SharedResource = Arc::new(binning);
     Ok(BuiltResource {
         rounding: BlockRounding::Bins(bin_sizes),
         pool_sizes,
@@ -507,46 +505,6 @@ fn build_fixed_size(simulate: Option<usize>, options: &ResourceOptions) -> Resul
     })
 }
 
-/// A binning resource over a pool that reports the memory both hold: the pool's size, and as
-/// free memory the pool's free blocks and the bins' free blocks (the bins' chunks come from the
-/// pool, so the binning resource's own footprint covers only them).
-struct PoolFootprint {
-    resource: SharedResource,
-    pool: SharedResource,
-}
-
-impl MemoryResource for PoolFootprint {
-    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.resource.allocate(bytes, stream)
-    }
-    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract, forwarded to the wrapped resource that allocated `ptr`.
-        unsafe { self.resource.deallocate(ptr, bytes, stream) }
-    }
-    fn kind(&self) -> MemoryKind {
-        self.resource.kind()
-    }
-    fn device(&self) -> Option<usize> {
-        self.resource.device()
-    }
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.resource.memory_info()
-    }
-    fn footprint(&self) -> Option<Footprint> {
-        let pool = self.pool.footprint()?;
-        let bins = self.resource.footprint().unwrap_or_default();
-        Some(Footprint {
-            held_bytes: pool.held_bytes,
-            free_bytes: pool.free_bytes.saturating_add(bins.free_bytes),
-            largest_free_block: pool.largest_free_block.max(bins.largest_free_block),
-            free_blocks: pool.free_blocks.saturating_add(bins.free_blocks),
-        })
-    }
-    fn name(&self) -> &'static str {
-        self.resource.name()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,7 +535,10 @@ mod tests {
         };
         let pool = build("pool", Some(1 << 30), &options).unwrap();
         assert_eq!(pool.resource.name(), "pool");
-        assert_eq!(pool.resource.footprint().unwrap().held_bytes, 1 << 20);
+        assert_eq!(
+            pool.resource.report().unwrap().footprint().held_bytes,
+            1 << 20
+        );
         assert_eq!(pool.pool_sizes, Some((1 << 20, Some(1 << 29))));
         assert!(pool.setup.contains("initial 1.00 MiB, maximum 512.00 MiB"));
         let default_pool = build("pool", Some(1 << 30), &ResourceOptions::default()).unwrap();
@@ -595,7 +556,7 @@ mod tests {
         let arena = build("arena", Some(1 << 30), &options).unwrap();
         assert_eq!(arena.resource.name(), "arena");
         assert_eq!(
-            arena.resource.footprint().unwrap().held_bytes,
+            arena.resource.report().unwrap().footprint().held_bytes,
             1 << 29,
             "pool sizes ignored"
         );
@@ -603,7 +564,10 @@ mod tests {
             .setup
             .starts_with("global arena of 512.00 MiB (half the free memory)"));
         let sized = build_resource_sized("arena", Some(1 << 30), None, None, Some(1 << 24));
-        assert_eq!(sized.unwrap().footprint().unwrap().held_bytes, 1 << 24);
+        assert_eq!(
+            sized.unwrap().report().unwrap().footprint().held_bytes,
+            1 << 24
+        );
         assert!(build_resource_sized("arena", Some(1 << 30), None, None, Some(4096)).is_err());
         let fixed = build("fixed_size", Some(1 << 30), &ResourceOptions::default()).unwrap();
         assert_eq!(fixed.resource.name(), "fixed_size");
@@ -634,7 +598,10 @@ mod tests {
         let fixed = build("fixed_size", Some(1 << 30), &options).unwrap();
         assert_eq!(fixed.rounding, BlockRounding::Fixed(4096));
         // 4 blocks of 4 KiB preallocated.
-        assert_eq!(fixed.resource.footprint().unwrap().held_bytes, 16384);
+        assert_eq!(
+            fixed.resource.report().unwrap().footprint().held_bytes,
+            16384
+        );
         let bad = ResourceOptions {
             bins: Some((22, 18)),
             ..ResourceOptions::default()

@@ -19,13 +19,16 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use managed::{ManagedAlloc, ManagedMemoryResource};
 pub use pinned_host::PinnedHostMemoryResource;
-pub use simulated::{SimulatedMemoryResource, SIMULATED_PAGE_SIZE};
+pub use simulated::{
+    SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,
+};
 pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 pub use system::SystemMemoryResource;
 pub use virtual_memory::{CudaVirtualMemory, VirtualMemory};
 
 use crate::cuda::Stream;
 use crate::error::Result;
+pub use crate::report::{Footprint, PoolReport};
 use std::sync::Arc;
 
 /// Alignment of every allocation rrmm hands out, in bytes (RMM's `CUDA_ALLOCATION_ALIGNMENT`).
@@ -109,12 +112,6 @@ pub trait MemoryResource: Send + Sync {
         None
     }
 
-    /// Footprint and free-memory figures, for resources that hold memory (suballocators,
-    /// simulated memory); `None` for resources that pass every call to CUDA.
-    fn footprint(&self) -> Option<Footprint> {
-        None
-    }
-
     /// What a call into this resource may do: call foreign code (Python) and block (wait on
     /// the GPU or the OS). The Python layer decides from it, in one place, whether to release
     /// the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): when the call may
@@ -131,22 +128,18 @@ pub trait MemoryResource: Send + Sync {
     /// A short name for reports and logs, such as `"pool"`.
     fn name(&self) -> &'static str;
 
-    /// PyTorch-style counters of the pool behind this resource (through adaptors); `None` for
-    /// resources that are not pools.
-    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
+    /// The figures of the memory this resource holds (a pool's footprint, counters, segments),
+    /// through adaptors to the resource that holds it; `None` for resources that pass every
+    /// call to CUDA.
+    fn report(&self) -> Option<&dyn PoolReport> {
         None
     }
 
-    /// Sets the peaks of [`MemoryResource::memory_stats`] to the current values; whether there
-    /// was a pool to reset.
-    fn reset_peak_memory_stats(&self) -> bool {
-        false
-    }
-
-    /// Every segment and block of the pool behind this resource (through adaptors); `None` for
-    /// resources that are not pools.
-    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
-        None
+    /// The resources this one calls: an adaptor's or suballocator's upstream, a binning
+    /// resource's bins. Used to walk a stack without recursion ([`crate::resource::graph`]);
+    /// base resources have none.
+    fn upstreams(&self) -> Vec<SharedResource> {
+        Vec::new()
     }
 }
 
@@ -196,30 +189,6 @@ impl CallProfile {
     }
 }
 
-/// How much memory a resource holds and how fragmented its free part is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Footprint {
-    /// Bytes held from the upstream (a pool's size; for simulated memory, the bytes in use).
-    pub held_bytes: usize,
-    /// Bytes held but free.
-    pub free_bytes: usize,
-    /// The largest free block, in bytes.
-    pub largest_free_block: usize,
-    /// Number of free blocks.
-    pub free_blocks: usize,
-}
-
-impl Footprint {
-    /// External fragmentation: `1 - largest_free_block / free_bytes` (0 when nothing is free).
-    pub fn fragmentation(&self) -> f64 {
-        if self.free_bytes == 0 {
-            0.0
-        } else {
-            1.0 - self.largest_free_block as f64 / self.free_bytes as f64
-        }
-    }
-}
-
 /// A resource shared between owners (adaptors, buffers, the per-device table).
 pub type SharedResource = Arc<dyn MemoryResource>;
 
@@ -240,23 +209,17 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     fn memory_info(&self) -> Option<(usize, usize)> {
         (**self).memory_info()
     }
-    fn footprint(&self) -> Option<Footprint> {
-        (**self).footprint()
-    }
     fn call_profile(&self) -> CallProfile {
         (**self).call_profile()
     }
     fn name(&self) -> &'static str {
         (**self).name()
     }
-    fn memory_stats(&self) -> Option<crate::suballocator::MemoryStats> {
-        (**self).memory_stats()
+    fn report(&self) -> Option<&dyn PoolReport> {
+        (**self).report()
     }
-    fn reset_peak_memory_stats(&self) -> bool {
-        (**self).reset_peak_memory_stats()
-    }
-    fn memory_snapshot(&self) -> Option<Vec<crate::suballocator::SegmentInfo>> {
-        (**self).memory_snapshot()
+    fn upstreams(&self) -> Vec<SharedResource> {
+        (**self).upstreams()
     }
 }
 

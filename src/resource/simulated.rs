@@ -8,14 +8,28 @@
 //! which the driver packs into shared pages) and places it in an address space at least 64 times
 //! the capacity, so placement never decides whether an allocation succeeds.
 
-use super::{align_up, Footprint, MemoryKind, MemoryResource, ALLOCATION_ALIGNMENT};
+use super::{align_up, Footprint, MemoryKind, MemoryResource, PoolReport, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// First address handed out: non-null, far from real allocations, 2 MiB aligned.
-const BASE_ADDRESS: usize = 0x7a00_0000_0000;
+/// Every simulated address (of simulated devices and simulated virtual memory) is at least this:
+/// 2^56, above every user-space address a process can have (x86-64 gives user space 47 bits,
+/// or 56 with five-level paging; arm64 at most 52), so simulated ranges never overlap host or
+/// CUDA memory, whatever their size, and an address is simulated exactly when it is this or
+/// above.
+pub const SIMULATED_ADDRESS_BASE: usize = 1 << 56;
+
+/// First address handed out.
+const BASE_ADDRESS: usize = SIMULATED_ADDRESS_BASE;
+
+/// The largest address space, so it stays below simulated virtual memory's (2^62).
+const MAX_ADDRESS_SPACE: usize = 1 << 61;
+
+/// The largest simulated device (32 PiB): its address space is still 64 times its size, and
+/// byte counters over it never overflow.
+pub const MAX_SIMULATED_SIZE: usize = MAX_ADDRESS_SPACE / ADDRESS_SPACE_FACTOR;
 
 /// The driver's page: allocations of at least this size are charged in whole pages.
 pub const SIMULATED_PAGE_SIZE: usize = 2 << 20;
@@ -69,7 +83,7 @@ fn charge(bytes: usize) -> Option<usize> {
 /// The address space of a device of `size` bytes: at least 64 times the capacity.
 fn address_space(size: usize) -> usize {
     size.saturating_mul(ADDRESS_SPACE_FACTOR)
-        .clamp(MIN_ADDRESS_SPACE, usize::MAX - BASE_ADDRESS)
+        .clamp(MIN_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
         & !(SIMULATED_PAGE_SIZE - 1)
 }
 
@@ -79,9 +93,10 @@ impl SimulatedMemoryResource {
         BASE_ADDRESS..BASE_ADDRESS + address_space(self.size)
     }
 
-    /// A pretend device of `size` bytes (rounded down to 256).
+    /// A pretend device of `size` bytes (rounded down to 256, and to at most
+    /// [`MAX_SIMULATED_SIZE`]).
     pub fn new(size: usize) -> Self {
-        let size = size & !(ALLOCATION_ALIGNMENT - 1);
+        let size = size.min(MAX_SIMULATED_SIZE) & !(ALLOCATION_ALIGNMENT - 1);
         let space = address_space(size);
         let mut state = SimulatedState::default();
         state.free_by_address.insert(BASE_ADDRESS, space);
@@ -237,17 +252,8 @@ impl MemoryResource for SimulatedMemoryResource {
         Some((usable, self.size))
     }
 
-    /// Held: the bytes charged to live allocations; free: the rest of the capacity, all of it
-    /// usable by one request (the driver's placement never fragments).
-    fn footprint(&self) -> Option<Footprint> {
-        let s = self.state.lock();
-        let free = self.size - s.in_use;
-        Some(Footprint {
-            held_bytes: s.in_use,
-            free_bytes: free,
-            largest_free_block: free,
-            free_blocks: usize::from(free > 0),
-        })
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(self)
     }
 
     fn call_profile(&self) -> super::CallProfile {
@@ -257,6 +263,21 @@ impl MemoryResource for SimulatedMemoryResource {
 
     fn name(&self) -> &'static str {
         "simulated"
+    }
+}
+
+impl PoolReport for SimulatedMemoryResource {
+    /// Held: the bytes charged to live allocations; free: the rest of the capacity, all of it
+    /// usable by one request (the driver's placement never fragments).
+    fn footprint(&self) -> Footprint {
+        let s = self.state.lock();
+        let free = self.size - s.in_use;
+        Footprint {
+            held_bytes: s.in_use,
+            free_bytes: free,
+            largest_free_block: free,
+            free_blocks: usize::from(free > 0),
+        }
     }
 }
 
@@ -334,7 +355,7 @@ mod tests {
             .allocate(5 * GIB, Stream::DEFAULT)
             .unwrap_err()
             .is_out_of_memory());
-        assert_eq!(mr.footprint().unwrap().fragmentation(), 0.0);
+        assert_eq!(mr.report().unwrap().footprint().fragmentation(), 0.0);
         free(&mr, b, 8 * GIB).unwrap();
         free(&mr, c, 20 * GIB).unwrap();
     }

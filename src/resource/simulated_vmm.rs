@@ -5,12 +5,17 @@ use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 
-/// First reserved address: non-null, apart from [`SimulatedMemoryResource`]'s addresses,
-/// 2 MiB aligned.
+/// First reserved address: above every host address and apart from
+/// [`SimulatedMemoryResource`]'s addresses (see [`super::SIMULATED_ADDRESS_BASE`]), 2 MiB
+/// aligned.
 ///
 /// [`SimulatedMemoryResource`]: super::SimulatedMemoryResource
-const BASE_ADDRESS: usize = 0x7c00_0000_0000;
+const BASE_ADDRESS: usize = 1 << 62;
+
+/// The largest reservation: the rest of the address space above [`BASE_ADDRESS`].
+const MAX_RESERVATION: usize = usize::MAX - BASE_ADDRESS;
 
 /// Default page size: the allocation granularity of current NVIDIA GPUs.
 pub const DEFAULT_PAGE_SIZE: usize = 2 << 20;
@@ -28,8 +33,9 @@ pub struct SimulatedVirtualMemory {
 
 #[derive(Debug, Default)]
 struct State {
-    /// One bit per page: mapped or not.
-    mapped: Vec<u64>,
+    /// Mapped pages as runs: first page -> one past the last page (runs neither overlap nor
+    /// touch), so the bookkeeping is proportional to the runs, not to the reservation.
+    mapped: BTreeMap<usize, usize>,
     mapped_pages: usize,
     peak_pages: usize,
     /// Successful map and unmap calls.
@@ -38,12 +44,52 @@ struct State {
 }
 
 impl State {
-    fn is_mapped(&self, page: usize) -> bool {
-        self.mapped[page / 64] & (1 << (page % 64)) != 0
+    /// The run holding `page`, if it is mapped.
+    fn run_of(&self, page: usize) -> Option<(usize, usize)> {
+        let (&start, &end) = self.mapped.range(..=page).next_back()?;
+        (page < end).then_some((start, end))
     }
 
-    fn flip(&mut self, page: usize) {
-        self.mapped[page / 64] ^= 1 << (page % 64);
+    fn is_mapped(&self, page: usize) -> bool {
+        self.run_of(page).is_some()
+    }
+
+    /// The first mapped page in `span`, if any.
+    fn first_mapped_in(&self, span: &std::ops::Range<usize>) -> Option<usize> {
+        if self.is_mapped(span.start) {
+            return Some(span.start);
+        }
+        self.mapped
+            .range(span.clone())
+            .next()
+            .map(|(&start, _)| start)
+    }
+
+    /// Marks `span` (unmapped) as mapped, merging with the runs it touches.
+    fn insert(&mut self, span: std::ops::Range<usize>) {
+        let mut start = span.start;
+        let mut end = span.end;
+        if let Some((&s, &e)) = self.mapped.range(..start).next_back() {
+            if e == start {
+                self.mapped.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(e) = self.mapped.remove(&end) {
+            end = e;
+        }
+        self.mapped.insert(start, end);
+    }
+
+    /// Marks `span` (inside the mapped run `run`) as unmapped, splitting the run.
+    fn remove(&mut self, run: (usize, usize), span: std::ops::Range<usize>) {
+        self.mapped.remove(&run.0);
+        if run.0 < span.start {
+            self.mapped.insert(run.0, span.start);
+        }
+        if span.end < run.1 {
+            self.mapped.insert(span.end, run.1);
+        }
     }
 }
 
@@ -52,7 +98,8 @@ impl SimulatedVirtualMemory {
     /// of addresses (rounded up to pages) mapped in pages of `page_size` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a page size that is zero or not a multiple of 256.
+    /// [`Error::InvalidArgument`] for a page size that is zero or not a multiple of 256, or a
+    /// reservation larger than the simulated address space (2^62 bytes).
     pub fn new(capacity: usize, reserve_size: usize, page_size: usize) -> Result<Self> {
         if page_size == 0 || page_size % super::ALLOCATION_ALIGNMENT != 0 {
             return Err(Error::invalid(
@@ -61,15 +108,17 @@ impl SimulatedVirtualMemory {
             ));
         }
         let reserved = round_up(reserve_size.max(page_size), page_size)?;
-        let pages = reserved / page_size;
+        if reserved > MAX_RESERVATION {
+            return Err(Error::invalid(
+                "reserve_size",
+                format!("{reserve_size} bytes is more than the simulated address space holds"),
+            ));
+        }
         Ok(SimulatedVirtualMemory {
             capacity: capacity / page_size * page_size,
             page_size,
             reserved,
-            state: Mutex::new(State {
-                mapped: vec![0; pages.div_ceil(64)],
-                ..State::default()
-            }),
+            state: Mutex::new(State::default()),
         })
     }
 
@@ -139,7 +188,7 @@ impl VirtualMemory for SimulatedVirtualMemory {
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
         let span = self.pages(addr, bytes)?;
         let mut s = self.state.lock();
-        if let Some(page) = span.clone().find(|&p| s.is_mapped(p)) {
+        if let Some(page) = s.first_mapped_in(&span) {
             return Err(Error::Logic(format!(
                 "simulated virtual memory: page {page} is already mapped"
             )));
@@ -154,10 +203,8 @@ impl VirtualMemory for SimulatedVirtualMemory {
                 ),
             ));
         }
-        for page in span.clone() {
-            s.flip(page);
-        }
         s.mapped_pages += span.len();
+        s.insert(span);
         s.peak_pages = s.peak_pages.max(s.mapped_pages);
         s.maps += 1;
         Ok(())
@@ -166,15 +213,23 @@ impl VirtualMemory for SimulatedVirtualMemory {
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
         let span = self.pages(addr, bytes)?;
         let mut s = self.state.lock();
-        if let Some(page) = span.clone().find(|&p| !s.is_mapped(p)) {
-            return Err(Error::Logic(format!(
-                "simulated virtual memory: page {page} is not mapped"
-            )));
-        }
-        for page in span.clone() {
-            s.flip(page);
-        }
+        let run = match s.run_of(span.start) {
+            Some(run) if run.1 >= span.end => run,
+            Some(run) => {
+                return Err(Error::Logic(format!(
+                    "simulated virtual memory: page {} is not mapped",
+                    run.1
+                )))
+            }
+            None => {
+                return Err(Error::Logic(format!(
+                    "simulated virtual memory: page {} is not mapped",
+                    span.start
+                )))
+            }
+        };
         s.mapped_pages -= span.len();
+        s.remove(run, span);
         s.unmaps += 1;
         Ok(())
     }
@@ -240,5 +295,31 @@ mod tests {
         assert!(matches!(unmapped, Err(Error::Logic(_))));
         assert_eq!(vm.mapped_bytes(), P);
         assert!(SimulatedVirtualMemory::new(P, P, 100).is_err());
+        assert!(SimulatedVirtualMemory::new(P, usize::MAX - 4 * P, P).is_err());
+    }
+
+    #[test]
+    fn huge_reservations_cost_nothing_and_runs_merge_and_split() {
+        // 2^61 bytes of addresses: bookkeeping is per run, not per page.
+        let vm = SimulatedVirtualMemory::new(1 << 40, 1 << 61, P).unwrap();
+        let base = vm.base();
+        let far = base + (1 << 60);
+        vm.map(far, 4 * P).unwrap();
+        vm.map(far + 4 * P, 2 * P).unwrap();
+        vm.map(far - P, P).unwrap();
+        assert_eq!(vm.state.lock().mapped.len(), 1, "touching runs merge");
+        // SAFETY: simulated pages; nothing uses them.
+        unsafe { vm.unmap(far + P, 2 * P) }.unwrap();
+        assert_eq!(
+            vm.state.lock().mapped.len(),
+            2,
+            "an unmap in the middle splits"
+        );
+        assert!(vm.is_mapped(far) && !vm.is_mapped(far + P) && vm.is_mapped(far + 3 * P));
+        // SAFETY: as above.
+        let half_mapped = unsafe { vm.unmap(far, 2 * P) };
+        assert!(matches!(half_mapped, Err(Error::Logic(_))));
+        assert!(matches!(vm.map(far + 5 * P, 2 * P), Err(Error::Logic(_))));
+        assert_eq!(vm.mapped_bytes(), 5 * P);
     }
 }

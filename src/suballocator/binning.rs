@@ -5,7 +5,8 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
 use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+    align_up, Footprint, MemoryKind, MemoryResource, PoolReport, SharedResource,
+    ALLOCATION_ALIGNMENT,
 };
 use parking_lot::RwLock;
 use std::sync::Arc;
@@ -165,6 +166,33 @@ impl BinningMemoryResource {
     }
 }
 
+impl PoolReport for BinningMemoryResource {
+    /// The memory the stack holds. Over a resource that holds memory (a pool), that resource's
+    /// footprint, with the bins' free blocks (inside the pool's allocated part, since the bins'
+    /// chunks come from it) added to its free bytes; over one that does not (CUDA), the bins'
+    /// footprints summed. Largest free block: the largest of all.
+    fn footprint(&self) -> Footprint {
+        let mut bins = Footprint::default();
+        for (_, bin) in self.inner.bins.read().iter() {
+            if let Some(f) = bin.report().map(PoolReport::footprint) {
+                bins.held_bytes = bins.held_bytes.saturating_add(f.held_bytes);
+                bins.free_bytes = bins.free_bytes.saturating_add(f.free_bytes);
+                bins.free_blocks = bins.free_blocks.saturating_add(f.free_blocks);
+                bins.largest_free_block = bins.largest_free_block.max(f.largest_free_block);
+            }
+        }
+        match self.inner.upstream.report().map(PoolReport::footprint) {
+            Some(pool) => Footprint {
+                held_bytes: pool.held_bytes,
+                free_bytes: pool.free_bytes.saturating_add(bins.free_bytes),
+                largest_free_block: pool.largest_free_block.max(bins.largest_free_block),
+                free_blocks: pool.free_blocks.saturating_add(bins.free_blocks),
+            },
+            None => bins,
+        }
+    }
+}
+
 impl MemoryResource for BinningMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
@@ -202,18 +230,14 @@ impl MemoryResource for BinningMemoryResource {
         self.inner.upstream.memory_info()
     }
 
-    /// The bins' footprints summed (largest free block: the largest of theirs).
-    fn footprint(&self) -> Option<Footprint> {
-        let mut total = Footprint::default();
-        for (_, bin) in self.inner.bins.read().iter() {
-            if let Some(f) = bin.footprint() {
-                total.held_bytes += f.held_bytes;
-                total.free_bytes += f.free_bytes;
-                total.free_blocks += f.free_blocks;
-                total.largest_free_block = total.largest_free_block.max(f.largest_free_block);
-            }
-        }
-        Some(total)
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(self)
+    }
+
+    fn upstreams(&self) -> Vec<SharedResource> {
+        let mut all = vec![self.inner.upstream.clone()];
+        all.extend(self.inner.bins.read().iter().map(|(_, bin)| bin.clone()));
+        all
     }
 
     /// The upstream's combined with every bin's.
@@ -252,9 +276,12 @@ mod tests {
         assert_eq!(mr.bins()[1].1.name(), "fixed_size");
 
         let p = mr.allocate(500, Stream::DEFAULT).unwrap();
-        assert_eq!(custom.footprint().unwrap().held_bytes, 512);
+        assert_eq!(custom.report().unwrap().footprint().held_bytes, 512);
         let q = mr.allocate(1500, Stream::DEFAULT).unwrap();
-        assert_eq!(mr.bins()[2].1.footprint().unwrap().free_blocks, 127);
+        assert_eq!(
+            mr.bins()[2].1.report().unwrap().footprint().free_blocks,
+            127
+        );
         let in_use = up.bytes_in_use();
         let r = mr.allocate(5000, Stream::DEFAULT).unwrap();
         assert_eq!(
@@ -269,7 +296,7 @@ mod tests {
         // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
         unsafe { mr.deallocate(r, 5000, Stream::DEFAULT) }.unwrap();
         assert_eq!(up.bytes_in_use(), in_use);
-        assert_eq!(custom.footprint().unwrap().held_bytes, 0);
+        assert_eq!(custom.report().unwrap().footprint().held_bytes, 0);
         assert_eq!(mr.name(), "binning");
         assert!(mr.add_bin(0, None).is_err());
     }

@@ -23,16 +23,15 @@ use super::coalescing_free_list::CoalescingFreeList;
 use super::free_list::Block;
 use super::growth::{FreeRanges, GrowRequest, Growth};
 use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, StreamOrderedCore};
+use super::stream_ordered::{default_events_for, StreamOrderedCore};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CallProfile, CudaVirtualMemory, Footprint, MemoryKind, MemoryResource, SharedResource,
-    VirtualMemory, ALLOCATION_ALIGNMENT,
+    CallProfile, CudaVirtualMemory, MemoryKind, MemoryResource, PoolReport, VirtualMemory,
+    ALLOCATION_ALIGNMENT,
 };
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Default address reservation, as a multiple of the device's memory.
@@ -58,10 +57,6 @@ pub struct ExpandableMemoryResource {
 struct Inner {
     core: StreamOrderedCore<CoalescingFreeList>,
     vm: Arc<dyn VirtualMemory>,
-    /// Bytes the growth policy's trim keeps mapped (0 but inside [`ExpandableMemoryResource::trim`]).
-    trim_target: Arc<AtomicUsize>,
-    /// Serializes calls of [`ExpandableMemoryResource::trim`] (each sets the target).
-    trimming: Mutex<()>,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
 }
@@ -108,11 +103,9 @@ impl ExpandableMemoryResource {
         maximum_pool_size: Option<usize>,
         release_threshold: Option<usize>,
     ) -> Result<Self> {
-        let info: SharedResource = Arc::new(VirtualMemoryInfo { vm: vm.clone() });
-        let events = default_events(&info);
+        let events = default_events_for(vm.kind(), vm.device());
         Self::with_events(
             vm,
-            info,
             initial_pool_size,
             maximum_pool_size,
             release_threshold,
@@ -130,13 +123,11 @@ impl ExpandableMemoryResource {
         maximum_pool_size: Option<usize>,
         events: Arc<dyn StreamEvents>,
     ) -> Result<Self> {
-        let info: SharedResource = Arc::new(VirtualMemoryInfo { vm: vm.clone() });
-        Self::with_events(vm, info, initial_pool_size, maximum_pool_size, None, events)
+        Self::with_events(vm, initial_pool_size, maximum_pool_size, None, events)
     }
 
     fn with_events(
         vm: Arc<dyn VirtualMemory>,
-        info: SharedResource,
         initial_pool_size: Option<usize>,
         maximum_pool_size: Option<usize>,
         release_threshold: Option<usize>,
@@ -165,15 +156,12 @@ impl ExpandableMemoryResource {
                  use the pool over managed memory",
             ));
         }
-        let trim_target = Arc::new(AtomicUsize::new(0));
         let growth = ExpandableGrowth {
             vm: vm.clone(),
             maximum: maximum_pool_size,
-            trim_target: trim_target.clone(),
             mapped: Mutex::new(BTreeMap::new()),
         };
         let core = StreamOrderedCore::<CoalescingFreeList>::new(
-            info,
             events,
             Box::new(growth),
             (),
@@ -184,8 +172,6 @@ impl ExpandableMemoryResource {
             inner: Arc::new(Inner {
                 core,
                 vm,
-                trim_target,
-                trimming: Mutex::new(()),
                 maximum_pool_size,
                 release_threshold,
             }),
@@ -242,11 +228,7 @@ impl ExpandableMemoryResource {
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
     pub fn trim(&self, target: usize) -> Result<usize> {
-        let _one_at_a_time = self.inner.trimming.lock();
-        self.inner.trim_target.store(target, Ordering::Relaxed);
-        let trimmed = self.inner.core.release();
-        self.inner.trim_target.store(0, Ordering::Relaxed);
-        trimmed
+        self.inner.core.release(target)
     }
 
     /// The virtual memory the pool maps into.
@@ -291,8 +273,8 @@ impl MemoryResource for ExpandableMemoryResource {
         MemoryResource::memory_info(&self.inner.core)
     }
 
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.inner.core.footprint())
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(&self.inner.core)
     }
 
     /// The virtual memory's: growth maps pages, trims unmap them, and cross-stream waits are
@@ -304,63 +286,6 @@ impl MemoryResource for ExpandableMemoryResource {
     fn name(&self) -> &'static str {
         "expandable"
     }
-
-    fn memory_stats(&self) -> Option<super::MemoryStats> {
-        Some(self.inner.core.memory_stats())
-    }
-
-    fn reset_peak_memory_stats(&self) -> bool {
-        self.inner.core.reset_peak_memory_stats();
-        true
-    }
-
-    fn memory_snapshot(&self) -> Option<Vec<super::SegmentInfo>> {
-        Some(self.inner.core.snapshot())
-    }
-}
-
-/// The core's "upstream": describes the virtual memory (kind, device, free memory) and hands
-/// out nothing; the strategy grows by mapping.
-#[derive(Debug)]
-struct VirtualMemoryInfo {
-    vm: Arc<dyn VirtualMemory>,
-}
-
-impl MemoryResource for VirtualMemoryInfo {
-    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
-        Err(Error::out_of_memory(
-            bytes,
-            "expandable: grows by mapping pages, not from an upstream",
-        ))
-    }
-
-    // Hands out nothing, so every free is refused; nothing unsafe happens here.
-    #[allow(unsafe_code)]
-    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
-        Err(Error::Logic(format!(
-            "expandable: {ptr:#x} was not allocated from an upstream"
-        )))
-    }
-
-    fn kind(&self) -> MemoryKind {
-        self.vm.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.vm.device()
-    }
-
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.vm.memory_info()
-    }
-
-    fn call_profile(&self) -> CallProfile {
-        self.vm.call_profile()
-    }
-
-    fn name(&self) -> &'static str {
-        "virtual_memory"
-    }
 }
 
 /// The expandable pool's growth policy: where to map, the runs of mapped pages, and the trim.
@@ -370,7 +295,6 @@ impl MemoryResource for VirtualMemoryInfo {
 struct ExpandableGrowth {
     vm: Arc<dyn VirtualMemory>,
     maximum: Option<usize>,
-    trim_target: Arc<AtomicUsize>,
     /// Runs of mapped pages: start -> end (locked after the core's shared lock).
     mapped: Mutex<BTreeMap<usize, usize>>,
 }
@@ -518,17 +442,28 @@ fn remove_run_part(runs: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
 }
 
 impl Growth for ExpandableGrowth {
-    fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+    fn grow(&self, request: GrowRequest) -> Result<Block> {
         self.map(request, &NoRanges)
     }
 
-    fn grow_beside(
-        &self,
-        _upstream: &SharedResource,
-        request: GrowRequest,
-        fresh: &dyn FreeRanges,
-    ) -> Result<Block> {
+    fn grow_beside(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
         self.map(request, fresh)
+    }
+
+    fn kind(&self) -> MemoryKind {
+        self.vm.kind()
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.vm.device()
+    }
+
+    fn call_profile(&self) -> CallProfile {
+        self.vm.call_profile()
+    }
+
+    fn source_name(&self) -> &'static str {
+        "virtual_memory"
     }
 
     fn gives_back_chunks(&self) -> bool {
@@ -551,13 +486,13 @@ impl Growth for ExpandableGrowth {
 
     // The pages go when the virtual memory drops (after the core, which owns this policy).
     #[allow(unsafe_code)]
-    unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+    unsafe fn give_back(&self, _chunk: Block) -> Result<()> {
         Ok(())
     }
 
     #[allow(unsafe_code)]
-    fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
-        let target = self.trim_target.load(Ordering::Relaxed);
+    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> Result<usize> {
+        let target = keep;
         let page = self.page();
         let base = self.vm.base();
         let mut runs = self.mapped.lock();
@@ -592,12 +527,7 @@ impl Growth for ExpandableGrowth {
 
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,
     /// capped by the maximum.
-    fn memory_info(
-        &self,
-        _upstream: &SharedResource,
-        held: usize,
-        free: usize,
-    ) -> Option<(usize, usize)> {
+    fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
         let (up_free, up_total) = self.vm.memory_info()?;
         let max = self.maximum.unwrap_or(usize::MAX);
         let room = max.saturating_sub(held).min(up_free);

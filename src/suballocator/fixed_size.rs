@@ -24,10 +24,21 @@ pub struct FixedSizeMemoryResource {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     core: StreamOrderedCore<FixedSizeFreeList>,
+    /// The upstream (its growth policy's source, shared).
+    upstream: SharedResource,
     block_size: usize,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("core", &self.core)
+            .field("block_size", &self.block_size)
+            .field("upstream", &self.upstream.name())
+            .finish()
+    }
 }
 
 impl FixedSizeMemoryResource {
@@ -66,10 +77,11 @@ impl FixedSizeMemoryResource {
         let chunk = block_size
             .checked_mul(blocks_to_preallocate.max(1))
             .ok_or_else(|| Error::invalid("blocks_to_preallocate", "chunk size overflows"))?;
+        let source = upstream.clone();
         let core = StreamOrderedCore::new(
-            upstream,
             events,
             Box::new(Chunks {
+                upstream,
                 chunk,
                 block: block_size,
                 name: "fixed_size",
@@ -79,7 +91,11 @@ impl FixedSizeMemoryResource {
         );
         core.preallocate(chunk)?;
         Ok(FixedSizeMemoryResource {
-            inner: Arc::new(Inner { core, block_size }),
+            inner: Arc::new(Inner {
+                core,
+                upstream: source,
+                block_size,
+            }),
         })
     }
 
@@ -100,7 +116,7 @@ impl FixedSizeMemoryResource {
 
     /// The upstream resource.
     pub fn upstream(&self) -> &SharedResource {
-        self.inner.core.upstream()
+        &self.inner.upstream
     }
 }
 

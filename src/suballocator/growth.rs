@@ -1,5 +1,7 @@
-//! How a stream-ordered core gets memory from its upstream and gives it back: the [`Growth`]
-//! hook, and the two policies of today ([`Geometric`] for the pool, [`Chunks`] for fixed-size).
+//! How a stream-ordered core gets memory and gives it back: the [`Growth`] hook, and the
+//! policies over an upstream resource ([`Geometric`] for the pool, [`Chunks`] for fixed-size).
+//! Each policy owns its source of memory (an upstream resource, or the expandable pool's
+//! virtual memory) and describes it (kind, device, call profile, free memory) to the core.
 //!
 //! # Extension point
 //! A strategy decides the size of each upstream request and owns its error text; the core only
@@ -18,7 +20,7 @@
 use super::free_list::{Block, FreeList};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
-use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
+use crate::resource::{CallProfile, MemoryKind, SharedResource, ALLOCATION_ALIGNMENT};
 
 /// One growth request of the core.
 #[derive(Clone, Copy, Debug)]
@@ -52,27 +54,46 @@ impl<F: FreeList> FreeRanges for F {
     }
 }
 
-/// How a core grows from, and gives back to, its upstream.
+/// How a core grows from, and gives back to, its source of memory (which the policy owns).
 pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
-    /// A new chunk of at least `request.size` bytes from `upstream`.
+    /// The upstream resource the policy allocates from, if its source is one (the defaults of
+    /// the describing methods below read it; a policy without one overrides them).
+    fn upstream(&self) -> Option<&SharedResource> {
+        None
+    }
+
+    /// A new chunk of at least `request.size` bytes.
     ///
     /// # Errors
     /// Out of memory with the strategy's own text; other upstream errors as they are.
-    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block>;
+    fn grow(&self, request: GrowRequest) -> Result<Block>;
 
     /// As [`Growth::grow`], seeing the fresh list's free ranges (a policy that extends one range
     /// in place picks where to map from them); the default ignores them.
     ///
     /// # Errors
     /// As [`Growth::grow`].
-    fn grow_beside(
-        &self,
-        upstream: &SharedResource,
-        request: GrowRequest,
-        fresh: &dyn FreeRanges,
-    ) -> Result<Block> {
+    fn grow_beside(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
         let _ = fresh;
-        self.grow(upstream, request)
+        self.grow(request)
+    }
+
+    /// The initial chunk of exactly `bytes` (construction), for a policy that gives chunks back;
+    /// the default asks the upstream.
+    ///
+    /// # Errors
+    /// The upstream's error; [`Error::Logic`] for a policy without an upstream that does not
+    /// override it.
+    fn initial_chunk(&self, bytes: usize) -> Result<Block> {
+        let upstream = self
+            .upstream()
+            .ok_or_else(|| Error::Logic("this growth policy has no initial chunk".into()))?;
+        let addr = upstream.allocate(bytes, Stream::DEFAULT)?;
+        Ok(Block {
+            addr,
+            size: bytes,
+            region: addr,
+        })
     }
 
     /// Whether the core gives fully free chunks back through [`Growth::give_back`] on
@@ -95,42 +116,65 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
         true
     }
 
-    /// Returns a chunk that `grow` (or the core's preallocation) produced.
+    /// Returns a chunk that `grow` (or [`Growth::initial_chunk`]) produced; the default frees
+    /// it to the upstream.
     ///
     /// # Safety
-    /// 1. `chunk` is exactly a chunk that [`Growth::grow`] returned for `upstream` (or the core
-    ///    allocated from `upstream` with that size), not given back since.
+    /// 1. `chunk` is exactly a chunk that [`Growth::grow`] or [`Growth::initial_chunk`] of this
+    ///    policy returned, not given back since.
     /// 2. No block of it is allocated, and every stream was synchronized after its last use.
     ///
     /// # Errors
     /// The upstream's error.
     #[allow(unsafe_code)]
-    unsafe fn give_back(&self, upstream: &SharedResource, chunk: Block) -> Result<()> {
-        // SAFETY: by 1 the chunk came from `upstream.allocate` with this size and is freed once;
-        // by 2 no work uses it.
-        unsafe { upstream.deallocate(chunk.addr, chunk.size, Stream::DEFAULT) }
+    unsafe fn give_back(&self, chunk: Block) -> Result<()> {
+        match self.upstream() {
+            // SAFETY: by 1 the chunk came from `upstream.allocate` with this size and is freed
+            // once; by 2 no work uses it.
+            Some(upstream) => unsafe {
+                upstream.deallocate(chunk.addr, chunk.size, Stream::DEFAULT)
+            },
+            None => Ok(()),
+        }
     }
 
     /// Gives back free memory inside free blocks of `fresh` (after every stream was synchronized
-    /// and merged); the bytes given back. The default trims nothing.
+    /// and merged) while more than `keep` bytes are held; the bytes given back. The default
+    /// trims nothing.
     ///
     /// # Errors
-    /// The upstream's error.
-    fn trim(&self, upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
-        let _ = (upstream, fresh);
+    /// The source's error.
+    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> Result<usize> {
+        let _ = (fresh, keep);
         Ok(0)
     }
 
     /// The resource's `memory_info`, given what the core holds and has free; the default is the
     /// upstream's.
-    fn memory_info(
-        &self,
-        upstream: &SharedResource,
-        held: usize,
-        free: usize,
-    ) -> Option<(usize, usize)> {
+    fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
         let _ = (held, free);
-        upstream.memory_info()
+        self.upstream()?.memory_info()
+    }
+
+    /// The kind of memory the source hands out.
+    fn kind(&self) -> MemoryKind {
+        self.upstream().map_or(MemoryKind::Device, |u| u.kind())
+    }
+
+    /// The source's device, where it has one.
+    fn device(&self) -> Option<usize> {
+        self.upstream()?.device()
+    }
+
+    /// What calls into the source may do.
+    fn call_profile(&self) -> CallProfile {
+        self.upstream()
+            .map_or(CallProfile::UNKNOWN, |u| u.call_profile())
+    }
+
+    /// The source's short name, for debug output.
+    fn source_name(&self) -> &'static str {
+        self.upstream().map_or("?", |u| u.name())
     }
 }
 
@@ -223,14 +267,30 @@ pub(crate) fn check_maximum(
 /// `maximum` and by the upstream's free memory (when known and enough for the need; when known
 /// and less than the need, ask for the need alone, once); on an upstream failure halve the
 /// request, down to the need. Each chunk is its own region.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub(crate) struct Geometric {
+    /// Where chunks come from.
+    pub upstream: SharedResource,
     /// The pool's maximum size, if any.
     pub maximum: Option<usize>,
 }
 
+impl std::fmt::Debug for Geometric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Geometric")
+            .field("upstream", &self.upstream.name())
+            .field("maximum", &self.maximum)
+            .finish()
+    }
+}
+
 impl Growth for Geometric {
-    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+    fn upstream(&self) -> Option<&SharedResource> {
+        Some(&self.upstream)
+    }
+
+    fn grow(&self, request: GrowRequest) -> Result<Block> {
+        let upstream = &self.upstream;
         let GrowRequest { size, held, .. } = request;
         check_maximum(self.maximum, request.bytes, held, size)?;
         let room = self.maximum.map_or(usize::MAX, |m| m.saturating_sub(held));
@@ -261,13 +321,8 @@ impl Growth for Geometric {
 
     /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
     /// total, capped by the maximum.
-    fn memory_info(
-        &self,
-        upstream: &SharedResource,
-        held: usize,
-        free: usize,
-    ) -> Option<(usize, usize)> {
-        let (up_free, up_total) = upstream.memory_info()?;
+    fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
+        let (up_free, up_total) = self.upstream.memory_info()?;
         let max = self.maximum.unwrap_or(usize::MAX);
         let room = max.saturating_sub(held).min(up_free);
         Some((free + room, up_total.min(max)))
@@ -276,8 +331,10 @@ impl Growth for Geometric {
 
 /// The fixed-size policy: chunks of `chunk` bytes; on an upstream failure halve (in whole
 /// blocks) down to one `block`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub(crate) struct Chunks {
+    /// Where chunks come from.
+    pub upstream: SharedResource,
     /// Bytes per chunk.
     pub chunk: usize,
     /// Bytes per block.
@@ -286,11 +343,25 @@ pub(crate) struct Chunks {
     pub name: &'static str,
 }
 
+impl std::fmt::Debug for Chunks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunks")
+            .field("upstream", &self.upstream.name())
+            .field("chunk", &self.chunk)
+            .field("block", &self.block)
+            .finish()
+    }
+}
+
 impl Growth for Chunks {
-    fn grow(&self, upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+    fn upstream(&self) -> Option<&SharedResource> {
+        Some(&self.upstream)
+    }
+
+    fn grow(&self, request: GrowRequest) -> Result<Block> {
         let size = request.size;
         allocate_halving(
-            upstream,
+            &self.upstream,
             request,
             self.chunk.max(size),
             size.max(self.block),

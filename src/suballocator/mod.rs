@@ -18,9 +18,8 @@ mod fixed_size_free_list;
 mod free_list;
 mod growth;
 mod pool;
-pub mod pool_stats;
+mod pool_stats;
 mod size_classes;
-pub mod snapshot;
 pub mod stream_events;
 mod stream_list;
 mod stream_ordered;
@@ -30,8 +29,6 @@ pub use binning::BinningMemoryResource;
 pub use expandable::{ExpandableMemoryResource, DEFAULT_RESERVE_FACTOR};
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use pool::PoolMemoryResource;
-pub use pool_stats::{MemoryStats, Stat};
-pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };

@@ -35,10 +35,21 @@ pub struct PoolMemoryResource {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     core: StreamOrderedCore<CoalescingFreeList>,
+    /// The upstream (its growth policy's source, shared).
+    upstream: SharedResource,
     maximum_pool_size: Option<usize>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("core", &self.core)
+            .field("maximum_pool_size", &self.maximum_pool_size)
+            .field("upstream", &self.upstream.name())
+            .finish()
+    }
 }
 
 impl PoolMemoryResource {
@@ -92,10 +103,11 @@ impl PoolMemoryResource {
                 "Initial pool size exceeds the maximum pool size!".into(),
             ));
         }
+        let source = upstream.clone();
         let core = StreamOrderedCore::new(
-            upstream,
             events,
             Box::new(Geometric {
+                upstream,
                 maximum: maximum_pool_size,
             }),
             (),
@@ -105,6 +117,7 @@ impl PoolMemoryResource {
         Ok(PoolMemoryResource {
             inner: Arc::new(Inner {
                 core,
+                upstream: source,
                 maximum_pool_size,
             }),
         })
@@ -129,7 +142,7 @@ impl PoolMemoryResource {
     /// # Time Complexity
     /// O(free blocks).
     pub fn release(&self) -> Result<usize> {
-        self.inner.core.release()
+        self.inner.core.release(0)
     }
 
     /// Free bytes in the pool, over all streams.
@@ -157,7 +170,7 @@ impl PoolMemoryResource {
 
     /// The upstream resource.
     pub fn upstream(&self) -> &SharedResource {
-        self.inner.core.upstream()
+        &self.inner.upstream
     }
 }
 
@@ -324,7 +337,13 @@ mod tests {
         let b = pool.allocate(256 << 10, s2).unwrap();
         let c = pool.allocate(512 << 10, s1).unwrap();
         assert_eq!(up.bytes_in_use(), 1 << 20, "the device is full");
-        let retries = || pool.memory_stats().unwrap().num_alloc_retries;
+        let retries = || {
+            pool.report()
+                .unwrap()
+                .memory_stats()
+                .unwrap()
+                .num_alloc_retries
+        };
         for _ in 0..3 {
             let e = pool.allocate(512 << 10, s1).unwrap_err();
             assert!(e.is_out_of_memory(), "{e}");
@@ -349,7 +368,15 @@ mod tests {
             free(&pool, p, 512 << 10, s).unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
-        assert_eq!(pool.memory_stats().unwrap().allocation.current, 0);
+        assert_eq!(
+            pool.report()
+                .unwrap()
+                .memory_stats()
+                .unwrap()
+                .allocation
+                .current,
+            0
+        );
     }
 
     #[test]

@@ -86,25 +86,25 @@
 
 use super::free_list::{AddressMap, Block, Found, FreeList, ListId, FRESH};
 use super::growth::{GrowRequest, Growth};
-use super::pool_stats::{MemoryStats, PoolCounters};
-use super::snapshot::{assemble, BlockState, SegmentInfo};
+use super::pool_stats::PoolCounters;
 use super::stream_events::{StreamEvents, StreamKey};
 use super::stream_list::{ListMarks, ListState, StreamList};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::report::snapshot::{assemble, BlockState, SegmentInfo};
+use crate::report::{MemoryStats, PoolReport};
 use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The generic stream-ordered suballocator: free lists of type `F`, a growth policy, an
-/// upstream, and stream events.
+/// The generic stream-ordered suballocator: free lists of type `F`, a growth policy (which
+/// owns the source of memory), and stream events.
 pub(crate) struct StreamOrderedCore<F: FreeList> {
     /// Unique for the process's lifetime (the per-thread list cache's key; no cache under loom).
     #[cfg_attr(loom, allow(dead_code))]
     id: u64,
-    upstream: SharedResource,
     events: Arc<dyn StreamEvents>,
     growth: Box<dyn Growth>,
     sizing: F::Sizing,
@@ -119,7 +119,7 @@ impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamOrderedCore")
             .field("name", &self.name)
-            .field("upstream", &self.upstream.name())
+            .field("source", &self.growth.source_name())
             .field("growth", &self.growth)
             .field("sizing", &self.sizing)
             .field("events", &self.events)
@@ -177,10 +177,16 @@ struct Directory<F> {
 
 /// Which default events to use over `upstream`.
 pub(crate) fn default_events(upstream: &SharedResource) -> Arc<dyn StreamEvents> {
+    default_events_for(upstream.kind(), upstream.device())
+}
+
+/// Which default events to use over memory of `kind` on `device`: none for simulated memory
+/// (nothing runs on its streams), CUDA events otherwise.
+pub(crate) fn default_events_for(kind: MemoryKind, device: Option<usize>) -> Arc<dyn StreamEvents> {
     use super::stream_events::{CudaStreamEvents, NoStreamEvents};
-    match upstream.kind() {
+    match kind {
         MemoryKind::Simulated => Arc::new(NoStreamEvents),
-        _ => Arc::new(CudaStreamEvents::new(upstream.device())),
+        _ => Arc::new(CudaStreamEvents::new(device)),
     }
 }
 
@@ -189,7 +195,6 @@ static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
 impl<F: FreeList> StreamOrderedCore<F> {
     /// A core with no memory yet.
     pub(crate) fn new(
-        upstream: SharedResource,
         events: Arc<dyn StreamEvents>,
         growth: Box<dyn Growth>,
         sizing: F::Sizing,
@@ -207,7 +212,6 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 by_key: AddressMap::default(),
                 all: Vec::new(),
             }),
-            upstream,
             events,
             growth,
             sizing,
@@ -216,12 +220,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
     }
 
-    /// The upstream resource.
-    pub(crate) fn upstream(&self) -> &SharedResource {
-        &self.upstream
-    }
-
-    /// Adds exactly `bytes` from the upstream to the fresh list as the initial chunk
+    /// Adds exactly `bytes` from the source to the fresh list as the initial chunk
     /// (construction).
     pub(crate) fn preallocate(&self, bytes: usize) -> Result<()> {
         if bytes == 0 {
@@ -237,12 +236,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             };
             return self.grow(&mut sh, request);
         }
-        let addr = self.upstream.allocate(bytes, Stream::DEFAULT)?;
-        let block = Block {
-            addr,
-            size: bytes,
-            region: addr,
-        };
+        let block = self.growth.initial_chunk(bytes)?;
         let mut sh = self.shared.lock();
         Self::add_chunk(&mut sh, block, true);
         self.counters.segment_added(bytes);
@@ -396,7 +390,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if !gave_back && self.growth.may_grow_after_release(size) {
             gave_back = true;
             let chunks = self.take_free_chunks(sh, false);
-            let trimmed = self.trim_fresh(sh)?;
+            // Out of memory: trim everything free (keep nothing beyond what is allocated).
+            let trimmed = self.trim_fresh(sh, 0)?;
             if !chunks.is_empty() || trimmed > 0 {
                 self.give_back_chunks(chunks)?;
                 match self.grow(sh, request) {
@@ -452,7 +447,6 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Adds a chunk of at least `request.size` bytes from the upstream to the fresh list.
     fn grow(&self, sh: &mut Shared<F>, request: Request) -> Result<()> {
         let chunk = self.growth.grow_beside(
-            &self.upstream,
             GrowRequest {
                 bytes: request.bytes,
                 size: request.size,
@@ -472,10 +466,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
         Ok(())
     }
 
-    /// Lets the growth policy trim free memory of the fresh list (after a synchronize-and-merge);
-    /// the bytes it gave back.
-    fn trim_fresh(&self, sh: &mut Shared<F>) -> Result<usize> {
-        let trimmed = self.growth.trim(&self.upstream, &mut sh.fresh)?;
+    /// Lets the growth policy trim free memory of the fresh list (after a synchronize-and-merge)
+    /// while more than `keep` bytes are held; the bytes it gave back.
+    fn trim_fresh(&self, sh: &mut Shared<F>, keep: usize) -> Result<usize> {
+        let trimmed = self.growth.trim(&mut sh.fresh, keep)?;
         if trimmed > 0 {
             sh.pool_size -= trimmed;
             self.counters.unmapped(trimmed);
@@ -564,7 +558,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             // of the chunk table (so given back once) after every stream was synchronized: no
             // block of it is allocated and no work uses it.
             #[allow(unsafe_code)]
-            let given = unsafe { self.growth.give_back(&self.upstream, chunk) };
+            let given = unsafe { self.growth.give_back(chunk) };
             if let Err(e) = given {
                 first_error.get_or_insert(e);
             }
@@ -661,14 +655,14 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Synchronizes, merges, gives every fully free upstream chunk back (and lets the growth
-    /// policy trim); bytes released.
-    pub(crate) fn release(&self) -> Result<usize> {
+    /// policy trim while more than `keep` bytes are held); bytes released.
+    pub(crate) fn release(&self, keep: usize) -> Result<usize> {
         let (chunks, trimmed) = {
             let mut sh = self.shared.lock();
             self.synchronize_and_merge(&mut sh, true)?;
             sh.settled = None;
             let chunks = self.take_free_chunks(&mut sh, true);
-            let trimmed = self.trim_fresh(&mut sh)?;
+            let trimmed = self.trim_fresh(&mut sh, keep)?;
             (chunks, trimmed)
         };
         let released: usize = chunks.iter().map(|c| c.size).sum();
@@ -794,6 +788,25 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 }
 
+impl<F: FreeList> PoolReport for StreamOrderedCore<F> {
+    fn footprint(&self) -> Footprint {
+        StreamOrderedCore::footprint(self)
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(StreamOrderedCore::memory_stats(self))
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        StreamOrderedCore::reset_peak_memory_stats(self);
+        true
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
+        Some(StreamOrderedCore::snapshot(self))
+    }
+}
+
 impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
@@ -810,43 +823,33 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
     }
 
     fn kind(&self) -> MemoryKind {
-        self.upstream.kind()
+        self.growth.kind()
     }
 
     fn device(&self) -> Option<usize> {
-        self.upstream.device()
+        self.growth.device()
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
-        self.growth
-            .memory_info(&self.upstream, self.pool_size(), self.free_bytes())
+        self.growth.memory_info(self.pool_size(), self.free_bytes())
     }
 
-    fn footprint(&self) -> Option<Footprint> {
-        Some(StreamOrderedCore::footprint(self))
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(self)
     }
 
-    /// The upstream's: growth and release call it, and cross-stream waits are CUDA events
-    /// exactly when the upstream is real memory (which blocks anyway).
+    fn upstreams(&self) -> Vec<SharedResource> {
+        self.growth.upstream().into_iter().cloned().collect()
+    }
+
+    /// The source's: growth and release call it, and cross-stream waits are CUDA events
+    /// exactly when the source is real memory (which blocks anyway).
     fn call_profile(&self) -> crate::resource::CallProfile {
-        self.upstream.call_profile()
+        self.growth.call_profile()
     }
 
     fn name(&self) -> &'static str {
         self.name
-    }
-
-    fn memory_stats(&self) -> Option<MemoryStats> {
-        Some(StreamOrderedCore::memory_stats(self))
-    }
-
-    fn reset_peak_memory_stats(&self) -> bool {
-        StreamOrderedCore::reset_peak_memory_stats(self);
-        true
-    }
-
-    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
-        Some(StreamOrderedCore::snapshot(self))
     }
 }
 
@@ -896,9 +899,14 @@ macro_rules! forward_memory_resource {
                 $crate::resource::MemoryResource::memory_info($core)
             }
 
-            fn footprint(&self) -> Option<$crate::resource::Footprint> {
+            fn report(&self) -> Option<&dyn $crate::report::PoolReport> {
                 let $this = self;
-                $crate::resource::MemoryResource::footprint($core)
+                $crate::resource::MemoryResource::report($core)
+            }
+
+            fn upstreams(&self) -> Vec<$crate::SharedResource> {
+                let $this = self;
+                $crate::resource::MemoryResource::upstreams($core)
             }
 
             fn call_profile(&self) -> $crate::resource::CallProfile {
@@ -909,21 +917,6 @@ macro_rules! forward_memory_resource {
             fn name(&self) -> &'static str {
                 let $this = self;
                 $crate::resource::MemoryResource::name($core)
-            }
-
-            fn memory_stats(&self) -> Option<$crate::suballocator::MemoryStats> {
-                let $this = self;
-                $crate::resource::MemoryResource::memory_stats($core)
-            }
-
-            fn reset_peak_memory_stats(&self) -> bool {
-                let $this = self;
-                $crate::resource::MemoryResource::reset_peak_memory_stats($core)
-            }
-
-            fn memory_snapshot(&self) -> Option<Vec<$crate::suballocator::SegmentInfo>> {
-                let $this = self;
-                $crate::resource::MemoryResource::memory_snapshot($core)
             }
         }
     };
@@ -939,7 +932,7 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
             // could free them are gone), every stream was just synchronized, and the chunk
             // table held each chunk once.
             #[allow(unsafe_code)]
-            let _ = unsafe { self.growth.give_back(&self.upstream, chunk.block) };
+            let _ = unsafe { self.growth.give_back(chunk.block) };
         }
         // Per-thread caches may still hold the lists: leave them empty.
         for list in &self.directory.read().all {
@@ -954,7 +947,6 @@ mod tests {
     use super::super::growth::FreeRanges;
     use super::super::stream_events::NoStreamEvents;
     use super::*;
-    use crate::resource::SimulatedMemoryResource;
 
     /// A policy like the expandable pool's: one address range, grown by "mapping" at its end
     /// (one region, so extensions coalesce), trimmed whole on release.
@@ -966,7 +958,7 @@ mod tests {
     const BASE: usize = 0x7000_0000;
 
     impl Growth for OneRange {
-        fn grow(&self, _upstream: &SharedResource, request: GrowRequest) -> Result<Block> {
+        fn grow(&self, request: GrowRequest) -> Result<Block> {
             let mut mapped = self
                 .mapped
                 .lock()
@@ -981,10 +973,10 @@ mod tests {
             Ok(block)
         }
         #[allow(unsafe_code)]
-        unsafe fn give_back(&self, _upstream: &SharedResource, _chunk: Block) -> Result<()> {
+        unsafe fn give_back(&self, _chunk: Block) -> Result<()> {
             Ok(())
         }
-        fn trim(&self, _upstream: &SharedResource, fresh: &mut dyn FreeRanges) -> Result<usize> {
+        fn trim(&self, fresh: &mut dyn FreeRanges, _keep: usize) -> Result<usize> {
             let mut trimmed = 0;
             for b in fresh.ranges() {
                 assert!(fresh.take_range(b.addr, b.size));
@@ -996,9 +988,7 @@ mod tests {
 
     #[test]
     fn a_range_grown_at_its_end_coalesces_and_trims() {
-        let up: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 20));
         let core = StreamOrderedCore::<CoalescingFreeList>::new(
-            up,
             Arc::new(NoStreamEvents),
             Box::new(OneRange::default()),
             (),
@@ -1020,7 +1010,7 @@ mod tests {
         let c = core.allocate(8192, s).unwrap();
         assert_eq!((c, core.pool_size()), (BASE, 8192), "served with no growth");
         core.deallocate(c, 8192, s).unwrap();
-        assert_eq!(core.release().unwrap(), 8192, "trimmed");
+        assert_eq!(core.release(0).unwrap(), 8192, "trimmed");
         assert_eq!((core.pool_size(), core.free_bytes()), (0, 0));
         assert_eq!(core.allocate(256, s).unwrap(), BASE + 8192);
         assert_eq!(core.name(), "one_range");

@@ -246,6 +246,45 @@ print("CHILD OK")
     )
 
 
+_HOST_COPIES = {
+    "DeviceBuffer-ptr": "DeviceBuffer(ptr=src.ctypes.data, size=src.nbytes).tobytes() == src.tobytes()",
+    "DeviceBuffer-ptr-mr": "DeviceBuffer(ptr=src.ctypes.data, size=src.nbytes, mr=sys_mr).tobytes() == src.tobytes()",
+    "copy_ptr_to_host": "(copy_ptr_to_host(src.ctypes.data, dst.view(np.uint8)) or True) and dst.tobytes() == src.tobytes()",
+    "copy_host_to_ptr": "(copy_host_to_ptr(src.view(np.uint8), dst.ctypes.data) or True) and dst.tobytes() == src.tobytes()",
+    "copy_device_to_ptr": "(copy_device_to_ptr(src.ctypes.data, dst.ctypes.data, src.nbytes) or True) and dst.tobytes() == src.tobytes()",
+    "slices-from-threads": "threaded_slices()",
+}
+
+
+@pytest.mark.parametrize("call", list(_HOST_COPIES.values()), ids=list(_HOST_COPIES))
+def test_pageable_host_memory_is_copied_as_rmm_does(child, call):
+    """RMM's `DeviceBuffer(ptr=<host address>, size=n)` copies from pageable host memory (its
+    docstring: "host or device memory"); so do the raw copies. Issue 18's regression: rrmm had
+    refused every pageable host address. (On a machine without a GPU the copies are host
+    copies; the GPU run checks the same through CUDA, beside RMM.)"""
+    child(
+        f"""
+import threading
+import numpy as np
+mr.set_current_device_resource(mr.SystemMemoryResource())
+sys_mr = mr.SystemMemoryResource()
+src = np.arange(50000, dtype=np.float32)
+dst = np.zeros_like(src)
+def threaded_slices():
+    out = [None] * 8
+    def work(i):
+        part = src[i * 6250:(i + 1) * 6250]
+        out[i] = DeviceBuffer(ptr=part.ctypes.data, size=part.nbytes).tobytes()
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    return b"".join(out) == src.tobytes()
+assert {call}
+print("CHILD OK")
+"""
+    )
+
+
 _SIM_COPIES = {
     "copy_ptr_to_host": "copy_ptr_to_host(p, bytearray(16))",
     "copy_host_to_ptr": "copy_host_to_ptr(b'x' * 16, p)",
@@ -269,27 +308,39 @@ _BOGUS_COPIES = {
     "copy_device_to_ptr-dst": "copy_device_to_ptr(host.ptr, BOGUS, 16)",
     "DeviceBuffer-ptr": "DeviceBuffer(ptr=BOGUS, size=16, mr=mr.SystemMemoryResource())",
     "copy_from_device": "host.copy_from_device(Cai(BOGUS, 16))",
-    "numpy-host-as-device": "copy_ptr_to_host(arr.ctypes.data, bytearray(16))",
+    "read-only-destination": "copy_host_to_ptr(b'x' * 16, ro.ctypes.data)",
+    "unmapped-after-mapped": "copy_ptr_to_host(tail, bytearray(32))",
     "past-the-end": "copy_ptr_to_host(host.ptr, bytearray(4096))",
 }
 
 
 @pytest.mark.parametrize("call", list(_BOGUS_COPIES.values()), ids=list(_BOGUS_COPIES))
 def test_copy_through_a_bogus_address_is_an_error(child, call):
-    """Addresses that neither CUDA nor a live rrmm system allocation vouches for (was SIGSEGV:
-    the driver dereferences an address it does not know as pageable host memory)."""
+    """Addresses nothing vouches for: not known to CUDA, not a live rrmm system allocation, not
+    host memory mapped with the access the copy needs (was SIGSEGV: the driver dereferences an
+    address it does not know as pageable host memory); a range running past the end of the
+    allocation that holds its start."""
     child(
         f"""
+import mmap
 import numpy as np
 BOGUS = 0x1000
 arr = np.zeros(16, dtype=np.uint8)
+ro = np.frombuffer(mmap.mmap(-1, 4096, prot=mmap.PROT_READ), dtype=np.uint8)
+two = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+base = np.frombuffer(two, dtype=np.uint8).ctypes.data
+import ctypes
+libc = ctypes.CDLL(None)
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+assert libc.munmap(base + mmap.PAGESIZE, mmap.PAGESIZE) == 0
+tail = base + mmap.PAGESIZE - 16
 class Cai:
     def __init__(self, ptr, n):
         self.__cuda_array_interface__ = {{
             "data": (ptr, False), "shape": (n,), "strides": None, "typestr": "|u1", "version": 3,
         }}
 host = DeviceBuffer(size=16, mr=mr.SystemMemoryResource())
-expect(ValueError, r"not memory rrmm can copy", lambda: {call})
+expect(ValueError, r"not memory rrmm can copy|runs past the end", lambda: {call})
 host.copy_from_host(b"y" * 16)
 assert host.tobytes() == b"y" * 16
 copy_ptr_to_host(host.ptr, arr)

@@ -79,7 +79,8 @@ use super::stream_ordered::default_events;
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, SharedResource, ALLOCATION_ALIGNMENT,
+    align_up, Footprint, MemoryKind, MemoryResource, PoolReport, SharedResource,
+    ALLOCATION_ALIGNMENT,
 };
 use global::GlobalArena;
 use local::{Freed, LocalArena};
@@ -312,10 +313,10 @@ impl ArenaMemoryResource {
 
     /// The global arena's free ranges and every arena's superblocks, as the dump writes them.
     pub fn state_report(&self) -> String {
-        self.report(None)
+        self.describe(None)
     }
 
-    fn report(&self, requested: Option<usize>) -> String {
+    fn describe(&self, requested: Option<usize>) -> String {
         let arenas = self.snapshot();
         let guards: Vec<_> = arenas.iter().map(|a| (a.key, a.state.lock())).collect();
         let views: Vec<(ArenaKey, &LocalArena)> = guards.iter().map(|(k, g)| (*k, &**g)).collect();
@@ -478,7 +479,7 @@ impl ArenaMemoryResource {
 
     fn dump(&self, bytes: usize) {
         if let Some(path) = &self.inner.dump_path {
-            let text = self.report(Some(bytes));
+            let text = self.describe(Some(bytes));
             // The out-of-memory error is what the caller needs; a dump that cannot be written is
             // not worth replacing it.
             let _ = std::fs::OpenOptions::new()
@@ -505,6 +506,12 @@ impl ArenaMemoryResource {
         fp.largest_free_block = fp.largest_free_block.max(global.largest_free());
         fp.free_blocks += global.free_count();
         fp
+    }
+}
+
+impl PoolReport for ArenaMemoryResource {
+    fn footprint(&self) -> Footprint {
+        self.footprint_now()
     }
 }
 
@@ -601,8 +608,12 @@ impl MemoryResource for ArenaMemoryResource {
         Some((self.free_bytes(), self.inner.size))
     }
 
-    fn footprint(&self) -> Option<Footprint> {
-        Some(self.footprint_now())
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(self)
+    }
+
+    fn upstreams(&self) -> Vec<SharedResource> {
+        vec![self.inner.upstream.clone()]
     }
 
     /// The upstream's: the arena's growth calls it, and its stream waits are CUDA calls exactly

@@ -247,7 +247,7 @@ fn dump_on_failure_writes_global_ranges_and_superblocks() {
 fn footprint_counts_free_bytes_everywhere() {
     let mr = arena(8 * MIB);
     let p = mr.allocate(MIB / 4, S1).unwrap();
-    let fp = mr.footprint().unwrap();
+    let fp = mr.report().unwrap().footprint();
     assert_eq!(fp.held_bytes, 8 * MIB);
     assert_eq!(fp.free_bytes, 8 * MIB - MIB / 4);
     assert_eq!(fp.largest_free_block, 7 * MIB);

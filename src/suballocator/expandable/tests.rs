@@ -51,7 +51,7 @@ fn the_log_that_fails_on_the_pool_fits_here() {
     free(&mr, a, 12 * GIB, S).unwrap();
     let c = mr.allocate(20 * GIB, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 28 * GIB, "the free 12 GiB were unmapped");
-    let stats = mr.memory_stats().unwrap();
+    let stats = mr.report().unwrap().memory_stats().unwrap();
     assert_eq!(stats.num_alloc_retries, 1);
     assert_eq!(stats.num_ooms, 0);
     free(&mr, b, 8 * GIB, S).unwrap();
@@ -111,7 +111,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     );
     assert_eq!(mr.mapped_bytes(), 2 * P);
     assert!(vm.is_mapped(a) && !vm.is_mapped(b) && vm.is_mapped(c));
-    let snapshot = mr.memory_snapshot().unwrap();
+    let snapshot = mr.report().unwrap().memory_snapshot().unwrap();
     assert_eq!(snapshot.len(), 2, "two mapped runs");
     assert!(snapshot.iter().all(|s| s.expandable));
     // A 3-page block goes into the hole (lowest gap that holds it).
@@ -172,7 +172,7 @@ fn maximum_pool_size_is_honoured() {
     free(&mr, a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
     free(&mr, b, 4 * P, S).unwrap();
-    assert_eq!(mr.memory_stats().unwrap().num_ooms, 1);
+    assert_eq!(mr.report().unwrap().memory_stats().unwrap().num_ooms, 1);
     assert!(ExpandableMemoryResource::new(vm.clone(), Some(100), None, None).is_err());
     assert!(ExpandableMemoryResource::new(vm, Some(2048), Some(1024), None).is_err());
 }
@@ -219,7 +219,7 @@ fn initial_size_is_mapped_at_once() {
     assert_eq!(mr.reserved_bytes(), 256 * P);
     assert_eq!(mr.name(), "expandable");
     assert_eq!(mr.kind(), MemoryKind::Simulated);
-    let stats = mr.memory_stats().unwrap();
+    let stats = mr.report().unwrap().memory_stats().unwrap();
     assert_eq!(stats.reserved_bytes.current, 3 * P as u64);
     assert_eq!(mr.memory_info(), Some((64 * P, 64 * P)));
 }
@@ -231,19 +231,22 @@ fn stats_and_snapshot_describe_the_blocks() {
     let a = mr.allocate(1000, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
     free(&mr, a, 1000, S).unwrap();
-    let s = mr.memory_stats().unwrap();
+    let s = mr.report().unwrap().memory_stats().unwrap();
     assert_eq!(s.allocation.current, 1);
     assert_eq!(s.allocation.peak, 2);
     assert_eq!(s.allocated_bytes.current, P as u64);
     assert_eq!(s.allocated_bytes.allocated, (P + 1024) as u64);
     assert_eq!(s.reserved_bytes.current, 2 * P as u64);
     assert_eq!(s.inactive_split_bytes, P as u64);
-    let segs = mr.memory_snapshot().unwrap();
+    let segs = mr.report().unwrap().memory_snapshot().unwrap();
     assert_eq!(segs.len(), 1);
     assert_eq!(segs[0].total_size, 2 * P);
     assert_eq!(segs[0].allocated_size(), P);
-    mr.reset_peak_memory_stats();
-    assert_eq!(mr.memory_stats().unwrap().allocation.peak, 1);
+    mr.report().unwrap().reset_peak_memory_stats();
+    assert_eq!(
+        mr.report().unwrap().memory_stats().unwrap().allocation.peak,
+        1
+    );
     free(&mr, b, P, S).unwrap();
 }
 
@@ -320,7 +323,7 @@ proptest! {
         }
         mr.trim(usize::MAX).unwrap();
         // 4. everything free and merged: one free block per mapped run.
-        let runs = mr.memory_snapshot().unwrap().len();
+        let runs = mr.report().unwrap().memory_snapshot().unwrap().len();
         prop_assert_eq!(mr.free_block_count(), runs);
         mr.trim(0).unwrap();
         prop_assert_eq!(mr.mapped_bytes(), 0);

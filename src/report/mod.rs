@@ -1,0 +1,41 @@
+//! What resources that hold memory report about it: the ground floor of the crate's figures
+//! (nothing here imports a resource). A resource offers them through one accessor,
+//! [`MemoryResource::report`](crate::MemoryResource::report), which adaptors forward to their
+//! upstream; a new figure is a method here and in the resources that have it.
+//!
+//! - [`Footprint`]: bytes held and free, the largest free block (every memory-holding resource).
+//! - [`MemoryStats`]: PyTorch's `torch.cuda.memory_stats()` figures (pools).
+//! - [`SegmentInfo`]: segments and blocks as `torch.cuda.memory._snapshot()` lays them out.
+
+#![deny(unsafe_code)]
+
+mod footprint;
+mod memory_stats;
+pub mod snapshot;
+
+pub use footprint::Footprint;
+pub use memory_stats::{MemoryStats, Stat};
+pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
+
+/// The figures of a resource that holds memory (a pool, an arena, an expandable pool, binning,
+/// simulated memory), reached through [`MemoryResource::report`](crate::MemoryResource::report).
+pub trait PoolReport: Send + Sync {
+    /// Bytes held, free, the largest free block and the number of free blocks.
+    fn footprint(&self) -> Footprint;
+
+    /// PyTorch-style counters; `None` where the resource keeps none.
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
+
+    /// Sets the peaks of [`PoolReport::memory_stats`] to the current values; whether there were
+    /// counters to reset.
+    fn reset_peak_memory_stats(&self) -> bool {
+        false
+    }
+
+    /// Every segment and block; `None` where the resource does not lay them out.
+    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
+        None
+    }
+}
