@@ -146,12 +146,47 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Sets `size` to at most the capacity, without reallocating.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `size` is above the capacity.
+    pub fn resize_within_capacity(&mut self, size: usize) -> Result<()> {
+        if size > self.capacity {
+            return Err(Error::invalid(
+                "size",
+                format!("{size} bytes is more than the capacity, {}", self.capacity),
+            ));
+        }
+        self.size = size;
+        Ok(())
+    }
+
     /// Frees unused capacity: reallocates to exactly `size` bytes when they differ.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         if self.capacity > self.size {
             self.reallocate(self.size)?;
         }
         Ok(())
+    }
+
+    /// A new buffer of `capacity` bytes from the same resource on `stream`, holding `size`
+    /// bytes (at most `capacity`) of which the first `min(size, self.size())` are copied from
+    /// this one; this buffer is unchanged. (Reallocation in two steps, for callers that must not
+    /// hold `&mut self` while the copy runs.)
+    ///
+    /// # Errors
+    /// The resource's errors; the copy's errors (the new memory is freed again).
+    pub fn reallocated(&self, capacity: usize, size: usize, stream: Stream) -> Result<Self> {
+        let size = size.min(capacity);
+        let mut next = DeviceBuffer::new(capacity, stream, self.mr.clone())?;
+        next.size = size;
+        let keep = self.size.min(size);
+        // The copy is ordered after this buffer's work on its stream and before the new one's:
+        // both run on `stream` when they are the same; otherwise the copy waits.
+        // SAFETY: both ranges hold at least `keep` bytes and stay alive through the copy (it
+        // waits); a failed copy drops `next`, which frees the new memory.
+        unsafe { copy_bytes(next.ptr, self.ptr, keep, stream, self.mr.kind()) }?;
+        Ok(next)
     }
 
     fn reallocate(&mut self, capacity: usize) -> Result<()> {
@@ -171,6 +206,19 @@ impl DeviceBuffer {
         // SAFETY: the buffer owned `old`, allocated from `self.mr` with `old_capacity`, and
         // forgets it here; the copy out of it is ordered before the free on `self.stream`.
         unsafe { self.mr.deallocate(old, old_capacity, self.stream) }
+    }
+
+    /// Frees the memory now and reports what the resource said (dropping frees too, but cannot
+    /// report an error).
+    ///
+    /// # Errors
+    /// The resource's error; the memory is then the resource's to keep or lose, as it decided.
+    pub fn free(self) -> Result<()> {
+        let mr = self.mr.clone();
+        let (ptr, capacity, stream) = self.into_raw();
+        // SAFETY: the buffer owned `ptr`, allocated from `mr` with `capacity`, and gave up
+        // ownership just above, so it is freed once, after the work enqueued on `stream`.
+        unsafe { mr.deallocate(ptr, capacity, stream) }
     }
 
     /// Gives up ownership: returns (ptr, capacity, stream) without freeing the memory.

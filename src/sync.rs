@@ -5,9 +5,107 @@
 //! Both sides offer the same small API: `Mutex::new`, `Mutex::lock` (no poisoning),
 //! `Mutex::try_lock`,
 //! `RwLock::new`, `RwLock::read`, `RwLock::write`.
+//!
+//! [`OwnedMutex`] wraps a mutex that is held while a resource calls its upstream: it knows the
+//! thread that holds it, so a thread that would wait for it while already holding it (an
+//! upstream callback calling back into the resource) gets an error instead of a deadlock.
 
 #[cfg(not(loom))]
 pub(crate) use parking_lot::{Mutex, RwLock};
+
+#[cfg(loom)]
+use self::loom_locks::MutexGuard;
+#[cfg(not(loom))]
+use parking_lot::MutexGuard;
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[cfg(not(loom))]
+std::thread_local!(static THREAD_TOKEN: u8 = const { 0 });
+#[cfg(loom)]
+loom::thread_local!(static THREAD_TOKEN: u8 = 0);
+
+/// A non-zero number unique to the calling thread while it lives (the address of a
+/// thread-local).
+fn thread_token() -> usize {
+    THREAD_TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// The calling thread already holds the [`OwnedMutex`] it asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reentered;
+
+/// A mutex that records which thread holds it (see the module doc).
+#[derive(Debug)]
+pub(crate) struct OwnedMutex<T> {
+    mutex: Mutex<T>,
+    /// The holder's [`thread_token`]; 0 when free. Only the holder writes its own token, so a
+    /// thread reads its own token here exactly when it holds the lock.
+    owner: AtomicUsize,
+}
+
+/// The guard of [`OwnedMutex`]: clears the owner, then unlocks.
+pub(crate) struct OwnedGuard<'a, T> {
+    guard: MutexGuard<'a, T>,
+    owner: &'a AtomicUsize,
+}
+
+impl<T> Drop for OwnedGuard<'_, T> {
+    fn drop(&mut self) {
+        self.owner.store(0, Ordering::Relaxed);
+    }
+}
+
+impl<T> std::ops::Deref for OwnedGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> std::ops::DerefMut for OwnedGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+impl<T> OwnedMutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        OwnedMutex {
+            mutex: Mutex::new(value),
+            owner: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether the calling thread holds the lock.
+    pub(crate) fn held_here(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == thread_token()
+    }
+
+    fn own<'a>(&'a self, guard: MutexGuard<'a, T>) -> OwnedGuard<'a, T> {
+        self.owner.store(thread_token(), Ordering::Relaxed);
+        OwnedGuard {
+            guard,
+            owner: &self.owner,
+        }
+    }
+
+    /// Locks, waiting for another thread; [`Reentered`] at once when this thread holds it.
+    pub(crate) fn lock(&self) -> Result<OwnedGuard<'_, T>, Reentered> {
+        if self.held_here() {
+            return Err(Reentered);
+        }
+        Ok(self.own(self.mutex.lock()))
+    }
+
+    /// Locks if free now.
+    pub(crate) fn try_lock(&self) -> Option<OwnedGuard<'_, T>> {
+        self.mutex.try_lock().map(|g| self.own(g))
+    }
+}
 
 #[cfg(loom)]
 pub(crate) use self::loom_locks::{Mutex, RwLock};

@@ -4,7 +4,7 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{MemoryResource, SharedResource};
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// Allocation counters of one level: current, peak and total bytes and counts. Current values
 /// can be negative inside a pushed level (memory freed there that was allocated before).
@@ -61,19 +61,23 @@ impl Level {
         }
     }
 
-    fn add(&self, bytes: i64) {
+    /// Counts an allocation; whether the current figures stayed exact (no saturation).
+    fn add(&self, bytes: i64) -> bool {
         // The value after this add is exact, so the max over them is the true peak.
-        let now = saturating_add(&self.current_bytes, bytes);
+        let (now, exact_bytes) = saturating_add(&self.current_bytes, bytes);
         self.peak_bytes.fetch_max(now, Ordering::AcqRel);
         saturating_add(&self.total_bytes, bytes);
-        let count = saturating_add(&self.current_count, 1);
+        let (count, exact_count) = saturating_add(&self.current_count, 1);
         self.peak_count.fetch_max(count, Ordering::AcqRel);
         saturating_add(&self.total_count, 1);
+        exact_bytes && exact_count
     }
 
-    fn remove(&self, bytes: i64) {
-        saturating_add(&self.current_bytes, bytes.saturating_neg());
-        saturating_add(&self.current_count, -1);
+    /// Counts a free; whether the current figures stayed exact.
+    fn remove(&self, bytes: i64, count: i64) -> bool {
+        let (_, exact_bytes) = saturating_add(&self.current_bytes, bytes.saturating_neg());
+        let (_, exact_count) = saturating_add(&self.current_count, -count);
+        exact_bytes && exact_count
     }
 
     fn load(&self) -> Statistics {
@@ -96,20 +100,33 @@ pub struct StatisticsResourceAdaptor {
     /// The stack of levels; never empty. Allocations take the shared lock and update the top
     /// level's atomics; push and pop take the exclusive lock (RMM's `shared_mutex`).
     levels: RwLock<Vec<Level>>,
+    /// Whether the current figures are exact: cleared for good when a counter saturated (sizes
+    /// beyond `i64`), after which frees are no longer checked against them.
+    exact: AtomicBool,
+    /// Zero-byte allocations outstanding (each handed out the null pointer).
+    zero_byte: AtomicI64,
 }
 
-/// Adds `delta` to `counter`, saturating at the ends of `i64` instead of wrapping; the new value.
-fn saturating_add(counter: &AtomicI64, delta: i64) -> i64 {
+/// Adds `delta` to `counter`, saturating at the ends of `i64` instead of wrapping; the new value
+/// and whether it is exact (did not saturate).
+fn saturating_add(counter: &AtomicI64, delta: i64) -> (i64, bool) {
     let before = counter
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
             Some(v.saturating_add(delta))
         })
         .unwrap_or_else(|v| v);
-    before.saturating_add(delta)
+    match before.checked_add(delta) {
+        Some(now) => (now, true),
+        None => (before.saturating_add(delta), false),
+    }
 }
 
-fn signed(bytes: usize) -> i64 {
-    i64::try_from(bytes).unwrap_or(i64::MAX)
+/// `bytes` as a counter value, and whether it fits.
+fn signed(bytes: usize) -> (i64, bool) {
+    match i64::try_from(bytes) {
+        Ok(b) => (b, true),
+        Err(_) => (i64::MAX, false),
+    }
 }
 
 impl StatisticsResourceAdaptor {
@@ -120,6 +137,8 @@ impl StatisticsResourceAdaptor {
         StatisticsResourceAdaptor {
             upstream,
             levels: RwLock::new(levels),
+            exact: AtomicBool::new(true),
+            zero_byte: AtomicI64::new(0),
         }
     }
 
@@ -172,42 +191,70 @@ impl StatisticsResourceAdaptor {
 impl MemoryResource for StatisticsResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let ptr = self.upstream.allocate(bytes, stream)?;
+        let (amount, fits) = signed(bytes);
+        if bytes == 0 {
+            self.zero_byte.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(top) = self.levels.read().last() {
-            top.add(signed(bytes));
+            if !(top.add(amount) && fits) {
+                self.exact.store(false, Ordering::Relaxed);
+            }
         }
         Ok(ptr)
     }
 
     /// Frees through the upstream and counts the free in the current level.
     ///
+    /// A null pointer frees nothing: with a size of 0 it ends a zero-byte allocation (counted as
+    /// one allocation of 0 bytes, as RMM counts it) while one is outstanding; with any other size
+    /// it changes nothing. (RMM's adaptor subtracts the size of a null free from its counters,
+    /// which leaves them wrong for good.)
+    ///
     /// # Errors
     /// [`Error::Logic`] (the upstream is not called) when more bytes or more allocations would
     /// be freed than are outstanding over all levels: the size cannot be an allocation's, or it
-    /// is a double free. The upstream's errors otherwise.
+    /// is a double free (checked while the counters are exact). The upstream's errors otherwise.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // (A null free of a zero-byte allocation is counted as RMM counts it, unchecked.)
-        if ptr != 0 {
+        let (amount, fits) = signed(bytes);
+        if ptr == 0 {
+            let ends_a_zero_byte_allocation = bytes == 0
+                && self
+                    .zero_byte
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        (n > 0).then(|| n - 1)
+                    })
+                    .is_ok();
+            if ends_a_zero_byte_allocation {
+                if let Some(top) = self.levels.read().last() {
+                    top.remove(0, 1);
+                }
+            }
+            return Ok(());
+        }
+        let (count, outstanding) = {
             // A level's counts may be negative (frees of what an outer level allocated); their
             // sum over the levels is what is outstanding.
             let levels = self.levels.read();
-            let (count, outstanding) = levels.iter().fold((0i64, 0i64), |(c, b), l| {
+            levels.iter().fold((0i64, 0i64), |(c, b), l| {
                 (
                     c.saturating_add(l.current_count.load(Ordering::Acquire)),
                     b.saturating_add(l.current_bytes.load(Ordering::Acquire)),
                 )
-            });
-            if count <= 0 || signed(bytes) > outstanding {
-                return Err(Error::Logic(format!(
-                    "statistics_resource_adaptor: deallocate of {ptr:#x} with size {bytes}, but \
-                     {count} allocations of {outstanding} bytes are outstanding (wrong size or \
-                     double free)"
-                )));
-            }
+            })
+        };
+        if self.exact.load(Ordering::Relaxed) && (count <= 0 || !fits || amount > outstanding) {
+            return Err(Error::Logic(format!(
+                "statistics_resource_adaptor: deallocate of {ptr:#x} with size {bytes}, but \
+                 {count} allocations of {outstanding} bytes are outstanding (wrong size or \
+                 double free)"
+            )));
         }
         // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
         unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
         if let Some(top) = self.levels.read().last() {
-            top.remove(signed(bytes));
+            if !(top.remove(amount, 1) && fits) {
+                self.exact.store(false, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -310,9 +357,54 @@ mod tests {
     #[test]
     fn counters_saturate_instead_of_wrapping() {
         let c = AtomicI64::new(i64::MAX - 1);
-        assert_eq!(saturating_add(&c, 10), i64::MAX);
+        assert_eq!(saturating_add(&c, 10), (i64::MAX, false));
         let d = AtomicI64::new(i64::MIN + 1);
-        assert_eq!(saturating_add(&d, -10), i64::MIN);
+        assert_eq!(saturating_add(&d, -10), (i64::MIN, false));
+        assert_eq!(saturating_add(&AtomicI64::new(5), -3), (2, true));
+    }
+
+    /// Issue 18: one null free poisoned the adaptor; every later correct free was refused.
+    #[test]
+    fn null_frees_change_nothing_and_zero_byte_allocations_balance() {
+        let mr = StatisticsResourceAdaptor::new(simulated());
+        for bytes in [1000, 0, usize::MAX] {
+            // SAFETY: a null pointer; nothing is freed.
+            unsafe { mr.deallocate(0, bytes, Stream::DEFAULT) }.unwrap();
+        }
+        assert_eq!(mr.allocation_counts(), Statistics::default());
+        let a = mr.allocate(1000, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated just above with this size, freed once.
+        unsafe { mr.deallocate(a, 1000, Stream::DEFAULT) }.unwrap();
+        let z = mr.allocate(0, Stream::DEFAULT).unwrap();
+        assert_eq!((z, mr.allocation_counts().current_count), (0, 1));
+        // SAFETY: the zero-byte allocation's null pointer.
+        unsafe { mr.deallocate(z, 0, Stream::DEFAULT) }.unwrap();
+        // SAFETY: as above, once more: nothing is outstanding any more.
+        unsafe { mr.deallocate(z, 0, Stream::DEFAULT) }.unwrap();
+        let s = mr.allocation_counts();
+        assert_eq!((s.current_bytes, s.current_count, s.total_count), (0, 0, 2));
+    }
+
+    /// Issue 18: counters that saturated refused correct frees afterwards.
+    #[test]
+    fn saturated_counters_stop_checking_instead_of_refusing() {
+        use crate::resource::CallbackMemoryResource;
+        // An upstream that "allocates" any size at a distinct address, from no memory.
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(1 << 20));
+        let up: SharedResource = std::sync::Arc::new(CallbackMemoryResource::new(
+            Box::new(move |_, _| Ok(next.fetch_add(256, Ordering::Relaxed))),
+            Box::new(|_, _, _| Ok(())),
+            crate::MemoryKind::Simulated,
+        ));
+        let mr = StatisticsResourceAdaptor::new(up);
+        let huge = 1usize << 62;
+        let ptrs: Vec<usize> = (0..3)
+            .map(|_| mr.allocate(huge, Stream::DEFAULT).unwrap())
+            .collect();
+        for p in ptrs {
+            // SAFETY: each allocated above with `huge` bytes, freed once.
+            unsafe { mr.deallocate(p, huge, Stream::DEFAULT) }.unwrap();
+        }
     }
 
     #[test]

@@ -227,6 +227,13 @@ impl FailureCallbackResourceAdaptor {
         ))
     }
 
+    /// The garbage collector's view: the callback is held twice, by this object and by the Rust
+    /// adaptor's closure.
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.callback)?;
+        visit.call(&self.callback)
+    }
+
     /// The callback.
     #[getter]
     fn callback(&self, py: Python<'_>) -> Py<PyAny> {

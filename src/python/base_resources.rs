@@ -293,6 +293,16 @@ impl CallbackMemoryResource {
         ))
     }
 
+    /// The garbage collector's view: each function is held twice, by this object and by the
+    /// Rust resource's closure (which lives no longer than this object's upstream links).
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        for f in [&self.allocate_func, &self.deallocate_func] {
+            visit.call(f)?;
+            visit.call(f)?;
+        }
+        Ok(())
+    }
+
     /// The allocate function.
     #[getter]
     fn allocate_func(&self, py: Python<'_>) -> Py<PyAny> {

@@ -24,7 +24,13 @@ pub(crate) fn upstream_arg<'py>(
             type_name(obj)
         ))
     })?;
-    Ok((mr.clone().unbind(), mr.get().inner.clone()))
+    let inner = mr.get().inner.clone();
+    // No stack deeper than rrmm can call through (or drop) without running out of stack.
+    super::errors::py_result(crate::resource::graph::check_upstream(
+        "upstream_mr",
+        &inner,
+    ))?;
+    Ok((mr.clone().unbind(), inner))
 }
 
 /// The name of `obj`'s type, for an error message (empty if even that fails).

@@ -36,7 +36,13 @@ pub(crate) struct PyDeviceBuffer {
 impl Drop for PyDeviceBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            gil::drop_with(self.profile, buf);
+            // A failed free cannot raise from a destructor: it is reported as CPython reports
+            // exceptions in `__del__` (`sys.unraisablehook`), never swallowed.
+            if let Err(e) = gil::call_anywhere(self.profile, move || buf.free()) {
+                Python::attach(|py| {
+                    super::errors::to_pyerr(e).write_unraisable(py, None);
+                });
+            }
         }
     }
 }
@@ -159,18 +165,82 @@ impl PyDeviceBuffer {
         Ok(this)
     }
 
-    fn set_stream(&mut self, py: Python<'_>, stream: StreamArg<'_>) -> PyResult<RawStream> {
-        let (raw, obj) = stream.resolve(py)?;
-        if let Some(buf) = self.buf.as_mut() {
-            buf.set_stream(raw);
+    /// The buffer to switch to new memory: waits (with the GIL released, so they can finish)
+    /// while copies on other threads still read it; an error after a second (a read that does
+    /// not end: a callback on this very thread that resizes the buffer it is copying).
+    fn borrow_to_switch<'py>(slf: &Bound<'py, Self>) -> PyResult<PyRefMut<'py, Self>> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(this) = slf.try_borrow_mut() {
+                return Ok(this);
+            }
+            if start.elapsed() > std::time::Duration::from_secs(1) {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "DeviceBuffer: cannot resize or reserve while another call on the buffer is \
+                     still running (on this thread: a callback inside that call?)",
+                ));
+            }
+            slf.py().detach(std::thread::yield_now);
         }
-        self.stream = obj.unbind();
-        Ok(raw)
+    }
+
+    /// `reserve` (`capacity` given: at least that much room, same size) and `resize` (a new
+    /// size, room as needed); the buffer moves to `stream`. A new allocation and its copy are
+    /// made while the buffer is only read (other threads may use it meanwhile, with the GIL
+    /// released around the copy as the resource's profile asks); the switch to the new memory
+    /// and stream is one step with the GIL held, so no Python code ever sees the buffer
+    /// mutably borrowed (PyO3's "Already borrowed"); the old memory is freed after.
+    fn regrow(
+        slf: &Bound<'_, Self>,
+        capacity: Option<usize>,
+        size: usize,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (raw, obj) = stream.resolve(py)?;
+        let replacement = {
+            let this = slf.borrow();
+            let buf = this.inner();
+            let needed = capacity.unwrap_or(size);
+            if needed > buf.capacity() {
+                Some(py_result(gil::call(py, this.profile, || {
+                    buf.reallocated(needed, size, raw)
+                }))?)
+            } else {
+                None
+            }
+        };
+        let old = {
+            let mut this = Self::borrow_to_switch(slf)?;
+            this.stream = obj.unbind();
+            let Some(buf) = this.buf.as_mut() else {
+                return Ok(());
+            };
+            buf.set_stream(raw);
+            match replacement {
+                Some(new) => Some(std::mem::replace(buf, new)),
+                None => {
+                    py_result(buf.resize_within_capacity(size))?;
+                    None
+                }
+            }
+        };
+        if let Some(old) = old {
+            let profile = slf.borrow().profile;
+            py_result(gil::call(py, profile, move || old.free()))?;
+        }
+        Ok(())
     }
 }
 
 #[pymethods]
 impl PyDeviceBuffer {
+    /// The garbage collector's view of the resource and stream it keeps alive.
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.mr)?;
+        visit.call(&self.stream)
+    }
+
     /// `DeviceBuffer(*, ptr=0, size=0, stream=DEFAULT_STREAM, mr=None)`: `size` bytes from `mr`
     /// (the current device's resource by default); with `ptr`, a copy of the `size` bytes there.
     #[new]
@@ -288,30 +358,16 @@ impl PyDeviceBuffer {
 
     /// Makes room for `new_capacity` bytes, keeping the contents; the buffer moves to `stream`.
     #[pyo3(signature = (new_capacity, stream = StreamArg::Default))]
-    fn reserve(
-        &mut self,
-        py: Python<'_>,
-        new_capacity: usize,
-        stream: StreamArg<'_>,
-    ) -> PyResult<()> {
-        self.set_stream(py, stream)?;
-        let profile = self.profile;
-        let Some(buf) = self.buf.as_mut() else {
-            return Ok(());
-        };
-        py_result(gil::call(py, profile, || buf.reserve(new_capacity)))
+    fn reserve(slf: &Bound<'_, Self>, new_capacity: usize, stream: StreamArg<'_>) -> PyResult<()> {
+        let size = slf.borrow().inner().size();
+        Self::regrow(slf, Some(new_capacity), size, stream)
     }
 
     /// Changes the size: shrinking keeps the memory, growing past the capacity reallocates and
     /// copies; the buffer moves to `stream`.
     #[pyo3(signature = (new_size, stream = StreamArg::Default))]
-    fn resize(&mut self, py: Python<'_>, new_size: usize, stream: StreamArg<'_>) -> PyResult<()> {
-        self.set_stream(py, stream)?;
-        let profile = self.profile;
-        let Some(buf) = self.buf.as_mut() else {
-            return Ok(());
-        };
-        py_result(gil::call(py, profile, || buf.resize(new_size)))
+    fn resize(slf: &Bound<'_, Self>, new_size: usize, stream: StreamArg<'_>) -> PyResult<()> {
+        Self::regrow(slf, None, new_size, stream)
     }
 
     /// Prefetches managed memory to `device` (the current device by default) on `stream` (the

@@ -70,6 +70,19 @@ fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
     converted
 }
 
+/// An error when the calling thread is inside one of `mr`'s own upstream calls (a callback
+/// calling back into the resource that called it), where its figures cannot be read.
+pub(crate) fn figures_readable(mr: &dyn crate::MemoryResource) -> PyResult<()> {
+    if mr.report().is_some_and(|r| r.busy()) {
+        return Err(PyRuntimeError::new_err(format!(
+            "{}: its figures cannot be read from inside its own upstream call (a callback of the \
+             resource it serves)",
+            mr.name()
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }

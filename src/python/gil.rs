@@ -97,13 +97,17 @@ where
     }
 }
 
-/// Drops `value` (something that frees through a resource of profile `profile`) with the GIL
-/// released where the profile asks for it; usable where no GIL token is at hand (a `Drop`).
-pub(crate) fn drop_with<T: Send>(profile: CallProfile, value: T) {
+/// Runs `f` (a call into a resource of profile `profile`) with the GIL released where the
+/// profile asks for it; usable where no GIL token is at hand (a `Drop`).
+pub(crate) fn call_anywhere<T, F>(profile: CallProfile, f: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
     if profile.releases_gil() {
-        Python::attach(|py| py.detach(move || drop(value)));
+        Python::attach(|py| py.detach(f))
     } else {
-        drop(value);
+        f()
     }
 }
 

@@ -2,6 +2,7 @@
 //! `_memory_snapshot` (the dicts of `torch.cuda.memory_stats()` and
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
+use super::errors::figures_readable;
 use super::resource::DeviceMemoryResource;
 use crate::report::SegmentInfo;
 use pyo3::prelude::*;
@@ -13,6 +14,7 @@ fn _memory_stats<'py>(
     py: Python<'py>,
     mr: PyRef<'py, DeviceMemoryResource>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
+    figures_readable(&*mr.inner)?;
     let Some(stats) = mr.inner.report().and_then(|r| r.memory_stats()) else {
         return Ok(None);
     };
@@ -25,10 +27,12 @@ fn _memory_stats<'py>(
 
 /// Sets the peaks of the pool behind `mr` to the current values; whether there was a pool.
 #[pyfunction]
-fn _reset_peak_memory_stats(mr: PyRef<'_, DeviceMemoryResource>) -> bool {
-    mr.inner
+fn _reset_peak_memory_stats(mr: PyRef<'_, DeviceMemoryResource>) -> PyResult<bool> {
+    figures_readable(&*mr.inner)?;
+    Ok(mr
+        .inner
         .report()
-        .is_some_and(|r| r.reset_peak_memory_stats())
+        .is_some_and(|r| r.reset_peak_memory_stats()))
 }
 
 /// The segments of the pool behind `mr` as PyTorch's snapshot dicts (device `device`), or None
@@ -39,6 +43,7 @@ fn _memory_snapshot<'py>(
     mr: PyRef<'py, DeviceMemoryResource>,
     device: usize,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
+    figures_readable(&*mr.inner)?;
     let inner = mr.inner.clone();
     let Some(segments) = py.detach(move || inner.report().and_then(|r| r.memory_snapshot())) else {
         return Ok(None);

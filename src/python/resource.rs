@@ -16,12 +16,20 @@ pub(crate) struct DeviceMemoryResource {
     /// What calls into `inner` may do, which decides whether they release the GIL
     /// ([`gil::call`]).
     pub(crate) profile: CallProfile,
+    /// The upstream resource object this one keeps alive (`upstream_mr`), for the garbage
+    /// collector's view: traversed here, in the root class only (a `__traverse__` in a class
+    /// between the root and its subclasses recurses without end in PyO3 0.30 under abi3).
+    pub(crate) upstream: Option<Py<DeviceMemoryResource>>,
 }
 
 impl DeviceMemoryResource {
     /// A base-class initializer over `inner`, whose calls behave as `profile` says.
     pub(crate) fn init(inner: SharedResource, profile: CallProfile) -> Self {
-        DeviceMemoryResource { inner, profile }
+        DeviceMemoryResource {
+            inner,
+            profile,
+            upstream: None,
+        }
     }
 }
 
@@ -36,6 +44,16 @@ where
 
 #[pymethods]
 impl DeviceMemoryResource {
+    /// The garbage collector's view of the upstream this resource keeps alive, so reference
+    /// cycles through Python callbacks (a callback that refers to the pool above it) are
+    /// collected.
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        if let Some(up) = &self.upstream {
+            visit.call(up)?;
+        }
+        Ok(())
+    }
+
     /// Allocates `nbytes` bytes on `stream`; returns the address.
     #[pyo3(signature = (nbytes, stream = StreamArg::Default))]
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
@@ -84,9 +102,7 @@ impl DeviceMemoryResource {
 
 /// Base class of resources that wrap another (RMM's `UpstreamResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "UpstreamResourceAdaptor", extends = DeviceMemoryResource, subclass, frozen)]
-pub(crate) struct UpstreamResourceAdaptor {
-    pub(crate) upstream: Py<DeviceMemoryResource>,
-}
+pub(crate) struct UpstreamResourceAdaptor;
 
 impl UpstreamResourceAdaptor {
     /// An initializer chain for a resource over `upstream` whose Rust resource is `inner`.
@@ -95,8 +111,9 @@ impl UpstreamResourceAdaptor {
         inner: SharedResource,
         profile: CallProfile,
     ) -> PyClassInitializer<UpstreamResourceAdaptor> {
-        PyClassInitializer::from(DeviceMemoryResource::init(inner, profile))
-            .add_subclass(UpstreamResourceAdaptor { upstream })
+        let mut base = DeviceMemoryResource::init(inner, profile);
+        base.upstream = Some(upstream);
+        PyClassInitializer::from(base).add_subclass(UpstreamResourceAdaptor)
     }
 }
 
@@ -104,13 +121,14 @@ impl UpstreamResourceAdaptor {
 impl UpstreamResourceAdaptor {
     /// The wrapped resource.
     #[getter]
-    fn upstream_mr(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
-        self.upstream.clone_ref(py)
+    fn upstream_mr(slf: PyRef<'_, Self>) -> Option<Py<DeviceMemoryResource>> {
+        let py = slf.py();
+        slf.as_super().upstream.as_ref().map(|u| u.clone_ref(py))
     }
 
     /// The wrapped resource.
-    fn get_upstream(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
-        self.upstream.clone_ref(py)
+    fn get_upstream(slf: PyRef<'_, Self>) -> Option<Py<DeviceMemoryResource>> {
+        Self::upstream_mr(slf)
     }
 }
 

@@ -12,7 +12,7 @@ use pyo3::PyClass;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
-use super::errors::py_result;
+use super::errors::{figures_readable, py_result};
 use super::gil;
 use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::upstream_of;
@@ -60,8 +60,9 @@ impl PoolMemoryResource {
     }
 
     /// Bytes held from the upstream.
-    fn pool_size(&self) -> usize {
-        self.pool.pool_size()
+    fn pool_size(&self) -> PyResult<usize> {
+        figures_readable(&self.pool)?;
+        Ok(self.pool.pool_size())
     }
 
     /// The maximum pool size (None: no limit but the upstream's).
@@ -78,18 +79,21 @@ impl PoolMemoryResource {
     }
 
     /// rrmm: bytes held but free.
-    fn free_bytes(&self) -> usize {
-        self.pool.free_bytes()
+    fn free_bytes(&self) -> PyResult<usize> {
+        figures_readable(&self.pool)?;
+        Ok(self.pool.free_bytes())
     }
 
     /// rrmm: the largest free block, in bytes.
-    fn largest_free_block(&self) -> usize {
-        self.pool.largest_free_block()
+    fn largest_free_block(&self) -> PyResult<usize> {
+        figures_readable(&self.pool)?;
+        Ok(self.pool.largest_free_block())
     }
 
     /// rrmm: the number of free blocks.
-    fn free_block_count(&self) -> usize {
-        self.pool.free_block_count()
+    fn free_block_count(&self) -> PyResult<usize> {
+        figures_readable(&self.pool)?;
+        Ok(self.pool.free_block_count())
     }
 }
 
@@ -125,13 +129,15 @@ impl FixedSizeMemoryResource {
     }
 
     /// Bytes held from the upstream.
-    fn pool_size(&self) -> usize {
-        self.fixed.pool_size()
+    fn pool_size(&self) -> PyResult<usize> {
+        figures_readable(&self.fixed)?;
+        Ok(self.fixed.pool_size())
     }
 
     /// Free blocks.
-    fn free_block_count(&self) -> usize {
-        self.fixed.free_block_count()
+    fn free_block_count(&self) -> PyResult<usize> {
+        figures_readable(&self.fixed)?;
+        Ok(self.fixed.free_block_count())
     }
 }
 
@@ -189,6 +195,17 @@ impl BinningMemoryResource {
             _ => {
                 let binning = &self.binning;
                 py_result(py.detach(|| binning.add_bin(size, None)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The garbage collector's view of the bins it keeps alive (skipped while another thread
+    /// adds one: an undercount only delays collection).
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        if let Some(bins) = self.bin_mrs.try_lock() {
+            for bin in bins.iter() {
+                visit.call(bin)?;
             }
         }
         Ok(())

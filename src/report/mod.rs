@@ -38,4 +38,11 @@ pub trait PoolReport: Send + Sync {
     fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
         None
     }
+
+    /// Whether the calling thread is inside one of this resource's own calls to its upstream
+    /// (an upstream callback calling back into it): its figures cannot be read from there and
+    /// read as empty.
+    fn busy(&self) -> bool {
+        false
+    }
 }

@@ -5,6 +5,7 @@ mod cuda;
 mod cuda_async;
 mod cuda_async_managed;
 mod direct;
+pub mod graph;
 mod managed;
 mod pinned_host;
 mod simulated;
@@ -141,6 +142,12 @@ pub trait MemoryResource: Send + Sync {
     fn upstreams(&self) -> Vec<SharedResource> {
         Vec::new()
     }
+
+    /// Identity in a walk over a stack: clones of a handle type that share their state return
+    /// the same number (the address of the shared state); the default is this value's address.
+    fn identity(&self) -> usize {
+        self as *const Self as *const () as usize
+    }
 }
 
 /// What calls into a resource may do (see [`MemoryResource::call_profile`]).
@@ -220,6 +227,9 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn upstreams(&self) -> Vec<SharedResource> {
         (**self).upstreams()
+    }
+    fn identity(&self) -> usize {
+        (**self).identity()
     }
 }
 

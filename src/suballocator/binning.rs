@@ -4,11 +4,13 @@ use super::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
+use crate::resource::graph;
 use crate::resource::{
     align_up, Footprint, MemoryKind, MemoryResource, PoolReport, SharedResource,
     ALLOCATION_ALIGNMENT,
 };
 use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Routes each request to the bin with the smallest size at least the request, and requests
@@ -19,6 +21,14 @@ use std::sync::Arc;
 /// recorded, so a free routed there must be one of them with its size: a bin's block freed
 /// with a size above every bin is [`Error::Logic`] and changes nothing (the upstream could not
 /// tell it from the bin's own chunk, which starts at the same address).
+///
+/// Bins added after the resource served allocations change where a size routes: from then on a
+/// free goes to the upstream when the upstream route handed the pointer out, and to the
+/// smallest bin that takes it back otherwise (a bin that does not know the pointer refuses it
+/// with [`Error::Logic`], as the fixed-size bins do, and the next larger bin is asked).
+///
+/// A bin that reaches this resource (itself, or a stack over it) is refused: allocations would
+/// recurse for ever.
 ///
 /// # Time Complexity
 /// Allocate and free take a shared read lock and a binary search over the bins, then the bin's
@@ -34,6 +44,10 @@ struct Inner {
     bins: RwLock<Vec<(usize, SharedResource)>>,
     /// What the upstream route handed out (pointer -> bytes).
     from_upstream: LiveAllocations,
+    /// Set by the first allocation.
+    served: AtomicBool,
+    /// Set when a bin was added after the first allocation: frees then route by record.
+    rerouted: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -68,6 +82,8 @@ impl BinningMemoryResource {
                 upstream,
                 bins: RwLock::new(Vec::new()),
                 from_upstream: LiveAllocations::new(),
+                served: AtomicBool::new(false),
+                rerouted: AtomicBool::new(false),
             }),
         };
         if let (Some(min), Some(max)) = (min_size_exponent, max_size_exponent) {
@@ -89,8 +105,10 @@ impl BinningMemoryResource {
     /// that already exists is kept and the call does nothing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero or overflowing size; the upstream's error when a new
-    /// fixed-size bin cannot preallocate.
+    /// [`Error::InvalidArgument`] for a zero or overflowing size, or a `bin_resource` that
+    /// reaches this resource (a cycle) or would make the stack deeper than
+    /// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH); the upstream's error when
+    /// a new fixed-size bin cannot preallocate.
     pub fn add_bin(
         &self,
         allocation_size: usize,
@@ -101,11 +119,27 @@ impl BinningMemoryResource {
         }
         let size = align_up(allocation_size, ALLOCATION_ALIGNMENT)
             .ok_or_else(|| Error::invalid("allocation_size", "too large"))?;
-        if self.inner.bins.read().iter().any(|(s, _)| *s == size) {
+        if self
+            .inner
+            .bins
+            .read_recursive()
+            .iter()
+            .any(|(s, _)| *s == size)
+        {
             return Ok(());
         }
         let resource = match bin_resource {
-            Some(r) => r,
+            Some(r) => {
+                if graph::reaches(&r, self) {
+                    return Err(Error::invalid(
+                        "bin_resource",
+                        "the bin reaches this binning resource (it is the resource itself, or \
+                         a stack over it): allocations would recurse for ever",
+                    ));
+                }
+                graph::check_upstream("bin_resource", &r)?;
+                r
+            }
             None => Arc::new(FixedSizeMemoryResource::new(
                 self.inner.upstream.clone(),
                 size,
@@ -118,12 +152,15 @@ impl BinningMemoryResource {
             return Ok(()); // added by another thread meanwhile
         }
         bins.insert(at, (size, resource));
+        if self.inner.served.load(Ordering::Relaxed) {
+            self.inner.rerouted.store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
     /// The bins, by increasing size: (largest request served, resource).
     pub fn bins(&self) -> Vec<(usize, SharedResource)> {
-        self.inner.bins.read().clone()
+        self.inner.bins.read_recursive().clone()
     }
 
     /// The upstream resource (served requests larger than every bin).
@@ -173,7 +210,7 @@ impl PoolReport for BinningMemoryResource {
     /// footprints summed. Largest free block: the largest of all.
     fn footprint(&self) -> Footprint {
         let mut bins = Footprint::default();
-        for (_, bin) in self.inner.bins.read().iter() {
+        for (_, bin) in self.inner.bins.read_recursive().iter() {
             if let Some(f) = bin.report().map(PoolReport::footprint) {
                 bins.held_bytes = bins.held_bytes.saturating_add(f.held_bytes);
                 bins.free_bytes = bins.free_bytes.saturating_add(f.free_bytes);
@@ -193,10 +230,48 @@ impl PoolReport for BinningMemoryResource {
     }
 }
 
+impl BinningMemoryResource {
+    /// A free after bins were added to a resource in use: to the upstream when its route handed
+    /// `ptr` out, else to the smallest bin of at least `bytes` that takes it back.
+    ///
+    /// # Safety
+    /// Preconditions 3 and 4 of [`MemoryResource::deallocate`].
+    #[allow(unsafe_code)]
+    unsafe fn deallocate_rerouted(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        if self.inner.from_upstream.size_of(ptr).is_some() {
+            // SAFETY: the caller's contract; the record checks the rest.
+            return unsafe { self.deallocate_upstream(ptr, bytes, stream) };
+        }
+        let bins = self.inner.bins.read_recursive();
+        let mut refused = None;
+        for (_, bin) in &bins[bins.partition_point(|(s, _)| *s < bytes)..] {
+            // SAFETY: the caller's contract; a bin that did not hand `ptr` out refuses it
+            // (Error::Logic) and changes nothing.
+            match unsafe { bin.deallocate(ptr, bytes, stream) } {
+                Err(Error::Logic(e)) => {
+                    refused.get_or_insert(e);
+                }
+                other => return other,
+            }
+        }
+        Err(Error::Logic(format!(
+            "binning_memory_resource: deallocate of {ptr:#x} with size {bytes}: no bin and not \
+             the upstream route handed it out{}",
+            refused.map(|e| format!(" ({e})")).unwrap_or_default()
+        )))
+    }
+}
+
 impl MemoryResource for BinningMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        let bins = self.inner.bins.read();
+        if !self.inner.served.load(Ordering::Relaxed) {
+            self.inner.served.store(true, Ordering::Relaxed);
+        }
+        let bins = self.inner.bins.read_recursive();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
             Some((_, bin)) => bin.allocate(bytes, stream),
             None => self.allocate_upstream(bytes, stream),
@@ -208,7 +283,11 @@ impl MemoryResource for BinningMemoryResource {
     // out and relies only on the stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        let bins = self.inner.bins.read();
+        if self.inner.rerouted.load(Ordering::Relaxed) {
+            // SAFETY: the caller's contract, passed on.
+            return unsafe { self.deallocate_rerouted(ptr, bytes, stream) };
+        }
+        let bins = self.inner.bins.read_recursive();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
             // SAFETY: the caller's contract; a size maps to one bin (or the upstream) on both
             // allocate and free, so `ptr` came from the resource it is returned to.
@@ -234,9 +313,19 @@ impl MemoryResource for BinningMemoryResource {
         Some(self)
     }
 
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     fn upstreams(&self) -> Vec<SharedResource> {
         let mut all = vec![self.inner.upstream.clone()];
-        all.extend(self.inner.bins.read().iter().map(|(_, bin)| bin.clone()));
+        all.extend(
+            self.inner
+                .bins
+                .read_recursive()
+                .iter()
+                .map(|(_, bin)| bin.clone()),
+        );
         all
     }
 

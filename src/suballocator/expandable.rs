@@ -273,6 +273,10 @@ impl MemoryResource for ExpandableMemoryResource {
         MemoryResource::memory_info(&self.inner.core)
     }
 
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     fn report(&self) -> Option<&dyn PoolReport> {
         Some(&self.inner.core)
     }

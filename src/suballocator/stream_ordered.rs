@@ -94,7 +94,7 @@ use crate::error::{Error, Result};
 use crate::report::snapshot::{assemble, BlockState, SegmentInfo};
 use crate::report::{MemoryStats, PoolReport};
 use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
-use crate::sync::{Mutex, RwLock};
+use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -109,7 +109,9 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     growth: Box<dyn Growth>,
     sizing: F::Sizing,
     name: &'static str,
-    shared: Mutex<Shared<F>>,
+    /// Held while growing from (and giving back to) the source: an upstream that calls back
+    /// into this core on the same thread gets an error, not a deadlock.
+    shared: OwnedMutex<Shared<F>>,
     directory: RwLock<Directory<F>>,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
     counters: PoolCounters,
@@ -202,7 +204,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     ) -> Self {
         StreamOrderedCore {
             id: NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed),
-            shared: Mutex::new(Shared {
+            shared: OwnedMutex::new(Shared {
                 fresh: F::new(&sizing),
                 chunks: BTreeMap::new(),
                 pool_size: 0,
@@ -222,13 +224,31 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Adds exactly `bytes` from the source to the fresh list as the initial chunk
     /// (construction).
+    /// The shared state, or [`Error::Logic`] when this thread holds it already: the source
+    /// (a callback) called back into this resource while it was growing or giving back.
+    fn lock_shared(&self) -> Result<OwnedGuard<'_, Shared<F>>> {
+        self.shared.lock().map_err(|_| {
+            Error::Logic(format!(
+                "{}: called again from inside its own upstream call on this thread (an upstream \
+                 or callback that uses the resource it serves); it would wait for itself",
+                self.name
+            ))
+        })
+    }
+
+    /// Whether this thread is inside a call of this core that holds its shared state (its
+    /// upstream calling back): its figures cannot be read from there.
+    pub(crate) fn busy_here(&self) -> bool {
+        self.shared.held_here()
+    }
+
     pub(crate) fn preallocate(&self, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         if !self.growth.gives_back_chunks() {
             // A policy that grows in place maps its initial memory as it grows.
-            let mut sh = self.shared.lock();
+            let mut sh = self.lock_shared()?;
             let request = Request {
                 bytes,
                 size: bytes,
@@ -237,7 +257,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             return self.grow(&mut sh, request);
         }
         let block = self.growth.initial_chunk(bytes)?;
-        let mut sh = self.shared.lock();
+        let mut sh = self.lock_shared()?;
         Self::add_chunk(&mut sh, block, true);
         self.counters.segment_added(bytes);
         Ok(())
@@ -325,7 +345,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     #[cold]
     fn allocate_slow(&self, list: &StreamList<F>, request: Request) -> Result<usize> {
         let size = request.size;
-        let mut sh = self.shared.lock();
+        let mut sh = self.lock_shared()?;
         {
             let mut st = list.state.lock();
             // A free on this stream may have come in since the fast path looked.
@@ -658,7 +678,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// policy trim while more than `keep` bytes are held); bytes released.
     pub(crate) fn release(&self, keep: usize) -> Result<usize> {
         let (chunks, trimmed) = {
-            let mut sh = self.shared.lock();
+            let mut sh = self.lock_shared()?;
             self.synchronize_and_merge(&mut sh, true)?;
             sh.settled = None;
             let chunks = self.take_free_chunks(&mut sh, true);
@@ -670,19 +690,29 @@ impl<F: FreeList> StreamOrderedCore<F> {
         Ok(released + trimmed)
     }
 
-    /// Bytes held from the upstream.
+    /// Reads the shared state; `None` when this thread holds it (see [`Self::busy_here`]).
+    fn read_shared<T>(&self, f: impl FnOnce(&Shared<F>) -> T) -> Option<T> {
+        self.shared.lock().ok().map(|sh| f(&sh))
+    }
+
+    /// Bytes held from the upstream (0 from inside its own upstream call, see
+    /// [`Self::busy_here`]).
     pub(crate) fn pool_size(&self) -> usize {
-        self.shared.lock().pool_size
+        self.read_shared(|sh| sh.pool_size).unwrap_or(0)
     }
 
-    /// Number of upstream chunks held.
+    /// Number of upstream chunks held (0 from inside its own upstream call).
     pub(crate) fn chunk_count(&self) -> usize {
-        self.shared.lock().chunks.len()
+        self.read_shared(|sh| sh.chunks.len()).unwrap_or(0)
     }
 
-    /// Applies `f` to the fresh list and then to every stream's list (one lock at a time).
+    /// Applies `f` to the fresh list and then to every stream's list (one lock at a time);
+    /// from inside its own upstream call, to the streams' lists only.
     fn fold_lists<T>(&self, init: T, f: impl Fn(T, &F) -> T) -> T {
-        let acc = f(init, &self.shared.lock().fresh);
+        let acc = match self.shared.lock() {
+            Ok(sh) => f(init, &sh.fresh),
+            Err(_) => init,
+        };
         let dir = self.directory.read();
         dir.all
             .iter()
@@ -722,7 +752,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
     pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
         let (segments, mut free) = {
-            let sh = self.shared.lock();
+            let Ok(sh) = self.shared.lock() else {
+                return Vec::new();
+            };
             let segments = self.growth.segments().unwrap_or_else(|| {
                 sh.chunks
                     .values()
@@ -804,6 +836,10 @@ impl<F: FreeList> PoolReport for StreamOrderedCore<F> {
 
     fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
         Some(StreamOrderedCore::snapshot(self))
+    }
+
+    fn busy(&self) -> bool {
+        self.busy_here()
     }
 }
 
@@ -926,7 +962,10 @@ pub(crate) use forward_memory_resource;
 impl<F: FreeList> Drop for StreamOrderedCore<F> {
     fn drop(&mut self) {
         let _ = self.events.synchronize_all();
-        let chunks = std::mem::take(&mut self.shared.lock().chunks);
+        let chunks = match self.shared.lock() {
+            Ok(mut sh) => std::mem::take(&mut sh.chunks),
+            Err(_) => BTreeMap::new(),
+        };
         for chunk in chunks.into_values() {
             // SAFETY: the core is dropping, so no block is allocated any more (the handles that
             // could free them are gone), every stream was just synchronized, and the chunk

@@ -608,6 +608,10 @@ impl MemoryResource for ArenaMemoryResource {
         Some((self.free_bytes(), self.inner.size))
     }
 
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     fn report(&self) -> Option<&dyn PoolReport> {
         Some(self)
     }
