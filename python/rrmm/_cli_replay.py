@@ -14,7 +14,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from rrmm import parse_bytes
@@ -77,14 +77,22 @@ def _positive_size(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"needs a positive whole number, got {text!r}")
-    return value
+def _positive_int(limit: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in 1..=limit (a usage error otherwise, never an
+    OverflowError from deeper down)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not 0 < value <= limit:
+            raise argparse.ArgumentTypeError(
+                f"needs a whole number from 1 to {limit}, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def parse_bins(text: str) -> tuple[int, int]:
@@ -193,7 +201,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--blocks",
         metavar="N",
-        type=_positive_int,
+        type=_positive_int(1 << 32),
         help="blocks per chunk of fixed_size and of binning's bins (default 128)",
     )
     parser.add_argument(
@@ -205,7 +213,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--repeat",
         metavar="N",
-        type=_positive_int,
+        type=_positive_int(1_000_000),
         help="timed repetitions after the warm-up pass, on the same resource "
         "(default: at least 5 and at least 0.5 s of them, at most 1000)",
     )

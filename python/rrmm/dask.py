@@ -102,6 +102,29 @@ def _check_size(value: Any, name: str) -> None:
         raise ValueError(f"`{name}`: {error}") from error
 
 
+def _check_initial_below_maximum(initial: Any, maximum: Any, simulate: int | None) -> None:
+    """At construction, where both sizes are known without a device (absolute sizes, two
+    fractions, or any sizes on a simulated device): the pool's own rule, initial <= maximum."""
+    if initial is None or maximum is None:
+        return
+    fraction = (isinstance(initial, float), isinstance(maximum, float))
+    if fraction == (True, True):
+        low, high = float(initial), float(maximum)
+    elif fraction == (False, False) or simulate is not None:
+        low_size = parse_device_bytes(initial, simulate)
+        high_size = parse_device_bytes(maximum, simulate)
+        if low_size is None or high_size is None:
+            return
+        low, high = float(low_size), float(high_size)
+    else:
+        return  # a fraction against a size: known on the worker, from its device
+    if low > high:
+        raise ValueError(
+            "`rmm_pool_size` must not exceed `rmm_maximum_pool_size` "
+            f"({initial!r} > {maximum!r}): Initial pool size exceeds the maximum pool size!"
+        )
+
+
 def _lib_list(libraries: Any) -> list[str] | None:
     """dask-cuda's handling of ``rmm_allocator_external_lib_list``."""
     if libraries is None:
@@ -216,11 +239,24 @@ class RRMMSetup(WorkerPlugin):
             (release_threshold, "rmm_release_threshold"),
         ):
             _check_size(value, option)
+        for flag, option in (
+            (managed_memory, "rmm_managed_memory"),
+            (async_alloc, "rmm_async"),
+            (track_allocations, "rmm_track_allocations"),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{option}` must be True or False, not {flag!r}")
+        if log_directory is not None and not isinstance(log_directory, (str, os.PathLike)):
+            raise TypeError(f"`rmm_log_directory` must be a path, not {log_directory!r}")
         self.simulate = None
         if simulate is not None:
-            self.simulate = parse_device_bytes(simulate, alignment=1)
+            try:
+                self.simulate = parse_device_bytes(simulate, alignment=1)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"`simulate`: {error}") from error
             if self.simulate is None:
                 raise ValueError("`simulate` must be a positive size, such as '80GiB'")
+        _check_initial_below_maximum(initial_pool_size, maximum_pool_size, self.simulate)
         self.initial_pool_size = initial_pool_size
         self.maximum_pool_size = maximum_pool_size
         self.managed_memory = bool(managed_memory)

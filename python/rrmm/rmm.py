@@ -76,10 +76,9 @@ def reinitialize(
             "pool_allocator='expandable' cannot use managed_memory=True; use "
             "pool_allocator=True for a pool over managed memory"
         )
-    if isinstance(devices, int):
-        devices = [devices]
-    _rrmm._clear_per_device_resources()
+    devices = _device_list(devices)
     if _rrmm.device_count() == 0:
+        _rrmm._clear_per_device_resources()
         warnings.warn(
             "rrmm.reinitialize: no CUDA device is available "
             f"({_rrmm.driver_error() or 'no devices'}); no resource was set",
@@ -87,6 +86,12 @@ def reinitialize(
             stacklevel=2,
         )
         return
+    for device in devices:
+        if device >= _rrmm.device_count():
+            raise ValueError(
+                f"reinitialize: device {device} is out of range: this machine has "
+                f"{_rrmm.device_count()} CUDA device(s); no resource was changed"
+            )
 
     def build() -> _mr.DeviceMemoryResource:
         mr: _mr.DeviceMemoryResource
@@ -100,8 +105,28 @@ def reinitialize(
             mr = _mr.LoggingResourceAdaptor(mr, log_file_name)
         return mr
 
-    for device in devices:
-        _mr.set_per_device_resource(device, _mr._on_device(device, build))
+    # Every argument was checked above, before anything is forgotten. The old resources go
+    # before the new ones are built, as in RMM: a new pool's default initial size is half the
+    # free memory, which the old one may hold.
+    _rrmm._clear_per_device_resources()
+    built = [(device, _mr._on_device(device, build)) for device in devices]
+    for device, mr in built:
+        _mr.set_per_device_resource(device, mr)
+
+
+def _device_list(devices: int | list[int]) -> list[int]:
+    """The ordinals of ``devices`` (an int or a list of ints), checked before anything
+    changes."""
+    items = [devices] if not isinstance(devices, (list, tuple)) else list(devices)
+    out = []
+    for d in items:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"reinitialize: devices must be ints, not {type(d).__name__}")
+        d = d.__index__()
+        if d < 0:
+            raise ValueError(f"reinitialize: device {d} is negative")
+        out.append(d)
+    return out
 
 
 def _expandable_requested(pool_allocator: bool | str) -> bool:

@@ -64,6 +64,9 @@ pub struct Trace {
     pub unfreed_allocations: usize,
 }
 
+/// The longest line a log may have (an RMM log row is under 100 bytes).
+pub const MAX_LINE_BYTES: usize = 4096;
+
 /// Reads a log that may be gzip-compressed (recognised by its magic bytes).
 fn open_reader(path: &str) -> Result<Box<dyn BufRead>> {
     let io = |e: std::io::Error| Error::Io {
@@ -311,14 +314,28 @@ impl Trace {
         let mut seen_header = false;
         loop {
             buf.clear();
-            let n = reader.read_until(b'\n', &mut buf).map_err(|e| Error::Io {
-                path: source.to_string(),
-                message: e.to_string(),
-            })?;
+            // At most one byte past the longest line, so a file without newlines (a binary file,
+            // /dev/zero) is an error after a few KiB instead of being read whole.
+            let n = (&mut reader)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| Error::Io {
+                    path: source.to_string(),
+                    message: e.to_string(),
+                })?;
             if n == 0 {
                 break;
             }
             line_no += 1;
+            if buf.len() > MAX_LINE_BYTES && buf.last() != Some(&b'\n') {
+                return Err(Error::invalid(
+                    "log",
+                    format!(
+                        "{source}:{line_no}: a line longer than {MAX_LINE_BYTES} bytes: not an \
+                         RMM log"
+                    ),
+                ));
+            }
             let Ok(text) = std::str::from_utf8(&buf) else {
                 parser.problem(line_no, "line is not valid UTF-8".to_string())?;
                 continue;
@@ -378,6 +395,27 @@ mod tests {
         2931,14:02:11.123700,free,0x7f2d4a000000,1048576,0\n\
         2932,14:02:11.123800,allocate,0x7f2d4a000000,4096,0x55f1c3e2a8b0\n\
         2931,14:02:11.123900,free,0x7f2d4a100000,256,0x55f1c3e2a8b0\n";
+
+    /// Issue 18: a line without a newline (`/dev/zero`) was read whole into memory.
+    #[test]
+    fn endless_lines_are_an_error_after_a_few_kib() {
+        struct Zeros(usize);
+        impl std::io::Read for Zeros {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                assert!(self.0 < 1 << 20, "read far past the longest line");
+                buf.fill(0);
+                Ok(buf.len())
+            }
+        }
+        let e = Trace::from_reader("zeros", Zeros(0), true).unwrap_err();
+        assert!(e.to_string().contains("longer than 4096"), "{e}");
+        let long = format!(
+            "{HEADER}\n1,00:00:00.000000,allocate,0x1,{},0\n",
+            "1".repeat(5000)
+        );
+        assert!(parse(&long, true).is_err());
+    }
 
     #[test]
     fn parses_rmm_sample() {

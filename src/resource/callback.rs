@@ -1,8 +1,8 @@
 //! A resource whose allocate and deallocate are functions given by the user.
 
-use super::{MemoryKind, MemoryResource};
+use super::{MemoryKind, MemoryResource, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The allocate function of a [`CallbackMemoryResource`].
 pub type AllocateFn = Box<dyn Fn(usize, Stream) -> Result<usize> + Send + Sync>;
@@ -10,6 +10,12 @@ pub type AllocateFn = Box<dyn Fn(usize, Stream) -> Result<usize> + Send + Sync>;
 pub type DeallocateFn = Box<dyn Fn(usize, usize, Stream) -> Result<()> + Send + Sync>;
 
 /// Calls the user's functions for every allocation and deallocation.
+///
+/// What `allocate` returns is checked before anything uses it: for a positive size, a null
+/// pointer is out of memory (the C convention for a failed allocation), and an address that is
+/// not 256-byte aligned, or whose block would run past the end of the address space, is
+/// [`Error::Logic`]: resources above would otherwise hand out blocks that break rrmm's
+/// alignment or wrap around.
 pub struct CallbackMemoryResource {
     allocate: AllocateFn,
     deallocate: DeallocateFn,
@@ -37,7 +43,24 @@ impl std::fmt::Debug for CallbackMemoryResource {
 
 impl MemoryResource for CallbackMemoryResource {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        (self.allocate)(bytes, stream)
+        let ptr = (self.allocate)(bytes, stream)?;
+        if bytes == 0 {
+            return Ok(ptr);
+        }
+        if ptr == 0 {
+            return Err(Error::out_of_memory(
+                bytes,
+                "callback_memory_resource: the allocate function returned a null pointer",
+            ));
+        }
+        if ptr % ALLOCATION_ALIGNMENT != 0 || ptr.checked_add(bytes).is_none() {
+            return Err(Error::Logic(format!(
+                "callback_memory_resource: the allocate function returned {ptr:#x} for {bytes} \
+                 bytes: not {ALLOCATION_ALIGNMENT}-byte aligned, or the block would run past \
+                 the end of the address space"
+            )));
+        }
+        Ok(ptr)
     }
 
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
@@ -84,6 +107,35 @@ mod tests {
             Box::new(move |ptr, bytes, stream| unsafe { up.deallocate(ptr, bytes, stream) }),
             MemoryKind::Simulated,
         ))
+    }
+
+    /// Issue 18: a null or wrapping "allocation" from the user's function was handed out.
+    #[test]
+    fn null_unaligned_and_wrapping_pointers_are_refused() {
+        let fixed = |p: usize| -> SharedResource {
+            Arc::new(CallbackMemoryResource::new(
+                Box::new(move |_, _| Ok(p)),
+                Box::new(|_, _, _| Ok(())),
+                MemoryKind::Simulated,
+            ))
+        };
+        assert!(fixed(0)
+            .allocate(100, Stream::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory());
+        assert_eq!(fixed(0).allocate(0, Stream::DEFAULT).unwrap(), 0);
+        assert!(matches!(
+            fixed(0x1001).allocate(16, Stream::DEFAULT),
+            Err(Error::Logic(_))
+        ));
+        let top = usize::MAX - 255;
+        assert!(matches!(
+            fixed(top).allocate(512, Stream::DEFAULT),
+            Err(Error::Logic(_))
+        ));
+        // A pool over it reports the refusal instead of handing out the range.
+        assert!(PoolMemoryResource::new(fixed(top), Some(1 << 20), None).is_err());
+        assert_eq!(fixed(0x1000).allocate(16, Stream::DEFAULT).unwrap(), 0x1000);
     }
 
     #[test]

@@ -98,13 +98,23 @@ impl SimulatedVirtualMemory {
     /// of addresses (rounded up to pages) mapped in pages of `page_size` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a page size that is zero or not a multiple of 256, or a
-    /// reservation larger than the simulated address space (2^62 bytes).
+    /// [`Error::InvalidArgument`] for a page size that is zero, not a multiple of 256 or larger
+    /// than the capacity, or a reservation larger than the simulated address space (2^62
+    /// bytes).
     pub fn new(capacity: usize, reserve_size: usize, page_size: usize) -> Result<Self> {
         if page_size == 0 || page_size % super::ALLOCATION_ALIGNMENT != 0 {
             return Err(Error::invalid(
                 "page_size",
                 format!("{page_size} is not a positive multiple of 256"),
+            ));
+        }
+        if page_size > capacity {
+            return Err(Error::invalid(
+                "page_size",
+                format!(
+                    "{page_size} bytes is more than the capacity ({capacity} bytes): not one page \
+                     could be mapped"
+                ),
             ));
         }
         let reserved = round_up(reserve_size.max(page_size), page_size)?;

@@ -143,6 +143,16 @@ impl ExpandableMemoryResource {
                 )));
             }
         }
+        if let Some(maximum) = maximum_pool_size.filter(|&m| m < vm.page_size()) {
+            return Err(Error::invalid(
+                "maximum_pool_size",
+                format!(
+                    "{maximum} bytes is less than one page ({} bytes): no allocation could \
+                     ever be mapped",
+                    vm.page_size()
+                ),
+            ));
+        }
         let initial = initial_pool_size.unwrap_or(0);
         if initial > maximum_pool_size.unwrap_or(usize::MAX) {
             return Err(Error::Logic(

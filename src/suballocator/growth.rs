@@ -89,11 +89,7 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
             .upstream()
             .ok_or_else(|| Error::Logic("this growth policy has no initial chunk".into()))?;
         let addr = upstream.allocate(bytes, Stream::DEFAULT)?;
-        Ok(Block {
-            addr,
-            size: bytes,
-            region: addr,
-        })
+        checked_chunk(upstream, addr, bytes, Stream::DEFAULT)
     }
 
     /// Whether the core gives fully free chunks back through [`Growth::give_back`] on
@@ -178,6 +174,33 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
+/// The chunk `[addr, addr + size)` the upstream handed out, unless it is null or would run past
+/// the end of the address space (an upstream that breaks the contract: its block is given back
+/// and the growth fails with [`Error::Logic`] instead of handing out addresses that wrap).
+fn checked_chunk(
+    upstream: &SharedResource,
+    addr: usize,
+    size: usize,
+    stream: Stream,
+) -> Result<Block> {
+    if size > 0 && (addr == 0 || addr.checked_add(size).is_none()) {
+        // SAFETY: `addr` came from `upstream.allocate` with `size` bytes on `stream` and is freed
+        // once, unused.
+        #[allow(unsafe_code)]
+        let _ = unsafe { upstream.deallocate(addr, size, stream) };
+        return Err(Error::Logic(format!(
+            "{}: the upstream handed out {addr:#x} for {size} bytes, a block that is null or \
+             runs past the end of the address space",
+            upstream.name()
+        )));
+    }
+    Ok(Block {
+        addr,
+        size,
+        region: addr,
+    })
+}
+
 /// The upstream's out-of-memory text without the `std::bad_alloc` prefix of the error display.
 fn upstream_reason(e: &Error) -> String {
     let text = e.to_string();
@@ -206,13 +229,7 @@ fn allocate_halving(
     let mut probed = false;
     loop {
         match upstream.allocate(try_size, request.stream) {
-            Ok(addr) => {
-                return Ok(Block {
-                    addr,
-                    size: try_size,
-                    region: addr,
-                })
-            }
+            Ok(addr) => return checked_chunk(upstream, addr, try_size, request.stream),
             Err(e) if e.is_out_of_memory() && try_size > min_size => {
                 try_size = halve(try_size);
                 if !probed && try_size > min_size {
