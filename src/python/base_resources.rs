@@ -196,11 +196,6 @@ impl SimulatedMemoryResource {
     #[new]
     fn new(size: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
-        if size < crate::resource::ALLOCATION_ALIGNMENT {
-            return Err(PyValueError::new_err(format!(
-                "size: a simulated device needs at least 256 bytes, not {size}"
-            )));
-        }
         if size > crate::resource::MAX_SIMULATED_SIZE {
             return Err(PyValueError::new_err(format!(
                 "size: {size} bytes is larger than a simulated device can be ({} bytes)",
