@@ -88,7 +88,7 @@ def _positive_int(limit: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if not 0 < value <= limit:
             raise argparse.ArgumentTypeError(
-                f"needs a whole number from 1 to {limit}, got {text!r}"
+                f"needs a positive whole number (at most {limit}), got {text!r}"
             )
         return value
 
