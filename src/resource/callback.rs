@@ -41,9 +41,43 @@ impl std::fmt::Debug for CallbackMemoryResource {
     }
 }
 
+/// Calls of callback resources in progress on this thread, one inside another.
+struct Nesting;
+
+std::thread_local!(static NESTED_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
+
+/// How deep callback resources may call into each other on one thread: a callback that calls
+/// back into the stack it serves (a binning resource whose bin's function allocates from that
+/// binning resource) would otherwise recurse until the thread's stack runs out.
+pub const MAX_NESTED_CALLBACKS: usize = 32;
+
+impl Nesting {
+    fn enter() -> Result<Nesting> {
+        NESTED_CALLS.with(|n| {
+            if n.get() >= MAX_NESTED_CALLBACKS {
+                return Err(Error::Logic(format!(
+                    "callback_memory_resource: callbacks nested {MAX_NESTED_CALLBACKS} deep on \
+                     this thread: a callback that calls back into the resources it serves?"
+                )));
+            }
+            n.set(n.get() + 1);
+            Ok(Nesting)
+        })
+    }
+}
+
+impl Drop for Nesting {
+    fn drop(&mut self) {
+        NESTED_CALLS.with(|n| n.set(n.get().saturating_sub(1)));
+    }
+}
+
 impl MemoryResource for CallbackMemoryResource {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        let ptr = (self.allocate)(bytes, stream)?;
+        let ptr = {
+            let _depth = Nesting::enter()?;
+            (self.allocate)(bytes, stream)?
+        };
         if bytes == 0 {
             return Ok(ptr);
         }
@@ -64,6 +98,7 @@ impl MemoryResource for CallbackMemoryResource {
     }
 
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        let _depth = Nesting::enter()?;
         (self.deallocate)(ptr, bytes, stream)
     }
 

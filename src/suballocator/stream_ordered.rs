@@ -182,14 +182,22 @@ pub(crate) fn default_events(upstream: &SharedResource) -> Arc<dyn StreamEvents>
     default_events_for(upstream.kind(), upstream.device())
 }
 
-/// Which default events to use over memory of `kind` on `device`: none for simulated memory
-/// (nothing runs on its streams), CUDA events otherwise.
+/// Which default events to use over memory of `kind` on `device`: CUDA events where work on
+/// CUDA streams can use it ([`uses_device_streams`]), none otherwise.
 pub(crate) fn default_events_for(kind: MemoryKind, device: Option<usize>) -> Arc<dyn StreamEvents> {
     use super::stream_events::{CudaStreamEvents, NoStreamEvents};
-    match kind {
-        MemoryKind::Simulated => Arc::new(NoStreamEvents),
-        _ => Arc::new(CudaStreamEvents::new(device)),
+    if uses_device_streams(kind) {
+        Arc::new(CudaStreamEvents::new(device))
+    } else {
+        Arc::new(NoStreamEvents)
     }
+}
+
+/// Whether work on CUDA streams can use memory of `kind`, so that reuse across streams must be
+/// ordered with CUDA events: not for simulated memory (nothing runs on it), nor for any memory
+/// on a machine without a CUDA driver (no stream exists there).
+pub(crate) fn uses_device_streams(kind: MemoryKind) -> bool {
+    kind != MemoryKind::Simulated && crate::cuda::driver_available()
 }
 
 static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);

@@ -75,7 +75,7 @@ pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
 use super::stream_events::{current_thread_tag, StreamEvents, StreamKey};
-use super::stream_ordered::default_events;
+use super::stream_ordered::{default_events, uses_device_streams};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -232,7 +232,7 @@ impl ArenaMemoryResource {
             ));
         }
         let base = upstream.allocate(size, Stream::DEFAULT)?;
-        let device_streams = upstream.kind() != MemoryKind::Simulated;
+        let device_streams = uses_device_streams(upstream.kind());
         Ok(ArenaMemoryResource {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),

@@ -1,0 +1,552 @@
+"""A generative test of the Python API (issue 18): a Hypothesis state machine builds random
+resource graphs from every ``rrmm.mr`` class that works without a GPU, allocates, frees (right,
+wrong size, twice, null, foreign), copies, pickles, resizes, reinitializes, from one thread and
+several, with callbacks that misbehave, and checks a model after every step:
+
+- live blocks handed out over one memory (one simulated device or the system's memory) never
+  overlap, and are 256-byte aligned;
+- every correct free is accepted; every bad one is refused with RMM's type (RuntimeError) and
+  changes nothing (the block stays live and frees correctly later);
+- the counters of statistics, tracking and limiting adaptors equal the model's, where the model
+  can know them (allocations that reach the adaptor only through adaptors);
+- allocations fail only with MemoryError (or, below a misbehaving callback, with that
+  callback's own exception as RMM raises it), and a resource still works after any refusal;
+- nothing crashes or hangs (a hang ends the run with every thread's stack after
+  ``RRMM_MACHINE_HANG_S`` seconds).
+
+Budgets: the ``ci`` profile (default) runs a bounded number of examples; ``RRMM_HYPOTHESIS=long``
+runs many more (a long run outside CI: see the note in this file's history).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import rrmm
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    multiple,
+    rule,
+)
+from rrmm import mr
+
+KiB, MiB = 1 << 10, 1 << 20
+
+settings.register_profile(
+    "ci",
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "long",
+    max_examples=20_000,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+PROFILE = os.environ.get("RRMM_HYPOTHESIS", "ci")
+
+# Adaptors whose allocations reach their upstream unchanged (size and pointer).
+PASS_THROUGH = {"statistics", "tracking", "limiting", "failure_callback", "prefetch", "logging"}
+# Adaptors whose own counters the model checks.
+COUNTED = {"statistics", "tracking", "limiting"}
+
+
+@dataclass(eq=False)
+class Node:
+    """One resource of the graph, with what the model knows of it."""
+
+    obj: Any
+    kind: str
+    root: int  # the memory its blocks come from (one simulated device or the system's memory)
+    upstream: Node | None = None
+    misbehaves: bool = False  # a callback that may raise or return garbage
+    host: bool = False  # hands out host memory rrmm knows as such (copies work without a GPU)
+    # The model's counters (for COUNTED kinds): bytes and count of allocations through it.
+    bytes: int = 0
+    count: int = 0
+    total_bytes: int = 0
+    total_count: int = 0
+    peak_bytes: int = 0
+    peak_count: int = 0
+    limit_bytes: int = 0  # limiting: allocations rounded up to 256
+    modeled: bool = True  # False once anything but a pass-through adaptor sits over it
+    totals_known: bool = True  # False once buffers or threads allocated through it
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def chain(self) -> list[Node]:
+        """This node and the pass-through adaptors' upstreams below it (where an allocation
+        at this node is seen with its own size and pointer)."""
+        out = [self]
+        node = self
+        while node.kind in PASS_THROUGH and node.upstream is not None:
+            node = node.upstream
+            out.append(node)
+        return out
+
+
+@dataclass(eq=False)
+class Block:
+    node: Node
+    ptr: int
+    size: int
+
+
+def _aligned_up(n: int) -> int:
+    return (n + 255) // 256 * 256
+
+
+class ApiMachine(RuleBasedStateMachine):
+    nodes = Bundle("nodes")
+    blocks = Bundle("blocks")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots: list[Any] = []
+        self.all_nodes: list[Node] = []
+        self.live: list[Block] = []
+        self.freed: list[Block] = []
+        self.tmpdir = os.environ.get("TMPDIR", "/tmp")
+        self.host = np.arange(4096, dtype=np.uint8)  # a foreign (host) address, never handed out
+        # Unpickled buffers go to the current device's resource (host memory without a GPU).
+        if rrmm._rrmm.device_count() == 0:
+            mr.set_current_device_resource(mr.SystemMemoryResource())
+
+    # ------------------------------------------------------------------ building the graph
+
+    def _root(self, obj: Any, kind: str) -> Node:
+        self.roots.append(obj)
+        node = Node(obj, kind, len(self.roots) - 1)
+        self.all_nodes.append(node)
+        return node
+
+    @rule(target=nodes, size=st.sampled_from([4 * MiB, 64 * MiB, 1 << 30]))
+    def simulated(self, size: int) -> Node:
+        return self._root(mr.SimulatedMemoryResource(size), "simulated")
+
+    @rule(target=nodes)
+    def system(self) -> Node:
+        node = self._root(mr.SystemMemoryResource(), "system")
+        node.host = True
+        return node
+
+    def _over(self, up: Node, obj: Any, kind: str) -> Node:
+        node = Node(obj, kind, up.root, upstream=up, host=up.host and kind != "callback")
+        if kind not in PASS_THROUGH:
+            for below in up.chain():
+                below.modeled = False
+        self.all_nodes.append(node)
+        return node
+
+    def _totals_unknown(self, node: Node) -> None:
+        for n in node.chain():
+            n.totals_known = False
+
+    @rule(target=nodes, up=nodes, kind=st.sampled_from(sorted(PASS_THROUGH)),
+          limit=st.sampled_from([0, 4 * KiB, 1 * MiB, 1 << 40]))
+    def adaptor(self, up: Node, kind: str, limit: int) -> Node:
+        if kind == "statistics":
+            obj = mr.StatisticsResourceAdaptor(up.obj)
+        elif kind == "tracking":
+            obj = mr.TrackingResourceAdaptor(up.obj)
+        elif kind == "limiting":
+            obj = mr.LimitingResourceAdaptor(up.obj, limit)
+        elif kind == "failure_callback":
+            calls = {"n": 0}
+
+            def callback(nbytes: int) -> bool:
+                calls["n"] += 1
+                return calls["n"] % 3 == 1  # retry once in a while, then give up
+
+            obj = mr.FailureCallbackResourceAdaptor(up.obj, callback)
+        elif kind == "prefetch":
+            obj = mr.PrefetchResourceAdaptor(up.obj)
+        else:
+            path = os.path.join(self.tmpdir, f"rrmm-machine-{os.getpid()}-{id(up)}.csv")
+            obj = mr.LoggingResourceAdaptor(up.obj, path)
+        node = self._over(up, obj, kind)
+        node.extra["limit"] = limit
+        return node
+
+    @rule(target=nodes, up=nodes, alignment=st.sampled_from([256, 512, 4096]),
+          threshold=st.sampled_from([0, 256, 64 * KiB]))
+    def aligned(self, up: Node, alignment: int, threshold: int) -> Node:
+        node = self._over(up, mr.AlignedResourceAdaptor(up.obj, alignment, threshold), "aligned")
+        node.extra["alignment"] = (alignment, threshold)
+        return node
+
+    @rule(target=nodes, up=nodes, initial=st.sampled_from([0, 256 * KiB, 2 * MiB]),
+          maximum=st.sampled_from([None, 2 * MiB, 32 * MiB]))
+    def pool(self, up: Node, initial: int, maximum: int | None) -> Node:
+        try:
+            obj = mr.PoolMemoryResource(up.obj, initial, maximum)
+        except self._allowed(up):
+            return multiple()  # type: ignore[return-value]
+        return self._over(up, obj, "pool")
+
+    @rule(target=nodes, up=nodes, block=st.sampled_from([256, 4 * KiB, 1 * MiB]),
+          blocks=st.integers(1, 16))
+    def fixed_size(self, up: Node, block: int, blocks: int) -> Node:
+        try:
+            obj = mr.FixedSizeMemoryResource(up.obj, block, blocks)
+        except self._allowed(up):
+            return multiple()  # type: ignore[return-value]
+        node = self._over(up, obj, "fixed_size")
+        node.extra["block"] = block
+        return node
+
+    @rule(target=nodes, up=nodes, low=st.integers(8, 14), width=st.integers(-1, 4))
+    def binning(self, up: Node, low: int, width: int) -> Node:
+        try:
+            obj = mr.BinningMemoryResource(up.obj, low, low + width)
+        except self._allowed(up):
+            return multiple()  # type: ignore[return-value]
+        return self._over(up, obj, "binning")
+
+    @rule(binning=nodes, size=st.sampled_from([300, 512, 3000, 16 * KiB, 300 * KiB]),
+          bin_node=st.one_of(st.none(), nodes))
+    def add_bin(self, binning: Node, size: int, bin_node: Node | None) -> None:
+        if binning.kind != "binning":
+            return
+        if bin_node is None:
+            try:
+                binning.obj.add_bin(size)
+            except self._allowed(binning):
+                pass
+            return
+        reaches = self._reaches(bin_node, binning, through_callbacks=False)
+        if bin_node.root != binning.root and not reaches:
+            return  # keep one memory per graph, so overlaps stay checkable
+        try:
+            binning.obj.add_bin(size, bin_node.obj)
+        except ValueError as e:
+            assert reaches, f"refused a bin that does not reach the binning resource: {e}"
+            return
+        assert not reaches, "accepted a bin that reaches the binning resource (a cycle)"
+        for below in bin_node.chain():
+            below.modeled = False
+        binning.extra.setdefault("bins", []).append(bin_node)
+
+    def _reaches(self, node: Node, target: Node, through_callbacks: bool = True) -> bool:
+        """Whether ``node`` is ``target`` or reaches it; a callback's function is opaque to rrmm
+        (its calls into other resources are bounded at run time instead), so with
+        ``through_callbacks=False`` the walk stops at callbacks."""
+        todo, seen = [node], set()
+        while todo:
+            n = todo.pop()
+            if n is target:
+                return True
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if n.kind == "callback" and not through_callbacks:
+                continue
+            if n.upstream is not None:
+                todo.append(n.upstream)
+            todo.extend(n.extra.get("targets", []))
+        return False
+
+    @rule(target=nodes, up=nodes, size=st.sampled_from([2 * MiB, 16 * MiB]))
+    def arena(self, up: Node, size: int) -> Node:
+        try:
+            obj = mr.ArenaMemoryResource(up.obj, size)
+        except (MemoryError, RuntimeError):  # too small for a superblock, or no room
+            return multiple()  # type: ignore[return-value]
+        return self._over(up, obj, "arena")
+
+    @rule(target=nodes, capacity=st.sampled_from([8 * MiB, 256 * MiB]),
+          maximum=st.sampled_from([None, 4 * MiB, 64 * MiB]))
+    def expandable(self, capacity: int, maximum: int | None) -> Node:
+        obj = mr.ExpandableMemoryResource(simulated_capacity=capacity, maximum_pool_size=maximum)
+        return self._root(obj, "expandable")
+
+    @rule(target=nodes, up=nodes,
+          behaviour=st.sampled_from(["forward", "raise", "null", "misaligned", "reenter"]))
+    def callback(self, up: Node, behaviour: str) -> Node:
+        """A callback resource forwarding to ``up``, or misbehaving in one way."""
+        holder: dict[str, Any] = {}
+        target = up.obj
+
+        def allocate(nbytes: int, stream: Any) -> int:
+            if behaviour == "raise" and nbytes > 4 * KiB:
+                raise KeyError("callback failed")
+            if behaviour == "null" and nbytes > 4 * KiB:
+                return 0
+            if behaviour == "misaligned" and nbytes > 4 * KiB:
+                return 0x1001
+            if behaviour == "reenter" and "above" in holder:
+                try:
+                    p = holder["above"].allocate(256)
+                    holder["above"].deallocate(p, 256)
+                except (RuntimeError, MemoryError):
+                    pass
+            return int(target.allocate(nbytes, stream))
+
+        def deallocate(ptr: int, nbytes: int, stream: Any) -> None:
+            target.deallocate(ptr, nbytes, stream)
+
+        node = self._over(up, mr.CallbackMemoryResource(allocate, deallocate), "callback")
+        node.misbehaves = behaviour != "forward"
+        node.extra["targets"] = [up]
+        node.extra["holder"] = holder
+        return node
+
+    @rule(callback=nodes, above=nodes)
+    def let_callback_reenter(self, callback: Node, above: Node) -> None:
+        """A re-entering callback calls into a resource above it (a pool over it, say)."""
+        if callback.kind == "callback" and "holder" in callback.extra:
+            callback.extra["holder"]["above"] = above.obj
+
+    # ------------------------------------------------------------------ allocating and freeing
+
+    def _misbehaves(self, node: Node) -> bool:
+        """Whether a call at ``node`` may meet a misbehaving callback, or a callback that calls
+        back into a resource on its own path (bounded, then refused)."""
+        todo, seen = [node], set()
+        while todo:
+            n = todo.pop()
+            if n.misbehaves:
+                return True
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            below = ([n.upstream] if n.upstream is not None else []) + n.extra.get(
+                "targets", []) + n.extra.get("bins", [])
+            for b in below:
+                if b is node:
+                    return True  # a cycle (through a callback)
+                todo.append(b)
+        return False
+
+    def _allowed(self, node: Node) -> tuple[type[BaseException], ...]:
+        return (MemoryError, RuntimeError) if self._misbehaves(node) else (MemoryError,)
+
+    def _count(self, node: Node, size: int, sign: int) -> None:
+        for n in node.chain():
+            if n.kind in COUNTED:
+                n.bytes += sign * size
+                n.count += sign
+                n.limit_bytes += sign * _aligned_up(size)
+                if sign > 0:
+                    n.total_bytes += size
+                    n.total_count += 1
+                    n.peak_bytes = max(n.peak_bytes, n.bytes)
+                    n.peak_count = max(n.peak_count, n.count)
+
+    @rule(target=blocks, node=nodes,
+          size=st.one_of(st.sampled_from([0, 1, 255, 256, 257, 4096, 1 * MiB, 3 * MiB]),
+                         st.integers(1, 2 * MiB)))
+    def allocate(self, node: Node, size: int) -> Block:
+        try:
+            ptr = node.obj.allocate(size)
+        except self._allowed(node):
+            return multiple()  # type: ignore[return-value]
+        assert ptr % 256 == 0, f"{node.kind} handed out {ptr:#x}, not 256-byte aligned"
+        if size == 0:
+            assert ptr == 0, f"{node.kind}: a zero-byte allocation is the null pointer"
+        block = Block(node, ptr, size)
+        self._count(node, size, +1)
+        if size:
+            for other in self.live:
+                if other.node.root == node.root and other.size and other.ptr < ptr + size and ptr < other.ptr + other.size:
+                    raise AssertionError(f"overlap: {node.kind} {ptr:#x}+{size} and "
+                                         f"{other.node.kind} {other.ptr:#x}+{other.size}")
+        self.live.append(block)
+        return block
+
+    @rule(block=consumes(blocks))
+    def free(self, block: Block) -> None:
+        if block not in self.live:
+            return
+        try:
+            block.node.obj.deallocate(block.ptr, block.size)
+        except RuntimeError:
+            if self._misbehaves(block.node):
+                return  # a callback below may refuse its own frees; the block stays the node's
+            raise
+        self.live.remove(block)
+        self.freed.append(block)
+        self._count(block.node, block.size, -1)
+
+    @rule(block=blocks)
+    def free_with_a_wrong_size(self, block: Block) -> None:
+        if block not in self.live or block.size == 0:
+            return
+        wrong = 2 * block.size + 2 * MiB + 256
+        with pytest.raises(RuntimeError):
+            block.node.obj.deallocate(block.ptr, wrong)
+
+    @rule(block=blocks)
+    def free_twice(self, block: Block) -> None:
+        if block in self.live or block.size == 0:
+            return
+        # Only where nothing live sits at that address in that memory (else it is a free of the
+        # new block, which no resource can tell from a right one).
+        if any(b.node.root == block.node.root and b.ptr <= block.ptr < b.ptr + max(b.size, 1)
+               for b in self.live):
+            return
+        with pytest.raises(RuntimeError):
+            block.node.obj.deallocate(block.ptr, block.size)
+
+    @rule(node=nodes, size=st.sampled_from([0, 1, 1000]))
+    def free_null(self, node: Node, size: int) -> None:
+        node.obj.deallocate(0, size)  # a no-op everywhere, counters unchanged
+
+    @rule(node=nodes, foreign=st.sampled_from(["bogus", "host"]))
+    def free_foreign(self, node: Node, foreign: str) -> None:
+        ptr = 0x1000 if foreign == "bogus" else int(self.host.ctypes.data) // 256 * 256 + 256
+        with pytest.raises(RuntimeError):
+            node.obj.deallocate(ptr, 256)
+
+    # ------------------------------------------------------------------ buffers and copies
+
+    @rule(node=nodes, data=st.binary(min_size=0, max_size=3000))
+    def buffer_round_trip(self, node: Node, data: bytes) -> None:
+        """DeviceBuffer over any node: system memory copies; simulated memory refuses to."""
+        self._totals_unknown(node)
+        try:
+            buf = rrmm.DeviceBuffer(size=len(data), mr=node.obj)
+        except self._allowed(node):
+            return
+        if not data:
+            assert buf.tobytes() == b""
+            return
+        if not node.host and rrmm._rrmm.device_count() == 0:
+            # Simulated memory has nothing behind it; a callback's memory is device memory.
+            with pytest.raises(RuntimeError, match="simulated|no CUDA driver"):
+                buf.copy_from_host(np.frombuffer(data, dtype=np.uint8))
+            return
+        buf.copy_from_host(np.frombuffer(data, dtype=np.uint8))
+        assert buf.tobytes() == data
+        again = pickle.loads(pickle.dumps(buf, protocol=5))
+        assert again.tobytes() == data
+        try:
+            buf.resize(len(data) * 2 + 1)
+            buf.reserve(len(data) * 4 + 8)
+        except self._allowed(node):
+            return
+        assert buf.tobytes()[: len(data)] == data
+        buf.resize(len(data) // 2)
+        assert buf.tobytes() == data[: len(data) // 2]
+
+    @rule(node=nodes)
+    def copy_from_a_pageable_host_address(self, node: Node) -> None:
+        """RMM's DeviceBuffer(ptr=<host address>) copies pageable host memory."""
+        if not node.host:
+            return
+        self._totals_unknown(node)
+        try:
+            buf = rrmm.DeviceBuffer(ptr=self.host.ctypes.data, size=self.host.nbytes, mr=node.obj)
+        except self._allowed(node):
+            return
+        assert buf.tobytes() == self.host.tobytes()
+
+    # ------------------------------------------------------------------ threads, reinitialize
+
+    @rule(node=nodes, threads=st.integers(2, 4))
+    def threads_allocate_and_free(self, node: Node, threads: int) -> None:
+        self._totals_unknown(node)
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for i in range(20):
+                    size = 256 * (1 + (t * 7 + i) % 9)
+                    try:
+                        p = node.obj.allocate(size)
+                    except self._allowed(node):
+                        continue
+                    node.obj.deallocate(p, size)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors and not self._misbehaves(node):
+            raise errors[0]
+
+    @rule(devices=st.sampled_from([0, [0], [5], [-1], ["x"]]))
+    def reinitialize(self, devices: Any) -> None:
+        """Without a GPU reinitialize warns and sets nothing; bad ordinals are refused first."""
+        if rrmm._rrmm.device_count() > 0:
+            return
+        bad = devices in ([-1], ["x"])
+        if bad:
+            with pytest.raises((ValueError, TypeError)):
+                rrmm.reinitialize(devices=devices)
+            return
+        with pytest.warns(RuntimeWarning):
+            rrmm.reinitialize(devices=devices)
+        mr.set_current_device_resource(mr.SystemMemoryResource())  # for unpickled buffers
+
+    # ------------------------------------------------------------------ the model
+
+    @invariant()
+    def counters_equal_the_model(self) -> None:
+        for n in self.all_nodes:
+            self._check_counters(n)
+
+    def _check_counters(self, n: Node) -> None:
+        if not n.modeled or n.kind not in COUNTED:
+            return
+        if n.kind == "statistics":
+            c = n.obj.allocation_counts
+            assert (c.current_bytes, c.current_count) == (n.bytes, n.count), (c, n.bytes, n.count)
+            if n.totals_known:
+                assert (c.total_bytes, c.total_count) == (n.total_bytes, n.total_count), c
+                assert (c.peak_bytes, c.peak_count) == (n.peak_bytes, n.peak_count), c
+        elif n.kind == "tracking":
+            assert n.obj.get_allocated_bytes() == n.bytes
+        elif n.kind == "limiting":
+            assert n.obj.get_allocated_bytes() == n.limit_bytes
+
+    @invariant()
+    def every_resource_still_works(self) -> None:
+        for block in list(self.live)[-3:]:
+            node = block.node
+            try:
+                p = node.obj.allocate(256)
+            except self._allowed(node):
+                continue
+            self._count(node, 256, +1)
+            node.obj.deallocate(p, 256)
+            self._count(node, 256, -1)
+
+    def teardown(self) -> None:
+        # Every live block frees correctly at the end, whatever happened before.
+        for block in list(self.live):
+            try:
+                block.node.obj.deallocate(block.ptr, block.size)
+            except RuntimeError:
+                if not self._misbehaves(block.node):
+                    raise
+
+
+@pytest.fixture(autouse=True)
+def _no_hang() -> Any:
+    """A hang ends the run with every thread's stack instead of blocking CI."""
+    faulthandler.dump_traceback_later(float(os.environ.get("RRMM_MACHINE_HANG_S", "600")),
+                                      exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+TestApi = ApiMachine.TestCase
+TestApi.settings = settings.get_profile(PROFILE)
