@@ -1,0 +1,86 @@
+"""Fuzzing the command line's options (issue 18): random option lists and values (huge and
+negative numbers, bad sizes, unknown names, empty strings, odd unicode) must give a clean exit
+(0, 1 with a one-line message, or 2 with a one-line usage error), never a traceback. The
+command runs in-process (``rrmm.__main__.main``), on a small simulated device."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rrmm.__main__ import main
+
+PROFILE = os.environ.get("RRMM_HYPOTHESIS", "ci")
+EXAMPLES = {"ci": 120, "long": 5000}.get(PROFILE, 120)
+
+NUMBERS = st.one_of(
+    st.integers(-(10**40), 10**40).map(str),
+    st.sampled_from(["0", "-1", "1", "18:22", "0:0", "63:64", "9" * 30 + ":1", "1e9", "nan",
+                     "inf", "0x10", "", " ", "4G", "4GiB", "1.5GB", "-4GiB", "9" * 40 + "GiB",
+                     "\u00e9", "1_000"]),
+    st.text(max_size=12),
+)
+OPTIONS = [
+    "--simulate", "--initial-pool-size", "--maximum-pool-size", "--bins", "--block-size",
+    "--blocks", "--arena-size", "--repeat", "--resource", "--compare",
+]
+FLAGS = ["--fit", "--json", "--lenient", "--bogus-flag", "-h"]
+
+
+@st.composite
+def replay_argv(draw: st.DrawFn) -> list[str]:
+    argv = ["replay", draw(st.sampled_from(["transformer_training", "no_such_trace", ""]))]
+    for _ in range(draw(st.integers(0, 4))):
+        if draw(st.booleans()):
+            argv += [draw(st.sampled_from(OPTIONS)), draw(NUMBERS)]
+        else:
+            argv.append(draw(st.sampled_from(FLAGS)))
+    if "--simulate" not in argv:
+        argv += ["--simulate", "64MiB"]
+    argv += ["--repeat", "1"] if "--repeat" not in argv else []
+    return argv
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(argv=st.one_of(replay_argv(), st.lists(st.text(max_size=10), max_size=4)))
+def test_any_command_line_exits_cleanly(argv: list[str]) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors and --help
+            code = e.code if isinstance(e.code, int) else 2
+    message = err.getvalue()
+    assert "Traceback" not in message and "Traceback" not in out.getvalue(), message
+    assert code in (0, 1, 2), (code, message)
+    if code != 0:
+        assert message.strip(), "a failure says why"
+        assert len(message.strip().splitlines()) <= 3, message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "transformer_training", "--simulate", "1GiB", "--repeat", "9" * 40],
+        ["replay", "transformer_training", "--simulate", "1GiB", "--blocks", "9" * 40],
+        ["replay", "transformer_training", "--simulate", "9" * 40 + "GiB"],
+        ["replay", "transformer_training", "--simulate", "1GiB", "--bins", "1:" + "9" * 30],
+        ["snapshot", "view", "/dev/null"],
+    ],
+)
+def test_huge_numbers_are_usage_errors(argv: list[str]) -> None:
+    """Issue 18: huge numbers gave OverflowError tracebacks."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+    assert code in (1, 2)
+    assert "Traceback" not in err.getvalue() and "OverflowError" not in err.getvalue()
