@@ -12,7 +12,6 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from rrmm.__main__ import main
 
 PROFILE = os.environ.get("RRMM_HYPOTHESIS", "ci")

@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import rrmm
-import rrmm.mr as mr
+from rrmm import mr
 
 MiB = 1 << 20
 
@@ -282,7 +281,7 @@ def test_a_log_without_newlines_is_refused_quickly(tmp_path: Any) -> None:
     path.write_bytes(b"\0" * (8 << 20))
     from rrmm.__main__ import main
 
-    with pytest.raises(SystemExit) as exit_info:  # noqa: PT012
+    with pytest.raises(SystemExit) as exit_info:
         code = main(["replay", str(path), "--simulate", "1GiB"])
         raise SystemExit(code)
     assert exit_info.value.code in (1, 2)
