@@ -1,5 +1,5 @@
 //! W1 on simulated memory: replay the shared RMM traces against every resource that
-//! `build_resource` can build, reporting time per event (criterion throughput in elements).
+//! `rrmm::stack::build` can build, reporting time per event (criterion throughput in elements).
 //!
 //! Traces are read from `$RRMM_TRACES` (default: the traces shipped in `python/rrmm/traces`); a
 //! missing one is an error.
@@ -8,7 +8,8 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rrmm::replay::{build_resource, replay, resource_names, ReplayOptions, Trace};
+use rrmm::replay::{replay, resource_names, ReplayOptions, Trace};
+use rrmm::stack::{build, StackOptions, Target};
 use std::time::Duration;
 
 const TRACES: &[&str] = &[
@@ -31,7 +32,12 @@ fn bench_replay(c: &mut Criterion) {
         group.sample_size(10);
         group.measurement_time(Duration::from_secs(5));
         for resource in &resource_names() {
-            let mr = match build_resource(resource, Some(SIMULATED_BYTES), None, None) {
+            let built = build(
+                resource,
+                Target::Simulated(SIMULATED_BYTES),
+                &StackOptions::default(),
+            );
+            let mr = match built.map(|b| b.resource) {
                 Ok(mr) => mr,
                 Err(e) => {
                     eprintln!("skipping {resource}: {e}");

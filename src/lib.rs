@@ -27,6 +27,7 @@ pub mod os;
 pub mod replay;
 pub mod report;
 pub mod resource;
+pub mod stack;
 pub mod suballocator;
 mod sync;
 

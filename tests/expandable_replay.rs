@@ -3,8 +3,9 @@
 //! footprint after `trim(0)` is exactly the pages the live allocations touch, and at most the
 //! bytes in use rounded up to pages (plus the excess [`EXCESS_PAGES`] gives a trace, and why).
 
-use rrmm::replay::{build_resource, replay, Action, ReplayOptions, Trace};
+use rrmm::replay::{replay, Action, ReplayOptions, Trace};
 use rrmm::resource::{SimulatedVirtualMemory, VirtualMemory, DEFAULT_PAGE_SIZE};
+use rrmm::stack::{build, StackOptions, Target};
 use rrmm::suballocator::ExpandableMemoryResource;
 use rrmm::{MemoryResource, Stream};
 use std::collections::{BTreeSet, HashMap};
@@ -32,10 +33,22 @@ fn growth_log() -> Trace {
 #[test]
 fn the_growth_log_replays_on_expandable_and_fails_on_the_pool() {
     let trace = growth_log();
-    let expandable = build_resource("expandable", Some(32 * GIB), None, None).unwrap();
+    let expandable = build(
+        "expandable",
+        Target::Simulated(32 * GIB),
+        &StackOptions::default(),
+    )
+    .unwrap()
+    .resource;
     let r = replay(&trace, &expandable, ReplayOptions::default()).unwrap();
     assert_eq!(r.failed_allocations, 0);
-    let pool = build_resource("pool", Some(32 * GIB), None, None).unwrap();
+    let pool = build(
+        "pool",
+        Target::Simulated(32 * GIB),
+        &StackOptions::default(),
+    )
+    .unwrap()
+    .resource;
     let r = replay(&trace, &pool, ReplayOptions::default()).unwrap();
     assert_eq!(
         r.failed_allocations, 1,

@@ -29,7 +29,10 @@ from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
 import rrmm
+import rrmm._stack
 import rrmm.mr
+from rrmm.allocators import FRAMEWORKS, use_rrmm_for
+from rrmm.rmm import stack_kind
 
 __all__ = [
     "MemoryReport",
@@ -40,7 +43,6 @@ __all__ = [
     "worker_figures",
 ]
 
-_SUPPORTED_LIBS = ("torch", "cupy")
 _ALIGNMENT = 256
 
 
@@ -138,10 +140,10 @@ def _lib_list(libraries: Any) -> list[str] | None:
             "or ['torch', 'cupy']"
         )
     for lib in libraries:
-        if lib not in _SUPPORTED_LIBS:
+        if lib not in FRAMEWORKS:
             raise ValueError(
                 f"The library '{lib}' is not supported for RMM integration. "
-                f"Supported libraries are: {', '.join(_SUPPORTED_LIBS)}."
+                f"Supported libraries are: {', '.join(FRAMEWORKS)}."
             )
     return libraries
 
@@ -223,6 +225,7 @@ class RRMMSetup(WorkerPlugin):
         track_allocations: bool = False,
         external_lib_list: Any = None,
         simulate: Any = None,
+        allocator: str | None = None,
     ) -> None:
         if async_alloc is True and managed_memory is True:
             raise ValueError("`rmm_managed_memory` is incompatible with the `rmm_async`.")
@@ -257,6 +260,11 @@ class RRMMSetup(WorkerPlugin):
             if self.simulate is None:
                 raise ValueError("`simulate` must be a positive size, such as '80GiB'")
         _check_initial_below_maximum(initial_pool_size, maximum_pool_size, self.simulate)
+        if allocator is not None:
+            if async_alloc:
+                raise ValueError("`allocator` and `rmm_async` choose the resource both")
+            stack_kind(allocator, bool(managed_memory))  # ValueError for an unknown kind
+        self.allocator = allocator
         self.initial_pool_size = initial_pool_size
         self.maximum_pool_size = maximum_pool_size
         self.managed_memory = bool(managed_memory)
@@ -268,25 +276,32 @@ class RRMMSetup(WorkerPlugin):
 
     def setup(self, worker: Any = None) -> None:
         """Builds the resource and makes it the current device's; adds the worker metrics."""
-        mr, pool, description = self._base()
+        kind, options = self.stack_options()
         log_file = None
         if self.log_directory is not None:
             os.makedirs(self.log_directory, exist_ok=True)
             log_file = os.path.join(self.log_directory, f"rmm_log_{_worker_name(worker)}.txt")
-            mr = rrmm.mr.LoggingResourceAdaptor(mr, log_file)
-        statistics = rrmm.mr.StatisticsResourceAdaptor(mr)
-        mr = statistics
-        if self.track_allocations:
-            mr = rrmm.mr.TrackingResourceAdaptor(mr)
-        mr = rrmm.mr.FailureCallbackResourceAdaptor(mr, _count_failure)
+        top = rrmm._stack.build(
+            kind,
+            simulate=self.simulate,
+            logging=log_file is not None,
+            log_file=log_file,
+            statistics=True,
+            tracking=self.track_allocations,
+            **options,
+        )
+        statistics = _find(top, rrmm.mr.StatisticsResourceAdaptor)
+        pool = _find(top, rrmm.mr.PoolMemoryResource)
+        mr = rrmm.mr.FailureCallbackResourceAdaptor(top, _count_failure)
         rrmm.mr.set_current_device_resource(mr)
+        description = _describe(kind, self.simulate)
         with _state_lock:
             _state.resource, _state.statistics, _state.pool = mr, statistics, pool
             _state.failed, _state.log_file, _state.description = 0, log_file, description
         if worker is not None and hasattr(worker, "metrics"):
             worker.metrics["rmm"] = _rmm_metric
         for lib in self.external_lib_list or ():
-            _set_allocator_for(lib)
+            use_rrmm_for(lib)
 
     def teardown(self, worker: Any = None) -> None:
         """Flushes the log, if any."""
@@ -294,50 +309,37 @@ class RRMMSetup(WorkerPlugin):
         if logging is not None:
             logging.flush()
 
-    def _base(self) -> tuple[Any, Any, str]:
+    def stack_options(self) -> tuple[str, dict[str, Any]]:
+        """The stack kind and its options (``rrmm._stack.build``) for this worker: dask-cuda's
+        meaning of the options (a pool when ``rmm_pool_size`` is given, on managed memory with
+        ``rmm_managed_memory``; ``rmm_async``: ``cuda_async``, with ``rmm_maximum_pool_size`` a
+        limit), or rrmm's ``allocator`` kind with the same sizes."""
         total = _device_total(self.simulate)
         initial = parse_device_bytes(self.initial_pool_size, total)
         maximum = parse_device_bytes(self.maximum_pool_size, total)
-        if self.simulate is not None:
-            upstream: Any = rrmm.mr.SimulatedMemoryResource(self.simulate)
-            kind = f"simulated {self.simulate} B"
+        if self.allocator is not None:
+            kind = stack_kind(self.allocator, self.managed_memory)
         elif self.async_alloc:
             threshold = parse_device_bytes(self.release_threshold, total)
-            upstream = rrmm.mr.CudaAsyncMemoryResource(
-                initial_pool_size=initial, release_threshold=threshold
-            )
-            if maximum is not None:
-                upstream = rrmm.mr.LimitingResourceAdaptor(upstream, allocation_limit=maximum)
-            return upstream, None, "cuda_async"
-        elif self.managed_memory:
-            upstream, kind = rrmm.mr.ManagedMemoryResource(), "managed"
+            return "cuda_async", {
+                "initial_pool_size": initial,
+                "release_threshold": threshold,
+                "allocation_limit": maximum,
+            }
         else:
-            upstream, kind = rrmm.mr.CudaMemoryResource(), "cuda"
-        if initial is None:
-            return upstream, None, kind
-        pool = rrmm.mr.PoolMemoryResource(upstream, initial, maximum)
-        return pool, pool, f"pool({kind})"
+            kind = stack_kind(initial is not None, self.managed_memory)
+        return kind, {"initial_pool_size": initial, "maximum_pool_size": maximum}
 
 
-def _set_allocator_for(lib: str) -> None:
-    """Points CuPy's or PyTorch's allocator at rrmm (dask-cuda's
-    ``enable_rmm_memory_for_library``)."""
-    if lib == "cupy":
-        try:
-            import cupy
-        except ImportError as e:
-            raise ImportError("CuPy is not installed.") from e
-        from rrmm.allocators.cupy import rmm_cupy_allocator
-
-        cupy.cuda.set_allocator(rmm_cupy_allocator)
-    elif lib == "torch":
-        try:
-            import torch
-        except ImportError as e:
-            raise ImportError("PyTorch is not installed.") from e
-        from rrmm.allocators.torch import rmm_torch_allocator
-
-        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+def _describe(kind: str, simulate: int | None) -> str:
+    """The worker's resource in a few words: ``pool(cuda)``, ``pool(simulated N B)``,
+    ``cuda_async``, ``expandable(cuda)``."""
+    memory = "managed" if kind.startswith("managed") else "cuda"
+    if simulate is not None:
+        memory = f"simulated {simulate} B"
+    if kind in ("cuda", "managed", "cuda_async", "simulated"):
+        return memory if simulate is not None else kind
+    return f"{'pool' if kind.endswith('pool') else kind}({memory})"
 
 
 # ---------------------------------------------------------------- preload
@@ -357,6 +359,7 @@ def options_from_config() -> dict[str, Any]:
         "track_allocations",
         "external_lib_list",
         "simulate",
+        "allocator",
     }
     aliases = {"pool_size": "initial_pool_size", "async": "async_alloc"}
     options: dict[str, Any] = {}

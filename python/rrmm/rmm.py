@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from rrmm import _rrmm
+from rrmm import _rrmm, _stack
 from rrmm import mr as _mr
 
 __all__ = [
@@ -58,24 +58,21 @@ def reinitialize(
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
-    Runs the reinitialize hooks (last registered first), forgets every per-device resource, then
-    sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda, initial, maximum) | Managed|Cuda)``.
-    rrmm: ``pool_allocator="expandable"`` sets ``[Logging](ExpandableMemoryResource(device,
-    initial, maximum))`` instead, the pool on one virtual address range that coalesces across
-    growth and gives memory back with ``trim()`` (not with ``managed_memory=True``:
-    ``ValueError``). Without a CUDA device it warns and sets nothing.
+    Runs the reinitialize hooks (last registered first), checks every argument, forgets every
+    per-device resource, then sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda,
+    initial, maximum) | Managed|Cuda)``. rrmm: ``pool_allocator`` may also name any stack kind
+    (``rrmm._stack.kinds()``: ``"expandable"``, the pool on one virtual address range that
+    coalesces across growth and gives memory back with ``trim()``; ``"arena"``, ``"binning"``,
+    ``"cuda_async"``, ...), built by the same builder as ``rrmm replay`` and the Dask plugin.
+    Without a CUDA device it warns and sets nothing.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    for value in (initial_pool_size, maximum_pool_size):
-        _check_size(value)
-    expandable = _expandable_requested(pool_allocator)
-    if expandable and managed_memory:
-        raise ValueError(
-            "reinitialize: managed memory cannot be mapped into a virtual address range, so "
-            "pool_allocator='expandable' cannot use managed_memory=True; use "
-            "pool_allocator=True for a pool over managed memory"
-        )
+    sizes = {
+        "initial_pool_size": _size(initial_pool_size),
+        "maximum_pool_size": _size(maximum_pool_size),
+    }
+    kind = stack_kind(pool_allocator, managed_memory)
     devices = _device_list(devices)
     if _rrmm.device_count() == 0:
         _rrmm._clear_per_device_resources()
@@ -94,16 +91,7 @@ def reinitialize(
             )
 
     def build() -> _mr.DeviceMemoryResource:
-        mr: _mr.DeviceMemoryResource
-        if expandable:
-            mr = _mr.ExpandableMemoryResource(None, initial_pool_size, maximum_pool_size)
-        else:
-            mr = _mr.ManagedMemoryResource() if managed_memory else _mr.CudaMemoryResource()
-        if pool_allocator and not expandable:
-            mr = _mr.PoolMemoryResource(mr, initial_pool_size, maximum_pool_size)
-        if logging:
-            mr = _mr.LoggingResourceAdaptor(mr, log_file_name)
-        return mr
+        return _stack.build(kind, logging=bool(logging), log_file=log_file_name, **sizes)
 
     # Every argument was checked above, before anything is forgotten. The old resources go
     # before the new ones are built, as in RMM: a new pool's default initial size is half the
@@ -112,6 +100,53 @@ def reinitialize(
     built = [(device, _mr._on_device(device, build)) for device in devices]
     for device, mr in built:
         _mr.set_per_device_resource(device, mr)
+
+
+def stack_kind(pool_allocator: bool | str, managed_memory: bool) -> str:
+    """The stack kind (``rrmm._stack``) of ``reinitialize``'s options: RMM's ``pool_allocator``
+    and ``managed_memory`` booleans (``"cuda"``, ``"pool"``, ``"managed"``, ``"managed_pool"``),
+    or rrmm's name of any kind as ``pool_allocator`` (``"expandable"``, ``"arena"``, ...;
+    ``"pool"`` with ``managed_memory=True`` is ``"managed_pool"``)."""
+    if isinstance(pool_allocator, str):
+        kind = pool_allocator.strip().lower().replace("-", "_")
+        known = _stack.kinds()
+        if kind not in known:
+            raise ValueError(
+                f"pool_allocator must be a bool or one of {', '.join(known)}, not "
+                f"{pool_allocator!r}"
+            )
+        if managed_memory:
+            if kind == "expandable":
+                raise ValueError(
+                    "reinitialize: managed memory cannot be mapped into a virtual address range,"
+                    " so pool_allocator='expandable' cannot use managed_memory=True; use "
+                    "pool_allocator=True for a pool over managed memory"
+                )
+            if kind not in ("pool", "managed_pool", "managed"):
+                raise ValueError(
+                    f"reinitialize: pool_allocator={pool_allocator!r} does not go over managed "
+                    "memory; managed_memory=True works with pool_allocator=True or False"
+                )
+            kind = "managed_pool" if kind != "managed" else kind
+        return kind
+    if pool_allocator:
+        return "managed_pool" if managed_memory else "pool"
+    return "managed" if managed_memory else "cuda"
+
+
+def _size(value: int | str | None) -> int | None:
+    """A pool size as an int (strings by RMM's grammar); what the pool would raise for a bad
+    one, before any resource is forgotten."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+            raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
+        value = value.__index__()
+        if value < 0:
+            raise OverflowError(f"pool sizes must not be negative, not {value}")
+        return int(value)
+    return int(_rrmm.parse_bytes(value))
 
 
 def _device_list(devices: int | list[int]) -> list[int]:
@@ -127,29 +162,6 @@ def _device_list(devices: int | list[int]) -> list[int]:
             raise ValueError(f"reinitialize: device {d} is negative")
         out.append(d)
     return out
-
-
-def _expandable_requested(pool_allocator: bool | str) -> bool:
-    """Whether ``pool_allocator`` asks for the expandable pool (``"expandable"``); other
-    strings are an error, booleans keep RMM's meaning."""
-    if isinstance(pool_allocator, str):
-        if pool_allocator.lower() != "expandable":
-            raise ValueError(
-                f"pool_allocator must be a bool or 'expandable', not {pool_allocator!r}"
-            )
-        return True
-    return False
-
-
-def _check_size(value: int | str | None) -> None:
-    """Raises what the pool would for a bad size, before any resource is forgotten."""
-    if value is None:
-        return
-    if not isinstance(value, str):
-        if isinstance(value, float) or not hasattr(value, "__index__"):
-            raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
-        value = value.__index__()
-    _rrmm.parse_bytes(value)
 
 
 def is_initialized() -> bool:

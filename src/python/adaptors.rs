@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
+use super::callable_ref::CallableRef;
 use super::convert::bytes_arg;
 use super::errors::{callback_error, py_result};
 use super::resource::{adaptor_init, DeviceMemoryResource, UpstreamResourceAdaptor};
@@ -206,12 +207,12 @@ impl FailureCallbackResourceAdaptor {
         if !callback.is_callable() {
             return Err(PyTypeError::new_err("callback must be callable"));
         }
-        let f = callback.clone().unbind();
+        let f = CallableRef::new(callback);
         let call = Box::new(move |bytes: usize| -> crate::Result<bool> {
             Python::attach(|py| {
                 // The allocation fails with the callback's own exception, carried in the error.
-                f.bind(py)
-                    .call1((bytes,))
+                f.get(py, "callback")
+                    .and_then(|f| f.call1((bytes,)))
                     .and_then(|r| r.is_truthy())
                     .map_err(|e| callback_error(py, e, bytes))
             })
@@ -227,10 +228,9 @@ impl FailureCallbackResourceAdaptor {
         ))
     }
 
-    /// The garbage collector's view: the callback is held twice, by this object and by the Rust
-    /// adaptor's closure.
+    /// The garbage collector's view of the callback this object holds (the Rust closure holds
+    /// it weakly, see `callable_ref`).
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        visit.call(&self.callback)?;
         visit.call(&self.callback)
     }
 

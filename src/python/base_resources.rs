@@ -13,6 +13,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
+use super::callable_ref::CallableRef;
 use super::convert::{bytes_arg, opt_bytes_arg};
 use super::errors::{callback_error, py_result};
 use super::gil::CallProfile;
@@ -256,15 +257,17 @@ impl CallbackMemoryResource {
         let alloc: Py<PyAny> = allocate_func.clone().unbind();
         let dealloc: Py<PyAny> = deallocate_func.clone().unbind();
         let (a, d) = (
-            alloc.clone_ref(allocate_func.py()),
-            dealloc.clone_ref(allocate_func.py()),
+            CallableRef::new(allocate_func),
+            CallableRef::new(deallocate_func),
         );
         let allocate = Box::new(
             move |bytes: usize, stream: RawStream| -> crate::Result<usize> {
                 Python::attach(|py| {
                     let call = || -> PyResult<usize> {
                         let s = stream_for(py, stream)?;
-                        a.bind(py).call1((bytes, s))?.extract::<usize>()
+                        a.get(py, "allocate_func")?
+                            .call1((bytes, s))?
+                            .extract::<usize>()
                     };
                     call().map_err(|e| callback_error(py, e, bytes))
                 })
@@ -275,7 +278,7 @@ impl CallbackMemoryResource {
                 Python::attach(|py| {
                     let call = || -> PyResult<()> {
                         let s = stream_for(py, stream)?;
-                        d.bind(py).call1((ptr, bytes, s))?;
+                        d.get(py, "deallocate_func")?.call1((ptr, bytes, s))?;
                         Ok(())
                     };
                     call().map_err(|e| callback_error(py, e, bytes))
@@ -293,14 +296,11 @@ impl CallbackMemoryResource {
         ))
     }
 
-    /// The garbage collector's view: each function is held twice, by this object and by the
-    /// Rust resource's closure (which lives no longer than this object's upstream links).
+    /// The garbage collector's view of the functions this object holds (the Rust closures hold
+    /// them weakly, see `callable_ref`).
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        for f in [&self.allocate_func, &self.deallocate_func] {
-            visit.call(f)?;
-            visit.call(f)?;
-        }
-        Ok(())
+        visit.call(&self.allocate_func)?;
+        visit.call(&self.deallocate_func)
     }
 
     /// The allocate function.

@@ -10,6 +10,7 @@
 mod adaptors;
 mod arena;
 mod base_resources;
+mod callable_ref;
 mod convert;
 mod cupy;
 mod cupy_stream;
@@ -28,6 +29,7 @@ mod pointers;
 mod registry;
 mod replay;
 mod resource;
+mod stack;
 mod statistics;
 mod stream;
 mod suballocators;
@@ -62,5 +64,6 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gpu::register(m)?;
     memory_stats::register(m)?;
     expandable::register(m)?;
+    stack::register(m)?;
     Ok(())
 }

@@ -3,8 +3,9 @@
 use super::errors::py_result;
 use crate::replay::{
     build, fit, replay, resource_names, BuiltResource, FitResult, Repeat, ReplayOptions,
-    ReplayReport, ResourceOptions, Trace, RESOURCES,
+    ReplayReport, ResourceOptions, Trace,
 };
+use crate::stack::KINDS;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -257,6 +258,7 @@ fn replay_logs<'py>(
             block_size,
             blocks,
             arena_size,
+            ..ResourceOptions::default()
         },
         replay: ReplayOptions {
             timeline_points,
@@ -321,6 +323,7 @@ fn fit_logs<'py>(
         block_size,
         blocks,
         arena_size,
+        ..ResourceOptions::default()
     };
     type Fits = Vec<(String, Vec<(String, Result<FitResult, String>)>)>;
     let results: Fits = py_result(py.detach(|| -> crate::Result<Fits> {
@@ -357,7 +360,7 @@ fn replay_resource_names() -> Vec<&'static str> {
 /// (name, one-line summary) of every resource `replay_logs` accepts, for `--help`.
 #[pyfunction]
 fn replay_resource_summaries() -> Vec<(&'static str, &'static str)> {
-    RESOURCES.iter().map(|e| (e.name, e.summary)).collect()
+    KINDS.iter().map(|e| (e.name, e.summary)).collect()
 }
 
 /// Whether a CUDA driver with at least one device is present (else replays need `simulate`).

@@ -151,13 +151,14 @@ pub(crate) struct BinningMemoryResource {
 #[pymethods]
 impl BinningMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None))]
+    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None, blocks_to_preallocate=None))]
     fn new(
         py: Python<'_>,
         upstream_mr: Option<&Bound<'_, PyAny>>,
         min_size_exponent: i64,
         max_size_exponent: i64,
         upstream: Option<&Bound<'_, PyAny>>,
+        blocks_to_preallocate: Option<usize>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let exp = |e: i64| u32::try_from(e).ok();
@@ -166,7 +167,8 @@ impl BinningMemoryResource {
         } else {
             (None, None)
         };
-        let binning = py_result(py.detach(|| RsBinning::new(upstream, min, max)))?;
+        let blocks = blocks_to_preallocate.unwrap_or(DEFAULT_BLOCKS_TO_PREALLOCATE);
+        let binning = py_result(py.detach(|| RsBinning::with_blocks(upstream, min, max, blocks)))?;
         Ok(suballocator_keeping(up, binning, |binning| {
             BinningMemoryResource {
                 binning,

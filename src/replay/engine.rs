@@ -1,10 +1,10 @@
 //! Replaying a compiled trace against a resource, with timing and memory figures.
 
-use super::factory::BlockRounding;
 use super::trace::{Action, Trace};
 use crate::cuda::{OwnedStream, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{Footprint, MemoryKind, SharedResource};
+use crate::stack::BlockRounding;
 use std::time::{Duration, Instant};
 
 /// Events between progress checks (and between regular footprint samples at most).

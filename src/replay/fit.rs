@@ -2,8 +2,8 @@
 //! allocation.
 
 use super::engine::{replay, ReplayOptions};
-use super::factory::{build, ResourceOptions};
 use super::trace::{Action, Trace};
+use super::{build, ResourceOptions};
 use crate::error::Result;
 use crate::resource::SIMULATED_PAGE_SIZE;
 

@@ -17,18 +17,30 @@
 //! ```
 
 mod engine;
-mod factory;
 mod fit;
 mod trace;
 
+pub use crate::stack::{
+    canonical_name, kind_names as resource_names, BlockRounding, BuiltStack as BuiltResource,
+    StackOptions as ResourceOptions, DEFAULT_BINS,
+};
 pub use engine::{
     replay, replay_with_progress, Progress, Repeat, ReplayOptions, ReplayReport, TimelinePoint,
     AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
 };
-pub use factory::{
-    build, build_resource, build_resource_sized, canonical_name, resource_names, BlockRounding,
-    BuiltResource, ResourceEntry, ResourceOptions, DEFAULT_BINS, RESOURCES,
-};
+
+/// Builds the resource `name` for a replay: over a simulated device of `simulate` bytes when
+/// given, else over the current CUDA device ([`crate::stack::build`]).
+///
+/// # Errors
+/// As [`crate::stack::build`].
+pub fn build(
+    name: &str,
+    simulate: Option<usize>,
+    options: &ResourceOptions,
+) -> crate::Result<BuiltResource> {
+    crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
+}
 pub use fit::{fit, FitResult};
 pub use trace::{Action, Trace, TraceEvent};
 

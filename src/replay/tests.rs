@@ -10,6 +10,21 @@ use std::sync::Arc;
 
 const GIB: usize = 1 << 30;
 
+/// The resource `name` with default options over `simulate`.
+fn build_resource(
+    name: &str,
+    simulate: Option<usize>,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
+) -> crate::Result<SharedResource> {
+    let options = ResourceOptions {
+        initial_pool_size,
+        maximum_pool_size,
+        ..ResourceOptions::default()
+    };
+    Ok(build(name, simulate, &options)?.resource)
+}
+
 /// The trace `name` shipped in python/rrmm/traces; a missing one fails the test.
 fn shared_trace(name: &str) -> Option<Trace> {
     let path = format!(

@@ -48,6 +48,8 @@ struct Inner {
     served: AtomicBool,
     /// Set when a bin was added after the first allocation: frees then route by record.
     rerouted: AtomicBool,
+    /// Blocks per chunk of the fixed-size bins this resource makes.
+    blocks: usize,
 }
 
 impl std::fmt::Debug for Inner {
@@ -77,6 +79,28 @@ impl BinningMemoryResource {
         min_size_exponent: Option<u32>,
         max_size_exponent: Option<u32>,
     ) -> Result<Self> {
+        Self::with_blocks(
+            upstream,
+            min_size_exponent,
+            max_size_exponent,
+            DEFAULT_BLOCKS_TO_PREALLOCATE,
+        )
+    }
+
+    /// As [`new`](Self::new), with `blocks` blocks per chunk in the fixed-size bins it makes
+    /// (here and in [`add_bin`](Self::add_bin) without a resource).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Error::InvalidArgument`] for zero blocks.
+    pub fn with_blocks(
+        upstream: SharedResource,
+        min_size_exponent: Option<u32>,
+        max_size_exponent: Option<u32>,
+        blocks: usize,
+    ) -> Result<Self> {
+        if blocks == 0 {
+            return Err(Error::invalid("blocks_to_preallocate", "must be positive"));
+        }
         let mr = BinningMemoryResource {
             inner: Arc::new(Inner {
                 upstream,
@@ -84,6 +108,7 @@ impl BinningMemoryResource {
                 from_upstream: LiveAllocations::new(),
                 served: AtomicBool::new(false),
                 rerouted: AtomicBool::new(false),
+                blocks,
             }),
         };
         if let (Some(min), Some(max)) = (min_size_exponent, max_size_exponent) {
@@ -143,7 +168,7 @@ impl BinningMemoryResource {
             None => Arc::new(FixedSizeMemoryResource::new(
                 self.inner.upstream.clone(),
                 size,
-                DEFAULT_BLOCKS_TO_PREALLOCATE,
+                self.inner.blocks,
             )?),
         };
         let mut bins = self.inner.bins.write();

@@ -152,6 +152,12 @@ class ApiMachine(RuleBasedStateMachine):
         self.all_nodes.append(node)
         return node
 
+    def _unmodel(self, up: Node) -> None:
+        """Something that is not a pass-through adaptor is being built over ``up``: its
+        chunks (even those of a construction that fails) reach the adaptors below."""
+        for below in up.chain():
+            below.modeled = False
+
     def _totals_unknown(self, node: Node) -> None:
         for n in node.chain():
             n.totals_known = False
@@ -192,6 +198,7 @@ class ApiMachine(RuleBasedStateMachine):
     @rule(target=nodes, up=nodes, initial=st.sampled_from([0, 256 * KiB, 2 * MiB]),
           maximum=st.sampled_from([None, 2 * MiB, 32 * MiB]))
     def pool(self, up: Node, initial: int, maximum: int | None) -> Node:
+        self._unmodel(up)
         try:
             obj = mr.PoolMemoryResource(up.obj, initial, maximum)
         except self._allowed(up):
@@ -201,6 +208,7 @@ class ApiMachine(RuleBasedStateMachine):
     @rule(target=nodes, up=nodes, block=st.sampled_from([256, 4 * KiB, 1 * MiB]),
           blocks=st.integers(1, 16))
     def fixed_size(self, up: Node, block: int, blocks: int) -> Node:
+        self._unmodel(up)
         try:
             obj = mr.FixedSizeMemoryResource(up.obj, block, blocks)
         except self._allowed(up):
@@ -211,6 +219,7 @@ class ApiMachine(RuleBasedStateMachine):
 
     @rule(target=nodes, up=nodes, low=st.integers(8, 14), width=st.integers(-1, 4))
     def binning(self, up: Node, low: int, width: int) -> Node:
+        self._unmodel(up)
         try:
             obj = mr.BinningMemoryResource(up.obj, low, low + width)
         except self._allowed(up):
@@ -262,6 +271,7 @@ class ApiMachine(RuleBasedStateMachine):
 
     @rule(target=nodes, up=nodes, size=st.sampled_from([2 * MiB, 16 * MiB]))
     def arena(self, up: Node, size: int) -> Node:
+        self._unmodel(up)
         try:
             obj = mr.ArenaMemoryResource(up.obj, size)
         except (MemoryError, RuntimeError):  # too small for a superblock, or no room

@@ -19,7 +19,8 @@ def _fresh(name, monkeypatch, missing):
 
 def test_allocators_import_without_frameworks(monkeypatch):
     pkg = _fresh("rrmm.allocators", monkeypatch, [])
-    assert set(pkg.__all__) == {"cupy", "numba", "torch"}
+    assert set(pkg.__all__) == {"FRAMEWORKS", "cupy", "numba", "torch", "use_rrmm_for"}
+    assert set(pkg.FRAMEWORKS) == {"cupy", "torch"}
 
 
 def test_cupy_hook_names_the_missing_package(monkeypatch):

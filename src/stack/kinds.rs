@@ -1,0 +1,438 @@
+//! The kinds of stack, by name: the one table `rrmm replay`, `reinitialize` and the Dask plugin
+//! read. Each kind turns a target and options into steps, and describes what was built.
+
+use super::step::{Arg, Handle, Step};
+use super::{human, BlockRounding, Plan, StackOptions, Target, DEFAULT_BINS};
+use crate::error::{Error, Result};
+use crate::resource::ALLOCATION_ALIGNMENT;
+use crate::suballocator::{DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+
+/// What a built stack's report says: its setup in words, its pool sizes (initial, maximum) and
+/// its arena size, where it has them.
+pub type Description = (String, Option<(usize, Option<usize>)>, Option<usize>);
+
+/// One kind of stack.
+pub struct Kind {
+    /// Its name (`reinitialize(pool_allocator="...")`, `rrmm replay --resource ...`).
+    pub name: &'static str,
+    /// One line for `--help`.
+    pub summary: &'static str,
+    /// Its plan on a target with options.
+    pub plan: fn(Target, &StackOptions) -> Result<Plan>,
+    /// Its setup in words, from the handles of the built steps.
+    pub describe: fn(Target, &StackOptions, &[Handle]) -> Description,
+}
+
+/// Every kind, in the order `--compare all` uses.
+pub const KINDS: &[Kind] = &[
+    Kind {
+        name: "pool",
+        summary: "coalescing pool over the device (--initial-pool-size, --maximum-pool-size)",
+        plan: plan_pool,
+        describe: describe_pool,
+    },
+    Kind {
+        name: "expandable",
+        summary: "expandable pool: one virtual range mapped in 2 MiB pages, coalescing across \
+                  growth (--initial-pool-size, --maximum-pool-size)",
+        plan: plan_expandable,
+        describe: describe_expandable,
+    },
+    Kind {
+        name: "binning",
+        summary: "fixed-size bins (--bins, --blocks) over a pool; larger requests to the pool",
+        plan: plan_binning,
+        describe: describe_binning,
+    },
+    Kind {
+        name: "arena",
+        summary:
+            "global arena (--arena-size) with per-thread and per-stream arenas, over the device",
+        plan: plan_arena,
+        describe: describe_arena,
+    },
+    Kind {
+        name: "fixed_size",
+        summary: "blocks of one size (--block-size, --blocks) over the device",
+        plan: plan_fixed_size,
+        describe: describe_fixed_size,
+    },
+    Kind {
+        name: "cuda_async",
+        summary: "cuMemAllocAsync on an owned driver pool (GPU only)",
+        plan: plan_cuda_async,
+        describe: describe_cuda_async,
+    },
+    Kind {
+        name: "cuda",
+        summary: "cuMemAlloc (GPU only)",
+        plan: plan_cuda,
+        describe: describe_cuda,
+    },
+    Kind {
+        name: "managed",
+        summary: "cuMemAllocManaged (GPU only)",
+        plan: plan_managed,
+        describe: describe_managed,
+    },
+    Kind {
+        name: "managed_pool",
+        summary: "coalescing pool over managed memory (--initial-pool-size, --maximum-pool-size)",
+        plan: plan_managed_pool,
+        describe: describe_managed_pool,
+    },
+    Kind {
+        name: "simulated",
+        summary: "the simulated device itself (--simulate): 2 MiB pages, never fragments",
+        plan: plan_simulated,
+        describe: describe_cuda,
+    },
+];
+
+fn opt(v: Option<usize>) -> Arg {
+    Arg::OptInt(v)
+}
+
+/// The device's base resource: `class` on the device, the simulated device on a simulated
+/// target.
+fn device(target: Target, class: &'static str) -> Step {
+    match target {
+        Target::Device => Step::new(class),
+        Target::Simulated(size) => Step::new("SimulatedMemoryResource").arg("size", Arg::Int(size)),
+    }
+}
+
+/// A plan whose top resource hands out 256-byte blocks.
+fn suballocator(name: &'static str, steps: Vec<Step>) -> Plan {
+    Plan {
+        name,
+        steps,
+        rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
+        largest_request: None,
+        simulated_device: false,
+    }
+}
+
+/// A plan of a base resource alone (the simulated device stands for every base resource).
+fn base(name: &'static str, target: Target, class: &'static str) -> Plan {
+    Plan {
+        name,
+        steps: vec![device(target, class)],
+        rounding: BlockRounding::Pages,
+        largest_request: None,
+        simulated_device: matches!(target, Target::Simulated(_)),
+    }
+}
+
+fn pool_step(options: &StackOptions) -> Step {
+    Step::new("PoolMemoryResource")
+        .arg("initial_pool_size", opt(options.initial_pool_size))
+        .arg("maximum_pool_size", opt(options.maximum_pool_size))
+}
+
+fn plan_pool(target: Target, options: &StackOptions) -> Result<Plan> {
+    Ok(suballocator(
+        "pool",
+        vec![device(target, "CudaMemoryResource"), pool_step(options)],
+    ))
+}
+
+fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
+    Ok(suballocator(
+        "managed_pool",
+        vec![device(target, "ManagedMemoryResource"), pool_step(options)],
+    ))
+}
+
+fn plan_expandable(target: Target, options: &StackOptions) -> Result<Plan> {
+    let mut step = Step::new("ExpandableMemoryResource")
+        .arg("initial_pool_size", opt(options.initial_pool_size))
+        .arg("maximum_pool_size", opt(options.maximum_pool_size))
+        .arg("release_threshold", opt(options.release_threshold));
+    if let Target::Simulated(size) = target {
+        step = step.arg("simulated_capacity", Arg::Int(size));
+    }
+    Ok(suballocator("expandable", vec![step]))
+}
+
+fn bins(options: &StackOptions) -> Result<(u32, u32)> {
+    let (min, max) = options.bins.unwrap_or(DEFAULT_BINS);
+    if min > max || max >= usize::BITS {
+        return Err(Error::invalid(
+            "bins",
+            format!(
+                "need MIN <= MAX < {} (powers of two), got {min}:{max}",
+                usize::BITS
+            ),
+        ));
+    }
+    Ok((min, max))
+}
+
+fn blocks(options: &StackOptions) -> Result<usize> {
+    match options.blocks {
+        Some(0) => Err(Error::invalid("blocks", "must be positive")),
+        Some(b) => Ok(b),
+        None => Ok(DEFAULT_BLOCKS_TO_PREALLOCATE),
+    }
+}
+
+fn plan_binning(target: Target, options: &StackOptions) -> Result<Plan> {
+    let (min, max) = bins(options)?;
+    let mut binning = Step::new("BinningMemoryResource")
+        .arg("min_size_exponent", Arg::Exponent(min.into()))
+        .arg("max_size_exponent", Arg::Exponent(max.into()));
+    if let Some(blocks) = options.blocks {
+        binning = binning.arg("blocks_to_preallocate", Arg::Int(blocks));
+    }
+    blocks(options)?;
+    let sizes = (min..=max)
+        .map(|e| (1usize << e).max(ALLOCATION_ALIGNMENT))
+        .collect();
+    Ok(Plan {
+        rounding: BlockRounding::Bins(sizes),
+        ..suballocator(
+            "binning",
+            vec![
+                device(target, "CudaMemoryResource"),
+                pool_step(options),
+                binning,
+            ],
+        )
+    })
+}
+
+fn plan_arena(target: Target, options: &StackOptions) -> Result<Plan> {
+    Ok(suballocator(
+        "arena",
+        vec![
+            device(target, "CudaMemoryResource"),
+            Step::new("ArenaMemoryResource").arg("arena_size", opt(options.arena_size)),
+        ],
+    ))
+}
+
+fn plan_fixed_size(target: Target, options: &StackOptions) -> Result<Plan> {
+    let block_size = options.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+    if block_size == 0 || options.blocks == Some(0) {
+        return Err(Error::invalid(
+            "block_size",
+            "the block size and the block count must be positive",
+        ));
+    }
+    let block = crate::resource::align_up(block_size, ALLOCATION_ALIGNMENT)
+        .ok_or_else(|| Error::invalid("block_size", "too large"))?;
+    Ok(Plan {
+        rounding: BlockRounding::Fixed(block),
+        largest_request: Some(block),
+        ..suballocator(
+            "fixed_size",
+            vec![
+                device(target, "CudaMemoryResource"),
+                Step::new("FixedSizeMemoryResource")
+                    .arg("block_size", Arg::Int(block_size))
+                    .arg("blocks_to_preallocate", Arg::Int(blocks(options)?)),
+            ],
+        )
+    })
+}
+
+fn plan_cuda_async(target: Target, options: &StackOptions) -> Result<Plan> {
+    let mut plan = base("cuda_async", target, "CudaAsyncMemoryResource");
+    if target == Target::Device {
+        plan.steps[0] = Step::new("CudaAsyncMemoryResource")
+            .arg("initial_pool_size", opt(options.initial_pool_size))
+            .arg("release_threshold", opt(options.release_threshold));
+    }
+    Ok(plan)
+}
+
+fn plan_cuda(target: Target, _: &StackOptions) -> Result<Plan> {
+    Ok(base("cuda", target, "CudaMemoryResource"))
+}
+
+fn plan_managed(target: Target, _: &StackOptions) -> Result<Plan> {
+    Ok(base("managed", target, "ManagedMemoryResource"))
+}
+
+fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
+    match target {
+        Target::Simulated(_) => Ok(base("simulated", target, "SimulatedMemoryResource")),
+        Target::Device => Err(Error::invalid(
+            "resource",
+            "simulated needs a size (--simulate SIZE)",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------- descriptions
+
+/// The device under a suballocator, in words.
+fn below(target: Target, class: &str) -> String {
+    match target {
+        Target::Simulated(size) => format!("the simulated device ({})", human(size)),
+        Target::Device if class == "ManagedMemoryResource" => "cuMemAllocManaged".into(),
+        Target::Device => "cuMemAlloc".into(),
+    }
+}
+
+/// The pool's sizes in words and as figures.
+fn pool_words(
+    options: &StackOptions,
+    handles: &[Handle],
+) -> (String, Option<(usize, Option<usize>)>) {
+    let size = handles.iter().find_map(|h| match h {
+        Handle::Pool(_, made) => Some(*made),
+        _ => None,
+    });
+    let initial = match (options.initial_pool_size, size) {
+        (Some(s), _) => human(s),
+        (None, Some(s)) => format!("{} (half the free memory)", human(s)),
+        (None, None) => "?".into(),
+    };
+    let maximum = options
+        .maximum_pool_size
+        .map_or_else(|| "the device".into(), human);
+    (
+        format!("initial {initial}, maximum {maximum}"),
+        size.map(|s| (s, options.maximum_pool_size)),
+    )
+}
+
+fn pool_over(
+    target: Target,
+    options: &StackOptions,
+    handles: &[Handle],
+    class: &str,
+) -> Description {
+    let (sizes, pool_sizes) = pool_words(options, handles);
+    (
+        format!("coalescing pool, {sizes}, over {}", below(target, class)),
+        pool_sizes,
+        None,
+    )
+}
+
+fn describe_pool(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    pool_over(target, options, handles, "CudaMemoryResource")
+}
+
+fn describe_managed_pool(
+    target: Target,
+    options: &StackOptions,
+    handles: &[Handle],
+) -> Description {
+    pool_over(target, options, handles, "ManagedMemoryResource")
+}
+
+fn describe_expandable(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let mapped = handles.iter().find_map(|h| match h {
+        Handle::Expandable(e) => Some(e.mapped_bytes()),
+        _ => None,
+    });
+    let over = match target {
+        Target::Simulated(size) => {
+            format!("the simulated device ({}, virtual memory)", human(size))
+        }
+        Target::Device => "cuMemCreate/cuMemMap".into(),
+    };
+    let maximum = options
+        .maximum_pool_size
+        .map_or_else(|| "the device".into(), human);
+    (
+        format!("expandable pool, 2 MiB pages, maximum {maximum}, over {over}"),
+        mapped.map(|m| (m, options.maximum_pool_size)),
+        None,
+    )
+}
+
+fn describe_binning(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let (min, max) = options.bins.unwrap_or(DEFAULT_BINS);
+    let blocks = options.blocks.unwrap_or(DEFAULT_BLOCKS_TO_PREALLOCATE);
+    let (sizes, pool_sizes) = pool_words(options, handles);
+    (
+        format!(
+            "bins 2^{min}..2^{max} ({}..{}) x {blocks} blocks per chunk over a pool ({sizes}, \
+             over {}); larger requests to the pool",
+            human(1 << min),
+            human(1 << max),
+            below(target, "CudaMemoryResource")
+        ),
+        pool_sizes,
+        None,
+    )
+}
+
+fn describe_arena(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let size = handles.iter().find_map(|h| match h {
+        Handle::Arena(a) => Some(a.arena_size()),
+        _ => None,
+    });
+    let words = match (options.arena_size, size) {
+        (Some(_), Some(s)) => human(s),
+        (_, Some(s)) => format!("{} (half the free memory)", human(s)),
+        _ => "?".into(),
+    };
+    (
+        format!(
+            "global arena of {words}, per-thread arenas for per-thread default streams and \
+             per-stream arenas otherwise, over {}",
+            below(target, "CudaMemoryResource")
+        ),
+        None,
+        size,
+    )
+}
+
+fn describe_fixed_size(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let block = handles
+        .iter()
+        .find_map(|h| match h {
+            Handle::FixedSize(f) => Some(f.block_size()),
+            _ => None,
+        })
+        .unwrap_or(0);
+    let blocks = options.blocks.unwrap_or(DEFAULT_BLOCKS_TO_PREALLOCATE);
+    (
+        format!(
+            "{} blocks, {blocks} per chunk, over {}; cannot serve requests above {}",
+            human(block),
+            below(target, "CudaMemoryResource"),
+            human(block)
+        ),
+        None,
+        None,
+    )
+}
+
+/// A base resource in words: the simulated device that stands for it, or `on_device`.
+fn base_words(target: Target, on_device: &str) -> Description {
+    let words = match target {
+        Target::Simulated(size) => format!(
+            "{}, charged in 2 MiB pages (256 B units below a page), never fragments; stands \
+             for cuda, cuda_async and managed",
+            human(size)
+        ),
+        Target::Device => on_device.to_string(),
+    };
+    (words, None, None)
+}
+
+fn describe_cuda(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
+    base_words(
+        target,
+        "cuMemAlloc/cuMemFree on the current device (block sizes estimated as the driver's 2 MiB \
+         pages)",
+    )
+}
+
+fn describe_cuda_async(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
+    base_words(
+        target,
+        "cuMemAllocAsync on an owned driver pool, kept warm across the repeats",
+    )
+}
+
+fn describe_managed(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
+    base_words(target, "cuMemAllocManaged on the current device")
+}
