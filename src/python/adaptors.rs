@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::callable_ref::CallableRef;
 use super::convert::bytes_arg;
 use super::errors::{callback_error, py_result};
-use super::resource::{adaptor_init, DeviceMemoryResource, UpstreamResourceAdaptor};
+use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};
 
@@ -33,7 +33,7 @@ where
     T: PyClass<BaseType = UpstreamResourceAdaptor>,
 {
     let adaptor = Arc::new(adaptor);
-    adaptor_init(leaf(adaptor.clone()), up, adaptor, false)
+    over_upstream(leaf(adaptor.clone()), up, adaptor)
 }
 
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
@@ -218,13 +218,12 @@ impl FailureCallbackResourceAdaptor {
             })
         });
         let adaptor = Arc::new(RsFailureCallback::new(upstream, call));
-        Ok(adaptor_init(
+        Ok(over_upstream(
             FailureCallbackResourceAdaptor {
                 callback: callback.clone().unbind(),
             },
             up,
             adaptor,
-            true,
         ))
     }
 
@@ -254,11 +253,10 @@ impl PrefetchResourceAdaptor {
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_of(upstream_mr, upstream)?;
-        Ok(adaptor_init(
+        Ok(over_upstream(
             PrefetchResourceAdaptor,
             up,
             Arc::new(RsPrefetch::new(upstream)),
-            false,
         ))
     }
 }

@@ -49,7 +49,12 @@ impl ArenaMemoryResource {
     /// rrmm: synchronizes and returns every empty superblock to the global arena.
     fn defragment(slf: &Bound<'_, Self>) -> PyResult<()> {
         // It synchronizes: a blocking call.
-        let profile = slf.as_super().as_super().get().profile.blocking();
+        let profile = slf
+            .as_super()
+            .as_super()
+            .get()
+            .profile()
+            .and(crate::resource::CallProfile::BLOCKING);
         let arena = &slf.get().arena;
         py_result(gil::call(slf.py(), profile, || arena.defragment()))
     }

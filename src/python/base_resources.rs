@@ -16,7 +16,6 @@ use std::sync::Arc;
 use super::callable_ref::CallableRef;
 use super::convert::{bytes_arg, opt_bytes_arg};
 use super::errors::{callback_error, py_result};
-use super::gil::CallProfile;
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
@@ -39,7 +38,7 @@ macro_rules! driver_resource {
             #[new]
             fn new(py: Python<'_>) -> PyResult<PyClassInitializer<Self>> {
                 let mr = py_result(py.detach($rs::new))?;
-                Ok(sub($class, checked(mr), CallProfile::DRIVER))
+                Ok(sub($class, checked(mr)))
             }
         }
     };
@@ -70,7 +69,7 @@ fn system() -> Arc<RsSystem> {
 impl SystemMemoryResource {
     #[new]
     fn new() -> PyClassInitializer<Self> {
-        sub(SystemMemoryResource, system(), CallProfile::HOST)
+        sub(SystemMemoryResource, system())
     }
 }
 
@@ -87,7 +86,7 @@ impl SamHeadroomMemoryResource {
     fn new(headroom: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
         let headroom = bytes_arg(headroom, "headroom")?;
         Ok(
-            PyClassInitializer::from(DeviceMemoryResource::init(system(), CallProfile::HOST))
+            PyClassInitializer::from(DeviceMemoryResource::init(system()))
                 .add_subclass(SystemMemoryResource)
                 .add_subclass(SamHeadroomMemoryResource { headroom }),
         )
@@ -134,7 +133,6 @@ impl CudaAsyncMemoryResource {
                 pool_handle: mr.pool_handle(),
             },
             checked(mr),
-            CallProfile::DRIVER,
         ))
     }
 
@@ -175,7 +173,6 @@ impl CudaAsyncViewMemoryResource {
                 pool_handle: handle,
             },
             checked(mr),
-            CallProfile::DRIVER,
         ))
     }
 
@@ -205,11 +202,7 @@ impl SimulatedMemoryResource {
         }
         // Copy paths refuse its addresses (above every host address; nothing is behind them).
         let sim = Arc::new(RsSimulated::new(size));
-        Ok(sub(
-            SimulatedMemoryResource { sim: sim.clone() },
-            sim,
-            CallProfile::HOST,
-        ))
+        Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
     }
 
     /// The pretend device's size in bytes.
@@ -292,7 +285,6 @@ impl CallbackMemoryResource {
                 deallocate_func: dealloc,
             },
             Arc::new(mr),
-            CallProfile::PYTHON,
         ))
     }
 

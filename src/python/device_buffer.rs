@@ -117,7 +117,7 @@ impl PyDeviceBuffer {
         mr: Bound<'_, DeviceMemoryResource>,
         shared: SharedResource,
     ) -> PyResult<Self> {
-        let profile = mr.get().profile;
+        let profile = mr.get().profile();
         let buf = gil::call(py, profile, || RsBuffer::new(size, raw, shared));
         Ok(PyDeviceBuffer {
             buf: Some(py_result(buf)?),

@@ -3,7 +3,6 @@
 
 use super::convert::opt_bytes_arg;
 use super::errors::py_result;
-use super::gil::CallProfile;
 use super::resource::DeviceMemoryResource;
 use crate::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
@@ -71,8 +70,7 @@ impl ExpandableMemoryResource {
                 RsExpandable::on_device(device, reserve, page, initial, maximum, threshold)
             }
         }))?;
-        let profile = call_profile(CallProfile::of_rust(&mr), mr.release_threshold());
-        let base = DeviceMemoryResource::init(Arc::new(mr.clone()), profile);
+        let base = DeviceMemoryResource::init(Arc::new(mr.clone()));
         Ok(PyClassInitializer::from(base).add_subclass(ExpandableMemoryResource { mr }))
     }
 
@@ -135,43 +133,7 @@ impl ExpandableMemoryResource {
     }
 }
 
-/// The GIL profile of the expandable pool's calls, from its own Rust profile (its virtual
-/// memory's) and its release threshold. Without a threshold it is the pool's
-/// ([`CallProfile::suballocator`]): calls are answered from its own bookkeeping, and growth maps
-/// pages under its lock as the pool's growth allocates under its lock, so the GIL stays held.
-/// With a threshold a free may trim, which synchronizes every stream before it unmaps, so the
-/// virtual memory's own profile decides (the GIL is released on a device).
-fn call_profile(own: CallProfile, release_threshold: Option<usize>) -> CallProfile {
-    match release_threshold {
-        Some(_) => own,
-        None => CallProfile::suballocator(own),
-    }
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExpandableMemoryResource>()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_gil_is_kept_unless_a_free_may_synchronize_a_device() {
-        for own in [CallProfile::HOST, CallProfile::DRIVER] {
-            assert!(!call_profile(own, None).releases_gil(), "{own:?}");
-        }
-        assert!(!call_profile(CallProfile::HOST, Some(0)).releases_gil());
-        assert!(call_profile(CallProfile::DRIVER, Some(0)).releases_gil());
-        assert!(call_profile(CallProfile::PYTHON, None).releases_gil());
-    }
-
-    #[test]
-    fn over_simulated_virtual_memory_the_profile_is_the_host_s() {
-        let vm = SimulatedVirtualMemory::new(1 << 30, 1 << 32, DEFAULT_PAGE_SIZE).unwrap();
-        let mr = RsExpandable::new(Arc::new(vm), None, None, Some(0)).unwrap();
-        let profile = call_profile(CallProfile::of_rust(&mr), mr.release_threshold());
-        assert_eq!(profile, CallProfile::HOST);
-    }
 }

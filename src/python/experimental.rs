@@ -5,7 +5,6 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::errors::py_result;
-use super::gil::CallProfile;
 use super::resource::DeviceMemoryResource;
 
 /// Stream-ordered managed memory from the current device's default managed memory pool
@@ -27,10 +26,8 @@ impl CudaAsyncManagedMemoryResource {
         let mr = py_result(py.detach(RsCudaAsyncManaged::new))?;
         let pool_handle = mr.pool_handle();
         // Pool allocation calls may block: the GIL is released around them.
-        let base = DeviceMemoryResource::init(
-            Arc::new(crate::CheckedResourceAdaptor::new(Arc::new(mr))),
-            CallProfile::DRIVER,
-        );
+        let base =
+            DeviceMemoryResource::init(Arc::new(crate::CheckedResourceAdaptor::new(Arc::new(mr))));
         Ok(PyClassInitializer::from(base)
             .add_subclass(CudaAsyncManagedMemoryResource { pool_handle }))
     }

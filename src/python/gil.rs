@@ -9,77 +9,54 @@
 //! other Python threads run. Calls answered from host bookkeeping keep the GIL: releasing it
 //! would cost more than the call.
 
+pub(crate) use crate::resource::CallProfile;
 use crate::resource::MemoryResource;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a call into a resource may do, for the GIL decision.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct CallProfile {
-    /// Some call reaches Python code (a callback), which takes the GIL.
-    pub(crate) calls_python: bool,
-    /// Some call may block for long in the driver (allocation, free, synchronization).
-    pub(crate) may_block: bool,
-}
+/// A Python object's copy of its resource's call profile ([`MemoryResource::call_profile`], the
+/// one source of truth, the same for a resource made from Python and one made in Rust). A
+/// profile changes only when a binding resource gains a bin; [`crate::resource::profile_epoch`]
+/// counts those, and a copy from an older epoch is read again.
+#[derive(Debug, Default)]
+pub(crate) struct ProfileCache(AtomicU64);
 
-impl CallProfile {
-    /// Host bookkeeping only (simulated and system memory).
-    pub(crate) const HOST: CallProfile = CallProfile {
-        calls_python: false,
-        may_block: false,
-    };
-    /// CUDA allocation calls (cuda, managed, pinned host, cuda_async).
-    pub(crate) const DRIVER: CallProfile = CallProfile {
-        calls_python: false,
-        may_block: true,
-    };
-    /// Python callbacks.
-    pub(crate) const PYTHON: CallProfile = CallProfile {
-        calls_python: true,
-        may_block: false,
-    };
+impl ProfileCache {
+    const FOREIGN: u64 = 1;
+    const BLOCKS: u64 = 2;
 
-    /// The profile of a resource made in Rust rather than from Python (the per-device default,
-    /// one set by a framework hook), from the kind of memory it hands out: device, managed and
-    /// pinned memory come from driver calls, host and simulated memory from bookkeeping. No
-    /// such resource runs Python: those that do are made from Python, with their profile.
-    pub(crate) fn of_rust(mr: &dyn MemoryResource) -> CallProfile {
+    fn encode(epoch: u64, p: CallProfile) -> u64 {
+        (epoch << 2)
+            | if p.calls_foreign_code {
+                Self::FOREIGN
+            } else {
+                0
+            }
+            | if p.may_block { Self::BLOCKS } else { 0 }
+    }
+
+    /// A cache filled from `mr`.
+    pub(crate) fn of(mr: &dyn MemoryResource) -> Self {
+        let cache = ProfileCache(AtomicU64::new(u64::MAX));
+        cache.get(mr);
+        cache
+    }
+
+    /// The profile of `mr` (whose copy this is).
+    #[inline]
+    pub(crate) fn get(&self, mr: &dyn MemoryResource) -> CallProfile {
+        let epoch = crate::resource::profile_epoch();
+        let v = self.0.load(Ordering::Relaxed);
+        if v >> 2 == epoch && v != u64::MAX {
+            return CallProfile {
+                calls_foreign_code: v & Self::FOREIGN != 0,
+                may_block: v & Self::BLOCKS != 0,
+            };
+        }
         let p = mr.call_profile();
-        CallProfile {
-            calls_python: p.calls_foreign_code,
-            may_block: p.may_block,
-        }
-    }
-
-    /// A profile whose calls also block (`release()`: it synchronizes and frees upstream).
-    pub(crate) fn blocking(self) -> CallProfile {
-        CallProfile {
-            may_block: true,
-            ..self
-        }
-    }
-
-    /// The profile of an adaptor over `upstream` that forwards each call (and, with
-    /// `calls_python`, runs Python code of its own).
-    pub(crate) fn adaptor(upstream: CallProfile, calls_python: bool) -> CallProfile {
-        CallProfile {
-            calls_python: upstream.calls_python || calls_python,
-            may_block: upstream.may_block,
-        }
-    }
-
-    /// The profile of a suballocator over `upstream`: answered from its own bookkeeping (so it
-    /// does not block for long), but its growth calls the upstream under its lock.
-    pub(crate) fn suballocator(upstream: CallProfile) -> CallProfile {
-        CallProfile {
-            calls_python: upstream.calls_python,
-            may_block: false,
-        }
-    }
-
-    /// Whether calls are made with the GIL released.
-    pub(crate) fn releases_gil(self) -> bool {
-        self.calls_python || self.may_block
+        self.0.store(Self::encode(epoch, p), Ordering::Relaxed);
+        p
     }
 }
 
@@ -90,7 +67,7 @@ where
     F: Ungil + FnOnce() -> T,
     T: Ungil,
 {
-    if profile.releases_gil() {
+    if profile.release_gil() {
         py.detach(f)
     } else {
         f()
@@ -104,7 +81,7 @@ where
     F: Ungil + FnOnce() -> T,
     T: Ungil,
 {
-    if profile.releases_gil() {
+    if profile.release_gil() {
         Python::attach(|py| py.detach(f))
     } else {
         f()
@@ -113,21 +90,35 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::CallProfile;
+    use super::*;
+    use crate::{PoolMemoryResource, SharedResource, SimulatedMemoryResource};
+    use std::sync::Arc;
 
+    /// A pool made from Python and one made in Rust decide the GIL alike: both read the Rust
+    /// resource's own profile.
     #[test]
-    fn python_anywhere_below_releases_the_gil() {
-        let pool_over_callback = CallProfile::suballocator(CallProfile::PYTHON);
-        assert!(pool_over_callback.releases_gil());
-        let stats_over_pool = CallProfile::adaptor(pool_over_callback, false);
-        assert!(stats_over_pool.releases_gil());
-        assert!(CallProfile::adaptor(CallProfile::HOST, true).releases_gil());
-    }
-
-    #[test]
-    fn bookkeeping_keeps_the_gil_and_driver_calls_release_it() {
-        assert!(!CallProfile::HOST.releases_gil());
-        assert!(!CallProfile::suballocator(CallProfile::DRIVER).releases_gil());
-        assert!(CallProfile::adaptor(CallProfile::DRIVER, false).releases_gil());
+    fn the_cache_reads_the_resources_own_profile_and_follows_new_bins() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let pool: SharedResource =
+            Arc::new(PoolMemoryResource::new(sim, Some(1 << 20), None).unwrap());
+        let cache = ProfileCache::of(&*pool);
+        assert_eq!(cache.get(&*pool), pool.call_profile());
+        assert!(
+            !cache.get(&*pool).release_gil(),
+            "simulated memory: bookkeeping only"
+        );
+        let binning = crate::BinningMemoryResource::new(pool.clone(), None, None).unwrap();
+        let cached = ProfileCache::of(&binning);
+        assert!(!cached.get(&binning).release_gil());
+        let callback: SharedResource = Arc::new(crate::resource::CallbackMemoryResource::new(
+            Box::new(|_, _| Ok(0)),
+            Box::new(|_, _, _| Ok(())),
+            crate::MemoryKind::Simulated,
+        ));
+        binning.add_bin(4096, Some(callback)).unwrap();
+        assert!(
+            cached.get(&binning).release_gil(),
+            "a bin that runs foreign code"
+        );
     }
 }

@@ -26,7 +26,7 @@ fn hook_allocate(
         return Ok(HookAllocation::new(0, 0, device, stream, None));
     }
     let mr = py_result(crate::per_device_resource(device))?;
-    let profile = super::gil::CallProfile::of_rust(mr.as_ref());
+    let profile = mr.call_profile();
     let (ptr, mr) = py_result(super::gil::call(py, profile, || {
         allocate_from(mr, device, nbytes, stream, Context::Make)
     }))?;

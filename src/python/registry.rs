@@ -11,7 +11,6 @@ use std::sync::Arc;
 use super::base_resources::{CudaMemoryResource, ManagedMemoryResource};
 use super::convert::{device_arg, upstream_arg};
 use super::errors::py_result;
-use super::gil::CallProfile;
 use super::resource::DeviceMemoryResource;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
@@ -28,8 +27,7 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
 
 /// A Python object for a Rust resource that was not made from Python.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
-    let profile = CallProfile::of_rust(&*mr);
-    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone(), profile));
+    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
     let obj: Py<DeviceMemoryResource> = match mr.name() {
         "cuda" => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()

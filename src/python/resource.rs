@@ -6,16 +6,16 @@ use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
 use super::errors::py_result;
-use super::gil::{self, CallProfile};
+use super::gil::{self, CallProfile, ProfileCache};
 use super::stream::StreamArg;
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]
 pub(crate) struct DeviceMemoryResource {
     pub(crate) inner: SharedResource,
-    /// What calls into `inner` may do, which decides whether they release the GIL
-    /// ([`gil::call`]).
-    pub(crate) profile: CallProfile,
+    /// What calls into `inner` may do (its own [`CallProfile`]), which decides whether they
+    /// release the GIL ([`gil::call`]).
+    profile: ProfileCache,
     /// The upstream resource object this one keeps alive (`upstream_mr`), for the garbage
     /// collector's view: traversed here, in the root class only (a `__traverse__` in a class
     /// between the root and its subclasses recurses without end in PyO3 0.30 under abi3).
@@ -23,23 +23,29 @@ pub(crate) struct DeviceMemoryResource {
 }
 
 impl DeviceMemoryResource {
-    /// A base-class initializer over `inner`, whose calls behave as `profile` says.
-    pub(crate) fn init(inner: SharedResource, profile: CallProfile) -> Self {
+    /// A base-class initializer over `inner`.
+    pub(crate) fn init(inner: SharedResource) -> Self {
         DeviceMemoryResource {
+            profile: ProfileCache::of(&*inner),
             inner,
-            profile,
             upstream: None,
         }
+    }
+
+    /// What calls into the resource may do: the Rust resource's own profile.
+    #[inline]
+    pub(crate) fn profile(&self) -> CallProfile {
+        self.profile.get(&*self.inner)
     }
 }
 
 /// The initializer of a direct subclass of `DeviceMemoryResource` over the base resource
-/// `inner`, whose calls behave as `profile` says.
-pub(crate) fn sub<T>(leaf: T, inner: SharedResource, profile: CallProfile) -> PyClassInitializer<T>
+/// `inner`.
+pub(crate) fn sub<T>(leaf: T, inner: SharedResource) -> PyClassInitializer<T>
 where
     T: pyo3::PyClass<BaseType = DeviceMemoryResource>,
 {
-    PyClassInitializer::from(DeviceMemoryResource::init(inner, profile)).add_subclass(leaf)
+    PyClassInitializer::from(DeviceMemoryResource::init(inner)).add_subclass(leaf)
 }
 
 #[pymethods]
@@ -59,7 +65,7 @@ impl DeviceMemoryResource {
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
-        py_result(gil::call(py, self.profile, || mr.allocate(nbytes, raw)))
+        py_result(gil::call(py, self.profile(), || mr.allocate(nbytes, raw)))
     }
 
     /// Returns `ptr` (allocated with the same `nbytes`) on `stream`.
@@ -80,7 +86,7 @@ impl DeviceMemoryResource {
         // CheckedResourceAdaptor; a callback resource's functions are the user's) and raises
         // for a broken one instead.
         // SAFETY: as above.
-        py_result(gil::call(py, self.profile, || unsafe {
+        py_result(gil::call(py, self.profile(), || unsafe {
             mr.deallocate(ptr, nbytes, raw)
         }))
     }
@@ -109,9 +115,8 @@ impl UpstreamResourceAdaptor {
     pub(crate) fn init(
         upstream: Py<DeviceMemoryResource>,
         inner: SharedResource,
-        profile: CallProfile,
     ) -> PyClassInitializer<UpstreamResourceAdaptor> {
-        let mut base = DeviceMemoryResource::init(inner, profile);
+        let mut base = DeviceMemoryResource::init(inner);
         base.upstream = Some(upstream);
         PyClassInitializer::from(base).add_subclass(UpstreamResourceAdaptor)
     }
@@ -132,25 +137,9 @@ impl UpstreamResourceAdaptor {
     }
 }
 
-/// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of an
-/// adaptor that forwards each call to its upstream (and, with `calls_python`, runs Python code
-/// of its own).
-pub(crate) fn adaptor_init<T>(
-    leaf: T,
-    upstream: Py<DeviceMemoryResource>,
-    inner: SharedResource,
-    calls_python: bool,
-) -> PyClassInitializer<T>
-where
-    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
-{
-    let profile = CallProfile::adaptor(upstream.get().profile, calls_python);
-    UpstreamResourceAdaptor::init(upstream, inner, profile).add_subclass(leaf)
-}
-
-/// The initializer chain of a suballocator: answers from host bookkeeping, and grows from its
-/// upstream under its lock.
-pub(crate) fn suballocator_init<T>(
+/// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of a
+/// resource over `upstream` (an adaptor or a suballocator) whose Rust resource is `inner`.
+pub(crate) fn over_upstream<T>(
     leaf: T,
     upstream: Py<DeviceMemoryResource>,
     inner: SharedResource,
@@ -158,8 +147,7 @@ pub(crate) fn suballocator_init<T>(
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
 {
-    let profile = CallProfile::suballocator(upstream.get().profile);
-    UpstreamResourceAdaptor::init(upstream, inner, profile).add_subclass(leaf)
+    UpstreamResourceAdaptor::init(upstream, inner).add_subclass(leaf)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

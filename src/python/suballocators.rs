@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::{figures_readable, py_result};
 use super::gil;
-use super::resource::{suballocator_init, DeviceMemoryResource, UpstreamResourceAdaptor};
+use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::upstream_of;
 
 /// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared
@@ -29,7 +29,7 @@ where
     R: MemoryResource + Clone + 'static,
     T: PyClass<BaseType = UpstreamResourceAdaptor>,
 {
-    suballocator_init(leaf(suballocator.clone()), up, Arc::new(suballocator))
+    over_upstream(leaf(suballocator.clone()), up, Arc::new(suballocator))
 }
 
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
@@ -73,7 +73,12 @@ impl PoolMemoryResource {
     /// rrmm: gives fully free upstream blocks back; returns the bytes released.
     fn release(slf: &Bound<'_, Self>) -> PyResult<usize> {
         // It synchronizes and frees upstream: a blocking call.
-        let profile = slf.as_super().as_super().get().profile.blocking();
+        let profile = slf
+            .as_super()
+            .as_super()
+            .get()
+            .profile()
+            .and(crate::resource::CallProfile::BLOCKING);
         let pool = &slf.get().pool;
         py_result(gil::call(slf.py(), profile, || pool.release()))
     }

@@ -196,6 +196,20 @@ impl CallProfile {
     }
 }
 
+/// Counts changes of call profiles after construction (a binning resource gaining a bin), so
+/// that copies of a profile (the Python objects' GIL decision) know to read it again.
+static PROFILE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The number of call-profile changes so far (see [`note_profile_change`]).
+pub fn profile_epoch() -> u64 {
+    PROFILE_EPOCH.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Records that some resource's [`MemoryResource::call_profile`] may have changed.
+pub fn note_profile_change() {
+    PROFILE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A resource shared between owners (adaptors, buffers, the per-device table).
 pub type SharedResource = Arc<dyn MemoryResource>;
 

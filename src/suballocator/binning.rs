@@ -177,6 +177,8 @@ impl BinningMemoryResource {
             return Ok(()); // added by another thread meanwhile
         }
         bins.insert(at, (size, resource));
+        drop(bins);
+        crate::resource::note_profile_change();
         if self.inner.served.load(Ordering::Relaxed) {
             self.inner.rerouted.store(true, Ordering::Relaxed);
         }
