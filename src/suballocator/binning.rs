@@ -144,6 +144,18 @@ impl BinningMemoryResource {
         }
         let size = align_up(allocation_size, ALLOCATION_ALIGNMENT)
             .ok_or_else(|| Error::invalid("allocation_size", "too large"))?;
+        // A bin that would make a cycle is refused even where a bin of its size exists (and
+        // the call would change nothing): the caller's graph is wrong either way.
+        if let Some(r) = &bin_resource {
+            if graph::reaches(r, self) {
+                return Err(Error::invalid(
+                    "bin_resource",
+                    "the bin reaches this binning resource (it is the resource itself, or a \
+                     stack over it): allocations would recurse for ever",
+                ));
+            }
+            graph::check_upstream("bin_resource", r)?;
+        }
         if self
             .inner
             .bins
@@ -154,17 +166,7 @@ impl BinningMemoryResource {
             return Ok(());
         }
         let resource = match bin_resource {
-            Some(r) => {
-                if graph::reaches(&r, self) {
-                    return Err(Error::invalid(
-                        "bin_resource",
-                        "the bin reaches this binning resource (it is the resource itself, or \
-                         a stack over it): allocations would recurse for ever",
-                    ));
-                }
-                graph::check_upstream("bin_resource", &r)?;
-                r
-            }
+            Some(r) => r,
             None => Arc::new(FixedSizeMemoryResource::new(
                 self.inner.upstream.clone(),
                 size,
