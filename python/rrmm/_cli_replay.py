@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from rrmm import parse_bytes
+from rrmm._replay_types import FitRecord, ReplayRecord
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
 DEFAULT_SIMULATED_BYTES = 80 << 30
@@ -290,11 +291,11 @@ def _check_plot_path(path: str) -> str | None:
     return None
 
 
-def _row_name(r: dict[str, Any]) -> str:
+def _row_name(r: ReplayRecord) -> str:
     return "simulated device" if r["simulated_device"] else r["resource"]
 
 
-def _table(reports: list[dict[str, Any]]) -> str:
+def _table(reports: list[ReplayRecord]) -> str:
     header = ["resource", "ns/event", "spread", "footprint", "overhead", "waste",
               "frag@peak", "frag@end", "failed"]
     rows = []
@@ -330,7 +331,7 @@ def _table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _fit_line(f: dict[str, Any]) -> str:
+def _fit_line(f: FitRecord) -> str:
     name = f["resource"]
     if f["device_bytes"] is None:
         return f"{name} fits on no device: {f['reason']}"
@@ -346,9 +347,9 @@ def _fit_line(f: dict[str, Any]) -> str:
     return text
 
 
-def _print_text(reports: list[dict[str, Any]], fits: list[dict[str, Any]], target: str,
+def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
                 shown: dict[str, str], out: Any) -> None:
-    logs: dict[str, list[dict[str, Any]]] = {}
+    logs: dict[str, list[ReplayRecord]] = {}
     for r in reports:
         logs.setdefault(r["log"], []).append(r)
     for log, rs in logs.items():
@@ -363,7 +364,7 @@ def _print_text(reports: list[dict[str, Any]], fits: list[dict[str, Any]], targe
             for message in first["warning_messages"]:
                 print(f"    {message}", file=out)
         print(_table(rs), file=out)
-        repeats = {r["repeats"] for r in rs if r["error"] is None}
+        repeats = {r["repeats"] for r in rs if r["repeats"] is not None}
         if repeats:
             counts = "/".join(str(n) for n in sorted(repeats))
             print(f"  timings: median of {counts} repetition(s) after a warm-up, on one "
@@ -374,7 +375,7 @@ def _print_text(reports: list[dict[str, Any]], fits: list[dict[str, Any]], targe
             if r["error"] is not None:
                 print(f"    no figures: {r['error']}", file=out)
                 continue
-            if r["failed_allocations"]:
+            if r["failed_allocations"] and r["failure_events"] is not None:
                 shown_events = ", ".join(str(i) for i in r["failure_events"][:10])
                 more = " ..." if r["failed_allocations"] > 10 else ""
                 print(f"    {r['failed_allocations']} allocation(s) failed "
@@ -393,7 +394,7 @@ def _print_text(reports: list[dict[str, Any]], fits: list[dict[str, Any]], targe
         print(file=out)
 
 
-def _json_report(r: dict[str, Any], shown: dict[str, str], with_timeline: bool) -> dict[str, Any]:
+def _json_report(r: ReplayRecord, shown: dict[str, str], with_timeline: bool) -> dict[str, Any]:
     out = dict(r)
     out["log"] = shown.get(r["log"], r["log"])
     if not with_timeline:
@@ -401,7 +402,7 @@ def _json_report(r: dict[str, Any], shown: dict[str, str], with_timeline: bool) 
     return out
 
 
-def plot(reports: list[dict[str, Any]], path: str, fits: Sequence[dict[str, Any]] = (),
+def plot(reports: list[ReplayRecord], path: str, fits: Sequence[FitRecord] = (),
          shown: dict[str, str] | None = None) -> None:
     """Draw bytes in use and each resource's footprint over the events, one panel per log, to
     ``path``: bytes in use once (black), each resource in its own colour and line style, its
@@ -425,9 +426,9 @@ def plot(reports: list[dict[str, Any]], path: str, fits: Sequence[dict[str, Any]
         _draw(plt, reports, path, fits, shown)
 
 
-def _draw(plt: Any, reports: list[dict[str, Any]], path: str, fits: Sequence[dict[str, Any]],
+def _draw(plt: Any, reports: list[ReplayRecord], path: str, fits: Sequence[FitRecord],
           shown: dict[str, str]) -> None:
-    logs: dict[str, list[dict[str, Any]]] = {}
+    logs: dict[str, list[ReplayRecord]] = {}
     for r in reports:
         if r["error"] is None:
             logs.setdefault(r["log"], []).append(r)
@@ -443,6 +444,8 @@ def _draw(plt: Any, reports: list[dict[str, Any]], path: str, fits: Sequence[dic
         for index, r in enumerate(rs):
             colour = colours[index % len(colours)]
             t = r["timeline"]
+            if t is None:
+                continue
             events, in_use = t["event"], t["bytes_in_use"]
             # Bytes in use are the same for every resource unless allocations failed.
             if in_use not in drawn_in_use:

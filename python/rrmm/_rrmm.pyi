@@ -6,6 +6,8 @@ from typing import Any, Literal, SupportsIndex, TypeAlias, final
 
 from typing_extensions import Buffer, Self, disjoint_base
 
+from rrmm._replay_types import FitRecord, ReplayRecord
+
 __version__: str
 __all__ = [
     "DEFAULT_STREAM",
@@ -47,6 +49,8 @@ __all__ = [
     "_memory_stats",
     "_reset_peak_memory_stats",
     "_set_device",
+    "_stack_kinds",
+    "_stack_plan",
     "available_device_memory",
     "call_stream_capsule",
     "copy_device_to_ptr",
@@ -115,7 +119,6 @@ class DeviceMemoryResource:
     @property
     def _rrmm_name(self) -> str: ...
 
-@disjoint_base
 class UpstreamResourceAdaptor(DeviceMemoryResource):
     @property
     def upstream_mr(self) -> DeviceMemoryResource: ...
@@ -263,6 +266,7 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         max_size_exponent: int = ...,
         *,
         upstream: DeviceMemoryResource | None = None,
+        blocks_to_preallocate: int | None = None,
     ) -> BinningMemoryResource: ...
     def add_bin(
         self, allocation_size: _Bytes, bin_resource: DeviceMemoryResource | None = None
@@ -503,7 +507,7 @@ def replay_logs(
     block_size: int | None = None,
     blocks: int | None = None,
     arena_size: int | None = None,
-) -> list[dict[str, Any]]: ...
+) -> list[ReplayRecord]: ...
 def fit_logs(
     logs: Sequence[str],
     resources: Sequence[str],
@@ -514,10 +518,30 @@ def fit_logs(
     block_size: int | None = None,
     blocks: int | None = None,
     arena_size: int | None = None,
-) -> list[dict[str, Any]]: ...
+) -> list[FitRecord]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...
+
+# Stack kinds (src/python/stack.rs, python/rrmm/_stack.py).
+def _stack_plan(
+    kind: str,
+    *,
+    simulate: int | None = None,
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    bins: tuple[int, int] | None = None,
+    block_size: int | None = None,
+    blocks: int | None = None,
+    arena_size: int | None = None,
+    release_threshold: int | None = None,
+    allocation_limit: int | None = None,
+    logging: bool = False,
+    log_file: str | None = None,
+    statistics: bool = False,
+    tracking: bool = False,
+) -> list[tuple[str, dict[str, Any]]]: ...
+def _stack_kinds() -> list[tuple[str, str]]: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).
 def _memory_stats(mr: DeviceMemoryResource) -> dict[str, int] | None: ...

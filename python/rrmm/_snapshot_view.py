@@ -244,8 +244,9 @@ def stack_bands(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
                 live_other[key] = size
                 other_bytes += size
         elif kind == "f":
-            band = live_drawn.pop(key, None)
-            if band is not None:
+            freed = live_drawn.pop(key, None)
+            if freed is not None:
+                band = freed
                 band.end = col
                 index = stack.index(band)
                 stack.pop(index)

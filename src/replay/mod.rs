@@ -16,6 +16,7 @@
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 
+mod compare;
 mod engine;
 mod fit;
 mod trace;
@@ -41,6 +42,7 @@ pub fn build(
 ) -> crate::Result<BuiltResource> {
     crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
 }
+pub use compare::{compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns};
 pub use fit::{fit, FitResult};
 pub use trace::{Action, Trace, TraceEvent};
 
