@@ -26,8 +26,9 @@ DEFAULT_SIMULATED_BYTES = 80 << 30
 #: Points of the timeline recorded per replay for ``--plot``.
 PLOT_POINTS = 2000
 
-#: The base resources that the simulated device stands for on simulated memory.
-BASE_RESOURCES = ("cuda", "cuda_async", "managed")
+#: The base resources that the simulated device stands for on simulated memory (managed memory
+#: is its own row there: the device with a host tier beyond it).
+BASE_RESOURCES = ("cuda", "cuda_async")
 
 #: File types ``--plot`` writes (matplotlib's raster and vector formats).
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -46,12 +47,16 @@ The report (one row per resource, the log's own properties once in the header):
   frag@end    use and after the last event (0: all free memory in one block; a resource
               that holds nothing free shows 0)
   failed      allocations that failed with out of memory (their frees are skipped)
+  beyond      managed memory only: the most bytes beyond the simulated device at once, what
+              would live in host memory (oversubscription) had the log run with managed memory
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
 resource with no failed allocation, and the pool sizes that do it.
-On simulated memory cuda, cuda_async and managed are the simulated device itself: one row,
-labelled so, whose timings are the simulator's, not CUDA's.
+On simulated memory cuda and cuda_async are the simulated device itself: one row, labelled so,
+whose timings are the simulator's, not CUDA's. managed (and managed_pool) is the simulated
+device with host memory beyond it: allocations past the device succeed, and "beyond" says how
+many bytes would live in host memory at the worst moment.
 A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes) reads them: 1000000, or a number and
 a unit, 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000. A bare
 unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
@@ -212,6 +217,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="arena's global arena (default: half the device's free memory)",
     )
     parser.add_argument(
+        "--host-memory",
+        metavar="SIZE",
+        type=_positive_size,
+        help="managed and managed_pool on a simulated device: host memory beyond the device "
+        "(default: no limit), so the replay says how much would live there",
+    )
+    parser.add_argument(
         "--repeat",
         metavar="N",
         type=_positive_int(1_000_000),
@@ -298,10 +310,13 @@ def _row_name(r: ReplayRecord) -> str:
 def _table(reports: list[ReplayRecord]) -> str:
     header = ["resource", "ns/event", "spread", "footprint", "overhead", "waste",
               "frag@peak", "frag@end", "failed"]
+    beyond = any(r.get("peak_beyond_device") is not None for r in reports)
+    if beyond:
+        header.append("beyond")
     rows = []
     for r in reports:
         if r["error"] is not None:
-            rows.append([_row_name(r), "-", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([_row_name(r)] + ["-"] * (len(header) - 1))
             continue
         failed = str(r["failed_allocations"])
         if r["failed_allocations"]:
@@ -317,7 +332,7 @@ def _table(reports: list[ReplayRecord]) -> str:
             _format_fraction(r["fragmentation_at_peak"]),
             _format_fraction(r["fragmentation_at_end"]),
             failed,
-        ])
+        ] + ([format_bytes(r.get("peak_beyond_device"))] if beyond else []))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -459,6 +474,13 @@ def _draw(plt: Any, reports: list[ReplayRecord], path: str, fits: Sequence[FitRe
                 ax.plot([p[0] for p in points], [p[1] / gib for p in points],
                         linestyle=styles[index % len(styles)], color=colour, linewidth=1.6,
                         label=f"{_row_name(r)}: footprint", zorder=3)
+            beyond = [(e, b) for e, b in zip(events, t.get("beyond_device") or [])
+                      if b is not None]
+            if any(b for _, b in beyond):
+                ax.fill_between([p[0] for p in beyond], [p[1] / gib for p in beyond],
+                                step="post", color=colour, alpha=0.25,
+                                label=f"{_row_name(r)}: beyond the device (host memory)",
+                                zorder=1)
             if r["failure_events"] and events:
                 ys = []
                 for e in r["failure_events"]:
@@ -540,6 +562,7 @@ def run(args: argparse.Namespace) -> int:
         "block_size": args.block_size,
         "blocks": args.blocks,
         "arena_size": args.arena_size,
+        "host_memory": args.host_memory,
     }
     try:
         reports = _rrmm.replay_logs(

@@ -15,6 +15,7 @@ class TimelineColumns(TypedDict):
     event: list[int]
     bytes_in_use: list[int]
     footprint: list[int | None]
+    beyond_device: list[int | None]
 
 class ReplayRecord(TypedDict):
     """One (log, resource) row of ``replay_logs`` (``rrmm::replay::ReplayRecord``: the keys are
@@ -54,6 +55,7 @@ class ReplayRecord(TypedDict):
     fragmentation_at_peak: float | None
     fragmentation_at_end: float | None
     footprint_at_end: int | None
+    peak_beyond_device: int | None
     failed_allocations: int | None
     failed_bytes: int | None
     failure_events: list[int] | None

@@ -191,18 +191,38 @@ pub(crate) struct SimulatedMemoryResource {
 
 #[pymethods]
 impl SimulatedMemoryResource {
+    /// `size` bytes of device; rrmm: `host_memory` bytes of host memory beyond it make it managed
+    /// memory (allocations beyond the device succeed, and are counted: `beyond_device_bytes`).
     #[new]
-    fn new(size: &Bound<'_, PyAny>) -> PyResult<PyClassInitializer<Self>> {
+    #[pyo3(signature = (size, *, host_memory=None))]
+    fn new(
+        size: &Bound<'_, PyAny>,
+        host_memory: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
-        if size > crate::resource::MAX_SIMULATED_SIZE {
+        let host = opt_bytes_arg(host_memory, "host_memory")?.unwrap_or(0);
+        let max = crate::resource::MAX_SIMULATED_SIZE;
+        if size > max || host > max - size {
             return Err(PyValueError::new_err(format!(
-                "size: {size} bytes is larger than a simulated device can be ({} bytes)",
-                crate::resource::MAX_SIMULATED_SIZE
+                "size: {size} bytes (and {host} of host memory) is larger than a simulated \
+                 device can be ({max} bytes)"
             )));
         }
         // Copy paths refuse its addresses (above every host address; nothing is behind them).
-        let sim = Arc::new(RsSimulated::new(size));
+        let sim = Arc::new(RsSimulated::managed(size, host));
         Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
+    }
+
+    /// rrmm: bytes of host memory beyond the device (0: a plain device).
+    #[getter]
+    fn host_memory(&self) -> usize {
+        self.sim.host_tier()
+    }
+
+    /// rrmm: bytes in use beyond the device now and at the peak (managed memory that would
+    /// live in host memory).
+    fn beyond_device_bytes(&self) -> (usize, usize) {
+        self.sim.beyond_device_bytes()
     }
 
     /// The pretend device's size in bytes.

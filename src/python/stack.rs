@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 /// simulated device of `simulate` bytes or the current device. Raises ValueError for an
 /// unknown kind or a bad option.
 #[pyfunction]
-#[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false))]
+#[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn _stack_plan<'py>(
     py: Python<'py>,
@@ -28,6 +28,7 @@ fn _stack_plan<'py>(
     log_file: Option<String>,
     statistics: bool,
     tracking: bool,
+    host_memory: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     let options = StackOptions {
         initial_pool_size,
@@ -42,6 +43,7 @@ fn _stack_plan<'py>(
         log_file,
         statistics,
         tracking,
+        host_memory,
     };
     let plan = py_result(plan(kind, Target::from_simulate(simulate), &options))?;
     let steps = PyList::empty(py);

@@ -43,6 +43,8 @@ pub struct TimelineColumns {
     pub bytes_in_use: Vec<u128>,
     /// The resource's footprint at each point, where it reports one.
     pub footprint: Vec<Option<usize>>,
+    /// Bytes beyond the simulated device at each point (managed memory in host memory).
+    pub beyond_device: Vec<Option<usize>>,
 }
 
 /// One (log, resource) row: the log's own facts, then the replay's figures (all `None`, with
@@ -116,6 +118,9 @@ pub struct ReplayRecord {
     pub fragmentation_at_end: Option<f64>,
     /// Bytes held after the last event.
     pub footprint_at_end: Option<usize>,
+    /// The most bytes beyond the simulated device at once (managed memory that would live in
+    /// host memory), where the device has a host tier.
+    pub peak_beyond_device: Option<usize>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: Option<usize>,
     /// Bytes they asked for.
@@ -172,6 +177,7 @@ impl ReplayRecord {
         self.fragmentation_at_peak = r.fragmentation_at_peak;
         self.fragmentation_at_end = r.fragmentation_at_end;
         self.footprint_at_end = r.footprint_at_end.map(|f| f.held_bytes);
+        self.peak_beyond_device = r.peak_beyond_device;
         self.failed_allocations = Some(r.failed_allocations);
         self.failed_bytes = Some(r.failed_bytes);
         self.failure_events = Some(r.failure_events.clone());
@@ -182,9 +188,21 @@ impl ReplayRecord {
             event: r.timeline.iter().map(|p| p.event).collect(),
             bytes_in_use: r.timeline.iter().map(|p| p.bytes_in_use).collect(),
             footprint: r.timeline.iter().map(|p| p.footprint).collect(),
+            beyond_device: r.timeline.iter().map(|p| p.beyond_device).collect(),
         });
         self
     }
+}
+
+/// The simulated device with a host tier under a built stack (managed memory), whose bytes
+/// beyond the device the replay follows.
+pub(crate) fn managed_device(
+    built: &crate::stack::BuiltStack,
+) -> Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>> {
+    built.handles.iter().find_map(|h| match h {
+        crate::stack::Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+        _ => None,
+    })
 }
 
 /// Relative spread of the timings, interquartile range / median (robust to one preempted
@@ -223,6 +241,7 @@ pub fn compare(
                     let options = ReplayOptions {
                         rounding: Some(built.rounding.clone()),
                         largest_request: built.largest_request,
+                        device: managed_device(&built),
                         ..settings.replay.clone()
                     };
                     match replay(&trace, &built.resource, options) {

@@ -48,6 +48,9 @@ pub struct ReplayOptions {
     /// The largest request the resource serves by design (requests above it are counted as
     /// [`ReplayReport::unservable_allocations`]).
     pub largest_request: Option<usize>,
+    /// The simulated device under the resource, whose bytes beyond the device (managed memory's
+    /// host tier) the report follows ([`ReplayReport::peak_beyond_device`]).
+    pub device: Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>>,
 }
 
 /// One point of a replay's timeline.
@@ -59,6 +62,8 @@ pub struct TimelinePoint {
     pub bytes_in_use: u128,
     /// The resource's footprint (`held_bytes`), where it reports one.
     pub footprint: Option<usize>,
+    /// Bytes beyond the simulated device (in its host tier), where the replay follows one.
+    pub beyond_device: Option<usize>,
 }
 
 /// The figures of one replay. Byte sums are exact (`u128`).
@@ -106,6 +111,9 @@ pub struct ReplayReport {
     pub fragmentation_at_end: Option<f64>,
     /// The full footprint after the last event.
     pub footprint_at_end: Option<Footprint>,
+    /// The most bytes beyond the simulated device at once (managed memory that would live in
+    /// host memory), where the replay follows a device with a host tier.
+    pub peak_beyond_device: Option<usize>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: usize,
     /// Bytes those failed allocations asked for.
@@ -311,6 +319,9 @@ pub fn replay_with_progress(
     let n = trace.events.len();
     let mut slots: Vec<(usize, usize, u32)> = vec![(0, 0, 0); trace.slot_count];
     let figures = figures_pass(trace, mr, &options, &streams, &mut slots, progress);
+    // The device's own peak covers every allocation of the figures pass (the repetitions reuse
+    // the same memory pattern); read before the repetitions run.
+    let beyond_device_peak = options.device.as_ref().map(|d| d.beyond_device_bytes().1);
     let figures = match figures {
         Ok(f) => f,
         Err(e) => {
@@ -393,6 +404,7 @@ pub fn replay_with_progress(
         fragmentation_at_peak: figures.fragmentation_at_peak,
         fragmentation_at_end: figures.end.map(|f| f.fragmentation()),
         footprint_at_end: figures.end,
+        peak_beyond_device: beyond_device_peak,
         failed_allocations: figures.failure_events.len(),
         failed_bytes: figures.failed_bytes,
         failure_events: figures.failure_events,
@@ -495,6 +507,7 @@ fn figures_pass(
             event: 0,
             bytes_in_use: 0,
             footprint: mr.report().map(|r| r.footprint()).map(|f| f.held_bytes),
+            beyond_device: options.device.as_ref().map(|d| d.beyond_device_bytes().0),
         });
     }
     let mut progress_shown = false;
@@ -562,6 +575,7 @@ fn figures_pass(
                     event: done,
                     bytes_in_use: in_use,
                     footprint: footprint.map(|fp| fp.held_bytes),
+                    beyond_device: options.device.as_ref().map(|d| d.beyond_device_bytes().0),
                 });
             }
             if check && started.elapsed() >= PROGRESS_AFTER {

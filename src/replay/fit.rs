@@ -1,5 +1,5 @@
 //! `--fit`: the smallest simulated device on which a log replays into a resource with no failed
-//! allocation.
+//! allocation (for managed memory: with no byte beyond the device).
 
 use super::engine::{replay, ReplayOptions};
 use super::trace::{Action, Trace};
@@ -47,8 +47,15 @@ fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -
         Err(e) if e.is_out_of_memory() => return Ok(None),
         Err(e) => return Err(e),
     };
-    let report = replay(trace, &built.resource, ReplayOptions::default())?;
-    Ok((report.failed_allocations == 0).then_some((
+    let options = ReplayOptions {
+        device: super::compare::managed_device(&built),
+        ..ReplayOptions::default()
+    };
+    let report = replay(trace, &built.resource, options)?;
+    // Managed memory never fails for want of device memory; it fits where nothing spills past
+    // the device.
+    let spilled = report.peak_beyond_device.unwrap_or(0) > 0;
+    Ok((report.failed_allocations == 0 && !spilled).then_some((
         built.setup,
         built.pool_sizes,
         built.arena_size,

@@ -584,3 +584,133 @@ fn sums_are_exact_beyond_64_bits() {
     assert_eq!(r.failed_allocations, 2);
     assert_eq!(r.failed_bytes, 1u128 << 64);
 }
+
+/// Managed memory on a simulated device of 8 MiB: a log computed by hand. Charges are whole
+/// 2 MiB pages: 6 MiB, then +4 MiB (10 MiB: 2 beyond), free the 6 (4 in use), +8 MiB (12 MiB:
+/// 4 beyond, the peak), free all. Nothing fails; the peak beyond the device is 4 MiB and the
+/// timeline follows it; the plain device of the same size fails the second allocation.
+#[test]
+fn managed_memory_on_a_simulated_device_counts_the_bytes_beyond_it() {
+    const MIB: usize = 1 << 20;
+    let log = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,t,allocate,0x1000,{six},0\n\
+         1,t,allocate,0x2000,{four},0\n\
+         1,t,free,0x1000,{six},0\n\
+         1,t,allocate,0x3000,{eight},0\n\
+         1,t,free,0x2000,{four},0\n\
+         1,t,free,0x3000,{eight},0\n",
+        six = 6 * MIB - 100,
+        four = 4 * MIB,
+        eight = 8 * MIB,
+    );
+    let trace = Trace::from_reader("managed.csv", log.as_bytes(), false).unwrap();
+    let options = ResourceOptions {
+        host_memory: Some(64 * MIB),
+        ..ResourceOptions::default()
+    };
+    let built = build("managed", Some(8 * MIB), &options).unwrap();
+    assert!(
+        !built.simulated_device,
+        "managed is its own row on simulated memory"
+    );
+    let device = super::compare::managed_device(&built).expect("a device with a host tier");
+    assert_eq!(device.host_tier(), 64 * MIB);
+    let r = replay(
+        &trace,
+        &built.resource,
+        ReplayOptions {
+            device: Some(device.clone()),
+            timeline_points: 100,
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.failed_allocations, 0);
+    assert_eq!(r.peak_beyond_device, Some(4 * MIB));
+    let beyond: Vec<usize> = r
+        .timeline
+        .iter()
+        .map(|p| p.beyond_device.unwrap())
+        .collect();
+    assert_eq!(beyond, vec![0, 0, 2 * MIB, 0, 4 * MIB, 0, 0]);
+    assert_eq!(device.beyond_device_bytes().0, 0);
+    // The device's own figures, as cudaMemGetInfo gives them under managed memory.
+    assert_eq!(device.memory_info(), Some((8 * MIB, 8 * MIB)));
+
+    // The same device without its host tier fails the second allocation (10 MiB > 8).
+    let plain = build_resource("simulated", Some(8 * MIB), None, None).unwrap();
+    let p = replay(&trace, &plain, ReplayOptions::default()).unwrap();
+    assert_eq!(p.failure_events, vec![1]);
+    assert_eq!(p.peak_beyond_device, None);
+
+    // A host tier too small for the peak fails where the device and tier are both full.
+    let small = ResourceOptions {
+        host_memory: Some(2 * MIB),
+        ..ResourceOptions::default()
+    };
+    let built = build("managed", Some(8 * MIB), &small).unwrap();
+    let s = replay(&trace, &built.resource, ReplayOptions::default()).unwrap();
+    assert_eq!(s.failure_events, vec![3]);
+}
+
+/// The managed pool on a simulated device grows past the device (to twice it by default) where
+/// the plain pool fails, and `--fit` for managed kinds asks for nothing beyond the device.
+#[test]
+fn the_managed_pool_grows_past_a_simulated_device() {
+    const MIB: usize = 1 << 20;
+    let log = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,t,allocate,0x1000,{a},0\n\
+         1,t,allocate,0x2000,{a},0\n\
+         1,t,allocate,0x3000,{a},0\n\
+         1,t,free,0x1000,{a},0\n\
+         1,t,free,0x2000,{a},0\n\
+         1,t,free,0x3000,{a},0\n",
+        a = 4 * MIB,
+    );
+    let trace = Trace::from_reader("grow.csv", log.as_bytes(), false).unwrap();
+    let built = build("managed_pool", Some(8 * MIB), &ResourceOptions::default()).unwrap();
+    assert_eq!(built.pool_sizes, Some((4 * MIB, Some(16 * MIB))));
+    let device = super::compare::managed_device(&built).unwrap();
+    let r = replay(
+        &trace,
+        &built.resource,
+        ReplayOptions {
+            device: Some(device),
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
+    // The initial 4 MiB chunk, a second of 4 MiB (the device's free memory), then one of the
+    // need alone once the device is full: 12 MiB held, 4 beyond the device.
+    assert_eq!(r.failed_allocations, 0, "12 MiB in use on an 8 MiB device");
+    assert_eq!(r.footprint_at_end.unwrap().held_bytes, 12 * MIB);
+    assert_eq!(r.peak_beyond_device, Some(4 * MIB));
+    let plain = build_resource("pool", Some(8 * MIB), None, None).unwrap();
+    assert!(
+        replay(&trace, &plain, ReplayOptions::default())
+            .unwrap()
+            .failed_allocations
+            > 0
+    );
+
+    // A maximum the user sets holds.
+    let capped = ResourceOptions {
+        maximum_pool_size: Some(10 * MIB),
+        ..ResourceOptions::default()
+    };
+    let built = build("managed_pool", Some(8 * MIB), &capped).unwrap();
+    let c = replay(&trace, &built.resource, ReplayOptions::default()).unwrap();
+    assert_eq!(c.failure_events, vec![2]);
+
+    // Fit: the smallest device on which nothing spills (three 4 MiB allocations: 12 MiB, to
+    // the search's precision of 64 MiB at this size).
+    let fit = super::fit::fit(&trace, "managed", &ResourceOptions::default()).unwrap();
+    let needed = fit.device_bytes.unwrap();
+    assert!(
+        (12 * MIB..12 * MIB + (1 << 26)).contains(&needed),
+        "{needed}"
+    );
+    assert!(fit.failing_bytes < 12 * MIB);
+}

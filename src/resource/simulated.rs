@@ -52,9 +52,17 @@ const MIN_ADDRESS_SPACE: usize = 1 << 40;
 /// # Time Complexity
 /// O(log n) per call in the number of live allocations and free address ranges; a failed
 /// allocation is O(1) (a counter check).
+///
+/// # Managed memory
+/// [`SimulatedMemoryResource::managed`] adds a host tier: like `cuMemAllocManaged`, allocations
+/// succeed beyond the device's size (up to the device plus the host tier), and the bytes beyond
+/// the device (in use minus the device's size: what would live in host memory) are counted, now
+/// and at their peak ([`beyond_device_bytes`](Self::beyond_device_bytes)).
 #[derive(Debug)]
 pub struct SimulatedMemoryResource {
     size: usize,
+    /// Bytes of host memory managed allocations may use beyond the device (0: a plain device).
+    host_tier: usize,
     state: Mutex<SimulatedState>,
 }
 
@@ -96,13 +104,21 @@ impl SimulatedMemoryResource {
     /// A pretend device of `size` bytes (rounded down to 256, and to at most
     /// [`MAX_SIMULATED_SIZE`]).
     pub fn new(size: usize) -> Self {
+        Self::managed(size, 0)
+    }
+
+    /// A pretend device of `size` bytes whose memory is managed memory with `host_tier` bytes of
+    /// host memory beyond it (see the type's doc; [`MAX_SIMULATED_SIZE`] in all at most).
+    pub fn managed(size: usize, host_tier: usize) -> Self {
         let size = size.min(MAX_SIMULATED_SIZE) & !(ALLOCATION_ALIGNMENT - 1);
-        let space = address_space(size);
+        let host_tier = host_tier.min(MAX_SIMULATED_SIZE - size) & !(ALLOCATION_ALIGNMENT - 1);
+        let space = address_space(size.saturating_add(host_tier));
         let mut state = SimulatedState::default();
         state.free_by_address.insert(BASE_ADDRESS, space);
         state.free_by_size.insert((space, BASE_ADDRESS));
         SimulatedMemoryResource {
             size,
+            host_tier,
             state: Mutex::new(state),
         }
     }
@@ -116,6 +132,21 @@ impl SimulatedMemoryResource {
     /// page or more, 256-byte units below (saturating at `usize::MAX`).
     pub fn charged_bytes(bytes: usize) -> usize {
         charge(bytes).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of host memory beyond the device (0 for a plain device).
+    pub fn host_tier(&self) -> usize {
+        self.host_tier
+    }
+
+    /// Bytes in use beyond the device's size now (what managed memory would hold in host
+    /// memory), and the most ever.
+    pub fn beyond_device_bytes(&self) -> (usize, usize) {
+        let s = self.state.lock();
+        (
+            s.in_use.saturating_sub(self.size),
+            s.peak.saturating_sub(self.size),
+        )
     }
 
     /// Bytes currently charged to live allocations.
@@ -186,15 +217,21 @@ impl MemoryResource for SimulatedMemoryResource {
             ));
         };
         let mut s = self.state.lock();
-        if charged > self.size - s.in_use {
+        let capacity = self.size + self.host_tier;
+        if charged > capacity - s.in_use {
             let in_use = s.in_use;
             drop(s);
+            let tier = if self.host_tier > 0 {
+                format!(" and {} bytes of host memory", self.host_tier)
+            } else {
+                String::new()
+            };
             return Err(Error::out_of_memory(
                 bytes,
                 format!(
-                    "simulated device of {} bytes: {charged} bytes needed, {} free",
+                    "simulated device of {} bytes{tier}: {charged} bytes needed, {} free",
                     self.size,
-                    self.size - in_use
+                    capacity - in_use
                 ),
             ));
         }
@@ -240,10 +277,12 @@ impl MemoryResource for SimulatedMemoryResource {
         MemoryKind::Simulated
     }
 
-    /// Free bytes (whole pages once a page or more is free, so a request of that size fits)
-    /// and the capacity.
+    /// The device's free bytes (whole pages once a page or more is free, so a request of that
+    /// size fits) and its size. With a host tier these are still the device's own figures, as
+    /// `cudaMemGetInfo` reports them under managed memory: free is 0 once allocations spill
+    /// past the device, though managed allocations still succeed.
     fn memory_info(&self) -> Option<(usize, usize)> {
-        let free = self.size - self.state.lock().in_use;
+        let free = self.size.saturating_sub(self.state.lock().in_use);
         let usable = if free >= SIMULATED_PAGE_SIZE {
             free & !(SIMULATED_PAGE_SIZE - 1)
         } else {
@@ -262,16 +301,20 @@ impl MemoryResource for SimulatedMemoryResource {
     }
 
     fn name(&self) -> &'static str {
-        "simulated"
+        if self.host_tier > 0 {
+            "simulated_managed"
+        } else {
+            "simulated"
+        }
     }
 }
 
 impl PoolReport for SimulatedMemoryResource {
-    /// Held: the bytes charged to live allocations; free: the rest of the capacity, all of it
-    /// usable by one request (the driver's placement never fragments).
+    /// Held: the bytes charged to live allocations (device and host tier); free: the rest of
+    /// the device, all of it usable by one request (the driver's placement never fragments).
     fn footprint(&self) -> Footprint {
         let s = self.state.lock();
-        let free = self.size - s.in_use;
+        let free = self.size.saturating_sub(s.in_use);
         Footprint {
             held_bytes: s.in_use,
             free_bytes: free,

@@ -137,10 +137,54 @@ fn plan_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     ))
 }
 
+/// Managed memory: `cuMemAllocManaged` on the device; on a simulated device, the device with a
+/// host tier (allocations beyond it succeed and are counted).
+fn managed_device(target: Target, options: &StackOptions) -> Step {
+    match target {
+        Target::Device => Step::new("ManagedMemoryResource"),
+        Target::Simulated(size) => Step::new("SimulatedMemoryResource")
+            .arg("size", Arg::Int(size))
+            .arg(
+                "host_memory",
+                Arg::Int(options.host_memory.unwrap_or(
+                    crate::resource::MAX_SIMULATED_SIZE
+                        - size.min(crate::resource::MAX_SIMULATED_SIZE),
+                )),
+            ),
+    }
+}
+
+/// How many times the device's memory a managed pool may grow to by default: the user
+/// documents' "up to twice the VRAM" (`maximum_pool_size` sets another).
+pub const MANAGED_POOL_DEVICE_MULTIPLE: usize = 2;
+
+/// The device's total memory: the simulated size, or the current device's.
+fn device_total(target: Target) -> Result<usize> {
+    match target {
+        Target::Simulated(size) => Ok(size),
+        Target::Device => {
+            let ordinal = crate::cuda::current_device()?;
+            Ok(crate::cuda::device_memory_info(ordinal)?.1)
+        }
+    }
+}
+
 fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
+    let maximum = match options.maximum_pool_size {
+        Some(m) => m,
+        None => {
+            device_total(target)?
+                .saturating_mul(MANAGED_POOL_DEVICE_MULTIPLE)
+                .min(crate::resource::MAX_SIMULATED_SIZE)
+                & !(ALLOCATION_ALIGNMENT - 1)
+        }
+    };
+    let pool = Step::new("PoolMemoryResource")
+        .arg("initial_pool_size", opt(options.initial_pool_size))
+        .arg("maximum_pool_size", opt(Some(maximum)));
     Ok(suballocator(
         "managed_pool",
-        vec![device(target, "ManagedMemoryResource"), pool_step(options)],
+        vec![managed_device(target, options), pool],
     ))
 }
 
@@ -251,8 +295,13 @@ fn plan_cuda(target: Target, _: &StackOptions) -> Result<Plan> {
     Ok(base("cuda", target, "CudaMemoryResource"))
 }
 
-fn plan_managed(target: Target, _: &StackOptions) -> Result<Plan> {
-    Ok(base("managed", target, "ManagedMemoryResource"))
+fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
+    Ok(Plan {
+        steps: vec![managed_device(target, options)],
+        // On a simulated device it is its own row: a device with a host tier.
+        simulated_device: false,
+        ..base("managed", target, "ManagedMemoryResource")
+    })
 }
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
@@ -281,21 +330,24 @@ fn pool_words(
     options: &StackOptions,
     handles: &[Handle],
 ) -> (String, Option<(usize, Option<usize>)>) {
-    let size = handles.iter().find_map(|h| match h {
-        Handle::Pool(_, made) => Some(*made),
+    let pool = handles.iter().find_map(|h| match h {
+        Handle::Pool(pool, made) => Some((pool.maximum_pool_size(), *made)),
         _ => None,
     });
+    let size = pool.map(|(_, made)| made);
     let initial = match (options.initial_pool_size, size) {
         (Some(s), _) => human(s),
         (None, Some(s)) => format!("{} (half the free memory)", human(s)),
         (None, None) => "?".into(),
     };
-    let maximum = options
-        .maximum_pool_size
-        .map_or_else(|| "the device".into(), human);
+    let maximum_bytes = pool.map_or(options.maximum_pool_size, |(m, _)| m);
+    let maximum = match (options.maximum_pool_size, maximum_bytes) {
+        (None, Some(m)) => format!("{} ({MANAGED_POOL_DEVICE_MULTIPLE}x the device)", human(m)),
+        (_, m) => m.map_or_else(|| "the device".into(), human),
+    };
     (
         format!("initial {initial}, maximum {maximum}"),
-        size.map(|s| (s, options.maximum_pool_size)),
+        size.map(|s| (s, maximum_bytes)),
     )
 }
 
@@ -322,7 +374,20 @@ fn describe_managed_pool(
     options: &StackOptions,
     handles: &[Handle],
 ) -> Description {
-    pool_over(target, options, handles, "ManagedMemoryResource")
+    let (sizes, pool_sizes) = pool_words(options, handles);
+    let over = match (target, handles.first()) {
+        (Target::Simulated(size), Some(Handle::Simulated(sim))) => format!(
+            "managed memory: the simulated device ({}) with {} beyond it",
+            human(size),
+            host_tier_words(options, sim)
+        ),
+        _ => "cuMemAllocManaged".into(),
+    };
+    (
+        format!("coalescing pool, {sizes}, over {over}"),
+        pool_sizes,
+        None,
+    )
 }
 
 fn describe_expandable(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
@@ -433,6 +498,29 @@ fn describe_cuda_async(target: Target, _: &StackOptions, _: &[Handle]) -> Descri
     )
 }
 
-fn describe_managed(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
-    base_words(target, "cuMemAllocManaged on the current device")
+/// The host memory of a simulated managed device in words.
+fn host_tier_words(
+    options: &StackOptions,
+    sim: &crate::resource::SimulatedMemoryResource,
+) -> String {
+    match options.host_memory {
+        Some(_) => format!("{} of host memory", human(sim.host_tier())),
+        None => "unlimited host memory".into(),
+    }
+}
+
+fn describe_managed(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    match (target, handles.first()) {
+        (Target::Simulated(size), Some(Handle::Simulated(sim))) => (
+            format!(
+                "managed memory: the simulated device ({}) with {} beyond it, charged in 2 MiB \
+                 pages; bytes beyond the device are what would live in host memory",
+                human(size),
+                host_tier_words(options, sim)
+            ),
+            None,
+            None,
+        ),
+        _ => base_words(target, "cuMemAllocManaged on the current device"),
+    }
 }

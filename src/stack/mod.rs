@@ -77,6 +77,9 @@ pub struct StackOptions {
     pub statistics: bool,
     /// Track every live allocation (a `TrackingResourceAdaptor` on top, above the counts).
     pub tracking: bool,
+    /// Managed memory on a simulated device: bytes of host memory beyond the device
+    /// (default: as much as the simulated address space allows).
+    pub host_memory: Option<usize>,
 }
 
 /// Default bins of `binning`: 2^18..2^22 bytes (benchmarks.md W1).

@@ -147,7 +147,8 @@ pub fn build_step(step: &Step, below: Option<&SharedResource>) -> Result<(Shared
         )?)),
         "SimulatedMemoryResource" => {
             let size = step.int("size").unwrap_or(0);
-            let sim = Arc::new(SimulatedMemoryResource::new(size));
+            let host = step.int("host_memory").unwrap_or(0);
+            let sim = Arc::new(SimulatedMemoryResource::managed(size, host));
             Ok((sim.clone(), Handle::Simulated(sim)))
         }
         "ExpandableMemoryResource" => {

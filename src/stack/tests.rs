@@ -35,12 +35,17 @@ fn build_resource_sized(
 
 #[test]
 fn builds_simulated_resources_and_rejects_bad_names() {
-    for name in ["cuda", "cuda_async", "managed", "simulated", "CUDA-Async"] {
+    for name in ["cuda", "cuda_async", "simulated", "CUDA-Async"] {
         let built = build(name, Some(1 << 20), &StackOptions::default()).unwrap();
         assert_eq!(built.resource.name(), "simulated");
         assert!(built.simulated_device);
         assert!(built.setup.contains("charged in 2 MiB pages"));
     }
+    // Managed memory is the device with host memory beyond it: its own row.
+    let managed = build("managed", Some(1 << 20), &StackOptions::default()).unwrap();
+    assert_eq!(managed.resource.name(), "simulated_managed");
+    assert!(!managed.simulated_device);
+    assert!(managed.setup.contains("unlimited host memory beyond it"));
     let err = build("nope", Some(1), &StackOptions::default()).unwrap_err();
     assert!(err.to_string().contains("unknown resource \"nope\""));
     // Resources without a pool ignore the pool sizes, so one command line compares all.

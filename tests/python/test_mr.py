@@ -111,6 +111,25 @@ def test_allocate_deallocate_simulated(sim_mr):
     assert sim_mr.size == 1 << 30
 
 
+def test_simulated_managed_memory_spills_past_the_device_and_counts_it():
+    mib = 1 << 20
+    sim = mr.SimulatedMemoryResource("8MiB", host_memory="4MiB")
+    assert (sim.size, sim.host_memory) == (8 * mib, 4 * mib)
+    a = sim.allocate(6 * mib)
+    b = sim.allocate(4 * mib)  # 10 MiB on an 8 MiB device: 2 beyond
+    assert sim.beyond_device_bytes() == (2 * mib, 2 * mib)
+    with pytest.raises(MemoryError, match="out_of_memory"):
+        sim.allocate(4 * mib)  # 14 MiB: past device and host memory
+    sim.deallocate(a, 6 * mib)
+    assert sim.beyond_device_bytes() == (0, 2 * mib)
+    sim.deallocate(b, 4 * mib)
+    assert mr.SimulatedMemoryResource("1MiB").host_memory == 0
+    with pytest.raises(ValueError, match="larger than a simulated device"):
+        mr.SimulatedMemoryResource(1 << 50, host_memory=1 << 55)
+    with pytest.raises(OverflowError):
+        mr.SimulatedMemoryResource(1 << 20, host_memory=-1)
+
+
 def test_allocate_argument_errors(sim_mr):
     with pytest.raises(OverflowError):
         sim_mr.allocate(-1)

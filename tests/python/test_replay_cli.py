@@ -177,7 +177,8 @@ def test_compare_all_and_json_of_several_logs(capsys, tmp_path, small_log):
     other.write_text(HEADER + "\n1,t,allocate,0x10,100,0\n1,t,free,0x10,100,0\n")
     doc = replay_json(capsys, small_log, str(other), "--simulate", "1GiB", "--compare", "all")
     pairs = [(r["log"], r["resource"]) for r in doc["reports"]]
-    names = ["pool", "expandable", "binning", "arena", "fixed_size", "managed_pool", "simulated"]
+    names = ["pool", "expandable", "binning", "arena", "fixed_size", "managed", "managed_pool",
+                 "simulated"]
     assert pairs == [(small_log, n) for n in names] + [(str(other), n) for n in names]
     assert all(r["peak_bytes_in_use"] == 100 for r in doc["reports"][len(names) :])
 
@@ -447,13 +448,50 @@ def test_the_issue_log_fits_the_simulated_device_but_not_the_pool(capsys, tmp_pa
 def test_base_resources_are_one_simulated_device_row(capsys, small_log):
     doc = replay_json(capsys, small_log, "--simulate", "1GiB", "--compare",
                       "cuda,cuda_async,managed,pool")
-    assert [r["resource"] for r in doc["reports"]] == ["simulated", "pool"]
+    # cuda and cuda_async are the device itself; managed memory is its own row (the device
+    # with host memory beyond it).
+    assert [r["resource"] for r in doc["reports"]] == ["simulated", "managed", "pool"]
+    assert [r["simulated_device"] for r in doc["reports"]] == [True, False, False]
     code, out, _ = replay(capsys, small_log, "--simulate", "1GiB", "--compare", "all",
                           "--repeat", "1")
     assert code == 0
     assert out.count("simulated device") >= 2  # the row and its setup line
-    for base in ["cuda", "cuda_async", "managed"]:
+    for base in ["cuda", "cuda_async"]:
         assert not any(line.split()[:1] == [base] for line in out.splitlines())
+    assert any(line.split()[:1] == ["managed"] for line in out.splitlines())
+
+
+def test_managed_memory_on_a_simulated_device_reports_bytes_beyond_it(capsys, tmp_path):
+    mib = 1 << 20
+    log = tmp_path / "spill.csv"
+    # 6 MiB, then 4 MiB more on an 8 MiB device: 2 MiB beyond; free the 6; then 8 MiB: 4 MiB
+    # beyond (the peak), all in 2 MiB pages.
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                   f"1,t,allocate,0x1000,{6 * mib},0\n"
+                   f"1,t,allocate,0x2000,{4 * mib},0\n"
+                   f"1,t,free,0x1000,{6 * mib},0\n"
+                   f"1,t,allocate,0x3000,{8 * mib},0\n"
+                   f"1,t,free,0x2000,{4 * mib},0\n"
+                   f"1,t,free,0x3000,{8 * mib},0\n")
+    doc = replay_json(capsys, str(log), "--simulate", "8MiB", "--compare",
+                      "managed,managed_pool,simulated", "--repeat", "1")
+    managed, pool, device = doc["reports"]
+    assert managed["failed_allocations"] == 0
+    assert managed["peak_beyond_device"] == 4 * mib
+    assert pool["failed_allocations"] == 0
+    assert pool["peak_beyond_device"] is not None and pool["peak_beyond_device"] >= 4 * mib
+    assert device["failed_allocations"] == 1
+    assert device["peak_beyond_device"] is None
+    code, out, _ = replay(capsys, str(log), "--simulate", "8MiB", "--resource", "managed",
+                          "--repeat", "1")
+    assert code == 0
+    header, _, row = out.splitlines()[1:4]
+    assert header.split()[-1] == "beyond"
+    assert row.split()[-2:] == ["4.00", "MiB"]
+    # A host tier too small for the peak: the allocation that passes it fails.
+    doc = replay_json(capsys, str(log), "--simulate", "8MiB", "--resource", "managed",
+                      "--host-memory", "2MiB", "--repeat", "1")
+    assert doc["reports"][0]["failure_events"] == [3]
 
 
 def test_repeated_timings_with_spread_in_the_json(capsys, small_log):
