@@ -24,6 +24,7 @@ mod device_buffer;
 mod error;
 pub mod live;
 pub mod os;
+pub mod pressure;
 pub mod replay;
 pub mod report;
 pub mod resource;
@@ -33,8 +34,8 @@ mod sync;
 
 pub use adaptor::{
     AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,
-    LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor, Statistics,
-    StatisticsResourceAdaptor, TrackingResourceAdaptor,
+    FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
@@ -48,13 +49,13 @@ pub use live::LiveAllocations;
 pub use report::{Footprint, MemoryStats, PoolReport, SegmentInfo};
 pub use resource::{
     CallProfile, CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource,
-    CudaAsyncViewMemoryResource, CudaMemoryResource, ManagedMemoryResource, MemoryKind,
-    MemoryResource, PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource,
-    SystemMemoryResource, ALLOCATION_ALIGNMENT,
+    CudaAsyncViewMemoryResource, CudaMemoryResource, MemoryKind, MemoryResource,
+    PinnedHostMemoryResource, SharedResource, SimulatedMemoryResource, SystemMemoryResource,
+    ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
-    StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, ManagedMemoryResource,
+    ManagedOptions, PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

@@ -20,10 +20,10 @@ use rrmm::resource::CallbackMemoryResource;
 use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
     AlignedResourceAdaptor, BinningMemoryResource, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryKind,
-    MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
-    SimulatedMemoryResource, StatisticsResourceAdaptor, Stream, SystemMemoryResource,
-    TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
+    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, Stream,
+    SystemMemoryResource, TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -399,6 +399,17 @@ conformance!(pool, [], Stream::DEFAULT, {
         |r| r.upstream().clone(),
     );
     (case.oom_size, case.oom_count) = (64 * MIB, 16);
+    case
+});
+
+// The managed-memory cache over a simulated device (its own growth, reuse and give-back; on the
+// GPU below over cuMemAllocManaged).
+conformance!(managed_cache, [], Stream::DEFAULT, {
+    let mut case = adaptor(
+        |up| ManagedMemoryResource::over(up, Some(64 * MIB)),
+        |r| r.source().clone(),
+    );
+    (case.oom_size, case.oom_count) = (64 * MIB, 32);
     case
 });
 

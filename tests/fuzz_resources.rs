@@ -134,6 +134,16 @@ fn stacks() -> Vec<Stack> {
             true,
         ),
         s(
+            "managed cache",
+            |up| {
+                Ok(Arc::new(rrmm::ManagedMemoryResource::over(
+                    up,
+                    Some(8 << 20),
+                )))
+            },
+            true,
+        ),
+        s(
             "checked(simulated)",
             |up| Ok(Arc::new(CheckedResourceAdaptor::new(up))),
             true,

@@ -6,6 +6,7 @@ from typing import Any, Literal, SupportsIndex, TypeAlias, final
 
 from typing_extensions import Buffer, Self, disjoint_base
 
+from rrmm._counts import FallbackCounts
 from rrmm._replay_types import FitRecord, ReplayRecord
 
 __version__: str
@@ -25,6 +26,7 @@ __all__ = [
     "DeviceMemoryResource",
     "ExpandableMemoryResource",
     "FailureCallbackResourceAdaptor",
+    "FallbackResourceAdaptor",
     "FixedSizeMemoryResource",
     "HookAllocation",
     "LimitingResourceAdaptor",
@@ -76,6 +78,7 @@ __all__ = [
     "is_initialized",
     "parse_bytes",
     "pinned_allocate",
+    "release_caches",
     "replay_gpu_available",
     "replay_logs",
     "replay_resource_names",
@@ -130,7 +133,16 @@ class CudaMemoryResource(DeviceMemoryResource):
 
 @final
 class ManagedMemoryResource(DeviceMemoryResource):
-    def __new__(cls) -> ManagedMemoryResource: ...
+    def __new__(
+        cls, *, cache_limit: _Bytes | None = None, placement: bool = True
+    ) -> ManagedMemoryResource: ...
+    def release(self) -> int: ...
+    def cached_bytes(self) -> int: ...
+    def held_bytes(self) -> int: ...
+    @property
+    def cache_limit(self) -> int: ...
+    @property
+    def placement(self) -> bool: ...
 
 class SystemMemoryResource(DeviceMemoryResource):
     def __new__(cls) -> Self: ...
@@ -278,6 +290,19 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
     def bin_mrs(self) -> list[DeviceMemoryResource]: ...
 
 @final
+class FallbackResourceAdaptor(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        alternate_mr: DeviceMemoryResource | None = None,
+        *,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> FallbackResourceAdaptor: ...
+    @property
+    def alternate_mr(self) -> DeviceMemoryResource: ...
+    def counts(self) -> FallbackCounts: ...
+
+@final
 class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
@@ -375,6 +400,7 @@ def has_per_device_resource(device: int) -> bool: ...
 def _current_device() -> int: ...
 def _set_device(device: int) -> None: ...
 def available_device_memory() -> tuple[int, int]: ...
+def release_caches(device: int | None = None) -> int: ...
 def device_memory_info(device: int) -> tuple[int, int]: ...
 def driver_available() -> bool: ...
 def driver_error() -> str | None: ...

@@ -36,5 +36,14 @@ def build(kind: str, *, simulate: int | None = None, **options: Any) -> _mr.Devi
     top: Any = None
     for class_name, kwargs in _rrmm._stack_plan(kind, simulate=simulate, **options):
         cls = getattr(_mr, class_name)
+        kwargs = {k: _resource(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
         top = cls(**kwargs) if top is None else cls(top, **kwargs)
     return top
+
+
+def _resource(step: tuple[str, dict[str, Any]]) -> _mr.DeviceMemoryResource:
+    """A resource argument of a step (a fallback's alternate): a base resource, built from its
+    own ``(class, kwargs)``."""
+    class_name, kwargs = step
+    resource: _mr.DeviceMemoryResource = getattr(_mr, class_name)(**kwargs)
+    return resource

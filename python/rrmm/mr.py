@@ -18,6 +18,7 @@ from rrmm._rrmm import (
     DeviceMemoryResource,
     ExpandableMemoryResource,
     FailureCallbackResourceAdaptor,
+    FallbackResourceAdaptor,
     FixedSizeMemoryResource,
     LimitingResourceAdaptor,
     ManagedMemoryResource,
@@ -34,6 +35,7 @@ from rrmm._rrmm import (
     get_current_device_resource,
     get_per_device_resource,
     is_initialized,
+    release_caches,
     set_current_device_resource,
     set_per_device_resource,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "DeviceMemoryResource",
     "ExpandableMemoryResource",
     "FailureCallbackResourceAdaptor",
+    "FallbackResourceAdaptor",
     "FixedSizeMemoryResource",
     "LimitingResourceAdaptor",
     "LoggingResourceAdaptor",
@@ -74,6 +77,7 @@ __all__ = [
     "get_per_device_resource",
     "get_per_device_resource_type",
     "is_initialized",
+    "release_caches",
     "set_current_device_resource",
     "set_per_device_resource",
 ]

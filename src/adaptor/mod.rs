@@ -44,6 +44,7 @@ macro_rules! forward_upstream_info {
 mod aligned;
 mod checked;
 mod failure_callback;
+mod fallback;
 mod limiting;
 mod log_row;
 mod logging;
@@ -54,6 +55,7 @@ mod tracking;
 pub use aligned::AlignedResourceAdaptor;
 pub use checked::CheckedResourceAdaptor;
 pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
+pub use fallback::{FallbackCounts, FallbackResourceAdaptor};
 pub use limiting::LimitingResourceAdaptor;
 pub use log_row::LOG_HEADER;
 pub use logging::LoggingResourceAdaptor;

@@ -84,7 +84,7 @@ mod tests {
 #[cfg(test)]
 mod gpu_tests {
     use super::*;
-    use crate::resource::ManagedMemoryResource;
+    use crate::resource::UncachedManagedMemoryResource;
     use std::sync::Arc;
 
     /// The allocation is prefetched to the resource's device: the driver reports it as the
@@ -92,7 +92,7 @@ mod gpu_tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn prefetches_managed_memory_on_the_gpu() {
-        let managed = ManagedMemoryResource::new().unwrap();
+        let managed = UncachedManagedMemoryResource::new().unwrap();
         let device = managed.device().unwrap();
         let managed: SharedResource = Arc::new(managed);
         let mr = PrefetchResourceAdaptor::new(managed);

@@ -78,3 +78,13 @@ fn lookup<F: Copy>(symbol: &'static str, version: i32) -> Result<F> {
     // signature the callers give as the driver documents it for `symbol`.
     Ok(unsafe { std::mem::transmute_copy::<*mut std::ffi::c_void, F>(&pointer) })
 }
+
+/// `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`.
+const CONCURRENT_MANAGED_ACCESS: i32 = 89;
+
+/// Whether device `ordinal` can use managed memory at the same time as the host, which
+/// prefetching and placement advice need (Linux on Pascal and newer; not Windows); false
+/// without a driver.
+pub fn concurrent_managed_access(ordinal: usize) -> bool {
+    device_attribute(CONCURRENT_MANAGED_ACCESS, ordinal).is_ok_and(|v| v != 0)
+}

@@ -260,6 +260,38 @@ pub unsafe fn mem_prefetch_async(
     })
 }
 
+/// Advises the driver to keep managed memory at `ptr` (`bytes` long) in host memory
+/// (`CU_MEM_ADVISE_SET_PREFERRED_LOCATION` to the CPU) and to map it for device `ordinal`
+/// (`CU_MEM_ADVISE_SET_ACCESSED_BY`), so that the device reads and writes it over the link
+/// instead of migrating its pages back and forth.
+///
+/// # Safety
+/// `ptr` is managed memory valid for `bytes` bytes.
+pub unsafe fn mem_advise_host_resident(ptr: usize, bytes: usize, ordinal: usize) -> Result<()> {
+    let device = device_handle(ordinal)?;
+    let _ctx = super::ContextGuard::new(ordinal)?;
+    /// `CU_DEVICE_CPU`: the host, as a device of the advice calls.
+    const CU_DEVICE_CPU: sys::CUdevice = -1;
+    // SAFETY: the caller's contract; advice changes no data, only where pages live.
+    check("cuMemAdvise", unsafe {
+        sys::cuMemAdvise(
+            ptr as sys::CUdeviceptr,
+            bytes,
+            sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+            CU_DEVICE_CPU,
+        )
+    })?;
+    // SAFETY: as above.
+    check("cuMemAdvise", unsafe {
+        sys::cuMemAdvise(
+            ptr as sys::CUdeviceptr,
+            bytes,
+            sys::CUmem_advise::CU_MEM_ADVISE_SET_ACCESSED_BY,
+            device,
+        )
+    })
+}
+
 /// The device that managed memory at `ptr` (`bytes` long) was last prefetched to
 /// (`CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`): a device ordinal, -1 for the host, -2 when
 /// it was never prefetched or the range's parts differ.

@@ -4,9 +4,9 @@
 
 use crate::adaptor::{
     AlignedResourceAdaptor as RsAligned, FailureCallbackResourceAdaptor as RsFailureCallback,
-    LimitingResourceAdaptor as RsLimiting, LoggingResourceAdaptor as RsLogging,
-    PrefetchResourceAdaptor as RsPrefetch, StatisticsResourceAdaptor as RsStatisticsAdaptor,
-    TrackingResourceAdaptor as RsTracking,
+    FallbackResourceAdaptor as RsFallback, LimitingResourceAdaptor as RsLimiting,
+    LoggingResourceAdaptor as RsLogging, PrefetchResourceAdaptor as RsPrefetch,
+    StatisticsResourceAdaptor as RsStatisticsAdaptor, TrackingResourceAdaptor as RsTracking,
 };
 use crate::MemoryResource;
 use pyo3::exceptions::PyTypeError;
@@ -15,7 +15,7 @@ use pyo3::PyClass;
 use std::sync::Arc;
 
 use super::callable_ref::CallableRef;
-use super::convert::bytes_arg;
+use super::convert::{bytes_arg, upstream_arg};
 use super::errors::{callback_error, py_result};
 use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
@@ -240,6 +240,72 @@ impl FailureCallbackResourceAdaptor {
     }
 }
 
+/// rrmm: serves from `upstream_mr` and, when it is out of memory, from `alternate_mr` (default:
+/// a new `ManagedMemoryResource`) instead of raising `MemoryError`; `counts()` says what went
+/// where.
+#[pyclass(module = "rrmm.mr", name = "FallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
+pub(crate) struct FallbackResourceAdaptor {
+    fallback: Arc<RsFallback>,
+    alternate: Py<DeviceMemoryResource>,
+}
+
+#[pymethods]
+impl FallbackResourceAdaptor {
+    #[new]
+    #[pyo3(signature = (upstream_mr=None, alternate_mr=None, *, upstream=None))]
+    fn new(
+        py: Python<'_>,
+        upstream_mr: Option<&Bound<'_, PyAny>>,
+        alternate_mr: Option<&Bound<'_, PyAny>>,
+        upstream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let (up, upstream) = upstream_of(upstream_mr, upstream)?;
+        let (alternate, alternate_rs) = match alternate_mr {
+            Some(a) if !a.is_none() => upstream_arg(a)?,
+            _ => {
+                let managed = py
+                    .import("rrmm.mr")?
+                    .getattr("ManagedMemoryResource")?
+                    .call0()?;
+                upstream_arg(&managed)?
+            }
+        };
+        let fallback = RsFallback::new(upstream, alternate_rs);
+        Ok(adaptor_keeping(up, fallback, |fallback| {
+            FallbackResourceAdaptor {
+                fallback,
+                alternate,
+            }
+        }))
+    }
+
+    /// The garbage collector's view of the alternate this object holds.
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.alternate)
+    }
+
+    /// The resource used when the upstream is out of memory.
+    #[getter]
+    fn alternate_mr(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
+        self.alternate.clone_ref(py)
+    }
+
+    /// What went where: allocations and bytes held now by the upstream and the alternate, the
+    /// alternate's peak bytes, and how many allocations fell back or failed in both, ever.
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let c = self.fallback.counts();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("upstream_allocations", c.upstream_allocations)?;
+        d.set_item("upstream_bytes", c.upstream_bytes)?;
+        d.set_item("alternate_allocations", c.alternate_allocations)?;
+        d.set_item("alternate_bytes", c.alternate_bytes)?;
+        d.set_item("alternate_peak_bytes", c.alternate_peak_bytes)?;
+        d.set_item("fallbacks", c.fallbacks)?;
+        d.set_item("failures", c.failures)?;
+        Ok(d)
+    }
+}
+
 /// Prefetches every allocation to the device on its stream (RMM's `PrefetchResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "PrefetchResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct PrefetchResourceAdaptor;
@@ -298,6 +364,7 @@ impl AlignedResourceAdaptor {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LimitingResourceAdaptor>()?;
+    m.add_class::<FallbackResourceAdaptor>()?;
     m.add_class::<LoggingResourceAdaptor>()?;
     m.add_class::<StatisticsResourceAdaptor>()?;
     m.add_class::<TrackingResourceAdaptor>()?;

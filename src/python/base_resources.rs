@@ -4,11 +4,14 @@
 use crate::cuda::{PoolExport, Stream as RawStream};
 use crate::resource::{
     CallbackMemoryResource as RsCallback, CudaAsyncMemoryResource as RsCudaAsync,
-    CudaAsyncViewMemoryResource as RsCudaAsyncView, CudaMemoryResource as RsCuda,
-    ManagedMemoryResource as RsManaged, MemoryKind, PinnedHostMemoryResource as RsPinned,
-    SimulatedMemoryResource as RsSimulated, SystemMemoryResource as RsSystem,
+    CudaAsyncViewMemoryResource as RsCudaAsyncView, CudaMemoryResource as RsCuda, MemoryKind,
+    PinnedHostMemoryResource as RsPinned, SimulatedMemoryResource as RsSimulated,
+    SystemMemoryResource as RsSystem,
 };
-use crate::{CheckedResourceAdaptor, MemoryResource, SharedResource};
+use crate::{
+    CheckedResourceAdaptor, ManagedMemoryResource as RsManaged, ManagedOptions, MemoryResource,
+    SharedResource,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -49,9 +52,84 @@ driver_resource! {
     CudaMemoryResource(RsCuda)
 }
 
-driver_resource! {
-    /// Managed (unified) memory of the current device.
-    ManagedMemoryResource(RsManaged)
+/// Managed (unified) memory of the current device: allocations can exceed the device. rrmm
+/// keeps freed ranges for reuse (at most `cache_limit` bytes, default a quarter of the device's
+/// memory; 0 for none, as RMM) and places fresh ones (`placement`: prefetched to the device
+/// while it has room, else kept in host memory and mapped for the device).
+#[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct ManagedMemoryResource {
+    /// The cache; `None` for an object made around a resource set from Rust.
+    managed: Option<RsManaged>,
+}
+
+impl ManagedMemoryResource {
+    /// The object for a managed resource set from Rust (its cache is not reachable from here).
+    pub(crate) fn unknown() -> Self {
+        ManagedMemoryResource { managed: None }
+    }
+
+    fn cache(&self) -> PyResult<&RsManaged> {
+        self.managed.as_ref().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err(
+                "this ManagedMemoryResource was set from Rust; its cache is not reachable here",
+            )
+        })
+    }
+}
+
+#[pymethods]
+impl ManagedMemoryResource {
+    #[new]
+    #[pyo3(signature = (*, cache_limit=None, placement=true))]
+    fn new(
+        py: Python<'_>,
+        cache_limit: Option<&Bound<'_, PyAny>>,
+        placement: bool,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let cache_limit = opt_bytes_arg(cache_limit, "cache_limit")?;
+        let options = ManagedOptions {
+            cache_limit,
+            placement,
+        };
+        let managed = py_result(py.detach(|| RsManaged::with_options(options)))?;
+        let shared: SharedResource = Arc::new(managed.clone());
+        Ok(sub(
+            ManagedMemoryResource {
+                managed: Some(managed),
+            },
+            shared,
+        ))
+    }
+
+    /// rrmm: gives every cached range back (synchronizing the device first); the bytes given
+    /// back.
+    fn release(&self, py: Python<'_>) -> PyResult<usize> {
+        let managed = self.cache()?;
+        py_result(py.detach(|| managed.release()))
+    }
+
+    /// rrmm: bytes kept free for reuse now.
+    fn cached_bytes(&self) -> PyResult<usize> {
+        Ok(self.cache()?.cached_bytes())
+    }
+
+    /// rrmm: bytes held from the driver (handed out and cached).
+    fn held_bytes(&self) -> PyResult<usize> {
+        Ok(self.cache()?.held_bytes())
+    }
+
+    /// rrmm: the most bytes kept free for reuse.
+    #[getter]
+    fn cache_limit(&self) -> PyResult<usize> {
+        Ok(self.cache()?.cache_limit())
+    }
+
+    /// rrmm: whether fresh ranges are placed (prefetched to the device, or kept on the host
+    /// and mapped once the device is full).
+    #[getter]
+    fn placement(&self) -> PyResult<bool> {
+        Ok(self.cache()?.placement())
+    }
 }
 
 /// Pageable host memory from the system allocator (HMM/ATS systems can use it on the GPU).

@@ -25,6 +25,15 @@ fn device_memory_info(py: Python<'_>, device: usize) -> PyResult<(usize, usize)>
     py_result(py.detach(|| crate::cuda::device_memory_info(device)))
 }
 
+/// rrmm: every managed-memory cache of device `device` (default: the current one) gives back
+/// what it keeps (as when an allocation there runs out of memory); the bytes given back.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn release_caches(py: Python<'_>, device: Option<usize>) -> usize {
+    let device = device.unwrap_or_else(crate::current_device_ordinal);
+    py.detach(|| crate::pressure::relieve(crate::pressure::Place::Device(device)))
+}
+
 /// Makes device `device` current on this thread (CUDA's `setDevice`).
 #[pyfunction]
 fn _set_device(device: usize) -> PyResult<()> {
@@ -68,6 +77,7 @@ fn device_name(device: usize) -> PyResult<String> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_current_device, m)?)?;
     m.add_function(wrap_pyfunction!(available_device_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(release_caches, m)?)?;
     m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(_set_device, m)?)?;
     m.add_function(wrap_pyfunction!(driver_available, m)?)?;

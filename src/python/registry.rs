@@ -32,7 +32,7 @@ fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>
         "cuda" => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()
             .unbind(),
-        "managed" => Bound::new(py, base_init.add_subclass(ManagedMemoryResource))?
+        "managed" => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
             .into_super()
             .unbind(),
         _ => Py::new(py, base_init)?,

@@ -2,7 +2,7 @@
 //! `python/rrmm/_stack.py` to build with the `rrmm.mr` classes.
 
 use super::errors::py_result;
-use crate::stack::{plan, Arg, StackOptions, Target, KINDS};
+use crate::stack::{plan, Arg, StackOptions, Step, Target, KINDS};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -48,23 +48,42 @@ fn _stack_plan<'py>(
     let plan = py_result(plan(kind, Target::from_simulate(simulate), &options))?;
     let steps = PyList::empty(py);
     for step in &plan.steps {
-        let kwargs = PyDict::new(py);
-        for (name, value) in &step.args {
-            match value {
-                Arg::Int(v) => kwargs.set_item(name, v)?,
-                Arg::OptInt(v) => kwargs.set_item(name, v)?,
-                Arg::Exponent(v) => kwargs.set_item(name, v)?,
-                Arg::Bool(v) => kwargs.set_item(name, v)?,
-                Arg::Text(v) => kwargs.set_item(name, v)?,
-                Arg::OptText(v) => kwargs.set_item(name, v)?,
-            }
-        }
-        steps.append(PyTuple::new(
-            py,
-            [step.class.into_pyobject(py)?.into_any(), kwargs.into_any()],
-        )?)?;
+        steps.append(step_tuple(py, step)?)?;
     }
     Ok(steps)
+}
+
+/// A step as Python builds it: `(class, kwargs)`; a resource argument is such a pair itself
+/// (steps nest one level: a fallback's alternate is a base resource).
+fn step_tuple<'py>(py: Python<'py>, step: &Step) -> PyResult<Bound<'py, PyTuple>> {
+    let kwargs = PyDict::new(py);
+    for (name, value) in &step.args {
+        match value {
+            Arg::Int(v) => kwargs.set_item(name, v)?,
+            Arg::OptInt(v) => kwargs.set_item(name, v)?,
+            Arg::Exponent(v) => kwargs.set_item(name, v)?,
+            Arg::Bool(v) => kwargs.set_item(name, v)?,
+            Arg::Text(v) => kwargs.set_item(name, v)?,
+            Arg::OptText(v) => kwargs.set_item(name, v)?,
+            Arg::Resource(inner) => match inner
+                .args
+                .iter()
+                .any(|(_, a)| matches!(a, Arg::Resource(_)))
+            {
+                // One level only: no recursion over nested steps.
+                true => {
+                    return Err(pyo3::exceptions::PyValueError::new_err(
+                        "a stack step's resource argument has a resource argument itself",
+                    ))
+                }
+                false => kwargs.set_item(name, step_tuple(py, inner)?)?,
+            },
+        }
+    }
+    PyTuple::new(
+        py,
+        [step.class.into_pyobject(py)?.into_any(), kwargs.into_any()],
+    )
 }
 
 /// The stack kinds' names and one-line summaries.

@@ -199,8 +199,13 @@ impl ReplayRecord {
 pub(crate) fn managed_device(
     built: &crate::stack::BuiltStack,
 ) -> Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>> {
+    use crate::stack::Handle;
     built.handles.iter().find_map(|h| match h {
-        crate::stack::Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+        Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+        Handle::Fallback(_, alternate) => match alternate.as_ref() {
+            Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+            _ => None,
+        },
         _ => None,
     })
 }

@@ -56,15 +56,21 @@ impl PoolAllocator {
         if bytes == 0 {
             return Ok(0);
         }
-        let _ctx = ContextGuard::new(self.device)?;
-        self.pool.allocate(bytes, stream).map_err(|e| match e {
-            Error::Cuda {
-                call,
-                name,
-                description,
-                ..
-            } => Error::out_of_memory(bytes, format!("CUDA error at {call}: {name} {description}")),
-            other => other,
+        // Out of memory relieves the device's caches and tries once more.
+        crate::pressure::retry_after_relief(crate::pressure::Place::Device(self.device), || {
+            let _ctx = ContextGuard::new(self.device)?;
+            self.pool.allocate(bytes, stream).map_err(|e| match e {
+                Error::Cuda {
+                    call,
+                    name,
+                    description,
+                    ..
+                } => Error::out_of_memory(
+                    bytes,
+                    format!("CUDA error at {call}: {name} {description}"),
+                ),
+                other => other,
+            })
         })
     }
 

@@ -1,10 +1,11 @@
 //! The shared implementation of the resources that take every allocation straight from one
 //! driver call on one device and free it with `cuMemFree`: [`CudaMemoryResource`]
-//! (`cuMemAlloc`) and [`ManagedMemoryResource`] (`cuMemAllocManaged`). Each of those files
-//! names its driver call; everything else is here, once.
+//! (`cuMemAlloc`) and [`UncachedManagedMemoryResource`] (`cuMemAllocManaged`). Each of those
+//! files names its driver call; everything else is here, once. An allocation that fails for
+//! want of memory relieves the device's caches ([`crate::pressure`]) and is tried once more.
 //!
 //! [`CudaMemoryResource`]: super::CudaMemoryResource
-//! [`ManagedMemoryResource`]: super::ManagedMemoryResource
+//! [`UncachedManagedMemoryResource`]: super::UncachedManagedMemoryResource
 
 use super::{MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
@@ -34,7 +35,7 @@ pub trait DirectAllocator: sealed::Sealed + Send + Sync + 'static {
 
 /// Memory from the driver call `A` on one device; every call synchronises the device. Use it
 /// through its names, [`CudaMemoryResource`](super::CudaMemoryResource) and
-/// [`ManagedMemoryResource`](super::ManagedMemoryResource).
+/// [`UncachedManagedMemoryResource`](super::UncachedManagedMemoryResource).
 pub struct DirectMemoryResource<A> {
     device: usize,
     _alloc: PhantomData<fn() -> A>,
@@ -85,8 +86,10 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         if bytes == 0 {
             return Ok(0);
         }
-        let _ctx = ContextGuard::new(self.device)?;
-        A::alloc(bytes)
+        crate::pressure::retry_after_relief(crate::pressure::Place::Device(self.device), || {
+            let _ctx = ContextGuard::new(self.device)?;
+            A::alloc(bytes)
+        })
     }
 
     unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The [`MemoryResource`] trait and the base resources, one per file.
 
+mod address_ranges;
 mod callback;
 mod cuda;
 mod cuda_async;
@@ -18,7 +19,10 @@ pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
-pub use managed::{ManagedAlloc, ManagedMemoryResource};
+pub use managed::{
+    placement_for, ManagedAlloc, Placement, UncachedManagedMemoryResource,
+    PLACEMENT_HEADROOM_DIVISOR,
+};
 pub use pinned_host::PinnedHostMemoryResource;
 pub use simulated::{
     SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,

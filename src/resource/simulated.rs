@@ -8,11 +8,12 @@
 //! which the driver packs into shared pages) and places it in an address space at least 64 times
 //! the capacity, so placement never decides whether an allocation succeeds.
 
+use super::address_ranges::AddressRanges;
 use super::{align_up, Footprint, MemoryKind, MemoryResource, PoolReport, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
 /// Every simulated address (of simulated devices and simulated virtual memory) is at least this:
 /// 2^56, above every user-space address a process can have (x86-64 gives user space 47 bits,
@@ -21,8 +22,24 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// above.
 pub const SIMULATED_ADDRESS_BASE: usize = 1 << 56;
 
-/// First address handed out.
-const BASE_ADDRESS: usize = SIMULATED_ADDRESS_BASE;
+/// The end of the simulated devices' addresses (simulated virtual memory lies above).
+const ADDRESS_END: usize = 1 << 62;
+
+/// The windows of the simulated address space the live devices hold: each device takes its own
+/// (its whole address space), so no two live devices hand out the same address (a fallback's
+/// upstream and alternate, or a cache and the device beneath, stay told apart by address).
+static WINDOWS: parking_lot::Mutex<Option<AddressRanges>> = parking_lot::Mutex::new(None);
+
+/// A window of `len` bytes of simulated addresses; `None` when the space is used up (then the
+/// device shares the first window, as every device did before windows).
+fn take_window(len: usize) -> Option<usize> {
+    let mut windows = WINDOWS.lock();
+    windows
+        .get_or_insert_with(|| {
+            AddressRanges::new(SIMULATED_ADDRESS_BASE, ADDRESS_END - SIMULATED_ADDRESS_BASE)
+        })
+        .place(len)
+}
 
 /// The largest address space, so it stays below simulated virtual memory's (2^62).
 const MAX_ADDRESS_SPACE: usize = 1 << 61;
@@ -61,17 +78,19 @@ const MIN_ADDRESS_SPACE: usize = 1 << 40;
 #[derive(Debug)]
 pub struct SimulatedMemoryResource {
     size: usize,
+    /// The first address of the device's window, and whether it holds the window (to give it
+    /// back when it drops).
+    base: usize,
+    owns_window: bool,
     /// Bytes of host memory managed allocations may use beyond the device (0: a plain device).
     host_tier: usize,
     state: Mutex<SimulatedState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SimulatedState {
-    /// Free address ranges by address: start -> length.
-    free_by_address: BTreeMap<usize, usize>,
-    /// Free address ranges by (length, start), for best fit.
-    free_by_size: BTreeSet<(usize, usize)>,
+    /// Free addresses of the device's window.
+    ranges: AddressRanges,
     /// Live allocations: start -> (256-rounded request, bytes charged).
     live: HashMap<usize, (usize, usize)>,
     /// Bytes charged to live allocations.
@@ -98,7 +117,7 @@ fn address_space(size: usize) -> usize {
 impl SimulatedMemoryResource {
     /// The pretend addresses this device may hand out (pointers to check copies against).
     pub fn address_range(&self) -> std::ops::Range<usize> {
-        BASE_ADDRESS..BASE_ADDRESS + address_space(self.size)
+        self.base..self.base + address_space(self.size + self.host_tier)
     }
 
     /// A pretend device of `size` bytes (rounded down to 256, and to at most
@@ -113,13 +132,19 @@ impl SimulatedMemoryResource {
         let size = size.min(MAX_SIMULATED_SIZE) & !(ALLOCATION_ALIGNMENT - 1);
         let host_tier = host_tier.min(MAX_SIMULATED_SIZE - size) & !(ALLOCATION_ALIGNMENT - 1);
         let space = address_space(size.saturating_add(host_tier));
-        let mut state = SimulatedState::default();
-        state.free_by_address.insert(BASE_ADDRESS, space);
-        state.free_by_size.insert((space, BASE_ADDRESS));
+        let window = take_window(space);
+        let base = window.unwrap_or(SIMULATED_ADDRESS_BASE);
         SimulatedMemoryResource {
             size,
+            base,
+            owns_window: window.is_some(),
             host_tier,
-            state: Mutex::new(state),
+            state: Mutex::new(SimulatedState {
+                ranges: AddressRanges::new(base, space),
+                live: HashMap::new(),
+                in_use: 0,
+                peak: 0,
+            }),
         }
     }
 
@@ -170,45 +195,9 @@ impl SimulatedMemoryResource {
     }
 }
 
-impl SimulatedState {
-    /// Takes `len` bytes of address space (best fit); `None` if no range is that large.
-    fn place(&mut self, len: usize) -> Option<usize> {
-        let &(range, start) = self.free_by_size.range((len, 0)..).next()?;
-        self.free_by_size.remove(&(range, start));
-        self.free_by_address.remove(&start);
-        if range > len {
-            self.free_by_address.insert(start + len, range - len);
-            self.free_by_size.insert((range - len, start + len));
-        }
-        Some(start)
-    }
-
-    /// Returns `[start, start + len)` to the address space, merging with its neighbours.
-    fn unplace(&mut self, mut start: usize, mut len: usize) {
-        if let Some((&prev, &prev_len)) = self.free_by_address.range(..start).next_back() {
-            if prev + prev_len == start {
-                self.free_by_address.remove(&prev);
-                self.free_by_size.remove(&(prev_len, prev));
-                start = prev;
-                len += prev_len;
-            }
-        }
-        if let Some(&next_len) = self.free_by_address.get(&(start + len)) {
-            let next = start + len;
-            self.free_by_address.remove(&next);
-            self.free_by_size.remove(&(next_len, next));
-            len += next_len;
-        }
-        self.free_by_address.insert(start, len);
-        self.free_by_size.insert((len, start));
-    }
-}
-
-impl MemoryResource for SimulatedMemoryResource {
-    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
-        if bytes == 0 {
-            return Ok(0);
-        }
+impl SimulatedMemoryResource {
+    /// One try of an allocation of `bytes` (> 0).
+    fn allocate_once(&self, bytes: usize) -> Result<usize> {
         let (Some(rounded), Some(charged)) = (align_up(bytes, ALLOCATION_ALIGNMENT), charge(bytes))
         else {
             return Err(Error::out_of_memory(
@@ -235,7 +224,7 @@ impl MemoryResource for SimulatedMemoryResource {
                 ),
             ));
         }
-        let Some(start) = s.place(rounded) else {
+        let Some(start) = s.ranges.place(rounded) else {
             // Unreachable while the address space is 64x the capacity; reported honestly.
             return Err(Error::out_of_memory(
                 bytes,
@@ -246,6 +235,31 @@ impl MemoryResource for SimulatedMemoryResource {
         s.in_use += charged;
         s.peak = s.peak.max(s.in_use);
         Ok(start)
+    }
+}
+
+impl Drop for SimulatedMemoryResource {
+    fn drop(&mut self) {
+        if self.owns_window {
+            let space = address_space(self.size + self.host_tier);
+            if let Some(windows) = WINDOWS.lock().as_mut() {
+                windows.unplace(self.base, space);
+            }
+        }
+    }
+}
+
+impl MemoryResource for SimulatedMemoryResource {
+    /// Out of memory relieves the caches over this device ([`crate::pressure`]) and tries once
+    /// more, as the CUDA resources do.
+    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        crate::pressure::retry_after_relief(
+            crate::pressure::Place::Simulated(self.identity()),
+            || self.allocate_once(bytes),
+        )
     }
 
     /// Checked: a pointer that is not live, or a size that rounds differently from the
@@ -269,7 +283,7 @@ impl MemoryResource for SimulatedMemoryResource {
         }
         s.live.remove(&ptr);
         s.in_use -= charged;
-        s.unplace(ptr, rounded);
+        s.ranges.unplace(ptr, rounded);
         Ok(())
     }
 
@@ -423,5 +437,24 @@ mod tests {
         assert!(mr.owns(again));
         free(&mr, again, 1 << 20).unwrap();
         assert_eq!(mr.live_allocations(), 0);
+    }
+
+    #[test]
+    fn live_devices_never_share_an_address_and_windows_come_back() {
+        let a = SimulatedMemoryResource::new(GIB);
+        let b = SimulatedMemoryResource::managed(GIB, GIB);
+        let (ra, rb) = (a.address_range(), b.address_range());
+        assert!(ra.end <= rb.start || rb.end <= ra.start, "{ra:?} {rb:?}");
+        assert!(ra.start >= SIMULATED_ADDRESS_BASE && rb.end <= ADDRESS_END);
+        let p = a.allocate(4096, Stream::DEFAULT).unwrap();
+        let q = b.allocate(4096, Stream::DEFAULT).unwrap();
+        assert!(ra.contains(&p) && rb.contains(&q));
+        free(&a, p, 4096).unwrap();
+        free(&b, q, 4096).unwrap();
+        // Many devices made and dropped do not use the space up.
+        for _ in 0..10_000 {
+            let d = SimulatedMemoryResource::new(1 << 40);
+            assert!(d.owns_window);
+        }
     }
 }

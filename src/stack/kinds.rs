@@ -82,6 +82,13 @@ pub const KINDS: &[Kind] = &[
         describe: describe_managed_pool,
     },
     Kind {
+        name: "fallback",
+        summary: "coalescing pool over the device that falls back to managed memory when the \
+                  device is full (--initial-pool-size, --maximum-pool-size)",
+        plan: plan_fallback,
+        describe: describe_fallback,
+    },
+    Kind {
         name: "simulated",
         summary: "the simulated device itself (--simulate): 2 MiB pages, never fragments",
         plan: plan_simulated,
@@ -169,6 +176,49 @@ fn device_total(target: Target) -> Result<usize> {
     }
 }
 
+/// The pool over the device, falling back to managed memory (on a simulated device: host
+/// memory beyond it, counted as bytes beyond the device).
+fn plan_fallback(target: Target, options: &StackOptions) -> Result<Plan> {
+    let alternate = match target {
+        Target::Device => Step::new("ManagedMemoryResource"),
+        Target::Simulated(_) => Step::new("SimulatedMemoryResource")
+            .arg("size", Arg::Int(0))
+            .arg(
+                "host_memory",
+                Arg::Int(
+                    options
+                        .host_memory
+                        .unwrap_or(crate::resource::MAX_SIMULATED_SIZE),
+                ),
+            ),
+    };
+    Ok(suballocator(
+        "fallback",
+        vec![
+            device(target, "CudaMemoryResource"),
+            pool_step(options),
+            Step::new("FallbackResourceAdaptor")
+                .arg("alternate_mr", Arg::Resource(Box::new(alternate))),
+        ],
+    ))
+}
+
+fn describe_fallback(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let (pool, sizes, _) = pool_over(target, options, handles, "CudaMemoryResource");
+    let alternate = match target {
+        Target::Device => "managed memory".to_string(),
+        Target::Simulated(_) => match options.host_memory {
+            Some(h) => format!("{} of host memory", human(h)),
+            None => "unlimited host memory".into(),
+        },
+    };
+    (
+        format!("{pool}, falling back to {alternate} when the device is full"),
+        sizes,
+        None,
+    )
+}
+
 fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     let maximum = match options.maximum_pool_size {
         Some(m) => m,
@@ -182,10 +232,13 @@ fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     let pool = Step::new("PoolMemoryResource")
         .arg("initial_pool_size", opt(options.initial_pool_size))
         .arg("maximum_pool_size", opt(Some(maximum)));
-    Ok(suballocator(
-        "managed_pool",
-        vec![managed_device(target, options), pool],
-    ))
+    // The pool keeps what it frees; the managed resource under it keeps nothing more (a chunk
+    // the pool releases goes back to the driver), but still places what the pool grows.
+    let managed = match target {
+        Target::Device => Step::new("ManagedMemoryResource").arg("cache_limit", opt(Some(0))),
+        Target::Simulated(_) => managed_device(target, options),
+    };
+    Ok(suballocator("managed_pool", vec![managed, pool]))
 }
 
 fn plan_expandable(target: Target, options: &StackOptions) -> Result<Plan> {

@@ -3,19 +3,19 @@
 //! builds it here. A step over another takes the resource below as its upstream.
 
 use crate::adaptor::{
-    LimitingResourceAdaptor, LoggingResourceAdaptor, PrefetchResourceAdaptor,
-    StatisticsResourceAdaptor, TrackingResourceAdaptor,
+    FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    PrefetchResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
 use crate::cuda::PoolExport;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, PinnedHostMemoryResource,
-    SharedResource, SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource,
-    DEFAULT_PAGE_SIZE,
+    CudaAsyncMemoryResource, CudaMemoryResource, PinnedHostMemoryResource, SharedResource,
+    SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource, DEFAULT_PAGE_SIZE,
 };
 use crate::suballocator::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
-    PoolMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_RESERVE_FACTOR,
+    ManagedMemoryResource, ManagedOptions, PoolMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE,
+    DEFAULT_RESERVE_FACTOR,
 };
 use std::sync::Arc;
 
@@ -34,6 +34,9 @@ pub enum Arg {
     Text(String),
     /// A string that may be left to the resource's default (Python `None`).
     OptText(Option<String>),
+    /// Another resource, built from its own step with nothing below it (a fallback's
+    /// alternate); Python gets it as a `(class, kwargs)` pair.
+    Resource(Box<Step>),
 }
 
 /// One resource of a stack: the `rrmm.mr` class name and its keyword arguments (their Python
@@ -81,6 +84,20 @@ impl Step {
         }
     }
 
+    fn flag(&self, name: &str) -> Option<bool> {
+        match self.get(name) {
+            Some(Arg::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    fn resource(&self, name: &str) -> Option<&Step> {
+        match self.get(name) {
+            Some(Arg::Resource(step)) => Some(step),
+            _ => None,
+        }
+    }
+
     fn text(&self, name: &str) -> Option<&str> {
         match self.get(name) {
             Some(Arg::Text(t)) | Some(Arg::OptText(Some(t))) => Some(t),
@@ -102,6 +119,8 @@ pub enum Handle {
     Expandable(ExpandableMemoryResource),
     /// A simulated device.
     Simulated(Arc<SimulatedMemoryResource>),
+    /// A fallback adaptor, and the handle of its alternate.
+    Fallback(Arc<FallbackResourceAdaptor>, Box<Handle>),
     /// Anything else.
     Other,
 }
@@ -113,6 +132,7 @@ impl std::fmt::Debug for Handle {
             Handle::Arena(_) => "Arena",
             Handle::FixedSize(_) => "FixedSize",
             Handle::Expandable(_) => "Expandable",
+            Handle::Fallback(..) => "Fallback",
             Handle::Simulated(_) => "Simulated",
             Handle::Other => "Other",
         };
@@ -134,7 +154,12 @@ pub fn build_step(step: &Step, below: Option<&SharedResource>) -> Result<(Shared
     let other = |mr: SharedResource| Ok((mr, Handle::Other));
     match step.class {
         "CudaMemoryResource" => other(Arc::new(CudaMemoryResource::new()?)),
-        "ManagedMemoryResource" => other(Arc::new(ManagedMemoryResource::new()?)),
+        "ManagedMemoryResource" => other(Arc::new(ManagedMemoryResource::with_options(
+            ManagedOptions {
+                cache_limit: step.int("cache_limit"),
+                placement: step.flag("placement").unwrap_or(true),
+            },
+        )?)),
         "SystemMemoryResource" => other(Arc::new(SystemMemoryResource::new())),
         "PinnedHostMemoryResource" => other(Arc::new(PinnedHostMemoryResource::new()?)),
         "CudaAsyncMemoryResource" => other(Arc::new(CudaAsyncMemoryResource::new(
@@ -235,6 +260,17 @@ pub fn build_step(step: &Step, below: Option<&SharedResource>) -> Result<(Shared
             step.int("allocation_limit").unwrap_or(usize::MAX),
         ))),
         "PrefetchResourceAdaptor" => other(Arc::new(PrefetchResourceAdaptor::new(upstream()?))),
+        "FallbackResourceAdaptor" => {
+            let alternate = step.resource("alternate_mr").ok_or_else(|| {
+                Error::invalid("stack", "FallbackResourceAdaptor needs alternate_mr")
+            })?;
+            let (alternate, alternate_handle) = build_step(alternate, None)?;
+            let fallback = Arc::new(FallbackResourceAdaptor::new(upstream()?, alternate));
+            Ok((
+                fallback.clone(),
+                Handle::Fallback(fallback, Box::new(alternate_handle)),
+            ))
+        }
         class => Err(Error::invalid(
             "stack",
             format!("no resource class {class:?} in a stack"),

@@ -177,7 +177,7 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
 /// The chunk `[addr, addr + size)` the upstream handed out, unless it is null or would run past
 /// the end of the address space (an upstream that breaks the contract: its block is given back
 /// and the growth fails with [`Error::Logic`] instead of handing out addresses that wrap).
-fn checked_chunk(
+pub(crate) fn checked_chunk(
     upstream: &SharedResource,
     addr: usize,
     size: usize,

@@ -17,17 +17,20 @@ mod fixed_size;
 mod fixed_size_free_list;
 mod free_list;
 mod growth;
+mod managed;
 mod pool;
 mod pool_stats;
 mod size_classes;
 pub mod stream_events;
 mod stream_list;
 mod stream_ordered;
+mod whole_block_free_list;
 
 pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use expandable::{ExpandableMemoryResource, DEFAULT_RESERVE_FACTOR};
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};
 pub use pool::PoolMemoryResource;
 pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
@@ -41,4 +44,5 @@ const _: () = {
     assert_resource::<FixedSizeMemoryResource>();
     assert_resource::<BinningMemoryResource>();
     assert_resource::<ExpandableMemoryResource>();
+    assert_resource::<ManagedMemoryResource>();
 };

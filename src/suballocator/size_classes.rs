@@ -55,6 +55,25 @@ pub(crate) fn class_at_least(granules: usize) -> Option<Class> {
     (power < POWERS).then_some((power, step))
 }
 
+/// The granules of the smallest block of `class` (every block of the class holds at least
+/// this many).
+#[inline]
+pub(crate) fn class_floor((power, step): Class) -> usize {
+    if power == 0 {
+        step
+    } else {
+        (STEPS + step) << (power - 1)
+    }
+}
+
+/// `bytes` (> 0) rounded up to the smallest class floor that holds it, in bytes: at most 1/32
+/// more above 8 KiB, 256-byte steps below; `None` past the last class.
+#[inline]
+pub(crate) fn round_up_to_class(bytes: usize) -> Option<usize> {
+    let granules = bytes.checked_add((1 << GRANULE_SHIFT) - 1)? >> GRANULE_SHIFT;
+    class_floor(class_at_least(granules)?).checked_mul(1 << GRANULE_SHIFT)
+}
+
 /// Which classes are non-empty: a bit per power, and per power a bit per step.
 #[derive(Clone, Debug)]
 pub(crate) struct ClassMap {
@@ -199,5 +218,24 @@ mod tests {
         assert_eq!(class_of_bytes(256), (0, 1));
         assert_eq!(class_of_bytes(32 * 256), (1, 0));
         assert!(class_at_least((usize::MAX & !255) >> 8).is_none());
+    }
+
+    #[test]
+    fn rounding_up_to_a_class_floor_wastes_at_most_a_32nd() {
+        for bytes in (1..20_000usize).chain((0..2000).map(|i| 1 + i * 7_777_777)) {
+            let rounded = round_up_to_class(bytes).unwrap();
+            assert!(
+                rounded >= bytes && rounded % 256 == 0,
+                "{bytes} -> {rounded}"
+            );
+            assert!(
+                rounded - bytes < 256 || (rounded - bytes) * 32 <= bytes,
+                "{bytes} -> {rounded}"
+            );
+            // A class floor rounds to itself, and its class is the class of its bytes.
+            assert_eq!(round_up_to_class(rounded), Some(rounded));
+            assert_eq!(class_floor(class_of_bytes(rounded)) * 256, rounded);
+        }
+        assert_eq!(round_up_to_class(usize::MAX), None);
     }
 }

@@ -417,7 +417,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let mut gave_back = settled.is_some_and(|s| s.gave_back);
         if !gave_back && self.growth.may_grow_after_release(size) {
             gave_back = true;
-            let chunks = self.take_free_chunks(sh, false);
+            let chunks = self.take_free_chunks(sh, false, 0);
             // Out of memory: trim everything free (keep nothing beyond what is allocated).
             let trimmed = self.trim_fresh(sh, 0)?;
             if !chunks.is_empty() || trimmed > 0 {
@@ -553,8 +553,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
-    /// and the chunk table; the caller gives them back.
-    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool) -> Vec<Block> {
+    /// and the chunk table, while more than `keep` bytes are held; the caller gives them back.
+    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool, keep: usize) -> Vec<Block> {
         if !self.growth.gives_back_chunks() {
             return Vec::new();
         }
@@ -566,7 +566,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
         } = sh;
         let mut out = Vec::new();
         chunks.retain(|_, c| {
-            let goes = (initial_too || !c.initial) && fresh.remove_block(c.block);
+            let goes =
+                *pool_size > keep && (initial_too || !c.initial) && fresh.remove_block(c.block);
             if goes {
                 *pool_size -= c.block.size;
                 out.push(c.block);
@@ -685,12 +686,33 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Synchronizes, merges, gives every fully free upstream chunk back (and lets the growth
     /// policy trim while more than `keep` bytes are held); bytes released.
     pub(crate) fn release(&self, keep: usize) -> Result<usize> {
+        let sh = self.lock_shared()?;
+        self.release_locked(sh, 0, keep)
+    }
+
+    /// As [`Self::release`], giving chunks back only while more than `keep` bytes are held
+    /// (in address order), and only if the shared state can be taken at once (`Ok(0)` when
+    /// another thread, or this one, holds it): for reliefs and caches over their limit, which
+    /// must never wait for a lock.
+    pub(crate) fn try_release_to(&self, keep: usize) -> Result<usize> {
+        match self.shared.try_lock() {
+            Some(sh) => self.release_locked(sh, keep, keep),
+            None => Ok(0),
+        }
+    }
+
+    fn release_locked(
+        &self,
+        mut sh: OwnedGuard<'_, Shared<F>>,
+        keep_chunks: usize,
+        keep_trimmed: usize,
+    ) -> Result<usize> {
         let (chunks, trimmed) = {
-            let mut sh = self.lock_shared()?;
             self.synchronize_and_merge(&mut sh, true)?;
             sh.settled = None;
-            let chunks = self.take_free_chunks(&mut sh, true);
-            let trimmed = self.trim_fresh(&mut sh, keep)?;
+            let chunks = self.take_free_chunks(&mut sh, true, keep_chunks);
+            let trimmed = self.trim_fresh(&mut sh, keep_trimmed)?;
+            drop(sh);
             (chunks, trimmed)
         };
         let released: usize = chunks.iter().map(|c| c.size).sum();

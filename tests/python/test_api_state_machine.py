@@ -188,6 +188,24 @@ class ApiMachine(RuleBasedStateMachine):
         node.extra["limit"] = limit
         return node
 
+    @rule(target=nodes, up=nodes)
+    def fallback(self, up: Node) -> Node:
+        """Falls back to the memory the node's chain starts from (so every block, wherever it
+        came from, lies in one root's memory and the overlap checks stay exact)."""
+        obj = mr.FallbackResourceAdaptor(up.obj, self.roots[up.root])
+        node = self._over(up, obj, "fallback")
+        node.host = up.host
+        return node
+
+    @rule(node=nodes)
+    def fallback_counts_add_up(self, node: Node) -> None:
+        if node.kind != "fallback":
+            return
+        c = node.obj.counts()
+        assert c["alternate_peak_bytes"] >= c["alternate_bytes"] >= 0
+        assert c["fallbacks"] >= c["alternate_allocations"] >= 0
+        assert node.obj.alternate_mr is self.roots[node.root]
+
     @rule(target=nodes, up=nodes, alignment=st.sampled_from([256, 512, 4096]),
           threshold=st.sampled_from([0, 256, 64 * KiB]))
     def aligned(self, up: Node, alignment: int, threshold: int) -> Node:

@@ -46,6 +46,10 @@ ADAPTORS: dict[str, Callable[[Any], Any]] = {
     ),
     "PrefetchResourceAdaptor": lambda up: mr.PrefetchResourceAdaptor(up),
     "AlignedResourceAdaptor": lambda up: mr.AlignedResourceAdaptor(up, 4096, 8192),
+    # Falls back to a device of its own (the suite's out-of-memory check fills both).
+    "FallbackResourceAdaptor": lambda up: mr.FallbackResourceAdaptor(
+        up, mr.SimulatedMemoryResource("64MiB")
+    ),
 }
 if hasattr(mr, "ArenaMemoryResource"):
     ADAPTORS["ArenaMemoryResource"] = lambda up: mr.ArenaMemoryResource(up, 64 * MiB)

@@ -178,7 +178,7 @@ def test_compare_all_and_json_of_several_logs(capsys, tmp_path, small_log):
     doc = replay_json(capsys, small_log, str(other), "--simulate", "1GiB", "--compare", "all")
     pairs = [(r["log"], r["resource"]) for r in doc["reports"]]
     names = ["pool", "expandable", "binning", "arena", "fixed_size", "managed", "managed_pool",
-                 "simulated"]
+                 "fallback", "simulated"]
     assert pairs == [(small_log, n) for n in names] + [(str(other), n) for n in names]
     assert all(r["peak_bytes_in_use"] == 100 for r in doc["reports"][len(names) :])
 
