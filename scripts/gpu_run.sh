@@ -10,6 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
+#           w9 w8
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -234,6 +235,27 @@ if has dask; then
   RRMM_AS_RMM=1 PYTHONPATH="$(alias_site)" python3 benches/gpu/dask_stage.py alias --out "$OUT/dask_alias.json" 2>&1 | tee "$OUT/dask_alias.log" | grep -v "^INFO\|distributed\." | tail -20
   note "dask (RRMMSetup): $(grep -E '^dask plugin' "$OUT/dask_plugin.log" || echo 'no result')"
   note "dask (RRMM_AS_RMM=1, dask-cuda's options): $(grep -E '^dask alias' "$OUT/dask_alias.log" || echo 'no result')"
+fi
+
+# W9 (rapids-singlecell's Harmony) and W8 (a single-cell CuPy pipeline): each setup in its own
+# process, rrmm beside RMM and CuPy's own answers (benches/gpu/w8_w9.py; .w9 from gpu_prepare w9).
+# W9_SETUPS / W8_SETUPS / W9_ROUNDS override the lists.
+W9_DEFAULT="cupy:pool,rrmm:pool,rmm:pool,rrmm:managed,rmm:managed,rrmm:managed_pool,rmm:managed_pool"
+W9_DEFAULT="$W9_DEFAULT,rrmm:async_managed,rmm:async_managed,rrmm:prefetch_pool_managed"
+W9_DEFAULT="$W9_DEFAULT,rmm:prefetch_pool_managed,rrmm:cuda,rmm:cuda,rrmm:fallback"
+W9_DEFAULT="$W9_DEFAULT,rrmm:managed_nocache,rrmm:managed_placement_only,rrmm:managed_cache_only"
+W9_DEFAULT="$W9_DEFAULT,cupy:managed_pool,cupy:managed"
+if has w9; then
+  echo "== W9: Harmony per allocator setup"
+  python3 benches/gpu/w8_w9.py --rsc .w9 --rounds "${W9_ROUNDS:-1}" --out "$OUT/w9.jsonl" \
+    --all "${W9_SETUPS:-$W9_DEFAULT}" 2>&1 | tee "$OUT/w9.txt" | tail -30
+  note "$(grep -A40 '^W9 Harmony' "$OUT/w9.txt")"
+fi
+if has w8; then
+  echo "== W8: single-cell pipeline per allocator setup"
+  python3 benches/gpu/w8_w9.py --workload pipeline --cells 100000 --rsc .w9 --rounds "${W8_ROUNDS:-1}" \
+    --out "$OUT/w8.jsonl" --all "${W8_SETUPS:-$W9_DEFAULT}" 2>&1 | tee "$OUT/w8.txt" | tail -30
+  note "$(grep -A40 '^W8 pipeline' "$OUT/w8.txt")"
 fi
 
 echo

@@ -90,7 +90,12 @@ fn a_device_allocation_that_runs_out_takes_the_cache_back() {
     unsafe { cuda::memset_d32_async(p, 0x5a5a_5a5a, third / 4, stream.stream()) }.unwrap();
     stream.synchronize().unwrap();
     free(&cache, p, third, stream.stream());
-    assert_eq!(cache.cached_bytes(), third);
+    // The range is cached at its size class (at most 1/32 above the request).
+    let cached = cache.cached_bytes();
+    assert!(
+        (third..=third + third / 32).contains(&cached),
+        "cached {cached} for a request of {third}"
+    );
     let cuda_mr = CudaMemoryResource::new().unwrap();
     let want = (free_before / 4 * 3) & !(2 * MIB - 1);
     let q = cuda_mr

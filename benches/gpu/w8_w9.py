@@ -67,6 +67,22 @@ SETUPS: dict[str, tuple[str, Setup]] = {
         "reinitialize(managed_memory=True, pool_allocator=True)",
         _reinit(managed_memory=True, pool_allocator=True),
     ),
+    "fallback": (
+        "reinitialize(pool_allocator='fallback'): pool over the device, then managed memory",
+        _reinit(pool_allocator="fallback"),
+    ),
+    "managed_nocache": (
+        "ManagedMemoryResource(cache_limit=0, placement=False): RMM's behaviour",
+        _resource(lambda mr: mr.ManagedMemoryResource(cache_limit=0, placement=False)),
+    ),
+    "managed_placement_only": (
+        "ManagedMemoryResource(cache_limit=0): placement, no reuse",
+        _resource(lambda mr: mr.ManagedMemoryResource(cache_limit=0)),
+    ),
+    "managed_cache_only": (
+        "ManagedMemoryResource(placement=False): reuse, no placement",
+        _resource(lambda mr: mr.ManagedMemoryResource(placement=False)),
+    ),
     "cuda_async": ("CudaAsyncMemoryResource()", _resource(lambda mr: mr.CudaAsyncMemoryResource())),
     "async_managed": (
         "mr.experimental.CudaAsyncManagedMemoryResource()",

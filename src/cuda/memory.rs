@@ -303,6 +303,8 @@ pub unsafe fn mem_advise_host_resident(ptr: usize, bytes: usize, ordinal: usize)
 /// `ptr` is managed memory valid for `bytes` bytes.
 pub unsafe fn mem_last_prefetch_location(ptr: usize, bytes: usize) -> Result<i32> {
     ensure_driver()?;
+    // The range query needs a current context (a fresh thread has none).
+    let _context = super::context::ContextGuard::new(super::context::current_device()?)?;
     let mut location: i32 = -2;
     // SAFETY: `location` is a valid 4-byte out-value for this attribute; the range is valid
     // managed memory (the caller's contract).

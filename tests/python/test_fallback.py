@@ -76,6 +76,8 @@ def test_the_managed_pool_kind_may_grow_to_twice_the_device_by_default():
     assert capped.maximum_pool_size() == 10 * MiB
 
 
-def test_release_caches_without_a_cache_gives_back_nothing():
+def test_release_caches_gives_back_what_is_cached_once():
+    # Caches of earlier tests (on a GPU) may hold ranges: the first call drains them all.
+    assert mr.release_caches() >= 0
     assert mr.release_caches() == 0
     assert mr.release_caches(3) == 0

@@ -1,0 +1,78 @@
+"""GPU tests of managed memory without the penalty (issue 19), through the Python API: the
+documents' managed setup keeps RMM's types and reuses freed ranges, the managed pool may grow
+past the device, the fallback serves past a device budget. Managed use stays far below the
+free memory. Skipped with a reason where there is no CUDA driver or device."""
+
+from __future__ import annotations
+
+import pytest
+import rrmm
+from rrmm import _rrmm, mr
+
+if not _rrmm.driver_available():
+    pytest.skip(f"no CUDA driver: {_rrmm.driver_error()}", allow_module_level=True)
+if _rrmm.device_count() == 0:
+    pytest.skip("the CUDA driver reports no device", allow_module_level=True)
+
+np = pytest.importorskip("numpy")
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def fresh_table():
+    _rrmm._clear_per_device_resources()
+    yield
+    _rrmm._clear_per_device_resources()
+
+
+def test_the_documents_managed_setup_is_a_managed_resource_that_reuses_what_is_freed():
+    rrmm.reinitialize(managed_memory=True, pool_allocator=False)
+    top = mr.get_current_device_resource()
+    assert type(top) is mr.ManagedMemoryResource
+    assert top.cache_limit == mr.available_device_memory()[1] // 4
+    a = rrmm.DeviceBuffer(size=8 * MiB)
+    ptr = a.ptr
+    del a
+    assert top.cached_bytes() == 8 * MiB
+    b = rrmm.DeviceBuffer(size=8 * MiB - 100)  # the same size class
+    assert b.ptr == ptr
+    data = np.arange(1000, dtype=np.uint8)
+    c = rrmm.DeviceBuffer.to_device(data.tobytes())
+    assert np.frombuffer(c.tobytes(), dtype=np.uint8).tolist() == data.tolist()
+    del b, c
+    assert top.release() >= 8 * MiB
+    assert top.cached_bytes() == 0
+
+
+def test_rmm_behaviour_when_asked_for_it():
+    plain = mr.ManagedMemoryResource(cache_limit=0, placement=False)
+    assert (plain.cache_limit, plain.placement) == (0, False)
+    p = plain.allocate(MiB)
+    plain.deallocate(p, MiB)
+    assert plain.cached_bytes() == 0 and plain.held_bytes() == 0
+    with pytest.raises(RuntimeError, match="did not allocate"):
+        plain.deallocate(p, MiB)  # a double free is refused, never reaches the driver
+
+
+def test_the_managed_pool_may_grow_to_twice_the_device():
+    rrmm.reinitialize(managed_memory=True, pool_allocator=True, initial_pool_size="64MiB")
+    pool = mr.get_current_device_resource()
+    assert isinstance(pool, mr.PoolMemoryResource)
+    assert isinstance(pool.upstream_mr, mr.ManagedMemoryResource)
+    total = mr.available_device_memory()[1]
+    assert pool.maximum_pool_size() == (2 * total) & ~255
+    assert pool.upstream_mr.cache_limit == 0  # the pool keeps; its upstream does not
+
+
+def test_the_fallback_serves_past_a_device_budget_from_managed_memory():
+    device = mr.LimitingResourceAdaptor(mr.CudaMemoryResource(), 64 * MiB)
+    fb = mr.FallbackResourceAdaptor(device)
+    assert isinstance(fb.alternate_mr, mr.ManagedMemoryResource)
+    bufs = [rrmm.DeviceBuffer.to_device(bytes([i]) * (24 * MiB), mr=fb) for i in range(5)]
+    counts = fb.counts()
+    assert (counts["upstream_allocations"], counts["alternate_allocations"]) == (2, 3)
+    for i, b in enumerate(bufs):
+        assert b.tobytes()[:: 4 * MiB] == bytes([i]) * 6
+    del bufs, b
+    assert fb.counts()["alternate_bytes"] == 0
