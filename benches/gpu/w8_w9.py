@@ -84,6 +84,14 @@ SETUPS: dict[str, tuple[str, Setup]] = {
         _resource(lambda mr: mr.ManagedMemoryResource(placement=False)),
     ),
     "cuda_async": ("CudaAsyncMemoryResource()", _resource(lambda mr: mr.CudaAsyncMemoryResource())),
+    "arena": (
+        "ArenaMemoryResource(CudaMemoryResource())",
+        _resource(lambda mr: mr.ArenaMemoryResource(mr.CudaMemoryResource())),
+    ),
+    "expandable": (
+        "reinitialize(pool_allocator='expandable') (rrmm only)",
+        _reinit(pool_allocator="expandable"),
+    ),
     "async_managed": (
         "mr.experimental.CudaAsyncManagedMemoryResource()",
         _resource(lambda mr: mr.experimental.CudaAsyncManagedMemoryResource()),
