@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           w9 w8
+#           w9 w8 w10
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -256,6 +256,14 @@ if has w8; then
   python3 benches/gpu/w8_w9.py --workload pipeline --cells 100000 --rsc .w9 --rounds "${W8_ROUNDS:-1}" \
     --out "$OUT/w8.jsonl" --all "${W8_SETUPS:-$W9_DEFAULT}" 2>&1 | tee "$OUT/w8.txt" | tail -30
   note "$(grep -A40 '^W8 pipeline' "$OUT/w8.txt")"
+fi
+
+# W10: pinned host memory per library (benches/gpu/w10_pinned.py), each in its own process.
+if has w10; then
+  echo "== W10: pinned host memory"
+  python3 benches/gpu/w10_pinned.py --pool-gib "${W10_POOL_GIB:-16}" --out "$OUT/w10.jsonl" \
+    2>&1 | tee "$OUT/w10.txt" | tail -30
+  note "$(grep -A30 '^W10 pinned' "$OUT/w10.txt")"
 fi
 
 echo

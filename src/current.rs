@@ -150,6 +150,36 @@ pub fn set_current_device_resource(mr: SharedResource) -> Result<Option<SharedRe
     set_per_device_resource(current_device_ordinal(), mr)
 }
 
+fn host_slot() -> &'static RwLock<Option<SharedResource>> {
+    static HOST: RwLock<Option<SharedResource>> = RwLock::new(None);
+    &HOST
+}
+
+/// The process-wide host resource (pinned host memory for staging, CuPy's pinned allocator,
+/// `rrmm.HostBuffer`): the one set with [`set_current_host_resource`], else a
+/// [`PinnedHostMemoryResource`](crate::PinnedHostMemoryResource) made on first use.
+///
+/// # Errors
+/// No driver, when none was set.
+pub fn current_host_resource() -> Result<SharedResource> {
+    if let Some(mr) = host_slot().read().as_ref() {
+        return Ok(mr.clone());
+    }
+    let mut slot = host_slot().write();
+    if let Some(mr) = slot.as_ref() {
+        return Ok(mr.clone());
+    }
+    let mr: SharedResource = Arc::new(crate::PinnedHostMemoryResource::new()?);
+    *slot = Some(mr.clone());
+    Ok(mr)
+}
+
+/// Sets the process-wide host resource; the previous one, if any was set or made. `None` goes
+/// back to the default (a pinned resource made on next use).
+pub fn set_current_host_resource(mr: Option<SharedResource>) -> Option<SharedResource> {
+    std::mem::replace(&mut *host_slot().write(), mr)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

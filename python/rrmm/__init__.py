@@ -12,6 +12,7 @@ from rrmm import (
     mr,
     statistics,
 )
+from rrmm._host_buffer import HostBuffer
 from rrmm._logging import (
     flush_logger,
     get_flush_level,
@@ -37,6 +38,7 @@ from rrmm.rmm import (
 
 __all__ = [
     "DeviceBuffer",
+    "HostBuffer",
     "RMMError",
     "RMMNumbaManager",
     "__git_commit__",

@@ -55,5 +55,8 @@ def run(args: argparse.Namespace | None = None) -> int:
             resource = _resource_chain(rrmm.mr.get_per_device_resource(device))
         else:
             resource = "none set (CudaMemoryResource on first use)"
+        node, nodes = _rrmm.host_numa_node(device)
+        where = f"node {node}" if node is not None else "not reported by the driver"
         print(f"  [{device}] {name}: {memory}; resource: {resource}")
+        print(f"      host NUMA node for pinned memory: {where} ({nodes} node(s) on this host)")
     return 0

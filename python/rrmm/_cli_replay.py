@@ -28,7 +28,11 @@ PLOT_POINTS = 2000
 
 #: The base resources that the simulated device stands for on simulated memory (managed memory
 #: is its own row there: the device with a host tier beyond it).
-BASE_RESOURCES = ("cuda", "cuda_async")
+BASE_RESOURCES = ("cuda", "cuda_async", "pinned")
+
+#: Kinds of host memory: named to be replayed, never part of ``--compare all`` (a question
+#: about the device).
+HOST_RESOURCES = ("pinned", "pinned_pool", "pinned_expandable")
 
 #: File types ``--plot`` writes (matplotlib's raster and vector formats).
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -269,8 +273,8 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
                              f"known: {', '.join(known)}, all")
         if [n.lower() for n in names] == ["all"]:
             if simulated:
-                return [n for n in known if n not in BASE_RESOURCES]
-            return [n for n in known if n != "simulated"]
+                return [n for n in known if n not in BASE_RESOURCES + HOST_RESOURCES]
+            return [n for n in known if n != "simulated" and n not in HOST_RESOURCES]
     else:
         names = [args.resource.strip()]
     out: list[str] = []

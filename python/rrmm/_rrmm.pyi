@@ -45,11 +45,13 @@ __all__ = [
     "UpstreamResourceAdaptor",
     "__version__",
     "_clear_per_device_resources",
+    "_copy_host_async",
     "_current_device",
     "_device_attribute",
     "_memory_snapshot",
     "_memory_stats",
     "_reset_peak_memory_stats",
+    "_set_current_host_resource",
     "_set_device",
     "_stack_kinds",
     "_stack_plan",
@@ -74,6 +76,7 @@ __all__ = [
     "get_per_device_resource",
     "has_per_device_resource",
     "hook_allocate",
+    "host_numa_node",
     "ipc_mem_handle",
     "is_initialized",
     "parse_bytes",
@@ -121,6 +124,8 @@ class DeviceMemoryResource:
     def deallocate(self, ptr: int, nbytes: int, stream: _StreamLike = ...) -> None: ...
     @property
     def _rrmm_name(self) -> str: ...
+    @property
+    def _rrmm_kind(self) -> str: ...
 
 class UpstreamResourceAdaptor(DeviceMemoryResource):
     @property
@@ -155,7 +160,13 @@ class SamHeadroomMemoryResource(SystemMemoryResource):
 
 @final
 class PinnedHostMemoryResource(DeviceMemoryResource):
-    def __new__(cls) -> PinnedHostMemoryResource: ...
+    def __new__(
+        cls, *, numa_node: int | None = None, registered_from: int | str | None = None
+    ) -> PinnedHostMemoryResource: ...
+    @property
+    def numa_node(self) -> int | None: ...
+    @property
+    def registered_from(self) -> int: ...
 
 @final
 class CudaAsyncMemoryResource(DeviceMemoryResource):
@@ -407,6 +418,8 @@ def driver_error() -> str | None: ...
 def driver_version() -> int: ...
 def device_count() -> int: ...
 def device_name(device: int) -> str: ...
+def host_numa_node(device: int) -> tuple[int | None, int]: ...
+def _set_current_host_resource(mr: DeviceMemoryResource | None) -> None: ...
 def _device_attribute(attribute: int, device: int) -> int: ...
 
 # ------------------------------------------------------------------ DeviceBuffer
@@ -460,6 +473,9 @@ def to_device(
 def copy_ptr_to_host(db: int, hb: Buffer, stream: _StreamLike = ...) -> None: ...
 def copy_host_to_ptr(hb: Buffer, db: int, stream: _StreamLike = ...) -> None: ...
 def copy_device_to_ptr(d_src: int, d_dst: int, count: int, stream: _StreamLike = ...) -> None: ...
+def _copy_host_async(
+    db: DeviceBuffer, host_ptr: int, nbytes: int, to_device: bool, stream: _StreamLike = ...
+) -> None: ...
 
 # ------------------------------------------------------------------ Statistics
 

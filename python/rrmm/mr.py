@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rrmm import _rrmm
+from rrmm._host_buffer import get_current_host_resource, set_current_host_resource
 from rrmm._logging import log_file_for_device
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
@@ -73,12 +74,14 @@ __all__ = [
     "enable_logging",
     "get_current_device_resource",
     "get_current_device_resource_type",
+    "get_current_host_resource",
     "get_log_filenames",
     "get_per_device_resource",
     "get_per_device_resource_type",
     "is_initialized",
     "release_caches",
     "set_current_device_resource",
+    "set_current_host_resource",
     "set_per_device_resource",
 ]
 

@@ -55,6 +55,8 @@ def reinitialize(
     devices: int | list[int] = 0,
     logging: bool = False,
     log_file_name: str | None = None,
+    *,
+    pinned_pool_size: int | str | None = None,
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
@@ -65,6 +67,12 @@ def reinitialize(
     coalesces across growth and gives memory back with ``trim()``; ``"arena"``, ``"binning"``,
     ``"cuda_async"``, ...), built by the same builder as ``rrmm replay`` and the Dask plugin.
     Without a CUDA device it warns and sets nothing.
+
+    rrmm: ``pinned_pool_size`` (bytes or a string such as ``"16GiB"``) also sets the current
+    host resource (``rrmm.mr.set_current_host_resource``: ``rrmm.HostBuffer``'s default and
+    CuPy's pinned allocator hook) to a pool over pinned host memory holding that much from the
+    start (made fast: pages on the GPU's NUMA node, faulted in by several threads, registered
+    once); left out, the host resource stays as it is.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
@@ -72,6 +80,7 @@ def reinitialize(
         "initial_pool_size": _size(initial_pool_size),
         "maximum_pool_size": _size(maximum_pool_size),
     }
+    pinned_size = _size(pinned_pool_size)
     kind = stack_kind(pool_allocator, managed_memory)
     devices = _device_list(devices)
     if _rrmm.device_count() == 0:
@@ -100,6 +109,10 @@ def reinitialize(
     built = [(device, _mr._on_device(device, build)) for device in devices]
     for device, mr in built:
         _mr.set_per_device_resource(device, mr)
+    if pinned_size is not None:
+        _mr.set_current_host_resource(
+            _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=pinned_size)
+        )
 
 
 def stack_kind(pool_allocator: bool | str, managed_memory: bool) -> str:

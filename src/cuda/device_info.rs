@@ -88,3 +88,14 @@ const CONCURRENT_MANAGED_ACCESS: i32 = 89;
 pub fn concurrent_managed_access(ordinal: usize) -> bool {
     device_attribute(CONCURRENT_MANAGED_ACCESS, ordinal).is_ok_and(|v| v != 0)
 }
+
+/// `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID` (CUDA 12.2).
+const HOST_NUMA_ID: i32 = 134;
+
+/// The host NUMA node closest to device `ordinal`, as the driver reports it; `None` where the
+/// driver does not say (older drivers, machines without NUMA: the attribute is -1).
+pub fn host_numa_node(ordinal: usize) -> Option<u32> {
+    device_attribute(HOST_NUMA_ID, ordinal)
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+}

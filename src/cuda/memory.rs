@@ -63,6 +63,36 @@ pub unsafe fn mem_free_host(ptr: usize) -> Result<()> {
     })
 }
 
+/// `cuMemHostRegister` (portable, mapped for the device): pins `bytes` of host memory at `ptr`
+/// so copies from and to it run at the link's speed and kernels can read it.
+///
+/// # Safety
+/// 1. `ptr .. ptr + bytes` is mapped host memory that stays mapped until
+///    [`mem_host_unregister`] of `ptr`.
+///
+/// # Errors
+/// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the driver cannot pin that much; CUDA
+/// errors.
+pub unsafe fn mem_host_register(ptr: usize, bytes: usize) -> Result<()> {
+    ensure_driver()?;
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: the caller's precondition 1.
+    let result = unsafe { sys::cuMemHostRegister_v2(ptr as *mut std::ffi::c_void, bytes, flags) };
+    check_alloc("cuMemHostRegister", result, bytes)
+}
+
+/// `cuMemHostUnregister`.
+///
+/// # Safety
+/// 1. `ptr` was registered by [`mem_host_register`] and not unregistered since.
+/// 2. No queued or running work uses the range.
+pub unsafe fn mem_host_unregister(ptr: usize) -> Result<()> {
+    // SAFETY: the caller's preconditions.
+    check("cuMemHostUnregister", unsafe {
+        sys::cuMemHostUnregister(ptr as *mut std::ffi::c_void)
+    })
+}
+
 /// A stream-ordered memory pool (`CUmemoryPool`) owned by its creator.
 #[derive(Debug)]
 pub struct MemPool {

@@ -15,7 +15,9 @@ mod stream;
 pub mod vmm;
 
 pub use context::{current_device, set_current_device, ContextGuard};
-pub use device_info::{concurrent_managed_access, default_managed_pool, device_attribute};
+pub use device_info::{
+    concurrent_managed_access, default_managed_pool, device_attribute, host_numa_node,
+};
 pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
 pub use event::Event;
 pub use kernel::SpinKernel;

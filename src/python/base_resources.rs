@@ -177,9 +177,60 @@ impl SamHeadroomMemoryResource {
     }
 }
 
-driver_resource! {
-    /// Pinned host memory (`cuMemHostAlloc`).
-    PinnedHostMemoryResource(RsPinned)
+/// Pinned host memory of the current device's context. rrmm: allocations of at least
+/// `registered_from` bytes (default 4 MiB) are made fast (pages placed on `numa_node`, by default
+/// the node the driver reports closest to the device, faulted in by several threads, then
+/// registered); smaller ones come from `cudaHostAlloc`.
+#[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
+pub(crate) struct PinnedHostMemoryResource {
+    numa_node: Option<u32>,
+    registered_from: usize,
+}
+
+#[pymethods]
+impl PinnedHostMemoryResource {
+    #[new]
+    #[pyo3(signature = (*, numa_node=None, registered_from=None))]
+    fn new(
+        py: Python<'_>,
+        numa_node: Option<u32>,
+        registered_from: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let registered_from = super::convert::opt_bytes_arg(registered_from, "registered_from")?
+            .unwrap_or(crate::resource::DEFAULT_REGISTERED_FROM);
+        let options = crate::resource::PinnedOptions {
+            numa_node,
+            registered_from,
+        };
+        let mr = py_result(py.detach(|| RsPinned::with_options(options)))?;
+        let this = PinnedHostMemoryResource {
+            numa_node: mr.numa_node(),
+            registered_from: mr.registered_from(),
+        };
+        Ok(sub(this, checked(mr)))
+    }
+
+    /// rrmm: the NUMA node of its registered ranges' pages (`None`: the process's policy).
+    #[getter]
+    fn numa_node(&self) -> Option<u32> {
+        self.numa_node
+    }
+
+    /// rrmm: allocations of at least this many bytes are registered ranges.
+    #[getter]
+    fn registered_from(&self) -> usize {
+        self.registered_from
+    }
+
+    fn __repr__(&self) -> String {
+        let node = self
+            .numa_node
+            .map_or_else(|| "the process's policy".to_string(), |n| n.to_string());
+        format!(
+            "<PinnedHostMemoryResource (numa_node={node}, registered_from={})>",
+            self.registered_from
+        )
+    }
 }
 
 /// Stream-ordered allocation from a CUDA memory pool that this resource owns.

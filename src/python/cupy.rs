@@ -7,12 +7,11 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use super::cupy_stream::{cupy_missing, AllocationStream};
 use super::errors::{py_result, report_to_stderr};
 use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
-use crate::resource::PinnedHostMemoryResource;
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
@@ -189,16 +188,12 @@ fn cupy_c_live_allocations() -> usize {
 }
 
 fn pinned_resource() -> Result<SharedResource> {
-    static PINNED: OnceLock<SharedResource> = OnceLock::new();
-    if let Some(mr) = PINNED.get() {
-        return Ok(mr.clone());
-    }
-    let mr: SharedResource = Arc::new(PinnedHostMemoryResource::new()?);
-    Ok(PINNED.get_or_init(|| mr).clone())
+    crate::current_host_resource()
 }
 
-/// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from a process-wide
-/// `PinnedHostMemoryResource` (made on first use, on the current device).
+/// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from the current host resource
+/// (`rrmm.mr.set_current_host_resource`; by default a `PinnedHostMemoryResource` made on first
+/// use, on the current device).
 #[pyfunction]
 fn pinned_allocate(nbytes: usize) -> PyResult<HookAllocation> {
     let (ptr, mr) = if nbytes == 0 {

@@ -74,7 +74,19 @@ fn device_name(device: usize) -> PyResult<String> {
     py_result(crate::cuda::device_name(device))
 }
 
+/// rrmm: the host NUMA node closest to device `device` as the driver reports it (where pinned
+/// memory for it is placed), and the NUMA nodes the kernel lists; the node is `None` where the
+/// driver does not say.
+#[pyfunction]
+fn host_numa_node(device: usize) -> (Option<u32>, usize) {
+    (
+        crate::cuda::host_numa_node(device),
+        crate::os::host_pages::numa_node_count(),
+    )
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(host_numa_node, m)?)?;
     m.add_function(wrap_pyfunction!(_current_device, m)?)?;
     m.add_function(wrap_pyfunction!(available_device_memory, m)?)?;
     m.add_function(wrap_pyfunction!(release_caches, m)?)?;

@@ -47,6 +47,13 @@ impl Drop for PyDeviceBuffer {
     }
 }
 
+/// Whether `obj` is an `rrmm.HostBuffer` (its class says so), whose copies queue on a stream.
+fn is_host_buffer(obj: &Bound<'_, PyAny>) -> bool {
+    obj.get_type()
+        .getattr("__rrmm_host_buffer__")
+        .is_ok_and(|v| v.is_truthy().unwrap_or(false))
+}
+
 /// The memory kind used to copy raw pointers: device memory with a driver; without one the only
 /// memory that exists is host memory.
 fn raw_kind() -> MemoryKind {
@@ -100,6 +107,37 @@ fn host_array(py: Python<'_>, size: usize) -> PyResult<Bound<'_, PyAny>> {
 }
 
 impl PyDeviceBuffer {
+    /// The copy to host memory of `copy_to_host` (into `ary`, or a new array), waited for.
+    fn host_copy<'py>(
+        &self,
+        py: Python<'py>,
+        ary: Option<Bound<'py, PyAny>>,
+        stream: RawStream,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let size = self.inner().size();
+        let ary = match ary {
+            Some(a) if !a.is_none() => a,
+            _ => host_array(py, size)?,
+        };
+        let host = HostBuffer::get(&ary, true)?;
+        if host.len() < size {
+            return Err(PyValueError::new_err(format!(
+                "Argument `ary` is too small: {} bytes, need {size}",
+                host.len()
+            )));
+        }
+        copy(
+            py,
+            host.addr(),
+            self.inner().ptr(),
+            size,
+            stream,
+            self.kind(),
+        )?;
+        drop(host);
+        Ok(ary)
+    }
+
     fn inner(&self) -> &RsBuffer {
         // A buffer is only taken in Drop.
         self.buf.as_ref().unwrap_or_else(|| unreachable!())
@@ -329,7 +367,7 @@ impl PyDeviceBuffer {
 
     /// Pickling: `(to_device, (host copy,))`.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let host = self.copy_to_host(py, None, StreamArg::Default)?;
+        let host = self.host_copy(py, None, RawStream::DEFAULT)?;
         let to_device = py.import("rrmm._rrmm")?.getattr("to_device")?;
         PyTuple::new(py, [to_device, PyTuple::new(py, [host])?.into_any()])
     }
@@ -339,7 +377,7 @@ impl PyDeviceBuffer {
         if protocol < 5 {
             return self.__reduce__(py);
         }
-        let host = self.copy_to_host(py, None, StreamArg::Default)?;
+        let host = self.host_copy(py, None, RawStream::DEFAULT)?;
         let pickle_buffer = py
             .import("pickle")?
             .getattr("PickleBuffer")?
@@ -440,60 +478,56 @@ impl PyDeviceBuffer {
 
     /// Copies the buffer to host: into `ary` (a writable 1-D `uint8` buffer at least `size`
     /// bytes long) or a new `uint8` numpy array; returns it.
+    ///
+    /// rrmm: into an `rrmm.HostBuffer`, the copy is queued on `stream` and not waited for (the
+    /// host buffer waits for it before any host access).
     #[pyo3(signature = (ary = None, stream = StreamArg::Default))]
     fn copy_to_host<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         ary: Option<Bound<'py, PyAny>>,
-        stream: StreamArg<'_>,
+        stream: StreamArg<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let size = self.inner().size();
-        let ary = match ary {
-            Some(a) if !a.is_none() => a,
-            _ => host_array(py, size)?,
-        };
-        let host = HostBuffer::get(&ary, true)?;
-        if host.len() < size {
-            return Err(PyValueError::new_err(format!(
-                "Argument `ary` is too small: {} bytes, need {size}",
-                host.len()
-            )));
+        let py = slf.py();
+        if let Some(hb) = ary.as_ref().filter(|a| is_host_buffer(a)) {
+            let (_, stream) = stream.resolve(py)?;
+            hb.call_method1("copy_from_device", (slf, stream))?;
+            return Ok(hb.clone());
         }
-        copy(
-            py,
-            host.addr(),
-            self.inner().ptr(),
-            size,
-            stream.raw(),
-            self.kind(),
-        )?;
-        drop(host);
-        Ok(ary)
+        slf.borrow().host_copy(py, ary, stream.raw())
     }
 
     /// Copies host buffer `ary` (1-D `uint8`, at most `size` bytes) to the start of the buffer.
+    ///
+    /// rrmm: from an `rrmm.HostBuffer`, the copy is queued on `stream` and not waited for (the
+    /// host buffer waits for it before any host access and before its memory is freed).
     #[pyo3(signature = (ary, stream = StreamArg::Default))]
-    fn copy_from_host(
-        &self,
-        py: Python<'_>,
-        ary: &Bound<'_, PyAny>,
-        stream: StreamArg<'_>,
+    fn copy_from_host<'py>(
+        slf: &Bound<'py, Self>,
+        ary: &Bound<'py, PyAny>,
+        stream: StreamArg<'py>,
     ) -> PyResult<()> {
+        let py = slf.py();
+        if is_host_buffer(ary) {
+            let (_, stream) = stream.resolve(py)?;
+            ary.call_method1("copy_to_device", (slf, stream))?;
+            return Ok(());
+        }
+        let this = slf.borrow();
         let host = HostBuffer::get(ary, false)?;
-        if host.len() > self.inner().size() {
+        if host.len() > this.inner().size() {
             return Err(PyValueError::new_err(format!(
                 "Argument `hb` is too large: {} bytes into a buffer of {}",
                 host.len(),
-                self.inner().size()
+                this.inner().size()
             )));
         }
         copy(
             py,
-            self.inner().ptr(),
+            this.inner().ptr(),
             host.addr(),
             host.len(),
             stream.raw(),
-            self.kind(),
+            this.kind(),
         )
     }
 
@@ -675,8 +709,56 @@ fn copy_device_to_ptr(
     copy(py, d_dst, d_src, count, stream.raw(), raw_kind())
 }
 
+/// rrmm (for `HostBuffer`): copies `nbytes` between the start of device buffer `db` and host
+/// address `host_ptr` (to the device when `to_device`), queued on `stream` without waiting:
+/// the caller keeps both alive and synchronizes before reading the destination (pinned host
+/// memory makes the copy asynchronous; pageable memory makes CUDA finish it before returning).
+/// Without a driver, host memory is copied at once.
+#[pyfunction]
+#[pyo3(signature = (db, host_ptr, nbytes, to_device, stream = StreamArg::Default))]
+fn _copy_host_async(
+    py: Python<'_>,
+    db: PyRef<'_, PyDeviceBuffer>,
+    host_ptr: usize,
+    nbytes: usize,
+    to_device: bool,
+    stream: StreamArg<'_>,
+) -> PyResult<()> {
+    let size = db.inner().size();
+    if nbytes > size {
+        return Err(PyValueError::new_err(format!(
+            "a copy of {nbytes} bytes does not fit a DeviceBuffer of {size}"
+        )));
+    }
+    let access = if to_device {
+        Access::Read
+    } else {
+        Access::Write
+    };
+    py_result(pointers::check_user_range(
+        "host_ptr", host_ptr, nbytes, access,
+    ))?;
+    let (dst, src) = if to_device {
+        (db.inner().ptr(), host_ptr)
+    } else {
+        (host_ptr, db.inner().ptr())
+    };
+    let kind = db.kind();
+    if nbytes == 0 || kind == MemoryKind::Simulated || !crate::cuda::driver_available() {
+        return copy(py, dst, src, nbytes, stream.raw(), kind);
+    }
+    let raw = stream.raw();
+    py_result(py.detach(|| {
+        let _ctx = crate::cuda::ContextGuard::new(crate::current_device_ordinal())?;
+        // SAFETY: the device range is the live buffer `db` (held by this call, kept alive by the
+        // caller until the stream is synchronized); the host range was vouched for above.
+        unsafe { crate::cuda::memcpy_async(dst, src, nbytes, raw) }
+    }))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(_copy_host_async, m)?)?;
     m.add_function(wrap_pyfunction!(to_device, m)?)?;
     m.add_function(wrap_pyfunction!(copy_ptr_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(copy_host_to_ptr, m)?)?;

@@ -135,7 +135,17 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(crate::has_per_device_resource(device_arg(device)?))
 }
 
+/// rrmm: sets the process-wide host resource (CuPy's pinned allocator hook and `HostBuffer`
+/// use it); `None` goes back to the default pinned resource. `rrmm.mr.set_current_host_resource`
+/// keeps the Python object.
+#[pyfunction]
+#[pyo3(signature = (mr))]
+fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) {
+    crate::set_current_host_resource(mr.map(|m| m.inner.clone()));
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_set_current_host_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_device_resource, m)?)?;

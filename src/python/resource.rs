@@ -104,6 +104,19 @@ impl DeviceMemoryResource {
     fn _rrmm_name(&self) -> &'static str {
         self.inner.name()
     }
+
+    /// rrmm: the kind of memory it hands out: `"device"`, `"managed"`, `"pinned_host"`,
+    /// `"host"` or `"simulated"`.
+    #[getter]
+    fn _rrmm_kind(&self) -> &'static str {
+        match self.inner.kind() {
+            crate::resource::MemoryKind::Device => "device",
+            crate::resource::MemoryKind::Managed => "managed",
+            crate::resource::MemoryKind::PinnedHost => "pinned_host",
+            crate::resource::MemoryKind::Host => "host",
+            crate::resource::MemoryKind::Simulated => "simulated",
+        }
+    }
 }
 
 /// Base class of resources that wrap another (RMM's `UpstreamResourceAdaptor`).

@@ -7,8 +7,10 @@ mod cuda_async;
 mod cuda_async_managed;
 mod direct;
 pub mod graph;
+mod host_virtual_memory;
 mod managed;
 mod pinned_host;
+mod pinned_pages;
 mod simulated;
 mod simulated_vmm;
 mod system;
@@ -19,11 +21,13 @@ pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
+pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub use managed::{
     placement_for, ManagedAlloc, Placement, UncachedManagedMemoryResource,
     PLACEMENT_HEADROOM_DIVISOR,
 };
-pub use pinned_host::PinnedHostMemoryResource;
+pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
+pub use pinned_pages::PinnedPages;
 pub use simulated::{
     SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,
 };

@@ -1,21 +1,85 @@
-//! Pinned (page-locked) host memory from `cuMemHostAlloc`.
+//! Pinned (page-locked) host memory: small allocations from `cuMemHostAlloc`, large ones made
+//! the fast way ([`PinnedPages`]: committed on the GPU's NUMA node with huge pages, faulted in
+//! by several threads, then registered).
 
+use super::pinned_pages::PinnedPages;
 use super::{MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::Result;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 
-/// Pinned host memory, portable across contexts; fast for host-device copies.
-#[derive(Debug, Clone)]
+/// Allocations of at least this many bytes are registered ranges of their own pages
+/// ([`PinnedPages`]); smaller ones come from `cuMemHostAlloc`.
+pub const DEFAULT_REGISTERED_FROM: usize = 4 << 20;
+
+/// Options of a [`PinnedHostMemoryResource`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedOptions {
+    /// The NUMA node for the pages of registered ranges; `None`: the node the driver reports
+    /// closest to the device ([`cuda::host_numa_node`]), if any.
+    pub numa_node: Option<u32>,
+    /// Allocations of at least this many bytes are registered ranges
+    /// ([`DEFAULT_REGISTERED_FROM`]); `usize::MAX` makes every allocation `cuMemHostAlloc`.
+    pub registered_from: usize,
+}
+
+impl Default for PinnedOptions {
+    fn default() -> Self {
+        PinnedOptions {
+            numa_node: None,
+            registered_from: DEFAULT_REGISTERED_FROM,
+        }
+    }
+}
+
+/// Pinned host memory, portable across contexts and mapped for the device; fast for
+/// host-device copies.
+#[derive(Debug)]
 pub struct PinnedHostMemoryResource {
     device: usize,
+    numa_node: Option<u32>,
+    registered_from: usize,
+    /// The live registered ranges by address (`cuMemHostAlloc` allocations are not recorded).
+    registered: Mutex<HashMap<usize, PinnedPages>>,
 }
 
 impl PinnedHostMemoryResource {
-    /// A pinned-host resource (allocations are made with the current device's context current).
+    /// A pinned-host resource for the current device, with the default options.
+    ///
+    /// # Errors
+    /// No driver.
     pub fn new() -> Result<Self> {
+        Self::with_options(PinnedOptions::default())
+    }
+
+    /// A pinned-host resource for the current device.
+    ///
+    /// # Errors
+    /// No driver.
+    pub fn with_options(options: PinnedOptions) -> Result<Self> {
+        let device = cuda::current_device()?;
         Ok(PinnedHostMemoryResource {
-            device: cuda::current_device()?,
+            device,
+            numa_node: options.numa_node.or_else(|| cuda::host_numa_node(device)),
+            registered_from: options.registered_from.max(1),
+            registered: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The NUMA node its registered ranges are placed on (`None`: the process's policy).
+    pub fn numa_node(&self) -> Option<u32> {
+        self.numa_node
+    }
+
+    /// The device whose context makes the allocations.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Allocations of at least this many bytes are registered ranges.
+    pub fn registered_from(&self) -> usize {
+        self.registered_from
     }
 }
 
@@ -25,7 +89,13 @@ impl MemoryResource for PinnedHostMemoryResource {
             return Ok(0);
         }
         let _ctx = ContextGuard::new(self.device)?;
-        cuda::mem_alloc_host(bytes)
+        if bytes < self.registered_from {
+            return cuda::mem_alloc_host(bytes);
+        }
+        let pages = PinnedPages::new(bytes, self.numa_node)?;
+        let addr = pages.addr();
+        self.registered.lock().insert(addr, pages);
+        Ok(addr)
     }
 
     unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
@@ -34,8 +104,17 @@ impl MemoryResource for PinnedHostMemoryResource {
         }
         let _ctx = ContextGuard::new(self.device)?;
         stream.synchronize()?;
-        // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract).
-        unsafe { cuda::mem_free_host(ptr) }
+        let pages = self.registered.lock().remove(&ptr);
+        match pages {
+            // Unregistered and unmapped here, outside the lock.
+            Some(pages) => {
+                drop(pages);
+                Ok(())
+            }
+            // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract) and is
+            // not a registered range, so it came from `cuMemHostAlloc`.
+            None => unsafe { cuda::mem_free_host(ptr) },
+        }
     }
 
     fn kind(&self) -> MemoryKind {
@@ -43,7 +122,7 @@ impl MemoryResource for PinnedHostMemoryResource {
     }
 
     fn call_profile(&self) -> super::CallProfile {
-        // cuMemHostAlloc/cuMemFreeHost and the stream wait block.
+        // cuMemHostAlloc/cuMemFreeHost, registration and the stream wait block.
         super::CallProfile::BLOCKING
     }
 

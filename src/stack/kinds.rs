@@ -89,6 +89,27 @@ pub const KINDS: &[Kind] = &[
         describe: describe_fallback,
     },
     Kind {
+        name: "pinned",
+        summary: "pinned host memory (cuMemHostAlloc; large allocations registered on the GPU's \
+                  NUMA node)",
+        plan: plan_pinned,
+        describe: describe_pinned,
+    },
+    Kind {
+        name: "pinned_pool",
+        summary: "coalescing pool over pinned host memory (--initial-pool-size, \
+                  --maximum-pool-size)",
+        plan: plan_pinned_pool,
+        describe: describe_pinned_pool,
+    },
+    Kind {
+        name: "pinned_expandable",
+        summary: "expandable pool over pinned host memory: one host range registered in 32 MiB \
+                  pages, coalescing across growth (--initial-pool-size, --maximum-pool-size)",
+        plan: plan_pinned_expandable,
+        describe: describe_pinned_expandable,
+    },
+    Kind {
         name: "simulated",
         summary: "the simulated device itself (--simulate): 2 MiB pages, never fragments",
         plan: plan_simulated,
@@ -355,6 +376,79 @@ fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
         simulated_device: false,
         ..base("managed", target, "ManagedMemoryResource")
     })
+}
+
+fn plan_pinned(target: Target, _: &StackOptions) -> Result<Plan> {
+    Ok(base("pinned", target, "PinnedHostMemoryResource"))
+}
+
+fn plan_pinned_pool(target: Target, options: &StackOptions) -> Result<Plan> {
+    Ok(suballocator(
+        "pinned_pool",
+        vec![
+            device(target, "PinnedHostMemoryResource"),
+            pool_step(options),
+        ],
+    ))
+}
+
+fn plan_pinned_expandable(target: Target, options: &StackOptions) -> Result<Plan> {
+    let mut step = Step::new("ExpandableMemoryResource")
+        .arg("initial_pool_size", opt(options.initial_pool_size))
+        .arg("maximum_pool_size", opt(options.maximum_pool_size))
+        .arg("release_threshold", opt(options.release_threshold))
+        .arg("page_size", Arg::Int(crate::resource::HOST_PAGE_SIZE))
+        .arg("pinned_host", Arg::Bool(true));
+    if let Target::Simulated(size) = target {
+        step = step.arg("simulated_capacity", Arg::Int(size));
+    }
+    Ok(suballocator("pinned_expandable", vec![step]))
+}
+
+fn describe_pinned(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
+    base_words(
+        target,
+        "pinned host memory (cuMemHostAlloc; from 4 MiB, pages registered on the GPU's NUMA node)",
+    )
+}
+
+fn describe_pinned_pool(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let (sizes, pool_sizes) = pool_words(options, handles);
+    let over = match target {
+        Target::Simulated(size) => format!("simulated host memory ({})", human(size)),
+        Target::Device => "pinned host memory".into(),
+    };
+    (
+        format!(
+            "coalescing pool, {}, over {over}",
+            sizes.replace("the device", "host memory")
+        ),
+        pool_sizes,
+        None,
+    )
+}
+
+fn describe_pinned_expandable(
+    target: Target,
+    options: &StackOptions,
+    handles: &[Handle],
+) -> Description {
+    let mapped = handles.iter().find_map(|h| match h {
+        Handle::Expandable(e) => Some(e.mapped_bytes()),
+        _ => None,
+    });
+    let over = match target {
+        Target::Simulated(size) => format!("simulated host memory ({}, virtual)", human(size)),
+        Target::Device => "host memory registered with CUDA (cuMemHostRegister)".into(),
+    };
+    let maximum = options
+        .maximum_pool_size
+        .map_or_else(|| "host memory".into(), human);
+    (
+        format!("expandable pool, 32 MiB pages, maximum {maximum}, over {over}"),
+        mapped.map(|m| (m, options.maximum_pool_size)),
+        None,
+    )
 }
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {

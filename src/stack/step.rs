@@ -9,8 +9,9 @@ use crate::adaptor::{
 use crate::cuda::PoolExport;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource, DEFAULT_PAGE_SIZE,
+    CudaAsyncMemoryResource, CudaMemoryResource, HostVirtualMemory, PinnedHostMemoryResource,
+    SharedResource, SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource,
+    DEFAULT_PAGE_SIZE,
 };
 use crate::suballocator::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
@@ -179,17 +180,31 @@ pub fn build_step(step: &Step, below: Option<&SharedResource>) -> Result<(Shared
         "ExpandableMemoryResource" => {
             let (initial, maximum) = (step.int("initial_pool_size"), step.int("maximum_pool_size"));
             let threshold = step.int("release_threshold");
+            let page = step.int("page_size");
+            let pinned_host = step.flag("pinned_host").unwrap_or(false);
             let mr = match step.int("simulated_capacity") {
                 Some(capacity) => ExpandableMemoryResource::new(
                     Arc::new(SimulatedVirtualMemory::new(
                         capacity,
                         capacity.saturating_mul(DEFAULT_RESERVE_FACTOR),
-                        DEFAULT_PAGE_SIZE,
+                        page.unwrap_or(DEFAULT_PAGE_SIZE),
                     )?),
                     initial,
                     maximum,
                     threshold,
                 )?,
+                None if pinned_host => {
+                    let device = crate::cuda::current_device()?;
+                    let (_, host_total) = crate::os::host_pages::host_memory_info()
+                        .ok_or_else(|| Error::Logic("host memory size unknown".into()))?;
+                    let vm = HostVirtualMemory::new(
+                        maximum.unwrap_or(host_total),
+                        page,
+                        true,
+                        crate::cuda::host_numa_node(device),
+                    )?;
+                    ExpandableMemoryResource::new(Arc::new(vm), initial, maximum, threshold)?
+                }
                 None => ExpandableMemoryResource::on_device(
                     crate::cuda::current_device()?,
                     None,

@@ -25,6 +25,12 @@ def gpu_skip_reason() -> str:
     return "no CUDA device"
 
 
+def skip_module_without_gpu() -> None:
+    """Skips the calling test module, with the reason, where there is no CUDA driver or device."""
+    if not gpu_available():
+        pytest.skip(gpu_skip_reason(), allow_module_level=True)
+
+
 @pytest.fixture
 def system_mr():
     """Makes a SystemMemoryResource the current device's resource for the test."""

@@ -681,3 +681,26 @@ def test_plot_with_fit_and_failures_per_resource(capsys, tmp_path, small_log):
     # Legend entries: one per resource's footprint, failures and fit.
     for label in ["bytes in use", "pool: footprint", "fits in", "failed ("]:
         assert label in svg
+
+
+def test_a_pinned_pattern_that_changes_does_not_grow_the_expandable_pool(capsys, tmp_path):
+    # The pinned-memory users' pattern: 10 x 1 GiB, then 20 x 512 MiB, then 5 x 2 GiB, each
+    # phase freed before the next, replayed on 64 GiB of simulated host memory.
+    gib = 1 << 30
+    rows, addr = [HEADER], 0x7F0000000000
+    for count, size in ((10, gib), (20, gib // 2), (5, 2 * gib)):
+        ptrs = [addr + i * size for i in range(count)]
+        rows += [f"1,t,allocate,{p:#x},{size},0" for p in ptrs]
+        rows += [f"1,t,free,{p:#x},{size},0" for p in ptrs]
+    log = tmp_path / "pinned_pattern.csv"
+    log.write_text("\n".join(rows) + "\n")
+    doc = replay_json(capsys, str(log), "--simulate", "64GiB", "--compare",
+                      "pinned_expandable,pinned_pool", "--initial-pool-size", "0",
+                      "--repeat", "1")
+    by = {r["resource"]: r for r in doc["reports"]}
+    assert by["pinned_expandable"]["failed_allocations"] == 0
+    # The expandable pool maps the first phase's 10 GiB (and some growth rounding) and reuses
+    # it for the later phases.
+    assert 10 * gib <= by["pinned_expandable"]["peak_footprint"] < 10.5 * gib
+    # The pool cannot join its growth chunks: the 2 GiB phase grows it well past 10 GiB.
+    assert by["pinned_pool"]["peak_footprint"] > 12 * gib

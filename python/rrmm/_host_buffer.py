@@ -1,0 +1,208 @@
+"""``rrmm.HostBuffer``: host memory from a host resource (pinned by default), that numpy, CuPy
+and PyTorch use without a copy, and that device buffers copy to and from on a stream without
+waiting.
+
+The buffer protocol: on Python 3.12 and later a ``HostBuffer`` is itself a buffer
+(``memoryview(hb)``, ``numpy.frombuffer(hb)``, ``torch.frombuffer(hb)``); on every version
+``hb.view()`` is a writable ``memoryview`` over it and ``numpy.asarray(hb)`` uses its
+``__array_interface__``. Each view keeps the buffer alive.
+
+Asynchronous copies (``copy_from_device``, ``copy_to_device``, and ``DeviceBuffer.copy_to_host``
+/ ``copy_from_host`` given a ``HostBuffer``) are queued on a stream and not waited for; the
+buffer remembers the stream, and every host-side access through the buffer (``view()``, the
+buffer protocol, ``__array_interface__``, ``tobytes()``) and its free wait for it first. An
+array made from the buffer earlier does not wait: call ``hb.synchronize()`` before reading it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import weakref
+from typing import Any
+
+from rrmm import _rrmm
+
+__all__ = ["HostBuffer", "get_current_host_resource", "set_current_host_resource"]
+
+_current_host: Any = None
+
+
+def get_current_host_resource() -> Any:
+    """The process-wide host resource (``HostBuffer``'s default, CuPy's pinned allocator hook):
+    the one set with ``set_current_host_resource``, else a ``PinnedHostMemoryResource`` made on
+    first use (a ``SystemMemoryResource`` where no CUDA driver is available)."""
+    global _current_host
+    if _current_host is None:
+        from rrmm import mr
+
+        if _rrmm.driver_available():
+            _current_host = mr.PinnedHostMemoryResource()
+        else:
+            _current_host = mr.SystemMemoryResource()
+        _rrmm._set_current_host_resource(_current_host)
+    return _current_host
+
+
+def set_current_host_resource(resource: Any) -> None:
+    """Sets the process-wide host resource: any resource whose memory the host can read and
+    write (``PinnedHostMemoryResource``, a pool over it, the ``pinned_expandable`` stack,
+    ``SystemMemoryResource``); ``None`` goes back to the default."""
+    global _current_host
+    if resource is not None and not isinstance(resource, _rrmm.DeviceMemoryResource):
+        raise TypeError(
+            f"set_current_host_resource: expected a memory resource or None, got "
+            f"{type(resource).__name__}"
+        )
+    _rrmm._set_current_host_resource(resource)
+    _current_host = resource
+
+
+def _free(mr: Any, ptr: int, size: int, stream: list[Any]) -> None:
+    if stream[0] is not None:
+        stream[0].synchronize()
+    mr.deallocate(ptr, size)
+
+
+class HostBuffer:
+    """``size`` bytes of host memory from ``mr`` (default: the current host resource, pinned),
+    uninitialized; freed when the buffer and every view of it are gone."""
+
+    __slots__ = ("__weakref__", "_finalizer", "_mr", "_ptr", "_size", "_stream")
+    #: ``DeviceBuffer.copy_to_host`` / ``copy_from_host`` queue their copies through it.
+    __rrmm_host_buffer__ = True
+
+    def __init__(self, size: int = 0, mr: Any = None) -> None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"HostBuffer: size must be an int, got {type(size).__name__}")
+        if size < 0:
+            raise ValueError(f"HostBuffer: size must not be negative, got {size}")
+        if mr is None:
+            mr = get_current_host_resource()
+        kind = mr._rrmm_kind
+        if kind not in ("pinned_host", "host"):
+            raise ValueError(
+                f"HostBuffer: {type(mr).__name__} hands out {kind} memory, which the host "
+                "cannot read; use a pinned or system (host) resource"
+            )
+        ptr = mr.allocate(size) if size else 0
+        self._ptr = ptr
+        self._size = size
+        self._mr = mr
+        # The stream of the last queued copy (a one-element list, shared with the finalizer).
+        self._stream: list[Any] = [None]
+        self._finalizer = weakref.finalize(self, _free, mr, ptr, size, self._stream)
+
+    @property
+    def ptr(self) -> int:
+        """The address of the first byte (0 for an empty buffer)."""
+        return self._ptr
+
+    @property
+    def size(self) -> int:
+        """Bytes."""
+        return self._size
+
+    nbytes = size
+
+    @property
+    def mr(self) -> Any:
+        """The resource it came from."""
+        return self._mr
+
+    @property
+    def is_pinned(self) -> bool:
+        """Whether the memory is pinned (page-locked and known to CUDA)."""
+        return self._mr._rrmm_kind == "pinned_host"
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        kind = "pinned" if self.is_pinned else "pageable"
+        return f"<rrmm.HostBuffer size={self._size} ptr={self._ptr:#x} {kind}>"
+
+    def synchronize(self) -> None:
+        """Waits for the copies queued on the buffer's last stream."""
+        stream = self._stream[0]
+        if stream is not None:
+            stream.synchronize()
+            self._stream[0] = None
+
+    def view(self) -> memoryview:
+        """A writable ``memoryview`` of the bytes (format ``B``) that keeps the buffer alive;
+        waits for queued copies first."""
+        self.synchronize()
+        if self._size == 0:
+            return memoryview(bytearray())
+        array = (ctypes.c_ubyte * self._size).from_address(self._ptr)
+        # The ctypes array keeps this buffer (and so its memory) alive for as long as any view
+        # made from it lives.
+        array._rrmm_owner = self  # type: ignore[attr-defined]
+        return memoryview(array).cast("B")
+
+    if sys.version_info >= (3, 12):
+
+        def __buffer__(self, flags: int) -> memoryview:
+            """The buffer protocol (Python 3.12+): the bytes, writable."""
+            return self.view()
+
+        def __release_buffer__(self, view: memoryview) -> None:
+            view.release()
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """numpy's array interface: a writable 1-D ``uint8`` array over the bytes (numpy keeps
+        the buffer alive); waits for queued copies first."""
+        self.synchronize()
+        return {
+            "shape": (self._size,),
+            "typestr": "|u1",
+            "data": (self._ptr, False),
+            "version": 3,
+        }
+
+    def tobytes(self) -> bytes:
+        """A copy of the bytes; waits for queued copies first."""
+        return bytes(self.view())
+
+    def _queue(self, stream: Any) -> None:
+        if not _rrmm.driver_available():
+            return  # without a driver, copies happen at once
+        previous = self._stream[0]
+        if previous is not None and previous is not stream:
+            previous.synchronize()
+        self._stream[0] = stream
+
+    def copy_from_device(self, buf: Any, stream: Any = None) -> HostBuffer:
+        """Queues a copy of device buffer ``buf`` (a ``DeviceBuffer``, at most ``size`` bytes)
+        into the start of this buffer on ``stream`` (default: ``buf``'s stream) and returns at
+        once; returns ``self``."""
+        return self._copy(buf, stream, to_device=False)
+
+    def copy_to_device(self, buf: Any, stream: Any = None) -> HostBuffer:
+        """Queues a copy of this buffer's bytes (at most ``buf.size``) into the start of device
+        buffer ``buf`` on ``stream`` (default: ``buf``'s stream) and returns at once; returns
+        ``self``."""
+        return self._copy(buf, stream, to_device=True)
+
+    def _copy(self, buf: Any, stream: Any, to_device: bool) -> HostBuffer:
+        stream = _stream_of(buf, stream)
+        source, dest = (self._size, buf.size) if to_device else (buf.size, self._size)
+        if source > dest:
+            where = "DeviceBuffer" if to_device else "HostBuffer"
+            raise ValueError(f"HostBuffer: a copy of {source} bytes does not fit a {where} "
+                             f"of {dest}")
+        self._queue(stream)
+        _rrmm._copy_host_async(buf, self._ptr, source, to_device, stream)
+        return self
+
+
+def _stream_of(buf: Any, stream: Any) -> Any:
+    if not isinstance(buf, _rrmm.DeviceBuffer):
+        raise TypeError(f"expected an rrmm.DeviceBuffer, got {type(buf).__name__}")
+    if stream is None:
+        return buf.stream
+    from rrmm.pylibrmm.stream import Stream
+
+    return stream if isinstance(stream, Stream) else Stream(stream)

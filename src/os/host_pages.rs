@@ -1,0 +1,355 @@
+//! Host page ranges made ready fast: an anonymous reservation (no memory behind it), committed
+//! in parts (read-write, transparent huge pages asked for, placed on a NUMA node, and faulted in
+//! by several threads at once), and decommitted (the pages given back to the kernel).
+//!
+//! Why: pinning a range faults in each of its pages first. `cuMemHostAlloc` and
+//! `cuMemHostRegister` of untouched memory do that on one thread in the kernel (16 GiB: 7-10 s
+//! on the H100 machine); touching the pages from 16 threads with huge pages first and then
+//! registering them takes about 1 s (benches/results/2026-11-23-h100-explore/).
+
+use crate::error::{Error, Result};
+
+/// Bytes of one small page (the touch stride; huge pages are multiples of it).
+pub const SMALL_PAGE: usize = 4096;
+
+/// A transparent huge page on x86-64 and most arm64 kernels.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// The least bytes one touching thread takes: fewer threads for small ranges.
+const BYTES_PER_TOUCH_THREAD: usize = 64 << 20;
+
+/// The most threads that fault pages in at once.
+const MAX_TOUCH_THREADS: usize = 16;
+
+/// How to commit a part of a reservation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Commit {
+    /// The NUMA node to place the pages on (a preference: the kernel falls back to other
+    /// nodes when this one is full); `None` leaves the process's policy.
+    pub numa_node: Option<u32>,
+    /// Fault every page in now, from several threads.
+    pub populate: bool,
+}
+
+/// An anonymous address range, reserved without memory behind it, unmapped on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    base: usize,
+    len: usize,
+}
+
+fn os_error(call: &str, bytes: usize) -> Error {
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOMEM) {
+        Error::out_of_memory(bytes, format!("{call}: {err}"))
+    } else {
+        Error::Logic(format!("{call}: {err}"))
+    }
+}
+
+impl Reservation {
+    /// Reserves `len` bytes (rounded up to huge pages) of addresses, aligned to a huge page.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the address space runs out; [`Error::InvalidArgument`] for 0
+    /// or an overflowing length.
+    pub fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::invalid(
+                "size",
+                "a reservation needs at least one byte",
+            ));
+        }
+        let len = len
+            .checked_next_multiple_of(HUGE_PAGE)
+            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
+        let padded = len
+            .checked_add(HUGE_PAGE)
+            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
+        // SAFETY: an anonymous private mapping at an address the kernel picks; no memory is
+        // touched. PROT_NONE and MAP_NORESERVE: addresses only.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                padded,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(os_error("mmap", len));
+        }
+        let raw = raw as usize;
+        let base = raw.next_multiple_of(HUGE_PAGE);
+        let head = base - raw;
+        let tail = padded - head - len;
+        // SAFETY: the head and tail are parts of the mapping just made, outside [base, base+len).
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((base + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Reservation { base, len })
+    }
+
+    /// The first address.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Reserved bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true (a reservation holds at least one huge page); for clippy's `len` rule.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: usize, bytes: usize) -> Result<usize> {
+        match offset.checked_add(bytes) {
+            Some(end) if end <= self.len && offset % SMALL_PAGE == 0 && bytes % SMALL_PAGE == 0 => {
+                Ok(self.base + offset)
+            }
+            _ => Err(Error::invalid(
+                "range",
+                format!(
+                    "{bytes} bytes at offset {offset} are not whole pages of a reservation of {}",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    /// Makes `offset .. offset + bytes` (whole small pages) readable and writable, asks for huge
+    /// pages, places it on a node and faults it in as `how` says.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the kernel refuses the memory; [`Error::InvalidArgument`] for
+    /// a range outside the reservation.
+    pub fn commit(&self, offset: usize, bytes: usize, how: Commit) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let ptr = addr as *mut libc::c_void;
+        // SAFETY: `addr .. addr + bytes` lies inside this reservation (checked above).
+        if unsafe { libc::mprotect(ptr, bytes, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+            return Err(os_error("mprotect", bytes));
+        }
+        if bytes >= HUGE_PAGE {
+            // SAFETY: as above. Advice only: a kernel without transparent huge pages refuses
+            // it, and the range works with small pages.
+            unsafe { libc::madvise(ptr, bytes, libc::MADV_HUGEPAGE) };
+        }
+        if let Some(node) = how.numa_node {
+            // Advice too: a kernel without NUMA or a sandbox refusing mbind leaves the default.
+            prefer_node(addr, bytes, node);
+        }
+        if how.populate {
+            // SAFETY: the range was made readable and writable above and belongs to this
+            // reservation, which nothing else writes until the commit returns.
+            unsafe { touch(addr, bytes) };
+        }
+        Ok(())
+    }
+
+    /// Gives the pages of `offset .. offset + bytes` back to the kernel and makes the range
+    /// inaccessible again.
+    ///
+    /// # Safety
+    /// 1. Nothing reads or writes the range (host code, or the device through a registration)
+    ///    until it is committed again; a registration of it was undone first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the reservation.
+    pub unsafe fn decommit(&self, offset: usize, bytes: usize) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let ptr = addr as *mut libc::c_void;
+        // SAFETY: inside this reservation; nothing uses it (the caller's precondition 1).
+        unsafe {
+            libc::madvise(ptr, bytes, libc::MADV_DONTNEED);
+            if libc::mprotect(ptr, bytes, libc::PROT_NONE) != 0 {
+                return Err(os_error("mprotect", bytes));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: the whole reservation, made by `new`; its owner dropped it, so nothing uses it.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Writes a zero into every small page of `addr .. addr + bytes` from several threads, so each
+/// page is faulted in (fresh anonymous memory is zero already: the bytes do not change).
+///
+/// # Safety
+/// The range is mapped readable and writable, and nothing else uses it during the call.
+unsafe fn touch(addr: usize, bytes: usize) {
+    let threads = (bytes / BYTES_PER_TOUCH_THREAD)
+        .clamp(1, MAX_TOUCH_THREADS)
+        .min(std::thread::available_parallelism().map_or(1, |n| n.get().max(1)));
+    let per_thread = bytes.div_ceil(threads).next_multiple_of(SMALL_PAGE);
+    let touch_part = |start: usize, end: usize| {
+        let mut page = start;
+        while page < end {
+            // SAFETY: `page` lies in the caller's writable range (the function's contract).
+            unsafe { std::ptr::write_volatile(page as *mut u8, 0) };
+            page += SMALL_PAGE;
+        }
+    };
+    if threads == 1 {
+        touch_part(addr, addr + bytes);
+        return;
+    }
+    std::thread::scope(|scope| {
+        for i in 0..threads {
+            let start = addr + i * per_thread;
+            let end = (start + per_thread).min(addr + bytes);
+            if start < end {
+                scope.spawn(move || touch_part(start, end));
+            }
+        }
+    });
+}
+
+/// `MPOL_PREFERRED` (linux/mempolicy.h).
+const MPOL_PREFERRED: libc::c_int = 1;
+
+/// Asks the kernel to place the pages of the range on `node` (a preference). False when it
+/// refused (no NUMA support, a sandbox, a node that does not exist).
+fn prefer_node(addr: usize, bytes: usize, node: u32) -> bool {
+    const WORDS: usize = 16;
+    let node = node as usize;
+    if node >= WORDS * 64 {
+        return false;
+    }
+    let mut mask = [0u64; WORDS];
+    mask[node / 64] |= 1 << (node % 64);
+    // SAFETY: mbind reads `WORDS * 64` bits of `mask` (maxnode is the bit count plus one, as
+    // the kernel counts it) and changes only the policy of the caller's range.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            bytes,
+            MPOL_PREFERRED,
+            mask.as_ptr(),
+            WORDS * 64 + 1,
+            0u32,
+        )
+    };
+    rc == 0
+}
+
+/// The NUMA node the page at `addr` lives on, asked of the kernel (`move_pages` without moving
+/// anything); `None` for a page that is not present or where the kernel will not say.
+pub fn numa_node_of(addr: usize) -> Option<u32> {
+    let page = (addr & !(SMALL_PAGE - 1)) as *mut libc::c_void;
+    let mut status: libc::c_int = -1;
+    // SAFETY: one page address in, one status out; with `nodes` null nothing moves. Queries of
+    // this process (pid 0).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1usize,
+            &page as *const *mut libc::c_void,
+            std::ptr::null::<libc::c_int>(),
+            &mut status as *mut libc::c_int,
+            0,
+        )
+    };
+    (rc == 0 && status >= 0).then_some(status as u32)
+}
+
+/// The NUMA nodes the kernel lists (`/sys/devices/system/node/node*`); 1 where it lists none.
+pub fn numa_node_count() -> usize {
+    std::fs::read_dir("/sys/devices/system/node")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.strip_prefix("node")
+                        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// Total and available host memory in bytes (`/proc/meminfo`'s MemTotal and MemAvailable).
+pub fn host_memory_info() -> Option<(usize, usize)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<usize> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    Some((field("MemAvailable:")?, field("MemTotal:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_committed_range_is_zero_and_writable_and_decommits() {
+        let r = Reservation::new(3 * HUGE_PAGE + 1).unwrap();
+        assert_eq!(r.len(), 4 * HUGE_PAGE);
+        assert_eq!(r.base() % HUGE_PAGE, 0);
+        let how = Commit {
+            numa_node: Some(0),
+            populate: true,
+        };
+        r.commit(HUGE_PAGE, 2 * HUGE_PAGE, how).unwrap();
+        let bytes = r.base() + HUGE_PAGE;
+        // SAFETY: committed read-write above, owned by this test.
+        let slice = unsafe { std::slice::from_raw_parts_mut(bytes as *mut u8, 2 * HUGE_PAGE) };
+        assert!(slice.iter().all(|&b| b == 0));
+        slice.fill(7);
+        // Committed and touched: the kernel knows where the page is (node 0 on a one-node box).
+        if numa_node_count() == 1 {
+            assert_eq!(numa_node_of(bytes), Some(0));
+        }
+        // SAFETY: nothing uses the range after this.
+        unsafe { r.decommit(HUGE_PAGE, 2 * HUGE_PAGE) }.unwrap();
+        r.commit(HUGE_PAGE, HUGE_PAGE, Commit::default()).unwrap();
+        // SAFETY: committed again; decommitted pages come back as zeros.
+        let again = unsafe { std::slice::from_raw_parts(bytes as *const u8, HUGE_PAGE) };
+        assert!(again.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn ranges_outside_the_reservation_are_refused() {
+        let r = Reservation::new(HUGE_PAGE).unwrap();
+        assert!(r.commit(HUGE_PAGE, SMALL_PAGE, Commit::default()).is_err());
+        assert!(r.commit(1, SMALL_PAGE, Commit::default()).is_err());
+        assert!(r.commit(0, usize::MAX, Commit::default()).is_err());
+        assert!(Reservation::new(0).is_err());
+        assert!(Reservation::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn the_machine_has_a_node_and_memory() {
+        assert!(numa_node_count() >= 1);
+        let (available, total) = host_memory_info().unwrap();
+        assert!(available <= total && total > 0);
+        assert_eq!(numa_node_of(0), None);
+    }
+}

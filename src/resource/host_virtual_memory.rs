@@ -1,0 +1,267 @@
+//! [`HostVirtualMemory`]: host memory as a [`VirtualMemory`], so the expandable pool runs on
+//! pinned host memory: one reserved range, pages committed and registered with CUDA when the
+//! pool grows, unregistered and given back when it trims.
+//!
+//! Each maximal run of mapped pages is one registration (`cuMemHostRegister`): a map that
+//! touches a run's end re-registers the joined run, an unmap inside a run re-registers what is
+//! left on either side. So a buffer that spans two growths is still one pinned range, and a copy
+//! from it runs at the link's speed. Without registration (`pinned: false`) it is pageable host
+//! memory that works without a driver (what the CPU tests use).
+
+use super::virtual_memory::{round_up, VirtualMemory};
+use super::{CallProfile, MemoryKind};
+use crate::cuda;
+use crate::error::{Error, Result};
+use crate::os::host_pages::{host_memory_info, Commit, Reservation, HUGE_PAGE};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+
+/// The default page of host virtual memory: the unit of growth and trim.
+pub const HOST_PAGE_SIZE: usize = 32 << 20;
+
+/// Host memory mapped into one reserved range in pages; pinned when made with `pinned`.
+#[derive(Debug)]
+pub struct HostVirtualMemory {
+    reservation: Reservation,
+    page_size: usize,
+    pinned: bool,
+    numa_node: Option<u32>,
+    /// Maximal runs of mapped pages: start address -> bytes.
+    runs: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl HostVirtualMemory {
+    /// Reserves `reserve_size` bytes (rounded up to pages) of host addresses, mapped in pages of
+    /// `page_size` bytes (default [`HOST_PAGE_SIZE`], rounded up to huge pages); `pinned`:
+    /// registered with CUDA (needs a driver), pages placed on `numa_node` where given.
+    ///
+    /// # Errors
+    /// No driver (when `pinned`); [`Error::InvalidArgument`] for sizes that overflow;
+    /// [`Error::OutOfMemory`] when the address space runs out.
+    pub fn new(
+        reserve_size: usize,
+        page_size: Option<usize>,
+        pinned: bool,
+        numa_node: Option<u32>,
+    ) -> Result<Self> {
+        if pinned {
+            cuda::ensure_driver()?;
+        }
+        let page_size = round_up(page_size.unwrap_or(HOST_PAGE_SIZE).max(1), HUGE_PAGE)?;
+        let reserved = round_up(reserve_size.max(1), page_size)?;
+        Ok(HostVirtualMemory {
+            reservation: Reservation::new(reserved)?,
+            page_size,
+            pinned,
+            numa_node,
+            runs: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Whether the mapped pages are registered with CUDA.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// The NUMA node pages are placed on, where one was given.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.numa_node
+    }
+
+    /// The registered runs (start, bytes), lowest first: one per maximal run of mapped pages.
+    pub fn runs(&self) -> Vec<(usize, usize)> {
+        self.runs.lock().iter().map(|(&a, &b)| (a, b)).collect()
+    }
+
+    fn offset_of(&self, addr: usize, bytes: usize) -> Result<usize> {
+        let offset = addr.checked_sub(self.reservation.base());
+        match (offset, offset.and_then(|o| o.checked_add(bytes))) {
+            (Some(offset), Some(end))
+                if end <= self.reservation.len()
+                    && offset % self.page_size == 0
+                    && bytes % self.page_size == 0
+                    && bytes > 0 =>
+            {
+                Ok(offset)
+            }
+            _ => Err(Error::invalid(
+                "range",
+                format!(
+                    "{bytes} bytes at {addr:#x} are not whole pages of {} inside the reservation",
+                    self.page_size
+                ),
+            )),
+        }
+    }
+
+    fn register(&self, addr: usize, bytes: usize) -> Result<()> {
+        if self.pinned {
+            // SAFETY: committed pages of this reservation, unregistered before they are
+            // decommitted or the reservation is dropped.
+            unsafe { cuda::mem_host_register(addr, bytes) }
+        } else {
+            Ok(())
+        }
+    }
+
+    fn unregister(&self, addr: usize) {
+        if self.pinned {
+            // SAFETY: `addr` starts a run registered by `register`; callers unregister a run
+            // only when nothing uses the pages they take away (the unmap's precondition), and
+            // re-register the pages that stay before any use of them.
+            let _ = unsafe { cuda::mem_host_unregister(addr) };
+        }
+    }
+}
+
+impl VirtualMemory for HostVirtualMemory {
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn base(&self) -> usize {
+        self.reservation.base()
+    }
+
+    fn reserved_bytes(&self) -> usize {
+        self.reservation.len()
+    }
+
+    fn mapped_bytes(&self) -> usize {
+        self.runs.lock().values().sum()
+    }
+
+    fn map(&self, addr: usize, bytes: usize) -> Result<()> {
+        let offset = self.offset_of(addr, bytes)?;
+        let end = addr + bytes;
+        let mut runs = self.runs.lock();
+        let left = runs.range(..end).next_back().map(|(&a, &b)| (a, b));
+        if left.is_some_and(|(a, b)| a + b > addr) {
+            return Err(Error::Logic(format!(
+                "map of {bytes} bytes at {addr:#x}: part of it is mapped already"
+            )));
+        }
+        let how = Commit {
+            numa_node: self.numa_node,
+            populate: self.pinned,
+        };
+        self.reservation.commit(offset, bytes, how)?;
+        let left = left.filter(|&(a, b)| a + b == addr);
+        let right = runs.get(&end).map(|&b| (end, b));
+        let start = left.map_or(addr, |(a, _)| a);
+        let joined = bytes + left.map_or(0, |(_, b)| b) + right.map_or(0, |(_, b)| b);
+        for &(a, _) in left.iter().chain(right.iter()) {
+            self.unregister(a);
+        }
+        if let Err(e) = self.register(start, joined) {
+            // Back to how it was: the neighbours registered again, the new pages given back.
+            for &(a, b) in left.iter().chain(right.iter()) {
+                let _ = self.register(a, b);
+            }
+            // SAFETY: the pages were committed by this call and nothing has used them.
+            let _ = unsafe { self.reservation.decommit(offset, bytes) };
+            return Err(e);
+        }
+        if let Some((a, _)) = left {
+            runs.remove(&a);
+        }
+        if let Some((a, _)) = right {
+            runs.remove(&a);
+        }
+        runs.insert(start, joined);
+        Ok(())
+    }
+
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        let offset = self.offset_of(addr, bytes)?;
+        let end = addr + bytes;
+        let mut runs = self.runs.lock();
+        let (start, len) = runs
+            .range(..=addr)
+            .next_back()
+            .map(|(&a, &b)| (a, b))
+            .filter(|&(a, b)| a + b >= end)
+            .ok_or_else(|| {
+                Error::Logic(format!(
+                    "unmap of {bytes} bytes at {addr:#x}: not all of it is mapped"
+                ))
+            })?;
+        self.unregister(start);
+        runs.remove(&start);
+        let pieces = [(start, addr - start), (end, start + len - end)];
+        for (a, b) in pieces {
+            if b > 0 {
+                // Pages that stay keep their registration (a failure leaves them pageable:
+                // still correct memory, copied at pageable speed).
+                let _ = self.register(a, b);
+                runs.insert(a, b);
+            }
+        }
+        // SAFETY: unregistered above; nothing uses the range (the caller's precondition 1).
+        unsafe { self.reservation.decommit(offset, bytes) }
+    }
+
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        host_memory_info()
+    }
+
+    fn kind(&self) -> MemoryKind {
+        if self.pinned {
+            MemoryKind::PinnedHost
+        } else {
+            MemoryKind::Host
+        }
+    }
+
+    fn device(&self) -> Option<usize> {
+        None
+    }
+
+    fn call_profile(&self) -> CallProfile {
+        // Page faults of many pages, registration: calls that block.
+        CallProfile::BLOCKING
+    }
+}
+
+impl Drop for HostVirtualMemory {
+    fn drop(&mut self) {
+        let starts: Vec<usize> = self.runs.get_mut().keys().copied().collect();
+        for start in starts {
+            self.unregister(start);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: usize = HUGE_PAGE;
+
+    #[test]
+    fn runs_join_on_map_and_split_on_unmap() {
+        let vm = HostVirtualMemory::new(8 * PAGE, Some(PAGE), false, None).unwrap();
+        let b = vm.base();
+        vm.map(b + 2 * PAGE, PAGE).unwrap();
+        vm.map(b, PAGE).unwrap();
+        assert_eq!(vm.runs(), vec![(b, PAGE), (b + 2 * PAGE, PAGE)]);
+        vm.map(b + PAGE, PAGE).unwrap();
+        assert_eq!(vm.runs(), vec![(b, 3 * PAGE)]);
+        assert_eq!(vm.mapped_bytes(), 3 * PAGE);
+        // SAFETY: host memory nothing uses.
+        unsafe {
+            std::ptr::write_bytes((b + 2 * PAGE) as *mut u8, 9, PAGE);
+            vm.unmap(b + PAGE, PAGE).unwrap();
+        }
+        assert_eq!(vm.runs(), vec![(b, PAGE), (b + 2 * PAGE, PAGE)]);
+        // SAFETY: still mapped: its bytes survived the unmap beside it.
+        assert_eq!(unsafe { *((b + 3 * PAGE - 1) as *const u8) }, 9);
+        assert!(vm.map(b + 2 * PAGE, PAGE).is_err(), "mapped twice");
+        // SAFETY: host memory nothing uses (and the call is refused).
+        let twice = unsafe { vm.unmap(b + PAGE, PAGE) };
+        assert!(twice.is_err(), "unmapped twice");
+        assert!(vm.map(b + 8 * PAGE, PAGE).is_err(), "outside");
+        assert!(vm.map(b + 1, PAGE).is_err(), "not a page");
+        assert_eq!(vm.kind(), MemoryKind::Host);
+    }
+}

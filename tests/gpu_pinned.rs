@@ -1,0 +1,110 @@
+//! GPU tests of pinned host memory (issue 20): large allocations registered on the GPU's NUMA
+//! node, small ones from `cuMemHostAlloc`, asynchronous copies with the data checked, and the
+//! expandable pool on registered host memory. They need a CUDA GPU and are ignored elsewhere.
+
+use rrmm::cuda::{self, OwnedStream};
+use rrmm::os::host_pages::{numa_node_count, numa_node_of};
+use rrmm::resource::{HostVirtualMemory, PinnedOptions, VirtualMemory};
+use rrmm::suballocator::ExpandableMemoryResource;
+use rrmm::{CudaMemoryResource, MemoryResource, PinnedHostMemoryResource, Stream};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) {
+    // SAFETY: `ptr` came from `mr` with `bytes` and is freed once, after the work using it.
+    unsafe { mr.deallocate(ptr, bytes, stream) }.unwrap();
+}
+
+/// Host -> device -> host through `ptr` (pinned, `bytes` long), asynchronously on one stream.
+fn round_trip(ptr: usize, bytes: usize) {
+    let device = CudaMemoryResource::new().unwrap();
+    let stream = OwnedStream::new(true).unwrap();
+    let d = device.allocate(bytes, stream.stream()).unwrap();
+    // SAFETY: `ptr` holds `bytes` bytes of pinned host memory owned by the caller.
+    let host = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, bytes) };
+    for (i, b) in host.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    // SAFETY: both ranges are live for `bytes`; the stream is synchronized before either is
+    // read or freed.
+    unsafe { cuda::memcpy_async(d, ptr, bytes, stream.stream()) }.unwrap();
+    stream.synchronize().unwrap();
+    host.fill(0);
+    // SAFETY: as above.
+    unsafe { cuda::memcpy_async(ptr, d, bytes, stream.stream()) }.unwrap();
+    stream.synchronize().unwrap();
+    assert!(host.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    free(&device, d, bytes, stream.stream());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_large_allocation_is_registered_on_the_gpus_node_and_copies() {
+    let mr = PinnedHostMemoryResource::new().unwrap();
+    let bytes = 64 * MIB;
+    let p = mr.allocate(bytes, Stream::DEFAULT).unwrap();
+    // Registered: CUDA knows the range, exactly.
+    assert_eq!(
+        cuda::allocation_range(p).map(|(_, b)| b >= bytes),
+        Some(true)
+    );
+    let node = numa_node_of(p);
+    let nodes = numa_node_count();
+    eprintln!(
+        "driver's host NUMA node of device {}: {:?}; pages on node {node:?}; {nodes} node(s)",
+        mr.device(),
+        mr.numa_node()
+    );
+    match mr.numa_node() {
+        Some(want) => assert_eq!(node, Some(want)),
+        None if nodes == 1 => assert_eq!(node, Some(0), "one node: every page is on node 0"),
+        None => {}
+    }
+    round_trip(p, bytes);
+    free(&mr, p, bytes, Stream::DEFAULT);
+    // A small one comes from cuMemHostAlloc and copies too.
+    let q = mr.allocate(MIB, Stream::DEFAULT).unwrap();
+    assert!(cuda::allocation_range(q).is_some());
+    round_trip(q, MIB);
+    free(&mr, q, MIB, Stream::DEFAULT);
+    // Every allocation from cuMemHostAlloc when asked.
+    let all_alloc = PinnedHostMemoryResource::with_options(PinnedOptions {
+        registered_from: usize::MAX,
+        ..PinnedOptions::default()
+    })
+    .unwrap();
+    let r = all_alloc.allocate(bytes, Stream::DEFAULT).unwrap();
+    round_trip(r, bytes);
+    free(&all_alloc, r, bytes, Stream::DEFAULT);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_expandable_pinned_pool_keeps_one_registration_per_run_and_copies_across_growth() {
+    let page = 32 * MIB;
+    let vm = Arc::new(
+        HostVirtualMemory::new(1024 * MIB, Some(page), true, cuda::host_numa_node(0)).unwrap(),
+    );
+    let pool = ExpandableMemoryResource::new(vm.clone(), Some(0), None, None).unwrap();
+    let a = pool.allocate(40 * MIB, Stream::DEFAULT).unwrap();
+    let b = pool.allocate(40 * MIB, Stream::DEFAULT).unwrap();
+    assert_eq!(
+        vm.runs().len(),
+        1,
+        "growth joins the registration: {:?}",
+        vm.runs()
+    );
+    let (start, len) = vm.runs()[0];
+    assert_eq!(cuda::allocation_range(a), Some((start, len)));
+    round_trip(a, 40 * MIB);
+    round_trip(b, 40 * MIB);
+    free(&pool, a, 40 * MIB, Stream::DEFAULT);
+    pool.trim(0).unwrap();
+    // What is still live is still registered and copies.
+    assert!(vm.runs().iter().all(|&(s, l)| s <= b && b < s + l));
+    round_trip(b, 40 * MIB);
+    free(&pool, b, 40 * MIB, Stream::DEFAULT);
+    pool.trim(0).unwrap();
+    assert_eq!(vm.mapped_bytes(), 0);
+}
