@@ -96,12 +96,15 @@ def run_lib(lib: str, pool_bytes: int) -> dict[str, Any]:
         big.deallocate(p, 256 * MIB)
         del big
         if lib == "rrmm":
-            from rrmm import _stack
-
+            print(json.dumps(out), flush=True)  # the rows so far, should the next part fail
             t0 = time.perf_counter()
-            exp = _stack.build("pinned_expandable", initial_pool_size=pool_bytes)
+            exp = mr.ExpandableMemoryResource(pinned_host=True, initial_pool_size=pool_bytes)
             out["expandable_ready_s"] = time.perf_counter() - t0
+            p = exp.allocate(256 * MIB)
+            out["expandable_h2d_256MiB_GBps"] = h2d_gbps(p, 256 * MIB)
+            exp.deallocate(p, 256 * MIB)
             del exp
+            out.update(_torch_view_check())
     elif lib == "torch":
         import torch
 
@@ -126,6 +129,28 @@ def run_lib(lib: str, pool_bytes: int) -> dict[str, Any]:
         out["pool_ready_s"] = time.perf_counter() - t0
         out["h2d_256MiB_GBps"] = h2d_gbps(big.ptr, 256 * MIB)
         out["page_node"] = page_node(big.ptr)
+    return out
+
+
+def _torch_view_check() -> dict[str, Any]:
+    """Whether PyTorch and CUDA see rrmm's pinned memory as pinned, per path."""
+    import cupy
+    import rrmm
+
+    out: dict[str, Any] = {}
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "not installed"}
+    torch.cuda.init()  # PyTorch answers is_pinned() only once its CUDA state is up
+    for name, size in (("hostalloc", MIB), ("registered", 8 * MIB)):
+        hb = rrmm.HostBuffer(size)
+        attrs = cupy.cuda.runtime.pointerGetAttributes(hb.ptr)
+        out[f"{name}_cuda_type"] = int(attrs.type)
+        if sys.version_info >= (3, 12):
+            out[f"{name}_torch_is_pinned"] = bool(torch.frombuffer(hb, dtype=torch.uint8)
+                                                  .is_pinned())
+    out["torch_cuda_initialized"] = torch.cuda.is_initialized()
     return out
 
 
@@ -176,13 +201,15 @@ def main() -> None:
         cells = []
         for lib in libs:
             v = results[lib].get(key)
-            cells.append("-" if v is None else (f"{v * scale:.3g}" if isinstance(v, float)
+            cells.append("-" if v is None else (f"{v * scale:.4g}" if key != "page_node"
                                                  else str(v)))
         print(f"{label:46s}" + "".join(f"{c:>12s}" for c in cells))
     r = results.get("rrmm", {})
     for key in ("hostalloc_1MiB_ns", "registered_1MiB_ns", "hostalloc_64MiB_ns",
-                "registered_64MiB_ns", "expandable_ready_s", "numa_node_driver",
-                "registered_from"):
+                "registered_64MiB_ns", "expandable_ready_s", "expandable_h2d_256MiB_GBps",
+                "numa_node_driver", "registered_from", "hostalloc_cuda_type",
+                "registered_cuda_type", "hostalloc_torch_is_pinned",
+                "registered_torch_is_pinned", "torch_cuda_initialized"):
         if key in r:
             print(f"rrmm {key}: {r[key]}")
     for lib, res in results.items():

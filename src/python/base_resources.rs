@@ -178,7 +178,7 @@ impl SamHeadroomMemoryResource {
 }
 
 /// Pinned host memory of the current device's context. rrmm: allocations of at least
-/// `registered_from` bytes (default 4 MiB) are made fast (pages placed on `numa_node`, by default
+/// `registered_from` bytes (default 1 MiB) are made fast (pages placed on `numa_node`, by default
 /// the node the driver reports closest to the device, faulted in by several threads, then
 /// registered); smaller ones come from `cudaHostAlloc`.
 #[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]

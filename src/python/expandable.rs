@@ -35,6 +35,7 @@ impl ExpandableMemoryResource {
         reserve_size=None,
         page_size=None,
         simulated_capacity=None,
+        pinned_host=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -46,6 +47,7 @@ impl ExpandableMemoryResource {
         reserve_size: Option<&Bound<'_, PyAny>>,
         page_size: Option<&Bound<'_, PyAny>>,
         simulated_capacity: Option<&Bound<'_, PyAny>>,
+        pinned_host: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
@@ -67,6 +69,11 @@ impl ExpandableMemoryResource {
                     Some(d) => d,
                     None => crate::cuda::current_device()?,
                 };
+                if pinned_host {
+                    return RsExpandable::on_pinned_host(
+                        device, reserve, page, initial, maximum, threshold,
+                    );
+                }
                 RsExpandable::on_device(device, reserve, page, initial, maximum, threshold)
             }
         }))?;

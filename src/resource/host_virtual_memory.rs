@@ -26,6 +26,8 @@ pub struct HostVirtualMemory {
     page_size: usize,
     pinned: bool,
     numa_node: Option<u32>,
+    /// The device whose context registers the pages (when pinned).
+    device: usize,
     /// Maximal runs of mapped pages: start address -> bytes.
     runs: Mutex<BTreeMap<usize, usize>>,
 }
@@ -44,9 +46,7 @@ impl HostVirtualMemory {
         pinned: bool,
         numa_node: Option<u32>,
     ) -> Result<Self> {
-        if pinned {
-            cuda::ensure_driver()?;
-        }
+        let device = if pinned { cuda::current_device()? } else { 0 };
         let page_size = round_up(page_size.unwrap_or(HOST_PAGE_SIZE).max(1), HUGE_PAGE)?;
         let reserved = round_up(reserve_size.max(1), page_size)?;
         Ok(HostVirtualMemory {
@@ -54,12 +54,23 @@ impl HostVirtualMemory {
             page_size,
             pinned,
             numa_node,
+            device,
             runs: Mutex::new(BTreeMap::new()),
         })
     }
 
+    /// Pinned host memory for device `device`: registered in its context, pages on the host
+    /// NUMA node the driver reports closest to it.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn pinned(device: usize, reserve_size: usize, page_size: Option<usize>) -> Result<Self> {
+        let _ctx = cuda::ContextGuard::new(device)?;
+        Self::new(reserve_size, page_size, true, cuda::host_numa_node(device))
+    }
+
     /// Whether the mapped pages are registered with CUDA.
-    pub fn pinned(&self) -> bool {
+    pub fn is_pinned(&self) -> bool {
         self.pinned
     }
 
@@ -96,6 +107,7 @@ impl HostVirtualMemory {
 
     fn register(&self, addr: usize, bytes: usize) -> Result<()> {
         if self.pinned {
+            let _ctx = cuda::ContextGuard::new(self.device)?;
             // SAFETY: committed pages of this reservation, unregistered before they are
             // decommitted or the reservation is dropped.
             unsafe { cuda::mem_host_register(addr, bytes) }
@@ -106,6 +118,7 @@ impl HostVirtualMemory {
 
     fn unregister(&self, addr: usize) {
         if self.pinned {
+            let _ctx = cuda::ContextGuard::new(self.device);
             // SAFETY: `addr` starts a run registered by `register`; callers unregister a run
             // only when nothing uses the pages they take away (the unmap's precondition), and
             // re-register the pages that stay before any use of them.

@@ -4,7 +4,7 @@
 
 use crate::cuda;
 use crate::error::Result;
-use crate::os::host_pages::{Commit, Reservation};
+use crate::os::host_pages::{Commit, Reservation, HUGE_PAGE, SMALL_PAGE};
 
 /// A registered (pinned) host range of its own reservation.
 #[derive(Debug)]
@@ -22,7 +22,13 @@ impl PinnedPages {
     pub fn new(bytes: usize, numa_node: Option<u32>) -> Result<Self> {
         cuda::ensure_driver()?;
         let reservation = Reservation::new(bytes)?;
-        let committed = reservation.len();
+        // Whole huge pages from 2 MiB (the kernel backs them with huge pages where it can);
+        // below, only the small pages the request needs.
+        let committed = if bytes >= HUGE_PAGE {
+            reservation.len()
+        } else {
+            bytes.next_multiple_of(SMALL_PAGE)
+        };
         reservation.commit(
             0,
             committed,

@@ -408,7 +408,7 @@ fn plan_pinned_expandable(target: Target, options: &StackOptions) -> Result<Plan
 fn describe_pinned(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
     base_words(
         target,
-        "pinned host memory (cuMemHostAlloc; from 4 MiB, pages registered on the GPU's NUMA node)",
+        "pinned host memory (cuMemHostAlloc; from 1 MiB, pages registered on the GPU's NUMA node)",
     )
 }
 

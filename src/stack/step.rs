@@ -9,9 +9,8 @@ use crate::adaptor::{
 use crate::cuda::PoolExport;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, HostVirtualMemory, PinnedHostMemoryResource,
-    SharedResource, SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource,
-    DEFAULT_PAGE_SIZE,
+    CudaAsyncMemoryResource, CudaMemoryResource, PinnedHostMemoryResource, SharedResource,
+    SimulatedMemoryResource, SimulatedVirtualMemory, SystemMemoryResource, DEFAULT_PAGE_SIZE,
 };
 use crate::suballocator::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
@@ -193,18 +192,14 @@ pub fn build_step(step: &Step, below: Option<&SharedResource>) -> Result<(Shared
                     maximum,
                     threshold,
                 )?,
-                None if pinned_host => {
-                    let device = crate::cuda::current_device()?;
-                    let (_, host_total) = crate::os::host_pages::host_memory_info()
-                        .ok_or_else(|| Error::Logic("host memory size unknown".into()))?;
-                    let vm = HostVirtualMemory::new(
-                        maximum.unwrap_or(host_total),
-                        page,
-                        true,
-                        crate::cuda::host_numa_node(device),
-                    )?;
-                    ExpandableMemoryResource::new(Arc::new(vm), initial, maximum, threshold)?
-                }
+                None if pinned_host => ExpandableMemoryResource::on_pinned_host(
+                    crate::cuda::current_device()?,
+                    None,
+                    page,
+                    initial,
+                    maximum,
+                    threshold,
+                )?,
                 None => ExpandableMemoryResource::on_device(
                     crate::cuda::current_device()?,
                     None,

@@ -27,8 +27,8 @@ use super::stream_ordered::{default_events_for, StreamOrderedCore};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CallProfile, CudaVirtualMemory, MemoryKind, MemoryResource, PoolReport, VirtualMemory,
-    ALLOCATION_ALIGNMENT,
+    CallProfile, CudaVirtualMemory, HostVirtualMemory, MemoryKind, MemoryResource, PoolReport,
+    VirtualMemory, ALLOCATION_ALIGNMENT,
 };
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -90,6 +90,39 @@ impl ExpandableMemoryResource {
         let vm: Arc<dyn VirtualMemory> =
             Arc::new(CudaVirtualMemory::new(device, reserve, page_size)?);
         Self::new(vm, initial_pool_size, maximum_pool_size, release_threshold)
+    }
+
+    /// An expandable pool on pinned host memory for device `device` ([`HostVirtualMemory`]
+    /// registered with CUDA, pages on the device's host NUMA node): `reserve_size` bytes of
+    /// addresses (default: the maximum, else the host's memory), pages of `page_size` bytes
+    /// (default [`HOST_PAGE_SIZE`](crate::resource::HOST_PAGE_SIZE)); the other sizes as
+    /// [`on_device`](Self::on_device).
+    ///
+    /// # Errors
+    /// No driver, the host's memory size unknown, out of addresses or memory.
+    pub fn on_pinned_host(
+        device: usize,
+        reserve_size: Option<usize>,
+        page_size: Option<usize>,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        release_threshold: Option<usize>,
+    ) -> Result<Self> {
+        let reserve = match reserve_size.or(maximum_pool_size) {
+            Some(r) => r,
+            None => {
+                crate::os::host_pages::host_memory_info()
+                    .ok_or_else(|| Error::Logic("the host's memory size is unknown".into()))?
+                    .1
+            }
+        };
+        let vm = HostVirtualMemory::pinned(device, reserve, page_size)?;
+        Self::new(
+            Arc::new(vm),
+            initial_pool_size,
+            maximum_pool_size,
+            release_threshold,
+        )
     }
 
     /// An expandable pool over `vm` (see [`on_device`](Self::on_device) for the sizes).

@@ -89,6 +89,8 @@ def test_torch_uses_a_host_buffer_without_a_copy():
     torch = pytest.importorskip("torch")
     if sys.version_info < (3, 12):
         pytest.skip("torch.frombuffer needs the buffer protocol of Python 3.12")
+    # PyTorch answers is_pinned() only once its CUDA state is initialized (else False).
+    torch.cuda.init()
     hb = rrmm.HostBuffer(4 * MiB)
     t = torch.frombuffer(hb, dtype=torch.uint8)
     assert t.data_ptr() == hb.ptr and t.is_pinned()
