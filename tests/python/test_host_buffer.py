@@ -118,3 +118,20 @@ def test_copies_match_a_model(ops):
         assert hosts[h].tobytes() == bytes(model_h[h])
     for db, m in zip(devices, model_d):
         assert db.tobytes() == bytes(m)
+
+
+def test_the_pinned_allocator_hook_allocates_from_the_current_host_resource():
+    # CuPy's pinned hook (rrmm.allocators.cupy.rmm_cupy_pinned_allocator) wraps this call.
+    from rrmm import _rrmm
+
+    stats = mr.StatisticsResourceAdaptor(mr.SystemMemoryResource())
+    before = mr.get_current_host_resource()
+    try:
+        mr.set_current_host_resource(stats)
+        alloc = _rrmm.pinned_allocate(4096)
+        assert alloc.ptr != 0 and alloc.size == 4096
+        assert stats.allocation_counts.current_bytes == 4096
+        alloc.free()
+        assert stats.allocation_counts.current_bytes == 0
+    finally:
+        mr.set_current_host_resource(before)
