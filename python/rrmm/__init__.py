@@ -23,7 +23,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import parse_bytes
-from rrmm._snapshot import memory_snapshot
+from rrmm._snapshot import memory_snapshot, memory_summary
 from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
 from rrmm.pylibrmm.device_buffer import DeviceBuffer
@@ -52,6 +52,7 @@ __all__ = [
     "is_initialized",
     "level_enum",
     "memory_snapshot",
+    "memory_summary",
     "mr",
     "parse_bytes",
     "register_reinitialize_hook",

@@ -247,6 +247,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 3 when any allocation failed (or could not be served) on any "
+        "resource: a CI job can gate on 'this log fits with these settings'",
+    )
+    parser.add_argument(
         "--lenient",
         action="store_true",
         help="skip bad lines of a log with a counted warning instead of stopping",
@@ -518,7 +524,7 @@ def _draw(plt: Any, reports: list[ReplayRecord], path: str, fits: Sequence[FitRe
 
 def run(args: argparse.Namespace) -> int:
     """Run ``rrmm replay`` with parsed arguments; returns the exit status (0 ok, 1 plotting
-    impossible, 2 bad input or arguments)."""
+    impossible, 2 bad input or arguments, 3 with ``--check`` when an allocation failed)."""
     from rrmm import _rrmm
 
     def fail(message: str) -> int:
@@ -604,4 +610,12 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"--plot {args.plot!r}: {e}")
         if not args.json:
             print(f"plot written to {args.plot}")
+    if args.check:
+        failing = [r for r in reports
+                   if r.get("failed_allocations") or r.get("unservable_allocations")
+                   or r.get("error")]
+        if failing:
+            names = ", ".join(sorted({str(r["resource"]) for r in failing}))
+            print(f"rrmm replay --check: allocations failed on: {names}", file=sys.stderr)
+            return 3
     return 0

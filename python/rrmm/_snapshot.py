@@ -8,7 +8,7 @@ from typing import Any
 import rrmm.mr
 from rrmm import _rrmm
 
-__all__ = ["memory_snapshot"]
+__all__ = ["memory_snapshot", "memory_summary"]
 
 
 def memory_snapshot(device: int | None = None) -> dict[str, Any]:
@@ -32,3 +32,15 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     segments = _rrmm._memory_snapshot(mr, device)
     traces: list[list[dict[str, Any]]] = [[] for _ in range(max(1, _rrmm.device_count()))]
     return {"segments": [] if segments is None else segments, "device_traces": traces}
+
+
+def memory_summary(device: int | None = None) -> str:
+    """What the resource chain of ``device`` (the current device when None) holds, as text
+    (PyTorch's ``torch.cuda.memory_summary`` is the model): each resource from the top, with
+    held, in-use and free bytes, the largest free block and fragmentation where it keeps
+    memory, and the free and total memory below the chain. An out-of-memory error carries the
+    same table with a hint."""
+    if device is None:
+        device = _rrmm._current_device()
+    mr = rrmm.mr.get_per_device_resource(int(device))
+    return f"rrmm memory summary, device {int(device)}\n{_rrmm._memory_summary(mr)}"

@@ -3,6 +3,7 @@
 use crate::cuda::Stream as RawStream;
 use crate::device_buffer::copy_bytes;
 use crate::os::host_memory::Access;
+use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::{MemoryKind, SharedResource};
 use crate::DeviceBuffer as RsBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -156,7 +157,10 @@ impl PyDeviceBuffer {
         shared: SharedResource,
     ) -> PyResult<Self> {
         let profile = mr.get().profile();
-        let buf = gil::call(py, profile, || RsBuffer::new(size, raw, shared));
+        let buf = gil::call(py, profile, || {
+            RsBuffer::new(size, raw, shared.clone())
+                .map_err(|e| explain_out_of_memory(e, &shared, size))
+        });
         Ok(PyDeviceBuffer {
             buf: Some(py_result(buf)?),
             mr: mr.unbind(),

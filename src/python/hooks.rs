@@ -8,6 +8,7 @@
 use super::cupy_stream::AllocationStream;
 use super::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
+use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::MemoryKind;
 use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
 use pyo3::prelude::*;
@@ -70,7 +71,9 @@ pub(crate) fn allocate_from(
         Context::Make => context_for(mr.as_ref(), device)?,
         Context::AlreadyCurrent => None,
     };
-    let ptr = mr.allocate(bytes, stream)?;
+    let ptr = mr
+        .allocate(bytes, stream)
+        .map_err(|e| explain_out_of_memory(e, &mr, bytes))?;
     Ok((ptr, Some(mr)))
 }
 

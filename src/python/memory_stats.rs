@@ -87,7 +87,15 @@ fn segment_dict<'py>(
     Ok(d)
 }
 
+/// The chain of `mr` with what each resource holds (`rrmm.memory_summary`).
+#[pyfunction]
+fn _memory_summary(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> String {
+    let inner = mr.inner.clone();
+    py.detach(|| crate::resource::memory_summary::memory_summary(&inner))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_memory_summary, m)?)?;
     m.add_function(wrap_pyfunction!(_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_peak_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_memory_snapshot, m)?)?;

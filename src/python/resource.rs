@@ -2,6 +2,7 @@
 //! deallocate, through the one GIL helper) and `UpstreamResourceAdaptor` (a resource over another), with the
 //! initializer chains their subclasses use.
 
+use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
@@ -65,7 +66,10 @@ impl DeviceMemoryResource {
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
-        py_result(gil::call(py, self.profile(), || mr.allocate(nbytes, raw)))
+        py_result(gil::call(py, self.profile(), || {
+            mr.allocate(nbytes, raw)
+                .map_err(|e| explain_out_of_memory(e, mr, nbytes))
+        }))
     }
 
     /// Returns `ptr` (allocated with the same `nbytes`) on `stream`.

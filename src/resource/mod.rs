@@ -9,6 +9,7 @@ mod direct;
 pub mod graph;
 mod host_virtual_memory;
 mod managed;
+pub mod memory_summary;
 mod pinned_host;
 mod pinned_pages;
 mod simulated;

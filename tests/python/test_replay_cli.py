@@ -704,3 +704,19 @@ def test_a_pinned_pattern_that_changes_does_not_grow_the_expandable_pool(capsys,
     assert 10 * gib <= by["pinned_expandable"]["peak_footprint"] < 10.5 * gib
     # The pool cannot join its growth chunks: the 2 GiB phase grows it well past 10 GiB.
     assert by["pinned_pool"]["peak_footprint"] > 12 * gib
+
+
+def test_check_exits_nonzero_only_when_an_allocation_fails(capsys, small_log):
+    # The log peaks at 4096 bytes in use: a pool capped at 2048 bytes fails some of them.
+    code, _, _ = replay(capsys, small_log, "--simulate", "1GiB", "--resource", "pool",
+                        "--repeat", "1", "--check")
+    assert code == 0
+    code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--resource", "pool",
+                          "--maximum-pool-size", "2048", "--initial-pool-size", "2048",
+                          "--repeat", "1", "--check")
+    assert code == 3, err
+    assert "allocations failed on: pool" in err
+    code, _, _ = replay(capsys, small_log, "--simulate", "1GiB", "--resource", "pool",
+                        "--maximum-pool-size", "2048", "--initial-pool-size", "2048",
+                        "--repeat", "1")
+    assert code == 0  # without --check, a report, not a verdict
