@@ -23,7 +23,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import parse_bytes
-from rrmm._snapshot import memory_snapshot, memory_summary
+from rrmm._snapshot import memory_snapshot, memory_summary, record_memory_history
 from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
 from rrmm.pylibrmm.device_buffer import DeviceBuffer
@@ -55,6 +55,7 @@ __all__ = [
     "memory_summary",
     "mr",
     "parse_bytes",
+    "record_memory_history",
     "register_reinitialize_hook",
     "reinitialize",
     "rmm_cupy_allocator",

@@ -48,9 +48,11 @@ __all__ = [
     "_copy_host_async",
     "_current_device",
     "_device_attribute",
+    "_memory_history",
     "_memory_snapshot",
     "_memory_stats",
     "_memory_summary",
+    "_record_memory_history",
     "_reset_peak_memory_stats",
     "_set_current_host_resource",
     "_set_device",
@@ -594,6 +596,8 @@ def _stack_plan(
 def _stack_kinds() -> list[tuple[str, str]]: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).
+def _record_memory_history(enabled: bool, max_entries: int = 100000, stacks: bool = True) -> None: ...
+def _memory_history(device: int) -> list[dict[str, Any]]: ...
 def _memory_summary(mr: DeviceMemoryResource) -> str: ...
 def _memory_stats(mr: DeviceMemoryResource) -> dict[str, int] | None: ...
 def _reset_peak_memory_stats(mr: DeviceMemoryResource) -> bool: ...

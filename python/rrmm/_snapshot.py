@@ -8,7 +8,7 @@ from typing import Any
 import rrmm.mr
 from rrmm import _rrmm
 
-__all__ = ["memory_snapshot", "memory_summary"]
+__all__ = ["memory_snapshot", "memory_summary", "record_memory_history"]
 
 
 def memory_snapshot(device: int | None = None) -> dict[str, Any]:
@@ -21,8 +21,8 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     ``frames`` and ``blocks``; each block has ``address``, ``size``, ``requested_size``,
     ``state`` (``"active_allocated"`` or ``"inactive"``) and ``frames``. Blocks cover their
     segment in address order. A segment is an upstream chunk of a pool, or a run of mapped
-    pages of an expandable pool. rrmm records no allocation history, so ``device_traces`` holds
-    one empty list per device. Save it with ``pickle.dump`` and open it in
+    pages of an expandable pool. ``device_traces`` holds, per device, what
+    ``record_memory_history`` recorded (empty lists when it is off). Save it with ``pickle.dump`` and open it in
     https://pytorch.org/memory_viz, or render it with ``torch.cuda._memory_viz.segment_plot``.
     """
     if device is None:
@@ -30,8 +30,31 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     device = int(device)
     mr = rrmm.mr.get_per_device_resource(device)
     segments = _rrmm._memory_snapshot(mr, device)
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(max(1, _rrmm.device_count()))]
+    devices = max(1, _rrmm.device_count(), device + 1)
+    traces: list[list[dict[str, Any]]] = [list(_rrmm._memory_history(d)) for d in range(devices)]
     return {"segments": [] if segments is None else segments, "device_traces": traces}
+
+
+def record_memory_history(enabled: str | bool | None = "all", max_entries: int = 100_000,
+                          stacks: str | None = "python") -> None:
+    """Starts (``enabled="all"`` or True; what was recorded is cleared) or stops (None or
+    False) recording allocations and frees made through ``DeviceBuffer`` and the CuPy, Numba
+    and PyTorch hooks, on every device, each with its Python stack (``stacks="python"``; None
+    for none, cheaper), keeping the newest ``max_entries``. ``memory_snapshot()`` carries the
+    record as ``device_traces`` in PyTorch's layout, so ``torch.cuda._memory_viz`` and
+    ``rrmm snapshot view`` draw its timeline (PyTorch's ``_record_memory_history`` is the
+    model)."""
+    if enabled not in ("all", "state", True, None, False):
+        raise ValueError(f"record_memory_history: enabled must be 'all', None, True or False, "
+                         f"got {enabled!r}")
+    if stacks not in ("python", "all", None):
+        raise ValueError(f"record_memory_history: stacks must be 'python', 'all' or None, "
+                         f"got {stacks!r}")
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError(f"record_memory_history: max_entries must be a positive int, "
+                         f"got {max_entries!r}")
+    on = enabled not in (None, False)
+    _rrmm._record_memory_history(on, max_entries, stacks is not None)
 
 
 def memory_summary(device: int | None = None) -> str:

@@ -37,6 +37,14 @@ pub(crate) struct PyDeviceBuffer {
 impl Drop for PyDeviceBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
+            if super::history::enabled() {
+                let device = buf
+                    .resource()
+                    .device()
+                    .unwrap_or(crate::current_device_ordinal());
+                let stream = buf.stream().raw();
+                super::history::record("free_completed", device, buf.ptr(), buf.size(), stream);
+            }
             // A failed free cannot raise from a destructor: it is reported as CPython reports
             // exceptions in `__del__` (`sys.unraisablehook`), never swallowed.
             if let Err(e) = gil::call_anywhere(self.profile, move || buf.free()) {
@@ -161,6 +169,10 @@ impl PyDeviceBuffer {
             RsBuffer::new(size, raw, shared.clone())
                 .map_err(|e| explain_out_of_memory(e, &shared, size))
         });
+        if let (Ok(b), true) = (&buf, super::history::enabled()) {
+            let device = shared.device().unwrap_or(crate::current_device_ordinal());
+            super::history::record("alloc", device, b.ptr(), b.size(), raw.raw());
+        }
         Ok(PyDeviceBuffer {
             buf: Some(py_result(buf)?),
             mr: mr.unbind(),

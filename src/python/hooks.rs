@@ -74,6 +74,7 @@ pub(crate) fn allocate_from(
     let ptr = mr
         .allocate(bytes, stream)
         .map_err(|e| explain_out_of_memory(e, &mr, bytes))?;
+    super::history::record("alloc", device, ptr, bytes, stream.raw());
     Ok((ptr, Some(mr)))
 }
 
@@ -93,6 +94,7 @@ pub(crate) unsafe fn deallocate_on(
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
+    super::history::record("free_completed", device, ptr, bytes, stream.raw());
     let _ctx = context_for(mr, device)?;
     // SAFETY: the caller's contract, for the resource that allocated `ptr`.
     unsafe { mr.deallocate(ptr, bytes, stream) }

@@ -21,6 +21,7 @@ mod expandable;
 mod experimental;
 mod gil;
 mod gpu;
+mod history;
 mod hooks;
 mod host_buffer;
 mod memory_stats;
@@ -54,6 +55,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     device::register(m)?;
     arena::register(m)?;
     device_buffer::register(m)?;
+    history::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;
     cupy::register(m)?;
