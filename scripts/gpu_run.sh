@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           w9 w8 w10
+#           w9 w8 w10 history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -264,6 +264,15 @@ if has w10; then
   python3 benches/gpu/w10_pinned.py --pool-gib "${W10_POOL_GIB:-16}" --out "$OUT/w10.jsonl" \
     2>&1 | tee "$OUT/w10.txt" | tail -30
   note "$(grep -A30 '^W10 pinned' "$OUT/w10.txt")"
+fi
+
+# The cost of rrmm.record_memory_history on W4/W5, and a CuPy workload's snapshot with its
+# history read by torch.cuda._memory_viz (benches/gpu/history_cost.py).
+if has history; then
+  echo "== history: record_memory_history on W4/W5, memory_viz on a CuPy snapshot"
+  python3 benches/gpu/history_cost.py --snapshot "$OUT/cupy_history.pickle" 2>&1 \
+    | tee "$OUT/history.txt" | tail -20
+  note "$(cat "$OUT/history.txt")"
 fi
 
 echo
