@@ -559,7 +559,12 @@ fn figures_pass(
         if (measures_footprint && (grew || regular)) || on_timeline || check {
             // Stop the clock while sampling.
             f.timed += segment.elapsed();
-            let footprint = if measures_footprint && (grew || regular || on_timeline) {
+            // The full footprint walks every stream's list (or arena): taken only at a new peak
+            // of bytes in use (for the fragmentation there) and for the timeline; after any
+            // other allocation only the bytes held are read (constant cost), which is all the
+            // peak footprint needs. So replay time does not grow with the number of streams.
+            let full = measures_footprint && (new_peak || on_timeline);
+            let footprint = if full {
                 mr.report().map(|r| r.footprint())
             } else {
                 None
@@ -568,6 +573,10 @@ fn figures_pass(
                 f.peak_footprint = Some(f.peak_footprint.unwrap_or(0).max(fp.held_bytes));
                 if new_peak {
                     f.fragmentation_at_peak = Some(fp.fragmentation());
+                }
+            } else if measures_footprint && grew {
+                if let Some(held) = mr.report().map(|r| r.held_bytes()) {
+                    f.peak_footprint = Some(f.peak_footprint.unwrap_or(0).max(held));
                 }
             }
             if on_timeline {

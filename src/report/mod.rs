@@ -23,6 +23,13 @@ pub trait PoolReport: Send + Sync {
     /// Bytes held, free, the largest free block and the number of free blocks.
     fn footprint(&self) -> Footprint;
 
+    /// Bytes held ([`Footprint::held_bytes`]) alone: what a caller that samples often asks
+    /// for. Resources whose full footprint walks per-stream or per-thread state answer it
+    /// without the walk.
+    fn held_bytes(&self) -> usize {
+        self.footprint().held_bytes
+    }
+
     /// PyTorch-style counters; `None` where the resource keeps none.
     fn memory_stats(&self) -> Option<MemoryStats> {
         None

@@ -257,6 +257,20 @@ impl PoolReport for BinningMemoryResource {
             None => bins,
         }
     }
+
+    /// The upstream's held bytes (over a pool), else the bins' summed, without walking lists.
+    fn held_bytes(&self) -> usize {
+        match self.inner.upstream.report() {
+            Some(pool) => pool.held_bytes(),
+            None => self
+                .inner
+                .bins
+                .read_recursive()
+                .iter()
+                .filter_map(|(_, bin)| bin.report().map(PoolReport::held_bytes))
+                .fold(0usize, usize::saturating_add),
+        }
+    }
 }
 
 impl BinningMemoryResource {

@@ -28,6 +28,9 @@ pub(crate) struct ListState<F> {
     pub marks: ListMarks,
     /// Allocation figures of this list (`memory_stats`).
     pub counters: ListCounters,
+    /// Whether the list is in its core's donor set (changed only under this lock, together
+    /// with the set).
+    pub in_donors: bool,
 }
 
 impl<F: FreeList> ListState<F> {
@@ -37,6 +40,7 @@ impl<F: FreeList> ListState<F> {
             list: F::new(sizing),
             marks: ListMarks::default(),
             counters: ListCounters::default(),
+            in_donors: false,
         }
     }
 

@@ -70,7 +70,14 @@
 //! 1. `shared`;
 //! 2. `directory` (read for iteration; write only when adding a list, holding nothing else);
 //! 3. one stream list's mutex (never two at once);
-//! 4. the [`StreamEvents`] implementation's own lock, and the upstream's.
+//! 4. `donors` (the lists that may hold free blocks a steal can take; held for an insert, a
+//!    removal or a copy, never while taking another lock);
+//! 5. the [`StreamEvents`] implementation's own lock, and the upstream's.
+//!
+//! Steals visit only the donor lists, so the cost of a miss does not grow with the streams that
+//! ever existed: a list joins the donors with its first free (or when its stream records after
+//! frees) and leaves them when a steal finds it empty or with frees its stream has not recorded
+//! (its stream records at its next allocation, which brings it back).
 //!
 //! CUDA calls under a lock: growth and give-back (upstream) under `shared`; the event record and
 //! wait of a steal under `shared` and the owner list's mutex (so no free slips in between);
@@ -96,7 +103,7 @@ use crate::report::{MemoryStats, PoolReport};
 use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The generic stream-ordered suballocator: free lists of type `F`, a growth policy (which
@@ -113,6 +120,10 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     /// into this core on the same thread gets an error, not a deadlock.
     shared: OwnedMutex<Shared<F>>,
     directory: RwLock<Directory<F>>,
+    /// The ids of the lists a steal looks at (see the lock order).
+    donors: Mutex<std::collections::BTreeSet<ListId>>,
+    /// Where the last steal stopped in `donors` (a hint: any value is safe).
+    steal_cursor: AtomicU32,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
     counters: PoolCounters,
 }
@@ -202,6 +213,11 @@ pub(crate) fn uses_device_streams(kind: MemoryKind) -> bool {
 
 static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The most donor lists one steal looks at: a miss costs the same however many streams ever
+/// existed. A block a steal does not reach is found by a later steal (they go round) or by the
+/// merge of every list when growth fails.
+pub(crate) const STEAL_VISITS: usize = 32;
+
 impl<F: FreeList> StreamOrderedCore<F> {
     /// A core with no memory yet.
     pub(crate) fn new(
@@ -222,6 +238,8 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 by_key: AddressMap::default(),
                 all: Vec::new(),
             }),
+            donors: Mutex::new(std::collections::BTreeSet::new()),
+            steal_cursor: AtomicU32::new(0),
             events,
             growth,
             sizing,
@@ -330,7 +348,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     fn allocate_on(&self, list: &StreamList<F>, key: StreamKey, request: Request) -> Result<usize> {
         {
             let mut st = list.state.lock();
-            self.record_if_wanted(&mut st, key)?;
+            self.record_if_wanted(&mut st, list.id, key)?;
             if let Some(p) = st.take_counted(request.size) {
                 return Ok(p);
             }
@@ -447,29 +465,68 @@ impl<F: FreeList> StreamOrderedCore<F> {
             .sum()
     }
 
-    /// A block from another stream's list, after the event wait (see the ordering rules).
+    /// A block from another stream's list, after the event wait (see the ordering rules). Looks
+    /// at no more than [`STEAL_VISITS`] donor lists, from where the last steal stopped (so
+    /// repeated misses go round all of them), and drops from the donors the lists it finds
+    /// empty or holding a fitting block its stream has not recorded after.
     fn steal(&self, list: &StreamList<F>, size: usize) -> Result<Option<Block>> {
+        let ids: Vec<ListId> = {
+            let donors = self.donors.lock();
+            let from = self.steal_cursor.load(Ordering::Relaxed);
+            donors
+                .range(from..)
+                .chain(donors.range(..from))
+                .copied()
+                .filter(|&id| id != list.id)
+                .take(STEAL_VISITS)
+                .collect()
+        };
+        if ids.is_empty() {
+            return Ok(None);
+        }
         let dir = self.directory.read();
-        for other in &dir.all {
-            if other.id == list.id {
+        for id in ids {
+            self.steal_cursor.store(id + 1, Ordering::Relaxed);
+            let Some(other) = dir.all.get((id - FRESH - 1) as usize) else {
+                continue;
+            };
+            let mut st = other.state.lock();
+            if st.list.free_blocks() == 0 {
+                self.leave_donors(&mut st, id);
                 continue;
             }
-            let mut st = other.state.lock();
             if !st.list.can_take(size) {
                 continue;
             }
-            let owner = other.key;
             if st.marks.unrecorded {
-                // Frees after the list's last record: ask the stream's next user to record, and
-                // look elsewhere meanwhile (never record on another stream from here: it may
-                // have been destroyed since its frees).
+                // Frees after the list's last record: ask the stream's next user to record (it
+                // rejoins the donors then), and look elsewhere meanwhile (never record on another
+                // stream from here: it may have been destroyed since its frees).
                 st.marks.wanted = true;
+                self.leave_donors(&mut st, id);
                 continue;
             }
-            self.events.make_wait(list.key, owner)?;
+            self.events.make_wait(list.key, other.key)?;
             return Ok(st.list.take(size));
         }
         Ok(None)
+    }
+
+    /// Puts list `id` (its lock held as `st`) in the donor set.
+    #[inline]
+    fn join_donors(&self, st: &mut ListState<F>, id: ListId) {
+        if !st.in_donors {
+            st.in_donors = true;
+            self.donors.lock().insert(id);
+        }
+    }
+
+    /// Takes list `id` (its lock held as `st`) out of the donor set.
+    fn leave_donors(&self, st: &mut ListState<F>, id: ListId) {
+        if st.in_donors {
+            st.in_donors = false;
+            self.donors.lock().remove(&id);
+        }
     }
 
     /// Adds a chunk of at least `request.size` bytes from the upstream to the fresh list.
@@ -607,7 +664,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             {
                 let mut st = list.state.lock();
                 match st.list.free_allocated(ptr, bytes) {
-                    Found::Yes(size) => return self.after_free(&mut st, key, size),
+                    Found::Yes(size) => return self.after_free(&mut st, list.id, key, size),
                     Found::OtherSize(actual) => return Err(self.wrong_size(ptr, bytes, actual)),
                     Found::No => {}
                 }
@@ -628,14 +685,21 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// The event marks after a free into a stream's list (the list's lock held).
     #[inline]
-    fn after_free(&self, st: &mut ListState<F>, key: StreamKey, size: usize) -> Result<()> {
+    fn after_free(
+        &self,
+        st: &mut ListState<F>,
+        id: ListId,
+        key: StreamKey,
+        size: usize,
+    ) -> Result<()> {
         st.counters.freed(size);
         st.marks.unrecorded = true;
+        self.join_donors(st, id);
         // A free may come after its stream was destroyed (a CuPy array outliving its stream):
         // only a per-thread default stream, alive as long as its thread, is recorded on here;
         // any other stream is recorded on at its next allocation, which proves it alive.
         if key.is_per_thread() {
-            self.record_if_wanted(st, key)?;
+            self.record_if_wanted(st, id, key)?;
         }
         Ok(())
     }
@@ -668,17 +732,20 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         let mut st = list.state.lock();
         st.list.insert(block);
-        self.after_free(&mut st, key, block.size)
+        self.after_free(&mut st, list.id, key, block.size)
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
     /// another thread asked for it and the list had frees since the last record.
     #[inline]
-    fn record_if_wanted(&self, st: &mut ListState<F>, key: StreamKey) -> Result<()> {
+    fn record_if_wanted(&self, st: &mut ListState<F>, id: ListId, key: StreamKey) -> Result<()> {
         let marks = &mut st.marks;
         if marks.wanted && marks.unrecorded {
             self.events.record_after_free(key)?;
             *marks = ListMarks::default();
+            if st.list.free_blocks() > 0 {
+                self.join_donors(st, id);
+            }
         }
         Ok(())
     }
@@ -853,6 +920,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
 impl<F: FreeList> PoolReport for StreamOrderedCore<F> {
     fn footprint(&self) -> Footprint {
         StreamOrderedCore::footprint(self)
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.pool_size()
     }
 
     fn memory_stats(&self) -> Option<MemoryStats> {

@@ -513,6 +513,10 @@ impl PoolReport for ArenaMemoryResource {
     fn footprint(&self) -> Footprint {
         self.footprint_now()
     }
+
+    fn held_bytes(&self) -> usize {
+        self.inner.size
+    }
 }
 
 impl MemoryResource for ArenaMemoryResource {
