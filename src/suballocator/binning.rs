@@ -10,7 +10,7 @@ use crate::resource::{
     ALLOCATION_ALIGNMENT,
 };
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Routes each request to the bin with the smallest size at least the request, and requests
@@ -31,8 +31,9 @@ use std::sync::Arc;
 /// recurse for ever.
 ///
 /// # Time Complexity
-/// Allocate and free take a shared read lock and a binary search over the bins, then the bin's
-/// own cost; the upstream route adds one hash operation under one of 64 locks.
+/// Allocate and free take a shared read lock of the calling thread's copy of the bins (one of
+/// 16, so threads do not contend on one lock word) and a binary search over the bins, then the
+/// bin's own cost; the upstream route adds one hash operation under one of 64 locks.
 #[derive(Clone, Debug)]
 pub struct BinningMemoryResource {
     inner: Arc<Inner>,
@@ -40,8 +41,8 @@ pub struct BinningMemoryResource {
 
 struct Inner {
     upstream: SharedResource,
-    /// Bins sorted by size.
-    bins: RwLock<Vec<(usize, SharedResource)>>,
+    /// Bins sorted by size, one copy per shard ([`BinShards`]).
+    bins: BinShards,
     /// What the upstream route handed out (pointer -> bytes).
     from_upstream: LiveAllocations,
     /// Set by the first allocation.
@@ -50,6 +51,62 @@ struct Inner {
     rerouted: AtomicBool,
     /// Blocks per chunk of the fixed-size bins this resource makes.
     blocks: usize,
+}
+
+/// The bins, copied into [`SHARDS`] cache-line-aligned locks: a thread reads the copy of its
+/// own shard, so threads that allocate at once do not write one lock word between them (a
+/// shared read lock's count is such a write); adding a bin writes every copy.
+struct BinShards {
+    shards: Box<[BinShard]>,
+}
+
+/// Shards of the bins: at least as many as the threads that usually allocate at once.
+const SHARDS: usize = 16;
+
+type Bins = Vec<(usize, SharedResource)>;
+
+#[repr(align(128))]
+struct BinShard(RwLock<Bins>);
+
+impl BinShards {
+    fn new() -> Self {
+        BinShards {
+            shards: (0..SHARDS)
+                .map(|_| BinShard(RwLock::new(Vec::new())))
+                .collect(),
+        }
+    }
+
+    /// The calling thread's copy, read-locked (recursively: a bin may call back in).
+    #[inline]
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, Bins> {
+        self.shards[thread_shard()].0.read_recursive()
+    }
+
+    /// Adds bin `size` to every copy, in shard order (all copies under their write locks at
+    /// once, so no reader sees the bin in one shard and not another); false when a bin of
+    /// that size exists.
+    fn insert(&self, size: usize, resource: SharedResource) -> bool {
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.0.write()).collect();
+        let at = guards[0].partition_point(|(s, _)| *s < size);
+        if guards[0].get(at).is_some_and(|(s, _)| *s == size) {
+            return false;
+        }
+        for g in &mut guards {
+            g.insert(at, (size, resource.clone()));
+        }
+        true
+    }
+}
+
+/// This thread's shard: threads take them in turn as they first ask.
+#[inline]
+fn thread_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.try_with(|s| *s).unwrap_or(0)
 }
 
 impl std::fmt::Debug for Inner {
@@ -104,7 +161,7 @@ impl BinningMemoryResource {
         let mr = BinningMemoryResource {
             inner: Arc::new(Inner {
                 upstream,
-                bins: RwLock::new(Vec::new()),
+                bins: BinShards::new(),
                 from_upstream: LiveAllocations::new(),
                 served: AtomicBool::new(false),
                 rerouted: AtomicBool::new(false),
@@ -156,13 +213,7 @@ impl BinningMemoryResource {
             }
             graph::check_upstream("bin_resource", r)?;
         }
-        if self
-            .inner
-            .bins
-            .read_recursive()
-            .iter()
-            .any(|(s, _)| *s == size)
-        {
+        if self.inner.bins.read().iter().any(|(s, _)| *s == size) {
             return Ok(());
         }
         let resource = match bin_resource {
@@ -173,13 +224,9 @@ impl BinningMemoryResource {
                 self.inner.blocks,
             )?),
         };
-        let mut bins = self.inner.bins.write();
-        let at = bins.partition_point(|(s, _)| *s < size);
-        if bins.get(at).is_some_and(|(s, _)| *s == size) {
+        if !self.inner.bins.insert(size, resource) {
             return Ok(()); // added by another thread meanwhile
         }
-        bins.insert(at, (size, resource));
-        drop(bins);
         crate::resource::note_profile_change();
         if self.inner.served.load(Ordering::Relaxed) {
             self.inner.rerouted.store(true, Ordering::Relaxed);
@@ -189,7 +236,7 @@ impl BinningMemoryResource {
 
     /// The bins, by increasing size: (largest request served, resource).
     pub fn bins(&self) -> Vec<(usize, SharedResource)> {
-        self.inner.bins.read_recursive().clone()
+        self.inner.bins.read().clone()
     }
 
     /// The upstream resource (served requests larger than every bin).
@@ -239,7 +286,7 @@ impl PoolReport for BinningMemoryResource {
     /// footprints summed. Largest free block: the largest of all.
     fn footprint(&self) -> Footprint {
         let mut bins = Footprint::default();
-        for (_, bin) in self.inner.bins.read_recursive().iter() {
+        for (_, bin) in self.inner.bins.read().iter() {
             if let Some(f) = bin.report().map(PoolReport::footprint) {
                 bins.held_bytes = bins.held_bytes.saturating_add(f.held_bytes);
                 bins.free_bytes = bins.free_bytes.saturating_add(f.free_bytes);
@@ -265,7 +312,7 @@ impl PoolReport for BinningMemoryResource {
             None => self
                 .inner
                 .bins
-                .read_recursive()
+                .read()
                 .iter()
                 .filter_map(|(_, bin)| bin.report().map(PoolReport::held_bytes))
                 .fold(0usize, usize::saturating_add),
@@ -288,7 +335,7 @@ impl BinningMemoryResource {
             // SAFETY: the caller's contract; the record checks the rest.
             return unsafe { self.deallocate_upstream(ptr, bytes, stream) };
         }
-        let bins = self.inner.bins.read_recursive();
+        let bins = self.inner.bins.read();
         let mut refused = None;
         for (_, bin) in &bins[bins.partition_point(|(s, _)| *s < bytes)..] {
             // SAFETY: the caller's contract; a bin that did not hand `ptr` out refuses it
@@ -314,7 +361,7 @@ impl MemoryResource for BinningMemoryResource {
         if !self.inner.served.load(Ordering::Relaxed) {
             self.inner.served.store(true, Ordering::Relaxed);
         }
-        let bins = self.inner.bins.read_recursive();
+        let bins = self.inner.bins.read();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
             Some((_, bin)) => bin.allocate(bytes, stream),
             None => self.allocate_upstream(bytes, stream),
@@ -330,7 +377,7 @@ impl MemoryResource for BinningMemoryResource {
             // SAFETY: the caller's contract, passed on.
             return unsafe { self.deallocate_rerouted(ptr, bytes, stream) };
         }
-        let bins = self.inner.bins.read_recursive();
+        let bins = self.inner.bins.read();
         match bins.get(bins.partition_point(|(s, _)| *s < bytes)) {
             // SAFETY: the caller's contract; a size maps to one bin (or the upstream) on both
             // allocate and free, so `ptr` came from the resource it is returned to.
@@ -362,13 +409,7 @@ impl MemoryResource for BinningMemoryResource {
 
     fn upstreams(&self) -> Vec<SharedResource> {
         let mut all = vec![self.inner.upstream.clone()];
-        all.extend(
-            self.inner
-                .bins
-                .read_recursive()
-                .iter()
-                .map(|(_, bin)| bin.clone()),
-        );
+        all.extend(self.inner.bins.read().iter().map(|(_, bin)| bin.clone()));
         all
     }
 
