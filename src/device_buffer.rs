@@ -284,6 +284,22 @@ pub(crate) unsafe fn copy_bytes(
     }
 }
 
+impl cuda::SpinKernel {
+    /// Enqueues one spin of `cycles` clocks (one block of one thread) on the buffer's stream;
+    /// the kernel writes its start clock into the buffer's first 8 bytes. (Here rather than in
+    /// the driver layer, which knows nothing of buffers.)
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the buffer is smaller than 8 bytes; CUDA errors from the
+    /// launch.
+    pub fn launch(&self, cycles: i64, out: &DeviceBuffer) -> Result<()> {
+        if out.size() < 8 {
+            return Err(Error::invalid("out", "the spin kernel writes 8 bytes"));
+        }
+        self.launch_raw(cycles, out.ptr(), out.stream())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

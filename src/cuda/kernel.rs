@@ -5,7 +5,6 @@ use super::check::check;
 use super::driver::ensure_driver;
 use super::stream::Stream;
 use super::ContextGuard;
-use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
@@ -115,19 +114,6 @@ impl SpinKernel {
         Ok(SpinKernel { function, module })
     }
 
-    /// Enqueues one spin of `cycles` clocks (one block of one thread) on the buffer's stream;
-    /// the kernel writes its start clock into the buffer's first 8 bytes.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the buffer is smaller than 8 bytes; CUDA errors from the
-    /// launch.
-    pub fn launch(&self, cycles: i64, out: &DeviceBuffer) -> Result<()> {
-        if out.size() < 8 {
-            return Err(Error::invalid("out", "the spin kernel writes 8 bytes"));
-        }
-        self.launch_raw(cycles, out.ptr(), out.stream())
-    }
-
     /// Enqueues one spin of `cycles` clocks on `stream` that writes nothing.
     ///
     /// # Errors
@@ -136,7 +122,8 @@ impl SpinKernel {
         self.launch_raw(cycles, 0, stream)
     }
 
-    fn launch_raw(&self, cycles: i64, out: usize, stream: Stream) -> Result<()> {
+    /// Enqueues one spin that writes its start clock to `out` (8 bytes; 0: nowhere).
+    pub(crate) fn launch_raw(&self, cycles: i64, out: usize, stream: Stream) -> Result<()> {
         let _ctx = ContextGuard::new(self.module.device)?;
         let mut out = out as u64;
         let mut cycles = cycles;
