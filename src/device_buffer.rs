@@ -108,6 +108,59 @@ impl DeviceBuffer {
         }
     }
 
+    /// Copies `data` into the buffer from byte `offset` on, and waits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `offset + data.len()` passes the buffer's size; copy
+    /// errors.
+    pub fn copy_from_host_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range("data", offset, data.len())?;
+        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked) and `data` is
+        // a live slice.
+        unsafe {
+            copy_bytes(
+                self.ptr + offset,
+                data.as_ptr() as usize,
+                data.len(),
+                self.stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    /// Copies `out.len()` bytes of the buffer from byte `offset` on into `out`, and waits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `offset + out.len()` passes the buffer's size; copy
+    /// errors.
+    pub fn copy_to_host_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range("out", offset, out.len())?;
+        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked) and `out` is
+        // a live slice.
+        unsafe {
+            copy_bytes(
+                out.as_mut_ptr() as usize,
+                self.ptr + offset,
+                out.len(),
+                self.stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    fn check_range(&self, argument: &'static str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(Error::invalid(
+                argument,
+                format!(
+                    "{len} bytes at offset {offset} pass the end of a buffer of {} bytes",
+                    self.size
+                ),
+            )),
+        }
+    }
+
     /// The whole buffer as a `Vec`.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.size];

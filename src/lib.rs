@@ -16,8 +16,10 @@
 //! unsafe { device.deallocate(ptr, 1000, Stream::DEFAULT) }?;
 //! # Ok::<(), rrmm::Error>(())
 //! ```
+#![deny(missing_docs)]
 
 pub mod adaptor;
+pub mod container;
 pub mod cuda;
 mod current;
 mod device_buffer;
@@ -37,6 +39,8 @@ pub use adaptor::{
     FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
     PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
+pub use bytemuck;
+pub use container::{DeviceRagged, DeviceScalar, DeviceUVector};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     check_device_ordinal, clear_per_device_resources, current_device_ordinal,

@@ -54,7 +54,7 @@ impl std::fmt::Debug for Inner {
 
 impl PoolMemoryResource {
     /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
-    /// free memory from [`MemoryResource::memory_info`], rounded down to 256 and at most the
+    /// free memory from [`MemoryResource::memory_info`](crate::MemoryResource::memory_info), rounded down to 256 and at most the
     /// maximum; 0 when the upstream does not report it) and growing up to
     /// `maximum_pool_size` (default: no limit but the upstream's).
     ///
