@@ -12,11 +12,16 @@
 //! host memory; the resource is thread-safe). Methods that change the contents or the size take
 //! `&mut self`, so no two changes race through safe code; the copies wait for their stream.
 //! Work the caller queues on the device through the raw address is ordered by the caller.
+//!
+//! cudarc: [`DeviceUVector::on_cudarc`] makes a vector a cudarc device slice (see
+//! `cudarc_interop`).
 
+mod cudarc_interop;
 mod ragged;
 mod scalar;
 mod uvector;
 
+pub use cudarc_interop::{stream_of, CudarcView, CudarcViewMut};
 pub use ragged::DeviceRagged;
 pub use scalar::DeviceScalar;
 pub use uvector::DeviceUVector;
