@@ -86,49 +86,35 @@ impl<T: Pod> DeviceUVector<T> {
     }
 }
 
-impl<T: Pod> DeviceSlice<T> for CudarcView<'_, T> {
-    fn len(&self) -> usize {
-        self.vector.len()
-    }
+/// `DeviceSlice` and `DevicePtr` of a view type (both views read the same way).
+macro_rules! readable_view {
+    ($view:ident) => {
+        impl<T: Pod> DeviceSlice<T> for $view<'_, T> {
+            fn len(&self) -> usize {
+                self.vector.len()
+            }
 
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
+            fn stream(&self) -> &Arc<CudaStream> {
+                &self.stream
+            }
+        }
+
+        impl<T: Pod> DevicePtr<T> for $view<'_, T> {
+            fn device_ptr<'b>(
+                &'b self,
+                stream: &'b CudaStream,
+            ) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'b>) {
+                (
+                    self.vector.as_ptr() as cudarc::driver::sys::CUdeviceptr,
+                    sync_on_drop(self.vector.stream(), stream),
+                )
+            }
+        }
+    };
 }
 
-impl<T: Pod> DevicePtr<T> for CudarcView<'_, T> {
-    fn device_ptr<'b>(
-        &'b self,
-        stream: &'b CudaStream,
-    ) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'b>) {
-        (
-            self.vector.as_ptr() as cudarc::driver::sys::CUdeviceptr,
-            sync_on_drop(self.vector.stream(), stream),
-        )
-    }
-}
-
-impl<T: Pod> DeviceSlice<T> for CudarcViewMut<'_, T> {
-    fn len(&self) -> usize {
-        self.vector.len()
-    }
-
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-impl<T: Pod> DevicePtr<T> for CudarcViewMut<'_, T> {
-    fn device_ptr<'b>(
-        &'b self,
-        stream: &'b CudaStream,
-    ) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'b>) {
-        (
-            self.vector.as_ptr() as cudarc::driver::sys::CUdeviceptr,
-            sync_on_drop(self.vector.stream(), stream),
-        )
-    }
-}
+readable_view!(CudarcView);
+readable_view!(CudarcViewMut);
 
 impl<T: Pod> DevicePtrMut<T> for CudarcViewMut<'_, T> {
     fn device_ptr_mut<'b>(
