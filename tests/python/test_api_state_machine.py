@@ -53,7 +53,8 @@ settings.register_profile(
 )
 settings.register_profile(
     "long",
-    max_examples=20_000,
+    # RRMM_HYPOTHESIS_EXAMPLES bounds a long run to fit the time at hand.
+    max_examples=int(os.environ.get("RRMM_HYPOTHESIS_EXAMPLES", "20000")),
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=list(HealthCheck),
