@@ -66,7 +66,12 @@ impl MemoryResource for CheckedResourceAdaptor {
     /// 1 and 2 are checked.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
-            return Ok(());
+            // A null free frees nothing; forwarded so a resource below that counts zero-byte
+            // allocations (the statistics adaptor, as RMM's) ends the one this adaptor passed
+            // down.
+            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
+            // every resource (the trait's contract).
+            return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
         // Taking the record first makes a concurrent double free fail on one side.
         self.live.remove(ptr, bytes)?;

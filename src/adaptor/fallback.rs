@@ -149,7 +149,12 @@ impl MemoryResource for FallbackResourceAdaptor {
     /// size is [`Error::Logic`]), one of the upstream is as safe as the upstream.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
-            return Ok(());
+            // A null free frees nothing; forwarded so a resource below that counts zero-byte
+            // allocations (the statistics adaptor, as RMM's) ends the one this adaptor passed
+            // down.
+            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
+            // every resource (the trait's contract).
+            return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
         if self.on_alternate.size_of(ptr).is_some() {
             self.on_alternate

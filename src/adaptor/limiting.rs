@@ -91,7 +91,12 @@ impl MemoryResource for LimitingResourceAdaptor {
     /// wrap the counter and refuse every later allocation). The upstream's errors otherwise.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
-            return Ok(());
+            // A null free frees nothing; forwarded so a resource below that counts zero-byte
+            // allocations (the statistics adaptor, as RMM's) ends the one this adaptor passed
+            // down.
+            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
+            // every resource (the trait's contract).
+            return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
         let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
         self.live

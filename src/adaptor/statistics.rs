@@ -229,7 +229,10 @@ impl MemoryResource for StatisticsResourceAdaptor {
                     top.remove(0, 1);
                 }
             }
-            return Ok(());
+            // Forwarded, so a counting resource below ends its zero-byte allocation too.
+            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
+            // every resource (the trait's contract).
+            return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
         let (count, outstanding) = {
             // A level's counts may be negative (frees of what an outer level allocated); their

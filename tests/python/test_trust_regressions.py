@@ -295,3 +295,16 @@ def test_dask_options_are_checked_at_construction() -> None:
         dask_setup.RRMMSetup(initial_pool_size=0.8, maximum_pool_size=0.5)
     with pytest.raises(TypeError):
         dask_setup.RRMMSetup(managed_memory="yes")
+
+
+def test_a_zero_byte_buffer_through_an_adaptor_leaves_statistics_at_zero() -> None:
+    # Found by the long run of the state machine: a null free stopped at the limiting adaptor,
+    # so the statistics adaptor below it kept counting the zero-byte allocation.
+    sim = mr.SimulatedMemoryResource(4 << 20)
+    stats = mr.StatisticsResourceAdaptor(sim)
+    for top in (mr.LimitingResourceAdaptor(stats, 0), mr.TrackingResourceAdaptor(stats),
+                mr.AlignedResourceAdaptor(stats, 512), mr.StatisticsResourceAdaptor(stats)):
+        buf = rrmm.DeviceBuffer.to_device(b"", mr=top)
+        del buf
+        counts = stats.allocation_counts
+        assert (counts.current_bytes, counts.current_count) == (0, 0), (top, counts)
