@@ -34,12 +34,10 @@ def get_current_host_resource() -> Any:
     first use (a ``SystemMemoryResource`` where no CUDA driver is available)."""
     global _current_host
     if _current_host is None:
-        from rrmm import mr
-
         if _rrmm.driver_available():
-            _current_host = mr.PinnedHostMemoryResource()
+            _current_host = _rrmm.PinnedHostMemoryResource()
         else:
-            _current_host = mr.SystemMemoryResource()
+            _current_host = _rrmm.SystemMemoryResource()
         _rrmm._set_current_host_resource(_current_host)
     return _current_host
 

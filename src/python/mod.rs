@@ -4,37 +4,65 @@
 //!
 //! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
 //! base classes), `convert` (arguments), then the resources (`base_resources`,
-//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the framework hooks
-//! (`hooks`, shared by `cupy`, `numba` and `torch`).
+//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the
+//! framework hooks (`hooks`, shared by `cupy`, `numba` and `torch`).
+//!
+//! Folders: `resources/` (the `rrmm.mr` classes, their registry and the stack builder's Python
+//! side), `hooks/` (CuPy, Numba, PyTorch and the history they record), `edge/` (where Python's
+//! pointers, buffers and streams meet rrmm's: device and host buffers, pointer checks,
+//! streams); shared helpers (errors, arguments, the GIL rule) and the module functions at the
+//! top. The modules stay one flat namespace (`super::name` reaches any of them).
 
+#[path = "resources/adaptors.rs"]
 mod adaptors;
+#[path = "resources/arena.rs"]
 mod arena;
+#[path = "resources/base_resources.rs"]
 mod base_resources;
 mod callable_ref;
 mod convert;
+#[path = "hooks/cupy.rs"]
 mod cupy;
+#[path = "hooks/cupy_stream.rs"]
 mod cupy_stream;
 mod device;
+#[path = "edge/device_buffer.rs"]
 mod device_buffer;
 mod errors;
+#[path = "resources/expandable.rs"]
 mod expandable;
+#[path = "resources/experimental.rs"]
 mod experimental;
 mod gil;
 mod gpu;
+#[path = "hooks/history.rs"]
 mod history;
+#[path = "hooks/hooks.rs"]
 mod hooks;
+#[path = "edge/host_buffer.rs"]
 mod host_buffer;
+#[path = "resources/memory_stats.rs"]
 mod memory_stats;
+#[path = "hooks/numba.rs"]
 mod numba;
+#[path = "edge/pointers.rs"]
 mod pointers;
+#[path = "resources/registry.rs"]
 mod registry;
 mod replay;
+#[path = "resources/resource.rs"]
 mod resource;
+#[path = "resources/stack.rs"]
 mod stack;
+#[path = "resources/statistics.rs"]
 mod statistics;
+#[path = "edge/stream.rs"]
 mod stream;
+#[path = "resources/suballocators.rs"]
 mod suballocators;
+#[path = "hooks/torch.rs"]
 mod torch;
+#[path = "resources/upstream_kw.rs"]
 mod upstream_kw;
 
 use pyo3::prelude::*;

@@ -194,22 +194,6 @@ impl ReplayRecord {
     }
 }
 
-/// The simulated device with a host tier under a built stack (managed memory), whose bytes
-/// beyond the device the replay follows.
-pub(crate) fn managed_device(
-    built: &crate::stack::BuiltStack,
-) -> Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>> {
-    use crate::stack::Handle;
-    built.handles.iter().find_map(|h| match h {
-        Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
-        Handle::Fallback(_, alternate) => match alternate.as_ref() {
-            Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
-            _ => None,
-        },
-        _ => None,
-    })
-}
-
 /// Relative spread of the timings, interquartile range / median (robust to one preempted
 /// repetition); `None` with fewer than two.
 fn spread(r: &ReplayReport) -> Option<f64> {
@@ -246,7 +230,7 @@ pub fn compare(
                     let options = ReplayOptions {
                         rounding: Some(built.rounding.clone()),
                         largest_request: built.largest_request,
-                        device: managed_device(&built),
+                        device: built.managed_device(),
                         ..settings.replay.clone()
                     };
                     match replay(&trace, &built.resource, options) {

@@ -48,7 +48,7 @@ fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -
         Err(e) => return Err(e),
     };
     let options = ReplayOptions {
-        device: super::compare::managed_device(&built),
+        device: built.managed_device(),
         ..ReplayOptions::default()
     };
     let report = replay(trace, &built.resource, options)?;

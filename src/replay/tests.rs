@@ -614,7 +614,7 @@ fn managed_memory_on_a_simulated_device_counts_the_bytes_beyond_it() {
         !built.simulated_device,
         "managed is its own row on simulated memory"
     );
-    let device = super::compare::managed_device(&built).expect("a device with a host tier");
+    let device = built.managed_device().expect("a device with a host tier");
     assert_eq!(device.host_tier(), 64 * MIB);
     let r = replay(
         &trace,
@@ -672,7 +672,7 @@ fn the_managed_pool_grows_past_a_simulated_device() {
     let trace = Trace::from_reader("grow.csv", log.as_bytes(), false).unwrap();
     let built = build("managed_pool", Some(8 * MIB), &ResourceOptions::default()).unwrap();
     assert_eq!(built.pool_sizes, Some((4 * MIB, Some(16 * MIB))));
-    let device = super::compare::managed_device(&built).unwrap();
+    let device = built.managed_device().unwrap();
     let r = replay(
         &trace,
         &built.resource,

@@ -157,6 +157,23 @@ pub struct BuiltStack {
     pub handles: Vec<Handle>,
 }
 
+impl BuiltStack {
+    /// The simulated device with a host tier under the stack (managed memory), whose bytes
+    /// beyond the device a replay follows.
+    pub fn managed_device(
+        &self,
+    ) -> Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>> {
+        self.handles.iter().find_map(|h| match h {
+            Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+            Handle::Fallback(_, alternate) => match alternate.as_ref() {
+                Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+    }
+}
+
 impl std::fmt::Debug for BuiltStack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BuiltStack")

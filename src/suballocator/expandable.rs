@@ -6,7 +6,7 @@
 //! device (addresses are cheap) and backs it page by page through a [`VirtualMemory`]. A growth
 //! step maps pages right after a mapped run that ends in a free fresh block, so the new pages
 //! and that block become one block; free blocks coalesce across growth steps because every
-//! extension is one growth region of the core (see `growth.rs`). `trim` unmaps every page that
+//! extension is one growth region of the core (see `core/growth.rs`). `trim` unmaps every page that
 //! lies wholly inside a free block. When mapping fails, the core synchronizes, merges every
 //! stream's free blocks, trims, and maps again before reporting out of memory.
 //!

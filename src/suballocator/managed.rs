@@ -11,10 +11,10 @@
 //!
 //! This resource keeps what is freed for reuse and places what is new:
 //! - **Reuse.** A freed range goes to a cache, by size class (at most 1/32 above the request,
-//!   `size_classes.rs`), on the stream it was freed on; a later request of that class on that
+//!   `free_lists/size_classes.rs`), on the stream it was freed on; a later request of that class on that
 //!   stream takes it at once, already on the device and mapped, with no CUDA call. Another
 //!   stream takes it after an event wait; the stream-ordered core does this as for the pool
-//!   (`stream_ordered.rs`). Each range stays one `cuMemAllocManaged` allocation, whole: never
+//!   (`core/stream_ordered.rs`). Each range stays one `cuMemAllocManaged` allocation, whole: never
 //!   split, never merged, so each can go back on its own.
 //! - **Placement.** A fresh range is prefetched to the device on the allocating stream while the
 //!   device has room for it and 1/32 of its memory to spare (no page faults at first touch);
