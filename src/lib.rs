@@ -59,8 +59,8 @@ pub use resource::{
     ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource, ManagedMemoryResource,
-    ManagedOptions, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    ManagedMemoryResource, ManagedOptions, PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

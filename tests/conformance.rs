@@ -16,14 +16,15 @@
 //! GPU (`cargo test --test conformance -- --ignored` on a GPU machine).
 
 use rrmm::adaptor::FailureCallback;
-use rrmm::resource::CallbackMemoryResource;
+use rrmm::resource::{CallbackMemoryResource, SimulatedVirtualMemory};
 use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
-    AlignedResourceAdaptor, BinningMemoryResource, FailureCallbackResourceAdaptor,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor,
-    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, Stream,
-    SystemMemoryResource, TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
+    AlignedResourceAdaptor, BinningMemoryResource, CheckedResourceAdaptor,
+    ExpandableMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
+    LimitingResourceAdaptor, LoggingResourceAdaptor, ManagedMemoryResource, MemoryKind,
+    MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
+    SimulatedMemoryResource, StatisticsResourceAdaptor, Stream, SystemMemoryResource,
+    TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -400,6 +401,21 @@ conformance!(pool, [], Stream::DEFAULT, {
     );
     (case.oom_size, case.oom_count) = (64 * MIB, 16);
     case
+});
+
+// The expandable pool over simulated virtual memory (256 MiB of pages, 2 MiB each).
+conformance!(expandable, [], Stream::DEFAULT, {
+    let vm = SimulatedVirtualMemory::new(256 * MIB, 1024 * MIB, 2 * MIB).unwrap();
+    let mut case = Case::new(
+        ExpandableMemoryResource::new(Arc::new(vm), None, Some(128 * MIB), None).unwrap(),
+    );
+    (case.oom_size, case.oom_count) = (64 * MIB, 8);
+    case
+});
+
+// The adaptor Python puts in front of the base resources (every free checked).
+conformance!(checked, [], Stream::DEFAULT, {
+    adaptor(CheckedResourceAdaptor::new, |r| r.upstream().clone())
 });
 
 // The managed-memory cache over a simulated device (its own growth, reuse and give-back; on the

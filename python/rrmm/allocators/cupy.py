@@ -15,6 +15,8 @@ module does not. Out of memory raises ``MemoryError`` with rrmm's message; size 
 frees the memory when CuPy drops it), in one Rust call; it imports CuPy on its first call.
 """
 
+from typing import Any
+
 from rrmm import _rrmm
 from rrmm.allocators import _missing
 
@@ -31,7 +33,7 @@ _PinnedMemoryPointer = None
 _c_allocator = None
 
 
-def _cupy_memory():
+def _cupy_memory() -> tuple[Any, Any]:
     """Imports CuPy's memory modules, or raises an ImportError naming CuPy."""
     try:
         import cupy  # noqa: F401
@@ -43,7 +45,7 @@ def _cupy_memory():
     return memory, pinned_memory
 
 
-def rrmm_cupy_c_allocator():
+def rrmm_cupy_c_allocator() -> Any:
     """The CuPy allocator (``CFunctionAllocator(...).malloc`` over rrmm's C functions), made on
     first use; this is what ``rmm_cupy_allocator`` names. Imports CuPy."""
     global _c_allocator
@@ -58,7 +60,7 @@ def rrmm_cupy_c_allocator():
 rrmm_cupy_unowned_allocator = _rrmm.cupy_allocate
 
 
-def rmm_cupy_pinned_allocator(nbytes):
+def rmm_cupy_pinned_allocator(nbytes: int) -> Any:
     """Allocates ``nbytes`` of pinned host memory from rrmm's ``PinnedHostMemoryResource``;
     returns a ``cupy.cuda.PinnedMemoryPointer``.
 
@@ -73,11 +75,11 @@ def rmm_cupy_pinned_allocator(nbytes):
 rrmm_cupy_pinned_allocator = rmm_cupy_pinned_allocator
 
 
-def _cupy_missing_allocator(cause):
+def _cupy_missing_allocator(cause: BaseException) -> Any:
     """The allocator named when CuPy cannot be imported: importing it works (as with RMM), calling
     it raises ModuleNotFoundError."""
 
-    def rmm_cupy_allocator(nbytes):
+    def rmm_cupy_allocator(nbytes: int) -> Any:
         error = ModuleNotFoundError(
             f"No module named 'cupy' (rrmm.allocators.cupy needs CuPy: {cause})"
         )
@@ -87,7 +89,7 @@ def _cupy_missing_allocator(cause):
     return rmm_cupy_allocator
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in ("rmm_cupy_allocator", "rrmm_cupy_allocator"):
         try:
             allocator = rrmm_cupy_c_allocator()

@@ -27,7 +27,7 @@ try:
 except ImportError as _cause:  # no Numba, or a Numba without CUDA support
     _IMPORT_ERROR = _cause
 
-    def __getattr__(name):
+    def __getattr__(name: str) -> Any:
         if name in ("RMMNumbaManager", "RRMMNumbaManager", "_numba_memory_manager"):
             raise _missing(
                 "numba", "rrmm.allocators.numba", "pip install numba-cuda", _IMPORT_ERROR
@@ -57,14 +57,14 @@ else:
     _MP_TAKES_CONTEXT = len(_MP_PARAMS) > 1 and _MP_PARAMS[1] == "context"
     _MemoryInfo = getattr(_driver, "MemoryInfo", None)
 
-    def _address(memory):
+    def _address(memory: Any) -> int:
         value = getattr(memory, "device_pointer_value", None)
         if value is not None:
             return int(value)
         handle = memory.handle
         return int(handle) if _USE_NV_BINDING else int(handle.value)
 
-    def _ipc_handle_object(raw):
+    def _ipc_handle_object(raw: Any) -> Any:
         if _USE_NV_BINDING:
             handle = _binding.CUipcMemHandle()
             handle.reserved = raw
@@ -77,11 +77,11 @@ else:
 
         _device = None
 
-        def initialize(self):
+        def initialize(self) -> None:
             """Called by Numba when the context is first used; caches its device ordinal."""
             self._device = int(self.context.device.id)
 
-        def memalloc(self, size):
+        def memalloc(self, size: int) -> Any:
             """Allocates ``size`` bytes on the default stream; returns a ``MemoryPointer`` that
             gives the memory back when Numba drops it."""
             device = self._device
@@ -98,7 +98,7 @@ else:
             mem._rrmm_allocation = owner
             return mem
 
-        def get_ipc_handle(self, memory):
+        def get_ipc_handle(self, memory: Any) -> Any:
             """An ``IpcHandle`` for ``memory``: ``cuIpcGetMemHandle`` of its allocation's base
             and the offset of ``memory`` in it."""
             raw, offset = _rrmm.ipc_mem_handle(_address(memory))
@@ -107,7 +107,7 @@ else:
                 memory, _ipc_handle_object(raw), memory.size, source_info, offset=offset
             )
 
-        def get_memory_info(self):
+        def get_memory_info(self) -> Any:
             """Free and total memory of the context's device (``cuMemGetInfo``)."""
             device = self._device
             if device is None:
@@ -116,7 +116,7 @@ else:
             return _MemoryInfo(free=free, total=total) if _MemoryInfo else (free, total)
 
         @property
-        def interface_version(self):
+        def interface_version(self) -> int:
             """The EMM plugin interface version implemented: 1."""
             return 1
 

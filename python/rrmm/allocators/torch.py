@@ -12,6 +12,8 @@ PyTorch is imported when ``rmm_torch_allocator`` is first looked up, not before;
 process change its allocator only before the first CUDA allocation.
 """
 
+from typing import Any
+
 from rrmm import _rrmm
 from rrmm.allocators import _missing
 
@@ -21,17 +23,17 @@ __all__ = ["library_path", "rmm_torch_allocator", "rrmm_torch_allocator", "symbo
 _allocator = None
 
 
-def library_path():
+def library_path() -> str:
     """The path of rrmm's compiled module, which exports the allocator's C entry points."""
     return _rrmm.__file__
 
 
-def symbols():
+def symbols() -> tuple[str, str]:
     """The names of the exported allocate and free functions."""
     return _rrmm.torch_allocator_symbols()
 
 
-def _make_allocator():
+def _make_allocator() -> Any:
     global _allocator
     if _allocator is None:
         try:
@@ -43,7 +45,7 @@ def _make_allocator():
     return _allocator
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in ("rmm_torch_allocator", "rrmm_torch_allocator"):
         return _make_allocator()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
