@@ -262,7 +262,8 @@ mod tests {
             rustix::mm::munmap(none as *mut _, page).unwrap();
             rustix::mm::munmap(rw as *mut _, page).unwrap();
         }
-        assert!(!is_accessible(ro, 16, Access::Read), "freed");
+        // (An unmapped range is covered above by `rw + page`; checking `ro` after its munmap
+        // would race with other tests of this process mapping memory at the same address.)
     }
 
     #[test]

@@ -119,6 +119,10 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         super::CallProfile::BLOCKING
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         A::NAME
     }

@@ -157,6 +157,13 @@ pub trait MemoryResource: Send + Sync {
     fn identity(&self) -> usize {
         self as *const Self as *const () as usize
     }
+
+    /// The resource as [`Any`](std::any::Any), for callers that must know its concrete type
+    /// (the Python bindings choose the class of a resource set from Rust this way); `None` for
+    /// resources that do not offer it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// What calls into a resource may do (see [`MemoryResource::call_profile`]).
@@ -253,6 +260,9 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn identity(&self) -> usize {
         (**self).identity()
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
     }
 }
 

@@ -334,6 +334,10 @@ impl MemoryResource for ManagedMemoryResource {
         self.inner.core.call_profile()
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         "managed"
     }

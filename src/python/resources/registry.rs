@@ -25,17 +25,40 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
 }
 
+/// The Python class of a resource made in Rust.
+#[derive(Debug, PartialEq, Eq)]
+enum Class {
+    Cuda,
+    Managed,
+    Base,
+}
+
+/// By the resource's concrete type ([`MemoryResource::as_any`](crate::MemoryResource::as_any)),
+/// not its name.
+fn class_of(mr: &SharedResource) -> Class {
+    match mr.as_any() {
+        Some(a) if a.is::<crate::CudaMemoryResource>() => Class::Cuda,
+        Some(a)
+            if a.is::<crate::ManagedMemoryResource>()
+                || a.is::<crate::resource::UncachedManagedMemoryResource>() =>
+        {
+            Class::Managed
+        }
+        _ => Class::Base,
+    }
+}
+
 /// A Python object for a Rust resource that was not made from Python.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
     let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
-    let obj: Py<DeviceMemoryResource> = match mr.name() {
-        "cuda" => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
+    let obj: Py<DeviceMemoryResource> = match class_of(&mr) {
+        Class::Cuda => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()
             .unbind(),
-        "managed" => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
+        Class::Managed => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
             .into_super()
             .unbind(),
-        _ => Py::new(py, base_init)?,
+        Class::Base => Py::new(py, base_init)?,
     };
     Ok(obj)
 }
@@ -154,4 +177,22 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(has_per_device_resource, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManagedMemoryResource as RsManaged, SimulatedMemoryResource};
+
+    #[test]
+    fn the_class_follows_the_type_not_the_name() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let managed: SharedResource = Arc::new(RsManaged::over(sim.clone(), Some(1 << 20)));
+        assert_eq!(class_of(&managed), Class::Managed);
+        assert_eq!(class_of(&sim), Class::Base);
+        // A stack over a managed cache is not a managed resource.
+        let pool: SharedResource =
+            Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
+        assert_eq!(class_of(&pool), Class::Base);
+    }
 }
