@@ -14,6 +14,23 @@ mod memory_stats;
 pub mod snapshot;
 
 pub use footprint::Footprint;
+
+/// Bytes in binary units, two decimals above a KiB ("512.00 MiB", "100 B"): the one formatter
+/// of setup lines and out-of-memory reports.
+pub fn human_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
 pub use memory_stats::{MemoryStats, Stat};
 pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
 

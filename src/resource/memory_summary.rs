@@ -7,7 +7,7 @@
 use super::graph::MAX_STACK_DEPTH;
 use super::{MemoryResource, SharedResource};
 use crate::error::Error;
-use crate::report::Footprint;
+use crate::report::{human_bytes, Footprint};
 use std::collections::HashSet;
 use std::fmt::Write;
 
@@ -55,22 +55,6 @@ fn rows(top: &SharedResource) -> Vec<Row> {
         todo.extend(ups.into_iter().rev().map(|u| (depth + 1, u)));
     }
     out
-}
-
-/// Bytes as a short human figure (`1.50 GiB`).
-pub fn human_bytes(bytes: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
 }
 
 fn write_rows(text: &mut String, rows: &[Row]) {

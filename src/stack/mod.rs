@@ -267,22 +267,8 @@ pub fn build(name: &str, target: Target, options: &StackOptions) -> Result<Built
     })
 }
 
-/// Bytes in binary units for setup lines ("512.00 MiB").
-pub fn human(bytes: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    for unit in UNITS {
-        if value < 1024.0 || unit == "TiB" {
-            return if unit == "B" {
-                format!("{bytes} B")
-            } else {
-                format!("{value:.2} {unit}")
-            };
-        }
-        value /= 1024.0;
-    }
-    format!("{bytes} B")
-}
+/// Bytes in binary units for setup lines ("512.00 MiB"): the report floor's one formatter.
+pub use crate::report::human_bytes as human;
 
 #[cfg(test)]
 mod tests;

@@ -73,12 +73,18 @@ fn python_frames(py: Python<'_>) -> Vec<Frame> {
     frames
 }
 
-/// Records one event (`"alloc"` or `"free_completed"`), when recording is on. Takes the GIL
-/// (already held on the Python entry points).
+/// Records one event (`"alloc"` or `"free_completed"`), when recording is on: one relaxed
+/// load on every allocation path when it is off.
+#[inline]
 pub(crate) fn record(action: &'static str, device: usize, addr: usize, size: usize, stream: usize) {
-    if !enabled() || size == 0 {
-        return;
+    if enabled() && size != 0 {
+        record_on(action, device, addr, size, stream);
     }
+}
+
+/// [`record`] when recording is on. Takes the GIL (already held on the Python entry points).
+#[cold]
+fn record_on(action: &'static str, device: usize, addr: usize, size: usize, stream: usize) {
     Python::attach(|py| {
         let stacks = RECORD.lock().as_ref().is_some_and(|r| r.stacks);
         let frames = if stacks {
