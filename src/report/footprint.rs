@@ -23,3 +23,17 @@ impl Footprint {
         }
     }
 }
+
+/// Free bytes of a stream-ordered pool by the stream whose list holds them, as seen from one
+/// stream: what that stream can take at once, and what waits on other streams' lists (memory
+/// freed there, reusable here only after their work: the pool synchronizes those streams, or all
+/// of them, to take it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamFree {
+    /// Free bytes on the stream's own list.
+    pub this_stream: usize,
+    /// Free bytes on other streams' lists.
+    pub other_streams: usize,
+    /// How many other streams' lists hold free bytes.
+    pub other_lists: usize,
+}

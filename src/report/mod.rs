@@ -5,6 +5,7 @@
 //!
 //! - [`Footprint`]: bytes held and free, the largest free block (every memory-holding resource).
 //! - [`MemoryStats`]: PyTorch's `torch.cuda.memory_stats()` figures (pools).
+//! - [`StreamFree`]: free bytes by the stream whose list holds them (stream-ordered pools).
 //! - [`SegmentInfo`]: segments and blocks as `torch.cuda.memory._snapshot()` lays them out.
 
 #![deny(unsafe_code)]
@@ -13,7 +14,9 @@ mod footprint;
 mod memory_stats;
 pub mod snapshot;
 
-pub use footprint::Footprint;
+pub use footprint::{Footprint, StreamFree};
+
+use crate::cuda::Stream;
 
 /// Bytes in binary units, two decimals above a KiB ("512.00 MiB", "100 B"): the one formatter
 /// of setup lines and out-of-memory reports.
@@ -56,6 +59,13 @@ pub trait PoolReport: Send + Sync {
     /// counters to reset.
     fn reset_peak_memory_stats(&self) -> bool {
         false
+    }
+
+    /// Free bytes split by the stream whose list holds them, as seen from `stream`; `None` where
+    /// the resource keeps no per-stream lists.
+    fn stream_free(&self, stream: Stream) -> Option<StreamFree> {
+        let _ = stream;
+        None
     }
 
     /// Every segment and block; `None` where the resource does not lay them out.

@@ -1,13 +1,15 @@
 //! Why an allocation ran out, in words: the resource chain with each holder's figures (held, in
-//! use, free, the largest free block, fragmentation), the device's free and total memory, and
-//! one hint that fits the case. Out-of-memory errors carry it after RMM's own text
+//! use, free, the largest free block, fragmentation, and for a stream-ordered pool the free bytes
+//! waiting on other streams' lists), the device's free and total memory, and one hint that fits
+//! the case. Out-of-memory errors carry it after RMM's own text
 //! ([`explain_out_of_memory`]), and `rrmm.memory_summary()` prints the same table
 //! ([`memory_summary`]).
 
 use super::graph::MAX_STACK_DEPTH;
 use super::{MemoryResource, SharedResource};
+use crate::cuda::Stream;
 use crate::error::Error;
-use crate::report::{human_bytes, Footprint};
+use crate::report::{human_bytes, Footprint, StreamFree};
 use std::collections::HashSet;
 use std::fmt::Write;
 
@@ -17,6 +19,9 @@ struct Row {
     depth: usize,
     name: &'static str,
     footprint: Option<Footprint>,
+    /// The free bytes by stream list, as seen from the requesting stream (out-of-memory
+    /// reports only).
+    stream_free: Option<StreamFree>,
     memory_info: Option<(usize, usize)>,
 }
 
@@ -26,8 +31,9 @@ fn report_id(mr: &dyn MemoryResource) -> Option<usize> {
 }
 
 /// The chain from `top` down, depth first, each resource once, at most [`MAX_STACK_DEPTH`]
-/// rows (a walk with its own stack: user-built graphs may be deep or cyclic).
-fn rows(top: &SharedResource) -> Vec<Row> {
+/// rows (a walk with its own stack: user-built graphs may be deep or cyclic); with the free bytes
+/// by stream list as seen from `stream` when one is given.
+fn rows(top: &SharedResource, stream: Option<Stream>) -> Vec<Row> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut todo = vec![(0usize, top.clone())];
@@ -38,14 +44,17 @@ fn rows(top: &SharedResource) -> Vec<Row> {
         let ups = mr.upstreams();
         let own = report_id(&*mr);
         let forwarded = own.is_some() && ups.iter().any(|u| report_id(&**u) == own);
-        let footprint = match mr.report() {
-            Some(r) if !forwarded && !r.busy() => Some(r.footprint()),
-            _ => None,
+        let (footprint, stream_free) = match mr.report() {
+            Some(r) if !forwarded && !r.busy() => {
+                (Some(r.footprint()), stream.and_then(|s| r.stream_free(s)))
+            }
+            _ => (None, None),
         };
         out.push(Row {
             depth,
             name: mr.name(),
             footprint,
+            stream_free,
             memory_info: if ups.is_empty() {
                 mr.memory_info()
             } else {
@@ -74,6 +83,15 @@ fn write_rows(text: &mut String, rows: &[Row]) {
                 f.fragmentation(),
             );
         }
+        if let Some(s) = row.stream_free {
+            let _ = write!(
+                text,
+                "; of the free, on other streams' lists (reusable here after their work) {} \
+                 in {} list(s)",
+                human_bytes(s.other_streams),
+                s.other_lists,
+            );
+        }
         if let Some((free, total)) = row.memory_info {
             let _ = write!(
                 text,
@@ -89,7 +107,7 @@ fn write_rows(text: &mut String, rows: &[Row]) {
 /// The table of `rrmm.memory_summary()`: every resource of the chain from `top` with the
 /// figures it holds, and the memory under the chain.
 pub fn memory_summary(top: &SharedResource) -> String {
-    let rows = rows(top);
+    let rows = rows(top, None);
     let mut text = String::from("resource chain (top first) and what each holds:\n");
     write_rows(&mut text, &rows);
     text
@@ -99,6 +117,18 @@ pub fn memory_summary(top: &SharedResource) -> String {
 fn hint(rows: &[Row], requested: usize, message: &str) -> String {
     let holder = rows.iter().find_map(|r| r.footprint.map(|f| (r.name, f)));
     let below = rows.iter().rev().find_map(|r| r.memory_info);
+    let waiting = rows.iter().find_map(|r| r.stream_free.map(|s| (r.name, s)));
+    if let Some((name, s)) = waiting {
+        if s.other_streams >= requested {
+            return format!(
+                "hint: the {name} has {} free on {} other stream(s)' lists, freed there and \
+                 reusable on this stream once their work is done: free on the stream that \
+                 allocates next, or synchronize those streams (release() merges them)",
+                human_bytes(s.other_streams),
+                s.other_lists
+            );
+        }
+    }
     if let Some((name, f)) = holder {
         if f.free_bytes >= requested && f.largest_free_block < requested {
             return format!(
@@ -118,7 +148,14 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
             );
         }
     }
-    if let Some((free, total)) = below {
+    if message.contains("Exceeded memory limit") {
+        return format!(
+            "hint: a limiting adaptor's allocation_limit refused {}: raise the limit, or free \
+             what its chain holds",
+            human_bytes(requested)
+        );
+    }
+    if let Some((free, total)) = below.filter(|&(free, _)| free < requested) {
         let held: usize = rows
             .iter()
             .filter_map(|r| r.footprint.map(|f| f.held_bytes))
@@ -133,19 +170,34 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
             human_bytes(held)
         );
     }
-    "hint: the resource refused the request (a limit or a callback said no)".to_string()
+    match below {
+        Some((free, total)) => format!(
+            "hint: the memory below has {} free of {}, enough for the request: a resource of \
+             the chain refused it (a limit, a callback or a fixed size)",
+            human_bytes(free),
+            human_bytes(total)
+        ),
+        None => {
+            "hint: the resource refused the request (a limit or a callback said no)".to_string()
+        }
+    }
 }
 
 /// `err` with the chain's figures and a hint appended, when it is an out-of-memory error for
-/// `requested` bytes from `top`; any other error unchanged. RMM's text stays first, so code that
-/// matches it keeps working.
-pub fn explain_out_of_memory(err: Error, top: &SharedResource, requested: usize) -> Error {
+/// `requested` bytes from `top` on `stream`; any other error unchanged. RMM's text stays first,
+/// so code that matches it keeps working.
+pub fn explain_out_of_memory(
+    err: Error,
+    top: &SharedResource,
+    requested: usize,
+    stream: Stream,
+) -> Error {
     match err {
         Error::OutOfMemory {
             requested: r,
             message,
         } if !message.contains("\nresource chain") => {
-            let rows = rows(top);
+            let rows = rows(top, Some(stream));
             let mut text = message;
             let _ = write!(
                 text,
@@ -184,7 +236,7 @@ mod tests {
             PoolMemoryResource::new(sim(1024 * MIB), Some(256 * MIB), Some(512 * MIB)).unwrap();
         let top: SharedResource = Arc::new(pool);
         let err = top.allocate(600 * MIB, Stream::DEFAULT).unwrap_err();
-        let text = explain_out_of_memory(err, &top, 600 * MIB).to_string();
+        let text = explain_out_of_memory(err, &top, 600 * MIB, Stream::DEFAULT).to_string();
         assert!(text.starts_with("std::bad_alloc: out_of_memory"), "{text}");
         assert!(text.contains("request: 600.00 MiB"), "{text}");
         assert!(text.contains("pool: held 256.00 MiB"), "{text}");
@@ -206,7 +258,7 @@ mod tests {
             unsafe { top.deallocate(*p, 8 * MIB, Stream::DEFAULT) }.unwrap();
         }
         let err = top.allocate(16 * MIB, Stream::DEFAULT).unwrap_err();
-        let text = explain_out_of_memory(err, &top, 16 * MIB).to_string();
+        let text = explain_out_of_memory(err, &top, 16 * MIB, Stream::DEFAULT).to_string();
         assert!(text.contains("hint: fragmented"), "{text}");
         assert!(text.contains("largest free block 8.00 MiB"), "{text}");
         for p in ptrs.iter().skip(1).step_by(2) {
@@ -220,14 +272,96 @@ mod tests {
         let top = sim(64 * MIB);
         let held = top.allocate(60 * MIB, Stream::DEFAULT).unwrap();
         let err = top.allocate(16 * MIB, Stream::DEFAULT).unwrap_err();
-        let text = explain_out_of_memory(err, &top, 16 * MIB).to_string();
+        let text = explain_out_of_memory(err, &top, 16 * MIB, Stream::DEFAULT).to_string();
         assert!(text.contains("hint: the memory below is full"), "{text}");
         assert!(text.contains("free of 64.00 MiB"), "{text}");
         // Explaining twice adds nothing; other errors pass unchanged.
-        let again = explain_out_of_memory(Error::Logic("x".into()), &top, 1);
+        let again = explain_out_of_memory(Error::Logic("x".into()), &top, 1, Stream::DEFAULT);
         assert!(matches!(again, Error::Logic(_)));
         // SAFETY: allocated above, freed once.
         unsafe { top.deallocate(held, 60 * MIB, Stream::DEFAULT) }.unwrap();
         assert!(memory_summary(&top).contains("simulated"));
+    }
+
+    #[test]
+    fn free_bytes_waiting_on_other_streams_are_counted_and_named() {
+        let pool = PoolMemoryResource::new(sim(64 * MIB), Some(64 * MIB), Some(64 * MIB)).unwrap();
+        let top: SharedResource = Arc::new(pool);
+        // SAFETY: simulated memory records no events: any handle names a stream.
+        let (a, b) = unsafe { (Stream::from_raw(0xa0), Stream::from_raw(0xb0)) };
+        let p = top.allocate(32 * MIB, a).unwrap();
+        // SAFETY: allocated above with 32 MiB on `a`, freed once there.
+        unsafe { top.deallocate(p, 32 * MIB, a) }.unwrap();
+        let report = top.report().unwrap();
+        let seen_from_b = report.stream_free(b).unwrap();
+        assert_eq!(seen_from_b.other_streams, 32 * MIB);
+        assert_eq!(seen_from_b.other_lists, 1);
+        assert_eq!(seen_from_b.this_stream, 0);
+        assert_eq!(report.stream_free(a).unwrap().this_stream, 32 * MIB);
+        // An out-of-memory report from `b` names them; the pool had merged every list before it
+        // gave up, so by then none wait.
+        let err = top.allocate(128 * MIB, b).unwrap_err();
+        let text = explain_out_of_memory(err, &top, 128 * MIB, b).to_string();
+        assert!(
+            text.contains("on other streams' lists (reusable here after their work) 0 B in 0"),
+            "{text}"
+        );
+        let waiting = rows(&top, Some(b));
+        assert!(waiting
+            .iter()
+            .all(|r| r.stream_free.is_none_or(|s| s.other_streams == 0)));
+    }
+
+    #[test]
+    fn the_hint_names_memory_waiting_on_other_streams() {
+        let row = Row {
+            depth: 0,
+            name: "pool",
+            footprint: Some(Footprint {
+                held_bytes: 64 * MIB,
+                free_bytes: 32 * MIB,
+                largest_free_block: 32 * MIB,
+                free_blocks: 1,
+            }),
+            stream_free: Some(StreamFree {
+                this_stream: 0,
+                other_streams: 32 * MIB,
+                other_lists: 2,
+            }),
+            memory_info: None,
+        };
+        let text = hint(&[row], 16 * MIB, "out_of_memory");
+        assert!(
+            text.contains("32.00 MiB free on 2 other stream(s)' lists"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_limit_is_named_and_free_memory_below_is_not_called_full() {
+        let below = sim(64 * MIB);
+        let limited: SharedResource = Arc::new(crate::adaptor::LimitingResourceAdaptor::new(
+            below.clone(),
+            MIB,
+        ));
+        let err = limited.allocate(4 * MIB, Stream::DEFAULT).unwrap_err();
+        let text = explain_out_of_memory(err, &limited, 4 * MIB, Stream::DEFAULT).to_string();
+        assert!(
+            text.contains("hint: a limiting adaptor's allocation_limit"),
+            "{text}"
+        );
+        assert!(!text.contains("is full"), "{text}");
+        let other = hint(
+            &[Row {
+                depth: 0,
+                name: "simulated",
+                footprint: None,
+                stream_free: None,
+                memory_info: Some((64 * MIB, 64 * MIB)),
+            }],
+            4 * MIB,
+            "callback said no",
+        );
+        assert!(other.contains("enough for the request"), "{other}");
     }
 }

@@ -133,7 +133,7 @@ print("OK")
     assert "OK" in out
 
 
-def test_out_of_memory_raises_with_rrmms_message():
+def test_out_of_memory_is_torchs_out_of_memory_error_with_rrmms_message():
     out = run_fresh(
         PRELUDE
         + """
@@ -148,9 +148,10 @@ else:
 small = torch.ones(1000, device="cuda")
 try:
     torch.empty(request, dtype=torch.uint8, device="cuda")
-except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:
+except torch.cuda.OutOfMemoryError as exc:  # PyTorch's own type, as with its allocator
     text = str(exc)
-    assert "rrmm" in text.lower() or "memory" in text.lower(), text
+    assert "out_of_memory" in text and "request: 64.00 MiB" in text, text
+    assert "hint:" in text, text
     print("RAISED", type(exc).__name__, text[:200])
 else:
     raise AssertionError("no error")

@@ -5,7 +5,8 @@ points exported by rrmm's own compiled module (``rrmm_torch_allocate`` /
 ``rrmm_torch_deallocate``): each allocation comes from the current rrmm resource of the device
 PyTorch asks for, on PyTorch's stream, and so shows in rrmm's statistics when a
 ``StatisticsResourceAdaptor`` is that resource (PyTorch's own ``memory_allocated()`` cannot see a
-pluggable allocator). Out of memory raises in PyTorch with rrmm's message. It also works as
+pluggable allocator). Out of memory raises ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``),
+as PyTorch's own allocator does, with rrmm's explanation as its message. It also works as
 ``torch.cuda.MemPool(rmm_torch_allocator.allocator())``.
 
 PyTorch is imported when ``rmm_torch_allocator`` is first looked up, not before; PyTorch lets a

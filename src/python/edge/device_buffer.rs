@@ -167,7 +167,7 @@ impl PyDeviceBuffer {
         let profile = mr.get().profile();
         let buf = gil::call(py, profile, || {
             RsBuffer::new(size, raw, shared.clone())
-                .map_err(|e| explain_out_of_memory(e, &shared, size))
+                .map_err(|e| explain_out_of_memory(e, &shared, size, raw))
         });
         if let (Ok(b), true) = (&buf, super::history::enabled()) {
             let device = shared.device().unwrap_or(crate::current_device_ordinal());

@@ -73,7 +73,7 @@ pub(crate) fn allocate_from(
     };
     let ptr = mr
         .allocate(bytes, stream)
-        .map_err(|e| explain_out_of_memory(e, &mr, bytes))?;
+        .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))?;
     super::history::record("alloc", device, ptr, bytes, stream.raw());
     Ok((ptr, Some(mr)))
 }

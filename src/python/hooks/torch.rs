@@ -7,9 +7,11 @@
 //! stream)` and `void free(void* ptr, size_t size, int device, cudaStream_t stream)`. Each uses
 //! the per-device resource of `device` on `stream`, with the device's primary context current
 //! for the call (the caller's context is restored). No Rust panic crosses the C boundary. On
-//! failure the allocator throws a C++ `std::bad_alloc` (from the shim csrc/torch_shim.cpp) whose
-//! `what()` is rrmm's message: PyTorch does not check the returned pointer, so a null return
-//! would not be noticed.
+//! failure the allocator throws a C++ exception whose `what()` is rrmm's message (PyTorch does not
+//! check the returned pointer, so a null return would not be noticed): PyTorch's own
+//! `c10::OutOfMemoryError`, found in the loaded PyTorch libraries by the shim
+//! csrc/torch_shim.cpp, so Python code sees `torch.cuda.OutOfMemoryError` as with PyTorch's
+//! allocator; a `std::bad_alloc` (PyTorch's `RuntimeError`) when PyTorch's type cannot be found.
 
 use super::errors::report_to_stderr;
 use super::hooks::{allocate_on, deallocate_on, Context};
@@ -24,8 +26,9 @@ pub(crate) const ALLOCATE_SYMBOL: &str = "rrmm_torch_allocate";
 pub(crate) const DEALLOCATE_SYMBOL: &str = "rrmm_torch_deallocate";
 
 extern "C-unwind" {
-    /// Throws a `std::bad_alloc`-derived exception carrying a copy of `message`; never returns.
-    fn rrmm_torch_throw_bad_alloc(message: *const c_char) -> !;
+    /// Throws PyTorch's `c10::OutOfMemoryError` (when PyTorch is loaded) or a
+    /// `std::bad_alloc`-derived exception, carrying a copy of `message`; never returns.
+    fn rrmm_torch_throw_out_of_memory(message: *const c_char) -> !;
 }
 
 fn device_ordinal(device: c_int) -> Result<usize> {
@@ -85,7 +88,7 @@ pub unsafe extern "C-unwind" fn rrmm_torch_allocate(
     // SAFETY: `buf` is NUL-terminated (at most 1023 bytes of text) and lives in this frame; the
     // shim copies it before throwing. The exception unwinds through this `"C-unwind"` frame,
     // which owns nothing that needs dropping.
-    unsafe { rrmm_torch_throw_bad_alloc(buf.as_ptr().cast()) }
+    unsafe { rrmm_torch_throw_out_of_memory(buf.as_ptr().cast()) }
 }
 
 /// Frees for PyTorch what [`rrmm_torch_allocate`] returned, through the per-device resource of
@@ -177,7 +180,7 @@ mod tests {
         };
         match code {
             0 => Ok(out as usize),
-            1 => {
+            1 | 3 => {
                 let end = message
                     .iter()
                     .position(|&b| b == 0)

@@ -68,7 +68,7 @@ impl DeviceMemoryResource {
         let mr = &self.inner;
         py_result(gil::call(py, self.profile(), || {
             mr.allocate(nbytes, raw)
-                .map_err(|e| explain_out_of_memory(e, mr, nbytes))
+                .map_err(|e| explain_out_of_memory(e, mr, nbytes, raw))
         }))
     }
 

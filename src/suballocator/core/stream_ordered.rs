@@ -99,7 +99,7 @@ use super::stream_list::{ListMarks, ListState, StreamList};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::report::snapshot::{assemble, BlockState, SegmentInfo};
-use crate::report::{MemoryStats, PoolReport};
+use crate::report::{MemoryStats, PoolReport, StreamFree};
 use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
@@ -826,6 +826,23 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.fold_lists(0, |n, l| n + l.free_blocks())
     }
 
+    /// Free bytes on `stream`'s own list and on other streams' lists (the fresh list, free for
+    /// every stream, is in neither).
+    pub(crate) fn stream_free(&self, stream: Stream) -> StreamFree {
+        let key = StreamKey::of(stream);
+        let mut out = StreamFree::default();
+        for list in &self.directory.read().all {
+            let free = list.state.lock().list.free_bytes();
+            if list.key == key {
+                out.this_stream += free;
+            } else if free > 0 {
+                out.other_streams += free;
+                out.other_lists += 1;
+            }
+        }
+        out
+    }
+
     /// Footprint: held bytes, free bytes, largest free block, free blocks.
     pub(crate) fn footprint(&self) -> Footprint {
         let (free_bytes, largest_free_block, free_blocks) =
@@ -937,6 +954,10 @@ impl<F: FreeList> PoolReport for StreamOrderedCore<F> {
 
     fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
         Some(StreamOrderedCore::snapshot(self))
+    }
+
+    fn stream_free(&self, stream: Stream) -> Option<StreamFree> {
+        Some(StreamOrderedCore::stream_free(self, stream))
     }
 
     fn busy(&self) -> bool {
