@@ -4,14 +4,17 @@
 //! pool, the context made current once). The difference is rrmm's own cost per event; the rest is
 //! the driver's. Alternating passes, median of each; prints one JSON line per trace and variant.
 //! A third variant runs `rrmm::replay::replay` itself (the engine `rrmm replay` and W1 use) on
-//! the same resource, to tell the engine's cost from the process it runs in.
+//! the same resource, to tell the engine's cost from the process it runs in. The driver loop also
+//! runs on the per-thread default stream and on a non-blocking stream of its own ("driver ptds",
+//! "driver stream"): the legacy default stream's implicit ordering with other streams is the
+//! driver's own cost and differs between the three.
 //!
 //! Run: `cargo bench --bench cuda_async_overhead` (traces from `$RRMM_TRACES`, default the
 //! shipped ones); on a machine without a GPU it says so and exits.
 
 #![allow(missing_docs)]
 
-use rrmm::cuda::{self, ContextGuard, MemPool, PoolExport, Stream};
+use rrmm::cuda::{self, ContextGuard, MemPool, OwnedStream, PoolExport, Stream};
 use rrmm::replay::{replay, Action, Repeat, ReplayOptions, Trace};
 use rrmm::{CudaAsyncMemoryResource, MemoryResource, SharedResource};
 use std::sync::Arc;
@@ -84,6 +87,16 @@ fn main() {
     // SAFETY: `p` came from this pool and is freed once (the pass clears its slot).
     let direct_free =
         |p: usize, _n: usize| unsafe { cuda::mem_free_async(p, Stream::DEFAULT) }.expect("free");
+    let ptds_alloc = |n: usize| pool.allocate(n, Stream::PER_THREAD).unwrap_or(0);
+    // SAFETY: as above, on the per-thread default stream of this thread.
+    let ptds_free =
+        |p: usize, _n: usize| unsafe { cuda::mem_free_async(p, Stream::PER_THREAD) }.expect("free");
+    let owned = OwnedStream::new(true).expect("stream");
+    // SAFETY: `owned` outlives every use of this handle (it lives to the end of main).
+    let own = unsafe { Stream::from_raw(owned.raw()) };
+    let stream_alloc = |n: usize| pool.allocate(n, own).unwrap_or(0);
+    // SAFETY: as above, on the owned stream.
+    let stream_free = |p: usize, _n: usize| unsafe { cuda::mem_free_async(p, own) }.expect("free");
     for name in TRACES {
         let path = format!("{dir}/{name}.csv.gz");
         let trace = Trace::from_path(&path, false).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -91,7 +104,9 @@ fn main() {
         // Warm both pools.
         pass(&trace, &via_resource_alloc, &via_resource_free, &mut slots);
         pass(&trace, &direct_alloc, &direct_free, &mut slots);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pass(&trace, &ptds_alloc, &ptds_free, &mut slots);
+        pass(&trace, &stream_alloc, &stream_free, &mut slots);
+        let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..REPS {
             a.push(pass(
                 &trace,
@@ -100,6 +115,8 @@ fn main() {
                 &mut slots,
             ));
             b.push(pass(&trace, &direct_alloc, &direct_free, &mut slots));
+            c.push(pass(&trace, &ptds_alloc, &ptds_free, &mut slots));
+            d.push(pass(&trace, &stream_alloc, &stream_free, &mut slots));
         }
         let shared: SharedResource = Arc::new(resource.clone());
         let options = ReplayOptions {
@@ -111,7 +128,12 @@ fn main() {
             "{{\"trace\": \"{name}\", \"variant\": \"engine\", \"ns_per_event\": {:.1}, \"min\": {:.1}}}",
             report.ns_per_event, report.ns_per_event_min
         );
-        for (variant, v) in [("resource", a), ("driver", b)] {
+        for (variant, v) in [
+            ("resource", a),
+            ("driver", b),
+            ("driver ptds", c),
+            ("driver stream", d),
+        ] {
             let min = v.iter().copied().fold(f64::MAX, f64::min);
             println!(
                 "{{\"trace\": \"{name}\", \"variant\": \"{variant}\", \"ns_per_event\": {:.1}, \"min\": {min:.1}}}",

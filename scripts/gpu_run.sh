@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           w9 w8 w10 history
+#           asyncsplit w9 w8 w10 history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -177,6 +177,28 @@ if has profile; then
   cat "$OUT/profile_numba.log" >> "$SUMMARY"
 fi
 
+# cuda_async from Python (issue 21's W2 row): DeviceBuffer and resource round trips, rrmm beside
+# RMM in one process, alternating, and on a fresh thread; a perf profile of rrmm's loop when perf
+# is there.
+if has asyncsplit; then
+  echo "== cuda_async round trip from Python, split"
+  python3 benches/gpu/cuda_async_split.py --out "$OUT/asyncsplit.jsonl" 2>&1 | tee "$OUT/asyncsplit.txt"
+  note "$(cat "$OUT/asyncsplit.txt")"
+  if command -v perf > /dev/null; then
+    perf record -F 4000 -g -o /tmp/asyncsplit.perf -- python3 -c '
+import rrmm
+rrmm.mr.set_current_device_resource(rrmm.mr.CudaAsyncMemoryResource())
+for _ in range(300000):
+    rrmm.DeviceBuffer(size=1 << 20)' > /dev/null 2>&1
+    perf report -i /tmp/asyncsplit.perf --stdio --no-children --sort dso,symbol 2>/dev/null \
+      | grep -v "^$" | head -120 > "$OUT/asyncsplit_perf.txt"
+    note "perf (rrmm DeviceBuffer loop, self time by dso/symbol):"
+    note "$(grep -E '^ +[0-9]' "$OUT/asyncsplit_perf.txt" | head -25)"
+  else
+    note "perf: not on this machine"
+  fi
+fi
+
 if has cupythreads; then
   # The CuPy hook from 8 threads on their own non-blocking streams, per resource and variant,
   # each in its own process (a crash ends one case). With gdb, a crashing case is rerun under
@@ -196,15 +218,31 @@ if has cupythreads; then
 fi
 
 if has asyncw1; then
-  # cuda_async in W1, warm against warm, each side in a native process (RMM's C++ harness, rrmm's
-  # replay engine in benches/cuda_async_overhead.rs), alternating, 5 rounds; the bench also times
-  # a bare loop over rrmm's resource and over the driver's pool calls (rrmm's own share). Needs
-  # stage w1's /tmp/rmm_replay and compiled traces.
+  # cuda_async in W1, warm against warm, each side in its own process (RMM's C++ harness, rrmm's
+  # replay engine natively in benches/cuda_async_overhead.rs and through Python's replay_logs as
+  # `rrmm replay` runs it), alternating, 5 rounds; the bench also times a bare loop over rrmm's
+  # resource and over the driver's pool calls (rrmm's own share).
   echo "== cuda_async W1, alternating"
-  : > "$OUT/asyncw1_rmm.jsonl"; : > "$OUT/asyncw1_split.jsonl"
+  if [ ! -x /tmp/rmm_replay ]; then
+    LIBRMM="$SITE/librmm"; LOGGER="$SITE/rapids_logger"
+    nvcc -std=c++20 -O2 -o /tmp/rmm_replay benches/gpu/rmm_replay.cu -I"$LIBRMM/include" \
+      -I"$LIBRMM/include/rapids" -I"$LOGGER/include" -L"$LIBRMM/lib64" -lrmm \
+      -L"$LOGGER/lib64" -lrapids_logger -Xlinker -rpath="$LIBRMM/lib64:$LOGGER/lib64" > "$OUT/nvcc.log" 2>&1
+  fi
+  for t in random_10k_1mib random_100k_4mib transformer_training; do
+    [ -f "/tmp/$t.txt" ] || python3 benches/gpu/compile_trace.py "python/rrmm/traces/$t.csv.gz" "/tmp/$t.txt"
+  done
+  : > "$OUT/asyncw1_rmm.jsonl"; : > "$OUT/asyncw1_split.jsonl"; : > "$OUT/asyncw1_python.jsonl"
   for round in 1 2 3 4 5; do
     for t in random_10k_1mib random_100k_4mib transformer_training; do
       timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" cuda_async 7 >> "$OUT/asyncw1_rmm.jsonl"
+      for s in legacy ptds; do
+        timeout 300 /tmp/rmm_replay "$t" "/tmp/$t.txt" cuda_async 7 "$s" \
+          | sed "s/}\$/, \"stream\": \"$s\"}/" >> "$OUT/asyncw1_rmm.jsonl"
+      done
+      timeout 300 python3 benches/gpu/w1_rrmm.py --traces python/rrmm/traces --only "$t" \
+        --resources cuda_async --reps 7 --out /tmp/asyncw1_py.jsonl > /dev/null \
+        && cat /tmp/asyncw1_py.jsonl >> "$OUT/asyncw1_python.jsonl"
     done
     RRMM_TRACES="$PWD/python/rrmm/traces" timeout 300 .gpu/bench/cuda_async_overhead >> "$OUT/asyncw1_split.jsonl"
   done

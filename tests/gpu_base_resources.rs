@@ -74,6 +74,27 @@ fn context_guard_restores_the_callers_context() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_thread_without_a_context_keeps_the_primary_context_bound() {
+    assert!(cuda::device_count() >= 1);
+    std::thread::spawn(|| {
+        // A fresh thread has no current context; after a guard it keeps device 0's primary
+        // context (as the CUDA runtime binds one), so later calls need no context switch.
+        {
+            let _g = ContextGuard::new(0).unwrap();
+        }
+        let mr = CudaAsyncMemoryResource::new(None, None, Default::default()).unwrap();
+        let p = mr.allocate(1 << 20, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated above with this size on this stream, freed once.
+        unsafe { mr.deallocate(p, 1 << 20, Stream::DEFAULT) }.unwrap();
+        assert_eq!(cuda::current_device().unwrap(), 0);
+        cuda::context_synchronize().unwrap();
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn out_of_memory_is_its_own_error() {
     let mr = CudaMemoryResource::new().unwrap();
     let err = mr.allocate(1 << 60, Stream::DEFAULT).unwrap_err();

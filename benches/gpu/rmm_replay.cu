@@ -27,13 +27,18 @@ struct Op {
   std::size_t size;
 };
 
+// The stream the replay runs on: 0 (what RMM's default stream is), or, with a fifth argument,
+// the legacy default stream ("legacy") or the per-thread default stream ("ptds") named
+// explicitly.
+static cudaStream_t replay_stream = cudaStream_t{0};
+
 template <typename MR>
 void replay(char const* trace, char const* name, MR& mr, std::vector<Op> const& ops,
             std::size_t slots, int reps)
 {
   std::vector<void*> ptrs(slots, nullptr);
   std::vector<std::size_t> sizes(slots, 0);
-  cuda::stream_ref stream{cudaStream_t{0}};
+  cuda::stream_ref stream{replay_stream};
   std::vector<double> times;
   long failures = 0;
   for (int r = 0; r < reps; ++r) {
@@ -86,6 +91,11 @@ int main(int argc, char** argv)
   }
   std::string list = argv[3];
   int reps = argc > 4 ? std::atoi(argv[4]) : 3;
+  if (argc > 5) {
+    std::string which = argv[5];
+    replay_stream = which == "ptds" ? cudaStreamPerThread : which == "legacy" ? cudaStreamLegacy
+                                                                              : cudaStream_t{0};
+  }
   std::size_t pos = 0;
   while (pos <= list.size()) {
     std::size_t comma = list.find(',', pos);

@@ -81,16 +81,20 @@ def w2base(out: Path) -> str:
 
 
 def asyncw1(out: Path) -> str:
-    """cuda_async W1 from alternating native processes: RMM's harness against rrmm's replay
-    engine, with the bare loops over rrmm's resource and over the driver beside them; each
-    cell is the median (range) of the rounds' medians."""
+    """cuda_async W1 from alternating processes: RMM's harness against rrmm's replay engine
+    (native, and through Python's rrmm._rrmm.replay_logs as `rrmm replay` runs it), with the bare
+    loops over rrmm's resource and over the driver beside them; each cell is the median (range)
+    of the rounds' medians."""
     import statistics
 
     got: dict = {}
     for r in jsonl(out / "asyncw1_rmm.jsonl"):
-        got.setdefault(r["trace"], {}).setdefault("rmm", []).append(r["ns_per_event"])
+        key = "rmm" + (f" {r['stream']}" if r.get("stream") else "")
+        got.setdefault(r["trace"], {}).setdefault(key, []).append(r["ns_per_event"])
     for r in jsonl(out / "asyncw1_split.jsonl"):
         got.setdefault(r["trace"], {}).setdefault(r["variant"], []).append(r["ns_per_event"])
+    for r in jsonl(out / "asyncw1_python.jsonl"):
+        got.setdefault(r["trace"], {}).setdefault("python", []).append(r["ns_per_event"])
 
     def med(v: list[float] | None) -> float | None:
         return statistics.median(v) if v else None
@@ -102,16 +106,27 @@ def asyncw1(out: Path) -> str:
         (
             t,
             spread(v.get("engine")),
+            spread(v.get("python")),
             spread(v.get("rmm")),
             ratio(med(v.get("rmm")), med(v.get("engine"))),
+            ratio(med(v.get("rmm")), med(v.get("python"))),
             spread(v.get("resource")),
             spread(v.get("driver")),
         )
         for t, v in sorted(got.items())
     ]
+    streams = [
+        (t, spread(v.get("rmm")), spread(v.get("rmm legacy")), spread(v.get("rmm ptds")),
+         spread(v.get("driver")), spread(v.get("driver ptds")), spread(v.get("driver stream")))
+        for t, v in sorted(got.items())
+    ]
     return "cuda_async W1, ns/event, median (range) of alternating rounds; speedup = RMM/rrmm\n" + table(
-        body, ("trace", "rrmm engine", "RMM", "speedup", "rrmm bare loop", "driver only")
-    )
+        body, ("trace", "rrmm engine", "rrmm replay_logs", "RMM", "speedup", "speedup (replay_logs)",
+               "rrmm bare loop", "driver only")
+    ) + "\nthe same by stream: RMM on stream 0 / cudaStreamLegacy / cudaStreamPerThread; the driver " \
+        "loop on the legacy default stream / the per-thread default stream / a stream of its own\n" \
+        + table(streams, ("trace", "RMM 0", "RMM legacy", "RMM ptds", "driver legacy",
+                          "driver ptds", "driver stream"))
 
 
 def main() -> None:

@@ -87,6 +87,12 @@ pub fn set_current_device(ordinal: usize) -> Result<()> {
 
 /// Makes a device's primary context current for as long as it lives, then restores the
 /// caller's context. Costs one `cuCtxGetCurrent` when the right context is already current.
+///
+/// A thread with no current context keeps the primary context bound after the guard (as the
+/// CUDA runtime binds it on a thread's first call): unbinding it again would cost two
+/// `cuCtxSetCurrent` on every later call from that thread (a third of a `cuda_async`
+/// allocate-free pair, measured), and no context is what such a thread had only because nothing
+/// had used CUDA on it yet. A different context that was current is restored.
 #[must_use = "the context is restored when the guard drops"]
 pub struct ContextGuard {
     previous: Option<usize>,
@@ -108,7 +114,7 @@ impl ContextGuard {
         // SAFETY: `wanted` is a retained primary context that outlives this call.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(wanted) })?;
         Ok(ContextGuard {
-            previous: Some(current as usize),
+            previous: (!current.is_null()).then_some(current as usize),
         })
     }
 }
