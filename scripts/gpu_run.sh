@@ -16,7 +16,7 @@
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
 #   scales the stress tests' rounds. The summary gives the error count of each.
 #   PYTEST_ARGS (e.g. test files) and HOOKS_ARGS (e.g. "--only cupy") narrow the python and
-#   hooks stages.
+#   hooks stages; W2_RESOURCES (e.g. "cuda_async,pool") the w2 stage.
 # Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -121,7 +121,8 @@ fi
 for w in w2 w3; do
   if has $w && [ -f benches/gpu/$w.py ]; then
     echo "== ${w^^}"
-    (cd benches/gpu && python3 $w.py --out "$OUT/$w.json") 2>&1 | tee "$OUT/$w.log" | tail -30
+    extra=(); [ "$w" = w2 ] && [ -n "${W2_RESOURCES:-}" ] && extra=(--resources "$W2_RESOURCES")
+    (cd benches/gpu && python3 $w.py --out "$OUT/$w.json" "${extra[@]}") 2>&1 | tee "$OUT/$w.log" | tail -30
     [ -f benches/gpu/summarize.py ] && python3 benches/gpu/summarize.py $w "$OUT" | tee -a "$SUMMARY"
   fi
 done
