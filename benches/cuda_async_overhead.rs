@@ -123,9 +123,18 @@ fn main() {
             repeat: Repeat::Times(REPS),
             ..ReplayOptions::default()
         };
-        let report = replay(&trace, &shared, options).expect("replay");
+        let report = replay(&trace, &shared, options.clone()).expect("replay");
         println!(
             "{{\"trace\": \"{name}\", \"variant\": \"engine\", \"ns_per_event\": {:.1}, \"min\": {:.1}}}",
+            report.ns_per_event, report.ns_per_event_min
+        );
+        // The engine on a fresh resource (one warm-up pass, as `rrmm replay` runs it), not on
+        // the pool the loops above have warmed for many passes.
+        let fresh: SharedResource =
+            Arc::new(CudaAsyncMemoryResource::new(None, None, export).expect("cuda_async"));
+        let report = replay(&trace, &fresh, options).expect("replay");
+        println!(
+            "{{\"trace\": \"{name}\", \"variant\": \"engine fresh\", \"ns_per_event\": {:.1}, \"min\": {:.1}}}",
             report.ns_per_event, report.ns_per_event_min
         );
         for (variant, v) in [
