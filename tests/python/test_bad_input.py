@@ -234,16 +234,54 @@ print("CHILD OK")
 # -------------------------------------------------------------- issue 9's reproducers, one each
 
 
-def test_system_bogus_free_does_not_crash(child):
-    child(
-        """
+# Each script runs in a child process (a crash fails that case only).
+_REPRODUCERS = {
+    "system_bogus_free_does_not_crash": """
 s = mr.SystemMemoryResource()
 expect(RuntimeError, r"0x1000", lambda: s.deallocate(0x1000, 8))
 a = s.allocate(64)
 s.deallocate(a, 64)
-print("CHILD OK")
-"""
-    )
+""",
+    "fixed_size_double_free_hands_out_no_block_twice": """
+f = mr.FixedSizeMemoryResource(mr.SimulatedMemoryResource(1 << 30))
+a = f.allocate(100)
+f.deallocate(a, 100)
+expect(RuntimeError, hex(a), lambda: f.deallocate(a, 100))
+assert f.allocate(100) != f.allocate(100)
+expect(RuntimeError, r"0x1000", lambda: f.deallocate(0x1000, 100))
+""",
+    "limiting_wrong_size_free_does_not_wrap": """
+lim = mr.LimitingResourceAdaptor(mr.SimulatedMemoryResource(1 << 30), 1 << 20)
+a = lim.allocate(1024)
+expect(RuntimeError, r"1048576|size", lambda: lim.deallocate(a, 1 << 20))
+assert lim.get_allocated_bytes() <= 1 << 20, lim.get_allocated_bytes()
+b = lim.allocate(16)  # not refused
+lim.deallocate(b, 16)
+""",
+    "simulated_free_of_pool_pointer_on_upstream": """
+s = mr.SimulatedMemoryResource(1 << 30)
+p = mr.PoolMemoryResource(s, 1 << 20)
+a = p.allocate(256)
+expect(RuntimeError, r"size|bytes|not allocated", lambda: s.deallocate(a, 256))
+assert s.bytes_in_use() == 1 << 20, s.bytes_in_use()
+b = s.allocate(1 << 20)
+assert not (a <= b < a + (1 << 20)), "the pool's chunk was handed out again"
+s.deallocate(b, 1 << 20)
+p.deallocate(a, 256)
+""",
+    "pool_keeps_initial_chunk_after_failed_request": """
+s = mr.SimulatedMemoryResource(1 << 30)
+p = mr.PoolMemoryResource(s, 256 << 20)
+expect(MemoryError, r"2147483648", lambda: p.allocate(2 << 30))
+assert p.pool_size() == 256 << 20, p.pool_size()
+assert s.bytes_in_use() == 256 << 20, s.bytes_in_use()
+""",
+}
+
+
+@pytest.mark.parametrize("script", list(_REPRODUCERS.values()), ids=list(_REPRODUCERS))
+def test_issue9_reproducer(child, script):
+    child(script + 'print("CHILD OK")\n')
 
 
 _HOST_COPIES = {
@@ -384,73 +422,7 @@ print("CHILD OK")
     )
 
 
-def test_fixed_size_double_free_hands_out_no_block_twice(child):
-    child(
-        """
-f = mr.FixedSizeMemoryResource(mr.SimulatedMemoryResource(1 << 30))
-a = f.allocate(100)
-f.deallocate(a, 100)
-expect(RuntimeError, hex(a), lambda: f.deallocate(a, 100))
-assert f.allocate(100) != f.allocate(100)
-expect(RuntimeError, r"0x1000", lambda: f.deallocate(0x1000, 100))
-print("CHILD OK")
-"""
-    )
-
-
-def test_limiting_wrong_size_free_does_not_wrap(child):
-    child(
-        """
-lim = mr.LimitingResourceAdaptor(mr.SimulatedMemoryResource(1 << 30), 1 << 20)
-a = lim.allocate(1024)
-expect(RuntimeError, r"1048576|size", lambda: lim.deallocate(a, 1 << 20))
-assert lim.get_allocated_bytes() <= 1 << 20, lim.get_allocated_bytes()
-b = lim.allocate(16)  # not refused
-lim.deallocate(b, 16)
-print("CHILD OK")
-"""
-    )
-
-
-def test_simulated_free_of_pool_pointer_on_upstream(child):
-    child(
-        """
-s = mr.SimulatedMemoryResource(1 << 30)
-p = mr.PoolMemoryResource(s, 1 << 20)
-a = p.allocate(256)
-expect(RuntimeError, r"size|bytes|not allocated", lambda: s.deallocate(a, 256))
-assert s.bytes_in_use() == 1 << 20, s.bytes_in_use()
-b = s.allocate(1 << 20)
-assert not (a <= b < a + (1 << 20)), "the pool's chunk was handed out again"
-s.deallocate(b, 1 << 20)
-p.deallocate(a, 256)
-print("CHILD OK")
-"""
-    )
-
-
-def test_pool_keeps_initial_chunk_after_failed_request(child):
-    child(
-        """
-s = mr.SimulatedMemoryResource(1 << 30)
-p = mr.PoolMemoryResource(s, 256 << 20)
-expect(MemoryError, r"2147483648", lambda: p.allocate(2 << 30))
-assert p.pool_size() == 256 << 20, p.pool_size()
-assert s.bytes_in_use() == 256 << 20, s.bytes_in_use()
-print("CHILD OK")
-"""
-    )
-
-
 # -------------------------------------------------------------------- DeviceBuffer and copies
-
-
-@pytest.fixture
-def host_mr():
-    m = mr.SystemMemoryResource()
-    mr.set_current_device_resource(m)
-    yield m
-    _rrmm._clear_per_device_resources()
 
 
 BUFFER_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
@@ -481,7 +453,7 @@ BUFFER_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] =
 @pytest.mark.parametrize(
     "call, exc, pattern", [c[1:] for c in BUFFER_CASES], ids=[c[0] for c in BUFFER_CASES]
 )
-def test_device_buffer_bad_input(host_mr, call, exc, pattern):
+def test_device_buffer_bad_input(system_mr, call, exc, pattern):
     b = to_device(bytes(range(16)))
     raises(exc, pattern, lambda: call(b))
     # The buffer is intact and the resource still allocates and frees.
