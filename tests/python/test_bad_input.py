@@ -692,6 +692,29 @@ def test_replay_unbuildable_resource_is_its_own_row(tmp_path):
 # ------------------------------------------------------------ GIL and Python callbacks
 
 
+# The child scripts' common part: `cb`, a CallbackMemoryResource over simulated memory whose
+# allocations give the GIL away, and `race(*rounds)`, which runs each round in a loop on its own
+# thread for 2 s and checks that every thread got through at least once.
+_RACE = """
+sim = mr.SimulatedMemoryResource("1TiB")
+def grow(n, s):
+    time.sleep(0.002)  # gives the GIL to the other thread
+    return sim.allocate(n)
+cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+def race(*rounds):
+    stop = time.monotonic() + 2
+    counts = [0] * len(rounds)
+    def work(i):
+        while time.monotonic() < stop:
+            rounds[i]()
+            counts[i] += 1
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(rounds))]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert min(counts) > 0, counts
+"""
+
+
 def test_no_deadlock_pool_growth_over_callback(child):
     """Two threads allocate from a pool over a CallbackMemoryResource: each growth runs Python
     code under the pool's lock, and CPython hands the GIL to the other thread meanwhile (here
@@ -699,23 +722,12 @@ def test_no_deadlock_pool_growth_over_callback(child):
     GIL would block the callback for ever: calls into a chain that reaches Python must release
     the GIL (the callback takes it back)."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-def grow(n, s):
-    time.sleep(0.002)  # gives the GIL to the other thread
-    return sim.allocate(n)
-cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+        _RACE
+        + """
 pool = mr.PoolMemoryResource(cb, 1 << 20)
-stop = time.monotonic() + 2
-counts = [0, 0]
-def work(i):
-    while time.monotonic() < stop:
-        pool.allocate(64 << 20)  # never freed: every call grows the pool through the callback
-        counts[i] += 1
-threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(counts) > 0, counts
+def grow_pool():
+    pool.allocate(64 << 20)  # never freed: every call grows the pool through the callback
+race(grow_pool, grow_pool)
 print("CHILD OK")
 """,
         timeout=30,
@@ -726,24 +738,13 @@ def test_no_deadlock_hook_allocations_over_callback(child):
     """The framework hooks' entry point (`hook_allocate`, CuPy/Numba) from two threads, with a
     pool over a CallbackMemoryResource as the device's resource: same rule as the methods."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-def grow(n, s):
-    time.sleep(0.002)  # gives the GIL to the other thread
-    return sim.allocate(n)
-cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+        _RACE
+        + """
 mr.set_per_device_resource(0, mr.PoolMemoryResource(cb, 1 << 20))
-stop = time.monotonic() + 2
-counts = [0, 0]
 keep = []
-def work(i):
-    while time.monotonic() < stop:
-        keep.append(_rrmm.hook_allocate(64 << 20, 0, 0))  # grows the pool every time
-        counts[i] += 1
-threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(counts) > 0, counts
+def hook_allocate():
+    keep.append(_rrmm.hook_allocate(64 << 20, 0, 0))  # grows the pool every time
+race(hook_allocate, hook_allocate)
 print("CHILD OK")
 """,
         timeout=30,
@@ -755,28 +756,19 @@ def test_no_deadlock_release_over_callback(child):
     """Thread A holds the GIL and calls into the pool while thread B calls release(), whose
     upstream frees run Python code."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-cb = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n), lambda p, n, s: sim.deallocate(p, n))
-pool = mr.PoolMemoryResource(cb, 1 << 20)
-stop = time.monotonic() + 2
-done = [0, 0]
-def releaser():
-    while time.monotonic() < stop:
-        ptrs = [pool.allocate(8 << 20) for _ in range(8)]
-        for p in ptrs:
-            pool.deallocate(p, 8 << 20)
-        pool.release()
-        done[0] += 1
-def allocator():
-    while time.monotonic() < stop:
-        p = pool.allocate(64 << 20)
-        pool.deallocate(p, 64 << 20)
-        done[1] += 1
-threads = [threading.Thread(target=releaser), threading.Thread(target=allocator)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(done) > 0, done
+        _RACE
+        + """
+plain = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n), lambda p, n, s: sim.deallocate(p, n))
+pool = mr.PoolMemoryResource(plain, 1 << 20)
+def release_round():
+    ptrs = [pool.allocate(8 << 20) for _ in range(8)]
+    for p in ptrs:
+        pool.deallocate(p, 8 << 20)
+    pool.release()
+def allocate_round():
+    p = pool.allocate(64 << 20)
+    pool.deallocate(p, 64 << 20)
+race(release_round, allocate_round)
 print("CHILD OK")
 """,
         timeout=30,
