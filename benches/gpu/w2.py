@@ -11,6 +11,7 @@ import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 SIZES = {"1KiB": 1 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20}
@@ -62,9 +63,22 @@ def make_each(mods: dict[str, Any], name: str) -> dict[str, Any]:
     return mrs
 
 
-def medians(times: dict[str, list[float]]) -> dict[str, float]:
-    """The median of each library's timings (libraries with none left out)."""
+def median_each(
+    mrs: dict[str, Any], reps: int, measure: Callable[[str, Any], float]
+) -> dict[str, float]:
+    """The median of `reps` rounds of `measure(library, resource)` for each resource in `mrs`,
+    the libraries interleaved in every round."""
+    times: dict[str, list[float]] = {k: [] for k in mrs}
+    for _ in range(reps):
+        for k, mr in mrs.items():
+            times[k].append(measure(k, mr))
     return {k: statistics.median(ts) for k, ts in times.items() if ts}
+
+
+def write_results(path: str, results: list[dict[str, Any]]) -> None:
+    """Writes the rows to `path` as JSON."""
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def time_round_trips(mod, mr, size, n):
@@ -94,20 +108,18 @@ def main() -> None:
             n = {"cuda": 2000, "managed": 2000}.get(res, 20000)
             if size >= 64 << 20 and res in ("cuda", "managed"):
                 n = 300
-            times: dict[str, list[float]] = {k: [] for k in mods}
             mrs = make_each(mods, res)
-            for _ in range(args.reps):
-                for k, mr in mrs.items():
-                    times[k].append(time_round_trips(mods[k], mr, size, n))
-            for k, med in medians(times).items():
+            timed = median_each(
+                mrs, args.reps, lambda k, mr, size=size, n=n: time_round_trips(mods[k], mr, size, n)
+            )
+            for k, med in timed.items():
                 results.append({"impl": k, "resource": res, "size": label, "ns": med})
                 print(f"W2 {k:5s} {res:10s} {label:6s} {med:10.0f} ns")
             for k, mod in mods.items():
                 mod.mr.set_current_device_resource(mod.mr.CudaMemoryResource())
             mrs.clear()
             gc.collect()
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
 from pathlib import Path
 
-from w2 import libraries, make_each, medians
+from w2 import libraries, make_each, median_each, write_results
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,18 +50,14 @@ def main() -> None:
         ops = load(trace)
         for res in args.resources.split(","):
             mrs = make_each(mods, res)
-            times: dict[str, list[float]] = {k: [] for k in mrs}
-            for _ in range(args.reps):
-                for k, mr in mrs.items():
-                    times[k].append(replay(mods[k], mr, ops))
+            timed = median_each(mrs, args.reps, lambda k, mr, ops=ops: replay(mods[k], mr, ops))
             name = Path(trace).stem
-            for k, med in medians(times).items():
+            for k, med in timed.items():
                 results.append({"impl": k, "trace": name, "resource": res, "ns_per_event": med})
                 print(f"W3 {k:5s} {name:22s} {res:10s} {med:8.0f} ns/event")
             mrs.clear()
             gc.collect()
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":
