@@ -33,6 +33,8 @@ pub mod resource;
 pub mod stack;
 pub mod suballocator;
 mod sync;
+#[cfg(test)]
+mod test_support;
 
 pub use adaptor::{
     AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,

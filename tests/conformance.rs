@@ -313,51 +313,33 @@ pub fn threads<R: MemoryResource>(case: &Case<R>, stream: Stream) {
 /// makes a module `name` with one test per check, each building a fresh `case` (a
 /// [`Case`] expression) and running on `stream`.
 macro_rules! conformance {
-    ($name:ident, [$($attr:meta),*], $stream:expr, $case:expr) => {
+    ($name:ident, $attrs:tt, $stream:expr, $case:expr) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
 
-            $(#[$attr])*
-            #[test]
-            fn round_trips() {
-                let (case, stream) = ($case, $stream);
-                super::round_trips(&case, stream);
-            }
-
-            $(#[$attr])*
-            #[test]
-            fn alignment() {
-                let (case, stream) = ($case, $stream);
-                super::alignment(&case, stream);
-            }
-
-            $(#[$attr])*
-            #[test]
-            fn zero_size() {
-                let (case, stream) = ($case, $stream);
-                super::zero_size(&case, stream);
-            }
-
-            $(#[$attr])*
-            #[test]
-            fn upstream_accessor() {
-                super::upstream_accessor(&$case);
-            }
-
-            $(#[$attr])*
-            #[test]
-            fn out_of_memory() {
-                let (case, stream) = ($case, $stream);
-                super::out_of_memory(&case, stream);
-            }
-
-            $(#[$attr])*
-            #[test]
-            fn threads() {
-                let (case, stream) = ($case, $stream);
-                super::threads(&case, stream);
-            }
+            conformance!(@check $attrs, round_trips, ($case, $stream));
+            conformance!(@check $attrs, alignment, ($case, $stream));
+            conformance!(@check $attrs, zero_size, ($case, $stream));
+            conformance!(@check $attrs, upstream_accessor, ($case));
+            conformance!(@check $attrs, out_of_memory, ($case, $stream));
+            conformance!(@check $attrs, threads, ($case, $stream));
+        }
+    };
+    // One test: the check `$check` of the module above, on a fresh case (and the stream).
+    (@check [$($attr:meta),*], $check:ident, ($case:expr, $stream:expr)) => {
+        $(#[$attr])*
+        #[test]
+        fn $check() {
+            let (case, stream) = ($case, $stream);
+            super::$check(&case, stream);
+        }
+    };
+    (@check [$($attr:meta),*], $check:ident, ($case:expr)) => {
+        $(#[$attr])*
+        #[test]
+        fn $check() {
+            super::$check(&$case);
         }
     };
 }

@@ -13,25 +13,22 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import probe_host_managed  # beside this file
+
 MIB = 1 << 20
 LIBS = ("rrmm", "rmm", "torch", "cupy")
 
 
 def median_ns(fn: Callable[[], None], n: int) -> float:
+    """The median time of `n` calls of `fn`, after one call to warm up."""
     fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times)
+    return probe_host_managed.median_ns(fn, n)
 
 
 def page_node(ptr: int) -> int | None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import statistics
 import time
 from pathlib import Path
 
-from w2 import make
+from w2 import libraries, make_each, median_each, write_results
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,40 +44,20 @@ def main() -> None:
     ap.add_argument("--traces", default="/tmp/random_10k_1mib.txt,/tmp/transformer_training.txt")
     ap.add_argument("--resources", default="pool,binning,cuda_async,arena")
     args = ap.parse_args()
-    import rrmm
-
-    mods = {"rrmm": rrmm}
-    try:
-        import rmm
-
-        mods["rmm"] = rmm
-    except ImportError as e:
-        print("RMM not importable:", e)
+    mods = libraries()
     results = []
     for trace in args.traces.split(","):
         ops = load(trace)
         for res in args.resources.split(","):
-            mrs = {}
-            for k, mod in mods.items():
-                try:
-                    mrs[k] = make(mod, res)
-                except (AttributeError, RuntimeError, MemoryError, ValueError) as e:
-                    print(f"{k} {res}: {type(e).__name__}: {e}")
-            times: dict[str, list[float]] = {k: [] for k in mrs}
-            for _ in range(args.reps):
-                for k, mr in mrs.items():
-                    times[k].append(replay(mods[k], mr, ops))
-            for k, ts in times.items():
-                if not ts:
-                    continue
-                med = statistics.median(ts)
-                name = Path(trace).stem
+            mrs = make_each(mods, res)
+            timed = median_each(mrs, args.reps, lambda k, mr, ops=ops: replay(mods[k], mr, ops))
+            name = Path(trace).stem
+            for k, med in timed.items():
                 results.append({"impl": k, "trace": name, "resource": res, "ns_per_event": med})
                 print(f"W3 {k:5s} {name:22s} {res:10s} {med:8.0f} ns/event")
             mrs.clear()
             gc.collect()
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -224,14 +224,10 @@ impl MemoryResource for FallbackResourceAdaptor {
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
+    use crate::test_support::free;
     use std::sync::Arc;
 
     const MIB: usize = 1 << 20;
-
-    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize) -> Result<()> {
-        // SAFETY: simulated memory checks every free and nothing uses it.
-        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
-    }
 
     #[test]
     fn serves_from_the_upstream_then_the_alternate_and_frees_each_where_it_came_from() {

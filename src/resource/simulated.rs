@@ -341,15 +341,9 @@ impl PoolReport for SimulatedMemoryResource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::free;
 
     const GIB: usize = 1 << 30;
-
-    /// Frees on the default stream.
-    fn free(mr: &SimulatedMemoryResource, ptr: usize, bytes: usize) -> Result<()> {
-        // SAFETY: simulated memory checks every free (a bad one is `Error::Logic`, which these
-        // tests provoke on purpose) and nothing dereferences its pointers.
-        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
-    }
 
     #[test]
     fn allocations_are_aligned_disjoint_and_counted() {

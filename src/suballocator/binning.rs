@@ -435,6 +435,7 @@ impl MemoryResource for BinningMemoryResource {
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
+    use crate::test_support::free;
 
     #[test]
     fn requests_go_to_the_smallest_bin_that_fits_or_upstream() {
@@ -472,13 +473,6 @@ mod tests {
         assert_eq!(custom.report().unwrap().footprint().held_bytes, 0);
         assert_eq!(mr.name(), "binning");
         assert!(mr.add_bin(0, None).is_err());
-    }
-
-    /// Frees through the unsafe trait method.
-    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize) -> Result<()> {
-        // SAFETY: binning, its bins and the pool check every free against what they handed
-        // out (a bad one is `Error::Logic`, which the test checks); nothing uses the memory.
-        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
     }
 
     #[test]

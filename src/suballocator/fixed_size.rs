@@ -129,13 +129,7 @@ mod tests {
     use super::*;
     use crate::cuda::Stream;
     use crate::resource::{MemoryResource, SimulatedMemoryResource};
-
-    /// Frees through the unsafe trait method.
-    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
-        // `Error::Logic`, which the tests check), and nothing uses the memory.
-        unsafe { mr.deallocate(ptr, bytes, stream) }
-    }
+    use crate::test_support::free_on;
 
     #[test]
     fn too_large_requests_are_out_of_memory_and_chunks_grow() {
@@ -166,15 +160,15 @@ mod tests {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
         let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
         let a = mr.allocate(100, Stream::DEFAULT).unwrap();
-        free(&mr, a, 100, Stream::DEFAULT).unwrap();
-        let e = free(&mr, a, 100, Stream::DEFAULT).unwrap_err();
+        free_on(&mr, a, 100, Stream::DEFAULT).unwrap();
+        let e = free_on(&mr, a, 100, Stream::DEFAULT).unwrap_err();
         assert!(matches!(e, Error::Logic(_)), "{e}");
         assert!(e.to_string().contains("did not allocate"), "{e}");
         // Never handed out: inside a chunk (a free block, and a block's interior) and outside.
         // SAFETY: a key only: simulated memory never passes it to the driver.
         let s = unsafe { Stream::from_raw(0x1000) };
         for bogus in [a + 1024, a + 256, 0x7000_0000] {
-            assert!(matches!(free(&mr, bogus, 100, s), Err(Error::Logic(_))));
+            assert!(matches!(free_on(&mr, bogus, 100, s), Err(Error::Logic(_))));
         }
         assert_eq!(mr.free_block_count(), 4, "nothing changed");
         let (x, y) = (
@@ -182,8 +176,8 @@ mod tests {
             mr.allocate(100, Stream::DEFAULT).unwrap(),
         );
         assert_ne!(x, y);
-        free(&mr, x, 100, s).unwrap();
-        free(&mr, y, 100, Stream::DEFAULT).unwrap();
+        free_on(&mr, x, 100, s).unwrap();
+        free_on(&mr, y, 100, Stream::DEFAULT).unwrap();
         assert_eq!(mr.free_block_count(), 4);
     }
 
@@ -195,7 +189,7 @@ mod tests {
         // SAFETY: a key only: simulated memory never passes it to the driver.
         let s = unsafe { Stream::from_raw(0x1000) };
         for (bytes, stream) in [(1025, Stream::DEFAULT), (0, Stream::DEFAULT), (4096, s)] {
-            let e = free(&mr, a, bytes, stream).unwrap_err();
+            let e = free_on(&mr, a, bytes, stream).unwrap_err();
             assert!(
                 matches!(&e, Error::Logic(m) if m.contains("1024 bytes")),
                 "{e}"
@@ -203,7 +197,7 @@ mod tests {
         }
         assert_eq!(mr.free_block_count(), 3, "nothing changed");
         // Any size of the block size is its size.
-        free(&mr, a, 1000, s).unwrap();
+        free_on(&mr, a, 1000, s).unwrap();
         assert_eq!(mr.free_block_count(), 4);
     }
 

@@ -352,14 +352,9 @@ impl MemoryResource for ManagedMemoryResource {
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
+    use crate::test_support::free;
 
     const MIB: usize = 1 << 20;
-
-    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize) -> Result<()> {
-        // SAFETY: the cache checks every free against the blocks it handed out, and nothing
-        // uses the (simulated) memory.
-        unsafe { mr.deallocate(ptr, bytes, Stream::DEFAULT) }
-    }
 
     fn over_sim(
         device: usize,

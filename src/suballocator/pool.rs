@@ -185,13 +185,7 @@ mod tests {
     use super::*;
     use crate::cuda::Stream;
     use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
-
-    /// Frees through the unsafe trait method.
-    fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: this resource checks every free against the blocks it handed out (a bad one is
-        // `Error::Logic`, which the tests check), and nothing uses the memory.
-        unsafe { mr.deallocate(ptr, bytes, stream) }
-    }
+    use crate::test_support::free_on;
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
@@ -297,11 +291,11 @@ mod tests {
         let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
         let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.upstream_chunk_count(), 2);
-        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
+        free_on(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
         let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
         for (p, n) in [(a, 256 << 10), (c, 700 << 10)] {
-            free(&pool, p, n, Stream::DEFAULT).unwrap();
+            free_on(&pool, p, n, Stream::DEFAULT).unwrap();
         }
         // release() gives back everything, the initial chunk included.
         assert_eq!(pool.release().unwrap(), (256 << 10) + (700 << 10));
@@ -351,8 +345,8 @@ mod tests {
         assert_eq!(retries(), 1, "one merge, then nothing changed");
         // Frees on two streams change what the merge finds: the same request then gets the two
         // freed blocks, coalesced across the streams.
-        free(&pool, b, 256 << 10, s2).unwrap();
-        free(&pool, a, 256 << 10, s1).unwrap();
+        free_on(&pool, b, 256 << 10, s2).unwrap();
+        free_on(&pool, a, 256 << 10, s1).unwrap();
         let d = pool.allocate(512 << 10, s1).unwrap();
         assert_eq!((d, retries()), (a.min(b), 2));
         for _ in 0..3 {
@@ -361,11 +355,11 @@ mod tests {
         }
         assert_eq!(retries(), 3);
         // Freed on another stream than the failed one: found by the next merge.
-        free(&pool, c, 512 << 10, s1).unwrap();
+        free_on(&pool, c, 512 << 10, s1).unwrap();
         let f = pool.allocate(512 << 10, s2).unwrap();
         assert_eq!((f, retries()), (c, 4));
         for (p, s) in [(d, s1), (f, s2)] {
-            free(&pool, p, 512 << 10, s).unwrap();
+            free_on(&pool, p, 512 << 10, s).unwrap();
         }
         assert_eq!(pool.free_bytes(), pool.pool_size());
         assert_eq!(
@@ -387,7 +381,7 @@ mod tests {
         let pool = PoolMemoryResource::new(up.clone(), Some(256 << 10), Some(1 << 20)).unwrap();
         let a = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
         let b = pool.allocate(256 << 10, Stream::DEFAULT).unwrap();
-        free(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
+        free_on(&pool, b, 256 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.upstream_chunk_count(), 2);
         assert!(pool
             .allocate(2 << 20, Stream::DEFAULT)
@@ -396,8 +390,8 @@ mod tests {
         assert_eq!(pool.upstream_chunk_count(), 2, "above the maximum: kept");
         let c = pool.allocate(700 << 10, Stream::DEFAULT).unwrap();
         assert_eq!(pool.pool_size(), (256 << 10) + (700 << 10));
-        free(&pool, a, 256 << 10, Stream::DEFAULT).unwrap();
-        free(&pool, c, 700 << 10, Stream::DEFAULT).unwrap();
+        free_on(&pool, a, 256 << 10, Stream::DEFAULT).unwrap();
+        free_on(&pool, c, 700 << 10, Stream::DEFAULT).unwrap();
     }
 
     #[test]
@@ -414,7 +408,7 @@ mod tests {
             (s1, 0),
             (s1, usize::MAX),
         ] {
-            let e = free(&pool, a, bytes, stream).unwrap_err();
+            let e = free_on(&pool, a, bytes, stream).unwrap_err();
             assert!(
                 matches!(&e, Error::Logic(m) if m.contains("1024 bytes")),
                 "{stream:?} {bytes}: {e}"
@@ -422,9 +416,9 @@ mod tests {
         }
         assert_eq!(pool.free_bytes(), free_before, "nothing changed");
         // The size is checked up to the 256-byte rounding, on any stream.
-        free(&pool, a, 1010, Stream::DEFAULT).unwrap();
-        assert!(matches!(free(&pool, b, 1000, s1), Err(Error::Logic(_))));
-        free(&pool, b, 4096, s1).unwrap();
+        free_on(&pool, a, 1010, Stream::DEFAULT).unwrap();
+        assert!(matches!(free_on(&pool, b, 1000, s1), Err(Error::Logic(_))));
+        free_on(&pool, b, 4096, s1).unwrap();
         assert_eq!(pool.free_bytes(), pool.pool_size());
     }
 
@@ -442,12 +436,12 @@ mod tests {
         let s1 = unsafe { Stream::from_raw(0x1000) };
         let a = pool.allocate(1024, s1).unwrap();
         assert!(matches!(
-            free(&pool, a + 256, 768, s1),
+            free_on(&pool, a + 256, 768, s1),
             Err(Error::Logic(_))
         ));
-        free(&pool, a, 1024, s1).unwrap();
+        free_on(&pool, a, 1024, s1).unwrap();
         for s in [s1, Stream::DEFAULT] {
-            let e = free(&pool, a, 1024, s).unwrap_err();
+            let e = free_on(&pool, a, 1024, s).unwrap_err();
             assert!(
                 e.to_string().contains("did not allocate (or was freed)"),
                 "{e}"

@@ -3,6 +3,7 @@ device's resource, so DeviceBuffer moves real bytes without a GPU."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -93,6 +94,36 @@ def run_in_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProces
     if "CHILD OK" not in proc.stdout:
         pytest.fail(f"the child did not reach its end{tail}")
     return proc
+
+
+def run_fresh(code: str, timeout: float, env: dict[str, str] | None = None) -> str:
+    """Runs ``code`` (dedented, without ``CHILD_PRELUDE``) in a fresh interpreter, with this
+    process's environment and ``env``; returns its standard output and fails the calling test
+    (with both outputs) on a non-zero exit."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+# The helpers of the framework hooks' child scripts (test_hooks_*.py).
+HOOK_HELPERS = """
+def rrmm_mr(*names):
+    import rrmm.mr as mr
+    for n in ("CudaMemoryResource", "set_current_device_resource") + names:
+        getattr(mr, n)  # a missing class fails the test
+    return mr
+
+def count(stats, key):
+    c = stats.allocation_counts
+    return c[key] if isinstance(c, dict) else getattr(c, key)
+"""
 
 
 @pytest.fixture

@@ -26,14 +26,18 @@ def simulated():
     rrmm._rrmm._clear_per_device_resources()
 
 
-def _run(code: str, alias: bool) -> subprocess.CompletedProcess:
+def _run(code: str, alias: bool) -> str:
+    """Runs ``code`` in a fresh interpreter (with ``RRMM_AS_RMM=1`` when ``alias``); it must exit
+    0. Returns its standard output."""
     env = dict(os.environ)
     env.pop("RRMM_AS_RMM", None)
     if alias:
         env["RRMM_AS_RMM"] = "1"
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
     )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 # ---------------------------------------------------------------- snippets
@@ -137,14 +141,13 @@ def test_top_level_names_of_older_rmm_releases():
 
 
 def test_cupy_allocator_imports_without_cupy():
-    result = _run(
+    out = _run(
         "import sys; sys.modules['cupy'] = None\n"
         "from rrmm.allocators.cupy import rmm_cupy_allocator\n"
         "try:\n    rmm_cupy_allocator(8)\nexcept ModuleNotFoundError as e:\n    print('MNF', e.name)\n",
         alias=False,
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "MNF cupy"
+    assert out.strip() == "MNF cupy"
 
 
 def test_experimental_async_managed_resource_is_where_rmm_has_it():
@@ -249,10 +252,9 @@ def test_rrmm_as_rmm_makes_import_rmm_give_rrmm():
         "try:\n    import rmm.no_such_module\nexcept ModuleNotFoundError as e:\n    print(e)\n"
         "print('ok', rmm.__name__)\n"
     )
-    result = _run(code, alias=True)
-    assert result.returncode == 0, result.stderr
-    assert "rrmm has no 'rrmm.no_such_module'" in result.stdout
-    assert result.stdout.strip().endswith("ok rrmm")
+    out = _run(code, alias=True)
+    assert "rrmm has no 'rrmm.no_such_module'" in out
+    assert out.strip().endswith("ok rrmm")
 
 
 def test_without_the_variable_import_rmm_is_untouched():
@@ -263,9 +265,8 @@ def test_without_the_variable_import_rmm_is_untouched():
         "try:\n    import rmm\nexcept ImportError:\n    print('no rmm')\nelse:\n"
         "    print('real', rmm.__name__)\n"
     )
-    result = _run(code, alias=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() in ("no rmm", "real rmm")
+    out = _run(code, alias=False)
+    assert out.strip() in ("no rmm", "real rmm")
 
 
 def test_a_real_rmm_already_imported_is_a_clear_error():
@@ -276,10 +277,9 @@ def test_a_real_rmm_already_imported_is_a_clear_error():
         "import _rrmm_as_rmm\n"
         "try:\n    _rrmm_as_rmm.install()\nexcept ImportError as e:\n    print(e)\n"
     )
-    result = _run(code, alias=False)
-    assert result.returncode == 0, result.stderr
-    assert "the real rmm is already imported" in result.stdout
-    assert "/site/rmm/__init__.py" in result.stdout
+    out = _run(code, alias=False)
+    assert "the real rmm is already imported" in out
+    assert "/site/rmm/__init__.py" in out
 
 
 def test_pylibrmm_logger_module_has_rmms_names():

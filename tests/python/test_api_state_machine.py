@@ -23,13 +23,13 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
 import rrmm
+from conftest import run_threads
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -501,27 +501,21 @@ class ApiMachine(RuleBasedStateMachine):
     @rule(node=nodes, threads=st.integers(2, 4))
     def threads_allocate_and_free(self, node: Node, threads: int) -> None:
         self._totals_unknown(node)
-        errors: list[BaseException] = []
 
         def work(t: int) -> None:
-            try:
-                for i in range(20):
-                    size = 256 * (1 + (t * 7 + i) % 9)
-                    try:
-                        p = node.obj.allocate(size)
-                    except self._allowed(node):
-                        continue
-                    node.obj.deallocate(p, size)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors.append(e)
+            for i in range(20):
+                size = 256 * (1 + (t * 7 + i) % 9)
+                try:
+                    p = node.obj.allocate(size)
+                except self._allowed(node):
+                    continue
+                node.obj.deallocate(p, size)
 
-        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors and not self._misbehaves(node):
-            raise errors[0]
+        try:
+            run_threads(threads, work)
+        except BaseException:
+            if not self._misbehaves(node):
+                raise
 
     @rule(devices=st.sampled_from([0, [0], [5], [-1], ["x"]]))
     def reinitialize(self, devices: Any) -> None:

@@ -141,35 +141,17 @@ def test_replay_with_the_arena(capsys, tmp_path):
         "1,10:00:00.000003,free,0x7f0000000000,1000,0\n"
         "1,10:00:00.000004,free,0x7f0000100000,3145728,0x1000\n"
     )
-    code = main(
-        [
-            "replay",
-            str(log),
-            "--simulate",
-            "1GiB",
-            "--resource",
-            "arena",
-            "--arena-size",
-            "8MiB",
-            "--json",
-        ]
-    )
+
+    def replay_arena(arena_size: str) -> int:
+        return main(
+            ["replay", str(log), "--simulate", "1GiB", "--resource", "arena", "--arena-size", arena_size, "--json"]
+        )
+
+    code = replay_arena("8MiB")
     out, err = capsys.readouterr()
     assert code == 0, err
     assert '"arena"' in out
-    code = main(
-        [
-            "replay",
-            str(log),
-            "--simulate",
-            "1GiB",
-            "--resource",
-            "arena",
-            "--arena-size",
-            "2MiB",
-            "--json",
-        ]
-    )
+    code = replay_arena("2MiB")
     out, err = capsys.readouterr()
     report = json.loads(out)["reports"][0]
     assert (report["failed_allocations"], report["failed_bytes"]) == (1, 3 * MIB)

@@ -234,16 +234,54 @@ print("CHILD OK")
 # -------------------------------------------------------------- issue 9's reproducers, one each
 
 
-def test_system_bogus_free_does_not_crash(child):
-    child(
-        """
+# Each script runs in a child process (a crash fails that case only).
+_REPRODUCERS = {
+    "system_bogus_free_does_not_crash": """
 s = mr.SystemMemoryResource()
 expect(RuntimeError, r"0x1000", lambda: s.deallocate(0x1000, 8))
 a = s.allocate(64)
 s.deallocate(a, 64)
-print("CHILD OK")
-"""
-    )
+""",
+    "fixed_size_double_free_hands_out_no_block_twice": """
+f = mr.FixedSizeMemoryResource(mr.SimulatedMemoryResource(1 << 30))
+a = f.allocate(100)
+f.deallocate(a, 100)
+expect(RuntimeError, hex(a), lambda: f.deallocate(a, 100))
+assert f.allocate(100) != f.allocate(100)
+expect(RuntimeError, r"0x1000", lambda: f.deallocate(0x1000, 100))
+""",
+    "limiting_wrong_size_free_does_not_wrap": """
+lim = mr.LimitingResourceAdaptor(mr.SimulatedMemoryResource(1 << 30), 1 << 20)
+a = lim.allocate(1024)
+expect(RuntimeError, r"1048576|size", lambda: lim.deallocate(a, 1 << 20))
+assert lim.get_allocated_bytes() <= 1 << 20, lim.get_allocated_bytes()
+b = lim.allocate(16)  # not refused
+lim.deallocate(b, 16)
+""",
+    "simulated_free_of_pool_pointer_on_upstream": """
+s = mr.SimulatedMemoryResource(1 << 30)
+p = mr.PoolMemoryResource(s, 1 << 20)
+a = p.allocate(256)
+expect(RuntimeError, r"size|bytes|not allocated", lambda: s.deallocate(a, 256))
+assert s.bytes_in_use() == 1 << 20, s.bytes_in_use()
+b = s.allocate(1 << 20)
+assert not (a <= b < a + (1 << 20)), "the pool's chunk was handed out again"
+s.deallocate(b, 1 << 20)
+p.deallocate(a, 256)
+""",
+    "pool_keeps_initial_chunk_after_failed_request": """
+s = mr.SimulatedMemoryResource(1 << 30)
+p = mr.PoolMemoryResource(s, 256 << 20)
+expect(MemoryError, r"2147483648", lambda: p.allocate(2 << 30))
+assert p.pool_size() == 256 << 20, p.pool_size()
+assert s.bytes_in_use() == 256 << 20, s.bytes_in_use()
+""",
+}
+
+
+@pytest.mark.parametrize("script", list(_REPRODUCERS.values()), ids=list(_REPRODUCERS))
+def test_issue9_reproducer(child, script):
+    child(script + 'print("CHILD OK")\n')
 
 
 _HOST_COPIES = {
@@ -384,73 +422,7 @@ print("CHILD OK")
     )
 
 
-def test_fixed_size_double_free_hands_out_no_block_twice(child):
-    child(
-        """
-f = mr.FixedSizeMemoryResource(mr.SimulatedMemoryResource(1 << 30))
-a = f.allocate(100)
-f.deallocate(a, 100)
-expect(RuntimeError, hex(a), lambda: f.deallocate(a, 100))
-assert f.allocate(100) != f.allocate(100)
-expect(RuntimeError, r"0x1000", lambda: f.deallocate(0x1000, 100))
-print("CHILD OK")
-"""
-    )
-
-
-def test_limiting_wrong_size_free_does_not_wrap(child):
-    child(
-        """
-lim = mr.LimitingResourceAdaptor(mr.SimulatedMemoryResource(1 << 30), 1 << 20)
-a = lim.allocate(1024)
-expect(RuntimeError, r"1048576|size", lambda: lim.deallocate(a, 1 << 20))
-assert lim.get_allocated_bytes() <= 1 << 20, lim.get_allocated_bytes()
-b = lim.allocate(16)  # not refused
-lim.deallocate(b, 16)
-print("CHILD OK")
-"""
-    )
-
-
-def test_simulated_free_of_pool_pointer_on_upstream(child):
-    child(
-        """
-s = mr.SimulatedMemoryResource(1 << 30)
-p = mr.PoolMemoryResource(s, 1 << 20)
-a = p.allocate(256)
-expect(RuntimeError, r"size|bytes|not allocated", lambda: s.deallocate(a, 256))
-assert s.bytes_in_use() == 1 << 20, s.bytes_in_use()
-b = s.allocate(1 << 20)
-assert not (a <= b < a + (1 << 20)), "the pool's chunk was handed out again"
-s.deallocate(b, 1 << 20)
-p.deallocate(a, 256)
-print("CHILD OK")
-"""
-    )
-
-
-def test_pool_keeps_initial_chunk_after_failed_request(child):
-    child(
-        """
-s = mr.SimulatedMemoryResource(1 << 30)
-p = mr.PoolMemoryResource(s, 256 << 20)
-expect(MemoryError, r"2147483648", lambda: p.allocate(2 << 30))
-assert p.pool_size() == 256 << 20, p.pool_size()
-assert s.bytes_in_use() == 256 << 20, s.bytes_in_use()
-print("CHILD OK")
-"""
-    )
-
-
 # -------------------------------------------------------------------- DeviceBuffer and copies
-
-
-@pytest.fixture
-def host_mr():
-    m = mr.SystemMemoryResource()
-    mr.set_current_device_resource(m)
-    yield m
-    _rrmm._clear_per_device_resources()
 
 
 BUFFER_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
@@ -481,7 +453,7 @@ BUFFER_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] =
 @pytest.mark.parametrize(
     "call, exc, pattern", [c[1:] for c in BUFFER_CASES], ids=[c[0] for c in BUFFER_CASES]
 )
-def test_device_buffer_bad_input(host_mr, call, exc, pattern):
+def test_device_buffer_bad_input(system_mr, call, exc, pattern):
     b = to_device(bytes(range(16)))
     raises(exc, pattern, lambda: call(b))
     # The buffer is intact and the resource still allocates and frees.
@@ -720,6 +692,29 @@ def test_replay_unbuildable_resource_is_its_own_row(tmp_path):
 # ------------------------------------------------------------ GIL and Python callbacks
 
 
+# The child scripts' common part: `cb`, a CallbackMemoryResource over simulated memory whose
+# allocations give the GIL away, and `race(*rounds)`, which runs each round in a loop on its own
+# thread for 2 s and checks that every thread got through at least once.
+_RACE = """
+sim = mr.SimulatedMemoryResource("1TiB")
+def grow(n, s):
+    time.sleep(0.002)  # gives the GIL to the other thread
+    return sim.allocate(n)
+cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+def race(*rounds):
+    stop = time.monotonic() + 2
+    counts = [0] * len(rounds)
+    def work(i):
+        while time.monotonic() < stop:
+            rounds[i]()
+            counts[i] += 1
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(rounds))]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert min(counts) > 0, counts
+"""
+
+
 def test_no_deadlock_pool_growth_over_callback(child):
     """Two threads allocate from a pool over a CallbackMemoryResource: each growth runs Python
     code under the pool's lock, and CPython hands the GIL to the other thread meanwhile (here
@@ -727,23 +722,12 @@ def test_no_deadlock_pool_growth_over_callback(child):
     GIL would block the callback for ever: calls into a chain that reaches Python must release
     the GIL (the callback takes it back)."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-def grow(n, s):
-    time.sleep(0.002)  # gives the GIL to the other thread
-    return sim.allocate(n)
-cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+        _RACE
+        + """
 pool = mr.PoolMemoryResource(cb, 1 << 20)
-stop = time.monotonic() + 2
-counts = [0, 0]
-def work(i):
-    while time.monotonic() < stop:
-        pool.allocate(64 << 20)  # never freed: every call grows the pool through the callback
-        counts[i] += 1
-threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(counts) > 0, counts
+def grow_pool():
+    pool.allocate(64 << 20)  # never freed: every call grows the pool through the callback
+race(grow_pool, grow_pool)
 print("CHILD OK")
 """,
         timeout=30,
@@ -754,24 +738,13 @@ def test_no_deadlock_hook_allocations_over_callback(child):
     """The framework hooks' entry point (`hook_allocate`, CuPy/Numba) from two threads, with a
     pool over a CallbackMemoryResource as the device's resource: same rule as the methods."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-def grow(n, s):
-    time.sleep(0.002)  # gives the GIL to the other thread
-    return sim.allocate(n)
-cb = mr.CallbackMemoryResource(grow, lambda p, n, s: sim.deallocate(p, n))
+        _RACE
+        + """
 mr.set_per_device_resource(0, mr.PoolMemoryResource(cb, 1 << 20))
-stop = time.monotonic() + 2
-counts = [0, 0]
 keep = []
-def work(i):
-    while time.monotonic() < stop:
-        keep.append(_rrmm.hook_allocate(64 << 20, 0, 0))  # grows the pool every time
-        counts[i] += 1
-threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(counts) > 0, counts
+def hook_allocate():
+    keep.append(_rrmm.hook_allocate(64 << 20, 0, 0))  # grows the pool every time
+race(hook_allocate, hook_allocate)
 print("CHILD OK")
 """,
         timeout=30,
@@ -783,28 +756,19 @@ def test_no_deadlock_release_over_callback(child):
     """Thread A holds the GIL and calls into the pool while thread B calls release(), whose
     upstream frees run Python code."""
     child(
-        """
-sim = mr.SimulatedMemoryResource("1TiB")
-cb = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n), lambda p, n, s: sim.deallocate(p, n))
-pool = mr.PoolMemoryResource(cb, 1 << 20)
-stop = time.monotonic() + 2
-done = [0, 0]
-def releaser():
-    while time.monotonic() < stop:
-        ptrs = [pool.allocate(8 << 20) for _ in range(8)]
-        for p in ptrs:
-            pool.deallocate(p, 8 << 20)
-        pool.release()
-        done[0] += 1
-def allocator():
-    while time.monotonic() < stop:
-        p = pool.allocate(64 << 20)
-        pool.deallocate(p, 64 << 20)
-        done[1] += 1
-threads = [threading.Thread(target=releaser), threading.Thread(target=allocator)]
-for t in threads: t.start()
-for t in threads: t.join()
-assert min(done) > 0, done
+        _RACE
+        + """
+plain = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n), lambda p, n, s: sim.deallocate(p, n))
+pool = mr.PoolMemoryResource(plain, 1 << 20)
+def release_round():
+    ptrs = [pool.allocate(8 << 20) for _ in range(8)]
+    for p in ptrs:
+        pool.deallocate(p, 8 << 20)
+    pool.release()
+def allocate_round():
+    p = pool.allocate(64 << 20)
+    pool.deallocate(p, 64 << 20)
+race(release_round, allocate_round)
 print("CHILD OK")
 """,
         timeout=30,

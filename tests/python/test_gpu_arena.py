@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import pytest
 import rrmm
-from conftest import run_in_child, run_threads
+from conftest import run_in_child, run_threads, skip_module_without_gpu
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.stream import PER_THREAD_DEFAULT_STREAM, Stream
 
-if not _rrmm.driver_available():
-    pytest.skip(f"no CUDA driver: {_rrmm.driver_error()}", allow_module_level=True)
-if _rrmm.device_count() == 0:
-    pytest.skip("the CUDA driver reports no device", allow_module_level=True)
+skip_module_without_gpu()
 
 MIB = 1 << 20
 

@@ -9,12 +9,10 @@ import threading
 
 import pytest
 import rrmm
-from rrmm import _rrmm, mr
+from conftest import skip_module_without_gpu
+from rrmm import mr
 
-if not _rrmm.driver_available():
-    pytest.skip(f"no CUDA driver: {_rrmm.driver_error()}", allow_module_level=True)
-if _rrmm.device_count() == 0:
-    pytest.skip("the CUDA driver reports no device", allow_module_level=True)
+skip_module_without_gpu()
 
 np = pytest.importorskip("numpy")
 

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import rrmm
+from conftest import skip_module_without_gpu
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.device_buffer import (
     DeviceBuffer,
@@ -24,10 +25,7 @@ from rrmm.pylibrmm.stream import (
     Stream,
 )
 
-if not _rrmm.driver_available():
-    pytest.skip(f"no CUDA driver: {_rrmm.driver_error()}", allow_module_level=True)
-if _rrmm.device_count() == 0:
-    pytest.skip("the CUDA driver reports no device", allow_module_level=True)
+skip_module_without_gpu()
 
 np = pytest.importorskip("numpy")
 

@@ -7,8 +7,8 @@ in a fresh interpreter. Kernels are compiled only where this Numba can compile t
 import os
 import subprocess
 import sys
-import textwrap
 
+import conftest
 import pytest
 
 pytest.importorskip("numba", reason="Numba is not installed")
@@ -21,20 +21,9 @@ if not _GPU:
     pytest.skip("no CUDA device for Numba", allow_module_level=True)
 
 
-def run_fresh(code, env=None, timeout=180):
+def run_fresh(code, env=None):
     """Runs `code` in a new interpreter; returns its stdout (fails on a non-zero exit)."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return conftest.run_fresh(code, timeout=180, env=env)
 
 
 PRELUDE = """
@@ -44,17 +33,7 @@ from numba import cuda
 import rrmm
 from rrmm import _rrmm
 from rrmm.allocators.numba import RMMNumbaManager
-
-def rrmm_mr():
-    import rrmm.mr as mr
-    for n in ("StatisticsResourceAdaptor", "CudaMemoryResource", "set_current_device_resource"):
-        getattr(mr, n)  # a missing class fails the test
-    return mr
-
-def count(stats, key):
-    c = stats.allocation_counts
-    return c[key] if isinstance(c, dict) else getattr(c, key)
-"""
+""" + conftest.HOOK_HELPERS
 
 
 def test_plugin_interface():
@@ -79,7 +58,7 @@ def test_device_arrays_copies_and_statistics():
         PRELUDE
         + """
 cuda.set_memory_manager(RMMNumbaManager)
-mr = rrmm_mr()
+mr = rrmm_mr("StatisticsResourceAdaptor")
 stats = None
 if mr is not None:
     stats = mr.StatisticsResourceAdaptor(mr.CudaMemoryResource())

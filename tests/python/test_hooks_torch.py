@@ -4,11 +4,7 @@ PyTorch lets a process choose its allocator once, before its first CUDA allocati
 check runs in a fresh interpreter.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
+import conftest
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -16,18 +12,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device for PyTorch", allow_module_level=True)
 
 
-def run_fresh(code, timeout=240):
+def run_fresh(code):
     """Runs `code` in a new interpreter; returns its stdout (fails on a non-zero exit)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return conftest.run_fresh(code, timeout=240)
 
 
 PRELUDE = """
@@ -35,17 +22,7 @@ import gc
 import torch
 import rrmm
 from rrmm.allocators.torch import rmm_torch_allocator
-
-def rrmm_mr(*names):
-    import rrmm.mr as mr
-    for n in ("CudaMemoryResource", "set_current_device_resource") + names:
-        getattr(mr, n)  # a missing class fails the test
-    return mr
-
-def count(stats, key):
-    c = stats.allocation_counts
-    return c[key] if isinstance(c, dict) else getattr(c, key)
-"""
+""" + conftest.HOOK_HELPERS
 
 
 def test_symbols_are_exported():

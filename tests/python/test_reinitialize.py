@@ -20,52 +20,32 @@ def clean_hooks():
     _rrmm._clear_per_device_resources()
 
 
+# Each module and the names it must have.
+PUBLIC_NAMES = {
+    "rrmm": [
+        "DeviceBuffer", "RMMError", "reinitialize", "is_initialized", "register_reinitialize_hook",
+        "unregister_reinitialize_hook", "enable_logging", "disable_logging", "get_log_filenames",
+        "set_logging_level", "get_logging_level", "set_flush_level", "get_flush_level",
+        "flush_logger", "should_log", "level_enum", "mr", "statistics",
+    ],
+    "rrmm.mr": [],
+    "rrmm.statistics": [],
+    "rrmm.pylibrmm.stream": [
+        "DEFAULT_STREAM", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "CudaStreamFlags", "Stream",
+    ],
+    "rrmm.pylibrmm.device_buffer": [
+        "DeviceBuffer", "copy_device_to_ptr", "copy_host_to_ptr", "copy_ptr_to_host", "to_device",
+    ],
+    "rrmm.pylibrmm.cuda_stream_pool": ["CudaStreamPool"],
+    "rrmm.pylibrmm.memory_resource": [],
+}
+
+
 def test_public_names():
-    for name in [
-        "DeviceBuffer",
-        "RMMError",
-        "reinitialize",
-        "is_initialized",
-        "register_reinitialize_hook",
-        "unregister_reinitialize_hook",
-        "enable_logging",
-        "disable_logging",
-        "get_log_filenames",
-        "set_logging_level",
-        "get_logging_level",
-        "set_flush_level",
-        "get_flush_level",
-        "flush_logger",
-        "should_log",
-        "level_enum",
-        "mr",
-        "statistics",
-    ]:
-        assert hasattr(rrmm, name), name
-    for module in [
-        "rrmm.mr",
-        "rrmm.statistics",
-        "rrmm.pylibrmm.stream",
-        "rrmm.pylibrmm.device_buffer",
-        "rrmm.pylibrmm.cuda_stream_pool",
-        "rrmm.pylibrmm.memory_resource",
-    ]:
-        importlib.import_module(module)
-    from rrmm.pylibrmm.cuda_stream_pool import CudaStreamPool  # noqa: F401
-    from rrmm.pylibrmm.device_buffer import (  # noqa: F401
-        DeviceBuffer,
-        copy_device_to_ptr,
-        copy_host_to_ptr,
-        copy_ptr_to_host,
-        to_device,
-    )
-    from rrmm.pylibrmm.stream import (  # noqa: F401
-        DEFAULT_STREAM,
-        LEGACY_DEFAULT_STREAM,
-        PER_THREAD_DEFAULT_STREAM,
-        CudaStreamFlags,
-        Stream,
-    )
+    for module, names in PUBLIC_NAMES.items():
+        imported = importlib.import_module(module)
+        for name in names:
+            assert hasattr(imported, name), f"{module}.{name}"
 
 
 def test_rmm_error():

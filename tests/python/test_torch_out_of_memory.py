@@ -7,14 +7,12 @@ PyTorch does; the real thing is checked on the GPU in test_hooks_torch.py.
 Each check runs in a fresh interpreter: the stand-in must be the only libc10.so in the process.
 """
 
-import os
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_fresh
 
 COMPILER = shutil.which("g++") or shutil.which("c++")
 SOURCE = Path(__file__).parent / "data" / "fake_c10.cpp"
@@ -37,19 +35,6 @@ def build(directory: Path, name: str) -> Path:
 @pytest.fixture(scope="module")
 def fake_c10(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("fake_c10"), "libc10.so")
-
-
-def run_fresh(code: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
 
 
 CALLER = """
@@ -87,7 +72,8 @@ for _ in range(3):  # the lookup is kept; the resource keeps working after each 
 code, text = call(4096)
 assert code == 0, (code, text)
 print("OK")
-"""
+""",
+        timeout=120,
     )
     assert "OK" in out
 
@@ -103,6 +89,7 @@ code, text = caller(fake)(4 << 20)
 assert code == 3, (code, text)  # a std::exception (std::bad_alloc), not OutOfMemoryError
 assert "Exceeded memory limit" in text, text
 print("OK")
-"""
+""",
+        timeout=120,
     )
     assert "OK" in out

@@ -641,6 +641,23 @@ fn cai_ptr_nbytes(obj: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
     Ok((ptr, nbytes))
 }
 
+/// An error unless the user's device range `[ptr, ptr + bytes)` (the argument `name`) can be
+/// copied through with `access`: ValueError for a null pointer with bytes to copy, else as
+/// [`pointers::check_user_range`] says.
+fn check_device_range(
+    name: &'static str,
+    ptr: usize,
+    bytes: usize,
+    access: Access,
+) -> PyResult<()> {
+    if ptr == 0 && bytes > 0 {
+        return Err(PyValueError::new_err(format!(
+            "{name} must not be a null pointer"
+        )));
+    }
+    py_result(pointers::check_user_range(name, ptr, bytes, access))
+}
+
 /// A new `DeviceBuffer` with the bytes of host buffer `b`.
 #[pyfunction]
 #[pyo3(signature = (b, stream = StreamArg::Default, mr = None))]
@@ -663,15 +680,7 @@ fn copy_ptr_to_host(
     stream: StreamArg<'_>,
 ) -> PyResult<()> {
     let host = HostBuffer::get(hb, true)?;
-    if db == 0 && host.len() > 0 {
-        return Err(PyValueError::new_err("db must not be a null pointer"));
-    }
-    py_result(pointers::check_user_range(
-        "db",
-        db,
-        host.len(),
-        Access::Read,
-    ))?;
+    check_device_range("db", db, host.len(), Access::Read)?;
     copy(py, host.addr(), db, host.len(), stream.raw(), raw_kind())
 }
 
@@ -685,15 +694,7 @@ fn copy_host_to_ptr(
     stream: StreamArg<'_>,
 ) -> PyResult<()> {
     let host = HostBuffer::get(hb, false)?;
-    if db == 0 && host.len() > 0 {
-        return Err(PyValueError::new_err("db must not be a null pointer"));
-    }
-    py_result(pointers::check_user_range(
-        "db",
-        db,
-        host.len(),
-        Access::Write,
-    ))?;
+    check_device_range("db", db, host.len(), Access::Write)?;
     copy(py, db, host.addr(), host.len(), stream.raw(), raw_kind())
 }
 
@@ -710,18 +711,8 @@ fn copy_device_to_ptr(
     if count > 0 && (d_src == 0 || d_dst == 0) {
         return Err(PyValueError::new_err("pointers must not be null"));
     }
-    py_result(pointers::check_user_range(
-        "d_src",
-        d_src,
-        count,
-        Access::Read,
-    ))?;
-    py_result(pointers::check_user_range(
-        "d_dst",
-        d_dst,
-        count,
-        Access::Write,
-    ))?;
+    check_device_range("d_src", d_src, count, Access::Read)?;
+    check_device_range("d_dst", d_dst, count, Access::Write)?;
     copy(py, d_dst, d_src, count, stream.raw(), raw_kind())
 }
 

@@ -5,8 +5,7 @@ use pyo3::prelude::*;
 
 use super::convert::opt_bytes_arg;
 use super::errors::py_result;
-use super::gil;
-use super::resource::UpstreamResourceAdaptor;
+use super::resource::{call_blocking, UpstreamResourceAdaptor};
 use super::suballocators::suballocator_keeping;
 use super::upstream_kw::upstream_of;
 
@@ -49,14 +48,8 @@ impl ArenaMemoryResource {
     /// rrmm: synchronizes and returns every empty superblock to the global arena.
     fn defragment(slf: &Bound<'_, Self>) -> PyResult<()> {
         // It synchronizes: a blocking call.
-        let profile = slf
-            .as_super()
-            .as_super()
-            .get()
-            .profile()
-            .and(crate::resource::CallProfile::BLOCKING);
         let arena = &slf.get().arena;
-        py_result(gil::call(slf.py(), profile, || arena.defragment()))
+        call_blocking(slf, || arena.defragment())
     }
 
     /// rrmm: the arena's state as the out-of-memory dump writes it.

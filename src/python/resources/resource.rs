@@ -167,6 +167,24 @@ where
     UpstreamResourceAdaptor::init(upstream, inner).add_subclass(leaf)
 }
 
+/// Runs `f`, a call into the resource of `slf` (a resource over an upstream) that blocks (it
+/// synchronizes, or frees upstream): with the GIL released where the resource's profile, made
+/// blocking, asks for it (see `gil`).
+pub(crate) fn call_blocking<T, R, F>(slf: &Bound<'_, T>, f: F) -> PyResult<R>
+where
+    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
+    F: pyo3::marker::Ungil + FnOnce() -> crate::Result<R>,
+    R: Send,
+{
+    let profile = slf
+        .as_super()
+        .as_super()
+        .get()
+        .profile()
+        .and(CallProfile::BLOCKING);
+    py_result(gil::call(slf.py(), profile, f))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DeviceMemoryResource>()?;
     m.add_class::<UpstreamResourceAdaptor>()?;

@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::{figures_readable, py_result};
-use super::gil;
-use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
+use super::resource::{
+    call_blocking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
+};
 use super::upstream_kw::upstream_of;
 
 /// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared
@@ -73,14 +74,8 @@ impl PoolMemoryResource {
     /// rrmm: gives fully free upstream blocks back; returns the bytes released.
     fn release(slf: &Bound<'_, Self>) -> PyResult<usize> {
         // It synchronizes and frees upstream: a blocking call.
-        let profile = slf
-            .as_super()
-            .as_super()
-            .get()
-            .profile()
-            .and(crate::resource::CallProfile::BLOCKING);
         let pool = &slf.get().pool;
-        py_result(gil::call(slf.py(), profile, || pool.release()))
+        call_blocking(slf, || pool.release())
     }
 
     /// rrmm: bytes held but free.

@@ -4,19 +4,13 @@ use super::*;
 use crate::resource::SimulatedMemoryResource;
 use crate::suballocator::stream_events::NoStreamEvents;
 use crate::suballocator::{EventCall, RecordingStreamEvents, StreamKey};
+use crate::test_support::free_on;
 
 const MIB: usize = SUPERBLOCK_MIN;
 // SAFETY: keys only: simulated memory never passes them to the driver.
 const S1: Stream = unsafe { Stream::from_raw(0x1000) };
 // SAFETY: as S1.
 const S2: Stream = unsafe { Stream::from_raw(0x2000) };
-
-/// Frees through the unsafe trait method; the arena checks every free itself.
-fn free(mr: &ArenaMemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-    // SAFETY: the tests free live blocks once, or bogus ones the arena must reject; simulated
-    // memory has no device work that could use them.
-    unsafe { mr.deallocate(ptr, bytes, stream) }
-}
 
 fn sim(size: usize) -> Arc<SimulatedMemoryResource> {
     Arc::new(SimulatedMemoryResource::new(size))
@@ -35,7 +29,7 @@ fn default_size_is_half_the_free_memory_and_goes_back_on_drop() {
     assert_eq!((mr.name(), mr.kind()), ("arena", MemoryKind::Simulated));
     let p = mr.allocate(1000, S1).unwrap();
     assert_eq!(up.live_allocations(), 1, "taken once, never grown");
-    free(&mr, p, 1000, S1).unwrap();
+    free_on(&mr, p, 1000, S1).unwrap();
     drop(mr);
     assert_eq!(up.bytes_in_use(), 0);
 }
@@ -84,10 +78,10 @@ fn streams_get_their_own_superblocks_and_threads_theirs() {
         (c, Stream::PER_THREAD),
         (d, Stream::LEGACY),
     ] {
-        free(&mr, p, 256, s).unwrap();
+        free_on(&mr, p, 256, s).unwrap();
     }
     // Freed on this thread's stream: goes back to the other thread's arena (after a sync).
-    free(&mr, e, 256, S1).unwrap();
+    free_on(&mr, e, 256, S1).unwrap();
     assert_eq!(mr.free_bytes(), 16 * MIB);
     // Superblocks stay with their arenas until a defragmentation.
     assert_eq!(mr.global_free_bytes(), 12 * MIB);
@@ -106,7 +100,7 @@ fn freed_memory_is_reused_first_fit_on_the_same_stream() {
     let a = mr.allocate(1000, S1).unwrap();
     let b = mr.allocate(5000, S1).unwrap();
     assert_eq!(b, a + 1024);
-    free(&mr, a, 1000, S1).unwrap();
+    free_on(&mr, a, 1000, S1).unwrap();
     assert_eq!(
         mr.allocate(700, S1).unwrap(),
         a,
@@ -128,9 +122,9 @@ fn large_requests_come_from_the_global_arena() {
         "no arena for S2: the global arena served it"
     );
     // Freed on any stream, straight back to the global arena.
-    free(&mr, big, MIB + 1, S1).unwrap();
+    free_on(&mr, big, MIB + 1, S1).unwrap();
     assert_eq!(mr.global_free_bytes(), 7 * MIB);
-    free(&mr, small, MIB, S1).unwrap();
+    free_on(&mr, small, MIB, S1).unwrap();
 }
 
 #[test]
@@ -148,7 +142,7 @@ fn exhaustion_is_no_room_in_arena_and_the_arena_works_afterwards() {
         .collect();
     assert_eq!(mr.global_free_bytes(), 0);
     for &(p, s) in &ptrs {
-        free(&mr, p, MIB / 2, s).unwrap();
+        free_on(&mr, p, MIB / 2, s).unwrap();
     }
     // A large request needs the superblocks back: synchronize, defragment, retry.
     let big = mr.allocate(3 * MIB, S1).unwrap();
@@ -161,9 +155,9 @@ fn exhaustion_is_no_room_in_arena_and_the_arena_works_afterwards() {
     let text = e.to_string();
     assert!(text.contains("No room in arena."), "{text}");
     assert!(text.contains(&(2 * MIB).to_string()), "{text}");
-    free(&mr, big, 3 * MIB, S1).unwrap();
+    free_on(&mr, big, 3 * MIB, S1).unwrap();
     let again = mr.allocate(2 * MIB, S2).unwrap();
-    free(&mr, again, 2 * MIB, S2).unwrap();
+    free_on(&mr, again, 2 * MIB, S2).unwrap();
     assert_eq!(mr.free_bytes(), 4 * MIB);
 }
 
@@ -173,23 +167,29 @@ fn bogus_double_and_missized_frees_are_logic_errors() {
     let p = mr.allocate(1000, S1).unwrap();
     let big = mr.allocate(2 * MIB, S1).unwrap();
     let logic = |r: Result<()>| matches!(r, Err(Error::Logic(_)));
-    assert!(logic(free(&mr, p, 2000, S1)), "wrong size");
-    assert!(logic(free(&mr, p, 2000, S2)), "wrong size, another arena");
-    assert!(logic(free(&mr, p + 256, 256, S1)), "inside a block");
-    assert!(logic(free(&mr, 0x1234_5600, 256, S2)), "foreign");
-    assert!(logic(free(&mr, big, MIB, S1)), "large block, small size");
+    assert!(logic(free_on(&mr, p, 2000, S1)), "wrong size");
     assert!(
-        logic(free(&mr, big, 3 * MIB, S1)),
+        logic(free_on(&mr, p, 2000, S2)),
+        "wrong size, another arena"
+    );
+    assert!(logic(free_on(&mr, p + 256, 256, S1)), "inside a block");
+    assert!(logic(free_on(&mr, 0x1234_5600, 256, S2)), "foreign");
+    assert!(logic(free_on(&mr, big, MIB, S1)), "large block, small size");
+    assert!(
+        logic(free_on(&mr, big, 3 * MIB, S1)),
         "large block, wrong size"
     );
-    assert!(logic(free(&mr, p, 0, S1)));
-    free(&mr, p, 1000, S1).unwrap();
-    assert!(logic(free(&mr, p, 1000, S1)), "double free");
-    assert!(logic(free(&mr, p, 1000, S2)), "double free, other stream");
-    free(&mr, big, 2 * MIB, S2).unwrap();
-    assert!(logic(free(&mr, big, 2 * MIB, S2)));
+    assert!(logic(free_on(&mr, p, 0, S1)));
+    free_on(&mr, p, 1000, S1).unwrap();
+    assert!(logic(free_on(&mr, p, 1000, S1)), "double free");
+    assert!(
+        logic(free_on(&mr, p, 1000, S2)),
+        "double free, other stream"
+    );
+    free_on(&mr, big, 2 * MIB, S2).unwrap();
+    assert!(logic(free_on(&mr, big, 2 * MIB, S2)));
     assert_eq!(mr.allocate(0, S1).unwrap(), 0);
-    free(&mr, 0, 0, S1).unwrap();
+    free_on(&mr, 0, 0, S1).unwrap();
     assert_eq!(mr.free_bytes(), 8 * MIB, "errors changed nothing");
 }
 
@@ -201,7 +201,7 @@ fn defragment_keeps_superblocks_freed_into_after_its_snapshot() {
     let p = mr.allocate(256, S1).unwrap();
     let arena = mr.arena_for(S1);
     let seq = arena.state.lock().seq();
-    free(&mr, p, 256, S1).unwrap();
+    free_on(&mr, p, 256, S1).unwrap();
     assert!(arena.state.lock().take_idle(seq).is_empty());
     assert_eq!(arena.state.lock().take_idle(seq + 1).len(), 1);
 }
@@ -237,7 +237,7 @@ fn dump_on_failure_writes_global_ranges_and_superblocks() {
         "{text}"
     );
     assert!(text.contains("Superblock 0:"), "{text}");
-    free(&mr, p, 300, S1).unwrap();
+    free_on(&mr, p, 300, S1).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     // Without the flag: no dump path.
     assert_eq!(arena(2 * MIB).dump_path(), None);
@@ -253,7 +253,7 @@ fn footprint_counts_free_bytes_everywhere() {
     assert_eq!(fp.largest_free_block, 7 * MIB);
     assert_eq!(fp.free_blocks, 2);
     assert_eq!(mr.memory_info(), Some((8 * MIB - MIB / 4, 8 * MIB)));
-    free(&mr, p, MIB / 4, S1).unwrap();
+    free_on(&mr, p, MIB / 4, S1).unwrap();
 }
 
 #[test]
@@ -276,11 +276,11 @@ fn many_threads_on_ptds_and_shared_streams() {
                         live.push((mr.allocate(n, stream).unwrap(), n));
                     } else {
                         let (p, n) = live.swap_remove(i % live.len());
-                        free(&mr, p, n, stream).unwrap();
+                        free_on(&mr, p, n, stream).unwrap();
                     }
                 }
                 for (p, n) in live {
-                    free(&mr, p, n, stream).unwrap();
+                    free_on(&mr, p, n, stream).unwrap();
                 }
             });
         }
@@ -301,9 +301,9 @@ fn recorded(size: usize) -> (ArenaMemoryResource, Arc<RecordingStreamEvents>) {
 fn default_streams_reuse_large_blocks_with_no_event_call() {
     let (mr, events) = recorded(16 * MIB);
     let a = mr.allocate(3 * MIB, Stream::DEFAULT).unwrap();
-    free(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
+    free_on(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
     let b = mr.allocate(3 * MIB, Stream::PER_THREAD).unwrap();
-    free(&mr, b, 3 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, b, 3 * MIB, Stream::PER_THREAD).unwrap();
     let c = mr.allocate(2 * MIB, Stream::LEGACY).unwrap();
     // This thread's arena takes a superblock: for both default streams, each ordered after the
     // pending legacy and this thread's PTDS frees.
@@ -311,8 +311,8 @@ fn default_streams_reuse_large_blocks_with_no_event_call() {
     assert_eq!((a, b, c), (a, a, a), "the same range each time");
     assert_ne!(d, a);
     assert_eq!(events.log(), vec![], "no CUDA call on the default streams");
-    free(&mr, c, 2 * MIB, Stream::DEFAULT).unwrap();
-    free(&mr, d, 256, Stream::DEFAULT).unwrap();
+    free_on(&mr, c, 2 * MIB, Stream::DEFAULT).unwrap();
+    free_on(&mr, d, 256, Stream::DEFAULT).unwrap();
 }
 
 #[test]
@@ -322,7 +322,7 @@ fn a_range_freed_on_a_default_stream_reaches_another_stream_after_an_event_wait(
     let (ptds, s1) = (StreamKey::of(Stream::PER_THREAD), StreamKey::of(S1));
     let a = mr.allocate(3 * MIB, Stream::DEFAULT).unwrap();
     let freed = events.tick();
-    free(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
+    free_on(&mr, a, 3 * MIB, Stream::DEFAULT).unwrap();
     let b = mr.allocate(3 * MIB, S1).unwrap();
     assert_eq!(b, a);
     let log = events.log();
@@ -332,12 +332,12 @@ fn a_range_freed_on_a_default_stream_reaches_another_stream_after_an_event_wait(
         "{log:?}"
     );
     // Freed on S1: synchronized on the host at once, never pending.
-    free(&mr, b, 3 * MIB, S1).unwrap();
+    free_on(&mr, b, 3 * MIB, S1).unwrap();
     // The legacy free stays pending: S2's superblock waits too, and so does S1's again after
     // a free on this thread's PTDS, which is waited on as well.
     let c = mr.allocate(256, S2).unwrap();
     let d = mr.allocate(2 * MIB, Stream::PER_THREAD).unwrap();
-    free(&mr, d, 2 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, d, 2 * MIB, Stream::PER_THREAD).unwrap();
     let e = mr.allocate(2 * MIB, S1).unwrap();
     let log = events.log();
     let calls: Vec<(char, StreamKey)> = log[2..]
@@ -360,8 +360,8 @@ fn a_range_freed_on_a_default_stream_reaches_another_stream_after_an_event_wait(
             ('w', s1)
         ]
     );
-    free(&mr, c, 256, S2).unwrap();
-    free(&mr, e, 2 * MIB, S1).unwrap();
+    free_on(&mr, c, 256, S2).unwrap();
+    free_on(&mr, e, 2 * MIB, S1).unwrap();
 }
 
 #[test]
@@ -372,7 +372,7 @@ fn another_threads_ptds_frees_are_covered_by_synchronizing_every_stream() {
         move || {
             let p = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
             let t = events.tick();
-            free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+            free_on(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
             t
         }
     })
@@ -381,7 +381,7 @@ fn another_threads_ptds_frees_are_covered_by_synchronizing_every_stream() {
     // The legacy stream is ordered after every PTDS: no call.
     let a = mr.allocate(4 * MIB, Stream::DEFAULT).unwrap();
     assert!(events.log().is_empty());
-    free(&mr, a, 4 * MIB, Stream::DEFAULT).unwrap();
+    free_on(&mr, a, 4 * MIB, Stream::DEFAULT).unwrap();
     // This thread's PTDS is not, and no thread but the freeing one may record on its PTDS.
     let b = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
     let log = events.log();
@@ -389,11 +389,11 @@ fn another_threads_ptds_frees_are_covered_by_synchronizing_every_stream() {
         matches!(log.as_slice(), [EventCall::SynchronizeAll { seq }] if *seq > freed),
         "{log:?}"
     );
-    free(&mr, b, 4 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, b, 4 * MIB, Stream::PER_THREAD).unwrap();
     // The synchronisation cleared the other thread's PTDS; this thread's is ordered.
     let c = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
     assert_eq!(events.log().len(), 1);
-    free(&mr, c, 4 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, c, 4 * MIB, Stream::PER_THREAD).unwrap();
 }
 
 #[test]
@@ -403,7 +403,7 @@ fn defragment_clears_the_pending_streams_it_synchronized() {
         let mr = mr.clone();
         move || {
             let p = mr.allocate(4 * MIB, Stream::PER_THREAD).unwrap();
-            free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+            free_on(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
         }
     })
     .join()
@@ -416,8 +416,8 @@ fn defragment_clears_the_pending_streams_it_synchronized() {
         "only the defragmentation's: {:?}",
         events.log()
     );
-    free(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
-    free(&mr, q, 256, Stream::PER_THREAD).unwrap();
+    free_on(&mr, p, 4 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, q, 256, Stream::PER_THREAD).unwrap();
 }
 
 /// Stream events that fail every call.
@@ -446,7 +446,7 @@ fn a_failed_wait_gives_the_range_back() {
     )
     .unwrap();
     let a = mr.allocate(2 * MIB, Stream::DEFAULT).unwrap();
-    free(&mr, a, 2 * MIB, Stream::DEFAULT).unwrap();
+    free_on(&mr, a, 2 * MIB, Stream::DEFAULT).unwrap();
     let e = mr.allocate(2 * MIB, S1).unwrap_err();
     assert_eq!(e, Error::Logic("record failed".into()));
     assert!(mr.allocate(256, S2).is_err(), "a superblock for S2 too");
@@ -455,5 +455,5 @@ fn a_failed_wait_gives_the_range_back() {
     assert_eq!(mr.free_bytes(), 8 * MIB);
     // The default streams need no call: they still work.
     let b = mr.allocate(2 * MIB, Stream::PER_THREAD).unwrap();
-    free(&mr, b, 2 * MIB, Stream::PER_THREAD).unwrap();
+    free_on(&mr, b, 2 * MIB, Stream::PER_THREAD).unwrap();
 }

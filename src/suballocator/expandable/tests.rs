@@ -10,6 +10,7 @@ use super::*;
 use crate::resource::VirtualMemory;
 use crate::resource::{SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{PoolMemoryResource, StreamKey};
+use crate::test_support::free_on;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
@@ -26,14 +27,6 @@ fn pool(vm: &Arc<SimulatedVirtualMemory>, max: Option<usize>) -> ExpandableMemor
 
 const S: Stream = Stream::DEFAULT;
 
-/// Frees through the unsafe trait method.
-#[allow(unsafe_code)]
-fn free(mr: &dyn MemoryResource, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-    // SAFETY: the tests free pointers from `allocate` on this resource with their sizes, once
-    // (or bogus ones, which these resources check and refuse); simulated memory runs no work.
-    unsafe { mr.deallocate(ptr, bytes, stream) }
-}
-
 /// A stream key for simulated memory.
 #[allow(unsafe_code)]
 fn stream(raw: usize) -> Stream {
@@ -48,20 +41,20 @@ fn the_log_that_fails_on_the_pool_fits_here() {
     let mr = pool(&vm, None);
     let a = mr.allocate(12 * GIB, S).unwrap();
     let b = mr.allocate(8 * GIB, S).unwrap();
-    free(&mr, a, 12 * GIB, S).unwrap();
+    free_on(&mr, a, 12 * GIB, S).unwrap();
     let c = mr.allocate(20 * GIB, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 28 * GIB, "the free 12 GiB were unmapped");
     let stats = mr.report().unwrap().memory_stats().unwrap();
     assert_eq!(stats.num_alloc_retries, 1);
     assert_eq!(stats.num_ooms, 0);
-    free(&mr, b, 8 * GIB, S).unwrap();
-    free(&mr, c, 20 * GIB, S).unwrap();
+    free_on(&mr, b, 8 * GIB, S).unwrap();
+    free_on(&mr, c, 20 * GIB, S).unwrap();
 
     let up = Arc::new(SimulatedMemoryResource::new(32 * GIB));
     let p = PoolMemoryResource::new(up, None, None).unwrap();
     let a = p.allocate(12 * GIB, S).unwrap();
     let _b = p.allocate(8 * GIB, S).unwrap();
-    free(&p, a, 12 * GIB, S).unwrap();
+    free_on(&p, a, 12 * GIB, S).unwrap();
     assert!(
         p.allocate(20 * GIB, S).unwrap_err().is_out_of_memory(),
         "the pool cannot coalesce across its chunks"
@@ -78,8 +71,8 @@ fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
     let b = mr.allocate(P, S).unwrap();
     assert_eq!(b, a + P / 2, "the new page joined the fresh tail");
     assert_eq!(mr.mapped_bytes(), 2 * P);
-    free(&mr, a, P / 2, S).unwrap();
-    free(&mr, b, P, S).unwrap();
+    free_on(&mr, a, P / 2, S).unwrap();
+    free_on(&mr, b, P, S).unwrap();
     // a and b (which spans both growth steps) coalesce in the stream's list; the fresh tail
     // stays fresh until the lists are merged.
     assert_eq!(mr.free_block_count(), 2);
@@ -103,7 +96,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     // c's growth step maps half of what is mapped (3 pages): c and a fresh tail of 2.
     let c = mr.allocate(P, S).unwrap();
     assert_eq!(mr.mapped_bytes(), 8 * P);
-    free(&mr, b, 4 * P, S).unwrap();
+    free_on(&mr, b, 4 * P, S).unwrap();
     assert_eq!(
         mr.trim(0).unwrap(),
         6 * P,
@@ -119,7 +112,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
     assert_eq!(d, b);
     assert_eq!(mr.mapped_bytes(), 5 * P);
     for (p, n) in [(a, P), (c, P), (d, 3 * P)] {
-        free(&mr, p, n, S).unwrap();
+        free_on(&mr, p, n, S).unwrap();
     }
     assert_eq!(mr.trim(0).unwrap(), 5 * P);
     assert_eq!((mr.mapped_bytes(), vm.mapped_bytes()), (0, 0));
@@ -131,7 +124,7 @@ fn trim_to_a_target_keeps_that_much() {
     let vm = sim(64 * P, 256 * P);
     let mr = pool(&vm, None);
     let a = mr.allocate(8 * P, S).unwrap();
-    free(&mr, a, 8 * P, S).unwrap();
+    free_on(&mr, a, 8 * P, S).unwrap();
     assert_eq!(mr.trim(3 * P).unwrap(), 5 * P);
     assert_eq!(mr.mapped_bytes(), 3 * P);
     assert_eq!(mr.free_bytes(), 3 * P);
@@ -144,7 +137,7 @@ fn partial_pages_of_a_free_block_stay_mapped() {
     let a = mr.allocate(P / 2, S).unwrap();
     let b = mr.allocate(2 * P, S).unwrap();
     let c = mr.allocate(P, S).unwrap();
-    free(&mr, b, 2 * P, S).unwrap();
+    free_on(&mr, b, 2 * P, S).unwrap();
     // b spans [P/2, 5P/2): only the page [P, 2P) lies wholly inside it; c's growth step left
     // a fresh tail [7P/2, 5P), whose page [4P, 5P) goes too.
     assert_eq!(mr.trim(0).unwrap(), 2 * P);
@@ -154,8 +147,8 @@ fn partial_pages_of_a_free_block_stay_mapped() {
         P + P / 2,
         "the carved page left the free lists"
     );
-    free(&mr, a, P / 2, S).unwrap();
-    free(&mr, c, P, S).unwrap();
+    free_on(&mr, a, P / 2, S).unwrap();
+    free_on(&mr, c, P, S).unwrap();
     mr.trim(0).unwrap();
     assert_eq!(mr.mapped_bytes(), 0);
 }
@@ -169,9 +162,9 @@ fn maximum_pool_size_is_honoured() {
     assert!(e.is_out_of_memory());
     assert!(e.to_string().contains("Maximum pool size exceeded"), "{e}");
     assert!(mr.mapped_bytes() <= 4 * P);
-    free(&mr, a, 3 * P, S).unwrap();
+    free_on(&mr, a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
-    free(&mr, b, 4 * P, S).unwrap();
+    free_on(&mr, b, 4 * P, S).unwrap();
     assert_eq!(mr.report().unwrap().memory_stats().unwrap().num_ooms, 1);
     assert!(ExpandableMemoryResource::new(vm.clone(), Some(100), None, None).is_err());
     assert!(ExpandableMemoryResource::new(vm, Some(2048), Some(1024), None).is_err());
@@ -185,11 +178,11 @@ fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
     let e = mr.allocate(2 * P, S).unwrap_err();
     assert!(e.is_out_of_memory());
     assert!(e.to_string().contains("expandable: mapping"), "{e}");
-    free(&mr, a, 3 * P, S).unwrap();
+    free_on(&mr, a, 3 * P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
-    free(&mr, b, 4 * P, S).unwrap();
+    free_on(&mr, b, 4 * P, S).unwrap();
     assert!(
-        free(&mr, 0x1234_5600, 256, S).is_err(),
+        free_on(&mr, 0x1234_5600, 256, S).is_err(),
         "a bogus free is an error"
     );
 }
@@ -200,14 +193,14 @@ fn release_threshold_unmaps_on_free() {
     let mr = ExpandableMemoryResource::new(vm.clone(), None, None, Some(P)).unwrap();
     let a = mr.allocate(6 * P, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
-    free(&mr, a, 6 * P, S).unwrap();
+    free_on(&mr, a, 6 * P, S).unwrap();
     assert!(
         mr.free_bytes() <= P,
         "free {} above the threshold",
         mr.free_bytes()
     );
     assert_eq!(mr.mapped_bytes(), 2 * P);
-    free(&mr, b, P, S).unwrap();
+    free_on(&mr, b, P, S).unwrap();
     assert!(mr.mapped_bytes() <= P);
 }
 
@@ -230,7 +223,7 @@ fn stats_and_snapshot_describe_the_blocks() {
     let mr = pool(&vm, None);
     let a = mr.allocate(1000, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
-    free(&mr, a, 1000, S).unwrap();
+    free_on(&mr, a, 1000, S).unwrap();
     let s = mr.report().unwrap().memory_stats().unwrap();
     assert_eq!(s.allocation.current, 1);
     assert_eq!(s.allocation.peak, 2);
@@ -247,7 +240,7 @@ fn stats_and_snapshot_describe_the_blocks() {
         mr.report().unwrap().memory_stats().unwrap().allocation.peak,
         1
     );
-    free(&mr, b, P, S).unwrap();
+    free_on(&mr, b, P, S).unwrap();
 }
 
 /// One step of a random sequence.
@@ -293,7 +286,7 @@ proptest! {
                 },
                 Op::Free { index } if !live.is_empty() => {
                     let (p, size, stream) = live.swap_remove(index % live.len());
-                    free(&mr, p, size, streams[stream]).unwrap();
+                    free_on(&mr, p, size, streams[stream]).unwrap();
                 }
                 Op::Free { .. } => {}
                 Op::Trim => {
@@ -319,7 +312,7 @@ proptest! {
             prop_assert_eq!(mr.mapped_bytes(), vm.mapped_bytes());
         }
         for (p, size, stream) in live.drain(..) {
-            free(&mr, p, size, streams[stream]).unwrap();
+            free_on(&mr, p, size, streams[stream]).unwrap();
         }
         mr.trim(usize::MAX).unwrap();
         // 4. everything free and merged: one free block per mapped run.
@@ -384,7 +377,7 @@ fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
         .unwrap();
     let (a_stream, b_stream) = (stream(0x1000), stream(0x2000));
     let a = mr.allocate(3 * P, a_stream).unwrap();
-    free(&mr, a, 3 * P, a_stream).unwrap();
+    free_on(&mr, a, 3 * P, a_stream).unwrap();
     // B takes A's freed block only after waiting on an event recorded on A after the free
     // (none was: B gets other memory).
     let b = mr.allocate(3 * P, b_stream).unwrap();
@@ -393,7 +386,7 @@ fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
         .iter()
         .any(|c| matches!(c, EventCall::Wait { stream, .. } if *stream == StreamKey::of(b_stream)));
     assert!(b != a || waited);
-    free(&mr, b, 3 * P, b_stream).unwrap();
+    free_on(&mr, b, 3 * P, b_stream).unwrap();
     let mapped = mr.mapped_bytes();
     assert_eq!(mr.trim(0).unwrap(), mapped);
     let last_sync = events
