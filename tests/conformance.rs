@@ -12,7 +12,7 @@
 //! - threads: several threads allocating and freeing at once never get overlapping ranges.
 //!
 //! On the CPU every resource runs over [`SimulatedMemoryResource`] (or the system allocator);
-//! the module `gpu` runs the same suite over the CUDA base resources and is ignored without a
+//! the module `gpu` runs the same suite over the CUDA source resources and is ignored without a
 //! GPU (`cargo test --test conformance -- --ignored` on a GPU machine).
 
 use rrmm::adaptor::FailureCallback;
@@ -395,7 +395,7 @@ conformance!(expandable, [], Stream::DEFAULT, {
     case
 });
 
-// The adaptor Python puts in front of the base resources (every free checked).
+// The adaptor Python puts in front of the source resources (every free checked).
 conformance!(checked, [], Stream::DEFAULT, {
     adaptor(CheckedResourceAdaptor::new, |r| r.upstream().clone())
 });
@@ -624,7 +624,7 @@ fn the_suite_catches_out_of_memory_of_the_wrong_type() {
     out_of_memory(&broken(0, false, true), Stream::DEFAULT);
 }
 
-// ---- GPU: the CUDA base resources, on the default stream and on an owned stream ----
+// ---- GPU: the CUDA source resources, on the default stream and on an owned stream ----
 
 mod gpu {
     use super::*;

@@ -13,7 +13,8 @@ import json
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SIZE = 1 << 20
 

@@ -42,7 +42,7 @@ def build(kind: str, *, simulate: int | None = None, **options: Any) -> _mr.Devi
 
 
 def _resource(step: tuple[str, dict[str, Any]]) -> _mr.DeviceMemoryResource:
-    """A resource argument of a step (a fallback's alternate): a base resource, built from its
+    """A resource argument of a step (a fallback's alternate): a source resource, built from its
     own ``(class, kwargs)``."""
     class_name, kwargs = step
     resource: _mr.DeviceMemoryResource = getattr(_mr, class_name)(**kwargs)

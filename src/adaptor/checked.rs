@@ -8,7 +8,7 @@ use crate::resource::{MemoryResource, SharedResource};
 /// Records every allocation of its upstream (pointer -> size in a [`LiveAllocations`]) and
 /// checks each free against it before the upstream sees it: a pointer it never handed out, a
 /// double free and a free with the wrong size are [`Error::Logic`](crate::Error::Logic), the
-/// upstream is not called, and the resource keeps working. Meant for base resources whose own
+/// upstream is not called, and the resource keeps working. Meant for source resources whose own
 /// free has undefined behaviour on such input (`cuMemFree`, the system allocator) when they are
 /// driven from an untrusted caller such as Python.
 ///

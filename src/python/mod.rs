@@ -3,7 +3,7 @@
 //! functions with `register`, and a new binding is a new file plus one line below.
 //!
 //! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
-//! base classes), `convert` (arguments), then the resources (`base_resources`,
+//! base classes), `convert` (arguments), then the resources (`source_resources`,
 //! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the
 //! framework hooks (`hooks`, shared by `cupy`, `numba` and `torch`).
 //!
@@ -17,8 +17,6 @@
 mod adaptors;
 #[path = "resources/arena.rs"]
 mod arena;
-#[path = "resources/base_resources.rs"]
-mod base_resources;
 mod callable_ref;
 mod convert;
 #[path = "hooks/cupy.rs"]
@@ -52,6 +50,8 @@ mod registry;
 mod replay;
 #[path = "resources/resource.rs"]
 mod resource;
+#[path = "resources/source_resources.rs"]
+mod source_resources;
 #[path = "resources/stack.rs"]
 mod stack;
 #[path = "resources/statistics.rs"]
@@ -75,7 +75,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::register(m)?;
     resource::register(m)?;
     convert::register(m)?;
-    base_resources::register(m)?;
+    source_resources::register(m)?;
     suballocators::register(m)?;
     statistics::register(m)?;
     adaptors::register(m)?;

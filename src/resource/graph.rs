@@ -1,4 +1,4 @@
-//! Walking a stack of resources (adaptors over suballocators over base resources, binning's
+//! Walking a stack of resources (adaptors over suballocators over source resources, binning's
 //! bins) without recursion: how deep it is and whether it reaches a given resource. Stacks are
 //! built by users, from Python too, so a walk must neither overflow the stack nor loop on a
 //! cycle (a binning resource added as its own bin).
@@ -17,7 +17,7 @@ fn id(mr: &dyn MemoryResource) -> usize {
     mr.identity()
 }
 
-/// The number of levels from `mr` down to its deepest base resource (1 for a base resource).
+/// The number of levels from `mr` down to its deepest source resource (1 for a source resource).
 ///
 /// # Errors
 /// [`Error::Logic`] when the stack has a cycle (a resource reaches itself).

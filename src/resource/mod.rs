@@ -1,4 +1,5 @@
-//! The [`MemoryResource`] trait and the base resources, one per file.
+//! The [`MemoryResource`] trait and the source resources (those with no upstream: where a
+//! stack's memory comes from), one per file.
 
 mod address_ranges;
 mod callback;
@@ -128,7 +129,7 @@ pub trait MemoryResource: Send + Sync {
     /// block, and when it may reach foreign code (so that no thread waits for this resource's
     /// lock while holding the GIL that the lock's holder needs for a callback).
     ///
-    /// Each type sets it: base resources by what they call, adaptors and suballocators combine
+    /// Each type sets it: source resources by what they call, adaptors and suballocators combine
     /// their own behaviour with their upstream's. The default, for resources that do not say,
     /// is the safe [`CallProfile::UNKNOWN`] (may call foreign code, may block).
     fn call_profile(&self) -> CallProfile {
@@ -147,7 +148,7 @@ pub trait MemoryResource: Send + Sync {
 
     /// The resources this one calls: an adaptor's or suballocator's upstream, a binning
     /// resource's bins. Used to walk a stack without recursion ([`crate::resource::graph`]);
-    /// base resources have none.
+    /// source resources have none.
     fn upstreams(&self) -> Vec<SharedResource> {
         Vec::new()
     }

@@ -121,7 +121,7 @@ fn opt(v: Option<usize>) -> Arg {
     Arg::OptInt(v)
 }
 
-/// The device's base resource: `class` on the device, the simulated device on a simulated
+/// The device's source resource: `class` on the device, the simulated device on a simulated
 /// target.
 fn device(target: Target, class: &'static str) -> Step {
     match target {
@@ -141,8 +141,8 @@ fn suballocator(name: &'static str, steps: Vec<Step>) -> Plan {
     }
 }
 
-/// A plan of a base resource alone (the simulated device stands for every base resource).
-fn base(name: &'static str, target: Target, class: &'static str) -> Plan {
+/// A plan of a source resource alone (the simulated device stands for every source resource).
+fn source_plan(name: &'static str, target: Target, class: &'static str) -> Plan {
     Plan {
         name,
         steps: vec![device(target, class)],
@@ -356,7 +356,7 @@ fn plan_fixed_size(target: Target, options: &StackOptions) -> Result<Plan> {
 }
 
 fn plan_cuda_async(target: Target, options: &StackOptions) -> Result<Plan> {
-    let mut plan = base("cuda_async", target, "CudaAsyncMemoryResource");
+    let mut plan = source_plan("cuda_async", target, "CudaAsyncMemoryResource");
     if target == Target::Device {
         plan.steps[0] = Step::new("CudaAsyncMemoryResource")
             .arg("initial_pool_size", opt(options.initial_pool_size))
@@ -366,7 +366,7 @@ fn plan_cuda_async(target: Target, options: &StackOptions) -> Result<Plan> {
 }
 
 fn plan_cuda(target: Target, _: &StackOptions) -> Result<Plan> {
-    Ok(base("cuda", target, "CudaMemoryResource"))
+    Ok(source_plan("cuda", target, "CudaMemoryResource"))
 }
 
 fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
@@ -374,12 +374,12 @@ fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
         steps: vec![managed_device(target, options)],
         // On a simulated device it is its own row: a device with a host tier.
         simulated_device: false,
-        ..base("managed", target, "ManagedMemoryResource")
+        ..source_plan("managed", target, "ManagedMemoryResource")
     })
 }
 
 fn plan_pinned(target: Target, _: &StackOptions) -> Result<Plan> {
-    Ok(base("pinned", target, "PinnedHostMemoryResource"))
+    Ok(source_plan("pinned", target, "PinnedHostMemoryResource"))
 }
 
 fn plan_pinned_pool(target: Target, options: &StackOptions) -> Result<Plan> {
@@ -453,7 +453,7 @@ fn describe_pinned_expandable(
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
     match target {
-        Target::Simulated(_) => Ok(base("simulated", target, "SimulatedMemoryResource")),
+        Target::Simulated(_) => Ok(source_plan("simulated", target, "SimulatedMemoryResource")),
         Target::Device => Err(Error::invalid(
             "resource",
             "simulated needs a size (--simulate SIZE)",
@@ -617,7 +617,7 @@ fn describe_fixed_size(target: Target, options: &StackOptions, handles: &[Handle
     )
 }
 
-/// A base resource in words: the simulated device that stands for it, or `on_device`.
+/// A source resource in words: the simulated device that stands for it, or `on_device`.
 fn base_words(target: Target, on_device: &str) -> Description {
     let words = match target {
         Target::Simulated(size) => format!(

@@ -129,7 +129,7 @@ pub struct Plan {
     pub rounding: BlockRounding,
     /// The largest request it can serve by design (fixed_size).
     pub largest_request: Option<usize>,
-    /// Whether it is a simulated device itself (one replay row stands for every base resource).
+    /// Whether it is a simulated device itself (one replay row stands for every source resource).
     pub simulated_device: bool,
 }
 

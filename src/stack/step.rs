@@ -140,7 +140,7 @@ impl std::fmt::Debug for Handle {
     }
 }
 
-/// Builds `step` over `below` (None for a base resource) in Rust.
+/// Builds `step` over `below` (None for a source resource) in Rust.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for an unknown class or a step that needs an upstream and has

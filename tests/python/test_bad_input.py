@@ -906,8 +906,8 @@ print("CHILD OK")
     ],
     ids=lambda c: c.__name__,
 )
-def test_cuda_base_resources_check_frees_from_python(make):
-    """Driven from Python, the CUDA base resources keep a live-pointer map: a bogus, double or
+def test_cuda_source_resources_check_frees_from_python(make):
+    """Driven from Python, the CUDA source resources keep a live-pointer map: a bogus, double or
     wrong-size free is a RuntimeError and never reaches the driver."""
     r = make()
     raises(RuntimeError, r"0x1000.*not allocated", lambda: r.deallocate(0x1000, 8))

@@ -55,7 +55,7 @@ if hasattr(mr, "ArenaMemoryResource"):
     ADAPTORS["ArenaMemoryResource"] = lambda up: mr.ArenaMemoryResource(up, 64 * MiB)
 
 
-#: Base resources that run without a GPU: name -> factory(). Callback goes through Python.
+#: Source resources that run without a GPU: name -> factory(). Callback goes through Python.
 CPU_BASES: dict[str, Callable[[], Any]] = {
     "SimulatedMemoryResource": lambda: mr.SimulatedMemoryResource("1GiB"),
     "SystemMemoryResource": lambda: mr.SystemMemoryResource(),
@@ -74,7 +74,7 @@ def _async_view() -> Any:
     return mr.CudaAsyncViewMemoryResource(owner.pool_handle())
 
 
-#: Base resources that need a GPU.
+#: Source resources that need a GPU.
 GPU_BASES: dict[str, Callable[[], Any]] = {
     "CudaMemoryResource": lambda: mr.CudaMemoryResource(),
     "ManagedMemoryResource": lambda: mr.ManagedMemoryResource(),
@@ -118,7 +118,7 @@ CASES = _cases()
 
 
 class Built:
-    """A resource under test, its upstream (None for a base resource) and the simulated device
+    """A resource under test, its upstream (None for a source resource) and the simulated device
     at the bottom of the chain, if any."""
 
     def __init__(self, name: str, over: str | None) -> None:

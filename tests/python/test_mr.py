@@ -96,7 +96,7 @@ def test_size_arguments(sim_mr):
         mr.PoolMemoryResource(sim_mr, "4 megabytes")
 
 
-# ------------------------------------------------------------------ base resources
+# ------------------------------------------------------------------ source resources
 
 
 def test_allocate_deallocate_simulated(sim_mr):

@@ -8,10 +8,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::base_resources::{CudaMemoryResource, ManagedMemoryResource};
 use super::convert::{device_arg, upstream_arg};
 use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
+use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
 

@@ -40,7 +40,7 @@ impl DeviceMemoryResource {
     }
 }
 
-/// The initializer of a direct subclass of `DeviceMemoryResource` over the base resource
+/// The initializer of a direct subclass of `DeviceMemoryResource` over the source resource
 /// `inner`.
 pub(crate) fn sub<T>(leaf: T, inner: SharedResource) -> PyClassInitializer<T>
 where
@@ -86,7 +86,7 @@ impl DeviceMemoryResource {
         // RMM's Python contract, vouched for by the caller: `ptr` came from `allocate` on this
         // resource with `nbytes`, is freed once, after its work on `stream`. Every resource made
         // from Python checks preconditions 1 and 2 (suballocators, adaptors, simulated and
-        // system memory by their own records, the CUDA base resources behind a
+        // system memory by their own records, the CUDA source resources behind a
         // CheckedResourceAdaptor; a callback resource's functions are the user's) and raises
         // for a broken one instead.
         // SAFETY: as above.

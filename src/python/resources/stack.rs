@@ -54,7 +54,7 @@ fn _stack_plan<'py>(
 }
 
 /// A step as Python builds it: `(class, kwargs)`; a resource argument is such a pair itself
-/// (steps nest one level: a fallback's alternate is a base resource).
+/// (steps nest one level: a fallback's alternate is a source resource).
 fn step_tuple<'py>(py: Python<'py>, step: &Step) -> PyResult<Bound<'py, PyTuple>> {
     let kwargs = PyDict::new(py);
     for (name, value) in &step.args {

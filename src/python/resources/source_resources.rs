@@ -1,4 +1,4 @@
-//! The base resources of `rrmm.mr`, those with no upstream: CUDA, managed, system (and SAM
+//! The source resources of `rrmm.mr`, those with no upstream: CUDA, managed, system (and SAM
 //! headroom), pinned host, `cuda_async` (owned pool and view), simulated, and Python callbacks.
 
 use crate::cuda::{PoolExport, Stream as RawStream};
@@ -22,13 +22,13 @@ use super::errors::{callback_error, py_result};
 use super::resource::{sub, DeviceMemoryResource};
 use super::stream::stream_for;
 
-/// A CUDA base resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
+/// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
 /// double or wrong-size free from Python is a `RuntimeError` and never reaches the driver.
 fn checked(mr: impl MemoryResource + 'static) -> SharedResource {
     Arc::new(CheckedResourceAdaptor::new(Arc::new(mr)))
 }
 
-/// A class with no arguments over the CUDA base resource `$rs`: made on the current device
+/// A class with no arguments over the CUDA source resource `$rs`: made on the current device
 /// without the GIL, used behind [`checked`], its calls driver calls.
 macro_rules! driver_resource {
     ($(#[doc = $doc:literal])* $class:ident($rs:ident)) => {

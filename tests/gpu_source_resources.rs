@@ -1,4 +1,4 @@
-//! GPU tests of the driver layer and the base resources. They need a CUDA GPU and are ignored
+//! GPU tests of the driver layer and the source resources. They need a CUDA GPU and are ignored
 //! elsewhere (`cargo test -- --ignored` on a GPU machine; scripts/gpu_run.sh runs them).
 
 use rrmm::cuda::{self, ContextGuard, OwnedStream};
@@ -14,7 +14,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn base_resources() -> Vec<SharedResource> {
+fn source_resources() -> Vec<SharedResource> {
     assert!(cuda::driver_available(), "no CUDA driver");
     vec![
         Arc::new(CudaMemoryResource::new().unwrap()),
@@ -28,7 +28,7 @@ fn base_resources() -> Vec<SharedResource> {
 #[ignore = "needs a CUDA GPU"]
 fn data_round_trips_through_every_base_resource() {
     let stream = OwnedStream::new(true).unwrap();
-    for mr in base_resources() {
+    for mr in source_resources() {
         for &len in &[1usize, 255, 4096, 1 << 20, 3 << 20] {
             for s in [Stream::DEFAULT, Stream::PER_THREAD, stream.stream()] {
                 let data = pattern(len, len as u8);
@@ -130,14 +130,14 @@ fn memory_info_and_device_queries_answer() {
     assert!(cuda::driver_version().unwrap() >= 12000);
 }
 
-/// Every base resource behind the checking adaptor (as the Python layer drives them): a bogus,
+/// Every source resource behind the checking adaptor (as the Python layer drives them): a bogus,
 /// double or wrong-size free is a logic error that never reaches CUDA, and the resource and the
 /// data of a live buffer are intact afterwards.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn checked_base_resources_refuse_bad_frees_and_keep_working() {
+fn checked_source_resources_refuse_bad_frees_and_keep_working() {
     let stream = OwnedStream::new(true).unwrap();
-    for base in base_resources() {
+    for base in source_resources() {
         let name = base.name();
         let mr: SharedResource = Arc::new(CheckedResourceAdaptor::new(base));
         let data = pattern(1 << 16, 9);
