@@ -183,25 +183,41 @@ fn cudarc_views_refuse_simulated_memory() {
     assert!(matches!(v.on_cudarc_mut(&stream), Err(Error::Logic(_))));
 }
 
-/// Host memory pinned for the test's length (`cuMemHostRegister`), so that asynchronous copies
-/// really are asynchronous; unpinned on drop.
-struct Pinned(Vec<u64>);
+/// Pinned host memory (`cuMemHostAlloc`) holding `u64`s, so that asynchronous copies really
+/// are asynchronous; freed on drop.
+struct Pinned {
+    ptr: usize,
+    len: usize,
+}
 
 impl Pinned {
-    fn new(values: Vec<u64>) -> Pinned {
-        let bytes = values.len() * 8;
-        // SAFETY: the vector's memory stays allocated, and in place (never grown), until the
-        // drop unregisters it.
-        unsafe { cuda::mem_host_register(values.as_ptr() as usize, bytes) }.unwrap();
-        Pinned(values)
+    fn new(values: &[u64]) -> Pinned {
+        let ptr = cuda::mem_alloc_host(values.len() * 8).unwrap();
+        let mut pinned = Pinned {
+            ptr,
+            len: values.len(),
+        };
+        pinned.as_mut_slice().copy_from_slice(values);
+        pinned
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        // SAFETY: `ptr` holds `len` u64s (page-aligned pinned memory this value owns until its
+        // drop); any bit pattern is a `u64`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u64, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u64] {
+        // SAFETY: as `as_slice`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u64, self.len) }
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // The copies that use it are waited for before the test drops it.
-        // SAFETY: registered by `new`, once; no queued work uses it (the tests synchronize).
-        unsafe { cuda::mem_host_unregister(self.0.as_ptr() as usize) }.unwrap();
+        // SAFETY: allocated by `new`, freed once; the tests synchronize the copies that use it
+        // before it drops.
+        unsafe { cuda::mem_free_host(self.ptr) }.unwrap();
     }
 }
 
@@ -221,34 +237,39 @@ fn async_copies_are_ordered_with_the_container_stream() {
         OwnedStream::new(true).unwrap(),
     );
     let n = 1 << 20;
-    let data = Pinned::new((1..=n as u64).collect());
-    let mut out = Pinned::new(vec![0; n]);
+    let data = Pinned::new(&(1..=n as u64).collect::<Vec<_>>());
+    let mut out = Pinned::new(&vec![0; n]);
 
     // 1. A copy on another stream waits for the vector's stream: the kernel there writes its
     // start clock into element 0 at its end, before the copy reads it.
-    // SAFETY: `data` outlives the copy (it is pinned until the end, after the waits below).
+    // SAFETY: `data` lives to the end of the test, after the waits below, and is not written.
     let mut v =
-        unsafe { DeviceUVector::from_host_async(&data.0, own.stream(), mr.clone()) }.unwrap();
+        unsafe { DeviceUVector::from_host_async(data.as_slice(), own.stream(), mr.clone()) }
+            .unwrap();
     spin.launch(cycles, v.buffer()).unwrap();
     // SAFETY: `out` is read only after `copier` is synchronized.
-    unsafe { v.copy_to_host_async(&mut out.0, copier.stream()) }.unwrap();
+    unsafe { v.copy_to_host_async(out.as_mut_slice(), copier.stream()) }.unwrap();
     copier.synchronize().unwrap();
     let clock = v.element(0).unwrap();
     assert_ne!(clock, 1, "the kernel wrote its start clock");
-    assert_eq!(out.0[0], clock, "the copy ran before the kernel's write");
-    assert_eq!(&out.0[1..], &data.0[1..]);
+    assert_eq!(
+        out.as_slice()[0],
+        clock,
+        "the copy ran before the kernel's write"
+    );
+    assert_eq!(out.as_slice()[1..], data.as_slice()[1..]);
 
     // 2. A copy on another stream after a kernel on the vector's stream that writes at its end:
     // the copy lands last.
     spin.launch(cycles, v.buffer()).unwrap();
     // SAFETY: `data` outlives the copy.
-    unsafe { v.copy_from_host_async(&data.0, copier.stream()) }.unwrap();
+    unsafe { v.copy_from_host_async(data.as_slice(), copier.stream()) }.unwrap();
     assert_eq!(v.element(0).unwrap(), 1, "the kernel wrote after the copy");
     // 3. The vector's stream waits for the copy on `copier`, which is kept busy first here:
     // `to_vec` on the vector's stream sees the copied data.
     let scratch = DeviceBuffer::new(8, copier.stream(), mr.clone()).unwrap();
     spin.launch(cycles, &scratch).unwrap();
-    let twice: Vec<u64> = data.0.iter().map(|x| x * 2).collect();
+    let twice: Vec<u64> = data.as_slice().iter().map(|x| x * 2).collect();
     // SAFETY: `twice` outlives the copy (`to_vec` below waits for it) and is not written
     // before.
     unsafe { v.copy_from_host_async(&twice, copier.stream()) }.unwrap();
