@@ -42,6 +42,12 @@ impl DeviceBuffer {
         self.ptr
     }
 
+    /// The address, borrowed for as long as the buffer is (a kernel argument is a pointer to
+    /// it: see the cudarc interop of the containers).
+    pub(crate) fn ptr_ref(&self) -> &usize {
+        &self.ptr
+    }
+
     /// Bytes in the buffer.
     pub fn size(&self) -> usize {
         self.size
@@ -143,6 +149,85 @@ impl DeviceBuffer {
                 self.ptr + offset,
                 out.len(),
                 self.stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    /// Enqueues a copy of `data` into the buffer from byte `offset` on, on `stream`, and returns
+    /// without waiting for it.
+    ///
+    /// Ordering: `stream` first waits for the work enqueued so far on the buffer's stream, and
+    /// the buffer's stream then waits for the copy (device-side event waits; nothing extra when
+    /// `stream` is the buffer's stream), so the buffer's later work, its reallocation and its
+    /// free come after the copy. The host memory is the caller's to order (the contract below).
+    ///
+    /// The driver returns at once only for pinned or registered host memory; with pageable
+    /// memory it stages the bytes before returning, or copies synchronously (CUDA's rules for
+    /// `cuMemcpyAsync`). Host memory of a host resource where there is no driver is copied by
+    /// the CPU before this returns.
+    ///
+    /// # Safety
+    /// 1. `data` stays allocated (not freed or reallocated) and is not written until the copy has
+    ///    completed on `stream` (for example [`Stream::synchronize`] of `stream`, or of the
+    ///    buffer's stream, which waits for the copy).
+    /// 2. `stream` is a stream of the current device's context (as the buffer's stream is).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `offset + data.len()` passes the buffer's size;
+    /// [`Error::Logic`] for simulated memory; CUDA errors from the waits or the copy.
+    pub unsafe fn copy_from_host_async_at(
+        &self,
+        offset: usize,
+        data: &[u8],
+        stream: Stream,
+    ) -> Result<()> {
+        self.check_range("data", offset, data.len())?;
+        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked), whose free
+        // on its stream is ordered after the copy; the caller keeps `data` alive and unwritten
+        // until the copy completes (1) and names a stream of the current context (2).
+        unsafe {
+            copy_bytes_async(
+                self.ptr + offset,
+                data.as_ptr() as usize,
+                data.len(),
+                self.stream,
+                stream,
+                self.mr.kind(),
+            )
+        }
+    }
+
+    /// Enqueues a copy of `out.len()` bytes of the buffer from byte `offset` on into `out`, on
+    /// `stream`, and returns without waiting for it. Ordered as
+    /// [`copy_from_host_async_at`](Self::copy_from_host_async_at) (with pageable memory the
+    /// driver returns only once the copy is done).
+    ///
+    /// # Safety
+    /// 1. `out` stays allocated (not freed or reallocated) and is neither read nor written
+    ///    until the copy has completed on `stream` (or on the buffer's stream, which waits for
+    ///    the copy).
+    /// 2. `stream` is a stream of the current device's context (as the buffer's stream is).
+    ///
+    /// # Errors
+    /// As [`copy_from_host_async_at`](Self::copy_from_host_async_at).
+    pub unsafe fn copy_to_host_async_at(
+        &self,
+        offset: usize,
+        out: &mut [u8],
+        stream: Stream,
+    ) -> Result<()> {
+        self.check_range("out", offset, out.len())?;
+        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked), whose free
+        // on its stream is ordered after the copy; the caller leaves `out` alone until the
+        // copy completes (1) and names a stream of the current context (2).
+        unsafe {
+            copy_bytes_async(
+                out.as_mut_ptr() as usize,
+                self.ptr + offset,
+                out.len(),
+                self.stream,
+                stream,
                 self.mr.kind(),
             )
         }
@@ -317,22 +402,82 @@ pub(crate) unsafe fn copy_bytes(
     stream: Stream,
     kind: MemoryKind,
 ) -> Result<()> {
+    // SAFETY: the caller's contract; a blocking copy is done when this returns.
+    unsafe { copy_bytes_as(dst, src, bytes, kind, CopyOrder::Blocking(stream)) }
+}
+
+/// Enqueues a copy of `bytes` from `src` to `dst` on `stream` after the work enqueued so far on
+/// `own` (a buffer's stream), makes `own` wait for the copy, and returns without waiting on the
+/// host. Copies done by the CPU (see [`copy_bytes`]) are done when this returns.
+///
+/// # Safety
+/// 1. Both ranges are valid for `bytes` bytes until the copy completes on `stream`.
+/// 2. `stream` belongs to the current device's context.
+pub(crate) unsafe fn copy_bytes_async(
+    dst: usize,
+    src: usize,
+    bytes: usize,
+    own: Stream,
+    stream: Stream,
+    kind: MemoryKind,
+) -> Result<()> {
+    // SAFETY: the caller's contract (1, 2).
+    unsafe { copy_bytes_as(dst, src, bytes, kind, CopyOrder::After { own, stream }) }
+}
+
+/// How a copy by the driver is ordered.
+#[derive(Clone, Copy, Debug)]
+enum CopyOrder {
+    /// On this stream, waited for on the host.
+    Blocking(Stream),
+    /// On `stream` after the work enqueued on `own`, which then waits for the copy; the host
+    /// does not wait.
+    After { own: Stream, stream: Stream },
+}
+
+/// The copy of [`copy_bytes`] and [`copy_bytes_async`]: by the CPU for host memory where there
+/// is no driver, refused for simulated memory, else by the driver, ordered as `order` says.
+///
+/// # Safety
+/// 1. Both ranges are valid for `bytes` bytes until the copy completes.
+/// 2. The copy's stream belongs to the current device's context.
+unsafe fn copy_bytes_as(
+    dst: usize,
+    src: usize,
+    bytes: usize,
+    kind: MemoryKind,
+    order: CopyOrder,
+) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
     match kind {
-        MemoryKind::Simulated => Err(Error::Logic(
-            "simulated memory has nothing behind it and cannot be copied".into(),
-        )),
-        MemoryKind::Host if !cuda::driver_available() => {
-            // SAFETY: the caller's contract; host ranges of distinct allocations do not overlap.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
-            Ok(())
+        MemoryKind::Simulated => {
+            return Err(Error::Logic(
+                "simulated memory has nothing behind it and cannot be copied".into(),
+            ))
         }
-        _ => {
-            let _ctx = cuda::ContextGuard::new(crate::current_device_ordinal())?;
-            // SAFETY: the caller's contract.
-            unsafe { cuda::memcpy_sync(dst, src, bytes, stream) }
+        MemoryKind::Host if !cuda::driver_available() => {
+            // SAFETY: the caller's contract (1); host ranges of distinct allocations do not
+            // overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+            return Ok(());
+        }
+        _ => {}
+    }
+    let _ctx = cuda::ContextGuard::new(crate::current_device_ordinal())?;
+    match order {
+        // SAFETY: the caller's contract (1, 2).
+        CopyOrder::Blocking(stream) => unsafe { cuda::memcpy_sync(dst, src, bytes, stream) },
+        CopyOrder::After { own, stream } => {
+            stream.wait_for(own)?;
+            // SAFETY: the caller's contract (1, 2).
+            unsafe { cuda::memcpy_async(dst, src, bytes, stream) }?;
+            if own.wait_for(stream).is_err() {
+                // The event failed: wait on the host instead, which orders `own`'s later work.
+                stream.synchronize()?;
+            }
+            Ok(())
         }
     }
 }

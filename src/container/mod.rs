@@ -13,10 +13,22 @@
 //! `&mut self`, so no two changes race through safe code; the copies wait for their stream.
 //! Work the caller queues on the device through the raw address is ordered by the caller.
 //!
-//! cudarc: [`DeviceUVector::on_cudarc`] makes a vector a cudarc device slice (see
-//! `cudarc_interop`).
+//! # Asynchronous copies
+//! `copy_to_host_async` and `copy_from_host_async` (and [`DeviceUVector::from_host_async`])
+//! enqueue a host copy on a given stream and return without waiting. They are `unsafe`: the
+//! host memory must stay alive and untouched until the copy is done, which the borrow checker
+//! cannot see. The copy runs after the work queued on the container's stream, and the
+//! container's stream waits for it (event waits on the device; none when the two are one
+//! stream), so the container's later work and its free are ordered after the copy. With
+//! pageable host memory the driver copies synchronously or stages the data before returning;
+//! pinned or registered memory makes the copy overlap other work.
+//!
+//! # cudarc
+//! [`DeviceUVector::on_cudarc`] makes a vector a cudarc device slice, and containers and
+//! views are cudarc kernel arguments (`stream.launch_builder(&f).arg(&mut v)`); see
+//! [`cudarc_interop`] for the stream ordering each one gives.
 
-mod cudarc_interop;
+pub mod cudarc_interop;
 mod ragged;
 mod scalar;
 mod uvector;
@@ -25,3 +37,12 @@ pub use cudarc_interop::{stream_of, CudarcView, CudarcViewMut};
 pub use ragged::DeviceRagged;
 pub use scalar::DeviceScalar;
 pub use uvector::DeviceUVector;
+
+/// Tests: waits for `stream` where the driver copies (without a driver, host memory is copied
+/// by the CPU before an asynchronous copy returns).
+#[cfg(test)]
+fn wait_for_copies(stream: crate::cuda::Stream) {
+    if crate::cuda::driver_available() {
+        stream.synchronize().unwrap();
+    }
+}

@@ -53,6 +53,23 @@ impl<T: Pod> DeviceUVector<T> {
         Ok(v)
     }
 
+    /// A vector holding a copy of `data`, on `stream`, without waiting for the copy (RMM's
+    /// `device_uvector` constructor from host data): the copy is enqueued on `stream`, the
+    /// vector's stream, as [`copy_from_host_async`](Self::copy_from_host_async) does.
+    ///
+    /// # Safety
+    /// As [`copy_from_host_async`](Self::copy_from_host_async) with `stream` as the copy's
+    /// stream: `data` stays alive and unwritten until the copy has completed on `stream`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), and copy errors.
+    pub unsafe fn from_host_async(data: &[T], stream: Stream, mr: SharedResource) -> Result<Self> {
+        let mut v = Self::new(data.len(), stream, mr)?;
+        // SAFETY: the caller's contract, with the vector's own stream as the copy's.
+        unsafe { v.copy_from_host_async(data, stream) }?;
+        Ok(v)
+    }
+
     /// Elements.
     pub fn len(&self) -> usize {
         self.buf.size() / std::mem::size_of::<T>().max(1)
@@ -160,6 +177,55 @@ impl<T: Pod> DeviceUVector<T> {
         self.buf.copy_from_host(bytemuck::cast_slice(data))
     }
 
+    /// Enqueues a copy of `data` into the first `data.len()` elements on `stream` and returns
+    /// without waiting (RMM's `_async` copies on a stream).
+    ///
+    /// Ordering: the copy runs on `stream` after the work enqueued so far on the vector's
+    /// stream, and the vector's stream waits for the copy (device-side event waits; none when
+    /// `stream` is the vector's stream), so the vector's later work, reallocation and free
+    /// come after it. Only pinned (or registered) host memory makes the copy truly
+    /// asynchronous; from pageable memory the driver stages the data or copies synchronously
+    /// before returning (CUDA's rules for `cuMemcpyAsync`). Host memory of a host resource
+    /// where there is no driver is copied by the CPU before this returns.
+    ///
+    /// # Safety
+    /// 1. `data` stays allocated (not freed or reallocated) and is not written until the copy
+    ///    has completed: [`Stream::synchronize`] of `stream` or of the vector's stream (which
+    ///    waits for the copy), or a later wait on either.
+    /// 2. `stream` is a stream of the current device's context, as the vector's stream is.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `data` is longer than the vector (nothing is enqueued);
+    /// [`Error::Logic`] for simulated memory; CUDA errors from the waits or the copy.
+    pub unsafe fn copy_from_host_async(&mut self, data: &[T], stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (1, 2); the range is checked by the buffer.
+        unsafe {
+            self.buf
+                .copy_from_host_async_at(0, bytemuck::cast_slice(data), stream)
+        }
+    }
+
+    /// Enqueues a copy of the first `out.len()` elements into `out` on `stream` and returns
+    /// without waiting. Ordered as [`copy_from_host_async`](Self::copy_from_host_async); into
+    /// pageable memory the driver returns only once the copy is done.
+    ///
+    /// # Safety
+    /// 1. `out` stays allocated (not freed or reallocated) and is neither read nor written until
+    ///    the copy has completed: [`Stream::synchronize`] of `stream` or of the vector's stream
+    ///    (which waits for the copy), or a later wait on either.
+    /// 2. `stream` is a stream of the current device's context, as the vector's stream is.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `out` is longer than the vector (nothing is enqueued);
+    /// [`Error::Logic`] for simulated memory; CUDA errors from the waits or the copy.
+    pub unsafe fn copy_to_host_async(&self, out: &mut [T], stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract (1, 2); the range is checked by the buffer.
+        unsafe {
+            self.buf
+                .copy_to_host_async_at(0, bytemuck::cast_slice_mut(out), stream)
+        }
+    }
+
     /// Every element, copied to the host (waits).
     ///
     /// # Errors
@@ -195,6 +261,67 @@ mod tests {
         let empty = DeviceUVector::<f64>::new(0, Stream::DEFAULT, host()).unwrap();
         assert!(empty.is_empty() && empty.to_vec().unwrap().is_empty());
         assert!(DeviceUVector::<u64>::new(usize::MAX / 4, Stream::DEFAULT, host()).is_err());
+    }
+
+    #[test]
+    fn async_copies_round_trip_on_the_vector_stream_and_another() {
+        let data: Vec<u32> = (0..1000).collect();
+        let twice: Vec<u32> = data.iter().map(|x| x * 2).collect();
+        for stream in [Stream::DEFAULT, Stream::PER_THREAD] {
+            // SAFETY: `data` outlives the copy (the vector's own copies below wait for it) and
+            // is never written.
+            let mut v =
+                unsafe { DeviceUVector::from_host_async(&data, Stream::DEFAULT, host()) }.unwrap();
+            let mut out = vec![0u32; 1000];
+            // SAFETY: `out` is read only after the wait on `stream`.
+            unsafe { v.copy_to_host_async(&mut out, stream) }.unwrap();
+            super::super::wait_for_copies(stream);
+            assert_eq!(out, data);
+            // SAFETY: `twice` outlives the test; `to_vec` waits for the vector's stream, which
+            // waits for the copy.
+            unsafe { v.copy_from_host_async(&twice[..10], stream) }.unwrap();
+            let back = v.to_vec().unwrap();
+            assert_eq!((&back[..10], &back[10..]), (&twice[..10], &data[10..]));
+            let mut short = [0u32; 3];
+            // SAFETY: as above.
+            unsafe { v.copy_to_host_async(&mut short, stream) }.unwrap();
+            super::super::wait_for_copies(stream);
+            assert_eq!(short, [0, 2, 4]);
+        }
+    }
+
+    #[test]
+    fn async_copies_check_lengths_and_refuse_simulated_memory() {
+        let mut v = DeviceUVector::<u64>::from_host(&[1, 2], Stream::DEFAULT, host()).unwrap();
+        let mut out = [0u64; 3];
+        // SAFETY: refused before anything is enqueued (the error is the point).
+        let longer = unsafe { v.copy_to_host_async(&mut out, Stream::DEFAULT) };
+        assert!(
+            matches!(longer, Err(Error::InvalidArgument { .. })),
+            "{longer:?}"
+        );
+        // SAFETY: as above.
+        let longer = unsafe { v.copy_from_host_async(&out, Stream::DEFAULT) };
+        assert!(
+            matches!(longer, Err(Error::InvalidArgument { .. })),
+            "{longer:?}"
+        );
+        assert_eq!(v.to_vec().unwrap(), [1, 2], "nothing was copied");
+
+        let simulated: SharedResource =
+            Arc::new(crate::resource::SimulatedMemoryResource::new(1 << 20));
+        let mut s = DeviceUVector::<u64>::new(2, Stream::DEFAULT, simulated).unwrap();
+        // SAFETY: refused before anything is enqueued.
+        let copy = unsafe { s.copy_from_host_async(&out[..2], Stream::DEFAULT) };
+        assert!(matches!(copy, Err(Error::Logic(_))), "{copy:?}");
+        // SAFETY: as above.
+        let copy = unsafe { s.copy_to_host_async(&mut out[..2], Stream::DEFAULT) };
+        assert!(matches!(copy, Err(Error::Logic(_))), "{copy:?}");
+        // SAFETY: as above.
+        let made = unsafe {
+            DeviceUVector::from_host_async(&[1u8], Stream::DEFAULT, s.buffer().resource().clone())
+        };
+        assert!(matches!(made, Err(Error::Logic(_))), "{made:?}");
     }
 
     #[test]

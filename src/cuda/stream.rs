@@ -60,6 +60,30 @@ impl Stream {
         self.0 as sys::CUstream
     }
 
+    /// Whether `self` and `other` name the same stream (0 and 0x1 both name the legacy
+    /// default stream).
+    pub const fn same_as(self, other: Stream) -> bool {
+        self.0 == other.0 || (self.is_legacy_default() && other.is_legacy_default())
+    }
+
+    /// Makes this stream wait, on the device, for the work enqueued on `other` so far (an event
+    /// recorded on `other`, waited on by this stream); nothing when they are the same stream.
+    /// The host does not wait. The event is made in the current device's primary context
+    /// (made current for the call if none is), which `other` must belong to.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`](crate::Error::NoDriver) without a driver; the CUDA errors of
+    /// creating, recording or waiting on the event.
+    pub fn wait_for(self, other: Stream) -> Result<()> {
+        if self.same_as(other) {
+            return Ok(());
+        }
+        let _ctx = super::ContextGuard::new(super::current_device()?)?;
+        let event = super::Event::new()?;
+        event.record(other)?;
+        event.wait_on(self)
+    }
+
     /// Waits on the host for all work enqueued on this stream.
     pub fn synchronize(self) -> Result<()> {
         ensure_driver()?;
@@ -126,3 +150,27 @@ const _: () = {
     assert_send_sync::<Stream>();
     assert_send_sync::<OwnedStream>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_default_stream_has_two_handles() {
+        assert!(Stream::DEFAULT.same_as(Stream::LEGACY) && Stream::LEGACY.same_as(Stream::DEFAULT));
+        assert!(!Stream::DEFAULT.same_as(Stream::PER_THREAD));
+        // SAFETY: plain keys, never passed to the driver.
+        let (a, b) = unsafe { (Stream::from_raw(0x1000), Stream::from_raw(0x2000)) };
+        assert!(a.same_as(a) && !a.same_as(b));
+    }
+
+    #[test]
+    fn waiting_for_the_same_stream_needs_no_driver() {
+        Stream::DEFAULT.wait_for(Stream::LEGACY).unwrap();
+        Stream::PER_THREAD.wait_for(Stream::PER_THREAD).unwrap();
+        if !super::super::driver_available() {
+            let other = Stream::DEFAULT.wait_for(Stream::PER_THREAD);
+            assert!(matches!(other, Err(crate::Error::NoDriver(_))), "{other:?}");
+        }
+    }
+}
