@@ -4,7 +4,9 @@ Replays one or more logs written by RMM's or rrmm's ``LoggingResourceAdaptor`` (
 gzipped) against one resource (``--resource``) or several (``--compare``), on the GPU or on a
 simulated device of any size (``--simulate``), and reports time per event, memory held,
 overhead, waste, fragmentation and failed allocations; ``--fit`` finds the smallest device each
-resource needs; ``--json`` for scripts, ``--plot`` for a picture.
+resource needs; ``--json`` for scripts, ``--plot`` for a picture. On a GPU, ``torch`` and
+``cupy`` in ``--compare`` replay the logs through PyTorch's caching allocator and CuPy's memory
+pool too, from Python, beside each rrmm resource driven from Python (``rrmm._replay_peers``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from rrmm import parse_bytes
+from rrmm import _replay_peers, parse_bytes
+from rrmm._replay_peers import PEERS, PYTHON_DRIVER
 from rrmm._replay_types import FitRecord, ReplayRecord
 
 #: Simulated memory used when there is no GPU and no ``--simulate``: an 80 GiB device.
@@ -53,10 +56,32 @@ The report (one row per resource, the log's own properties once in the header):
   failed      allocations that failed with out of memory (their frees are skipped)
   beyond      managed memory only: the most bytes beyond the simulated device at once, what
               would live in host memory (oversubscription) had the log run with managed memory
+  driver      what called the allocator: rust, the replay engine (every rrmm row); python,
+              a Python loop over the same events (the torch and cupy rows, and "R (python)")
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
 resource with no failed allocation, and the pool sizes that do it.
+Other libraries' allocators, on a GPU, named in --compare (their packages installed):
+  torch       PyTorch's caching allocator: torch.cuda.caching_allocator_alloc(size, device,
+              stream) and caching_allocator_delete, one torch.cuda.Stream per stream of the
+              log (its default stream for the log's default stream); its cache emptied first.
+              footprint: torch.cuda.max_memory_reserved(); frag@peak/end from
+              torch.cuda.memory_snapshot()'s inactive blocks, taken in the untimed pass at the
+              log's peak event and after the last event
+  cupy        a fresh cupy.cuda.MemoryPool: pool.malloc(size) with the log's stream current,
+              each pointer kept until the log frees it; footprint: the peak of
+              pool.total_bytes(); no fragmentation (CuPy does not show its free blocks)
+  R (python)  each rrmm resource R named beside them, built as its Rust row is, replayed from
+              the same Python loop through rrmm's Python API (mr.allocate, mr.deallocate):
+              the like-for-like baseline (footprint and fragmentation where its PyTorch-style
+              statistics give them: pools). A python row's ns/event includes the interpreter
+              and each library's Python call: compare python rows with python rows (the line
+              under the table gives the ratios), rust rows with rust rows.
+  Python rows show no waste (their blocks are not known); their failed allocations are
+  counted and the frees skipped as the engine does. With --fit, torch and cupy get the
+  smallest memory limit on the GPU (set_per_process_memory_fraction, MemoryPool.set_limit)
+  under which the log replays with no failure, searched as the simulated device is.
 On simulated memory cuda and cuda_async are the simulated device itself: one row, labelled so,
 whose timings are the simulator's, not CUDA's. managed (and managed_pool) is the simulated
 device with host memory beyond it: allocations past the device succeed, and "beyond" says how
@@ -175,7 +200,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--compare",
         metavar="R1,R2,...",
-        help="replay against each of these resources, one row each ('all': every one)",
+        help="replay against each of these resources, one row each ('all': every rrmm "
+        "resource); on a GPU also torch and cupy (PyTorch's and CuPy's allocators, from "
+        "Python, with each rrmm resource named also driven from Python)",
     )
     parser.add_argument(
         "--simulate",
@@ -286,8 +313,13 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
     out: list[str] = []
     for name in names:
         canonical = name.lower().replace("-", "_")
+        if canonical in PEERS:
+            if canonical not in out:
+                out.append(canonical)
+            continue
         if canonical not in known:
-            raise ValueError(f"unknown resource {name!r}; known: {', '.join(known)}")
+            raise ValueError(f"unknown resource {name!r}; known: {', '.join(known)}; "
+                             f"on a GPU also {', '.join(PEERS)}")
         if simulated and canonical in BASE_RESOURCES:
             canonical = "simulated"
         if canonical == "simulated" and not simulated:
@@ -314,26 +346,33 @@ def _check_plot_path(path: str) -> str | None:
 
 
 def _row_name(r: ReplayRecord) -> str:
-    return "simulated device" if r["simulated_device"] else r["resource"]
+    if r["simulated_device"]:
+        return "simulated device"
+    if r["driver"] == PYTHON_DRIVER and r["resource"] not in PEERS:
+        return f"{r['resource']} (python)"
+    return r["resource"]
 
 
 def _table(reports: list[ReplayRecord]) -> str:
     header = ["resource", "ns/event", "spread", "footprint", "overhead", "waste",
               "frag@peak", "frag@end", "failed"]
+    drivers = any(r["driver"] != "rust" for r in reports)
+    if drivers:
+        header.insert(1, "driver")
     beyond = any(r.get("peak_beyond_device") is not None for r in reports)
     if beyond:
         header.append("beyond")
     rows = []
     for r in reports:
+        first = [_row_name(r)] + ([r["driver"]] if drivers else [])
         if r["error"] is not None:
-            rows.append([_row_name(r)] + ["-"] * (len(header) - 1))
+            rows.append(first + ["-"] * (len(header) - len(first)))
             continue
         failed = str(r["failed_allocations"])
         if r["failed_allocations"]:
             failed += " !"
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:.2f}"
-        rows.append([
-            _row_name(r),
+        rows.append(first + [
             f"{r['ns_per_event']:.1f}",
             "-" if r["spread"] is None else f"{100 * r['spread']:.0f}%",
             format_bytes(r["peak_footprint"]),
@@ -345,10 +384,12 @@ def _table(reports: list[ReplayRecord]) -> str:
         ] + ([format_bytes(r.get("peak_beyond_device"))] if beyond else []))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
 
+    left = 2 if drivers else 1
+
     def line(cells: list[str]) -> str:
-        # The resource column is left-aligned, the figures right-aligned.
+        # The resource (and driver) columns are left-aligned, the figures right-aligned.
         return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
         )
 
     lines = [line(header), "  ".join("-" * w for w in widths)]
@@ -356,8 +397,26 @@ def _table(reports: list[ReplayRecord]) -> str:
     return "\n".join(lines)
 
 
+def _python_ratios(reports: list[ReplayRecord]) -> str | None:
+    """The like-for-like line: each peer's ns/event over the first rrmm row driven from Python
+    (both through Python calls), or None without both."""
+    base = next((r for r in reports if r["driver"] == PYTHON_DRIVER
+                 and r["resource"] not in PEERS and r["ns_per_event"]), None)
+    peers = [r for r in reports if r["resource"] in PEERS and r["ns_per_event"] is not None]
+    if base is None or base["ns_per_event"] is None or not peers:
+        return None
+    ratios = ", ".join(f"{r['resource']} {r['ns_per_event'] / base['ns_per_event']:.2f}x"
+                       for r in peers if r["ns_per_event"] is not None)
+    return f"  driven from Python alike, ns/event relative to {_row_name(base)}: {ratios}"
+
+
 def _fit_line(f: FitRecord) -> str:
     name = f["resource"]
+    if f["driver"] == PYTHON_DRIVER:
+        if f["device_bytes"] is None:
+            return f"{name} fits under no limit: {f['reason']} ({f['setup']})"
+        return (f"{name} needs {format_bytes(f['device_bytes'])}: {f['setup']} (fails under "
+                f"{format_bytes(f['failing_bytes'])})")
     if f["device_bytes"] is None:
         return f"{name} fits on no device: {f['reason']}"
     text = f"{name} needs {format_bytes(f['device_bytes'])}"
@@ -389,6 +448,9 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             for message in first["warning_messages"]:
                 print(f"    {message}", file=out)
         print(_table(rs), file=out)
+        ratios = _python_ratios(rs)
+        if ratios is not None:
+            print(ratios, file=out)
         repeats = {r["repeats"] for r in rs if r["repeats"] is not None}
         if repeats:
             counts = "/".join(str(n) for n in sorted(repeats))
@@ -413,7 +475,10 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             print("  (the simulated device's timings are the simulator's, not CUDA's)", file=out)
         log_fits = [f for f in fits if f["log"] == log]
         if log_fits:
-            print("  fit (smallest simulated device with no failed allocation):", file=out)
+            limits = any(f["driver"] == PYTHON_DRIVER for f in log_fits)
+            print("  fit (smallest simulated device with no failed allocation"
+                  + ("; for torch and cupy the smallest memory limit on the GPU" if limits else "")
+                  + "):", file=out)
             for f in log_fits:
                 print(f"    {_fit_line(f)}", file=out)
         print(file=out)
@@ -522,6 +587,28 @@ def _draw(plt: Any, reports: list[ReplayRecord], path: str, fits: Sequence[FitRe
     plt.close(fig)
 
 
+def _python_rows(args: argparse.Namespace, files: list[str], names: list[str],
+                 reports: list[ReplayRecord], fits: list[FitRecord], modules: dict[str, Any],
+                 simulate: int | None) -> tuple[list[ReplayRecord], list[FitRecord]]:
+    """The rows driven from Python (the peers, and each rrmm resource beside them) merged into
+    the engine's, and the peers' fits after the engine's."""
+    stack_options = {
+        "initial_pool_size": args.initial_pool_size,
+        "maximum_pool_size": args.maximum_pool_size,
+        "bins": args.bins,
+        "block_size": args.block_size,
+        "blocks": args.blocks,
+        "arena_size": args.arena_size,
+        "host_memory": args.host_memory,
+    }
+    rows = _replay_peers.replay_rows(files, names, reports, modules, options=stack_options,
+                                     simulate=simulate, repeat=args.repeat, lenient=args.lenient)
+    if args.fit:
+        peers = [n for n in names if n in PEERS]
+        fits = fits + _replay_peers.fit_rows(files, peers, modules, lenient=args.lenient)
+    return rows, fits
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``rrmm replay`` with parsed arguments; returns the exit status (0 ok, 1 plotting
     impossible, 2 bad input or arguments, 3 with ``--check`` when an allocation failed)."""
@@ -534,14 +621,19 @@ def run(args: argparse.Namespace) -> int:
     known = list(_rrmm.replay_resource_names())
     simulate = args.simulate
     gpu = simulate is None and bool(_rrmm.replay_gpu_available())
+    try:
+        named = _resources(args, simulate is not None or not gpu, known)
+    except ValueError as e:
+        return fail(str(e))
+    peers = [n for n in named if n in PEERS]
+    problem = _replay_peers.peer_problem(peers, simulate, gpu)
+    if problem is not None:
+        return fail(problem)
     if simulate is None and not gpu:
         simulate = DEFAULT_SIMULATED_BYTES
         print(f"rrmm replay: no GPU found; replaying on simulated memory of "
               f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
-    try:
-        resources = _resources(args, simulate is not None, known)
-    except ValueError as e:
-        return fail(str(e))
+    resources = [n for n in named if n not in PEERS]
     for option, value in (("--initial-pool-size", args.initial_pool_size),
                           ("--maximum-pool-size", args.maximum_pool_size)):
         if value is not None and value % 256:
@@ -560,6 +652,10 @@ def run(args: argparse.Namespace) -> int:
             print("rrmm replay: --plot needs matplotlib: pip install rrmm[plot] "
                   "(or pip install matplotlib)", file=sys.stderr)
             return 1
+    try:
+        modules = _replay_peers.prepare_peers(peers)
+    except _replay_peers.PeerUnavailable as e:
+        return fail(str(e))
     resolved = [_resolve_log(log) for log in args.logs]
     shown = dict(resolved)
     files = [path for path, _ in resolved]
@@ -585,6 +681,8 @@ def run(args: argparse.Namespace) -> int:
             **options,
         )
         fits = _rrmm.fit_logs(files, resources, **options) if args.fit else []
+        if peers:
+            reports, fits = _python_rows(args, files, named, reports, fits, modules, simulate)
     except (ValueError, OSError, RuntimeError) as e:
         return fail(str(e))
     except MemoryError as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["FitRecord", "ReplayRecord", "TimelineColumns"]
+__all__ = ["FitRecord", "ReplayEvents", "ReplayRecord", "TimelineColumns"]
 
 
 class TimelineColumns(TypedDict):
@@ -17,6 +17,7 @@ class TimelineColumns(TypedDict):
     footprint: list[int | None]
     beyond_device: list[int | None]
 
+
 class ReplayRecord(TypedDict):
     """One (log, resource) row of ``replay_logs`` (``rrmm::replay::ReplayRecord``: the keys are
     its fields). The figures are None, with ``error`` set, when the resource could not be built
@@ -24,6 +25,7 @@ class ReplayRecord(TypedDict):
 
     log: str
     resource: str
+    driver: str
     setup: str | None
     simulated_device: bool
     events: int
@@ -69,6 +71,7 @@ class FitRecord(TypedDict):
 
     log: str
     resource: str
+    driver: str
     device_bytes: int | None
     failing_bytes: int | None
     initial_pool_size: int | None
@@ -77,3 +80,18 @@ class FitRecord(TypedDict):
     setup: str | None
     replays: int | None
     reason: str | None
+
+
+class ReplayEvents(TypedDict):
+    """One log's events as ``rrmm._rrmm.replay_events`` returns them, for replays driven from
+    Python (``rrmm._replay_peers``): columns of bytes in native byte order, one entry per
+    event, and the log's facts."""
+
+    actions: bytes  # one byte per event: 1 allocate, 0 free
+    sizes: bytes  # u64 ("Q") per event
+    slots: bytes  # u32 ("I") per event
+    streams: bytes  # u32 ("I") stream index per event
+    stream_handles: list[int]  # the logged handle of each stream index
+    slot_count: int
+    peak_event: int | None  # the event after which the log's bytes in use first peak
+    record: ReplayRecord  # the log's facts; figures None, resource ""

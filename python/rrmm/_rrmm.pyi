@@ -7,7 +7,7 @@ from typing import Any, Literal, SupportsIndex, TypeAlias, final
 from typing_extensions import Buffer, Self, disjoint_base
 
 from rrmm._counts import FallbackCounts
-from rrmm._replay_types import FitRecord, ReplayRecord
+from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord
 
 __version__: str
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "parse_bytes",
     "pinned_allocate",
     "release_caches",
+    "replay_events",
     "replay_gpu_available",
     "replay_logs",
     "replay_resource_names",
@@ -570,6 +571,7 @@ def fit_logs(
     arena_size: int | None = None,
     host_memory: int | None = None,
 ) -> list[FitRecord]: ...
+def replay_events(log: str, lenient: bool = False) -> ReplayEvents: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...

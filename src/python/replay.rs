@@ -2,22 +2,56 @@
 
 use super::errors::py_result;
 use crate::replay::{
-    compare, fit_many, resource_names, CompareSettings, Repeat, ReplayOptions, ResourceOptions,
+    compare, fit_many, resource_names, CompareSettings, Repeat, ReplayOptions, ReplayRecord,
+    ResourceOptions, Trace,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 /// `value` (records of the crate) as Python data: through JSON, so the keys are the Rust
 /// records' field names, declared once (`ReplayRecord`, `FitRecord`; their TypedDicts in
 /// `_rrmm.pyi`).
-fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyList>> {
+fn to_python_any<'py, T: serde::Serialize>(
+    py: Python<'py>,
+    value: &T,
+) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value)
         .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-    Ok(py
-        .import("json")?
-        .call_method1("loads", (text,))?
-        .cast_into::<PyList>()?)
+    py.import("json")?.call_method1("loads", (text,))
+}
+
+/// A list of records as Python data ([`to_python_any`]).
+fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyList>> {
+    Ok(to_python_any(py, value)?.cast_into::<PyList>()?)
+}
+
+/// The events of one RMM-format log, parsed by the engine's parser, for a replay driven from
+/// Python (`rrmm replay`'s PyTorch, CuPy and Python-API rows): a dict with the columns
+/// `actions` (bytes, 1 allocate / 0 free), `sizes` (u64), `slots` (u32), `streams` (u32 stream
+/// indices) as bytes in native byte order (`memoryview(b).cast("Q")`), `stream_handles` (the
+/// logged handle of each stream index), `slot_count`, `peak_event` (the event after which the
+/// log's bytes in use first peak, or None) and `record` (the log's facts as a replay record
+/// with no figures). The parse runs without the GIL. Raises ValueError for bad input (naming
+/// file and line), OSError for an unreadable file.
+#[pyfunction]
+#[pyo3(signature = (log, lenient=false))]
+fn replay_events<'py>(py: Python<'py>, log: String, lenient: bool) -> PyResult<Bound<'py, PyDict>> {
+    let trace = py_result(py.detach(|| Trace::from_path(&log, lenient)))?;
+    let columns = trace.columns();
+    let out = PyDict::new(py);
+    out.set_item("actions", PyBytes::new(py, &columns.actions))?;
+    out.set_item("sizes", PyBytes::new(py, &columns.sizes))?;
+    out.set_item("slots", PyBytes::new(py, &columns.slots))?;
+    out.set_item("streams", PyBytes::new(py, &columns.streams))?;
+    out.set_item("stream_handles", trace.streams.clone())?;
+    out.set_item("slot_count", trace.slot_count)?;
+    out.set_item("peak_event", trace.peak_event())?;
+    out.set_item(
+        "record",
+        to_python_any(py, &ReplayRecord::of_log(&trace, ""))?,
+    )?;
+    Ok(out)
 }
 
 /// Replays each RMM-format log against each named resource and returns one dict per
@@ -146,6 +180,7 @@ fn replay_gpu_available() -> bool {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_logs, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_events, m)?)?;
     m.add_function(wrap_pyfunction!(fit_logs, m)?)?;
     m.add_function(wrap_pyfunction!(replay_resource_names, m)?)?;
     m.add_function(wrap_pyfunction!(replay_resource_summaries, m)?)?;

@@ -12,6 +12,7 @@
 //! let records = compare(&[log.to_str().unwrap()], &["pool", "arena"], &settings)?;
 //! assert_eq!(records.len(), 2);
 //! assert_eq!(records[0].resource, "pool");
+//! assert_eq!(records[0].driver, "rust");
 //! assert_eq!(records[0].failed_allocations, Some(0));
 //! # std::fs::remove_file(&log)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -20,6 +21,9 @@
 use super::{build, fit, replay, FitResult, ReplayOptions, ReplayReport, ResourceOptions, Trace};
 use crate::error::Result;
 use serde::Serialize;
+
+/// [`ReplayRecord::driver`] and [`FitRecord::driver`] of the rows this engine produces.
+pub const RUST_DRIVER: &str = "rust";
 
 /// How a comparison runs.
 #[derive(Clone, Debug, Default)]
@@ -56,6 +60,10 @@ pub struct ReplayRecord {
     pub log: String,
     /// The resource's name (canonical).
     pub resource: String,
+    /// What drove the replay: `"rust"` (this engine: the figures of [`compare`]) or `"python"`
+    /// (rows `rrmm replay` adds for PyTorch, CuPy and rrmm through its Python API, timed
+    /// through Python calls).
+    pub driver: String,
     /// The resource's setup in words, where it was built.
     pub setup: Option<String>,
     /// Whether the row is the simulated device itself.
@@ -138,11 +146,13 @@ pub struct ReplayRecord {
 }
 
 impl ReplayRecord {
-    /// The log's facts, with no figures yet.
-    fn of_log(trace: &Trace, resource: &str) -> Self {
+    /// The log's facts, with no figures yet (driven from Rust; a driver from elsewhere sets
+    /// [`ReplayRecord::driver`] and its figures).
+    pub fn of_log(trace: &Trace, resource: &str) -> Self {
         ReplayRecord {
             log: trace.source.clone(),
             resource: resource.to_string(),
+            driver: RUST_DRIVER.to_string(),
             events: trace.events.len(),
             allocations: trace.allocations(),
             logged_failures: trace.logged_failures,
@@ -259,6 +269,9 @@ pub struct FitRecord {
     pub log: String,
     /// The resource's name.
     pub resource: String,
+    /// What ran the search: `"rust"` (simulated devices) or `"python"` (`rrmm replay`'s
+    /// PyTorch and CuPy rows: a memory limit on the GPU).
+    pub driver: String,
     /// The smallest device found with no failed allocation (None: none up to 1 PiB).
     pub device_bytes: Option<usize>,
     /// The largest size tried that failed.
@@ -298,6 +311,7 @@ pub fn fit_many(
                 Err(e) => FitRecord {
                     log: trace.source.clone(),
                     resource: name.clone(),
+                    driver: RUST_DRIVER.to_string(),
                     reason: Some(e.to_string()),
                     ..FitRecord::default()
                 },
@@ -312,6 +326,7 @@ fn record_of_fit(source: &str, name: &str, f: FitResult) -> FitRecord {
     FitRecord {
         log: source.to_string(),
         resource: name.to_string(),
+        driver: RUST_DRIVER.to_string(),
         device_bytes: f.device_bytes,
         failing_bytes: Some(f.failing_bytes),
         initial_pool_size: f.pool_sizes.map(|p| p.0),

@@ -42,9 +42,11 @@ pub fn build(
 ) -> crate::Result<BuiltResource> {
     crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
 }
-pub use compare::{compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns};
+pub use compare::{
+    compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns, RUST_DRIVER,
+};
 pub use fit::{fit, FitResult};
-pub use trace::{Action, Trace, TraceEvent};
+pub use trace::{Action, Trace, TraceColumns, TraceEvent};
 
 #[cfg(test)]
 mod tests;
