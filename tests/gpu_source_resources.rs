@@ -26,7 +26,7 @@ fn source_resources() -> Vec<SharedResource> {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn data_round_trips_through_every_base_resource() {
+fn data_round_trips_through_every_source_resource() {
     let stream = OwnedStream::new(true).unwrap();
     for mr in source_resources() {
         for &len in &[1usize, 255, 4096, 1 << 20, 3 << 20] {

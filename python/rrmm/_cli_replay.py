@@ -29,9 +29,9 @@ DEFAULT_SIMULATED_BYTES = 80 << 30
 #: Points of the timeline recorded per replay for ``--plot``.
 PLOT_POINTS = 2000
 
-#: The base resources that the simulated device stands for on simulated memory (managed memory
+#: The source resources that the simulated device stands for on simulated memory (managed memory
 #: is its own row there: the device with a host tier beyond it).
-BASE_RESOURCES = ("cuda", "cuda_async", "pinned")
+SOURCE_RESOURCES = ("cuda", "cuda_async", "pinned")
 
 #: Kinds of host memory: named to be replayed, never part of ``--compare all`` (a question
 #: about the device).
@@ -46,7 +46,7 @@ The report (one row per resource, the log's own properties once in the header):
               the same resource after a warm-up pass, as RMM's replay benchmark does
   spread      (3rd quartile - 1st quartile) / median of those repetitions (- with one)
   footprint   the most memory the resource held at once (a pool's size; the bytes the device
-              charged for a base resource: whole 2 MiB pages from 2 MiB, else 256 B units)
+              charged for a source resource: whole 2 MiB pages from 2 MiB, else 256 B units)
   overhead    footprint / peak bytes in use (1.00: it held no more than the log needed)
   waste       internal waste at the peak: bytes of the blocks holding the live allocations
               minus the bytes they asked for (bin, block and page rounding)
@@ -298,7 +298,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) -> list[str]:
     """The canonical resource names to replay, in order, without duplicates; on simulated
-    memory the base resources collapse into the one simulated device. ValueError on misuse."""
+    memory the source resources collapse into the one simulated device. ValueError on misuse."""
     if args.compare is not None:
         names = [n.strip() for n in args.compare.split(",") if n.strip()]
         if not names:
@@ -306,7 +306,7 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
                              f"known: {', '.join(known)}, all")
         if [n.lower() for n in names] == ["all"]:
             if simulated:
-                return [n for n in known if n not in BASE_RESOURCES + HOST_RESOURCES]
+                return [n for n in known if n not in SOURCE_RESOURCES + HOST_RESOURCES]
             return [n for n in known if n != "simulated" and n not in HOST_RESOURCES]
     else:
         names = [args.resource.strip()]
@@ -320,7 +320,7 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
         if canonical not in known:
             raise ValueError(f"unknown resource {name!r}; known: {', '.join(known)}; "
                              f"on a GPU also {', '.join(PEERS)}")
-        if simulated and canonical in BASE_RESOURCES:
+        if simulated and canonical in SOURCE_RESOURCES:
             canonical = "simulated"
         if canonical == "simulated" and not simulated:
             raise ValueError("resource 'simulated' needs --simulate SIZE")
@@ -400,14 +400,14 @@ def _table(reports: list[ReplayRecord]) -> str:
 def _python_ratios(reports: list[ReplayRecord]) -> str | None:
     """The like-for-like line: each peer's ns/event over the first rrmm row driven from Python
     (both through Python calls), or None without both."""
-    base = next((r for r in reports if r["driver"] == PYTHON_DRIVER
-                 and r["resource"] not in PEERS and r["ns_per_event"]), None)
+    reference = next((r for r in reports if r["driver"] == PYTHON_DRIVER
+                      and r["resource"] not in PEERS and r["ns_per_event"]), None)
     peers = [r for r in reports if r["resource"] in PEERS and r["ns_per_event"] is not None]
-    if base is None or base["ns_per_event"] is None or not peers:
+    if reference is None or reference["ns_per_event"] is None or not peers:
         return None
-    ratios = ", ".join(f"{r['resource']} {r['ns_per_event'] / base['ns_per_event']:.2f}x"
+    ratios = ", ".join(f"{r['resource']} {r['ns_per_event'] / reference['ns_per_event']:.2f}x"
                        for r in peers if r["ns_per_event"] is not None)
-    return f"  driven from Python alike, ns/event relative to {_row_name(base)}: {ratios}"
+    return f"  driven from Python alike, ns/event relative to {_row_name(reference)}: {ratios}"
 
 
 def _fit_line(f: FitRecord) -> str:

@@ -445,7 +445,7 @@ def test_the_issue_log_fits_the_simulated_device_but_not_the_pool(capsys, tmp_pa
     assert pool["failure_events"] == [3]
 
 
-def test_base_resources_are_one_simulated_device_row(capsys, small_log):
+def test_source_resources_are_one_simulated_device_row(capsys, small_log):
     doc = replay_json(capsys, small_log, "--simulate", "1GiB", "--compare",
                       "cuda,cuda_async,managed,pool")
     # cuda and cuda_async are the device itself; managed memory is its own row (the device
