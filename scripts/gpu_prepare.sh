@@ -3,6 +3,7 @@
 # neither). Everything it writes is git-ignored and travels to the GPU machine as carried folders:
 #   .gpu/wheels/rrmm-*.whl   rrmm's abi3 wheel (maturin build --release)
 #   .gpu/rust/*              Rust GPU test binaries (cargo test --release --no-run), run --ignored
+#   .gpu/examples/*          the crate's examples (cargo build --release --examples)
 #   .gpu/bench/w7            rrmm's W7 benchmark binary (benches/w7.rs)
 #   .gpu/bench/cuda_async_overhead  cuda_async's cost split, rrmm vs driver (benches/cuda_async_overhead.rs)
 #   .whl/*.whl               RMM 26.10 (rmm-cu13, librmm-cu13, rapids-logger 0.3), the reference
@@ -40,6 +41,12 @@ for line in sys.stdin:
         shutil.copy(exe, ".gpu/rust/" + m["target"]["name"])
 '
   ls .gpu/rust
+  # The examples that need a GPU (they say so and exit 0 without one), run by stage examples.
+  rm -rf .gpu/examples && mkdir -p .gpu/examples
+  cargo build --release --examples
+  for e in gpu_vector cudarc_kernel shared_pool_threads simulated_pool; do
+    cp "${CARGO_TARGET_DIR:-target}/release/examples/$e" .gpu/examples/
+  done
 fi
 
 if has bench; then

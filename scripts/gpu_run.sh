@@ -9,7 +9,7 @@
 #   .rmm-tests/*.py               RMM's own Python tests (stage rmmtests; see scripts/rmm_tests.md)
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
-#   stages: rust python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
+#   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
 #           asyncsplit w9 w8 w10 history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
@@ -53,6 +53,24 @@ if has rust; then
     "$t" --ignored --test-threads=1 2>&1 | tee -a "$OUT/rust.log" | grep -E "^test |test result" || status=1
   done
   note "rust gpu tests: $(grep -c '\.\.\. ok' "$OUT/rust.log") ok, $(grep -c 'FAILED' "$OUT/rust.log") failed"
+fi
+
+if has examples; then
+  echo "== the crate's examples on the GPU"
+  status=0
+  for e in .gpu/examples/*; do
+    echo "-- $(basename "$e")"; "$e" || status=1
+  done 2>&1 | tee "$OUT/examples.log"
+  note "examples: $(grep -c '^-- ' "$OUT/examples.log") run; $(grep -ciE 'panicked|error' "$OUT/examples.log") error lines"
+fi
+
+if has peers; then
+  echo "== rrmm replay against PyTorch's and CuPy's allocators (shipped transformer log)"
+  (cd /tmp && python3 -m rrmm replay transformer_training --compare pool,expandable,torch,cupy --fit 2>&1) \
+    | tee "$OUT/peers.txt"
+  (cd /tmp && python3 -m rrmm replay transformer_training --compare pool,expandable,torch,cupy --json) \
+    > "$OUT/peers.json" 2> "$OUT/peers.err"
+  note "$(cat "$OUT/peers.txt")"
 fi
 
 if has sanitizer; then
