@@ -466,8 +466,10 @@ class ApiMachine(RuleBasedStateMachine):
         if not data:
             assert buf.tobytes() == b""
             return
-        if not node.host and rrmm._rrmm.device_count() == 0:
-            # Simulated memory has nothing behind it; a callback's memory is device memory.
+        on_simulated = not isinstance(self.roots[node.root], mr.SystemMemoryResource)
+        if on_simulated or (not node.host and rrmm._rrmm.device_count() == 0):
+            # Simulated memory has nothing behind it (with or without a GPU); without a driver a
+            # callback's memory is device memory that cannot be reached.
             with pytest.raises(RuntimeError, match="simulated|no CUDA driver"):
                 buf.copy_from_host(np.frombuffer(data, dtype=np.uint8))
             return
