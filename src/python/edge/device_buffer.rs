@@ -717,9 +717,11 @@ fn copy_device_to_ptr(
 }
 
 /// rrmm (for `HostBuffer`): copies `nbytes` between the start of device buffer `db` and host
-/// address `host_ptr` (to the device when `to_device`), queued on `stream` without waiting:
-/// the caller keeps both alive and synchronizes before reading the destination (pinned host
-/// memory makes the copy asynchronous; pageable memory makes CUDA finish it before returning).
+/// address `host_ptr` (to the device when `to_device`), queued on `stream` without waiting,
+/// ordered as the crate's asynchronous buffer copies are (after the work on the buffer's stream,
+/// which then waits for the copy): the caller keeps both alive and synchronizes before reading
+/// the destination (pinned host memory makes the copy asynchronous; pageable memory makes CUDA
+/// finish it before returning).
 /// Without a driver, host memory is copied at once.
 #[pyfunction]
 #[pyo3(signature = (db, host_ptr, nbytes, to_device, stream = StreamArg::Default))]
@@ -755,11 +757,12 @@ fn _copy_host_async(
         return copy(py, dst, src, nbytes, stream.raw(), kind);
     }
     let raw = stream.raw();
+    let own = db.inner().stream();
     py_result(py.detach(|| {
-        let _ctx = crate::cuda::ContextGuard::new(crate::current_device_ordinal())?;
         // SAFETY: the device range is the live buffer `db` (held by this call, kept alive by the
-        // caller until the stream is synchronized); the host range was vouched for above.
-        unsafe { crate::cuda::memcpy_async(dst, src, nbytes, raw) }
+        // caller until the stream is synchronized); the host range was vouched for above; the
+        // stream is a stream of the current device, as the buffer's is.
+        unsafe { crate::device_buffer::copy_bytes_async(dst, src, nbytes, own, raw, kind) }
     }))
 }
 
