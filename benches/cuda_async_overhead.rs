@@ -126,7 +126,7 @@ fn main() {
         let report = replay(&trace, &shared, options.clone()).expect("replay");
         println!(
             "{{\"trace\": \"{name}\", \"variant\": \"engine\", \"ns_per_event\": {:.1}, \"min\": {:.1}}}",
-            report.ns_per_event, report.ns_per_event_min
+            report.timings.ns_per_event, report.timings.ns_per_event_min
         );
         // The engine on a fresh resource (one warm-up pass, as `rrmm replay` runs it), not on
         // the pool the loops above have warmed for many passes.
@@ -135,7 +135,7 @@ fn main() {
         let report = replay(&trace, &fresh, options).expect("replay");
         println!(
             "{{\"trace\": \"{name}\", \"variant\": \"engine fresh\", \"ns_per_event\": {:.1}, \"min\": {:.1}}}",
-            report.ns_per_event, report.ns_per_event_min
+            report.timings.ns_per_event, report.timings.ns_per_event_min
         );
         for (variant, v) in [
             ("resource", a),

@@ -55,18 +55,6 @@ INSTALL = {"torch": "pip install torch", "cupy": "pip install cupy-cuda12x (or c
 #: The logged stream handles that are a default stream (0, legacy, per-thread), as the engine's.
 DEFAULT_HANDLES = (0, 1, 2)
 
-# Repetitions without --repeat, as the engine's Repeat::Auto (src/replay/engine.rs).
-AUTO_MIN_REPEATS = 5
-AUTO_MIN_TIME_NS = 500_000_000
-AUTO_MAX_REPEATS = 1000
-
-# The --fit search, as src/replay/fit.rs: from the log's peak rounded up to 2 MiB, doubling
-# until it fits, then halving the bracket down to 1% of the size or 64 MiB, whichever is finer
-# (256-byte steps at least).
-FIT_START_ALIGNMENT = 2 << 20
-FIT_ABSOLUTE = 64 << 20
-FIT_RELATIVE = 0.01
-
 
 class PeerUnavailable(Exception):
     """A peer cannot be replayed here (not installed, no GPU): its message is one line."""
@@ -437,64 +425,30 @@ def _end_figures(f: Figures, a: Allocator) -> None:
         f.fragmentation_at_peak = 0.0  # nothing was ever in use: as the engine says
 
 
-def _more(done: int, repeat: int | None, elapsed_ns: int) -> bool:
-    """Whether another timed repetition runs (``repeat`` None: the engine's automatic rule)."""
-    if repeat is not None:
-        return done < repeat
-    return done < AUTO_MAX_REPEATS and (done < AUTO_MIN_REPEATS or elapsed_ns < AUTO_MIN_TIME_NS)
-
-
 def _repetitions(log: LogEvents, a: Allocator, repeat: int | None) -> list[int]:
     """The timed repetitions' nanoseconds, each after the previous one's leaks are freed."""
     samples: list[int] = []
     live: list[Any] = [None] * log.slot_count
     started = time.perf_counter_ns()
-    while _more(len(samples), repeat, time.perf_counter_ns() - started):
+    while _rrmm.replay_more_repetitions(repeat, len(samples), time.perf_counter_ns() - started):
         samples.append(_timed_pass(log, a, live))
         _free_live(log, a, live)
     return samples
 
 
-def _quantile(values: Sequence[int], num: int, den: int) -> int:
-    """The ``num/den`` quantile of sorted, non-empty values by nearest rank (the engine's)."""
-    last = len(values) - 1
-    return values[(last * num + den // 2) // den]
-
-
-def _median(values: Sequence[int]) -> int:
-    """The median of sorted, non-empty values, rounded down as the engine rounds it."""
-    mid = len(values) // 2
-    if len(values) % 2:
-        return values[mid]
-    a, b = values[mid - 1], values[mid]
-    return a // 2 + b // 2 + (a % 2 + b % 2) // 2
-
-
 def _timings(record: ReplayRecord, samples: list[int], repeats: int) -> None:
-    """Sets the timing figures of ``record`` from the repetitions' nanoseconds."""
-    ordered = sorted(samples)
-    events = record["events"]
-
-    def per_event(ns: int) -> float:
-        return 0.0 if events == 0 else ns / events
-
-    median = _median(ordered)
-    record["total_ns"] = median
-    record["ns_per_event"] = per_event(median)
-    record["ns_per_event_min"] = per_event(ordered[0])
-    record["ns_per_event_max"] = per_event(ordered[-1])
-    record["ns_per_event_p25"] = per_event(_quantile(ordered, 1, 4))
-    record["ns_per_event_p75"] = per_event(_quantile(ordered, 3, 4))
+    """Sets the timing figures of ``record`` from the repetitions' nanoseconds, by the engine's
+    rule (``rrmm._rrmm.replay_timings``)."""
+    t = _rrmm.replay_timings(samples, record["events"])
+    record["total_ns"] = t["total_ns"]
+    record["ns_per_event"] = t["ns_per_event"]
+    record["ns_per_event_min"] = t["ns_per_event_min"]
+    record["ns_per_event_max"] = t["ns_per_event_max"]
+    record["ns_per_event_p25"] = t["ns_per_event_p25"]
+    record["ns_per_event_p75"] = t["ns_per_event_p75"]
+    record["spread"] = t["spread"]
     record["repeats"] = repeats
     record["samples_ns"] = list(samples)
-    middle = per_event(median)
-    if len(samples) < 2:
-        record["spread"] = None
-    elif middle > 0:
-        quartiles = per_event(_quantile(ordered, 3, 4)) - per_event(_quantile(ordered, 1, 4))
-        record["spread"] = quartiles / middle
-    else:
-        record["spread"] = 0.0
 
 
 def _memory(record: ReplayRecord, f: Figures) -> None:
@@ -549,31 +503,13 @@ class FitOutcome:
 
 
 def fit_limit(fits: Callable[[int], bool], peak: int, cap: int) -> FitOutcome:
-    """The smallest limit in bytes, at most ``cap``, under which ``fits(limit)``: doubling from
-    ``peak`` rounded up to 2 MiB, then halving the bracket to 1% or 64 MiB, whichever is finer,
-    as the engine's ``--fit`` (src/replay/fit.rs)."""
-    step = FIT_START_ALIGNMENT
-    hi = min(max(-(-max(peak, 1) // step) * step, 256), cap)
-    lo = replays = 0
-    while True:
-        replays += 1
-        if fits(hi):
-            break
-        lo = hi
-        if hi >= cap:
-            return FitOutcome(None, lo, replays,
-                              f"failed allocations even with the whole device ({cap} bytes)")
-        hi = min(hi * 2, cap)
-    while True:
-        tolerance = min(max(int(hi * FIT_RELATIVE), 256), FIT_ABSOLUTE)
-        mid = (lo + (hi - lo) // 2) & ~255
-        if hi - lo <= tolerance or mid <= lo or mid >= hi:
-            return FitOutcome(hi, lo, replays)
-        replays += 1
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
+    """The smallest limit in bytes, at most ``cap``, under which ``fits(limit)``: the engine's
+    ``--fit`` search (``rrmm._rrmm.fit_search``)."""
+    limit, failing, replays = _rrmm.fit_search(fits, peak, cap)
+    if limit is None:
+        return FitOutcome(None, failing, replays,
+                          f"failed allocations even with the whole device ({cap} bytes)")
+    return FitOutcome(limit, failing, replays)
 
 
 def _fits(log: LogEvents, make: Callable[[int], Allocator]) -> Callable[[int], bool]:

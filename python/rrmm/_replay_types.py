@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["FitRecord", "ReplayEvents", "ReplayRecord", "TimelineColumns"]
+__all__ = ["FitRecord", "ReplayEvents", "ReplayRecord", "ReplayTimings", "TimelineColumns"]
 
 
 class TimelineColumns(TypedDict):
@@ -95,3 +95,16 @@ class ReplayEvents(TypedDict):
     slot_count: int
     peak_event: int | None  # the event after which the log's bytes in use first peak
     record: ReplayRecord  # the log's facts; figures None, resource ""
+
+
+class ReplayTimings(TypedDict):
+    """The engine's timing figures of repetitions timed in Python
+    (``rrmm._rrmm.replay_timings``, ``rrmm::replay::Timings``)."""
+
+    total_ns: int
+    ns_per_event: float
+    ns_per_event_min: float
+    ns_per_event_max: float
+    ns_per_event_p25: float
+    ns_per_event_p75: float
+    spread: float | None

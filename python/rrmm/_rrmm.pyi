@@ -7,7 +7,7 @@ from typing import Any, Literal, SupportsIndex, TypeAlias, final
 from typing_extensions import Buffer, Self, disjoint_base
 
 from rrmm._counts import FallbackCounts
-from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord
+from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord, ReplayTimings
 
 __version__: str
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "driver_error",
     "driver_version",
     "fit_logs",
+    "fit_search",
     "get_current_device_resource",
     "get_per_device_resource",
     "has_per_device_resource",
@@ -88,8 +89,10 @@ __all__ = [
     "replay_events",
     "replay_gpu_available",
     "replay_logs",
+    "replay_more_repetitions",
     "replay_resource_names",
     "replay_resource_summaries",
+    "replay_timings",
     "set_current_device_resource",
     "set_per_device_resource",
     "to_device",
@@ -572,6 +575,9 @@ def fit_logs(
     host_memory: int | None = None,
 ) -> list[FitRecord]: ...
 def replay_events(log: str, lenient: bool = False) -> ReplayEvents: ...
+def replay_more_repetitions(repeat: int | None, done: int, elapsed_ns: int) -> bool: ...
+def replay_timings(samples_ns: Sequence[int], events: int) -> ReplayTimings: ...
+def fit_search(fits: Callable[[int], bool], peak: int, cap: int) -> tuple[int | None, int, int]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...

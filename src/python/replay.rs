@@ -2,12 +2,13 @@
 
 use super::errors::py_result;
 use crate::replay::{
-    compare, fit_many, resource_names, CompareSettings, Repeat, ReplayOptions, ReplayRecord,
-    ResourceOptions, Trace,
+    compare, fit_many, more_repetitions, resource_names, search_smallest, timings, CompareSettings,
+    Repeat, ReplayOptions, ReplayRecord, ResourceOptions, Trace,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use std::time::Duration;
 
 /// `value` (records of the crate) as Python data: through JSON, so the keys are the Rust
 /// records' field names, declared once (`ReplayRecord`, `FitRecord`; their TypedDicts in
@@ -98,11 +99,7 @@ fn replay_logs<'py>(
         replay: ReplayOptions {
             timeline_points,
             progress,
-            repeat: match repeat {
-                None => Repeat::Auto,
-                Some(0) => Repeat::FiguresOnly,
-                Some(n) => Repeat::Times(n),
-            },
+            repeat: repeat_of(repeat),
             ..ReplayOptions::default()
         },
         lenient,
@@ -123,6 +120,62 @@ fn check_names(resources: &[String]) -> PyResult<()> {
         }
     }
     Ok(())
+}
+
+/// The replay's `repeat` as Python gives it: None automatic, 0 the figures pass alone, else
+/// that many timed repetitions.
+fn repeat_of(repeat: Option<usize>) -> Repeat {
+    match repeat {
+        None => Repeat::Auto,
+        Some(0) => Repeat::FiguresOnly,
+        Some(n) => Repeat::Times(n),
+    }
+}
+
+/// `replay_more_repetitions(repeat, done, elapsed_ns)`: whether a replay driven from Python runs
+/// another timed repetition, by the engine's rule (`repeat` as `replay_logs` takes it).
+#[pyfunction]
+fn replay_more_repetitions(repeat: Option<usize>, done: usize, elapsed_ns: u64) -> bool {
+    more_repetitions(repeat_of(repeat), done, Duration::from_nanos(elapsed_ns))
+}
+
+/// `replay_timings(samples_ns, events)`: the engine's timing figures of repetitions timed in
+/// Python, as a dict with the keys of a replay record (`total_ns`, `ns_per_event`,
+/// `ns_per_event_min`, `ns_per_event_max`, `ns_per_event_p25`, `ns_per_event_p75`, `spread`).
+#[pyfunction]
+fn replay_timings<'py>(
+    py: Python<'py>,
+    samples_ns: Vec<u64>,
+    events: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    to_python_any(py, &timings(&samples_ns, events))
+}
+
+/// `fit_search(fits, peak, cap) -> (smallest, failing, tries)`: the engine's `--fit` search
+/// over sizes up to `cap`, calling `fits(size) -> bool` (for limits that only Python can set: a
+/// framework's memory limit). `smallest` is None when not even `cap` fits. An exception raised
+/// by `fits` ends the search and propagates.
+#[pyfunction]
+fn fit_search(
+    fits: &Bound<'_, PyAny>,
+    peak: usize,
+    cap: usize,
+) -> PyResult<(Option<usize>, usize, usize)> {
+    let mut raised: Option<PyErr> = None;
+    let search = search_smallest(peak, cap, |size| {
+        match fits.call1((size,)).and_then(|r| r.is_truthy()) {
+            Ok(ok) => Ok(ok.then_some(())),
+            Err(e) => {
+                raised = Some(e);
+                Err(crate::Error::Logic("fit_search: fits raised".into()))
+            }
+        }
+    });
+    match (search, raised) {
+        (_, Some(e)) => Err(e),
+        (Ok(s), None) => Ok((s.smallest, s.failing, s.tries)),
+        (Err(e), None) => py_result(Err(e)),
+    }
 }
 
 /// For each log and each named resource, the smallest simulated device on which the log replays
@@ -181,6 +234,9 @@ fn replay_gpu_available() -> bool {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay_logs, m)?)?;
     m.add_function(wrap_pyfunction!(replay_events, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_more_repetitions, m)?)?;
+    m.add_function(wrap_pyfunction!(replay_timings, m)?)?;
+    m.add_function(wrap_pyfunction!(fit_search, m)?)?;
     m.add_function(wrap_pyfunction!(fit_logs, m)?)?;
     m.add_function(wrap_pyfunction!(replay_resource_names, m)?)?;
     m.add_function(wrap_pyfunction!(replay_resource_summaries, m)?)?;

@@ -170,13 +170,14 @@ impl ReplayRecord {
 
     /// The replay's figures.
     fn with_report(mut self, r: &ReplayReport) -> Self {
-        self.total_ns = Some(r.total_ns);
-        self.ns_per_event = Some(r.ns_per_event);
-        self.ns_per_event_min = Some(r.ns_per_event_min);
-        self.ns_per_event_max = Some(r.ns_per_event_max);
-        self.ns_per_event_p25 = Some(r.ns_per_event_p25);
-        self.ns_per_event_p75 = Some(r.ns_per_event_p75);
-        self.spread = spread(r);
+        let t = r.timings;
+        self.total_ns = Some(t.total_ns);
+        self.ns_per_event = Some(t.ns_per_event);
+        self.ns_per_event_min = Some(t.ns_per_event_min);
+        self.ns_per_event_max = Some(t.ns_per_event_max);
+        self.ns_per_event_p25 = Some(t.ns_per_event_p25);
+        self.ns_per_event_p75 = Some(t.ns_per_event_p75);
+        self.spread = t.spread;
         self.repeats = Some(r.repeats);
         self.samples_ns = Some(r.samples_ns.clone());
         self.peak_bytes_in_use = Some(r.peak_bytes_in_use);
@@ -201,18 +202,6 @@ impl ReplayRecord {
             beyond_device: r.timeline.iter().map(|p| p.beyond_device).collect(),
         });
         self
-    }
-}
-
-/// Relative spread of the timings, interquartile range / median (robust to one preempted
-/// repetition); `None` with fewer than two.
-fn spread(r: &ReplayReport) -> Option<f64> {
-    if r.samples_ns.len() < 2 {
-        None
-    } else if r.ns_per_event > 0.0 {
-        Some((r.ns_per_event_p75 - r.ns_per_event_p25) / r.ns_per_event)
-    } else {
-        Some(0.0)
     }
 }
 

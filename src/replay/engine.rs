@@ -34,6 +34,84 @@ pub const AUTO_MIN_TIME: Duration = Duration::from_millis(500);
 /// [`Repeat::Auto`]'s most repetitions (short logs).
 pub const AUTO_MAX_REPEATS: usize = 1000;
 
+/// Whether another timed repetition runs after `done` of them, `elapsed` into the timed
+/// repetitions: the one rule of [`Repeat`] (the rows `rrmm replay` drives from Python follow it
+/// too).
+pub fn more_repetitions(repeat: Repeat, done: usize, elapsed: Duration) -> bool {
+    match repeat {
+        Repeat::FiguresOnly => false,
+        Repeat::Times(k) => done < k,
+        Repeat::Auto => {
+            done < AUTO_MAX_REPEATS && (done < AUTO_MIN_REPEATS || elapsed < AUTO_MIN_TIME)
+        }
+    }
+}
+
+/// The timing figures of a replay, from its repetitions' wall times (their field names are the
+/// keys of a replay record's timings).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Timings {
+    /// The median repetition, in nanoseconds (the mean of the middle two, rounded down).
+    pub total_ns: u64,
+    /// `total_ns / events`.
+    pub ns_per_event: f64,
+    /// The fastest repetition per event.
+    pub ns_per_event_min: f64,
+    /// The slowest repetition per event.
+    pub ns_per_event_max: f64,
+    /// The first quartile per event (nearest rank).
+    pub ns_per_event_p25: f64,
+    /// The third quartile per event (nearest rank).
+    pub ns_per_event_p75: f64,
+    /// Interquartile range / median (robust to one preempted repetition); `None` with fewer
+    /// than two repetitions.
+    pub spread: Option<f64>,
+}
+
+/// [`Timings`] of the repetitions' nanoseconds `samples` (at least one) over `events` events.
+pub fn timings(samples: &[u64], events: usize) -> Timings {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    if sorted.is_empty() {
+        sorted.push(0);
+    }
+    let mid = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        let (a, b) = (sorted[mid - 1], sorted[mid]);
+        a / 2 + b / 2 + (a % 2 + b % 2) / 2
+    };
+    let per_event = |ns: u64| {
+        if events == 0 {
+            0.0
+        } else {
+            ns as f64 / events as f64
+        }
+    };
+    let (p25, p75) = (
+        per_event(quantile(&sorted, 1, 4)),
+        per_event(quantile(&sorted, 3, 4)),
+    );
+    let middle = per_event(median);
+    let spread = if samples.len() < 2 {
+        None
+    } else if middle > 0.0 {
+        Some((p75 - p25) / middle)
+    } else {
+        Some(0.0)
+    };
+    Timings {
+        total_ns: median,
+        ns_per_event: middle,
+        ns_per_event_min: per_event(sorted[0]),
+        ns_per_event_max: per_event(sorted[sorted.len() - 1]),
+        ns_per_event_p25: p25,
+        ns_per_event_p75: p75,
+        spread,
+    }
+}
+
 /// Options of [`replay`].
 #[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
@@ -77,19 +155,9 @@ pub struct ReplayReport {
     pub events: usize,
     /// Allocate events.
     pub allocations: usize,
-    /// Median wall time of the timed repetitions in nanoseconds (of the figures pass, without
-    /// its sampling, when there were none).
-    pub total_ns: u64,
-    /// `total_ns / events`: the median time per event.
-    pub ns_per_event: f64,
-    /// The fastest repetition's time per event.
-    pub ns_per_event_min: f64,
-    /// The slowest repetition's time per event.
-    pub ns_per_event_max: f64,
-    /// The first quartile of the repetitions' time per event (nearest rank).
-    pub ns_per_event_p25: f64,
-    /// The third quartile of the repetitions' time per event (nearest rank).
-    pub ns_per_event_p75: f64,
+    /// The timings of the repetitions (of the figures pass, without its sampling, when there
+    /// were none).
+    pub timings: Timings,
     /// Wall time of every timed repetition, in order (the figures pass's alone when none).
     pub samples_ns: Vec<u64>,
     /// Timed repetitions (0: the figures pass was the timing).
@@ -334,15 +402,7 @@ pub fn replay_with_progress(
     let mut samples = Vec::new();
     let started = Instant::now();
     loop {
-        let more = match options.repeat {
-            Repeat::FiguresOnly => false,
-            Repeat::Times(k) => samples.len() < k,
-            Repeat::Auto => {
-                samples.len() < AUTO_MAX_REPEATS
-                    && (samples.len() < AUTO_MIN_REPEATS || started.elapsed() < AUTO_MIN_TIME)
-            }
-        };
-        if !more {
+        if !more_repetitions(options.repeat, samples.len(), started.elapsed()) {
             break;
         }
         match timed_pass(trace, mr, &streams, &mut slots) {
@@ -370,15 +430,6 @@ pub fn replay_with_progress(
     if samples.is_empty() {
         samples.push(u64::try_from(figures.timed.as_nanos()).unwrap_or(u64::MAX));
     }
-    let mut sorted = samples.clone();
-    sorted.sort_unstable();
-    let median = if sorted.len() % 2 == 1 {
-        sorted[sorted.len() / 2]
-    } else {
-        let (a, b) = (sorted[sorted.len() / 2 - 1], sorted[sorted.len() / 2]);
-        a / 2 + b / 2 + (a % 2 + b % 2) / 2
-    };
-    let per_event = |ns: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 };
     let overhead = match (figures.peak_footprint, figures.peak) {
         (Some(f), p) if p > 0 => Some(f as f64 / p as f64),
         _ => None,
@@ -388,12 +439,7 @@ pub fn replay_with_progress(
         resource: mr.name().to_string(),
         events: n,
         allocations: trace.allocations(),
-        total_ns: median,
-        ns_per_event: per_event(median),
-        ns_per_event_min: per_event(sorted[0]),
-        ns_per_event_max: per_event(sorted[sorted.len() - 1]),
-        ns_per_event_p25: per_event(quantile(&sorted, 1, 4)),
-        ns_per_event_p75: per_event(quantile(&sorted, 3, 4)),
+        timings: timings(&samples, n),
         samples_ns: samples,
         repeats,
         peak_bytes_in_use: figures.peak,

@@ -104,52 +104,108 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
         }
     }
     let peak = usize::try_from(trace.peak_requested_bytes).unwrap_or(usize::MAX);
+    let search = search_smallest(peak, LARGEST_DEVICE, |size| {
+        try_size(trace, name, size, options)
+    })?;
+    result.replays = search.tries;
+    result.failing_bytes = search.failing;
+    match (search.smallest, search.found) {
+        (Some(size), Some((setup, pool_sizes, arena_size))) => {
+            result.device_bytes = Some(size);
+            result.setup = setup;
+            result.pool_sizes = pool_sizes;
+            result.arena_size = arena_size;
+        }
+        _ => {
+            result.reason = Some(format!(
+                "failed allocations even on a device of {LARGEST_DEVICE} bytes"
+            ));
+        }
+    }
+    Ok(result)
+}
+
+/// What [`search_smallest`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Search<T> {
+    /// The smallest size that worked (to the tolerance); `None` when not even `cap` did.
+    pub smallest: Option<usize>,
+    /// The largest size that failed (0 when the first try worked).
+    pub failing: usize,
+    /// Sizes tried.
+    pub tries: usize,
+    /// What the try at `smallest` gave.
+    pub found: Option<T>,
+}
+
+/// The smallest size, at most `cap`, at which `try_at` gives `Some`: doubling from `peak`
+/// rounded up to 2 MiB, then halving the bracket down to 1% or 64 MiB, whichever is finer, in
+/// 256-byte steps. The one search of `--fit`: the simulated devices of [`fit`] and the memory
+/// limits of the rows `rrmm replay` drives from Python.
+///
+/// # Errors
+/// The first error of `try_at`.
+pub fn search_smallest<T>(
+    peak: usize,
+    cap: usize,
+    mut try_at: impl FnMut(usize) -> Result<Option<T>>,
+) -> Result<Search<T>> {
     let mut hi = crate::resource::align_up(peak.max(1), SIMULATED_PAGE_SIZE)
-        .unwrap_or(LARGEST_DEVICE)
-        .min(LARGEST_DEVICE);
+        .unwrap_or(cap)
+        .min(cap);
     let mut lo = 0usize;
-    let mut found: Try;
-    loop {
-        result.replays += 1;
-        found = try_size(trace, name, hi, options)?;
-        if found.is_some() {
-            break;
+    let mut tries = 0;
+    let mut found = loop {
+        tries += 1;
+        if let Some(ok) = try_at(hi)? {
+            break ok;
         }
         lo = hi;
-        if hi >= LARGEST_DEVICE {
-            result.failing_bytes = lo;
-            result.reason = Some(format!(
-                "failed allocations even on a device of {} bytes",
-                LARGEST_DEVICE
-            ));
-            return Ok(result);
+        if hi >= cap {
+            return Ok(Search {
+                smallest: None,
+                failing: lo,
+                tries,
+                found: None,
+            });
         }
-        hi = hi.saturating_mul(2).min(LARGEST_DEVICE);
-    }
+        hi = hi.saturating_mul(2).min(cap);
+    };
     loop {
         let tolerance = ((hi as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE);
-        if hi - lo <= tolerance {
-            break;
-        }
         let mid = (lo + (hi - lo) / 2) & !255;
-        if mid <= lo || mid >= hi {
+        if hi - lo <= tolerance || mid <= lo || mid >= hi {
             break;
         }
-        result.replays += 1;
-        match try_size(trace, name, mid, options)? {
+        tries += 1;
+        match try_at(mid)? {
             Some(ok) => {
                 hi = mid;
-                found = Some(ok);
+                found = ok;
             }
             None => lo = mid,
         }
     }
-    result.device_bytes = Some(hi);
-    result.failing_bytes = lo;
-    if let Some((setup, pool_sizes, arena_size)) = found {
-        result.setup = setup;
-        result.pool_sizes = pool_sizes;
-        result.arena_size = arena_size;
+    Ok(Search {
+        smallest: Some(hi),
+        failing: lo,
+        tries,
+        found: Some(found),
+    })
+}
+
+#[cfg(test)]
+mod search_tests {
+    use super::*;
+
+    #[test]
+    fn the_search_brackets_the_smallest_size_to_the_tolerance() {
+        let need = 3_000_000_000usize;
+        let s = search_smallest(10, 80 << 30, |size| Ok((size >= need).then_some(size))).unwrap();
+        let smallest = s.smallest.unwrap();
+        assert!(smallest >= need && smallest - s.failing <= smallest / 100);
+        assert_eq!(s.found, Some(smallest));
+        let none = search_smallest(1 << 20, 64 << 20, |_| Ok(None::<()>)).unwrap();
+        assert_eq!((none.smallest, none.failing), (None, 64 << 20));
     }
-    Ok(result)
 }

@@ -26,8 +26,8 @@ pub use crate::stack::{
     StackOptions as ResourceOptions, DEFAULT_BINS,
 };
 pub use engine::{
-    replay, replay_with_progress, Progress, Repeat, ReplayOptions, ReplayReport, TimelinePoint,
-    AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
+    more_repetitions, replay, replay_with_progress, timings, Progress, Repeat, ReplayOptions,
+    ReplayReport, TimelinePoint, Timings, AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
 };
 
 /// Builds the resource `name` for a replay: over a simulated device of `simulate` bytes when
@@ -45,7 +45,7 @@ pub fn build(
 pub use compare::{
     compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns, RUST_DRIVER,
 };
-pub use fit::{fit, FitResult};
+pub use fit::{fit, search_smallest, FitResult, Search};
 pub use trace::{Action, Trace, TraceColumns, TraceEvent};
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ fn shared_traces_replay_with_exact_figures_on_simulated_memory() {
         let end = r.footprint_at_end.unwrap();
         assert_eq!(end.held_bytes, sim.peak_bytes_in_use().min(end.held_bytes));
         assert!(r.fragmentation_at_peak.is_some() && r.fragmentation_at_end.is_some());
-        assert!(r.total_ns > 0 && r.ns_per_event > 0.0);
+        assert!(r.timings.total_ns > 0 && r.timings.ns_per_event > 0.0);
         // The timeline: ~100 points, first at 0, last at the end, bytes in use never above peak.
         assert!(r.timeline.len() >= 100 && r.timeline.len() <= 102, "{name}");
         assert_eq!(r.timeline[0].event, 0);
@@ -272,7 +272,7 @@ fn progress_is_reported_only_for_long_replays_and_empty_traces_work() {
     let r =
         replay_with_progress(&trace, &mr, ReplayOptions::default(), &mut |_| calls += 1).unwrap();
     assert_eq!((r.events, calls), (0, 0));
-    assert_eq!(r.ns_per_event, 0.0);
+    assert_eq!(r.timings.ns_per_event, 0.0);
 }
 
 #[test]
@@ -464,11 +464,14 @@ fn repetitions_run_on_one_resource_after_the_figures_pass() {
     assert_eq!((r.repeats, r.samples_ns.len()), (3, 3));
     let mut sorted = r.samples_ns.clone();
     sorted.sort_unstable();
-    assert_eq!(r.total_ns, sorted[1]);
+    assert_eq!(r.timings.total_ns, sorted[1]);
     let n = trace.events.len() as f64;
-    assert_eq!(r.ns_per_event_p25, sorted[1] as f64 / n);
-    assert_eq!(r.ns_per_event_p75, sorted[2] as f64 / n);
-    assert!(r.ns_per_event_min <= r.ns_per_event && r.ns_per_event <= r.ns_per_event_max);
+    assert_eq!(r.timings.ns_per_event_p25, sorted[1] as f64 / n);
+    assert_eq!(r.timings.ns_per_event_p75, sorted[2] as f64 / n);
+    assert!(
+        r.timings.ns_per_event_min <= r.timings.ns_per_event
+            && r.timings.ns_per_event <= r.timings.ns_per_event_max
+    );
     assert_eq!(sim.bytes_in_use(), 0);
     // Without repetitions the figures pass is the one sample.
     let once = replay(&trace, &mr, ReplayOptions::default()).unwrap();
