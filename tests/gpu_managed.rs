@@ -10,7 +10,8 @@ use rrmm::pressure::{self, Place};
 use rrmm::resource::UncachedManagedMemoryResource;
 use rrmm::{
     CudaMemoryResource, DeviceBuffer, FallbackResourceAdaptor, LimitingResourceAdaptor,
-    ManagedMemoryResource, ManagedOptions, MemoryKind, MemoryResource, SharedResource, Stream,
+    ManagedMemoryResource, ManagedOptions, MemoryKind, MemoryResource, PoolMemoryResource,
+    SharedResource, Stream,
 };
 use std::sync::Arc;
 
@@ -56,16 +57,58 @@ fn a_fresh_range_is_prefetched_to_the_device_while_it_has_room() {
         return;
     }
     let managed = UncachedManagedMemoryResource::new().unwrap();
+    let placement = rrmm::resource::DevicePlacement::new(device);
     let stream = OwnedStream::new(true).unwrap();
-    let (p, placed) = managed
-        .allocate_placed(16 * MIB, 16 * MIB, stream.stream())
-        .unwrap();
-    assert_eq!(placed, Some(rrmm::resource::Placement::Device));
+    let p = managed.allocate(16 * MIB, stream.stream()).unwrap();
+    let placed = rrmm::resource::PlaceRange::place(&placement, p, 16 * MIB, stream.stream());
+    assert_eq!(placed.map(|s| (s.device, s.host)), Some((16 * MIB, 0)));
     stream.synchronize().unwrap();
     // SAFETY: `p` is managed memory of 16 MiB, live.
     let location = unsafe { cuda::mem_last_prefetch_location(p, 16 * MIB) }.unwrap();
     assert_eq!(location, device as i32);
     free(&managed, p, 16 * MIB, Stream::DEFAULT);
+}
+
+/// RMM's own test: a fresh small managed buffer has no prefetch location (placement leaves
+/// ranges under 2 MiB to the driver's first touch), through the cache and through a pool over
+/// it; a large block of the pool is placed on the device, once.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn small_blocks_are_not_prefetched_and_large_pool_blocks_are() {
+    let device = cuda::current_device().unwrap();
+    if !cuda::concurrent_managed_access(device) {
+        eprintln!("skipped: this device cannot place managed memory");
+        return;
+    }
+    let cache = ManagedMemoryResource::new().unwrap();
+    let small = cache.allocate(256, Stream::DEFAULT).unwrap();
+    // SAFETY: `small` is managed memory of 256 bytes, live.
+    let location = unsafe { cuda::mem_last_prefetch_location(small, 256) }.unwrap();
+    assert_eq!(location, -2, "a fresh 256-byte range was prefetched");
+    free(&cache, small, 256, Stream::DEFAULT);
+
+    let managed = ManagedMemoryResource::with_options(ManagedOptions {
+        cache_limit: Some(0),
+        placement: true,
+    })
+    .unwrap();
+    let pool = PoolMemoryResource::new(Arc::new(managed.clone()), Some(256 * MIB), None).unwrap();
+    let small = pool.allocate(256, Stream::DEFAULT).unwrap();
+    // SAFETY: `small` lies in the pool's managed chunk, live.
+    let location = unsafe { cuda::mem_last_prefetch_location(small, 256) }.unwrap();
+    assert_eq!(location, -2, "the pool's chunk was prefetched whole");
+    let big = pool.allocate(64 * MIB, Stream::DEFAULT).unwrap();
+    cuda::context_synchronize().unwrap();
+    let (start, end) = rrmm::resource::whole_granules(big, 64 * MIB).unwrap();
+    // SAFETY: the whole granules of `big`, live managed memory.
+    let location = unsafe { cuda::mem_last_prefetch_location(start, end - start) }.unwrap();
+    assert_eq!(location, device as i32, "a 64 MiB block was not placed");
+    assert_eq!(managed.placed_bytes().device, end - start);
+    free(&pool, big, 64 * MIB, Stream::DEFAULT);
+    let again = pool.allocate(64 * MIB, Stream::DEFAULT).unwrap();
+    assert_eq!(managed.placed_bytes().device, end - start, "placed twice");
+    free(&pool, again, 64 * MIB, Stream::DEFAULT);
+    free(&pool, small, 256, Stream::DEFAULT);
 }
 
 /// The cache holds a third of the free device memory, resident on the device; then a plain

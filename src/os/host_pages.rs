@@ -199,6 +199,27 @@ impl Drop for Reservation {
 /// # Safety
 /// The range is mapped readable and writable, and nothing else uses it during the call.
 unsafe fn touch(addr: usize, bytes: usize) {
+    // SAFETY: the caller's contract (writable, unused).
+    unsafe { touch_pages(addr, bytes, true) }
+}
+
+/// Reads a byte of every small page of `addr .. addr + bytes` from several threads, so each
+/// page is faulted in where the memory's owner (the kernel, or the CUDA driver for managed
+/// memory advised to live on the host) makes it; changes no data.
+///
+/// # Safety
+/// The range is mapped and readable for the whole call.
+pub unsafe fn fault_in_readonly(addr: usize, bytes: usize) {
+    // SAFETY: the caller's contract (readable); reads change nothing.
+    unsafe { touch_pages(addr, bytes, false) }
+}
+
+/// Touches every small page of the range from several threads: a write of zero, or a read.
+///
+/// # Safety
+/// The range is mapped readable (and writable, when `write`) and, when `write`, nothing else
+/// uses it during the call.
+unsafe fn touch_pages(addr: usize, bytes: usize, write: bool) {
     let threads = (bytes / BYTES_PER_TOUCH_THREAD)
         .clamp(1, MAX_TOUCH_THREADS)
         .min(std::thread::available_parallelism().map_or(1, |n| n.get().max(1)));
@@ -206,8 +227,13 @@ unsafe fn touch(addr: usize, bytes: usize) {
     let touch_part = |start: usize, end: usize| {
         let mut page = start;
         while page < end {
-            // SAFETY: `page` lies in the caller's writable range (the function's contract).
-            unsafe { std::ptr::write_volatile(page as *mut u8, 0) };
+            if write {
+                // SAFETY: `page` lies in the caller's writable range (the function's contract).
+                unsafe { std::ptr::write_volatile(page as *mut u8, 0) };
+            } else {
+                // SAFETY: `page` lies in the caller's readable range (the function's contract).
+                let _ = unsafe { std::ptr::read_volatile(page as *const u8) };
+            }
             page += SMALL_PAGE;
         }
     };

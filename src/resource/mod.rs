@@ -13,6 +13,7 @@ mod managed;
 pub mod memory_summary;
 mod pinned_host;
 mod pinned_pages;
+mod placement;
 mod simulated;
 mod simulated_vmm;
 mod system;
@@ -24,12 +25,13 @@ pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
-pub use managed::{
-    placement_for, ManagedAlloc, Placement, UncachedManagedMemoryResource,
-    PLACEMENT_HEADROOM_DIVISOR,
-};
+pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
 pub use pinned_pages::PinnedPages;
+pub use placement::{
+    placement_for, whole_granules, BlockPlacer, DevicePlacement, PlaceRange, Placement,
+    PLACEMENT_GRANULE, PLACEMENT_HEADROOM_DIVISOR, PLACEMENT_MIN_BYTES,
+};
 pub use simulated::{
     SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,
 };
@@ -134,6 +136,14 @@ pub trait MemoryResource: Send + Sync {
     /// is the safe [`CallProfile::UNKNOWN`] (may call foreign code, may block).
     fn call_profile(&self) -> CallProfile {
         CallProfile::UNKNOWN
+    }
+
+    /// Hands the placement of fresh memory to a suballocator over this resource: a resource
+    /// that places what it allocates (managed memory) stops placing its own fresh ranges and
+    /// returns the placer, which the suballocator then calls for the blocks it hands out
+    /// ([`BlockPlacer::place`]); `None` for resources that place nothing (the default).
+    fn take_block_placer(&self) -> Option<std::sync::Arc<BlockPlacer>> {
+        None
     }
 
     /// A short name for reports and logs, such as `"pool"`.

@@ -182,9 +182,31 @@ fn managed_device(target: Target, options: &StackOptions) -> Step {
     }
 }
 
-/// How many times the device's memory a managed pool may grow to by default: the user
-/// documents' "up to twice the VRAM" (`maximum_pool_size` sets another).
+/// How many times the device's memory a managed pool over a simulated device may grow to by
+/// default, when no host memory is given (the user documents' "up to twice the VRAM").
 pub const MANAGED_POOL_DEVICE_MULTIPLE: usize = 2;
+
+/// The share of the host's available memory a managed pool may grow into by default (the rest
+/// stays for the process and the system): 15/16.
+const MANAGED_POOL_HOST_SHARE: (usize, usize) = (15, 16);
+
+/// A managed pool's default maximum: the device plus what the host can hold (15/16 of its
+/// available memory when the pool is made; twice the device where that is not known); on a
+/// simulated device, the device plus its host memory (twice the device when none is given).
+fn managed_pool_maximum(target: Target, options: &StackOptions) -> Result<usize> {
+    let total = device_total(target)?;
+    let beyond = match target {
+        Target::Simulated(size) => options.host_memory.unwrap_or(size),
+        Target::Device => crate::os::host_pages::host_memory_info().map_or(
+            total.saturating_mul(MANAGED_POOL_DEVICE_MULTIPLE - 1),
+            |(available, _)| available / MANAGED_POOL_HOST_SHARE.1 * MANAGED_POOL_HOST_SHARE.0,
+        ),
+    };
+    Ok(total
+        .saturating_add(beyond)
+        .min(crate::resource::MAX_SIMULATED_SIZE)
+        & !(ALLOCATION_ALIGNMENT - 1))
+}
 
 /// The device's total memory: the simulated size, or the current device's.
 fn device_total(target: Target) -> Result<usize> {
@@ -243,12 +265,7 @@ fn describe_fallback(target: Target, options: &StackOptions, handles: &[Handle])
 fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     let maximum = match options.maximum_pool_size {
         Some(m) => m,
-        None => {
-            device_total(target)?
-                .saturating_mul(MANAGED_POOL_DEVICE_MULTIPLE)
-                .min(crate::resource::MAX_SIMULATED_SIZE)
-                & !(ALLOCATION_ALIGNMENT - 1)
-        }
+        None => managed_pool_maximum(target, options)?,
     };
     let pool = Step::new("PoolMemoryResource")
         .arg("initial_pool_size", opt(options.initial_pool_size))
@@ -489,7 +506,7 @@ fn pool_words(
     };
     let maximum_bytes = pool.map_or(options.maximum_pool_size, |(m, _)| m);
     let maximum = match (options.maximum_pool_size, maximum_bytes) {
-        (None, Some(m)) => format!("{} ({MANAGED_POOL_DEVICE_MULTIPLE}x the device)", human(m)),
+        (None, Some(m)) => format!("{} (the device and the host memory it may use)", human(m)),
         (_, m) => m.map_or_else(|| "the device".into(), human),
     };
     (

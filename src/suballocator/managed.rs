@@ -16,12 +16,16 @@
 //!   stream takes it after an event wait; the stream-ordered core does this as for the pool
 //!   (`core/stream_ordered.rs`). Each range stays one `cuMemAllocManaged` allocation, whole: never
 //!   split, never merged, so each can go back on its own.
-//! - **Placement.** A fresh range is prefetched to the device on the allocating stream while the
-//!   device has room for it and 1/32 of its memory to spare (no page faults at first touch);
-//!   when it does not, the range is advised to live in host memory and mapped for the device
-//!   (preferred location CPU, accessed by the device): the device reads and writes it over the
-//!   link and its pages do not migrate back and forth. The first-placed data stays on the device;
-//!   what comes when the device is full stays on the host ([`placement_for`]).
+//! - **Placement.** A fresh range of at least 2 MiB is prefetched to the device on the
+//!   allocating stream while the device has room for it and 1/32 of its memory to spare (no
+//!   page faults at first touch); the part that does not fit is advised to live in host memory,
+//!   mapped for the device (preferred location CPU, accessed by the device), and its pages are
+//!   made on the host at once from several threads: the device reads and writes it over the
+//!   link at the link's speed and its pages do not migrate back and forth. The first-placed data
+//!   stays on the device; what comes when the device is full stays on the host
+//!   ([`placement`](crate::resource::placement_for)). Smaller ranges are left to the driver's
+//!   first touch, as RMM leaves every range. A pool over this resource takes the placement over
+//!   ([`MemoryResource::take_block_placer`]): it places the blocks it hands out, not its chunks.
 //! - **Giving back.** The cache holds at most `cache_limit` bytes (default: a quarter of the
 //!   device's memory); a free that passes the limit gives ranges back (synchronizing the device
 //!   first, as `cudaFree` does) down to half the limit. When an allocation of device or managed
@@ -36,7 +40,6 @@
 //! `cuMemFree`). Frees are checked as the pool's are (a bogus, double or wrong-size free is
 //! [`Error::Logic`](crate::Error::Logic)).
 //!
-//! [`placement_for`]: crate::resource::placement_for
 
 use super::free_list::Block;
 use super::free_list::FreeList;
@@ -48,9 +51,10 @@ use crate::error::Result;
 use crate::pressure::{self, Place, Relieve};
 use crate::report::PoolReport;
 use crate::resource::{
-    CallProfile, MemoryKind, MemoryResource, SharedResource, UncachedManagedMemoryResource,
+    BlockPlacer, CallProfile, DevicePlacement, MemoryKind, MemoryResource, SharedResource,
+    UncachedManagedMemoryResource,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The default cache limit: this fraction of the device's memory (a quarter).
@@ -62,8 +66,8 @@ pub struct ManagedOptions {
     /// The most bytes kept free for reuse; `None`: a quarter of the device's memory; 0: none
     /// (every free is a `cuMemFree`).
     pub cache_limit: Option<usize>,
-    /// Whether fresh ranges are placed (prefetched to the device while it has room, else kept
-    /// in host memory and mapped for the device).
+    /// Whether fresh ranges are placed (prefetched to the device while it has room, the rest
+    /// kept in host memory, made there and mapped for the device).
     pub placement: bool,
 }
 
@@ -87,7 +91,10 @@ struct Inner {
     core: StreamOrderedCore<WholeBlockFreeList>,
     source: SharedResource,
     cache_limit: usize,
-    placement: bool,
+    /// The placement of fresh ranges, when they are placed.
+    placer: Option<Arc<BlockPlacer>>,
+    /// Set once a suballocator over this resource took the placement over.
+    placed_above: Arc<AtomicBool>,
     /// Bytes of the blocks handed out and not freed (class sizes).
     live: AtomicUsize,
     /// Bytes held from the source (live and cached).
@@ -99,7 +106,7 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("ManagedMemoryResource")
             .field("source", &self.source.name())
             .field("cache_limit", &self.cache_limit)
-            .field("placement", &self.placement)
+            .field("placement", &self.placer.is_some())
             .field("live", &self.live)
             .field("held", &self.held)
             .finish_non_exhaustive()
@@ -109,8 +116,10 @@ impl std::fmt::Debug for Inner {
 /// One source allocation per block; fresh ranges placed on the request's stream.
 struct PerRange {
     source: SharedResource,
-    /// The source again, typed, when fresh ranges are placed.
-    placed: Option<Arc<UncachedManagedMemoryResource>>,
+    /// The placement of fresh ranges, when they are placed.
+    placer: Option<Arc<BlockPlacer>>,
+    /// Set once a suballocator over this resource took the placement over.
+    placed_above: Arc<AtomicBool>,
     held: Arc<AtomicUsize>,
 }
 
@@ -118,7 +127,7 @@ impl std::fmt::Debug for PerRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PerRange")
             .field("source", &self.source.name())
-            .field("placed", &self.placed.is_some())
+            .field("placer", &self.placer.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -129,15 +138,13 @@ impl Growth for PerRange {
     }
 
     fn grow(&self, request: GrowRequest) -> Result<Block> {
-        let addr = match &self.placed {
-            Some(managed) => {
-                managed
-                    .allocate_placed(request.size, request.bytes, request.stream)?
-                    .0
-            }
-            None => self.source.allocate(request.size, request.stream)?,
-        };
+        let addr = self.source.allocate(request.size, request.stream)?;
         let block = checked_chunk(&self.source, addr, request.size, request.stream)?;
+        if let Some(placer) = &self.placer {
+            if !self.placed_above.load(Ordering::Relaxed) {
+                placer.place(addr, request.bytes.min(request.size), request.stream);
+            }
+        }
         self.held.fetch_add(block.size, Ordering::Relaxed);
         Ok(block)
     }
@@ -150,6 +157,9 @@ impl Growth for PerRange {
             self.source
                 .deallocate(chunk.addr, chunk.size, Stream::DEFAULT)
         }?;
+        if let Some(placer) = &self.placer {
+            placer.forget(chunk.addr, chunk.size);
+        }
         self.held.fetch_sub(chunk.size, Ordering::Relaxed);
         Ok(())
     }
@@ -179,12 +189,10 @@ impl ManagedMemoryResource {
     pub fn on_device(ordinal: usize, options: ManagedOptions) -> Result<Self> {
         let managed = Arc::new(UncachedManagedMemoryResource::on_device(ordinal)?);
         let placement = options.placement && crate::cuda::concurrent_managed_access(ordinal);
-        let source: SharedResource = managed.clone();
-        Ok(Self::build(
-            source,
-            options.cache_limit,
-            placement.then_some(managed),
-        ))
+        let source: SharedResource = managed;
+        let placer =
+            placement.then(|| Arc::new(BlockPlacer::new(Box::new(DevicePlacement::new(ordinal)))));
+        Ok(Self::build(source, options.cache_limit, placer))
     }
 
     /// The cache over any `source` of memory (a simulated device stands in for managed memory
@@ -196,7 +204,7 @@ impl ManagedMemoryResource {
     fn build(
         source: SharedResource,
         cache_limit: Option<usize>,
-        placed: Option<Arc<UncachedManagedMemoryResource>>,
+        placer: Option<Arc<BlockPlacer>>,
     ) -> Self {
         let cache_limit = cache_limit.unwrap_or_else(|| {
             source
@@ -204,11 +212,13 @@ impl ManagedMemoryResource {
                 .map_or(0, |(_, total)| total / DEFAULT_CACHE_DIVISOR)
         });
         let held = Arc::new(AtomicUsize::new(0));
+        let placed_above = Arc::new(AtomicBool::new(false));
         let core = StreamOrderedCore::new(
             default_events(&source),
             Box::new(PerRange {
                 source: source.clone(),
-                placed: placed.clone(),
+                placer: placer.clone(),
+                placed_above: placed_above.clone(),
                 held: held.clone(),
             }),
             (),
@@ -222,7 +232,8 @@ impl ManagedMemoryResource {
             core,
             source,
             cache_limit,
-            placement: placed.is_some(),
+            placer,
+            placed_above,
             live: AtomicUsize::new(0),
             held,
         });
@@ -256,7 +267,16 @@ impl ManagedMemoryResource {
 
     /// Whether fresh ranges are placed (prefetched or advised).
     pub fn placement(&self) -> bool {
-        self.inner.placement
+        self.inner.placer.is_some()
+    }
+
+    /// Bytes placed so far: prefetched to the device, and made in host memory mapped for the
+    /// device (zero for both when placement is off).
+    pub fn placed_bytes(&self) -> crate::resource::Placement {
+        self.inner
+            .placer
+            .as_ref()
+            .map_or_else(Default::default, |p| p.totals())
     }
 
     /// The source of the ranges (`cuMemAllocManaged`, or what [`Self::over`] was given).
@@ -324,6 +344,12 @@ impl MemoryResource for ManagedMemoryResource {
 
     fn report(&self) -> Option<&dyn PoolReport> {
         Some(&self.inner.core)
+    }
+
+    fn take_block_placer(&self) -> Option<Arc<BlockPlacer>> {
+        let placer = self.inner.placer.clone()?;
+        self.inner.placed_above.store(true, Ordering::Relaxed);
+        Some(placer)
     }
 
     fn upstreams(&self) -> Vec<SharedResource> {

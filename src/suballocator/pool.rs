@@ -5,7 +5,7 @@ use super::growth::Geometric;
 use super::stream_events::StreamEvents;
 use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
 use crate::error::{Error, Result};
-use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
+use crate::resource::{BlockPlacer, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
@@ -19,7 +19,9 @@ use std::sync::Arc;
 /// When no free block fits, the pool asks the upstream for `max(request, pool size)` (so it
 /// doubles), capped by the room left to the maximum and by the upstream's free memory (when the
 /// upstream reports it and it covers the request; when it reports less, the pool asks for the
-/// request alone); when the upstream fails, it halves the ask down to the request. So the pool
+/// request alone); when the upstream fails, it takes the largest size between the request and
+/// the ask that the upstream serves (a few probes; RMM halves, which near a full device leaves
+/// a tail in each halved chunk that later requests cannot use). So the pool
 /// never asks for more than the maximum allows (RMM's overshoot failures), and a request that
 /// fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,
@@ -40,6 +42,9 @@ struct Inner {
     /// The upstream (its growth policy's source, shared).
     upstream: SharedResource,
     maximum_pool_size: Option<usize>,
+    /// Places the blocks handed out, when the upstream handed its placement over (managed
+    /// memory): each whole 2 MiB granule of a block of at least 2 MiB, the first time.
+    placer: Option<Arc<BlockPlacer>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -104,6 +109,8 @@ impl PoolMemoryResource {
             ));
         }
         let source = upstream.clone();
+        // Before the initial chunk: the pool places its blocks, the upstream no longer its chunks.
+        let placer = upstream.take_block_placer();
         let core = StreamOrderedCore::new(
             events,
             Box::new(Geometric {
@@ -119,8 +126,15 @@ impl PoolMemoryResource {
                 core,
                 upstream: source,
                 maximum_pool_size,
+                placer,
             }),
         })
+    }
+
+    /// Bytes this pool placed (prefetched to the device, made in host memory mapped for the
+    /// device) when its upstream is managed memory that places; `None` otherwise.
+    pub fn placed_bytes(&self) -> Option<crate::resource::Placement> {
+        self.inner.placer.as_ref().map(|p| p.totals())
     }
 
     /// Bytes held from the upstream, free and allocated.
@@ -176,7 +190,13 @@ impl PoolMemoryResource {
 
 // Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
 // capped by the maximum (the `Geometric` growth policy's figures).
-forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
+forward_memory_resource!(
+    PoolMemoryResource,
+    |this| &this.inner.core,
+    after_allocate: |ptr, bytes, stream| if let Some(placer) = &this.inner.placer {
+        placer.place(ptr, bytes, stream)
+    }
+);
 
 #[cfg(test)]
 // Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.

@@ -54,8 +54,8 @@ driver_resource! {
 
 /// Managed (unified) memory of the current device: allocations can exceed the device. rrmm
 /// keeps freed ranges for reuse (at most `cache_limit` bytes, default a quarter of the device's
-/// memory; 0 for none, as RMM) and places fresh ones (`placement`: prefetched to the device
-/// while it has room, else kept in host memory and mapped for the device).
+/// memory; 0 for none, as RMM) and places fresh ones of at least 2 MiB (`placement`: prefetched
+/// to the device while it has room, the rest made in host memory and mapped for the device).
 #[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct ManagedMemoryResource {
     /// The cache; `None` for an object made around a resource set from Rust.
@@ -129,6 +129,14 @@ impl ManagedMemoryResource {
     #[getter]
     fn placement(&self) -> PyResult<bool> {
         Ok(self.cache()?.placement())
+    }
+
+    /// rrmm: bytes placed so far, as ``(on the device, on the host)``: prefetched to the device,
+    /// and made in host memory mapped for the device once the device was full (counting the
+    /// blocks a pool over this resource placed).
+    fn placed_bytes(&self) -> PyResult<(usize, usize)> {
+        let placed = self.cache()?.placed_bytes();
+        Ok((placed.device, placed.host))
     }
 }
 

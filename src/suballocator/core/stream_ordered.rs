@@ -1015,6 +1015,14 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
 /// `$core` (an expression of `$this`) names.
 macro_rules! forward_memory_resource {
     ($ty:ty, |$this:ident| $core:expr) => {
+        forward_memory_resource!(
+            $ty,
+            |$this| $core,
+            after_allocate: |_ptr, _bytes, _stream| ()
+        );
+    };
+    // `after_allocate` runs after each allocation that succeeded (the pool places blocks there).
+    ($ty:ty, |$this:ident| $core:expr, after_allocate: |$p:ident, $b:ident, $s:ident| $after:expr) => {
         impl $crate::resource::MemoryResource for $ty {
             #[inline]
             fn allocate(
@@ -1023,7 +1031,10 @@ macro_rules! forward_memory_resource {
                 stream: $crate::cuda::Stream,
             ) -> $crate::error::Result<usize> {
                 let $this = self;
-                $crate::resource::MemoryResource::allocate($core, bytes, stream)
+                let ptr = $crate::resource::MemoryResource::allocate($core, bytes, stream)?;
+                let ($p, $b, $s) = (ptr, bytes, stream);
+                $after;
+                Ok(ptr)
             }
 
             #[inline]
