@@ -19,9 +19,9 @@ use std::sync::Arc;
 /// When no free block fits, the pool asks the upstream for `max(request, pool size)` (so it
 /// doubles), capped by the room left to the maximum and by the upstream's free memory (when the
 /// upstream reports it and it covers the request; when it reports less, the pool asks for the
-/// request alone); when the upstream fails, it takes the largest size between the request and
-/// the ask that the upstream serves (a few probes; RMM halves, which near a full device leaves
-/// a tail in each halved chunk that later requests cannot use). So the pool
+/// request alone); when the upstream fails, it asks for a little less, then less (a margin that
+/// doubles), down to the request (RMM halves, which near a full device leaves a tail in each
+/// halved chunk that later requests cannot use). So the pool
 /// never asks for more than the maximum allows (RMM's overshoot failures), and a request that
 /// fits the room left never fails for want of a round number.
 /// Before reporting out of memory, it synchronizes, merges every stream's free blocks, retries,

@@ -253,17 +253,14 @@ fn allocate_halving(
     }
 }
 
-/// Probes of [`allocate_largest`] at most, after the first failure.
-const LARGEST_PROBES: usize = 8;
-
-/// Asks the upstream for `try_size` bytes; when that is out of memory, for the largest size
-/// between `min_size` and it that the upstream serves (to within 1/64 of `try_size`, in
-/// multiples of `step`): a bisection of single probes, each given back at once, then the size
-/// found. Near a full device the driver refuses exactly its free figure but serves a little
-/// less; halving there (RMM's way) took half of what was left, and each halved chunk left a
-/// tail too small for the next request (issue 28: a 4 GiB array refused beside 6.2 GiB free in
-/// five tails). Out of memory when even `min_size` fails; should the found size fail at the end
-/// (another thread took memory), it halves down to `min_size` as [`allocate_halving`].
+/// Asks the upstream for `try_size` bytes; when that is out of memory, for `try_size` less a
+/// margin that doubles on each refusal (from 1/1024 of the ask), keeping the first size served,
+/// and below the need halves as [`allocate_halving`]. Near a full device the driver refuses its
+/// exact free figure (it keeps some memory for itself) but serves a little less; halving there
+/// (RMM's way) took half of what was left, and each halved chunk left a tail too small for the
+/// next request (issue 28: a 4 GiB array refused beside 6.2 GiB free in five tails). Refusals
+/// are cheap and nothing is allocated and given back to find the size (a probe of 30 GiB costs
+/// tens of milliseconds on an H100).
 fn allocate_largest(
     upstream: &SharedResource,
     request: GrowRequest,
@@ -272,39 +269,19 @@ fn allocate_largest(
     step: usize,
     reason: impl Fn(&str) -> String,
 ) -> Result<Block> {
-    let first = match upstream.allocate(try_size, request.stream) {
-        Ok(addr) => return checked_chunk(upstream, addr, try_size, request.stream),
-        Err(e) if e.is_out_of_memory() && try_size > min_size => e,
-        Err(e) if e.is_out_of_memory() => {
-            return Err(Error::out_of_memory(
-                request.bytes,
-                reason(&upstream_reason(&e)),
-            ))
-        }
-        Err(e) => return Err(e),
-    };
-    let (mut lo, mut hi) = (min_size, try_size);
-    let mut lo_served = false;
-    let tolerance = (try_size / 64).max(step);
-    for _ in 0..LARGEST_PROBES {
-        let mid = if lo_served {
-            (lo + (hi - lo) / 2) / step * step
-        } else {
-            lo
-        };
-        if lo_served && (hi - lo <= tolerance || mid <= lo) {
-            break;
-        }
-        match upstream.allocate(mid, request.stream) {
-            Ok(addr) => {
-                // SAFETY: allocated just above from `upstream` with `mid` bytes on this
-                // stream, freed once; nothing used it.
-                #[allow(unsafe_code)]
-                unsafe { upstream.deallocate(addr, mid, request.stream) }?;
-                lo = mid;
-                lo_served = true;
+    let mut margin = (try_size / 1024).max(step);
+    let mut size = try_size;
+    loop {
+        match upstream.allocate(size, request.stream) {
+            Ok(addr) => return checked_chunk(upstream, addr, size, request.stream),
+            Err(e) if e.is_out_of_memory() && size > min_size => {
+                let next = try_size.saturating_sub(margin) / step * step;
+                margin = margin.saturating_mul(2);
+                if next <= min_size || next >= size {
+                    return allocate_halving(upstream, request, min_size, min_size, step, reason);
+                }
+                size = next;
             }
-            Err(e) if e.is_out_of_memory() && lo_served => hi = mid,
             Err(e) if e.is_out_of_memory() => {
                 return Err(Error::out_of_memory(
                     request.bytes,
@@ -314,8 +291,6 @@ fn allocate_largest(
             Err(e) => return Err(e),
         }
     }
-    let _ = first;
-    allocate_halving(upstream, request, lo, min_size, step, reason)
 }
 
 /// RMM's out-of-memory error when growing by `size` bytes from `held` would pass `maximum`
@@ -347,8 +322,8 @@ pub(crate) fn check_maximum(
 
 /// The pool's policy: ask for `max(needed, pool size)` (doubling), capped by the room left to
 /// `maximum` and by the upstream's free memory (when known and enough for the need; when known
-/// and less than the need, ask for the need alone, once); on an upstream failure take the
-/// largest size between the need and the ask that the upstream serves ([`allocate_largest`]).
+/// and less than the need, ask for the need alone, once); on an upstream failure ask for a
+/// little less, then less ([`allocate_largest`]), down to the need.
 /// Each chunk is its own region.
 #[derive(Clone)]
 pub(crate) struct Geometric {
