@@ -74,3 +74,54 @@ def test_the_fallback_serves_past_a_device_budget_from_managed_memory():
         assert b.tobytes()[:: 4 * MiB] == bytes([i]) * 6
     del bufs, b
     assert fb.counts()["alternate_bytes"] == 0
+
+
+def _last_prefetch_location(buf: rrmm.DeviceBuffer) -> int:
+    """CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION of the buffer (RMM's test reads it so)."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    loc = ctypes.c_int(99)
+    rc = cu.cuMemRangeGetAttribute(ctypes.byref(loc), ctypes.c_size_t(4), 4,
+                                   ctypes.c_uint64(buf.ptr), ctypes.c_size_t(buf.size))
+    assert rc == 0, f"cuMemRangeGetAttribute: {rc}"
+    return loc.value
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_a_fresh_small_managed_buffer_has_no_prefetch_location_until_prefetched(pool):
+    """RMM's test_rmm_device_buffer_prefetch[True-*] (issue 29): placement leaves small ranges
+    (and a pool's chunks) alone, so a fresh 256-byte buffer has no prefetch location; after
+    ``prefetch()`` it is on the current device."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, value = ctypes.c_int(), ctypes.c_int()
+    cu.cuInit(0)
+    cu.cuDeviceGet(ctypes.byref(dev), 0)
+    cu.cuDeviceGetAttribute(ctypes.byref(value), 89, dev)  # CONCURRENT_MANAGED_ACCESS
+    if not value.value:
+        pytest.skip("this device cannot prefetch managed memory")
+    rrmm.reinitialize(pool_allocator=pool, managed_memory=True)
+    db = rrmm.DeviceBuffer.to_device(np.zeros(256, dtype="u1"))
+    assert _last_prefetch_location(db) == -2
+    db.prefetch()
+    rrmm.pylibrmm.stream.DEFAULT_STREAM.synchronize()
+    assert _last_prefetch_location(db) == 0
+
+
+def test_the_managed_pool_places_the_blocks_it_hands_out():
+    """A block of 64 MiB from the managed pool is prefetched to the device when handed out
+    (the pool's chunk itself is not), and counted once."""
+    rrmm.reinitialize(pool_allocator=True, managed_memory=True, initial_pool_size="256MiB")
+    pool = mr.get_current_device_resource()
+    managed = pool.upstream_mr
+    before = managed.placed_bytes()
+    a = rrmm.DeviceBuffer(size=64 * MiB)
+    after = managed.placed_bytes()
+    assert after[0] - before[0] >= 62 * MiB, (before, after)
+    assert after[1] == before[1]
+    del a
+    b = rrmm.DeviceBuffer(size=64 * MiB)
+    assert managed.placed_bytes() == after
+    del b
