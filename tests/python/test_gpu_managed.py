@@ -53,13 +53,20 @@ def test_rmm_behaviour_when_asked_for_it():
         plain.deallocate(p, MiB)  # a double free is refused, never reaches the driver
 
 
-def test_the_managed_pool_may_grow_to_twice_the_device():
+def _host_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+
+
+def test_the_managed_pool_may_grow_past_the_device_by_what_the_host_can_hold():
     rrmm.reinitialize(managed_memory=True, pool_allocator=True, initial_pool_size="64MiB")
     pool = mr.get_current_device_resource()
     assert isinstance(pool, mr.PoolMemoryResource)
     assert isinstance(pool.upstream_mr, mr.ManagedMemoryResource)
     total = mr.available_device_memory()[1]
-    assert pool.maximum_pool_size() == (2 * total) & ~255
+    beyond = pool.maximum_pool_size() - total
+    # 15/16 of the host's available memory when the pool was made (it moves a little since).
+    assert abs(beyond - _host_available() * 15 // 16) < _host_available() // 16
     assert pool.upstream_mr.cache_limit == 0  # the pool keeps; its upstream does not
 
 
