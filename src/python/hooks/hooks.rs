@@ -71,9 +71,14 @@ pub(crate) fn allocate_from(
         Context::Make => context_for(mr.as_ref(), device)?,
         Context::AlreadyCurrent => None,
     };
-    let ptr = mr
-        .allocate(bytes, stream)
-        .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))?;
+    // The one GIL rule (see `gil`): released when the resource may block or reach Python (a
+    // pool over a callback grows under its lock; the callback takes the GIL back), whoever
+    // calls (CuPy holds the GIL, PyTorch mostly does not).
+    let profile = mr.call_profile();
+    let ptr = super::gil::call_from_foreign(profile, || {
+        mr.allocate(bytes, stream)
+            .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))
+    })?;
     super::history::record("alloc", device, ptr, bytes, stream.raw());
     Ok((ptr, Some(mr)))
 }
@@ -95,9 +100,12 @@ pub(crate) unsafe fn deallocate_on(
     stream: Stream,
 ) -> Result<()> {
     super::history::record("free_completed", device, ptr, bytes, stream.raw());
-    let _ctx = context_for(mr, device)?;
-    // SAFETY: the caller's contract, for the resource that allocated `ptr`.
-    unsafe { mr.deallocate(ptr, bytes, stream) }
+    // The GIL rule, as in `allocate_from` (CuPy frees with the GIL held).
+    super::gil::call_from_foreign(mr.call_profile(), || {
+        let _ctx = context_for(mr, device)?;
+        // SAFETY: the caller's contract, for the resource that allocated `ptr`.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    })
 }
 
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when
