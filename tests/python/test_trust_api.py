@@ -4,6 +4,9 @@ whose memory was kept for ever."""
 
 from __future__ import annotations
 
+import gc
+import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -153,3 +156,120 @@ def test_device_arguments_take_ints_and_numpy_integers(call: Any, device: Any) -
         call(device)
     finally:
         _rrmm._clear_per_device_resources()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference cycles through a CallbackMemoryResource's functions: collected, and the memory held
+# through the callbacks given back (was: collected, the frees failing with "the deallocate_func
+# of this resource is gone", 1 MiB kept for ever by the pool's upstream).
+
+
+class _Sentinel:
+    pass
+
+
+def _cycle(shape: str, sim: Any) -> weakref.ref[_Sentinel]:
+    """Builds a cycle of `shape` whose callbacks refer back to what sits on the resource; returns
+    a weak reference to a sentinel inside the cycle."""
+    s = _Sentinel()
+    box: list[Any] = [s]
+
+    def alloc(n: int, stream: Any) -> int:
+        assert box
+        return sim.allocate(n, stream)
+
+    def dealloc(p: int, n: int, stream: Any) -> None:
+        assert box
+        sim.deallocate(p, n, stream)
+
+    cb = mr.CallbackMemoryResource(alloc, dealloc)
+    if shape == "resource":
+        box.append(cb)
+    elif shape == "buffer":
+        box.append(rrmm.DeviceBuffer(size=1 << 20, mr=cb))
+    elif shape == "raw":
+        box.append((cb, cb.allocate(1 << 20)))
+    elif shape == "pool":
+        box.append(mr.PoolMemoryResource(cb, initial_pool_size=1 << 20))
+    elif shape == "pool+buffers":
+        pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+        box.append([rrmm.DeviceBuffer(size=3 << 20, mr=pool) for _ in range(3)])
+    elif shape == "stack":
+        top = mr.StatisticsResourceAdaptor(
+            mr.LimitingResourceAdaptor(mr.PoolMemoryResource(cb, 1 << 20), 1 << 30)
+        )
+        box.append(rrmm.DeviceBuffer(size=5 << 20, mr=top))
+    elif shape == "binning":
+        binning = mr.BinningMemoryResource(sim)
+        binning.add_bin(1 << 16, cb)
+        box.append([rrmm.DeviceBuffer(size=1 << 16, mr=binning) for _ in range(4)])
+    elif shape == "fallback":
+        fb = mr.FallbackResourceAdaptor(mr.SimulatedMemoryResource(1 << 20), cb)
+        box.append(rrmm.DeviceBuffer(size=2 << 20, mr=fb))
+    else:
+        raise AssertionError(shape)
+    return weakref.ref(s)
+
+
+CYCLE_SHAPES = ["resource", "buffer", "raw", "pool", "pool+buffers", "stack", "binning", "fallback"]
+
+
+@given(shapes=st.lists(st.sampled_from(CYCLE_SHAPES), min_size=1, max_size=4))
+def test_cycles_through_callbacks_are_collected_and_their_memory_given_back(
+    shapes: list[str],
+) -> None:
+    sim = mr.SimulatedMemoryResource(1 << 34)
+    seen: list[Any] = []
+    old = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        refs = [_cycle(shape, sim) for shape in shapes]
+        gc.collect()
+    finally:
+        sys.unraisablehook = old
+    assert all(r() is None for r in refs), "a cycle through the callbacks was not collected"
+    assert not seen, [u.exc_value for u in seen]
+    assert sim.bytes_in_use() == 0, f"{sim.bytes_in_use()} bytes kept by collected cycles"
+    assert sim.live_allocations() == 0
+
+
+def test_a_callback_resource_dropped_the_ordinary_way_keeps_its_functions() -> None:
+    """No cycle: what still holds the Rust resource (here a pool made over it, through its
+    DeviceBuffer) keeps calling the functions."""
+    sim = mr.SimulatedMemoryResource(1 << 30)
+    cb = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n, s), sim.deallocate)
+    buf = rrmm.DeviceBuffer(size=1 << 20, mr=mr.PoolMemoryResource(cb, 1 << 20))
+    del cb
+    gc.collect()
+    assert sim.bytes_in_use() > 0
+    del buf
+    gc.collect()
+    assert sim.bytes_in_use() == 0
+
+
+def test_a_collected_cycle_leaves_hook_memory_alone(child: Any) -> None:
+    """A framework hook's allocation holds the chain from outside Python's sight: the collected
+    cycle's memory stays (its later frees fail cleanly, reported), never freed under the hook."""
+    child(
+        """
+import gc
+sim = mr.SimulatedMemoryResource(1 << 34)
+box = []
+cb = mr.CallbackMemoryResource(lambda n, s: (box, sim.allocate(n, s))[1],
+                               lambda p, n, s: (box, sim.deallocate(p, n, s)))
+pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+box.append(pool)
+mr.set_current_device_resource(pool)
+a = _rrmm.hook_allocate(4096, 0, 0)
+_rrmm._clear_per_device_resources()
+del cb, pool, box
+gc.collect()
+assert sim.bytes_in_use() == 1 << 20, sim.bytes_in_use()
+a.free()  # back into the pool, which the hook allocation keeps alive
+assert sim.bytes_in_use() == 1 << 20
+del a  # the pool goes: its chunk cannot go back through the dead callbacks (reported)
+gc.collect()
+assert sim.bytes_in_use() == 1 << 20
+print("CHILD OK")
+"""
+    )
