@@ -36,10 +36,28 @@ const LIVE: u8 = 0;
 const RELEASED: u8 = 1;
 const DEAD: u8 = 2;
 
+/// The user's functions, and the sentinel whose collection says theirs is due.
+struct Funcs {
+    allocate: Py<PyAny>,
+    deallocate: Py<PyAny>,
+    sentinel: Py<PyAny>,
+}
+
+impl Funcs {
+    /// The allocate (`0`) or deallocate (`1`) function.
+    fn pick(&self, which: usize) -> &Py<PyAny> {
+        if which == 0 {
+            &self.allocate
+        } else {
+            &self.deallocate
+        }
+    }
+}
+
 /// What the closures inside the Rust resource and the Python object share.
 struct CallbackState {
-    /// `(allocate_func, deallocate_func, sentinel)`, strong; traversed by the Python object.
-    funcs: Mutex<Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>>,
+    /// The functions, strong; traversed by the Python object.
+    funcs: Mutex<Option<Funcs>>,
     /// Live allocations made through the allocate function: address -> size.
     live: Mutex<crate::live::AddressMap<usize, usize>>,
     /// [`LIVE`], [`RELEASED`] or [`DEAD`].
@@ -54,7 +72,7 @@ impl CallbackState {
     fn func<'py>(&self, py: Python<'py>, which: usize) -> PyResult<Bound<'py, PyAny>> {
         let funcs = self.funcs.lock();
         match (&*funcs, self.phase.load(Ordering::Acquire)) {
-            (Some(f), LIVE) => Ok(if which == 0 { &f.0 } else { &f.1 }.bind(py).clone()),
+            (Some(f), LIVE) => Ok(f.pick(which).bind(py).clone()),
             _ => Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "this CallbackMemoryResource was collected with a reference cycle through its \
                  functions; it can no longer be used",
@@ -129,11 +147,11 @@ impl CallbackMemoryResource {
         }
         let sentinel = PySet::empty(py)?;
         let state = Arc::new(CallbackState {
-            funcs: Mutex::new(Some((
-                allocate_func.clone().unbind(),
-                deallocate_func.clone().unbind(),
-                sentinel.clone().into_any().unbind(),
-            ))),
+            funcs: Mutex::new(Some(Funcs {
+                allocate: allocate_func.clone().unbind(),
+                deallocate: deallocate_func.clone().unbind(),
+                sentinel: sentinel.clone().into_any().unbind(),
+            })),
             live: Mutex::new(Default::default()),
             phase: AtomicU8::new(LIVE),
             watch: Mutex::new(None),
@@ -182,10 +200,10 @@ impl CallbackMemoryResource {
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         // A traversal never waits: a lock held elsewhere means the functions are in use.
         if let Some(funcs) = self.state.funcs.try_lock() {
-            if let Some((a, d, s)) = &*funcs {
-                visit.call(a)?;
-                visit.call(d)?;
-                visit.call(s)?;
+            if let Some(f) = &*funcs {
+                visit.call(&f.allocate)?;
+                visit.call(&f.deallocate)?;
+                visit.call(&f.sentinel)?;
             }
         }
         Ok(())
@@ -207,9 +225,7 @@ impl CallbackMemoryResource {
 impl CallbackMemoryResource {
     fn func(&self, py: Python<'_>, which: usize) -> PyResult<Py<PyAny>> {
         let funcs = self.state.funcs.lock();
-        let f = funcs
-            .as_ref()
-            .map(|f| if which == 0 { &f.0 } else { &f.1 }.clone_ref(py));
+        let f = funcs.as_ref().map(|f| f.pick(which).clone_ref(py));
         f.ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err(
                 "this CallbackMemoryResource has no functions",
