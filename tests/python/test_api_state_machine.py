@@ -301,6 +301,7 @@ class ApiMachine(RuleBasedStateMachine):
     def _unmodel(self, up: Node) -> None:
         """Something that is not a pass-through adaptor is being built over ``up``: its
         chunks (even those of a construction that fails) reach the adaptors below."""
+        up.extra["constructions"] = up.extra.get("constructions", 0) + 1
         for below in up.chain():
             below.modeled = False
 
@@ -459,11 +460,13 @@ class ApiMachine(RuleBasedStateMachine):
 
         def allocate(nbytes: int, stream: Any) -> int:
             ptr = _allocate(nbytes, stream)
-            if ptr:
+            if ptr and ptr % 256 == 0:  # what `up` handed out (not a misbehaving answer)
                 holder["live"][ptr] = nbytes
             return ptr
 
         def deallocate(ptr: int, nbytes: int, stream: Any) -> None:
+            if ptr == 0:
+                return  # a null free frees nothing (RMM passes it to the function)
             if holder["fail"]:
                 raise KeyError("the upstream's free failed (on command)")
             target.deallocate(ptr, nbytes, stream)
@@ -822,7 +825,9 @@ class ApiMachine(RuleBasedStateMachine):
             up = n.upstream
             if n.kind != "pool" or up is None or up.kind != "callback":
                 continue
-            if up.extra["holder"].get("above") is not None or self._shared_upstream(up, n):
+            if (up.extra["holder"].get("above") is not None or self._shared_upstream(up, n)
+                    or up.misbehaves and not up.extra.get("fails_on_command")
+                    or up.extra.get("constructions", 0) != 1):
                 continue
             held = sum(up.extra["holder"]["live"].values())
             assert n.obj.pool_size() == held, (n.obj.pool_size(), held)
@@ -842,7 +847,14 @@ class ApiMachine(RuleBasedStateMachine):
             except self._allowed(node):
                 continue
             self._count(node, 256, +1)
-            node.obj.deallocate(p, 256)
+            try:
+                node.obj.deallocate(p, 256)
+            except RuntimeError:
+                if not self._misbehaves(node):
+                    raise
+                # A free that failed below (on command): the block stays the node's.
+                self.live.append(Block(node, p, 256))
+                continue
             self._count(node, 256, -1)
 
     def teardown(self) -> None:
