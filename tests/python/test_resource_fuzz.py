@@ -67,6 +67,9 @@ GPU_ONLY = {
     "CudaAsyncManagedMemoryResource",
 }
 
+#: The size granule of a class's frees, where it is not 256 bytes (its block).
+GRANULE = {"FixedSizeMemoryResource": 4096}
+
 #: What a hostile call may raise (RMM's types).
 REFUSALS = (MemoryError, ValueError, TypeError, OverflowError, RuntimeError, IndexError)
 
@@ -134,9 +137,11 @@ def test_hostile_calls_are_refused_and_change_nothing(name: str, program: list[A
                 pass
         elif op == "deallocate_wrong_size" and live:
             p, n = live[a % len(live)]
-            # A size that rounds to the same 256-byte multiple names the same block (the arena
-            # and the pools keep rounded sizes, as RMM's do).
-            if not isinstance(b, int) or n == 0 or (b + 255) // 256 == (n + 255) // 256:
+            # A size that rounds to the same granule names the same block (the arena and the
+            # pools keep sizes rounded to 256 bytes, a fixed-size resource one block for any
+            # size that fits, as RMM's do).
+            g = GRANULE.get(name, 256)
+            if not isinstance(b, int) or n == 0 or (b + g - 1) // g == (n + g - 1) // g:
                 continue
             with pytest.raises(REFUSALS):
                 r.deallocate(p, b)
