@@ -27,6 +27,9 @@ __all__ = ["HostBuffer", "get_current_host_resource", "set_current_host_resource
 
 _current_host: Any = None
 
+#: The kinds of memory the host can read and write (``DeviceMemoryResource._rrmm_kind``).
+_HOST_KINDS = ("pinned_host", "host")
+
 
 def get_current_host_resource() -> Any:
     """The process-wide host resource (``HostBuffer``'s default, CuPy's pinned allocator hook):
@@ -51,6 +54,12 @@ def set_current_host_resource(resource: Any) -> None:
         raise TypeError(
             f"set_current_host_resource: expected a memory resource or None, got "
             f"{type(resource).__name__}"
+        )
+    if resource is not None and resource._rrmm_kind not in _HOST_KINDS:
+        raise ValueError(
+            f"set_current_host_resource: {type(resource).__name__} hands out "
+            f"{resource._rrmm_kind} memory, which the host cannot read; use a pinned or system "
+            "(host) resource"
         )
     _rrmm._set_current_host_resource(resource)
     _current_host = resource
@@ -78,7 +87,7 @@ class HostBuffer:
         if mr is None:
             mr = get_current_host_resource()
         kind = mr._rrmm_kind
-        if kind not in ("pinned_host", "host"):
+        if kind not in _HOST_KINDS:
             raise ValueError(
                 f"HostBuffer: {type(mr).__name__} hands out {kind} memory, which the host "
                 "cannot read; use a pinned or system (host) resource"

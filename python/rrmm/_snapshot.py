@@ -3,12 +3,27 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import rrmm.mr
 from rrmm import _rrmm
 
 __all__ = ["memory_snapshot", "memory_summary", "record_memory_history"]
+
+
+def _device(device: Any) -> int:
+    """A device argument as RMM takes one: an int or an integer-like object (``numpy.int64``,
+    anything with ``__index__``); the current device when None. A ``str`` or a ``float`` is a
+    TypeError, never coerced."""
+    if device is None:
+        return int(_rrmm._current_device())
+    try:
+        return operator.index(device)
+    except TypeError:
+        raise TypeError(
+            f"device must be an int, not {type(device).__name__} {device!r}"
+        ) from None
 
 
 def memory_snapshot(device: int | None = None) -> dict[str, Any]:
@@ -25,9 +40,7 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     ``record_memory_history`` recorded (empty lists when it is off). Save it with ``pickle.dump`` and open it in
     https://pytorch.org/memory_viz, or render it with ``torch.cuda._memory_viz.segment_plot``.
     """
-    if device is None:
-        device = _rrmm._current_device()
-    device = int(device)
+    device = _device(device)
     mr = rrmm.mr.get_per_device_resource(device)
     segments = _rrmm._memory_snapshot(mr, device)
     devices = max(1, _rrmm.device_count(), device + 1)
@@ -44,9 +57,17 @@ def record_memory_history(enabled: str | bool | None = "all", max_entries: int =
     record as ``device_traces`` in PyTorch's layout, so ``torch.cuda._memory_viz`` and
     ``rrmm snapshot view`` draw its timeline (PyTorch's ``_record_memory_history`` is the
     model)."""
-    if enabled not in ("all", "state", True, None, False):
-        raise ValueError(f"record_memory_history: enabled must be 'all', None, True or False, "
-                         f"got {enabled!r}")
+    # PyTorch's ``_record_memory_history`` takes None, "state" or "all" (and True/False, its
+    # legacy form); anything else is refused by type, as its binding does (1 is not True here).
+    if not (enabled is None or isinstance(enabled, (bool, str))):
+        raise TypeError(f"record_memory_history: enabled must be 'all', 'state', None, True or "
+                        f"False, not {type(enabled).__name__} {enabled!r}")
+    if isinstance(enabled, str) and enabled not in ("all", "state"):
+        raise ValueError(f"record_memory_history: enabled must be 'all', 'state', None, True or "
+                         f"False, got {enabled!r}")
+    if not (stacks is None or isinstance(stacks, str)):
+        raise TypeError(f"record_memory_history: stacks must be 'python', 'all' or None, not "
+                        f"{type(stacks).__name__} {stacks!r}")
     if stacks not in ("python", "all", None):
         raise ValueError(f"record_memory_history: stacks must be 'python', 'all' or None, "
                          f"got {stacks!r}")
@@ -63,7 +84,6 @@ def memory_summary(device: int | None = None) -> str:
     held, in-use and free bytes, the largest free block and fragmentation where it keeps
     memory, and the free and total memory below the chain. An out-of-memory error carries the
     same table with a hint."""
-    if device is None:
-        device = _rrmm._current_device()
-    mr = rrmm.mr.get_per_device_resource(int(device))
-    return f"rrmm memory summary, device {int(device)}\n{_rrmm._memory_summary(mr)}"
+    device = _device(device)
+    mr = rrmm.mr.get_per_device_resource(device)
+    return f"rrmm memory summary, device {device}\n{_rrmm._memory_summary(mr)}"

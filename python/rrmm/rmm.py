@@ -158,6 +158,11 @@ def _size(value: int | str | None) -> int | None:
         value = value.__index__()
         if value < 0:
             raise OverflowError(f"pool sizes must not be negative, not {value}")
+        if value >= 1 << 64:
+            # What the pool raises for it, also where no pool is built (no CUDA device).
+            raise OverflowError(
+                f"pool sizes must fit in size_t (the address space), not {value}"
+            )
         return int(value)
     return int(_rrmm.parse_bytes(value))
 

@@ -39,9 +39,9 @@ def _current_stats_mr() -> Any:
 
 def _device_resource(device: int | None) -> Any:
     """The resource of ``device`` (the current device when None)."""
-    if device is None:
-        device = _rrmm._current_device()
-    return rrmm.mr.get_per_device_resource(int(device))
+    from rrmm._snapshot import _device
+
+    return rrmm.mr.get_per_device_resource(_device(device))
 
 
 def memory_stats(device: int | None = None) -> dict[str, int]:

@@ -9,28 +9,37 @@ use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 use super::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 
-/// The upstream argument of an adaptor: a `DeviceMemoryResource`, else an exception.
+/// A resource argument `name`: a `DeviceMemoryResource` (a TypeError naming the argument and
+/// the type given otherwise).
+pub(crate) fn resource_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
+    let mr = obj.cast::<DeviceMemoryResource>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name} must be a DeviceMemoryResource, not {}",
+            if obj.is_none() {
+                "None".to_string()
+            } else {
+                type_name(obj)
+            }
+        ))
+    })?;
+    Ok((mr.clone().unbind(), mr.get().inner.clone()))
+}
+
+/// The upstream argument of an adaptor: a `DeviceMemoryResource` a resource can be built over
+/// (within rrmm's stack depth), else an exception.
 pub(crate) fn upstream_arg<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
-    if obj.is_none() {
-        return Err(PyTypeError::new_err(
-            "upstream_mr must be a DeviceMemoryResource, not None",
-        ));
-    }
-    let mr = obj.cast::<DeviceMemoryResource>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "upstream_mr must be a DeviceMemoryResource, not {}",
-            type_name(obj)
-        ))
-    })?;
-    let inner = mr.get().inner.clone();
+    let (mr, inner) = resource_arg(obj, "upstream_mr")?;
     // No stack deeper than rrmm can call through (or drop) without running out of stack.
     super::errors::py_result(crate::resource::graph::check_upstream(
         "upstream_mr",
         &inner,
     ))?;
-    Ok((mr.clone().unbind(), inner))
+    Ok((mr, inner))
 }
 
 /// The name of `obj`'s type, for an error message (empty if even that fails).

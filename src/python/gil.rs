@@ -88,6 +88,34 @@ where
     }
 }
 
+extern "C" {
+    /// CPython's `int PyGILState_Check(void)` (stable ABI since 3.4; not declared by PyO3).
+    fn PyGILState_Check() -> std::ffi::c_int;
+}
+
+/// Whether the calling thread holds the GIL (an attached thread state).
+fn gil_held() -> bool {
+    // SAFETY: `PyGILState_Check` only reads the calling thread's state; it answers 0 in a
+    // thread that never ran Python, and is callable before the interpreter exists.
+    unsafe { PyGILState_Check() != 0 }
+}
+
+/// Runs `f` (a call into a resource of profile `profile`) from a C entry point that may or may
+/// not hold the GIL (CuPy calls its allocator with the GIL held; PyTorch mostly without): with
+/// the GIL released for the call where the profile asks for it and the caller holds it, else
+/// as it is. Never takes a GIL the caller does not hold.
+pub(crate) fn call_from_foreign<T, F>(profile: CallProfile, f: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
+    if profile.release_gil() && gil_held() {
+        Python::attach(|py| py.detach(f))
+    } else {
+        f()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

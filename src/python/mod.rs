@@ -18,6 +18,8 @@ mod adaptors;
 #[path = "resources/arena.rs"]
 mod arena;
 mod callable_ref;
+#[path = "resources/callback.rs"]
+mod callback;
 mod convert;
 #[path = "hooks/cupy.rs"]
 mod cupy;
@@ -76,6 +78,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     resource::register(m)?;
     convert::register(m)?;
     source_resources::register(m)?;
+    callback::register(m)?;
     suballocators::register(m)?;
     statistics::register(m)?;
     adaptors::register(m)?;

@@ -13,7 +13,23 @@ from collections.abc import Callable
 
 import pytest
 import rrmm
+from hypothesis import HealthCheck, settings
 from rrmm import _rrmm
+
+# Hypothesis budgets for every generated test: ``ci`` (the default) keeps CI's time bounded;
+# ``RRMM_HYPOTHESIS=long`` raises the example counts (``RRMM_HYPOTHESIS_EXAMPLES``, default
+# 2000 per test) for a long run before a release. The state machine and the CLI fuzzer scale
+# their own budgets from the same variable.
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "long",
+    max_examples=int(os.environ.get("RRMM_HYPOTHESIS_EXAMPLES", "2000")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+settings.load_profile(os.environ.get("RRMM_HYPOTHESIS", "ci"))
 
 
 def gpu_available() -> bool:

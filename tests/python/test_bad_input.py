@@ -369,8 +369,11 @@ two = mmap.mmap(-1, 2 * mmap.PAGESIZE)
 base = np.frombuffer(two, dtype=np.uint8).ctypes.data
 import ctypes
 libc = ctypes.CDLL(None)
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-assert libc.munmap(base + mmap.PAGESIZE, mmap.PAGESIZE) == 0
+# The second page stays part of our mapping (so nothing the process maps later, CUDA's own
+# mappings on a GPU machine among them, can land there), with no access: as unreadable as an
+# unmapped page, for as long as `two` lives.
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+assert libc.mprotect(base + mmap.PAGESIZE, mmap.PAGESIZE, 0) == 0  # PROT_NONE
 tail = base + mmap.PAGESIZE - 16
 class Cai:
     def __init__(self, ptr, n):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import gpu_available, gpu_skip_reason
 from rrmm import mr
+from rrmm.mr import experimental
 from rrmm.pylibrmm.device_buffer import DeviceBuffer, to_device
 
 MiB = 1 << 20
@@ -81,7 +82,11 @@ GPU_BASES: dict[str, Callable[[], Any]] = {
     "PinnedHostMemoryResource": lambda: mr.PinnedHostMemoryResource(),
     "CudaAsyncMemoryResource": lambda: mr.CudaAsyncMemoryResource(),
     "CudaAsyncViewMemoryResource": _async_view,
+    "CudaAsyncManagedMemoryResource": lambda: experimental.CudaAsyncManagedMemoryResource(),
 }
+
+#: Classes with a constructor of their own, checked by a suite of their own.
+OWN_SUITES = {"ExpandableMemoryResource": "test_expandable.py"}
 
 #: Classes that keep memory they grew after it is freed.
 SUBALLOCATORS = {
@@ -255,12 +260,13 @@ def test_out_of_memory_is_memory_error(case):
 def test_every_class_is_covered():
     # ExpandableMemoryResource has its own constructor (a device, or simulated_capacity) and
     # its own suite: test_expandable.py.
-    covered = set(ADAPTORS) | set(CPU_BASES) | set(GPU_BASES) | ABSTRACT | {"ExpandableMemoryResource"}
+    covered = set(ADAPTORS) | set(CPU_BASES) | set(GPU_BASES) | ABSTRACT | set(OWN_SUITES)
     classes = {
         name
-        for name in mr.__all__
-        if isinstance(getattr(mr, name), type)
-        and issubclass(getattr(mr, name), mr.DeviceMemoryResource)
+        for module in (mr, experimental)
+        for name in module.__all__
+        if isinstance(getattr(module, name), type)
+        and issubclass(getattr(module, name), mr.DeviceMemoryResource)
     }
     assert classes - covered == set(), "classes of rrmm.mr the conformance suite misses"
     assert covered - classes == set(), "the suite names classes rrmm.mr does not export"

@@ -124,11 +124,22 @@ pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
     ptr.saturating_add(bytes.max(1)) > SIMULATED_ADDRESS_BASE
 }
 
-/// An error when `[ptr, ptr + bytes)` (the argument `name`) is simulated memory.
+/// An error when `[ptr, ptr + bytes)` (the argument `name`) is simulated memory, or no range
+/// at all (it wraps past the end of the address space).
 ///
 /// # Errors
-/// [`Error::Logic`] naming the argument and the address.
-pub(crate) fn check_copyable(name: &str, ptr: usize, bytes: usize) -> Result<()> {
+/// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
+/// the address for simulated memory.
+pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
+    if bytes > 0 && ptr.checked_add(bytes).is_none() {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{name}={ptr:#x} ({bytes} bytes) wraps past the end of the address space \
+                 (2**64): no memory holds that range"
+            ),
+        ));
+    }
     if bytes > 0 && is_simulated(ptr, bytes) {
         return Err(Error::Logic(format!(
             "{name}={ptr:#x} is simulated memory (or above every host address), which has \

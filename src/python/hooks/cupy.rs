@@ -195,12 +195,15 @@ fn pinned_resource() -> Result<SharedResource> {
 /// (`rrmm.mr.set_current_host_resource`; by default a `PinnedHostMemoryResource` made on first
 /// use, on the current device).
 #[pyfunction]
-fn pinned_allocate(nbytes: usize) -> PyResult<HookAllocation> {
+fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     let (ptr, mr) = if nbytes == 0 {
         (0, None)
     } else {
         let mr = py_result(pinned_resource())?;
-        let ptr = py_result(mr.allocate(nbytes, Stream::DEFAULT))?;
+        // The GIL rule (see `gil`), as at every door into a resource.
+        let ptr = py_result(super::gil::call(py, mr.call_profile(), || {
+            mr.allocate(nbytes, Stream::DEFAULT)
+        }))?;
         (ptr, Some(mr))
     };
     Ok(HookAllocation::new(

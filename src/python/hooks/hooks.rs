@@ -12,7 +12,7 @@ use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::MemoryKind;
 use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
 use pyo3::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Makes device `device`'s primary context current while a resource of `mr`'s kind works, when
 /// it needs one: never for simulated or pageable host memory, and never without a driver (so
@@ -25,6 +25,16 @@ pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Opti
         return Ok(None);
     }
     ContextGuard::new(device).map(Some)
+}
+
+/// Live allocations of the hooks from resource chains that run foreign code (a Python
+/// callback): holders rrmm cannot see from Python, which keep a collected callback resource's
+/// memory from being given back (see `callback`).
+static FOREIGN_HOOK_ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many hook allocations from chains that run foreign code are live.
+pub(crate) fn foreign_hook_allocations() -> usize {
+    FOREIGN_HOOK_ALLOCATIONS.load(Ordering::Acquire)
 }
 
 /// Whether an allocation must make the device's context current first.
@@ -71,9 +81,17 @@ pub(crate) fn allocate_from(
         Context::Make => context_for(mr.as_ref(), device)?,
         Context::AlreadyCurrent => None,
     };
-    let ptr = mr
-        .allocate(bytes, stream)
-        .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))?;
+    // The one GIL rule (see `gil`): released when the resource may block or reach Python (a
+    // pool over a callback grows under its lock; the callback takes the GIL back), whoever
+    // calls (CuPy holds the GIL, PyTorch mostly does not).
+    let profile = mr.call_profile();
+    let ptr = super::gil::call_from_foreign(profile, || {
+        mr.allocate(bytes, stream)
+            .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))
+    })?;
+    if profile.calls_foreign_code {
+        FOREIGN_HOOK_ALLOCATIONS.fetch_add(1, Ordering::AcqRel);
+    }
     super::history::record("alloc", device, ptr, bytes, stream.raw());
     Ok((ptr, Some(mr)))
 }
@@ -95,9 +113,20 @@ pub(crate) unsafe fn deallocate_on(
     stream: Stream,
 ) -> Result<()> {
     super::history::record("free_completed", device, ptr, bytes, stream.raw());
-    let _ctx = context_for(mr, device)?;
-    // SAFETY: the caller's contract, for the resource that allocated `ptr`.
-    unsafe { mr.deallocate(ptr, bytes, stream) }
+    // The GIL rule, as in `allocate_from` (CuPy frees with the GIL held).
+    let profile = mr.call_profile();
+    let freed = super::gil::call_from_foreign(profile, || {
+        let _ctx = context_for(mr, device)?;
+        // SAFETY: the caller's contract, for the resource that allocated `ptr`.
+        unsafe { mr.deallocate(ptr, bytes, stream) }
+    });
+    if profile.calls_foreign_code {
+        // Saturating: a chain that gained a foreign bin after the allocation was counted.
+        let _ = FOREIGN_HOOK_ALLOCATIONS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            Some(n.saturating_sub(1))
+        });
+    }
+    freed
 }
 
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when

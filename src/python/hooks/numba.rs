@@ -11,25 +11,17 @@ use crate::{cuda, Error, Stream};
 /// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`
 /// from the per-device resource of `device`. The hot path of the CuPy and Numba hooks.
 #[pyfunction]
-fn hook_allocate(
-    py: Python<'_>,
-    nbytes: usize,
-    stream: usize,
-    device: usize,
-) -> PyResult<HookAllocation> {
+fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAllocation> {
     // SAFETY: the hooks pass the framework's current stream of `device` (Numba), a live stream or
     // a default-stream handle, which the framework keeps live while it uses memory allocated on it.
     let stream = unsafe { Stream::from_raw(stream) };
-    // The one GIL rule: released when the resource may block or reach Python (a pool over a
-    // callback grows under its lock; the callback takes the GIL back).
     if nbytes == 0 {
         return Ok(HookAllocation::new(0, 0, device, stream, None));
     }
     let mr = py_result(crate::per_device_resource(device))?;
-    let profile = mr.call_profile();
-    let (ptr, mr) = py_result(super::gil::call(py, profile, || {
-        allocate_from(mr, device, nbytes, stream, Context::Make)
-    }))?;
+    // `allocate_from` keeps the one GIL rule (released when the resource may block or reach
+    // Python).
+    let (ptr, mr) = py_result(allocate_from(mr, device, nbytes, stream, Context::Make))?;
     Ok(HookAllocation::new(ptr, nbytes, device, stream, mr))
 }
 

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use super::convert::opt_bytes_arg;
 use super::errors::py_result;
-use super::resource::{call_blocking, UpstreamResourceAdaptor};
+use super::resource::{call_blocking, call_locking, UpstreamResourceAdaptor};
 use super::suballocators::suballocator_keeping;
 use super::upstream_kw::upstream_of;
 
@@ -41,8 +41,9 @@ impl ArenaMemoryResource {
     }
 
     /// rrmm: free bytes (global arena and superblocks).
-    fn free_bytes(&self) -> usize {
-        self.arena.free_bytes()
+    fn free_bytes(slf: &Bound<'_, Self>) -> usize {
+        let arena = &slf.get().arena;
+        call_locking(slf, || arena.free_bytes())
     }
 
     /// rrmm: synchronizes and returns every empty superblock to the global arena.
@@ -53,8 +54,9 @@ impl ArenaMemoryResource {
     }
 
     /// rrmm: the arena's state as the out-of-memory dump writes it.
-    fn state_report(&self) -> String {
-        self.arena.state_report()
+    fn state_report(slf: &Bound<'_, Self>) -> String {
+        let arena = &slf.get().arena;
+        call_locking(slf, || arena.state_report())
     }
 }
 

@@ -3,6 +3,7 @@
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
 use super::errors::figures_readable;
+use super::gil;
 use super::resource::DeviceMemoryResource;
 use crate::report::SegmentInfo;
 use pyo3::prelude::*;
@@ -15,7 +16,12 @@ fn _memory_stats<'py>(
     mr: PyRef<'py, DeviceMemoryResource>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
     figures_readable(&*mr.inner)?;
-    let Some(stats) = mr.inner.report().and_then(|r| r.memory_stats()) else {
+    let inner = mr.inner.clone();
+    // The GIL rule (see `gil`): the report takes the resource's lock.
+    let stats = gil::call(py, mr.profile(), move || {
+        inner.report().and_then(|r| r.memory_stats())
+    });
+    let Some(stats) = stats else {
         return Ok(None);
     };
     let out = PyDict::new(py);
@@ -27,12 +33,12 @@ fn _memory_stats<'py>(
 
 /// Sets the peaks of the pool behind `mr` to the current values; whether there was a pool.
 #[pyfunction]
-fn _reset_peak_memory_stats(mr: PyRef<'_, DeviceMemoryResource>) -> PyResult<bool> {
+fn _reset_peak_memory_stats(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> PyResult<bool> {
     figures_readable(&*mr.inner)?;
-    Ok(mr
-        .inner
-        .report()
-        .is_some_and(|r| r.reset_peak_memory_stats()))
+    let inner = mr.inner.clone();
+    Ok(gil::call(py, mr.profile(), move || {
+        inner.report().is_some_and(|r| r.reset_peak_memory_stats())
+    }))
 }
 
 /// The segments of the pool behind `mr` as PyTorch's snapshot dicts (device `device`), or None

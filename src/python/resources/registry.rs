@@ -2,13 +2,13 @@
 //! current-device variants): the core's table holds the Rust resources, this one the Python
 //! object set for each device, so `get` returns the very object that was set.
 
-use crate::resource::SharedResource;
+use crate::resource::{MemoryKind, SharedResource};
 use parking_lot::Mutex;
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::convert::{device_arg, upstream_arg};
+use super::convert::{device_arg, resource_arg};
 use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
@@ -118,8 +118,16 @@ fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> 
 }
 
 fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
-    let (obj, rust) =
-        upstream_arg(mr).map_err(|_| PyTypeError::new_err("mr must be a DeviceMemoryResource"))?;
+    let (obj, rust) = resource_arg(mr, "mr")?;
+    // A stack rrmm refused to build cannot be set either (one built in Rust may be deeper):
+    // say so, with the limit.
+    let depth = py_result(crate::resource::graph::depth(&rust))?;
+    let max = crate::resource::graph::MAX_STACK_DEPTH;
+    if depth > max {
+        return Err(PyValueError::new_err(format!(
+            "mr: the resource stack is {depth} resources deep; rrmm uses stacks of at most {max}"
+        )));
+    }
     py_result(crate::set_per_device_resource(device, rust.clone()))?;
     store(mr.py(), device, obj, rust);
     Ok(())
@@ -163,8 +171,25 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// keeps the Python object.
 #[pyfunction]
 #[pyo3(signature = (mr))]
-fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) {
+fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) -> PyResult<()> {
+    if let Some(m) = &mr {
+        let kind = m.inner.kind();
+        if !matches!(kind, MemoryKind::PinnedHost | MemoryKind::Host) {
+            return Err(PyValueError::new_err(format!(
+                "the host resource must hand out memory the host can read and write (pinned or \
+                 system host memory), not {} memory ({})",
+                match kind {
+                    MemoryKind::Device => "device",
+                    MemoryKind::Managed => "managed",
+                    MemoryKind::Simulated => "simulated",
+                    MemoryKind::PinnedHost | MemoryKind::Host => "host",
+                },
+                m.inner.name()
+            )));
+        }
+    }
     crate::set_current_host_resource(mr.map(|m| m.inner.clone()));
+    Ok(())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

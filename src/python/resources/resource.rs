@@ -167,6 +167,27 @@ where
     UpstreamResourceAdaptor::init(upstream, inner).add_subclass(leaf)
 }
 
+/// The call profile of the resource of `slf` (a resource over an upstream).
+pub(crate) fn profile_of<T>(slf: &Bound<'_, T>) -> CallProfile
+where
+    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
+{
+    slf.as_super().as_super().get().profile()
+}
+
+/// Runs `f`, a call into the resource of `slf` (a resource over an upstream) that takes the
+/// resource's lock (its figures, its reports): with the GIL released where the resource's
+/// profile asks for it, since the lock's holder may be inside a Python callback that needs the
+/// GIL (see `gil`).
+pub(crate) fn call_locking<T, R, F>(slf: &Bound<'_, T>, f: F) -> R
+where
+    T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
+    F: pyo3::marker::Ungil + FnOnce() -> R,
+    R: pyo3::marker::Ungil,
+{
+    gil::call(slf.py(), profile_of(slf), f)
+}
+
 /// Runs `f`, a call into the resource of `slf` (a resource over an upstream) that blocks (it
 /// synchronizes, or frees upstream): with the GIL released where the resource's profile, made
 /// blocking, asks for it (see `gil`).
@@ -176,12 +197,7 @@ where
     F: pyo3::marker::Ungil + FnOnce() -> crate::Result<R>,
     R: Send,
 {
-    let profile = slf
-        .as_super()
-        .as_super()
-        .get()
-        .profile()
-        .and(CallProfile::BLOCKING);
+    let profile = profile_of(slf).and(CallProfile::BLOCKING);
     py_result(gil::call(slf.py(), profile, f))
 }
 

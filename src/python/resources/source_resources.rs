@@ -1,12 +1,11 @@
 //! The source resources of `rrmm.mr`, those with no upstream: CUDA, managed, system (and SAM
 //! headroom), pinned host, `cuda_async` (owned pool and view), simulated, and Python callbacks.
 
-use crate::cuda::{PoolExport, Stream as RawStream};
+use crate::cuda::PoolExport;
 use crate::resource::{
-    CallbackMemoryResource as RsCallback, CudaAsyncMemoryResource as RsCudaAsync,
-    CudaAsyncViewMemoryResource as RsCudaAsyncView, CudaMemoryResource as RsCuda, MemoryKind,
-    PinnedHostMemoryResource as RsPinned, SimulatedMemoryResource as RsSimulated,
-    SystemMemoryResource as RsSystem,
+    CudaAsyncMemoryResource as RsCudaAsync, CudaAsyncViewMemoryResource as RsCudaAsyncView,
+    CudaMemoryResource as RsCuda, PinnedHostMemoryResource as RsPinned,
+    SimulatedMemoryResource as RsSimulated, SystemMemoryResource as RsSystem,
 };
 use crate::{
     CheckedResourceAdaptor, ManagedMemoryResource as RsManaged, ManagedOptions, MemoryResource,
@@ -16,11 +15,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::callable_ref::CallableRef;
 use super::convert::{bytes_arg, opt_bytes_arg};
-use super::errors::{callback_error, py_result};
+use super::errors::py_result;
 use super::resource::{sub, DeviceMemoryResource};
-use super::stream::stream_for;
 
 /// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
 /// double or wrong-size free from Python is a `RuntimeError` and never reaches the driver.
@@ -384,87 +381,6 @@ impl SimulatedMemoryResource {
     }
 }
 
-/// Allocation through Python functions: `allocate_func(size, stream) -> int` and
-/// `deallocate_func(ptr, size, stream)`. Exceptions they raise propagate to the caller.
-#[pyclass(module = "rrmm.mr", name = "CallbackMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct CallbackMemoryResource {
-    allocate_func: Py<PyAny>,
-    deallocate_func: Py<PyAny>,
-}
-
-#[pymethods]
-impl CallbackMemoryResource {
-    #[new]
-    fn new(
-        allocate_func: &Bound<'_, PyAny>,
-        deallocate_func: &Bound<'_, PyAny>,
-    ) -> PyResult<PyClassInitializer<Self>> {
-        if !allocate_func.is_callable() || !deallocate_func.is_callable() {
-            return Err(PyTypeError::new_err(
-                "allocate_func and deallocate_func must be callable",
-            ));
-        }
-        let alloc: Py<PyAny> = allocate_func.clone().unbind();
-        let dealloc: Py<PyAny> = deallocate_func.clone().unbind();
-        let (a, d) = (
-            CallableRef::new(allocate_func),
-            CallableRef::new(deallocate_func),
-        );
-        let allocate = Box::new(
-            move |bytes: usize, stream: RawStream| -> crate::Result<usize> {
-                Python::attach(|py| {
-                    let call = || -> PyResult<usize> {
-                        let s = stream_for(py, stream)?;
-                        a.get(py, "allocate_func")?
-                            .call1((bytes, s))?
-                            .extract::<usize>()
-                    };
-                    call().map_err(|e| callback_error(py, e, bytes))
-                })
-            },
-        );
-        let deallocate = Box::new(
-            move |ptr: usize, bytes: usize, stream: RawStream| -> crate::Result<()> {
-                Python::attach(|py| {
-                    let call = || -> PyResult<()> {
-                        let s = stream_for(py, stream)?;
-                        d.get(py, "deallocate_func")?.call1((ptr, bytes, s))?;
-                        Ok(())
-                    };
-                    call().map_err(|e| callback_error(py, e, bytes))
-                })
-            },
-        );
-        let mr = RsCallback::new(allocate, deallocate, MemoryKind::Device);
-        Ok(sub(
-            CallbackMemoryResource {
-                allocate_func: alloc,
-                deallocate_func: dealloc,
-            },
-            Arc::new(mr),
-        ))
-    }
-
-    /// The garbage collector's view of the functions this object holds (the Rust closures hold
-    /// them weakly, see `callable_ref`).
-    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        visit.call(&self.allocate_func)?;
-        visit.call(&self.deallocate_func)
-    }
-
-    /// The allocate function.
-    #[getter]
-    fn allocate_func(&self, py: Python<'_>) -> Py<PyAny> {
-        self.allocate_func.clone_ref(py)
-    }
-
-    /// The deallocate function.
-    #[getter]
-    fn deallocate_func(&self, py: Python<'_>) -> Py<PyAny> {
-        self.deallocate_func.clone_ref(py)
-    }
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CudaMemoryResource>()?;
     m.add_class::<ManagedMemoryResource>()?;
@@ -474,6 +390,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CudaAsyncMemoryResource>()?;
     m.add_class::<CudaAsyncViewMemoryResource>()?;
     m.add_class::<SimulatedMemoryResource>()?;
-    m.add_class::<CallbackMemoryResource>()?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::errors::{figures_readable, py_result};
 use super::resource::{
-    call_blocking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
+    call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
 use super::upstream_kw::upstream_of;
 
@@ -61,9 +61,10 @@ impl PoolMemoryResource {
     }
 
     /// Bytes held from the upstream.
-    fn pool_size(&self) -> PyResult<usize> {
-        figures_readable(&self.pool)?;
-        Ok(self.pool.pool_size())
+    fn pool_size(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let pool = &slf.get().pool;
+        figures_readable(pool)?;
+        Ok(call_locking(slf, || pool.pool_size()))
     }
 
     /// The maximum pool size (None: no limit but the upstream's).
@@ -79,21 +80,24 @@ impl PoolMemoryResource {
     }
 
     /// rrmm: bytes held but free.
-    fn free_bytes(&self) -> PyResult<usize> {
-        figures_readable(&self.pool)?;
-        Ok(self.pool.free_bytes())
+    fn free_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let pool = &slf.get().pool;
+        figures_readable(pool)?;
+        Ok(call_locking(slf, || pool.free_bytes()))
     }
 
     /// rrmm: the largest free block, in bytes.
-    fn largest_free_block(&self) -> PyResult<usize> {
-        figures_readable(&self.pool)?;
-        Ok(self.pool.largest_free_block())
+    fn largest_free_block(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let pool = &slf.get().pool;
+        figures_readable(pool)?;
+        Ok(call_locking(slf, || pool.largest_free_block()))
     }
 
     /// rrmm: the number of free blocks.
-    fn free_block_count(&self) -> PyResult<usize> {
-        figures_readable(&self.pool)?;
-        Ok(self.pool.free_block_count())
+    fn free_block_count(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let pool = &slf.get().pool;
+        figures_readable(pool)?;
+        Ok(call_locking(slf, || pool.free_block_count()))
     }
 }
 
@@ -129,15 +133,17 @@ impl FixedSizeMemoryResource {
     }
 
     /// Bytes held from the upstream.
-    fn pool_size(&self) -> PyResult<usize> {
-        figures_readable(&self.fixed)?;
-        Ok(self.fixed.pool_size())
+    fn pool_size(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let fixed = &slf.get().fixed;
+        figures_readable(fixed)?;
+        Ok(call_locking(slf, || fixed.pool_size()))
     }
 
     /// Free blocks.
-    fn free_block_count(&self) -> PyResult<usize> {
-        figures_readable(&self.fixed)?;
-        Ok(self.fixed.free_block_count())
+    fn free_block_count(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let fixed = &slf.get().fixed;
+        figures_readable(fixed)?;
+        Ok(call_locking(slf, || fixed.free_block_count()))
     }
 }
 
