@@ -11,7 +11,6 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rrmm`` command line; returns the exit status."""
     from rrmm import __version__
-
     from rrmm._cli_common import EXIT_CODES, one_line_parser_errors
 
     parser = argparse.ArgumentParser(

@@ -91,23 +91,22 @@ timings are the simulator's, not CUDA's; the line under the table says which res
 stands for. managed (and managed_pool) is its own row: the simulated device with host memory
 beyond it, where allocations past the device succeed and "beyond" says how many bytes would
 live in host memory at the worst moment.
-A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes) reads them: 1000000, or a number and
-a unit, 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000. A bare
-unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
+A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes, the one size parser of rrmm: the
+command line, reinitialize and rrmm.dask alike) reads them: 1000000, or a number and a unit,
+80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000 (as in RMM).
+A bare unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
 """
 
 
 def parse_size(text: str) -> int:
-    """A SIZE option, parsed by ``rrmm.parse_bytes`` as the API parses sizes (so
-    ``--initial-pool-size X`` means what ``reinitialize(initial_pool_size="X")`` means); its
-    ValueError becomes argparse's one-line usage error."""
+    """A SIZE option, parsed by ``rrmm.parse_bytes``, the package's one size parser (so
+    ``--initial-pool-size X`` means what ``reinitialize(initial_pool_size="X")`` and
+    ``RRMMSetup(simulate="X")`` mean); its ValueError becomes argparse's one-line usage error."""
     try:
         return parse_bytes(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000; a bare unit such as 4G is not "
-            "one: 4GiB or 4GB)"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000)"
+                                         ) from None
 
 
 def _positive_size(text: str) -> int:

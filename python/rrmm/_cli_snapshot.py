@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from rrmm._cli_common import EXIT_CODES, fail, one_line_parser_errors, resolve_log

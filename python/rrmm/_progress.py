@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import IO, TypeVar
+from typing import IO, Self, TypeVar
 
 __all__ = ["Progress", "progress_wanted", "track"]
 
@@ -64,7 +64,7 @@ class Progress:
         self._drawn = False
         self._last_draw = 0.0
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         if self.enabled:
             self._ticker = threading.Thread(target=self._tick, name="rrmm-progress",
                                             daemon=True)

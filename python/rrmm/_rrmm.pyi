@@ -2,9 +2,9 @@
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, SupportsIndex, TypeAlias, final
+from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 
-from typing_extensions import Buffer, Self, disjoint_base
+from typing_extensions import Buffer, disjoint_base
 
 from rrmm._counts import FallbackCounts
 from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord, ReplayTimings
@@ -122,6 +122,14 @@ class Stream:
 DEFAULT_STREAM: Stream
 LEGACY_DEFAULT_STREAM: Stream
 PER_THREAD_DEFAULT_STREAM: Stream
+
+# ------------------------------------------------------------------ host bytes
+
+@disjoint_base
+class _HostBytes:
+    """The base of rrmm.HostBuffer: its bytes through the buffer protocol (3.11 stable ABI)."""
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
+    def _set_bytes(self, ptr: int, size: int) -> None: ...
 
 # ------------------------------------------------------------------ resources
 

@@ -141,7 +141,8 @@ def _size(value: Any, where: str) -> int:
     """A size or address of a snapshot: a whole number in [0, 2**64) (a float only when it is a
     whole number, as JSON writers give large ints)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a number")
+        # A field of the file, not an argument: ValueError, as for every bad snapshot.
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a number")  # noqa: TRY004
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
             raise ValueError(f"{where} is {value!r}, not a whole number")
@@ -160,13 +161,13 @@ def _list(value: Any, where: str) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{where} is {type(value).__name__}, not a list")
+        raise ValueError(f"{where} is {type(value).__name__}, not a list")  # noqa: TRY004
     return list(value)
 
 
 def _dict(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a dict")
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a dict")  # noqa: TRY004
     return value
 
 

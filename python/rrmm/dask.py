@@ -55,21 +55,12 @@ def _device_total(simulate: int | None) -> int:
     return int(rrmm._rrmm.device_memory_info(rrmm._rrmm._current_device())[1])
 
 
-def _parse_dask_bytes(text: str) -> int:
-    """A size string as dask-cuda reads it (dask's ``parse_bytes``: ``"4GB"``, ``"4GiB"``, and
-    a bare ``"4G"`` meaning 4 * 10**9); RMM's grammar when dask is not installed."""
-    try:
-        from dask.utils import parse_bytes
-    except ImportError:
-        return rrmm.parse_bytes(text.replace(" ", ""))
-    return int(parse_bytes(text))
-
-
 def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT) -> int | None:
     """dask-cuda's ``parse_device_bytes``: None, 0 and "0 B" give None; a float in (0, 1] is a
     fraction of the device's memory (``total``, the simulated size when simulating); a string
-    is parsed as dask-cuda parses it (``"4GiB"``, ``"5GB"``, ``"4G"``); the result is rounded down
-    to ``alignment``."""
+    is parsed by ``rrmm.parse_bytes``, the package's one size parser (RMM's grammar:
+    ``"4GiB"``, ``"5GB"``, ``"512 MiB"``; a bare unit such as ``"4G"`` is refused, where
+    dask's ``parse_bytes`` would read 4 * 10**9); the result is rounded down to ``alignment``."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -83,7 +74,7 @@ def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _A
             raise ValueError("a fraction of device memory needs a device")
         size = int(total * value)
     elif isinstance(value, str):
-        size = _parse_dask_bytes(value)
+        size = rrmm.parse_bytes(value)
     elif isinstance(value, int):
         size = value
     else:

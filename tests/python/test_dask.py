@@ -202,11 +202,17 @@ def test_preload_reads_the_rrmm_config_section(tmp_path):
         options_from_config()
 
 
-def test_sizes_are_read_as_dask_cuda_reads_them():
-    """dask-cuda parses sizes with dask's ``parse_bytes``: a bare unit is decimal there."""
-    from rrmm.dask import parse_device_bytes
+def test_sizes_are_read_by_the_one_parser_of_the_package():
+    """Issue 31: ``RRMMSetup(simulate='8G')`` took 8 * 10**9 bytes (dask's ``parse_bytes``)
+    where the command line and ``reinitialize`` refuse ``8G``; every size string now goes
+    through ``rrmm.parse_bytes`` (RMM's grammar), which refuses a bare unit with a hint."""
+    from rrmm.dask import RRMMSetup, parse_device_bytes
 
-    assert parse_device_bytes("4G") == 4 * 10**9
+    with pytest.raises(ValueError, match="a bare unit is not a size"):
+        parse_device_bytes("4G")
+    with pytest.raises(ValueError, match="a bare unit is not a size"):
+        RRMMSetup(simulate="8G")
+    assert RRMMSetup(simulate="8GB").simulate == 8 * 10**9
     assert parse_device_bytes("4GB") == 4 * 10**9
     assert parse_device_bytes("4GiB") == 4 << 30
     assert parse_device_bytes("0 B") is None
