@@ -1,4 +1,5 @@
-"""rrmm on Dask clusters (extra ``dask``: ``pip install 'rrmm[dask]'``).
+"""rrmm on Dask clusters. Needs ``distributed`` (``pip install distributed``; from a checkout of
+rrmm, ``pip install '.[dask]'`` installs it: the ``dask`` extra of pyproject.toml).
 
 - ``RRMMSetup``: a ``distributed.WorkerPlugin`` taking dask-cuda's RMM options (with dask-cuda's
   validation and messages) plus ``simulate="80GiB"`` for simulated memory (CPU-only clusters,
@@ -22,11 +23,19 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import dask
-import dask.sizeof
-from distributed import WorkerPlugin
-from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
-from distributed.protocol.serialize import dask_deserialize, dask_serialize
+#: What to run when ``distributed`` is missing (the ``dask`` extra of pyproject.toml).
+INSTALL_HINT = "pip install distributed (from a checkout of rrmm: pip install '.[dask]')"
+
+try:
+    import dask
+    import dask.sizeof
+    from distributed import WorkerPlugin
+    from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+    from distributed.protocol.serialize import dask_deserialize, dask_serialize
+except ImportError as _cause:  # pragma: no cover - depends on the environment
+    raise ImportError(f"rrmm.dask needs Dask's distributed, which could not be imported "
+                      f"({_cause}): {INSTALL_HINT}", name=getattr(_cause, "name", None)
+                      ) from _cause
 
 import rrmm
 import rrmm._stack
@@ -322,12 +331,22 @@ class RRMMSetup(WorkerPlugin):
         return kind, {"initial_pool_size": initial, "maximum_pool_size": maximum}
 
 
+def _human(n: int) -> str:
+    """Bytes as people read them (binary units): ``8.00 GiB``, ``512 B``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
 def _describe(kind: str, simulate: int | None) -> str:
-    """The worker's resource in a few words: ``pool(cuda)``, ``pool(simulated N B)``,
+    """The worker's resource in a few words: ``pool(cuda)``, ``pool(simulated 8.00 GiB)``,
     ``cuda_async``, ``expandable(cuda)``."""
     memory = "managed" if kind.startswith("managed") else "cuda"
     if simulate is not None:
-        memory = f"simulated {simulate} B"
+        memory = f"simulated {_human(simulate)}"
     if kind in ("cuda", "managed", "cuda_async", "simulated"):
         return memory if simulate is not None else kind
     return f"{'pool' if kind.endswith('pool') else kind}({memory})"
