@@ -12,7 +12,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 import rrmm
 import rrmm.mr
 import rrmm.statistics

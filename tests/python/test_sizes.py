@@ -11,10 +11,9 @@ import os
 import re
 
 import pytest
+import rrmm
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import rrmm
 from rrmm import rmm as rrmm_rmm
 from rrmm._cli_replay import parse_size
 
