@@ -249,6 +249,31 @@ mod tests {
         Arc::new(SystemMemoryResource::new())
     }
 
+    /// Issue 31: on simulated memory the copying calls failed with a message that did not say
+    /// what to use instead; it names the resource that keeps the bytes, and the same calls work
+    /// on a pool over it without a GPU.
+    #[test]
+    fn simulated_memory_names_the_resource_that_keeps_bytes() {
+        use crate::resource::SimulatedMemoryResource;
+        use crate::suballocator::PoolMemoryResource;
+        let simulated: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let err = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, simulated.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("SystemMemoryResource keeps the bytes"),
+            "{err}"
+        );
+        let mut v = DeviceUVector::<u32>::new(3, Stream::DEFAULT, simulated).unwrap();
+        assert!(v.set_element(0, 1).is_err());
+        let pool: SharedResource =
+            Arc::new(PoolMemoryResource::new(host(), Some(1 << 20), None).unwrap());
+        let mut v = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, pool).unwrap();
+        v.set_element(0, 7).unwrap();
+        v.resize(5).unwrap();
+        assert_eq!(&v.to_vec().unwrap()[..3], &[7, 2, 3]);
+    }
+
     #[test]
     fn elements_round_trip_and_bounds_are_checked() {
         let mut v = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, host()).unwrap();
