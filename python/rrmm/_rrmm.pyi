@@ -43,6 +43,7 @@ __all__ = [
     "SystemMemoryResource",
     "TrackingResourceAdaptor",
     "UpstreamResourceAdaptor",
+    "_HostBytes",
     "__version__",
     "_clear_per_device_resources",
     "_copy_host_async",
