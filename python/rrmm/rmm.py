@@ -110,9 +110,24 @@ def reinitialize(
     for device, mr in built:
         _mr.set_per_device_resource(device, mr)
     if pinned_size is not None:
-        _mr.set_current_host_resource(
-            _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=pinned_size)
-        )
+        _mr.set_current_host_resource(_pinned_pool(pinned_size))
+
+
+#: Pinned pools from this size on say so on a terminal while their pages are touched (seconds
+#: per 10 GiB).
+PINNED_NOTICE_BYTES = 4 << 30
+
+
+def _pinned_pool(size: int) -> _mr.DeviceMemoryResource:
+    """A pool over pinned host memory holding ``size`` bytes, with a line on standard error (a
+    terminal only, cleared when done) while a large one faults its pages in."""
+    from rrmm._progress import Progress
+
+    note = f"making a pinned pool of {size / (1 << 30):.2f} GiB (touching every page)"
+    with Progress("rrmm.reinitialize", 1,
+                  enabled=None if size >= PINNED_NOTICE_BYTES else False) as bar:
+        bar.step(note)
+        return _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=size)
 
 
 #: Stack kinds that ``reinitialize`` does not build: the simulated device needs a size, which

@@ -110,3 +110,19 @@ def test_the_bar_counts_steps_and_clears_its_line(monkeypatch):
     with Progress("work", 2, stream=quiet) as bar:
         bar.step("a")
     assert quiet.getvalue() == ""
+
+
+def test_a_large_pinned_pool_says_so_on_a_terminal(monkeypatch, capsys):
+    from rrmm import _rrmm
+    from rrmm.rmm import PINNED_NOTICE_BYTES, _pinned_pool
+
+    if not _rrmm.driver_available() or _rrmm.device_count() == 0:
+        pytest.skip("pinned host memory needs a CUDA driver and a device")
+    monkeypatch.setenv("RRMM_PROGRESS", "1")  # standard error is captured: force the terminal
+    pool = _pinned_pool(PINNED_NOTICE_BYTES)
+    err = capsys.readouterr().err
+    assert "making a pinned pool of 4.00 GiB" in err and err.endswith("\r\x1b[K")
+    assert pool.pool_size() >= PINNED_NOTICE_BYTES
+    del pool
+    _pinned_pool(1 << 20)
+    assert capsys.readouterr().err == ""
