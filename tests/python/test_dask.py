@@ -219,3 +219,26 @@ def test_sizes_are_read_by_the_one_parser_of_the_package():
     assert parse_device_bytes(0.5, total=8 << 30) == 4 << 30
     with pytest.raises(ValueError):
         parse_device_bytes("four gigabytes")
+
+
+def _rmm_on_the_worker() -> tuple[str, int]:
+    """What dask-cuda's workers get from ``import rmm`` (RRMM_AS_RMM=1): rrmm, whose pool works
+    as RMM's would (on simulated memory here)."""
+    import rmm
+    import rmm.mr
+
+    pool = rmm.mr.PoolMemoryResource(rmm.mr.SimulatedMemoryResource(4 << 30),
+                                      initial_pool_size="256MiB")
+    return rmm.__name__, pool.pool_size()
+
+
+def test_rrmm_as_rmm_reaches_dask_workers(monkeypatch):
+    """The README's first Dask route: with ``RRMM_AS_RMM=1`` in the workers' environment, the
+    ``import rmm`` that dask-cuda's plugin does gives rrmm in every worker process."""
+    monkeypatch.setenv("RRMM_AS_RMM", "1")  # inherited by the worker processes at their start
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        results = client.run(_rmm_on_the_worker)
+    assert len(results) == 2
+    assert all(r == ("rrmm", 256 << 20) for r in results.values()), results
