@@ -242,3 +242,13 @@ def test_rrmm_as_rmm_reaches_dask_workers(monkeypatch):
         results = client.run(_rmm_on_the_worker)
     assert len(results) == 2
     assert all(r == ("rrmm", 256 << 20) for r in results.values()), results
+
+
+def test_the_report_names_sizes_as_people_read_them():
+    """Issue 31: ``memory_report`` showed ``pool(simulated 8589934592 B)``."""
+    from rrmm.dask import _describe
+
+    assert _describe("pool", 8 << 30) == "pool(simulated 8.00 GiB)"
+    assert _describe("expandable", 1536 << 20) == "expandable(simulated 1.50 GiB)"
+    assert _describe("cuda", 512) == "simulated 512 B"
+    assert _describe("pool", None) == "pool(cuda)"
