@@ -631,7 +631,7 @@ def test_misuse_is_a_one_line_error_before_any_replay(capsys, small_log, args, n
     "args, needle",
     [
         (["--simulate", "4XB"], "Could not parse '4XB' as a byte specification"),
-        (["--initial-pool-size", "4G"], "a bare unit such as 4G is not one: 4GiB or 4GB"),
+        (["--initial-pool-size", "4G"], "a bare unit is not a size: write 4GiB for 4 * 2**30"),
         (["--simulate", "0"], "positive"),
         (["--repeat", "0"], "positive"),
         (["--repeat", "x"], "not a whole number"),
