@@ -205,8 +205,8 @@ mod tests {
         assert_eq!(p("4GiB\n"), Some(4 << 30));
         assert_eq!(p(".5kb"), None);
         assert_eq!(p("-1"), None);
-        assert_eq!(super::bare_unit_hint("4G").is_empty(), false);
-        assert_eq!(super::bare_unit_hint("1.5 gi").is_empty(), false);
+        assert!(!super::bare_unit_hint("4G").is_empty());
+        assert!(!super::bare_unit_hint("1.5 gi").is_empty());
         assert_eq!(super::bare_unit_hint("4XB"), "");
         assert_eq!(p("abc"), None);
         assert_eq!(p(""), None);
