@@ -455,7 +455,8 @@ unsafe fn copy_bytes_as(
         MemoryKind::Simulated => {
             return Err(Error::Logic(
                 "simulated memory has nothing behind it and cannot be copied (without a GPU, \
-                 SystemMemoryResource keeps the bytes: containers and buffers work on it)"
+                 SimulatedMemoryResource::with_backing or SystemMemoryResource keeps the \
+                 bytes: containers and buffers work on it)"
                     .into(),
             ))
         }

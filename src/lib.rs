@@ -18,9 +18,11 @@
 //!   the calls that copy bytes (`DeviceUVector::from_host`, `resize`, `set_element`,
 //!   `element`, `to_vec`, `DeviceBuffer::copy_from_host`, ...) fail with "simulated memory has
 //!   nothing behind it".
-//! - Without a GPU, with bytes: [`SystemMemoryResource`] (host memory), alone or under any
-//!   pool or adaptor, backs the containers and [`DeviceBuffer`] with real bytes, copied by the
-//!   CPU when there is no driver: the way to test code that uses containers without a GPU.
+//! - Without a GPU, with bytes: [`SimulatedMemoryResource::with_backing`] (a simulated device
+//!   of the same capacity with host memory behind its addresses) or [`SystemMemoryResource`]
+//!   (host memory), alone or under any pool or adaptor, back the containers and
+//!   [`DeviceBuffer`] with real bytes, copied by the CPU when there is no driver: the way to
+//!   test code that uses containers without a GPU.
 //!
 //! # A pool on a simulated device
 //!
@@ -44,14 +46,14 @@
 //! # A container (RMM's `device_uvector`)
 //!
 //! On a GPU the resource is a device resource (`CudaMemoryResource`, a pool over it); here it
-//! is a pool over host memory, so the example runs anywhere:
+//! is a pool over a simulated device that keeps its bytes, so the example runs anywhere:
 //!
 //! ```
-//! use rrmm::{DeviceUVector, PoolMemoryResource, SharedResource, Stream, SystemMemoryResource};
+//! use rrmm::{DeviceUVector, PoolMemoryResource, SharedResource, SimulatedMemoryResource, Stream};
 //! use std::sync::Arc;
 //!
-//! let host: SharedResource = Arc::new(SystemMemoryResource::new());
-//! let pool: SharedResource = Arc::new(PoolMemoryResource::new(host, Some(1 << 20), None)?);
+//! let device: SharedResource = Arc::new(SimulatedMemoryResource::with_backing(256 << 20)?);
+//! let pool: SharedResource = Arc::new(PoolMemoryResource::new(device, Some(1 << 20), None)?);
 //! let mut v = DeviceUVector::<f32>::from_host(&[1.0, 2.0, 3.0], Stream::DEFAULT, pool)?;
 //! v.set_element(1, 20.0)?;
 //! v.resize(4)?; // keeps the first three elements
