@@ -454,7 +454,10 @@ unsafe fn copy_bytes_as(
     match kind {
         MemoryKind::Simulated => {
             return Err(Error::Logic(
-                "simulated memory has nothing behind it and cannot be copied".into(),
+                "simulated memory has nothing behind it and cannot be copied (without a GPU, \
+                 SimulatedMemoryResource::with_backing or SystemMemoryResource keeps the \
+                 bytes: containers and buffers work on it)"
+                    .into(),
             ))
         }
         MemoryKind::Host if !cuda::driver_available() => {

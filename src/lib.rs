@@ -1,19 +1,65 @@
 //! rrmm: composable, thread-safe CUDA memory resources (pool, fixed-size, binning, adaptors) on
 //! the driver API through `cudarc`, with RMM's semantics.
 //!
+//! ```toml
+//! [dependencies]
+//! rrmm = "0.1"
+//! ```
+//!
 //! Every resource implements [`MemoryResource`]; suballocators and adaptors own their upstream as
-//! a [`SharedResource`]. Without a GPU, [`SimulatedMemoryResource`] stands in for device memory.
+//! a [`SharedResource`]. No CUDA toolkit is needed to build: the driver is loaded at run time.
+//!
+//! # What needs a GPU
+//! - On a GPU: [`CudaMemoryResource`], [`CudaAsyncMemoryResource`], [`ManagedMemoryResource`],
+//!   [`PinnedHostMemoryResource`], [`ExpandableMemoryResource`], and every container or
+//!   [`DeviceBuffer`] copy on device memory.
+//! - Without a GPU, allocation only: [`SimulatedMemoryResource`] stands in for a device of any
+//!   size (for sizing, replays and tests of pools). It has no bytes behind its addresses, so
+//!   the calls that copy bytes (`DeviceUVector::from_host`, `resize`, `set_element`,
+//!   `element`, `to_vec`, `DeviceBuffer::copy_from_host`, ...) fail with "simulated memory has
+//!   nothing behind it".
+//! - Without a GPU, with bytes: [`SimulatedMemoryResource::with_backing`] (a simulated device
+//!   of the same capacity with host memory behind its addresses) or [`SystemMemoryResource`]
+//!   (host memory), alone or under any pool or adaptor, back the containers and
+//!   [`DeviceBuffer`] with real bytes, copied by the CPU when there is no driver: the way to
+//!   test code that uses containers without a GPU.
+//!
+//! # A pool on a simulated device
 //!
 //! ```
-//! use rrmm::{MemoryResource, SimulatedMemoryResource, Stream};
+//! use rrmm::{MemoryResource, PoolMemoryResource, SharedResource, SimulatedMemoryResource, Stream};
+//! use std::sync::Arc;
 //!
-//! let device = SimulatedMemoryResource::new(1 << 30);
-//! let ptr = device.allocate(1000, Stream::DEFAULT)?;
+//! // A 1 GiB device without a GPU; the pool starts at 64 MiB and grows up to 512 MiB.
+//! let device: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+//! let pool = PoolMemoryResource::new(device, Some(64 << 20), Some(512 << 20))?;
+//! let ptr = pool.allocate(1000, Stream::DEFAULT)?;
 //! assert_eq!(ptr % 256, 0);
-//! // SAFETY: `ptr` came from `allocate` on `device` with 1000 bytes, is freed once, and no
-//! // work uses it (`deallocate` is `unsafe`: a foreign or double free is undefined behaviour
-//! // for resources that do not check).
-//! unsafe { device.deallocate(ptr, 1000, Stream::DEFAULT) }?;
+//! assert!(pool.allocate(1 << 30, Stream::DEFAULT).is_err()); // past the maximum: out of memory
+//! // SAFETY: `ptr` came from `allocate` on `pool` with 1000 bytes, is freed once, and no work
+//! // uses it (`deallocate` is `unsafe`: a foreign or double free is undefined behaviour for
+//! // resources that do not check).
+//! unsafe { pool.deallocate(ptr, 1000, Stream::DEFAULT) }?;
+//! # Ok::<(), rrmm::Error>(())
+//! ```
+//!
+//! # A container (RMM's `device_uvector`)
+//!
+//! On a GPU the resource is a device resource (`CudaMemoryResource`, a pool over it); here it
+//! is a pool over a simulated device that keeps its bytes, so the example runs anywhere:
+//!
+//! ```
+//! use rrmm::{DeviceUVector, PoolMemoryResource, SharedResource, SimulatedMemoryResource, Stream};
+//! use std::sync::Arc;
+//!
+//! let device: SharedResource = Arc::new(SimulatedMemoryResource::with_backing(256 << 20)?);
+//! let pool: SharedResource = Arc::new(PoolMemoryResource::new(device, Some(1 << 20), None)?);
+//! let mut v = DeviceUVector::<f32>::from_host(&[1.0, 2.0, 3.0], Stream::DEFAULT, pool)?;
+//! v.set_element(1, 20.0)?;
+//! v.resize(4)?; // keeps the first three elements
+//! assert_eq!(v.len(), 4);
+//! assert_eq!(&v.to_vec()?[..3], &[1.0, 20.0, 3.0]);
+//! assert_eq!(v.element(2)?, 3.0);
 //! # Ok::<(), rrmm::Error>(())
 //! ```
 #![deny(missing_docs)]

@@ -6,21 +6,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rrmm`` command line; returns the exit status."""
     from rrmm import __version__
+    from rrmm._cli_common import EXIT_CODES, one_line_parser_errors
 
-    parser = argparse.ArgumentParser(prog="rrmm", description="rrmm: CUDA memory resources")
+    parser = argparse.ArgumentParser(
+        prog="rrmm",
+        description="rrmm: CUDA memory resources. Commands: info (driver, devices, resources), "
+        "replay (replay allocation logs against resources, on a GPU or simulated memory), "
+        "snapshot view (a memory snapshot or a log as an HTML page).",
+        epilog=EXIT_CODES,
+    )
     parser.add_argument("--version", action="version", version=f"rrmm {__version__}")
-
-    def one_line_error(message: str) -> NoReturn:
-        print(f"rrmm: error: {message} (rrmm --help lists the commands)", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
+    one_line_parser_errors(parser, "rrmm")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from rrmm import _cli_info, _cli_replay, _cli_snapshot

@@ -11,7 +11,18 @@ from rrmm import _rrmm
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Adds the ``info`` command to the ``rrmm`` command line."""
-    parser = subparsers.add_parser("info", help="driver, devices, memory and current resources")
+    from rrmm._cli_common import EXIT_CODES, one_line_parser_errors
+
+    parser = subparsers.add_parser(
+        "info",
+        help="driver, devices, memory and current resources",
+        description="Prints the CUDA driver rrmm loads, each device with its free and total "
+        "memory, the resource set for it (or the default it would get) and the host NUMA node "
+        "of its pinned memory; without a driver it says why and that there are no devices "
+        "(status 0: simulated memory needs no GPU).",
+        epilog=EXIT_CODES,
+    )
+    one_line_parser_errors(parser, "rrmm info")
     parser.set_defaults(run=run)
     return parser
 

@@ -17,9 +17,12 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from rrmm import _replay_peers, parse_bytes
+from rrmm._cli_common import EXIT_CODES, USAGE, one_line_parser_errors, resolve_log
+from rrmm._cli_common import fail as fail_with
+from rrmm._progress import Progress, progress_wanted
 from rrmm._replay_peers import PEERS, PYTHON_DRIVER
 from rrmm._replay_types import FitRecord, ReplayRecord
 
@@ -82,27 +85,28 @@ Other libraries' allocators, on a GPU, named in --compare (their packages instal
   counted and the frees skipped as the engine does. With --fit, torch and cupy get the
   smallest memory limit on the GPU (set_per_process_memory_fraction, MemoryPool.set_limit)
   under which the log replays with no failure, searched as the simulated device is.
-On simulated memory cuda and cuda_async are the simulated device itself: one row, labelled so,
-whose timings are the simulator's, not CUDA's. managed (and managed_pool) is the simulated
-device with host memory beyond it: allocations past the device succeed, and "beyond" says how
-many bytes would live in host memory at the worst moment.
-A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes) reads them: 1000000, or a number and
-a unit, 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000. A bare
-unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
+On simulated memory cuda and cuda_async (and pinned, when named) are the simulated device
+itself: one row named "simulated" (in the table, the fit lines, --json and the plot), whose
+timings are the simulator's, not CUDA's; the line under the table says which resources it
+stands for. managed (and managed_pool) is its own row: the simulated device with host memory
+beyond it, where allocations past the device succeed and "beyond" says how many bytes would
+live in host memory at the worst moment.
+A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes, the one size parser of rrmm: the
+command line, reinitialize and rrmm.dask alike) reads them: 1000000, or a number and a unit,
+80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000 (as in RMM).
+A bare unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
 """
 
 
 def parse_size(text: str) -> int:
-    """A SIZE option, parsed by ``rrmm.parse_bytes`` as the API parses sizes (so
-    ``--initial-pool-size X`` means what ``reinitialize(initial_pool_size="X")`` means); its
-    ValueError becomes argparse's one-line usage error."""
+    """A SIZE option, parsed by ``rrmm.parse_bytes``, the package's one size parser (so
+    ``--initial-pool-size X`` means what ``reinitialize(initial_pool_size="X")`` and
+    ``RRMMSetup(simulate="X")`` mean); its ValueError becomes argparse's one-line usage error."""
     try:
         return parse_bytes(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000; a bare unit such as 4G is not "
-            "one: 4GiB or 4GB)"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000)"
+                                         ) from None
 
 
 def _positive_size(text: str) -> int:
@@ -157,20 +161,6 @@ def _format_fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _resolve_log(log: str) -> tuple[str, str]:
-    """(file to read, name to show): a path as given, or the file of a shipped trace when ``log``
-    names one and no such file exists (shown by its file name, not its installed path)."""
-    if os.path.exists(log):
-        return log, log
-    from rrmm import traces
-
-    try:
-        path = traces.path(log)
-    except KeyError:
-        return log, log  # the engine reports the missing file by name
-    return str(path), path.name
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` command to ``subparsers``; sets ``run`` to :func:`run`."""
     from rrmm import _rrmm
@@ -182,7 +172,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "replay",
         help="replay RMM-format allocation logs against memory resources",
         description=__doc__,
-        epilog=f"Resources:\n{summaries}\n\n{DEFINITIONS}",
+        epilog=f"Resources:\n{summaries}\n\n{DEFINITIONS}\n{EXIT_CODES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -274,6 +264,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar (it is drawn on standard error only when that is a terminal)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="exit with status 3 when any allocation failed (or could not be served) on any "
@@ -285,14 +281,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip bad lines of a log with a counted warning instead of stopping",
     )
     parser.set_defaults(run=run)
-
-    def one_line_error(message: str) -> NoReturn:
-        # argparse prints the usage block first; a misuse gets one line instead.
-        print(f"rrmm replay: error: {message} (rrmm replay --help lists the options)",
-              file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error
+    one_line_parser_errors(parser, "rrmm replay")
     return parser
 
 
@@ -329,6 +318,14 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
     return out
 
 
+def _asked(args: argparse.Namespace) -> list[str] | None:
+    """The resource names as asked (canonical spelling, before the source resources collapse
+    into ``simulated``); None for ``--compare all``."""
+    text = args.compare if args.compare is not None else args.resource
+    names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
+    return None if names == ["all"] else names
+
+
 def _check_plot_path(path: str) -> str | None:
     """Why ``--plot PATH`` cannot be written, or None."""
     extension = os.path.splitext(path)[1].lower()
@@ -346,8 +343,9 @@ def _check_plot_path(path: str) -> str | None:
 
 
 def _row_name(r: ReplayRecord) -> str:
-    if r["simulated_device"]:
-        return "simulated device"
+    """A row's name in the table, the plot and the fit lines: the resource's name (``simulated``
+    for the simulated device's own row, as in ``--json`` and ``--resource simulated``), with
+    `` (python)`` for an rrmm resource driven from Python."""
     if r["driver"] == PYTHON_DRIVER and r["resource"] not in PEERS:
         return f"{r['resource']} (python)"
     return r["resource"]
@@ -412,6 +410,8 @@ def _python_ratios(reports: list[ReplayRecord]) -> str | None:
 
 def _fit_line(f: FitRecord) -> str:
     name = f["resource"]
+    if f["driver"] == PYTHON_DRIVER and name not in PEERS:
+        name = f"{name} (python)"
     if f["driver"] == PYTHON_DRIVER:
         if f["device_bytes"] is None:
             return f"{name} fits under no limit: {f['reason']} ({f['setup']})"
@@ -432,7 +432,7 @@ def _fit_line(f: FitRecord) -> str:
 
 
 def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
-                shown: dict[str, str], out: Any) -> None:
+                shown: dict[str, str], out: Any, named: Sequence[str] | None = None) -> None:
     logs: dict[str, list[ReplayRecord]] = {}
     for r in reports:
         logs.setdefault(r["log"], []).append(r)
@@ -457,7 +457,7 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             print(f"  timings: median of {counts} repetition(s) after a warm-up, on one "
                   "resource per row", file=out)
         for r in rs:
-            setup = r["setup"] if r["setup"] is not None else "-"
+            setup = _setup(r, named) or "-"
             print(f"  {_row_name(r)}: {setup}", file=out)
             if r["error"] is not None:
                 print(f"    no figures: {r['error']}", file=out)
@@ -472,7 +472,8 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
                 print(f"    {r['unservable_allocations']} of them ask for more than its block "
                       "size: it cannot serve them by design", file=out)
         if any(r["simulated_device"] for r in rs):
-            print("  (the simulated device's timings are the simulator's, not CUDA's)", file=out)
+            print("  (simulated: the simulated device itself; its timings are the simulator's, "
+                  "not CUDA's)", file=out)
         log_fits = [f for f in fits if f["log"] == log]
         if log_fits:
             limits = any(f["driver"] == PYTHON_DRIVER for f in log_fits)
@@ -484,8 +485,27 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
         print(file=out)
 
 
-def _json_report(r: ReplayRecord, shown: dict[str, str], with_timeline: bool) -> dict[str, Any]:
+def _stands_for(named: Sequence[str] | None) -> str:
+    """The source resources the ``simulated`` row stands for, in words: those named that it
+    replaced (``--resource pinned --simulate``: pinned), else cuda and cuda_async."""
+    names = [n for n in (named or ()) if n in SOURCE_RESOURCES] or ["cuda", "cuda_async"]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _setup(r: ReplayRecord, named: Sequence[str] | None = None) -> str | None:
+    """A row's setup line; the ``simulated`` row's says which of the resources asked for it
+    stands for (managed has its own row)."""
+    setup = r["setup"]
+    if setup is None or not r["simulated_device"]:
+        return setup
+    head = setup.split("; stands for", 1)[0]
+    return f"{head}; stands for {_stands_for(named)}"
+
+
+def _json_report(r: ReplayRecord, shown: dict[str, str], with_timeline: bool,
+                 named: Sequence[str] | None = None) -> dict[str, Any]:
     out = dict(r)
+    out["setup"] = _setup(r, named)
     out["log"] = shown.get(r["log"], r["log"])
     if not with_timeline:
         out.pop("timeline", None)
@@ -614,9 +634,8 @@ def run(args: argparse.Namespace) -> int:
     impossible, 2 bad input or arguments, 3 with ``--check`` when an allocation failed)."""
     from rrmm import _rrmm
 
-    def fail(message: str) -> int:
-        print(f"rrmm replay: error: {message}", file=sys.stderr)
-        return 2
+    def fail(message: str, code: int = USAGE) -> int:
+        return fail_with("rrmm replay", message, code)
 
     known = list(_rrmm.replay_resource_names())
     simulate = args.simulate
@@ -625,14 +644,16 @@ def run(args: argparse.Namespace) -> int:
         named = _resources(args, simulate is not None or not gpu, known)
     except ValueError as e:
         return fail(str(e))
+    args_named = _asked(args)
     peers = [n for n in named if n in PEERS]
     problem = _replay_peers.peer_problem(peers, simulate, gpu)
     if problem is not None:
         return fail(problem)
     if simulate is None and not gpu:
         simulate = DEFAULT_SIMULATED_BYTES
-        print(f"rrmm replay: no GPU found; replaying on simulated memory of "
-              f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
+        if not args.quiet:
+            print(f"rrmm replay: no GPU found; replaying on simulated memory of "
+                  f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
     resources = [n for n in named if n not in PEERS]
     for option, value in (("--initial-pool-size", args.initial_pool_size),
                           ("--maximum-pool-size", args.maximum_pool_size)):
@@ -649,17 +670,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("rrmm replay: --plot needs matplotlib: pip install rrmm[plot] "
-                  "(or pip install matplotlib)", file=sys.stderr)
-            return 1
+            return fail("--plot needs matplotlib: pip install 'rrmm[plot]' (or pip install "
+                        "matplotlib)", code=1)
     try:
         modules = _replay_peers.prepare_peers(peers)
     except _replay_peers.PeerUnavailable as e:
         return fail(str(e))
-    resolved = [_resolve_log(log) for log in args.logs]
+    resolved = [resolve_log(log) for log in args.logs]
     shown = dict(resolved)
     files = [path for path, _ in resolved]
-    progress = not args.json and sys.stderr.isatty()
+    wanted = progress_wanted(quiet=args.quiet)
     options = {
         "initial_pool_size": args.initial_pool_size,
         "maximum_pool_size": args.maximum_pool_size,
@@ -670,19 +690,33 @@ def run(args: argparse.Namespace) -> int:
         "arena_size": args.arena_size,
         "host_memory": args.host_memory,
     }
+    pairs = [(path, name) for path in files for name in resources]
+    steps = len(pairs) * (2 if args.fit else 1) + (1 if peers else 0)
     try:
-        reports = _rrmm.replay_logs(
-            files,
-            resources,
-            simulate=simulate,
-            timeline_points=PLOT_POINTS if args.plot else 0,
-            progress=progress,
-            repeat=args.repeat,
-            **options,
-        )
-        fits = _rrmm.fit_logs(files, resources, **options) if args.fit else []
-        if peers:
-            reports, fits = _python_rows(args, files, named, reports, fits, modules, simulate)
+        # One replay alone shows the engine's own bar (events and repetitions); several show
+        # one bar over them, a step per (log, resource).
+        with Progress("rrmm replay", steps, enabled=wanted and steps > 1) as bar:
+            reports = []
+            for path, name in pairs:
+                bar.step(f"replay {name} on {shown.get(path, path)}")
+                reports += _rrmm.replay_logs(
+                    [path],
+                    [name],
+                    simulate=simulate,
+                    timeline_points=PLOT_POINTS if args.plot else 0,
+                    progress=wanted and steps == 1,
+                    repeat=args.repeat,
+                    **options,
+                )
+            fits = []
+            if args.fit:
+                for path, name in pairs:
+                    bar.step(f"fit {name} on {shown.get(path, path)}")
+                    fits += _rrmm.fit_logs([path], [name], **options)
+            if peers:
+                bar.step(f"rows driven from Python ({', '.join(peers)})")
+                reports, fits = _python_rows(args, files, named, reports, fits, modules,
+                                             simulate)
     except (ValueError, OSError, RuntimeError) as e:
         return fail(str(e))
     except MemoryError as e:
@@ -693,14 +727,15 @@ def run(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {
             "memory": "simulated" if simulate is not None else "gpu",
             "simulated_bytes": simulate,
-            "reports": [_json_report(r, shown, with_timeline=bool(args.plot)) for r in reports],
+            "reports": [_json_report(r, shown, with_timeline=bool(args.plot), named=args_named)
+                        for r in reports],
         }
         if args.fit:
             doc["fits"] = [dict(f, log=shown.get(f["log"], f["log"])) for f in fits]
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_text(reports, fits, target, shown, sys.stdout)
+        _print_text(reports, fits, target, shown, sys.stdout, args_named)
     if args.plot:
         try:
             plot(reports, args.plot, fits, shown)
@@ -714,6 +749,6 @@ def run(args: argparse.Namespace) -> int:
                    or r.get("error")]
         if failing:
             names = ", ".join(sorted({str(r["resource"]) for r in failing}))
-            print(f"rrmm replay --check: allocations failed on: {names}", file=sys.stderr)
+            print(f"rrmm replay: --check: allocations failed on: {names}", file=sys.stderr)
             return 3
     return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
+
+from rrmm._cli_common import EXIT_CODES, fail, one_line_parser_errors, resolve_log
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -17,40 +18,84 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Memory snapshots: rrmm.memory_snapshot() or "
         "torch.cuda.memory._snapshot() saved with pickle (or JSON), or a logging adaptor's CSV "
         "log (replayed through a pool on simulated memory).",
+        epilog=EXIT_CODES,
     )
+    one_line_parser_errors(parser, "rrmm snapshot")
     actions = parser.add_subparsers(dest="action", required=True)
     view = actions.add_parser(
         "view",
         help="write a self-contained HTML page (no network, no PyTorch)",
         description="Writes one HTML page with the active-memory timeline of the snapshot's "
-        "history and its segments with their blocks and holes.",
+        "history and its segments with their blocks and holes. FILE is a snapshot "
+        "(rrmm.memory_snapshot() or torch.cuda.memory._snapshot() saved with pickle or as "
+        "JSON), a logging adaptor's CSV log (plain or .gz, replayed through a pool on "
+        "simulated memory; its events are counted as rrmm replay counts them), or the name "
+        "of a log shipped with rrmm (transformer_training, random_10k_1mib, random_100k_4mib). "
+        "Example: rrmm snapshot view transformer_training -o transformer.html",
+        epilog=EXIT_CODES,
     )
-    view.add_argument("file", help="snapshot (.pickle, .pkl, .json) or log (.csv, .csv.gz)")
-    view.add_argument("-o", "--output", help="the page to write (default: FILE.html)")
+    one_line_parser_errors(view, "rrmm snapshot view")
+    view.add_argument("file", metavar="FILE",
+                      help="snapshot (.pickle, .pkl, .json), log (.csv, .csv.gz) or shipped log")
+    view.add_argument("-o", "--output",
+                      help="the page to write (default: FILE's name with .html; never FILE)")
     view.add_argument("--device", type=int, default=None, help="device whose trace to show")
     view.add_argument("--title", default=None, help="the page's title")
+    view.add_argument("-q", "--quiet", action="store_true",
+                      help="no progress bar while a log replays (drawn only on a terminal)")
     view.set_defaults(run=run_view)
     return parser
 
 
+def _default_output(path: str, shown: str) -> str:
+    """FILE's name with ``.html`` in the current directory for a shipped log, beside FILE
+    otherwise; ``NAME.view.html`` where that would be FILE itself."""
+    base = os.path.basename(shown) if shown != path else path
+    stem = base.removesuffix(".gz")
+    output = os.path.splitext(stem)[0] + ".html"
+    if os.path.exists(output) and os.path.exists(path) and os.path.samefile(output, path):
+        output = os.path.splitext(stem)[0] + ".view.html"
+    return output
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def run_view(args: argparse.Namespace) -> int:
-    """Writes the page; returns 0, or 1 with a one-line message for a file it cannot read."""
+    """Writes the page; returns 0, 2 with a one-line message for bad arguments or a file that
+    is missing or not a snapshot or log (as ``rrmm replay``), 1 when the page cannot be
+    written."""
     from rrmm._snapshot_view import load_snapshot, write_html
 
-    try:
-        snapshot = load_snapshot(args.file)
-    except (OSError, ValueError, MemoryError) as error:
-        print(f"rrmm snapshot view: {error}", file=sys.stderr)
-        return 1
+    name = "rrmm snapshot view"
     if args.device is not None and args.device < 0:
-        print("rrmm snapshot view: --device must not be negative", file=sys.stderr)
-        return 2
-    output = args.output or os.path.splitext(args.file.removesuffix(".gz"))[0] + ".html"
-    title = args.title or f"rrmm memory snapshot: {os.path.basename(args.file)}"
+        return fail(name, "--device must not be negative")
+    path, shown = resolve_log(args.file)
+    output = args.output or _default_output(path, shown)
+    if _same_file(output, path):
+        return fail(name, f"the page {output!r} would write over its input; choose another "
+                    "with -o")
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        return fail(name, f"-o {output!r}: directory {directory!r} does not exist")
+    if os.path.isdir(output):
+        return fail(name, f"-o {output!r} is a directory")
+    try:
+        snapshot = load_snapshot(path, quiet=args.quiet)
+    except FileNotFoundError:
+        return fail(name, f"{args.file}: no such file (nor a shipped log's name)")
+    except (OSError, ValueError, MemoryError, RecursionError) as error:
+        return fail(name, str(error))
+    title = args.title or f"rrmm memory snapshot: {os.path.basename(shown)}"
     try:
         write_html(snapshot, output, title, args.device)
     except OSError as error:
-        print(f"rrmm snapshot view: {error}", file=sys.stderr)
-        return 1
+        return fail(name, f"cannot write {output!r}: {error.strerror or error}", code=1)
+    except ValueError as error:
+        return fail(name, str(error))
     print(f"wrote {output}")
     return 0

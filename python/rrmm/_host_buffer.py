@@ -2,10 +2,11 @@
 and PyTorch use without a copy, and that device buffers copy to and from on a stream without
 waiting.
 
-The buffer protocol: on Python 3.12 and later a ``HostBuffer`` is itself a buffer
-(``memoryview(hb)``, ``numpy.frombuffer(hb)``, ``torch.frombuffer(hb)``); on every version
-``hb.view()`` is a writable ``memoryview`` over it and ``numpy.asarray(hb)`` uses its
-``__array_interface__``. Each view keeps the buffer alive.
+The buffer protocol: a ``HostBuffer`` is itself a writable buffer on every supported Python
+(3.11 and later: ``memoryview(hb)``, ``numpy.frombuffer(hb)``, ``torch.frombuffer(hb)``; its
+base class ``_rrmm._HostBytes`` fills the buffer slot of the 3.11 stable ABI); ``hb.view()`` is
+the same ``memoryview`` and ``numpy.asarray(hb)`` uses its ``__array_interface__``. Each view
+keeps the buffer alive.
 
 Asynchronous copies (``copy_from_device``, ``copy_to_device``, and ``DeviceBuffer.copy_to_host``
 / ``copy_from_host`` given a ``HostBuffer``) are queued on a stream and not waited for; the
@@ -16,8 +17,6 @@ array made from the buffer earlier does not wait: call ``hb.synchronize()`` befo
 
 from __future__ import annotations
 
-import ctypes
-import sys
 import weakref
 from typing import Any
 
@@ -71,7 +70,7 @@ def _free(mr: Any, ptr: int, size: int, stream: list[Any]) -> None:
     mr.deallocate(ptr, size)
 
 
-class HostBuffer:
+class HostBuffer(_rrmm._HostBytes):
     """``size`` bytes of host memory from ``mr`` (default: the current host resource, pinned),
     uninitialized; freed when the buffer and every view of it are gone."""
 
@@ -93,6 +92,7 @@ class HostBuffer:
                 "cannot read; use a pinned or system (host) resource"
             )
         ptr = mr.allocate(size) if size else 0
+        self._set_bytes(ptr, size)
         self._ptr = ptr
         self._size = size
         self._mr = mr
@@ -139,23 +139,8 @@ class HostBuffer:
     def view(self) -> memoryview:
         """A writable ``memoryview`` of the bytes (format ``B``) that keeps the buffer alive;
         waits for queued copies first."""
-        self.synchronize()
-        if self._size == 0:
-            return memoryview(bytearray())
-        array = (ctypes.c_ubyte * self._size).from_address(self._ptr)
-        # The ctypes array keeps this buffer (and so its memory) alive for as long as any view
-        # made from it lives.
-        array._rrmm_owner = self  # type: ignore[attr-defined]
-        return memoryview(array).cast("B")
-
-    if sys.version_info >= (3, 12):
-
-        def __buffer__(self, flags: int) -> memoryview:
-            """The buffer protocol (Python 3.12+): the bytes, writable."""
-            return self.view()
-
-        def __release_buffer__(self, view: memoryview) -> None:
-            view.release()
+        exporter: Any = self  # the buffer slot of its base class (no __buffer__ before 3.12)
+        return memoryview(exporter)
 
     @property
     def __array_interface__(self) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, SupportsIndex, TypeAlias, final
+from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 
-from typing_extensions import Buffer, Self, disjoint_base
+from typing_extensions import Buffer, disjoint_base
 
 from rrmm._counts import FallbackCounts
 from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord, ReplayTimings
@@ -43,6 +43,7 @@ __all__ = [
     "SystemMemoryResource",
     "TrackingResourceAdaptor",
     "UpstreamResourceAdaptor",
+    "_HostBytes",
     "__version__",
     "_clear_per_device_resources",
     "_copy_host_async",
@@ -122,6 +123,14 @@ class Stream:
 DEFAULT_STREAM: Stream
 LEGACY_DEFAULT_STREAM: Stream
 PER_THREAD_DEFAULT_STREAM: Stream
+
+# ------------------------------------------------------------------ host bytes
+
+@disjoint_base
+class _HostBytes:
+    """The base of rrmm.HostBuffer: its bytes through the buffer protocol (3.11 stable ABI)."""
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Self: ...
+    def _set_bytes(self, ptr: int, size: int) -> None: ...
 
 # ------------------------------------------------------------------ resources
 

@@ -10,17 +10,19 @@ no network and no PyTorch: SVG with tooltips, no script.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import html
 import io
 import json
 import math
 import pickle
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["load_snapshot", "render_html", "snapshot_from_log", "write_html"]
+__all__ = ["load_snapshot", "normalize", "render_html", "snapshot_from_log", "write_html"]
 
 #: Allocations drawn as their own band in the timeline (the largest); the rest form one band.
 MAX_BANDS = 1200
@@ -44,51 +46,200 @@ class _PlainUnpickler(pickle.Unpickler):
         )
 
 
-def load_snapshot(path: str) -> dict[str, Any]:
-    """Reads a snapshot (pickle or JSON) or a logging adaptor's CSV log (``.csv``, ``.csv.gz``:
-    replayed with :func:`snapshot_from_log`).
+#: Bytes and addresses a snapshot may state (64-bit).
+_LIMIT = 1 << 64
+#: Frames kept per allocation or block (the tooltip shows 12).
+_MAX_FRAMES = 64
+#: Nesting of a JSON snapshot at most (a snapshot nests 5 deep; deeper is not one).
+_MAX_DEPTH = 64
 
-    Raises ValueError for a file that is none of these.
+
+def load_snapshot(path: str, quiet: bool = True) -> dict[str, Any]:
+    """Reads a snapshot (pickle or JSON) or a logging adaptor's CSV log (``.csv``, ``.csv.gz``:
+    replayed with :func:`snapshot_from_log`), checked and normalised (:func:`normalize`).
+
+    Raises ValueError naming the file for one that is none of these, or whose fields have the
+    wrong shape (a size that is NaN, negative or past 64 bits, a list where a dict belongs,
+    nesting deeper than any snapshot), and OSError for one that cannot be read (a corrupt gzip
+    stream included). ``quiet=False`` draws a progress bar while a log replays (on a terminal).
     """
     with open(path, "rb") as f:
         head = f.read(4)
     if head[:2] == b"\x1f\x8b" or path.endswith((".csv", ".csv.gz")):
-        opener = gzip.open if head[:2] == b"\x1f\x8b" else open
-        with opener(path, "rt", newline="") as text:
-            return snapshot_from_log(text)
+        opener: Any = gzip.open if head[:2] == b"\x1f\x8b" else open
+        try:
+            with opener(path, "rt", newline="") as text:
+                return normalize(snapshot_from_log(text, quiet=quiet))
+        except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError, csv.Error) as error:
+            raise ValueError(f"{path}: not a readable log ({type(error).__name__}: "
+                             f"{_first_line(error)})") from None
+        except ValueError as error:
+            raise ValueError(f"{path}: {_first_line(error)}") from None
     with open(path, "rb") as f:
         data = f.read()
     snapshot: Any
     if data[:1] == b"\x80":
         try:
             snapshot = _PlainUnpickler(io.BytesIO(data)).load()
-        except (pickle.UnpicklingError, EOFError, ValueError) as error:
-            raise ValueError(f"{path}: not a memory snapshot ({error})") from None
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+                AttributeError, RecursionError, MemoryError, OverflowError,
+                UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: not a memory snapshot ({_first_line(error)})") from None
     else:
+        if _json_depth(data) > _MAX_DEPTH:
+            raise ValueError(f"{path}: not a memory snapshot (JSON nested deeper than "
+                             f"{_MAX_DEPTH} levels)")
         try:
             snapshot = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise ValueError(
-                f"{path}: not a memory snapshot (pickle or JSON) or a CSV log ({error})"
+                f"{path}: not a memory snapshot (pickle or JSON) or a CSV log "
+                f"({_first_line(error)})"
             ) from None
     if not isinstance(snapshot, dict) or not (
         "segments" in snapshot or "device_traces" in snapshot
     ):
         raise ValueError(f"{path}: not a memory snapshot (no 'segments' or 'device_traces')")
-    return snapshot
+    try:
+        return normalize(snapshot)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a memory snapshot: {error}") from None
 
 
-def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50) -> dict[str, Any]:
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+def _json_depth(data: bytes) -> int:
+    """The deepest nesting of brackets in ``data`` (strings skipped), without parsing it: a
+    deeply nested file is refused before the parser recurses."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > _MAX_DEPTH:
+                    return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _size(value: Any, where: str) -> int:
+    """A size or address of a snapshot: a whole number in [0, 2**64) (a float only when it is a
+    whole number, as JSON writers give large ints)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # A field of the file, not an argument: ValueError, as for every bad snapshot.
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a number")  # noqa: TRY004
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"{where} is {value!r}, not a whole number")
+        value = int(value)
+    if not 0 <= value < _LIMIT:
+        raise ValueError(f"{where} is {_short(value)}, outside 0..2**64")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{where} is {type(value).__name__}, not a list")  # noqa: TRY004
+    return list(value)
+
+
+def _dict(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a dict")  # noqa: TRY004
+    return value
+
+
+def _frames(value: Any, where: str) -> list[dict[str, str]]:
+    out = []
+    for i, frame in enumerate(_list(value, where)[:_MAX_FRAMES]):
+        frame = _dict(frame, f"{where}[{i}]")
+        out.append({k: str(frame.get(k, "?"))[:300] for k in ("filename", "line", "name")})
+    return out
+
+
+def normalize(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot with only the fields the page reads, each checked: segments (``address``,
+    ``total_size``, ``allocated_size``, ``device``, ``is_expandable``, ``blocks`` with
+    ``address``, ``size``, ``requested_size``, ``state``, ``frames``) and device traces
+    (``action``, ``addr``, ``size``, ``frames``). Raises ValueError naming the first field of
+    the wrong shape."""
+    segments = []
+    for i, raw in enumerate(_list(snapshot.get("segments"), "segments")):
+        where = f"segments[{i}]"
+        seg = _dict(raw, where)
+        total = _size(seg.get("total_size", 0), f"{where}.total_size")
+        base = _size(seg.get("address", 0), f"{where}.address")
+        blocks = []
+        for j, raw_block in enumerate(_list(seg.get("blocks"), f"{where}.blocks")):
+            bw = f"{where}.blocks[{j}]"
+            block = _dict(raw_block, bw)
+            blocks.append({
+                "address": _size(block.get("address", base), f"{bw}.address"),
+                "size": _size(block.get("size", 0), f"{bw}.size"),
+                "requested_size": _size(block.get("requested_size", 0),
+                                        f"{bw}.requested_size"),
+                "state": str(block.get("state", ""))[:40],
+                "frames": _frames(block.get("frames"), f"{bw}.frames"),
+            })
+        out = {"address": base, "total_size": total, "blocks": blocks,
+               "allocated_size": _size(seg.get("allocated_size", 0), f"{where}.allocated_size"),
+               "is_expandable": bool(seg.get("is_expandable", False))}
+        if "device" in seg:
+            out["device"] = _size(seg["device"], f"{where}.device")
+        segments.append(out)
+    traces = []
+    for d, raw_trace in enumerate(_list(snapshot.get("device_traces"), "device_traces")):
+        trace = []
+        for i, raw in enumerate(_list(raw_trace, f"device_traces[{d}]")):
+            where = f"device_traces[{d}][{i}]"
+            entry = _dict(raw, where)
+            trace.append({
+                "action": str(entry.get("action", ""))[:40],
+                "addr": _size(entry.get("addr", 0), f"{where}.addr"),
+                "size": _size(entry.get("size", 0), f"{where}.size"),
+                "frames": _frames(entry.get("frames"), f"{where}.frames"),
+            })
+        traces.append(trace)
+    extra = snapshot.get("rrmm")
+    return {"segments": segments, "device_traces": traces,
+            "rrmm": dict(extra) if isinstance(extra, dict) else {}}
+
+
+def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50,
+                      quiet: bool = True) -> dict[str, Any]:
     """Replays a logging adaptor's CSV log (``Thread,Time,Action,Pointer,Size,Stream``) through
     a pool on a simulated device of ``simulate`` bytes, recording each allocation and free, and
     returns the snapshot taken at the peak of bytes in use, with the whole history.
 
     Pointers in the log are keys; the addresses shown are the pool's. Failed allocations in the
-    log are recorded as ``oom`` entries. Raises ValueError for a line that is not a log row.
+    log are recorded as ``oom`` entries. Every ``allocate`` and ``free`` row is one entry, zero
+    bytes included, so the page counts the events ``rrmm replay`` counts. Raises ValueError for a
+    line that is not a log row. ``quiet=False``: a progress bar on a terminal while it replays.
     """
-    import csv
-
     from rrmm import _rrmm, mr
+    from rrmm._progress import Progress
 
     reader = csv.reader(lines)
     header = next(reader, None)
@@ -107,6 +258,9 @@ def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50) -> dict[str
             stream_id = int(stream, 16) if stream else 0
         except (IndexError, ValueError):
             raise ValueError(f"line {number}: not a log row: {','.join(row)[:80]!r}") from None
+        if not 0 <= size < _LIMIT or not 0 <= stream_id < _LIMIT:
+            raise ValueError(f"line {number}: size or stream out of range: "
+                             f"{','.join(row)[:80]!r}")
         if action not in ("allocate", "free", "allocate failure"):
             raise ValueError(f"line {number}: unknown action {action!r}")
         rows.append((number, action, key, size, stream_id))
@@ -116,6 +270,7 @@ def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50) -> dict[str
     peak_at = -1
     for i, (_, action, key, size, _) in enumerate(rows):
         if action == "allocate" and size > 0:
+            in_use -= sizes.pop(key, 0)
             sizes[key] = size
             in_use += size
             if in_use > peak:
@@ -126,24 +281,36 @@ def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50) -> dict[str
     live: dict[str, tuple[int, int]] = {}
     traces: list[dict[str, Any]] = []
     segments: Any = []
-    for i, (number, action, key, size, stream_id) in enumerate(rows):
-        if action == "allocate" and size > 0:
-            address = pool.allocate(size)
-            live[key] = (address, size)
-            traces.append({"action": "alloc", "addr": address, "size": size,
-                           "stream": stream_id, "frames": [], "line": number})
-        elif action == "free" and key in live:
-            address, size = live.pop(key)
-            pool.deallocate(address, size)
-            traces.append({"action": "free_completed", "addr": address, "size": size,
-                           "stream": stream_id, "frames": [], "line": number})
-        elif action == "allocate failure":
-            traces.append({"action": "oom", "addr": 0, "size": size, "stream": stream_id,
-                           "frames": [], "line": number})
-        if i == peak_at:
-            segments = _rrmm._memory_snapshot(pool, 0) or []
+    with Progress("rrmm snapshot view: replaying the log", len(rows), quiet=quiet) as bar:
+        for i, (number, action, key, size, stream_id) in enumerate(rows):
+            if i % 4096 == 0:
+                bar.advance(i, "rows")
+            if action == "allocate":
+                if key in live:  # the log reuses a live pointer: the old one ends here
+                    pool.deallocate(*live.pop(key))
+                try:
+                    address = pool.allocate(size) if size else 0
+                except MemoryError:  # more than the simulated device: a failed allocation
+                    traces.append({"action": "oom", "addr": 0, "size": size,
+                                   "stream": stream_id, "frames": [], "line": number})
+                    continue
+                live[key] = (address, size)
+                traces.append({"action": "alloc", "addr": address, "size": size,
+                               "stream": stream_id, "frames": [], "line": number})
+            elif action == "free" and key in live:
+                address, size = live.pop(key)
+                if size:
+                    pool.deallocate(address, size)
+                traces.append({"action": "free_completed", "addr": address, "size": size,
+                               "stream": stream_id, "frames": [], "line": number})
+            elif action == "allocate failure":
+                traces.append({"action": "oom", "addr": 0, "size": size, "stream": stream_id,
+                               "frames": [], "line": number})
+            if i == peak_at:
+                segments = _rrmm._memory_snapshot(pool, 0) or []
     for address, size in live.values():
-        pool.deallocate(address, size)
+        if size:
+            pool.deallocate(address, size)
     return {"segments": segments, "device_traces": [traces],
             "rrmm": {"source": "log", "peak_bytes": peak, "segments_at": "peak"}}
 
@@ -172,8 +339,8 @@ class Timeline:
     others: list[int]  # per column, bytes of the allocations not drawn on their own
     totals: list[int]  # per column, bytes in use (the highest in the column)
     columns: int
-    events: int
-    ooms: list[int]
+    events: int  # allocations and frees (zero bytes included), as ``rrmm replay`` counts them
+    ooms: list[int]  # the column of each failed allocation
 
 
 def build_timeline(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
@@ -230,7 +397,8 @@ def stack_bands(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
     for i, (kind, key, size) in enumerate(keyed):
         col = column_of(i)
         if kind == "a":
-            draw = size > threshold or (size == threshold and drawn_at_threshold > 0)
+            draw = size > 0 and (size > threshold
+                                 or (size == threshold and drawn_at_threshold > 0))
             if draw and size == threshold:
                 drawn_at_threshold -= 1
             if draw:
@@ -263,7 +431,7 @@ def stack_bands(trace: Sequence[dict[str, Any]], max_bands: int = MAX_BANDS,
             ooms.append(col)
         others[col] = other_bytes
         totals[col] = max(totals[col], drawn_bytes + other_bytes)
-    return Timeline(bands, others, totals, columns, n, ooms)
+    return Timeline(bands, others, totals, columns, n - len(ooms), ooms)
 
 
 # ---------------------------------------------------------------- rendering
@@ -289,17 +457,13 @@ def _frames_text(frames: Sequence[dict[str, Any]], limit: int = 12) -> str:
     return "\n".join(lines)
 
 
-def _color(band: _Band, index: int) -> str:
-    """Bands with a stack are coloured by their innermost frame (the same code, the same colour);
-    bands without one alternate, so neighbours differ."""
-    if band.frames:
-        frame = band.frames[0]
-        key = f"{frame.get('filename', '')}:{frame.get('line', '')}"
-        return _PALETTE[sum(key.encode()) % len(_PALETTE)]
+def _color(index: int) -> str:
+    """Each allocation its own colour: the palette in the order the allocations were made, so
+    two allocations made one after the other (of one source line too) never look alike."""
     return _PALETTE[index % len(_PALETTE)]
 
 
-def _timeline_svg(tl: Timeline, width: int = 1400, height: int = 420) -> str:
+def _timeline_svg(tl: Timeline, width: int = 1200, height: int = 420) -> str:
     peak = max(tl.totals, default=0) or 1
     left, bottom, top = 70, 30, 10
     plot_w, plot_h = width - left - 10, height - bottom - top
@@ -312,14 +476,18 @@ def _timeline_svg(tl: Timeline, width: int = 1400, height: int = 420) -> str:
     def y(b: float) -> float:
         return top + plot_h - b * sy
 
+    # Drawn at ``width`` and scaled down to the window (viewBox): a page that fits 1,400 px.
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'class="timeline" role="img" aria-label="active memory timeline">')]
+              f'viewBox="0 0 {width} {height}" class="timeline" role="img" '
+              f'aria-label="active memory timeline">')]
     for i in range(5):
         b = peak * i / 4
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y(b):.1f}" y2="{y(b):.1f}" '
                      f'class="grid"/><text x="{left - 6}" y="{y(b) + 4:.1f}" '
                      f'class="axis" text-anchor="end">{_bytes(b)}</text>')
     for index, band in enumerate(tl.bands):
+        if band.size == 0:
+            continue
         end = band.end if band.end is not None else tl.columns
         pts = band.points
         upper: list[str] = []
@@ -336,7 +504,7 @@ def _timeline_svg(tl: Timeline, width: int = 1400, height: int = 420) -> str:
         title = html.escape(f"{_bytes(band.size)} at {band.address:#x}\n" +
                             _frames_text(band.frames))
         parts.append(f'<polygon points="{" ".join(lower + upper[::-1])}" '
-                     f'fill="{_color(band, index)}" class="band"><title>{title}</title></polygon>')
+                     f'fill="{_color(index)}" class="band"><title>{title}</title></polygon>')
     # The band of the allocations not drawn on their own, on top of the drawn ones.
     if any(tl.others):
         drawn = [t - o for t, o in zip(tl.totals, tl.others)]
@@ -407,7 +575,8 @@ def _segments_html(segments: Sequence[dict[str, Any]], width: int = 1100) -> str
 
 
 _CSS = """
-body{font:14px system-ui,sans-serif;margin:24px;color:#222;background:#fff}
+body{font:14px system-ui,sans-serif;margin:24px;color:#222;background:#fff;max-width:1300px}
+svg{max-width:100%;height:auto} .seglabel{overflow-wrap:anywhere}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:24px 0 8px}
 table.sum td{padding:2px 12px 2px 0} table.sum td:first-child{color:#555}
 .grid{stroke:#ddd;stroke-width:1} .axis{font-size:11px;fill:#555}
@@ -426,8 +595,10 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
     """The page for ``snapshot`` as one HTML string (no external resources).
 
     ``device`` picks the trace of one device (default: the first with entries) and the segments
-    of that device (segments without a ``device`` key are shown for any device).
+    of that device (segments without a ``device`` key are shown for any device). Raises
+    ValueError for a snapshot whose fields have the wrong shape (:func:`normalize`).
     """
+    snapshot = normalize(snapshot)
     traces = snapshot.get("device_traces") or []
     if device is None:
         device = next((i for i, t in enumerate(traces) if t), 0)
@@ -468,7 +639,7 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
         f"<h1>{html.escape(title)}</h1><table class=\"sum\">{summary}</table>"
         "<h2>Active memory over time</h2>"
         "<p class=\"muted\">Each band is one allocation, stacked in the order they were made; "
-        "hover for its size, address and stack. Grey: smaller allocations together; red "
+        "each its own colour; hover for its size, address and stack. Grey: smaller allocations together; red "
         "dashes: failed allocations.</p>"
         f"{timeline}<h2>Segments, blocks and holes</h2>"
         "<p class=\"legend muted\"><span style=\"background:#4e79a7\"></span>allocated"

@@ -1,4 +1,5 @@
-"""rrmm on Dask clusters (extra ``dask``: ``pip install 'rrmm[dask]'``).
+"""rrmm on Dask clusters. Needs ``distributed`` (``pip install distributed``; from a checkout of
+rrmm, ``pip install '.[dask]'`` installs it: the ``dask`` extra of pyproject.toml).
 
 - ``RRMMSetup``: a ``distributed.WorkerPlugin`` taking dask-cuda's RMM options (with dask-cuda's
   validation and messages) plus ``simulate="80GiB"`` for simulated memory (CPU-only clusters,
@@ -22,11 +23,19 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import dask
-import dask.sizeof
-from distributed import WorkerPlugin
-from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
-from distributed.protocol.serialize import dask_deserialize, dask_serialize
+#: What to run when ``distributed`` is missing (the ``dask`` extra of pyproject.toml).
+INSTALL_HINT = "pip install distributed (from a checkout of rrmm: pip install '.[dask]')"
+
+try:
+    import dask
+    import dask.sizeof
+    from distributed import WorkerPlugin
+    from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+    from distributed.protocol.serialize import dask_deserialize, dask_serialize
+except ImportError as _cause:  # pragma: no cover - depends on the environment
+    raise ImportError(f"rrmm.dask needs Dask's distributed, which could not be imported "
+                      f"({_cause}): {INSTALL_HINT}", name=getattr(_cause, "name", None)
+                      ) from _cause
 
 import rrmm
 import rrmm._stack
@@ -55,21 +64,12 @@ def _device_total(simulate: int | None) -> int:
     return int(rrmm._rrmm.device_memory_info(rrmm._rrmm._current_device())[1])
 
 
-def _parse_dask_bytes(text: str) -> int:
-    """A size string as dask-cuda reads it (dask's ``parse_bytes``: ``"4GB"``, ``"4GiB"``, and
-    a bare ``"4G"`` meaning 4 * 10**9); RMM's grammar when dask is not installed."""
-    try:
-        from dask.utils import parse_bytes
-    except ImportError:
-        return rrmm.parse_bytes(text.replace(" ", ""))
-    return int(parse_bytes(text))
-
-
 def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT) -> int | None:
     """dask-cuda's ``parse_device_bytes``: None, 0 and "0 B" give None; a float in (0, 1] is a
     fraction of the device's memory (``total``, the simulated size when simulating); a string
-    is parsed as dask-cuda parses it (``"4GiB"``, ``"5GB"``, ``"4G"``); the result is rounded down
-    to ``alignment``."""
+    is parsed by ``rrmm.parse_bytes``, the package's one size parser (RMM's grammar:
+    ``"4GiB"``, ``"5GB"``, ``"512 MiB"``; a bare unit such as ``"4G"`` is refused, where
+    dask's ``parse_bytes`` would read 4 * 10**9); the result is rounded down to ``alignment``."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -83,7 +83,7 @@ def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _A
             raise ValueError("a fraction of device memory needs a device")
         size = int(total * value)
     elif isinstance(value, str):
-        size = _parse_dask_bytes(value)
+        size = rrmm.parse_bytes(value)
     elif isinstance(value, int):
         size = value
     else:
@@ -331,12 +331,22 @@ class RRMMSetup(WorkerPlugin):
         return kind, {"initial_pool_size": initial, "maximum_pool_size": maximum}
 
 
+def _human(n: int) -> str:
+    """Bytes as people read them (binary units): ``8.00 GiB``, ``512 B``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
 def _describe(kind: str, simulate: int | None) -> str:
-    """The worker's resource in a few words: ``pool(cuda)``, ``pool(simulated N B)``,
+    """The worker's resource in a few words: ``pool(cuda)``, ``pool(simulated 8.00 GiB)``,
     ``cuda_async``, ``expandable(cuda)``."""
     memory = "managed" if kind.startswith("managed") else "cuda"
     if simulate is not None:
-        memory = f"simulated {simulate} B"
+        memory = f"simulated {_human(simulate)}"
     if kind in ("cuda", "managed", "cuda_async", "simulated"):
         return memory if simulate is not None else kind
     return f"{'pool' if kind.endswith('pool') else kind}({memory})"

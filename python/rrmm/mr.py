@@ -42,7 +42,7 @@ from rrmm._rrmm import (
 )
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = [
     "AlignedResourceAdaptor",

@@ -81,7 +81,7 @@ def reinitialize(
         "maximum_pool_size": _size(maximum_pool_size),
     }
     pinned_size = _size(pinned_pool_size)
-    kind = stack_kind(pool_allocator, managed_memory)
+    kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
     devices = _device_list(devices)
     if _rrmm.device_count() == 0:
         _rrmm._clear_per_device_resources()
@@ -110,23 +110,48 @@ def reinitialize(
     for device, mr in built:
         _mr.set_per_device_resource(device, mr)
     if pinned_size is not None:
-        _mr.set_current_host_resource(
-            _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=pinned_size)
-        )
+        _mr.set_current_host_resource(_pinned_pool(pinned_size))
 
 
-def stack_kind(pool_allocator: bool | str, managed_memory: bool) -> str:
+#: Pinned pools from this size on say so on a terminal while their pages are touched (seconds
+#: per 10 GiB).
+PINNED_NOTICE_BYTES = 4 << 30
+
+
+def _pinned_pool(size: int) -> _mr.DeviceMemoryResource:
+    """A pool over pinned host memory holding ``size`` bytes, with a line on standard error (a
+    terminal only, cleared when done) while a large one faults its pages in."""
+    from rrmm._progress import Progress
+
+    note = f"making a pinned pool of {size / (1 << 30):.2f} GiB (touching every page)"
+    with Progress("rrmm.reinitialize", 1,
+                  enabled=None if size >= PINNED_NOTICE_BYTES else False) as bar:
+        bar.step(note)
+        return _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=size)
+
+
+#: Stack kinds that ``reinitialize`` does not build: the simulated device needs a size, which
+#: ``reinitialize`` has no argument for.
+_NOT_FOR_REINITIALIZE = ("simulated",)
+
+
+def stack_kind(pool_allocator: bool | str, managed_memory: bool,
+               refused: tuple[str, ...] = ()) -> str:
     """The stack kind (``rrmm._stack``) of ``reinitialize``'s options: RMM's ``pool_allocator``
     and ``managed_memory`` booleans (``"cuda"``, ``"pool"``, ``"managed"``, ``"managed_pool"``),
     or rrmm's name of any kind as ``pool_allocator`` (``"expandable"``, ``"arena"``, ...;
-    ``"pool"`` with ``managed_memory=True`` is ``"managed_pool"``)."""
+    ``"pool"`` with ``managed_memory=True`` is ``"managed_pool"``); a kind in ``refused`` is a
+    ValueError as an unknown name is."""
     if isinstance(pool_allocator, str):
         kind = pool_allocator.strip().lower().replace("-", "_")
-        known = _stack.kinds()
+        known = [k for k in _stack.kinds() if k not in refused]
         if kind not in known:
             raise ValueError(
                 f"pool_allocator must be a bool or one of {', '.join(known)}, not "
                 f"{pool_allocator!r}"
+                + ("; simulated memory needs a size: set "
+                   "rrmm.mr.SimulatedMemoryResource(size) with set_current_device_resource"
+                   if kind == "simulated" else "")
             )
         if managed_memory:
             if kind == "expandable":

@@ -249,6 +249,57 @@ mod tests {
         Arc::new(SystemMemoryResource::new())
     }
 
+    /// Issue 31: on simulated memory the copying calls failed with a message that did not say
+    /// what to use instead; it names the resource that keeps the bytes, and the same calls work
+    /// on a pool over it without a GPU.
+    #[test]
+    fn simulated_memory_names_the_resource_that_keeps_bytes() {
+        use crate::resource::SimulatedMemoryResource;
+        use crate::suballocator::PoolMemoryResource;
+        let simulated: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let err = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, simulated.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("SimulatedMemoryResource::with_backing"),
+            "{err}"
+        );
+        let mut v = DeviceUVector::<u32>::new(3, Stream::DEFAULT, simulated).unwrap();
+        assert!(v.set_element(0, 1).is_err());
+        let pool: SharedResource =
+            Arc::new(PoolMemoryResource::new(host(), Some(1 << 20), None).unwrap());
+        let mut v = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, pool).unwrap();
+        v.set_element(0, 7).unwrap();
+        v.resize(5).unwrap();
+        assert_eq!(&v.to_vec().unwrap()[..3], &[7, 2, 3]);
+    }
+
+    /// Issue 31: a simulated device that keeps the bytes (`with_backing`): every container call
+    /// works on it, directly and through a pool, with the device's capacity and checked frees.
+    #[test]
+    fn containers_work_on_a_simulated_device_that_keeps_bytes() {
+        use crate::resource::{MemoryKind, MemoryResource, SimulatedMemoryResource};
+        use crate::suballocator::PoolMemoryResource;
+        let device = Arc::new(SimulatedMemoryResource::with_backing(64 << 20).unwrap());
+        assert!(device.keeps_bytes() && device.kind() == MemoryKind::Host);
+        let shared: SharedResource = device.clone();
+        let mut v = DeviceUVector::<u64>::from_host(&[5, 6, 7], Stream::DEFAULT, shared).unwrap();
+        v.set_element(2, 70).unwrap();
+        v.resize(1000).unwrap();
+        assert_eq!(&v.to_vec().unwrap()[..3], &[5, 6, 70]);
+        assert_eq!(v.element(1).unwrap(), 6);
+        // The capacity is the device's: 64 MiB do not fit beside what is live.
+        assert!(DeviceUVector::<u8>::new(64 << 20, Stream::DEFAULT, device.clone()).is_err());
+        let pool: SharedResource = Arc::new(
+            PoolMemoryResource::new(device.clone(), Some(8 << 20), Some(32 << 20)).unwrap(),
+        );
+        let rows: Vec<u32> = (0..100_000).collect();
+        let w = DeviceUVector::<u32>::from_host(&rows, Stream::DEFAULT, pool.clone()).unwrap();
+        assert_eq!(w.to_vec().unwrap(), rows);
+        drop((v, w));
+        assert!(DeviceUVector::<u8>::new(33 << 20, Stream::DEFAULT, pool).is_err());
+    }
+
     #[test]
     fn elements_round_trip_and_bounds_are_checked() {
         let mut v = DeviceUVector::<u32>::from_host(&[1, 2, 3], Stream::DEFAULT, host()).unwrap();

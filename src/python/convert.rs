@@ -114,6 +114,22 @@ pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
     usize::try_from(value).ok()
 }
 
+/// Why a bare unit (`4G`, `2k`, `1.5m`) is refused, for the error message: RMM's grammar needs
+/// the `B`, and tools disagree on whether `G` means 2**30 (PyTorch's and CUDA's habit) or 10**9
+/// (dask's); empty for any other text.
+fn bare_unit_hint(text: &str) -> &'static str {
+    let unit = text
+        .trim()
+        .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+        .trim_start();
+    match unit.to_ascii_lowercase().as_str() {
+        "k" | "m" | "g" | "t" | "p" | "ki" | "mi" | "gi" | "ti" | "pi" => {
+            " (a bare unit is not a size: write 4GiB for 4 * 2**30 bytes or 4GB for 4 * 10**9)"
+        }
+        _ => "",
+    }
+}
+
 /// A size argument: an int (negative is an OverflowError) or a byte string such as `"4MiB"`;
 /// a float is a TypeError.
 pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
@@ -126,7 +142,10 @@ pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
         let text: String = s.extract()?;
         let text = text.as_str();
         return parse_byte_spec(text).ok_or_else(|| {
-            PyValueError::new_err(format!("Could not parse '{text}' as a byte specification"))
+            PyValueError::new_err(format!(
+                "Could not parse '{text}' as a byte specification{}",
+                bare_unit_hint(text)
+            ))
         });
     }
     if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
@@ -195,6 +214,9 @@ mod tests {
         assert_eq!(p("4GiB\n"), Some(4 << 30));
         assert_eq!(p(".5kb"), None);
         assert_eq!(p("-1"), None);
+        assert!(!super::bare_unit_hint("4G").is_empty());
+        assert!(!super::bare_unit_hint("1.5 gi").is_empty());
+        assert_eq!(super::bare_unit_hint("4XB"), "");
         assert_eq!(p("abc"), None);
         assert_eq!(p(""), None);
     }

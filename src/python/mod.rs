@@ -41,6 +41,8 @@ mod history;
 mod hooks;
 #[path = "edge/host_buffer.rs"]
 mod host_buffer;
+#[path = "edge/host_bytes.rs"]
+mod host_bytes;
 #[path = "resources/memory_stats.rs"]
 mod memory_stats;
 #[path = "hooks/numba.rs"]
@@ -86,6 +88,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     device::register(m)?;
     arena::register(m)?;
     device_buffer::register(m)?;
+    host_bytes::register(m)?;
     history::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;

@@ -57,6 +57,10 @@ const ADDRESS_SPACE_FACTOR: usize = 64;
 /// The smallest address space (1 TiB), so small devices also place freely.
 const MIN_ADDRESS_SPACE: usize = 1 << 40;
 
+/// Address space of a device with host memory behind it, per byte of capacity (reserved for
+/// real, so smaller than [`ADDRESS_SPACE_FACTOR`]; room for the 2 MiB page rounding).
+const BACKED_SPACE_FACTOR: usize = 4;
+
 /// Hands out 256-byte-aligned address ranges of a pretend device of `size` bytes, so replays
 /// and suballocator tests run at any GPU size on a machine without one. The pointers must never
 /// be dereferenced.
@@ -84,6 +88,9 @@ pub struct SimulatedMemoryResource {
     owns_window: bool,
     /// Bytes of host memory managed allocations may use beyond the device (0: a plain device).
     host_tier: usize,
+    /// With [`with_backing`](Self::with_backing): the host memory behind the window, so the
+    /// bytes are kept (tests and examples of code that copies); `None`: addresses only.
+    backing: Option<crate::os::host_pages::Reservation>,
     state: Mutex<SimulatedState>,
 }
 
@@ -117,7 +124,10 @@ fn address_space(size: usize) -> usize {
 impl SimulatedMemoryResource {
     /// The pretend addresses this device may hand out (pointers to check copies against).
     pub fn address_range(&self) -> std::ops::Range<usize> {
-        self.base..self.base + address_space(self.size + self.host_tier)
+        match &self.backing {
+            Some(r) => self.base..self.base + r.len(),
+            None => self.base..self.base + address_space(self.size + self.host_tier),
+        }
     }
 
     /// A pretend device of `size` bytes (rounded down to 256, and to at most
@@ -139,6 +149,7 @@ impl SimulatedMemoryResource {
             base,
             owns_window: window.is_some(),
             host_tier,
+            backing: None,
             state: Mutex::new(SimulatedState {
                 ranges: AddressRanges::new(base, space),
                 live: HashMap::new(),
@@ -146,6 +157,47 @@ impl SimulatedMemoryResource {
                 peak: 0,
             }),
         }
+    }
+
+    /// A device of `size` bytes as [`new`](Self::new) makes it (the same capacity, 2 MiB page
+    /// charges, checked frees and out-of-memory errors) whose addresses have host memory behind
+    /// them, so the bytes are kept: containers and [`DeviceBuffer`](crate::DeviceBuffer) copies
+    /// work on it without a GPU (by the CPU without a driver). For tests and examples only: its
+    /// memory is the host's, its [`kind`](MemoryResource::kind) is [`MemoryKind::Host`], pages
+    /// are faulted in when first written and kept until the resource drops, and its address
+    /// space is 4 times its size (not 64: it is reserved for real).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the host cannot reserve the addresses.
+    pub fn with_backing(size: usize) -> Result<Self> {
+        use crate::os::host_pages::{Commit, Reservation, HUGE_PAGE};
+        let size = size.min(MAX_SIMULATED_SIZE) & !(ALLOCATION_ALIGNMENT - 1);
+        let space = size
+            .checked_mul(BACKED_SPACE_FACTOR)
+            .and_then(|s| s.checked_next_multiple_of(HUGE_PAGE))
+            .ok_or_else(|| Error::invalid("size", format!("{size} bytes overflow")))?
+            .max(HUGE_PAGE);
+        let reservation = Reservation::new(space)?;
+        reservation.commit(0, reservation.len(), Commit::default())?;
+        let base = reservation.base();
+        Ok(SimulatedMemoryResource {
+            size,
+            base,
+            owns_window: false,
+            host_tier: 0,
+            state: Mutex::new(SimulatedState {
+                ranges: AddressRanges::new(base, reservation.len()),
+                live: HashMap::new(),
+                in_use: 0,
+                peak: 0,
+            }),
+            backing: Some(reservation),
+        })
+    }
+
+    /// Whether the bytes are kept ([`with_backing`](Self::with_backing)).
+    pub fn keeps_bytes(&self) -> bool {
+        self.backing.is_some()
     }
 
     /// The pretend device's size in bytes.
@@ -287,8 +339,14 @@ impl MemoryResource for SimulatedMemoryResource {
         Ok(())
     }
 
+    /// [`MemoryKind::Simulated`]; [`MemoryKind::Host`] with [`with_backing`](Self::with_backing)
+    /// (its bytes are host memory, copied as host memory is).
     fn kind(&self) -> MemoryKind {
-        MemoryKind::Simulated
+        if self.backing.is_some() {
+            MemoryKind::Host
+        } else {
+            MemoryKind::Simulated
+        }
     }
 
     /// The device's free bytes (whole pages once a page or more is free, so a request of that

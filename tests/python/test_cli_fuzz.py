@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -83,3 +84,52 @@ def test_huge_numbers_are_usage_errors(argv: list[str]) -> None:
             code = e.code if isinstance(e.code, int) else 2
     assert code in (1, 2)
     assert "Traceback" not in err.getvalue() and "OverflowError" not in err.getvalue()
+
+
+SUBCOMMAND_ARGV = st.one_of(
+    st.tuples(st.just("info"), st.lists(st.sampled_from(["--bogus", "x", "-q", "--json"]),
+                                        max_size=2)),
+    st.tuples(st.just("snapshot"), st.lists(st.one_of(
+        st.sampled_from(["view", "show", "--device", "-1", "7", "-o", "--title", "-q",
+                         "transformer_training", "no_such_file", "--bogus", ""]),
+        st.text(max_size=6)), max_size=4)),
+    st.tuples(st.just("replay"), st.lists(st.sampled_from(
+        ["--bogus", "--simulate", "4G", "--repeat", "0", "no_such_log", "-q"]), max_size=3)),
+).map(lambda t: [t[0], *t[1]])
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(argv=SUBCOMMAND_ARGV)
+def test_every_subcommand_errs_alike(argv: list[str], tmp_path_factory) -> None:
+    """Issue 29: exit codes and one-line errors the same across every subcommand: a usage error
+    is status 2 and one line ``rrmm SUBCOMMAND...: error: ...`` on standard error."""
+    if argv[0] == "snapshot":  # pages go to a temporary directory, never the working one
+        argv = [a for a in argv if a != "-o"] + ["-o", str(tmp_path_factory.mktemp("o") / "p.html")]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+    message = err.getvalue()
+    assert "Traceback" not in message + out.getvalue(), message
+    assert code in (0, 1, 2), (argv, code, message)
+    if code == 2 and "-h" not in argv and "--help" not in argv:
+        lines = [line for line in message.splitlines()
+                 if line.strip() and not line.startswith("rrmm replay: no GPU found")]
+        assert len(lines) == 1, (argv, message)
+        assert re.match(r"rrmm( \w+)*: error: ", lines[0]), (argv, message)
+
+
+@pytest.mark.parametrize("argv", [[], ["snapshot"], ["snapshot", "view"], ["info", "--bogus"],
+                                  ["replay"], ["replay", "x", "--simulate", "4G"],
+                                  ["snapshot", "view", "no_such_file"], ["nope"]])
+def test_usage_errors_are_status_2_with_one_line(argv: list[str], capsys) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    assert len(err.strip().splitlines()) == 1 and re.match(r"rrmm( \w+)*: error: ", err), err

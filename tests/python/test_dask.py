@@ -202,14 +202,53 @@ def test_preload_reads_the_rrmm_config_section(tmp_path):
         options_from_config()
 
 
-def test_sizes_are_read_as_dask_cuda_reads_them():
-    """dask-cuda parses sizes with dask's ``parse_bytes``: a bare unit is decimal there."""
-    from rrmm.dask import parse_device_bytes
+def test_sizes_are_read_by_the_one_parser_of_the_package():
+    """Issue 31: ``RRMMSetup(simulate='8G')`` took 8 * 10**9 bytes (dask's ``parse_bytes``)
+    where the command line and ``reinitialize`` refuse ``8G``; every size string now goes
+    through ``rrmm.parse_bytes`` (RMM's grammar), which refuses a bare unit with a hint."""
+    from rrmm.dask import RRMMSetup, parse_device_bytes
 
-    assert parse_device_bytes("4G") == 4 * 10**9
+    with pytest.raises(ValueError, match="a bare unit is not a size"):
+        parse_device_bytes("4G")
+    with pytest.raises(ValueError, match="a bare unit is not a size"):
+        RRMMSetup(simulate="8G")
+    assert RRMMSetup(simulate="8GB").simulate == 8 * 10**9
     assert parse_device_bytes("4GB") == 4 * 10**9
     assert parse_device_bytes("4GiB") == 4 << 30
     assert parse_device_bytes("0 B") is None
     assert parse_device_bytes(0.5, total=8 << 30) == 4 << 30
     with pytest.raises(ValueError):
         parse_device_bytes("four gigabytes")
+
+
+def _rmm_on_the_worker() -> tuple[str, int]:
+    """What dask-cuda's workers get from ``import rmm`` (RRMM_AS_RMM=1): rrmm, whose pool works
+    as RMM's would (on simulated memory here)."""
+    import rmm
+    import rmm.mr
+
+    pool = rmm.mr.PoolMemoryResource(rmm.mr.SimulatedMemoryResource(4 << 30),
+                                      initial_pool_size="256MiB")
+    return rmm.__name__, pool.pool_size()
+
+
+def test_rrmm_as_rmm_reaches_dask_workers(monkeypatch):
+    """The README's first Dask route: with ``RRMM_AS_RMM=1`` in the workers' environment, the
+    ``import rmm`` that dask-cuda's plugin does gives rrmm in every worker process."""
+    monkeypatch.setenv("RRMM_AS_RMM", "1")  # inherited by the worker processes at their start
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        results = client.run(_rmm_on_the_worker)
+    assert len(results) == 2
+    assert all(r == ("rrmm", 256 << 20) for r in results.values()), results
+
+
+def test_the_report_names_sizes_as_people_read_them():
+    """Issue 31: ``memory_report`` showed ``pool(simulated 8589934592 B)``."""
+    from rrmm.dask import _describe
+
+    assert _describe("pool", 8 << 30) == "pool(simulated 8.00 GiB)"
+    assert _describe("expandable", 1536 << 20) == "expandable(simulated 1.50 GiB)"
+    assert _describe("cuda", 512) == "simulated 512 B"
+    assert _describe("pool", None) == "pool(cuda)"

@@ -36,13 +36,29 @@ def test_views_share_the_memory_and_keep_it_alive(host_mr):
     assert v[1] == 1 and arr[0] == 200 and v[0] == 200
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="the buffer protocol of Python classes "
-                    "(__buffer__) needs Python 3.12")
-def test_it_is_a_buffer_on_python_312(host_mr):
+def test_it_is_a_buffer_on_every_supported_python(host_mr):
+    # Issue 31: on Python 3.11 memoryview(hb) and numpy.frombuffer(hb) raised TypeError (the
+    # wheel was on the 3.10 stable ABI, which has no buffer slot, and __buffer__ is 3.12+); the
+    # buffer slot of HostBuffer's base class works from 3.11 on.
+    assert sys.version_info >= (3, 11)
     hb = rrmm.HostBuffer(16, mr=host_mr)
-    memoryview(hb)[:4] = b"rrmm"
-    assert bytes(memoryview(hb)[:4]) == b"rrmm"
-    assert np.frombuffer(hb, dtype=np.uint8)[:4].tobytes() == b"rrmm"
+    view = memoryview(hb)
+    assert (view.format, view.itemsize, view.nbytes, view.readonly) == ("B", 1, 16, False)
+    view[:4] = b"rrmm"
+    assert bytes(memoryview(hb)[:4]) == b"rrmm" and hb.tobytes()[:4] == b"rrmm"
+    arr = np.frombuffer(hb, dtype=np.uint8)
+    assert arr[:4].tobytes() == b"rrmm" and arr.ctypes.data == hb.ptr
+    del hb
+    # The views hold the buffer: its memory is still there.
+    assert bytes(view[:4]) == b"rrmm" and arr[:4].tobytes() == b"rrmm"
+    empty = memoryview(rrmm.HostBuffer(0, mr=host_mr))
+    assert empty.nbytes == 0 and bytes(empty) == b""
+
+
+def test_the_buffer_slot_cannot_be_pointed_elsewhere(host_mr):
+    hb = rrmm.HostBuffer(8, mr=host_mr)
+    with pytest.raises(ValueError, match="already set"):
+        hb._set_bytes(0x1000, 8)
 
 
 def test_an_empty_buffer(host_mr):

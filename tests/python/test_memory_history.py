@@ -5,6 +5,7 @@ rendered in a real browser. On simulated memory, so it runs anywhere."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import subprocess
@@ -70,8 +71,12 @@ def test_the_html_view_draws_the_recorded_timeline(recorded_pool, tmp_path):
     html = page.read_text()
     assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "")
     assert "make_buffers_in_a_named_function" in html
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which(
-        "google-chrome")
+    # Debian's chromium-headless-shell package (issue 31) and the usual browser names.
+    browser = next((path for path in map(shutil.which, (
+        "chromium-headless-shell", "chromium", "chromium-browser", "google-chrome",
+        "headless_shell")) if path), None)
+    if browser is None and os.access("/usr/lib/chromium/headless_shell", os.X_OK):
+        browser = "/usr/lib/chromium/headless_shell"
     if browser is None:
         pytest.skip("no Chromium on this machine to render the page")
     shot = tmp_path / "snap.png"

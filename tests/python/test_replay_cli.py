@@ -163,12 +163,13 @@ def test_comparison_table(capsys, small_log):
     rows = {line.split()[0]: line for line in lines
             if line.split() and line.split()[0] in {"pool", "binning", "fixed_size", "simulated"}}
     assert set(rows) == {"pool", "binning", "fixed_size", "simulated"}
-    assert "simulated device" in rows["simulated"]
+    assert rows["simulated"].split()[0] == "simulated"
     # Each resource's setup is printed.
     assert "  pool: coalescing pool, initial 512.00 MiB (half the free memory)" in out
     assert "  binning: bins 2^18..2^22 (256.00 KiB..4.00 MiB) x 128 blocks per chunk" in out
     assert "  fixed_size: 1.00 MiB blocks, 128 per chunk" in out
-    assert "the simulated device's timings are the simulator's, not CUDA's" in out
+    assert "simulated: the simulated device itself; its timings are the simulator's, not " \
+        "CUDA's" in out
     assert "median of 2 repetition(s) after a warm-up" in out
 
 
@@ -235,7 +236,7 @@ def test_plot_without_matplotlib_names_the_extra(capsys, small_log, tmp_path, mo
     png = str(tmp_path / "x.png")
     code, _, err = replay(capsys, small_log, "--simulate", "1GiB", "--plot", png)
     assert code == 1
-    assert "pip install rrmm[plot]" in err
+    assert "pip install 'rrmm[plot]'" in err
     assert not (tmp_path / "x.png").exists()
 
 
@@ -455,7 +456,11 @@ def test_source_resources_are_one_simulated_device_row(capsys, small_log):
     code, out, _ = replay(capsys, small_log, "--simulate", "1GiB", "--compare", "all",
                           "--repeat", "1")
     assert code == 0
-    assert out.count("simulated device") >= 2  # the row and its setup line
+    # One vocabulary (issue 31): the row is named "simulated" (as in --json and the fit line)
+    # and stands for cuda and cuda_async, never for managed (its own row).
+    assert any(line.split()[:1] == ["simulated"] for line in out.splitlines())
+    setup = next(line for line in out.splitlines() if line.startswith("  simulated: "))
+    assert setup.endswith("stands for cuda and cuda_async"), setup
     for base in ["cuda", "cuda_async"]:
         assert not any(line.split()[:1] == [base] for line in out.splitlines())
     assert any(line.split()[:1] == ["managed"] for line in out.splitlines())
@@ -626,7 +631,7 @@ def test_misuse_is_a_one_line_error_before_any_replay(capsys, small_log, args, n
     "args, needle",
     [
         (["--simulate", "4XB"], "Could not parse '4XB' as a byte specification"),
-        (["--initial-pool-size", "4G"], "a bare unit such as 4G is not one: 4GiB or 4GB"),
+        (["--initial-pool-size", "4G"], "a bare unit is not a size: write 4GiB for 4 * 2**30"),
         (["--simulate", "0"], "positive"),
         (["--repeat", "0"], "positive"),
         (["--repeat", "x"], "not a whole number"),
@@ -720,3 +725,28 @@ def test_check_exits_nonzero_only_when_an_allocation_fails(capsys, small_log):
                         "--maximum-pool-size", "2048", "--initial-pool-size", "2048",
                         "--repeat", "1")
     assert code == 0  # without --check, a report, not a verdict
+
+
+@pytest.mark.parametrize(("asked", "stands_for"), [
+    ("pinned", "stands for pinned"),
+    ("cuda", "stands for cuda"),
+    ("cuda_async,managed", "stands for cuda_async"),
+    ("cuda,cuda_async", "stands for cuda and cuda_async"),
+])
+def test_the_simulated_row_says_what_it_stands_for_alike_in_text_and_json(
+        capsys, small_log, asked, stands_for):
+    # Issue 31: `--resource pinned --simulate 64GiB` was labelled as standing for cuda,
+    # cuda_async and managed; the row, the JSON and the fit line now use one name and say
+    # which of the asked resources the simulated device stands for.
+    code, out, _ = replay(capsys, small_log, "--simulate", "1GiB", "--compare", asked,
+                          "--repeat", "1", "--fit")
+    assert code == 0
+    lines = out.splitlines()
+    setup = next(line for line in lines if line.startswith("  simulated: "))
+    assert setup.endswith(stands_for), setup
+    assert "managed" not in setup
+    assert any(line.strip().startswith("simulated needs ") for line in lines), out
+    doc = replay_json(capsys, small_log, "--simulate", "1GiB", "--compare", asked, "--fit")
+    row = next(r for r in doc["reports"] if r["simulated_device"])
+    assert row["resource"] == "simulated" and row["setup"].endswith(stands_for)
+    assert any(f["resource"] == "simulated" for f in doc["fits"])

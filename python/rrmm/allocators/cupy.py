@@ -79,10 +79,14 @@ def _cupy_missing_allocator(cause: BaseException) -> Any:
     """The allocator named when CuPy cannot be imported: importing it works (as with RMM), calling
     it raises ModuleNotFoundError."""
 
+    # RMM's message first; then why (when CuPy is there but fails to import) and the fix, once.
+    root = cause.__cause__ or cause
+    why = "" if str(root) == "No module named 'cupy'" else f"importing it failed: {root}; "
+    message = (f"No module named 'cupy' (rrmm.allocators.cupy needs CuPy: {why}install it "
+               "with `pip install cupy-cuda12x` or `pip install cupy-cuda13x`)")
+
     def rmm_cupy_allocator(nbytes: int) -> Any:
-        error = ModuleNotFoundError(
-            f"No module named 'cupy' (rrmm.allocators.cupy needs CuPy: {cause})"
-        )
+        error = ModuleNotFoundError(message)
         error.name = "cupy"
         raise error
 
