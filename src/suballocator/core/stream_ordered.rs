@@ -437,9 +437,19 @@ impl<F: FreeList> StreamOrderedCore<F> {
             gave_back = true;
             let chunks = self.take_free_chunks(sh, false, 0);
             // Out of memory: trim everything free (keep nothing beyond what is allocated).
-            let trimmed = self.trim_fresh(sh, 0)?;
+            let trimmed = match self.trim_fresh(sh, 0) {
+                Ok(trimmed) => trimmed,
+                Err(e) => {
+                    Self::restore_chunks(sh, chunks);
+                    return Err(e);
+                }
+            };
             if !chunks.is_empty() || trimmed > 0 {
-                self.give_back_chunks(chunks)?;
+                let (refused, failed) = self.give_back_chunks(chunks);
+                if let Some(e) = failed {
+                    Self::restore_chunks(sh, refused);
+                    return Err(e);
+                }
                 match self.grow(sh, request) {
                     Ok(()) => {
                         return match sh.fresh.take(size) {
@@ -554,7 +564,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Lets the growth policy trim free memory of the fresh list (after a synchronize-and-merge)
     /// while more than `keep` bytes are held; the bytes it gave back.
     fn trim_fresh(&self, sh: &mut Shared<F>, keep: usize) -> Result<usize> {
-        let trimmed = self.growth.trim(&mut sh.fresh, keep)?;
+        let (trimmed, outcome) = self.growth.trim(&mut sh.fresh, keep);
         if trimmed > 0 {
             sh.pool_size -= trimmed;
             self.counters.unmapped(trimmed);
@@ -562,7 +572,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 self.counters.set_segments(segments.len());
             }
         }
-        Ok(trimmed)
+        outcome.map(|()| trimmed)
     }
 
     /// Takes every stream's free blocks out, synchronizes every stream, and puts the blocks in
@@ -610,8 +620,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
-    /// and the chunk table, while more than `keep` bytes are held; the caller gives them back.
-    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool, keep: usize) -> Vec<Block> {
+    /// and the chunk table, while more than `keep` bytes are held; the caller gives them back
+    /// ([`Self::give_back_chunks`]) and puts back the ones that failed ([`Self::restore_chunks`]).
+    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool, keep: usize) -> Vec<Chunk> {
         if !self.growth.gives_back_chunks() {
             return Vec::new();
         }
@@ -627,7 +638,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 *pool_size > keep && (initial_too || !c.initial) && fresh.remove_block(c.block);
             if goes {
                 *pool_size -= c.block.size;
-                out.push(c.block);
+                out.push(*c);
             }
             !goes
         });
@@ -635,21 +646,38 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Gives `chunks` (taken out by [`Self::take_free_chunks`] after a synchronize-and-merge)
-    /// back to the upstream; the first error, after trying every chunk.
-    fn give_back_chunks(&self, chunks: Vec<Block>) -> Result<()> {
+    /// back to the upstream, trying every chunk; the chunks the upstream refused, with the first
+    /// error. A refused chunk is still held (the upstream did not take it): the caller puts it
+    /// back in the books with [`Self::restore_chunks`], free, so a later release tries again.
+    fn give_back_chunks(&self, chunks: Vec<Chunk>) -> (Vec<Chunk>, Option<Error>) {
         let mut first_error = None;
+        let mut refused = Vec::new();
         for chunk in chunks {
-            self.counters.segment_removed(chunk.size);
             // SAFETY: each chunk was a whole free block of the fresh list, taken out of it and
             // of the chunk table (so given back once) after every stream was synchronized: no
             // block of it is allocated and no work uses it.
             #[allow(unsafe_code)]
-            let given = unsafe { self.growth.give_back(chunk) };
-            if let Err(e) = given {
-                first_error.get_or_insert(e);
+            let given = unsafe { self.growth.give_back(chunk.block) };
+            match given {
+                Ok(()) => self.counters.segment_removed(chunk.block.size),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    refused.push(chunk);
+                }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        (refused, first_error)
+    }
+
+    /// Puts chunks the upstream refused to take back into the books: in the chunk table, counted
+    /// in the pool size, and free in the fresh list (as they were before the give-back).
+    fn restore_chunks(sh: &mut Shared<F>, refused: Vec<Chunk>) {
+        for c in refused {
+            sh.chunks.insert(c.block.addr, c);
+            sh.pool_size += c.block.size;
+            sh.fresh.add_chunk(c.block);
+        }
+        sh.settled = None;
     }
 
     /// Frees `ptr`, allocated with `bytes`, on `stream` into that stream's list. A pointer not
@@ -774,16 +802,30 @@ impl<F: FreeList> StreamOrderedCore<F> {
         keep_chunks: usize,
         keep_trimmed: usize,
     ) -> Result<usize> {
-        let (chunks, trimmed) = {
+        let (chunks, trimmed, chunks_bytes) = {
             self.synchronize_and_merge(&mut sh, true)?;
             sh.settled = None;
             let chunks = self.take_free_chunks(&mut sh, true, keep_chunks);
-            let trimmed = self.trim_fresh(&mut sh, keep_trimmed)?;
+            let trimmed = match self.trim_fresh(&mut sh, keep_trimmed) {
+                Ok(trimmed) => trimmed,
+                Err(e) => {
+                    Self::restore_chunks(&mut sh, chunks);
+                    return Err(e);
+                }
+            };
             drop(sh);
-            (chunks, trimmed)
+            let bytes = chunks.iter().map(|c| c.block.size).sum::<usize>();
+            (chunks, trimmed, bytes)
         };
-        let released: usize = chunks.iter().map(|c| c.size).sum();
-        self.give_back_chunks(chunks)?;
+        let (refused, failed) = self.give_back_chunks(chunks);
+        if let Some(e) = failed {
+            // The upstream still holds what it refused: back in the books, free, retried by a
+            // later release (or at drop).
+            let mut sh = self.lock_shared()?;
+            Self::restore_chunks(&mut sh, refused);
+            return Err(e);
+        }
+        let released: usize = chunks_bytes;
         Ok(released + trimmed)
     }
 
@@ -1137,13 +1179,13 @@ mod tests {
         unsafe fn give_back(&self, _chunk: Block) -> Result<()> {
             Ok(())
         }
-        fn trim(&self, fresh: &mut dyn FreeRanges, _keep: usize) -> Result<usize> {
+        fn trim(&self, fresh: &mut dyn FreeRanges, _keep: usize) -> (usize, Result<()>) {
             let mut trimmed = 0;
             for b in fresh.ranges() {
                 assert!(fresh.take_range(b.addr, b.size));
                 trimmed += b.size;
             }
-            Ok(trimmed)
+            (trimmed, Ok(()))
         }
     }
 
