@@ -272,6 +272,16 @@ pub(crate) fn check_maximum(
     if size <= room {
         return Ok(());
     }
+    if let Some(maximum) = maximum.filter(|&m| size > m) {
+        // No growth, release or trim could serve it: say so, not "reached its maximum".
+        return Err(Error::out_of_memory(
+            bytes,
+            format!(
+                "Maximum pool size exceeded: the request ({size} bytes) is larger than the \
+                 pool's maximum ({maximum} bytes)"
+            ),
+        ));
+    }
     Err(Error::out_of_memory(
         bytes,
         format!(
