@@ -79,4 +79,11 @@ pub trait PoolReport: Send + Sync {
     fn busy(&self) -> bool {
         false
     }
+
+    /// Whether the resource is a source of memory (a simulated device) rather than one that
+    /// holds memory from a source: its free bytes are the device's, outside what it holds, so a
+    /// resource above it must not count them as free memory it holds.
+    fn is_source(&self) -> bool {
+        false
+    }
 }

@@ -139,6 +139,14 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
                 human_bytes(requested)
             );
         }
+        if message.contains("larger than the pool's maximum") {
+            return format!(
+                "hint: the request is larger than the {name}'s maximum size: no growth can \
+                 serve it; raise maximum_pool_size above {}, or use managed memory to go past \
+                 the device (reinitialize(managed_memory=True, pool_allocator=True))",
+                human_bytes(requested)
+            );
+        }
         if message.contains("Maximum pool size exceeded") || message.contains("maximum") {
             return format!(
                 "hint: the {name} reached its maximum size ({} held): raise maximum_pool_size, \
@@ -235,13 +243,35 @@ mod tests {
         let pool =
             PoolMemoryResource::new(sim(1024 * MIB), Some(256 * MIB), Some(512 * MIB)).unwrap();
         let top: SharedResource = Arc::new(pool);
-        let err = top.allocate(600 * MIB, Stream::DEFAULT).unwrap_err();
-        let text = explain_out_of_memory(err, &top, 600 * MIB, Stream::DEFAULT).to_string();
+        let _held = top.allocate(200 * MIB, Stream::DEFAULT).unwrap();
+        let err = top.allocate(300 * MIB, Stream::DEFAULT).unwrap_err();
+        let text = explain_out_of_memory(err, &top, 300 * MIB, Stream::DEFAULT).to_string();
         assert!(text.starts_with("std::bad_alloc: out_of_memory"), "{text}");
-        assert!(text.contains("request: 600.00 MiB"), "{text}");
+        assert!(text.contains("request: 300.00 MiB"), "{text}");
         assert!(text.contains("pool: held 256.00 MiB"), "{text}");
         assert!(
             text.contains("hint: the pool reached its maximum size"),
+            "{text}"
+        );
+    }
+
+    /// Issue 29: a request above the maximum (3 GiB on a 2 GiB maximum, 1 GiB held) was told
+    /// the pool "reached its maximum size (1.00 GiB held)".
+    #[test]
+    fn a_request_above_the_maximum_says_so() {
+        let pool = PoolMemoryResource::new(sim(16 << 30), Some(1 << 30), Some(2 << 30)).unwrap();
+        let top: SharedResource = Arc::new(pool);
+        let err = top.allocate(3 << 30, Stream::DEFAULT).unwrap_err();
+        assert!(err.is_out_of_memory());
+        let text = explain_out_of_memory(err, &top, 3 << 30, Stream::DEFAULT).to_string();
+        assert!(
+            text.contains("Maximum pool size exceeded"),
+            "RMM's text first: {text}"
+        );
+        assert!(text.contains("larger than the pool's maximum"), "{text}");
+        assert!(!text.contains("reached its maximum"), "{text}");
+        assert!(
+            text.contains("hint: the request is larger than the pool's maximum size"),
             "{text}"
         );
     }

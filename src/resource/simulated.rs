@@ -394,6 +394,10 @@ impl PoolReport for SimulatedMemoryResource {
             free_blocks: usize::from(free > 0),
         }
     }
+
+    fn is_source(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -165,7 +165,8 @@ impl SimulatedVirtualMemory {
             && offset
                 .checked_add(bytes)
                 .is_some_and(|end| end <= self.reserved);
-        if !in_range || offset % self.page_size != 0 || bytes % self.page_size != 0 {
+        // An empty range is refused too: marked as a run it would make its page look mapped.
+        if !in_range || bytes == 0 || offset % self.page_size != 0 || bytes % self.page_size != 0 {
             return Err(Error::invalid(
                 "range",
                 format!(
@@ -204,7 +205,10 @@ impl VirtualMemory for SimulatedVirtualMemory {
             )));
         }
         let used = s.mapped_pages * self.page_size;
-        if used + bytes > self.capacity {
+        if used
+            .checked_add(bytes)
+            .map_or(true, |total| total > self.capacity)
+        {
             return Err(Error::out_of_memory(
                 bytes,
                 format!(
@@ -300,6 +304,13 @@ mod tests {
         ));
         assert!(vm.map(base + 3 * P, 2 * P).is_err(), "past the reservation");
         assert!(vm.map(base - P, P).is_err(), "below the reservation");
+        assert!(
+            matches!(vm.map(base + P, 0), Err(Error::InvalidArgument { .. })),
+            "an empty range is no mapping"
+        );
+        vm.map(base + P, P).unwrap();
+        // SAFETY: simulated pages; nothing uses them.
+        unsafe { vm.unmap(base + P, P) }.unwrap();
         // SAFETY: simulated pages; nothing uses them.
         let unmapped = unsafe { vm.unmap(base, 2 * P) };
         assert!(matches!(unmapped, Err(Error::Logic(_))));

@@ -294,7 +294,9 @@ impl PoolReport for BinningMemoryResource {
                 bins.largest_free_block = bins.largest_free_block.max(f.largest_free_block);
             }
         }
-        match self.inner.upstream.report().map(PoolReport::footprint) {
+        // A source's free memory (a simulated device's) is not held here: bins only then.
+        let holder = self.inner.upstream.report().filter(|r| !r.is_source());
+        match holder.map(PoolReport::footprint) {
             Some(pool) => Footprint {
                 held_bytes: pool.held_bytes,
                 free_bytes: pool.free_bytes.saturating_add(bins.free_bytes),
@@ -307,7 +309,7 @@ impl PoolReport for BinningMemoryResource {
 
     /// The upstream's held bytes (over a pool), else the bins' summed, without walking lists.
     fn held_bytes(&self) -> usize {
-        match self.inner.upstream.report() {
+        match self.inner.upstream.report().filter(|r| !r.is_source()) {
             Some(pool) => pool.held_bytes(),
             None => self
                 .inner

@@ -356,6 +356,7 @@ impl FreeRanges for NoRanges {
     fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
         false
     }
+    fn put_back(&mut self, _block: Block) {}
 }
 
 impl ExpandableGrowth {
@@ -363,8 +364,10 @@ impl ExpandableGrowth {
         self.vm.page_size()
     }
 
-    fn pages_for(&self, bytes: usize) -> usize {
-        bytes.div_ceil(self.page()) * self.page()
+    /// `bytes` rounded up to whole pages; `None` when that passes the end of the address space
+    /// (a request no reservation can hold).
+    fn pages_for(&self, bytes: usize) -> Option<usize> {
+        bytes.div_ceil(self.page()).checked_mul(self.page())
     }
 
     /// Where to map for a block of `size` bytes, how many bytes are needed there, and how many
@@ -384,7 +387,10 @@ impl ExpandableGrowth {
             let Some(&tail) = tails.get(&end) else {
                 continue;
             };
-            let (need, room) = (self.pages_for(size.saturating_sub(tail)), gap_after(end));
+            let Some(need) = self.pages_for(size.saturating_sub(tail)) else {
+                continue;
+            };
+            let room = gap_after(end);
             if need > 0 && need <= room && best.map_or(true, |(_, n, _)| need < n) {
                 best = Some((end, need, room));
             }
@@ -392,7 +398,9 @@ impl ExpandableGrowth {
         if best.is_some() {
             return best;
         }
-        let need = self.pages_for(size);
+        // A request whose pages pass the end of the address space fits nowhere (wrapped, it
+        // would ask to map nothing at the base).
+        let need = self.pages_for(size).filter(|&n| n > 0)?;
         let mut at = self.vm.base();
         for (&start, &end) in runs {
             if start - at >= need {
@@ -427,7 +435,8 @@ impl ExpandableGrowth {
             .map_or(usize::MAX, |m| m.saturating_sub(request.held));
         // Grow by at least half of what is mapped (few growth steps, like the pool's doubling),
         // within the gap, the maximum and the device's free memory; on failure map only the need.
-        let mut want = self.pages_for(request.held / 2).max(need).min(room);
+        let half = self.pages_for(request.held / 2).unwrap_or(need);
+        let mut want = half.max(need).min(room);
         want = want.min(need.max(max_room / self.page() * self.page()));
         if let Some((free, _)) = self.vm.memory_info() {
             want = want.min(need.max(free / self.page() * self.page()));
@@ -527,8 +536,15 @@ impl Growth for ExpandableGrowth {
         )
     }
 
+    /// Not for a request larger than the maximum, the reservation or the physical memory
+    /// behind it: unmapping free pages could never make it fit, so a failure leaves them mapped.
     fn may_grow_after_release(&self, size: usize) -> bool {
-        self.maximum.map_or(true, |m| size <= m)
+        let total = self.vm.memory_info().map_or(usize::MAX, |(_, total)| total);
+        size <= self
+            .maximum
+            .unwrap_or(usize::MAX)
+            .min(self.vm.reserved_bytes())
+            .min(total)
     }
 
     // The pages go when the virtual memory drops (after the core, which owns this policy).
@@ -538,7 +554,7 @@ impl Growth for ExpandableGrowth {
     }
 
     #[allow(unsafe_code)]
-    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> Result<usize> {
+    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> (usize, Result<()>) {
         let target = keep;
         let page = self.page();
         let base = self.vm.base();
@@ -551,12 +567,14 @@ impl Growth for ExpandableGrowth {
             if mapped <= target {
                 break;
             }
-            let lo = base + self.pages_for(b.addr - base);
+            let Some(lo) = self.pages_for(b.addr - base).map(|o| base + o) else {
+                continue;
+            };
             let hi = base + (b.end() - base) / page * page;
             if hi <= lo {
                 continue;
             }
-            let len = (hi - lo).min(self.pages_for(mapped - target));
+            let len = (hi - lo).min(self.pages_for(mapped - target).unwrap_or(usize::MAX));
             let at = hi - len;
             if !fresh.take_range(at, len) {
                 continue;
@@ -564,12 +582,20 @@ impl Growth for ExpandableGrowth {
             // SAFETY: the core trims only after synchronizing every stream and merging every
             // list into the fresh one, and the pages lay inside a free block of it (now taken
             // out), so no allocation covers them and no work uses them.
-            unsafe { self.vm.unmap(at, len) }?;
+            if let Err(e) = unsafe { self.vm.unmap(at, len) } {
+                // Still mapped: free again, and counted as held.
+                fresh.put_back(Block {
+                    addr: at,
+                    size: len,
+                    region: base,
+                });
+                return (released, Err(e));
+            }
             remove_run_part(&mut runs, at, len);
             mapped -= len;
             released += len;
         }
-        Ok(released)
+        (released, Ok(()))
     }
 
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,

@@ -270,10 +270,17 @@ mod tests {
             // SAFETY: allocated just above from this resource with this size, freed once; no work uses it.
             unsafe { pool.deallocate(p, 4096, stream) }.unwrap();
             assert_eq!(
-                pool.free_block_count(),
-                2,
+                pool.report()
+                    .unwrap()
+                    .stream_free(stream)
+                    .unwrap()
+                    .this_stream,
+                4096,
                 "{stream:?}: fresh tail kept apart"
             );
+            // The figures count the freed block and the fresh tail beside it as one region.
+            assert_eq!(pool.free_block_count(), 1);
+            assert_eq!(pool.largest_free_block(), 8192);
             // Needing both, the stream takes the fresh block beside its own: no growth.
             let q = pool.allocate(8192, stream).unwrap();
             assert_eq!((q, pool.pool_size()), (p, 8192));
@@ -471,5 +478,78 @@ mod tests {
         assert_eq!(pool.allocate(0, Stream::DEFAULT).unwrap(), 0);
         // SAFETY: the null pointer: a no-op by the trait's contract.
         unsafe { pool.deallocate(0, 0, Stream::DEFAULT) }.unwrap();
+    }
+
+    /// Simulated memory whose frees fail while `refuse` is set.
+    #[derive(Debug)]
+    struct Refusing {
+        inner: SimulatedMemoryResource,
+        refuse: std::sync::atomic::AtomicBool,
+    }
+
+    impl MemoryResource for Refusing {
+        fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+            self.inner.allocate(bytes, stream)
+        }
+        #[allow(unsafe_code)]
+        unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+            if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Logic("the upstream refuses".into()));
+            }
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.inner.deallocate(ptr, bytes, stream) }
+        }
+        fn kind(&self) -> MemoryKind {
+            MemoryKind::Simulated
+        }
+        fn memory_info(&self) -> Option<(usize, usize)> {
+            self.inner.memory_info()
+        }
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+    }
+
+    #[test]
+    fn a_refused_give_back_keeps_the_chunks_in_the_books() {
+        let up = Arc::new(Refusing {
+            inner: SimulatedMemoryResource::new(1 << 30),
+            refuse: true.into(),
+        });
+        let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
+        let a = pool.allocate(4 << 20, Stream::DEFAULT).unwrap();
+        free_on(&pool, a, 4 << 20, Stream::DEFAULT).unwrap();
+        let (held, chunks) = (pool.pool_size(), pool.upstream_chunk_count());
+        assert!(chunks >= 2);
+        assert!(pool.release().is_err(), "the upstream's error is reported");
+        assert_eq!(pool.pool_size(), held, "still held: the upstream kept them");
+        assert_eq!(pool.upstream_chunk_count(), chunks);
+        assert_eq!(pool.free_bytes(), held, "and still free");
+        assert_eq!(up.inner.bytes_in_use(), held);
+        let c = pool.allocate(4 << 20, Stream::DEFAULT).unwrap();
+        free_on(&pool, c, 4 << 20, Stream::DEFAULT).unwrap();
+        up.refuse.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(pool.release().unwrap(), held, "retried, and given back");
+        assert_eq!((pool.pool_size(), up.inner.bytes_in_use()), (0, 0));
+    }
+
+    #[test]
+    fn a_refused_give_back_on_the_out_of_memory_path_keeps_the_chunks() {
+        let up = Arc::new(Refusing {
+            inner: SimulatedMemoryResource::new(16 << 20),
+            refuse: false.into(),
+        });
+        let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
+        let a = pool.allocate(4 << 20, Stream::DEFAULT).unwrap();
+        free_on(&pool, a, 4 << 20, Stream::DEFAULT).unwrap();
+        let held = pool.pool_size();
+        up.refuse.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(pool.allocate(15 << 20, Stream::DEFAULT).is_err());
+        assert_eq!(pool.pool_size(), held);
+        assert_eq!(up.inner.bytes_in_use(), held);
+        assert_eq!(pool.free_bytes(), held);
+        up.refuse.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(pool.release().unwrap(), held);
+        assert_eq!(up.inner.bytes_in_use(), 0);
     }
 }

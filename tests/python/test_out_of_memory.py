@@ -23,10 +23,24 @@ def oom_text(fn) -> str:
 def test_a_pool_at_its_maximum():
     pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(1024 * MiB),
                                  initial_pool_size=256 * MiB, maximum_pool_size=512 * MiB)
+    held = pool.allocate(200 * MiB)
+    text = oom_text(lambda: pool.allocate(300 * MiB))
+    assert "request: 300.00 MiB (314572800 bytes)" in text
+    assert "pool: held 256.00 MiB, in use 200.00 MiB, free 56.00 MiB" in text
+    assert "hint: the pool reached its maximum size" in text and "maximum_pool_size" in text
+    pool.deallocate(held, 200 * MiB)
+    pool.deallocate(pool.allocate(MiB), MiB)  # still works
+
+
+def test_a_request_above_the_maximum_says_so():
+    # Issue 29: 600 MiB on a 512 MiB maximum was told the pool "reached its maximum size".
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(1024 * MiB),
+                                 initial_pool_size=256 * MiB, maximum_pool_size=512 * MiB)
     text = oom_text(lambda: pool.allocate(600 * MiB))
     assert "request: 600.00 MiB (629145600 bytes)" in text
-    assert "pool: held 256.00 MiB, in use 0 B, free 256.00 MiB" in text
-    assert "hint: the pool reached its maximum size" in text and "maximum_pool_size" in text
+    assert "larger than the pool's maximum" in text
+    assert "hint: the request is larger than the pool's maximum size" in text
+    assert "reached its maximum" not in text
     pool.deallocate(pool.allocate(MiB), MiB)  # still works
 
 

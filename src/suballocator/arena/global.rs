@@ -114,6 +114,7 @@ impl GlobalArena {
     }
 
     /// Number of free ranges.
+    #[cfg(test)]
     pub(super) fn free_count(&self) -> usize {
         self.heap.free_count()
     }

@@ -135,16 +135,6 @@ impl LocalArena {
         self.heap.free_bytes()
     }
 
-    /// Number of free blocks in the superblocks (coalesced).
-    pub(super) fn free_blocks(&self) -> usize {
-        self.heap.free_count()
-    }
-
-    /// The largest free block in the superblocks.
-    pub(super) fn largest_free(&self) -> usize {
-        self.heap.largest_free()
-    }
-
     /// Number of live blocks.
     pub(super) fn live_blocks(&self) -> usize {
         self.heap.taken_count()

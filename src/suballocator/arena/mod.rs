@@ -490,21 +490,42 @@ impl ArenaMemoryResource {
         }
     }
 
+    /// Held, free, largest free block and free blocks. A superblock of a thread's arena that is
+    /// wholly free joins the global arena's free ranges it touches (a request that needs both
+    /// gets them once the defragmentation of a failing request returns the superblock), so an
+    /// arena with nothing live reports one free block, not one per superblock.
     fn footprint_now(&self) -> Footprint {
         let mut fp = Footprint {
             held_bytes: self.inner.size,
             ..Footprint::default()
         };
+        let mut joinable: Vec<(usize, usize)> = Vec::new();
         for arena in self.snapshot() {
             let local = arena.state.lock();
-            fp.free_bytes += local.free_bytes();
-            fp.largest_free_block = fp.largest_free_block.max(local.largest_free());
-            fp.free_blocks += local.free_blocks();
+            for sb in local.superblocks() {
+                if sb.free_bytes == sb.size {
+                    joinable.push((sb.start, sb.size));
+                } else {
+                    fp.free_bytes += sb.free_bytes;
+                    fp.largest_free_block = fp.largest_free_block.max(sb.largest_free);
+                    fp.free_blocks += sb.free_blocks;
+                }
+            }
         }
-        let global = self.inner.global.lock();
-        fp.free_bytes += global.free_bytes();
-        fp.largest_free_block = fp.largest_free_block.max(global.largest_free());
-        fp.free_blocks += global.free_count();
+        joinable.extend(self.inner.global.lock().free_ranges());
+        joinable.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(joinable.len());
+        for (start, size) in joinable {
+            match merged.last_mut() {
+                Some(last) if last.0 + last.1 == start => last.1 += size,
+                _ => merged.push((start, size)),
+            }
+        }
+        for (_, size) in merged {
+            fp.free_bytes += size;
+            fp.largest_free_block = fp.largest_free_block.max(size);
+            fp.free_blocks += 1;
+        }
         fp
     }
 }

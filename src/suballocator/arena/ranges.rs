@@ -360,6 +360,7 @@ impl RangeHeap {
     }
 
     /// Number of free ranges.
+    #[cfg(test)]
     pub(super) fn free_count(&self) -> usize {
         self.free_ranges
     }

@@ -148,6 +148,11 @@ pub(crate) trait FreeList: Send + Sized + 'static {
 
     /// The largest free block.
     fn largest_free_block(&self) -> usize;
+
+    /// Whether free neighbours of one region coalesce (then free blocks of different lists that
+    /// touch are one free region: the synchronize-and-merge of a failing request joins them, so
+    /// the figures count them as one).
+    const COALESCES: bool = false;
 }
 
 /// The crate's one address-keyed map (see [`crate::live`]).

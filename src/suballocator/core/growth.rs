@@ -43,6 +43,8 @@ pub(crate) trait FreeRanges {
     fn ranges(&self) -> Vec<Block>;
     /// Takes `[addr, addr + size)` out of the free block containing it; whether one did.
     fn take_range(&mut self, addr: usize, size: usize) -> bool;
+    /// Puts back a range [`FreeRanges::take_range`] took out (its give-back failed).
+    fn put_back(&mut self, block: Block);
 }
 
 impl<F: FreeList> FreeRanges for F {
@@ -51,6 +53,9 @@ impl<F: FreeList> FreeRanges for F {
     }
     fn take_range(&mut self, addr: usize, size: usize) -> bool {
         self.remove_range(addr, size)
+    }
+    fn put_back(&mut self, block: Block) {
+        self.insert(block);
     }
 }
 
@@ -135,14 +140,13 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Gives back free memory inside free blocks of `fresh` (after every stream was synchronized
-    /// and merged) while more than `keep` bytes are held; the bytes given back. The default
-    /// trims nothing.
-    ///
-    /// # Errors
-    /// The source's error.
-    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> Result<usize> {
+    /// and merged) while more than `keep` bytes are held; the bytes given back, and the source's
+    /// error if a give-back failed (the policy stops there and puts that range back in `fresh`,
+    /// so what the source still holds stays in the books; the bytes given back before it count).
+    /// The default trims nothing.
+    fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> (usize, Result<()>) {
         let _ = (fresh, keep);
-        Ok(0)
+        (0, Ok(()))
     }
 
     /// The resource's `memory_info`, given what the core holds and has free; the default is the
@@ -308,6 +312,16 @@ pub(crate) fn check_maximum(
     if size <= room {
         return Ok(());
     }
+    if let Some(maximum) = maximum.filter(|&m| size > m) {
+        // No growth, release or trim could serve it: say so, not "reached its maximum".
+        return Err(Error::out_of_memory(
+            bytes,
+            format!(
+                "Maximum pool size exceeded: the request ({size} bytes) is larger than the \
+                 pool's maximum ({maximum} bytes)"
+            ),
+        ));
+    }
     Err(Error::out_of_memory(
         bytes,
         format!(
@@ -373,8 +387,14 @@ impl Growth for Geometric {
         )
     }
 
+    /// Not for a request larger than the maximum or the upstream's total: giving chunks back
+    /// could never make it fit, so a failure keeps them.
     fn may_grow_after_release(&self, size: usize) -> bool {
-        self.maximum.map_or(true, |m| size <= m)
+        let total = self
+            .upstream
+            .memory_info()
+            .map_or(usize::MAX, |(_, total)| total);
+        size <= self.maximum.unwrap_or(usize::MAX).min(total)
     }
 
     /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's

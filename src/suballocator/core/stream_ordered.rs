@@ -437,9 +437,19 @@ impl<F: FreeList> StreamOrderedCore<F> {
             gave_back = true;
             let chunks = self.take_free_chunks(sh, false, 0);
             // Out of memory: trim everything free (keep nothing beyond what is allocated).
-            let trimmed = self.trim_fresh(sh, 0)?;
+            let trimmed = match self.trim_fresh(sh, 0) {
+                Ok(trimmed) => trimmed,
+                Err(e) => {
+                    Self::restore_chunks(sh, chunks);
+                    return Err(e);
+                }
+            };
             if !chunks.is_empty() || trimmed > 0 {
-                self.give_back_chunks(chunks)?;
+                let (refused, failed) = self.give_back_chunks(chunks);
+                if let Some(e) = failed {
+                    Self::restore_chunks(sh, refused);
+                    return Err(e);
+                }
                 match self.grow(sh, request) {
                     Ok(()) => {
                         return match sh.fresh.take(size) {
@@ -554,7 +564,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Lets the growth policy trim free memory of the fresh list (after a synchronize-and-merge)
     /// while more than `keep` bytes are held; the bytes it gave back.
     fn trim_fresh(&self, sh: &mut Shared<F>, keep: usize) -> Result<usize> {
-        let trimmed = self.growth.trim(&mut sh.fresh, keep)?;
+        let (trimmed, outcome) = self.growth.trim(&mut sh.fresh, keep);
         if trimmed > 0 {
             sh.pool_size -= trimmed;
             self.counters.unmapped(trimmed);
@@ -562,7 +572,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 self.counters.set_segments(segments.len());
             }
         }
-        Ok(trimmed)
+        outcome.map(|()| trimmed)
     }
 
     /// Takes every stream's free blocks out, synchronizes every stream, and puts the blocks in
@@ -610,8 +620,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Takes the fully free chunks (grown ones only, unless `initial_too`) out of the fresh list
-    /// and the chunk table, while more than `keep` bytes are held; the caller gives them back.
-    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool, keep: usize) -> Vec<Block> {
+    /// and the chunk table, while more than `keep` bytes are held; the caller gives them back
+    /// ([`Self::give_back_chunks`]) and puts back the ones that failed ([`Self::restore_chunks`]).
+    fn take_free_chunks(&self, sh: &mut Shared<F>, initial_too: bool, keep: usize) -> Vec<Chunk> {
         if !self.growth.gives_back_chunks() {
             return Vec::new();
         }
@@ -627,7 +638,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 *pool_size > keep && (initial_too || !c.initial) && fresh.remove_block(c.block);
             if goes {
                 *pool_size -= c.block.size;
-                out.push(c.block);
+                out.push(*c);
             }
             !goes
         });
@@ -635,21 +646,38 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Gives `chunks` (taken out by [`Self::take_free_chunks`] after a synchronize-and-merge)
-    /// back to the upstream; the first error, after trying every chunk.
-    fn give_back_chunks(&self, chunks: Vec<Block>) -> Result<()> {
+    /// back to the upstream, trying every chunk; the chunks the upstream refused, with the first
+    /// error. A refused chunk is still held (the upstream did not take it): the caller puts it
+    /// back in the books with [`Self::restore_chunks`], free, so a later release tries again.
+    fn give_back_chunks(&self, chunks: Vec<Chunk>) -> (Vec<Chunk>, Option<Error>) {
         let mut first_error = None;
+        let mut refused = Vec::new();
         for chunk in chunks {
-            self.counters.segment_removed(chunk.size);
             // SAFETY: each chunk was a whole free block of the fresh list, taken out of it and
             // of the chunk table (so given back once) after every stream was synchronized: no
             // block of it is allocated and no work uses it.
             #[allow(unsafe_code)]
-            let given = unsafe { self.growth.give_back(chunk) };
-            if let Err(e) = given {
-                first_error.get_or_insert(e);
+            let given = unsafe { self.growth.give_back(chunk.block) };
+            match given {
+                Ok(()) => self.counters.segment_removed(chunk.block.size),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    refused.push(chunk);
+                }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        (refused, first_error)
+    }
+
+    /// Puts chunks the upstream refused to take back into the books: in the chunk table, counted
+    /// in the pool size, and free in the fresh list (as they were before the give-back).
+    fn restore_chunks(sh: &mut Shared<F>, refused: Vec<Chunk>) {
+        for c in refused {
+            sh.chunks.insert(c.block.addr, c);
+            sh.pool_size += c.block.size;
+            sh.fresh.add_chunk(c.block);
+        }
+        sh.settled = None;
     }
 
     /// Frees `ptr`, allocated with `bytes`, on `stream` into that stream's list. A pointer not
@@ -713,14 +741,16 @@ impl<F: FreeList> StreamOrderedCore<F> {
         ptr: usize,
         bytes: usize,
     ) -> Result<()> {
-        let found = {
-            let dir = self.directory.read();
-            dir.all
-                .iter()
-                .filter(|other| other.id != list.id)
-                .map(|other| other.state.lock().list.forget(ptr, bytes))
-                .find(|found| *found != Found::No)
-        };
+        // The directory stays read-locked until the block is in this list: a consistent view
+        // ([`Self::with_all_lists`], which write-locks it) never sees the block in both lists
+        // (or in neither).
+        let dir = self.directory.read();
+        let found = dir
+            .all
+            .iter()
+            .filter(|other| other.id != list.id)
+            .map(|other| other.state.lock().list.forget(ptr, bytes))
+            .find(|found| *found != Found::No);
         let block = match found {
             Some(Found::Yes(block)) => block,
             Some(Found::OtherSize(actual)) => return Err(self.wrong_size(ptr, bytes, actual)),
@@ -732,7 +762,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         let mut st = list.state.lock();
         st.list.insert(block);
-        self.after_free(&mut st, list.id, key, block.size)
+        let done = self.after_free(&mut st, list.id, key, block.size);
+        drop(st);
+        drop(dir);
+        done
     }
 
     /// On the owner thread of a per-thread default stream's list: records the list's event if
@@ -774,16 +807,30 @@ impl<F: FreeList> StreamOrderedCore<F> {
         keep_chunks: usize,
         keep_trimmed: usize,
     ) -> Result<usize> {
-        let (chunks, trimmed) = {
+        let (chunks, trimmed, chunks_bytes) = {
             self.synchronize_and_merge(&mut sh, true)?;
             sh.settled = None;
             let chunks = self.take_free_chunks(&mut sh, true, keep_chunks);
-            let trimmed = self.trim_fresh(&mut sh, keep_trimmed)?;
+            let trimmed = match self.trim_fresh(&mut sh, keep_trimmed) {
+                Ok(trimmed) => trimmed,
+                Err(e) => {
+                    Self::restore_chunks(&mut sh, chunks);
+                    return Err(e);
+                }
+            };
             drop(sh);
-            (chunks, trimmed)
+            let bytes = chunks.iter().map(|c| c.block.size).sum::<usize>();
+            (chunks, trimmed, bytes)
         };
-        let released: usize = chunks.iter().map(|c| c.size).sum();
-        self.give_back_chunks(chunks)?;
+        let (refused, failed) = self.give_back_chunks(chunks);
+        if let Some(e) = failed {
+            // The upstream still holds what it refused: back in the books, free, retried by a
+            // later release (or at drop).
+            let mut sh = self.lock_shared()?;
+            Self::restore_chunks(&mut sh, refused);
+            return Err(e);
+        }
+        let released: usize = chunks_bytes;
         Ok(released + trimmed)
     }
 
@@ -803,27 +850,76 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.read_shared(|sh| sh.chunks.len()).unwrap_or(0)
     }
 
-    /// Applies `f` to the fresh list and then to every stream's list (one lock at a time);
-    /// from inside its own upstream call, to the streams' lists only.
-    fn fold_lists<T>(&self, init: T, f: impl Fn(T, &F) -> T) -> T {
-        let acc = match self.shared.lock() {
-            Ok(sh) => f(init, &sh.fresh),
-            Err(_) => init,
-        };
-        let dir = self.directory.read();
-        dir.all
-            .iter()
-            .fold(acc, |acc, list| f(acc, &list.state.lock().list))
+    /// Calls `f` with a consistent view of the free lists: the shared state with the fresh list
+    /// (`None` from inside this core's own upstream call, see [`Self::busy_here`]) and every
+    /// stream's list. No
+    /// block moves between lists meanwhile: the shared lock stops moves from and to the fresh
+    /// list and steals, the directory's write lock stops frees across streams; a stream's own
+    /// allocations and frees change only its list, which `f` locks one at a time.
+    fn with_all_lists<T>(
+        &self,
+        f: impl FnOnce(Option<&Shared<F>>, &[Arc<StreamList<F>>]) -> T,
+    ) -> T {
+        let sh = self.shared.lock().ok();
+        let dir = self.directory.write();
+        f(sh.as_deref(), &dir.all)
     }
 
     /// Free bytes over all lists.
     pub(crate) fn free_bytes(&self) -> usize {
-        self.fold_lists(0, |n, l| n + l.free_bytes())
+        self.with_all_lists(|fresh, lists| {
+            fresh.map_or(0, |sh| sh.fresh.free_bytes())
+                + lists
+                    .iter()
+                    .map(|l| l.state.lock().list.free_bytes())
+                    .sum::<usize>()
+        })
     }
 
-    /// Free blocks over all lists.
+    /// Free blocks over all lists (touching blocks of different lists counted once where the
+    /// lists coalesce).
     pub(crate) fn free_blocks(&self) -> usize {
-        self.fold_lists(0, |n, l| n + l.free_blocks())
+        self.free_figures().2
+    }
+
+    /// Free bytes, largest free block and free blocks over all lists, from one consistent view.
+    /// Where the lists coalesce, free blocks of different lists that touch (a stream's freed
+    /// block beside fresh memory) are one free region: a request of their joint size succeeds
+    /// (after the synchronize-and-merge), so they count as one block of their joint size.
+    fn free_figures(&self) -> (usize, usize, usize) {
+        self.with_all_lists(|fresh, lists| {
+            let mut per_list = Vec::new();
+            if let Some(fresh) = fresh.map(|sh| &sh.fresh) {
+                per_list.push((
+                    fresh.free_bytes(),
+                    fresh.largest_free_block(),
+                    fresh.free_blocks(),
+                    F::COALESCES.then(|| fresh.free_ranges()),
+                ));
+            }
+            for list in lists {
+                let st = list.state.lock();
+                if st.list.free_blocks() > 0 {
+                    per_list.push((
+                        st.list.free_bytes(),
+                        st.list.largest_free_block(),
+                        st.list.free_blocks(),
+                        F::COALESCES.then(|| st.list.free_ranges()),
+                    ));
+                }
+            }
+            let non_empty = per_list.iter().filter(|l| l.2 > 0).count();
+            if !F::COALESCES || non_empty < 2 {
+                return per_list
+                    .iter()
+                    .fold((0, 0, 0), |(b, l, n), x| (b + x.0, l.max(x.1), n + x.2));
+            }
+            let ranges: Vec<Block> = per_list.into_iter().flat_map(|x| x.3).flatten().collect();
+            let merged = merge_touching(ranges);
+            merged
+                .iter()
+                .fold((0, 0, 0), |(b, l, n), r| (b + r.size, l.max(r.size), n + 1))
+        })
     }
 
     /// Free bytes on `stream`'s own list and on other streams' lists (the fresh list, free for
@@ -843,16 +939,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
         out
     }
 
-    /// Footprint: held bytes, free bytes, largest free block, free blocks.
+    /// Footprint: held bytes, free bytes, largest free block, free blocks (see
+    /// [`Self::free_figures`]).
     pub(crate) fn footprint(&self) -> Footprint {
-        let (free_bytes, largest_free_block, free_blocks) =
-            self.fold_lists((0, 0, 0), |(b, l, n), list| {
-                (
-                    b + list.free_bytes(),
-                    l.max(list.largest_free_block()),
-                    n + list.free_blocks(),
-                )
-            });
+        let (free_bytes, largest_free_block, free_blocks) = self.free_figures();
         Footprint {
             held_bytes: self.pool_size(),
             free_bytes,
@@ -862,44 +952,58 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 }
 
+/// `blocks` sorted by address, with blocks of one region that touch joined.
+fn merge_touching(mut blocks: Vec<Block>) -> Vec<Block> {
+    blocks.sort_unstable_by_key(|b| b.addr);
+    let mut out: Vec<Block> = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        match out.last_mut() {
+            Some(last) if last.end() == b.addr && last.region == b.region => last.size += b.size,
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
 impl<F: FreeList> StreamOrderedCore<F> {
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
     pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
-        let (segments, mut free) = {
-            let Ok(sh) = self.shared.lock() else {
-                return Vec::new();
-            };
-            let segments = self.growth.segments().unwrap_or_else(|| {
+        // One consistent view (no block moves between lists while it is read), or blocks seen
+        // in two lists would overlap in their segment.
+        let view = self.with_all_lists(|sh, lists| {
+            let sh = sh?;
+            let segments = self.growth.segments();
+            let expandable = segments.is_some();
+            let segments = segments.unwrap_or_else(|| {
                 sh.chunks
                     .values()
                     .map(|c| (c.block.addr, c.block.size))
                     .collect()
             });
-            let free: Vec<(usize, usize)> = sh
-                .fresh
-                .free_ranges()
-                .iter()
-                .map(|b| (b.addr, b.size))
-                .collect();
-            (segments, free)
+            let mut free: Vec<Block> = sh.fresh.free_ranges();
+            let mut allocated = Vec::new();
+            for list in lists {
+                let st = list.state.lock();
+                free.extend(st.list.free_ranges());
+                allocated.extend(
+                    st.list
+                        .allocated_blocks()
+                        .iter()
+                        .map(|b| (b.addr, b.size, b.size)),
+                );
+            }
+            Some((segments, allocated, free, expandable))
+        });
+        let Some((segments, allocated, free, expandable)) = view else {
+            return Vec::new();
         };
-        let mut allocated = Vec::new();
-        for list in &self.directory.read().all {
-            let st = list.state.lock();
-            free.extend(st.list.free_ranges().iter().map(|b| (b.addr, b.size)));
-            allocated.extend(
-                st.list
-                    .allocated_blocks()
-                    .iter()
-                    .map(|b| (b.addr, b.size, b.size)),
-            );
-        }
-        assemble(
-            &segments,
-            &allocated,
-            &free,
-            self.growth.segments().is_some(),
-        )
+        let free = if F::COALESCES {
+            merge_touching(free)
+        } else {
+            free
+        };
+        let free: Vec<(usize, usize)> = free.iter().map(|b| (b.addr, b.size)).collect();
+        assemble(&segments, &allocated, &free, expandable)
     }
 
     /// The PyTorch-style figures: the lists' allocation counters, the pool-wide ones, and the
@@ -1148,13 +1252,13 @@ mod tests {
         unsafe fn give_back(&self, _chunk: Block) -> Result<()> {
             Ok(())
         }
-        fn trim(&self, fresh: &mut dyn FreeRanges, _keep: usize) -> Result<usize> {
+        fn trim(&self, fresh: &mut dyn FreeRanges, _keep: usize) -> (usize, Result<()>) {
             let mut trimmed = 0;
             for b in fresh.ranges() {
                 assert!(fresh.take_range(b.addr, b.size));
                 trimmed += b.size;
             }
-            Ok(trimmed)
+            (trimmed, Ok(()))
         }
     }
 

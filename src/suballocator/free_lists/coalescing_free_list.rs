@@ -440,6 +440,8 @@ impl CoalescingFreeList {
 impl FreeList for CoalescingFreeList {
     type Sizing = ();
 
+    const COALESCES: bool = true;
+
     fn new(_sizing: &()) -> Self {
         Self::empty()
     }
