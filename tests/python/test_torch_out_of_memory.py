@@ -26,14 +26,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from rrmm import _rrmm
 
 COMPILER = shutil.which("g++") or shutil.which("c++")
 SOURCE = Path(__file__).parent / "data" / "fake_c10.cpp"
 TESTED = tuple(_rrmm.torch_tested_versions())
 
-pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler to build a stand-in libc10")
+pytestmark = pytest.mark.skipif(
+    COMPILER is None, reason="no C++ compiler to build a stand-in libc10"
+)
 
 # The stand-in's layouts (data/fake_c10.cpp): 1 as the tested releases, 2 OutOfMemoryError adds a
 # virtual function and a member, 3 it adds only a member.
@@ -139,13 +140,16 @@ print("OK")
     return err
 
 
+local_tags = st.from_regex(r"cu1[0-9]{2}|cpu|rocm6\.[0-9]", fullmatch=True)
 tested_versions = st.builds(
     lambda release, patch, local: f"{release}.{patch}" + (f"+{local}" if local else ""),
-    st.sampled_from(TESTED), st.integers(0, 12), st.one_of(st.none(), st.from_regex(r"cu1[0-9]{2}|cpu|rocm6\.[0-9]", fullmatch=True)),
+    st.sampled_from(TESTED), st.integers(0, 12), st.one_of(st.none(), local_tags),
 )
+pre_releases = st.sampled_from(["a0", "rc1", ".dev20260101", "b2"])
 untested_versions = st.one_of(
-    st.builds(lambda a, b, c: f"{a}.{b}.{c}", st.integers(0, 40), st.integers(0, 40), st.integers(0, 9)),
-    st.builds(lambda v, pre: f"{v}.0{pre}", st.sampled_from(TESTED), st.sampled_from(["a0", "rc1", ".dev20260101", "b2"])),
+    st.builds(lambda a, b, c: f"{a}.{b}.{c}", st.integers(0, 40), st.integers(0, 40),
+              st.integers(0, 9)),
+    st.builds(lambda v, pre: f"{v}.0{pre}", st.sampled_from(TESTED), pre_releases),
     st.text(max_size=12),
 )
 versions = st.lists(st.one_of(tested_versions, untested_versions), min_size=1, max_size=8)

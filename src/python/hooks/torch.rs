@@ -159,21 +159,22 @@ fn message_buffer(text: &str) -> [u8; 1024] {
     buf
 }
 
-/// The allocation, or the failure's message as a C string; never unwinds (a panic becomes a
-/// message). Kept out of line so that [`rrmm_torch_allocate`] owns nothing to drop.
+/// The allocation, or None with the failure's message written to `message` as a C string;
+/// never unwinds (a panic becomes a message). Kept out of line so that [`rrmm_torch_allocate`]
+/// owns nothing to drop.
 #[inline(never)]
 fn attempt_allocate(
     size: usize,
     device: c_int,
     stream: usize,
-) -> std::result::Result<usize, [u8; 1024]> {
+    message: &mut [u8; 1024],
+) -> Option<usize> {
     match catch_unwind(AssertUnwindSafe(|| allocate(size, device, stream))) {
-        Ok(Ok(ptr)) => Ok(ptr),
-        Ok(Err(error)) => Err(message_buffer(&error.to_string())),
-        Err(_) => Err(message_buffer(
-            "rrmm: internal error (panic) in rrmm_torch_allocate",
-        )),
+        Ok(Ok(ptr)) => return Some(ptr),
+        Ok(Err(error)) => *message = message_buffer(&error.to_string()),
+        Err(_) => *message = message_buffer("rrmm: internal error (panic) in rrmm_torch_allocate"),
     }
+    None
 }
 
 /// Allocates for PyTorch: `size` bytes on `stream` from the per-device resource of `device`.
@@ -190,16 +191,15 @@ pub unsafe extern "C-unwind" fn rrmm_torch_allocate(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    match attempt_allocate(size, device, stream as usize) {
-        Ok(ptr) => ptr as *mut c_void,
-        Err(buf) => {
-            // SAFETY: `buf` is NUL-terminated (at most 1023 bytes of text) and lives in this
-            // frame; the shim copies it before throwing. The exception unwinds through this
-            // `"C-unwind"` frame, which owns nothing that needs dropping (no landing pad).
-            unsafe { rrmm_torch_raise_out_of_memory(buf.as_ptr().cast()) };
-            std::ptr::null_mut()
-        }
+    let mut message = [0u8; 1024];
+    if let Some(ptr) = attempt_allocate(size, device, stream as usize, &mut message) {
+        return ptr as *mut c_void;
     }
+    // SAFETY: `message` is NUL-terminated (at most 1023 bytes of text) and lives in this frame;
+    // the shim copies it before throwing. The exception unwinds through this `"C-unwind"` frame,
+    // which owns nothing that needs dropping (no landing pad, so no personality routine).
+    unsafe { rrmm_torch_raise_out_of_memory(message.as_ptr().cast()) };
+    std::ptr::null_mut()
 }
 
 /// Frees for PyTorch what [`rrmm_torch_allocate`] returned, through the per-device resource of

@@ -38,7 +38,9 @@ Error::Error(SourceLocation loc, std::string msg) : msg_(std::move(msg)) {
   what_ = msg_ + " (raised from " + loc.function + ")";
 }
 #if FAKE_C10_LAYOUT == 1
-class __attribute__((visibility("default"))) OutOfMemoryError : public Error { using Error::Error; };
+class __attribute__((visibility("default"))) OutOfMemoryError : public Error {
+  using Error::Error;
+};
 #elif FAKE_C10_LAYOUT == 2
 class __attribute__((visibility("default"))) OutOfMemoryError : public Error {
  public:
