@@ -4,8 +4,9 @@
 // allocate wraps whatever comes back in a DataPtr): an allocation failure must reach it as a C++
 // exception. Rust cannot throw one, so the exported entry point `rrmm_torch_allocate` (Rust,
 // `extern "C-unwind"`) calls `rrmm_torch_raise_out_of_memory` here on failure; the exception
-// unwinds through that Rust frame (allowed by the "C-unwind" ABI) into PyTorch, which turns it
-// into a Python exception whose text is rrmm's message.
+// unwinds through that Rust frame (allowed by the "C-unwind" ABI; the frame owns nothing to drop,
+// so it has no personality routine either) into PyTorch, which turns it into a Python exception
+// whose text is rrmm's message.
 //
 // Whose C++ runtime: PyTorch's. The exception is allocated and thrown by the `__cxa_*` functions
 // of the C++ library PyTorch's own libraries use, found with dlsym on the handle of an already
@@ -49,6 +50,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -124,7 +126,7 @@ constexpr const char* kTorchLibraries[] = {"libc10.so", "libc10_cuda.so", "libto
 constexpr std::size_t kLibraryCount = sizeof(kTorchLibraries) / sizeof(kTorchLibraries[0]);
 
 // A library given by rrmm's own Rust tests (no PyTorch there) to search after PyTorch's.
-const char* g_test_library = nullptr;
+std::atomic<const char*> g_test_library{nullptr};
 
 struct Handles {
   void* library[kLibraryCount + 1] = {};
@@ -148,8 +150,8 @@ Handles loaded_torch_libraries() {
   for (std::size_t i = 0; i < kLibraryCount; ++i) {
     handles.library[i] = dlopen(kTorchLibraries[i], RTLD_LAZY | RTLD_NOLOAD);
   }
-  if (g_test_library != nullptr) {
-    handles.library[kLibraryCount] = dlopen(g_test_library, RTLD_LAZY | RTLD_NOLOAD);
+  if (const char* library = g_test_library.load()) {
+    handles.library[kLibraryCount] = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);
   }
   return handles;
 }
@@ -320,7 +322,7 @@ Plan current_plan() {
   return s.plan;
 }
 
-// Room for a c10::Error of any tested PyTorch release (about 130 bytes in 2.11).
+// Room for a c10::Error of any tested PyTorch release (well under 1 KiB).
 constexpr std::size_t kErrorObjectBytes = 1024;
 
 // The exception object's destructor, as __cxa_throw wants it: the complete-object destructor,
@@ -379,10 +381,14 @@ const void* g_bad_alloc_vtable[5] = {nullptr, &g_bad_alloc_type,
 
 [[noreturn]] void throw_bad_alloc(const Runtime& runtime, const char* text) {
   {
+    // Filled once (a process has one PyTorch runtime); every throw passes this lock first, so the
+    // runtime reads the type_info after it is filled.
     static std::mutex lock;
     std::lock_guard<std::mutex> guard(lock);
-    g_bad_alloc_type.vptr = runtime.si_class_type_info_vtable + 2;
-    g_bad_alloc_type.base = runtime.bad_alloc_type;
+    if (g_bad_alloc_type.vptr == nullptr) {
+      g_bad_alloc_type.vptr = runtime.si_class_type_info_vtable + 2;
+      g_bad_alloc_type.base = runtime.bad_alloc_type;
+    }
   }
   auto* object = static_cast<BadAlloc*>(runtime.allocate_exception(sizeof(BadAlloc)));
   object->vptr = &g_bad_alloc_vtable[2];
@@ -439,7 +445,7 @@ void rrmm_torch_raise_out_of_memory(const char* message) {
 }
 
 // For rrmm's own Rust tests, which run without PyTorch: also search this already-loaded library
-// (e.g. "libstdc++.so.6") for the runtime. Not thread-safe; call before any allocation.
-void rrmm_torch_shim_search_also(const char* library) { g_test_library = library; }
+// (e.g. "libstdc++.so.6") for the runtime; `library` must outlive the process's allocations.
+void rrmm_torch_shim_search_also(const char* library) { g_test_library.store(library); }
 
 }  // extern "C"

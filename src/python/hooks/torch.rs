@@ -56,13 +56,32 @@ pub(crate) struct TestedTorch {
     pub(crate) error_vtable_bytes: usize,
 }
 
-/// The PyTorch releases whose `c10::OutOfMemoryError` the shim builds (checked on a GPU with
-/// tests/python/test_hooks_torch.py and against the release's own libc10/libc10_cuda on CPU);
-/// any other version gets `rrmm::out_of_memory` (a `std::bad_alloc`, PyTorch's `RuntimeError`).
-pub(crate) const TESTED_TORCH: &[TestedTorch] = &[TestedTorch {
-    release: (2, 11),
-    error_vtable_bytes: 48,
-}];
+/// The PyTorch releases whose `c10::OutOfMemoryError` the shim builds; any other version gets
+/// `rrmm::out_of_memory` (a `std::bad_alloc`, PyTorch's `RuntimeError`). 2.11 is checked end to
+/// end on a GPU (tests/python/test_hooks_torch.py); each of 2.9 to 2.15 on CPU against the
+/// release's own libc10.so/libc10_cuda.so (`RRMM_TEST_TORCH_LIB` in
+/// tests/python/test_torch_out_of_memory.py, the cp311 manylinux_2_28 x86_64 wheels): the shim's
+/// layout checks pass, the object is caught as `c10::OutOfMemoryError` through PyTorch's
+/// libstdc++ with rrmm's message, and OutOfMemoryError's destructor is c10::Error's with nothing
+/// before it (the class has no member of its own). Add a release only after the same checks.
+pub(crate) const TESTED_TORCH: &[TestedTorch] = &[
+    tested(2, 9),
+    tested(2, 10),
+    tested(2, 11),
+    tested(2, 12),
+    tested(2, 13),
+    tested(2, 14),
+    tested(2, 15),
+];
+
+/// A tested release whose `c10::Error` vtable has its 2.9 to 2.15 size: two destructors,
+/// `what()` and `what_without_backtrace()`.
+const fn tested(major: u32, minor: u32) -> TestedTorch {
+    TestedTorch {
+        release: (major, minor),
+        error_vtable_bytes: 48,
+    }
+}
 
 /// The tested release `version` (a `torch.__version__`) belongs to: `major.minor.patch` with an
 /// optional `+local` tag; pre-releases, development builds and anything else are untested.
