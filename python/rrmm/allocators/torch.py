@@ -6,7 +6,9 @@ points exported by rrmm's own compiled module (``rrmm_torch_allocate`` /
 PyTorch asks for, on PyTorch's stream, and so shows in rrmm's statistics when a
 ``StatisticsResourceAdaptor`` is that resource (PyTorch's own ``memory_allocated()`` cannot see a
 pluggable allocator). Out of memory raises ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``),
-as PyTorch's own allocator does, with rrmm's explanation as its message. It also works as
+as PyTorch's own allocator does, with rrmm's explanation as its message, for the PyTorch versions
+rrmm was tested with (``tested_torch_versions()``); with any other version it raises a plain
+``RuntimeError`` with the same message (``out_of_memory_mode()`` says which). It also works as
 ``torch.cuda.MemPool(rmm_torch_allocator.allocator())``.
 
 PyTorch is imported when ``rmm_torch_allocator`` is first looked up, not before; PyTorch lets a
@@ -19,9 +21,17 @@ from rrmm import _rrmm
 from rrmm.allocators import _missing
 
 # The allocator objects are made on first use by __getattr__.
-__all__ = ["library_path", "rmm_torch_allocator", "rrmm_torch_allocator", "symbols"]  # noqa: F822
+__all__ = [  # noqa: F822
+    "library_path",
+    "out_of_memory_mode",
+    "rmm_torch_allocator",
+    "rrmm_torch_allocator",
+    "symbols",
+    "tested_torch_versions",
+]
 
 _allocator = None
+_mode: str | None = None
 
 
 def library_path() -> str:
@@ -34,13 +44,29 @@ def symbols() -> tuple[str, str]:
     return _rrmm.torch_allocator_symbols()
 
 
+def tested_torch_versions() -> tuple[str, ...]:
+    """The PyTorch releases (``major.minor``) whose ``c10::OutOfMemoryError`` rrmm raises."""
+    return tuple(_rrmm.torch_tested_versions())
+
+
+def out_of_memory_mode() -> str | None:
+    """How out of memory reaches PyTorch, once the allocator is made: ``"OutOfMemoryError"``
+    (``torch.cuda.OutOfMemoryError``), ``"bad_alloc"`` (``RuntimeError``, a PyTorch version rrmm
+    was not tested with) or ``"null"`` (no PyTorch C++ library loaded); None before."""
+    return _mode
+
+
 def _make_allocator() -> Any:
-    global _allocator
+    global _allocator, _mode
     if _allocator is None:
         try:
+            import torch
             from torch.cuda.memory import CUDAPluggableAllocator
         except ImportError as cause:
             raise _missing("torch", "rrmm.allocators.torch", "pip install torch", cause) from cause
+        # PyTorch's libraries are loaded now: the shim finds its C++ runtime and, for a tested
+        # version, its c10::OutOfMemoryError.
+        _mode = _rrmm.torch_shim_configure(str(torch.__version__))
         alloc_name, free_name = symbols()
         _allocator = CUDAPluggableAllocator(library_path(), alloc_name, free_name)
     return _allocator
