@@ -352,11 +352,14 @@ impl DeviceBuffer {
     /// # Errors
     /// The resource's error; the memory is then the resource's to keep or lose, as it decided.
     pub fn free(self) -> Result<()> {
-        let mr = self.mr.clone();
-        let (ptr, capacity, stream) = self.into_raw();
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so moving the resource out is sound
+        // (no clone: the round trip of a buffer pays no reference-count traffic here).
+        let mr = unsafe { std::ptr::read(&this.mr) };
         // SAFETY: the buffer owned `ptr`, allocated from `mr` with `capacity`, and gave up
-        // ownership just above, so it is freed once, after the work enqueued on `stream`.
-        unsafe { mr.deallocate(ptr, capacity, stream) }
+        // ownership just above (it is never dropped), so it is freed once, after the work
+        // enqueued on `stream`.
+        unsafe { mr.deallocate(this.ptr, this.capacity, this.stream) }
     }
 
     /// Gives up ownership: returns (ptr, capacity, stream) without freeing the memory.

@@ -324,10 +324,16 @@ impl MemoryResource for ExpandableMemoryResource {
         Some(&self.inner.core)
     }
 
-    /// The virtual memory's: growth maps pages, trims unmap them, and cross-stream waits are
-    /// CUDA events exactly when the pages are device memory (whose calls block anyway).
+    /// Without a release threshold a suballocator's over the virtual memory's
+    /// ([`CallProfile::suballocating`]): calls are answered from bookkeeping and growth maps
+    /// pages under the pool's lock. With a threshold a free may trim, which synchronizes every
+    /// stream before it unmaps, so the virtual memory's own profile decides.
     fn call_profile(&self) -> CallProfile {
-        self.inner.vm.call_profile()
+        let vm = self.inner.vm.call_profile();
+        match self.inner.release_threshold {
+            Some(_) => vm,
+            None => vm.suballocating(),
+        }
     }
 
     fn name(&self) -> &'static str {

@@ -356,8 +356,10 @@ impl MemoryResource for ManagedMemoryResource {
         Vec::new()
     }
 
+    /// Blocking: a cache miss allocates (and prefetches) a fresh managed range in the driver,
+    /// which is the common call for data that does not repeat its sizes.
     fn call_profile(&self) -> CallProfile {
-        self.inner.core.call_profile()
+        self.inner.core.call_profile().and(CallProfile::BLOCKING)
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -164,13 +164,20 @@ impl PyDeviceBuffer {
         mr: Bound<'_, DeviceMemoryResource>,
         shared: SharedResource,
     ) -> PyResult<Self> {
-        let profile = mr.get().profile();
-        let buf = gil::call(py, profile, || {
-            RsBuffer::new(size, raw, shared.clone())
-                .map_err(|e| explain_out_of_memory(e, &shared, size, raw))
+        let res = mr.get();
+        let profile = res.profile();
+        // `shared` moves into the buffer (no reference-count traffic on the round trip); an
+        // out-of-memory error is explained from the resource object's own handle on it.
+        let explain_from = &res.inner;
+        let buf = gil::call(py, profile, move || {
+            RsBuffer::new(size, raw, shared)
+                .map_err(|e| explain_out_of_memory(e, explain_from, size, raw))
         });
         if let (Ok(b), true) = (&buf, super::history::enabled()) {
-            let device = shared.device().unwrap_or(crate::current_device_ordinal());
+            let device = b
+                .resource()
+                .device()
+                .unwrap_or(crate::current_device_ordinal());
             super::history::record("alloc", device, b.ptr(), b.size(), raw.raw());
         }
         Ok(PyDeviceBuffer {

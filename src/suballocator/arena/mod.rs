@@ -645,10 +645,12 @@ impl MemoryResource for ArenaMemoryResource {
         vec![self.inner.upstream.clone()]
     }
 
-    /// The upstream's: the arena's growth calls it, and its stream waits are CUDA calls exactly
-    /// when the upstream is real memory (which blocks anyway).
+    /// A suballocator's over the upstream's ([`CallProfile::suballocating`]): the arena answers
+    /// from its bookkeeping and calls the upstream to grow, under its locks.
+    ///
+    /// [`CallProfile::suballocating`]: crate::resource::CallProfile::suballocating
     fn call_profile(&self) -> crate::resource::CallProfile {
-        self.inner.upstream.call_profile()
+        self.inner.upstream.call_profile().suballocating()
     }
 
     fn name(&self) -> &'static str {

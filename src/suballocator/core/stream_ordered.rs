@@ -1104,10 +1104,13 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
         self.growth.upstream().into_iter().cloned().collect()
     }
 
-    /// The source's: growth and release call it, and cross-stream waits are CUDA events
-    /// exactly when the source is real memory (which blocks anyway).
+    /// A suballocator's over the source's ([`CallProfile::suballocating`]): calls are answered
+    /// from bookkeeping, growth and cross-stream waits call the source under the core's locks,
+    /// and foreign code in the source still counts.
+    ///
+    /// [`CallProfile::suballocating`]: crate::resource::CallProfile::suballocating
     fn call_profile(&self) -> crate::resource::CallProfile {
-        self.growth.call_profile()
+        self.growth.call_profile().suballocating()
     }
 
     fn name(&self) -> &'static str {

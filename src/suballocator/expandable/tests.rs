@@ -422,10 +422,18 @@ fn the_call_profile_is_the_virtual_memory_s() {
         events: crate::suballocator::RecordingStreamEvents::new(),
         unmapped_at: parking_lot::Mutex::new(Vec::new()),
     });
-    let mr = ExpandableMemoryResource::new(spy, None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(spy.clone(), None, None, None).unwrap();
     assert_eq!(
         mr.call_profile(),
+        CallProfile::UNKNOWN.suballocating(),
+        "a virtual memory that does not say is assumed to call anything; without a release \
+         threshold the pool only grows through it"
+    );
+    assert!(mr.call_profile().release_gil(), "foreign code below");
+    let trimming = ExpandableMemoryResource::new(spy, None, None, Some(0)).unwrap();
+    assert_eq!(
+        trimming.call_profile(),
         CallProfile::UNKNOWN,
-        "a virtual memory that does not say is assumed to do anything"
+        "a free may trim, which synchronizes: the virtual memory's own profile"
     );
 }
