@@ -37,6 +37,13 @@ use std::sync::Arc;
 /// Default address reservation, as a multiple of the device's memory.
 pub const DEFAULT_RESERVE_FACTOR: usize = 4;
 
+/// Default page of the expandable pool on a device: 32 MiB (rounded up to the device's
+/// allocation granularity). Each page is one `cuMemCreate` and one `cuMemMap`; at the 2 MiB
+/// granularity a pool growing to 72 GB made 36,000 of each and took 1.75 s against the device
+/// pool's 0.12 (H100, W11 at 0.9x); PyTorch's expandable segments map 20 MiB pages for large
+/// blocks. `trim` gives memory back in whole pages.
+pub const DEFAULT_DEVICE_PAGE_SIZE: usize = 32 << 20;
+
 /// A stream-ordered, coalescing pool on one virtual address range whose physical pages are
 /// mapped as it grows and unmapped by [`trim`](ExpandableMemoryResource::trim) (PyTorch's
 /// `expandable_segments` for every library).
@@ -64,7 +71,7 @@ struct Inner {
 impl ExpandableMemoryResource {
     /// An expandable pool on device `device`: `reserve_size` bytes of addresses (default
     /// [`DEFAULT_RESERVE_FACTOR`] times the device's memory), pages of `page_size` bytes (default
-    /// the allocation granularity, 2 MiB), `initial_pool_size` bytes mapped at once (default 0),
+    /// [`DEFAULT_DEVICE_PAGE_SIZE`]), `initial_pool_size` bytes mapped at once (default 0),
     /// at most `maximum_pool_size` bytes mapped, and free memory above `release_threshold` bytes
     /// unmapped after a free (default: kept until [`trim`](Self::trim)).
     ///
@@ -87,8 +94,9 @@ impl ExpandableMemoryResource {
                 total.saturating_mul(DEFAULT_RESERVE_FACTOR)
             }
         };
+        let page_size = page_size.unwrap_or(DEFAULT_DEVICE_PAGE_SIZE);
         let vm: Arc<dyn VirtualMemory> =
-            Arc::new(CudaVirtualMemory::new(device, reserve, page_size)?);
+            Arc::new(CudaVirtualMemory::new(device, reserve, Some(page_size))?);
         Self::new(vm, initial_pool_size, maximum_pool_size, release_threshold)
     }
 

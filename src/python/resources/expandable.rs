@@ -23,8 +23,8 @@ impl ExpandableMemoryResource {
     /// once (default 0); `maximum_pool_size`: most bytes mapped (default: the device's memory);
     /// `release_threshold`: free bytes above which a free unmaps free pages at once (default:
     /// none, memory stays mapped until `trim()`); `reserve_size`: bytes of addresses (default 4x
-    /// the device's memory); `page_size`: bytes per mapping (default the device's granularity,
-    /// 2 MiB); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
+    /// the device's memory); `page_size`: bytes per mapping (default 32 MiB on a device, the
+    /// simulated page on simulated memory); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
     /// a device (addresses only, never dereference them).
     #[new]
     #[pyo3(signature = (
