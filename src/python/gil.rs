@@ -95,9 +95,11 @@ extern "C" {
 
 /// Whether the calling thread holds the GIL (an attached thread state).
 fn gil_held() -> bool {
-    // SAFETY: `PyGILState_Check` only reads the calling thread's state; it answers 0 in a
-    // thread that never ran Python, and is callable before the interpreter exists.
-    unsafe { PyGILState_Check() != 0 }
+    // SAFETY: both only read the runtime's and the calling thread's state, and are callable
+    // before the interpreter exists. `PyGILState_Check` answers 1 before initialization (and
+    // where its checks are off, with subinterpreters: then `attach` takes the GIL if need be,
+    // and `detach` gives it back).
+    unsafe { pyo3::ffi::Py_IsInitialized() != 0 && PyGILState_Check() != 0 }
 }
 
 /// Runs `f` (a call into a resource of profile `profile`) from a C entry point that may or may
