@@ -11,7 +11,8 @@ process asks for one more 4 GiB array (the near-full case of issue 28).
     python3 scale.py --all [--fs 0.5,0.9,1.15,1.5,2.0] [--setups rrmm:managed_pool,...]
     python3 scale.py --run rrmm:managed_pool --f 1.5          # one case, one JSON line
 
-A setup is LIB:NAME, NAME a key of w8_w9.SETUPS. F values whose bytes beyond the device exceed
+A setup is LIB:NAME, NAME a key of w8_w9.SETUPS or ``expr=`` and a resource expression (``mr``
+bound to the library's ``mr``); setups are separated by ``;`` when an expression holds commas. F values whose bytes beyond the device exceed
 85% of the host's available memory are skipped (the host must hold them), and so are device-only
 setups past F = 1 (they cannot hold the data: one case each shows the refusal).
 """
@@ -100,8 +101,14 @@ def run_case(spec: str, f: float) -> dict[str, Any]:
     warm_up()  # on CuPy's own pool, before the setup: kernels loaded, then that memory freed
     cupy.get_default_memory_pool().free_all_blocks()
     lib = importlib.import_module(lib_name)
-    what, setup = w8_w9.SETUPS[name]
-    setup(lib)
+    importlib.import_module(f"{lib_name}.mr")
+    if name.startswith("expr="):  # a resource expression, `mr` bound to the library's mr
+        what = name[5:]
+        lib.mr.set_current_device_resource(eval(what, {"rmm": lib, "mr": lib.mr}))
+        w8_w9._cupy_hook(lib)
+    else:
+        what, setup = w8_w9.SETUPS[name]
+        setup(lib)
     n_arrays = max(1, round(f * total / ARRAY))
     out: dict[str, Any] = {"setup": spec, "what": what, "f": f, "arrays": n_arrays,
                            "bytes": n_arrays * ARRAY, "device_bytes": total}
@@ -191,9 +198,10 @@ def main() -> None:
                 args.warm_host = False
                 subprocess.run([sys.executable, __file__, "--run", "rrmm:managed", "--f", str(f)],
                                capture_output=True, text=True, timeout=args.timeout)
-            for spec in args.setups.split(","):
+            sep = ";" if ";" in args.setups else ","  # expressions hold commas
+            for spec in args.setups.split(sep):
                 name = spec.split(":", 1)[1]
-                if f > 1.0 and name not in MANAGED_SETUPS and f != 1.15:
+                if f > 1.0 and name not in MANAGED_SETUPS and f != 1.15 and "expr=" not in name:
                     continue
                 t0 = time.perf_counter()
                 try:
