@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 import rrmm
 
 MIB = 1 << 20
