@@ -274,3 +274,61 @@ for _ in range(3):
 print("OK")
 """
     )
+
+
+def torch_on_gpu() -> str | None:
+    """Why the real-PyTorch GPU checks cannot run here, or None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device for PyTorch"
+    return None
+
+
+GPU_CALLER = """
+import torch
+import rrmm.mr as mr
+from rrmm import _rrmm
+from rrmm.allocators import torch as hook
+
+torch.cuda.memory.change_current_allocator(hook.rmm_torch_allocator)
+mr.set_current_device_resource(
+    mr.LimitingResourceAdaptor(mr.CudaMemoryResource(), allocation_limit=8 << 20))
+small = torch.ones(1000, device="cuda")
+
+def failure():
+    try:
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    except Exception as exc:  # noqa: BLE001
+        assert "Exceeded memory limit" in str(exc) and "hint:" in str(exc), str(exc)
+        return exc
+    raise AssertionError("no error")
+"""
+
+
+@pytest.mark.skipif(torch_on_gpu() is not None, reason=str(torch_on_gpu()))
+def test_real_pytorch_on_gpu_each_mode() -> None:
+    """With the real PyTorch: its tested version raises torch.cuda.OutOfMemoryError; the same
+    process told an untested version raises a plain RuntimeError (the fallback, thrown through
+    PyTorch's runtime); the allocator keeps working after each."""
+    out, _ = run_child(
+        GPU_CALLER
+        + """
+tested = hook.out_of_memory_mode() == "OutOfMemoryError"
+if tested:
+    assert isinstance(failure(), torch.cuda.OutOfMemoryError)
+assert _rrmm.torch_shim_configure("99.0.0") == "bad_alloc"
+exc = failure()
+assert isinstance(exc, RuntimeError), type(exc)
+assert not isinstance(exc, torch.cuda.OutOfMemoryError), type(exc)
+assert small.sum().item() == 1000.0
+assert torch.ones(1000, device="cuda").sum().item() == 1000.0
+print("OK", torch.__version__, tested)
+""",
+        timeout=240,
+    )
+    assert "OK" in out
+    version = out.split()[1]
+    assert (out.split()[2] == "True") == is_tested(version), out
