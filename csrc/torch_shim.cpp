@@ -114,6 +114,7 @@ constexpr const char* kOutOfMemoryType = "_ZTIN3c1016OutOfMemoryErrorE";
 constexpr const char* kErrorVtable = "_ZTVN3c105ErrorE";
 constexpr const char* kErrorType = "_ZTIN3c105ErrorE";
 constexpr const char* kErrorName = "N3c105ErrorE";
+constexpr const char* kOutOfMemoryName = "N3c1016OutOfMemoryErrorE";
 constexpr const char* kExceptionName = "St9exception";
 constexpr const char* kSiClassTypeInfoVtable = "_ZTVN10__cxxabiv120__si_class_type_infoE";
 constexpr const char* kBadAllocType = "_ZTISt9bad_alloc";
@@ -240,8 +241,13 @@ const char* layout_mismatch(const Handles& handles, const Runtime& runtime,
   if (symbol_bytes(oom.vtable) != vtable_bytes || symbol_bytes(error_vtable) != vtable_bytes) {
     return "a vtable's size differs from the tested one (a virtual function was added)";
   }
-  // [0] offset to top, [1] type_info, [2] and [3] the destructors, [4] what().
-  if (oom.vtable[0] != nullptr || oom.vtable[1] != oom.type || error_vtable[1] != error_type) {
+  // [0] offset to top, [1] type_info, [2] and [3] the destructors, [4] what(). The type_info a
+  // vtable points to is compared by name: a type_info exported by several of PyTorch's libraries
+  // (libc10_cuda and libtorch_cuda in the CUDA 13 builds of 2.11) has one copy per library, and
+  // the symbol looked up need not be the copy the vtable was bound to (seen on the H100 image).
+  if (oom.vtable[0] != nullptr || oom.vtable[1] == nullptr || error_vtable[1] == nullptr ||
+      !runtime.is_si_class_type(oom.vtable[1]) || !has_name(oom.vtable[1], kOutOfMemoryName) ||
+      !has_name(error_vtable[1], kErrorName)) {
     return "a vtable's header differs from the ABI's";
   }
   if (oom.vtable[4] != error_vtable[4]) return "OutOfMemoryError overrides what()";
@@ -306,6 +312,8 @@ Plan resolve(State& s) {
     return plan;
   }
   plan.oom = oom;
+  // Thrown as the type_info its vtable names (the copy PyTorch's objects carry).
+  plan.oom.type = const_cast<void*>(oom.vtable[1]);
   plan.mode = Mode::kOutOfMemoryError;
   return plan;
 }
