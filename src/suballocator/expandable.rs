@@ -71,7 +71,7 @@ struct Inner {
 impl ExpandableMemoryResource {
     /// An expandable pool on device `device`: `reserve_size` bytes of addresses (default
     /// [`DEFAULT_RESERVE_FACTOR`] times the device's memory), pages of `page_size` bytes (default
-    /// [`DEFAULT_DEVICE_PAGE_SIZE`]), `initial_pool_size` bytes mapped at once (default 0),
+    /// 32 MiB), `initial_pool_size` bytes mapped at once (default 0),
     /// at most `maximum_pool_size` bytes mapped, and free memory above `release_threshold` bytes
     /// unmapped after a free (default: kept until [`trim`](Self::trim)).
     ///
