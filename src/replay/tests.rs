@@ -717,3 +717,60 @@ fn the_managed_pool_grows_past_a_simulated_device() {
     );
     assert!(fit.failing_bytes < 12 * MIB);
 }
+
+/// A log of `streams` streams, each allocating `live` blocks it keeps to the end, and (when
+/// `churn`) one block it allocates and frees at once.
+fn many_streams_log(streams: usize, churn: bool) -> String {
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let mut ptr = 0x7f00_0000_0000usize;
+    for s in 0..streams {
+        let stream = 0x10_0000 + s;
+        ptr += 0x1000;
+        text.push_str(&format!("1,t,allocate,{ptr:#x},4096,{stream:#x}\n"));
+        if churn {
+            let p = ptr + 0x800;
+            text.push_str(&format!("1,t,allocate,{p:#x},512,{stream:#x}\n"));
+            text.push_str(&format!("1,t,free,{p:#x},512,{stream:#x}\n"));
+        }
+    }
+    text
+}
+
+/// Seconds to replay `many_streams_log(streams, churn)` on a pool over simulated memory.
+fn many_streams_seconds(streams: usize, churn: bool) -> f64 {
+    let log = many_streams_log(streams, churn);
+    let trace = Trace::from_reader("streams.csv", log.as_bytes(), false).unwrap();
+    assert_eq!(trace.streams.len(), streams);
+    let mr = build_resource("pool", Some(64 * GIB), None, None).unwrap();
+    let started = std::time::Instant::now();
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    assert_eq!(r.failed_allocations, 0);
+    started.elapsed().as_secs_f64()
+}
+
+/// Issue 29: replay time was quadratic in distinct streams when allocations stay live (every
+/// allocation a new peak, and the footprint taken there walked every stream's list): 10k / 20k /
+/// 40k streams took 0.9 / 2.3 / 9.0 s on the pool. Eight times the streams must take well under
+/// 64 times as long (a ratio, not a wall-clock bound; the best of two runs of each size).
+#[test]
+fn replay_time_is_near_linear_in_distinct_streams() {
+    for churn in [false, true] {
+        let time = |n| {
+            (0..2)
+                .map(|_| many_streams_seconds(n, churn))
+                .fold(f64::MAX, f64::min)
+        };
+        let (small_n, large_n) = match std::env::var("RRMM_STREAMS_TEST") {
+            Ok(v) => (v.parse::<usize>().unwrap(), 8 * v.parse::<usize>().unwrap()),
+            Err(_) => (2_500, 20_000),
+        };
+        let small = time(small_n);
+        let large = time(large_n);
+        eprintln!("churn {churn}: {small:.3}s {large:.3}s");
+        let ratio = large / small;
+        assert!(
+            ratio < 24.0,
+            "churn {churn}: 2.5k streams {small:.3}s, 20k streams {large:.3}s: ratio {ratio:.1}"
+        );
+    }
+}

@@ -29,7 +29,7 @@ pub use managed::{
     PLACEMENT_HEADROOM_DIVISOR,
 };
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
-pub use pinned_pages::PinnedPages;
+pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
 pub use simulated::{
     SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,
 };
