@@ -5,7 +5,6 @@ use super::engine::{replay, ReplayOptions};
 use super::trace::{Action, Trace};
 use super::{build, ResourceOptions};
 use crate::error::Result;
-use crate::resource::SIMULATED_PAGE_SIZE;
 
 /// The largest device the search tries (1 PiB).
 const LARGEST_DEVICE: usize = 1 << 50;
@@ -40,11 +39,21 @@ pub struct FitResult {
 type Try = Option<(String, Option<(usize, Option<usize>)>, Option<usize>)>;
 
 /// Whether `trace` replays into `name` on a simulated device of `size` bytes with no failed
-/// allocation. A resource that cannot even be built there for want of memory does not fit.
-fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -> Result<Try> {
+/// allocation. A resource that cannot even be built there does not fit: for want of memory, or
+/// (`builds_larger`: it was built on the largest device with these options) for any other
+/// reason, which is then the size (a device smaller than one page of an expandable pool or one
+/// superblock of an arena). Issue 29: the search's halving reached such sizes for small logs,
+/// and the error ended the search as "fits on no device".
+fn try_size(
+    trace: &Trace,
+    name: &str,
+    size: usize,
+    options: &ResourceOptions,
+    builds_larger: bool,
+) -> Result<Try> {
     let built = match build(name, Some(size), options) {
         Ok(b) => b,
-        Err(e) if e.is_out_of_memory() => return Ok(None),
+        Err(e) if e.is_out_of_memory() || builds_larger => return Ok(None),
         Err(e) => return Err(e),
     };
     let options = ReplayOptions {
@@ -63,9 +72,10 @@ fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -
 }
 
 /// The smallest simulated device on which `trace` replays into resource `name` (set up by
-/// `options`) with no failed allocation: doubling from the log's peak until it fits, then a
-/// binary search down to 1% of the size or 64 MiB, whichever is finer (256-byte steps at
-/// least). The size returned is one the log was replayed on without failure.
+/// `options`) with no failed allocation (managed memory: with no byte beyond the device; it
+/// never fails for want of device memory): [`search_smallest`] from the log's peak, to 1% of
+/// the size or 64 MiB, whichever is finer (256-byte steps at least). The size returned is one
+/// the log was replayed on without failure, and no smaller size of the search's grid was.
 ///
 /// # Errors
 /// The resource's errors other than out of memory (bad options, a broken log).
@@ -103,9 +113,10 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
             }
         }
     }
+    let builds_larger = probe.is_ok();
     let peak = usize::try_from(trace.peak_requested_bytes).unwrap_or(usize::MAX);
     let search = search_smallest(peak, LARGEST_DEVICE, |size| {
-        try_size(trace, name, size, options)
+        try_size(trace, name, size, options, builds_larger)
     })?;
     result.replays = search.tries;
     result.failing_bytes = search.failing;
@@ -138,9 +149,24 @@ pub struct Search<T> {
     pub found: Option<T>,
 }
 
-/// The smallest size, at most `cap`, at which `try_at` gives `Some`: doubling from `peak`
-/// rounded up to 2 MiB, then halving the bracket down to 1% or 64 MiB, whichever is finer, in
-/// 256-byte steps. The one search of `--fit`: the simulated devices of [`fit`] and the memory
+/// Most sizes the upward scan of [`search_smallest`] tries before it falls back to doubling and
+/// halving.
+pub const SCAN_TRIES: usize = 256;
+
+/// The search's tolerance at `size`: 1% of it, at least 256 bytes, at most [`FIT_ABSOLUTE`].
+fn tolerance(size: usize) -> usize {
+    ((size as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE)
+}
+
+/// The smallest size, at most `cap`, at which `try_at` gives `Some`, to the tolerance (1% of
+/// the size or 64 MiB, whichever is finer; 256-byte steps): a scan up from `peak` (no smaller
+/// size can hold the log's bytes in use) in steps of the tolerance, so the size found is the
+/// first clean one of that grid, also for a resource that is not monotone in the device size
+/// (a pool whose initial chunk is half the device fits some sizes and not a larger one; a
+/// search that halved a bracket could land above a size that fits, which `--fit` then
+/// contradicted: issue 29). After [`SCAN_TRIES`] sizes without one (a log that needs many times
+/// its peak) it doubles until one works and halves the bracket, as a search of a monotone
+/// resource may. The one search of `--fit`: the simulated devices of [`fit`] and the memory
 /// limits of the rows `rrmm replay` drives from Python.
 ///
 /// # Errors
@@ -150,11 +176,35 @@ pub fn search_smallest<T>(
     cap: usize,
     mut try_at: impl FnMut(usize) -> Result<Option<T>>,
 ) -> Result<Search<T>> {
-    let mut hi = crate::resource::align_up(peak.max(1), SIMULATED_PAGE_SIZE)
+    let mut size = crate::resource::align_up(peak.max(1), 256)
         .unwrap_or(cap)
         .min(cap);
     let mut lo = 0usize;
     let mut tries = 0;
+    // The scan up the grid.
+    while tries < SCAN_TRIES {
+        tries += 1;
+        if let Some(ok) = try_at(size)? {
+            return Ok(Search {
+                smallest: Some(size),
+                failing: lo,
+                tries,
+                found: Some(ok),
+            });
+        }
+        lo = size;
+        if size >= cap {
+            return Ok(Search {
+                smallest: None,
+                failing: lo,
+                tries,
+                found: None,
+            });
+        }
+        size = (size.saturating_add(tolerance(size)) & !255).min(cap);
+    }
+    // Many times the peak: doubling, then halving the bracket.
+    let mut hi = size;
     let mut found = loop {
         tries += 1;
         if let Some(ok) = try_at(hi)? {
@@ -172,9 +222,8 @@ pub fn search_smallest<T>(
         hi = hi.saturating_mul(2).min(cap);
     };
     loop {
-        let tolerance = ((hi as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE);
         let mid = (lo + (hi - lo) / 2) & !255;
-        if hi - lo <= tolerance || mid <= lo || mid >= hi {
+        if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
             break;
         }
         tries += 1;
@@ -207,5 +256,19 @@ mod search_tests {
         assert_eq!(s.found, Some(smallest));
         let none = search_smallest(1 << 20, 64 << 20, |_| Ok(None::<()>)).unwrap();
         assert_eq!((none.smallest, none.failing), (None, 64 << 20));
+    }
+
+    /// A resource that fits on some sizes and not on a larger one (issue 29: a pool fitted on
+    /// 5.4 MB, the search said 8.1 MB): the scan finds the first clean size of its grid.
+    #[test]
+    fn the_search_finds_the_smallest_size_of_a_resource_that_is_not_monotone() {
+        let fits = |size: usize| (5_000_000..5_500_000).contains(&size) || size >= 8_000_000;
+        let s = search_smallest(4_000_000, 1 << 40, |size| Ok(fits(size).then_some(()))).unwrap();
+        let smallest = s.smallest.unwrap();
+        assert!(fits(smallest) && !fits(s.failing));
+        assert!(
+            (5_000_000..5_000_000 + tolerance(5_000_000)).contains(&smallest),
+            "{s:?}"
+        );
     }
 }
