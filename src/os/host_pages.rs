@@ -70,8 +70,8 @@ impl Reservation {
     /// Reserves `len` bytes (rounded up to huge pages) of addresses, aligned to a huge page.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the address space runs out; [`Error::InvalidArgument`] for 0
-    /// or an overflowing length.
+    /// [`Error::OutOfMemory`] when the address space runs out (or the length passes its end);
+    /// [`Error::InvalidArgument`] for 0.
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid(
@@ -79,12 +79,12 @@ impl Reservation {
                 "a reservation needs at least one byte",
             ));
         }
+        // More than the address space: out of memory, as any allocation of that size.
+        let too_large = || Error::out_of_memory(len, "larger than the address space");
         let len = len
             .checked_next_multiple_of(HUGE_PAGE)
-            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
-        let padded = len
-            .checked_add(HUGE_PAGE)
-            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
+            .ok_or_else(too_large)?;
+        let padded = len.checked_add(HUGE_PAGE).ok_or_else(too_large)?;
         // SAFETY: an anonymous private mapping at an address the kernel picks; no memory is
         // touched. PROT_NONE and MAP_NORESERVE: addresses only.
         let raw = unsafe {
@@ -494,7 +494,10 @@ mod tests {
         assert!(r.commit(1, SMALL_PAGE, Commit::default()).is_err());
         assert!(r.commit(0, usize::MAX, Commit::default()).is_err());
         assert!(Reservation::new(0).is_err());
-        assert!(Reservation::new(usize::MAX).is_err());
+        assert!(Reservation::new(usize::MAX).unwrap_err().is_out_of_memory());
+        assert!(Reservation::new(usize::MAX - 4095)
+            .unwrap_err()
+            .is_out_of_memory());
     }
 
     /// Issue 29: a pinned pool larger than the host (`pinned_pool_size=2**40` on a machine with

@@ -115,7 +115,16 @@ impl PinnedPages {
         let started = Instant::now();
         // Refused before anything is reserved or touched when the host cannot hold it (the
         // commit checks again): faulting in more than the host has gets the process killed.
-        check_host_room(bytes.next_multiple_of(SMALL_PAGE), true)?;
+        let pages = bytes.checked_next_multiple_of(HUGE_PAGE).ok_or_else(|| {
+            crate::Error::out_of_memory(bytes, "pinned host memory: larger than the address space")
+        })?;
+        // What the commit below faults in.
+        let touched = if bytes >= HUGE_PAGE {
+            pages
+        } else {
+            bytes.next_multiple_of(SMALL_PAGE)
+        };
+        check_host_room(touched, true)?;
         let mut record = PinnedStartup {
             bytes,
             available_before: available_host_memory().map(|r| r.available),
