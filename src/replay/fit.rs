@@ -158,6 +158,49 @@ fn tolerance(size: usize) -> usize {
     ((size as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE)
 }
 
+/// [`search_smallest`] when its first size, `size` (the log's peak), worked with `ok`: one try a
+/// tolerance below gives the bracket (no smaller size can hold the peak, so it fails); a limit
+/// that works there too (one not bound by the peak) is searched below by halving.
+fn below_first<T>(
+    size: usize,
+    ok: T,
+    mut try_at: impl FnMut(usize) -> Result<Option<T>>,
+) -> Result<Search<T>> {
+    let (mut lo, mut hi, mut found, mut tries) = (0usize, size, ok, 1);
+    let below = size.saturating_sub(tolerance(size)) & !255;
+    if below > 0 {
+        tries += 1;
+        match try_at(below)? {
+            None => lo = below,
+            Some(ok) => {
+                hi = below;
+                found = ok;
+            }
+        }
+    }
+    // Worked below the peak too: halve the bracket [0, below].
+    while hi == below || lo < below {
+        let mid = (lo + (hi - lo) / 2) & !255;
+        if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
+            break;
+        }
+        tries += 1;
+        match try_at(mid)? {
+            Some(ok) => {
+                hi = mid;
+                found = ok;
+            }
+            None => lo = mid,
+        }
+    }
+    Ok(Search {
+        smallest: Some(hi),
+        failing: lo,
+        tries,
+        found: Some(found),
+    })
+}
+
 /// The smallest size, at most `cap`, at which `try_at` gives `Some`, to the tolerance (1% of
 /// the size or 64 MiB, whichever is finer; 256-byte steps): a scan up from `peak` (no smaller
 /// size can hold the log's bytes in use) in steps of the tolerance, so the size found is the
@@ -185,6 +228,10 @@ pub fn search_smallest<T>(
     while tries < SCAN_TRIES {
         tries += 1;
         if let Some(ok) = try_at(size)? {
+            if tries == 1 {
+                // The peak itself: a bracket below it (one more try) before it is the answer.
+                return below_first(size, ok, try_at);
+            }
             return Ok(Search {
                 smallest: Some(size),
                 failing: lo,
@@ -268,6 +315,24 @@ mod search_tests {
         assert!(fits(smallest) && !fits(s.failing));
         assert!(
             (5_000_000..5_000_000 + tolerance(5_000_000)).contains(&smallest),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_fit_at_the_peak_gets_a_bracket_below_it() {
+        let peak = 500 << 20;
+        let s = search_smallest(peak, 1 << 40, |size| Ok((size >= peak).then_some(()))).unwrap();
+        assert_eq!(
+            (s.smallest, s.failing, s.tries),
+            (Some(peak), peak - (5 << 20), 2)
+        );
+        // A limit not bound by the peak is searched below it.
+        let s =
+            search_smallest(peak, 1 << 40, |size| Ok((size >= 100 << 20).then_some(()))).unwrap();
+        let smallest = s.smallest.unwrap();
+        assert!(
+            smallest >= 100 << 20 && smallest - s.failing <= tolerance(smallest),
             "{s:?}"
         );
     }
