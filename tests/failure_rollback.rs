@@ -243,3 +243,40 @@ fn expandable_works_after_two_huge_failed_allocations() {
         unsafe { s.mr.deallocate(p, MIB, Stream::DEFAULT) }.unwrap();
     }
 }
+
+/// Every resource kind of `rrmm replay` (managed cache and pinned kinds included), built on a
+/// simulated device: absurd requests are out of memory, change nothing the resource holds, and
+/// an ordinary allocation works after them.
+#[test]
+fn every_kind_survives_absurd_requests() {
+    let options = rrmm::replay::ResourceOptions::default();
+    for name in rrmm::replay::resource_names() {
+        let built = match rrmm::replay::build(name, Some(1 << 30), &options) {
+            Ok(b) => b,
+            // Kinds that need a GPU (cuda, cuda_async, pinned) are not built on CPU.
+            Err(e) => {
+                eprintln!("{name}: not built here: {e}");
+                continue;
+            }
+        };
+        let mr = &built.resource;
+        let held = || mr.report().map(|r| r.held_bytes());
+        let before = held();
+        for bytes in ABSURD.into_iter().filter(|&b| b > (1 << 30)) {
+            match mr.allocate(bytes, Stream::DEFAULT) {
+                Err(e) => assert!(e.is_out_of_memory(), "{name}: {bytes}: {e}"),
+                Ok(p) => panic!("{name}: {bytes} bytes allocated at {p:#x}"),
+            }
+            assert_eq!(
+                held(),
+                before,
+                "{name}: {bytes}: a failed request changed the books"
+            );
+        }
+        let p = mr
+            .allocate(MIB, Stream::DEFAULT)
+            .unwrap_or_else(|e| panic!("{name}: after absurd requests: {e}"));
+        // SAFETY: simulated memory, allocated just above.
+        unsafe { mr.deallocate(p, MIB, Stream::DEFAULT) }.unwrap();
+    }
+}

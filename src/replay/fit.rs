@@ -167,7 +167,12 @@ fn below_first<T>(
     mut try_at: impl FnMut(usize) -> Result<Option<T>>,
 ) -> Result<Search<T>> {
     let (mut lo, mut hi, mut found, mut tries) = (0usize, size, ok, 1);
-    let below = size.saturating_sub(tolerance(size)) & !255;
+    // Rounded up to 256 bytes: within the tolerance of `size`, and below it (the tolerance is
+    // 256 bytes at least and `size` a multiple of 256).
+    let below = size
+        .saturating_sub(tolerance(size))
+        .next_multiple_of(256)
+        .min(size.saturating_sub(256));
     if below > 0 {
         tries += 1;
         match try_at(below)? {
