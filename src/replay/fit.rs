@@ -150,8 +150,10 @@ pub struct Search<T> {
 }
 
 /// Most sizes the upward scan of [`search_smallest`] tries before it falls back to doubling and
-/// halving.
-pub const SCAN_TRIES: usize = 256;
+/// halving: 1% steps cover up to about 1.9 times the peak (where pools, arenas and expandable
+/// pools land), so a log that needs far more (bins preallocated, large pages) costs a few dozen
+/// replays more than a bisection, not hundreds.
+pub const SCAN_TRIES: usize = 64;
 
 /// The search's tolerance at `size`: 1% of it, at least 256 bytes, at most [`FIT_ABSOLUTE`].
 fn tolerance(size: usize) -> usize {
@@ -212,8 +214,8 @@ fn below_first<T>(
 /// first clean one of that grid, also for a resource that is not monotone in the device size
 /// (a pool whose initial chunk is half the device fits some sizes and not a larger one; a
 /// search that halved a bracket could land above a size that fits, which `--fit` then
-/// contradicted: issue 29). After [`SCAN_TRIES`] sizes without one (a log that needs many times
-/// its peak) it doubles until one works and halves the bracket, as a search of a monotone
+/// contradicted: issue 29). After [`SCAN_TRIES`] sizes without one (a log that needs more than about
+/// twice its peak) it doubles until one works and halves the bracket, as a search of a monotone
 /// resource may. The one search of `--fit`: the simulated devices of [`fit`] and the memory
 /// limits of the rows `rrmm replay` drives from Python.
 ///
