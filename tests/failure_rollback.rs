@@ -4,10 +4,11 @@
 //! the end of the address space, where page or block rounding overflows) on every growth-based
 //! suballocator over simulated memory. After every step:
 //! 1. an absurd request is an out-of-memory error (never a logic error, never a panic);
-//! 2. the figures add up: what the resource says it holds is what the upstream (or the virtual
-//!    memory) charged for it, up to the device's granules; free bytes are at most that, and the largest free block
-//!    at most the free bytes; there is a free block exactly when there are free bytes;
-//! 3. a failed request changes none of those figures;
+//! 2. the figures add up: what the resource says it holds is what the upstream (or the
+//!    virtual memory) charged for it, up to the device's granules; free bytes are at most that,
+//!    and the largest free block at most the free bytes; there is a free block exactly when
+//!    there are free bytes;
+//! 3. a failed request changes neither what the resource holds nor what the source charged;
 //!
 //! and after the sequence every live block is freed, an ordinary allocation succeeds, and a
 //! release gives everything back.

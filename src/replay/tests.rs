@@ -829,7 +829,8 @@ proptest::proptest! {
             // The bracket: the size before it failed (none when the first size, the peak, fit).
             proptest::prop_assert!(f.failing_bytes == 0 || s - f.failing_bytes <= tolerance,
                 "{}: {:?}", name, f);
-            proptest::prop_assert!(!replays_clean(&trace, name, f.failing_bytes) || f.failing_bytes == 0,
+            let bracket_fails = !replays_clean(&trace, name, f.failing_bytes);
+            proptest::prop_assert!(bracket_fails || f.failing_bytes == 0,
                 "{}: the failing bracket {} replays cleanly", name, f.failing_bytes);
             // No smaller device (a grid below the bracket) replays cleanly.
             for k in 1..=8usize {
