@@ -4,10 +4,11 @@
 //! the end of the address space, where page or block rounding overflows) on every growth-based
 //! suballocator over simulated memory. After every step:
 //! 1. an absurd request is an out-of-memory error (never a logic error, never a panic);
-//! 2. the figures add up: what the resource says it holds is what the upstream (or the virtual
-//!    memory) charged for it, up to the device's granules; free bytes are at most that, and the largest free block
-//!    at most the free bytes; there is a free block exactly when there are free bytes;
-//! 3. a failed request changes none of those figures;
+//! 2. the figures add up: what the resource says it holds is what the upstream (or the
+//!    virtual memory) charged for it, up to the device's granules; free bytes are at most that,
+//!    and the largest free block at most the free bytes; there is a free block exactly when
+//!    there are free bytes;
+//! 3. a failed request changes neither what the resource holds nor what the source charged;
 //!
 //! and after the sequence every live block is freed, an ordinary allocation succeeds, and a
 //! release gives everything back.
@@ -241,5 +242,42 @@ fn expandable_works_after_two_huge_failed_allocations() {
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
         // SAFETY: simulated memory, allocated just above.
         unsafe { s.mr.deallocate(p, MIB, Stream::DEFAULT) }.unwrap();
+    }
+}
+
+/// Every resource kind of `rrmm replay` (managed cache and pinned kinds included), built on a
+/// simulated device: absurd requests are out of memory, change nothing the resource holds, and
+/// an ordinary allocation works after them.
+#[test]
+fn every_kind_survives_absurd_requests() {
+    let options = rrmm::replay::ResourceOptions::default();
+    for name in rrmm::replay::resource_names() {
+        let built = match rrmm::replay::build(name, Some(1 << 30), &options) {
+            Ok(b) => b,
+            // Kinds that need a GPU (cuda, cuda_async, pinned) are not built on CPU.
+            Err(e) => {
+                eprintln!("{name}: not built here: {e}");
+                continue;
+            }
+        };
+        let mr = &built.resource;
+        let held = || mr.report().map(|r| r.held_bytes());
+        let before = held();
+        for bytes in ABSURD.into_iter().filter(|&b| b > (1 << 30)) {
+            match mr.allocate(bytes, Stream::DEFAULT) {
+                Err(e) => assert!(e.is_out_of_memory(), "{name}: {bytes}: {e}"),
+                Ok(p) => panic!("{name}: {bytes} bytes allocated at {p:#x}"),
+            }
+            assert_eq!(
+                held(),
+                before,
+                "{name}: {bytes}: a failed request changed the books"
+            );
+        }
+        let p = mr
+            .allocate(MIB, Stream::DEFAULT)
+            .unwrap_or_else(|e| panic!("{name}: after absurd requests: {e}"));
+        // SAFETY: simulated memory, allocated just above.
+        unsafe { mr.deallocate(p, MIB, Stream::DEFAULT) }.unwrap();
     }
 }

@@ -221,7 +221,8 @@ proptest! {
             let (mut free, mut largest, mut count) = (0, 0, 0);
             for (size, bin) in mr.bins() {
                 let held = bin.report().unwrap().footprint().held_bytes;
-                let smaller = mr.bins().iter().map(|(s, _)| *s).filter(|&s| s < size).max().unwrap_or(0);
+                let smaller =
+                    mr.bins().iter().map(|(s, _)| *s).filter(|&s| s < size).max().unwrap_or(0);
                 let in_bin = live.values().filter(|&&b| b > smaller && b <= size).count();
                 let bin_free = held - in_bin * size;
                 free += bin_free;

@@ -31,6 +31,25 @@ pub struct Commit {
     pub populate: bool,
 }
 
+/// How long each step of a [`Reservation::commit_timed`] took, and what it did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommitTimes {
+    /// `mprotect` to read-write.
+    pub protect: std::time::Duration,
+    /// `madvise(MADV_HUGEPAGE)` (ranges of a huge page or more).
+    pub advise: std::time::Duration,
+    /// `mbind` to the NUMA node (when one was given).
+    pub place: std::time::Duration,
+    /// Faulting every page in (when populating).
+    pub touch: std::time::Duration,
+    /// Threads that faulted pages in (0 when not populating).
+    pub touch_threads: usize,
+    /// Whether the kernel took the huge-page advice.
+    pub huge_pages_advised: bool,
+    /// Whether the kernel took the NUMA placement.
+    pub node_placed: bool,
+}
+
 /// An anonymous address range, reserved without memory behind it, unmapped on drop.
 #[derive(Debug)]
 pub struct Reservation {
@@ -51,8 +70,8 @@ impl Reservation {
     /// Reserves `len` bytes (rounded up to huge pages) of addresses, aligned to a huge page.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the address space runs out; [`Error::InvalidArgument`] for 0
-    /// or an overflowing length.
+    /// [`Error::OutOfMemory`] when the address space runs out (or the length passes its end);
+    /// [`Error::InvalidArgument`] for 0.
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid(
@@ -60,12 +79,12 @@ impl Reservation {
                 "a reservation needs at least one byte",
             ));
         }
+        // More than the address space: out of memory, as any allocation of that size.
+        let too_large = || Error::out_of_memory(len, "larger than the address space");
         let len = len
             .checked_next_multiple_of(HUGE_PAGE)
-            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
-        let padded = len
-            .checked_add(HUGE_PAGE)
-            .ok_or_else(|| Error::invalid("size", format!("{len} bytes overflow")))?;
+            .ok_or_else(too_large)?;
+        let padded = len.checked_add(HUGE_PAGE).ok_or_else(too_large)?;
         // SAFETY: an anonymous private mapping at an address the kernel picks; no memory is
         // touched. PROT_NONE and MAP_NORESERVE: addresses only.
         let raw = unsafe {
@@ -131,33 +150,54 @@ impl Reservation {
     /// pages, places it on a node and faults it in as `how` says.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the kernel refuses the memory; [`Error::InvalidArgument`] for
-    /// a range outside the reservation.
+    /// [`Error::OutOfMemory`] when the kernel refuses the memory, or before anything is touched
+    /// when the host has less memory available than the range ([`check_host_room`]: a range
+    /// faulted in past it would have the process killed); [`Error::InvalidArgument`] for a range
+    /// outside the reservation.
     pub fn commit(&self, offset: usize, bytes: usize, how: Commit) -> Result<()> {
+        self.commit_timed(offset, bytes, how).map(|_| ())
+    }
+
+    /// As [`commit`](Self::commit), with the time of each step.
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit).
+    pub fn commit_timed(&self, offset: usize, bytes: usize, how: Commit) -> Result<CommitTimes> {
         let addr = self.check(offset, bytes)?;
+        let mut times = CommitTimes::default();
         if bytes == 0 {
-            return Ok(());
+            return Ok(times);
         }
+        check_host_room(bytes, how.populate)?;
         let ptr = addr as *mut libc::c_void;
+        let step = std::time::Instant::now();
         // SAFETY: `addr .. addr + bytes` lies inside this reservation (checked above).
         if unsafe { libc::mprotect(ptr, bytes, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
             return Err(os_error("mprotect", bytes));
         }
+        times.protect = step.elapsed();
+        let step = std::time::Instant::now();
         if bytes >= HUGE_PAGE {
             // SAFETY: as above. Advice only: a kernel without transparent huge pages refuses
             // it, and the range works with small pages.
-            unsafe { libc::madvise(ptr, bytes, libc::MADV_HUGEPAGE) };
+            times.huge_pages_advised =
+                unsafe { libc::madvise(ptr, bytes, libc::MADV_HUGEPAGE) } == 0;
         }
+        times.advise = step.elapsed();
+        let step = std::time::Instant::now();
         if let Some(node) = how.numa_node {
             // Advice too: a kernel without NUMA or a sandbox refusing mbind leaves the default.
-            prefer_node(addr, bytes, node);
+            times.node_placed = prefer_node(addr, bytes, node);
         }
+        times.place = step.elapsed();
         if how.populate {
+            let step = std::time::Instant::now();
             // SAFETY: the range was made readable and writable above and belongs to this
             // reservation, which nothing else writes until the commit returns.
-            unsafe { touch(addr, bytes) };
+            times.touch_threads = unsafe { touch(addr, bytes) };
+            times.touch = step.elapsed();
         }
-        Ok(())
+        Ok(times)
     }
 
     /// Gives the pages of `offset .. offset + bytes` back to the kernel and makes the range
@@ -194,11 +234,12 @@ impl Drop for Reservation {
 }
 
 /// Writes a zero into every small page of `addr .. addr + bytes` from several threads, so each
-/// page is faulted in (fresh anonymous memory is zero already: the bytes do not change).
+/// page is faulted in (fresh anonymous memory is zero already: the bytes do not change); the
+/// number of threads.
 ///
 /// # Safety
 /// The range is mapped readable and writable, and nothing else uses it during the call.
-unsafe fn touch(addr: usize, bytes: usize) {
+unsafe fn touch(addr: usize, bytes: usize) -> usize {
     // SAFETY: the caller's contract (writable, unused).
     unsafe { touch_pages(addr, bytes, true) }
 }
@@ -211,15 +252,16 @@ unsafe fn touch(addr: usize, bytes: usize) {
 /// The range is mapped and readable for the whole call.
 pub unsafe fn fault_in_readonly(addr: usize, bytes: usize) {
     // SAFETY: the caller's contract (readable); reads change nothing.
-    unsafe { touch_pages(addr, bytes, false) }
+    unsafe { touch_pages(addr, bytes, false) };
 }
 
-/// Touches every small page of the range from several threads: a write of zero, or a read.
+/// Touches every small page of the range from several threads, a write of zero or a read; the
+/// number of threads.
 ///
 /// # Safety
 /// The range is mapped readable (and writable, when `write`) and, when `write`, nothing else
 /// uses it during the call.
-unsafe fn touch_pages(addr: usize, bytes: usize, write: bool) {
+unsafe fn touch_pages(addr: usize, bytes: usize, write: bool) -> usize {
     let threads = (bytes / BYTES_PER_TOUCH_THREAD)
         .clamp(1, MAX_TOUCH_THREADS)
         .min(std::thread::available_parallelism().map_or(1, |n| n.get().max(1)));
@@ -239,7 +281,7 @@ unsafe fn touch_pages(addr: usize, bytes: usize, write: bool) {
     };
     if threads == 1 {
         touch_part(addr, addr + bytes);
-        return;
+        return 1;
     }
     std::thread::scope(|scope| {
         for i in 0..threads {
@@ -250,6 +292,7 @@ unsafe fn touch_pages(addr: usize, bytes: usize, write: bool) {
             }
         }
     });
+    threads
 }
 
 /// `MPOL_PREFERRED` (linux/mempolicy.h).
@@ -319,6 +362,116 @@ pub fn numa_node_count() -> usize {
         .max(1)
 }
 
+/// Bytes of host memory this process can still get without the kernel reclaiming what others
+/// use: `/proc/meminfo`'s MemAvailable, capped by the room left under the process's cgroup
+/// memory limit (v2 `memory.max - memory.current`, or v1 `memory.limit_in_bytes -
+/// memory.usage_in_bytes`) where there is one; and the free swap (`SwapFree`).
+pub fn available_host_memory() -> Option<HostRoom> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let available = meminfo_field(&text, "MemAvailable:")?;
+    let swap_free = meminfo_field(&text, "SwapFree:").unwrap_or(0);
+    let cgroup_room = cgroup_room();
+    Some(HostRoom {
+        available: cgroup_room.map_or(available, |room| room.min(available)),
+        swap_free,
+        cgroup_room,
+    })
+}
+
+/// What [`available_host_memory`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRoom {
+    /// Bytes of memory available (MemAvailable, capped by the cgroup's room).
+    pub available: usize,
+    /// Bytes of free swap.
+    pub swap_free: usize,
+    /// Bytes left under the cgroup's memory limit, where there is a limit.
+    pub cgroup_room: Option<usize>,
+}
+
+fn meminfo_field(text: &str, name: &str) -> Option<usize> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The room under this process's cgroup memory limit, where one is set.
+fn cgroup_room() -> Option<usize> {
+    let read =
+        |path: &str| -> Option<usize> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    // cgroup v2: the process's own group (`0::/path` in /proc/self/cgroup).
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        });
+    let mut dirs = Vec::new();
+    if let Some(own) = own {
+        dirs.push(format!("/sys/fs/cgroup{}", own.trim_end_matches('/')));
+    }
+    dirs.push("/sys/fs/cgroup".to_owned());
+    for dir in dirs {
+        if let (Some(max), Some(current)) = (
+            read(&format!("{dir}/memory.max")),
+            read(&format!("{dir}/memory.current")),
+        ) {
+            return Some(max.saturating_sub(current));
+        }
+    }
+    // cgroup v1 (a limit near 2^63 means none).
+    match (
+        read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+        read("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ) {
+        (Some(limit), Some(usage)) if limit < 1 << 60 => Some(limit.saturating_sub(usage)),
+        _ => None,
+    }
+}
+
+/// Refuses, before anything is touched, to commit `bytes` of host memory the host cannot give:
+/// pages faulted in now (`populate`, as pinning does: pinned pages never swap) must fit in the
+/// available memory ([`available_host_memory`]); pages left to fault in on use must fit in the
+/// available memory plus the free swap. Past that the kernel's out-of-memory killer ends the
+/// process instead of an error. Where the figures cannot be read, nothing is refused.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] naming the bytes asked for and available.
+pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
+    let Some(room) = available_host_memory() else {
+        return Ok(());
+    };
+    let limit = if populate {
+        room.available
+    } else {
+        room.available.saturating_add(room.swap_free)
+    };
+    if bytes <= limit {
+        return Ok(());
+    }
+    let what = if populate {
+        "pinned host memory (faulted in now; pinned pages never swap)"
+    } else {
+        "host memory"
+    };
+    let cgroup = room.cgroup_room.map_or(String::new(), |r| {
+        format!(", {r} bytes under the cgroup's limit")
+    });
+    let swap = if populate {
+        String::new()
+    } else {
+        format!(" plus {} bytes of free swap", room.swap_free)
+    };
+    Err(Error::out_of_memory(
+        bytes,
+        format!(
+            "{what}: {bytes} bytes asked for, but the host has only {} bytes available \
+             (MemAvailable{cgroup}){swap}: refused before any page was touched",
+            room.available
+        ),
+    ))
+}
+
 /// Total and available host memory in bytes (`/proc/meminfo`'s MemTotal and MemAvailable).
 pub fn host_memory_info() -> Option<(usize, usize)> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -368,7 +521,48 @@ mod tests {
         assert!(r.commit(1, SMALL_PAGE, Commit::default()).is_err());
         assert!(r.commit(0, usize::MAX, Commit::default()).is_err());
         assert!(Reservation::new(0).is_err());
-        assert!(Reservation::new(usize::MAX).is_err());
+        assert!(Reservation::new(usize::MAX).unwrap_err().is_out_of_memory());
+        assert!(Reservation::new(usize::MAX - 4095)
+            .unwrap_err()
+            .is_out_of_memory());
+    }
+
+    /// Issue 29: a pinned pool larger than the host (`pinned_pool_size=2**40` on a machine with
+    /// about 125 GB free) faulted pages in until the kernel killed the process. A commit larger
+    /// than the host can give is refused before any page is touched, and the reservation still
+    /// works. (The pageable case is checked first: before the fix it succeeded, failing the test
+    /// without faulting anything in.)
+    #[test]
+    fn a_commit_larger_than_the_host_is_refused_before_any_page_is_touched() {
+        let room = available_host_memory().unwrap();
+        assert!(room.available > 0);
+        let too_much = (room.available + room.swap_free + (1 << 30)).next_multiple_of(HUGE_PAGE);
+        let r = Reservation::new(too_much).unwrap();
+        for populate in [false, true] {
+            let how = Commit {
+                numa_node: None,
+                populate,
+            };
+            let e = r.commit(0, too_much, how).unwrap_err();
+            assert!(e.is_out_of_memory(), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{too_much} bytes asked for")),
+                "{text}"
+            );
+            assert!(text.contains("bytes available"), "{text}");
+        }
+        assert!(check_host_room(too_much, true).is_err());
+        assert!(check_host_room(HUGE_PAGE, true).is_ok());
+        // Nothing was made accessible: the reservation commits a page as before.
+        let how = Commit {
+            numa_node: None,
+            populate: true,
+        };
+        let times = r.commit_timed(0, HUGE_PAGE, how).unwrap();
+        assert_eq!(times.touch_threads, 1);
+        // SAFETY: committed just above; nothing else uses it.
+        unsafe { r.decommit(0, HUGE_PAGE) }.unwrap();
     }
 
     #[test]

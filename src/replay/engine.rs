@@ -463,6 +463,30 @@ pub fn replay_with_progress(
     })
 }
 
+/// For each event `i` of `trace`, the most bytes the log has in use after any later event
+/// (every allocation succeeding; 0 after the last), saturating at `u64::MAX` (8 bytes an event).
+fn later_in_use_max(trace: &Trace) -> Vec<u64> {
+    let mut in_use = 0u64;
+    let after: Vec<u64> = trace
+        .events
+        .iter()
+        .map(|e| {
+            match e.action {
+                Action::Allocate => in_use = in_use.saturating_add(e.size as u64),
+                Action::Free => in_use = in_use.saturating_sub(e.size as u64),
+            }
+            in_use
+        })
+        .collect();
+    let mut out = vec![0u64; after.len()];
+    let mut max = 0u64;
+    for i in (0..after.len()).rev() {
+        out[i] = max;
+        max = max.max(after[i]);
+    }
+    out
+}
+
 /// The `num/den` quantile of sorted, non-empty `values`, by nearest rank.
 fn quantile(values: &[u64], num: usize, den: usize) -> u64 {
     let last = values.len() - 1;
@@ -556,6 +580,11 @@ fn figures_pass(
             beyond_device: options.device.as_ref().map(|d| d.beyond_device_bytes().0),
         });
     }
+    // The most bytes the log has in use after each event (as logged, every allocation
+    // succeeding): a new peak of the replay at event i is its last one when no later event
+    // of the log has more in use (the replay's bytes in use never pass the log's).
+    let later_max = later_in_use_max(trace);
+    let mut last_full: Option<usize> = None;
     let mut progress_shown = false;
     let started = Instant::now();
     let mut segment = Instant::now();
@@ -605,11 +634,26 @@ fn figures_pass(
         if (measures_footprint && (grew || regular)) || on_timeline || check {
             // Stop the clock while sampling.
             f.timed += segment.elapsed();
-            // The full footprint walks every stream's list (or arena): taken only at a new peak
-            // of bytes in use (for the fragmentation there) and for the timeline; after any
+            // The full footprint walks every stream's list that holds free memory (or every
+            // arena): taken for the timeline, and at a new peak of bytes in use (for the
+            // fragmentation there) only when it is the replay's last peak: no later event of
+            // the log has more bytes in use. Every new peak before it would be replaced, and
+            // taking the footprint at each made replay time quadratic in the streams holding
+            // free blocks (issue 29). After a failed allocation the replay's bytes in use may
+            // stay below the log's, so a peak that is the last one cannot be told: a new peak
+            // is then also sampled when `sample_stride` events passed since the last full
+            // footprint (the fragmentation at peak is exact for a replay without failures;
+            // with failures, from at most `sample_stride` events before the peak). After any
             // other allocation only the bytes held are read (constant cost), which is all the
-            // peak footprint needs. So replay time does not grow with the number of streams.
-            let full = measures_footprint && (new_peak || on_timeline);
+            // peak footprint needs.
+            let last_peak = new_peak && later_max.get(i).map_or(true, |&m| u128::from(m) <= in_use);
+            let strided = new_peak
+                && !f.failure_events.is_empty()
+                && last_full.map_or(true, |at| i - at >= sample_stride);
+            let full = measures_footprint && (last_peak || strided || on_timeline);
+            if full {
+                last_full = Some(i);
+            }
             let footprint = if full {
                 mr.report().map(|r| r.footprint())
             } else {

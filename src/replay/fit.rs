@@ -5,7 +5,6 @@ use super::engine::{replay, ReplayOptions};
 use super::trace::{Action, Trace};
 use super::{build, ResourceOptions};
 use crate::error::Result;
-use crate::resource::SIMULATED_PAGE_SIZE;
 
 /// The largest device the search tries (1 PiB).
 const LARGEST_DEVICE: usize = 1 << 50;
@@ -40,11 +39,21 @@ pub struct FitResult {
 type Try = Option<(String, Option<(usize, Option<usize>)>, Option<usize>)>;
 
 /// Whether `trace` replays into `name` on a simulated device of `size` bytes with no failed
-/// allocation. A resource that cannot even be built there for want of memory does not fit.
-fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -> Result<Try> {
+/// allocation. A resource that cannot even be built there does not fit: for want of memory, or
+/// (`builds_larger`: it was built on the largest device with these options) for any other
+/// reason, which is then the size (a device smaller than one page of an expandable pool or one
+/// superblock of an arena). Issue 29: the search's halving reached such sizes for small logs,
+/// and the error ended the search as "fits on no device".
+fn try_size(
+    trace: &Trace,
+    name: &str,
+    size: usize,
+    options: &ResourceOptions,
+    builds_larger: bool,
+) -> Result<Try> {
     let built = match build(name, Some(size), options) {
         Ok(b) => b,
-        Err(e) if e.is_out_of_memory() => return Ok(None),
+        Err(e) if e.is_out_of_memory() || builds_larger => return Ok(None),
         Err(e) => return Err(e),
     };
     let options = ReplayOptions {
@@ -63,9 +72,10 @@ fn try_size(trace: &Trace, name: &str, size: usize, options: &ResourceOptions) -
 }
 
 /// The smallest simulated device on which `trace` replays into resource `name` (set up by
-/// `options`) with no failed allocation: doubling from the log's peak until it fits, then a
-/// binary search down to 1% of the size or 64 MiB, whichever is finer (256-byte steps at
-/// least). The size returned is one the log was replayed on without failure.
+/// `options`) with no failed allocation (managed memory: with no byte beyond the device; it
+/// never fails for want of device memory): [`search_smallest`] from the log's peak, to 1% of
+/// the size or 64 MiB, whichever is finer (256-byte steps at least). The size returned is one
+/// the log was replayed on without failure, and no smaller size of the search's grid was.
 ///
 /// # Errors
 /// The resource's errors other than out of memory (bad options, a broken log).
@@ -103,9 +113,10 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
             }
         }
     }
+    let builds_larger = probe.is_ok();
     let peak = usize::try_from(trace.peak_requested_bytes).unwrap_or(usize::MAX);
     let search = search_smallest(peak, LARGEST_DEVICE, |size| {
-        try_size(trace, name, size, options)
+        try_size(trace, name, size, options, builds_larger)
     })?;
     result.replays = search.tries;
     result.failing_bytes = search.failing;
@@ -138,10 +149,75 @@ pub struct Search<T> {
     pub found: Option<T>,
 }
 
-/// The smallest size, at most `cap`, at which `try_at` gives `Some`: doubling from `peak`
-/// rounded up to 2 MiB, then halving the bracket down to 1% or 64 MiB, whichever is finer, in
-/// 256-byte steps. The one search of `--fit`: the simulated devices of [`fit`] and the memory
-/// limits of the rows `rrmm replay` drives from Python.
+/// Most sizes the upward scan of [`search_smallest`] tries before it falls back to doubling and
+/// halving: 1% steps cover up to about 1.9 times the peak (where pools, arenas and expandable
+/// pools land), so a log that needs far more (bins preallocated, large pages) costs a few dozen
+/// replays more than a bisection, not hundreds.
+pub const SCAN_TRIES: usize = 64;
+
+/// The search's tolerance at `size`: 1% of it, at least 256 bytes, at most [`FIT_ABSOLUTE`].
+fn tolerance(size: usize) -> usize {
+    ((size as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE)
+}
+
+/// [`search_smallest`] when its first size, `size` (the log's peak), worked with `ok`: one try a
+/// tolerance below gives the bracket (no smaller size can hold the peak, so it fails); a limit
+/// that works there too (one not bound by the peak) is searched below by halving.
+fn below_first<T>(
+    size: usize,
+    ok: T,
+    mut try_at: impl FnMut(usize) -> Result<Option<T>>,
+) -> Result<Search<T>> {
+    let (mut lo, mut hi, mut found, mut tries) = (0usize, size, ok, 1);
+    // Rounded up to 256 bytes: within the tolerance of `size`, and below it (the tolerance is
+    // 256 bytes at least and `size` a multiple of 256).
+    let below = size
+        .saturating_sub(tolerance(size))
+        .next_multiple_of(256)
+        .min(size.saturating_sub(256));
+    if below > 0 {
+        tries += 1;
+        match try_at(below)? {
+            None => lo = below,
+            Some(ok) => {
+                hi = below;
+                found = ok;
+            }
+        }
+    }
+    // Worked below the peak too: halve the bracket [0, below].
+    while hi == below || lo < below {
+        let mid = (lo + (hi - lo) / 2) & !255;
+        if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
+            break;
+        }
+        tries += 1;
+        match try_at(mid)? {
+            Some(ok) => {
+                hi = mid;
+                found = ok;
+            }
+            None => lo = mid,
+        }
+    }
+    Ok(Search {
+        smallest: Some(hi),
+        failing: lo,
+        tries,
+        found: Some(found),
+    })
+}
+
+/// The smallest size, at most `cap`, at which `try_at` gives `Some`, to the tolerance (1% of
+/// the size or 64 MiB, whichever is finer; 256-byte steps): a scan up from `peak` (no smaller
+/// size can hold the log's bytes in use) in steps of the tolerance, so the size found is the
+/// first clean one of that grid, also for a resource that is not monotone in the device size
+/// (a pool whose initial chunk is half the device fits some sizes and not a larger one; a
+/// search that halved a bracket could land above a size that fits, which `--fit` then
+/// contradicted: issue 29). After [`SCAN_TRIES`] sizes without one (a log that needs more
+/// than about twice its peak) it doubles until one works and halves the bracket, as a search
+/// of a monotone resource may. The one search of `--fit`: the simulated devices of [`fit`] and
+/// the memory limits of the rows `rrmm replay` drives from Python.
 ///
 /// # Errors
 /// The first error of `try_at`.
@@ -150,11 +226,39 @@ pub fn search_smallest<T>(
     cap: usize,
     mut try_at: impl FnMut(usize) -> Result<Option<T>>,
 ) -> Result<Search<T>> {
-    let mut hi = crate::resource::align_up(peak.max(1), SIMULATED_PAGE_SIZE)
+    let mut size = crate::resource::align_up(peak.max(1), 256)
         .unwrap_or(cap)
         .min(cap);
     let mut lo = 0usize;
     let mut tries = 0;
+    // The scan up the grid.
+    while tries < SCAN_TRIES {
+        tries += 1;
+        if let Some(ok) = try_at(size)? {
+            if tries == 1 {
+                // The peak itself: a bracket below it (one more try) before it is the answer.
+                return below_first(size, ok, try_at);
+            }
+            return Ok(Search {
+                smallest: Some(size),
+                failing: lo,
+                tries,
+                found: Some(ok),
+            });
+        }
+        lo = size;
+        if size >= cap {
+            return Ok(Search {
+                smallest: None,
+                failing: lo,
+                tries,
+                found: None,
+            });
+        }
+        size = (size.saturating_add(tolerance(size)) & !255).min(cap);
+    }
+    // Many times the peak: doubling, then halving the bracket.
+    let mut hi = size;
     let mut found = loop {
         tries += 1;
         if let Some(ok) = try_at(hi)? {
@@ -172,9 +276,8 @@ pub fn search_smallest<T>(
         hi = hi.saturating_mul(2).min(cap);
     };
     loop {
-        let tolerance = ((hi as f64 * FIT_RELATIVE) as usize).clamp(256, FIT_ABSOLUTE);
         let mid = (lo + (hi - lo) / 2) & !255;
-        if hi - lo <= tolerance || mid <= lo || mid >= hi {
+        if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
             break;
         }
         tries += 1;
@@ -207,5 +310,37 @@ mod search_tests {
         assert_eq!(s.found, Some(smallest));
         let none = search_smallest(1 << 20, 64 << 20, |_| Ok(None::<()>)).unwrap();
         assert_eq!((none.smallest, none.failing), (None, 64 << 20));
+    }
+
+    /// A resource that fits on some sizes and not on a larger one (issue 29: a pool fitted on
+    /// 5.4 MB, the search said 8.1 MB): the scan finds the first clean size of its grid.
+    #[test]
+    fn the_search_finds_the_smallest_size_of_a_resource_that_is_not_monotone() {
+        let fits = |size: usize| (5_000_000..5_500_000).contains(&size) || size >= 8_000_000;
+        let s = search_smallest(4_000_000, 1 << 40, |size| Ok(fits(size).then_some(()))).unwrap();
+        let smallest = s.smallest.unwrap();
+        assert!(fits(smallest) && !fits(s.failing));
+        assert!(
+            (5_000_000..5_000_000 + tolerance(5_000_000)).contains(&smallest),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_fit_at_the_peak_gets_a_bracket_below_it() {
+        let peak = 500 << 20;
+        let s = search_smallest(peak, 1 << 40, |size| Ok((size >= peak).then_some(()))).unwrap();
+        assert_eq!(
+            (s.smallest, s.failing, s.tries),
+            (Some(peak), peak - (5 << 20), 2)
+        );
+        // A limit not bound by the peak is searched below it.
+        let s =
+            search_smallest(peak, 1 << 40, |size| Ok((size >= 100 << 20).then_some(()))).unwrap();
+        let smallest = s.smallest.unwrap();
+        assert!(
+            smallest >= 100 << 20 && smallest - s.failing <= tolerance(smallest),
+            "{s:?}"
+        );
     }
 }

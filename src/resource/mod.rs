@@ -27,7 +27,7 @@ pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
-pub use pinned_pages::PinnedPages;
+pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
 pub use placement::{
     placement_for, whole_granules, BlockPlacer, DevicePlacement, PlaceRange, Placement,
     PLACEMENT_GRANULE, PLACEMENT_HEADROOM_DIVISOR, PLACEMENT_MIN_BYTES,

@@ -380,8 +380,9 @@ MIB = 1 << 20
 # pool (initial 1 MiB): holds 1 MiB throughout; blocks are 256-rounded (1024 + 3072 at the
 # peak: waste 96; 512 for C at the end: waste 12). At the peak the free memory is one block.
 # At the end C took the start of A's freed block, and B's freed block merged with the rest of
-# it, [512, 4096), which the pool keeps apart from the never-used (fresh) memory [4096, 1 MiB):
-# fragmentation 1 - (MIB - 4096) / (MIB - 512).
+# it, [512, 4096), which the pool keeps apart from the never-used (fresh) memory [4096, 1 MiB);
+# the two touch, so they are one free region (a request of their size succeeds): no
+# fragmentation (issue 29: the figures counted them as two).
 # binning (bins 1, 2, 4 KiB x 4 blocks, over the same pool): the bins take 4 + 8 + 16 KiB of
 # the pool; A -> 1 KiB bin, B -> 4 KiB bin, C -> 1 KiB bin. Waste: 1024 + 4096 - 4000 at the
 # peak, 1024 - 500 at the end. Free: the pool's one block (MIB - 28 KiB) plus the bins' free
@@ -391,7 +392,7 @@ MIB = 1 << 20
 # simulated: charges 1024 + 3072 at the peak (overhead 1.024), 512 at the end; never fragments.
 POOL_FREE = MIB - 28 * 1024
 HAND = {
-    "pool": (MIB, MIB / 4000, 96, 12, 0.0, 1 - (MIB - 4096) / (MIB - 512)),
+    "pool": (MIB, MIB / 4000, 96, 12, 0.0, 0.0),
     "binning": (MIB, MIB / 4000, 1120, 524, 1 - POOL_FREE / (POOL_FREE + 23 * 1024),
                 1 - POOL_FREE / (POOL_FREE + 27 * 1024)),
     "fixed_size": (16384, 16384 / 4000, 4192, 3596, 0.5, 2 / 3),

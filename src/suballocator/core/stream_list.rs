@@ -31,6 +31,7 @@ pub(crate) struct ListState<F> {
     /// Whether the list is in its core's donor set (changed only under this lock, together
     /// with the set).
     pub in_donors: bool,
+    pub in_with_free: bool,
 }
 
 impl<F: FreeList> ListState<F> {
@@ -41,6 +42,7 @@ impl<F: FreeList> ListState<F> {
             marks: ListMarks::default(),
             counters: ListCounters::default(),
             in_donors: false,
+            in_with_free: false,
         }
     }
 

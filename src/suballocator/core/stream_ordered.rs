@@ -122,6 +122,10 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     directory: RwLock<Directory<F>>,
     /// The ids of the lists a steal looks at (see the lock order).
     donors: Mutex<std::collections::BTreeSet<ListId>>,
+    /// The ids of the lists that may hold free blocks (a superset: a list joins at a free into
+    /// it and leaves when a walk of the figures finds it empty), so the figures walk these and
+    /// not every stream that ever existed (see the lock order: as `donors`).
+    with_free: Mutex<std::collections::BTreeSet<ListId>>,
     /// Where the last steal stopped in `donors` (a hint: any value is safe).
     steal_cursor: AtomicU32,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
@@ -239,6 +243,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 all: Vec::new(),
             }),
             donors: Mutex::new(std::collections::BTreeSet::new()),
+            with_free: Mutex::new(std::collections::BTreeSet::new()),
             steal_cursor: AtomicU32::new(0),
             events,
             growth,
@@ -531,6 +536,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
     }
 
+    /// Notes that list `id` (its lock held as `st`) may hold free blocks.
+    #[inline]
+    fn note_free(&self, st: &mut ListState<F>, id: ListId) {
+        if !st.in_with_free {
+            st.in_with_free = true;
+            self.with_free.lock().insert(id);
+        }
+    }
+
     /// Takes list `id` (its lock held as `st`) out of the donor set.
     fn leave_donors(&self, st: &mut ListState<F>, id: ListId) {
         if st.in_donors {
@@ -606,6 +620,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 if !blocks.is_empty() {
                     // Not known to be recorded after these frees any more.
                     st.marks.unrecorded = true;
+                    self.note_free(&mut st, list.id);
                 }
                 for b in blocks {
                     st.list.insert(b);
@@ -723,6 +738,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         st.counters.freed(size);
         st.marks.unrecorded = true;
         self.join_donors(st, id);
+        self.note_free(st, id);
         // A free may come after its stream was destroyed (a CuPy array outliving its stream):
         // only a per-thread default stream, alive as long as its thread, is recorded on here;
         // any other stream is recorded on at its next allocation, which proves it alive.
@@ -865,14 +881,32 @@ impl<F: FreeList> StreamOrderedCore<F> {
         f(sh.as_deref(), &dir.all)
     }
 
+    /// Calls `f` on every stream list that may hold free blocks (each locked in turn), and
+    /// drops from that set the lists found empty; under a consistent view
+    /// ([`Self::with_all_lists`]), so the cost follows the lists with free memory, not every
+    /// stream that ever existed.
+    fn for_lists_with_free(&self, lists: &[Arc<StreamList<F>>], mut f: impl FnMut(&F)) {
+        let ids: Vec<ListId> = self.with_free.lock().iter().copied().collect();
+        for id in ids {
+            let Some(list) = lists.get((id - FRESH - 1) as usize) else {
+                continue;
+            };
+            let mut st = list.state.lock();
+            if st.list.free_blocks() == 0 {
+                st.in_with_free = false;
+                self.with_free.lock().remove(&id);
+                continue;
+            }
+            f(&st.list);
+        }
+    }
+
     /// Free bytes over all lists.
     pub(crate) fn free_bytes(&self) -> usize {
-        self.with_all_lists(|fresh, lists| {
-            fresh.map_or(0, |sh| sh.fresh.free_bytes())
-                + lists
-                    .iter()
-                    .map(|l| l.state.lock().list.free_bytes())
-                    .sum::<usize>()
+        self.with_all_lists(|sh, lists| {
+            let mut bytes = sh.map_or(0, |sh| sh.fresh.free_bytes());
+            self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
+            bytes
         })
     }
 
@@ -897,17 +931,14 @@ impl<F: FreeList> StreamOrderedCore<F> {
                     F::COALESCES.then(|| fresh.free_ranges()),
                 ));
             }
-            for list in lists {
-                let st = list.state.lock();
-                if st.list.free_blocks() > 0 {
-                    per_list.push((
-                        st.list.free_bytes(),
-                        st.list.largest_free_block(),
-                        st.list.free_blocks(),
-                        F::COALESCES.then(|| st.list.free_ranges()),
-                    ));
-                }
-            }
+            self.for_lists_with_free(lists, |l| {
+                per_list.push((
+                    l.free_bytes(),
+                    l.largest_free_block(),
+                    l.free_blocks(),
+                    F::COALESCES.then(|| l.free_ranges()),
+                ));
+            });
             let non_empty = per_list.iter().filter(|l| l.2 > 0).count();
             if !F::COALESCES || non_empty < 2 {
                 return per_list

@@ -437,3 +437,29 @@ fn the_call_profile_is_the_virtual_memory_s() {
         "a free may trim, which synchronizes: the virtual memory's own profile"
     );
 }
+
+/// Issue 29: a pool on host memory larger than the host can hold is out of memory before any
+/// page is touched (a pinned one faulted pages in until the kernel killed the process; this is
+/// the pageable path, which runs without a driver), and the memory keeps working.
+#[test]
+fn a_host_pool_larger_than_the_host_is_refused_before_anything_is_touched() {
+    use crate::resource::{HostVirtualMemory, HOST_PAGE_SIZE};
+    let room = crate::os::host_pages::available_host_memory().unwrap();
+    let too_much = (room.available + room.swap_free + GIB).next_multiple_of(HOST_PAGE_SIZE);
+    let vm = Arc::new(HostVirtualMemory::new(2 * too_much, None, false, None).unwrap());
+    let e = ExpandableMemoryResource::new(vm.clone(), Some(too_much), None, None).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("bytes asked for") && text.contains("available"),
+        "{text}"
+    );
+    assert_eq!(vm.mapped_bytes(), 0);
+    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let p = mr.allocate(1 << 20, S).unwrap();
+    free_on(&mr, p, 1 << 20, S).unwrap();
+    let e = mr.allocate(too_much, S).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let q = mr.allocate(1 << 20, S).unwrap();
+    free_on(&mr, q, 1 << 20, S).unwrap();
+}
