@@ -58,8 +58,8 @@ __all__ = [
     "_set_current_host_resource",
     "_set_device",
     "_stack_kinds",
-    "_stack_plan",
     "available_device_memory",
+    "build_stack",
     "call_stream_capsule",
     "copy_device_to_ptr",
     "copy_host_to_ptr",
@@ -596,8 +596,8 @@ def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...
 
-# Stack kinds (src/python/stack.rs, python/rrmm/_stack.py).
-def _stack_plan(
+# Stack kinds (src/python/resources/stack.rs, python/rrmm/_stack.py).
+def build_stack(
     kind: str,
     *,
     simulate: int | None = None,
@@ -614,7 +614,7 @@ def _stack_plan(
     statistics: bool = False,
     tracking: bool = False,
     host_memory: int | None = None,
-) -> list[tuple[str, dict[str, Any]]]: ...
+) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).

@@ -127,7 +127,7 @@ def _pinned_pool(size: int) -> _mr.DeviceMemoryResource:
     with Progress("rrmm.reinitialize", 1,
                   enabled=None if size >= PINNED_NOTICE_BYTES else False) as bar:
         bar.step(note)
-        return _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=size)
+        return _stack.build("pinned_pool", initial_pool_size=size)
 
 
 #: Stack kinds that ``reinitialize`` does not build: the simulated device needs a size, which

@@ -3,6 +3,7 @@
 //! object set for each device, so `get` returns the very object that was set.
 
 use crate::resource::{MemoryKind, SharedResource};
+use crate::stack::Handle;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -55,9 +56,17 @@ fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>
         Class::Cuda => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()
             .unbind(),
-        Class::Managed => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
-            .into_super()
-            .unbind(),
+        // A managed cache set from Rust is the full object (its cache reachable), through the
+        // one wrapper of the stack builder's resources.
+        Class::Managed => match mr
+            .as_any()
+            .and_then(|a| a.downcast_ref::<crate::ManagedMemoryResource>())
+        {
+            Some(managed) => super::wrap::wrap(py, &Handle::Managed(managed.clone()), None)?,
+            None => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
+                .into_super()
+                .unbind(),
+        },
         Class::Base => Py::new(py, base_init)?,
     };
     Ok(obj)

@@ -56,7 +56,7 @@ driver_resource! {
 #[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct ManagedMemoryResource {
     /// The cache; `None` for an object made around a resource set from Rust.
-    managed: Option<RsManaged>,
+    pub(super) managed: Option<RsManaged>,
 }
 
 impl ManagedMemoryResource {
@@ -188,8 +188,8 @@ impl SamHeadroomMemoryResource {
 /// registered); smaller ones come from `cudaHostAlloc`.
 #[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct PinnedHostMemoryResource {
-    numa_node: Option<u32>,
-    registered_from: usize,
+    pub(super) numa_node: Option<u32>,
+    pub(super) registered_from: usize,
 }
 
 #[pymethods]
@@ -241,7 +241,7 @@ impl PinnedHostMemoryResource {
 /// Stream-ordered allocation from a CUDA memory pool that this resource owns.
 #[pyclass(module = "rrmm.mr", name = "CudaAsyncMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct CudaAsyncMemoryResource {
-    pool_handle: usize,
+    pub(super) pool_handle: usize,
 }
 
 #[pymethods]
@@ -320,7 +320,7 @@ impl CudaAsyncViewMemoryResource {
 /// replays and tests; never read or write the pointers).
 #[pyclass(module = "rrmm.mr", name = "SimulatedMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct SimulatedMemoryResource {
-    sim: Arc<RsSimulated>,
+    pub(super) sim: Arc<RsSimulated>,
 }
 
 #[pymethods]
