@@ -76,10 +76,7 @@ def reinitialize(
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    sizes = {
-        "initial_pool_size": _size(initial_pool_size),
-        "maximum_pool_size": _size(maximum_pool_size),
-    }
+    initial, maximum = _size(initial_pool_size), _size(maximum_pool_size)
     pinned_size = _size(pinned_pool_size)
     kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
     devices = _device_list(devices)
@@ -100,7 +97,8 @@ def reinitialize(
             )
 
     def build() -> _mr.DeviceMemoryResource:
-        return _stack.build(kind, logging=bool(logging), log_file=log_file_name, **sizes)
+        return _stack.build(kind, initial_pool_size=initial, maximum_pool_size=maximum,
+                            logging=bool(logging), log_file=log_file_name)
 
     # Every argument was checked above, before anything is forgotten. The old resources go
     # before the new ones are built, as in RMM: a new pool's default initial size is half the
