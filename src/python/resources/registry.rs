@@ -49,8 +49,47 @@ fn class_of(mr: &SharedResource) -> Class {
     }
 }
 
-/// A Python object for a Rust resource that was not made from Python.
+/// A Python object for a Rust resource that was not made from Python: its class by its type
+/// where the bindings can read it ([`class_of`]: a managed cache is the full object, through the
+/// stack builder's one wrapper), and, for a resource over one upstream, an
+/// `UpstreamResourceAdaptor` whose `upstream_mr` is its upstream's object, all the way down (a
+/// stack built in Rust comes back with its upstreams). The walk is a loop over at most
+/// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH) levels.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
+    let mut below: Option<Py<DeviceMemoryResource>> = None;
+    for mr in chain_of(mr).into_iter().rev() {
+        below = Some(match below {
+            Some(up) if class_of(&mr) == Class::Base => {
+                Bound::new(py, super::resource::UpstreamResourceAdaptor::init(up, mr))?
+                    .into_super()
+                    .unbind()
+            }
+            _ => wrap_one(py, mr)?,
+        });
+    }
+    below.ok_or_else(|| PyValueError::new_err("no resource to wrap"))
+}
+
+/// `mr` and the resources below it down its single-upstream chain, top to bottom: a resource
+/// of a known class ends it (its object is its class's), as does one with no upstream or
+/// several (a binning resource's bins), at most `MAX_STACK_DEPTH` long.
+fn chain_of(mr: SharedResource) -> Vec<SharedResource> {
+    let mut chain = vec![mr];
+    while chain.len() < crate::resource::graph::MAX_STACK_DEPTH {
+        let last = &chain[chain.len() - 1];
+        if class_of(last) != Class::Base {
+            break;
+        }
+        match <[SharedResource; 1]>::try_from(last.upstreams()) {
+            Ok([up]) => chain.push(up),
+            Err(_) => break,
+        }
+    }
+    chain
+}
+
+/// The object of one resource, by its class.
+fn wrap_one(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
     let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
     let obj: Py<DeviceMemoryResource> = match class_of(&mr) {
         Class::Cuda => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
@@ -228,5 +267,18 @@ mod tests {
         let pool: SharedResource =
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         assert_eq!(class_of(&pool), Class::Base);
+    }
+
+    #[test]
+    fn a_stack_set_from_rust_is_walked_down_its_upstreams_to_a_known_class() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let managed: SharedResource = Arc::new(RsManaged::over(sim.clone(), Some(1 << 20)));
+        let pool: SharedResource =
+            Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
+        let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
+        let names: Vec<_> = chain_of(stats).iter().map(|r| r.name()).collect();
+        // The managed cache is a known class: its object is whole, the walk stops there.
+        assert_eq!(names, ["statistics", "pool", "managed"]);
+        assert_eq!(chain_of(sim).len(), 1);
     }
 }
