@@ -54,6 +54,7 @@ __all__ = [
     "_memory_stats",
     "_memory_summary",
     "_record_memory_history",
+    "_reinitialize",
     "_reset_peak_memory_stats",
     "_set_current_host_resource",
     "_set_device",
@@ -616,6 +617,15 @@ def build_stack(
     host_memory: int | None = None,
 ) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
+def _reinitialize(
+    kind: str,
+    devices: list[int],
+    *,
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    logging: bool = False,
+    log_file: str | None = None,
+) -> str | None: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).
 def _record_memory_history(enabled: bool, max_entries: int = 100000, stacks: bool = True) -> None: ...

@@ -9,6 +9,8 @@ so the objects are RMM's types (``PoolMemoryResource`` over ``ManagedMemoryResou
 
 from __future__ import annotations
 
+import functools
+
 from rrmm import _rrmm
 
 __all__ = ["build", "kinds"]
@@ -16,7 +18,13 @@ __all__ = ["build", "kinds"]
 
 def kinds() -> dict[str, str]:
     """Every kind's name and one-line summary."""
-    return dict(_rrmm._stack_kinds())
+    return dict(_kinds())
+
+
+@functools.cache
+def _kinds() -> tuple[tuple[str, str], ...]:
+    """The kinds, read from Rust once (the table is fixed at build time)."""
+    return tuple(_rrmm._stack_kinds())
 
 
 #: The stack of ``kind`` (``"pool"``, ``"managed_pool"``, ``"expandable"``, ``"arena"``, ...;

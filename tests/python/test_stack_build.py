@@ -5,6 +5,7 @@ GPU; ``reinitialize`` over every kind on the GPU."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -171,3 +172,31 @@ def test_reinitialize_with_every_kind_gives_full_objects_all_the_way_down(kind, 
         pytest.skip("the device is too full for this kind")
     finally:
         rrmm.reinitialize()
+
+
+def test_reinitialize_crosses_into_rust_once(monkeypatch):
+    """Its arguments checked in Python, ``reinitialize`` makes one call into the extension:
+    ``_reinitialize`` checks the devices, forgets the old resources, builds, wraps and sets the
+    new ones (on the GPU), or says why there is no device (here)."""
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(_rrmm, name)
+            if callable(attr):
+                calls.append(name)
+            return attr
+
+    _stack.kinds()  # the kinds table is read from Rust once per process
+    monkeypatch.setattr(rrmm.rmm, "_rrmm", Counting())
+    monkeypatch.setattr(_stack, "_rrmm", Counting())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rrmm.reinitialize(pool_allocator=True, initial_pool_size=64 * MiB)
+        assert calls == ["_reinitialize"]
+        if gpu_available():
+            check_full_objects(mr.get_current_device_resource(), ON_DEVICE["pool"])
+    finally:
+        monkeypatch.undo()
+        rrmm.reinitialize() if gpu_available() else _rrmm._clear_per_device_resources()

@@ -165,7 +165,9 @@ fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> 
     set_resource(device_arg(device)?, mr)
 }
 
-fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+/// Sets `mr` (a resource object) as the resource of `device`, checked as
+/// `set_per_device_resource` checks it.
+pub(crate) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) = resource_arg(mr, "mr")?;
     // A stack rrmm refused to build cannot be set either (one built in Rust may be deeper):
     // say so, with the limit.
@@ -196,10 +198,15 @@ fn set_current_device_resource(mr: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Forgets every per-device resource (used by `reinitialize`).
 #[pyfunction]
 fn _clear_per_device_resources(py: Python<'_>) {
+    clear(py);
+}
+
+/// Forgets every per-device resource, the Rust ones and their objects.
+pub(crate) fn clear(_py: Python<'_>) {
     crate::clear_per_device_resources();
     let old = std::mem::take(&mut *PY_TABLE.lock());
+    // The old objects are dropped here, after the lock is released.
     drop(old);
-    let _ = py;
 }
 
 /// Whether a resource has been set (or made) for the current device.

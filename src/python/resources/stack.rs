@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 #[pyfunction]
 #[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None))]
 #[allow(clippy::too_many_arguments)]
-fn build_stack(
+pub(crate) fn build_stack(
     py: Python<'_>,
     kind: &str,
     simulate: Option<usize>,
@@ -78,6 +78,83 @@ fn build_stack(
         .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("an empty stack"))
 }
 
+/// `reinitialize`'s work after its arguments are checked (in Python), in one call: without a
+/// CUDA device it forgets every per-device resource and returns why (for the warning);
+/// otherwise it checks `devices` against the machine (ValueError, nothing changed), forgets
+/// every per-device resource (before the new ones are built, as in RMM: a new pool's default
+/// initial size is half the free memory, which the old one may hold), builds the stack of
+/// `kind` on each device with it current, and sets them.
+#[pyfunction]
+#[pyo3(signature = (kind, devices, *, initial_pool_size=None, maximum_pool_size=None, logging=false, log_file=None))]
+fn _reinitialize(
+    py: Python<'_>,
+    kind: &str,
+    devices: Vec<usize>,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
+    logging: bool,
+    log_file: Option<String>,
+) -> PyResult<Option<String>> {
+    let count = crate::cuda::device_count();
+    if count == 0 {
+        super::registry::clear(py);
+        return Ok(Some(match crate::cuda::ensure_driver() {
+            Ok(()) => "no devices".to_string(),
+            Err(crate::Error::NoDriver(why)) => why,
+            Err(e) => e.to_string(),
+        }));
+    }
+    if let Some(device) = devices.iter().find(|&&d| d >= count) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "reinitialize: device {device} is out of range: this machine has {count} CUDA \
+             device(s); no resource was changed"
+        )));
+    }
+    super::registry::clear(py);
+    let build = || {
+        build_stack(
+            py,
+            kind,
+            None,
+            initial_pool_size,
+            maximum_pool_size,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            logging,
+            log_file.clone(),
+            false,
+            false,
+            None,
+        )
+    };
+    let mut built = Vec::with_capacity(devices.len());
+    for &device in &devices {
+        built.push((device, on_device(count, device, build)?));
+    }
+    for (device, mr) in built {
+        super::registry::set_resource(device, mr.bind(py).as_any())?;
+    }
+    Ok(None)
+}
+
+/// `make()` with `device` current (as RMM's `setDevice`), the current device restored after.
+fn on_device<T>(count: usize, device: usize, make: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    if count <= 1 {
+        return make();
+    }
+    let original = crate::current_device_ordinal();
+    py_result(crate::cuda::set_current_device(device))?;
+    let made = make();
+    let restored = py_result(crate::cuda::set_current_device(original));
+    let made = made?;
+    restored?;
+    Ok(made)
+}
+
 /// The stack kinds' names and one-line summaries.
 #[pyfunction]
 fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
@@ -86,6 +163,7 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_stack, m)?)?;
+    m.add_function(wrap_pyfunction!(_reinitialize, m)?)?;
     m.add_function(wrap_pyfunction!(_stack_kinds, m)?)?;
     Ok(())
 }
