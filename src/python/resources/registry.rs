@@ -221,14 +221,61 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(crate::has_per_device_resource(device_arg(device)?))
 }
 
+/// The Python object of the process-wide host resource, with the Rust resource it stands for:
+/// the resource itself is owned by the core (`crate::current_host_resource`), this is only the
+/// object Python set or was given for it, so `get` returns the very object that was set.
+static HOST_PY: Mutex<Option<Entry>> = Mutex::new(None);
+
+/// rrmm: the process-wide host resource (`rrmm.mr.get_current_host_resource`): the object set
+/// with `_set_current_host_resource`, else the core's default (pinned host memory, or the
+/// system allocator without a CUDA driver) as an object of its class.
+#[pyfunction]
+fn _current_host_resource(py: Python<'_>) -> PyResult<Py<DeviceMemoryResource>> {
+    let rust = py_result(crate::current_host_resource())?;
+    if let Some((obj, known)) = HOST_PY.lock().as_ref() {
+        if same(known, &rust) {
+            return Ok(obj.clone_ref(py));
+        }
+    }
+    let obj = match crate::default_host_resource() {
+        Some(default) if same(&default.resource(), &rust) => wrap_default_host(py, &default)?,
+        _ => wrap(py, rust.clone())?,
+    };
+    let old = HOST_PY.lock().replace((obj.clone_ref(py), rust));
+    drop(old);
+    Ok(obj)
+}
+
+/// The object of the core's default host resource, of its class.
+fn wrap_default_host(
+    py: Python<'_>,
+    default: &crate::DefaultHostResource,
+) -> PyResult<Py<DeviceMemoryResource>> {
+    match default {
+        crate::DefaultHostResource::Pinned(pinned, checked) => super::wrap::wrap(
+            py,
+            &Handle::PinnedHost(
+                checked.clone(),
+                pinned.numa_node(),
+                pinned.registered_from(),
+            ),
+            None,
+        ),
+        crate::DefaultHostResource::System(system) => {
+            super::source_resources::system_object(py, system.clone())
+        }
+    }
+}
+
 /// rrmm: sets the process-wide host resource (CuPy's pinned allocator hook and `HostBuffer`
-/// use it); `None` goes back to the default pinned resource. `rrmm.mr.set_current_host_resource`
-/// keeps the Python object.
+/// use it); `None` goes back to the default. The core keeps the resource, this module the
+/// object (`_current_host_resource` returns it).
 #[pyfunction]
 #[pyo3(signature = (mr))]
-fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) -> PyResult<()> {
+fn _set_current_host_resource(mr: Option<Bound<'_, DeviceMemoryResource>>) -> PyResult<()> {
     if let Some(m) = &mr {
-        let kind = m.inner.kind();
+        let inner = &m.get().inner;
+        let kind = inner.kind();
         if !matches!(kind, MemoryKind::PinnedHost | MemoryKind::Host) {
             return Err(PyValueError::new_err(format!(
                 "the host resource must hand out memory the host can read and write (pinned or \
@@ -239,16 +286,20 @@ fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) -> Py
                     MemoryKind::Simulated => "simulated",
                     MemoryKind::PinnedHost | MemoryKind::Host => "host",
                 },
-                m.inner.name()
+                inner.name()
             )));
         }
     }
-    crate::set_current_host_resource(mr.map(|m| m.inner.clone()));
+    let entry = mr.map(|m| (m.clone().unbind(), m.get().inner.clone()));
+    crate::set_current_host_resource(entry.as_ref().map(|(_, rust)| rust.clone()));
+    let old = std::mem::replace(&mut *HOST_PY.lock(), entry);
+    drop(old);
     Ok(())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_current_host_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(_current_host_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_device_resource, m)?)?;

@@ -148,6 +148,18 @@ fn system() -> Arc<RsSystem> {
     mr
 }
 
+/// The object of the system resource `mr` (made in Rust: the default host resource without a
+/// driver), recorded as one made from Python is.
+pub(crate) fn system_object(
+    py: Python<'_>,
+    mr: Arc<RsSystem>,
+) -> PyResult<Py<DeviceMemoryResource>> {
+    super::pointers::register_system(&mr);
+    Ok(Bound::new(py, sub(SystemMemoryResource, mr))?
+        .into_super()
+        .unbind())
+}
+
 #[pymethods]
 impl SystemMemoryResource {
     #[new]
