@@ -150,40 +150,130 @@ pub fn set_current_device_resource(mr: SharedResource) -> Result<Option<SharedRe
     set_per_device_resource(current_device_ordinal(), mr)
 }
 
-fn host_slot() -> &'static RwLock<Option<SharedResource>> {
-    static HOST: RwLock<Option<SharedResource>> = RwLock::new(None);
+/// The default host resource, made on first use, kept with its type so that the Python
+/// bindings give it its class (`PinnedHostMemoryResource`, `SystemMemoryResource`).
+#[derive(Clone)]
+pub enum DefaultHostResource {
+    /// Pinned host memory (a CUDA driver is loaded), and the resource handed out: it behind a
+    /// [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor), as Python drives it, so a
+    /// bogus, double or wrong-size free is an error and never reaches the driver.
+    Pinned(Arc<crate::PinnedHostMemoryResource>, SharedResource),
+    /// The system allocator (no CUDA driver: host memory without pinning).
+    System(Arc<crate::SystemMemoryResource>),
+}
+
+impl DefaultHostResource {
+    /// The resource handed out.
+    pub fn resource(&self) -> SharedResource {
+        match self {
+            DefaultHostResource::Pinned(_, checked) => checked.clone(),
+            DefaultHostResource::System(system) => system.clone(),
+        }
+    }
+
+    /// The default by the rule: pinned host memory where a CUDA driver is loaded, else the
+    /// system allocator.
+    ///
+    /// # Errors
+    /// The driver's errors making pinned memory.
+    fn make() -> Result<Self> {
+        if !cuda::driver_available() {
+            return Ok(DefaultHostResource::System(Arc::new(
+                crate::SystemMemoryResource::new(),
+            )));
+        }
+        let pinned = Arc::new(crate::PinnedHostMemoryResource::new()?);
+        let checked: SharedResource = Arc::new(crate::CheckedResourceAdaptor::new(pinned.clone()));
+        Ok(DefaultHostResource::Pinned(pinned, checked))
+    }
+}
+
+/// What the process-wide host resource is: nothing yet, one a caller set, or the default.
+#[derive(Clone)]
+enum HostSlot {
+    Unset,
+    Set(SharedResource),
+    Default(DefaultHostResource),
+}
+
+fn host_slot() -> &'static RwLock<HostSlot> {
+    static HOST: RwLock<HostSlot> = RwLock::new(HostSlot::Unset);
     &HOST
 }
 
 /// The process-wide host resource (pinned host memory for staging, CuPy's pinned allocator,
-/// `rrmm.HostBuffer`): the one set with [`set_current_host_resource`], else a
-/// [`PinnedHostMemoryResource`](crate::PinnedHostMemoryResource) made on first use.
+/// `rrmm.HostBuffer`, Python's `rrmm.mr.get_current_host_resource`): the one set with
+/// [`set_current_host_resource`], else the default made on first use
+/// ([`DefaultHostResource`]: pinned host memory, or the system allocator without a CUDA
+/// driver). The one owner of it: Python asks here.
 ///
 /// # Errors
-/// No driver, when none was set.
+/// The driver's errors making the default pinned resource.
 pub fn current_host_resource() -> Result<SharedResource> {
-    if let Some(mr) = host_slot().read().as_ref() {
-        return Ok(mr.clone());
+    match &*host_slot().read() {
+        HostSlot::Set(mr) => return Ok(mr.clone()),
+        HostSlot::Default(d) => return Ok(d.resource()),
+        HostSlot::Unset => {}
     }
     let mut slot = host_slot().write();
-    if let Some(mr) = slot.as_ref() {
-        return Ok(mr.clone());
+    match &*slot {
+        HostSlot::Set(mr) => Ok(mr.clone()),
+        HostSlot::Default(d) => Ok(d.resource()),
+        HostSlot::Unset => {
+            let made = DefaultHostResource::make()?;
+            let mr = made.resource();
+            *slot = HostSlot::Default(made);
+            Ok(mr)
+        }
     }
-    let mr: SharedResource = Arc::new(crate::PinnedHostMemoryResource::new()?);
-    *slot = Some(mr.clone());
-    Ok(mr)
+}
+
+/// The default host resource, where the current host resource is it (made on first use).
+pub fn default_host_resource() -> Option<DefaultHostResource> {
+    match &*host_slot().read() {
+        HostSlot::Default(d) => Some(d.clone()),
+        _ => None,
+    }
 }
 
 /// Sets the process-wide host resource; the previous one, if any was set or made. `None` goes
-/// back to the default (a pinned resource made on next use).
+/// back to the default (made on next use).
 pub fn set_current_host_resource(mr: Option<SharedResource>) -> Option<SharedResource> {
-    std::mem::replace(&mut *host_slot().write(), mr)
+    let new = mr.map_or(HostSlot::Unset, HostSlot::Set);
+    match std::mem::replace(&mut *host_slot().write(), new) {
+        HostSlot::Unset => None,
+        HostSlot::Set(mr) => Some(mr),
+        HostSlot::Default(d) => Some(d.resource()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
+    use crate::MemoryResource;
+
+    #[test]
+    fn the_host_resource_has_one_owner_and_one_default_rule() {
+        // Without a driver the default is the system allocator (with one: pinned memory).
+        let before = set_current_host_resource(None);
+        let default = current_host_resource().unwrap();
+        let typed = default_host_resource().expect("the default was made");
+        assert!(Arc::ptr_eq(&typed.resource(), &default));
+        let expected = if cuda::driver_available() {
+            crate::MemoryKind::PinnedHost
+        } else {
+            crate::MemoryKind::Host
+        };
+        assert_eq!(default.kind(), expected);
+        // The same one until another is set; a set one is no default.
+        assert!(Arc::ptr_eq(&current_host_resource().unwrap(), &default));
+        let sys: SharedResource = Arc::new(crate::SystemMemoryResource::new());
+        assert!(set_current_host_resource(Some(sys.clone())).is_some());
+        assert!(Arc::ptr_eq(&current_host_resource().unwrap(), &sys));
+        assert!(default_host_resource().is_none());
+        set_current_host_resource(before);
+    }
 
     #[test]
     fn set_and_get_round_trip() {

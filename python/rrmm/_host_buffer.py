@@ -24,8 +24,6 @@ from rrmm import _rrmm
 
 __all__ = ["HostBuffer", "get_current_host_resource", "set_current_host_resource"]
 
-_current_host: Any = None
-
 #: The kinds of memory the host can read and write (``DeviceMemoryResource._rrmm_kind``).
 _HOST_KINDS = ("pinned_host", "host")
 
@@ -33,22 +31,15 @@ _HOST_KINDS = ("pinned_host", "host")
 def get_current_host_resource() -> Any:
     """The process-wide host resource (``HostBuffer``'s default, CuPy's pinned allocator hook):
     the one set with ``set_current_host_resource``, else a ``PinnedHostMemoryResource`` made on
-    first use (a ``SystemMemoryResource`` where no CUDA driver is available)."""
-    global _current_host
-    if _current_host is None:
-        if _rrmm.driver_available():
-            _current_host = _rrmm.PinnedHostMemoryResource()
-        else:
-            _current_host = _rrmm.SystemMemoryResource()
-        _rrmm._set_current_host_resource(_current_host)
-    return _current_host
+    first use (a ``SystemMemoryResource`` where no CUDA driver is available). The Rust core owns
+    it (the same one its CuPy hook uses); this asks it for its object."""
+    return _rrmm._current_host_resource()
 
 
 def set_current_host_resource(resource: Any) -> None:
     """Sets the process-wide host resource: any resource whose memory the host can read and
     write (``PinnedHostMemoryResource``, a pool over it, the ``pinned_expandable`` stack,
     ``SystemMemoryResource``); ``None`` goes back to the default."""
-    global _current_host
     if resource is not None and not isinstance(resource, _rrmm.DeviceMemoryResource):
         raise TypeError(
             f"set_current_host_resource: expected a memory resource or None, got "
@@ -61,7 +52,6 @@ def set_current_host_resource(resource: Any) -> None:
             "(host) resource"
         )
     _rrmm._set_current_host_resource(resource)
-    _current_host = resource
 
 
 def _free(mr: Any, ptr: int, size: int, stream: list[Any]) -> None:

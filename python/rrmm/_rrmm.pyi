@@ -48,18 +48,20 @@ __all__ = [
     "_clear_per_device_resources",
     "_copy_host_async",
     "_current_device",
+    "_current_host_resource",
     "_device_attribute",
     "_memory_history",
     "_memory_snapshot",
     "_memory_stats",
     "_memory_summary",
     "_record_memory_history",
+    "_reinitialize",
     "_reset_peak_memory_stats",
     "_set_current_host_resource",
     "_set_device",
     "_stack_kinds",
-    "_stack_plan",
     "available_device_memory",
+    "build_stack",
     "call_stream_capsule",
     "copy_device_to_ptr",
     "copy_host_to_ptr",
@@ -442,6 +444,7 @@ def device_name(device: int) -> str: ...
 def host_numa_node(device: int) -> tuple[int | None, int]: ...
 def pinned_startup() -> dict[str, Any] | None: ...
 def _set_current_host_resource(mr: DeviceMemoryResource | None) -> None: ...
+def _current_host_resource() -> DeviceMemoryResource: ...
 def _device_attribute(attribute: int, device: int) -> int: ...
 
 # ------------------------------------------------------------------ DeviceBuffer
@@ -598,8 +601,8 @@ def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
 def replay_gpu_available() -> bool: ...
 
-# Stack kinds (src/python/stack.rs, python/rrmm/_stack.py).
-def _stack_plan(
+# Stack kinds (src/python/resources/stack.rs, python/rrmm/_stack.py).
+def build_stack(
     kind: str,
     *,
     simulate: int | None = None,
@@ -616,8 +619,17 @@ def _stack_plan(
     statistics: bool = False,
     tracking: bool = False,
     host_memory: int | None = None,
-) -> list[tuple[str, dict[str, Any]]]: ...
+) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
+def _reinitialize(
+    kind: str,
+    devices: list[int],
+    *,
+    initial_pool_size: int | None = None,
+    maximum_pool_size: int | None = None,
+    logging: bool = False,
+    log_file: str | None = None,
+) -> str | None: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).
 def _record_memory_history(enabled: bool, max_entries: int = 100000, stacks: bool = True) -> None: ...

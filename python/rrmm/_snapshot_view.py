@@ -238,7 +238,7 @@ def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50,
     bytes included, so the page counts the events ``rrmm replay`` counts. Raises ValueError for a
     line that is not a log row. ``quiet=False``: a progress bar on a terminal while it replays.
     """
-    from rrmm import _rrmm, mr
+    from rrmm import _rrmm, _stack
     from rrmm._progress import Progress
 
     reader = csv.reader(lines)
@@ -277,7 +277,7 @@ def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50,
                 peak, peak_at = in_use, i
         elif action == "free" and key in sizes:
             in_use -= sizes.pop(key)
-    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(simulate), initial_pool_size=0)
+    pool: Any = _stack.build("pool", simulate=simulate, initial_pool_size=0)
     live: dict[str, tuple[int, int]] = {}
     traces: list[dict[str, Any]] = []
     segments: Any = []

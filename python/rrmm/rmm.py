@@ -76,39 +76,24 @@ def reinitialize(
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    sizes = {
-        "initial_pool_size": _size(initial_pool_size),
-        "maximum_pool_size": _size(maximum_pool_size),
-    }
+    initial, maximum = _size(initial_pool_size), _size(maximum_pool_size)
     pinned_size = _size(pinned_pool_size)
     kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
     devices = _device_list(devices)
-    if _rrmm.device_count() == 0:
-        _rrmm._clear_per_device_resources()
+    # One call into Rust: it checks the devices against the machine, forgets every per-device
+    # resource (the old ones go before the new ones are built, as in RMM: a new pool's default
+    # initial size is half the free memory, which the old one may hold), builds the stack on
+    # each device and sets it.
+    no_device = _rrmm._reinitialize(kind, devices, initial_pool_size=initial,
+                                    maximum_pool_size=maximum, logging=bool(logging),
+                                    log_file=log_file_name)
+    if no_device is not None:
         warnings.warn(
-            "rrmm.reinitialize: no CUDA device is available "
-            f"({_rrmm.driver_error() or 'no devices'}); no resource was set",
+            f"rrmm.reinitialize: no CUDA device is available ({no_device}); no resource was set",
             RuntimeWarning,
             stacklevel=2,
         )
         return
-    for device in devices:
-        if device >= _rrmm.device_count():
-            raise ValueError(
-                f"reinitialize: device {device} is out of range: this machine has "
-                f"{_rrmm.device_count()} CUDA device(s); no resource was changed"
-            )
-
-    def build() -> _mr.DeviceMemoryResource:
-        return _stack.build(kind, logging=bool(logging), log_file=log_file_name, **sizes)
-
-    # Every argument was checked above, before anything is forgotten. The old resources go
-    # before the new ones are built, as in RMM: a new pool's default initial size is half the
-    # free memory, which the old one may hold.
-    _rrmm._clear_per_device_resources()
-    built = [(device, _mr._on_device(device, build)) for device in devices]
-    for device, mr in built:
-        _mr.set_per_device_resource(device, mr)
     if pinned_size is not None:
         _mr.set_current_host_resource(_pinned_pool(pinned_size))
 
@@ -127,7 +112,7 @@ def _pinned_pool(size: int) -> _mr.DeviceMemoryResource:
     with Progress("rrmm.reinitialize", 1,
                   enabled=None if size >= PINNED_NOTICE_BYTES else False) as bar:
         bar.step(note)
-        return _mr.PoolMemoryResource(_mr.PinnedHostMemoryResource(), initial_pool_size=size)
+        return _stack.build("pinned_pool", initial_pool_size=size)
 
 
 #: Stack kinds that ``reinitialize`` does not build: the simulated device needs a size, which

@@ -68,6 +68,8 @@ mod suballocators;
 mod torch;
 #[path = "resources/upstream_kw.rs"]
 mod upstream_kw;
+#[path = "resources/wrap.rs"]
+mod wrap;
 
 use pyo3::prelude::*;
 

@@ -1,11 +1,11 @@
 //! The kinds of stack, by name: the one table `rrmm replay`, `reinitialize` and the Dask plugin
-//! read. Each kind turns a target and options into steps, and describes what was built.
+//! read. Each kind turns a target and options into layers, and describes what was built.
 
-use super::step::{Arg, Handle, Step};
+use super::layer::{ExpandableOn, Handle, Layer};
 use super::{human, BlockRounding, Plan, StackOptions, Target, DEFAULT_BINS};
 use crate::error::{Error, Result};
 use crate::resource::ALLOCATION_ALIGNMENT;
-use crate::suballocator::{DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+use crate::suballocator::{ManagedOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 
 /// What a built stack's report says: its setup in words, its pool sizes (initial, maximum) and
 /// its arena size, where it has them.
@@ -19,7 +19,7 @@ pub struct Kind {
     pub summary: &'static str,
     /// Its plan on a target with options.
     pub plan: fn(Target, &StackOptions) -> Result<Plan>,
-    /// Its setup in words, from the handles of the built steps.
+    /// Its setup in words, from the handles of the built layers.
     pub describe: fn(Target, &StackOptions, &[Handle]) -> Description,
 }
 
@@ -117,24 +117,23 @@ pub const KINDS: &[Kind] = &[
     },
 ];
 
-fn opt(v: Option<usize>) -> Arg {
-    Arg::OptInt(v)
-}
-
-/// The device's source resource: `class` on the device, the simulated device on a simulated
-/// target.
-fn device(target: Target, class: &'static str) -> Step {
+/// The device's source resource: `on_device` on the device, the simulated device on a
+/// simulated target.
+fn device(target: Target, on_device: Layer) -> Layer {
     match target {
-        Target::Device => Step::new(class),
-        Target::Simulated(size) => Step::new("SimulatedMemoryResource").arg("size", Arg::Int(size)),
+        Target::Device => on_device,
+        Target::Simulated(size) => Layer::Simulated {
+            size,
+            host_memory: 0,
+        },
     }
 }
 
 /// A plan whose top resource hands out 256-byte blocks.
-fn suballocator(name: &'static str, steps: Vec<Step>) -> Plan {
+fn suballocator(name: &'static str, layers: Vec<Layer>) -> Plan {
     Plan {
         name,
-        steps,
+        layers,
         rounding: BlockRounding::Align(ALLOCATION_ALIGNMENT),
         largest_request: None,
         simulated_device: false,
@@ -142,43 +141,49 @@ fn suballocator(name: &'static str, steps: Vec<Step>) -> Plan {
 }
 
 /// A plan of a source resource alone (the simulated device stands for every source resource).
-fn source_plan(name: &'static str, target: Target, class: &'static str) -> Plan {
+fn source_plan(name: &'static str, target: Target, on_device: Layer) -> Plan {
     Plan {
         name,
-        steps: vec![device(target, class)],
+        layers: vec![device(target, on_device)],
         rounding: BlockRounding::Pages,
         largest_request: None,
         simulated_device: matches!(target, Target::Simulated(_)),
     }
 }
 
-fn pool_step(options: &StackOptions) -> Step {
-    Step::new("PoolMemoryResource")
-        .arg("initial_pool_size", opt(options.initial_pool_size))
-        .arg("maximum_pool_size", opt(options.maximum_pool_size))
+fn pool_layer(options: &StackOptions) -> Layer {
+    Layer::Pool {
+        initial_pool_size: options.initial_pool_size,
+        maximum_pool_size: options.maximum_pool_size,
+    }
 }
 
 fn plan_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     Ok(suballocator(
         "pool",
-        vec![device(target, "CudaMemoryResource"), pool_step(options)],
+        vec![device(target, Layer::Cuda), pool_layer(options)],
     ))
+}
+
+/// Managed memory with RMM's defaults and rrmm's cache and placement.
+fn managed(cache_limit: Option<usize>) -> Layer {
+    Layer::Managed(ManagedOptions {
+        cache_limit,
+        placement: true,
+    })
 }
 
 /// Managed memory: `cuMemAllocManaged` on the device; on a simulated device, the device with a
 /// host tier (allocations beyond it succeed and are counted).
-fn managed_device(target: Target, options: &StackOptions) -> Step {
+fn managed_device(target: Target, options: &StackOptions) -> Layer {
     match target {
-        Target::Device => Step::new("ManagedMemoryResource"),
-        Target::Simulated(size) => Step::new("SimulatedMemoryResource")
-            .arg("size", Arg::Int(size))
-            .arg(
-                "host_memory",
-                Arg::Int(options.host_memory.unwrap_or(
-                    crate::resource::MAX_SIMULATED_SIZE
-                        - size.min(crate::resource::MAX_SIMULATED_SIZE),
-                )),
+        Target::Device => managed(None),
+        Target::Simulated(size) => Layer::Simulated {
+            size,
+            host_memory: options.host_memory.unwrap_or(
+                crate::resource::MAX_SIMULATED_SIZE - size.min(crate::resource::MAX_SIMULATED_SIZE),
             ),
+        },
     }
 }
 
@@ -223,31 +228,28 @@ fn device_total(target: Target) -> Result<usize> {
 /// memory beyond it, counted as bytes beyond the device).
 fn plan_fallback(target: Target, options: &StackOptions) -> Result<Plan> {
     let alternate = match target {
-        Target::Device => Step::new("ManagedMemoryResource"),
-        Target::Simulated(_) => Step::new("SimulatedMemoryResource")
-            .arg("size", Arg::Int(0))
-            .arg(
-                "host_memory",
-                Arg::Int(
-                    options
-                        .host_memory
-                        .unwrap_or(crate::resource::MAX_SIMULATED_SIZE),
-                ),
-            ),
+        Target::Device => managed(None),
+        Target::Simulated(_) => Layer::Simulated {
+            size: 0,
+            host_memory: options
+                .host_memory
+                .unwrap_or(crate::resource::MAX_SIMULATED_SIZE),
+        },
     };
     Ok(suballocator(
         "fallback",
         vec![
-            device(target, "CudaMemoryResource"),
-            pool_step(options),
-            Step::new("FallbackResourceAdaptor")
-                .arg("alternate_mr", Arg::Resource(Box::new(alternate))),
+            device(target, Layer::Cuda),
+            pool_layer(options),
+            Layer::Fallback {
+                alternate: Box::new(alternate),
+            },
         ],
     ))
 }
 
 fn describe_fallback(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
-    let (pool, sizes, _) = pool_over(target, options, handles, "CudaMemoryResource");
+    let (pool, sizes, _) = pool_over(target, options, handles);
     let alternate = match target {
         Target::Device => "managed memory".to_string(),
         Target::Simulated(_) => match options.host_memory {
@@ -267,27 +269,44 @@ fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
         Some(m) => m,
         None => managed_pool_maximum(target, options)?,
     };
-    let pool = Step::new("PoolMemoryResource")
-        .arg("initial_pool_size", opt(options.initial_pool_size))
-        .arg("maximum_pool_size", opt(Some(maximum)));
+    let pool = Layer::Pool {
+        initial_pool_size: options.initial_pool_size,
+        maximum_pool_size: Some(maximum),
+    };
     // The pool keeps what it frees; the managed resource under it keeps nothing more (a chunk
     // the pool releases goes back to the driver), but still places what the pool grows.
-    let managed = match target {
-        Target::Device => Step::new("ManagedMemoryResource").arg("cache_limit", opt(Some(0))),
+    let below = match target {
+        Target::Device => managed(Some(0)),
         Target::Simulated(_) => managed_device(target, options),
     };
-    Ok(suballocator("managed_pool", vec![managed, pool]))
+    Ok(suballocator("managed_pool", vec![below, pool]))
+}
+
+/// An expandable pool with the options' sizes, pages of `page_size` on `on` (a simulated
+/// target maps simulated virtual memory).
+fn expandable(
+    target: Target,
+    options: &StackOptions,
+    page_size: Option<usize>,
+    on: ExpandableOn,
+) -> Layer {
+    Layer::Expandable {
+        initial_pool_size: options.initial_pool_size,
+        maximum_pool_size: options.maximum_pool_size,
+        release_threshold: options.release_threshold,
+        page_size,
+        on: match target {
+            Target::Simulated(size) => ExpandableOn::Simulated(size),
+            Target::Device => on,
+        },
+    }
 }
 
 fn plan_expandable(target: Target, options: &StackOptions) -> Result<Plan> {
-    let mut step = Step::new("ExpandableMemoryResource")
-        .arg("initial_pool_size", opt(options.initial_pool_size))
-        .arg("maximum_pool_size", opt(options.maximum_pool_size))
-        .arg("release_threshold", opt(options.release_threshold));
-    if let Target::Simulated(size) = target {
-        step = step.arg("simulated_capacity", Arg::Int(size));
-    }
-    Ok(suballocator("expandable", vec![step]))
+    Ok(suballocator(
+        "expandable",
+        vec![expandable(target, options, None, ExpandableOn::Device)],
+    ))
 }
 
 fn bins(options: &StackOptions) -> Result<(u32, u32)> {
@@ -314,13 +333,10 @@ fn blocks(options: &StackOptions) -> Result<usize> {
 
 fn plan_binning(target: Target, options: &StackOptions) -> Result<Plan> {
     let (min, max) = bins(options)?;
-    let mut binning = Step::new("BinningMemoryResource")
-        .arg("min_size_exponent", Arg::Exponent(min.into()))
-        .arg("max_size_exponent", Arg::Exponent(max.into()));
-    if let Some(blocks) = options.blocks {
-        binning = binning.arg("blocks_to_preallocate", Arg::Int(blocks));
-    }
-    blocks(options)?;
+    let binning = Layer::Binning {
+        bins: Some((min, max)),
+        blocks_to_preallocate: blocks(options)?,
+    };
     let sizes = (min..=max)
         .map(|e| (1usize << e).max(ALLOCATION_ALIGNMENT))
         .collect();
@@ -328,11 +344,7 @@ fn plan_binning(target: Target, options: &StackOptions) -> Result<Plan> {
         rounding: BlockRounding::Bins(sizes),
         ..suballocator(
             "binning",
-            vec![
-                device(target, "CudaMemoryResource"),
-                pool_step(options),
-                binning,
-            ],
+            vec![device(target, Layer::Cuda), pool_layer(options), binning],
         )
     })
 }
@@ -341,8 +353,10 @@ fn plan_arena(target: Target, options: &StackOptions) -> Result<Plan> {
     Ok(suballocator(
         "arena",
         vec![
-            device(target, "CudaMemoryResource"),
-            Step::new("ArenaMemoryResource").arg("arena_size", opt(options.arena_size)),
+            device(target, Layer::Cuda),
+            Layer::Arena {
+                arena_size: options.arena_size,
+            },
         ],
     ))
 }
@@ -363,63 +377,54 @@ fn plan_fixed_size(target: Target, options: &StackOptions) -> Result<Plan> {
         ..suballocator(
             "fixed_size",
             vec![
-                device(target, "CudaMemoryResource"),
-                Step::new("FixedSizeMemoryResource")
-                    .arg("block_size", Arg::Int(block_size))
-                    .arg("blocks_to_preallocate", Arg::Int(blocks(options)?)),
+                device(target, Layer::Cuda),
+                Layer::FixedSize {
+                    block_size,
+                    blocks_to_preallocate: blocks(options)?,
+                },
             ],
         )
     })
 }
 
 fn plan_cuda_async(target: Target, options: &StackOptions) -> Result<Plan> {
-    let mut plan = source_plan("cuda_async", target, "CudaAsyncMemoryResource");
-    if target == Target::Device {
-        plan.steps[0] = Step::new("CudaAsyncMemoryResource")
-            .arg("initial_pool_size", opt(options.initial_pool_size))
-            .arg("release_threshold", opt(options.release_threshold));
-    }
-    Ok(plan)
+    let on_device = Layer::CudaAsync {
+        initial_pool_size: options.initial_pool_size,
+        release_threshold: options.release_threshold,
+    };
+    Ok(source_plan("cuda_async", target, on_device))
 }
 
 fn plan_cuda(target: Target, _: &StackOptions) -> Result<Plan> {
-    Ok(source_plan("cuda", target, "CudaMemoryResource"))
+    Ok(source_plan("cuda", target, Layer::Cuda))
 }
 
 fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
     Ok(Plan {
-        steps: vec![managed_device(target, options)],
+        layers: vec![managed_device(target, options)],
         // On a simulated device it is its own row: a device with a host tier.
         simulated_device: false,
-        ..source_plan("managed", target, "ManagedMemoryResource")
+        ..source_plan("managed", target, managed(None))
     })
 }
 
 fn plan_pinned(target: Target, _: &StackOptions) -> Result<Plan> {
-    Ok(source_plan("pinned", target, "PinnedHostMemoryResource"))
+    Ok(source_plan("pinned", target, Layer::PinnedHost))
 }
 
 fn plan_pinned_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     Ok(suballocator(
         "pinned_pool",
-        vec![
-            device(target, "PinnedHostMemoryResource"),
-            pool_step(options),
-        ],
+        vec![device(target, Layer::PinnedHost), pool_layer(options)],
     ))
 }
 
 fn plan_pinned_expandable(target: Target, options: &StackOptions) -> Result<Plan> {
-    let mut step = Step::new("ExpandableMemoryResource")
-        .arg("initial_pool_size", opt(options.initial_pool_size))
-        .arg("maximum_pool_size", opt(options.maximum_pool_size))
-        .arg("release_threshold", opt(options.release_threshold))
-        .arg("page_size", Arg::Int(crate::resource::HOST_PAGE_SIZE))
-        .arg("pinned_host", Arg::Bool(true));
-    if let Target::Simulated(size) = target {
-        step = step.arg("simulated_capacity", Arg::Int(size));
-    }
-    Ok(suballocator("pinned_expandable", vec![step]))
+    let page = Some(crate::resource::HOST_PAGE_SIZE);
+    Ok(suballocator(
+        "pinned_expandable",
+        vec![expandable(target, options, page, ExpandableOn::PinnedHost)],
+    ))
 }
 
 fn describe_pinned(target: Target, _: &StackOptions, _: &[Handle]) -> Description {
@@ -470,7 +475,7 @@ fn describe_pinned_expandable(
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
     match target {
-        Target::Simulated(_) => Ok(source_plan("simulated", target, "SimulatedMemoryResource")),
+        Target::Simulated(_) => Ok(source_plan("simulated", target, Layer::Cuda)),
         Target::Device => Err(Error::invalid(
             "resource",
             "simulated needs a size (--simulate SIZE)",
@@ -481,10 +486,9 @@ fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
 // ---------------------------------------------------------------- descriptions
 
 /// The device under a suballocator, in words.
-fn below(target: Target, class: &str) -> String {
+fn below(target: Target) -> String {
     match target {
         Target::Simulated(size) => format!("the simulated device ({})", human(size)),
-        Target::Device if class == "ManagedMemoryResource" => "cuMemAllocManaged".into(),
         Target::Device => "cuMemAlloc".into(),
     }
 }
@@ -515,22 +519,17 @@ fn pool_words(
     )
 }
 
-fn pool_over(
-    target: Target,
-    options: &StackOptions,
-    handles: &[Handle],
-    class: &str,
-) -> Description {
+fn pool_over(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
     let (sizes, pool_sizes) = pool_words(options, handles);
     (
-        format!("coalescing pool, {sizes}, over {}", below(target, class)),
+        format!("coalescing pool, {sizes}, over {}", below(target)),
         pool_sizes,
         None,
     )
 }
 
 fn describe_pool(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
-    pool_over(target, options, handles, "CudaMemoryResource")
+    pool_over(target, options, handles)
 }
 
 fn describe_managed_pool(
@@ -585,7 +584,7 @@ fn describe_binning(target: Target, options: &StackOptions, handles: &[Handle]) 
              over {}); larger requests to the pool",
             human(1 << min),
             human(1 << max),
-            below(target, "CudaMemoryResource")
+            below(target)
         ),
         pool_sizes,
         None,
@@ -606,7 +605,7 @@ fn describe_arena(target: Target, options: &StackOptions, handles: &[Handle]) ->
         format!(
             "global arena of {words}, per-thread arenas for per-thread default streams and \
              per-stream arenas otherwise, over {}",
-            below(target, "CudaMemoryResource")
+            below(target)
         ),
         None,
         size,
@@ -626,7 +625,7 @@ fn describe_fixed_size(target: Target, options: &StackOptions, handles: &[Handle
         format!(
             "{} blocks, {blocks} per chunk, over {}; cannot serve requests above {}",
             human(block),
-            below(target, "CudaMemoryResource"),
+            below(target),
             human(block)
         ),
         None,

@@ -3,16 +3,16 @@
 //! `reinitialize` and the Dask plugin all build through it, so a kind added here is available
 //! in all three.
 //!
-//! A description becomes a [`Plan`]: its [`Step`]s (an `rrmm.mr` class and its keyword
-//! arguments, bottom to top) and what a report says about the result. Rust builds a plan with
-//! [`build`] (the replay, Rust programs); Python applies the same steps with the `rrmm.mr`
-//! classes (`python/rrmm/_stack.py`), so the objects it returns are RMM's types
-//! (`PoolMemoryResource` over `ManagedMemoryResource`, with `upstream_mr`).
+//! A description becomes a [`Plan`]: its [`Layer`]s (typed resources with their options,
+//! bottom to top) and what a report says about the result. [`Layer::build`] makes each layer
+//! over the one below: [`build`] builds a whole plan (the replay, Rust programs), and Python's
+//! `_rrmm.build_stack` builds the same layers and gives each its `rrmm.mr` class in the same
+//! call (`PoolMemoryResource` over `ManagedMemoryResource`, with `upstream_mr`).
 //!
 //! # Adding a kind
 //! One entry in [`KINDS`]: its name, a one-line summary, and a function from the target and the
-//! options to the steps and the report's facts. A new resource class also needs its arm in
-//! [`step::build_step`] and its `rrmm.mr` class.
+//! options to the layers and the report's facts. A new resource also needs its [`Layer`] and
+//! [`Handle`] variants, and its Python class in the bindings' wrapper.
 //!
 //! ```
 //! use rrmm::stack::{build, StackOptions, Target};
@@ -25,10 +25,10 @@
 //! ```
 
 mod kinds;
-pub mod step;
+pub mod layer;
 
 pub use kinds::{Kind, KINDS};
-pub use step::{build_step, Arg, Handle, Step};
+pub use layer::{ExpandableOn, Handle, Layer, Sources};
 
 use crate::error::{Error, Result};
 use crate::resource::{SharedResource, SimulatedMemoryResource, ALLOCATION_ALIGNMENT};
@@ -118,13 +118,13 @@ impl BlockRounding {
     }
 }
 
-/// A description made concrete: the steps and what a report says about the stack.
+/// A description made concrete: the layers and what a report says about the stack.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// The kind's name (canonical).
     pub name: &'static str,
     /// The resources, bottom to top.
-    pub steps: Vec<Step>,
+    pub layers: Vec<Layer>,
     /// How the top resource rounds requests into blocks.
     pub rounding: BlockRounding,
     /// The largest request it can serve by design (fixed_size).
@@ -153,7 +153,7 @@ pub struct BuiltStack {
     pub arena_size: Option<usize>,
     /// Whether it is the simulated device itself.
     pub simulated_device: bool,
-    /// Each step's handle, bottom to top.
+    /// Each layer's handle, bottom to top.
     pub handles: Vec<Handle>,
 }
 
@@ -210,8 +210,8 @@ pub fn kind(name: &str) -> Result<&'static Kind> {
     })
 }
 
-/// The plan of kind `name` on `target` with `options`: the steps and the report's facts, with
-/// the options checked. The kind's own steps come first, then, in this order, a limit, a log,
+/// The plan of kind `name` on `target` with `options`: the layers and the report's facts, with
+/// the options checked. The kind's own layers come first, then, in this order, a limit, a log,
 /// counts and tracking where the options ask for them.
 ///
 /// # Errors
@@ -219,21 +219,19 @@ pub fn kind(name: &str) -> Result<&'static Kind> {
 pub fn plan(name: &str, target: Target, options: &StackOptions) -> Result<Plan> {
     let kind = kind(name)?;
     let mut plan = (kind.plan)(target, options)?;
-    if let Some(limit) = options.allocation_limit {
-        plan.steps
-            .push(Step::new("LimitingResourceAdaptor").arg("allocation_limit", Arg::Int(limit)));
+    if let Some(allocation_limit) = options.allocation_limit {
+        plan.layers.push(Layer::Limit { allocation_limit });
     }
     if options.logging {
-        plan.steps.push(
-            Step::new("LoggingResourceAdaptor")
-                .arg("log_file_name", Arg::OptText(options.log_file.clone())),
-        );
+        plan.layers.push(Layer::Logging {
+            log_file: options.log_file.clone(),
+        });
     }
     if options.statistics {
-        plan.steps.push(Step::new("StatisticsResourceAdaptor"));
+        plan.layers.push(Layer::Statistics);
     }
     if options.tracking {
-        plan.steps.push(Step::new("TrackingResourceAdaptor"));
+        plan.layers.push(Layer::Tracking);
     }
     Ok(plan)
 }
@@ -245,10 +243,10 @@ pub fn plan(name: &str, target: Target, options: &StackOptions) -> Result<Plan> 
 pub fn build(name: &str, target: Target, options: &StackOptions) -> Result<BuiltStack> {
     let plan = plan(name, target, options)?;
     let mut below: Option<SharedResource> = None;
-    let mut handles = Vec::with_capacity(plan.steps.len());
-    for step in &plan.steps {
-        let (mr, handle) = build_step(step, below.as_ref())?;
-        below = Some(mr);
+    let mut handles = Vec::with_capacity(plan.layers.len());
+    for layer in &plan.layers {
+        let handle = layer.build(below.as_ref(), Sources::Raw)?;
+        below = Some(handle.resource());
         handles.push(handle);
     }
     let resource = below.ok_or_else(|| Error::invalid("resource", "an empty stack"))?;

@@ -158,3 +158,79 @@ fn block_rounding_of_each_resource() {
     assert_eq!(BlockRounding::Fixed(1 << 20).block(10), 1 << 20);
     assert_eq!(BlockRounding::Fixed(1 << 20).block(0), 0);
 }
+
+#[test]
+fn every_kind_builds_one_handle_per_layer_and_the_top_is_the_resource() {
+    for name in kind_names() {
+        let target = Target::Simulated(1 << 30);
+        let options = StackOptions {
+            statistics: true,
+            tracking: true,
+            allocation_limit: Some(1 << 29),
+            ..StackOptions::default()
+        };
+        let plan = plan(name, target, &options).unwrap();
+        let built = build(name, Some(1 << 30), &options).unwrap();
+        assert_eq!(built.handles.len(), plan.layers.len(), "{name}");
+        let top = built.handles.last().unwrap().resource();
+        assert_eq!(top.identity(), built.resource.identity(), "{name}");
+        // Adaptors on top in their order: limit, counts, tracking.
+        let tail: Vec<_> = plan.layers.iter().rev().take(3).cloned().collect();
+        assert_eq!(
+            tail,
+            vec![
+                Layer::Tracking,
+                Layer::Statistics,
+                Layer::Limit {
+                    allocation_limit: 1 << 29
+                }
+            ],
+            "{name}"
+        );
+        // Only the bottom layer (and a fallback's alternate) is a source resource.
+        assert!(!plan.layers[0].needs_upstream(), "{name}");
+        assert!(plan.layers[1..].iter().all(Layer::needs_upstream), "{name}");
+    }
+}
+
+#[test]
+fn a_layer_is_built_only_where_it_fits_in_a_stack() {
+    let sim = Layer::Simulated {
+        size: 1 << 30,
+        host_memory: 0,
+    };
+    let device = sim.build(None, Sources::Raw).unwrap().resource();
+    // A source resource over another, an adaptor over nothing: refused with the layer named.
+    let err = sim.build(Some(&device), Sources::Raw).unwrap_err();
+    assert!(err.to_string().contains("source resource"), "{err}");
+    let err = Layer::Statistics.build(None, Sources::Raw).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Statistics needs a resource below it"),
+        "{err}"
+    );
+    // A fallback's alternate is a source resource.
+    let fallback = Layer::Fallback {
+        alternate: Box::new(Layer::Tracking),
+    };
+    let err = fallback.build(Some(&device), Sources::Raw).unwrap_err();
+    assert!(err.to_string().contains("alternate"), "{err}");
+    // A simulated device beyond what one can be is a bad argument, not a smaller device.
+    let huge = Layer::Simulated {
+        size: crate::resource::MAX_SIMULATED_SIZE,
+        host_memory: 1,
+    };
+    let err = huge.build(None, Sources::Raw).unwrap_err();
+    assert!(
+        err.to_string().contains("larger than a simulated device"),
+        "{err}"
+    );
+    // The handle keeps the concrete type the bindings and reports read.
+    let pool = Layer::Pool {
+        initial_pool_size: Some(1 << 20),
+        maximum_pool_size: None,
+    }
+    .build(Some(&device), Sources::Raw)
+    .unwrap();
+    assert!(matches!(pool, Handle::Pool(_, made) if made == 1 << 20));
+}

@@ -40,7 +40,7 @@ where
 /// `LimitingResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "LimitingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct LimitingResourceAdaptor {
-    limiting: Arc<RsLimiting>,
+    pub(super) limiting: Arc<RsLimiting>,
 }
 
 #[pymethods]
@@ -77,7 +77,7 @@ impl LimitingResourceAdaptor {
 /// naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension).
 #[pyclass(module = "rrmm._rrmm", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, subclass, frozen)]
 pub(crate) struct LoggingResourceAdaptor {
-    logging: Arc<RsLogging>,
+    pub(super) logging: Arc<RsLogging>,
 }
 
 #[pymethods]
@@ -112,7 +112,7 @@ impl LoggingResourceAdaptor {
 /// Counts bytes and allocations, with push/pop levels (RMM's `StatisticsResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "StatisticsResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct StatisticsResourceAdaptor {
-    stats: Arc<RsStatisticsAdaptor>,
+    pub(super) stats: Arc<RsStatisticsAdaptor>,
 }
 
 #[pymethods]
@@ -151,7 +151,7 @@ impl StatisticsResourceAdaptor {
 /// Tracks every outstanding allocation (RMM's `TrackingResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "TrackingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct TrackingResourceAdaptor {
-    tracking: Arc<RsTracking>,
+    pub(super) tracking: Arc<RsTracking>,
 }
 
 #[pymethods]
@@ -245,8 +245,8 @@ impl FailureCallbackResourceAdaptor {
 /// where.
 #[pyclass(module = "rrmm.mr", name = "FallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct FallbackResourceAdaptor {
-    fallback: Arc<RsFallback>,
-    alternate: Py<DeviceMemoryResource>,
+    pub(super) fallback: Arc<RsFallback>,
+    pub(super) alternate: Py<DeviceMemoryResource>,
 }
 
 #[pymethods]

@@ -13,7 +13,7 @@ use super::upstream_kw::upstream_of;
 /// (RMM's `ArenaMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "ArenaMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct ArenaMemoryResource {
-    arena: RsArena,
+    pub(super) arena: RsArena,
 }
 
 #[pymethods]

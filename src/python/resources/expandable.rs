@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// `trim()` (rrmm's answer to PyTorch's `expandable_segments`, for every library).
 #[pyclass(module = "rrmm.mr", name = "ExpandableMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct ExpandableMemoryResource {
-    mr: RsExpandable,
+    pub(super) mr: RsExpandable,
 }
 
 #[pymethods]

@@ -3,6 +3,7 @@
 //! object set for each device, so `get` returns the very object that was set.
 
 use crate::resource::{MemoryKind, SharedResource};
+use crate::stack::Handle;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -48,16 +49,63 @@ fn class_of(mr: &SharedResource) -> Class {
     }
 }
 
-/// A Python object for a Rust resource that was not made from Python.
+/// A Python object for a Rust resource that was not made from Python: its class by its type
+/// where the bindings can read it ([`class_of`]: a managed cache is the full object, through the
+/// stack builder's one wrapper), and, for a resource over one upstream, an
+/// `UpstreamResourceAdaptor` whose `upstream_mr` is its upstream's object, all the way down (a
+/// stack built in Rust comes back with its upstreams). The walk is a loop over at most
+/// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH) levels.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
+    let mut below: Option<Py<DeviceMemoryResource>> = None;
+    for mr in chain_of(mr).into_iter().rev() {
+        below = Some(match below {
+            Some(up) if class_of(&mr) == Class::Base => {
+                Bound::new(py, super::resource::UpstreamResourceAdaptor::init(up, mr))?
+                    .into_super()
+                    .unbind()
+            }
+            _ => wrap_one(py, mr)?,
+        });
+    }
+    below.ok_or_else(|| PyValueError::new_err("no resource to wrap"))
+}
+
+/// `mr` and the resources below it down its single-upstream chain, top to bottom: a resource
+/// of a known class ends it (its object is its class's), as does one with no upstream or
+/// several (a binning resource's bins), at most `MAX_STACK_DEPTH` long.
+fn chain_of(mr: SharedResource) -> Vec<SharedResource> {
+    let mut chain = vec![mr];
+    while chain.len() < crate::resource::graph::MAX_STACK_DEPTH {
+        let last = &chain[chain.len() - 1];
+        if class_of(last) != Class::Base {
+            break;
+        }
+        match <[SharedResource; 1]>::try_from(last.upstreams()) {
+            Ok([up]) => chain.push(up),
+            Err(_) => break,
+        }
+    }
+    chain
+}
+
+/// The object of one resource, by its class.
+fn wrap_one(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
     let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
     let obj: Py<DeviceMemoryResource> = match class_of(&mr) {
         Class::Cuda => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
             .into_super()
             .unbind(),
-        Class::Managed => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
-            .into_super()
-            .unbind(),
+        // A managed cache set from Rust is the full object (its cache reachable), through the
+        // one wrapper of the stack builder's resources.
+        Class::Managed => match mr
+            .as_any()
+            .and_then(|a| a.downcast_ref::<crate::ManagedMemoryResource>())
+        {
+            Some(managed) => super::wrap::wrap(py, &Handle::Managed(managed.clone()), None)?,
+            None => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
+                .into_super()
+                .unbind(),
+        },
         Class::Base => Py::new(py, base_init)?,
     };
     Ok(obj)
@@ -117,7 +165,9 @@ fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> 
     set_resource(device_arg(device)?, mr)
 }
 
-fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+/// Sets `mr` (a resource object) as the resource of `device`, checked as
+/// `set_per_device_resource` checks it.
+pub(crate) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) = resource_arg(mr, "mr")?;
     // A stack rrmm refused to build cannot be set either (one built in Rust may be deeper):
     // say so, with the limit.
@@ -148,10 +198,15 @@ fn set_current_device_resource(mr: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Forgets every per-device resource (used by `reinitialize`).
 #[pyfunction]
 fn _clear_per_device_resources(py: Python<'_>) {
+    clear(py);
+}
+
+/// Forgets every per-device resource, the Rust ones and their objects.
+pub(crate) fn clear(_py: Python<'_>) {
     crate::clear_per_device_resources();
     let old = std::mem::take(&mut *PY_TABLE.lock());
+    // The old objects are dropped here, after the lock is released.
     drop(old);
-    let _ = py;
 }
 
 /// Whether a resource has been set (or made) for the current device.
@@ -166,14 +221,61 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(crate::has_per_device_resource(device_arg(device)?))
 }
 
+/// The Python object of the process-wide host resource, with the Rust resource it stands for:
+/// the resource itself is owned by the core (`crate::current_host_resource`), this is only the
+/// object Python set or was given for it, so `get` returns the very object that was set.
+static HOST_PY: Mutex<Option<Entry>> = Mutex::new(None);
+
+/// rrmm: the process-wide host resource (`rrmm.mr.get_current_host_resource`): the object set
+/// with `_set_current_host_resource`, else the core's default (pinned host memory, or the
+/// system allocator without a CUDA driver) as an object of its class.
+#[pyfunction]
+fn _current_host_resource(py: Python<'_>) -> PyResult<Py<DeviceMemoryResource>> {
+    let rust = py_result(crate::current_host_resource())?;
+    if let Some((obj, known)) = HOST_PY.lock().as_ref() {
+        if same(known, &rust) {
+            return Ok(obj.clone_ref(py));
+        }
+    }
+    let obj = match crate::default_host_resource() {
+        Some(default) if same(&default.resource(), &rust) => wrap_default_host(py, &default)?,
+        _ => wrap(py, rust.clone())?,
+    };
+    let old = HOST_PY.lock().replace((obj.clone_ref(py), rust));
+    drop(old);
+    Ok(obj)
+}
+
+/// The object of the core's default host resource, of its class.
+fn wrap_default_host(
+    py: Python<'_>,
+    default: &crate::DefaultHostResource,
+) -> PyResult<Py<DeviceMemoryResource>> {
+    match default {
+        crate::DefaultHostResource::Pinned(pinned, checked) => super::wrap::wrap(
+            py,
+            &Handle::PinnedHost(
+                checked.clone(),
+                pinned.numa_node(),
+                pinned.registered_from(),
+            ),
+            None,
+        ),
+        crate::DefaultHostResource::System(system) => {
+            super::source_resources::system_object(py, system.clone())
+        }
+    }
+}
+
 /// rrmm: sets the process-wide host resource (CuPy's pinned allocator hook and `HostBuffer`
-/// use it); `None` goes back to the default pinned resource. `rrmm.mr.set_current_host_resource`
-/// keeps the Python object.
+/// use it); `None` goes back to the default. The core keeps the resource, this module the
+/// object (`_current_host_resource` returns it).
 #[pyfunction]
 #[pyo3(signature = (mr))]
-fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) -> PyResult<()> {
+fn _set_current_host_resource(mr: Option<Bound<'_, DeviceMemoryResource>>) -> PyResult<()> {
     if let Some(m) = &mr {
-        let kind = m.inner.kind();
+        let inner = &m.get().inner;
+        let kind = inner.kind();
         if !matches!(kind, MemoryKind::PinnedHost | MemoryKind::Host) {
             return Err(PyValueError::new_err(format!(
                 "the host resource must hand out memory the host can read and write (pinned or \
@@ -184,16 +286,20 @@ fn _set_current_host_resource(mr: Option<PyRef<'_, DeviceMemoryResource>>) -> Py
                     MemoryKind::Simulated => "simulated",
                     MemoryKind::PinnedHost | MemoryKind::Host => "host",
                 },
-                m.inner.name()
+                inner.name()
             )));
         }
     }
-    crate::set_current_host_resource(mr.map(|m| m.inner.clone()));
+    let entry = mr.map(|m| (m.clone().unbind(), m.get().inner.clone()));
+    crate::set_current_host_resource(entry.as_ref().map(|(_, rust)| rust.clone()));
+    let old = std::mem::replace(&mut *HOST_PY.lock(), entry);
+    drop(old);
     Ok(())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_current_host_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(_current_host_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_current_device_resource, m)?)?;
@@ -219,5 +325,18 @@ mod tests {
         let pool: SharedResource =
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         assert_eq!(class_of(&pool), Class::Base);
+    }
+
+    #[test]
+    fn a_stack_set_from_rust_is_walked_down_its_upstreams_to_a_known_class() {
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let managed: SharedResource = Arc::new(RsManaged::over(sim.clone(), Some(1 << 20)));
+        let pool: SharedResource =
+            Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
+        let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
+        let names: Vec<_> = chain_of(stats).iter().map(|r| r.name()).collect();
+        // The managed cache is a known class: its object is whole, the walk stops there.
+        assert_eq!(names, ["statistics", "pool", "managed"]);
+        assert_eq!(chain_of(sim).len(), 1);
     }
 }

@@ -56,7 +56,7 @@ driver_resource! {
 #[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct ManagedMemoryResource {
     /// The cache; `None` for an object made around a resource set from Rust.
-    managed: Option<RsManaged>,
+    pub(super) managed: Option<RsManaged>,
 }
 
 impl ManagedMemoryResource {
@@ -148,6 +148,18 @@ fn system() -> Arc<RsSystem> {
     mr
 }
 
+/// The object of the system resource `mr` (made in Rust: the default host resource without a
+/// driver), recorded as one made from Python is.
+pub(crate) fn system_object(
+    py: Python<'_>,
+    mr: Arc<RsSystem>,
+) -> PyResult<Py<DeviceMemoryResource>> {
+    super::pointers::register_system(&mr);
+    Ok(Bound::new(py, sub(SystemMemoryResource, mr))?
+        .into_super()
+        .unbind())
+}
+
 #[pymethods]
 impl SystemMemoryResource {
     #[new]
@@ -188,8 +200,8 @@ impl SamHeadroomMemoryResource {
 /// registered); smaller ones come from `cudaHostAlloc`.
 #[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct PinnedHostMemoryResource {
-    numa_node: Option<u32>,
-    registered_from: usize,
+    pub(super) numa_node: Option<u32>,
+    pub(super) registered_from: usize,
 }
 
 #[pymethods]
@@ -241,7 +253,7 @@ impl PinnedHostMemoryResource {
 /// Stream-ordered allocation from a CUDA memory pool that this resource owns.
 #[pyclass(module = "rrmm.mr", name = "CudaAsyncMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct CudaAsyncMemoryResource {
-    pool_handle: usize,
+    pub(super) pool_handle: usize,
 }
 
 #[pymethods]
@@ -320,7 +332,7 @@ impl CudaAsyncViewMemoryResource {
 /// replays and tests; never read or write the pointers).
 #[pyclass(module = "rrmm.mr", name = "SimulatedMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(crate) struct SimulatedMemoryResource {
-    sim: Arc<RsSimulated>,
+    pub(super) sim: Arc<RsSimulated>,
 }
 
 #[pymethods]

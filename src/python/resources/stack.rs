@@ -1,19 +1,24 @@
-//! `rrmm._rrmm._stack_plan`: the steps of a stack kind (`crate::stack`), for
-//! `python/rrmm/_stack.py` to build with the `rrmm.mr` classes.
+//! `rrmm._rrmm.build_stack`: a stack kind (`crate::stack`) built and wrapped in one call. The
+//! plan's typed layers are made in Rust, bottom to top, and each becomes the Python object of
+//! its `rrmm.mr` class over the one below (`wrap`), so the caller gets the top resource with
+//! `upstream_mr` all the way down. The options are keyword arguments of this function: a
+//! misspelt one is a TypeError at the call.
 
 use super::errors::py_result;
-use crate::stack::{plan, Arg, StackOptions, Step, Target, KINDS};
+use super::resource::DeviceMemoryResource;
+use super::wrap::wrap;
+use crate::resource::SharedResource;
+use crate::stack::{plan, Layer, Sources, StackOptions, Target, KINDS};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
 
-/// The steps of kind `kind` (bottom to top) as `(class name, keyword arguments)` pairs, on a
-/// simulated device of `simulate` bytes or the current device. Raises ValueError for an
-/// unknown kind or a bad option.
+/// The stack of kind `kind` on a simulated device of `simulate` bytes or the current device,
+/// with its options; returns the top resource object. Raises ValueError for an unknown kind or
+/// a bad option, and what the resources raise (RMM's size messages, MemoryError).
 #[pyfunction]
 #[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None))]
 #[allow(clippy::too_many_arguments)]
-fn _stack_plan<'py>(
-    py: Python<'py>,
+pub(crate) fn build_stack(
+    py: Python<'_>,
     kind: &str,
     simulate: Option<usize>,
     initial_pool_size: Option<usize>,
@@ -29,7 +34,7 @@ fn _stack_plan<'py>(
     statistics: bool,
     tracking: bool,
     host_memory: Option<usize>,
-) -> PyResult<Bound<'py, PyList>> {
+) -> PyResult<Py<DeviceMemoryResource>> {
     let options = StackOptions {
         initial_pool_size,
         maximum_pool_size,
@@ -45,45 +50,109 @@ fn _stack_plan<'py>(
         tracking,
         host_memory,
     };
-    let plan = py_result(plan(kind, Target::from_simulate(simulate), &options))?;
-    let steps = PyList::empty(py);
-    for step in &plan.steps {
-        steps.append(step_tuple(py, step)?)?;
+    let plan = py_result(py.detach(|| plan(kind, Target::from_simulate(simulate), &options)))?;
+    let mut top: Option<(Py<DeviceMemoryResource>, SharedResource)> = None;
+    for layer in &plan.layers {
+        let (below_obj, below) = match top.take() {
+            Some((obj, rust)) => (Some(obj), Some(rust)),
+            None => (None, None),
+        };
+        let obj = match layer {
+            // RMM's file naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension) is the Python
+            // class's: the log is made by it.
+            Layer::Logging { log_file } => {
+                let class = py.import("rrmm.mr")?.getattr("LoggingResourceAdaptor")?;
+                let made = class.call1((below_obj, log_file.clone()))?;
+                made.cast_into::<DeviceMemoryResource>()?.unbind()
+            }
+            _ => {
+                let handle =
+                    py_result(py.detach(|| layer.build(below.as_ref(), Sources::Checked)))?;
+                wrap(py, &handle, below_obj)?
+            }
+        };
+        let rust = obj.bind(py).get().inner.clone();
+        top = Some((obj, rust));
     }
-    Ok(steps)
+    top.map(|(obj, _)| obj)
+        .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("an empty stack"))
 }
 
-/// A step as Python builds it: `(class, kwargs)`; a resource argument is such a pair itself
-/// (steps nest one level: a fallback's alternate is a source resource).
-fn step_tuple<'py>(py: Python<'py>, step: &Step) -> PyResult<Bound<'py, PyTuple>> {
-    let kwargs = PyDict::new(py);
-    for (name, value) in &step.args {
-        match value {
-            Arg::Int(v) => kwargs.set_item(name, v)?,
-            Arg::OptInt(v) => kwargs.set_item(name, v)?,
-            Arg::Exponent(v) => kwargs.set_item(name, v)?,
-            Arg::Bool(v) => kwargs.set_item(name, v)?,
-            Arg::Text(v) => kwargs.set_item(name, v)?,
-            Arg::OptText(v) => kwargs.set_item(name, v)?,
-            Arg::Resource(inner) => match inner
-                .args
-                .iter()
-                .any(|(_, a)| matches!(a, Arg::Resource(_)))
-            {
-                // One level only: no recursion over nested steps.
-                true => {
-                    return Err(pyo3::exceptions::PyValueError::new_err(
-                        "a stack step's resource argument has a resource argument itself",
-                    ))
-                }
-                false => kwargs.set_item(name, step_tuple(py, inner)?)?,
-            },
-        }
+/// `reinitialize`'s work after its arguments are checked (in Python), in one call: without a
+/// CUDA device it forgets every per-device resource and returns why (for the warning);
+/// otherwise it checks `devices` against the machine (ValueError, nothing changed), forgets
+/// every per-device resource (before the new ones are built, as in RMM: a new pool's default
+/// initial size is half the free memory, which the old one may hold), builds the stack of
+/// `kind` on each device with it current, and sets them.
+#[pyfunction]
+#[pyo3(signature = (kind, devices, *, initial_pool_size=None, maximum_pool_size=None, logging=false, log_file=None))]
+fn _reinitialize(
+    py: Python<'_>,
+    kind: &str,
+    devices: Vec<usize>,
+    initial_pool_size: Option<usize>,
+    maximum_pool_size: Option<usize>,
+    logging: bool,
+    log_file: Option<String>,
+) -> PyResult<Option<String>> {
+    let count = crate::cuda::device_count();
+    if count == 0 {
+        super::registry::clear(py);
+        return Ok(Some(match crate::cuda::ensure_driver() {
+            Ok(()) => "no devices".to_string(),
+            Err(crate::Error::NoDriver(why)) => why,
+            Err(e) => e.to_string(),
+        }));
     }
-    PyTuple::new(
-        py,
-        [step.class.into_pyobject(py)?.into_any(), kwargs.into_any()],
-    )
+    if let Some(device) = devices.iter().find(|&&d| d >= count) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "reinitialize: device {device} is out of range: this machine has {count} CUDA \
+             device(s); no resource was changed"
+        )));
+    }
+    super::registry::clear(py);
+    let build = || {
+        build_stack(
+            py,
+            kind,
+            None,
+            initial_pool_size,
+            maximum_pool_size,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            logging,
+            log_file.clone(),
+            false,
+            false,
+            None,
+        )
+    };
+    let mut built = Vec::with_capacity(devices.len());
+    for &device in &devices {
+        built.push((device, on_device(count, device, build)?));
+    }
+    for (device, mr) in built {
+        super::registry::set_resource(device, mr.bind(py).as_any())?;
+    }
+    Ok(None)
+}
+
+/// `make()` with `device` current (as RMM's `setDevice`), the current device restored after.
+fn on_device<T>(count: usize, device: usize, make: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    if count <= 1 {
+        return make();
+    }
+    let original = crate::current_device_ordinal();
+    py_result(crate::cuda::set_current_device(device))?;
+    let made = make();
+    let restored = py_result(crate::cuda::set_current_device(original));
+    let made = made?;
+    restored?;
+    Ok(made)
 }
 
 /// The stack kinds' names and one-line summaries.
@@ -93,7 +162,8 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_stack_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(build_stack, m)?)?;
+    m.add_function(wrap_pyfunction!(_reinitialize, m)?)?;
     m.add_function(wrap_pyfunction!(_stack_kinds, m)?)?;
     Ok(())
 }

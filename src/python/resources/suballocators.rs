@@ -37,7 +37,7 @@ where
 /// rrmm's `release()` and fragmentation figures.
 #[pyclass(module = "rrmm.mr", name = "PoolMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct PoolMemoryResource {
-    pool: RsPool,
+    pub(super) pool: RsPool,
 }
 
 #[pymethods]
@@ -104,7 +104,7 @@ impl PoolMemoryResource {
 /// Blocks of one size from `upstream_mr` (RMM's `FixedSizeMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "FixedSizeMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct FixedSizeMemoryResource {
-    fixed: RsFixedSize,
+    pub(super) fixed: RsFixedSize,
 }
 
 #[pymethods]
@@ -150,8 +150,8 @@ impl FixedSizeMemoryResource {
 /// Requests routed by size to bins (RMM's `BinningMemoryResource`); larger ones go upstream.
 #[pyclass(module = "rrmm.mr", name = "BinningMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
 pub(crate) struct BinningMemoryResource {
-    binning: RsBinning,
-    bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
+    pub(super) binning: RsBinning,
+    pub(super) bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
 }
 
 #[pymethods]

@@ -1,0 +1,401 @@
+//! One resource of a stack, typed: a [`Layer`] says which resource to make and with which
+//! options, and [`Layer::build`] makes it over the resource below. The [`Handle`] it returns is
+//! the resource with its concrete type, which the kinds' reports and the Python bindings (one
+//! Python class per variant) read.
+
+use crate::adaptor::{
+    FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    StatisticsResourceAdaptor, TrackingResourceAdaptor,
+};
+use crate::cuda::PoolExport;
+use crate::error::{Error, Result};
+use crate::resource::{
+    CudaAsyncMemoryResource, CudaMemoryResource, PinnedHostMemoryResource, SharedResource,
+    SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE,
+};
+use crate::suballocator::{
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
+    ManagedMemoryResource, ManagedOptions, PoolMemoryResource, DEFAULT_RESERVE_FACTOR,
+};
+use crate::{CheckedResourceAdaptor, MemoryResource};
+use std::sync::Arc;
+
+/// Where an expandable pool maps its pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpandableOn {
+    /// The current device (`cuMemCreate`/`cuMemMap`).
+    Device,
+    /// Host memory registered with CUDA.
+    PinnedHost,
+    /// Simulated virtual memory of this many bytes.
+    Simulated(usize),
+}
+
+/// One resource of a stack and its options; `None` is the resource's own default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// `cuMemAlloc` on the current device.
+    Cuda,
+    /// `cuMemAllocAsync` on an owned driver pool.
+    CudaAsync {
+        /// Bytes the pool holds from the start.
+        initial_pool_size: Option<usize>,
+        /// Free bytes the pool keeps across synchronizations.
+        release_threshold: Option<usize>,
+    },
+    /// `cuMemAllocManaged`, with its cache and placement.
+    Managed(ManagedOptions),
+    /// A simulated device of `size` bytes, with `host_memory` bytes of host memory beyond it
+    /// (managed memory) when that is not 0.
+    Simulated {
+        /// The device's bytes.
+        size: usize,
+        /// Bytes beyond the device.
+        host_memory: usize,
+    },
+    /// Pinned host memory.
+    PinnedHost,
+    /// An expandable pool on one virtual range.
+    Expandable {
+        /// Bytes mapped at once.
+        initial_pool_size: Option<usize>,
+        /// The most bytes mapped.
+        maximum_pool_size: Option<usize>,
+        /// Free bytes above which a free unmaps pages.
+        release_threshold: Option<usize>,
+        /// Bytes per mapping.
+        page_size: Option<usize>,
+        /// Where it maps.
+        on: ExpandableOn,
+    },
+    /// A coalescing pool over the layer below.
+    Pool {
+        /// Bytes held from the start (default: half the free memory).
+        initial_pool_size: Option<usize>,
+        /// The most bytes held.
+        maximum_pool_size: Option<usize>,
+    },
+    /// A global arena with per-thread and per-stream arenas over the layer below.
+    Arena {
+        /// The global arena's size (default: half the free memory).
+        arena_size: Option<usize>,
+    },
+    /// Blocks of one size over the layer below.
+    FixedSize {
+        /// Bytes per block.
+        block_size: usize,
+        /// Blocks per chunk.
+        blocks_to_preallocate: usize,
+    },
+    /// Fixed-size bins 2^min..2^max over the layer below (no bins: `None`).
+    Binning {
+        /// The bins' exponents.
+        bins: Option<(u32, u32)>,
+        /// Blocks per chunk of each bin.
+        blocks_to_preallocate: usize,
+    },
+    /// The layer below, falling back to `alternate` (a source resource) when it is out of
+    /// memory.
+    Fallback {
+        /// Where allocations go when the layer below is full.
+        alternate: Box<Layer>,
+    },
+    /// A limit on the bytes allocated at once.
+    Limit {
+        /// The limit.
+        allocation_limit: usize,
+    },
+    /// A CSV log of every allocation, to `log_file` (default `$RMM_LOG_FILE`).
+    Logging {
+        /// The file.
+        log_file: Option<String>,
+    },
+    /// Counts of bytes and allocations.
+    Statistics,
+    /// A record of every live allocation.
+    Tracking,
+}
+
+/// How [`Layer::build`] makes CUDA's own source resources (cuda, cuda_async, pinned host).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sources {
+    /// As they are (Rust callers, the replay).
+    Raw,
+    /// Behind a [`CheckedResourceAdaptor`], as Python drives them: a bogus, double or
+    /// wrong-size free is an error and never reaches the driver.
+    Checked,
+}
+
+impl Sources {
+    fn make(self, mr: impl MemoryResource + 'static) -> SharedResource {
+        match self {
+            Sources::Raw => Arc::new(mr),
+            Sources::Checked => Arc::new(CheckedResourceAdaptor::new(Arc::new(mr))),
+        }
+    }
+}
+
+/// A built layer: the resource with its concrete type.
+#[derive(Clone)]
+pub enum Handle {
+    /// `cuMemAlloc` (behind a check where asked).
+    Cuda(SharedResource),
+    /// `cuMemAllocAsync` (behind a check where asked) and its pool's handle.
+    CudaAsync(SharedResource, usize),
+    /// Managed memory.
+    Managed(ManagedMemoryResource),
+    /// A simulated device.
+    Simulated(Arc<SimulatedMemoryResource>),
+    /// Pinned host memory (behind a check where asked), its NUMA node and the size from which
+    /// allocations are registered ranges.
+    PinnedHost(SharedResource, Option<u32>, usize),
+    /// An expandable pool.
+    Expandable(ExpandableMemoryResource),
+    /// A pool, and its size when it was made (before the layers above it took chunks).
+    Pool(PoolMemoryResource, usize),
+    /// An arena.
+    Arena(ArenaMemoryResource),
+    /// A fixed-size resource.
+    FixedSize(FixedSizeMemoryResource),
+    /// A binning resource.
+    Binning(BinningMemoryResource),
+    /// A fallback adaptor, and its alternate.
+    Fallback(Arc<FallbackResourceAdaptor>, Box<Handle>),
+    /// A limiting adaptor.
+    Limit(Arc<LimitingResourceAdaptor>),
+    /// A logging adaptor.
+    Logging(Arc<LoggingResourceAdaptor>),
+    /// A statistics adaptor.
+    Statistics(Arc<StatisticsResourceAdaptor>),
+    /// A tracking adaptor.
+    Tracking(Arc<TrackingResourceAdaptor>),
+}
+
+impl Handle {
+    /// The resource, shared.
+    pub fn resource(&self) -> SharedResource {
+        match self {
+            Handle::Cuda(mr) | Handle::CudaAsync(mr, _) | Handle::PinnedHost(mr, ..) => mr.clone(),
+            Handle::Managed(m) => Arc::new(m.clone()),
+            Handle::Simulated(s) => s.clone(),
+            Handle::Expandable(e) => Arc::new(e.clone()),
+            Handle::Pool(p, _) => Arc::new(p.clone()),
+            Handle::Arena(a) => Arc::new(a.clone()),
+            Handle::FixedSize(f) => Arc::new(f.clone()),
+            Handle::Binning(b) => Arc::new(b.clone()),
+            Handle::Fallback(f, _) => f.clone(),
+            Handle::Limit(a) => a.clone(),
+            Handle::Logging(a) => a.clone(),
+            Handle::Statistics(a) => a.clone(),
+            Handle::Tracking(a) => a.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            Handle::Cuda(_) => "Cuda",
+            Handle::CudaAsync(..) => "CudaAsync",
+            Handle::Managed(_) => "Managed",
+            Handle::Simulated(_) => "Simulated",
+            Handle::PinnedHost(..) => "PinnedHost",
+            Handle::Expandable(_) => "Expandable",
+            Handle::Pool(..) => "Pool",
+            Handle::Arena(_) => "Arena",
+            Handle::FixedSize(_) => "FixedSize",
+            Handle::Binning(_) => "Binning",
+            Handle::Fallback(..) => "Fallback",
+            Handle::Limit(_) => "Limit",
+            Handle::Logging(_) => "Logging",
+            Handle::Statistics(_) => "Statistics",
+            Handle::Tracking(_) => "Tracking",
+        };
+        f.write_str(name)
+    }
+}
+
+impl Layer {
+    /// Whether it is made over a layer below (an adaptor or a suballocator).
+    pub fn needs_upstream(&self) -> bool {
+        !matches!(
+            self,
+            Layer::Cuda
+                | Layer::CudaAsync { .. }
+                | Layer::Managed(_)
+                | Layer::Simulated { .. }
+                | Layer::PinnedHost
+                | Layer::Expandable { .. }
+        )
+    }
+
+    /// Makes this layer over `below` (None for a source resource), CUDA's source resources as
+    /// `sources` says.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a layer that needs a resource below it and has none (or a
+    /// source given one), a fallback whose alternate is not a source resource, and logging
+    /// without a file; the resource's own errors (RMM's validation messages, out of memory, no
+    /// driver).
+    pub fn build(&self, below: Option<&SharedResource>, sources: Sources) -> Result<Handle> {
+        let upstream = || {
+            below.cloned().ok_or_else(|| {
+                Error::invalid("stack", format!("{self:?} needs a resource below it"))
+            })
+        };
+        if !self.needs_upstream() && below.is_some() {
+            return Err(Error::invalid(
+                "stack",
+                format!("{self:?} is a source resource: nothing goes below it"),
+            ));
+        }
+        Ok(match self {
+            Layer::Cuda => Handle::Cuda(sources.make(CudaMemoryResource::new()?)),
+            Layer::CudaAsync {
+                initial_pool_size,
+                release_threshold,
+            } => {
+                let mr = CudaAsyncMemoryResource::new(
+                    *initial_pool_size,
+                    release_threshold.map(|t| t as u64),
+                    PoolExport {
+                        ipc: false,
+                        fabric: false,
+                    },
+                )?;
+                let handle = mr.pool_handle();
+                Handle::CudaAsync(sources.make(mr), handle)
+            }
+            Layer::Managed(options) => {
+                Handle::Managed(ManagedMemoryResource::with_options(*options)?)
+            }
+            Layer::Simulated { size, host_memory } => {
+                let max = crate::resource::MAX_SIMULATED_SIZE;
+                if *size > max || *host_memory > max - size {
+                    return Err(Error::invalid(
+                        "simulate",
+                        format!(
+                            "{size} bytes (and {host_memory} of host memory) is larger than a \
+                             simulated device can be ({max} bytes)"
+                        ),
+                    ));
+                }
+                Handle::Simulated(Arc::new(SimulatedMemoryResource::managed(
+                    *size,
+                    *host_memory,
+                )))
+            }
+            Layer::PinnedHost => {
+                let mr = PinnedHostMemoryResource::new()?;
+                let (node, from) = (mr.numa_node(), mr.registered_from());
+                Handle::PinnedHost(sources.make(mr), node, from)
+            }
+            Layer::Expandable {
+                initial_pool_size: initial,
+                maximum_pool_size: maximum,
+                release_threshold: threshold,
+                page_size,
+                on,
+            } => {
+                let (initial, maximum, threshold) = (*initial, *maximum, *threshold);
+                Handle::Expandable(match *on {
+                    ExpandableOn::Simulated(capacity) => ExpandableMemoryResource::new(
+                        Arc::new(SimulatedVirtualMemory::new(
+                            capacity,
+                            capacity.saturating_mul(DEFAULT_RESERVE_FACTOR),
+                            page_size.unwrap_or(DEFAULT_PAGE_SIZE),
+                        )?),
+                        initial,
+                        maximum,
+                        threshold,
+                    )?,
+                    ExpandableOn::PinnedHost => ExpandableMemoryResource::on_pinned_host(
+                        crate::cuda::current_device()?,
+                        None,
+                        *page_size,
+                        initial,
+                        maximum,
+                        threshold,
+                    )?,
+                    ExpandableOn::Device => ExpandableMemoryResource::on_device(
+                        crate::cuda::current_device()?,
+                        None,
+                        *page_size,
+                        initial,
+                        maximum,
+                        threshold,
+                    )?,
+                })
+            }
+            Layer::Pool {
+                initial_pool_size,
+                maximum_pool_size,
+            } => {
+                let pool =
+                    PoolMemoryResource::new(upstream()?, *initial_pool_size, *maximum_pool_size)?;
+                let made = pool.pool_size();
+                Handle::Pool(pool, made)
+            }
+            Layer::Arena { arena_size } => {
+                Handle::Arena(ArenaMemoryResource::new(upstream()?, *arena_size, false)?)
+            }
+            Layer::FixedSize {
+                block_size,
+                blocks_to_preallocate,
+            } => Handle::FixedSize(FixedSizeMemoryResource::new(
+                upstream()?,
+                *block_size,
+                *blocks_to_preallocate,
+            )?),
+            Layer::Binning {
+                bins,
+                blocks_to_preallocate,
+            } => Handle::Binning(BinningMemoryResource::with_blocks(
+                upstream()?,
+                bins.map(|b| b.0),
+                bins.map(|b| b.1),
+                *blocks_to_preallocate,
+            )?),
+            Layer::Fallback { alternate } => {
+                if alternate.needs_upstream() {
+                    return Err(Error::invalid(
+                        "stack",
+                        "a fallback's alternate must be a source resource",
+                    ));
+                }
+                let alternate = alternate.build(None, sources)?;
+                let fallback = Arc::new(FallbackResourceAdaptor::new(
+                    upstream()?,
+                    alternate.resource(),
+                ));
+                Handle::Fallback(fallback, Box::new(alternate))
+            }
+            Layer::Limit { allocation_limit } => Handle::Limit(Arc::new(
+                LimitingResourceAdaptor::new(upstream()?, *allocation_limit),
+            )),
+            Layer::Logging { log_file } => {
+                let path = match log_file {
+                    Some(path) => path.clone(),
+                    None => std::env::var("RMM_LOG_FILE").map_err(|_| {
+                        Error::invalid(
+                            "log_file_name",
+                            "RMM logging requested without an explicit file name, but \
+                             RMM_LOG_FILE is unset",
+                        )
+                    })?,
+                };
+                Handle::Logging(Arc::new(LoggingResourceAdaptor::new(
+                    upstream()?,
+                    &path,
+                    false,
+                )?))
+            }
+            Layer::Statistics => {
+                Handle::Statistics(Arc::new(StatisticsResourceAdaptor::new(upstream()?)))
+            }
+            Layer::Tracking => {
+                Handle::Tracking(Arc::new(TrackingResourceAdaptor::new(upstream()?, false)))
+            }
+        })
+    }
+}
