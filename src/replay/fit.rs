@@ -214,7 +214,7 @@ fn below_first<T>(
 /// first clean one of that grid, also for a resource that is not monotone in the device size
 /// (a pool whose initial chunk is half the device fits some sizes and not a larger one; a
 /// search that halved a bracket could land above a size that fits, which `--fit` then
-/// contradicted: issue 29). After [`SCAN_TRIES`] sizes without one (a log that needs more
+/// contradicted: issue 29). After `SCAN_TRIES` sizes without one (a log that needs more
 /// than about twice its peak) it doubles until one works and halves the bracket, as a search
 /// of a monotone resource may. The one search of `--fit`: the simulated devices of [`fit`] and
 /// the memory limits of the rows `rrmm replay` drives from Python.
