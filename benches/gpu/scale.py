@@ -76,7 +76,6 @@ def bandwidth() -> dict[str, float]:
     h2d = best(lambda: rt.memcpy(d.ptr, h.ptr, n, 1))
     d2h = best(lambda: rt.memcpy(h.ptr, d.ptr, n, 2))
     d2d = best(lambda: rt.memcpy(d2.ptr, d.ptr, n, 3))
-    del h, d, d2
     return {"h2d": n / h2d / 1e9, "d2h": n / d2h / 1e9, "device": 2 * n / d2d / 1e9}
 
 
@@ -197,7 +196,7 @@ def main() -> None:
             if args.warm_host and f > 1.0:
                 args.warm_host = False
                 subprocess.run([sys.executable, __file__, "--run", "rrmm:managed", "--f", str(f)],
-                               capture_output=True, text=True, timeout=args.timeout)
+                               check=False, capture_output=True, text=True, timeout=args.timeout)
             sep = ";" if ";" in args.setups else ","  # expressions hold commas
             for spec in args.setups.split(sep):
                 name = spec.split(":", 1)[1]
@@ -206,7 +205,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 try:
                     p = subprocess.run([sys.executable, __file__, "--run", spec, "--f", str(f)],
-                                       capture_output=True, text=True, timeout=args.timeout)
+                                       check=False, capture_output=True, text=True, timeout=args.timeout)
                     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
                     row = json.loads(lines[-1]) if lines else {
                         "setup": spec, "f": f, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
