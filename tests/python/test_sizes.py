@@ -62,6 +62,7 @@ def outcome(parse, text: str):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(text=SIZE_STRINGS)
 def test_every_door_reads_a_size_string_alike(text):
+    pytest.importorskip("distributed")  # rrmm.dask needs it (the GPU image has none)
     from rrmm.dask import parse_device_bytes
 
     expected = rmm_reference(text)
@@ -76,6 +77,7 @@ def test_every_door_reads_a_size_string_alike(text):
 
 @pytest.mark.parametrize("bare", ["4G", "4g", "2k", "1.5M", "8 G", "4Gi"])
 def test_a_bare_unit_is_refused_everywhere_with_the_reason(bare):
+    pytest.importorskip("distributed")  # rrmm.dask needs it (the GPU image has none)
     from rrmm.dask import RRMMSetup
 
     for parse in (rrmm.parse_bytes, rrmm_rmm._size, lambda t: RRMMSetup(simulate=t)):

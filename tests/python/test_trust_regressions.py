@@ -288,6 +288,7 @@ def test_a_log_without_newlines_is_refused_quickly(tmp_path: Any) -> None:
 
 
 def test_dask_options_are_checked_at_construction() -> None:
+    pytest.importorskip("distributed")  # rrmm.dask raises ImportError without it
     dask_setup = pytest.importorskip("rrmm.dask")
     with pytest.raises(ValueError, match="exceeds the maximum"):
         dask_setup.RRMMSetup(initial_pool_size="2GiB", maximum_pool_size="1GiB")
