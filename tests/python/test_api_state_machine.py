@@ -117,6 +117,17 @@ KNOWN_FIGURE_BUGS = {
         "assert p.free_block_count() == 1 and p.largest_free_block() == p.free_bytes()"
         "  # 2 free blocks, largest 1069741824 of 1073741824 (trust-core is fixing it)"
     ),
+    "pool-release-forgets-chunks": (
+        "sim = mr.SimulatedMemoryResource(1 << 30); fail = []\n"
+        "def free(p, n, s):\n"
+        "    if fail: raise KeyError('upstream free failed')\n"
+        "    sim.deallocate(p, n, s)\n"
+        "cb = mr.CallbackMemoryResource(lambda n, s: sim.allocate(n, s), free)\n"
+        "pool = mr.PoolMemoryResource(cb, 1 << 20)\n"
+        "pool.deallocate(pool.allocate(4 << 20), 4 << 20); fail.append(1)\n"
+        "try:\n    pool.release()\nexcept RuntimeError:\n    pass\n"
+        "assert pool.pool_size() == sim.bytes_in_use()  # 0 against 5242880: chunks dropped"
+    ),
 }
 SEEN_KNOWN_BUGS: set[str] = set()
 
@@ -830,7 +841,8 @@ class ApiMachine(RuleBasedStateMachine):
                     or up.extra.get("constructions", 0) != 1):
                 continue
             held = sum(up.extra["holder"]["live"].values())
-            assert n.obj.pool_size() == held, (n.obj.pool_size(), held)
+            _expect(n.obj.pool_size() == held, "pool-release-forgets-chunks"
+                    if n.obj.pool_size() < held else None, (n.obj.pool_size(), held))
 
     def _shared_upstream(self, up: Node, node: Node) -> bool:
         """Whether anything but ``node`` allocates from ``up`` (then its books are not only
