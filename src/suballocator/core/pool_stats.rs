@@ -167,9 +167,16 @@ impl PoolCounters {
     }
 
     /// Sets the number of segments (strategies that keep their own, such as mapped runs).
+    /// The change counts as segments made or given back, so that made - given back = current
+    /// (issue 29: the expandable pool reported one segment, none ever made).
     pub(crate) fn set_segments(&self, n: usize) {
         let n = n as u64;
-        self.segment.current.store(n, Relaxed);
+        let old = self.segment.current.swap(n, Relaxed);
+        if n > old {
+            self.segment.allocated.fetch_add(n - old, Relaxed);
+        } else {
+            self.segment.freed.fetch_add(old - n, Relaxed);
+        }
         self.segment.peak.fetch_max(n, Relaxed);
     }
 
