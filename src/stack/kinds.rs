@@ -638,7 +638,7 @@ fn base_words(target: Target, on_device: &str) -> Description {
     let words = match target {
         Target::Simulated(size) => format!(
             "{}, charged in 2 MiB pages (256 B units below a page), never fragments; stands \
-             for cuda, cuda_async and managed",
+             for cuda and cuda_async (managed memory is its own row: the device with a host tier)",
             human(size)
         ),
         Target::Device => on_device.to_string(),
