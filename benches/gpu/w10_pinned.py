@@ -87,6 +87,10 @@ def run_lib(lib: str, pool_bytes: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         big = mr.PoolMemoryResource(mr.PinnedHostMemoryResource(), initial_pool_size=pool_bytes)
         out["pool_ready_s"] = time.perf_counter() - t0
+        if lib == "rrmm":  # where the start-up went (reserve, madvise, touch, register, ...)
+            from rrmm import _rrmm
+
+            out["pool_startup"] = _rrmm.pinned_startup()
         p = big.allocate(256 * MIB)
         out["h2d_256MiB_GBps"] = h2d_gbps(p, 256 * MIB)
         out["page_node"] = page_node(p)
@@ -206,7 +210,7 @@ def main() -> None:
                 "registered_64MiB_ns", "expandable_ready_s", "expandable_h2d_256MiB_GBps",
                 "numa_node_driver", "registered_from", "hostalloc_cuda_type",
                 "registered_cuda_type", "hostalloc_torch_is_pinned",
-                "registered_torch_is_pinned", "torch_cuda_initialized"):
+                "registered_torch_is_pinned", "torch_cuda_initialized", "pool_startup"):
         if key in r:
             print(f"rrmm {key}: {r[key]}")
     for lib, res in results.items():
