@@ -185,8 +185,28 @@ fn below_first<T>(
             }
         }
     }
-    // Worked below the peak too: halve the bracket [0, below].
-    while hi == below || lo < below {
+    // Worked below the peak too: halve the bracket [lo, hi] (hi is `below` then).
+    if hi < size {
+        return halve_bracket(lo, hi, found, tries, try_at);
+    }
+    Ok(Search {
+        smallest: Some(hi),
+        failing: lo,
+        tries,
+        found: Some(found),
+    })
+}
+
+/// Halves the bracket `[lo, hi]` (`lo` fails or is 0, `hi` works with `found`) down to the
+/// tolerance; the smallest working size found and the failing one below it.
+fn halve_bracket<T>(
+    mut lo: usize,
+    mut hi: usize,
+    mut found: T,
+    mut tries: usize,
+    mut try_at: impl FnMut(usize) -> Result<Option<T>>,
+) -> Result<Search<T>> {
+    loop {
         let mid = (lo + (hi - lo) / 2) & !255;
         if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
             break;
@@ -259,7 +279,7 @@ pub fn search_smallest<T>(
     }
     // Many times the peak: doubling, then halving the bracket.
     let mut hi = size;
-    let mut found = loop {
+    let found = loop {
         tries += 1;
         if let Some(ok) = try_at(hi)? {
             break ok;
@@ -275,26 +295,7 @@ pub fn search_smallest<T>(
         }
         hi = hi.saturating_mul(2).min(cap);
     };
-    loop {
-        let mid = (lo + (hi - lo) / 2) & !255;
-        if hi - lo <= tolerance(hi) || mid <= lo || mid >= hi {
-            break;
-        }
-        tries += 1;
-        match try_at(mid)? {
-            Some(ok) => {
-                hi = mid;
-                found = ok;
-            }
-            None => lo = mid,
-        }
-    }
-    Ok(Search {
-        smallest: Some(hi),
-        failing: lo,
-        tries,
-        found: Some(found),
-    })
+    halve_bracket(lo, hi, found, tries, try_at)
 }
 
 #[cfg(test)]
