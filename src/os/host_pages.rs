@@ -475,12 +475,10 @@ pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
 /// Total and available host memory in bytes (`/proc/meminfo`'s MemTotal and MemAvailable).
 pub fn host_memory_info() -> Option<(usize, usize)> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<usize> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
-    };
-    Some((field("MemAvailable:")?, field("MemTotal:")?))
+    Some((
+        meminfo_field(&text, "MemAvailable:")?,
+        meminfo_field(&text, "MemTotal:")?,
+    ))
 }
 
 #[cfg(test)]

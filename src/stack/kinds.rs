@@ -196,15 +196,18 @@ pub const MANAGED_POOL_DEVICE_MULTIPLE: usize = 2;
 const MANAGED_POOL_HOST_SHARE: (usize, usize) = (15, 16);
 
 /// A managed pool's default maximum: the device plus what the host can hold (15/16 of its
-/// available memory when the pool is made; twice the device where that is not known); on a
-/// simulated device, the device plus its host memory (twice the device when none is given).
+/// available memory when the pool is made, capped by the cgroup's room; twice the device where
+/// that is not known); on a simulated device, the device plus its host memory (twice the device
+/// when none is given).
 fn managed_pool_maximum(target: Target, options: &StackOptions) -> Result<usize> {
     let total = device_total(target)?;
     let beyond = match target {
         Target::Simulated(size) => options.host_memory.unwrap_or(size),
-        Target::Device => crate::os::host_pages::host_memory_info().map_or(
+        // The figure the pinned pools are checked against: MemAvailable capped by the cgroup's
+        // room (a container's limit, which MemAvailable alone does not show).
+        Target::Device => crate::os::host_pages::available_host_memory().map_or(
             total.saturating_mul(MANAGED_POOL_DEVICE_MULTIPLE - 1),
-            |(available, _)| available / MANAGED_POOL_HOST_SHARE.1 * MANAGED_POOL_HOST_SHARE.0,
+            |room| room.available / MANAGED_POOL_HOST_SHARE.1 * MANAGED_POOL_HOST_SHARE.0,
         ),
     };
     Ok(total
