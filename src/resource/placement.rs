@@ -182,6 +182,14 @@ impl BlockPlacer {
     /// Marks `[start, end)` placed; the parts of it that were not (to place now).
     fn claim(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
         let mut placed = self.placed.lock();
+        // The common case once a pool is warm: one placed run covers the block (no change).
+        if placed
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= end)
+        {
+            return Vec::new();
+        }
         let mut gaps = Vec::new();
         let mut cursor = start;
         let mut new_start = start;
