@@ -303,8 +303,10 @@ def _error_row(log: _rrmm.ReplayLog, name: str, error: BaseException,
                setup: str | None) -> ReplayRecord:
     """The row of an allocator that could not be made: the log's facts and why."""
     record = log.facts
-    record.update(resource=name, driver=PYTHON_DRIVER, setup=setup,
-                  error=f"{type(error).__name__}: {error}")
+    record["resource"] = name
+    record["driver"] = PYTHON_DRIVER
+    record["setup"] = setup
+    record["error"] = f"{type(error).__name__}: {error}"
     return record
 
 

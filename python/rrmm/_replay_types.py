@@ -1,6 +1,7 @@
-"""The records ``rrmm._rrmm.replay_logs`` and ``fit_logs`` return, as TypedDicts: their keys
-are the fields of the Rust records (``rrmm::replay::ReplayRecord``, ``FitRecord``), which
-cross as JSON, so they are declared once there and checked here by mypy."""
+"""The records ``rrmm._rrmm.replay_logs``, ``replay_allocator`` and ``fit_logs`` return, as
+TypedDicts: their keys are the fields of the Rust records (``rrmm::replay::ReplayRecord``,
+``FitRecord``), which cross as JSON, so they are declared once there and checked here by
+mypy."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 //! freeing of what the log leaves live, and record. The replay runs without the GIL; each call
 //! of a Python function takes it for that call only, and no Rust lock is held across one.
 
-use super::errors::py_result;
+use super::errors::{carried_error, py_result};
 use super::replay::{repeat_of, to_python_any};
 use crate::cuda::Stream;
 use crate::replay::{replay, ReplayOptions, ReplayRecord, Trace, PYTHON_DRIVER};
@@ -69,15 +69,7 @@ impl Functions {
                 .out_of_memory
                 .as_ref()
                 .is_some_and(|types| err.is_instance(py, types.bind(py)));
-        let message = if out_of_memory {
-            format!(
-                "std::bad_alloc: out_of_memory: Python allocator: {err} (failed to allocate \
-                 {bytes} bytes)"
-            )
-        } else {
-            format!("Python allocator raised {err}")
-        };
-        Error::callback(message, out_of_memory, err)
+        carried_error(err, out_of_memory, bytes)
     }
 
     /// Calls the figures function `f` and reads its value with `read`; the default (the

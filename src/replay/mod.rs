@@ -47,7 +47,7 @@ pub use compare::{
     RUST_DRIVER,
 };
 pub use fit::{fit, search_smallest, FitResult, Search};
-pub use trace::{Action, Trace, TraceColumns, TraceEvent};
+pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@ missing, there is no GPU, or ``--simulate`` is given."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -244,58 +245,10 @@ def test_replays_run_without_holding_the_gil(peer_log, tmp_path):
         assert not t.is_alive(), "a replay did not finish: the GIL or a lock was kept"
     assert rows["first"]["error"] is None and rows["second"]["error"] is None
     # Both made progress while the other was replaying: their calls interleave.
-    switches = sum(1 for x, y in zip(seen, seen[1:]) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(seen) if x != y)
     assert switches >= 1 and len(seen) == 2 * 3 * 2000
 
 
-@st.composite
-def small_logs(draw: st.DrawFn) -> str:
-    """An RMM log of random allocations (any size up to 3 MiB, some of zero bytes, on two
-    streams) and frees of live ones; some never freed."""
-    lines = [HEADER]
-    live: list[tuple[int, int, str]] = []
-    address = 0x7F00_0000_0000
-    for step in range(draw(st.integers(1, 50))):
-        stream = draw(st.sampled_from(["0", OTHER_STREAM]))
-        if live and draw(st.booleans()):
-            ptr, size, _ = live.pop(draw(st.integers(0, len(live) - 1)))
-            lines.append(f"1,t{step},free,{ptr:#x},{size},{stream}")
-            continue
-        size = draw(st.integers(0, 3 * MiB))
-        if size == 0:
-            lines.append(f"1,t{step},allocate,(nil),0,{stream}")
-            continue
-        address += 4 << 20
-        live.append((address, size, stream))
-        lines.append(f"1,t{step},allocate,{address:#x},{size},{stream}")
-    return "\n".join(lines) + "\n"
-
-
-@settings(max_examples=80, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=small_logs(), device_mib=st.integers(1, 12), repeat=st.integers(0, 2))
-def test_the_engine_over_python_functions_agrees_with_the_simulated_kind(
-        tmp_path, text, device_mib, repeat):
-    """The same log through the test peer (charging as the simulated device does) and through
-    rrmm's simulated kind: the same failures, peaks, footprint and leaks; every allocation the
-    peer made is freed once."""
-    path = tmp_path / "random.csv"
-    path.write_text(text)
-    capacity = device_mib * MiB
-    engine = _rrmm.replay_logs([str(path)], ["simulated"], simulate=capacity, repeat=repeat)[0]
-    a = AddressAllocator(capacity)
-    row = replay_fake(str(path), a, repeat=repeat)
-    assert row["error"] is None and engine["error"] is None
-    for key in ("events", "allocations", "failed_allocations", "failure_events", "failed_bytes",
-                "peak_bytes_in_use", "peak_footprint", "footprint_at_end", "leaked_allocations",
-                "leaked_bytes", "repeats"):
-        assert row[key] == engine[key], key
-    passes = 1 + repeat
-    made = row["allocations"] - row["failed_allocations"]
-    assert (a.allocations, a.failures) == (passes * made, passes * row["failed_allocations"])
-    zero = text.count(",allocate,(nil),0,")
-    assert a.frees == passes * (made - zero), "every allocation freed once, after each pass"
-    assert a.live == {} and a.charged == 0
 
 
 # ------------------------------------------------------------------------------- the driver
@@ -534,20 +487,25 @@ print("CHILD OK")
 # ------------------------------------------------------------------------------- random logs
 
 
+#: Sizes in 64 KiB units up to 2 MiB (some zero).
+SIZES_64K = st.integers(0, 32).map(lambda k: k * (64 << 10))
+
+
 @st.composite
-def random_logs(draw: st.DrawFn) -> str:
-    """An RMM log of random allocations (sizes in 64 KiB units up to 2 MiB, some of zero
-    bytes, on two streams) and frees of live ones; some never freed."""
+def random_logs(draw: st.DrawFn, sizes: st.SearchStrategy[int] = SIZES_64K,
+                steps: int = 60) -> str:
+    """An RMM log of random allocations (``sizes``: by default in 64 KiB units up to 2 MiB;
+    some of zero bytes, on two streams) and frees of live ones; some never freed."""
     lines = [HEADER]
     live: list[tuple[int, int, str]] = []
     address = 0x7F00_0000_0000
-    for step in range(draw(st.integers(1, 60))):
+    for step in range(draw(st.integers(1, steps))):
         stream = draw(st.sampled_from(["0", OTHER_STREAM]))
         if live and draw(st.booleans()):
             ptr, size, _ = live.pop(draw(st.integers(0, len(live) - 1)))
             lines.append(f"1,t{step},free,{ptr:#x},{size},{stream}")
             continue
-        size = draw(st.integers(0, 32)) * (64 << 10)
+        size = draw(sizes)
         if size == 0:
             lines.append(f"1,t{step},allocate,(nil),0,{stream}")
             continue
@@ -590,3 +548,31 @@ def test_random_logs_from_python_match_the_engine(tmp_path, text, device_mib):
     for key in ("failed_allocations", "failure_events", "failed_bytes", "peak_bytes_in_use",
                 "peak_footprint", "footprint_at_end", "leaked_allocations", "leaked_bytes"):
         assert python[key] == rust[key], key
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=random_logs(st.integers(0, 3 * MiB), 50), device_mib=st.integers(1, 12),
+       repeat=st.integers(0, 2))
+def test_the_engine_over_python_functions_agrees_with_the_simulated_kind(
+        tmp_path, text, device_mib, repeat):
+    """The same log through the test peer (charging as the simulated device does) and through
+    rrmm's simulated kind: the same failures, peaks, footprint and leaks; every allocation the
+    peer made is freed once."""
+    path = tmp_path / "random.csv"
+    path.write_text(text)
+    capacity = device_mib * MiB
+    engine = _rrmm.replay_logs([str(path)], ["simulated"], simulate=capacity, repeat=repeat)[0]
+    a = AddressAllocator(capacity)
+    row = replay_fake(str(path), a, repeat=repeat)
+    assert row["error"] is None and engine["error"] is None
+    for key in ("events", "allocations", "failed_allocations", "failure_events", "failed_bytes",
+                "peak_bytes_in_use", "peak_footprint", "footprint_at_end", "leaked_allocations",
+                "leaked_bytes", "repeats"):
+        assert row[key] == engine[key], key
+    passes = 1 + repeat
+    made = row["allocations"] - row["failed_allocations"]
+    assert (a.allocations, a.failures) == (passes * made, passes * row["failed_allocations"])
+    zero = text.count(",allocate,(nil),0,")
+    assert a.frees == passes * (made - zero), "every allocation freed once, after each pass"
+    assert a.live == {} and a.charged == 0
