@@ -223,13 +223,18 @@ def test_replays_run_without_holding_the_gil(peer_log, tmp_path):
     seen: list[str] = []
     rows: dict[str, dict] = {}
     started = threading.Event()
+    together = threading.Barrier(2, timeout=60)
 
     def run(name: str) -> None:
         a = AddressAllocator(1 << 30)
         allocate = a.allocate
+        first = [True]
 
         def tracing(size: int, stream: int) -> int:
-            started.set()
+            if first[0]:
+                first[0] = False
+                started.set()
+                together.wait()  # both replays are under way before either goes on
             seen.append(name)
             return allocate(size, stream)
 
