@@ -6,7 +6,8 @@ simulated device of any size (``--simulate``), and reports time per event, memor
 overhead, waste, fragmentation and failed allocations; ``--fit`` finds the smallest device each
 resource needs; ``--json`` for scripts, ``--plot`` for a picture. On a GPU, ``torch`` and
 ``cupy`` in ``--compare`` replay the logs through PyTorch's caching allocator and CuPy's memory
-pool too, from Python, beside each rrmm resource driven from Python (``rrmm._replay_peers``).
+pool too, through their Python APIs, beside each rrmm resource driven from Python: the same
+engine over their Python functions (``rrmm._replay_peers`` holds the adapters).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ The report (one row per resource, the log's own properties once in the header):
   failed      allocations that failed with out of memory (their frees are skipped)
   beyond      managed memory only: the most bytes beyond the simulated device at once, what
               would live in host memory (oversubscription) had the log run with managed memory
-  driver      what called the allocator: rust, the replay engine (every rrmm row); python,
-              a Python loop over the same events (the torch and cupy rows, and "R (python)")
+  driver      what the replay engine called: rust, an rrmm resource directly (every rrmm
+              row); python, an allocator's Python functions, each call through Python with
+              the GIL taken for it (the torch and cupy rows, and "R (python)")
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
@@ -69,20 +71,20 @@ Other libraries' allocators, on a GPU, named in --compare (their packages instal
   torch       PyTorch's caching allocator: torch.cuda.caching_allocator_alloc(size, device,
               stream) and caching_allocator_delete, one torch.cuda.Stream per stream of the
               log (its default stream for the log's default stream); its cache emptied first.
-              footprint: torch.cuda.max_memory_reserved(); frag@peak/end from
-              torch.cuda.memory_snapshot()'s inactive blocks, taken in the untimed pass at the
-              log's peak event and after the last event
+              footprint: the most torch.cuda.memory_reserved() after any allocation;
+              frag@peak/end from torch.cuda.memory_snapshot()'s inactive blocks, taken in the
+              untimed pass at the last peak in use and after the last event
   cupy        a fresh cupy.cuda.MemoryPool: pool.malloc(size) with the log's stream current,
               each pointer kept until the log frees it; footprint: the peak of
               pool.total_bytes(); no fragmentation (CuPy does not show its free blocks)
-  R (python)  each rrmm resource R named beside them, built as its Rust row is, replayed from
-              the same Python loop through rrmm's Python API (mr.allocate, mr.deallocate):
+  R (python)  each rrmm resource R named beside them, built as its Rust row is, replayed the
+              same way through rrmm's Python API (mr.allocate, mr.deallocate):
               the like-for-like baseline (footprint and fragmentation where its PyTorch-style
               statistics give them: pools). A python row's ns/event includes the interpreter
               and each library's Python call: compare python rows with python rows (the line
               under the table gives the ratios), rust rows with rust rows.
   Python rows show no waste (their blocks are not known); their failed allocations are
-  counted and the frees skipped as the engine does. With --fit, torch and cupy get the
+  counted and their frees skipped, by the engine itself. With --fit, torch and cupy get the
   smallest memory limit on the GPU (set_per_process_memory_fraction, MemoryPool.set_limit)
   under which the log replays with no failure, searched as the simulated device is.
 On simulated memory cuda and cuda_async (and pinned, when named) are the simulated device
@@ -625,7 +627,8 @@ def _python_rows(args: argparse.Namespace, files: list[str], names: list[str],
                                      simulate=simulate, repeat=args.repeat, lenient=args.lenient)
     if args.fit:
         peers = [n for n in names if n in PEERS]
-        fits = fits + _replay_peers.fit_rows(files, peers, modules, lenient=args.lenient)
+        fits = fits + _replay_peers.fit_rows(files, peers, modules, lenient=args.lenient,
+                                             gpu=simulate is None)
     return rows, fits
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 from typing_extensions import Buffer, disjoint_base
 
 from rrmm._counts import FallbackCounts
-from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord, ReplayTimings
+from rrmm._replay_types import FitRecord, ReplayRecord
 
 __version__: str
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "PinnedHostMemoryResource",
     "PoolMemoryResource",
     "PrefetchResourceAdaptor",
+    "ReplayLog",
     "SamHeadroomMemoryResource",
     "SimulatedMemoryResource",
     "Statistics",
@@ -90,13 +91,11 @@ __all__ = [
     "pinned_allocate",
     "pinned_startup",
     "release_caches",
-    "replay_events",
+    "replay_allocator",
     "replay_gpu_available",
     "replay_logs",
-    "replay_more_repetitions",
     "replay_resource_names",
     "replay_resource_summaries",
-    "replay_timings",
     "set_current_device_resource",
     "set_per_device_resource",
     "to_device",
@@ -593,9 +592,26 @@ def fit_logs(
     arena_size: int | None = None,
     host_memory: int | None = None,
 ) -> list[FitRecord]: ...
-def replay_events(log: str, lenient: bool = False) -> ReplayEvents: ...
-def replay_more_repetitions(repeat: int | None, done: int, elapsed_ns: int) -> bool: ...
-def replay_timings(samples_ns: Sequence[int], events: int) -> ReplayTimings: ...
+@final
+class ReplayLog:
+    def __new__(cls, path: str, lenient: bool = False) -> Self: ...
+    @property
+    def facts(self) -> ReplayRecord: ...
+
+def replay_allocator(
+    log: ReplayLog,
+    name: str,
+    allocate: Callable[[int, int], int],
+    deallocate: Callable[[int, int, int], None],
+    *,
+    held_bytes: Callable[[], int] | None = None,
+    free_blocks: Callable[[], list[int]] | None = None,
+    out_of_memory: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    device: int | None = None,
+    setup: str | None = None,
+    repeat: int | None = None,
+    timeline_points: int = 0,
+) -> ReplayRecord: ...
 def fit_search(fits: Callable[[int], bool], peak: int, cap: int) -> tuple[int | None, int, int]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...

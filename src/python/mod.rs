@@ -52,6 +52,7 @@ mod pointers;
 #[path = "resources/registry.rs"]
 mod registry;
 mod replay;
+mod replay_allocator;
 #[path = "resources/resource.rs"]
 mod resource;
 #[path = "resources/source_resources.rs"]
@@ -93,6 +94,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     host_bytes::register(m)?;
     history::register(m)?;
     replay::register(m)?;
+    replay_allocator::register(m)?;
     hooks::register(m)?;
     cupy::register(m)?;
     cupy_stream::register(m)?;

@@ -25,6 +25,11 @@ use serde::Serialize;
 /// [`ReplayRecord::driver`] and [`FitRecord::driver`] of the rows this engine produces.
 pub const RUST_DRIVER: &str = "rust";
 
+/// [`ReplayRecord::driver`] and [`FitRecord::driver`] of the rows whose allocator is written in
+/// Python (PyTorch's, CuPy's, rrmm's through its Python API): replayed by this engine over a
+/// resource of Python functions, every call through Python.
+pub const PYTHON_DRIVER: &str = "python";
+
 /// How a comparison runs.
 #[derive(Clone, Debug, Default)]
 pub struct CompareSettings {
@@ -60,9 +65,9 @@ pub struct ReplayRecord {
     pub log: String,
     /// The resource's name (canonical).
     pub resource: String,
-    /// What drove the replay: `"rust"` (this engine: the figures of [`compare`]) or `"python"`
-    /// (rows `rrmm replay` adds for PyTorch, CuPy and rrmm through its Python API, timed
-    /// through Python calls).
+    /// What the replay called: [`RUST_DRIVER`] (a resource of this crate, directly) or
+    /// [`PYTHON_DRIVER`] (an allocator written in Python: rows `rrmm replay` adds for PyTorch,
+    /// CuPy and rrmm through its Python API; the same engine, every call through Python).
     pub driver: String,
     /// The resource's setup in words, where it was built.
     pub setup: Option<String>,
@@ -169,7 +174,7 @@ impl ReplayRecord {
     }
 
     /// The replay's figures.
-    fn with_report(mut self, r: &ReplayReport) -> Self {
+    pub fn with_report(mut self, r: &ReplayReport) -> Self {
         let t = r.timings;
         self.total_ns = Some(t.total_ns);
         self.ns_per_event = Some(t.ns_per_event);
@@ -258,8 +263,8 @@ pub struct FitRecord {
     pub log: String,
     /// The resource's name.
     pub resource: String,
-    /// What ran the search: `"rust"` (simulated devices) or `"python"` (`rrmm replay`'s
-    /// PyTorch and CuPy rows: a memory limit on the GPU).
+    /// What ran the search: [`RUST_DRIVER`] (simulated devices) or [`PYTHON_DRIVER`]
+    /// (`rrmm replay`'s PyTorch and CuPy rows: a memory limit on the GPU).
     pub driver: String,
     /// The smallest device found with no failed allocation (None: none up to 1 PiB).
     pub device_bytes: Option<usize>,
