@@ -75,6 +75,29 @@ impl PeerMemoryResource {
         Ok(PeerMemoryResource { device, peer })
     }
 
+    /// The first GPU (by ordinal) that has a peer link with `device` both ways.
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] without a driver; [`Error::NoPeerAccess`] when no GPU of the machine
+    /// has one (a machine with one GPU, or GPUs without NVLink or PCIe peer-to-peer).
+    pub fn first_peer(device: usize) -> Result<usize> {
+        cuda::ensure_driver()?;
+        let count = cuda::device_count();
+        for peer in (0..count).filter(|&p| p != device) {
+            if cuda::can_access_peer(device, peer)? && cuda::can_access_peer(peer, device)? {
+                return Ok(peer);
+            }
+        }
+        Err(Error::NoPeerAccess {
+            device,
+            peer: device,
+            reason: format!(
+                "none of the machine's {count} GPU{} has a peer link with it",
+                if count == 1 { "" } else { "s" }
+            ),
+        })
+    }
+
     /// The GPU that holds the memory.
     pub fn peer(&self) -> usize {
         self.peer
