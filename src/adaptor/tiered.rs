@@ -94,6 +94,14 @@ pub struct TieredMemoryResource {
     state: Mutex<State>,
 }
 
+impl std::fmt::Debug for TieredMemoryResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TieredMemoryResource")
+            .field("tiers", &self.tiers)
+            .finish_non_exhaustive()
+    }
+}
+
 impl TieredMemoryResource {
     /// A resource over `tiers`, tried in order.
     ///

@@ -50,3 +50,5 @@ pub use trace::{Action, Trace, TraceColumns, TraceEvent};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tiers_tests;
