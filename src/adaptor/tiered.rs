@@ -9,7 +9,7 @@
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
-use crate::report::{BlockInfo, BlockState, Footprint, MemoryStats, PoolReport, SegmentInfo};
+use crate::report::{BlockInfo, BlockState, Footprint, PoolReport, SegmentInfo};
 use crate::resource::{CallProfile, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::Mutex;
 use serde::Serialize;
@@ -187,6 +187,12 @@ impl TieredMemoryResource {
         }
     }
 
+    /// Whether tier `i`'s resource is an earlier tier's (the same memory named twice).
+    fn same_as_earlier(&self, i: usize) -> bool {
+        let id = self.tiers[i].resource.identity();
+        self.tiers[..i].iter().any(|t| t.resource.identity() == id)
+    }
+
     fn record(&self, ptr: usize, bytes: usize, tier: usize, refused: &[usize]) -> Result<()> {
         let mut s = self.state.lock();
         for &r in refused {
@@ -341,7 +347,10 @@ impl PoolReport for TieredMemoryResource {
     fn footprint(&self) -> Footprint {
         let counts = self.tier_counts();
         let mut out = Footprint::default();
-        for (tier, c) in self.tiers.iter().zip(&counts) {
+        for (i, (tier, c)) in self.tiers.iter().zip(&counts).enumerate() {
+            if self.same_as_earlier(i) {
+                continue;
+            }
             match tier.resource.report() {
                 Some(r) if !r.is_source() => {
                     let f = r.footprint();
@@ -356,19 +365,12 @@ impl PoolReport for TieredMemoryResource {
         out
     }
 
-    /// The first tier's counters (the pool on the device), where it keeps them.
-    fn memory_stats(&self) -> Option<MemoryStats> {
-        self.tiers[0]
-            .resource
-            .report()
-            .and_then(|r| r.memory_stats())
-    }
+    // No PyTorch-style counters: they would describe one pool, and a tiered resource's memory
+    // is several (its counts are per tier: `tier_counts`).
 
+    /// Resets the tiers' peaks ([`TieredMemoryResource::reset_peaks`]).
     fn reset_peak_memory_stats(&self) -> bool {
         self.reset_peaks();
-        if let Some(r) = self.tiers[0].resource.report() {
-            r.reset_peak_memory_stats();
-        }
         true
     }
 
@@ -378,6 +380,11 @@ impl PoolReport for TieredMemoryResource {
         let live = self.live_allocations();
         let mut out = Vec::new();
         for (i, tier) in self.tiers.iter().enumerate() {
+            if self.same_as_earlier(i) {
+                // Its memory is an earlier tier's, laid out there (its pointers are too).
+                continue;
+            }
+            let id = tier.resource.identity();
             let laid_out = tier
                 .resource
                 .report()
@@ -388,20 +395,22 @@ impl PoolReport for TieredMemoryResource {
                     s.tier = Some(tier.name.clone());
                     s
                 })),
-                None => out.extend(live.iter().filter(|a| a.2 == i).map(|&(ptr, bytes, _)| {
-                    SegmentInfo {
-                        address: ptr,
-                        total_size: bytes,
-                        expandable: false,
-                        tier: Some(tier.name.clone()),
-                        blocks: vec![BlockInfo {
+                None => out.extend(
+                    live.iter()
+                        .filter(|a| self.tiers[a.2].resource.identity() == id)
+                        .map(|&(ptr, bytes, _)| SegmentInfo {
                             address: ptr,
-                            size: bytes,
-                            requested_size: bytes,
-                            state: BlockState::Allocated,
-                        }],
-                    }
-                })),
+                            total_size: bytes,
+                            expandable: false,
+                            tier: Some(tier.name.clone()),
+                            blocks: vec![BlockInfo {
+                                address: ptr,
+                                size: bytes,
+                                requested_size: bytes,
+                                state: BlockState::Allocated,
+                            }],
+                        }),
+                ),
             }
         }
         Some(out)
