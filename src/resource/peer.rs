@@ -122,10 +122,15 @@ impl MemoryResource for PeerMemoryResource {
         })
     }
 
-    /// `cuMemFree` in the peer's context (it waits for the peer's work).
-    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    /// Waits for `stream` (work of `device` that may still read the memory: `cuMemFree` in
+    /// the peer's context waits only for the peer's own work), then `cuMemFree` there.
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
+        }
+        {
+            let _ctx = ContextGuard::new(self.device)?;
+            stream.synchronize()?;
         }
         let _ctx = ContextGuard::new(self.peer)?;
         // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract), that is
