@@ -74,7 +74,8 @@ The report (one row per resource, the log's own properties once in the header):
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
-resource with no failed allocation, and the pool sizes that do it.
+resource with no failed allocation, and the pool sizes that do it (managed memory: with no byte
+beyond the device; tiered: with no byte in host memory, a peer GPU of the same size beside it).
 Other libraries' allocators, on a GPU, named in --compare (their packages installed):
   torch       PyTorch's caching allocator: torch.cuda.caching_allocator_alloc(size, device,
               stream) and caching_allocator_delete, one torch.cuda.Stream per stream of the

@@ -95,3 +95,35 @@ fn an_expandable_replay_says_what_a_sleep_would_free() {
     assert!(mapped >= 3 * MIB && mapped % (2 * MIB) == 0, "{mapped}");
     assert!(r.sleep_releases_at_peak.unwrap() >= 8 * MIB);
 }
+
+/// `--fit` of `tiered`: the smallest device on which nothing reaches host memory, the device
+/// and a peer GPU of the same size holding the log (here 12 MiB live in 1 MiB allocations:
+/// smaller than the one device a plain pool needs).
+#[test]
+fn a_tiered_fit_is_the_smallest_device_whose_peer_holds_the_rest() {
+    let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for i in 1..=12 {
+        log.push_str(&format!("1,t,allocate,{:#x},{MIB},0\n", i << 24));
+    }
+    for i in 1..=12 {
+        log.push_str(&format!("1,t,free,{:#x},{MIB},0\n", i << 24));
+    }
+    let trace = Trace::from_reader("fit.csv", log.as_bytes(), false).unwrap();
+    let options = ResourceOptions::default();
+    let tiered = fit(&trace, "tiered", &options).unwrap();
+    let pool = fit(&trace, "pool", &options).unwrap();
+    let (t, p) = (tiered.device_bytes.unwrap(), pool.device_bytes.unwrap());
+    assert!(t >= 6 * MIB && t < p, "tiered {t}, pool {p}");
+    // On the size found, nothing reached host memory.
+    let built = build("tiered", Some(t), &options).unwrap();
+    let r = replay(
+        &trace,
+        &built.resource,
+        ReplayOptions {
+            tiers: built.tiered(),
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.tiers.unwrap()[2].peak_bytes, 0);
+}
