@@ -177,6 +177,31 @@ def test_the_snapshot_says_what_a_sleep_of_the_expandable_pool_would_free() -> N
         pool.deallocate(a, 3 * MiB)
 
 
+def test_memory_snapshot_carries_the_sleep_figures_and_tiers_of_the_current_resource() -> None:
+    import rrmm
+
+    pool = mr.ExpandableMemoryResource(simulated_capacity=64 * MiB)
+    mr.set_current_device_resource(pool)
+    try:
+        a = pool.allocate(3 * MiB)
+        snap = rrmm.memory_snapshot()
+        assert snap["rrmm"]["sleep"] == {
+            "frees_bytes": pool.mapped_bytes(), "copied_bytes": 3 * MiB,
+            "released_without_copy_bytes": pool.mapped_bytes() - 3 * MiB}
+        pool.deallocate(a, 3 * MiB)
+        top = _stack.build("tiered", simulate=8 * MiB, initial_pool_size=8 * MiB,
+                           maximum_pool_size=8 * MiB)
+        mr.set_current_device_resource(top)
+        b, c = top.allocate(6 * MiB), top.allocate(6 * MiB)
+        snap = rrmm.memory_snapshot()
+        assert snap["rrmm"]["sleep"] is None
+        assert [s["tier"] for s in snap["segments"]] == ["device", "peer"]
+        top.deallocate(b, 6 * MiB)
+        top.deallocate(c, 6 * MiB)
+    finally:
+        _rrmm._clear_per_device_resources()
+
+
 def test_replay_over_tiers_reports_bytes_and_peaks_per_tier(tmp_path: Path) -> None:
     log = tmp_path / "tiers.csv"
     six = 6 * MiB
