@@ -233,4 +233,42 @@ mod tests {
             mr2.deallocate(ptr, bytes, Stream::DEFAULT).unwrap();
         }
     }
+
+    /// Device -> peer GPU -> pinned host on two GPUs, the device held to 64 MiB by a limit (so
+    /// nothing near the GPUs' memory is asked for): each allocation lands on the first tier
+    /// with room and frees back there.
+    #[test]
+    fn tiers_over_two_gpus_spill_to_the_peer_then_the_host() {
+        use crate::adaptor::{LimitingResourceAdaptor, Tier, TieredMemoryResource};
+        let Some((device, peer)) = two_linked() else {
+            return;
+        };
+        let mib = 1 << 20;
+        let local: crate::SharedResource = std::sync::Arc::new(LimitingResourceAdaptor::new(
+            std::sync::Arc::new(crate::CudaMemoryResource::on_device(device).unwrap()),
+            64 * mib,
+        ));
+        let on_peer: crate::SharedResource = std::sync::Arc::new(LimitingResourceAdaptor::new(
+            std::sync::Arc::new(PeerMemoryResource::new(device, peer).unwrap()),
+            64 * mib,
+        ));
+        let host: crate::SharedResource =
+            std::sync::Arc::new(crate::PinnedHostMemoryResource::new().unwrap());
+        let tiered = TieredMemoryResource::new(vec![
+            Tier::new("device", local),
+            Tier::new("peer", on_peer),
+            Tier::new("host", host),
+        ])
+        .unwrap();
+        let ptrs: Vec<usize> = (0..3)
+            .map(|_| tiered.allocate(48 * mib, Stream::DEFAULT).unwrap())
+            .collect();
+        let tiers: Vec<_> = ptrs.iter().map(|&p| tiered.tier_of(p)).collect();
+        assert_eq!(tiers, [Some(0), Some(1), Some(2)]);
+        for p in ptrs {
+            // SAFETY: allocated above with this size; no work uses the memory.
+            unsafe { tiered.deallocate(p, 48 * mib, Stream::DEFAULT).unwrap() };
+        }
+        assert!(tiered.tier_counts().iter().all(|c| c.current_bytes == 0));
+    }
 }
