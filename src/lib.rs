@@ -85,7 +85,8 @@ mod test_support;
 pub use adaptor::{
     AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,
     FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TrackingResourceAdaptor,
+    PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TieredMemoryResource,
+    TrackingResourceAdaptor,
 };
 pub use bytemuck;
 pub use container::{DeviceRagged, DeviceScalar, DeviceUVector};

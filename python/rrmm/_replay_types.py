@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from rrmm._counts import TierCounts
+
 __all__ = ["FitRecord", "ReplayRecord", "TimelineColumns"]
 
 
@@ -59,6 +61,10 @@ class ReplayRecord(TypedDict):
     fragmentation_at_end: float | None
     footprint_at_end: int | None
     peak_beyond_device: int | None
+    tiers: list[TierCounts] | None
+    sleep_releases_at_end: int | None
+    sleep_copies_at_end: int | None
+    sleep_releases_at_peak: int | None
     failed_allocations: int | None
     failed_bytes: int | None
     failure_events: list[int] | None

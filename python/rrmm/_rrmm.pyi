@@ -6,7 +6,7 @@ from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 
 from typing_extensions import Buffer, disjoint_base
 
-from rrmm._counts import FallbackCounts
+from rrmm._counts import FallbackCounts, TierCounts
 from rrmm._replay_types import FitRecord, ReplayRecord
 
 __version__: str
@@ -32,6 +32,7 @@ __all__ = [
     "LimitingResourceAdaptor",
     "LoggingResourceAdaptor",
     "ManagedMemoryResource",
+    "PeerMemoryResource",
     "PinnedHostMemoryResource",
     "PoolMemoryResource",
     "PrefetchResourceAdaptor",
@@ -42,6 +43,7 @@ __all__ = [
     "StatisticsResourceAdaptor",
     "Stream",
     "SystemMemoryResource",
+    "TieredMemoryResource",
     "TrackingResourceAdaptor",
     "UpstreamResourceAdaptor",
     "_HostBytes",
@@ -336,6 +338,33 @@ class FallbackResourceAdaptor(UpstreamResourceAdaptor):
     def counts(self) -> FallbackCounts: ...
 
 @final
+class PeerMemoryResource(DeviceMemoryResource):
+    def __new__(cls, peer: SupportsIndex, device: SupportsIndex | None = None) -> PeerMemoryResource: ...
+    @property
+    def peer(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
+@final
+class TieredMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        tiers: Sequence[DeviceMemoryResource] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> TieredMemoryResource: ...
+    @property
+    def tiers(self) -> list[DeviceMemoryResource]: ...
+    @property
+    def tier_names(self) -> list[str]: ...
+    def tier_counts(self) -> list[TierCounts]: ...
+    def tier_of(self, ptr: int) -> str | None: ...
+    def failures(self) -> int: ...
+    def reset_peaks(self) -> None: ...
+
+@final
 class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
@@ -579,6 +608,7 @@ def replay_logs(
     blocks: int | None = None,
     arena_size: int | None = None,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
 ) -> list[ReplayRecord]: ...
 def fit_logs(
     logs: Sequence[str],
@@ -591,6 +621,7 @@ def fit_logs(
     blocks: int | None = None,
     arena_size: int | None = None,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
 ) -> list[FitRecord]: ...
 @final
 class ReplayLog:
@@ -635,6 +666,8 @@ def build_stack(
     statistics: bool = False,
     tracking: bool = False,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
+    peer_device: int | None = None,
 ) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
 def _reinitialize(

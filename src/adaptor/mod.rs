@@ -50,6 +50,7 @@ mod log_row;
 mod logging;
 mod prefetch;
 mod statistics;
+mod tiered;
 mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
@@ -61,6 +62,7 @@ pub use log_row::LOG_HEADER;
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
+pub use tiered::{Tier, TierCounts, TieredMemoryResource, MAX_TIERS};
 pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
         Error::OutOfRange(_) => PyIndexError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
-        Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) => PyRuntimeError::new_err(text),
+        Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) | Error::NoPeerAccess { .. } => {
+            PyRuntimeError::new_err(text)
+        }
         // The exception a Python callback raised (as RMM raises it), carried in the error.
         Error::Callback {
             payload,

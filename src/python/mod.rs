@@ -65,6 +65,8 @@ mod statistics;
 mod stream;
 #[path = "resources/suballocators.rs"]
 mod suballocators;
+#[path = "resources/tiers.rs"]
+mod tiers;
 #[path = "hooks/torch.rs"]
 mod torch;
 #[path = "resources/upstream_kw.rs"]
@@ -87,6 +89,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     suballocators::register(m)?;
     statistics::register(m)?;
     adaptors::register(m)?;
+    tiers::register(m)?;
     registry::register(m)?;
     device::register(m)?;
     arena::register(m)?;

@@ -36,7 +36,7 @@ fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 /// of memory gives a dict with `error` set. Raises ValueError for bad input (naming file and
 /// line) or an unknown resource, OSError for an unreadable file.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None))]
+#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
@@ -54,6 +54,7 @@ fn replay_logs<'py>(
     blocks: Option<usize>,
     arena_size: Option<usize>,
     host_memory: Option<usize>,
+    peer_memory: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let settings = CompareSettings {
@@ -66,6 +67,7 @@ fn replay_logs<'py>(
             blocks,
             arena_size,
             host_memory,
+            peer_memory,
             ..ResourceOptions::default()
         },
         replay: ReplayOptions {
@@ -136,7 +138,7 @@ fn fit_search(
 /// when it fits nowhere, with `reason`), `failing_bytes`, the pool sizes and setup on the device
 /// found. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None))]
+#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn fit_logs<'py>(
     py: Python<'py>,
@@ -150,6 +152,7 @@ fn fit_logs<'py>(
     blocks: Option<usize>,
     arena_size: Option<usize>,
     host_memory: Option<usize>,
+    peer_memory: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let options = ResourceOptions {
@@ -160,6 +163,7 @@ fn fit_logs<'py>(
         blocks,
         arena_size,
         host_memory,
+        peer_memory,
         ..ResourceOptions::default()
     };
     let records = py_result(py.detach(|| fit_many(&logs, &resources, &options, lenient)))?;

@@ -134,6 +134,18 @@ pub struct ReplayRecord {
     /// The most bytes beyond the simulated device at once (managed memory that would live in
     /// host memory), where the device has a host tier.
     pub peak_beyond_device: Option<usize>,
+    /// Each tier's counts (bytes and allocations: current at the end, peak, total; requests
+    /// it passed on), where the resource has tiers (`tiered`: device, peer GPU, host).
+    pub tiers: Option<Vec<crate::adaptor::TierCounts>>,
+    /// What a sleep of the expandable pool would release after the last event: every mapped
+    /// byte (the footprint then), where the resource is an expandable pool ...
+    pub sleep_releases_at_end: Option<usize>,
+    /// ... copying the live bytes to host memory first (the allocations live then); the rest
+    /// (free pages) is released without a copy.
+    pub sleep_copies_at_end: Option<u128>,
+    /// What a sleep would release when the pool held the most (its peak footprint), copying at
+    /// most the peak bytes in use.
+    pub sleep_releases_at_peak: Option<usize>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: Option<usize>,
     /// Bytes they asked for.
@@ -173,6 +185,14 @@ impl ReplayRecord {
         }
     }
 
+    /// What a sleep of the (expandable) pool would release and copy, from the report's figures.
+    fn with_sleep(mut self, r: &ReplayReport) -> Self {
+        self.sleep_releases_at_end = r.footprint_at_end.map(|f| f.held_bytes);
+        self.sleep_copies_at_end = Some(r.leaked_bytes);
+        self.sleep_releases_at_peak = r.peak_footprint;
+        self
+    }
+
     /// The replay's figures.
     pub fn with_report(mut self, r: &ReplayReport) -> Self {
         let t = r.timings;
@@ -194,6 +214,7 @@ impl ReplayRecord {
         self.fragmentation_at_end = r.fragmentation_at_end;
         self.footprint_at_end = r.footprint_at_end.map(|f| f.held_bytes);
         self.peak_beyond_device = r.peak_beyond_device;
+        self.tiers = r.tiers.clone();
         self.failed_allocations = Some(r.failed_allocations);
         self.failed_bytes = Some(r.failed_bytes);
         self.failure_events = Some(r.failure_events.clone());
@@ -235,9 +256,15 @@ pub fn compare(
                         rounding: Some(built.rounding.clone()),
                         largest_request: built.largest_request,
                         device: built.managed_device(),
+                        tiers: built.tiered(),
                         ..settings.replay.clone()
                     };
+                    let sleeps = built
+                        .handles
+                        .iter()
+                        .any(|h| matches!(h, crate::stack::Handle::Expandable(_)));
                     match replay(&trace, &built.resource, options) {
+                        Ok(report) if sleeps => record.with_report(&report).with_sleep(&report),
                         Ok(report) => record.with_report(&report),
                         Err(e) => ReplayRecord {
                             error: Some(e.to_string()),

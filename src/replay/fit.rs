@@ -58,12 +58,19 @@ fn try_size(
     };
     let options = ReplayOptions {
         device: built.managed_device(),
+        tiers: built.tiered(),
         ..ReplayOptions::default()
     };
     let report = replay(trace, &built.resource, options)?;
     // Managed memory never fails for want of device memory; it fits where nothing spills past
-    // the device.
-    let spilled = report.peak_beyond_device.unwrap_or(0) > 0;
+    // the device. Tiers (device, peer GPU, host) fit where nothing reaches the last tier, host
+    // memory: the device and a peer GPU of its size hold the log.
+    let spilled = report.peak_beyond_device.unwrap_or(0) > 0
+        || report
+            .tiers
+            .as_ref()
+            .and_then(|t| t.last())
+            .is_some_and(|host| host.peak_bytes > 0);
     Ok((report.failed_allocations == 0 && !spilled).then_some((
         built.setup,
         built.pool_sizes,

@@ -51,3 +51,5 @@ pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tiers_tests;

@@ -11,6 +11,7 @@ pub mod graph;
 mod host_virtual_memory;
 mod managed;
 pub mod memory_summary;
+mod peer;
 mod pinned_host;
 mod pinned_pages;
 mod placement;
@@ -26,6 +27,7 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
+pub use peer::PeerMemoryResource;
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
 pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
 pub use placement::{

@@ -78,6 +78,11 @@ fn segment_dict<'py>(
     d.set_item("segment_type", "large")?;
     d.set_item("segment_pool_id", (0, 0))?;
     d.set_item("is_expandable", s.expandable)?;
+    // rrmm: the tier that holds the segment, where the resource has tiers (a new key only
+    // there, so other snapshots keep PyTorch's keys alone).
+    if let Some(tier) = &s.tier {
+        d.set_item("tier", tier)?;
+    }
     d.set_item("frames", PyList::empty(py))?;
     let blocks = PyList::empty(py);
     for b in &s.blocks {
