@@ -201,8 +201,6 @@ where
     py_result(gil::call(slf.py(), profile, f))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<DeviceMemoryResource>()?;
-    m.add_class::<UpstreamResourceAdaptor>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: DeviceMemoryResource, UpstreamResourceAdaptor;
 }

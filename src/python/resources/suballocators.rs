@@ -230,9 +230,6 @@ impl BinningMemoryResource {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PoolMemoryResource>()?;
-    m.add_class::<FixedSizeMemoryResource>()?;
-    m.add_class::<BinningMemoryResource>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: PoolMemoryResource, FixedSizeMemoryResource, BinningMemoryResource;
 }
