@@ -55,10 +55,7 @@ impl DeviceMemoryResource {
     /// cycles through Python callbacks (a callback that refers to the pool above it) are
     /// collected.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        if let Some(up) = &self.upstream {
-            visit.call(up)?;
-        }
-        Ok(())
+        visit.call(&self.upstream)
     }
 
     /// Allocates `nbytes` bytes on `stream`; returns the address.
