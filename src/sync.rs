@@ -34,6 +34,25 @@ fn thread_token() -> usize {
     THREAD_TOKEN.with(|t| t as *const u8 as usize)
 }
 
+/// `Deref` and `DerefMut` of a guard type `$guard<'_, T>` to the data of the lock guard it
+/// wraps (its field `guard`).
+macro_rules! derefs_to_guard {
+    ($guard:ident) => {
+        impl<T> std::ops::Deref for $guard<'_, T> {
+            type Target = T;
+            fn deref(&self) -> &T {
+                &self.guard
+            }
+        }
+
+        impl<T> std::ops::DerefMut for $guard<'_, T> {
+            fn deref_mut(&mut self) -> &mut T {
+                &mut self.guard
+            }
+        }
+    };
+}
+
 /// The calling thread already holds the [`OwnedMutex`] it asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reentered;
@@ -59,18 +78,7 @@ impl<T> Drop for OwnedGuard<'_, T> {
     }
 }
 
-impl<T> std::ops::Deref for OwnedGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.guard
-    }
-}
-
-impl<T> std::ops::DerefMut for OwnedGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.guard
-    }
-}
+derefs_to_guard!(OwnedGuard);
 
 impl<T> OwnedMutex<T> {
     pub(crate) fn new(value: T) -> Self {
@@ -142,18 +150,7 @@ mod loom_locks {
         _unlock: Unlock<'a>,
     }
 
-    impl<T> std::ops::Deref for MutexGuard<'_, T> {
-        type Target = T;
-        fn deref(&self) -> &T {
-            &self.guard
-        }
-    }
-
-    impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
-        fn deref_mut(&mut self) -> &mut T {
-            &mut self.guard
-        }
-    }
+    derefs_to_guard!(MutexGuard);
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {

@@ -110,3 +110,20 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stack::register(m)?;
     Ok(())
 }
+
+/// A file's `register` function: adds its classes and its `#[pyfunction]`s, in the order given,
+/// to the extension module. Most files register only these; the few that add other values
+/// (stream constants) write their own.
+macro_rules! register_items {
+    ($(classes: $($class:ident),+ $(,)?;)? $(functions: $($function:ident),+ $(,)?;)?) => {
+        pub(crate) fn register(
+            m: &pyo3::Bound<'_, pyo3::types::PyModule>,
+        ) -> pyo3::PyResult<()> {
+            use pyo3::types::PyModuleMethods as _;
+            $($(m.add_class::<$class>()?;)+)?
+            $($(m.add_function(pyo3::wrap_pyfunction!($function, m)?)?;)+)?
+            Ok(())
+        }
+    };
+}
+pub(crate) use register_items;

@@ -188,12 +188,7 @@ fn replay_gpu_available() -> bool {
     crate::cuda::device_count() > 0
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(replay_logs, m)?)?;
-    m.add_function(wrap_pyfunction!(fit_search, m)?)?;
-    m.add_function(wrap_pyfunction!(fit_logs, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_resource_names, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_resource_summaries, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_gpu_available, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: replay_logs, fit_search, fit_logs, replay_resource_names,
+        replay_resource_summaries, replay_gpu_available;
 }

@@ -71,6 +71,24 @@ pub enum MemoryKind {
     Simulated,
 }
 
+/// `kind` and `device` (of a [`MemoryResource`], or a growth policy) for memory that is where
+/// `$source` puts it, `$source` an expression of `$this` (the implementer): its upstream, its
+/// core, its virtual memory.
+macro_rules! memory_from {
+    (|$this:ident| $source:expr) => {
+        fn kind(&self) -> $crate::resource::MemoryKind {
+            let $this = self;
+            $source.kind()
+        }
+
+        fn device(&self) -> Option<usize> {
+            let $this = self;
+            $source.device()
+        }
+    };
+}
+pub(crate) use memory_from;
+
 /// A stream-ordered source of memory. Thread-safe; shared as [`SharedResource`].
 ///
 /// Contract: allocations are aligned to [`ALLOCATION_ALIGNMENT`]; zero bytes gives the null

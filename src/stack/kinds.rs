@@ -530,22 +530,11 @@ fn describe_pinned_expandable(
     options: &StackOptions,
     handles: &[Handle],
 ) -> Description {
-    let mapped = handles.iter().find_map(|h| match h {
-        Handle::Expandable(e) => Some(e.mapped_bytes()),
-        _ => None,
-    });
     let over = match target {
         Target::Simulated(size) => format!("simulated host memory ({}, virtual)", human(size)),
         Target::Device => "host memory registered with CUDA (cuMemHostRegister)".into(),
     };
-    let maximum = options
-        .maximum_pool_size
-        .map_or_else(|| "host memory".into(), human);
-    (
-        format!("expandable pool, 32 MiB pages, maximum {maximum}, over {over}"),
-        mapped.map(|m| (m, options.maximum_pool_size)),
-        None,
-    )
+    expandable_description("32 MiB", "host memory", &over, options, handles)
 }
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
@@ -629,21 +618,33 @@ fn describe_managed_pool(
 }
 
 fn describe_expandable(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
-    let mapped = handles.iter().find_map(|h| match h {
-        Handle::Expandable(e) => Some(e.mapped_bytes()),
-        _ => None,
-    });
     let over = match target {
         Target::Simulated(size) => {
             format!("the simulated device ({}, virtual memory)", human(size))
         }
         Target::Device => "cuMemCreate/cuMemMap".into(),
     };
+    expandable_description("2 MiB", "the device", &over, options, handles)
+}
+
+/// An expandable pool's description (device or pinned host): its page size, its maximum
+/// (`unlimited`: what bounds it without one), what it maps over, and its mapped bytes.
+fn expandable_description(
+    pages: &str,
+    unlimited: &str,
+    over: &str,
+    options: &StackOptions,
+    handles: &[Handle],
+) -> Description {
+    let mapped = handles.iter().find_map(|h| match h {
+        Handle::Expandable(e) => Some(e.mapped_bytes()),
+        _ => None,
+    });
     let maximum = options
         .maximum_pool_size
-        .map_or_else(|| "the device".into(), human);
+        .map_or_else(|| unlimited.into(), human);
     (
-        format!("expandable pool, 2 MiB pages, maximum {maximum}, over {over}"),
+        format!("expandable pool, {pages} pages, maximum {maximum}, over {over}"),
         mapped.map(|m| (m, options.maximum_pool_size)),
         None,
     )

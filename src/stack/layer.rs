@@ -340,22 +340,22 @@ impl Layer {
                         maximum,
                         threshold,
                     )?,
-                    ExpandableOn::PinnedHost => ExpandableMemoryResource::on_pinned_host(
-                        crate::cuda::current_device()?,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
-                    ExpandableOn::Device => ExpandableMemoryResource::on_device(
-                        crate::cuda::current_device()?,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
+                    ExpandableOn::PinnedHost | ExpandableOn::Device => {
+                        // The two driver-backed constructors take the same arguments.
+                        let on_driver = if *on == ExpandableOn::Device {
+                            ExpandableMemoryResource::on_device
+                        } else {
+                            ExpandableMemoryResource::on_pinned_host
+                        };
+                        on_driver(
+                            crate::cuda::current_device()?,
+                            None,
+                            *page_size,
+                            initial,
+                            maximum,
+                            threshold,
+                        )?
+                    }
                 })
             }
             Layer::Pool {

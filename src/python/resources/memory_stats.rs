@@ -105,10 +105,6 @@ fn _memory_summary(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> Strin
     py.detach(|| crate::resource::memory_summary::memory_summary(&inner))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(_memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_reset_peak_memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_memory_snapshot, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: _memory_summary, _memory_stats, _reset_peak_memory_stats, _memory_snapshot;
 }

@@ -167,9 +167,6 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
     KINDS.iter().map(|k| (k.name, k.summary)).collect()
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(build_stack, m)?)?;
-    m.add_function(wrap_pyfunction!(_reinitialize, m)?)?;
-    m.add_function(wrap_pyfunction!(_stack_kinds, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: build_stack, _reinitialize, _stack_kinds;
 }

@@ -1115,13 +1115,7 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
         StreamOrderedCore::deallocate(self, ptr, bytes, stream)
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.growth.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.growth.device()
-    }
+    crate::resource::memory_from!(|this| this.growth);
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.growth.memory_info(self.pool_size(), self.free_bytes())
