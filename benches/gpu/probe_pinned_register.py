@@ -118,7 +118,7 @@ def main() -> None:
         check(cuda.cuMemHostRegister_v2(addr, n, PORTABLE_DEVICEMAP), "register")
         t2 = time.perf_counter()
         emit(case="touch_then_register_once", gib=args.gib, touch_s=t1 - t0, register_s=t2 - t1, total_s=t2 - t0)
-        m2, addr2, arr2 = keep[0]
+        _m2, addr2, arr2 = keep[0]
         size = 256 << 20
         dev = cupy.arange(size, dtype=cupy.uint8)
         cupy.cuda.runtime.memcpy(addr2 + n - size, dev.data.ptr, size, 2)
