@@ -1,5 +1,5 @@
 //! One switch between the locks of normal builds (parking_lot) and loom's model-checked ones
-//! (`RUSTFLAGS="--cfg loom"`), as hawkw/sharded-slab does: the stream-ordered core takes its
+//! (the `loom` feature; hawkw/sharded-slab does the same with `--cfg loom`): the stream-ordered core takes its
 //! locks from here, so `tests/loom_core.rs` explores its lock protocol.
 //!
 //! Both sides offer the same small API: `Mutex::new`, `Mutex::lock` (no poisoning),
@@ -10,22 +10,22 @@
 //! thread that holds it, so a thread that would wait for it while already holding it (an
 //! upstream callback calling back into the resource) gets an error instead of a deadlock.
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use parking_lot::{Mutex, RwLock};
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 use self::loom_locks::MutexGuard;
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 use parking_lot::MutexGuard;
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 use loom::sync::atomic::{AtomicUsize, Ordering};
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 std::thread_local!(static THREAD_TOKEN: u8 = const { 0 });
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 loom::thread_local!(static THREAD_TOKEN: u8 = 0);
 
 /// A non-zero number unique to the calling thread while it lives (the address of a
@@ -115,10 +115,10 @@ impl<T> OwnedMutex<T> {
     }
 }
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) use self::loom_locks::{Mutex, RwLock};
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 mod loom_locks {
     use loom::sync::atomic::{AtomicBool, Ordering};
 
