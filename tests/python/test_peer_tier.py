@@ -262,7 +262,7 @@ def test_peer_memory_is_on_the_peer_and_the_device_reads_it() -> None:
         pytest.skip(f"GPUs 0 and 1 have no peer link: {e}")
     assert (peer.peer, peer.device) == (1, 0)
     data = np.arange(64 * MiB // 8, dtype=np.uint64)
-    on_peer = _rrmm.DeviceBuffer.to_device(data, mr=peer)
+    on_peer = _rrmm.DeviceBuffer.to_device(data.view(np.uint8), mr=peer)
     # Device 0 copies from its peer's memory into its own (peer-to-peer), then to the host.
     local = _rrmm.DeviceBuffer(size=on_peer.size, mr=mr.CudaMemoryResource())
     local.copy_from_device(on_peer)
