@@ -2,7 +2,7 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::{CallProfile, MemoryKind};
+use super::{CallProfile, HostCopy, MemoryKind, PinnedPages};
 use crate::cuda::vmm::VirtualRange;
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
@@ -57,6 +57,60 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// implementations that do not say, is the safe [`CallProfile::UNKNOWN`].
     fn call_profile(&self) -> CallProfile {
         CallProfile::UNKNOWN
+    }
+
+    /// Host memory to hold `bytes` of this memory's pages while a pool sleeps (pinned for a
+    /// device, so copies run at the link's speed). The default refuses: memory that cannot be
+    /// copied cannot sleep.
+    ///
+    /// # Errors
+    /// Out of host memory; [`Error::Logic`] where the memory cannot be copied.
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        let _ = bytes;
+        Err(Error::Logic(format!(
+            "{:?} virtual memory cannot copy its pages to the host",
+            self.kind()
+        )))
+    }
+
+    /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`, and
+    /// waits for the copy.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work writes it during the copy.
+    /// 2. `dst .. dst + bytes` is host memory valid for writes that nothing else uses.
+    ///
+    /// # Errors
+    /// CUDA errors; the default refuses (see [`host_copy`](VirtualMemory::host_copy)).
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, dst, bytes);
+        self.host_copy(0).map(drop)
+    }
+
+    /// Copies `bytes` from host memory at `src` to `addr` (mapped pages of this range), and
+    /// waits for the copy.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it during the copy.
+    /// 2. `src .. src + bytes` is host memory valid for reads that nothing writes meanwhile.
+    ///
+    /// # Errors
+    /// As [`copy_out`](VirtualMemory::copy_out).
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, src, bytes);
+        self.host_copy(0).map(drop)
+    }
+
+    /// Writes zeros to `addr .. addr + bytes` (mapped pages of this range), and waits.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it meanwhile.
+    ///
+    /// # Errors
+    /// As [`copy_out`](VirtualMemory::copy_out).
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, bytes);
+        self.host_copy(0).map(drop)
     }
 }
 
@@ -153,5 +207,35 @@ impl VirtualMemory for CudaVirtualMemory {
     fn call_profile(&self) -> CallProfile {
         // cuMemCreate/cuMemMap/cuMemUnmap/cuMemRelease: driver calls that may wait.
         CallProfile::BLOCKING
+    }
+
+    /// Pinned host pages on the device's host NUMA node, made the fast way ([`PinnedPages`]).
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        if bytes == 0 {
+            return Ok(HostCopy::pageable(0));
+        }
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let node = crate::cuda::host_numa_node(self.ordinal);
+        Ok(HostCopy::Pinned(PinnedPages::new(bytes, node)?))
+    }
+
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's preconditions 1 and 2 (both ranges valid, nothing else uses them).
+        unsafe { crate::cuda::memcpy_sync(dst, addr, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's preconditions 1 and 2.
+        unsafe { crate::cuda::memcpy_sync(addr, src, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let stream = crate::cuda::Stream::DEFAULT;
+        // SAFETY: the caller's precondition 1: mapped device memory nothing uses.
+        unsafe { crate::cuda::memset_async(addr, 0, bytes, stream)? };
+        stream.synchronize()
     }
 }

@@ -64,6 +64,10 @@ pub struct ExpandableMemoryResource {
 struct Inner {
     core: StreamOrderedCore<CoalescingFreeList>,
     vm: Arc<dyn VirtualMemory>,
+    /// The core's stream events (offload synchronizes every stream through them).
+    events: Arc<dyn StreamEvents>,
+    /// Sleep and wake (`expandable/sleep.rs`): the gate allocations and frees pass.
+    sleep: sleep::SleepGate,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
 }
@@ -213,7 +217,7 @@ impl ExpandableMemoryResource {
             mapped: Mutex::new(BTreeMap::new()),
         };
         let core = StreamOrderedCore::<CoalescingFreeList>::new(
-            events,
+            events.clone(),
             Box::new(growth),
             (),
             "expandable",
@@ -223,6 +227,8 @@ impl ExpandableMemoryResource {
             inner: Arc::new(Inner {
                 core,
                 vm,
+                events,
+                sleep: sleep::SleepGate::default(),
                 maximum_pool_size,
                 release_threshold,
             }),
@@ -278,8 +284,32 @@ impl ExpandableMemoryResource {
     ///
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
+    /// While asleep nothing is mapped: 0, and nothing is done.
     pub fn trim(&self, target: usize) -> Result<usize> {
+        let gate = self.inner.sleep.state_read();
+        if gate.is_some() {
+            return Ok(0);
+        }
         self.inner.core.release(target)
+    }
+
+    /// The free of an awake pool (the gate's read side is taken here).
+    fn deallocate_awake(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        let gate = self.inner.sleep.state_read();
+        if gate.is_some() {
+            drop(gate);
+            return self.deallocate_asleep(ptr, bytes, stream);
+        }
+        self.inner.core.deallocate(ptr, bytes, stream)?;
+        self.inner.sleep.forget(ptr);
+        if let Some(threshold) = self.inner.release_threshold {
+            let free = self.inner.core.free_bytes();
+            if free > threshold {
+                let target = self.mapped_bytes().saturating_sub(free - threshold);
+                self.inner.core.release(target)?;
+            }
+        }
+        Ok(())
     }
 
     /// The virtual memory the pool maps into.
@@ -291,6 +321,7 @@ impl ExpandableMemoryResource {
 impl MemoryResource for ExpandableMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        let _awake = self.inner.sleep.awake(bytes)?;
         self.inner.core.allocate(bytes, stream)
     }
 
@@ -299,15 +330,7 @@ impl MemoryResource for ExpandableMemoryResource {
     // out and relies only on the stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.inner.core.deallocate(ptr, bytes, stream)?;
-        if let Some(threshold) = self.inner.release_threshold {
-            let free = self.inner.core.free_bytes();
-            if free > threshold {
-                let target = self.mapped_bytes().saturating_sub(free - threshold);
-                self.trim(target)?;
-            }
-        }
-        Ok(())
+        self.deallocate_awake(ptr, bytes, stream)
     }
 
     fn kind(&self) -> MemoryKind {
@@ -346,6 +369,14 @@ impl MemoryResource for ExpandableMemoryResource {
 
     fn name(&self) -> &'static str {
         "expandable"
+    }
+
+    fn upstreams(&self) -> Vec<crate::resource::SharedResource> {
+        Vec::new()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 
@@ -624,3 +655,9 @@ impl Growth for ExpandableGrowth {
 
 #[cfg(test)]
 mod tests;
+
+mod sleep;
+pub use sleep::{
+    asleep, offload, restore, sleep_estimate, sleep_targets, DiscardFill, SleepEstimate,
+    SleepReport, SleepTag,
+};
