@@ -54,6 +54,8 @@ mod registry;
 mod replay;
 #[path = "resources/resource.rs"]
 mod resource;
+#[path = "resources/sleep.rs"]
+mod sleep;
 #[path = "resources/source_resources.rs"]
 mod source_resources;
 #[path = "resources/stack.rs"]

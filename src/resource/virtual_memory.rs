@@ -73,12 +73,14 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         )))
     }
 
-    /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`, and
-    /// waits for the copy.
+    /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`; the copy
+    /// may still run when this returns, until [`wait_copies`](VirtualMemory::wait_copies) (copies
+    /// run in the order they were asked).
     ///
     /// # Safety
-    /// 1. `addr .. addr + bytes` is mapped and no work writes it during the copy.
-    /// 2. `dst .. dst + bytes` is host memory valid for writes that nothing else uses.
+    /// 1. `addr .. addr + bytes` is mapped and no work writes it until `wait_copies` returns.
+    /// 2. `dst .. dst + bytes` is host memory valid for writes that nothing else uses until
+    ///    `wait_copies` returns.
     ///
     /// # Errors
     /// CUDA errors; the default refuses (see [`host_copy`](VirtualMemory::host_copy)).
@@ -87,12 +89,13 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         self.host_copy(0).map(drop)
     }
 
-    /// Copies `bytes` from host memory at `src` to `addr` (mapped pages of this range), and
-    /// waits for the copy.
+    /// Copies `bytes` from host memory at `src` to `addr` (mapped pages of this range); as
+    /// [`copy_out`](VirtualMemory::copy_out), it may run until `wait_copies`.
     ///
     /// # Safety
-    /// 1. `addr .. addr + bytes` is mapped and no work uses it during the copy.
-    /// 2. `src .. src + bytes` is host memory valid for reads that nothing writes meanwhile.
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it until `wait_copies` returns.
+    /// 2. `src .. src + bytes` is host memory valid for reads that nothing writes until
+    ///    `wait_copies` returns.
     ///
     /// # Errors
     /// As [`copy_out`](VirtualMemory::copy_out).
@@ -101,16 +104,25 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         self.host_copy(0).map(drop)
     }
 
-    /// Writes zeros to `addr .. addr + bytes` (mapped pages of this range), and waits.
+    /// Writes zeros to `addr .. addr + bytes` (mapped pages of this range); as
+    /// [`copy_out`](VirtualMemory::copy_out), it may run until `wait_copies`.
     ///
     /// # Safety
-    /// 1. `addr .. addr + bytes` is mapped and no work uses it meanwhile.
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it until `wait_copies` returns.
     ///
     /// # Errors
     /// As [`copy_out`](VirtualMemory::copy_out).
     unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
         let _ = (addr, bytes);
         self.host_copy(0).map(drop)
+    }
+
+    /// Waits for every copy and fill asked so far (the default: they ran when asked).
+    ///
+    /// # Errors
+    /// CUDA errors of the copies.
+    fn wait_copies(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -221,21 +233,27 @@ impl VirtualMemory for CudaVirtualMemory {
 
     unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
         let _ctx = ContextGuard::new(self.ordinal)?;
-        // SAFETY: the caller's preconditions 1 and 2 (both ranges valid, nothing else uses them).
-        unsafe { crate::cuda::memcpy_sync(dst, addr, bytes, crate::cuda::Stream::DEFAULT) }
+        // SAFETY: the caller's preconditions 1 and 2 (both ranges valid, nothing else uses them
+        // until `wait_copies`, which synchronizes the stream).
+        unsafe { crate::cuda::memcpy_async(dst, addr, bytes, crate::cuda::Stream::DEFAULT) }
     }
 
     unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
         let _ctx = ContextGuard::new(self.ordinal)?;
-        // SAFETY: the caller's preconditions 1 and 2.
-        unsafe { crate::cuda::memcpy_sync(addr, src, bytes, crate::cuda::Stream::DEFAULT) }
+        // SAFETY: the caller's preconditions 1 and 2 (as `copy_out`).
+        unsafe { crate::cuda::memcpy_async(addr, src, bytes, crate::cuda::Stream::DEFAULT) }
     }
 
     unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
         let _ctx = ContextGuard::new(self.ordinal)?;
-        let stream = crate::cuda::Stream::DEFAULT;
-        // SAFETY: the caller's precondition 1: mapped device memory nothing uses.
-        unsafe { crate::cuda::memset_async(addr, 0, bytes, stream)? };
-        stream.synchronize()
+        // SAFETY: the caller's precondition 1: mapped device memory nothing uses until
+        // `wait_copies`.
+        unsafe { crate::cuda::memset_async(addr, 0, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    /// Synchronizes the (legacy default) stream the copies ran on.
+    fn wait_copies(&self) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        crate::cuda::Stream::DEFAULT.synchronize()
     }
 }

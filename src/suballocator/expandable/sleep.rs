@@ -432,13 +432,20 @@ impl ExpandableMemoryResource {
         let pieces = blocks
             .iter()
             .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o)));
+        let mut copies = Ok(());
         for (addr, size, off) in coalesce(pieces) {
             // SAFETY: the block is live, so its pages are mapped; every stream was synchronized
             // and the gate stops allocations and frees, so no work of this pool's users is
             // queued on it (offload's documented contract); the host copy has `copied` bytes
-            // and `off + size <= copied`, and nothing else uses it.
-            unsafe { inner.vm.copy_out(addr, host_base + off, size) }?;
+            // and `off + size <= copied`, nothing else uses it, and it outlives the wait below.
+            copies = unsafe { inner.vm.copy_out(addr, host_base + off, size) };
+            if copies.is_err() {
+                break;
+            }
         }
+        // Always waited, even after a failed copy: the host copy may be dropped next.
+        let waited = inner.vm.wait_copies();
+        copies.and(waited)?;
         let copy_out_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
         let mut report = SleepReport {
@@ -559,7 +566,8 @@ impl ExpandableMemoryResource {
         let mut copied = Ok(());
         for (addr, size, off) in coalesce(pieces) {
             // SAFETY: the pages were mapped above and nothing uses them (asleep: the gate is
-            // held for writing); the host range lies inside the copy made at offload.
+            // held for writing); the host range lies inside the copy made at offload, which
+            // lives on until after the wait below.
             copied = unsafe { inner.vm.copy_in(addr, host_base + off, size) };
             if copied.is_err() {
                 break;
@@ -574,7 +582,8 @@ impl ExpandableMemoryResource {
                 }
             }
         }
-        if let Err(e) = copied {
+        let waited = inner.vm.wait_copies();
+        if let Err(e) = copied.and(waited) {
             unmap_all(&saved.runs);
             return Err(e);
         }

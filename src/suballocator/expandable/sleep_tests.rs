@@ -89,6 +89,9 @@ impl VirtualMemory for FlakyVm {
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.fill_zero(addr, bytes) }
     }
+    fn wait_copies(&self) -> Result<()> {
+        self.inner.wait_copies()
+    }
 }
 
 fn host_pool(reserve: usize) -> (Arc<FlakyVm>, ExpandableMemoryResource) {
