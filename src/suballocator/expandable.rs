@@ -211,7 +211,9 @@ impl ExpandableMemoryResource {
                  use the pool over managed memory",
             ));
         }
+        let sleep = sleep::SleepGate::default();
         let growth = ExpandableGrowth {
+            sleeping: sleep.flag.clone(),
             vm: vm.clone(),
             maximum: maximum_pool_size,
             mapped: Mutex::new(BTreeMap::new()),
@@ -228,7 +230,7 @@ impl ExpandableMemoryResource {
                 core,
                 vm,
                 events,
-                sleep: sleep::SleepGate::default(),
+                sleep,
                 maximum_pool_size,
                 release_threshold,
             }),
@@ -284,32 +286,14 @@ impl ExpandableMemoryResource {
     ///
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
-    /// While asleep nothing is mapped: 0, and nothing is done.
+    /// While asleep nothing is mapped: 0, and nothing is done (waits for an offload or restore
+    /// under way).
     pub fn trim(&self, target: usize) -> Result<usize> {
-        let gate = self.inner.sleep.state_read();
-        if gate.is_some() {
+        let _sleep = self.inner.sleep.hold();
+        if self.inner.sleep.asleep() {
             return Ok(0);
         }
         self.inner.core.release(target)
-    }
-
-    /// The free of an awake pool (the gate's read side is taken here).
-    fn deallocate_awake(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        let gate = self.inner.sleep.state_read();
-        if gate.is_some() {
-            drop(gate);
-            return self.deallocate_asleep(ptr, bytes, stream);
-        }
-        self.inner.core.deallocate(ptr, bytes, stream)?;
-        self.inner.sleep.forget(ptr);
-        if let Some(threshold) = self.inner.release_threshold {
-            let free = self.inner.core.free_bytes();
-            if free > threshold {
-                let target = self.mapped_bytes().saturating_sub(free - threshold);
-                self.inner.core.release(target)?;
-            }
-        }
-        Ok(())
     }
 
     /// The virtual memory the pool maps into.
@@ -321,8 +305,19 @@ impl ExpandableMemoryResource {
 impl MemoryResource for ExpandableMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        let _awake = self.inner.sleep.awake(bytes)?;
-        self.inner.core.allocate(bytes, stream)
+        // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`).
+        if self.inner.sleep.asleep() {
+            return Err(sleep::asleep_error(bytes));
+        }
+        let ptr = self.inner.core.allocate(bytes, stream);
+        if self.inner.sleep.asleep() {
+            // A sleep began meanwhile: the block may lie on pages it unmaps.
+            if let Ok(ptr) = ptr {
+                self.inner.core.deallocate(ptr, bytes, stream)?;
+            }
+            return Err(sleep::asleep_error(bytes));
+        }
+        ptr
     }
 
     #[inline]
@@ -330,7 +325,22 @@ impl MemoryResource for ExpandableMemoryResource {
     // out and relies only on the stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        self.deallocate_awake(ptr, bytes, stream)
+        // Allowed while asleep too: bookkeeping only (see `expandable/sleep.rs`).
+        self.inner.core.deallocate(ptr, bytes, stream)?;
+        self.inner.sleep.forget(ptr);
+        if let Some(threshold) = self.inner.release_threshold {
+            // Never beside an offload or restore (they unmap and map pages themselves), and
+            // never waiting for one: the next free trims.
+            let Some(_sleep) = self.inner.sleep.try_hold() else {
+                return Ok(());
+            };
+            let free = self.inner.core.free_bytes();
+            if free > threshold && !self.inner.sleep.asleep() {
+                let target = self.mapped_bytes().saturating_sub(free - threshold);
+                self.inner.core.release(target)?;
+            }
+        }
+        Ok(())
     }
 
     fn kind(&self) -> MemoryKind {
@@ -386,6 +396,9 @@ impl MemoryResource for ExpandableMemoryResource {
 #[derive(Debug)]
 struct ExpandableGrowth {
     vm: Arc<dyn VirtualMemory>,
+    /// The pool's sleep flag: no mapping and no trim while it is set (an offload is under way
+    /// or done).
+    sleeping: Arc<std::sync::atomic::AtomicBool>,
     maximum: Option<usize>,
     /// Runs of mapped pages: start -> end (locked after the core's shared lock).
     mapped: Mutex<BTreeMap<usize, usize>>,
@@ -457,6 +470,9 @@ impl ExpandableGrowth {
     }
 
     fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
+        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(sleep::asleep_error(request.bytes));
+        }
         let base = self.vm.base();
         let tails: HashMap<usize, usize> = fresh
             .ranges()
@@ -598,8 +614,12 @@ impl Growth for ExpandableGrowth {
         Ok(())
     }
 
+    /// Nothing while the pool sleeps (or falls asleep): the offload unmaps the pages itself.
     #[allow(unsafe_code)]
     fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> (usize, Result<()>) {
+        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
+            return (0, Ok(()));
+        }
         let target = keep;
         let page = self.page();
         let base = self.vm.base();

@@ -4,16 +4,24 @@
 //! the same pages at the same addresses and copies the bytes back. Live allocations keep their
 //! addresses (CUDA graphs, CuPy arrays, PyTorch tensors stay valid) and their data.
 //!
-//! # The gate
-//! Allocations and frees take a read lock of the pool's sleep state; `offload` and `restore` take
-//! it for writing, so neither sees a half-made sleep. While asleep an allocation is refused
-//! ([`Error::Logic`]: "the pool is asleep; restore() first") and a free of a live block is
-//! allowed: the block goes back to the pool's lists and is not copied back at wake.
+//! # The flag (no lock on the allocation path)
+//! `offload` and `restore` run under the pool's sleep mutex and set an `asleep` flag first
+//! (cleared last, by a successful restore). An allocation reads the flag before and after the
+//! core serves it: refused before ([`Error::Logic`]: "the pool is asleep; restore() first");
+//! after, a block the core handed out while a sleep began is freed again and refused too. This
+//! is sound because the offload's snapshot locks every stream list and the shared state after
+//! setting the flag: a block carved after the snapshot read its list is carved under that list's
+//! lock, so its allocation sees the flag; a block carved before is live in the snapshot and is
+//! copied (an allocation that returns while a sleep begins on another thread is as one that
+//! returned just before it). Growth and the growth policy's trim do nothing while the flag is
+//! set, so no page is mapped or unmapped behind the offload's back (the offload trims the free
+//! pages itself just before it sets the flag). A free never waits: while asleep the block goes back to the lists (its
+//! bytes are copied back at wake all the same; its whole pages are given back after the wake).
 //!
 //! # Offload
 //! 1. Synchronize every stream the pool has seen (the context): work queued on the pool's memory
 //!    finishes first, so the bytes copied are final (offload waits, it never refuses).
-//! 2. Unmap every page wholly inside free blocks (a `trim(0)`): never copied.
+//! 2. Unmap every page wholly inside free blocks (a `trim(0)`): never copied. Set the flag.
 //! 3. Copy the live blocks not tagged [`SleepTag::Discard`] (adjacent blocks as one copy) to one
 //!    [`HostCopy`] (pinned for a device), then unmap the remaining page runs.
 //!
@@ -21,7 +29,8 @@
 //! Map the recorded page runs again (all or nothing: on a refusal the runs mapped so far are
 //! unmapped again, the pool stays asleep with its bytes on the host, and a later restore retries),
 //! copy the kept blocks back, zero the discarded ones when asked ([`DiscardFill::Zero`]), then
-//! drop the host copy (or keep it for the next sleep, [`set_retain_host_copy`]).
+//! drop the host copy (or keep it for the next sleep, [`set_retain_host_copy`]), trim the pages
+//! freed while asleep, and clear the flag.
 //!
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
@@ -29,9 +38,10 @@ use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
 use crate::resource::{HostCopy, MemoryResource, SharedResource};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a live allocation's bytes become across a sleep.
@@ -138,7 +148,11 @@ pub struct SleepReport {
 /// The pool's sleep state, its tags and its records (one per pool).
 #[derive(Debug, Default)]
 pub(super) struct SleepGate {
-    state: RwLock<Option<Box<Saved>>>,
+    /// Set from the start of an offload to the end of the restore that wakes the pool (shared
+    /// with the growth policy, which refuses to map while it is set).
+    pub(super) flag: Arc<AtomicBool>,
+    /// The sleep record (`Some` while asleep), held through a whole offload or restore.
+    state: Mutex<Option<Box<Saved>>>,
     /// Block start -> tag; only [`SleepTag::Discard`] is stored.
     tags: Mutex<HashMap<usize, SleepTag>>,
     /// `tags.len()`, read by frees without the lock.
@@ -158,8 +172,6 @@ pub(super) struct Saved {
     blocks: BTreeMap<usize, SavedBlock>,
     host: HostCopy,
     fill: DiscardFill,
-    /// Whether a block was freed while asleep (its whole pages are trimmed after restore).
-    freed: bool,
     report: SleepReport,
 }
 
@@ -171,7 +183,7 @@ struct SavedBlock {
 }
 
 /// The error of an allocation while asleep.
-fn asleep_error(bytes: usize) -> Error {
+pub(super) fn asleep_error(bytes: usize) -> Error {
     Error::Logic(format!(
         "expandable: the pool is asleep (offloaded to host memory); restore() it first \
          (allocation of {bytes} bytes refused)"
@@ -179,23 +191,20 @@ fn asleep_error(bytes: usize) -> Error {
 }
 
 impl SleepGate {
-    /// The read side of the gate, or the asleep error for an allocation of `bytes`.
-    pub(super) fn awake(&self, bytes: usize) -> Result<RwLockReadGuard<'_, Option<Box<Saved>>>> {
-        let guard = self.state.read();
-        if guard.is_some() {
-            return Err(asleep_error(bytes));
-        }
-        Ok(guard)
-    }
-
-    /// The read side of the gate (`Some` while asleep).
-    pub(super) fn state_read(&self) -> RwLockReadGuard<'_, Option<Box<Saved>>> {
-        self.state.read()
-    }
-
-    /// Whether the pool is asleep now.
+    /// Whether the pool is asleep, or falling asleep or waking (one load).
+    #[inline]
     pub(super) fn asleep(&self) -> bool {
-        self.state.read().is_some()
+        self.flag.load(Ordering::Acquire)
+    }
+
+    /// The sleep record, held: no offload or restore runs meanwhile.
+    pub(super) fn hold(&self) -> parking_lot::MutexGuard<'_, Option<Box<Saved>>> {
+        self.state.lock()
+    }
+
+    /// As [`hold`](Self::hold), `None` when an offload or restore holds it now.
+    pub(super) fn try_hold(&self) -> Option<parking_lot::MutexGuard<'_, Option<Box<Saved>>>> {
+        self.state.try_lock()
     }
 
     /// Forgets the tag of the block at `ptr` (it was freed): a later block at that address
@@ -265,8 +274,6 @@ impl ExpandableMemoryResource {
     /// # Errors
     /// [`Error::InvalidArgument`] when no live allocation of this pool holds `ptr`.
     pub fn tag(&self, ptr: usize, tag: SleepTag) -> Result<usize> {
-        // Under the gate: no allocation or free moves the blocks meanwhile.
-        let _gate = self.inner.sleep.state.read();
         let live = self.view().live;
         let i = live.partition_point(|&(a, _)| a <= ptr);
         let start = match i.checked_sub(1).map(|i| live[i]) {
@@ -302,8 +309,7 @@ impl ExpandableMemoryResource {
     /// What an [`offload`](Self::offload) now would release, copy and discard (all zero while
     /// asleep: the memory is released already). Reads one snapshot of the pool.
     pub fn sleep_estimate(&self) -> SleepEstimate {
-        let gate = self.inner.sleep.state.read();
-        if gate.is_some() {
+        if self.inner.sleep.asleep() {
             return SleepEstimate::default();
         }
         let view = self.view();
@@ -332,8 +338,7 @@ impl ExpandableMemoryResource {
     pub fn host_copy_bytes(&self) -> usize {
         self.inner
             .sleep
-            .state
-            .read()
+            .hold()
             .as_ref()
             .map_or(0, |s| s.host.host_bytes())
     }
@@ -389,7 +394,7 @@ impl ExpandableMemoryResource {
     pub fn offload_with(&self, fill: DiscardFill) -> Result<SleepEstimate> {
         let inner = &self.inner;
         let gate = &inner.sleep;
-        let mut state = gate.state.write();
+        let mut state = gate.hold();
         if state.is_some() {
             return Err(Error::Logic(
                 "expandable: offload() of a pool that is asleep already; restore() it first".into(),
@@ -398,6 +403,26 @@ impl ExpandableMemoryResource {
         let started = Instant::now();
         inner.events.synchronize_all()?;
         let trimmed = inner.core.release(0)?;
+        // From here on allocations, growth and trims are refused (see the module docs).
+        gate.flag.store(true, Ordering::SeqCst);
+        let done = self.offload_flagged(&mut state, fill, started, trimmed);
+        if done.is_err() && state.is_none() {
+            gate.flag.store(false, Ordering::SeqCst);
+        }
+        done
+    }
+
+    /// The offload once the flag is set; `state` is `None` and held.
+    #[allow(unsafe_code)]
+    fn offload_flagged(
+        &self,
+        state: &mut Option<Box<Saved>>,
+        fill: DiscardFill,
+        started: Instant,
+        trimmed: usize,
+    ) -> Result<SleepEstimate> {
+        let inner = &self.inner;
+        let gate = &inner.sleep;
         let view = self.view();
         let sync_trim_s = started.elapsed().as_secs_f64();
         let tags = gate.tags.lock().clone();
@@ -434,10 +459,11 @@ impl ExpandableMemoryResource {
             .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o)));
         let mut copies = Ok(());
         for (addr, size, off) in coalesce(pieces) {
-            // SAFETY: the block is live, so its pages are mapped; every stream was synchronized
-            // and the gate stops allocations and frees, so no work of this pool's users is
-            // queued on it (offload's documented contract); the host copy has `copied` bytes
-            // and `off + size <= copied`, nothing else uses it, and it outlives the wait below.
+            // SAFETY: the block was live at the snapshot, so its pages are mapped (the flag
+            // stops growth and trims since before it); every stream was synchronized, so no
+            // work of this pool's users is queued on it (offload's documented contract: a
+            // caller queues none while it runs); the host copy has `copied` bytes and
+            // `off + size <= copied`, nothing else uses it, and it outlives the wait below.
             copies = unsafe { inner.vm.copy_out(addr, host_base + off, size) };
             if copies.is_err() {
                 break;
@@ -466,8 +492,9 @@ impl ExpandableMemoryResource {
             ..SleepReport::default()
         };
         for (i, &(addr, len)) in view.runs.iter().enumerate() {
-            // SAFETY: as for the copies: synchronized, and no allocation or free can run while
-            // the gate is held; the pages are mapped again before any allocation is handed out.
+            // SAFETY: as for the copies: synchronized, no work queued; a block an allocation
+            // carves here is freed again unused (it sees the flag); the pages are mapped again
+            // before any allocation is handed out.
             if let Err(e) = unsafe { inner.vm.unmap(addr, len) } {
                 // Undo: the runs unmapped so far are a sleep of their own; wake it.
                 *state = Some(Box::new(Saved {
@@ -475,10 +502,9 @@ impl ExpandableMemoryResource {
                     blocks,
                     host,
                     fill: DiscardFill::Undefined,
-                    freed: false,
                     report,
                 }));
-                return match self.wake_locked(&mut state) {
+                return match self.wake_locked(state) {
                     Ok(()) => Err(e),
                     Err(again) => Err(Error::Logic(format!(
                         "expandable: offload failed half-way ({e}) and mapping back failed \
@@ -497,7 +523,6 @@ impl ExpandableMemoryResource {
             blocks,
             host,
             fill,
-            freed: false,
             report,
         }));
         Ok(estimate)
@@ -512,7 +537,7 @@ impl ExpandableMemoryResource {
     /// the pool stays asleep with its data on the host and a later restore retries; CUDA errors
     /// of the copies (the pool stays asleep too).
     pub fn restore(&self) -> Result<()> {
-        let mut state = self.inner.sleep.state.write();
+        let mut state = self.inner.sleep.hold();
         if state.is_none() {
             return Err(Error::Logic(
                 "expandable: restore() of a pool that is awake (no offload() to undo)".into(),
@@ -521,7 +546,8 @@ impl ExpandableMemoryResource {
         self.wake_locked(&mut state)
     }
 
-    /// The restore, under the gate's write lock; `state` is `Some`.
+    /// The restore, with the sleep record held; `state` is `Some`. Clears the flag when it
+    /// succeeds.
     #[allow(unsafe_code)]
     fn wake_locked(&self, state: &mut Option<Box<Saved>>) -> Result<()> {
         let inner = &self.inner;
@@ -565,8 +591,8 @@ impl ExpandableMemoryResource {
             .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o)));
         let mut copied = Ok(());
         for (addr, size, off) in coalesce(pieces) {
-            // SAFETY: the pages were mapped above and nothing uses them (asleep: the gate is
-            // held for writing); the host range lies inside the copy made at offload, which
+            // SAFETY: the pages were mapped above and nothing uses them (asleep: allocations are
+            // refused, and no block was handed out since the offload); the host range lies inside the copy made at offload, which
             // lives on until after the wait below.
             copied = unsafe { inner.vm.copy_in(addr, host_base + off, size) };
             if copied.is_err() {
@@ -591,10 +617,7 @@ impl ExpandableMemoryResource {
             return Ok(());
         };
         let Saved {
-            host,
-            freed,
-            mut report,
-            ..
+            host, mut report, ..
         } = *saved;
         report.map_s = Some(map_s);
         report.copy_in_s = Some(step.elapsed().as_secs_f64());
@@ -603,36 +626,11 @@ impl ExpandableMemoryResource {
         if inner.sleep.retain_host.load(Ordering::Relaxed) && host.host_bytes() > 0 {
             *inner.sleep.spare.lock() = Some(host);
         }
-        if freed {
-            // Pages that became wholly free while asleep: given back again. A failure leaves
-            // them mapped and free (a later trim retries).
-            let _ = inner.core.release(0);
-        }
+        inner.sleep.flag.store(false, Ordering::SeqCst);
+        // Pages that became wholly free while asleep (blocks freed then): given back again. A
+        // failure leaves them mapped and free (a later trim retries).
+        let _ = inner.core.release(0);
         Ok(())
-    }
-
-    /// A free while asleep: the block goes back to the pool and is not copied back at wake.
-    pub(super) fn deallocate_asleep(
-        &self,
-        ptr: usize,
-        bytes: usize,
-        stream: crate::cuda::Stream,
-    ) -> Result<()> {
-        let mut state = self.inner.sleep.state.write();
-        match state.as_mut() {
-            Some(saved) => {
-                self.inner.core.deallocate(ptr, bytes, stream)?;
-                saved.blocks.remove(&ptr);
-                saved.freed = true;
-                self.inner.sleep.forget(ptr);
-                Ok(())
-            }
-            None => {
-                // Woken meanwhile: the ordinary free.
-                drop(state);
-                self.deallocate_awake(ptr, bytes, stream)
-            }
-        }
     }
 }
 

@@ -237,7 +237,7 @@ fn a_refused_wake_loses_nothing_and_a_later_wake_succeeds() {
 }
 
 #[test]
-fn a_free_while_asleep_drops_the_block_s_copy_and_its_pages_go_after_wake() {
+fn a_free_while_asleep_is_allowed_and_its_whole_pages_go_after_wake() {
     let (vm, mr) = host_pool(64 * PAGE);
     let a = mr.allocate(4 * PAGE, S).unwrap();
     let b = mr.allocate(PAGE, S).unwrap();
