@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rrmm
+from conftest import gpu_available, gpu_skip_reason
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -261,3 +262,21 @@ def test_a_retained_host_copy_serves_the_next_sleep() -> None:
         assert report is not None and report["host_reused"] == (sleep == 1)
     pool.set_retain_host_copy(False)
     del buf
+
+
+@pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason())
+def test_gpu_device_buffers_keep_their_bytes_and_addresses() -> None:
+    pool = mr.ExpandableMemoryResource()
+    top = mr.StatisticsResourceAdaptor(pool)
+    data = [bytes([i + 1]) * (i * 5 * MiB + 1000) for i in range(4)]
+    bufs = [rrmm.DeviceBuffer.to_device(d, mr=top) for d in data]
+    ptrs = [b.ptr for b in bufs]
+    with rrmm.sleep(top, discard=[bufs[3]], discard_fill="zero") as did:
+        assert pool.asleep and pool.mapped_bytes() == 0
+        assert did["discarded_bytes"] >= len(data[3])
+        report = pool.last_sleep()
+        assert report is not None and report["host_pinned"]
+    assert [b.ptr for b in bufs] == ptrs
+    for i, (b, d) in enumerate(zip(bufs, data, strict=True)):
+        want = bytes(len(d)) if i == 3 else d
+        assert bytes(b.copy_to_host()) == want
