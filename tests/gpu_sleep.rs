@@ -30,7 +30,10 @@ fn device_bytes_survive_a_sleep_at_the_same_addresses() {
     let pool = ExpandableMemoryResource::on_device(0, None, None, None, None, None).unwrap();
     let top: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let sizes = [1000, 64 * MIB + 3, 300 * MIB, 256];
-    let ptrs: Vec<usize> = sizes.iter().map(|&s| top.allocate(s, Stream::DEFAULT).unwrap()).collect();
+    let ptrs: Vec<usize> = sizes
+        .iter()
+        .map(|&s| top.allocate(s, Stream::DEFAULT).unwrap())
+        .collect();
     for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
         fill(p, s, i as u8 + 1);
     }

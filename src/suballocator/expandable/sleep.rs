@@ -5,8 +5,9 @@
 //! addresses (CUDA graphs, CuPy arrays, PyTorch tensors stay valid) and their data.
 //!
 //! # The flag (no lock on the allocation path)
-//! `offload` and `restore` run under the pool's sleep mutex and set an `asleep` flag first
-//! (cleared last, by a successful restore). An allocation reads the flag before and after the
+//! `offload` and `restore` run under the pool's sleep mutex; the offload sets an `asleep` flag
+//! once it has trimmed the free pages, before it reads the blocks (a successful restore clears
+//! it last). An allocation reads the flag before and after the
 //! core serves it: refused before ([`Error::Logic`]: "the pool is asleep; restore() first");
 //! after, a block the core handed out while a sleep began is freed again and refused too. This
 //! is sound because the offload's snapshot locks every stream list and the shared state after
@@ -15,8 +16,9 @@
 //! copied (an allocation that returns while a sleep begins on another thread is as one that
 //! returned just before it). Growth and the growth policy's trim do nothing while the flag is
 //! set, so no page is mapped or unmapped behind the offload's back (the offload trims the free
-//! pages itself just before it sets the flag). A free never waits: while asleep the block goes back to the lists (its
-//! bytes are copied back at wake all the same; its whole pages are given back after the wake).
+//! pages itself just before it sets the flag). A free never waits: while asleep the block goes
+//! back to the lists (its bytes are copied back at wake all the same, into free memory; its
+//! whole pages are given back after the wake).
 //!
 //! # Offload
 //! 1. Synchronize every stream the pool has seen (the context): work queued on the pool's memory
@@ -168,7 +170,7 @@ pub(super) struct SleepGate {
 pub(super) struct Saved {
     /// Page runs unmapped (start, bytes), mapped again at restore.
     runs: Vec<(usize, usize)>,
-    /// Live blocks at offload (start -> where its bytes are); frees while asleep remove theirs.
+    /// Live blocks at offload (start -> where its bytes are).
     blocks: BTreeMap<usize, SavedBlock>,
     host: HostCopy,
     fill: DiscardFill,
@@ -266,7 +268,9 @@ impl ExpandableMemoryResource {
 
     /// Tags the live allocation that holds `ptr` (any address inside it) `tag`: [`Keep`]
     /// (offloaded and restored, the default) or [`Discard`] (not copied). The tag holds until
-    /// the allocation is freed. Returns the allocation's start.
+    /// the allocation is freed. Returns the allocation's start. Reads one snapshot of the pool
+    /// (O(blocks)). Tagging an allocation while another thread frees it is the caller's race (as
+    /// any use after free): the tag may outlive it and apply to the next block at that address.
     ///
     /// [`Keep`]: SleepTag::Keep
     /// [`Discard`]: SleepTag::Discard
