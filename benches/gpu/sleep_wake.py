@@ -189,7 +189,8 @@ def part_b(args: argparse.Namespace) -> dict[str, Any]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout is not None and holder.stdin is not None
-    held = json.loads(holder.stdout.readline())
+    line = holder.stdout.readline()
+    held = json.loads(line) if line.strip() else {"error": "the holder could not allocate"}
     try:
         mr.restore()
         refused = None
