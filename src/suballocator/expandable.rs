@@ -55,6 +55,12 @@ pub const DEFAULT_DEVICE_PAGE_SIZE: usize = 32 << 20;
 /// # Figures
 /// [`mapped_bytes`](Self::mapped_bytes) (physical memory held), [`reserved_bytes`](Self::reserved_bytes)
 /// (addresses), [`free_bytes`](Self::free_bytes), [`largest_free_block`](Self::largest_free_block).
+///
+/// # Sleep and wake
+/// [`offload`](Self::offload) copies the live allocations to host memory and gives every page
+/// back, keeping every address; [`restore`](Self::restore) maps them again and copies back
+/// (tags: [`tag`](Self::tag); figures: [`sleep_estimate`](Self::sleep_estimate),
+/// [`last_sleep`](Self::last_sleep); any stack: [`crate::suballocator::sleep`]).
 #[derive(Clone, Debug)]
 pub struct ExpandableMemoryResource {
     inner: Arc<Inner>,
@@ -66,7 +72,7 @@ struct Inner {
     vm: Arc<dyn VirtualMemory>,
     /// The core's stream events (offload synchronizes every stream through them).
     events: Arc<dyn StreamEvents>,
-    /// Sleep and wake (`expandable/sleep.rs`): the gate allocations and frees pass.
+    /// Sleep and wake (`expandable/sleep.rs`): the flag allocations read, the sleep record.
     sleep: sleep::SleepGate,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
@@ -281,13 +287,14 @@ impl ExpandableMemoryResource {
     /// inside a free block, anywhere in the range) until at most `target` bytes stay mapped or no
     /// free page is left; returns the bytes unmapped.
     ///
+    /// While asleep nothing is mapped: returns 0 and does nothing (it waits for an offload or
+    /// restore under way).
+    ///
     /// # Errors
     /// CUDA errors from the synchronization or the unmapping.
     ///
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
-    /// While asleep nothing is mapped: 0, and nothing is done (waits for an offload or restore
-    /// under way).
     pub fn trim(&self, target: usize) -> Result<usize> {
         let _sleep = self.inner.sleep.hold();
         if self.inner.sleep.asleep() {
