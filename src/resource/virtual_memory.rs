@@ -117,6 +117,12 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         self.host_copy(0).map(drop)
     }
 
+    /// The most bytes a restore maps in one call, so that the copies into mapped chunks run
+    /// while the next chunk is mapped (default: whole runs in one call).
+    fn map_chunk_bytes(&self) -> usize {
+        usize::MAX
+    }
+
     /// Waits for every copy and fill asked so far (the default: they ran when asked).
     ///
     /// # Errors
@@ -249,6 +255,11 @@ impl VirtualMemory for CudaVirtualMemory {
         // SAFETY: the caller's precondition 1: mapped device memory nothing uses until
         // `wait_copies`.
         unsafe { crate::cuda::memset_async(addr, 0, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    /// 1 GiB (whole pages): a restore's copies run while the next GiB is mapped.
+    fn map_chunk_bytes(&self) -> usize {
+        (1usize << 30).max(self.page_size)
     }
 
     /// Synchronizes the (legacy default) stream the copies ran on.

@@ -139,9 +139,10 @@ pub struct SleepReport {
     pub unmap_s: f64,
     /// The whole restore, once it succeeded.
     pub restore_s: Option<f64>,
-    /// Mapping again (the successful restore).
+    /// Mapping again (the successful restore; the copies into mapped chunks run meanwhile).
     pub map_s: Option<f64>,
-    /// Copying back (and zeroing discarded blocks).
+    /// The rest of the restore: copying back beyond what ran while mapping, zeroing discarded
+    /// blocks, waiting.
     pub copy_in_s: Option<f64>,
     /// Restores refused (the memory could not be mapped) before the one that succeeded.
     pub failed_restores: u64,
@@ -562,48 +563,62 @@ impl ExpandableMemoryResource {
         let unmap_all = |runs: &[(usize, usize)]| {
             for &(addr, len) in runs {
                 // SAFETY: mapped by this restore a moment ago; nothing has used them (the
-                // pool is asleep: no allocation hands them out).
+                // pool is asleep: no allocation hands them out), and the copies into them were
+                // waited for before this is called.
                 let _ = unsafe { inner.vm.unmap(addr, len) };
             }
         };
-        for (i, &(addr, len)) in saved.runs.iter().enumerate() {
-            if let Err(e) = inner.vm.map(addr, len) {
-                unmap_all(&saved.runs[..i]);
+        let page = inner.vm.page_size();
+        let chunks = split_runs(
+            &saved.runs,
+            inner.vm.map_chunk_bytes().max(page) / page * page,
+        );
+        let host_base = saved.host.addr();
+        let pieces = coalesce(
+            saved
+                .blocks
+                .iter()
+                .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o))),
+        );
+        let mut next = 0;
+        let mut copied = Ok(());
+        let mut map_s = 0.0;
+        // Map chunk by chunk; the copies into a mapped chunk run (asynchronously on a device)
+        // while the next one is mapped.
+        for (i, &(addr, len)) in chunks.iter().enumerate() {
+            let step = Instant::now();
+            let mapped = inner.vm.map(addr, len);
+            map_s += step.elapsed().as_secs_f64();
+            if let Err(e) = mapped {
+                let _ = inner.vm.wait_copies();
+                unmap_all(&chunks[..i]);
                 saved.report.failed_restores += 1;
                 *inner.sleep.last.lock() = Some(saved.report.clone());
-                let text = e.to_string();
-                let why = text
-                    .strip_prefix("std::bad_alloc: out_of_memory: ")
-                    .unwrap_or(&text);
-                let message = format!(
-                    "expandable: restore could not map {len} bytes at {addr:#x} ({why}); the \
-                     pool is still asleep with its data on the host: restore() again once the \
-                     memory is free"
-                );
-                return Err(match e {
-                    Error::OutOfMemory { .. } => Error::out_of_memory(len, message),
-                    _ => Error::Logic(message),
-                });
+                return Err(refused_restore(e, addr, len));
             }
-        }
-        let map_s = started.elapsed().as_secs_f64();
-        let step = Instant::now();
-        let host_base = saved.host.addr();
-        let pieces = saved
-            .blocks
-            .iter()
-            .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o)));
-        let mut copied = Ok(());
-        for (addr, size, off) in coalesce(pieces) {
-            // SAFETY: the pages were mapped above and nothing uses them (asleep: allocations are
-            // refused, and no block was handed out since the offload); the host range lies inside the copy made at offload, which
-            // lives on until after the wait below.
-            copied = unsafe { inner.vm.copy_in(addr, host_base + off, size) };
+            let end = addr + len;
+            while let Some(&(at, size, off)) = pieces.get(next) {
+                if at >= end {
+                    break;
+                }
+                let (lo, hi) = (at.max(addr), (at + size).min(end));
+                // SAFETY: `lo .. hi` lies in chunks mapped above and nothing uses them (asleep:
+                // allocations are refused, and no block was handed out since the offload); the
+                // host range lies inside the copy made at offload, which lives on until after
+                // the wait below.
+                copied = unsafe { inner.vm.copy_in(lo, host_base + off + (lo - at), hi - lo) };
+                if copied.is_err() || at + size > end {
+                    break;
+                }
+                next += 1;
+            }
             if copied.is_err() {
-                break;
+                let _ = inner.vm.wait_copies();
+                unmap_all(&chunks[..=i]);
+                return copied;
             }
         }
-        if copied.is_ok() && saved.fill == DiscardFill::Zero {
+        if saved.fill == DiscardFill::Zero {
             for (&addr, b) in saved.blocks.iter().filter(|(_, b)| b.host_offset.is_none()) {
                 // SAFETY: as for the copies.
                 copied = unsafe { inner.vm.fill_zero(addr, b.size) };
@@ -614,7 +629,7 @@ impl ExpandableMemoryResource {
         }
         let waited = inner.vm.wait_copies();
         if let Err(e) = copied.and(waited) {
-            unmap_all(&saved.runs);
+            unmap_all(&chunks);
             return Err(e);
         }
         let Some(saved) = state.take() else {
@@ -623,9 +638,10 @@ impl ExpandableMemoryResource {
         let Saved {
             host, mut report, ..
         } = *saved;
+        let restore_s = started.elapsed().as_secs_f64();
         report.map_s = Some(map_s);
-        report.copy_in_s = Some(step.elapsed().as_secs_f64());
-        report.restore_s = Some(started.elapsed().as_secs_f64());
+        report.copy_in_s = Some(restore_s - map_s);
+        report.restore_s = Some(restore_s);
         *inner.sleep.last.lock() = Some(report);
         if inner.sleep.retain_host.load(Ordering::Relaxed) && host.host_bytes() > 0 {
             *inner.sleep.spare.lock() = Some(host);
@@ -635,6 +651,38 @@ impl ExpandableMemoryResource {
         // failure leaves them mapped and free (a later trim retries).
         let _ = inner.core.release(0);
         Ok(())
+    }
+}
+
+/// `runs` cut into pieces of at most `chunk` bytes (whole pages: `chunk` is a multiple of the
+/// page size), in order.
+fn split_runs(runs: &[(usize, usize)], chunk: usize) -> Vec<(usize, usize)> {
+    let chunk = chunk.max(1);
+    let mut out = Vec::new();
+    for &(addr, len) in runs {
+        let mut at = 0;
+        while at < len {
+            let n = chunk.min(len - at);
+            out.push((addr + at, n));
+            at += n;
+        }
+    }
+    out
+}
+
+/// The error of a restore whose map of `len` bytes at `addr` failed with `e`.
+fn refused_restore(e: Error, addr: usize, len: usize) -> Error {
+    let text = e.to_string();
+    let why = text
+        .strip_prefix("std::bad_alloc: out_of_memory: ")
+        .unwrap_or(&text);
+    let message = format!(
+        "expandable: restore could not map {len} bytes at {addr:#x} ({why}); the pool is still \
+         asleep with its data on the host: restore() again once the memory is free"
+    );
+    match e {
+        Error::OutOfMemory { .. } => Error::out_of_memory(len, message),
+        _ => Error::Logic(message),
     }
 }
 

@@ -26,6 +26,8 @@ struct FlakyVm {
     inner: HostVirtualMemory,
     refuse_maps: AtomicBool,
     refused: AtomicUsize,
+    /// Maps allowed before the next ones are refused (`usize::MAX`: no limit).
+    maps_left: AtomicUsize,
 }
 
 impl FlakyVm {
@@ -34,6 +36,7 @@ impl FlakyVm {
             inner: HostVirtualMemory::new(reserve, Some(PAGE), false, None).unwrap(),
             refuse_maps: AtomicBool::new(false),
             refused: AtomicUsize::new(0),
+            maps_left: AtomicUsize::new(usize::MAX),
         })
     }
 }
@@ -52,7 +55,12 @@ impl VirtualMemory for FlakyVm {
         self.inner.mapped_bytes()
     }
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
-        if self.refuse_maps.load(Ordering::SeqCst) {
+        let left = self.maps_left.load(Ordering::SeqCst);
+        if left != usize::MAX {
+            self.maps_left
+                .store(left.saturating_sub(1), Ordering::SeqCst);
+        }
+        if self.refuse_maps.load(Ordering::SeqCst) || left == 0 {
             self.refused.fetch_add(1, Ordering::SeqCst);
             return Err(Error::out_of_memory(
                 bytes,
@@ -91,6 +99,10 @@ impl VirtualMemory for FlakyVm {
     }
     fn wait_copies(&self) -> Result<()> {
         self.inner.wait_copies()
+    }
+    /// Small chunks, so the restore's chunked mapping and copies that cross chunks are tested.
+    fn map_chunk_bytes(&self) -> usize {
+        2 * PAGE
     }
 }
 
@@ -234,6 +246,46 @@ fn a_refused_wake_loses_nothing_and_a_later_wake_succeeds() {
     assert_eq!(mismatch(a, 3 * PAGE, 7), None);
     assert_eq!(mismatch(b, 5000, 8), None);
     assert!(vm.refused.load(Ordering::SeqCst) >= 2);
+}
+
+#[test]
+fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    // Blocks that cross the restore's chunks (two pages each).
+    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
+    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        write(p, s, 40 + i as u64);
+    }
+    mr.offload().unwrap();
+    for allowed in [0, 1, 3] {
+        vm.maps_left.store(allowed, Ordering::SeqCst);
+        assert!(mr.restore().unwrap_err().is_out_of_memory());
+        assert!(mr.asleep());
+        assert_eq!(
+            vm.mapped_bytes(),
+            0,
+            "the chunks mapped before the refusal went back"
+        );
+    }
+    vm.maps_left.store(usize::MAX, Ordering::SeqCst);
+    mr.restore().unwrap();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        assert_eq!(mismatch(p, s, 40 + i as u64), None, "block {i}");
+    }
+    let report = mr.last_sleep().unwrap();
+    assert_eq!(report.failed_restores, 3);
+    assert!(report.map_s.is_some() && report.copy_in_s.is_some());
+}
+
+#[test]
+fn chunks_cover_the_runs_in_order() {
+    let runs = [(0, 5), (10, 2), (20, 4)];
+    assert_eq!(
+        split_runs(&runs, 2),
+        vec![(0, 2), (2, 2), (4, 1), (10, 2), (20, 2), (22, 2)]
+    );
+    assert_eq!(split_runs(&runs, usize::MAX), runs.to_vec());
 }
 
 #[test]
