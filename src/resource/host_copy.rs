@@ -4,6 +4,7 @@
 //! virtual memory (a `memcpy`), nothing for simulated memory (no bytes behind it).
 
 use super::PinnedPages;
+use crate::error::Result;
 
 /// Host memory of one sleep: `len()` bytes from `addr()`, released when dropped.
 #[derive(Debug)]
@@ -57,5 +58,35 @@ impl HostCopy {
     /// Whether the memory is pinned.
     pub fn is_pinned(&self) -> bool {
         matches!(self, HostCopy::Pinned(_))
+    }
+}
+
+/// A point in a virtual memory's queued copies ([`VirtualMemory::copy_fence`]): waiting on it
+/// waits for every copy asked before it, not for those asked after.
+///
+/// [`VirtualMemory::copy_fence`]: super::VirtualMemory::copy_fence
+#[derive(Debug)]
+pub struct CopyFence(Option<crate::cuda::Event>);
+
+impl CopyFence {
+    /// A fence with nothing to wait for (copies that ran when asked).
+    pub fn done() -> Self {
+        CopyFence(None)
+    }
+
+    /// A fence at `event`, recorded after the copies.
+    pub fn at(event: crate::cuda::Event) -> Self {
+        CopyFence(Some(event))
+    }
+
+    /// Waits for the copies asked before the fence.
+    ///
+    /// # Errors
+    /// CUDA errors of the copies.
+    pub fn wait(&self) -> Result<()> {
+        match &self.0 {
+            Some(event) => event.synchronize(),
+            None => Ok(()),
+        }
     }
 }

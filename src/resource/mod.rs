@@ -25,7 +25,7 @@ pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
-pub use host_copy::HostCopy;
+pub use host_copy::{CopyFence, HostCopy};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};

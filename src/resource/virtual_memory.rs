@@ -2,7 +2,7 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::{CallProfile, HostCopy, MemoryKind, PinnedPages};
+use super::{CallProfile, CopyFence, HostCopy, MemoryKind, PinnedPages};
 use crate::cuda::vmm::VirtualRange;
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
@@ -129,6 +129,15 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// CUDA errors of the copies.
     fn wait_copies(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// A fence after the copies asked so far, to wait for them alone while later ones run (the
+    /// default: nothing to wait for).
+    ///
+    /// # Errors
+    /// CUDA errors.
+    fn copy_fence(&self) -> Result<CopyFence> {
+        Ok(CopyFence::done())
     }
 }
 
@@ -266,5 +275,13 @@ impl VirtualMemory for CudaVirtualMemory {
     fn wait_copies(&self) -> Result<()> {
         let _ctx = ContextGuard::new(self.ordinal)?;
         crate::cuda::Stream::DEFAULT.synchronize()
+    }
+
+    /// An event recorded on the copies' stream.
+    fn copy_fence(&self) -> Result<CopyFence> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let event = crate::cuda::Event::new()?;
+        event.record(crate::cuda::Stream::DEFAULT)?;
+        Ok(CopyFence::at(event))
     }
 }

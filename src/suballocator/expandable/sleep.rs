@@ -39,7 +39,7 @@
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
-use crate::resource::{HostCopy, MemoryResource, SharedResource};
+use crate::resource::{CopyFence, HostCopy, MemoryResource, SharedResource};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -133,7 +133,8 @@ pub struct SleepReport {
     pub sync_trim_s: f64,
     /// Making the host copy (pinning pages).
     pub host_alloc_s: f64,
-    /// Copying to the host.
+    /// Copying to the host, beyond what ran while unmapping (the copies of a chunk run while
+    /// the chunk before it is unmapped).
     pub copy_out_s: f64,
     /// Unmapping.
     pub unmap_s: f64,
@@ -459,26 +460,20 @@ impl ExpandableMemoryResource {
         let host_alloc_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
         let host_base = host.addr();
-        let pieces = blocks
-            .iter()
-            .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o)));
-        let mut copies = Ok(());
-        for (addr, size, off) in coalesce(pieces) {
-            // SAFETY: the block was live at the snapshot, so its pages are mapped (the flag
-            // stops growth and trims since before it); every stream was synchronized, so no
-            // work of this pool's users is queued on it (offload's documented contract: a
-            // caller queues none while it runs); the host copy has `copied` bytes and
-            // `off + size <= copied`, nothing else uses it, and it outlives the wait below.
-            copies = unsafe { inner.vm.copy_out(addr, host_base + off, size) };
-            if copies.is_err() {
-                break;
-            }
-        }
-        // Always waited, even after a failed copy: the host copy may be dropped next.
-        let waited = inner.vm.wait_copies();
-        copies.and(waited)?;
-        let copy_out_s = step.elapsed().as_secs_f64();
-        let step = Instant::now();
+        let page = inner.vm.page_size();
+        let chunks = split_runs(
+            &view.runs,
+            inner.vm.map_chunk_bytes().max(page) / page * page,
+        );
+        let pieces = coalesce(
+            blocks
+                .iter()
+                .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o))),
+        );
+        let mut unmapped = 0;
+        let mut unmap_s = 0.0;
+        let copied_out =
+            self.copy_out_and_unmap(&chunks, &pieces, host_base, &mut unmapped, &mut unmap_s);
         let mut report = SleepReport {
             estimate: SleepEstimate {
                 released_bytes: trimmed + view.runs.iter().map(|&(_, len)| len).sum::<usize>(),
@@ -493,33 +488,34 @@ impl ExpandableMemoryResource {
             host_reused,
             sync_trim_s,
             host_alloc_s,
-            copy_out_s,
+            copy_out_s: step.elapsed().as_secs_f64() - unmap_s,
+            unmap_s,
             ..SleepReport::default()
         };
-        for (i, &(addr, len)) in view.runs.iter().enumerate() {
-            // SAFETY: as for the copies: synchronized, no work queued; a block an allocation
-            // carves here is freed again unused (it sees the flag); the pages are mapped again
-            // before any allocation is handed out.
-            if let Err(e) = unsafe { inner.vm.unmap(addr, len) } {
-                // Undo: the runs unmapped so far are a sleep of their own; wake it.
-                *state = Some(Box::new(Saved {
-                    runs: view.runs[..i].to_vec(),
-                    blocks,
-                    host,
-                    fill: DiscardFill::Undefined,
-                    report,
-                }));
-                return match self.wake_locked(state) {
-                    Ok(()) => Err(e),
-                    Err(again) => Err(Error::Logic(format!(
-                        "expandable: offload failed half-way ({e}) and mapping back failed \
-                         ({again}): the pool is asleep with its data on the host; restore() \
-                         again once memory is free"
-                    ))),
-                };
+        if let Err(e) = copied_out {
+            // Always waited: the host copy may be dropped next, and the chunks unmapped so far
+            // are mapped back from it.
+            let _ = inner.vm.wait_copies();
+            if unmapped == 0 {
+                return Err(e);
             }
+            // Undo: the chunks unmapped so far are a sleep of their own; wake it.
+            *state = Some(Box::new(Saved {
+                runs: chunks[..unmapped].to_vec(),
+                blocks,
+                host,
+                fill: DiscardFill::Undefined,
+                report,
+            }));
+            return match self.wake_locked(state) {
+                Ok(()) => Err(e),
+                Err(again) => Err(Error::Logic(format!(
+                    "expandable: offload failed half-way ({e}) and mapping back failed \
+                     ({again}): the pool is asleep with its data on the host; restore() \
+                     again once memory is free"
+                ))),
+            };
         }
-        report.unmap_s = step.elapsed().as_secs_f64();
         report.offload_s = started.elapsed().as_secs_f64();
         let estimate = report.estimate;
         *gate.last.lock() = Some(report.clone());
@@ -531,6 +527,68 @@ impl ExpandableMemoryResource {
             report,
         }));
         Ok(estimate)
+    }
+
+    /// Copies the kept pieces `(addr, bytes, host offset)` out chunk by chunk and unmaps each
+    /// chunk once its copies are done, while the next chunk's copies run; `unmapped` counts the
+    /// chunks unmapped (a prefix), `unmap_s` the seconds spent unmapping.
+    #[allow(unsafe_code)]
+    fn copy_out_and_unmap(
+        &self,
+        chunks: &[(usize, usize)],
+        pieces: &[(usize, usize, usize)],
+        host_base: usize,
+        unmapped: &mut usize,
+        unmap_s: &mut f64,
+    ) -> Result<()> {
+        let vm = &self.inner.vm;
+        let mut fences = std::collections::VecDeque::new();
+        let mut unmap_next = |fences: &mut std::collections::VecDeque<CopyFence>| -> Result<()> {
+            if let Some(fence) = fences.pop_front() {
+                fence.wait()?;
+                let (addr, len) = chunks[*unmapped];
+                let step = Instant::now();
+                // SAFETY: every stream was synchronized (offload's contract: no work of the
+                // pool's users is queued meanwhile), the copies out of the chunk are done (its
+                // fence), a block an allocation carves here now is freed again unused (it sees
+                // the flag), and the pages are mapped again before any allocation is handed out.
+                unsafe { vm.unmap(addr, len) }?;
+                *unmap_s += step.elapsed().as_secs_f64();
+                *unmapped += 1;
+            }
+            Ok(())
+        };
+        let mut next = 0;
+        for &(addr, len) in chunks {
+            let end = addr + len;
+            while let Some(&(at, size, off)) = pieces.get(next) {
+                if at >= end {
+                    break;
+                }
+                if at + size > addr {
+                    let (lo, hi) = (at.max(addr), (at + size).min(end));
+                    // SAFETY: `lo .. hi` lies in a block live at the snapshot, so its pages are
+                    // mapped (the flag stops growth and trims since before it) and no work is
+                    // queued on it (synchronized; offload's contract); the host range lies in
+                    // the host copy (`off + size` is at most its length), which nothing else
+                    // uses and which outlives the copy (fenced, or waited for on an error).
+                    unsafe { vm.copy_out(lo, host_base + off + (lo - at), hi - lo) }?;
+                }
+                if at + size > end {
+                    break;
+                }
+                next += 1;
+            }
+            fences.push_back(vm.copy_fence()?);
+            // The chunk before this one, while this one's copies run.
+            if fences.len() > 1 {
+                unmap_next(&mut fences)?;
+            }
+        }
+        while !fences.is_empty() {
+            unmap_next(&mut fences)?;
+        }
+        Ok(())
     }
 
     /// Wakes the pool: maps its pages again at the same addresses, copies the kept allocations
@@ -600,6 +658,10 @@ impl ExpandableMemoryResource {
             while let Some(&(at, size, off)) = pieces.get(next) {
                 if at >= end {
                     break;
+                }
+                if at + size <= addr {
+                    next += 1;
+                    continue;
                 }
                 let (lo, hi) = (at.max(addr), (at + size).min(end));
                 // SAFETY: `lo .. hi` lies in chunks mapped above and nothing uses them (asleep:

@@ -28,6 +28,17 @@ struct FlakyVm {
     refused: AtomicUsize,
     /// Maps allowed before the next ones are refused (`usize::MAX`: no limit).
     maps_left: AtomicUsize,
+    /// Unmaps allowed before the next ones fail (`usize::MAX`: no limit).
+    unmaps_left: AtomicUsize,
+}
+
+/// Takes one from a countdown (`usize::MAX`: none); whether the call may go on.
+fn count_down(left: &AtomicUsize) -> bool {
+    let n = left.load(Ordering::SeqCst);
+    if n != usize::MAX {
+        left.store(n.saturating_sub(1), Ordering::SeqCst);
+    }
+    n != 0
 }
 
 impl FlakyVm {
@@ -37,6 +48,7 @@ impl FlakyVm {
             refuse_maps: AtomicBool::new(false),
             refused: AtomicUsize::new(0),
             maps_left: AtomicUsize::new(usize::MAX),
+            unmaps_left: AtomicUsize::new(usize::MAX),
         })
     }
 }
@@ -55,12 +67,8 @@ impl VirtualMemory for FlakyVm {
         self.inner.mapped_bytes()
     }
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
-        let left = self.maps_left.load(Ordering::SeqCst);
-        if left != usize::MAX {
-            self.maps_left
-                .store(left.saturating_sub(1), Ordering::SeqCst);
-        }
-        if self.refuse_maps.load(Ordering::SeqCst) || left == 0 {
+        let allowed = count_down(&self.maps_left);
+        if self.refuse_maps.load(Ordering::SeqCst) || !allowed {
             self.refused.fetch_add(1, Ordering::SeqCst);
             return Err(Error::out_of_memory(
                 bytes,
@@ -70,6 +78,9 @@ impl VirtualMemory for FlakyVm {
         self.inner.map(addr, bytes)
     }
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        if !count_down(&self.unmaps_left) {
+            return Err(Error::Logic("injected: unmap failed".into()));
+        }
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
     }
@@ -276,6 +287,44 @@ fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
     let report = mr.last_sleep().unwrap();
     assert_eq!(report.failed_restores, 3);
     assert!(report.map_s.is_some() && report.copy_in_s.is_some());
+}
+
+#[test]
+fn an_offload_failing_half_way_wakes_again_with_nothing_lost() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
+    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        write(p, s, 60 + i as u64);
+    }
+    let mapped = vm.mapped_bytes();
+    let check = || {
+        for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+            assert_eq!(mismatch(p, s, 60 + i as u64), None, "block {i}");
+        }
+    };
+    // The unmap of the first, then of the third chunk fails: undone, awake, the pool works.
+    for allowed in [0, 2] {
+        vm.unmaps_left.store(allowed, Ordering::SeqCst);
+        let e = mr.offload().unwrap_err();
+        assert!(e.to_string().contains("injected"), "{e}");
+        vm.unmaps_left.store(usize::MAX, Ordering::SeqCst);
+        assert!(!mr.asleep() && vm.mapped_bytes() == mapped);
+        check();
+        let p = mr.allocate(1000, S).unwrap();
+        free(&mr, p, 1000).unwrap();
+    }
+    // Undoing fails too (the memory is gone): asleep, and a later restore brings it all back.
+    vm.unmaps_left.store(2, Ordering::SeqCst);
+    vm.refuse_maps.store(true, Ordering::SeqCst);
+    let e = mr.offload().unwrap_err();
+    assert!(e.to_string().contains("the pool is asleep"), "{e}");
+    assert!(mr.asleep());
+    vm.unmaps_left.store(usize::MAX, Ordering::SeqCst);
+    vm.refuse_maps.store(false, Ordering::SeqCst);
+    mr.restore().unwrap();
+    check();
+    assert_eq!(vm.mapped_bytes(), mapped);
 }
 
 #[test]
