@@ -55,6 +55,8 @@ mod replay;
 mod replay_allocator;
 #[path = "resources/resource.rs"]
 mod resource;
+#[path = "resources/sleep.rs"]
+mod sleep;
 #[path = "resources/source_resources.rs"]
 mod source_resources;
 #[path = "resources/stack.rs"]
