@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rrmm import _rrmm, _snapshot, _stack, mr
+from rrmm import _rrmm, _stack, mr
 from rrmm._snapshot_view import render_html
 
 MiB = 1 << 20
