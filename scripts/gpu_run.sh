@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           asyncsplit w9 w8 w10 history
+#           asyncsplit w9 w8 w10 sleep history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -321,6 +321,19 @@ if has w10; then
   python3 benches/gpu/w10_pinned.py --pool-gib "${W10_POOL_GIB:-16}" --out "$OUT/w10.jsonl" \
     2>&1 | tee "$OUT/w10.txt" | tail -30
   note "$(grep -A30 '^W10 pinned' "$OUT/w10.txt")"
+fi
+
+# Issue 32: an expandable pool sleeps and wakes (benches/gpu/sleep_wake.py: a = CuPy arrays, GB/s
+# against the link; b = another process uses the memory meanwhile, a refused wake loses nothing;
+# c = PyTorch tensors and a CUDA graph after the wake). SLEEP_GIB (default 40), one process each.
+if has sleep; then
+  echo "== sleep and wake"
+  for part in a b c; do
+    timeout 600 python3 benches/gpu/sleep_wake.py --part "$part" --gib "${SLEEP_GIB:-40}" \
+      2> "$OUT/sleep_$part.err" | tee -a "$OUT/sleep.jsonl"
+    tail -3 "$OUT/sleep_$part.err"
+  done
+  note "sleep: $(wc -l < "$OUT/sleep.jsonl") parts reported"
 fi
 
 # The cost of rrmm.record_memory_history on W4/W5, and a CuPy workload's snapshot with its
