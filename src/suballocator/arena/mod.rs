@@ -74,8 +74,9 @@ mod superblock;
 pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
-use super::stream_events::{current_thread_tag, StreamEvents, StreamKey};
-use super::stream_ordered::{default_events, uses_device_streams};
+use super::core::{
+    current_thread_tag, default_events, uses_device_streams, StreamEvents, StreamKey,
+};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{

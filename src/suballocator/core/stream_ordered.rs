@@ -220,7 +220,7 @@ static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
 /// The most donor lists one steal looks at: a miss costs the same however many streams ever
 /// existed. A block a steal does not reach is found by a later steal (they go round) or by the
 /// merge of every list when growth fails.
-pub(crate) const STEAL_VISITS: usize = 32;
+const STEAL_VISITS: usize = 32;
 
 impl<F: FreeList> StreamOrderedCore<F> {
     /// A core with no memory yet.
@@ -1253,10 +1253,10 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::coalescing_free_list::CoalescingFreeList;
     use super::super::growth::FreeRanges;
     use super::super::stream_events::NoStreamEvents;
     use super::*;
+    use crate::suballocator::free_lists::CoalescingFreeList;
 
     /// A policy like the expandable pool's: one address range, grown by "mapping" at its end
     /// (one region, so extensions coalesce), trimmed whole on release.
