@@ -1,75 +1,25 @@
 //! The Python extension module `rrmm._rrmm` (cargo feature `python`): the only code that knows
 //! about Python. One file per job, mirroring `python/rrmm`; each registers its classes and
-//! functions with `register`, and a new binding is a new file plus one line below.
+//! functions with `register`, and a new binding is a new file plus one line in its folder's
+//! `register` (or below, for a file at the top).
 //!
-//! Layers (each file imports only from those above it): `errors`, `stream`, `resource` (the
-//! base classes), `convert` (arguments), then the resources (`source_resources`,
-//! `suballocators`, `statistics`, `adaptors`), `registry`, `device`, `device_buffer`, and the
-//! framework hooks (`hooks`, shared by `cupy`, `numba` and `torch`).
-//!
-//! Folders: `resources/` (the `rrmm.mr` classes, their registry and the stack builder's Python
-//! side), `hooks/` (CuPy, Numba, PyTorch and the history they record), `edge/` (where Python's
-//! pointers, buffers and streams meet rrmm's: device and host buffers, pointer checks,
-//! streams); shared helpers (errors, arguments, the GIL rule) and the module functions at the
-//! top. The modules stay one flat namespace (`super::name` reaches any of them).
+//! Folders, each a module that re-exports only what the others use: `resources/` (the
+//! `rrmm.mr` classes, their registry and the stack builder's Python side), `hooks/` (CuPy,
+//! Numba, PyTorch and the history they record), `edge/` (where Python's pointers, buffers and
+//! streams meet rrmm's: device and host buffers, pointer checks, streams). At the top: the
+//! shared helpers (`errors`, `convert` for arguments, `gil` for the GIL rule, `callable_ref`)
+//! and the module functions (`device`, `gpu`, `replay`).
 
-#[path = "resources/adaptors.rs"]
-mod adaptors;
-#[path = "resources/arena.rs"]
-mod arena;
 mod callable_ref;
-#[path = "resources/callback.rs"]
-mod callback;
 mod convert;
-#[path = "hooks/cupy.rs"]
-mod cupy;
-#[path = "hooks/cupy_stream.rs"]
-mod cupy_stream;
 mod device;
-#[path = "edge/device_buffer.rs"]
-mod device_buffer;
+mod edge;
 mod errors;
-#[path = "resources/expandable.rs"]
-mod expandable;
-#[path = "resources/experimental.rs"]
-mod experimental;
 mod gil;
 mod gpu;
-#[path = "hooks/history.rs"]
-mod history;
-#[path = "hooks/hooks.rs"]
 mod hooks;
-#[path = "edge/host_buffer.rs"]
-mod host_buffer;
-#[path = "edge/host_bytes.rs"]
-mod host_bytes;
-#[path = "resources/memory_stats.rs"]
-mod memory_stats;
-#[path = "hooks/numba.rs"]
-mod numba;
-#[path = "edge/pointers.rs"]
-mod pointers;
-#[path = "resources/registry.rs"]
-mod registry;
 mod replay;
-#[path = "resources/resource.rs"]
-mod resource;
-#[path = "resources/source_resources.rs"]
-mod source_resources;
-#[path = "resources/stack.rs"]
-mod stack;
-#[path = "resources/statistics.rs"]
-mod statistics;
-#[path = "edge/stream.rs"]
-mod stream;
-#[path = "resources/suballocators.rs"]
-mod suballocators;
-#[path = "hooks/torch.rs"]
-mod torch;
-#[path = "resources/upstream_kw.rs"]
-mod upstream_kw;
-#[path = "resources/wrap.rs"]
-mod wrap;
+mod resources;
 
 use pyo3::prelude::*;
 
@@ -78,30 +28,12 @@ use pyo3::prelude::*;
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
-    stream::register(m)?;
-    resource::register(m)?;
+    edge::register(m)?;
+    resources::register(m)?;
     convert::register(m)?;
-    source_resources::register(m)?;
-    callback::register(m)?;
-    suballocators::register(m)?;
-    statistics::register(m)?;
-    adaptors::register(m)?;
-    registry::register(m)?;
     device::register(m)?;
-    arena::register(m)?;
-    device_buffer::register(m)?;
-    host_bytes::register(m)?;
-    history::register(m)?;
     replay::register(m)?;
     hooks::register(m)?;
-    cupy::register(m)?;
-    cupy_stream::register(m)?;
-    numba::register(m)?;
-    torch::register(m)?;
-    experimental::register(m)?;
     gpu::register(m)?;
-    memory_stats::register(m)?;
-    expandable::register(m)?;
-    stack::register(m)?;
     Ok(())
 }

@@ -11,12 +11,12 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use super::errors::py_result;
-use super::gil::{self, CallProfile};
+use crate::python::errors::py_result;
+use crate::python::gil::{self, CallProfile};
 use super::host_buffer::HostBuffer;
 use super::pointers;
-use super::registry::current_resource;
-use super::resource::DeviceMemoryResource;
+use crate::python::hooks::history;
+use crate::python::resources::{current_resource, DeviceMemoryResource};
 use super::stream::{PyStream, StreamArg};
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
@@ -37,19 +37,19 @@ pub(crate) struct PyDeviceBuffer {
 impl Drop for PyDeviceBuffer {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            if super::history::enabled() {
+            if history::enabled() {
                 let device = buf
                     .resource()
                     .device()
                     .unwrap_or(crate::current_device_ordinal());
                 let stream = buf.stream().raw();
-                super::history::record("free_completed", device, buf.ptr(), buf.size(), stream);
+                history::record("free_completed", device, buf.ptr(), buf.size(), stream);
             }
             // A failed free cannot raise from a destructor: it is reported as CPython reports
             // exceptions in `__del__` (`sys.unraisablehook`), never swallowed.
             if let Err(e) = gil::call_anywhere(self.profile, move || buf.free()) {
                 Python::attach(|py| {
-                    super::errors::to_pyerr(e).write_unraisable(py, None);
+                    crate::python::errors::to_pyerr(e).write_unraisable(py, None);
                 });
             }
         }
@@ -173,12 +173,12 @@ impl PyDeviceBuffer {
             RsBuffer::new(size, raw, shared)
                 .map_err(|e| explain_out_of_memory(e, explain_from, size, raw))
         });
-        if let (Ok(b), true) = (&buf, super::history::enabled()) {
+        if let (Ok(b), true) = (&buf, history::enabled()) {
             let device = b
                 .resource()
                 .device()
                 .unwrap_or(crate::current_device_ordinal());
-            super::history::record("alloc", device, b.ptr(), b.size(), raw.raw());
+            history::record("alloc", device, b.ptr(), b.size(), raw.raw());
         }
         Ok(PyDeviceBuffer {
             buf: Some(py_result(buf)?),

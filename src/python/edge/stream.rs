@@ -7,7 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use std::sync::Arc;
 
-use super::errors::py_result;
+use crate::python::errors::py_result;
 
 /// A CUDA stream (RMM's `Stream`): owns a stream it created, or wraps one of rrmm, CuPy, Numba,
 /// PyTorch or any object with `__cuda_stream__`, keeping that object alive.

@@ -10,8 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::cupy_stream::{cupy_missing, AllocationStream};
-use super::errors::{py_result, report_to_stderr};
-use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
+use crate::python::errors::{py_result, report_to_stderr};
+use super::shared::{allocate_on, deallocate_on, Context, HookAllocation};
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
@@ -201,7 +201,7 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     } else {
         let mr = py_result(pinned_resource())?;
         // The GIL rule (see `gil`), as at every door into a resource.
-        let ptr = py_result(super::gil::call(py, mr.call_profile(), || {
+        let ptr = py_result(crate::python::gil::call(py, mr.call_profile(), || {
             mr.allocate(nbytes, Stream::DEFAULT)
         }))?;
         (ptr, Some(mr))

@@ -20,8 +20,8 @@
 //! so has no landing pad: the unwinder is PyTorch's (libgcc's), not the one linked into this
 //! module (a release wheel links zig's), and must never call this module's personality routine.
 
-use super::errors::report_to_stderr;
-use super::hooks::{allocate_on, deallocate_on, Context};
+use crate::python::errors::report_to_stderr;
+use super::shared::{allocate_on, deallocate_on, Context};
 use crate::{per_device_resource, Error, Result, Stream};
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int, c_void};

@@ -14,9 +14,9 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
-use super::callable_ref::CallableRef;
-use super::convert::{bytes_arg, upstream_arg};
-use super::errors::{callback_error, py_result};
+use crate::python::callable_ref::CallableRef;
+use crate::python::convert::{bytes_arg, upstream_arg};
+use crate::python::errors::{callback_error, py_result};
 use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};

@@ -3,8 +3,8 @@
 use crate::suballocator::ArenaMemoryResource as RsArena;
 use pyo3::prelude::*;
 
-use super::convert::opt_bytes_arg;
-use super::errors::py_result;
+use crate::python::convert::opt_bytes_arg;
+use crate::python::errors::py_result;
 use super::resource::{call_blocking, call_locking, UpstreamResourceAdaptor};
 use super::suballocators::suballocator_keeping;
 use super::upstream_kw::upstream_of;

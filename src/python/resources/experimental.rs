@@ -4,7 +4,7 @@ use crate::resource::CudaAsyncManagedMemoryResource as RsCudaAsyncManaged;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::errors::py_result;
+use crate::python::errors::py_result;
 use super::resource::DeviceMemoryResource;
 
 /// Stream-ordered managed memory from the current device's default managed memory pool

@@ -6,9 +6,9 @@ use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
-use super::errors::py_result;
-use super::gil::{self, CallProfile, ProfileCache};
-use super::stream::StreamArg;
+use crate::python::errors::py_result;
+use crate::python::gil::{self, CallProfile, ProfileCache};
+use crate::python::edge::StreamArg;
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]

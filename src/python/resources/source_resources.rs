@@ -15,8 +15,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::convert::{bytes_arg, opt_bytes_arg};
-use super::errors::py_result;
+use crate::python::convert::{bytes_arg, opt_bytes_arg};
+use crate::python::errors::py_result;
 use super::resource::{sub, DeviceMemoryResource};
 
 /// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
@@ -144,7 +144,7 @@ pub(crate) struct SystemMemoryResource;
 /// A new system resource, recorded so that raw copies recognise its allocations.
 fn system() -> Arc<RsSystem> {
     let mr = Arc::new(RsSystem::new());
-    super::pointers::register_system(&mr);
+    crate::python::edge::pointers::register_system(&mr);
     mr
 }
 
@@ -154,7 +154,7 @@ pub(crate) fn system_object(
     py: Python<'_>,
     mr: Arc<RsSystem>,
 ) -> PyResult<Py<DeviceMemoryResource>> {
-    super::pointers::register_system(&mr);
+    crate::python::edge::pointers::register_system(&mr);
     Ok(Bound::new(py, sub(SystemMemoryResource, mr))?
         .into_super()
         .unbind())
@@ -213,7 +213,7 @@ impl PinnedHostMemoryResource {
         numa_node: Option<u32>,
         registered_from: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let registered_from = super::convert::opt_bytes_arg(registered_from, "registered_from")?
+        let registered_from = crate::python::convert::opt_bytes_arg(registered_from, "registered_from")?
             .unwrap_or(crate::resource::DEFAULT_REGISTERED_FROM);
         let options = crate::resource::PinnedOptions {
             numa_node,

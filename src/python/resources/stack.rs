@@ -4,7 +4,7 @@
 //! `upstream_mr` all the way down. The options are keyword arguments of this function: a
 //! misspelt one is a TypeError at the call.
 
-use super::errors::py_result;
+use crate::python::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::wrap::wrap;
 use crate::resource::SharedResource;

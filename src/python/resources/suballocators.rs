@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
-use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
-use super::errors::{figures_readable, py_result};
+use crate::python::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
+use crate::python::errors::{figures_readable, py_result};
 use super::resource::{
     call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::convert::upstream_arg;
+use crate::python::convert::upstream_arg;
 use super::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 

@@ -6,7 +6,7 @@
 //! a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
 use super::cupy_stream::AllocationStream;
-use super::errors::{py_result, report_to_stderr};
+use crate::python::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
 use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::MemoryKind;
@@ -85,7 +85,7 @@ pub(crate) fn allocate_from(
     // pool over a callback grows under its lock; the callback takes the GIL back), whoever
     // calls (CuPy holds the GIL, PyTorch mostly does not).
     let profile = mr.call_profile();
-    let ptr = super::gil::call_from_foreign(profile, || {
+    let ptr = crate::python::gil::call_from_foreign(profile, || {
         mr.allocate(bytes, stream)
             .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))
     })?;
@@ -115,7 +115,7 @@ pub(crate) unsafe fn deallocate_on(
     super::history::record("free_completed", device, ptr, bytes, stream.raw());
     // The GIL rule, as in `allocate_from` (CuPy frees with the GIL held).
     let profile = mr.call_profile();
-    let freed = super::gil::call_from_foreign(profile, || {
+    let freed = crate::python::gil::call_from_foreign(profile, || {
         let _ctx = context_for(mr, device)?;
         // SAFETY: the caller's contract, for the resource that allocated `ptr`.
         unsafe { mr.deallocate(ptr, bytes, stream) }

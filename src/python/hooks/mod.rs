@@ -1,0 +1,29 @@
+//! The framework hooks: CuPy's allocator (`cupy`, with CuPy's current stream in
+//! `cupy_stream`), Numba's (`numba`), PyTorch's pluggable allocator (`torch`), what the three
+//! share (`shared`), and the allocation history they and `DeviceBuffer` record (`history`).
+//!
+//! The rest of the bindings see the history (which `DeviceBuffer` records into) and the count
+//! of live hook allocations from chains that run foreign code (which the callback resource
+//! checks before it lets go of its functions).
+
+mod cupy;
+mod cupy_stream;
+pub(super) mod history;
+mod numba;
+mod shared;
+mod torch;
+
+use pyo3::prelude::*;
+
+pub(super) use shared::foreign_hook_allocations;
+
+/// Registers the hooks' functions and classes and the history's functions.
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    history::register(m)?;
+    shared::register(m)?;
+    cupy::register(m)?;
+    cupy_stream::register(m)?;
+    numba::register(m)?;
+    torch::register(m)?;
+    Ok(())
+}
