@@ -11,13 +11,13 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::python::errors::py_result;
-use crate::python::gil::{self, CallProfile};
 use super::host_buffer::HostBuffer;
 use super::pointers;
+use super::stream::{PyStream, StreamArg};
+use crate::python::errors::py_result;
+use crate::python::gil::{self, CallProfile};
 use crate::python::hooks::history;
 use crate::python::resources::{current_resource, DeviceMemoryResource};
-use super::stream::{PyStream, StreamArg};
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
 /// object goes.
@@ -26,7 +26,7 @@ use super::stream::{PyStream, StreamArg};
     name = "DeviceBuffer",
     subclass
 )]
-pub(crate) struct PyDeviceBuffer {
+pub(super) struct PyDeviceBuffer {
     buf: Option<RsBuffer>,
     mr: Py<DeviceMemoryResource>,
     stream: Py<PyStream>,
@@ -773,7 +773,7 @@ fn _copy_host_async(
     }))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDeviceBuffer>()?;
     m.add_function(wrap_pyfunction!(_copy_host_async, m)?)?;
     m.add_function(wrap_pyfunction!(to_device, m)?)?;

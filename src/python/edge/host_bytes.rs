@@ -16,7 +16,7 @@ static EMPTY: u8 = 0;
 /// subclass (`rrmm.HostBuffer`) that owns the memory and frees it when it and every view of it
 /// are gone (each view holds a reference to it).
 #[pyclass(subclass, module = "rrmm._rrmm", name = "_HostBytes")]
-pub(crate) struct HostBytes {
+pub(super) struct HostBytes {
     ptr: usize,
     len: usize,
     set: bool,
@@ -94,6 +94,6 @@ impl HostBytes {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HostBytes>()
 }

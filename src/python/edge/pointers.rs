@@ -64,7 +64,7 @@ fn cuda_memory(ptr: usize, bytes: usize) -> Option<bool> {
 /// # Errors
 /// [`Error::Logic`] for simulated memory; [`Error::InvalidArgument`] for an address nothing
 /// vouches for.
-pub(crate) fn check_user_range(
+pub(super) fn check_user_range(
     name: &'static str,
     ptr: usize,
     bytes: usize,
@@ -120,7 +120,7 @@ pub(crate) fn check_user_range(
 ///
 /// # Time Complexity
 /// O(1).
-pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
+pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
     ptr.saturating_add(bytes.max(1)) > SIMULATED_ADDRESS_BASE
 }
 
@@ -130,7 +130,7 @@ pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 /// # Errors
 /// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
 /// the address for simulated memory.
-pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
+pub(super) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && ptr.checked_add(bytes).is_none() {
         return Err(Error::invalid(
             name,

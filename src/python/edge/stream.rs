@@ -95,7 +95,7 @@ fn handle_of(obj: &Bound<'_, PyAny>) -> PyResult<(RawStream, bool)> {
 }
 
 /// The raw stream of a `stream=` argument: `None` is a TypeError (as in RMM).
-pub(crate) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
+pub(super) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
     if let Ok(stream) = obj.cast::<PyStream>() {
         return Ok(stream.get().handle);
     }
@@ -108,7 +108,7 @@ pub(crate) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
 }
 
 /// `stream_arg` that also returns the argument as an rrmm `Stream` object.
-pub(crate) fn stream_object<'py>(
+pub(super) fn stream_object<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<(RawStream, Bound<'py, PyStream>)> {
     if let Ok(stream) = obj.cast::<PyStream>() {
@@ -142,7 +142,7 @@ fn constant<'py>(
 }
 
 /// The shared `DEFAULT_STREAM` object.
-pub(crate) fn default_stream(py: Python<'_>) -> PyResult<Bound<'_, PyStream>> {
+pub(super) fn default_stream(py: Python<'_>) -> PyResult<Bound<'_, PyStream>> {
     constant(py, &DEFAULT, RawStream::DEFAULT)
 }
 
@@ -264,7 +264,7 @@ impl PyStream {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyStream>()?;
     m.add("DEFAULT_STREAM", default_stream(py)?)?;

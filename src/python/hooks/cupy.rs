@@ -10,8 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::cupy_stream::{cupy_missing, AllocationStream};
-use crate::python::errors::{py_result, report_to_stderr};
 use super::shared::{allocate_on, deallocate_on, Context, HookAllocation};
+use crate::python::errors::{py_result, report_to_stderr};
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
@@ -215,7 +215,7 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     ))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
     m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;

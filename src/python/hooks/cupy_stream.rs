@@ -26,7 +26,7 @@ const EXPECTED_SIGNATURE: &str = "intptr_t(void)";
 type StreamGetter = unsafe extern "C" fn() -> isize;
 
 /// How the CuPy hook asks CuPy for its current stream.
-pub(crate) enum CupyStreamLookup {
+pub(super) enum CupyStreamLookup {
     /// CuPy's C function, called directly.
     CFunction(StreamGetter),
     /// `cupy.cuda.stream.get_current_stream` (its `.ptr`), for CuPy releases without the C
@@ -78,7 +78,7 @@ impl CupyStreamLookup {
 /// allocation on a stream CuPy created keeps a weak reference to CuPy's stream object and, once
 /// that is dead, frees on CuPy's current stream instead. Default streams (the null, legacy and
 /// per-thread handles) live for ever and carry no reference.
-pub(crate) struct AllocationStream {
+pub(super) struct AllocationStream {
     raw: usize,
     /// `weakref.ref(stream)` for a stream CuPy created; `None` for a default stream.
     alive: Option<Py<PyAny>>,
@@ -173,7 +173,7 @@ fn call_getter(py: Python<'_>, getter: StreamGetter) -> PyResult<usize> {
 
 /// The C function in `capsule` when its name (Cython's signature string) says it is
 /// `intptr_t f(void)`, else `None`.
-pub(crate) fn getter_from_capsule(capsule: &Bound<'_, PyAny>) -> Option<StreamGetter> {
+pub(super) fn getter_from_capsule(capsule: &Bound<'_, PyAny>) -> Option<StreamGetter> {
     let capsule = capsule.cast::<PyCapsule>().ok()?;
     let name = capsule.name().ok()??;
     // SAFETY: the name is used at once, while the capsule (held by `capsule`) is alive and no
@@ -216,7 +216,7 @@ fn find(py: Python<'_>) -> PyResult<CupyStreamLookup> {
 
 /// The ImportError that says CuPy is missing, `cause` attached and `name` set to `"cupy"` (as
 /// Python's own ImportError sets it).
-pub(crate) fn cupy_missing(py: Python<'_>, cause: PyErr) -> PyErr {
+pub(super) fn cupy_missing(py: Python<'_>, cause: PyErr) -> PyErr {
     let error = PyImportError::new_err(format!(
         "rrmm.allocators.cupy needs cupy, which could not be imported ({cause}); install it with \
          `pip install cupy-cuda12x` (or cupy-cuda13x)"
@@ -242,7 +242,7 @@ fn call_stream_capsule(py: Python<'_>, capsule: &Bound<'_, PyAny>) -> PyResult<O
         .transpose()
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cupy_stream_lookup, m)?)?;
     m.add_function(wrap_pyfunction!(call_stream_capsule, m)?)?;
     Ok(())

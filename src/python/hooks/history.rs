@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The most Python frames kept per entry (innermost first, as PyTorch keeps them).
-pub(crate) const MAX_FRAMES: usize = 16;
+pub(super) const MAX_FRAMES: usize = 16;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -170,7 +170,7 @@ fn _memory_history<'py>(py: Python<'py>, device: usize) -> PyResult<Bound<'py, P
     Ok(out)
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_record_memory_history, m)?)?;
     m.add_function(wrap_pyfunction!(_memory_history, m)?)?;
     Ok(())

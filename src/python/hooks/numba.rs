@@ -4,8 +4,8 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::python::errors::py_result;
 use super::shared::{allocate_from, Context, HookAllocation};
+use crate::python::errors::py_result;
 use crate::{cuda, Error, Stream};
 
 /// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`
@@ -40,7 +40,7 @@ fn ipc_mem_handle<'py>(py: Python<'py>, ptr: usize) -> PyResult<(Bound<'py, PyBy
     Ok((PyBytes::new(py, &handle), offset))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
     Ok(())

@@ -6,8 +6,8 @@
 //! a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
 use super::cupy_stream::AllocationStream;
-use crate::python::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
+use crate::python::errors::{py_result, report_to_stderr};
 use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::MemoryKind;
 use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 ///
 /// # Errors
 /// The context calls' errors (a bad device ordinal among them).
-pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
+pub(super) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
     if matches!(mr.kind(), MemoryKind::Simulated | MemoryKind::Host) || !cuda::driver_available() {
         return Ok(None);
     }
@@ -39,7 +39,7 @@ pub(crate) fn foreign_hook_allocations() -> usize {
 
 /// Whether an allocation must make the device's context current first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Context {
+pub(super) enum Context {
     /// Make the device's primary context current for the call (PyTorch, Numba: the caller's
     /// context may be another device's).
     Make,
@@ -53,7 +53,7 @@ pub(crate) enum Context {
 ///
 /// # Errors
 /// The resource's errors (out of memory among them) and the context calls' errors.
-pub(crate) fn allocate_on(
+pub(super) fn allocate_on(
     device: usize,
     bytes: usize,
     stream: Stream,
@@ -70,7 +70,7 @@ pub(crate) fn allocate_on(
 ///
 /// # Errors
 /// As [`allocate_on`].
-pub(crate) fn allocate_from(
+pub(super) fn allocate_from(
     mr: SharedResource,
     device: usize,
     bytes: usize,
@@ -105,7 +105,7 @@ pub(crate) fn allocate_from(
 /// 1. `ptr` came from [`allocate_on`] with `bytes`, which returned `mr`, and has not been freed
 ///    since.
 /// 2. No work uses the memory after the free in `stream`'s order.
-pub(crate) unsafe fn deallocate_on(
+pub(super) unsafe fn deallocate_on(
     mr: &dyn MemoryResource,
     device: usize,
     ptr: usize,
@@ -132,7 +132,7 @@ pub(crate) unsafe fn deallocate_on(
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when
 /// dropped or when `free()` is called, whichever comes first.
 #[pyclass(module = "rrmm._rrmm", name = "HookAllocation", frozen)]
-pub(crate) struct HookAllocation {
+pub(super) struct HookAllocation {
     ptr: usize,
     size: usize,
     device: usize,
@@ -270,7 +270,7 @@ impl Drop for HookAllocation {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HookAllocation>()?;
     Ok(())
 }

@@ -2,9 +2,9 @@
 //! `_memory_snapshot` (the dicts of `torch.cuda.memory_stats()` and
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
+use super::resource::DeviceMemoryResource;
 use crate::python::errors::figures_readable;
 use crate::python::gil;
-use super::resource::DeviceMemoryResource;
 use crate::report::SegmentInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -100,7 +100,7 @@ fn _memory_summary(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> Strin
     py.detach(|| crate::resource::memory_summary::memory_summary(&inner))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_memory_summary, m)?)?;
     m.add_function(wrap_pyfunction!(_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_peak_memory_stats, m)?)?;

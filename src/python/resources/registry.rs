@@ -9,10 +9,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use crate::python::convert::{device_arg, resource_arg};
-use crate::python::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
+use crate::python::convert::{device_arg, resource_arg};
+use crate::python::errors::py_result;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
 
@@ -112,7 +112,7 @@ fn wrap_one(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResou
 }
 
 /// The resource of `device`, as a Python object and as the Rust resource.
-pub(crate) fn per_device<'py>(
+pub(super) fn per_device<'py>(
     py: Python<'py>,
     device: usize,
 ) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
@@ -167,7 +167,7 @@ fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> 
 
 /// Sets `mr` (a resource object) as the resource of `device`, checked as
 /// `set_per_device_resource` checks it.
-pub(crate) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(super) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) = resource_arg(mr, "mr")?;
     // A stack rrmm refused to build cannot be set either (one built in Rust may be deeper):
     // say so, with the limit.
@@ -202,7 +202,7 @@ fn _clear_per_device_resources(py: Python<'_>) {
 }
 
 /// Forgets every per-device resource, the Rust ones and their objects.
-pub(crate) fn clear(_py: Python<'_>) {
+pub(super) fn clear(_py: Python<'_>) {
     crate::clear_per_device_resources();
     let old = std::mem::take(&mut *PY_TABLE.lock());
     // The old objects are dropped here, after the lock is released.
@@ -297,7 +297,7 @@ fn _set_current_host_resource(mr: Option<Bound<'_, DeviceMemoryResource>>) -> Py
     Ok(())
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_current_host_resource, m)?)?;
     m.add_function(wrap_pyfunction!(_current_host_resource, m)?)?;
     m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;

@@ -4,9 +4,9 @@
 //! `upstream_mr` all the way down. The options are keyword arguments of this function: a
 //! misspelt one is a TypeError at the call.
 
-use crate::python::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::wrap::wrap;
+use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::stack::{plan, Layer, Sources, StackOptions, Target, KINDS};
 use pyo3::prelude::*;
@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 #[pyfunction]
 #[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None))]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn build_stack(
+pub(super) fn build_stack(
     py: Python<'_>,
     kind: &str,
     simulate: Option<usize>,
@@ -161,7 +161,7 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
     KINDS.iter().map(|k| (k.name, k.summary)).collect()
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_stack, m)?)?;
     m.add_function(wrap_pyfunction!(_reinitialize, m)?)?;
     m.add_function(wrap_pyfunction!(_stack_kinds, m)?)?;

@@ -11,12 +11,12 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
-use crate::python::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
-use crate::python::errors::{figures_readable, py_result};
 use super::resource::{
     call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
 use super::upstream_kw::upstream_of;
+use crate::python::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
+use crate::python::errors::{figures_readable, py_result};
 
 /// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared
 /// state) serves both the base class (allocate, deallocate) and the class's own methods,
@@ -36,7 +36,7 @@ where
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
 /// rrmm's `release()` and fragmentation figures.
 #[pyclass(module = "rrmm.mr", name = "PoolMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct PoolMemoryResource {
+pub(super) struct PoolMemoryResource {
     pub(super) pool: RsPool,
 }
 
@@ -103,7 +103,7 @@ impl PoolMemoryResource {
 
 /// Blocks of one size from `upstream_mr` (RMM's `FixedSizeMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "FixedSizeMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct FixedSizeMemoryResource {
+pub(super) struct FixedSizeMemoryResource {
     pub(super) fixed: RsFixedSize,
 }
 
@@ -149,7 +149,7 @@ impl FixedSizeMemoryResource {
 
 /// Requests routed by size to bins (RMM's `BinningMemoryResource`); larger ones go upstream.
 #[pyclass(module = "rrmm.mr", name = "BinningMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct BinningMemoryResource {
+pub(super) struct BinningMemoryResource {
     pub(super) binning: RsBinning,
     pub(super) bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
 }
@@ -230,7 +230,7 @@ impl BinningMemoryResource {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PoolMemoryResource>()?;
     m.add_class::<FixedSizeMemoryResource>()?;
     m.add_class::<BinningMemoryResource>()?;
