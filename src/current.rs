@@ -157,9 +157,12 @@ pub enum DefaultHostResource {
     /// Pinned host memory (a CUDA driver is loaded), and the resource handed out: it behind a
     /// [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor), as Python drives it, so a
     /// bogus, double or wrong-size free is an error and never reaches the driver.
-    Pinned(Arc<crate::PinnedHostMemoryResource>, SharedResource),
+    Pinned(
+        Arc<crate::resource::PinnedHostMemoryResource>,
+        SharedResource,
+    ),
     /// The system allocator (no CUDA driver: host memory without pinning).
-    System(Arc<crate::SystemMemoryResource>),
+    System(Arc<crate::resource::SystemMemoryResource>),
 }
 
 impl DefaultHostResource {
@@ -179,11 +182,12 @@ impl DefaultHostResource {
     fn make() -> Result<Self> {
         if !cuda::driver_available() {
             return Ok(DefaultHostResource::System(Arc::new(
-                crate::SystemMemoryResource::new(),
+                crate::resource::SystemMemoryResource::new(),
             )));
         }
-        let pinned = Arc::new(crate::PinnedHostMemoryResource::new()?);
-        let checked: SharedResource = Arc::new(crate::CheckedResourceAdaptor::new(pinned.clone()));
+        let pinned = Arc::new(crate::resource::PinnedHostMemoryResource::new()?);
+        let checked: SharedResource =
+            Arc::new(crate::adaptor::CheckedResourceAdaptor::new(pinned.clone()));
         Ok(DefaultHostResource::Pinned(pinned, checked))
     }
 }

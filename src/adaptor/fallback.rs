@@ -187,7 +187,7 @@ impl MemoryResource for FallbackResourceAdaptor {
         Ok(())
     }
 
-    fn kind(&self) -> crate::MemoryKind {
+    fn kind(&self) -> crate::resource::MemoryKind {
         self.upstream.kind()
     }
 

@@ -23,7 +23,7 @@ macro_rules! forward_upstream_info {
         }
     };
     (no_profile) => {
-        fn kind(&self) -> $crate::MemoryKind {
+        fn kind(&self) -> $crate::resource::MemoryKind {
             self.upstream.kind()
         }
         fn device(&self) -> Option<usize> {
@@ -35,7 +35,7 @@ macro_rules! forward_upstream_info {
         fn report(&self) -> Option<&dyn $crate::report::PoolReport> {
             self.upstream.report()
         }
-        fn upstreams(&self) -> Vec<$crate::SharedResource> {
+        fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
             vec![self.upstream.clone()]
         }
     };

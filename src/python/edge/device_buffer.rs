@@ -1,7 +1,7 @@
 //! `rrmm.DeviceBuffer` and the pointer copy functions of `rrmm.pylibrmm.device_buffer`.
 
+use crate::container::copy_bytes;
 use crate::cuda::Stream as RawStream;
-use crate::device_buffer::copy_bytes;
 use crate::os::host_memory::Access;
 use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::{MemoryKind, SharedResource};
@@ -769,7 +769,7 @@ fn _copy_host_async(
         // SAFETY: the device range is the live buffer `db` (held by this call, kept alive by the
         // caller until the stream is synchronized); the host range was vouched for above; the
         // stream is a stream of the current device, as the buffer's is.
-        unsafe { crate::device_buffer::copy_bytes_async(dst, src, nbytes, own, raw, kind) }
+        unsafe { crate::container::copy_bytes_async(dst, src, nbytes, own, raw, kind) }
     }))
 }
 

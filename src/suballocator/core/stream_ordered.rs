@@ -1211,7 +1211,7 @@ macro_rules! forward_memory_resource {
                 $crate::resource::MemoryResource::report($core)
             }
 
-            fn upstreams(&self) -> Vec<$crate::SharedResource> {
+            fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
                 let $this = self;
                 $crate::resource::MemoryResource::upstreams($core)
             }
