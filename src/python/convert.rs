@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
-use crate::python::resources::DeviceMemoryResource;
+use crate::python::resources::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 
 /// A resource argument `name`: a `DeviceMemoryResource` (a TypeError naming the argument and

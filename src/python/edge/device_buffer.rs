@@ -17,7 +17,8 @@ use super::stream::{PyStream, StreamArg};
 use crate::python::errors::py_result;
 use crate::python::gil::{self, CallProfile};
 use crate::python::hooks::history;
-use crate::python::resources::{current_resource, DeviceMemoryResource};
+use crate::python::resources::registry::current_resource;
+use crate::python::resources::resource::DeviceMemoryResource;
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
 /// object goes.

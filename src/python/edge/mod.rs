@@ -3,18 +3,17 @@
 //! `host_bytes`), what rrmm can tell about a raw pointer (`pointers`), and CUDA streams
 //! (`stream`).
 //!
-//! The rest of the bindings take `stream=` arguments and make stream objects through the
-//! re-exports below, and register the system resources made from Python with `pointers`.
+//! Two files are open to the rest of the bindings: `stream` (`stream=` arguments and stream
+//! objects) and `pointers` (where the system resources made from Python are registered); what
+//! the files share among themselves is `pub(super)`.
 
 mod device_buffer;
 mod host_buffer;
 mod host_bytes;
 pub(super) mod pointers;
-mod stream;
+pub(super) mod stream;
 
 use pyo3::prelude::*;
-
-pub(super) use stream::{stream_for, StreamArg};
 
 /// Registers the stream, buffer and pointer-copy classes and functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -2,20 +2,19 @@
 //! `cupy_stream`), Numba's (`numba`), PyTorch's pluggable allocator (`torch`), what the three
 //! share (`shared`), and the allocation history they and `DeviceBuffer` record (`history`).
 //!
-//! The rest of the bindings see the history (which `DeviceBuffer` records into) and the count
-//! of live hook allocations from chains that run foreign code (which the callback resource
-//! checks before it lets go of its functions).
+//! Two files are open to the rest of the bindings: `history` (which `DeviceBuffer` records
+//! into) and `shared` (the count of live hook allocations from chains that run foreign code,
+//! which the callback resource checks before it lets go of its functions); what the files share
+//! among themselves is `pub(super)`.
 
 mod cupy;
 mod cupy_stream;
 pub(super) mod history;
 mod numba;
-mod shared;
+pub(super) mod shared;
 mod torch;
 
 use pyo3::prelude::*;
-
-pub(super) use shared::foreign_hook_allocations;
 
 /// Registers the hooks' functions and classes and the history's functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::resource::{sub, DeviceMemoryResource};
-use crate::python::edge::stream_for;
+use crate::python::edge::stream::stream_for;
 use crate::python::errors::callback_error;
 
 /// The state's life: working, memory given back at the cycle's collection, or dead without
@@ -84,7 +84,7 @@ impl CallbackState {
     /// functions): gives every live allocation back through the deallocate function, which still
     /// works, then stops calling Python.
     fn collected(&self, py: Python<'_>) {
-        if crate::python::hooks::foreign_hook_allocations() > 0 {
+        if crate::python::hooks::shared::foreign_hook_allocations() > 0 {
             // A hook allocation may hold memory of this resource from outside the cycle.
             self.phase.store(DEAD, Ordering::Release);
             return;

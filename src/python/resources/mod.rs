@@ -3,8 +3,10 @@
 //! experimental module, the current resource as Python objects (`registry`), and the stack
 //! builder's Python side (`stack`, with `wrap`, which gives a Rust resource its Python class).
 //!
-//! The rest of the bindings reach the base class and the current resource through the
-//! re-exports below; the classes themselves are reached from Python only.
+//! Two files are open to the rest of the bindings: `resource` (the base class every argument
+//! that takes a resource names) and `registry` (the current resource, which `DeviceBuffer`
+//! allocates from); the classes themselves are reached from Python only, and what the files
+//! share among themselves is `pub(super)`.
 
 mod adaptors;
 mod arena;
@@ -12,8 +14,8 @@ mod callback;
 mod expandable;
 mod experimental;
 mod memory_stats;
-mod registry;
-mod resource;
+pub(super) mod registry;
+pub(super) mod resource;
 mod source_resources;
 mod stack;
 mod statistics;
@@ -22,9 +24,6 @@ mod upstream_kw;
 mod wrap;
 
 use pyo3::prelude::*;
-
-pub(super) use registry::current_resource;
-pub(super) use resource::DeviceMemoryResource;
 
 /// Registers the `rrmm.mr` classes and functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -6,7 +6,7 @@ use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
-use crate::python::edge::StreamArg;
+use crate::python::edge::stream::StreamArg;
 use crate::python::errors::py_result;
 use crate::python::gil::{self, CallProfile, ProfileCache};
 
