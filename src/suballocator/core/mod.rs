@@ -22,6 +22,6 @@ pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
 pub(super) use stream_ordered::{
-    default_events, default_events_for, forward_memory_resource, uses_device_streams,
-    StreamOrderedCore,
+    default_events, default_events_for, forward_memory_resource, next_instance_id,
+    uses_device_streams, StreamOrderedCore,
 };

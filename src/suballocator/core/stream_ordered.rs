@@ -215,7 +215,13 @@ pub(crate) fn uses_device_streams(kind: MemoryKind) -> bool {
     kind != MemoryKind::Simulated && crate::cuda::driver_available()
 }
 
-static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
+/// A never reused id for a suballocator (a core, an arena): the key of its entries in the
+/// per-thread caches, which must not take a new resource for a dropped one.
+pub(crate) fn next_instance_id() -> u64 {
+    // Why process-wide: the per-thread caches hold entries of every resource, so ids are unique.
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 /// The most donor lists one steal looks at: a miss costs the same however many streams ever
 /// existed. A block a steal does not reach is found by a later steal (they go round) or by the
@@ -231,7 +237,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         name: &'static str,
     ) -> Self {
         StreamOrderedCore {
-            id: NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_instance_id(),
             shared: OwnedMutex::new(Shared {
                 fresh: F::new(&sizing),
                 chunks: BTreeMap::new(),
