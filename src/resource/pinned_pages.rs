@@ -54,6 +54,7 @@ pub struct PinnedStartup {
     pub available_before: Option<usize>,
 }
 
+// Why process-wide: the last pinned start, for a later reader (`_rrmm.pinned_startup`).
 static LAST_STARTUP: parking_lot::Mutex<Option<PinnedStartup>> = parking_lot::Mutex::new(None);
 
 /// How the process's latest [`PinnedPages`] (a large pinned allocation: a pinned pool's chunk)

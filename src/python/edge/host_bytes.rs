@@ -10,6 +10,7 @@ use pyo3::types::{PyDict, PyTuple};
 use std::ffi::{c_int, c_void};
 
 /// The one byte an empty buffer's view points at (a view of no bytes never reads it).
+// Why process-wide: an address that outlives every empty view; never written.
 static EMPTY: u8 = 0;
 
 /// Host bytes exported through the buffer protocol: an address and a length, set once by the

@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
 /// The system-memory resources made from Python, while they live.
+// Why process-wide: a raw address may lie in any system resource made from Python.
 static SYSTEM: Mutex<Vec<Weak<SystemMemoryResource>>> = Mutex::new(Vec::new());
 
 /// Records `mr` in `registry`, pruning entries whose resource is gone.

@@ -126,8 +126,11 @@ pub(super) fn stream_object<'py>(
     Ok((handle, wrapped))
 }
 
+// Why process-wide: RMM's `DEFAULT_STREAM` is one module-level object.
 static DEFAULT: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
+// Why process-wide: RMM's `LEGACY_DEFAULT_STREAM` is one module-level object.
 static LEGACY: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
+// Why process-wide: RMM's `PER_THREAD_DEFAULT_STREAM` is one module-level object.
 static PER_THREAD: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
 
 fn constant<'py>(

@@ -21,6 +21,7 @@ struct CupyBindings {
 }
 
 fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
+    // Why process-wide: CuPy's classes, imported once.
     static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
     CUPY.get_or_try_init(py, || {
         let missing = |cause| cupy_missing(py, cause);
@@ -68,6 +69,7 @@ struct CupyLive {
 type PointerMap<V> = crate::live::AddressMap<usize, V>;
 
 fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
+    // Why process-wide: CuPy frees by pointer alone through a C function: found by address.
     static LIVE: OnceLock<Mutex<PointerMap<CupyLive>>> = OnceLock::new();
     LIVE.get_or_init(|| Mutex::new(PointerMap::default()))
 }

@@ -40,6 +40,7 @@ impl CupyStreamLookup {
     /// # Errors
     /// An ImportError naming CuPy when CuPy cannot be imported.
     pub(crate) fn get(py: Python<'_>) -> PyResult<&'static CupyStreamLookup> {
+        // Why process-wide: CuPy's C function for its current stream, found once.
         static LOOKUP: PyOnceLock<CupyStreamLookup> = PyOnceLock::new();
         LOOKUP.get_or_try_init(py, || find(py))
     }
@@ -92,6 +93,7 @@ fn is_default_stream(raw: usize) -> bool {
 /// Weak references to CuPy's stream objects by handle (one Python call per stream, not per
 /// allocation). An entry whose stream is dead is replaced when its handle is seen again (CUDA
 /// reuses the handles of destroyed streams).
+// Why process-wide: CuPy's streams are the process's; one weak reference per handle.
 static STREAM_REFS: Mutex<Vec<(usize, Py<PyAny>)>> = Mutex::new(Vec::new());
 
 /// A live weak reference to the CuPy stream object of handle `raw` (CuPy's current stream).

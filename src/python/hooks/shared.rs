@@ -30,6 +30,7 @@ pub(super) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Opti
 /// Live allocations of the hooks from resource chains that run foreign code (a Python
 /// callback): holders rrmm cannot see from Python, which keep a collected callback resource's
 /// memory from being given back (see `callback`).
+// Why process-wide: the framework allocators are process-wide, so is their count.
 static FOREIGN_HOOK_ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// How many hook allocations from chains that run foreign code are live.

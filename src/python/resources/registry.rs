@@ -20,6 +20,7 @@ type Entry = (Py<DeviceMemoryResource>, SharedResource);
 /// resources set from Rust, for example by the torch hook), indexed by ordinal. Only ordinals the
 /// core's table accepted reach it (`crate::per_device_resource` / `set_per_device_resource`
 /// check them first), so no ordinal can size it beyond the core's bound.
+// Why process-wide: the Python side of the per-device table in `current.rs`.
 static PY_TABLE: Mutex<Vec<Option<Entry>>> = Mutex::new(Vec::new());
 
 fn same(a: &SharedResource, b: &SharedResource) -> bool {
@@ -224,6 +225,7 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// The Python object of the process-wide host resource, with the Rust resource it stands for:
 /// the resource itself is owned by the core (`crate::current_host_resource`), this is only the
 /// object Python set or was given for it, so `get` returns the very object that was set.
+// Why process-wide: the Python side of the current host resource in `current.rs`.
 static HOST_PY: Mutex<Option<Entry>> = Mutex::new(None);
 
 /// rrmm: the process-wide host resource (`rrmm.mr.get_current_host_resource`): the object set

@@ -692,6 +692,7 @@ mod cache {
     }
 
     thread_local! {
+        // Why process-wide: RMM's per-thread arenas: each thread's own, keyed by resource.
         static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
     }
 

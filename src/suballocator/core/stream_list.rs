@@ -102,6 +102,7 @@ pub(super) mod cache {
     }
 
     thread_local! {
+        // Why process-wide: a thread finds its stream's list without the core's lock.
         static CACHE: RefCell<Cache> = RefCell::new(Cache {
             entries: std::array::from_fn(|_| None),
             next: 0,

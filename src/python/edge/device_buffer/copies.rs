@@ -60,6 +60,7 @@ pub(super) fn copy(
 }
 
 fn numpy(py: Python<'_>) -> Option<&Bound<'_, PyModule>> {
+    // Why process-wide: numpy is imported once; a module is the interpreter's anyway.
     static NUMPY: PyOnceLock<Option<Py<PyModule>>> = PyOnceLock::new();
     NUMPY
         .get_or_init(py, || py.import("numpy").ok().map(Bound::unbind))
