@@ -10,6 +10,16 @@
 //! shared helpers (`errors`, `convert` for arguments, `gil` for the GIL rule, `callable_ref`)
 //! and the module functions (`device`, `gpu`, `replay`).
 
+/// The body of a `register` that registers files' classes and functions with the module `m`,
+/// in order: `register_files!(m, errors, edge)` calls `errors::register(m)`, then
+/// `edge::register(m)`.
+macro_rules! register_files {
+    ($m:expr, $($file:ident),+ $(,)?) => {{
+        $($file::register($m)?;)+
+        PyResult::Ok(())
+    }};
+}
+
 mod callable_ref;
 mod convert;
 mod device;
@@ -27,13 +37,5 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    errors::register(m)?;
-    edge::register(m)?;
-    resources::register(m)?;
-    convert::register(m)?;
-    device::register(m)?;
-    replay::register(m)?;
-    hooks::register(m)?;
-    gpu::register(m)?;
-    Ok(())
+    register_files!(m, errors, edge, resources, convert, device, replay, hooks, gpu)
 }

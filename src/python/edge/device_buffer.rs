@@ -12,14 +12,12 @@ use crate::DeviceBuffer as RsBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::host_buffer::HostBuffer;
 use super::stream::{PyStream, StreamArg};
 use crate::python::errors::py_result;
 use crate::python::gil::{self, CallProfile};
 use crate::python::hooks::history;
 use crate::python::resources::registry::current_resource;
 use crate::python::resources::resource::DeviceMemoryResource;
-use copies::copy;
 
 /// Device memory of `size` bytes from a memory resource (RMM's `DeviceBuffer`), freed when the
 /// object goes.
@@ -114,28 +112,6 @@ impl PyDeviceBuffer {
             }
             _ => current_resource(py),
         }
-    }
-
-    /// A new buffer holding the bytes of host buffer `b`.
-    fn from_host(
-        py: Python<'_>,
-        b: &Bound<'_, PyAny>,
-        stream: StreamArg<'_>,
-        mr: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        let host = HostBuffer::get(b, false)?;
-        let (raw, stream) = stream.resolve(py)?;
-        let (mr, shared) = Self::resource_of(py, mr)?;
-        let this = Self::make(py, host.len(), raw, stream, mr, shared)?;
-        copy(
-            py,
-            this.inner().ptr(),
-            host.addr(),
-            host.len(),
-            raw,
-            this.kind(),
-        )?;
-        Ok(this)
     }
 
     /// The buffer to switch to new memory: waits (with the GIL released, so they can finish)

@@ -17,8 +17,5 @@ use pyo3::prelude::*;
 
 /// Registers the stream, buffer and pointer-copy classes and functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    stream::register(m)?;
-    device_buffer::register(m)?;
-    host_bytes::register(m)?;
-    Ok(())
+    register_files!(m, stream, device_buffer, host_bytes)
 }

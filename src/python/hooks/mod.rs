@@ -18,11 +18,5 @@ use pyo3::prelude::*;
 
 /// Registers the hooks' functions and classes and the history's functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    history::register(m)?;
-    shared::register(m)?;
-    cupy::register(m)?;
-    cupy_stream::register(m)?;
-    numba::register(m)?;
-    torch::register(m)?;
-    Ok(())
+    register_files!(m, history, shared, cupy, cupy_stream, numba, torch)
 }

@@ -27,17 +27,7 @@ use pyo3::prelude::*;
 
 /// Registers the `rrmm.mr` classes and functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    resource::register(m)?;
-    source_resources::register(m)?;
-    callback::register(m)?;
-    suballocators::register(m)?;
-    statistics::register(m)?;
-    adaptors::register(m)?;
-    registry::register(m)?;
-    arena::register(m)?;
-    experimental::register(m)?;
-    memory_stats::register(m)?;
-    expandable::register(m)?;
-    stack::register(m)?;
-    Ok(())
+    register_files!(m, resource, source_resources, callback, suballocators)?;
+    register_files!(m, statistics, adaptors, registry, arena)?;
+    register_files!(m, experimental, memory_stats, expandable, stack)
 }

@@ -173,7 +173,7 @@ fn to_device(
     stream: StreamArg<'_>,
     mr: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyDeviceBuffer> {
-    PyDeviceBuffer::from_host(py, b, stream, mr)
+    PyDeviceBuffer::to_device(py, b, stream, mr)
 }
 
 /// Copies `hb`'s length in bytes from device address `db` into writable host buffer `hb`.

@@ -212,13 +212,25 @@ impl PyDeviceBuffer {
     /// A new buffer with the bytes of `b` (a 1-D C-contiguous `uint8` buffer or `bytes`).
     #[staticmethod]
     #[pyo3(signature = (b, stream = StreamArg::Default, mr = None))]
-    fn to_device(
+    pub(super) fn to_device(
         py: Python<'_>,
         b: &Bound<'_, PyAny>,
         stream: StreamArg<'_>,
         mr: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        Self::from_host(py, b, stream, mr)
+        let host = HostBuffer::get(b, false)?;
+        let (raw, stream) = stream.resolve(py)?;
+        let (mr, shared) = Self::resource_of(py, mr)?;
+        let this = Self::make(py, host.len(), raw, stream, mr, shared)?;
+        copy(
+            py,
+            this.inner().ptr(),
+            host.addr(),
+            host.len(),
+            raw,
+            this.kind(),
+        )?;
+        Ok(this)
     }
 
     /// Copies the buffer to host: into `ary` (a writable 1-D `uint8` buffer at least `size`
