@@ -1,6 +1,6 @@
 //! [`DeviceUVector`]: a typed, uninitialised, growable device vector.
 
-use super::DeviceBuffer;
+use super::device_buffer::DeviceBuffer;
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::SharedResource;

@@ -3,12 +3,13 @@
 //! functions with `register`, and a new binding is a new file plus one line in its folder's
 //! `register` (or below, for a file at the top).
 //!
-//! Folders, each a module that re-exports only what the others use: `resources/` (the
-//! `rrmm.mr` classes, their registry and the stack builder's Python side), `hooks/` (CuPy,
-//! Numba, PyTorch and the history they record), `edge/` (where Python's pointers, buffers and
-//! streams meet rrmm's: device and host buffers, pointer checks, streams). At the top: the
-//! shared helpers (`errors`, `convert` for arguments, `gil` for the GIL rule, `callable_ref`)
-//! and the module functions (`device`, `gpu`, `replay`).
+//! Floors, each importing only from those below it: the shared helpers at the top level
+//! (`errors`, `gil` for the GIL rule, `callable_ref`); `edge/` (where Python's pointers, host
+//! buffers and streams meet rrmm's); `hooks/` (CuPy, Numba, PyTorch and the history they
+//! record); `resources/` (the `rrmm.mr` classes, their arguments, their registry and the stack
+//! builder's Python side); then `device_buffer` (`rrmm.DeviceBuffer`, with its methods and
+//! copies in `device_buffer/`) and the module functions (`device`, `gpu`, `replay`). Each
+//! folder is a module that opens only the files the others use.
 
 /// The body of a `register` that registers files' classes and functions with the module `m`,
 /// in order: `register_files!(m, errors, edge)` calls `errors::register(m)`, then
@@ -21,8 +22,8 @@ macro_rules! register_files {
 }
 
 mod callable_ref;
-mod convert;
 mod device;
+mod device_buffer;
 mod edge;
 mod errors;
 mod gil;
@@ -37,5 +38,15 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    register_files!(m, errors, edge, resources, convert, device, replay, hooks, gpu)
+    register_files!(
+        m,
+        errors,
+        edge,
+        resources,
+        device,
+        device_buffer,
+        replay,
+        hooks,
+        gpu
+    )
 }

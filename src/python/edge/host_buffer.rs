@@ -34,7 +34,7 @@ const PYBUF_RECORDS_RO: c_int = 0x0004 | 0x0008 | 0x0010;
 
 /// A 1-D, C-contiguous byte buffer of a Python object, held (and the object kept alive) until
 /// drop. Checks what RMM's `const unsigned char[::1]` arguments check.
-pub(super) struct HostBuffer {
+pub(crate) struct HostBuffer {
     view: Box<RawPyBuffer>,
 }
 

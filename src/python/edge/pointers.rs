@@ -65,7 +65,7 @@ fn cuda_memory(ptr: usize, bytes: usize) -> Option<bool> {
 /// # Errors
 /// [`Error::Logic`] for simulated memory; [`Error::InvalidArgument`] for an address nothing
 /// vouches for.
-pub(super) fn check_user_range(
+pub(crate) fn check_user_range(
     name: &'static str,
     ptr: usize,
     bytes: usize,
@@ -131,7 +131,7 @@ pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 /// # Errors
 /// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
 /// the address for simulated memory.
-pub(super) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
+pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && ptr.checked_add(bytes).is_none() {
         return Err(Error::invalid(
             name,

@@ -95,7 +95,7 @@ fn handle_of(obj: &Bound<'_, PyAny>) -> PyResult<(RawStream, bool)> {
 }
 
 /// The raw stream of a `stream=` argument: `None` is a TypeError (as in RMM).
-pub(super) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
+pub(crate) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
     if let Ok(stream) = obj.cast::<PyStream>() {
         return Ok(stream.get().handle);
     }

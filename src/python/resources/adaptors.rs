@@ -14,11 +14,11 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
+use super::convert::{bytes_arg, upstream_arg};
 use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};
 use crate::python::callable_ref::CallableRef;
-use crate::python::convert::{bytes_arg, upstream_arg};
 use crate::python::errors::{callback_error, py_result};
 
 /// The initializer of an adaptor class over `up` whose Rust adaptor serves both the base class

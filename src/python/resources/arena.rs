@@ -3,10 +3,10 @@
 use crate::suballocator::ArenaMemoryResource as RsArena;
 use pyo3::prelude::*;
 
+use super::convert::opt_bytes_arg;
 use super::resource::{call_blocking, call_locking, UpstreamResourceAdaptor};
 use super::suballocators::suballocator_keeping;
 use super::upstream_kw::upstream_of;
-use crate::python::convert::opt_bytes_arg;
 use crate::python::errors::py_result;
 
 /// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas

@@ -1,8 +1,8 @@
 //! `rrmm.mr.ExpandableMemoryResource`: the expandable pool on one virtual address range per
 //! device (or on simulated virtual memory, for CPU tests and sizing).
 
+use super::convert::opt_bytes_arg;
 use super::resource::DeviceMemoryResource;
-use crate::python::convert::opt_bytes_arg;
 use crate::python::errors::py_result;
 use crate::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};

@@ -1,5 +1,5 @@
-//! The `rrmm.mr` classes: the base classes (`resource`), the source resources, the
-//! suballocators, the adaptors and their statistics, the Python callback resource, the
+//! The `rrmm.mr` classes: the base classes (`resource`), their arguments (`convert`), the
+//! source resources, the suballocators, the adaptors and their statistics, the Python callback resource, the
 //! experimental module, the current resource as Python objects (`registry`), and the stack
 //! builder's Python side (`stack`, with `wrap`, which gives a Rust resource its Python class).
 //!
@@ -11,6 +11,7 @@
 mod adaptors;
 mod arena;
 mod callback;
+mod convert;
 mod expandable;
 mod experimental;
 mod memory_stats;
@@ -27,7 +28,14 @@ use pyo3::prelude::*;
 
 /// Registers the `rrmm.mr` classes and functions.
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    register_files!(m, resource, source_resources, callback, suballocators)?;
+    register_files!(
+        m,
+        resource,
+        convert,
+        source_resources,
+        callback,
+        suballocators
+    )?;
     register_files!(m, statistics, adaptors, registry, arena)?;
     register_files!(m, experimental, memory_stats, expandable, stack)
 }

@@ -9,9 +9,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
+use super::convert::{device_arg, resource_arg};
 use super::resource::DeviceMemoryResource;
 use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
-use crate::python::convert::{device_arg, resource_arg};
 use crate::python::errors::py_result;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);

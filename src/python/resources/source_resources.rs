@@ -15,8 +15,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
+use super::convert::{bytes_arg, opt_bytes_arg};
 use super::resource::{sub, DeviceMemoryResource};
-use crate::python::convert::{bytes_arg, opt_bytes_arg};
 use crate::python::errors::py_result;
 
 /// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
@@ -213,9 +213,8 @@ impl PinnedHostMemoryResource {
         numa_node: Option<u32>,
         registered_from: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let registered_from =
-            crate::python::convert::opt_bytes_arg(registered_from, "registered_from")?
-                .unwrap_or(crate::resource::DEFAULT_REGISTERED_FROM);
+        let registered_from = super::convert::opt_bytes_arg(registered_from, "registered_from")?
+            .unwrap_or(crate::resource::DEFAULT_REGISTERED_FROM);
         let options = crate::resource::PinnedOptions {
             numa_node,
             registered_from,

@@ -11,11 +11,11 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
+use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use super::resource::{
     call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
 use super::upstream_kw::upstream_of;
-use crate::python::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
 use crate::python::errors::{figures_readable, py_result};
 
 /// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared

@@ -4,8 +4,8 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
+use super::convert::upstream_arg;
 use super::resource::DeviceMemoryResource;
-use crate::python::convert::upstream_arg;
 use crate::resource::SharedResource;
 
 /// The upstream given as `upstream_mr` (positionally or by keyword) or as `upstream`: the

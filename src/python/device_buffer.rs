@@ -12,7 +12,7 @@ use crate::DeviceBuffer as RsBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::stream::{PyStream, StreamArg};
+use crate::python::edge::stream::{PyStream, StreamArg};
 use crate::python::errors::py_result;
 use crate::python::gil::{self, CallProfile};
 use crate::python::hooks::history;

@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
-use crate::python::resources::resource::DeviceMemoryResource;
+use super::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 
 /// A resource argument `name`: a `DeviceMemoryResource` (a TypeError naming the argument and
@@ -35,7 +35,7 @@ pub(crate) fn upstream_arg<'py>(
 ) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
     let (mr, inner) = resource_arg(obj, "upstream_mr")?;
     // No stack deeper than rrmm can call through (or drop) without running out of stack.
-    super::errors::py_result(crate::resource::graph::check_upstream(
+    crate::python::errors::py_result(crate::resource::graph::check_upstream(
         "upstream_mr",
         &inner,
     ))?;
