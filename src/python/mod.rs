@@ -3,9 +3,9 @@
 //! functions with `register`, and a new binding is a new file plus one line in its folder's
 //! `register` (or below, for a file at the top).
 //!
-//! Floors, each importing only from those below it: the shared helpers at the top level
+//! Floors from the ground up, each importing only from those under it: the shared helpers
 //! (`errors`, `gil` for the GIL rule, `callable_ref`); `edge/` (where Python's pointers, host
-//! buffers and streams meet rrmm's); `hooks/` (CuPy, Numba, PyTorch and the history they
+//! buffers and streams meet rrmm's) and `hooks/` (CuPy, Numba, PyTorch and the history they
 //! record); `resources/` (the `rrmm.mr` classes, their arguments, their registry and the stack
 //! builder's Python side); then `device_buffer` (`rrmm.DeviceBuffer`, with its methods and
 //! copies in `device_buffer/`) and the module functions (`device`, `gpu`, `replay`). Each
@@ -38,15 +38,6 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    register_files!(
-        m,
-        errors,
-        edge,
-        resources,
-        device,
-        device_buffer,
-        replay,
-        hooks,
-        gpu
-    )
+    register_files!(m, errors, edge, hooks, resources)?;
+    register_files!(m, device_buffer, device, gpu, replay)
 }
