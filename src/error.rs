@@ -91,6 +91,18 @@ pub enum Error {
         /// The callback's own error value.
         payload: CallbackPayload,
     },
+    /// Device `device` cannot use memory of device `peer` directly: the machine has no such
+    /// GPU, or the two GPUs have no peer link (NVLink or PCIe peer-to-peer). Python: a
+    /// `RuntimeError`.
+    #[error("no peer link: device {device} cannot use memory of peer device {peer}: {reason}")]
+    NoPeerAccess {
+        /// The device that would read the memory.
+        device: usize,
+        /// The GPU that would hold it.
+        peer: usize,
+        /// Why not, in words.
+        reason: String,
+    },
     /// A file could not be read or written.
     #[error("I/O error on {path}: {message}")]
     Io {

@@ -130,6 +130,32 @@ impl LiveAllocations {
         }
     }
 
+    /// Frees `ptr` of `bytes` under this registry's check, for a resource that records what
+    /// it hands out: takes the record first (so a concurrent double free fails on one side; a
+    /// pointer not live or a size other than the allocation's is [`Error::Logic`], its message
+    /// prefixed with `who:` where given), then runs `free`, and puts the record back when
+    /// `free` fails (the memory is still live then).
+    ///
+    /// # Errors
+    /// As [`remove`](Self::remove), or `free`'s error.
+    pub fn free_checked(
+        &self,
+        ptr: usize,
+        bytes: usize,
+        who: Option<&str>,
+        free: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.remove(ptr, bytes).map_err(|e| match who {
+            Some(who) => Error::Logic(format!("{who}: {e}")),
+            None => e,
+        })?;
+        let freed = free();
+        if freed.is_err() {
+            let _ = self.insert(ptr, bytes);
+        }
+        freed
+    }
+
     /// The size `ptr` was allocated with, if it is live.
     pub fn size_of(&self, ptr: usize) -> Option<usize> {
         self.shard(ptr).lock().get(&ptr).copied()

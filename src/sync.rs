@@ -1,5 +1,5 @@
 //! One switch between the locks of normal builds (parking_lot) and loom's model-checked ones
-//! (`RUSTFLAGS="--cfg loom"`), as hawkw/sharded-slab does: the stream-ordered core takes its
+//! (the `loom` feature; hawkw/sharded-slab does the same with `--cfg loom`): the stream-ordered core takes its
 //! locks from here, so `tests/loom_core.rs` explores its lock protocol.
 //!
 //! Both sides offer the same small API: `Mutex::new`, `Mutex::lock` (no poisoning),
@@ -10,30 +10,49 @@
 //! thread that holds it, so a thread that would wait for it while already holding it (an
 //! upstream callback calling back into the resource) gets an error instead of a deadlock.
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use parking_lot::{Mutex, RwLock};
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 use self::loom_locks::MutexGuard;
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 use parking_lot::MutexGuard;
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 use loom::sync::atomic::{AtomicUsize, Ordering};
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 // Why process-wide: a thread's identity for `OwnedMutex`: the address of its own local.
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 std::thread_local!(static THREAD_TOKEN: u8 = const { 0 });
 // Why process-wide: the same identity under loom, whose threads need its thread-locals.
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 loom::thread_local!(static THREAD_TOKEN: u8 = 0);
 
 /// A non-zero number unique to the calling thread while it lives (the address of a
 /// thread-local).
 fn thread_token() -> usize {
     THREAD_TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// `Deref` and `DerefMut` of a guard type `$guard<'_, T>` to the data of the lock guard it
+/// wraps (its field `guard`).
+macro_rules! derefs_to_guard {
+    ($guard:ident) => {
+        impl<T> std::ops::Deref for $guard<'_, T> {
+            type Target = T;
+            fn deref(&self) -> &T {
+                &self.guard
+            }
+        }
+
+        impl<T> std::ops::DerefMut for $guard<'_, T> {
+            fn deref_mut(&mut self) -> &mut T {
+                &mut self.guard
+            }
+        }
+    };
 }
 
 /// The calling thread already holds the [`OwnedMutex`] it asked for.
@@ -61,18 +80,7 @@ impl<T> Drop for OwnedGuard<'_, T> {
     }
 }
 
-impl<T> std::ops::Deref for OwnedGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.guard
-    }
-}
-
-impl<T> std::ops::DerefMut for OwnedGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.guard
-    }
-}
+derefs_to_guard!(OwnedGuard);
 
 impl<T> OwnedMutex<T> {
     pub(crate) fn new(value: T) -> Self {
@@ -109,10 +117,10 @@ impl<T> OwnedMutex<T> {
     }
 }
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) use self::loom_locks::{Mutex, RwLock};
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 mod loom_locks {
     use loom::sync::atomic::{AtomicBool, Ordering};
 
@@ -144,18 +152,7 @@ mod loom_locks {
         _unlock: Unlock<'a>,
     }
 
-    impl<T> std::ops::Deref for MutexGuard<'_, T> {
-        type Target = T;
-        fn deref(&self) -> &T {
-            &self.guard
-        }
-    }
-
-    impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
-        fn deref_mut(&mut self) -> &mut T {
-            &mut self.guard
-        }
-    }
+    derefs_to_guard!(MutexGuard);
 
     impl<T> Mutex<T> {
         pub(crate) fn new(value: T) -> Self {

@@ -1,13 +1,12 @@
 //! Model checks (loom) of the stream-ordered core's lock protocol: every interleaving of small
 //! allocate/free/steal/grow/release runs on two threads, on simulated memory.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test
-//! loom_core` (`.ci/run` does). Each model is bounded (three preemptions) to stay small.
+//! Run: `cargo test --features loom --test loom_core` (`.ci/run` does). Each model is bounded (three preemptions) to stay small.
 //!
 //! Checked in every interleaving: no deadlock (loom fails on one), no two live blocks overlap,
 //! bytes are conserved when the threads are done (free bytes == pool size once everything is
 //! freed), `release()` then gives everything back, and bad frees stay logic errors.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use loom::thread;
 use rrmm::suballocator::{NoStreamEvents, StreamEvents};

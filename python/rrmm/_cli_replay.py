@@ -6,7 +6,8 @@ simulated device of any size (``--simulate``), and reports time per event, memor
 overhead, waste, fragmentation and failed allocations; ``--fit`` finds the smallest device each
 resource needs; ``--json`` for scripts, ``--plot`` for a picture. On a GPU, ``torch`` and
 ``cupy`` in ``--compare`` replay the logs through PyTorch's caching allocator and CuPy's memory
-pool too, from Python, beside each rrmm resource driven from Python (``rrmm._replay_peers``).
+pool too, through their Python APIs, beside each rrmm resource driven from Python: the same
+engine over their Python functions (``rrmm._replay_peers`` holds the adapters).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ SOURCE_RESOURCES = ("cuda", "cuda_async", "pinned")
 #: about the device).
 HOST_RESOURCES = ("pinned", "pinned_pool", "pinned_expandable")
 
+#: Kinds over several memories (device, a peer GPU, host): named to be replayed, never part of
+#: ``--compare all`` (a question of where data beyond one GPU goes, not of the allocator).
+TIERED_RESOURCES = ("tiered",)
+
 #: File types ``--plot`` writes (matplotlib's raster and vector formats).
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -59,30 +64,38 @@ The report (one row per resource, the log's own properties once in the header):
   failed      allocations that failed with out of memory (their frees are skipped)
   beyond      managed memory only: the most bytes beyond the simulated device at once, what
               would live in host memory (oversubscription) had the log run with managed memory
-  driver      what called the allocator: rust, the replay engine (every rrmm row); python,
-              a Python loop over the same events (the torch and cupy rows, and "R (python)")
+  tiers       tiered only (a line under the row): each tier's peak bytes and allocations served
+              (device, then the peer GPU, then host memory; a tier full passes a request on)
+  sleep       expandable pools only (a line under the row): a sleep after the last event
+              releases every mapped byte of the device, copying the live bytes to host memory
+              first (free pages are released without a copy); at the pool's peak it would
+              release its peak footprint
+  driver      what the replay engine called: rust, an rrmm resource directly (every rrmm
+              row); python, an allocator's Python functions, each call through Python with
+              the GIL taken for it (the torch and cupy rows, and "R (python)")
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
-resource with no failed allocation, and the pool sizes that do it.
+resource with no failed allocation, and the pool sizes that do it (managed memory: with no byte
+beyond the device; tiered: with no byte in host memory, a peer GPU of the same size beside it).
 Other libraries' allocators, on a GPU, named in --compare (their packages installed):
   torch       PyTorch's caching allocator: torch.cuda.caching_allocator_alloc(size, device,
               stream) and caching_allocator_delete, one torch.cuda.Stream per stream of the
               log (its default stream for the log's default stream); its cache emptied first.
-              footprint: torch.cuda.max_memory_reserved(); frag@peak/end from
-              torch.cuda.memory_snapshot()'s inactive blocks, taken in the untimed pass at the
-              log's peak event and after the last event
+              footprint: the most torch.cuda.memory_reserved() after any allocation;
+              frag@peak/end from torch.cuda.memory_snapshot()'s inactive blocks, taken in the
+              untimed pass at the last peak in use and after the last event
   cupy        a fresh cupy.cuda.MemoryPool: pool.malloc(size) with the log's stream current,
               each pointer kept until the log frees it; footprint: the peak of
               pool.total_bytes(); no fragmentation (CuPy does not show its free blocks)
-  R (python)  each rrmm resource R named beside them, built as its Rust row is, replayed from
-              the same Python loop through rrmm's Python API (mr.allocate, mr.deallocate):
+  R (python)  each rrmm resource R named beside them, built as its Rust row is, replayed the
+              same way through rrmm's Python API (mr.allocate, mr.deallocate):
               the like-for-like baseline (footprint and fragmentation where its PyTorch-style
               statistics give them: pools). A python row's ns/event includes the interpreter
               and each library's Python call: compare python rows with python rows (the line
               under the table gives the ratios), rust rows with rust rows.
   Python rows show no waste (their blocks are not known); their failed allocations are
-  counted and the frees skipped as the engine does. With --fit, torch and cupy get the
+  counted and their frees skipped, by the engine itself. With --fit, torch and cupy get the
   smallest memory limit on the GPU (set_per_process_memory_fraction, MemoryPool.set_limit)
   under which the log replays with no failure, searched as the simulated device is.
 On simulated memory cuda and cuda_async (and pinned, when named) are the simulated device
@@ -90,7 +103,10 @@ itself: one row named "simulated" (in the table, the fit lines, --json and the p
 timings are the simulator's, not CUDA's; the line under the table says which resources it
 stands for. managed (and managed_pool) is its own row: the simulated device with host memory
 beyond it, where allocations past the device succeed and "beyond" says how many bytes would
-live in host memory at the worst moment.
+live in host memory at the worst moment. tiered is a pool over the simulated device, then a
+simulated peer GPU of --peer-memory (default: the device's size), then --host-memory of host
+memory (default: no limit); on a GPU, the peer GPU is the first with a peer link (none: the row
+says "no peer link") and host memory is pinned.
 A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes, the one size parser of rrmm: the
 command line, reinitialize and rrmm.dask alike) reads them: 1000000, or a number and a unit,
 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000 (as in RMM).
@@ -241,8 +257,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--host-memory",
         metavar="SIZE",
         type=_positive_size,
-        help="managed and managed_pool on a simulated device: host memory beyond the device "
-        "(default: no limit), so the replay says how much would live there",
+        help="managed, managed_pool and tiered on a simulated device: host memory beyond the "
+        "device (default: no limit), so the replay says how much would live there",
+    )
+    parser.add_argument(
+        "--peer-memory",
+        metavar="SIZE",
+        type=_positive_size,
+        help="tiered on a simulated device: the memory of the simulated peer GPU, the tier "
+        "after the device and before host memory (default: the device's size)",
     )
     parser.add_argument(
         "--repeat",
@@ -295,8 +318,10 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
                              f"known: {', '.join(known)}, all")
         if [n.lower() for n in names] == ["all"]:
             if simulated:
-                return [n for n in known if n not in SOURCE_RESOURCES + HOST_RESOURCES]
-            return [n for n in known if n != "simulated" and n not in HOST_RESOURCES]
+                return [n for n in known
+                        if n not in SOURCE_RESOURCES + HOST_RESOURCES + TIERED_RESOURCES]
+            return [n for n in known
+                    if n != "simulated" and n not in HOST_RESOURCES + TIERED_RESOURCES]
     else:
         names = [args.resource.strip()]
     out: list[str] = []
@@ -471,6 +496,9 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             if r["unservable_allocations"]:
                 print(f"    {r['unservable_allocations']} of them ask for more than its block "
                       "size: it cannot serve them by design", file=out)
+            for extra in (_tiers_line(r), _sleep_line(r)):
+                if extra is not None:
+                    print(f"    {extra}", file=out)
         if any(r["simulated_device"] for r in rs):
             print("  (simulated: the simulated device itself; its timings are the simulator's, "
                   "not CUDA's)", file=out)
@@ -483,6 +511,31 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             for f in log_fits:
                 print(f"    {_fit_line(f)}", file=out)
         print(file=out)
+
+
+def _tiers_line(r: ReplayRecord) -> str | None:
+    """A tiered row's counts per tier in words, or None for other rows."""
+    tiers = r.get("tiers")
+    if not tiers:
+        return None
+    parts = [f"{t['name']} peak {format_bytes(t['peak_bytes'])} ({t['total_allocations']} "
+             f"allocation(s), {t['refused']} passed on)" for t in tiers]
+    return "tiers: " + ", ".join(parts)
+
+
+def _sleep_line(r: ReplayRecord) -> str | None:
+    """What a sleep of an expandable pool would release and copy, or None for other rows."""
+    releases = r.get("sleep_releases_at_end")
+    if releases is None:
+        return None
+    copies = r.get("sleep_copies_at_end") or 0
+    text = (f"sleep: after the last event it would release {format_bytes(releases)} of device "
+            f"memory, copying {format_bytes(copies)} of live data to host memory "
+            f"({format_bytes(max(releases - copies, 0))} released without a copy)")
+    peak = r.get("sleep_releases_at_peak")
+    if peak is not None:
+        text += f"; at the pool's peak, {format_bytes(peak)}"
+    return text
 
 
 def _stands_for(named: Sequence[str] | None) -> str:
@@ -620,12 +673,14 @@ def _python_rows(args: argparse.Namespace, files: list[str], names: list[str],
         "blocks": args.blocks,
         "arena_size": args.arena_size,
         "host_memory": args.host_memory,
+        "peer_memory": args.peer_memory,
     }
     rows = _replay_peers.replay_rows(files, names, reports, modules, options=stack_options,
                                      simulate=simulate, repeat=args.repeat, lenient=args.lenient)
     if args.fit:
         peers = [n for n in names if n in PEERS]
-        fits = fits + _replay_peers.fit_rows(files, peers, modules, lenient=args.lenient)
+        fits = fits + _replay_peers.fit_rows(files, peers, modules, lenient=args.lenient,
+                                             gpu=simulate is None)
     return rows, fits
 
 
@@ -689,6 +744,7 @@ def run(args: argparse.Namespace) -> int:
         "blocks": args.blocks,
         "arena_size": args.arena_size,
         "host_memory": args.host_memory,
+        "peer_memory": args.peer_memory,
     }
     pairs = [(path, name) for path in files for name in resources]
     steps = len(pairs) * (2 if args.fit else 1) + (1 if peers else 0)

@@ -1,10 +1,11 @@
-"""What ``rrmm.mr.FallbackResourceAdaptor.counts()`` returns, as a TypedDict."""
+"""What ``rrmm.mr.FallbackResourceAdaptor.counts()`` and
+``rrmm.mr.TieredMemoryResource.tier_counts()`` return, as TypedDicts."""
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["FallbackCounts"]
+__all__ = ["FallbackCounts", "TierCounts"]
 
 
 class FallbackCounts(TypedDict):
@@ -19,3 +20,20 @@ class FallbackCounts(TypedDict):
     alternate_peak_bytes: int
     fallbacks: int
     failures: int
+
+
+class TierCounts(TypedDict):
+    """One tier of a ``TieredMemoryResource`` (``rrmm::adaptor::TierCounts``): its name
+    (``"device"``, ``"peer"``, ``"host"``), its resource's name, the requested bytes and
+    allocations it holds now, at most at once and ever, and the allocations it passed on to the
+    next tier for want of memory."""
+
+    name: str
+    resource: str
+    current_bytes: int
+    peak_bytes: int
+    total_bytes: int
+    current_allocations: int
+    peak_allocations: int
+    total_allocations: int
+    refused: int

@@ -1,12 +1,15 @@
-"""Replays driven from Python for ``rrmm replay --compare ...,torch,cupy``.
+"""The peers of ``rrmm replay --compare ...,torch,cupy``: adapters only.
 
-PyTorch's caching allocator and CuPy's ``MemoryPool`` are reached through their Python APIs, so
-their replays run in a Python loop; so does a like-for-like baseline, each rrmm resource named
-beside them built as the Rust rows build it (``rrmm._stack.build``) and called through its
-Python API (``mr.allocate`` / ``mr.deallocate``). The events come from the engine's own parser
-(``rrmm._rrmm.replay_events``). The figures follow the Rust engine (src/replay/engine.rs): an
-untimed figures pass, then timed repetitions on the same, warm, allocator, their median
-reported; an allocation that fails with out of memory is counted and its free skipped.
+PyTorch's caching allocator and CuPy's ``MemoryPool`` are reached through their Python APIs; so
+is the like-for-like baseline, each rrmm resource named beside them built as the Rust rows build
+it (``rrmm._stack.build``) and called through its Python API (``mr.allocate`` /
+``mr.deallocate``). Each is an :class:`Adapter`: two functions, ``allocate(size, stream) ->
+address`` and ``deallocate(address, size, stream)``, what it holds (``held_bytes``) and its free
+blocks (``free_blocks``) where it says, its setup and teardown. The replay itself (the untimed
+figures pass, the timed repetitions and their median, the frees of what the log leaves live,
+out of memory counted and its free skipped, the row) is the engine's, the one that replays
+rrmm's own kinds (src/replay/engine.rs), run over the adapter's functions by
+``rrmm._rrmm.replay_allocator``.
 
 PyTorch and CuPy are imported only when a replay names them, never when this module is.
 """
@@ -18,9 +21,8 @@ import gc
 import importlib
 import importlib.util
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -30,29 +32,32 @@ from rrmm._replay_types import FitRecord, ReplayRecord
 __all__ = [
     "PEERS",
     "PYTHON_DRIVER",
-    "Allocator",
-    "LogEvents",
+    "Adapter",
     "PeerUnavailable",
+    "StreamMap",
+    "cupy_adapter",
     "fit_limit",
     "fit_rows",
-    "load_events",
     "peer_problem",
     "prepare_peers",
     "replay",
     "replay_rows",
-    "snapshot_fragmentation",
+    "rrmm_adapter",
+    "snapshot_free_blocks",
+    "torch_adapter",
 ]
 
-#: The allocators of other libraries ``rrmm replay`` can replay through (always from Python).
+#: The allocators of other libraries ``rrmm replay`` can replay through (from Python).
 PEERS = ("torch", "cupy")
 
-#: ``driver`` of the rows replayed here (the engine's rows say ``"rust"``).
+#: ``driver`` of the rows replayed through Python functions (the engine's rows say ``"rust"``).
 PYTHON_DRIVER = "python"
 
 #: How each peer is installed, for the message when it is not.
 INSTALL = {"torch": "pip install torch", "cupy": "pip install cupy-cuda12x (or cupy-cuda13x)"}
 
-#: The logged stream handles that are a default stream (0, legacy, per-thread), as the engine's.
+#: The stream handles the engine passes for the log's default streams (default, legacy,
+#: per-thread).
 DEFAULT_HANDLES = (0, 1, 2)
 
 
@@ -60,432 +65,263 @@ class PeerUnavailable(Exception):
     """A peer cannot be replayed here (not installed, no GPU): its message is one line."""
 
 
-# ------------------------------------------------------------------------------- the log
+# ------------------------------------------------------------------------------- adapters
 
 
-@dataclass(frozen=True)
-class LogEvents:
-    """One log's events for a Python loop: ``(allocate, size, slot, stream index)`` tuples."""
-
-    events: list[tuple[int, int, int, int]]
-    stream_handles: list[int]
-    slot_count: int
-    peak_event: int | None
-    #: Per slot, (size, stream index) of its last allocation: what a leak left there.
-    last_allocation: list[tuple[int, int]]
-    #: The log's facts (a record with no figures).
-    facts: ReplayRecord
+def _nothing() -> None:
+    pass
 
 
-def load_events(path: str, lenient: bool = False) -> LogEvents:
-    """The events of the log at ``path``, parsed by the engine (``_rrmm.replay_events``).
-    Raises what it raises: ValueError naming file and line, OSError."""
-    raw = _rrmm.replay_events(path, lenient)
-    sizes = memoryview(raw["sizes"]).cast("Q").tolist()
-    slots = memoryview(raw["slots"]).cast("I").tolist()
-    streams = memoryview(raw["streams"]).cast("I").tolist()
-    events = list(zip(raw["actions"], sizes, slots, streams))
-    last = [(0, 0)] * raw["slot_count"]
-    for allocate, size, slot, stream in events:
-        if allocate:
-            last[slot] = (size, stream)
-    return LogEvents(events, list(raw["stream_handles"]), raw["slot_count"], raw["peak_event"],
-                     last, raw["record"])
-
-
-# ------------------------------------------------------------------------------- allocators
-
-
-def _no_call(*_args: Any) -> Any:
+def _closed(*_args: Any) -> Any:
     raise RuntimeError("this allocator is closed")
 
 
-class Allocator:
-    """One allocator called from Python. ``allocate(size, stream)`` returns a handle (raising
-    one of ``oom`` when out of memory); ``deallocate(handle, size, stream)`` frees it (a handle
-    dropped by the replay is gone too: CuPy frees on release). ``streams`` holds what to pass
-    for each stream index of the log. The figures methods return None where the allocator does
-    not say."""
+@dataclass
+class Adapter:
+    """An allocator the engine replays through (``rrmm._rrmm.replay_allocator``'s arguments).
+    ``allocate(size, stream)`` returns an address (raising MemoryError or one of
+    ``out_of_memory`` when out of memory); ``deallocate(address, size, stream)`` frees it;
+    ``stream`` is the engine's handle for the log's stream. ``held_bytes()`` and
+    ``free_blocks()`` give the footprint and the free blocks' sizes where the allocator says.
+    ``device``: the CUDA device of its memory (None when it has none: tests). ``teardown()``
+    gives its memory back after the row (:meth:`close`)."""
 
-    name = ""
-    setup = ""
-    oom: tuple[type[BaseException], ...] = (MemoryError,)
-    #: Whether the footprint must be sampled after each allocation for its peak (no peak kept).
-    samples_footprint = False
-
-    def __init__(self) -> None:
-        self.streams: list[Any] = []
-        self.allocate: Callable[[int, Any], Any] = _no_call
-        self.deallocate: Callable[[Any, int, Any], None] = _no_call
-
-    def synchronize(self) -> None:
-        """Waits for the allocator's stream-ordered work (part of a timed pass)."""
-
-    def start_figures(self) -> None:
-        """Resets the allocator's peaks before the figures pass."""
-
-    def footprint(self) -> int | None:
-        """Bytes it holds now."""
-        return None
-
-    def peak_footprint(self) -> int | None:
-        """The most bytes it held since ``start_figures``."""
-        return None
-
-    def fragmentation(self) -> float | None:
-        """1 - largest free block / free bytes now."""
-        return None
+    name: str
+    setup: str
+    allocate: Callable[[int, int], int]
+    deallocate: Callable[[int, int, int], None]
+    held_bytes: Callable[[], int] | None = None
+    free_blocks: Callable[[], list[int]] | None = None
+    out_of_memory: tuple[type[BaseException], ...] = ()
+    device: int | None = None
+    teardown: Callable[[], None] = _nothing
 
     def close(self) -> None:
-        """Gives its memory back (after the last pass)."""
-        self.allocate = _no_call
-        self.deallocate = _no_call
-        self.streams = []
+        """Drops the functions (and what they hold: a resource, a pool), then tears down."""
+        self.allocate = self.deallocate = _closed
+        self.held_bytes = self.free_blocks = None
+        self.teardown()
 
 
-def snapshot_fragmentation(segments: Sequence[dict[str, Any]]) -> float:
-    """External fragmentation from PyTorch-style snapshot segments: 1 - the largest inactive
-    block / the inactive bytes (0 when nothing is inactive)."""
-    free = [int(b["size"]) for s in segments for b in s["blocks"] if b["state"] == "inactive"]
-    total = sum(free)
-    return 0.0 if total == 0 else 1.0 - max(free) / total
+class StreamMap(dict[int, Any]):
+    """What the allocator is given for each stream handle the engine passes: ``make(handle)``
+    (its default stream for the log's default streams, ``DEFAULT_HANDLES``, else a stream of
+    its own), made on first use and kept; ``value(stream)`` of it."""
+
+    def __init__(self, make: Callable[[int], Any],
+                 value: Callable[[Any], Any] = lambda stream: stream) -> None:
+        super().__init__()
+        self._make, self._value = make, value
+        self.owned: list[Any] = []
+
+    def __missing__(self, handle: int) -> Any:
+        stream = self._make(handle)
+        self.owned.append(stream)
+        value = self[handle] = self._value(stream)
+        return value
+
+    def close(self) -> None:
+        """Forgets every stream."""
+        self.clear()
+        self.owned.clear()
 
 
-class TorchAllocator(Allocator):
+def snapshot_free_blocks(segments: Sequence[dict[str, Any]]) -> list[int]:
+    """The sizes of the free (inactive) blocks of PyTorch-style snapshot segments."""
+    return [int(b["size"]) for s in segments for b in s["blocks"] if b["state"] == "inactive"]
+
+
+def _torch_reserved(torch: ModuleType, device: int) -> Callable[[], int]:
+    """The bytes PyTorch's allocator reserves on ``device``: from its nested statistics (one
+    call; read after every allocation of the figures pass), else ``memory_reserved``."""
+    stats = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
+    if stats is not None:
+        try:
+            int(stats(device)["reserved_bytes"]["all"]["current"])
+        except Exception:  # noqa: BLE001 - a PyTorch without it: the public call
+            stats = None
+    if stats is not None:
+        return lambda: int(stats(device)["reserved_bytes"]["all"]["current"])
+    reserved = torch.cuda.memory_reserved
+    return lambda: int(reserved(device))
+
+
+def torch_adapter(torch: ModuleType, gpu: bool = True, limit: int | None = None) -> Adapter:
     """PyTorch's caching allocator on the current device (its cache emptied first):
     ``torch.cuda.caching_allocator_alloc(size, device, stream)`` on one ``torch.cuda.Stream``
     per stream of the log (its default stream for the log's default streams), under a limit
-    (``set_per_process_memory_fraction``) when one is given."""
+    (``set_per_process_memory_fraction``) when one is given; its free blocks from
+    ``memory_snapshot()``. ``gpu`` False: no device for the engine (stand-ins in tests)."""
+    cuda = torch.cuda
+    device = int(cuda.current_device())
+    total = int(cuda.get_device_properties(device).total_memory)
+    cuda.synchronize(device)
+    cuda.empty_cache()
+    if limit is not None:
+        cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    default = cuda.default_stream(device)
+    streams = StreamMap(lambda h: default if h in DEFAULT_HANDLES else cuda.Stream(device),
+                        lambda s: int(s.cuda_stream))
+    alloc, delete = cuda.caching_allocator_alloc, cuda.caching_allocator_delete
 
-    name = "torch"
+    def free_blocks() -> list[int]:
+        return snapshot_free_blocks([s for s in cuda.memory_snapshot()
+                                     if int(s.get("device", device)) == device])
 
-    def __init__(self, torch: ModuleType, stream_handles: Sequence[int],
-                 limit: int | None = None) -> None:
-        super().__init__()
-        cuda = torch.cuda
-        self._cuda = cuda
-        self.device = int(cuda.current_device())
-        self.total = int(cuda.get_device_properties(self.device).total_memory)
-        self.limit = limit
-        cuda.synchronize(self.device)
+    def teardown() -> None:
+        cuda.synchronize(device)
+        streams.close()
         cuda.empty_cache()
         if limit is not None:
-            cuda.set_per_process_memory_fraction(min(1.0, limit / self.total), self.device)
-        self.oom = (cuda.OutOfMemoryError,)
-        self.setup = (f"PyTorch {torch.__version__} caching allocator on cuda:{self.device} "
-                      "(torch.cuda.caching_allocator_alloc/_delete), its cache emptied first")
-        default = cuda.default_stream(self.device)
-        self._owned = [default if h in DEFAULT_HANDLES else cuda.Stream(self.device)
-                       for h in stream_handles]
-        self.streams = [int(s.cuda_stream) for s in self._owned]
-        alloc, delete, device = cuda.caching_allocator_alloc, cuda.caching_allocator_delete, \
-            self.device
-        self.allocate = lambda size, stream: alloc(size, device, stream)
-        self.deallocate = lambda ptr, size, stream: delete(ptr)
+            cuda.set_per_process_memory_fraction(1.0, device)
 
-    def synchronize(self) -> None:
-        self._cuda.synchronize(self.device)
-
-    def start_figures(self) -> None:
-        self._cuda.reset_peak_memory_stats(self.device)
-
-    def footprint(self) -> int | None:
-        return int(self._cuda.memory_reserved(self.device))
-
-    def peak_footprint(self) -> int | None:
-        return int(self._cuda.max_memory_reserved(self.device))
-
-    def fragmentation(self) -> float | None:
-        segments = [s for s in self._cuda.memory_snapshot()
-                    if int(s.get("device", self.device)) == self.device]
-        return snapshot_fragmentation(segments)
-
-    def close(self) -> None:
-        super().close()
-        self._cuda.synchronize(self.device)
-        self._owned = []
-        self._cuda.empty_cache()
-        if self.limit is not None:
-            self._cuda.set_per_process_memory_fraction(1.0, self.device)
+    return Adapter(
+        name="torch",
+        setup=(f"PyTorch {torch.__version__} caching allocator on cuda:{device} "
+               "(torch.cuda.caching_allocator_alloc/_delete), its cache emptied first"),
+        allocate=lambda size, stream: alloc(size, device, streams[stream]),
+        deallocate=lambda ptr, size, stream: delete(ptr),
+        held_bytes=_torch_reserved(torch, device),
+        free_blocks=free_blocks,
+        out_of_memory=(cuda.OutOfMemoryError,),
+        device=device if gpu else None,
+        teardown=teardown,
+    )
 
 
-class CupyAllocator(Allocator):
+def cupy_adapter(cupy: ModuleType, gpu: bool = True, limit: int | None = None) -> Adapter:
     """A fresh ``cupy.cuda.MemoryPool``: ``pool.malloc(size)`` with the log's stream current
     (one ``cupy.cuda.Stream`` per stream of the log, the null stream for its default streams);
     the ``MemoryPointer`` is kept until the log frees it. Under ``pool.set_limit`` when a limit
     is given. Its free blocks are not visible: no fragmentation figure."""
+    cuda = cupy.cuda
+    device = int(cuda.Device().id)
+    pool = cuda.MemoryPool()
+    if limit is not None:
+        pool.set_limit(size=limit)
+    null = cuda.Stream.null
+    streams = StreamMap(lambda h: null if h in DEFAULT_HANDLES else cuda.Stream(non_blocking=True))
+    malloc = pool.malloc
+    live: dict[int, Any] = {}
+    current: list[Any] = [None]
 
-    name = "cupy"
-    samples_footprint = True
+    def allocate(size: int, handle: int) -> int:
+        stream = streams[handle]
+        if stream is not current[0]:
+            stream.use()
+            current[0] = stream
+        memory = malloc(size)
+        ptr = int(memory.ptr)
+        if ptr:
+            live[ptr] = memory
+        return ptr
 
-    def __init__(self, cupy: ModuleType, stream_handles: Sequence[int],
-                 limit: int | None = None) -> None:
-        super().__init__()
-        cuda = cupy.cuda
-        self._cuda = cuda
-        self.device = int(cuda.Device().id)
-        self.total = int(cuda.Device(self.device).mem_info[1])
-        self.pool = cuda.MemoryPool()
-        if limit is not None:
-            self.pool.set_limit(size=limit)
-        self.oom = (cuda.memory.OutOfMemoryError,)
-        self.setup = (f"CuPy {cupy.__version__} MemoryPool, fresh, on device {self.device} "
-                      "(pool.malloc with the log's stream current)")
-        null = cuda.Stream.null
-        self._null = null
-        self.streams = [null if h in DEFAULT_HANDLES else cuda.Stream(non_blocking=True)
-                        for h in stream_handles]
-        malloc = self.pool.malloc
-        current: list[Any] = [None]
+    def deallocate(ptr: int, size: int, handle: int) -> None:
+        del live[ptr]  # dropping the pointer frees it
 
-        def allocate(size: int, stream: Any) -> Any:
-            if stream is not current[0]:
-                stream.use()
-                current[0] = stream
-            return malloc(size)
+    def teardown() -> None:
+        cuda.Device(device).synchronize()
+        live.clear()
+        pool.free_all_blocks()
+        null.use()
+        streams.close()
 
-        self.allocate = allocate
-        self.deallocate = lambda handle, size, stream: None  # dropping the pointer frees
-
-    def synchronize(self) -> None:
-        self._cuda.Device(self.device).synchronize()
-
-    def footprint(self) -> int | None:
-        return int(self.pool.total_bytes())
-
-    def close(self) -> None:
-        super().close()
-        self._cuda.Device(self.device).synchronize()
-        self.pool.free_all_blocks()
-        self._null.use()
+    return Adapter(
+        name="cupy",
+        setup=(f"CuPy {cupy.__version__} MemoryPool, fresh, on device {device} "
+               "(pool.malloc with the log's stream current)"),
+        allocate=allocate,
+        deallocate=deallocate,
+        held_bytes=lambda: int(pool.total_bytes()),
+        out_of_memory=(cuda.memory.OutOfMemoryError,),
+        device=device if gpu else None,
+        teardown=teardown,
+    )
 
 
-class RrmmAllocator(Allocator):
+def rrmm_adapter(kind: str, simulate: int | None, options: dict[str, Any],
+                 setup: str | None = None) -> Adapter:
     """An rrmm resource of kind ``kind`` built by ``rrmm._stack.build`` (the builder behind the
-    Rust rows), called through its Python API; the footprint and fragmentation from its
-    PyTorch-style statistics and snapshot, where it has a pool."""
+    Rust rows), called through its Python API; the footprint and free blocks from its
+    PyTorch-style statistics and snapshot, where it has a pool. On real memory the log's
+    streams are the engine's (as its Rust row's); on simulated memory their keys."""
+    from rrmm import _stack
 
-    def __init__(self, kind: str, stream_handles: Sequence[int], simulate: int | None,
-                 options: dict[str, Any], setup: str | None = None) -> None:
-        super().__init__()
-        from rrmm import _stack
+    mr = _stack.build(kind, simulate=simulate, **options)
+    real = mr._rrmm_kind in ("device", "managed", "pinned_host")
+    defaults = {0: _rrmm.DEFAULT_STREAM, 1: _rrmm.LEGACY_DEFAULT_STREAM,
+                2: _rrmm.PER_THREAD_DEFAULT_STREAM}
+    streams = StreamMap(lambda h: defaults[h] if h in defaults else _rrmm.Stream._from_handle(h))
+    allocate, deallocate = mr.allocate, mr.deallocate
+    held_bytes = (None if _rrmm._memory_stats(mr) is None
+                  else functools.partial(_reserved_bytes, mr))
+    free_blocks = (None if _rrmm._memory_snapshot(mr, 0) is None
+                   else functools.partial(_free_blocks, mr))
 
-        self.mr: Any = _stack.build(kind, simulate=simulate, **options)
-        self.name = kind
-        self.setup = (f"{setup}; " if setup else "") + (
-            "called through rrmm's Python API (mr.allocate / mr.deallocate)")
-        self._real = self.mr._rrmm_kind in ("device", "managed", "pinned_host")
-        defaults = {0: _rrmm.DEFAULT_STREAM, 1: _rrmm.LEGACY_DEFAULT_STREAM,
-                    2: _rrmm.PER_THREAD_DEFAULT_STREAM}
-        self.streams = [defaults[h] if h in defaults else self._stream(i)
-                        for i, h in enumerate(stream_handles)]
-        self.allocate = self.mr.allocate
-        self.deallocate = self.mr.deallocate
-
-    def _stream(self, index: int) -> _rrmm.Stream:
-        # On the GPU a created stream (non-blocking, as the engine's); elsewhere only a key.
-        return _rrmm.Stream(flags=1) if self._real else _rrmm.Stream._from_handle(0x1000 + index)
-
-    def synchronize(self) -> None:
-        if self._real:
-            for stream in {int(s): s for s in self.streams}.values():
-                stream.synchronize()
-
-    def start_figures(self) -> None:
-        _rrmm._reset_peak_memory_stats(self.mr)
-
-    def _stat(self, key: str) -> int | None:
-        stats = _rrmm._memory_stats(self.mr)
-        return None if stats is None else int(stats[key])
-
-    def footprint(self) -> int | None:
-        return self._stat("reserved_bytes.all.current")
-
-    def peak_footprint(self) -> int | None:
-        return self._stat("reserved_bytes.all.peak")
-
-    def fragmentation(self) -> float | None:
-        segments = _rrmm._memory_snapshot(self.mr, 0)
-        return None if segments is None else snapshot_fragmentation(segments)
-
-    def close(self) -> None:
-        self.synchronize()
-        super().close()
-        self.mr = None
+    def teardown() -> None:
+        streams.close()
         gc.collect()
 
-
-# ------------------------------------------------------------------------------- passes
-
-
-@dataclass
-class Figures:
-    """What the figures pass measures."""
-
-    peak: int = 0
-    sampled_peak: int | None = None
-    fragmentation_at_peak: float | None = None
-    failure_events: list[int] = field(default_factory=list)
-    failed_bytes: int = 0
-    timed_ns: int = 0
-    peak_footprint: int | None = None
-    footprint_at_end: int | None = None
-    fragmentation_at_end: float | None = None
-    leaked_allocations: int = 0
-    leaked_bytes: int = 0
+    return Adapter(
+        name=kind,
+        setup=(f"{setup}; " if setup else "")
+        + "called through rrmm's Python API (mr.allocate / mr.deallocate)",
+        allocate=lambda size, stream: allocate(size, streams[stream]),
+        deallocate=lambda ptr, size, stream: deallocate(ptr, size, streams[stream]),
+        held_bytes=held_bytes,
+        free_blocks=free_blocks,
+        device=_rrmm._current_device() if real else None,
+        teardown=teardown,
+    )
 
 
-def _free_live(log: LogEvents, a: Allocator, live: list[Any]) -> tuple[int, int]:
-    """Frees what the log left live (its leaks); (count, bytes) of those that hold memory."""
-    count = total = 0
-    for slot in range(len(live)):
-        if live[slot] is None:
-            continue
-        size, stream = log.last_allocation[slot]
-        if size:
-            a.deallocate(live[slot], size, a.streams[stream])
-            count += 1
-            total += size
-        live[slot] = None
-    return count, total
+def _reserved_bytes(mr: Any) -> int:
+    """What rrmm resource ``mr`` holds, from its PyTorch-style statistics."""
+    stats = _rrmm._memory_stats(mr)
+    return 0 if stats is None else int(stats["reserved_bytes.all.current"])
 
 
-def _timed_pass(log: LogEvents, a: Allocator, live: list[Any]) -> int:
-    """One pass with nothing but the calls (and the final synchronization) inside the clock;
-    its nanoseconds. Leaves the leaks in ``live``."""
-    allocate, deallocate, streams, oom = a.allocate, a.deallocate, a.streams, a.oom
-    started = time.perf_counter_ns()
-    for is_allocate, size, slot, stream in log.events:
-        if is_allocate:
-            try:
-                live[slot] = allocate(size, streams[stream])
-            except oom:
-                live[slot] = None
-        elif live[slot] is not None:
-            # No local name for the handle: CuPy frees when the last reference goes.
-            if size:
-                deallocate(live[slot], size, streams[stream])
-            live[slot] = None
-    a.synchronize()
-    return time.perf_counter_ns() - started
+def _free_blocks(mr: Any) -> list[int]:
+    """The free blocks of rrmm resource ``mr``, from its PyTorch-style snapshot."""
+    return snapshot_free_blocks(_rrmm._memory_snapshot(mr, 0) or [])
 
 
-def _figures_pass(log: LogEvents, a: Allocator) -> Figures:
-    """The first pass: peak bytes in use, the footprint's peak, fragmentation at the log's peak
-    event and at the end, the failures, the leaks (then freed); the clock stops while figures
-    are read."""
-    f = Figures()
-    live: list[Any] = [None] * log.slot_count
-    in_use = 0
-    a.start_figures()
-    segment = time.perf_counter_ns()
-    for i, (is_allocate, size, slot, stream) in enumerate(log.events):
-        grew = False
-        if is_allocate:
-            try:
-                live[slot] = a.allocate(size, a.streams[stream])
-                in_use += size
-                grew = True
-            except a.oom:
-                live[slot] = None
-                f.failure_events.append(i)
-                f.failed_bytes += size
-        elif live[slot] is not None:
-            if size:
-                a.deallocate(live[slot], size, a.streams[stream])
-                in_use -= size
-            live[slot] = None
-        f.peak = max(f.peak, in_use)
-        if (grew and a.samples_footprint) or i == log.peak_event:
-            f.timed_ns += time.perf_counter_ns() - segment
-            _sample(f, a, at_peak=i == log.peak_event)
-            segment = time.perf_counter_ns()
-    a.synchronize()
-    f.timed_ns += time.perf_counter_ns() - segment
-    _end_figures(f, a)
-    f.leaked_allocations, f.leaked_bytes = _free_live(log, a, live)
-    return f
+# ------------------------------------------------------------------------------- replays
 
 
-def _sample(f: Figures, a: Allocator, at_peak: bool) -> None:
-    if a.samples_footprint:
-        now = a.footprint()
-        if now is not None:
-            f.sampled_peak = max(f.sampled_peak or 0, now)
-    if at_peak:
-        f.fragmentation_at_peak = a.fragmentation()
+def replay(log: _rrmm.ReplayLog, a: Adapter, repeat: int | None = None) -> ReplayRecord:
+    """Replays ``log`` through ``a`` by the engine (``repeat`` timed repetitions after the
+    figures pass; None: at least 5 and 0.5 s, at most 1000; 0: the figures pass is the
+    timing). Waste and the timeline are not measured (None)."""
+    return _rrmm.replay_allocator(
+        log, a.name, a.allocate, a.deallocate, held_bytes=a.held_bytes,
+        free_blocks=a.free_blocks, out_of_memory=a.out_of_memory, device=a.device,
+        setup=a.setup, repeat=repeat)
 
 
-def _end_figures(f: Figures, a: Allocator) -> None:
-    f.footprint_at_end = a.footprint()
-    f.fragmentation_at_end = a.fragmentation()
-    known = [v for v in (a.peak_footprint(), f.sampled_peak, f.footprint_at_end) if v is not None]
-    f.peak_footprint = max(known) if known else None
-    if f.fragmentation_at_peak is None and f.fragmentation_at_end is not None:
-        f.fragmentation_at_peak = 0.0  # nothing was ever in use: as the engine says
-
-
-def _repetitions(log: LogEvents, a: Allocator, repeat: int | None) -> list[int]:
-    """The timed repetitions' nanoseconds, each after the previous one's leaks are freed."""
-    samples: list[int] = []
-    live: list[Any] = [None] * log.slot_count
-    started = time.perf_counter_ns()
-    while _rrmm.replay_more_repetitions(repeat, len(samples), time.perf_counter_ns() - started):
-        samples.append(_timed_pass(log, a, live))
-        _free_live(log, a, live)
-    return samples
-
-
-def _timings(record: ReplayRecord, samples: list[int], repeats: int) -> None:
-    """Sets the timing figures of ``record`` from the repetitions' nanoseconds, by the engine's
-    rule (``rrmm._rrmm.replay_timings``)."""
-    t = _rrmm.replay_timings(samples, record["events"])
-    record["total_ns"] = t["total_ns"]
-    record["ns_per_event"] = t["ns_per_event"]
-    record["ns_per_event_min"] = t["ns_per_event_min"]
-    record["ns_per_event_max"] = t["ns_per_event_max"]
-    record["ns_per_event_p25"] = t["ns_per_event_p25"]
-    record["ns_per_event_p75"] = t["ns_per_event_p75"]
-    record["spread"] = t["spread"]
-    record["repeats"] = repeats
-    record["samples_ns"] = list(samples)
-
-
-def _memory(record: ReplayRecord, f: Figures) -> None:
-    """Sets the memory figures of ``record`` from the figures pass."""
-    record["peak_bytes_in_use"] = f.peak
-    record["peak_footprint"] = f.peak_footprint
-    record["overhead"] = (f.peak_footprint / f.peak
-                          if f.peak_footprint is not None and f.peak > 0 else None)
-    record["fragmentation_at_peak"] = f.fragmentation_at_peak
-    record["fragmentation_at_end"] = f.fragmentation_at_end
-    record["footprint_at_end"] = f.footprint_at_end
-    record["failed_allocations"] = len(f.failure_events)
-    record["failed_bytes"] = f.failed_bytes
-    record["failure_events"] = f.failure_events
-    record["leaked_allocations"] = f.leaked_allocations
-    record["leaked_bytes"] = f.leaked_bytes
-
-
-def _record(log: LogEvents, name: str, setup: str | None) -> ReplayRecord:
-    """The log's facts as a row of ``name`` driven from Python, with no figures yet."""
-    record = log.facts.copy()
+def _error_row(log: _rrmm.ReplayLog, name: str, error: BaseException,
+               setup: str | None) -> ReplayRecord:
+    """The row of an allocator that could not be made: the log's facts and why."""
+    record = log.facts
     record["resource"] = name
     record["driver"] = PYTHON_DRIVER
     record["setup"] = setup
+    record["error"] = f"{type(error).__name__}: {error}"
     return record
 
 
-def replay(log: LogEvents, a: Allocator, repeat: int | None = None) -> ReplayRecord:
-    """Replays ``log`` through ``a``: the figures pass, then the timed repetitions (``repeat``
-    of them; None: at least 5 and 0.5 s, at most 1000; 0: the figures pass is the timing).
-    Waste and the timeline are not measured (None)."""
-    f = _figures_pass(log, a)
-    samples = _repetitions(log, a, repeat)
-    record = _record(log, a.name, a.setup)
-    _timings(record, samples or [f.timed_ns], len(samples))
-    _memory(record, f)
-    return record
+def _replay_closing(log: _rrmm.ReplayLog, name: str, make: Callable[[], Adapter],
+                    repeat: int | None, setup: str | None = None) -> ReplayRecord:
+    """One row: ``make()``'s allocator replayed and closed; a row with ``error`` when it cannot
+    be made (or, from the engine, fails with anything but out of memory)."""
+    try:
+        a = make()
+    except Exception as e:  # noqa: BLE001 - a row that says why, as the engine's
+        return _error_row(log, name, e, setup)
+    try:
+        return replay(log, a, repeat)
+    finally:
+        a.close()
 
 
 # ------------------------------------------------------------------------------- --fit
@@ -512,16 +348,19 @@ def fit_limit(fits: Callable[[int], bool], peak: int, cap: int) -> FitOutcome:
     return FitOutcome(limit, failing, replays)
 
 
-def _fits(log: LogEvents, make: Callable[[int], Allocator]) -> Callable[[int], bool]:
+def _fits(log: _rrmm.ReplayLog, make: Callable[[int], Adapter]) -> Callable[[int], bool]:
     """Whether the log replays with no failed allocation into the allocator ``make(limit)``
-    makes (an untimed pass)."""
+    makes (the engine's figures pass alone); RuntimeError if it fails otherwise."""
 
     def fits(limit: int) -> bool:
         a = make(limit)
         try:
-            return not _figures_pass(log, a).failure_events
+            row = replay(log, a, repeat=0)
         finally:
             a.close()
+        if row["error"] is not None:
+            raise RuntimeError(f"{a.name}: {row['error']}")
+        return not row["failed_allocations"]
 
     return fits
 
@@ -568,33 +407,10 @@ def prepare_peers(peers: Sequence[str]) -> dict[str, ModuleType]:
     return modules
 
 
-def _make(name: str, modules: dict[str, ModuleType], log: LogEvents,
-          limit: int | None = None) -> TorchAllocator | CupyAllocator:
-    if name == "torch":
-        return TorchAllocator(modules["torch"], log.stream_handles, limit)
-    return CupyAllocator(modules["cupy"], log.stream_handles, limit)
-
-
-def _error_row(log: LogEvents, name: str, error: BaseException, setup: str | None) -> ReplayRecord:
-    record = _record(log, name, setup)
-    record["error"] = f"{type(error).__name__}: {error}"
-    return record
-
-
-def _replay_closing(log: LogEvents, name: str, make: Callable[[], Allocator],
-                    repeat: int | None, setup: str | None = None) -> ReplayRecord:
-    """One row: ``make()``'s allocator replayed and closed; a row with ``error`` when it cannot
-    be made or fails with anything but out of memory."""
-    try:
-        a = make()
-    except Exception as e:  # noqa: BLE001 - a row that says why, as the engine's
-        return _error_row(log, name, e, setup)
-    try:
-        return replay(log, a, repeat)
-    except Exception as e:  # noqa: BLE001 - as above
-        return _error_row(log, name, e, a.setup)
-    finally:
-        a.close()
+def _make(name: str, modules: dict[str, ModuleType], gpu: bool,
+          limit: int | None = None) -> Adapter:
+    make = torch_adapter if name == "torch" else cupy_adapter
+    return make(modules[name], gpu, limit)
 
 
 def replay_rows(files: Sequence[str], names: Sequence[str], rust_rows: Sequence[ReplayRecord],
@@ -607,23 +423,23 @@ def replay_rows(files: Sequence[str], names: Sequence[str], rust_rows: Sequence[
     by_key = {(r["log"], r["resource"]): r for r in rust_rows}
     out: list[ReplayRecord] = []
     for path in files:
-        log = load_events(path, lenient)
+        log = _rrmm.ReplayLog(path, lenient)
         for name in names:
+            make: Callable[[], Adapter]
             if name in PEERS:
-                make: Callable[[], Allocator] = functools.partial(_make, name, modules, log)
+                make = functools.partial(_make, name, modules, simulate is None)
                 out.append(_replay_closing(log, name, make, repeat))
                 continue
             rust = by_key.get((log.facts["log"], name))
             setup = rust["setup"] if rust is not None else None
             if rust is not None:
                 out.append(rust)
-            make = functools.partial(RrmmAllocator, name, log.stream_handles, simulate, options,
-                                     setup)
+            make = functools.partial(rrmm_adapter, name, simulate, options, setup)
             out.append(_replay_closing(log, name, make, repeat, setup))
     return out
 
 
-def _fit_record(log: LogEvents, name: str, outcome: FitOutcome, setup: str) -> FitRecord:
+def _fit_record(log: _rrmm.ReplayLog, name: str, outcome: FitOutcome, setup: str) -> FitRecord:
     return {
         "log": log.facts["log"], "resource": name, "driver": PYTHON_DRIVER,
         "device_bytes": outcome.limit, "failing_bytes": outcome.failing,
@@ -638,18 +454,24 @@ LIMITS = {
 }
 
 
+def _total(name: str, module: ModuleType) -> int:
+    """The device memory the peer ``name`` sees: the search's cap."""
+    cuda = module.cuda
+    if name == "torch":
+        return int(cuda.get_device_properties(int(cuda.current_device())).total_memory)
+    return int(cuda.Device(int(cuda.Device().id)).mem_info[1])
+
+
 def fit_rows(files: Sequence[str], peers: Sequence[str], modules: dict[str, ModuleType],
-             lenient: bool = False) -> list[FitRecord]:
+             lenient: bool = False, gpu: bool = True) -> list[FitRecord]:
     """Per log and peer, the smallest memory limit under which the log replays with no failed
     allocation (untimed passes; at most the device's memory)."""
     out: list[FitRecord] = []
     for path in files:
-        log = load_events(path, lenient)
+        log = _rrmm.ReplayLog(path, lenient)
         for peer in peers:
-            probe = _make(peer, modules, log)
-            cap = probe.total
-            probe.close()
-            make = functools.partial(_make, peer, modules, log)
-            outcome = fit_limit(_fits(log, make), log.facts["log_peak_bytes"], cap)
+            make = functools.partial(_make, peer, modules, gpu)
+            outcome = fit_limit(_fits(log, make), log.facts["log_peak_bytes"],
+                                _total(peer, modules[peer]))
             out.append(_fit_record(log, peer, outcome, LIMITS[peer]))
     return out

@@ -1,12 +1,15 @@
-"""The records ``rrmm._rrmm.replay_logs`` and ``fit_logs`` return, as TypedDicts: their keys
-are the fields of the Rust records (``rrmm::replay::ReplayRecord``, ``FitRecord``), which
-cross as JSON, so they are declared once there and checked here by mypy."""
+"""The records ``rrmm._rrmm.replay_logs``, ``replay_allocator`` and ``fit_logs`` return, as
+TypedDicts: their keys are the fields of the Rust records (``rrmm::replay::ReplayRecord``,
+``FitRecord``), which cross as JSON, so they are declared once there and checked here by
+mypy."""
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["FitRecord", "ReplayEvents", "ReplayRecord", "ReplayTimings", "TimelineColumns"]
+from rrmm._counts import TierCounts
+
+__all__ = ["FitRecord", "ReplayRecord", "TimelineColumns"]
 
 
 class TimelineColumns(TypedDict):
@@ -58,6 +61,10 @@ class ReplayRecord(TypedDict):
     fragmentation_at_end: float | None
     footprint_at_end: int | None
     peak_beyond_device: int | None
+    tiers: list[TierCounts] | None
+    sleep_releases_at_end: int | None
+    sleep_copies_at_end: int | None
+    sleep_releases_at_peak: int | None
     failed_allocations: int | None
     failed_bytes: int | None
     failure_events: list[int] | None
@@ -80,31 +87,3 @@ class FitRecord(TypedDict):
     setup: str | None
     replays: int | None
     reason: str | None
-
-
-class ReplayEvents(TypedDict):
-    """One log's events as ``rrmm._rrmm.replay_events`` returns them, for replays driven from
-    Python (``rrmm._replay_peers``): columns of bytes in native byte order, one entry per
-    event, and the log's facts."""
-
-    actions: bytes  # one byte per event: 1 allocate, 0 free
-    sizes: bytes  # u64 ("Q") per event
-    slots: bytes  # u32 ("I") per event
-    streams: bytes  # u32 ("I") stream index per event
-    stream_handles: list[int]  # the logged handle of each stream index
-    slot_count: int
-    peak_event: int | None  # the event after which the log's bytes in use first peak
-    record: ReplayRecord  # the log's facts; figures None, resource ""
-
-
-class ReplayTimings(TypedDict):
-    """The engine's timing figures of repetitions timed in Python
-    (``rrmm._rrmm.replay_timings``, ``rrmm::replay::Timings``)."""
-
-    total_ns: int
-    ns_per_event: float
-    ns_per_event_min: float
-    ns_per_event_max: float
-    ns_per_event_p25: float
-    ns_per_event_p75: float
-    spread: float | None

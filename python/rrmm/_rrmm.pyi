@@ -6,8 +6,8 @@ from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 
 from typing_extensions import Buffer, disjoint_base
 
-from rrmm._counts import FallbackCounts
-from rrmm._replay_types import FitRecord, ReplayEvents, ReplayRecord, ReplayTimings
+from rrmm._counts import FallbackCounts, TierCounts
+from rrmm._replay_types import FitRecord, ReplayRecord
 
 __version__: str
 __all__ = [
@@ -32,15 +32,18 @@ __all__ = [
     "LimitingResourceAdaptor",
     "LoggingResourceAdaptor",
     "ManagedMemoryResource",
+    "PeerMemoryResource",
     "PinnedHostMemoryResource",
     "PoolMemoryResource",
     "PrefetchResourceAdaptor",
+    "ReplayLog",
     "SamHeadroomMemoryResource",
     "SimulatedMemoryResource",
     "Statistics",
     "StatisticsResourceAdaptor",
     "Stream",
     "SystemMemoryResource",
+    "TieredMemoryResource",
     "TrackingResourceAdaptor",
     "UpstreamResourceAdaptor",
     "_HostBytes",
@@ -90,13 +93,11 @@ __all__ = [
     "pinned_allocate",
     "pinned_startup",
     "release_caches",
-    "replay_events",
+    "replay_allocator",
     "replay_gpu_available",
     "replay_logs",
-    "replay_more_repetitions",
     "replay_resource_names",
     "replay_resource_summaries",
-    "replay_timings",
     "set_current_device_resource",
     "set_per_device_resource",
     "to_device",
@@ -335,6 +336,33 @@ class FallbackResourceAdaptor(UpstreamResourceAdaptor):
     @property
     def alternate_mr(self) -> DeviceMemoryResource: ...
     def counts(self) -> FallbackCounts: ...
+
+@final
+class PeerMemoryResource(DeviceMemoryResource):
+    def __new__(cls, peer: SupportsIndex, device: SupportsIndex | None = None) -> PeerMemoryResource: ...
+    @property
+    def peer(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
+@final
+class TieredMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls,
+        upstream_mr: DeviceMemoryResource | None = None,
+        tiers: Sequence[DeviceMemoryResource] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        upstream: DeviceMemoryResource | None = None,
+    ) -> TieredMemoryResource: ...
+    @property
+    def tiers(self) -> list[DeviceMemoryResource]: ...
+    @property
+    def tier_names(self) -> list[str]: ...
+    def tier_counts(self) -> list[TierCounts]: ...
+    def tier_of(self, ptr: int) -> str | None: ...
+    def failures(self) -> int: ...
+    def reset_peaks(self) -> None: ...
 
 @final
 class LimitingResourceAdaptor(UpstreamResourceAdaptor):
@@ -580,6 +608,7 @@ def replay_logs(
     blocks: int | None = None,
     arena_size: int | None = None,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
 ) -> list[ReplayRecord]: ...
 def fit_logs(
     logs: Sequence[str],
@@ -592,10 +621,28 @@ def fit_logs(
     blocks: int | None = None,
     arena_size: int | None = None,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
 ) -> list[FitRecord]: ...
-def replay_events(log: str, lenient: bool = False) -> ReplayEvents: ...
-def replay_more_repetitions(repeat: int | None, done: int, elapsed_ns: int) -> bool: ...
-def replay_timings(samples_ns: Sequence[int], events: int) -> ReplayTimings: ...
+@final
+class ReplayLog:
+    def __new__(cls, path: str, lenient: bool = False) -> Self: ...
+    @property
+    def facts(self) -> ReplayRecord: ...
+
+def replay_allocator(
+    log: ReplayLog,
+    name: str,
+    allocate: Callable[[int, int], int],
+    deallocate: Callable[[int, int, int], None],
+    *,
+    held_bytes: Callable[[], int] | None = None,
+    free_blocks: Callable[[], list[int]] | None = None,
+    out_of_memory: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    device: int | None = None,
+    setup: str | None = None,
+    repeat: int | None = None,
+    timeline_points: int = 0,
+) -> ReplayRecord: ...
 def fit_search(fits: Callable[[int], bool], peak: int, cap: int) -> tuple[int | None, int, int]: ...
 def replay_resource_names() -> list[str]: ...
 def replay_resource_summaries() -> list[tuple[str, str]]: ...
@@ -619,6 +666,8 @@ def build_stack(
     statistics: bool = False,
     tracking: bool = False,
     host_memory: int | None = None,
+    peer_memory: int | None = None,
+    peer_device: int | None = None,
 ) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
 def _reinitialize(

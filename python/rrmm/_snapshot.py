@@ -9,7 +9,7 @@ from typing import Any
 import rrmm.mr
 from rrmm import _rrmm
 
-__all__ = ["memory_snapshot", "memory_summary", "record_memory_history"]
+__all__ = ["memory_snapshot", "memory_summary", "record_memory_history", "sleep_figures"]
 
 
 def _device(device: Any) -> int:
@@ -39,13 +39,35 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     pages of an expandable pool. ``device_traces`` holds, per device, what
     ``record_memory_history`` recorded (empty lists when it is off). Save it with ``pickle.dump`` and open it in
     https://pytorch.org/memory_viz, or render it with ``torch.cuda._memory_viz.segment_plot``.
+
+    rrmm's own additions (new keys, which PyTorch's tools ignore): a segment of a
+    ``TieredMemoryResource`` carries ``tier`` (``"device"``, ``"peer"``, ``"host"``), and
+    ``rrmm["sleep"]`` says what a sleep of the expandable pool would free
+    (:func:`sleep_figures`; None where no segment is expandable).
     """
     device = _device(device)
     mr = rrmm.mr.get_per_device_resource(device)
     segments = _rrmm._memory_snapshot(mr, device)
     devices = max(1, _rrmm.device_count(), device + 1)
     traces: list[list[dict[str, Any]]] = [list(_rrmm._memory_history(d)) for d in range(devices)]
-    return {"segments": [] if segments is None else segments, "device_traces": traces}
+    segments = [] if segments is None else segments
+    return {"segments": segments, "device_traces": traces,
+            "rrmm": {"sleep": sleep_figures(segments)}}
+
+
+def sleep_figures(segments: list[dict[str, Any]]) -> dict[str, int] | None:
+    """What a sleep of the expandable pool would free, from a snapshot's segments: every mapped
+    byte of its expandable segments (``frees_bytes``: ``total_size`` summed) is released, the
+    live bytes (``copied_bytes``: ``allocated_size`` summed) copied to host memory first, the
+    rest (``released_without_copy_bytes``: free pages) released without a copy. None when no
+    segment is expandable (only an expandable pool, on virtual memory, can sleep)."""
+    expandable = [s for s in segments if s.get("is_expandable")]
+    if not expandable:
+        return None
+    mapped = sum(int(s.get("total_size", 0)) for s in expandable)
+    live = sum(int(s.get("allocated_size", 0)) for s in expandable)
+    return {"frees_bytes": mapped, "copied_bytes": live,
+            "released_without_copy_bytes": max(mapped - live, 0)}
 
 
 def record_memory_history(enabled: str | bool | None = "all", max_entries: int = 100_000,

@@ -208,6 +208,8 @@ def normalize(snapshot: dict[str, Any]) -> dict[str, Any]:
                "is_expandable": bool(seg.get("is_expandable", False))}
         if "device" in seg:
             out["device"] = _size(seg["device"], f"{where}.device")
+        if seg.get("tier") is not None:
+            out["tier"] = str(seg["tier"])[:40]
         segments.append(out)
     traces = []
     for d, raw_trace in enumerate(_list(snapshot.get("device_traces"), "device_traces")):
@@ -563,7 +565,8 @@ def _segments_html(segments: Sequence[dict[str, Any]], width: int = 1100) -> str
         label = (f"{base:#x}: {_bytes(total)}, {_bytes(total - free)} allocated, "
                  f"{_bytes(free)} free in {len(holes)} hole(s), largest {_bytes(largest)}, "
                  f"fragmentation {frag:.3f}"
-                 + (", expandable" if seg.get("is_expandable") else ""))
+                 + (", expandable" if seg.get("is_expandable") else "")
+                 + (f", tier {seg['tier']}" if seg.get("tier") else ""))
         rows.append(f'<div class="seg"><div class="seglabel">{html.escape(label)}</div>'
                     f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 2:.0f}" height="20">'
                     f'<rect x="0" y="0" width="{w:.1f}" height="18" class="segbg"/>'
@@ -588,6 +591,18 @@ table.sum td{padding:2px 12px 2px 0} table.sum td:first-child{color:#555}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
 vertical-align:middle}
 """
+
+
+def _sleep_row(segments: Sequence[dict[str, Any]]) -> str | None:
+    """What a sleep of the expandable pool would free, in words (None without expandable
+    segments): every mapped byte, the live ones copied to host memory first."""
+    expandable = [s for s in segments if s.get("is_expandable")]
+    if not expandable:
+        return None
+    mapped = sum(int(s.get("total_size", 0)) for s in expandable)
+    live = sum(int(s.get("allocated_size", 0)) for s in expandable)
+    return (f"{_bytes(mapped)} of device memory: {_bytes(live)} of live data copied to host "
+            f"memory, {_bytes(max(mapped - live, 0))} of free pages released without a copy")
 
 
 def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
@@ -625,6 +640,16 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
                              f"{_bytes(largest)}, fragmentation "
                              f"{0.0 if not free else 1 - largest / free:.3f}")),
     ]
+    tiers: dict[str, int] = {}
+    for s in segments:
+        if s.get("tier"):
+            tiers[s["tier"]] = tiers.get(s["tier"], 0) + int(s.get("total_size", 0))
+    if tiers:
+        rows.append(("tiers", ", ".join(f"{name} {_bytes(held)} held"
+                                        for name, held in tiers.items())))
+    sleep = _sleep_row(segments)
+    if sleep is not None:
+        rows.append(("a sleep would free", sleep))
     extra = snapshot.get("rrmm") or {}
     if extra.get("source") == "log":
         rows.append(("source", ("a logging adaptor's log, replayed through a pool on simulated "

@@ -31,7 +31,7 @@ def _kinds() -> tuple[tuple[str, str], ...]:
 #: ``kinds()`` lists them) with its options as keyword arguments (``initial_pool_size``,
 #: ``maximum_pool_size``, ``bins``, ``block_size``, ``blocks``, ``arena_size``,
 #: ``release_threshold``, ``allocation_limit``, ``logging``, ``log_file``, ``statistics``,
-#: ``tracking``, ``host_memory``), on the current device or a simulated device of ``simulate``
+#: ``tracking``, ``host_memory``, ``peer_memory``, ``peer_device``), on the current device or a simulated device of ``simulate``
 #: bytes; returns the top resource. A misspelt option is a TypeError; an unknown kind or a bad
 #: option a ValueError; then what the resources raise (RMM's size messages, MemoryError).
 build = _rrmm.build_stack

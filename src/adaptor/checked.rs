@@ -73,16 +73,11 @@ impl MemoryResource for CheckedResourceAdaptor {
             // every resource (the trait's contract).
             return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
-        // Taking the record first makes a concurrent double free fail on one side.
-        self.live.remove(ptr, bytes)?;
-        // SAFETY: the record shows `ptr` was allocated from the upstream with `bytes` and not
-        // freed since (1, 2); the caller's contract gives 3 and 4.
-        let freed = unsafe { self.upstream.deallocate(ptr, bytes, stream) };
-        if freed.is_err() {
-            // The upstream did not take it back: it is still live.
-            let _ = self.live.insert(ptr, bytes);
-        }
-        freed
+        self.live.free_checked(ptr, bytes, None, || {
+            // SAFETY: the record shows `ptr` was allocated from the upstream with `bytes` and
+            // not freed since (1, 2); the caller's contract gives 3 and 4.
+            unsafe { self.upstream.deallocate(ptr, bytes, stream) }
+        })
     }
 
     forward_upstream_info!();

@@ -45,10 +45,7 @@ impl MemoryResource for FailureCallbackResourceAdaptor {
         }
     }
 
-    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
-        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
-    }
+    pass_through_deallocate!();
 
     // The callback is arbitrary code (a Python function from Python).
     forward_upstream_info!(and UNKNOWN);

@@ -157,15 +157,16 @@ impl MemoryResource for FallbackResourceAdaptor {
             return unsafe { self.upstream.deallocate(0, bytes, stream) };
         }
         if self.on_alternate.size_of(ptr).is_some() {
-            self.on_alternate
-                .remove(ptr, bytes)
-                .map_err(|e| Error::Logic(format!("fallback_resource_adaptor: {e}")))?;
-            // SAFETY: the record shows `ptr` came from the alternate with `bytes` and was not
-            // freed since (1, 2); the caller's contract gives 3 and 4.
-            if let Err(e) = unsafe { self.alternate.deallocate(ptr, bytes, stream) } {
-                let _ = self.on_alternate.insert(ptr, bytes);
-                return Err(e);
-            }
+            self.on_alternate.free_checked(
+                ptr,
+                bytes,
+                Some("fallback_resource_adaptor"),
+                || {
+                    // SAFETY: the record shows `ptr` came from the alternate with `bytes` and
+                    // was not freed since (1, 2); the caller's contract gives 3 and 4.
+                    unsafe { self.alternate.deallocate(ptr, bytes, stream) }
+                },
+            )?;
             self.alternate_allocations.fetch_sub(1, Ordering::Relaxed);
             self.alternate_bytes.fetch_sub(bytes, Ordering::Relaxed);
             return Ok(());

@@ -100,14 +100,11 @@ impl MemoryResource for LimitingResourceAdaptor {
         }
         let size = align_up(bytes, ALLOCATION_ALIGNMENT).unwrap_or(usize::MAX);
         self.live
-            .remove(ptr, bytes)
-            .map_err(|e| Error::Logic(format!("limiting_resource_adaptor: {e}")))?;
-        // SAFETY: the record shows `ptr` came from the upstream with `bytes`, not freed since
-        // (1, 2); the caller's contract gives 3 and 4.
-        if let Err(e) = unsafe { self.upstream.deallocate(ptr, bytes, stream) } {
-            let _ = self.live.insert(ptr, bytes);
-            return Err(e);
-        }
+            .free_checked(ptr, bytes, Some("limiting_resource_adaptor"), || {
+                // SAFETY: the record shows `ptr` came from the upstream with `bytes`, not freed
+                // since (1, 2); the caller's contract gives 3 and 4.
+                unsafe { self.upstream.deallocate(ptr, bytes, stream) }
+            })?;
         // The record guarantees this size was counted; saturate anyway rather than wrap.
         let _ = self
             .allocated_bytes

@@ -2,8 +2,8 @@
 //! one behaviour (logging, statistics, tracking, a limit, alignment, a failure callback,
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
-/// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device,
-/// memory_info, report and call_profile) to `self.upstream`, and names it as the one upstream.
+/// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device
+/// (`memory_from!`), memory_info, report and call_profile) to `self.upstream`, and names it as the one upstream.
 /// With `and OWN`, the call profile is the upstream's combined with the adaptor's own
 /// (`CallProfile::OWN`, for the work it adds to each call); with `no_profile`, the adaptor
 /// writes `call_profile` itself.
@@ -23,12 +23,7 @@ macro_rules! forward_upstream_info {
         }
     };
     (no_profile) => {
-        fn kind(&self) -> $crate::resource::MemoryKind {
-            self.upstream.kind()
-        }
-        fn device(&self) -> Option<usize> {
-            self.upstream.device()
-        }
+        $crate::resource::memory_from!(|this| this.upstream);
         fn memory_info(&self) -> Option<(usize, usize)> {
             self.upstream.memory_info()
         }
@@ -37,6 +32,19 @@ macro_rules! forward_upstream_info {
         }
         fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
             vec![self.upstream.clone()]
+        }
+    };
+}
+
+/// `deallocate` of an adaptor that hands out its upstream's pointers unchanged and adds nothing
+/// to a free: the upstream's.
+macro_rules! pass_through_deallocate {
+    () => {
+        // `Stream` and `Result` as the adaptor's file imports them.
+        unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+            // SAFETY: the caller's contract (this resource hands out the upstream's pointers
+            // unchanged).
+            unsafe { self.upstream.deallocate(ptr, bytes, stream) }
         }
     };
 }
@@ -50,6 +58,7 @@ mod log_row;
 mod logging;
 mod prefetch;
 mod statistics;
+mod tiered;
 mod tracking;
 
 pub use aligned::AlignedResourceAdaptor;
@@ -61,6 +70,7 @@ pub use log_row::LOG_HEADER;
 pub use logging::LoggingResourceAdaptor;
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
+pub use tiered::{Tier, TierCounts, TieredMemoryResource, MAX_TIERS};
 pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]

@@ -51,10 +51,7 @@ impl MemoryResource for PrefetchResourceAdaptor {
         }
     }
 
-    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // SAFETY: the caller's contract (this resource hands out the upstream's pointers unchanged).
-        unsafe { self.upstream.deallocate(ptr, bytes, stream) }
-    }
+    pass_through_deallocate!();
 
     // cuMemPrefetchAsync and the driver.
     forward_upstream_info!(and BLOCKING);

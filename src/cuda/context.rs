@@ -14,7 +14,7 @@ fn context_table() -> &'static [OnceLock<usize>] {
 }
 
 /// The retained primary context of each device (contexts live until exit).
-fn primary_context(ordinal: usize) -> Result<sys::CUcontext> {
+pub(super) fn primary_context(ordinal: usize) -> Result<sys::CUcontext> {
     let table = context_table();
     let slot = table
         .get(ordinal)

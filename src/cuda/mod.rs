@@ -11,6 +11,7 @@ mod driver;
 mod event;
 mod kernel;
 mod memory;
+mod peer;
 mod stream;
 pub mod vmm;
 
@@ -22,4 +23,5 @@ pub use driver::{device_count, device_name, driver_available, driver_version, en
 pub use event::Event;
 pub use kernel::SpinKernel;
 pub use memory::*;
+pub use peer::{can_access_peer, enable_peer_access};
 pub use stream::{OwnedStream, Stream};

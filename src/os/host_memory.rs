@@ -92,45 +92,16 @@ fn probe_pages(ptr: usize, len: usize, access: Access) -> Probe {
                 }
             })
             .collect();
-        let local = libc::iovec {
-            iov_base: bytes.as_mut_ptr().cast(),
-            iov_len: n,
-        };
-        // SAFETY: `local` describes `n` writable bytes of `bytes`; the remote iovecs are only
-        // addresses for the kernel to check and copy from in this process, which it does
-        // without faulting (EFAULT for an unmapped or unreadable page).
-        let read = unsafe {
-            libc::process_vm_readv(
-                libc::getpid(),
-                &local,
-                1,
-                remote.as_ptr(),
-                n as libc::c_ulong,
-                0,
-            )
-        };
-        match check(read, n) {
+        // The kernel copies each page's first byte into `bytes` (an unmapped or unreadable
+        // page: EFAULT, no fault).
+        match self_vm_call(libc::process_vm_readv, &mut bytes[..n], &remote) {
             Probe::Accessible => {}
             other => return other,
         }
         if access == Access::Write {
-            let local = libc::iovec {
-                iov_base: bytes.as_mut_ptr().cast(),
-                iov_len: n,
-            };
-            // SAFETY: as above; the kernel writes each page's own byte (just read) back, and
-            // refuses (EFAULT) a page that is not writable, without faulting.
-            let written = unsafe {
-                libc::process_vm_writev(
-                    libc::getpid(),
-                    &local,
-                    1,
-                    remote.as_ptr(),
-                    n as libc::c_ulong,
-                    0,
-                )
-            };
-            match check(written, n) {
+            // The kernel writes each page's own byte (just read) back, and refuses (EFAULT) a
+            // page that is not writable, without faulting.
+            match self_vm_call(libc::process_vm_writev, &mut bytes[..n], &remote) {
                 Probe::Accessible => {}
                 other => return other,
             }
@@ -138,6 +109,42 @@ fn probe_pages(ptr: usize, len: usize, access: Access) -> Probe {
         done += n;
     }
     Probe::Accessible
+}
+
+/// `process_vm_readv` or `process_vm_writev`.
+type VmCall = unsafe extern "C" fn(
+    libc::pid_t,
+    *const libc::iovec,
+    libc::c_ulong,
+    *const libc::iovec,
+    libc::c_ulong,
+    libc::c_ulong,
+) -> libc::ssize_t;
+
+/// One `call` of this process on itself between `local` (one byte per remote iovec) and the
+/// one-byte `remote` iovecs; what it says of the pages.
+fn self_vm_call(call: VmCall, local: &mut [u8], remote: &[libc::iovec]) -> Probe {
+    let n = remote.len();
+    debug_assert_eq!(local.len(), n);
+    let local = libc::iovec {
+        iov_base: local.as_mut_ptr().cast(),
+        iov_len: n,
+    };
+    // SAFETY: `local` describes `n` live, writable bytes; the remote iovecs are only addresses
+    // of this process for the kernel to check and copy from or to (one byte each: a page's own
+    // first byte, read back unchanged), which it does without faulting (EFAULT for a page it
+    // cannot read or write).
+    let result = unsafe {
+        call(
+            libc::getpid(),
+            &local,
+            1,
+            remote.as_ptr(),
+            n as libc::c_ulong,
+            0,
+        )
+    };
+    check(result, n)
 }
 
 fn check(result: isize, expected: usize) -> Probe {

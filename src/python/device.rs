@@ -103,18 +103,8 @@ fn pinned_startup(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
     Ok(Some(py.import("json")?.call_method1("loads", (text,))?))
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(host_numa_node, m)?)?;
-    m.add_function(wrap_pyfunction!(pinned_startup, m)?)?;
-    m.add_function(wrap_pyfunction!(_current_device, m)?)?;
-    m.add_function(wrap_pyfunction!(available_device_memory, m)?)?;
-    m.add_function(wrap_pyfunction!(release_caches, m)?)?;
-    m.add_function(wrap_pyfunction!(device_memory_info, m)?)?;
-    m.add_function(wrap_pyfunction!(_set_device, m)?)?;
-    m.add_function(wrap_pyfunction!(driver_available, m)?)?;
-    m.add_function(wrap_pyfunction!(driver_error, m)?)?;
-    m.add_function(wrap_pyfunction!(driver_version, m)?)?;
-    m.add_function(wrap_pyfunction!(device_count, m)?)?;
-    m.add_function(wrap_pyfunction!(device_name, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: host_numa_node, pinned_startup, _current_device, available_device_memory,
+        release_caches, device_memory_info, _set_device, driver_available, driver_error,
+        driver_version, device_count, device_name;
 }

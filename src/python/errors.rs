@@ -15,7 +15,9 @@ pub(crate) fn to_pyerr(error: Error) -> PyErr {
         Error::InvalidArgument { .. } => PyValueError::new_err(text),
         Error::OutOfRange(_) => PyIndexError::new_err(text),
         Error::Io { .. } => PyOSError::new_err(text),
-        Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) => PyRuntimeError::new_err(text),
+        Error::Cuda { .. } | Error::NoDriver(_) | Error::Logic(_) | Error::NoPeerAccess { .. } => {
+            PyRuntimeError::new_err(text)
+        }
         // The exception a Python callback raised (as RMM raises it), carried in the error.
         Error::Callback {
             payload,
@@ -42,6 +44,12 @@ pub(crate) fn py_result<T>(result: crate::Result<T>) -> PyResult<T> {
 pub(crate) fn callback_error(py: Python<'_>, err: PyErr, requested: usize) -> Error {
     let err = as_rmm_raises(py, err);
     let out_of_memory = err.is_instance_of::<PyMemoryError>(py);
+    carried_error(err, out_of_memory, requested)
+}
+
+/// An [`Error::Callback`] carrying the exception `err` a Python function raised for an
+/// allocation of `requested` bytes, out of memory or not as the caller decided.
+pub(crate) fn carried_error(err: PyErr, out_of_memory: bool, requested: usize) -> Error {
     let message = if out_of_memory {
         format!(
             "std::bad_alloc: out_of_memory: Python callback: {err} (failed to allocate \

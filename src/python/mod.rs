@@ -8,8 +8,8 @@
 //! buffers and streams meet rrmm's) and `hooks/` (CuPy, Numba, PyTorch and the history they
 //! record); `resources/` (the `rrmm.mr` classes, their arguments, their registry and the stack
 //! builder's Python side); then `device_buffer` (`rrmm.DeviceBuffer`, with its methods and
-//! copies in `device_buffer/`) and the module functions (`device`, `gpu`, `replay`). Each
-//! folder is a module that opens only the files the others use.
+//! copies in `device_buffer/`) and the module functions (`device`, `gpu`, `replay`,
+//! `replay_allocator`). Each folder is a module that opens only the files the others use.
 
 /// The body of a `register` that registers files' classes and functions with the module `m`,
 /// in order: `register_files!(m, errors, edge)` calls `errors::register(m)`, then
@@ -30,6 +30,7 @@ mod gil;
 mod gpu;
 mod hooks;
 mod replay;
+mod replay_allocator;
 mod resources;
 
 use pyo3::prelude::*;
@@ -39,5 +40,22 @@ use pyo3::prelude::*;
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     register_files!(m, errors, edge, hooks, resources)?;
-    register_files!(m, device_buffer, device, gpu, replay)
+    register_files!(m, device_buffer, device, gpu, replay, replay_allocator)
 }
+
+/// A file's `register` function: adds its classes and its `#[pyfunction]`s, in the order given,
+/// to the extension module. Most files register only these; the few that add other values
+/// (stream constants) write their own.
+macro_rules! register_items {
+    ($(classes: $($class:ident),+ $(,)?;)? $(functions: $($function:ident),+ $(,)?;)?) => {
+        pub(crate) fn register(
+            m: &pyo3::Bound<'_, pyo3::types::PyModule>,
+        ) -> pyo3::PyResult<()> {
+            use pyo3::types::PyModuleMethods as _;
+            $($(m.add_class::<$class>()?;)+)?
+            $($(m.add_function(pyo3::wrap_pyfunction!($function, m)?)?;)+)?
+            Ok(())
+        }
+    };
+}
+pub(crate) use register_items;

@@ -1,19 +1,19 @@
-//! `rrmm._rrmm.replay_logs`, `fit_logs` and helpers: the engine of `python -m rrmm replay`.
+//! `rrmm._rrmm.replay_logs`, `fit_logs` and helpers: the engine of `python -m rrmm replay` (over
+//! allocators written in Python: `replay_allocator`).
 
 use super::errors::py_result;
 use crate::replay::{
-    compare, fit_many, more_repetitions, resource_names, search_smallest, timings, CompareSettings,
-    Repeat, ReplayOptions, ReplayRecord, ResourceOptions, Trace,
+    compare, fit_many, resource_names, search_smallest, CompareSettings, Repeat, ReplayOptions,
+    ResourceOptions,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
-use std::time::Duration;
+use pyo3::types::PyList;
 
 /// `value` (records of the crate) as Python data: through JSON, so the keys are the Rust
 /// records' field names, declared once (`ReplayRecord`, `FitRecord`; their TypedDicts in
 /// `_rrmm.pyi`).
-fn to_python_any<'py, T: serde::Serialize>(
+pub(super) fn to_python_any<'py, T: serde::Serialize>(
     py: Python<'py>,
     value: &T,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -27,34 +27,6 @@ fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
     Ok(to_python_any(py, value)?.cast_into::<PyList>()?)
 }
 
-/// The events of one RMM-format log, parsed by the engine's parser, for a replay driven from
-/// Python (`rrmm replay`'s PyTorch, CuPy and Python-API rows): a dict with the columns
-/// `actions` (bytes, 1 allocate / 0 free), `sizes` (u64), `slots` (u32), `streams` (u32 stream
-/// indices) as bytes in native byte order (`memoryview(b).cast("Q")`), `stream_handles` (the
-/// logged handle of each stream index), `slot_count`, `peak_event` (the event after which the
-/// log's bytes in use first peak, or None) and `record` (the log's facts as a replay record
-/// with no figures). The parse runs without the GIL. Raises ValueError for bad input (naming
-/// file and line), OSError for an unreadable file.
-#[pyfunction]
-#[pyo3(signature = (log, lenient=false))]
-fn replay_events<'py>(py: Python<'py>, log: String, lenient: bool) -> PyResult<Bound<'py, PyDict>> {
-    let trace = py_result(py.detach(|| Trace::from_path(&log, lenient)))?;
-    let columns = trace.columns();
-    let out = PyDict::new(py);
-    out.set_item("actions", PyBytes::new(py, &columns.actions))?;
-    out.set_item("sizes", PyBytes::new(py, &columns.sizes))?;
-    out.set_item("slots", PyBytes::new(py, &columns.slots))?;
-    out.set_item("streams", PyBytes::new(py, &columns.streams))?;
-    out.set_item("stream_handles", trace.streams.clone())?;
-    out.set_item("slot_count", trace.slot_count)?;
-    out.set_item("peak_event", trace.peak_event())?;
-    out.set_item(
-        "record",
-        to_python_any(py, &ReplayRecord::of_log(&trace, ""))?,
-    )?;
-    Ok(out)
-}
-
 /// Replays each RMM-format log against each named resource and returns one dict per
 /// (log, resource), in that order. Runs without the GIL.
 ///
@@ -64,7 +36,7 @@ fn replay_events<'py>(py: Python<'py>, log: String, lenient: bool) -> PyResult<B
 /// of memory gives a dict with `error` set. Raises ValueError for bad input (naming file and
 /// line) or an unknown resource, OSError for an unreadable file.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None))]
+#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
@@ -82,6 +54,7 @@ fn replay_logs<'py>(
     blocks: Option<usize>,
     arena_size: Option<usize>,
     host_memory: Option<usize>,
+    peer_memory: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let settings = CompareSettings {
@@ -94,6 +67,7 @@ fn replay_logs<'py>(
             blocks,
             arena_size,
             host_memory,
+            peer_memory,
             ..ResourceOptions::default()
         },
         replay: ReplayOptions {
@@ -124,31 +98,12 @@ fn check_names(resources: &[String]) -> PyResult<()> {
 
 /// The replay's `repeat` as Python gives it: None automatic, 0 the figures pass alone, else
 /// that many timed repetitions.
-fn repeat_of(repeat: Option<usize>) -> Repeat {
+pub(super) fn repeat_of(repeat: Option<usize>) -> Repeat {
     match repeat {
         None => Repeat::Auto,
         Some(0) => Repeat::FiguresOnly,
         Some(n) => Repeat::Times(n),
     }
-}
-
-/// `replay_more_repetitions(repeat, done, elapsed_ns)`: whether a replay driven from Python runs
-/// another timed repetition, by the engine's rule (`repeat` as `replay_logs` takes it).
-#[pyfunction]
-fn replay_more_repetitions(repeat: Option<usize>, done: usize, elapsed_ns: u64) -> bool {
-    more_repetitions(repeat_of(repeat), done, Duration::from_nanos(elapsed_ns))
-}
-
-/// `replay_timings(samples_ns, events)`: the engine's timing figures of repetitions timed in
-/// Python, as a dict with the keys of a replay record (`total_ns`, `ns_per_event`,
-/// `ns_per_event_min`, `ns_per_event_max`, `ns_per_event_p25`, `ns_per_event_p75`, `spread`).
-#[pyfunction]
-fn replay_timings<'py>(
-    py: Python<'py>,
-    samples_ns: Vec<u64>,
-    events: usize,
-) -> PyResult<Bound<'py, PyAny>> {
-    to_python_any(py, &timings(&samples_ns, events))
 }
 
 /// `fit_search(fits, peak, cap) -> (smallest, failing, tries)`: the engine's `--fit` search
@@ -183,7 +138,7 @@ fn fit_search(
 /// when it fits nowhere, with `reason`), `failing_bytes`, the pool sizes and setup on the device
 /// found. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None))]
+#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
 #[allow(clippy::too_many_arguments)]
 fn fit_logs<'py>(
     py: Python<'py>,
@@ -197,6 +152,7 @@ fn fit_logs<'py>(
     blocks: Option<usize>,
     arena_size: Option<usize>,
     host_memory: Option<usize>,
+    peer_memory: Option<usize>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let options = ResourceOptions {
@@ -207,6 +163,7 @@ fn fit_logs<'py>(
         blocks,
         arena_size,
         host_memory,
+        peer_memory,
         ..ResourceOptions::default()
     };
     let records = py_result(py.detach(|| fit_many(&logs, &resources, &options, lenient)))?;
@@ -231,15 +188,7 @@ fn replay_gpu_available() -> bool {
     crate::cuda::device_count() > 0
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(replay_logs, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_events, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_more_repetitions, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_timings, m)?)?;
-    m.add_function(wrap_pyfunction!(fit_search, m)?)?;
-    m.add_function(wrap_pyfunction!(fit_logs, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_resource_names, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_resource_summaries, m)?)?;
-    m.add_function(wrap_pyfunction!(replay_gpu_available, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: replay_logs, fit_search, fit_logs, replay_resource_names,
+        replay_resource_summaries, replay_gpu_available;
 }

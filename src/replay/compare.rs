@@ -25,6 +25,11 @@ use serde::Serialize;
 /// [`ReplayRecord::driver`] and [`FitRecord::driver`] of the rows this engine produces.
 pub const RUST_DRIVER: &str = "rust";
 
+/// [`ReplayRecord::driver`] and [`FitRecord::driver`] of the rows whose allocator is written in
+/// Python (PyTorch's, CuPy's, rrmm's through its Python API): replayed by this engine over a
+/// resource of Python functions, every call through Python.
+pub const PYTHON_DRIVER: &str = "python";
+
 /// How a comparison runs.
 #[derive(Clone, Debug, Default)]
 pub struct CompareSettings {
@@ -60,9 +65,9 @@ pub struct ReplayRecord {
     pub log: String,
     /// The resource's name (canonical).
     pub resource: String,
-    /// What drove the replay: `"rust"` (this engine: the figures of [`compare`]) or `"python"`
-    /// (rows `rrmm replay` adds for PyTorch, CuPy and rrmm through its Python API, timed
-    /// through Python calls).
+    /// What the replay called: [`RUST_DRIVER`] (a resource of this crate, directly) or
+    /// [`PYTHON_DRIVER`] (an allocator written in Python: rows `rrmm replay` adds for PyTorch,
+    /// CuPy and rrmm through its Python API; the same engine, every call through Python).
     pub driver: String,
     /// The resource's setup in words, where it was built.
     pub setup: Option<String>,
@@ -129,6 +134,18 @@ pub struct ReplayRecord {
     /// The most bytes beyond the simulated device at once (managed memory that would live in
     /// host memory), where the device has a host tier.
     pub peak_beyond_device: Option<usize>,
+    /// Each tier's counts (bytes and allocations: current at the end, peak, total; requests
+    /// it passed on), where the resource has tiers (`tiered`: device, peer GPU, host).
+    pub tiers: Option<Vec<crate::adaptor::TierCounts>>,
+    /// What a sleep of the expandable pool would release after the last event: every mapped
+    /// byte (the footprint then), where the resource is an expandable pool ...
+    pub sleep_releases_at_end: Option<usize>,
+    /// ... copying the live bytes to host memory first (the allocations live then); the rest
+    /// (free pages) is released without a copy.
+    pub sleep_copies_at_end: Option<u128>,
+    /// What a sleep would release when the pool held the most (its peak footprint), copying at
+    /// most the peak bytes in use.
+    pub sleep_releases_at_peak: Option<usize>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: Option<usize>,
     /// Bytes they asked for.
@@ -168,8 +185,16 @@ impl ReplayRecord {
         }
     }
 
+    /// What a sleep of the (expandable) pool would release and copy, from the report's figures.
+    fn with_sleep(mut self, r: &ReplayReport) -> Self {
+        self.sleep_releases_at_end = r.footprint_at_end.map(|f| f.held_bytes);
+        self.sleep_copies_at_end = Some(r.leaked_bytes);
+        self.sleep_releases_at_peak = r.peak_footprint;
+        self
+    }
+
     /// The replay's figures.
-    fn with_report(mut self, r: &ReplayReport) -> Self {
+    pub fn with_report(mut self, r: &ReplayReport) -> Self {
         let t = r.timings;
         self.total_ns = Some(t.total_ns);
         self.ns_per_event = Some(t.ns_per_event);
@@ -189,6 +214,7 @@ impl ReplayRecord {
         self.fragmentation_at_end = r.fragmentation_at_end;
         self.footprint_at_end = r.footprint_at_end.map(|f| f.held_bytes);
         self.peak_beyond_device = r.peak_beyond_device;
+        self.tiers = r.tiers.clone();
         self.failed_allocations = Some(r.failed_allocations);
         self.failed_bytes = Some(r.failed_bytes);
         self.failure_events = Some(r.failure_events.clone());
@@ -230,9 +256,15 @@ pub fn compare(
                         rounding: Some(built.rounding.clone()),
                         largest_request: built.largest_request,
                         device: built.managed_device(),
+                        tiers: built.tiered(),
                         ..settings.replay.clone()
                     };
+                    let sleeps = built
+                        .handles
+                        .iter()
+                        .any(|h| matches!(h, crate::stack::Handle::Expandable(_)));
                     match replay(&trace, &built.resource, options) {
+                        Ok(report) if sleeps => record.with_report(&report).with_sleep(&report),
                         Ok(report) => record.with_report(&report),
                         Err(e) => ReplayRecord {
                             error: Some(e.to_string()),
@@ -258,8 +290,8 @@ pub struct FitRecord {
     pub log: String,
     /// The resource's name.
     pub resource: String,
-    /// What ran the search: `"rust"` (simulated devices) or `"python"` (`rrmm replay`'s
-    /// PyTorch and CuPy rows: a memory limit on the GPU).
+    /// What ran the search: [`RUST_DRIVER`] (simulated devices) or [`PYTHON_DRIVER`]
+    /// (`rrmm replay`'s PyTorch and CuPy rows: a memory limit on the GPU).
     pub driver: String,
     /// The smallest device found with no failed allocation (None: none up to 1 PiB).
     pub device_bytes: Option<usize>,

@@ -129,6 +129,9 @@ pub struct ReplayOptions {
     /// The simulated device under the resource, whose bytes beyond the device (managed memory's
     /// host tier) the report follows ([`ReplayReport::peak_beyond_device`]).
     pub device: Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>>,
+    /// The tiered resource of the stack, whose counts per tier the report gives
+    /// ([`ReplayReport::tiers`]).
+    pub tiers: Option<std::sync::Arc<crate::adaptor::TieredMemoryResource>>,
 }
 
 /// One point of a replay's timeline.
@@ -182,6 +185,9 @@ pub struct ReplayReport {
     /// The most bytes beyond the simulated device at once (managed memory that would live in
     /// host memory), where the replay follows a device with a host tier.
     pub peak_beyond_device: Option<usize>,
+    /// The counts of each tier over the figures pass (peaks, totals, allocations each tier
+    /// passed on), where the replay follows a tiered resource.
+    pub tiers: Option<Vec<crate::adaptor::TierCounts>>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: usize,
     /// Bytes those failed allocations asked for.
@@ -390,6 +396,7 @@ pub fn replay_with_progress(
     // The device's own peak covers every allocation of the figures pass (the repetitions reuse
     // the same memory pattern); read before the repetitions run.
     let beyond_device_peak = options.device.as_ref().map(|d| d.beyond_device_bytes().1);
+    let tiers = options.tiers.as_ref().map(|t| t.tier_counts());
     let figures = match figures {
         Ok(f) => f,
         Err(e) => {
@@ -451,6 +458,7 @@ pub fn replay_with_progress(
         fragmentation_at_end: figures.end.map(|f| f.fragmentation()),
         footprint_at_end: figures.end,
         peak_beyond_device: beyond_device_peak,
+        tiers,
         failed_allocations: figures.failure_events.len(),
         failed_bytes: figures.failed_bytes,
         failure_events: figures.failure_events,

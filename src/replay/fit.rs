@@ -58,12 +58,19 @@ fn try_size(
     };
     let options = ReplayOptions {
         device: built.managed_device(),
+        tiers: built.tiered(),
         ..ReplayOptions::default()
     };
     let report = replay(trace, &built.resource, options)?;
     // Managed memory never fails for want of device memory; it fits where nothing spills past
-    // the device.
-    let spilled = report.peak_beyond_device.unwrap_or(0) > 0;
+    // the device. Tiers (device, peer GPU, host) fit where nothing reaches the last tier, host
+    // memory: the device and a peer GPU of its size hold the log.
+    let spilled = report.peak_beyond_device.unwrap_or(0) > 0
+        || report
+            .tiers
+            .as_ref()
+            .and_then(|t| t.last())
+            .is_some_and(|host| host.peak_bytes > 0);
     Ok((report.failed_allocations == 0 && !spilled).then_some((
         built.setup,
         built.pool_sizes,
@@ -149,6 +156,28 @@ pub struct Search<T> {
     pub found: Option<T>,
 }
 
+impl<T> Search<T> {
+    /// `smallest` worked, giving `found`; `failing` is the largest size tried that failed.
+    fn worked(smallest: usize, failing: usize, tries: usize, found: T) -> Self {
+        Search {
+            smallest: Some(smallest),
+            failing,
+            tries,
+            found: Some(found),
+        }
+    }
+
+    /// Not even the cap worked (`failing`).
+    fn nothing(failing: usize, tries: usize) -> Self {
+        Search {
+            smallest: None,
+            failing,
+            tries,
+            found: None,
+        }
+    }
+}
+
 /// Most sizes the upward scan of [`search_smallest`] tries before it falls back to doubling and
 /// halving: 1% steps cover up to about 1.9 times the peak (where pools, arenas and expandable
 /// pools land), so a log that needs far more (bins preallocated, large pages) costs a few dozen
@@ -189,12 +218,7 @@ fn below_first<T>(
     if hi < size {
         return halve_bracket(lo, hi, found, tries, try_at);
     }
-    Ok(Search {
-        smallest: Some(hi),
-        failing: lo,
-        tries,
-        found: Some(found),
-    })
+    Ok(Search::worked(hi, lo, tries, found))
 }
 
 /// Halves the bracket `[lo, hi]` (`lo` fails or is 0, `hi` works with `found`) down to the
@@ -220,12 +244,7 @@ fn halve_bracket<T>(
             None => lo = mid,
         }
     }
-    Ok(Search {
-        smallest: Some(hi),
-        failing: lo,
-        tries,
-        found: Some(found),
-    })
+    Ok(Search::worked(hi, lo, tries, found))
 }
 
 /// The smallest size, at most `cap`, at which `try_at` gives `Some`, to the tolerance (1% of
@@ -259,21 +278,11 @@ pub fn search_smallest<T>(
                 // The peak itself: a bracket below it (one more try) before it is the answer.
                 return below_first(size, ok, try_at);
             }
-            return Ok(Search {
-                smallest: Some(size),
-                failing: lo,
-                tries,
-                found: Some(ok),
-            });
+            return Ok(Search::worked(size, lo, tries, ok));
         }
         lo = size;
         if size >= cap {
-            return Ok(Search {
-                smallest: None,
-                failing: lo,
-                tries,
-                found: None,
-            });
+            return Ok(Search::nothing(lo, tries));
         }
         size = (size.saturating_add(tolerance(size)) & !255).min(cap);
     }
@@ -286,12 +295,7 @@ pub fn search_smallest<T>(
         }
         lo = hi;
         if hi >= cap {
-            return Ok(Search {
-                smallest: None,
-                failing: lo,
-                tries,
-                found: None,
-            });
+            return Ok(Search::nothing(lo, tries));
         }
         hi = hi.saturating_mul(2).min(cap);
     };

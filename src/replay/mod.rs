@@ -43,10 +43,13 @@ pub fn build(
     crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
 }
 pub use compare::{
-    compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns, RUST_DRIVER,
+    compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns, PYTHON_DRIVER,
+    RUST_DRIVER,
 };
 pub use fit::{fit, search_smallest, FitResult, Search};
-pub use trace::{Action, Trace, TraceColumns, TraceEvent};
+pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tiers_tests;

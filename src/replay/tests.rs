@@ -540,6 +540,8 @@ fn fit_on_the_small_shipped_traces_is_checked_by_replaying_at_the_size_and_below
 }
 
 #[test]
+#[ignore = "over a minute in a debug build; tests/python/test_fit_large_log.py runs the same check \
+            against the release wheel in .ci/run: cargo test --release --lib -- --ignored fit_on_random_100k"]
 fn fit_on_random_100k_4mib_device_and_fixed_size() {
     check_fit("random_100k_4mib", "simulated");
     check_fit("random_100k_4mib", "fixed_size");
@@ -844,5 +846,65 @@ proptest::proptest! {
                     "{}: fit says {} but {} replays cleanly\n{}", name, s, below, log);
             }
         }
+    }
+}
+
+/// A callback resource whose functions forward to `inner` (a stand-in for an allocator written
+/// in Python: PyTorch's, CuPy's), its figures read from `inner`'s report.
+fn forwarding(inner: SharedResource) -> SharedResource {
+    use crate::resource::CallbackMemoryResource;
+    let (a, d, h, f) = (inner.clone(), inner.clone(), inner.clone(), inner);
+    let mr = CallbackMemoryResource::new(
+        Box::new(move |bytes, stream| a.allocate(bytes, stream)),
+        // SAFETY: the callback resource passes on its caller's contract; its pointers come from
+        // the forwarded resource.
+        Box::new(move |ptr, bytes, stream| unsafe { d.deallocate(ptr, bytes, stream) }),
+        crate::resource::MemoryKind::Simulated,
+    )
+    .with_figures(
+        Box::new(move || h.report().map_or(0, |r| r.held_bytes())),
+        Some(Box::new(move || {
+            f.report().map(|r| r.footprint()).unwrap_or_default()
+        })),
+    );
+    Arc::new(mr)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// The engine over a resource of user functions (what `rrmm replay` runs PyTorch's and
+    /// CuPy's allocators through) gives the figures it gives over the resource they call:
+    /// failures, peaks, footprint, fragmentation, leaks; every allocation is given back.
+    #[test]
+    fn the_engine_over_callbacks_matches_the_resource_they_call(
+        ops in proptest::collection::vec(
+            (proptest::prelude::any::<bool>(), 1usize..(3 << 20), 0usize..64), 1..40),
+        device_mib in 2usize..24,
+        repeat in 0usize..3,
+    ) {
+        let log = small_log(&ops);
+        let trace = Trace::from_reader("gen.csv", log.as_bytes(), false).unwrap();
+        let options = || ReplayOptions {
+            repeat: if repeat == 0 { Repeat::FiguresOnly } else { Repeat::Times(repeat) },
+            ..ReplayOptions::default()
+        };
+        let direct = build("pool", Some(device_mib << 20), &ResourceOptions::default()).unwrap();
+        let expected = replay(&trace, &direct.resource, options()).unwrap();
+        let inner = build("pool", Some(device_mib << 20), &ResourceOptions::default()).unwrap();
+        let through = forwarding(inner.resource.clone());
+        let got = replay(&trace, &through, options()).unwrap();
+        proptest::prop_assert_eq!(got.failure_events, expected.failure_events);
+        proptest::prop_assert_eq!(got.failed_bytes, expected.failed_bytes);
+        proptest::prop_assert_eq!(got.peak_bytes_in_use, expected.peak_bytes_in_use);
+        proptest::prop_assert_eq!(got.peak_footprint, expected.peak_footprint);
+        proptest::prop_assert_eq!(got.fragmentation_at_peak, expected.fragmentation_at_peak);
+        proptest::prop_assert_eq!(got.footprint_at_end, expected.footprint_at_end);
+        proptest::prop_assert_eq!(got.leaked_allocations, expected.leaked_allocations);
+        proptest::prop_assert_eq!(got.leaked_bytes, expected.leaked_bytes);
+        proptest::prop_assert_eq!(got.repeats, repeat);
+        let report = inner.resource.report().unwrap();
+        proptest::prop_assert_eq!(report.footprint().free_bytes, report.footprint().held_bytes,
+            "everything given back");
     }
 }

@@ -36,20 +36,6 @@ pub struct TraceEvent {
     pub action: Action,
 }
 
-/// A trace's events as columns of bytes in native byte order ([`Trace::columns`]): what
-/// Python reads with `array.array` or `memoryview.cast` (`"B"`, `"Q"`, `"I"`, `"I"`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TraceColumns {
-    /// One byte per event: 1 to allocate, 0 to free.
-    pub actions: Vec<u8>,
-    /// Each event's size ([`TraceEvent::size`]) as a `u64`.
-    pub sizes: Vec<u8>,
-    /// Each event's slot ([`TraceEvent::slot`]) as a `u32`.
-    pub slots: Vec<u8>,
-    /// Each event's stream index ([`TraceEvent::stream`]) as a `u32`.
-    pub streams: Vec<u8>,
-}
-
 /// A parsed RMM log, ready to replay.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
@@ -382,50 +368,6 @@ impl Trace {
         Ok(parser.trace)
     }
 
-    /// The index of the event after which the log's bytes in use first reach their peak
-    /// ([`Trace::peak_requested_bytes`]); `None` when nothing is ever in use.
-    ///
-    /// # Time Complexity
-    /// O(events).
-    pub fn peak_event(&self) -> Option<usize> {
-        if self.peak_requested_bytes == 0 {
-            return None;
-        }
-        let mut in_use = 0u128;
-        for (i, e) in self.events.iter().enumerate() {
-            match e.action {
-                Action::Allocate => in_use += e.size as u128,
-                Action::Free => in_use -= e.size as u128,
-            }
-            if in_use == self.peak_requested_bytes {
-                return Some(i);
-            }
-        }
-        None
-    }
-
-    /// The events as columns of plain bytes, for a replay driven from outside Rust (the Python
-    /// peers of `rrmm replay`: `rrmm._rrmm.replay_events`).
-    ///
-    /// # Time Complexity
-    /// O(events).
-    pub fn columns(&self) -> TraceColumns {
-        let n = self.events.len();
-        let mut c = TraceColumns {
-            actions: Vec::with_capacity(n),
-            sizes: Vec::with_capacity(n * 8),
-            slots: Vec::with_capacity(n * 4),
-            streams: Vec::with_capacity(n * 4),
-        };
-        for e in &self.events {
-            c.actions.push(u8::from(e.action == Action::Allocate));
-            c.sizes.extend_from_slice(&(e.size as u64).to_ne_bytes());
-            c.slots.extend_from_slice(&e.slot.to_ne_bytes());
-            c.streams.extend_from_slice(&e.stream.to_ne_bytes());
-        }
-        c
-    }
-
     /// Number of allocate events.
     pub fn allocations(&self) -> usize {
         self.events
@@ -496,48 +438,6 @@ mod tests {
             }
         );
         assert_eq!(t.allocations(), 3);
-    }
-
-    /// The columns `rrmm._rrmm.replay_events` hands to Python: one entry per event, native
-    /// byte order, and the event where the log's bytes in use first peak.
-    #[test]
-    fn columns_and_peak_event_export_the_events() {
-        let t = parse(RMM_SAMPLE, false).unwrap();
-        let c = t.columns();
-        assert_eq!(c.actions, vec![1, 1, 0, 1, 0]);
-        let words = |bytes: &[u8], width: usize| -> Vec<u64> {
-            bytes
-                .chunks_exact(width)
-                .map(|w| {
-                    let mut b = [0u8; 8];
-                    b[..width].copy_from_slice(w);
-                    u64::from_ne_bytes(b)
-                })
-                .collect()
-        };
-        assert_eq!(
-            words(&c.sizes, 8),
-            vec![1_048_576, 256, 1_048_576, 4096, 256]
-        );
-        assert_eq!(words(&c.slots, 4), vec![0, 1, 0, 0, 1]);
-        assert_eq!(words(&c.streams, 4), vec![0, 1, 0, 1, 1]);
-        for (i, e) in t.events.iter().enumerate() {
-            assert_eq!(c.actions[i] == 1, e.action == Action::Allocate);
-            assert_eq!(words(&c.sizes, 8)[i], e.size as u64);
-        }
-        // Peak 1 MiB + 256 B after the second event (index 1).
-        assert_eq!(t.peak_event(), Some(1));
-        // A later, higher peak moves it; a log with nothing in use has none.
-        let text = format!(
-            "{HEADER}\n1,t,allocate,0x100,10,0\n1,t,free,0x100,10,0\n\
-             1,t,allocate,0x200,20,0\n1,t,allocate,0x300,5,0\n1,t,free,0x200,20,0\n"
-        );
-        let t = parse(&text, false).unwrap();
-        assert_eq!((t.peak_event(), t.peak_requested_bytes), (Some(3), 25));
-        let empty = parse(&format!("{HEADER}\n1,t,allocate,(nil),0,0\n"), false).unwrap();
-        assert_eq!(empty.peak_event(), None);
-        assert_eq!(empty.columns().actions, vec![1]);
-        assert_eq!(Trace::default().columns(), TraceColumns::default());
     }
 
     #[test]

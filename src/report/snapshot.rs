@@ -44,6 +44,9 @@ pub struct SegmentInfo {
     pub total_size: usize,
     /// Whether the segment is part of an expandable (virtual memory) range.
     pub expandable: bool,
+    /// The tier that holds it (`"device"`, `"peer"`, `"host"`), where the resource has tiers
+    /// ([`TieredMemoryResource`](crate::adaptor::TieredMemoryResource)); `None` otherwise.
+    pub tier: Option<String>,
     /// Its blocks in address order, covering the segment exactly.
     pub blocks: Vec<BlockInfo>,
 }
@@ -116,6 +119,7 @@ pub fn assemble(
                 address,
                 total_size,
                 expandable,
+                tier: None,
                 blocks: out,
             }
         })

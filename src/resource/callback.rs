@@ -3,11 +3,18 @@
 use super::{MemoryKind, MemoryResource, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::report::{Footprint, PoolReport};
 
 /// The allocate function of a [`CallbackMemoryResource`].
 pub type AllocateFn = Box<dyn Fn(usize, Stream) -> Result<usize> + Send + Sync>;
 /// The deallocate function of a [`CallbackMemoryResource`].
 pub type DeallocateFn = Box<dyn Fn(usize, usize, Stream) -> Result<()> + Send + Sync>;
+/// The function that says how many bytes a [`CallbackMemoryResource`]'s allocator holds
+/// ([`Footprint::held_bytes`]: a cache's or pool's size), sampled often.
+pub type HeldBytesFn = Box<dyn Fn() -> usize + Send + Sync>;
+/// The function that gives a [`CallbackMemoryResource`]'s full [`Footprint`] (with its free
+/// blocks), read where fragmentation is measured.
+pub type FootprintFn = Box<dyn Fn() -> Footprint + Send + Sync>;
 
 /// Calls the user's functions for every allocation and deallocation.
 ///
@@ -20,6 +27,31 @@ pub struct CallbackMemoryResource {
     allocate: AllocateFn,
     deallocate: DeallocateFn,
     kind: MemoryKind,
+    device: Option<usize>,
+    figures: Option<CallbackFigures>,
+}
+
+/// The figures of a [`CallbackMemoryResource`] whose user says how much its allocator holds
+/// ([`CallbackMemoryResource::with_figures`]): its [`PoolReport`].
+struct CallbackFigures {
+    held_bytes: HeldBytesFn,
+    footprint: Option<FootprintFn>,
+}
+
+impl PoolReport for CallbackFigures {
+    fn footprint(&self) -> Footprint {
+        match &self.footprint {
+            Some(footprint) => footprint(),
+            None => Footprint {
+                held_bytes: (self.held_bytes)(),
+                ..Footprint::default()
+            },
+        }
+    }
+
+    fn held_bytes(&self) -> usize {
+        (self.held_bytes)()
+    }
 }
 
 impl CallbackMemoryResource {
@@ -30,7 +62,27 @@ impl CallbackMemoryResource {
             allocate,
             deallocate,
             kind,
+            device: None,
+            figures: None,
         }
+    }
+
+    /// The same resource on CUDA device `device` ([`MemoryResource::device`]: what a replay
+    /// synchronizes).
+    pub fn on_device(mut self, device: usize) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// The same resource reporting its allocator's figures ([`MemoryResource::report`]):
+    /// `held_bytes()` the bytes it holds, `footprint()` (when given) its full footprint with
+    /// the free blocks; without it the footprint has the bytes held and nothing free.
+    pub fn with_figures(mut self, held_bytes: HeldBytesFn, footprint: Option<FootprintFn>) -> Self {
+        self.figures = Some(CallbackFigures {
+            held_bytes,
+            footprint,
+        });
+        self
     }
 }
 
@@ -105,6 +157,14 @@ impl MemoryResource for CallbackMemoryResource {
 
     fn kind(&self) -> MemoryKind {
         self.kind
+    }
+
+    fn device(&self) -> Option<usize> {
+        self.device
+    }
+
+    fn report(&self) -> Option<&dyn PoolReport> {
+        self.figures.as_ref().map(|f| f as &dyn PoolReport)
     }
 
     fn call_profile(&self) -> super::CallProfile {

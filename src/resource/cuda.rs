@@ -1,23 +1,11 @@
 //! `cuMemAlloc`/`cuMemFree` on one device.
 
-use super::direct::{sealed, DirectAllocator, DirectMemoryResource};
-use super::MemoryKind;
+use super::direct::DirectMemoryResource;
 use crate::cuda;
-use crate::error::Result;
 
-/// `cuMemAlloc`, the driver call of [`CudaMemoryResource`].
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceAlloc;
-
-impl sealed::Sealed for DeviceAlloc {}
-
-impl DirectAllocator for DeviceAlloc {
-    const NAME: &'static str = "cuda";
-    const KIND: MemoryKind = MemoryKind::Device;
-
-    fn alloc(bytes: usize) -> Result<usize> {
-        cuda::mem_alloc(bytes)
-    }
+super::direct::direct_allocator! {
+    /// `cuMemAlloc`, the driver call of [`CudaMemoryResource`].
+    DeviceAlloc: "cuda", Device, cuda::mem_alloc
 }
 
 /// Device memory straight from `cuMemAlloc`; every call synchronises the device. The baseline

@@ -33,6 +33,28 @@ pub trait DirectAllocator: sealed::Sealed + Send + Sync + 'static {
     fn alloc(bytes: usize) -> Result<usize>;
 }
 
+/// Declares a [`DirectAllocator`]: its unit type (with its doc), its name, its kind and its
+/// driver call. The two files that name a driver call use it.
+macro_rules! direct_allocator {
+    ($(#[$doc:meta])* $alloc:ident: $name:literal, $kind:ident, $call:path) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $alloc;
+
+        impl super::direct::sealed::Sealed for $alloc {}
+
+        impl super::direct::DirectAllocator for $alloc {
+            const NAME: &'static str = $name;
+            const KIND: super::MemoryKind = super::MemoryKind::$kind;
+
+            fn alloc(bytes: usize) -> crate::error::Result<usize> {
+                $call(bytes)
+            }
+        }
+    };
+}
+pub(super) use direct_allocator;
+
 /// Memory from the driver call `A` on one device; every call synchronises the device. Use it
 /// through its names, [`CudaMemoryResource`](super::CudaMemoryResource) and
 /// [`UncachedManagedMemoryResource`](super::UncachedManagedMemoryResource).

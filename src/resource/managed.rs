@@ -2,25 +2,13 @@
 //! placed: [`placement`](super::placement)). The cached resource users get is
 //! [`ManagedMemoryResource`](crate::ManagedMemoryResource) (a reuse cache over this one).
 
-use super::direct::{sealed, DirectAllocator, DirectMemoryResource};
-use super::MemoryKind;
+use super::direct::DirectMemoryResource;
 use crate::cuda;
-use crate::error::Result;
 
-/// `cuMemAllocManaged` (attached globally), the driver call of
-/// [`UncachedManagedMemoryResource`].
-#[derive(Debug, Clone, Copy)]
-pub struct ManagedAlloc;
-
-impl sealed::Sealed for ManagedAlloc {}
-
-impl DirectAllocator for ManagedAlloc {
-    const NAME: &'static str = "managed";
-    const KIND: MemoryKind = MemoryKind::Managed;
-
-    fn alloc(bytes: usize) -> Result<usize> {
-        cuda::mem_alloc_managed(bytes)
-    }
+super::direct::direct_allocator! {
+    /// `cuMemAllocManaged` (attached globally), the driver call of
+    /// [`UncachedManagedMemoryResource`].
+    ManagedAlloc: "managed", Managed, cuda::mem_alloc_managed
 }
 
 /// Managed (unified) memory straight from `cuMemAllocManaged`, attached globally, each free a

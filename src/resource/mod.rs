@@ -11,6 +11,7 @@ pub mod graph;
 mod host_virtual_memory;
 mod managed;
 pub mod memory_summary;
+mod peer;
 mod pinned_host;
 mod pinned_pages;
 mod placement;
@@ -19,13 +20,14 @@ mod simulated_vmm;
 mod system;
 mod virtual_memory;
 
-pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn};
+pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
+pub use peer::PeerMemoryResource;
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
 pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
 pub use placement::{
@@ -68,6 +70,24 @@ pub enum MemoryKind {
     /// Address ranges with no memory behind them: never dereference, never pass to CUDA.
     Simulated,
 }
+
+/// `kind` and `device` (of a [`MemoryResource`], or a growth policy) for memory that is where
+/// `$source` puts it, `$source` an expression of `$this` (the implementer): its upstream, its
+/// core, its virtual memory.
+macro_rules! memory_from {
+    (|$this:ident| $source:expr) => {
+        fn kind(&self) -> $crate::resource::MemoryKind {
+            let $this = self;
+            $source.kind()
+        }
+
+        fn device(&self) -> Option<usize> {
+            let $this = self;
+            $source.device()
+        }
+    };
+}
+pub(crate) use memory_from;
 
 /// A stream-ordered source of memory. Thread-safe; shared as [`SharedResource`].
 ///

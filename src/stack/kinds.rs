@@ -89,6 +89,14 @@ pub const KINDS: &[Kind] = &[
         describe: describe_fallback,
     },
     Kind {
+        name: "tiered",
+        summary: "data beyond one GPU: a coalescing pool over the device, then a peer GPU \
+                  (--peer-memory on a simulated device), then pinned host memory \
+                  (--host-memory), with counts per tier",
+        plan: plan_tiered,
+        describe: describe_tiered,
+    },
+    Kind {
         name: "pinned",
         summary: "pinned host memory (cuMemHostAlloc; large allocations registered on the GPU's \
                   NUMA node)",
@@ -262,6 +270,70 @@ fn describe_fallback(target: Target, options: &StackOptions, handles: &[Handle])
     };
     (
         format!("{pool}, falling back to {alternate} when the device is full"),
+        sizes,
+        None,
+    )
+}
+
+/// The pool over the device, then a peer GPU, then pinned host memory (on a simulated device:
+/// a second simulated device of `peer_memory` bytes, the device's size by default, and
+/// simulated host memory of `host_memory` bytes, unlimited by default).
+fn plan_tiered(target: Target, options: &StackOptions) -> Result<Plan> {
+    let max = crate::resource::MAX_SIMULATED_SIZE;
+    let (peer, host) = match target {
+        Target::Device => (
+            Layer::Peer {
+                peer: options.peer_device,
+            },
+            Layer::PinnedHost,
+        ),
+        Target::Simulated(size) => (
+            Layer::Simulated {
+                size: options.peer_memory.unwrap_or(size),
+                host_memory: 0,
+            },
+            Layer::Simulated {
+                size: 0,
+                host_memory: options.host_memory.unwrap_or(max),
+            },
+        ),
+    };
+    Ok(suballocator(
+        "tiered",
+        vec![
+            device(target, Layer::Cuda),
+            pool_layer(options),
+            Layer::Tiered {
+                tiers: vec![("peer".into(), peer), ("host".into(), host)],
+            },
+        ],
+    ))
+}
+
+fn describe_tiered(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let (pool, sizes, _) = pool_over(target, options, handles);
+    let tiers = handles.iter().find_map(|h| match h {
+        Handle::Tiered(_, tiers) => Some(tiers),
+        _ => None,
+    });
+    let words = match (target, tiers.map(|t| t.as_slice())) {
+        (Target::Simulated(_), Some([Handle::Simulated(peer), Handle::Simulated(host)])) => {
+            let host = match options.host_memory {
+                Some(_) => format!("{} of host memory", human(host.host_tier())),
+                None => "unlimited host memory".into(),
+            };
+            format!(
+                "a simulated peer GPU of {}, then {host}",
+                human(peer.size())
+            )
+        }
+        (Target::Device, Some([Handle::Peer(_, peer), ..])) => {
+            format!("peer GPU {peer} (cuMemAlloc, peer access), then pinned host memory")
+        }
+        _ => "a peer GPU, then host memory".into(),
+    };
+    (
+        format!("{pool}; when the device is full, {words}"),
         sizes,
         None,
     )
@@ -458,22 +530,11 @@ fn describe_pinned_expandable(
     options: &StackOptions,
     handles: &[Handle],
 ) -> Description {
-    let mapped = handles.iter().find_map(|h| match h {
-        Handle::Expandable(e) => Some(e.mapped_bytes()),
-        _ => None,
-    });
     let over = match target {
         Target::Simulated(size) => format!("simulated host memory ({}, virtual)", human(size)),
         Target::Device => "host memory registered with CUDA (cuMemHostRegister)".into(),
     };
-    let maximum = options
-        .maximum_pool_size
-        .map_or_else(|| "host memory".into(), human);
-    (
-        format!("expandable pool, 32 MiB pages, maximum {maximum}, over {over}"),
-        mapped.map(|m| (m, options.maximum_pool_size)),
-        None,
-    )
+    expandable_description("32 MiB", "host memory", &over, options, handles)
 }
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
@@ -557,21 +618,33 @@ fn describe_managed_pool(
 }
 
 fn describe_expandable(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
-    let mapped = handles.iter().find_map(|h| match h {
-        Handle::Expandable(e) => Some(e.mapped_bytes()),
-        _ => None,
-    });
     let over = match target {
         Target::Simulated(size) => {
             format!("the simulated device ({}, virtual memory)", human(size))
         }
         Target::Device => "cuMemCreate/cuMemMap".into(),
     };
+    expandable_description("2 MiB", "the device", &over, options, handles)
+}
+
+/// An expandable pool's description (device or pinned host): its page size, its maximum
+/// (`unlimited`: what bounds it without one), what it maps over, and its mapped bytes.
+fn expandable_description(
+    pages: &str,
+    unlimited: &str,
+    over: &str,
+    options: &StackOptions,
+    handles: &[Handle],
+) -> Description {
+    let mapped = handles.iter().find_map(|h| match h {
+        Handle::Expandable(e) => Some(e.mapped_bytes()),
+        _ => None,
+    });
     let maximum = options
         .maximum_pool_size
-        .map_or_else(|| "the device".into(), human);
+        .map_or_else(|| unlimited.into(), human);
     (
-        format!("expandable pool, 2 MiB pages, maximum {maximum}, over {over}"),
+        format!("expandable pool, {pages} pages, maximum {maximum}, over {over}"),
         mapped.map(|m| (m, options.maximum_pool_size)),
         None,
     )

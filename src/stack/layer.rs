@@ -5,13 +5,13 @@
 
 use crate::adaptor::{
     FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    StatisticsResourceAdaptor, TrackingResourceAdaptor,
+    StatisticsResourceAdaptor, Tier, TieredMemoryResource, TrackingResourceAdaptor,
 };
 use crate::cuda::PoolExport;
 use crate::error::{Error, Result};
 use crate::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, PinnedHostMemoryResource, SharedResource,
-    SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE,
+    CudaAsyncMemoryResource, CudaMemoryResource, PeerMemoryResource, PinnedHostMemoryResource,
+    SharedResource, SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE,
 };
 use crate::suballocator::{
     ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
@@ -55,6 +55,12 @@ pub enum Layer {
     },
     /// Pinned host memory.
     PinnedHost,
+    /// Memory of a peer GPU for the current device ([`PeerMemoryResource`]): GPU `peer`, or
+    /// the first GPU with a peer link to the current one.
+    Peer {
+        /// The peer GPU's ordinal.
+        peer: Option<usize>,
+    },
     /// An expandable pool on one virtual range.
     Expandable {
         /// Bytes mapped at once.
@@ -99,6 +105,12 @@ pub enum Layer {
     Fallback {
         /// Where allocations go when the layer below is full.
         alternate: Box<Layer>,
+    },
+    /// Tiers ([`TieredMemoryResource`]): the layer below first (named `"device"`), then each
+    /// of `tiers` (source resources, with their names) when the ones before are full.
+    Tiered {
+        /// The further tiers, in order: (name, source layer).
+        tiers: Vec<(String, Layer)>,
     },
     /// A limit on the bytes allocated at once.
     Limit {
@@ -161,6 +173,10 @@ pub enum Handle {
     Binning(BinningMemoryResource),
     /// A fallback adaptor, and its alternate.
     Fallback(Arc<FallbackResourceAdaptor>, Box<Handle>),
+    /// Memory of a peer GPU (behind a check where asked), and the peer's ordinal.
+    Peer(SharedResource, usize),
+    /// A tiered resource, and the handles of its tiers after the first (the layer below).
+    Tiered(Arc<TieredMemoryResource>, Vec<Handle>),
     /// A limiting adaptor.
     Limit(Arc<LimitingResourceAdaptor>),
     /// A logging adaptor.
@@ -175,7 +191,10 @@ impl Handle {
     /// The resource, shared.
     pub fn resource(&self) -> SharedResource {
         match self {
-            Handle::Cuda(mr) | Handle::CudaAsync(mr, _) | Handle::PinnedHost(mr, ..) => mr.clone(),
+            Handle::Cuda(mr)
+            | Handle::CudaAsync(mr, _)
+            | Handle::PinnedHost(mr, ..)
+            | Handle::Peer(mr, _) => mr.clone(),
             Handle::Managed(m) => Arc::new(m.clone()),
             Handle::Simulated(s) => s.clone(),
             Handle::Expandable(e) => Arc::new(e.clone()),
@@ -184,6 +203,7 @@ impl Handle {
             Handle::FixedSize(f) => Arc::new(f.clone()),
             Handle::Binning(b) => Arc::new(b.clone()),
             Handle::Fallback(f, _) => f.clone(),
+            Handle::Tiered(t, _) => t.clone(),
             Handle::Limit(a) => a.clone(),
             Handle::Logging(a) => a.clone(),
             Handle::Statistics(a) => a.clone(),
@@ -206,6 +226,8 @@ impl std::fmt::Debug for Handle {
             Handle::FixedSize(_) => "FixedSize",
             Handle::Binning(_) => "Binning",
             Handle::Fallback(..) => "Fallback",
+            Handle::Peer(..) => "Peer",
+            Handle::Tiered(..) => "Tiered",
             Handle::Limit(_) => "Limit",
             Handle::Logging(_) => "Logging",
             Handle::Statistics(_) => "Statistics",
@@ -225,6 +247,7 @@ impl Layer {
                 | Layer::Managed(_)
                 | Layer::Simulated { .. }
                 | Layer::PinnedHost
+                | Layer::Peer { .. }
                 | Layer::Expandable { .. }
         )
     }
@@ -290,6 +313,14 @@ impl Layer {
                 let (node, from) = (mr.numa_node(), mr.registered_from());
                 Handle::PinnedHost(sources.make(mr), node, from)
             }
+            Layer::Peer { peer } => {
+                let device = crate::cuda::current_device()?;
+                let peer = match peer {
+                    Some(p) => *p,
+                    None => PeerMemoryResource::first_peer(device)?,
+                };
+                Handle::Peer(sources.make(PeerMemoryResource::new(device, peer)?), peer)
+            }
             Layer::Expandable {
                 initial_pool_size: initial,
                 maximum_pool_size: maximum,
@@ -309,22 +340,22 @@ impl Layer {
                         maximum,
                         threshold,
                     )?,
-                    ExpandableOn::PinnedHost => ExpandableMemoryResource::on_pinned_host(
-                        crate::cuda::current_device()?,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
-                    ExpandableOn::Device => ExpandableMemoryResource::on_device(
-                        crate::cuda::current_device()?,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
+                    ExpandableOn::PinnedHost | ExpandableOn::Device => {
+                        // The two driver-backed constructors take the same arguments.
+                        let on_driver = if *on == ExpandableOn::Device {
+                            ExpandableMemoryResource::on_device
+                        } else {
+                            ExpandableMemoryResource::on_pinned_host
+                        };
+                        on_driver(
+                            crate::cuda::current_device()?,
+                            None,
+                            *page_size,
+                            initial,
+                            maximum,
+                            threshold,
+                        )?
+                    }
                 })
             }
             Layer::Pool {
@@ -369,6 +400,22 @@ impl Layer {
                     alternate.resource(),
                 ));
                 Handle::Fallback(fallback, Box::new(alternate))
+            }
+            Layer::Tiered { tiers } => {
+                let mut made = vec![Tier::new("device", upstream()?)];
+                let mut handles = Vec::with_capacity(tiers.len());
+                for (name, layer) in tiers {
+                    if layer.needs_upstream() {
+                        return Err(Error::invalid(
+                            "stack",
+                            "a tier after the first must be a source resource",
+                        ));
+                    }
+                    let handle = layer.build(None, sources)?;
+                    made.push(Tier::new(name.clone(), handle.resource()));
+                    handles.push(handle);
+                }
+                Handle::Tiered(Arc::new(TieredMemoryResource::new(made)?), handles)
             }
             Layer::Limit { allocation_limit } => Handle::Limit(Arc::new(
                 LimitingResourceAdaptor::new(upstream()?, *allocation_limit),

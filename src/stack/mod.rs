@@ -80,6 +80,12 @@ pub struct StackOptions {
     /// Managed memory on a simulated device: bytes of host memory beyond the device
     /// (default: as much as the simulated address space allows).
     pub host_memory: Option<usize>,
+    /// `tiered` on a simulated device: the bytes of the simulated peer GPU (default: the
+    /// device's size, a second GPU of the same kind).
+    pub peer_memory: Option<usize>,
+    /// `tiered` on the device: the peer GPU's ordinal (default: the first GPU with a peer link
+    /// to the current one).
+    pub peer_device: Option<usize>,
 }
 
 /// Default bins of `binning`: 2^18..2^22 bytes (benchmarks.md W1).
@@ -169,6 +175,14 @@ impl BuiltStack {
                 Handle::Simulated(sim) if sim.host_tier() > 0 => Some(sim.clone()),
                 _ => None,
             },
+            _ => None,
+        })
+    }
+
+    /// The tiered resource of the stack, whose counts per tier a replay reports.
+    pub fn tiered(&self) -> Option<std::sync::Arc<crate::adaptor::TieredMemoryResource>> {
+        self.handles.iter().find_map(|h| match h {
+            Handle::Tiered(t, _) => Some(t.clone()),
             _ => None,
         })
     }

@@ -234,3 +234,51 @@ fn a_layer_is_built_only_where_it_fits_in_a_stack() {
     .unwrap();
     assert!(matches!(pool, Handle::Pool(_, made) if made == 1 << 20));
 }
+
+/// `tiered` on a simulated device: a pool over the device, then a simulated peer GPU, then
+/// host memory; an allocation beyond the device lands on the peer, beyond both on the host.
+#[test]
+fn tiered_fills_the_device_then_the_peer_then_the_host() {
+    const MIB: usize = 1 << 20;
+    let options = StackOptions {
+        initial_pool_size: Some(8 * MIB),
+        maximum_pool_size: Some(8 * MIB),
+        peer_memory: Some(8 * MIB),
+        host_memory: Some(64 * MIB),
+        ..StackOptions::default()
+    };
+    let built = build("tiered", Some(8 * MIB), &options).unwrap();
+    assert!(
+        built.setup.contains("simulated peer GPU of 8.00 MiB"),
+        "{}",
+        built.setup
+    );
+    let tiered = built.tiered().expect("a tiered resource");
+    assert_eq!(tiered.tier_names(), ["device", "peer", "host"]);
+    let mr = &built.resource;
+    let ptrs: Vec<usize> = (0..3)
+        .map(|_| mr.allocate(6 * MIB, crate::Stream::DEFAULT).unwrap())
+        .collect();
+    let tiers: Vec<_> = ptrs.iter().map(|&p| tiered.tier_of(p)).collect();
+    assert_eq!(tiers, [Some(0), Some(1), Some(2)]);
+    for p in ptrs {
+        crate::test_support::free(&**mr, p, 6 * MIB).unwrap();
+    }
+    let counts = tiered.tier_counts();
+    assert!(counts
+        .iter()
+        .all(|c| c.peak_bytes == 6 * MIB && c.current_bytes == 0));
+    assert!(built.managed_device().is_none());
+    // A tier after the first must be a source resource.
+    let below = Layer::Simulated {
+        size: MIB,
+        host_memory: 0,
+    }
+    .build(None, Sources::Raw)
+    .unwrap()
+    .resource();
+    let bad = Layer::Tiered {
+        tiers: vec![("peer".into(), Layer::Statistics)],
+    };
+    assert!(bad.build(Some(&below), Sources::Raw).is_err());
+}

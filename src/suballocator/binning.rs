@@ -7,8 +7,7 @@ use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
 use crate::resource::graph;
 use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, PoolReport, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
 };
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -264,16 +263,11 @@ impl BinningMemoryResource {
         }
         self.inner
             .from_upstream
-            .remove(ptr, bytes)
-            .map_err(|e| Error::Logic(format!("binning_memory_resource: {e}")))?;
-        // SAFETY: the record shows `ptr` came from the upstream with `bytes` and was not freed
-        // since (1, 2); the caller gives 3 and 4.
-        let freed = unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) };
-        if freed.is_err() {
-            // The upstream kept it: so does the record.
-            let _ = self.inner.from_upstream.insert(ptr, bytes);
-        }
-        freed
+            .free_checked(ptr, bytes, Some("binning_memory_resource"), || {
+                // SAFETY: the record shows `ptr` came from the upstream with `bytes` and was
+                // not freed since (1, 2); the caller gives 3 and 4.
+                unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) }
+            })
     }
 }
 
@@ -387,13 +381,7 @@ impl MemoryResource for BinningMemoryResource {
         }
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.inner.upstream.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.inner.upstream.device()
-    }
+    crate::resource::memory_from!(|this| this.inner.upstream);
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.inner.upstream.memory_info()

@@ -309,13 +309,7 @@ impl MemoryResource for ExpandableMemoryResource {
         Ok(())
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.inner.vm.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.inner.vm.device()
-    }
+    crate::resource::memory_from!(|this| this.inner.vm);
 
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,
     /// capped by the maximum.
@@ -519,13 +513,7 @@ impl Growth for ExpandableGrowth {
         self.map(request, fresh)
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.vm.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.vm.device()
-    }
+    crate::resource::memory_from!(|this| this.vm);
 
     fn call_profile(&self) -> CallProfile {
         self.vm.call_profile()
@@ -614,10 +602,7 @@ impl Growth for ExpandableGrowth {
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,
     /// capped by the maximum.
     fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.vm.memory_info()?;
-        let max = self.maximum.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(held).min(up_free);
-        Some((free + room, up_total.min(max)))
+        super::core::memory_info_below(self.vm.memory_info(), self.maximum, held, free)
     }
 }
 

@@ -131,6 +131,12 @@ mod tests {
     use crate::resource::{MemoryResource, SimulatedMemoryResource};
     use crate::test_support::free_on;
 
+    /// 1 KiB blocks, four to a chunk, over 1 MiB of simulated memory.
+    fn four_blocks_of_1k() -> FixedSizeMemoryResource {
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
+        FixedSizeMemoryResource::new(up, 1024, 4).unwrap()
+    }
+
     #[test]
     fn too_large_requests_are_out_of_memory_and_chunks_grow() {
         let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
@@ -157,8 +163,7 @@ mod tests {
     #[test]
     fn double_and_foreign_frees_are_logic_errors_and_change_nothing() {
         // Issue 9: a double free made the same block come out twice.
-        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
+        let mr = four_blocks_of_1k();
         let a = mr.allocate(100, Stream::DEFAULT).unwrap();
         free_on(&mr, a, 100, Stream::DEFAULT).unwrap();
         let e = free_on(&mr, a, 100, Stream::DEFAULT).unwrap_err();
@@ -183,8 +188,7 @@ mod tests {
 
     #[test]
     fn a_free_with_a_size_of_another_block_size_is_a_logic_error() {
-        let up = Arc::new(SimulatedMemoryResource::new(1 << 20));
-        let mr = FixedSizeMemoryResource::new(up, 1024, 4).unwrap();
+        let mr = four_blocks_of_1k();
         let a = mr.allocate(100, Stream::DEFAULT).unwrap();
         // SAFETY: a key only: simulated memory never passes it to the driver.
         let s = unsafe { Stream::from_raw(0x1000) };

@@ -328,13 +328,7 @@ impl MemoryResource for ManagedMemoryResource {
         Ok(())
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.inner.core.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.inner.core.device()
-    }
+    crate::resource::memory_from!(|this| this.inner.core);
 
     /// The device's free and total memory (`cuMemGetInfo`), as RMM's managed resource reports.
     fn memory_info(&self) -> Option<(usize, usize)> {

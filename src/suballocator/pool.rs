@@ -510,15 +510,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_refused_give_back_keeps_the_chunks_in_the_books() {
+    /// A pool over `Refusing` memory of `size` bytes (refusing frees from the start where
+    /// `refuse`): a 1 MiB initial chunk, grown for a 4 MiB block it served and freed.
+    fn pool_of_two_chunks(size: usize, refuse: bool) -> (Arc<Refusing>, PoolMemoryResource) {
         let up = Arc::new(Refusing {
-            inner: SimulatedMemoryResource::new(1 << 30),
-            refuse: true.into(),
+            inner: SimulatedMemoryResource::new(size),
+            refuse: refuse.into(),
         });
         let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
         let a = pool.allocate(4 << 20, Stream::DEFAULT).unwrap();
         free_on(&pool, a, 4 << 20, Stream::DEFAULT).unwrap();
+        (up, pool)
+    }
+
+    #[test]
+    fn a_refused_give_back_keeps_the_chunks_in_the_books() {
+        let (up, pool) = pool_of_two_chunks(1 << 30, true);
         let (held, chunks) = (pool.pool_size(), pool.upstream_chunk_count());
         assert!(chunks >= 2);
         assert!(pool.release().is_err(), "the upstream's error is reported");
@@ -535,13 +542,7 @@ mod tests {
 
     #[test]
     fn a_refused_give_back_on_the_out_of_memory_path_keeps_the_chunks() {
-        let up = Arc::new(Refusing {
-            inner: SimulatedMemoryResource::new(16 << 20),
-            refuse: false.into(),
-        });
-        let pool = PoolMemoryResource::new(up.clone(), Some(1 << 20), None).unwrap();
-        let a = pool.allocate(4 << 20, Stream::DEFAULT).unwrap();
-        free_on(&pool, a, 4 << 20, Stream::DEFAULT).unwrap();
+        let (up, pool) = pool_of_two_chunks(16 << 20, false);
         let held = pool.pool_size();
         up.refuse.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(pool.allocate(15 << 20, Stream::DEFAULT).is_err());

@@ -201,3 +201,58 @@ def make_cupy(total: int = 1 << 30) -> tuple[ModuleType, list[FakeCache]]:
     cuda.__dict__.update(is_available=lambda: True, MemoryPool=MemoryPool, Stream=Stream,
                          Device=Device)
     return cupy, pools
+
+
+class AddressAllocator:
+    """A pure-Python allocator for the engine's replays through Python functions (the path of
+    PyTorch's and CuPy's allocators) without a GPU: addresses from a counter, a dict of live
+    blocks, ``capacity`` bytes charged as rrmm's simulated device charges them (2 MiB pages from
+    2 MiB, else 256-byte units); past it ``oom`` is raised. ``fail_on(n)`` makes the n-th allocation
+    (from 0) raise ``error`` instead."""
+
+    UNIT = 256
+    PAGE = 2 << 20
+
+    def __init__(self, capacity: int, oom: type[BaseException] = MemoryError) -> None:
+        self.capacity = capacity
+        self.oom = oom
+        self.live: dict[int, int] = {}  # address -> charged bytes
+        self.charged = 0
+        self.peak_charged = 0
+        self.next_address = 0x1_0000_0000
+        self.allocations = self.frees = self.failures = 0
+        self.streams: set[int] = set()
+        self.error: BaseException | None = None
+        self.error_at: int | None = None
+
+    def fail_on(self, n: int, error: BaseException) -> None:
+        self.error_at, self.error = n, error
+
+    def allocate(self, size: int, stream: int) -> int:
+        self.streams.add(stream)
+        if self.error_at is not None and self.allocations + self.failures == self.error_at:
+            self.failures += 1
+            assert self.error is not None
+            raise self.error
+        unit = self.PAGE if size >= self.PAGE else self.UNIT
+        charge = -(-size // unit) * unit
+        if self.charged + charge > self.capacity:
+            self.failures += 1
+            raise self.oom(f"fake: {size} bytes past the capacity of {self.capacity}")
+        self.allocations += 1
+        if size == 0:
+            return 0
+        ptr = self.next_address
+        self.next_address += charge + 4096
+        self.live[ptr] = charge
+        self.charged += charge
+        self.peak_charged = max(self.peak_charged, self.charged)
+        return ptr
+
+    def deallocate(self, ptr: int, size: int, stream: int) -> None:
+        self.streams.add(stream)
+        self.charged -= self.live.pop(ptr)  # KeyError: a free of what is not live
+        self.frees += 1
+
+    def held_bytes(self) -> int:
+        return self.charged

@@ -88,10 +88,12 @@ MACHINE_CLASSES = {
     "PrefetchResourceAdaptor", "LoggingResourceAdaptor", "FallbackResourceAdaptor",
     "AlignedResourceAdaptor", "PoolMemoryResource", "FixedSizeMemoryResource",
     "BinningMemoryResource", "ArenaMemoryResource", "ExpandableMemoryResource",
-    "CallbackMemoryResource", "SamHeadroomMemoryResource",
+    "CallbackMemoryResource", "SamHeadroomMemoryResource", "TieredMemoryResource",
 }
 MACHINE_GPU_ONLY = {
     "CudaMemoryResource": "cuMemAlloc needs a GPU",
+    "PeerMemoryResource": "memory of a peer GPU needs two GPUs with a peer link "
+                          "(test_peer_tier.py; the tiers run on simulated devices)",
     "ManagedMemoryResource": "the managed cache needs a GPU (its model runs on simulated "
                              "managed memory: SimulatedMemoryResource(host_memory=))",
     "PinnedHostMemoryResource": "cuMemHostAlloc needs a GPU (the pinned stack kinds run on "
@@ -366,6 +368,26 @@ class ApiMachine(RuleBasedStateMachine):
         node = self._over(up, obj, "fallback")
         node.host = up.host
         return node
+
+    @rule(target=nodes, up=nodes)
+    def tiered(self, up: Node) -> Node:
+        """Tiers after the node: the memory its chain starts from (as the fallback's alternate,
+        so the overlap checks stay exact)."""
+        obj = mr.TieredMemoryResource(up.obj, [self.roots[up.root]], names=["peer"])
+        node = self._over(up, obj, "tiered")
+        node.host = up.host
+        return node
+
+    @rule(node=nodes)
+    def tier_counts_add_up(self, node: Node) -> None:
+        if node.kind != "tiered":
+            return
+        counts = node.obj.tier_counts()
+        assert [c["name"] for c in counts] == ["device", "peer"]
+        for c in counts:
+            assert c["peak_bytes"] >= c["current_bytes"] >= 0
+            assert c["total_allocations"] >= c["current_allocations"] >= 0
+        assert node.obj.tiers[1] is self.roots[node.root]
 
     @rule(node=nodes)
     def fallback_counts_add_up(self, node: Node) -> None:

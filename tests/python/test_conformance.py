@@ -51,6 +51,10 @@ ADAPTORS: dict[str, Callable[[Any], Any]] = {
     "FallbackResourceAdaptor": lambda up: mr.FallbackResourceAdaptor(
         up, mr.SimulatedMemoryResource("64MiB")
     ),
+    # Tiers after the upstream: a simulated peer GPU and simulated host memory.
+    "TieredMemoryResource": lambda up: mr.TieredMemoryResource(
+        up, [mr.SimulatedMemoryResource("64MiB"), mr.SimulatedMemoryResource("64MiB")]
+    ),
 }
 if hasattr(mr, "ArenaMemoryResource"):
     ADAPTORS["ArenaMemoryResource"] = lambda up: mr.ArenaMemoryResource(up, 64 * MiB)
@@ -86,7 +90,11 @@ GPU_BASES: dict[str, Callable[[], Any]] = {
 }
 
 #: Classes with a constructor of their own, checked by a suite of their own.
-OWN_SUITES = {"ExpandableMemoryResource": "test_expandable.py"}
+OWN_SUITES = {
+    "ExpandableMemoryResource": "test_expandable.py",
+    # Needs two GPUs with a peer link.
+    "PeerMemoryResource": "test_peer_tier.py",
+}
 
 #: Classes that keep memory they grew after it is freed.
 SUBALLOCATORS = {

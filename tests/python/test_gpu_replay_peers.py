@@ -65,3 +65,30 @@ def test_transformer_log_fits_under_a_limit():
         assert fit["reason"] is None and fit["device_bytes"] is not None, fit
         assert fit["device_bytes"] >= peak, fit
         assert fit["failing_bytes"] < fit["device_bytes"]
+
+
+@pytest.mark.parametrize("peer", ["torch", "cupy"])
+def test_a_peers_out_of_memory_is_a_failed_event(tmp_path, peer):
+    """The engine over PyTorch's and CuPy's allocators under a 1 GiB limit: their
+    out-of-memory errors (PyTorch's is a RuntimeError) are failed events of the row, the free
+    skipped, as a Rust kind's; the second stream is the peer's own."""
+    from rrmm import _replay_peers, _rrmm
+
+    mib = 1 << 20
+    path = tmp_path / "over.csv"
+    path.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        f"1,t,allocate,0x7f0000000000,{600 * mib},0\n"
+        f"1,t,allocate,0x7f0040000000,{600 * mib},0x55d0c2a1e0f0\n"
+        f"1,t,free,0x7f0000000000,{600 * mib},0\n"
+        f"1,t,free,0x7f0040000000,{600 * mib},0x55d0c2a1e0f0\n")
+    make = _replay_peers.torch_adapter if peer == "torch" else _replay_peers.cupy_adapter
+    adapter = make(torch if peer == "torch" else cupy, gpu=True, limit=1 << 30)
+    try:
+        row = _replay_peers.replay(_rrmm.ReplayLog(str(path)), adapter, repeat=2)
+    finally:
+        adapter.close()
+    assert row["error"] is None, row["error"]
+    assert (row["failed_allocations"], row["failure_events"]) == (1, [1])
+    assert row["peak_bytes_in_use"] == 600 * mib and row["repeats"] == 2
+    assert row["peak_footprint"] is not None and row["peak_footprint"] >= 600 * mib

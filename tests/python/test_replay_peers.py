@@ -1,18 +1,22 @@
-"""``rrmm replay --compare ...,torch,cupy`` without a GPU: the Python driver
-(``rrmm._replay_peers``) against stand-ins for PyTorch's caching allocator and CuPy's memory
-pool (``fake_peers``), on a hand-computed log; rrmm's resources driven from Python on simulated
-memory against the engine's own rows; the events export (``_rrmm.replay_events``); the
-messages when a framework is missing, there is no GPU, or ``--simulate`` is given."""
+"""``rrmm replay --compare ...,torch,cupy`` without a GPU: the engine over allocators written in
+Python (``_rrmm.replay_allocator``): a pure-Python test peer (``fake_peers.AddressAllocator``)
+against rrmm's simulated kind, out of memory and other exceptions raised inside it, the GIL;
+the adapters of ``rrmm._replay_peers`` against stand-ins for PyTorch's caching allocator and
+CuPy's memory pool (``fake_peers``), on a hand-computed log; rrmm's resources driven from
+Python on simulated memory against the engine's own rows; the messages when a framework is
+missing, there is no GPU, or ``--simulate`` is given."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
-from fake_peers import make_cupy, make_torch
+from fake_peers import AddressAllocator, make_cupy, make_torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rrmm import _replay_peers, _rrmm
@@ -70,42 +74,186 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 def replay_torch(path: str, total: int = 1 << 30, repeat: int | None = 2):
     torch, cache = make_torch(total)
-    log = _replay_peers.load_events(path)
-    allocator = _replay_peers.TorchAllocator(torch, log.stream_handles)
+    adapter = _replay_peers.torch_adapter(torch, gpu=False)
     try:
-        return _replay_peers.replay(log, allocator, repeat), cache
+        return _replay_peers.replay(_rrmm.ReplayLog(path), adapter, repeat), cache
     finally:
-        allocator.close()
+        adapter.close()
 
 
-# ------------------------------------------------------------------------------- the events
+def replay_fake(path: str, a: AddressAllocator, repeat: int | None = 0, **kwargs):
+    """The engine's row of ``path`` replayed through the test peer ``a``."""
+    kwargs.setdefault("held_bytes", a.held_bytes)
+    return _rrmm.replay_allocator(_rrmm.ReplayLog(path), "fake", a.allocate, a.deallocate,
+                                  repeat=repeat, **kwargs)
 
 
-def test_replay_events_exports_the_parsed_log(peer_log):
-    raw = _rrmm.replay_events(peer_log)
-    assert list(raw["actions"]) == [1, 1, 0, 0, 1, 0, 1]
-    sizes = memoryview(raw["sizes"]).cast("Q").tolist()
-    assert sizes == [100 * MiB, 200 * MiB, 100 * MiB, 200 * MiB, 500 * MiB, 500 * MiB, 50 * MiB]
-    assert memoryview(raw["slots"]).cast("I").tolist() == [0, 1, 0, 1, 1, 1, 1]
-    assert memoryview(raw["streams"]).cast("I").tolist() == [0, 0, 0, 0, 0, 0, 1]
-    assert raw["stream_handles"] == [0, int(OTHER_STREAM, 16)]
-    assert (raw["slot_count"], raw["peak_event"]) == (2, PEAK_EVENT)
-    facts = raw["record"]
+# ------------------------------------------------------------------------------- the log
+
+
+def test_the_log_parsed_once_has_the_engines_facts(peer_log):
+    facts = _rrmm.ReplayLog(peer_log).facts
     engine = _rrmm.replay_logs([peer_log], ["pool"], simulate=4 << 30, repeat=0)[0]
     for key in ("log", "events", "allocations", "streams", "threads", "log_peak_bytes",
                 "log_unfreed_allocations", "log_largest_request", "null_rows", "driver"):
         assert facts[key] == engine[key], key
     assert facts["driver"] == "rust" and facts["ns_per_event"] is None
+    assert (facts["events"], facts["streams"]) == (7, 2)
 
 
-def test_replay_events_errors_name_the_file_and_line(tmp_path):
+def test_log_errors_name_the_file_and_line(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(f"{HEADER}\n1,t,free,0x10,5,0\n")
     with pytest.raises(ValueError, match=r"bad.csv:2: free of pointer 0x10"):
-        _rrmm.replay_events(str(bad))
-    assert _rrmm.replay_events(str(bad), lenient=True)["record"]["parse_warnings"] == 1
+        _rrmm.ReplayLog(str(bad))
+    assert _rrmm.ReplayLog(str(bad), lenient=True).facts["parse_warnings"] == 1
     with pytest.raises(OSError):
-        _rrmm.replay_events(str(tmp_path / "missing.csv"))
+        _rrmm.ReplayLog(str(tmp_path / "missing.csv"))
+
+
+# ------------------------------------------------------------------------------- the engine
+
+
+def test_a_python_allocator_row_has_the_engines_shape(peer_log):
+    a = AddressAllocator(1 << 30)
+    row = replay_fake(peer_log, a, repeat=3, setup="a test peer")
+    engine = _rrmm.replay_logs([peer_log], ["simulated"], simulate=1 << 30, repeat=3)[0]
+    assert set(row) == set(engine), "the engine's record"
+    assert (row["resource"], row["driver"], row["setup"], row["error"]) == (
+        "fake", _replay_peers.PYTHON_DRIVER, "a test peer", None)
+    assert row["repeats"] == 3 and len(row["samples_ns"]) == 3
+    assert row["total_ns"] == sorted(row["samples_ns"])[1], "the median repetition"
+    assert row["ns_per_event"] == pytest.approx(row["total_ns"] / row["events"])
+    assert (row["peak_bytes_in_use"], row["peak_footprint"]) == (500 * MiB, 500 * MiB)
+    assert (row["leaked_allocations"], row["leaked_bytes"]) == (1, 50 * MiB)
+    assert row["internal_waste_at_peak"] is None and row["timeline"] is None
+    assert row["fragmentation_at_peak"] is None, "no free_blocks: no fragmentation"
+    # The figures pass and three repetitions, each freeing the leak: nothing live after.
+    assert (a.allocations, a.frees, a.live) == (16, 16, {})
+    assert a.streams == {0, 0x1001}, "the default stream and the engine's key for the other"
+
+
+def test_footprint_and_fragmentation_come_from_the_functions(peer_log):
+    a = AddressAllocator(1 << 30)
+    row = replay_fake(peer_log, a, held_bytes=lambda: 7 * MiB, free_blocks=lambda: [1, 3])
+    assert row["peak_footprint"] == row["footprint_at_end"] == 7 * MiB
+    assert row["fragmentation_at_peak"] == row["fragmentation_at_end"] == pytest.approx(0.25)
+    no_figures = replay_fake(peer_log, AddressAllocator(1 << 30), held_bytes=None)
+    assert no_figures["peak_footprint"] is None and no_figures["overhead"] is None
+
+
+class FakeOutOfMemory(RuntimeError):
+    """An allocator's own out-of-memory error that is not a MemoryError (PyTorch's)."""
+
+
+@pytest.mark.parametrize("how", ["MemoryError", "its own type", "a null pointer"])
+def test_out_of_memory_in_python_is_a_failed_event(peer_log, how):
+    """As a Rust kind's out of memory: counted at its event, its free skipped, the replay
+    goes on (the 500 MiB allocation, event 4, does not fit in 400 MiB)."""
+    if how == "MemoryError":
+        a = AddressAllocator(400 * MiB)
+        row = replay_fake(peer_log, a, repeat=1)
+    elif how == "its own type":
+        a = AddressAllocator(400 * MiB, oom=FakeOutOfMemory)
+        row = replay_fake(peer_log, a, repeat=1, out_of_memory=(FakeOutOfMemory,))
+    else:
+        a = AddressAllocator(1 << 30)
+        allocate = a.allocate
+        row = _rrmm.replay_allocator(
+            _rrmm.ReplayLog(peer_log), "fake",
+            lambda size, stream: 0 if size == 500 * MiB else allocate(size, stream),
+            a.deallocate, repeat=1)
+    engine = _rrmm.replay_logs([peer_log], ["simulated"], simulate=400 * MiB, repeat=1)[0]
+    assert row["error"] is None, row["error"]
+    for key in ("failed_allocations", "failure_events", "failed_bytes", "peak_bytes_in_use",
+                "leaked_allocations", "leaked_bytes"):
+        assert row[key] == engine[key], key
+    assert row["failure_events"] == [PEAK_EVENT] and a.live == {}
+
+
+def test_another_exception_ends_the_replay_as_a_row_with_the_error(peer_log):
+    """Not out of memory: the row says why (as a Rust kind's error), what is live is freed,
+    and the next replay works (no GIL or lock left behind)."""
+    a = AddressAllocator(1 << 30, oom=FakeOutOfMemory)  # not declared out of memory
+    a.fail_on(2, ValueError("the allocator broke"))
+    row = replay_fake(peer_log, a)
+    assert row["error"] == "ValueError: the allocator broke"
+    assert row["ns_per_event"] is None and row["failed_allocations"] is None
+    assert a.live == {}, "what was live was given back"
+    a = AddressAllocator(100 * MiB, oom=FakeOutOfMemory)
+    row = replay_fake(peer_log, a)
+    assert row["error"] is not None and "FakeOutOfMemory" in row["error"]
+    assert replay_fake(peer_log, AddressAllocator(1 << 30))["error"] is None
+
+
+def test_an_interrupt_is_raised_after_freeing(peer_log):
+    a = AddressAllocator(1 << 30)
+    a.fail_on(1, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        replay_fake(peer_log, a)
+    assert a.live == {}
+
+
+def test_errors_of_the_figures_functions_and_bad_addresses_are_rows(peer_log):
+    def broken() -> int:
+        raise ZeroDivisionError("no figure")
+
+    row = replay_fake(peer_log, AddressAllocator(1 << 30), held_bytes=broken)
+    assert row["error"] == "ZeroDivisionError: no figure"
+    a = AddressAllocator(1 << 30)
+    allocate = a.allocate
+    row = _rrmm.replay_allocator(_rrmm.ReplayLog(peer_log), "fake",
+                                 lambda size, stream: allocate(size, stream) + 8, a.deallocate)
+    assert row["error"] is not None and "not 256-byte aligned" in row["error"]
+    with pytest.raises(TypeError, match="callable"):
+        _rrmm.replay_allocator(_rrmm.ReplayLog(peer_log), "fake", 1, a.deallocate)  # type: ignore[arg-type]
+    row = replay_fake(peer_log, AddressAllocator(1 << 30), held_bytes=lambda: "many")
+    assert row["error"] is not None and row["error"].startswith("TypeError")
+
+
+def test_replays_run_without_holding_the_gil(peer_log, tmp_path):
+    """The engine holds the GIL only inside each call of a Python function: another thread
+    runs Python during a replay, and replays on two threads at once both finish."""
+    path = tmp_path / "long.csv"
+    lines = [HEADER]
+    for i in range(2000):
+        lines.append(f"1,t,allocate,{0x10000 + i * 0x1000:#x},4096,0")
+        lines.append(f"1,t,free,{0x10000 + i * 0x1000:#x},4096,0")
+    path.write_text("\n".join(lines) + "\n")
+    seen: list[str] = []
+    rows: dict[str, dict] = {}
+    started = threading.Event()
+    together = threading.Barrier(2, timeout=60)
+
+    def run(name: str) -> None:
+        a = AddressAllocator(1 << 30)
+        allocate = a.allocate
+        first = [True]
+
+        def tracing(size: int, stream: int) -> int:
+            if first[0]:
+                first[0] = False
+                started.set()
+                together.wait()  # both replays are under way before either goes on
+            seen.append(name)
+            return allocate(size, stream)
+
+        rows[name] = dict(_rrmm.replay_allocator(_rrmm.ReplayLog(str(path)), name, tracing,
+                                                 a.deallocate, repeat=2))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("first", "second")]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a replay did not finish: the GIL or a lock was kept"
+    assert rows["first"]["error"] is None and rows["second"]["error"] is None
+    # Both made progress while the other was replaying: their calls interleave.
+    switches = sum(1 for x, y in itertools.pairwise(seen) if x != y)
+    assert switches >= 1 and len(seen) == 2 * 3 * 2000
+
+
 
 
 # ------------------------------------------------------------------------------- the driver
@@ -147,10 +295,9 @@ def test_failures_are_counted_and_their_frees_skipped(peer_log):
 
 def test_cupy_figures_streams_and_no_fragmentation(peer_log):
     cupy, pools = make_cupy(1 << 30)
-    log = _replay_peers.load_events(peer_log)
-    allocator = _replay_peers.CupyAllocator(cupy, log.stream_handles)
-    r = _replay_peers.replay(log, allocator, repeat=3)
-    allocator.close()
+    adapter = _replay_peers.cupy_adapter(cupy, gpu=False)
+    r = _replay_peers.replay(_rrmm.ReplayLog(peer_log), adapter, repeat=3)
+    adapter.close()
     (cache,) = pools
     assert (r["resource"], r["driver"], r["repeats"]) == ("cupy", "python", 3)
     assert (r["peak_bytes_in_use"], r["peak_footprint"]) == (500 * MiB, 850 * MiB)
@@ -164,14 +311,15 @@ def test_cupy_figures_streams_and_no_fragmentation(peer_log):
 def test_fit_finds_the_smallest_limit(peer_log, fakes):
     torch_cache, cupy_pools = fakes
     fits = _replay_peers.fit_rows([peer_log], ["torch", "cupy"],
-                                  _replay_peers.prepare_peers(["torch", "cupy"]))
+                                  _replay_peers.prepare_peers(["torch", "cupy"]), gpu=False)
     for fit in fits:
         assert fit["driver"] == "python" and fit["reason"] is None
         assert fit["device_bytes"] == 500 * MiB, fit
         assert 495 * MiB <= fit["failing_bytes"] < 500 * MiB
         assert fit["replays"] >= 2
     assert torch_cache.limit == 1 << 30, "the fraction is set back to the whole device"
-    assert len(cupy_pools) > 2 and all(c.reserved == 0 for c in cupy_pools), "a pool per try"
+    assert len(cupy_pools) == fits[1]["replays"], "a pool per try"
+    assert all(c.reserved == 0 for c in cupy_pools)
 
 
 def test_fit_limit_searches_as_the_engine():
@@ -182,24 +330,50 @@ def test_fit_limit_searches_as_the_engine():
     assert nowhere.limit is None and nowhere.failing == 64 << 20 and nowhere.reason
 
 
-def test_timings_follow_the_engine():
-    record = _replay_peers._record(
-        _replay_peers.LogEvents([], [], 0, None, [], {"events": 10}), "x", None)  # type: ignore[typeddict-item]
-    _replay_peers._timings(record, [40, 10, 30, 20], 4)
-    assert record["total_ns"] == 25 and record["ns_per_event"] == 2.5
-    assert (record["ns_per_event_min"], record["ns_per_event_max"]) == (1.0, 4.0)
-    assert (record["ns_per_event_p25"], record["ns_per_event_p75"]) == (2.0, 3.0)
-    assert record["spread"] == pytest.approx(0.4) and record["samples_ns"] == [40, 10, 30, 20]
-
-
-def test_snapshot_fragmentation():
+def test_snapshot_free_blocks():
     def segment(*blocks):
         return {"blocks": [{"size": s, "state": st} for s, st in blocks]}
 
-    assert _replay_peers.snapshot_fragmentation([]) == 0.0
-    assert _replay_peers.snapshot_fragmentation(
+    assert _replay_peers.snapshot_free_blocks([]) == []
+    assert _replay_peers.snapshot_free_blocks(
         [segment((10, "active_allocated"), (30, "inactive")), segment((10, "inactive"))]
-    ) == pytest.approx(0.25)
+    ) == [30, 10]
+
+
+def test_an_adapter_that_cannot_be_made_is_a_row(peer_log):
+    def broken() -> _replay_peers.Adapter:
+        raise RuntimeError("no device")
+
+    row = _replay_peers._replay_closing(_rrmm.ReplayLog(peer_log), "torch", broken, 1, "s")
+    assert (row["resource"], row["driver"], row["setup"]) == ("torch", "python", "s")
+    assert row["error"] == "RuntimeError: no device" and row["ns_per_event"] is None
+
+
+def test_a_closed_adapter_lets_its_resource_go(peer_log, monkeypatch):
+    """On a GPU each rrmm resource driven from Python holds a pool: it must be gone before the
+    next row builds its own."""
+    from rrmm import _stack
+
+    made: list = []
+    build = _stack.build
+
+    def recording(*args, **kwargs):
+        mr = build(*args, **kwargs)
+        made.append(mr)
+        return mr
+
+    monkeypatch.setattr(_stack, "build", recording)
+    adapter = _replay_peers.rrmm_adapter("pool", 1 << 30, {}, None)
+    assert adapter.device is None
+    row = _replay_peers.replay(_rrmm.ReplayLog(peer_log), adapter, 0)
+    assert row["error"] is None and row["peak_footprint"] is not None
+    pool = made.pop()
+    held = sys.getrefcount(pool)  # the adapter's functions, this name, the call's argument
+    adapter.close()
+    after = sys.getrefcount(pool)
+    assert after == 2 < held, "only this test holds the pool now"
+    with pytest.raises(RuntimeError, match="closed"):
+        adapter.allocate(1, 0)
 
 
 # ------------------------------------------------------------------------------- the command
@@ -318,20 +492,25 @@ print("CHILD OK")
 # ------------------------------------------------------------------------------- random logs
 
 
+#: Sizes in 64 KiB units up to 2 MiB (some zero).
+SIZES_64K = st.integers(0, 32).map(lambda k: k * (64 << 10))
+
+
 @st.composite
-def random_logs(draw: st.DrawFn) -> str:
-    """An RMM log of random allocations (sizes in 64 KiB units up to 2 MiB, some of zero
-    bytes, on two streams) and frees of live ones; some never freed."""
+def random_logs(draw: st.DrawFn, sizes: st.SearchStrategy[int] = SIZES_64K,
+                steps: int = 60) -> str:
+    """An RMM log of random allocations (``sizes``: by default in 64 KiB units up to 2 MiB;
+    some of zero bytes, on two streams) and frees of live ones; some never freed."""
     lines = [HEADER]
     live: list[tuple[int, int, str]] = []
     address = 0x7F00_0000_0000
-    for step in range(draw(st.integers(1, 60))):
+    for step in range(draw(st.integers(1, steps))):
         stream = draw(st.sampled_from(["0", OTHER_STREAM]))
         if live and draw(st.booleans()):
             ptr, size, _ = live.pop(draw(st.integers(0, len(live) - 1)))
             lines.append(f"1,t{step},free,{ptr:#x},{size},{stream}")
             continue
-        size = draw(st.integers(0, 32)) * (64 << 10)
+        size = draw(sizes)
         if size == 0:
             lines.append(f"1,t{step},allocate,(nil),0,{stream}")
             continue
@@ -374,3 +553,31 @@ def test_random_logs_from_python_match_the_engine(tmp_path, text, device_mib):
     for key in ("failed_allocations", "failure_events", "failed_bytes", "peak_bytes_in_use",
                 "peak_footprint", "footprint_at_end", "leaked_allocations", "leaked_bytes"):
         assert python[key] == rust[key], key
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=random_logs(st.integers(0, 3 * MiB), 50), device_mib=st.integers(1, 12),
+       repeat=st.integers(0, 2))
+def test_the_engine_over_python_functions_agrees_with_the_simulated_kind(
+        tmp_path, text, device_mib, repeat):
+    """The same log through the test peer (charging as the simulated device does) and through
+    rrmm's simulated kind: the same failures, peaks, footprint and leaks; every allocation the
+    peer made is freed once."""
+    path = tmp_path / "random.csv"
+    path.write_text(text)
+    capacity = device_mib * MiB
+    engine = _rrmm.replay_logs([str(path)], ["simulated"], simulate=capacity, repeat=repeat)[0]
+    a = AddressAllocator(capacity)
+    row = replay_fake(str(path), a, repeat=repeat)
+    assert row["error"] is None and engine["error"] is None
+    for key in ("events", "allocations", "failed_allocations", "failure_events", "failed_bytes",
+                "peak_bytes_in_use", "peak_footprint", "footprint_at_end", "leaked_allocations",
+                "leaked_bytes", "repeats"):
+        assert row[key] == engine[key], key
+    passes = 1 + repeat
+    made = row["allocations"] - row["failed_allocations"]
+    assert (a.allocations, a.failures) == (passes * made, passes * row["failed_allocations"])
+    zero = text.count(",allocate,(nil),0,")
+    assert a.frees == passes * (made - zero), "every allocation freed once, after each pass"
+    assert a.live == {} and a.charged == 0

@@ -54,12 +54,16 @@ FACTORIES: dict[str, Callable[[], Any]] = {
         mr.SimulatedMemoryResource(4 * MiB), _sim()
     ),
     "PrefetchResourceAdaptor": lambda: mr.PrefetchResourceAdaptor(_sim()),
+    "TieredMemoryResource": lambda: mr.TieredMemoryResource(
+        mr.SimulatedMemoryResource(4 * MiB), [mr.SimulatedMemoryResource(4 * MiB), _sim()]
+    ),
     "AlignedResourceAdaptor": lambda: mr.AlignedResourceAdaptor(_sim(), 4096, 8192),
 }
 
 #: Classes that need a GPU to be built (the GPU suites drive them).
 GPU_ONLY = {
     "CudaMemoryResource",
+    "PeerMemoryResource",
     "ManagedMemoryResource",
     "PinnedHostMemoryResource",
     "CudaAsyncMemoryResource",

@@ -195,7 +195,7 @@ def test_shipped_logs_by_name_and_the_event_count_of_replay(tmp_path, log):
     page = tmp_path / f"{log}.html"
     code, _, err = view(log, "-o", str(page))
     assert code == 0, err
-    events = _rrmm.replay_events(str(traces.path(log)), False)["record"]["events"]
+    events = _rrmm.ReplayLog(str(traces.path(log))).facts["events"]
     shown = re.search(r"history</td><td>(\d+) allocation/free event", page.read_text())
     assert shown is not None and int(shown.group(1)) == events
     snapshot = load_snapshot(str(traces.path(log)))

@@ -163,10 +163,7 @@ pub(crate) fn stream_for(py: Python<'_>, handle: RawStream) -> PyResult<Bound<'_
 impl PyStream {
     /// The garbage collector's view of the wrapped object it keeps alive.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        if let Some(owner) = &self._owner {
-            visit.call(owner)?;
-        }
-        Ok(())
+        visit.call(&self._owner)
     }
 
     /// `Stream(obj=None, flags=None)`: a new stream (flags 0 = synchronizing with the default

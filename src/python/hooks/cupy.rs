@@ -217,11 +217,7 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     ))
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(cupy_allocate, m)?)?;
-    m.add_function(wrap_pyfunction!(cupy_c_allocator_functions, m)?)?;
-    m.add_function(wrap_pyfunction!(cupy_c_live_allocations, m)?)?;
-    m.add_function(wrap_pyfunction!(cupy_c_allocation, m)?)?;
-    m.add_function(wrap_pyfunction!(pinned_allocate, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: cupy_allocate, cupy_c_allocator_functions, cupy_c_live_allocations,
+        cupy_c_allocation, pinned_allocate;
 }

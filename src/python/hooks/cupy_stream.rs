@@ -244,8 +244,6 @@ fn call_stream_capsule(py: Python<'_>, capsule: &Bound<'_, PyAny>) -> PyResult<O
         .transpose()
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(cupy_stream_lookup, m)?)?;
-    m.add_function(wrap_pyfunction!(call_stream_capsule, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: cupy_stream_lookup, call_stream_capsule;
 }

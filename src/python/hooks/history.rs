@@ -172,8 +172,6 @@ fn _memory_history<'py>(py: Python<'py>, device: usize) -> PyResult<Bound<'py, P
     Ok(out)
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_record_memory_history, m)?)?;
-    m.add_function(wrap_pyfunction!(_memory_history, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: _record_memory_history, _memory_history;
 }

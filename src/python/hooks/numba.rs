@@ -40,8 +40,6 @@ fn ipc_mem_handle<'py>(py: Python<'py>, ptr: usize) -> PyResult<(Bound<'py, PyBy
     Ok((PyBytes::new(py, &handle), offset))
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(hook_allocate, m)?)?;
-    m.add_function(wrap_pyfunction!(ipc_mem_handle, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: hook_allocate, ipc_mem_handle;
 }

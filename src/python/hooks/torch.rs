@@ -284,12 +284,9 @@ fn torch_tested_versions() -> Vec<String> {
         .collect()
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(torch_allocator_symbols, m)?)?;
-    m.add_function(wrap_pyfunction!(torch_shim_configure, m)?)?;
-    m.add_function(wrap_pyfunction!(torch_tested_versions, m)?)?;
-    m.add_function(wrap_pyfunction!(torch_allocator_addresses, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: torch_allocator_symbols, torch_shim_configure, torch_tested_versions,
+        torch_allocator_addresses;
 }
 
 #[cfg(test)]

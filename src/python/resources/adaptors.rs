@@ -362,14 +362,8 @@ impl AlignedResourceAdaptor {
     }
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<LimitingResourceAdaptor>()?;
-    m.add_class::<FallbackResourceAdaptor>()?;
-    m.add_class::<LoggingResourceAdaptor>()?;
-    m.add_class::<StatisticsResourceAdaptor>()?;
-    m.add_class::<TrackingResourceAdaptor>()?;
-    m.add_class::<FailureCallbackResourceAdaptor>()?;
-    m.add_class::<PrefetchResourceAdaptor>()?;
-    m.add_class::<AlignedResourceAdaptor>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: LimitingResourceAdaptor, FallbackResourceAdaptor, LoggingResourceAdaptor,
+        StatisticsResourceAdaptor, TrackingResourceAdaptor, FailureCallbackResourceAdaptor,
+        PrefetchResourceAdaptor, AlignedResourceAdaptor;
 }

@@ -78,6 +78,11 @@ fn segment_dict<'py>(
     d.set_item("segment_type", "large")?;
     d.set_item("segment_pool_id", (0, 0))?;
     d.set_item("is_expandable", s.expandable)?;
+    // rrmm: the tier that holds the segment, where the resource has tiers (a new key only
+    // there, so other snapshots keep PyTorch's keys alone).
+    if let Some(tier) = &s.tier {
+        d.set_item("tier", tier)?;
+    }
     d.set_item("frames", PyList::empty(py))?;
     let blocks = PyList::empty(py);
     for b in &s.blocks {
@@ -100,10 +105,6 @@ fn _memory_summary(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> Strin
     py.detach(|| crate::resource::memory_summary::memory_summary(&inner))
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(_memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_reset_peak_memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(_memory_snapshot, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: _memory_summary, _memory_stats, _reset_peak_memory_stats, _memory_snapshot;
 }

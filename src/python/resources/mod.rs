@@ -21,6 +21,7 @@ mod source_resources;
 mod stack;
 mod statistics;
 mod suballocators;
+mod tiers;
 mod upstream_kw;
 mod wrap;
 
@@ -36,6 +37,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         callback,
         suballocators
     )?;
-    register_files!(m, statistics, adaptors, registry, arena)?;
+    register_files!(m, statistics, adaptors, tiers, registry, arena)?;
     register_files!(m, experimental, memory_stats, expandable, stack)
 }

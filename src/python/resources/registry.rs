@@ -299,17 +299,10 @@ fn _set_current_host_resource(mr: Option<Bound<'_, DeviceMemoryResource>>) -> Py
     Ok(())
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(_set_current_host_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(_current_host_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(get_per_device_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(set_per_device_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(get_current_device_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(set_current_device_resource, m)?)?;
-    m.add_function(wrap_pyfunction!(_clear_per_device_resources, m)?)?;
-    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
-    m.add_function(wrap_pyfunction!(has_per_device_resource, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: _set_current_host_resource, _current_host_resource, get_per_device_resource,
+        set_per_device_resource, get_current_device_resource, set_current_device_resource,
+        _clear_per_device_resources, is_initialized, has_per_device_resource;
 }
 
 #[cfg(test)]

@@ -55,10 +55,7 @@ impl DeviceMemoryResource {
     /// cycles through Python callbacks (a callback that refers to the pool above it) are
     /// collected.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        if let Some(up) = &self.upstream {
-            visit.call(up)?;
-        }
-        Ok(())
+        visit.call(&self.upstream)
     }
 
     /// Allocates `nbytes` bytes on `stream`; returns the address.
@@ -201,8 +198,6 @@ where
     py_result(gil::call(slf.py(), profile, f))
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<DeviceMemoryResource>()?;
-    m.add_class::<UpstreamResourceAdaptor>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: DeviceMemoryResource, UpstreamResourceAdaptor;
 }

@@ -393,14 +393,8 @@ impl SimulatedMemoryResource {
     }
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<CudaMemoryResource>()?;
-    m.add_class::<ManagedMemoryResource>()?;
-    m.add_class::<SystemMemoryResource>()?;
-    m.add_class::<SamHeadroomMemoryResource>()?;
-    m.add_class::<PinnedHostMemoryResource>()?;
-    m.add_class::<CudaAsyncMemoryResource>()?;
-    m.add_class::<CudaAsyncViewMemoryResource>()?;
-    m.add_class::<SimulatedMemoryResource>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: CudaMemoryResource, ManagedMemoryResource, SystemMemoryResource,
+        SamHeadroomMemoryResource, PinnedHostMemoryResource, CudaAsyncMemoryResource,
+        CudaAsyncViewMemoryResource, SimulatedMemoryResource;
 }

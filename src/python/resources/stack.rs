@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 /// with its options; returns the top resource object. Raises ValueError for an unknown kind or
 /// a bad option, and what the resources raise (RMM's size messages, MemoryError).
 #[pyfunction]
-#[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None))]
+#[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None, peer_memory=None, peer_device=None))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_stack(
     py: Python<'_>,
@@ -34,6 +34,8 @@ pub(super) fn build_stack(
     statistics: bool,
     tracking: bool,
     host_memory: Option<usize>,
+    peer_memory: Option<usize>,
+    peer_device: Option<usize>,
 ) -> PyResult<Py<DeviceMemoryResource>> {
     let options = StackOptions {
         initial_pool_size,
@@ -49,6 +51,8 @@ pub(super) fn build_stack(
         statistics,
         tracking,
         host_memory,
+        peer_memory,
+        peer_device,
     };
     let plan = py_result(py.detach(|| plan(kind, Target::from_simulate(simulate), &options)))?;
     let mut top: Option<(Py<DeviceMemoryResource>, SharedResource)> = None;
@@ -129,6 +133,8 @@ fn _reinitialize(
             false,
             false,
             None,
+            None,
+            None,
         )
     };
     let mut built = Vec::with_capacity(devices.len());
@@ -161,9 +167,6 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
     KINDS.iter().map(|k| (k.name, k.summary)).collect()
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(build_stack, m)?)?;
-    m.add_function(wrap_pyfunction!(_reinitialize, m)?)?;
-    m.add_function(wrap_pyfunction!(_stack_kinds, m)?)?;
-    Ok(())
+crate::python::register_items! {
+    functions: build_stack, _reinitialize, _stack_kinds;
 }

@@ -18,6 +18,17 @@ use super::resource::{
 use super::upstream_kw::upstream_of;
 use crate::python::errors::{figures_readable, py_result};
 
+/// A figure of `mr`, the Rust suballocator of `slf`, that takes its lock: refused from inside
+/// one of its own upstream calls (`figures_readable`), else read through `call_locking`.
+fn locked_figure<T, M>(slf: &Bound<'_, T>, mr: &M, figure: fn(&M) -> usize) -> PyResult<usize>
+where
+    T: PyClass<BaseType = UpstreamResourceAdaptor>,
+    M: MemoryResource + Sync,
+{
+    figures_readable(mr)?;
+    Ok(call_locking(slf, || figure(mr)))
+}
+
 /// The initializer of a suballocator class over `up` whose Rust suballocator (a handle on shared
 /// state) serves both the base class (allocate, deallocate) and the class's own methods,
 /// through the clone `leaf` keeps.
@@ -62,9 +73,7 @@ impl PoolMemoryResource {
 
     /// Bytes held from the upstream.
     fn pool_size(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let pool = &slf.get().pool;
-        figures_readable(pool)?;
-        Ok(call_locking(slf, || pool.pool_size()))
+        locked_figure(slf, &slf.get().pool, RsPool::pool_size)
     }
 
     /// The maximum pool size (None: no limit but the upstream's).
@@ -81,23 +90,17 @@ impl PoolMemoryResource {
 
     /// rrmm: bytes held but free.
     fn free_bytes(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let pool = &slf.get().pool;
-        figures_readable(pool)?;
-        Ok(call_locking(slf, || pool.free_bytes()))
+        locked_figure(slf, &slf.get().pool, RsPool::free_bytes)
     }
 
     /// rrmm: the largest free block, in bytes.
     fn largest_free_block(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let pool = &slf.get().pool;
-        figures_readable(pool)?;
-        Ok(call_locking(slf, || pool.largest_free_block()))
+        locked_figure(slf, &slf.get().pool, RsPool::largest_free_block)
     }
 
     /// rrmm: the number of free blocks.
     fn free_block_count(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let pool = &slf.get().pool;
-        figures_readable(pool)?;
-        Ok(call_locking(slf, || pool.free_block_count()))
+        locked_figure(slf, &slf.get().pool, RsPool::free_block_count)
     }
 }
 
@@ -134,16 +137,12 @@ impl FixedSizeMemoryResource {
 
     /// Bytes held from the upstream.
     fn pool_size(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let fixed = &slf.get().fixed;
-        figures_readable(fixed)?;
-        Ok(call_locking(slf, || fixed.pool_size()))
+        locked_figure(slf, &slf.get().fixed, RsFixedSize::pool_size)
     }
 
     /// Free blocks.
     fn free_block_count(slf: &Bound<'_, Self>) -> PyResult<usize> {
-        let fixed = &slf.get().fixed;
-        figures_readable(fixed)?;
-        Ok(call_locking(slf, || fixed.free_block_count()))
+        locked_figure(slf, &slf.get().fixed, RsFixedSize::free_block_count)
     }
 }
 
@@ -230,9 +229,6 @@ impl BinningMemoryResource {
     }
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PoolMemoryResource>()?;
-    m.add_class::<FixedSizeMemoryResource>()?;
-    m.add_class::<BinningMemoryResource>()?;
-    Ok(())
+crate::python::register_items! {
+    classes: PoolMemoryResource, FixedSizeMemoryResource, BinningMemoryResource;
 }

@@ -23,6 +23,7 @@ use super::source_resources::{
 use super::suballocators::{
     suballocator_keeping, BinningMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
 };
+use super::tiers::{PeerMemoryResource, TieredMemoryResource};
 
 /// The object of a class right below `DeviceMemoryResource`.
 fn source<T>(py: Python<'_>, init: PyClassInitializer<T>) -> PyResult<Py<DeviceMemoryResource>>
@@ -128,6 +129,26 @@ pub(super) fn wrap(
                     up()?,
                     inner,
                 ),
+            )
+        }
+        Handle::Peer(_, peer) => source(
+            py,
+            sub(
+                PeerMemoryResource {
+                    peer: *peer,
+                    device: handle.resource().device().unwrap_or(0),
+                },
+                inner,
+            ),
+        ),
+        Handle::Tiered(tiered, further) => {
+            let further = further
+                .iter()
+                .map(|h| wrap(py, h, None))
+                .collect::<PyResult<Vec<_>>>()?;
+            over(
+                py,
+                TieredMemoryResource::keeping(up()?, tiered.clone(), further),
             )
         }
         Handle::Limit(limiting) => over(

@@ -81,8 +81,7 @@ use super::core::{
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    align_up, Footprint, MemoryKind, MemoryResource, PoolReport, SharedResource,
-    ALLOCATION_ALIGNMENT,
+    align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
 };
 use global::GlobalArena;
 use local::{Freed, LocalArena};
@@ -620,13 +619,7 @@ impl MemoryResource for ArenaMemoryResource {
         }
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.inner.upstream.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.inner.upstream.device()
-    }
+    crate::resource::memory_from!(|this| this.inner.upstream);
 
     /// Free: every free byte in the arena; total: the arena's size.
     fn memory_info(&self) -> Option<(usize, usize)> {

@@ -1,7 +1,7 @@
 //! Unit tests of `ArenaMemoryResource` on simulated memory.
 
 use super::*;
-use crate::resource::SimulatedMemoryResource;
+use crate::resource::{MemoryKind, SimulatedMemoryResource};
 use crate::suballocator::NoStreamEvents;
 use crate::suballocator::{EventCall, RecordingStreamEvents, StreamKey};
 use crate::test_support::free_on;

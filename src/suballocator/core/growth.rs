@@ -297,6 +297,21 @@ fn allocate_largest(
     }
 }
 
+/// A growing pool's free and total memory: its `free` bytes plus the room it could still grow
+/// by (the source's free memory, within `maximum` less the `held` bytes); total: the source's
+/// total, capped by `maximum`. `None` when the source does not report.
+pub(crate) fn memory_info_below(
+    source: Option<(usize, usize)>,
+    maximum: Option<usize>,
+    held: usize,
+    free: usize,
+) -> Option<(usize, usize)> {
+    let (source_free, source_total) = source?;
+    let max = maximum.unwrap_or(usize::MAX);
+    let room = max.saturating_sub(held).min(source_free);
+    Some((free + room, source_total.min(max)))
+}
+
 /// RMM's out-of-memory error when growing by `size` bytes from `held` would pass `maximum`
 /// (for the user's request of `bytes`).
 ///
@@ -400,10 +415,7 @@ impl Growth for Geometric {
     /// Free: the pool's free bytes plus what it could still grow by; total: the upstream's
     /// total, capped by the maximum.
     fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
-        let (up_free, up_total) = self.upstream.memory_info()?;
-        let max = self.maximum.unwrap_or(usize::MAX);
-        let room = max.saturating_sub(held).min(up_free);
-        Some((free + room, up_total.min(max)))
+        memory_info_below(self.upstream.memory_info(), self.maximum, held, free)
     }
 }
 

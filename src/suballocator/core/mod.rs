@@ -15,7 +15,8 @@ mod stream_ordered;
 
 pub(super) use free_list::{AddressMap, Block, Found, FreeList};
 pub(super) use growth::{
-    check_maximum, checked_chunk, Chunks, FreeRanges, Geometric, GrowRequest, Growth,
+    check_maximum, checked_chunk, memory_info_below, Chunks, FreeRanges, Geometric, GrowRequest,
+    Growth,
 };
 pub(super) use stream_events::current_thread_tag;
 pub use stream_events::{

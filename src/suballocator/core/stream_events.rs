@@ -275,31 +275,32 @@ impl RecordingStreamEvents {
     pub fn log(&self) -> Vec<EventCall> {
         self.state.lock().log.clone()
     }
+
+    /// Logs a call on `owner`'s event: `call` of the event's id and the next sequence number.
+    fn push_for(&self, owner: StreamKey, call: impl FnOnce(u64, u64) -> EventCall) -> Result<()> {
+        let mut s = self.state.lock();
+        let id = s.id(owner);
+        let seq = s.next();
+        s.log.push(call(id, seq));
+        Ok(())
+    }
 }
 
 impl StreamEvents for RecordingStreamEvents {
     fn make_wait(&self, waiter: StreamKey, owner: StreamKey) -> Result<()> {
-        let mut s = self.state.lock();
-        let id = s.id(owner);
-        let seq = s.next();
-        s.log.push(EventCall::Wait {
+        self.push_for(owner, |id, seq| EventCall::Wait {
             stream: waiter,
             id,
             seq,
-        });
-        Ok(())
+        })
     }
 
     fn record_after_free(&self, owner: StreamKey) -> Result<()> {
-        let mut s = self.state.lock();
-        let id = s.id(owner);
-        let seq = s.next();
-        s.log.push(EventCall::Record {
+        self.push_for(owner, |id, seq| EventCall::Record {
             stream: owner,
             id,
             seq,
-        });
-        Ok(())
+        })
     }
 
     fn synchronize_all(&self) -> Result<()> {

@@ -84,7 +84,7 @@ impl<F: FreeList> StreamList<F> {
 /// The per-thread cache of `(core, stream) -> list`. Core ids are never reused, so an entry of
 /// a dropped core can only go stale, never be wrong; the core empties its lists when it drops,
 /// so a stale entry holds a small empty list until the slot is reused.
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(super) mod cache {
     use super::StreamKey;
     use std::any::Any;

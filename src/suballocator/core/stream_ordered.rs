@@ -82,7 +82,7 @@
 //! CUDA calls under a lock: growth and give-back (upstream) under `shared`; the event record and
 //! wait of a steal under `shared` and the owner list's mutex (so no free slips in between);
 //! `synchronize_all` under `shared` only. `release()` gives the chunks back after unlocking.
-//! `tests/loom_core.rs` model-checks this protocol with loom (`--cfg loom`, see `crate::sync`).
+//! `tests/loom_core.rs` model-checks this protocol with loom (the `loom` feature, see `crate::sync`).
 //!
 //! # Extension points
 //! See `growth.rs`: a strategy grows by returning a chunk with a region (chunks of one region
@@ -110,7 +110,7 @@ use std::sync::Arc;
 /// owns the source of memory), and stream events.
 pub(crate) struct StreamOrderedCore<F: FreeList> {
     /// Unique for the process's lifetime (the per-thread list cache's key; no cache under loom).
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(feature = "loom", allow(dead_code))]
     id: u64,
     events: Arc<dyn StreamEvents>,
     growth: Box<dyn Growth>,
@@ -329,12 +329,12 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Calls `f` with the list of `key`: from this thread's cache when it is there.
     #[inline]
     fn with_list<R>(&self, key: StreamKey, f: impl Fn(&StreamList<F>) -> R) -> R {
-        #[cfg(not(loom))]
+        #[cfg(not(feature = "loom"))]
         if let Some(r) = super::stream_list::cache::with_cached(self.id, key, &f) {
             return r;
         }
         let list = self.list(key);
-        #[cfg(not(loom))]
+        #[cfg(not(feature = "loom"))]
         super::stream_list::cache::remember(self.id, key, list.clone());
         f(&list)
     }
@@ -1121,13 +1121,7 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
         StreamOrderedCore::deallocate(self, ptr, bytes, stream)
     }
 
-    fn kind(&self) -> MemoryKind {
-        self.growth.kind()
-    }
-
-    fn device(&self) -> Option<usize> {
-        self.growth.device()
-    }
+    crate::resource::memory_from!(|this| this.growth);
 
     fn memory_info(&self) -> Option<(usize, usize)> {
         self.growth.memory_info(self.pool_size(), self.free_bytes())

@@ -37,6 +37,16 @@ impl FixedSizeFreeList {
     }
 }
 
+/// The block of `size` bytes at `addr` (fixed-size blocks have no growth region: 0).
+#[inline]
+fn block_at(addr: usize, size: usize) -> Block {
+    Block {
+        addr,
+        size,
+        region: 0,
+    }
+}
+
 impl FreeList for FixedSizeFreeList {
     /// The block size (a multiple of 256, not 0).
     type Sizing = usize;
@@ -69,11 +79,7 @@ impl FreeList for FixedSizeFreeList {
     #[inline]
     fn take(&mut self, _size: usize) -> Option<Block> {
         let addr = self.stack.pop()?;
-        Some(Block {
-            addr,
-            size: self.block_size,
-            region: 0,
-        })
+        Some(block_at(addr, self.block_size))
     }
 
     fn adopt(&mut self, block: Block) {
@@ -92,21 +98,13 @@ impl FreeList for FixedSizeFreeList {
     fn allocated_blocks(&self) -> Vec<Block> {
         self.allocated
             .keys()
-            .map(|&addr| Block {
-                addr,
-                size: self.block_size,
-                region: 0,
-            })
+            .map(|&addr| block_at(addr, self.block_size))
             .collect()
     }
 
     fn forget(&mut self, addr: usize, bytes: usize) -> Found<Block> {
         let block_size = self.block_size;
-        self.check(addr, bytes).map(|()| Block {
-            addr,
-            size: block_size,
-            region: 0,
-        })
+        self.check(addr, bytes).map(|()| block_at(addr, block_size))
     }
 
     #[inline]
@@ -125,22 +123,14 @@ impl FreeList for FixedSizeFreeList {
         let size = self.block_size;
         self.stack
             .drain(..)
-            .map(|addr| Block {
-                addr,
-                size,
-                region: 0,
-            })
+            .map(|addr| block_at(addr, size))
             .collect()
     }
 
     fn free_ranges(&self) -> Vec<Block> {
         self.stack
             .iter()
-            .map(|&addr| Block {
-                addr,
-                size: self.block_size,
-                region: 0,
-            })
+            .map(|&addr| block_at(addr, self.block_size))
             .collect()
     }
 

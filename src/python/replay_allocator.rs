@@ -1,0 +1,265 @@
+//! `rrmm._rrmm.ReplayLog` and `replay_allocator`: the replay engine over an allocator written in
+//! Python (PyTorch's caching allocator, CuPy's memory pool, rrmm through its Python API: the
+//! peers of `rrmm replay`). The allocator's functions become a
+//! [`CallbackMemoryResource`](crate::resource::CallbackMemoryResource) and the engine replays
+//! the log over it exactly as over rrmm's own kinds: the same passes, timing, repetitions,
+//! freeing of what the log leaves live, and record. The replay runs without the GIL; each call
+//! of a Python function takes it for that call only, and no Rust lock is held across one.
+
+use super::errors::{carried_error, py_result};
+use super::replay::{repeat_of, to_python_any};
+use crate::cuda::Stream;
+use crate::replay::{replay, ReplayOptions, ReplayRecord, Trace, PYTHON_DRIVER};
+use crate::report::Footprint;
+use crate::resource::{CallbackMemoryResource, MemoryKind};
+use crate::{Error, SharedResource};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyException, PyMemoryError, PyTypeError};
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+/// One RMM-format log, parsed once by the engine's parser (without the GIL), to replay through
+/// allocators written in Python ([`replay_allocator`]).
+#[pyclass(module = "rrmm._rrmm", name = "ReplayLog", frozen)]
+pub(crate) struct ReplayLog {
+    trace: Arc<Trace>,
+}
+
+#[pymethods]
+impl ReplayLog {
+    /// Parses the log at `path` (plain or gzipped CSV). Raises ValueError for bad input
+    /// (naming file and line; `lenient` skips bad lines, counted), OSError for an unreadable
+    /// file.
+    #[new]
+    #[pyo3(signature = (path, lenient=false))]
+    fn new(py: Python<'_>, path: String, lenient: bool) -> PyResult<Self> {
+        let trace = py_result(py.detach(|| Trace::from_path(&path, lenient)))?;
+        Ok(ReplayLog {
+            trace: Arc::new(trace),
+        })
+    }
+
+    /// The log's facts as a replay record with no figures (resource "", driver "rust").
+    #[getter]
+    fn facts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python_any(py, &ReplayRecord::of_log(&self.trace, ""))
+    }
+}
+
+/// The Python functions a replay calls, and the first exception a figures function raised
+/// (figures have no error path in the engine: the row reports it instead).
+struct Functions {
+    allocate: Py<PyAny>,
+    deallocate: Py<PyAny>,
+    held_bytes: Option<Py<PyAny>>,
+    free_blocks: Option<Py<PyAny>>,
+    /// Exception types that mean out of memory besides `MemoryError` (PyTorch's is a
+    /// `RuntimeError`).
+    out_of_memory: Option<Py<PyAny>>,
+    raised: Mutex<Option<PyErr>>,
+}
+
+impl Functions {
+    /// The error of an exception `err` raised by the allocator for `bytes`: out of memory (a
+    /// failed event of the replay, as a Rust kind's) for a `MemoryError` or one of the
+    /// `out_of_memory` types, else an error that ends the replay; either carries `err`.
+    fn error(&self, py: Python<'_>, err: PyErr, bytes: usize) -> Error {
+        let out_of_memory = err.is_instance_of::<PyMemoryError>(py)
+            || self
+                .out_of_memory
+                .as_ref()
+                .is_some_and(|types| err.is_instance(py, types.bind(py)));
+        carried_error(err, out_of_memory, bytes)
+    }
+
+    /// Calls the figures function `f` and reads its value with `read`; the default (the
+    /// first exception kept for the row) when either raises.
+    fn figure<T: Default>(
+        &self,
+        f: &Py<PyAny>,
+        read: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<T>,
+    ) -> T {
+        Python::attach(|py| match f.bind(py).call0().and_then(|v| read(&v)) {
+            Ok(v) => v,
+            Err(e) => {
+                self.raised.lock().get_or_insert(e);
+                T::default()
+            }
+        })
+    }
+
+    /// The bytes the allocator holds (`held_bytes()`).
+    fn held(&self) -> usize {
+        self.held_bytes
+            .as_ref()
+            .map_or(0, |f| self.figure(f, |v| v.extract::<usize>()))
+    }
+
+    /// The sizes of its free blocks (`free_blocks()`).
+    fn free(&self) -> Vec<usize> {
+        self.free_blocks
+            .as_ref()
+            .map_or_else(Vec::new, |f| self.figure(f, |v| v.extract::<Vec<usize>>()))
+    }
+}
+
+/// The resource over `f`: handing out memory of `device` (None: no device, no streams made).
+fn resource(f: Arc<Functions>, device: Option<usize>) -> SharedResource {
+    let a = f.clone();
+    let allocate = Box::new(
+        move |bytes: usize, stream: Stream| -> crate::Result<usize> {
+            Python::attach(|py| {
+                a.allocate
+                    .bind(py)
+                    .call1((bytes, stream.raw()))
+                    .and_then(|ptr| ptr.extract::<usize>())
+                    .map_err(|e| a.error(py, e, bytes))
+            })
+        },
+    );
+    let d = f.clone();
+    let deallocate = Box::new(
+        move |ptr: usize, bytes: usize, stream: Stream| -> crate::Result<()> {
+            Python::attach(|py| {
+                d.deallocate
+                    .bind(py)
+                    .call1((ptr, bytes, stream.raw()))
+                    .map(drop)
+                    .map_err(|e| d.error(py, e, bytes))
+            })
+        },
+    );
+    let kind = if device.is_some() {
+        MemoryKind::Device
+    } else {
+        MemoryKind::Simulated
+    };
+    let mut mr = CallbackMemoryResource::new(allocate, deallocate, kind);
+    if let Some(device) = device {
+        mr = mr.on_device(device);
+    }
+    if f.held_bytes.is_some() {
+        let h = f.clone();
+        let held = Box::new(move || h.held());
+        let footprint = f.free_blocks.is_some().then(|| {
+            let g = f.clone();
+            Box::new(move || {
+                let held_bytes = g.held();
+                let free = g.free();
+                Footprint {
+                    held_bytes,
+                    free_bytes: free.iter().sum(),
+                    largest_free_block: free.iter().copied().max().unwrap_or(0),
+                    free_blocks: free.len(),
+                }
+            }) as crate::resource::FootprintFn
+        });
+        mr = mr.with_figures(held, footprint);
+    }
+    Arc::new(mr)
+}
+
+/// `replay_allocator(log, name, allocate, deallocate, *, held_bytes=None, free_blocks=None,
+/// out_of_memory=(), device=None, setup=None, repeat=None, timeline_points=0)`: replays `log`
+/// (a [`ReplayLog`]) through an allocator written in Python, by the engine that replays rrmm's
+/// kinds (`replay_logs`): an untimed figures pass, then `repeat` timed repetitions on the same,
+/// warm, allocator (None: at least 5 and 0.5 s; 0: the figures pass alone), what the log leaves
+/// live freed after each pass. Returns the row: a replay record named `name` with driver
+/// `"python"` and `setup`.
+///
+/// `allocate(size, stream) -> int` returns the address (0 for out of memory; raising
+/// `MemoryError` or one of the `out_of_memory` types is out of memory too: a failed allocation
+/// of the row, its free skipped); `deallocate(ptr, size, stream)` frees it; `stream` is the
+/// engine's handle for the log's stream (0, 1, 2 for the default streams). `held_bytes() ->
+/// int` (the footprint, read after each allocation of the figures pass) and `free_blocks() ->
+/// list[int]` (the sizes of the free blocks it holds, for fragmentation) give the memory
+/// figures: without the first there is no footprint, without the second no fragmentation.
+/// Internal waste is not known (None). `device`: the CUDA device of the memory (the engine
+/// synchronizes it in each timed pass and makes a stream per stream of the log); None for
+/// memory with no device. Any other exception raised by a function ends the replay with the
+/// row's `error` set, after what is live is freed; one that is not an `Exception`
+/// (`KeyboardInterrupt`) is raised.
+#[pyfunction]
+#[pyo3(signature = (log, name, allocate, deallocate, *, held_bytes=None, free_blocks=None, out_of_memory=None, device=None, setup=None, repeat=None, timeline_points=0))]
+#[allow(clippy::too_many_arguments)]
+fn replay_allocator<'py>(
+    py: Python<'py>,
+    log: &ReplayLog,
+    name: String,
+    allocate: &Bound<'py, PyAny>,
+    deallocate: &Bound<'py, PyAny>,
+    held_bytes: Option<&Bound<'py, PyAny>>,
+    free_blocks: Option<&Bound<'py, PyAny>>,
+    out_of_memory: Option<&Bound<'py, PyAny>>,
+    device: Option<usize>,
+    setup: Option<String>,
+    repeat: Option<usize>,
+    timeline_points: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let callables = [Some(allocate), Some(deallocate), held_bytes, free_blocks];
+    if callables.iter().flatten().any(|f| !f.is_callable()) {
+        return Err(PyTypeError::new_err(
+            "allocate, deallocate, held_bytes and free_blocks must be callable",
+        ));
+    }
+    let functions = Arc::new(Functions {
+        allocate: allocate.clone().unbind(),
+        deallocate: deallocate.clone().unbind(),
+        held_bytes: held_bytes.map(|f| f.clone().unbind()),
+        free_blocks: free_blocks.map(|f| f.clone().unbind()),
+        out_of_memory: out_of_memory.map(|t| t.clone().unbind()),
+        raised: Mutex::new(None),
+    });
+    let mr = resource(functions.clone(), device);
+    let options = ReplayOptions {
+        timeline_points,
+        repeat: repeat_of(repeat),
+        ..ReplayOptions::default()
+    };
+    let trace = log.trace.clone();
+    let outcome = py.detach(|| replay(&trace, &mr, options));
+    drop(mr);
+    let mut record = ReplayRecord::of_log(&trace, &name);
+    record.driver = PYTHON_DRIVER.to_string();
+    record.setup = setup;
+    let raised = functions.raised.lock().take();
+    let failure = match (outcome, raised) {
+        (Ok(report), None) => {
+            record = record.with_report(&report);
+            None
+        }
+        (Ok(_), Some(err)) => Some(Err(err)),
+        (Err(e), _) => Some(match e.callback_payload::<PyErr>() {
+            Some(err) => Err(err.clone_ref(py)),
+            None => Ok(e.to_string()),
+        }),
+    };
+    if let Some(failure) = failure {
+        let message = match failure {
+            Ok(message) => message,
+            // Not an `Exception` (an interrupt): the caller's to handle.
+            Err(err) if !err.is_instance_of::<PyException>(py) => return Err(err),
+            Err(err) => err.to_string(),
+        };
+        record.error = Some(message);
+    } else {
+        // The blocks holding its allocations are not known; nor its free blocks without
+        // `free_blocks`.
+        record.internal_waste_at_peak = None;
+        record.internal_waste_at_end = None;
+        if free_blocks.is_none() {
+            record.fragmentation_at_peak = None;
+            record.fragmentation_at_end = None;
+        }
+        if timeline_points == 0 {
+            record.timeline = None;
+        }
+    }
+    to_python_any(py, &record)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ReplayLog>()?;
+    m.add_function(wrap_pyfunction!(replay_allocator, m)?)?;
+    Ok(())
+}
