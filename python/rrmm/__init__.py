@@ -23,6 +23,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import parse_bytes
+from rrmm._sleep import sleep
 from rrmm._snapshot import memory_snapshot, memory_summary, record_memory_history
 from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
@@ -62,6 +63,7 @@ __all__ = [
     "set_flush_level",
     "set_logging_level",
     "should_log",
+    "sleep",
     "statistics",
     "to_device",
     "unregister_reinitialize_hook",

@@ -9,7 +9,7 @@ from typing import Any
 import rrmm.mr
 from rrmm import _rrmm
 
-__all__ = ["memory_snapshot", "memory_summary", "record_memory_history", "sleep_figures"]
+__all__ = ["memory_snapshot", "memory_summary", "record_memory_history"]
 
 
 def _device(device: Any) -> int:
@@ -42,8 +42,9 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
 
     rrmm's own additions (new keys, which PyTorch's tools ignore): a segment of a
     ``TieredMemoryResource`` carries ``tier`` (``"device"``, ``"peer"``, ``"host"``), and
-    ``rrmm["sleep"]`` says what a sleep of the expandable pool would free
-    (:func:`sleep_figures`; None where no segment is expandable).
+    ``rrmm["sleep"]`` says what a sleep of the stack would release, copy and discard now (the
+    resource's own ``sleep_estimate()``; None for a stack without an expandable pool, which
+    cannot sleep).
     """
     device = _device(device)
     mr = rrmm.mr.get_per_device_resource(device)
@@ -52,22 +53,16 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     traces: list[list[dict[str, Any]]] = [list(_rrmm._memory_history(d)) for d in range(devices)]
     segments = [] if segments is None else segments
     return {"segments": segments, "device_traces": traces,
-            "rrmm": {"sleep": sleep_figures(segments)}}
+            "rrmm": {"sleep": _sleep_estimate(mr)}}
 
 
-def sleep_figures(segments: list[dict[str, Any]]) -> dict[str, int] | None:
-    """What a sleep of the expandable pool would free, from a snapshot's segments: every mapped
-    byte of its expandable segments (``frees_bytes``: ``total_size`` summed) is released, the
-    live bytes (``copied_bytes``: ``allocated_size`` summed) copied to host memory first, the
-    rest (``released_without_copy_bytes``: free pages) released without a copy. None when no
-    segment is expandable (only an expandable pool, on virtual memory, can sleep)."""
-    expandable = [s for s in segments if s.get("is_expandable")]
-    if not expandable:
+def _sleep_estimate(mr: Any) -> dict[str, int] | None:
+    """``mr.sleep_estimate()`` (the pool's own figures: tags and discards included), or None
+    where the stack has no expandable pool to sleep."""
+    try:
+        return dict(mr.sleep_estimate())
+    except RuntimeError:
         return None
-    mapped = sum(int(s.get("total_size", 0)) for s in expandable)
-    live = sum(int(s.get("allocated_size", 0)) for s in expandable)
-    return {"frees_bytes": mapped, "copied_bytes": live,
-            "released_without_copy_bytes": max(mapped - live, 0)}
 
 
 def record_memory_history(enabled: str | bool | None = "all", max_entries: int = 100_000,

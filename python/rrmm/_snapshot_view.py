@@ -593,16 +593,18 @@ vertical-align:middle}
 """
 
 
-def _sleep_row(segments: Sequence[dict[str, Any]]) -> str | None:
-    """What a sleep of the expandable pool would free, in words (None without expandable
-    segments): every mapped byte, the live ones copied to host memory first."""
-    expandable = [s for s in segments if s.get("is_expandable")]
-    if not expandable:
+def _sleep_row(snapshot: dict[str, Any]) -> str | None:
+    """What a sleep would free, in words, from the figures ``memory_snapshot`` recorded (the
+    pool's own ``sleep_estimate()``); None for a snapshot without them."""
+    sleep = (snapshot.get("rrmm") or {}).get("sleep")
+    if not isinstance(sleep, dict):
         return None
-    mapped = sum(int(s.get("total_size", 0)) for s in expandable)
-    live = sum(int(s.get("allocated_size", 0)) for s in expandable)
-    return (f"{_bytes(mapped)} of device memory: {_bytes(live)} of live data copied to host "
-            f"memory, {_bytes(max(mapped - live, 0))} of free pages released without a copy")
+    released, copied = int(sleep.get("released_bytes", 0)), int(sleep.get("copied_bytes", 0))
+    discarded = int(sleep.get("discarded_bytes", 0))
+    words = (f"{_bytes(released)} of device memory: {_bytes(copied)} of live data copied to "
+             f"host memory, {_bytes(int(sleep.get('free_page_bytes', 0)))} of free pages "
+             f"released without a copy")
+    return words + (f", {_bytes(discarded)} tagged discard" if discarded else "")
 
 
 def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
@@ -647,7 +649,7 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
     if tiers:
         rows.append(("tiers", ", ".join(f"{name} {_bytes(held)} held"
                                         for name, held in tiers.items())))
-    sleep = _sleep_row(segments)
+    sleep = _sleep_row(snapshot)
     if sleep is not None:
         rows.append(("a sleep would free", sleep))
     extra = snapshot.get("rrmm") or {}

@@ -9,7 +9,7 @@
 //! memory that works without a driver (what the CPU tests use).
 
 use super::virtual_memory::{round_up, VirtualMemory};
-use super::{CallProfile, MemoryKind};
+use super::{CallProfile, HostCopy, MemoryKind};
 use crate::cuda;
 use crate::error::{Error, Result};
 use crate::os::host_pages::{host_memory_info, Commit, Reservation, HUGE_PAGE};
@@ -233,6 +233,31 @@ impl VirtualMemory for HostVirtualMemory {
     fn call_profile(&self) -> CallProfile {
         // Page faults of many pages, registration: calls that block.
         CallProfile::BLOCKING
+    }
+
+    /// Pageable host memory: the copies are `memcpy`s.
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        crate::os::host_pages::check_host_room(bytes, true)?;
+        Ok(HostCopy::pageable(bytes))
+    }
+
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's preconditions: `addr..` is mapped (committed) memory nothing
+        // writes, `dst..` host memory valid for writes; distinct ranges (dst is not mapped here).
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
+
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        // SAFETY: as `copy_out`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, addr as *mut u8, bytes) };
+        Ok(())
+    }
+
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's precondition: mapped memory nothing uses.
+        unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! capacity, no memory behind them.
 
 use super::virtual_memory::{round_up, VirtualMemory};
-use super::{CallProfile, MemoryKind};
+use super::{CallProfile, HostCopy, MemoryKind};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -263,6 +263,23 @@ impl VirtualMemory for SimulatedVirtualMemory {
     fn call_profile(&self) -> CallProfile {
         // Host bookkeeping that returns at once.
         CallProfile::QUICK
+    }
+
+    /// No host memory: simulated pages have no bytes to keep.
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        Ok(HostCopy::Nothing(bytes))
+    }
+
+    unsafe fn copy_out(&self, _addr: usize, _dst: usize, _bytes: usize) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn copy_in(&self, _addr: usize, _src: usize, _bytes: usize) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn fill_zero(&self, _addr: usize, _bytes: usize) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::{CallProfile, MemoryKind};
+use super::{CallProfile, CopyFence, HostCopy, MemoryKind, PinnedPages};
 use crate::cuda::vmm::VirtualRange;
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
@@ -57,6 +57,87 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// implementations that do not say, is the safe [`CallProfile::UNKNOWN`].
     fn call_profile(&self) -> CallProfile {
         CallProfile::UNKNOWN
+    }
+
+    /// Host memory to hold `bytes` of this memory's pages while a pool sleeps (pinned for a
+    /// device, so copies run at the link's speed). The default refuses: memory that cannot be
+    /// copied cannot sleep.
+    ///
+    /// # Errors
+    /// Out of host memory; [`Error::Logic`] where the memory cannot be copied.
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        let _ = bytes;
+        Err(Error::Logic(format!(
+            "{:?} virtual memory cannot copy its pages to the host",
+            self.kind()
+        )))
+    }
+
+    /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`; the copy
+    /// may still run when this returns, until [`wait_copies`](VirtualMemory::wait_copies) (copies
+    /// run in the order they were asked).
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work writes it until `wait_copies` returns.
+    /// 2. `dst .. dst + bytes` is host memory valid for writes that nothing else uses until
+    ///    `wait_copies` returns.
+    ///
+    /// # Errors
+    /// CUDA errors; the default refuses (see [`host_copy`](VirtualMemory::host_copy)).
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, dst, bytes);
+        self.host_copy(0).map(drop)
+    }
+
+    /// Copies `bytes` from host memory at `src` to `addr` (mapped pages of this range); as
+    /// [`copy_out`](VirtualMemory::copy_out), it may run until `wait_copies`.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it until `wait_copies` returns.
+    /// 2. `src .. src + bytes` is host memory valid for reads that nothing writes until
+    ///    `wait_copies` returns.
+    ///
+    /// # Errors
+    /// As [`copy_out`](VirtualMemory::copy_out).
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, src, bytes);
+        self.host_copy(0).map(drop)
+    }
+
+    /// Writes zeros to `addr .. addr + bytes` (mapped pages of this range); as
+    /// [`copy_out`](VirtualMemory::copy_out), it may run until `wait_copies`.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + bytes` is mapped and no work uses it until `wait_copies` returns.
+    ///
+    /// # Errors
+    /// As [`copy_out`](VirtualMemory::copy_out).
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        let _ = (addr, bytes);
+        self.host_copy(0).map(drop)
+    }
+
+    /// The most bytes a restore maps in one call, so that the copies into mapped chunks run
+    /// while the next chunk is mapped (default: whole runs in one call).
+    fn map_chunk_bytes(&self) -> usize {
+        usize::MAX
+    }
+
+    /// Waits for every copy and fill asked so far (the default: they ran when asked).
+    ///
+    /// # Errors
+    /// CUDA errors of the copies.
+    fn wait_copies(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// A fence after the copies asked so far, to wait for them alone while later ones run (the
+    /// default: nothing to wait for).
+    ///
+    /// # Errors
+    /// CUDA errors.
+    fn copy_fence(&self) -> Result<CopyFence> {
+        Ok(CopyFence::done())
     }
 }
 
@@ -153,5 +234,54 @@ impl VirtualMemory for CudaVirtualMemory {
     fn call_profile(&self) -> CallProfile {
         // cuMemCreate/cuMemMap/cuMemUnmap/cuMemRelease: driver calls that may wait.
         CallProfile::BLOCKING
+    }
+
+    /// Pinned host pages on the device's host NUMA node, made the fast way ([`PinnedPages`]).
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        if bytes == 0 {
+            return Ok(HostCopy::pageable(0));
+        }
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let node = crate::cuda::host_numa_node(self.ordinal);
+        Ok(HostCopy::Pinned(PinnedPages::new(bytes, node)?))
+    }
+
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's preconditions 1 and 2 (both ranges valid, nothing else uses them
+        // until `wait_copies`, which synchronizes the stream).
+        unsafe { crate::cuda::memcpy_async(dst, addr, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's preconditions 1 and 2 (as `copy_out`).
+        unsafe { crate::cuda::memcpy_async(addr, src, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        // SAFETY: the caller's precondition 1: mapped device memory nothing uses until
+        // `wait_copies`.
+        unsafe { crate::cuda::memset_async(addr, 0, bytes, crate::cuda::Stream::DEFAULT) }
+    }
+
+    /// 1 GiB (whole pages): a restore's copies run while the next GiB is mapped.
+    fn map_chunk_bytes(&self) -> usize {
+        (1usize << 30).max(self.page_size)
+    }
+
+    /// Synchronizes the (legacy default) stream the copies ran on.
+    fn wait_copies(&self) -> Result<()> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        crate::cuda::Stream::DEFAULT.synchronize()
+    }
+
+    /// An event recorded on the copies' stream.
+    fn copy_fence(&self) -> Result<CopyFence> {
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let event = crate::cuda::Event::new()?;
+        event.record(crate::cuda::Stream::DEFAULT)?;
+        Ok(CopyFence::at(event))
     }
 }

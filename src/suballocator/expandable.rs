@@ -54,6 +54,12 @@ pub const DEFAULT_DEVICE_PAGE_SIZE: usize = 32 << 20;
 /// # Figures
 /// [`mapped_bytes`](Self::mapped_bytes) (physical memory held), [`reserved_bytes`](Self::reserved_bytes)
 /// (addresses), [`free_bytes`](Self::free_bytes), [`largest_free_block`](Self::largest_free_block).
+///
+/// # Sleep and wake
+/// [`offload`](Self::offload) copies the live allocations to host memory and gives every page
+/// back, keeping every address; [`restore`](Self::restore) maps them again and copies back
+/// (tags: [`tag`](Self::tag); figures: [`sleep_estimate`](Self::sleep_estimate),
+/// [`last_sleep`](Self::last_sleep); any stack: [`crate::suballocator::sleep`]).
 #[derive(Clone, Debug)]
 pub struct ExpandableMemoryResource {
     inner: Arc<Inner>,
@@ -63,6 +69,10 @@ pub struct ExpandableMemoryResource {
 struct Inner {
     core: StreamOrderedCore<CoalescingFreeList>,
     vm: Arc<dyn VirtualMemory>,
+    /// The core's stream events (offload synchronizes every stream through them).
+    events: Arc<dyn StreamEvents>,
+    /// Sleep and wake (`expandable/sleep.rs`): the flag allocations read, the sleep record.
+    sleep: sleep::SleepGate,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
 }
@@ -206,13 +216,15 @@ impl ExpandableMemoryResource {
                  use the pool over managed memory",
             ));
         }
+        let sleep = sleep::SleepGate::default();
         let growth = ExpandableGrowth {
+            sleeping: sleep.flag.clone(),
             vm: vm.clone(),
             maximum: maximum_pool_size,
             mapped: Mutex::new(BTreeMap::new()),
         };
         let core = StreamOrderedCore::<CoalescingFreeList>::new(
-            events,
+            events.clone(),
             Box::new(growth),
             (),
             "expandable",
@@ -222,6 +234,8 @@ impl ExpandableMemoryResource {
             inner: Arc::new(Inner {
                 core,
                 vm,
+                events,
+                sleep,
                 maximum_pool_size,
                 release_threshold,
             }),
@@ -272,12 +286,19 @@ impl ExpandableMemoryResource {
     /// inside a free block, anywhere in the range) until at most `target` bytes stay mapped or no
     /// free page is left; returns the bytes unmapped.
     ///
+    /// While asleep nothing is mapped: returns 0 and does nothing (it waits for an offload or
+    /// restore under way).
+    ///
     /// # Errors
     /// CUDA errors from the synchronization or the unmapping.
     ///
     /// # Time Complexity
     /// O(free blocks · log(free blocks)) plus one unmap per page.
     pub fn trim(&self, target: usize) -> Result<usize> {
+        let _sleep = self.inner.sleep.hold();
+        if self.inner.sleep.asleep() {
+            return Ok(0);
+        }
         self.inner.core.release(target)
     }
 
@@ -290,7 +311,19 @@ impl ExpandableMemoryResource {
 impl MemoryResource for ExpandableMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.inner.core.allocate(bytes, stream)
+        // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`).
+        if self.inner.sleep.asleep() {
+            return Err(sleep::asleep_error(bytes));
+        }
+        let ptr = self.inner.core.allocate(bytes, stream);
+        if self.inner.sleep.asleep() {
+            // A sleep began meanwhile: the block may lie on pages it unmaps.
+            if let Ok(ptr) = ptr {
+                self.inner.core.deallocate(ptr, bytes, stream)?;
+            }
+            return Err(sleep::asleep_error(bytes));
+        }
+        ptr
     }
 
     #[inline]
@@ -298,12 +331,19 @@ impl MemoryResource for ExpandableMemoryResource {
     // out and relies only on the stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // Allowed while asleep too: bookkeeping only (see `expandable/sleep.rs`).
         self.inner.core.deallocate(ptr, bytes, stream)?;
+        self.inner.sleep.forget(ptr);
         if let Some(threshold) = self.inner.release_threshold {
+            // Never beside an offload or restore (they unmap and map pages themselves), and
+            // never waiting for one: the next free trims.
+            let Some(_sleep) = self.inner.sleep.try_hold() else {
+                return Ok(());
+            };
             let free = self.inner.core.free_bytes();
-            if free > threshold {
+            if free > threshold && !self.inner.sleep.asleep() {
                 let target = self.mapped_bytes().saturating_sub(free - threshold);
-                self.trim(target)?;
+                self.inner.core.release(target)?;
             }
         }
         Ok(())
@@ -340,6 +380,14 @@ impl MemoryResource for ExpandableMemoryResource {
     fn name(&self) -> &'static str {
         "expandable"
     }
+
+    fn upstreams(&self) -> Vec<crate::resource::SharedResource> {
+        Vec::new()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 /// The expandable pool's growth policy: where to map, the runs of mapped pages, and the trim.
@@ -348,6 +396,9 @@ impl MemoryResource for ExpandableMemoryResource {
 #[derive(Debug)]
 struct ExpandableGrowth {
     vm: Arc<dyn VirtualMemory>,
+    /// The pool's sleep flag: no mapping and no trim while it is set (an offload is under way
+    /// or done).
+    sleeping: Arc<std::sync::atomic::AtomicBool>,
     maximum: Option<usize>,
     /// Runs of mapped pages: start -> end (locked after the core's shared lock).
     mapped: Mutex<BTreeMap<usize, usize>>,
@@ -419,6 +470,9 @@ impl ExpandableGrowth {
     }
 
     fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
+        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(sleep::asleep_error(request.bytes));
+        }
         let base = self.vm.base();
         let tails: HashMap<usize, usize> = fresh
             .ranges()
@@ -554,8 +608,12 @@ impl Growth for ExpandableGrowth {
         Ok(())
     }
 
+    /// Nothing while the pool sleeps (or falls asleep): the offload unmaps the pages itself.
     #[allow(unsafe_code)]
     fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> (usize, Result<()>) {
+        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
+            return (0, Ok(()));
+        }
         let target = keep;
         let page = self.page();
         let base = self.vm.base();
@@ -608,3 +666,9 @@ impl Growth for ExpandableGrowth {
 
 #[cfg(test)]
 mod tests;
+
+mod sleep;
+pub use sleep::{
+    asleep, offload, restore, sleep_estimate, sleep_targets, DiscardFill, SleepEstimate,
+    SleepReport, SleepTag,
+};

@@ -27,7 +27,15 @@ pub use self::core::{
 };
 pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
-pub use expandable::{ExpandableMemoryResource, DEFAULT_RESERVE_FACTOR};
+pub use expandable::{
+    DiscardFill, ExpandableMemoryResource, SleepEstimate, SleepReport, SleepTag,
+    DEFAULT_RESERVE_FACTOR,
+};
+/// Sleep and wake of the expandable pools under a stack (see
+/// [`ExpandableMemoryResource::offload`]).
+pub mod sleep {
+    pub use super::expandable::{asleep, offload, restore, sleep_estimate, sleep_targets};
+}
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};
 pub use pool::PoolMemoryResource;

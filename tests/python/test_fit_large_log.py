@@ -9,7 +9,6 @@ on every CI run at the wheel's speed. The size found replays the log with no fai
 from __future__ import annotations
 
 import pytest
-
 from rrmm import _rrmm, traces
 
 LOG = str(traces.path("random_100k_4mib"))

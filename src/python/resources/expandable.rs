@@ -4,7 +4,7 @@
 use super::convert::opt_bytes_arg;
 use super::resource::DeviceMemoryResource;
 use crate::python::errors::py_result;
-use crate::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
+use crate::resource::{HostVirtualMemory, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -25,7 +25,9 @@ impl ExpandableMemoryResource {
     /// none, memory stays mapped until `trim()`); `reserve_size`: bytes of addresses (default 4x
     /// the device's memory); `page_size`: bytes per mapping (default 32 MiB on a device, the
     /// simulated page on simulated memory); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
-    /// a device (addresses only, never dereference them).
+    /// a device (addresses only, never dereference them); `pinned_host`: pinned host memory of
+    /// the device; `pageable_host`: plain host memory, no driver needed (CPU tests of
+    /// `offload()`/`restore()` with real bytes).
     #[new]
     #[pyo3(signature = (
         device=None,
@@ -36,6 +38,7 @@ impl ExpandableMemoryResource {
         page_size=None,
         simulated_capacity=None,
         pinned_host=false,
+        pageable_host=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -48,6 +51,7 @@ impl ExpandableMemoryResource {
         page_size: Option<&Bound<'_, PyAny>>,
         simulated_capacity: Option<&Bound<'_, PyAny>>,
         pinned_host: bool,
+        pageable_host: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
@@ -62,6 +66,20 @@ impl ExpandableMemoryResource {
                     reserve.unwrap_or(capacity.saturating_mul(DEFAULT_RESERVE_FACTOR)),
                     page.unwrap_or(DEFAULT_PAGE_SIZE),
                 )?;
+                RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
+            }
+            None if pageable_host => {
+                let reserve = match reserve.or(maximum) {
+                    Some(r) => r,
+                    None => {
+                        crate::os::host_pages::host_memory_info()
+                            .ok_or_else(|| {
+                                crate::Error::Logic("the host's memory size is unknown".into())
+                            })?
+                            .1
+                    }
+                };
+                let vm = HostVirtualMemory::new(reserve, page, false, None)?;
                 RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
             }
             None => {
@@ -137,6 +155,28 @@ impl ExpandableMemoryResource {
     /// The number of free blocks.
     fn free_block_count(&self) -> usize {
         self.mr.free_block_count()
+    }
+
+    /// The latest sleep's figures and times in seconds (None before the first `offload()`).
+    fn last_sleep<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        self.mr
+            .last_sleep()
+            .map(|r| super::sleep::report_dict(py, &r))
+            .transpose()
+    }
+
+    /// Bytes of host memory holding the pool's data while asleep (0 when awake).
+    fn host_copy_bytes(&self) -> usize {
+        self.mr.host_copy_bytes()
+    }
+
+    /// Whether `restore()` keeps the host copy for the next `offload()` (default False: the
+    /// host memory is given back at wake); False also gives a kept copy back.
+    fn set_retain_host_copy(&self, retain: bool) {
+        self.mr.set_retain_host_copy(retain)
     }
 }
 

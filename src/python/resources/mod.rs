@@ -17,6 +17,7 @@ mod experimental;
 mod memory_stats;
 pub(super) mod registry;
 pub(super) mod resource;
+mod sleep;
 mod source_resources;
 mod stack;
 mod statistics;

@@ -100,6 +100,48 @@ impl DeviceMemoryResource {
         ))
     }
 
+    /// rrmm: puts the expandable pool under this resource to sleep (through adaptors): waits
+    /// for its streams, copies its live allocations (but the `discard` buffers and those
+    /// tagged "discard") to host memory and gives every page back, keeping every address.
+    /// `discard_fill`: what discarded allocations hold after `restore()`, "undefined" or
+    /// "zero". Returns what it released and copied. `RuntimeError` without an expandable pool
+    /// under it, or when asleep already.
+    #[pyo3(signature = (discard = None, discard_fill = "undefined"))]
+    fn offload<'py>(
+        &self,
+        py: Python<'py>,
+        discard: Option<&Bound<'py, PyAny>>,
+        discard_fill: &str,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        super::sleep::offload(py, &self.inner, discard, discard_fill)
+    }
+
+    /// rrmm: wakes the expandable pool under this resource: maps its pages at the same
+    /// addresses and copies the bytes back. `MemoryError` when the memory cannot be mapped
+    /// (nothing is lost: still asleep, call again); `RuntimeError` when awake.
+    fn restore(&self, py: Python<'_>) -> PyResult<()> {
+        super::sleep::restore(py, &self.inner)
+    }
+
+    /// rrmm: whether the expandable pool under this resource is asleep.
+    #[getter]
+    fn asleep(&self) -> bool {
+        super::sleep::asleep(&self.inner)
+    }
+
+    /// rrmm: what `offload()` would release, copy and discard now (a dict of bytes).
+    fn sleep_estimate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        super::sleep::sleep_estimate(py, &self.inner)
+    }
+
+    /// rrmm: tags the live allocation holding `buffer` (a pointer, tensor, CuPy array or
+    /// buffer; any address inside it) "keep" (offloaded and restored, the default) or
+    /// "discard" (not copied) until it is freed; returns the allocation's start.
+    #[pyo3(signature = (buffer, tag = "discard"))]
+    fn tag(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, tag: &str) -> PyResult<usize> {
+        super::sleep::tag(py, &self.inner, buffer, tag)
+    }
+
     /// rrmm: the resource's short name (`"pool"`, `"cuda"`, ...).
     #[getter]
     fn _rrmm_name(&self) -> &'static str {

@@ -1,0 +1,42 @@
+"""``rrmm.sleep()``: a pool that sleeps and wakes with every address intact (rrmm extension).
+
+The expandable pool (``pool_allocator="expandable"`` or ``rrmm.mr.ExpandableMemoryResource``)
+copies its live allocations to pinned host memory and gives its physical memory back to the
+driver; on wake it maps memory again at the same addresses and copies the bytes back, so
+CuPy arrays, PyTorch tensors, ``DeviceBuffer`` objects and captured CUDA graphs stay valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from rrmm._sleep_types import SleepFigures
+from rrmm.mr import DeviceMemoryResource, get_current_device_resource
+
+
+@contextlib.contextmanager
+def sleep(
+    mr: DeviceMemoryResource | None = None,
+    *,
+    discard: Iterable[Any] = (),
+    discard_fill: str = "undefined",
+) -> Iterator[SleepFigures]:
+    """Offloads ``mr`` (default: the current device resource) on enter and restores it on exit.
+
+    ``discard``: buffers (tensors, CuPy arrays, ``DeviceBuffer`` objects or pointers) not worth
+    copying; after the wake they hold zeros (``discard_fill="zero"``) or anything
+    (``"undefined"``). Yields what the sleep released and copied (``mr.offload()``'s dict).
+
+    Inside the block no work may use the pool's memory and allocations from it raise
+    ``RuntimeError``; frees are allowed. Entering waits for the work queued on the pool's
+    streams. When the wake cannot map the memory again (another process holds it) the exit
+    raises ``MemoryError`` and the data stays on the host: call ``mr.restore()`` again later.
+    """
+    target = get_current_device_resource() if mr is None else mr
+    figures = target.offload(discard=list(discard), discard_fill=discard_fill)
+    try:
+        yield figures
+    finally:
+        target.restore()

@@ -1,0 +1,38 @@
+"""The dicts of sleep and wake (``offload()``, ``sleep_estimate()``, ``last_sleep()``) as
+TypedDicts: their keys are the fields of ``rrmm::suballocator::SleepEstimate`` and
+``SleepReport``."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+__all__ = ["SleepFigures", "SleepReport"]
+
+
+class SleepFigures(TypedDict):
+    """What a sleep released and copied (or would, from ``sleep_estimate()``), in bytes."""
+
+    released_bytes: int
+    copied_bytes: int
+    discarded_bytes: int
+    free_page_bytes: int
+    live_blocks: int
+
+
+class SleepReport(SleepFigures):
+    """The latest sleep of an expandable pool: its figures and where the time went (seconds;
+    the restore's are None until a restore succeeded)."""
+
+    sleeps: int
+    host_bytes: int
+    host_pinned: bool
+    host_reused: bool
+    offload_s: float
+    sync_trim_s: float
+    host_alloc_s: float
+    copy_out_s: float
+    unmap_s: float
+    restore_s: float | None
+    map_s: float | None
+    copy_in_s: float | None
+    failed_restores: int

@@ -1,0 +1,128 @@
+//! Sleep and wake from Python: the bodies of `offload()`, `restore()`, `asleep`, `tag()` and
+//! `sleep_estimate()` on every resource (they reach the expandable pool under adaptors, see
+//! `crate::suballocator::sleep`), the figures as dicts, and the pointer of a buffer.
+
+use crate::python::errors::py_result;
+use crate::resource::SharedResource;
+use crate::suballocator::sleep as rs;
+use crate::suballocator::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The device address of `obj`: an int, a PyTorch tensor (`data_ptr()`), an object with
+/// `__cuda_array_interface__` (CuPy, Numba, `DeviceBuffer`), or one with an int `ptr`.
+pub(super) fn pointer_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(ptr) = obj.extract::<usize>() {
+        return Ok(ptr);
+    }
+    if let Ok(data_ptr) = obj.getattr("data_ptr") {
+        if data_ptr.is_callable() {
+            return data_ptr.call0()?.extract();
+        }
+    }
+    if let Ok(cai) = obj.getattr("__cuda_array_interface__") {
+        return cai.get_item("data")?.get_item(0)?.extract();
+    }
+    if let Ok(ptr) = obj.getattr("ptr") {
+        return ptr.extract();
+    }
+    Err(PyTypeError::new_err(format!(
+        "{} is not a device pointer or buffer (an int, a tensor with data_ptr(), or an object \
+         with __cuda_array_interface__ or ptr)",
+        obj.get_type().name()?
+    )))
+}
+
+fn parse<T: std::str::FromStr<Err = crate::Error>>(text: &str) -> PyResult<T> {
+    py_result(text.parse())
+}
+
+/// A [`SleepEstimate`] as a dict of its fields.
+pub(super) fn estimate_dict<'py>(
+    py: Python<'py>,
+    e: &SleepEstimate,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("released_bytes", e.released_bytes)?;
+    d.set_item("copied_bytes", e.copied_bytes)?;
+    d.set_item("discarded_bytes", e.discarded_bytes)?;
+    d.set_item("free_page_bytes", e.free_page_bytes)?;
+    d.set_item("live_blocks", e.live_blocks)?;
+    Ok(d)
+}
+
+/// A [`SleepReport`] as a dict: the estimate's fields and the times.
+pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = estimate_dict(py, &r.estimate)?;
+    d.set_item("sleeps", r.sleeps)?;
+    d.set_item("host_bytes", r.host_bytes)?;
+    d.set_item("host_pinned", r.host_pinned)?;
+    d.set_item("host_reused", r.host_reused)?;
+    d.set_item("offload_s", r.offload_s)?;
+    d.set_item("sync_trim_s", r.sync_trim_s)?;
+    d.set_item("host_alloc_s", r.host_alloc_s)?;
+    d.set_item("copy_out_s", r.copy_out_s)?;
+    d.set_item("unmap_s", r.unmap_s)?;
+    d.set_item("restore_s", r.restore_s)?;
+    d.set_item("map_s", r.map_s)?;
+    d.set_item("copy_in_s", r.copy_in_s)?;
+    d.set_item("failed_restores", r.failed_restores)?;
+    Ok(d)
+}
+
+/// Tags the live allocation holding `obj`'s pointer in whichever expandable pool under `mr`
+/// holds it; returns the allocation's start.
+pub(super) fn tag(
+    py: Python<'_>,
+    mr: &SharedResource,
+    obj: &Bound<'_, PyAny>,
+    tag: &str,
+) -> PyResult<usize> {
+    let ptr = pointer_of(obj)?;
+    let tag: SleepTag = parse(tag)?;
+    let pools = py_result(rs::sleep_targets(mr))?;
+    py.detach(|| pools.iter().find_map(|p| p.tag(ptr, tag).ok()))
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{ptr:#x} is not inside a live allocation of the expandable pool under {}",
+                mr.name()
+            ))
+        })
+}
+
+/// `offload()`: tags `discard`'s buffers, then offloads every expandable pool under `mr`.
+pub(super) fn offload<'py>(
+    py: Python<'py>,
+    mr: &SharedResource,
+    discard: Option<&Bound<'py, PyAny>>,
+    discard_fill: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let fill: DiscardFill = parse(discard_fill)?;
+    if let Some(discard) = discard {
+        for item in discard.try_iter()? {
+            tag(py, mr, &item?, "discard")?;
+        }
+    }
+    let estimate = py_result(py.detach(|| rs::offload(mr, fill)))?;
+    estimate_dict(py, &estimate)
+}
+
+/// `restore()` of every sleeping expandable pool under `mr`.
+pub(super) fn restore(py: Python<'_>, mr: &SharedResource) -> PyResult<()> {
+    py_result(py.detach(|| rs::restore(mr)))
+}
+
+/// `sleep_estimate()` summed over the expandable pools under `mr`.
+pub(super) fn sleep_estimate<'py>(
+    py: Python<'py>,
+    mr: &SharedResource,
+) -> PyResult<Bound<'py, PyDict>> {
+    let estimate = py_result(py.detach(|| rs::sleep_estimate(mr)))?;
+    estimate_dict(py, &estimate)
+}
+
+/// Whether an expandable pool under `mr` is asleep.
+pub(super) fn asleep(mr: &SharedResource) -> bool {
+    rs::asleep(mr)
+}

@@ -1,0 +1,602 @@
+//! Tests of sleep and wake on host virtual memory (real bytes, so the data is checked) and on
+//! simulated virtual memory (figures and addresses), with map failures injected.
+//!
+//! The model test checks after every step of random sequences of allocations, frees, writes,
+//! tags and sleeps: every live block keeps its address, a kept block's bytes survive every wake,
+//! a discarded block with the zero fill reads zeros, nothing is mapped while asleep, the copied
+//! bytes are the kept live bytes, and the estimate before a sleep is what the sleep did.
+#![allow(unsafe_code)]
+
+use super::*;
+use crate::adaptor::StatisticsResourceAdaptor;
+use crate::cuda::Stream;
+use crate::resource::{
+    HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
+};
+use crate::test_support::free;
+use proptest::prelude::*;
+use std::sync::Arc;
+
+const PAGE: usize = 2 << 20;
+const S: Stream = Stream::DEFAULT;
+
+/// Host virtual memory whose maps can be refused on demand (another process took the memory).
+#[derive(Debug)]
+struct FlakyVm {
+    inner: HostVirtualMemory,
+    refuse_maps: AtomicBool,
+    refused: AtomicUsize,
+    /// Maps allowed before the next ones are refused (`usize::MAX`: no limit).
+    maps_left: AtomicUsize,
+    /// Unmaps allowed before the next ones fail (`usize::MAX`: no limit).
+    unmaps_left: AtomicUsize,
+}
+
+/// Takes one from a countdown (`usize::MAX`: none); whether the call may go on.
+fn count_down(left: &AtomicUsize) -> bool {
+    let n = left.load(Ordering::SeqCst);
+    if n != usize::MAX {
+        left.store(n.saturating_sub(1), Ordering::SeqCst);
+    }
+    n != 0
+}
+
+impl FlakyVm {
+    fn new(reserve: usize) -> Arc<Self> {
+        Arc::new(FlakyVm {
+            inner: HostVirtualMemory::new(reserve, Some(PAGE), false, None).unwrap(),
+            refuse_maps: AtomicBool::new(false),
+            refused: AtomicUsize::new(0),
+            maps_left: AtomicUsize::new(usize::MAX),
+            unmaps_left: AtomicUsize::new(usize::MAX),
+        })
+    }
+}
+
+impl VirtualMemory for FlakyVm {
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+    fn base(&self) -> usize {
+        self.inner.base()
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes()
+    }
+    fn mapped_bytes(&self) -> usize {
+        self.inner.mapped_bytes()
+    }
+    fn map(&self, addr: usize, bytes: usize) -> Result<()> {
+        let allowed = count_down(&self.maps_left);
+        if self.refuse_maps.load(Ordering::SeqCst) || !allowed {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::out_of_memory(
+                bytes,
+                "injected: another process took it",
+            ));
+        }
+        self.inner.map(addr, bytes)
+    }
+    unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
+        if !count_down(&self.unmaps_left) {
+            return Err(Error::Logic("injected: unmap failed".into()));
+        }
+        // SAFETY: the caller's precondition, passed on.
+        unsafe { self.inner.unmap(addr, bytes) }
+    }
+    fn memory_info(&self) -> Option<(usize, usize)> {
+        self.inner.memory_info()
+    }
+    fn kind(&self) -> MemoryKind {
+        self.inner.kind()
+    }
+    fn device(&self) -> Option<usize> {
+        None
+    }
+    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
+        self.inner.host_copy(bytes)
+    }
+    unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's preconditions, passed on.
+        unsafe { self.inner.copy_out(addr, dst, bytes) }
+    }
+    unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's preconditions, passed on.
+        unsafe { self.inner.copy_in(addr, src, bytes) }
+    }
+    unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's precondition, passed on.
+        unsafe { self.inner.fill_zero(addr, bytes) }
+    }
+    fn wait_copies(&self) -> Result<()> {
+        self.inner.wait_copies()
+    }
+    /// Small chunks, so the restore's chunked mapping and copies that cross chunks are tested.
+    fn map_chunk_bytes(&self) -> usize {
+        2 * PAGE
+    }
+}
+
+fn host_pool(reserve: usize) -> (Arc<FlakyVm>, ExpandableMemoryResource) {
+    let vm = FlakyVm::new(reserve);
+    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    (vm, mr)
+}
+
+/// The pattern of block `seed` at byte `i`.
+fn pattern(seed: u64, i: usize) -> u8 {
+    (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u8 ^ (i as u8).wrapping_mul(31)
+}
+
+fn write(ptr: usize, size: usize, seed: u64) {
+    // SAFETY: `ptr .. ptr + size` is a live block of an awake host pool (the tests' callers).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) };
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = pattern(seed, i);
+    }
+}
+
+/// The first byte of the block that differs from its pattern (`None`: all match).
+fn mismatch(ptr: usize, size: usize, seed: u64) -> Option<usize> {
+    // SAFETY: as `write`.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, size) };
+    bytes
+        .iter()
+        .enumerate()
+        .position(|(i, &b)| b != pattern(seed, i))
+}
+
+fn all_zero(ptr: usize, size: usize) -> bool {
+    // SAFETY: as `write`.
+    unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
+        .iter()
+        .all(|&b| b == 0)
+}
+
+#[test]
+fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_addresses() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let sizes = [1000, PAGE + 300, 3 * PAGE, 256];
+    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        write(p, s, i as u64);
+    }
+    // A free block of whole pages between live ones: released, never copied.
+    let hole = mr.allocate(4 * PAGE, S).unwrap();
+    let tail = mr.allocate(100, S).unwrap();
+    free(&mr, hole, 4 * PAGE).unwrap();
+    let reserved = mr.reserved_bytes();
+    let before = mr.sleep_estimate();
+    assert_eq!(before.live_blocks, 5);
+    assert_eq!(before.released_bytes, mr.mapped_bytes());
+    assert!(before.free_page_bytes >= 3 * PAGE, "{before:?}");
+    let did = mr.offload().unwrap();
+    assert_eq!(did, before, "the estimate is what the sleep does");
+    assert!(mr.asleep());
+    assert_eq!(vm.mapped_bytes(), 0, "every page given back");
+    assert_eq!(mr.reserved_bytes(), reserved, "the addresses stay reserved");
+    assert_eq!(mr.host_copy_bytes(), did.copied_bytes);
+    assert_eq!(mr.sleep_estimate(), SleepEstimate::default());
+    let e = mr.allocate(64, S).unwrap_err();
+    assert!(
+        matches!(e, Error::Logic(_)) && e.to_string().contains("asleep"),
+        "{e}"
+    );
+    assert!(mr.offload().is_err(), "offload twice is an error");
+    assert_eq!(mr.trim(0).unwrap(), 0, "nothing to trim while asleep");
+    mr.restore().unwrap();
+    assert!(!mr.asleep());
+    assert!(mr.restore().is_err(), "restore while awake is an error");
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        assert_eq!(mismatch(p, s, i as u64), None, "block {i} at {p:#x}");
+    }
+    assert_eq!(mr.host_copy_bytes(), 0, "the host copy is released");
+    let report = mr.last_sleep().unwrap();
+    assert!(report.restore_s.is_some() && report.sleeps == 1);
+    // The pool works on: allocations, frees, and the hole's pages are mapped again on demand.
+    let again = mr.allocate(2 * PAGE, S).unwrap();
+    write(again, 2 * PAGE, 99);
+    assert_eq!(mismatch(again, 2 * PAGE, 99), None);
+    for (&p, &s) in ptrs.iter().zip(&sizes) {
+        free(&mr, p, s).unwrap();
+    }
+    free(&mr, again, 2 * PAGE).unwrap();
+    free(&mr, tail, 100).unwrap();
+}
+
+#[test]
+fn discarded_blocks_are_not_copied_and_read_zero_when_asked() {
+    let (_vm, mr) = host_pool(64 * PAGE);
+    let keep = mr.allocate(PAGE, S).unwrap();
+    let drop_me = mr.allocate(2 * PAGE, S).unwrap();
+    write(keep, PAGE, 1);
+    write(drop_me, 2 * PAGE, 2);
+    // Any address inside the allocation tags all of it.
+    assert_eq!(mr.tag(drop_me + 4096, SleepTag::Discard).unwrap(), drop_me);
+    assert_eq!(mr.tag_of(drop_me), SleepTag::Discard);
+    assert!(mr.tag(keep + 2 * PAGE + 8, SleepTag::Discard).is_err() || keep + PAGE <= drop_me);
+    let e = mr.sleep_estimate();
+    assert_eq!((e.copied_bytes, e.discarded_bytes), (PAGE, 2 * PAGE));
+    let did = mr.offload_with(DiscardFill::Zero).unwrap();
+    assert_eq!(did.copied_bytes, PAGE);
+    assert_eq!(
+        mr.host_copy_bytes(),
+        PAGE,
+        "only the kept block is on the host"
+    );
+    mr.restore().unwrap();
+    assert_eq!(mismatch(keep, PAGE, 1), None);
+    assert!(all_zero(drop_me, 2 * PAGE));
+    // Freed, the tag goes: a new block at that address is kept.
+    free(&mr, drop_me, 2 * PAGE).unwrap();
+    assert_eq!(mr.tag_of(drop_me), SleepTag::Keep);
+    assert!(mr.tag(drop_me, SleepTag::Discard).is_err(), "not live");
+    assert!("discard".parse::<SleepTag>().is_ok() && "lose".parse::<SleepTag>().is_err());
+    assert!("zero".parse::<DiscardFill>().is_ok() && "ones".parse::<DiscardFill>().is_err());
+}
+
+#[test]
+fn a_refused_wake_loses_nothing_and_a_later_wake_succeeds() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let a = mr.allocate(3 * PAGE, S).unwrap();
+    let b = mr.allocate(5000, S).unwrap();
+    write(a, 3 * PAGE, 7);
+    write(b, 5000, 8);
+    mr.offload().unwrap();
+    vm.refuse_maps.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let e = mr.restore().unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(e.to_string().contains("still asleep"), "{e}");
+        assert!(mr.asleep());
+        assert_eq!(vm.mapped_bytes(), 0, "nothing half-mapped stays");
+    }
+    assert_eq!(mr.last_sleep().unwrap().failed_restores, 2);
+    vm.refuse_maps.store(false, Ordering::SeqCst);
+    mr.restore().unwrap();
+    assert_eq!(mismatch(a, 3 * PAGE, 7), None);
+    assert_eq!(mismatch(b, 5000, 8), None);
+    assert!(vm.refused.load(Ordering::SeqCst) >= 2);
+}
+
+#[test]
+fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    // Blocks that cross the restore's chunks (two pages each).
+    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
+    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        write(p, s, 40 + i as u64);
+    }
+    mr.offload().unwrap();
+    for allowed in [0, 1, 3] {
+        vm.maps_left.store(allowed, Ordering::SeqCst);
+        assert!(mr.restore().unwrap_err().is_out_of_memory());
+        assert!(mr.asleep());
+        assert_eq!(
+            vm.mapped_bytes(),
+            0,
+            "the chunks mapped before the refusal went back"
+        );
+    }
+    vm.maps_left.store(usize::MAX, Ordering::SeqCst);
+    mr.restore().unwrap();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        assert_eq!(mismatch(p, s, 40 + i as u64), None, "block {i}");
+    }
+    let report = mr.last_sleep().unwrap();
+    assert_eq!(report.failed_restores, 3);
+    assert!(report.map_s.is_some() && report.copy_in_s.is_some());
+}
+
+#[test]
+fn an_offload_failing_half_way_wakes_again_with_nothing_lost() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
+    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
+    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+        write(p, s, 60 + i as u64);
+    }
+    let mapped = vm.mapped_bytes();
+    let check = || {
+        for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
+            assert_eq!(mismatch(p, s, 60 + i as u64), None, "block {i}");
+        }
+    };
+    // The unmap of the first, then of the third chunk fails: undone, awake, the pool works.
+    for allowed in [0, 2] {
+        vm.unmaps_left.store(allowed, Ordering::SeqCst);
+        let e = mr.offload().unwrap_err();
+        assert!(e.to_string().contains("injected"), "{e}");
+        vm.unmaps_left.store(usize::MAX, Ordering::SeqCst);
+        assert!(!mr.asleep() && vm.mapped_bytes() == mapped);
+        check();
+        let p = mr.allocate(1000, S).unwrap();
+        free(&mr, p, 1000).unwrap();
+    }
+    // Undoing fails too (the memory is gone): asleep, and a later restore brings it all back.
+    vm.unmaps_left.store(2, Ordering::SeqCst);
+    vm.refuse_maps.store(true, Ordering::SeqCst);
+    let e = mr.offload().unwrap_err();
+    assert!(e.to_string().contains("the pool is asleep"), "{e}");
+    assert!(mr.asleep());
+    vm.unmaps_left.store(usize::MAX, Ordering::SeqCst);
+    vm.refuse_maps.store(false, Ordering::SeqCst);
+    mr.restore().unwrap();
+    check();
+    assert_eq!(vm.mapped_bytes(), mapped);
+}
+
+#[test]
+fn chunks_cover_the_runs_in_order() {
+    let runs = [(0, 5), (10, 2), (20, 4)];
+    assert_eq!(
+        split_runs(&runs, 2),
+        vec![(0, 2), (2, 2), (4, 1), (10, 2), (20, 2), (22, 2)]
+    );
+    assert_eq!(split_runs(&runs, usize::MAX), runs.to_vec());
+}
+
+#[test]
+fn a_free_while_asleep_is_allowed_and_its_whole_pages_go_after_wake() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let a = mr.allocate(4 * PAGE, S).unwrap();
+    let b = mr.allocate(PAGE, S).unwrap();
+    write(b, PAGE, 3);
+    let mapped = vm.mapped_bytes();
+    mr.offload().unwrap();
+    free(&mr, a, 4 * PAGE).unwrap();
+    assert!(
+        free(&mr, a, 4 * PAGE).is_err(),
+        "a double free is still refused"
+    );
+    mr.restore().unwrap();
+    assert_eq!(mismatch(b, PAGE, 3), None);
+    assert!(
+        vm.mapped_bytes() <= mapped - 4 * PAGE + PAGE,
+        "the freed block's whole pages were given back: {} of {mapped}",
+        vm.mapped_bytes()
+    );
+    free(&mr, b, PAGE).unwrap();
+}
+
+#[test]
+fn the_retained_host_copy_serves_the_next_sleep() {
+    let (_vm, mr) = host_pool(64 * PAGE);
+    let a = mr.allocate(2 * PAGE, S).unwrap();
+    write(a, 2 * PAGE, 5);
+    mr.set_retain_host_copy(true);
+    mr.offload().unwrap();
+    mr.restore().unwrap();
+    assert!(!mr.last_sleep().unwrap().host_reused);
+    mr.offload().unwrap();
+    assert!(mr.last_sleep().unwrap().host_reused, "no new host pages");
+    mr.restore().unwrap();
+    assert_eq!(mismatch(a, 2 * PAGE, 5), None);
+    assert_eq!(mr.drop_host_copy(), 2 * PAGE);
+    assert_eq!(mr.drop_host_copy(), 0);
+}
+
+#[test]
+fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
+    let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
+    let pool = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let top: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
+    let a = top.allocate(3 * PAGE, S).unwrap();
+    assert_eq!(sleep_targets(&top).unwrap().len(), 1);
+    assert_eq!(sleep_estimate(&top).unwrap().copied_bytes, 3 * PAGE);
+    let did = offload(&top, DiscardFill::Undefined).unwrap();
+    assert_eq!(did.copied_bytes, 3 * PAGE);
+    assert!(asleep(&top) && pool.asleep());
+    assert_eq!(vm.mapped_bytes(), 0);
+    assert!(top.allocate(10, S).is_err());
+    restore(&top).unwrap();
+    assert!(restore(&top).is_err(), "restore while awake");
+    assert_eq!(vm.mapped_bytes(), 3 * PAGE);
+    free(&*top, a, 3 * PAGE).unwrap();
+
+    let plain: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(
+        SimulatedMemoryResource::new(1 << 30),
+    )));
+    let e = offload(&plain, DiscardFill::Undefined).unwrap_err();
+    assert!(
+        e.to_string().contains("statistics") && e.to_string().contains("expandable"),
+        "{e}"
+    );
+    assert!(!asleep(&plain));
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(usize),
+    Free(usize),
+    Rewrite(usize),
+    Discard(usize),
+    Sleep {
+        zero: bool,
+        free_while_asleep: Option<usize>,
+        refuse_once: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1usize..8192).prop_map(Op::Alloc),
+        1 => (1usize..2 * PAGE).prop_map(Op::Alloc),
+        2 => any::<usize>().prop_map(Op::Free),
+        1 => any::<usize>().prop_map(Op::Rewrite),
+        1 => any::<usize>().prop_map(Op::Discard),
+        2 => (any::<bool>(), proptest::option::of(any::<usize>()), any::<bool>()).prop_map(
+            |(zero, free_while_asleep, refuse_once)| Op::Sleep {
+                zero,
+                free_while_asleep,
+                refuse_once
+            }
+        ),
+    ]
+}
+
+/// One live block of the model.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    ptr: usize,
+    size: usize,
+    seed: u64,
+    discard: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sleep_and_wake_between_random_allocations_keep_every_address_and_byte(
+        ops in proptest::collection::vec(op(), 1..40)
+    ) {
+        let (vm, mr) = host_pool(256 * PAGE);
+        let mut live: Vec<Live> = Vec::new();
+        let mut seed = 0u64;
+        for op in ops {
+            match op {
+                Op::Alloc(size) => {
+                    let ptr = mr.allocate(size, S).unwrap();
+                    seed += 1;
+                    write(ptr, size, seed);
+                    live.push(Live { ptr, size, seed, discard: false });
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let b = live.swap_remove(i % live.len());
+                    free(&mr, b.ptr, b.size).unwrap();
+                }
+                Op::Rewrite(i) if !live.is_empty() => {
+                    let n = live.len();
+                    let b = &mut live[i % n];
+                    seed += 1;
+                    b.seed = seed;
+                    // Rewritten data is worth keeping: tagged keep again.
+                    mr.tag(b.ptr, SleepTag::Keep).unwrap();
+                    b.discard = false;
+                    write(b.ptr, b.size, seed);
+                }
+                Op::Discard(i) if !live.is_empty() => {
+                    let n = live.len();
+                    let b = &mut live[i % n];
+                    mr.tag(b.ptr, SleepTag::Discard).unwrap();
+                    b.discard = true;
+                }
+                Op::Sleep { zero, free_while_asleep, refuse_once } => {
+                    let estimate = mr.sleep_estimate();
+                    let blocks: std::collections::HashMap<usize, usize> =
+                        mr.view().live.into_iter().collect();
+                    let fill = if zero { DiscardFill::Zero } else { DiscardFill::Undefined };
+                    let did = mr.offload_with(fill).unwrap();
+                    prop_assert_eq!(did, estimate);
+                    // The kept blocks' bytes (whole blocks: a block may be larger than asked).
+                    let kept: usize = live.iter().filter(|b| !b.discard).map(|b| blocks[&b.ptr]).sum();
+                    prop_assert!(live.iter().all(|b| blocks[&b.ptr] >= b.size));
+                    prop_assert_eq!(did.copied_bytes, kept);
+                    prop_assert_eq!(mr.host_copy_bytes(), kept);
+                    prop_assert_eq!(did.live_blocks, live.len());
+                    prop_assert_eq!(vm.mapped_bytes(), 0);
+                    prop_assert!(mr.allocate(1, S).is_err());
+                    if let (Some(i), false) = (free_while_asleep, live.is_empty()) {
+                        let b = live.swap_remove(i % live.len());
+                        free(&mr, b.ptr, b.size).unwrap();
+                    }
+                    // A pool with pages to map again (none when nothing was live).
+                    if refuse_once && did.released_bytes > did.free_page_bytes {
+                        vm.refuse_maps.store(true, Ordering::SeqCst);
+                        prop_assert!(mr.restore().is_err());
+                        prop_assert!(mr.asleep());
+                        vm.refuse_maps.store(false, Ordering::SeqCst);
+                    }
+                    mr.restore().unwrap();
+                    for b in &mut live {
+                        if !b.discard {
+                            prop_assert_eq!(mismatch(b.ptr, b.size, b.seed), None, "{:?}", b);
+                        } else if zero {
+                            prop_assert!(all_zero(b.ptr, b.size), "{:?}", b);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            // Addresses never move: every live block is still allocated where it was.
+            let view = mr.view();
+            let mut ptrs: Vec<usize> = live.iter().map(|b| b.ptr).collect();
+            ptrs.sort_unstable();
+            let found: Vec<usize> = view.live.iter().map(|&(a, _)| a).collect();
+            prop_assert_eq!(found, ptrs);
+        }
+        for b in live {
+            free(&mr, b.ptr, b.size).unwrap();
+        }
+    }
+}
+
+#[test]
+fn threads_allocate_and_free_while_another_sleeps_and_wakes() {
+    use std::sync::Barrier;
+    let (vm, mr) = host_pool(512 * PAGE);
+    // Workers touch memory only under `using` (read); the sleeper holds it for writing from
+    // offload to restore: the caller's side of the contract (no work on asleep memory). Frees
+    // and allocations also run outside it, racing the sleeps.
+    let using = Arc::new(parking_lot::RwLock::new(()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = 4;
+    let start = Arc::new(Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let (mr, using, stop, start) = (mr.clone(), using.clone(), stop.clone(), start.clone());
+        handles.push(std::thread::spawn(move || {
+            start.wait();
+            let mut held: Vec<(usize, usize, u64)> = Vec::new();
+            let mut refused = 0usize;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let size = 256 + ((n as usize * 7919 + t * 104_729) % (PAGE / 2));
+                {
+                    let _use = using.read();
+                    let seed = (t as u64) << 32 | n;
+                    if let Ok(p) = mr.allocate(size, S) {
+                        write(p, size, seed);
+                        held.push((p, size, seed));
+                    }
+                    for &(p, s, seed) in &held {
+                        assert_eq!(mismatch(p, s, seed), None, "thread {t}: block {p:#x}");
+                    }
+                }
+                // Outside the use lock: an allocation may meet a sleeping pool (refused with the
+                // asleep error), a free is allowed either way.
+                match mr.allocate(size, S) {
+                    Ok(p) => free(&mr, p, size).unwrap(),
+                    Err(e) => {
+                        assert!(e.to_string().contains("asleep"), "{e}");
+                        refused += 1;
+                    }
+                }
+                if held.len() > 6 {
+                    let (p, s, _) = held.remove(n as usize % held.len());
+                    free(&mr, p, s).unwrap();
+                }
+            }
+            for (p, s, _) in held {
+                free(&mr, p, s).unwrap();
+            }
+            refused
+        }));
+    }
+    start.wait();
+    for _ in 0..30 {
+        let _use = using.write();
+        mr.offload().unwrap();
+        assert_eq!(vm.mapped_bytes(), 0);
+        std::thread::yield_now();
+        mr.restore().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let refused: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let _ = refused;
+    assert!(!mr.asleep());
+    assert_eq!(mr.view().live.len(), 0, "nothing leaked");
+}
