@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 fn table() -> &'static RwLock<HashMap<usize, SharedResource>> {
+    // Why process-wide: RMM's per-device resource is process state (`set_per_device_resource`).
     static TABLE: OnceLock<RwLock<HashMap<usize, SharedResource>>> = OnceLock::new();
     TABLE.get_or_init(|| RwLock::new(HashMap::new()))
 }
@@ -49,11 +50,13 @@ pub fn check_device_ordinal(ordinal: usize, mr: Option<&SharedResource>) -> Resu
 }
 
 /// Bumped by every change of the table, so that per-thread caches know when they are stale.
+// Why process-wide: tells each thread's lookup cache that the process-wide table changed.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// This thread's last lookup: (generation, device, resource). Hooks and buffers ask for the
     /// same device's resource on every call; this answers without the table's lock.
+    // Why process-wide: a per-thread cache of the table: a hook's lookup takes no lock.
     static LAST_LOOKUP: RefCell<Option<(u64, usize, SharedResource)>> = const { RefCell::new(None) };
 }
 
@@ -157,9 +160,12 @@ pub enum DefaultHostResource {
     /// Pinned host memory (a CUDA driver is loaded), and the resource handed out: it behind a
     /// [`CheckedResourceAdaptor`](crate::CheckedResourceAdaptor), as Python drives it, so a
     /// bogus, double or wrong-size free is an error and never reaches the driver.
-    Pinned(Arc<crate::PinnedHostMemoryResource>, SharedResource),
+    Pinned(
+        Arc<crate::resource::PinnedHostMemoryResource>,
+        SharedResource,
+    ),
     /// The system allocator (no CUDA driver: host memory without pinning).
-    System(Arc<crate::SystemMemoryResource>),
+    System(Arc<crate::resource::SystemMemoryResource>),
 }
 
 impl DefaultHostResource {
@@ -179,11 +185,12 @@ impl DefaultHostResource {
     fn make() -> Result<Self> {
         if !cuda::driver_available() {
             return Ok(DefaultHostResource::System(Arc::new(
-                crate::SystemMemoryResource::new(),
+                crate::resource::SystemMemoryResource::new(),
             )));
         }
-        let pinned = Arc::new(crate::PinnedHostMemoryResource::new()?);
-        let checked: SharedResource = Arc::new(crate::CheckedResourceAdaptor::new(pinned.clone()));
+        let pinned = Arc::new(crate::resource::PinnedHostMemoryResource::new()?);
+        let checked: SharedResource =
+            Arc::new(crate::adaptor::CheckedResourceAdaptor::new(pinned.clone()));
         Ok(DefaultHostResource::Pinned(pinned, checked))
     }
 }
@@ -197,6 +204,7 @@ enum HostSlot {
 }
 
 fn host_slot() -> &'static RwLock<HostSlot> {
+    // Why process-wide: RMM's current host resource is process state (`set_current_host_resource`).
     static HOST: RwLock<HostSlot> = RwLock::new(HostSlot::Unset);
     &HOST
 }

@@ -68,7 +68,6 @@ pub mod adaptor;
 pub mod container;
 pub mod cuda;
 mod current;
-mod device_buffer;
 mod error;
 pub mod live;
 pub mod os;
@@ -89,7 +88,7 @@ pub use adaptor::{
     TrackingResourceAdaptor,
 };
 pub use bytemuck;
-pub use container::{DeviceRagged, DeviceScalar, DeviceUVector};
+pub use container::{DeviceBuffer, DeviceRagged, DeviceScalar, DeviceUVector};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     check_device_ordinal, clear_per_device_resources, current_device_ordinal,
@@ -97,7 +96,6 @@ pub use current::{
     per_device_resource, set_current_device_resource, set_current_host_resource,
     set_per_device_resource, DefaultHostResource, MAX_VIRTUAL_DEVICES,
 };
-pub use device_buffer::DeviceBuffer;
 pub use error::{CallbackPayload, Error, Result};
 pub use live::LiveAllocations;
 pub use report::{Footprint, MemoryStats, PoolReport, SegmentInfo};

@@ -37,6 +37,7 @@ pub trait Relieve: Send + Sync {
 
 type Entry = (Place, Weak<dyn Relieve>);
 
+// Why process-wide: memory pressure is the process's: every cache that can give back.
 static CACHES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// Registers `cache`, drawing from `place`, for reliefs until it drops (it is held weakly).

@@ -23,8 +23,10 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(not(feature = "loom"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+// Why process-wide: a thread's identity for `OwnedMutex`: the address of its own local.
 #[cfg(not(feature = "loom"))]
 std::thread_local!(static THREAD_TOKEN: u8 = const { 0 });
+// Why process-wide: the same identity under loom, whose threads need its thread-locals.
 #[cfg(feature = "loom")]
 loom::thread_local!(static THREAD_TOKEN: u8 = 0);
 

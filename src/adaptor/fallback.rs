@@ -188,7 +188,7 @@ impl MemoryResource for FallbackResourceAdaptor {
         Ok(())
     }
 
-    fn kind(&self) -> crate::MemoryKind {
+    fn kind(&self) -> crate::resource::MemoryKind {
         self.upstream.kind()
     }
 

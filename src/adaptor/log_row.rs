@@ -53,6 +53,7 @@ pub(crate) fn now() -> DateTime<Local> {
 /// process-unique counter.
 pub(crate) fn thread_id() -> u64 {
     thread_local! {
+        // Why process-wide: the OS id of a thread is asked once per thread, not once per row.
         static TID: u64 = os_thread_id();
     }
     TID.with(|t| *t)
@@ -70,6 +71,7 @@ fn os_thread_id() -> u64 {
 #[cfg(not(target_os = "linux"))]
 fn os_thread_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
+    // Why process-wide: without gettid, thread ids are numbered across the whole process.
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }

@@ -87,6 +87,7 @@ impl LoggingResourceAdaptor {
     /// side channel: a failed write does not fail the allocation.
     fn log(&self, action: &str, ptr: usize, bytes: usize, stream: Stream) {
         thread_local! {
+            // Why process-wide: a line buffer per thread: a row allocates nothing, locks nothing.
             static LINE: RefCell<String> = RefCell::new(String::with_capacity(96));
         }
         LINE.with(|line| {

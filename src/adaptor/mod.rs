@@ -30,7 +30,7 @@ macro_rules! forward_upstream_info {
         fn report(&self) -> Option<&dyn $crate::report::PoolReport> {
             self.upstream.report()
         }
-        fn upstreams(&self) -> Vec<$crate::SharedResource> {
+        fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
             vec![self.upstream.clone()]
         }
     };

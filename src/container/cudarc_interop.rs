@@ -37,7 +37,8 @@
 //! cudarc's `CudaContext::new(ordinal)` and rrmm both use the device's primary context, so the
 //! two share it rather than making a second one.
 
-use super::{DeviceScalar, DeviceUVector};
+use super::scalar::DeviceScalar;
+use super::uvector::DeviceUVector;
 use crate::cuda::{ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::MemoryKind;

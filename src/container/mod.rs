@@ -1,13 +1,14 @@
 //! Typed, stream-ordered containers over any [`MemoryResource`](crate::MemoryResource), as RMM's
-//! `device_uvector` and `device_scalar`, with host copies both ways (which RMM's lack), and a
-//! ragged container (vectors of vectors in one allocation).
+//! `device_uvector` and `device_scalar`, with host copies both ways (which RMM's lack), a
+//! ragged container (vectors of vectors in one allocation), and the untyped allocation they
+//! are built on, [`DeviceBuffer`] (RMM's `device_buffer`).
 //!
 //! Element types are [`bytemuck::Pod`]: any bit pattern is a valid value, so an uninitialised
 //! element read back is some value, never undefined behaviour, and elements cross to and from
 //! the device as plain bytes.
 //!
 //! # Ownership and threads
-//! A container owns its allocation (a [`DeviceBuffer`](crate::DeviceBuffer)) and frees it on
+//! A container owns its allocation (a [`DeviceBuffer`]) and frees it on
 //! drop, on its stream. It is `Send` and `Sync` (it holds an address, not a reference into
 //! host memory; the resource is thread-safe). Methods that change the contents or the size take
 //! `&mut self`, so no two changes race through safe code; the copies wait for their stream.
@@ -29,11 +30,16 @@
 //! [`cudarc_interop`] for the stream ordering each one gives.
 
 pub mod cudarc_interop;
+mod device_buffer;
 mod ragged;
 mod scalar;
 mod uvector;
 
 pub use cudarc_interop::{stream_of, CudarcView, CudarcViewMut};
+pub use device_buffer::DeviceBuffer;
+/// The raw copies behind `DeviceBuffer`'s, for the bindings' pointer copies.
+#[cfg(feature = "python")]
+pub(crate) use device_buffer::{copy_bytes, copy_bytes_async};
 pub use ragged::DeviceRagged;
 pub use scalar::DeviceScalar;
 pub use uvector::DeviceUVector;

@@ -1,6 +1,6 @@
 //! [`DeviceRagged`]: vectors of different lengths in one device allocation, with offsets.
 
-use super::DeviceUVector;
+use super::uvector::DeviceUVector;
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::SharedResource;

@@ -1,6 +1,6 @@
 //! [`DeviceScalar`]: one typed value in device memory.
 
-use super::DeviceUVector;
+use super::uvector::DeviceUVector;
 use crate::cuda::Stream;
 use crate::error::Result;
 use crate::resource::SharedResource;

@@ -1,7 +1,7 @@
 //! [`DeviceUVector`]: a typed, uninitialised, growable device vector.
 
+use super::device_buffer::DeviceBuffer;
 use crate::cuda::Stream;
-use crate::device_buffer::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use bytemuck::Pod;

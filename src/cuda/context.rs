@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 /// One slot per device for its retained primary context, as an address.
 fn context_table() -> &'static [OnceLock<usize>] {
+    // Why process-wide: a device's primary context is one per process (CUDA's), retained once.
     static CONTEXTS: OnceLock<Vec<OnceLock<usize>>> = OnceLock::new();
     CONTEXTS.get_or_init(|| (0..device_count()).map(|_| OnceLock::new()).collect())
 }

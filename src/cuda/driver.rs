@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 /// The outcome of loading and initialising the driver, computed once per process.
 fn driver_state() -> &'static std::result::Result<(), String> {
+    // Why process-wide: the driver is loaded and initialised once per process.
     static STATE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     STATE.get_or_init(|| {
         // cudarc panics when libcuda is absent, so ask first, and never let a panic escape.

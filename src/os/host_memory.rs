@@ -33,6 +33,7 @@ const IOVECS_PER_CALL: usize = 1024;
 pub const PROBED_PAGES: usize = 64;
 
 /// Set once `process_vm_readv` was refused (not a fault): `/proc/self/maps` answers from then on.
+// Why process-wide: whether the OS refuses `process_vm_readv` holds for the process.
 static VM_CALLS_REFUSED: AtomicBool = AtomicBool::new(false);
 
 fn page_size() -> usize {

@@ -96,6 +96,7 @@ impl std::fmt::Debug for CallbackMemoryResource {
 /// Calls of callback resources in progress on this thread, one inside another.
 struct Nesting;
 
+// Why process-wide: nesting is the calling thread's, whichever callback resource it calls.
 std::thread_local!(static NESTED_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) });
 
 /// How deep callback resources may call into each other on one thread: a callback that calls

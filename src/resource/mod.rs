@@ -262,6 +262,7 @@ impl CallProfile {
 
 /// Counts changes of call profiles after construction (a binning resource gaining a bin), so
 /// that copies of a profile (the Python objects' GIL decision) know to read it again.
+// Why process-wide: a change below any adaptor reaches every copy above; one load per call.
 static PROFILE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The number of call-profile changes so far (see [`note_profile_change`]).

@@ -3,7 +3,7 @@
 //! Unregistered and unmapped on drop.
 
 use crate::cuda;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::os::host_pages::{
     available_host_memory, check_host_room, numa_node_of, Commit, Reservation, HUGE_PAGE,
     SMALL_PAGE,
@@ -54,6 +54,7 @@ pub struct PinnedStartup {
     pub available_before: Option<usize>,
 }
 
+// Why process-wide: the last pinned start, for a later reader (`_rrmm.pinned_startup`).
 static LAST_STARTUP: parking_lot::Mutex<Option<PinnedStartup>> = parking_lot::Mutex::new(None);
 
 /// How the process's latest [`PinnedPages`] (a large pinned allocation: a pinned pool's chunk)
@@ -107,7 +108,7 @@ impl PinnedPages {
     /// Records how long each step took ([`last_pinned_startup`]).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the host or the driver cannot give
+    /// [`Error::OutOfMemory`](Error::OutOfMemory) when the host or the driver cannot give
     /// that much (more than the host has available is refused before anything is touched); no
     /// driver; CUDA errors of the registration.
     pub fn new(bytes: usize, numa_node: Option<u32>) -> Result<Self> {
@@ -116,7 +117,7 @@ impl PinnedPages {
         // Refused before anything is reserved or touched when the host cannot hold it (the
         // commit checks again): faulting in more than the host has gets the process killed.
         let pages = bytes.checked_next_multiple_of(HUGE_PAGE).ok_or_else(|| {
-            crate::Error::out_of_memory(bytes, "pinned host memory: larger than the address space")
+            Error::out_of_memory(bytes, "pinned host memory: larger than the address space")
         })?;
         // What the commit below faults in.
         let touched = if bytes >= HUGE_PAGE {

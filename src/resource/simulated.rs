@@ -28,6 +28,7 @@ const ADDRESS_END: usize = 1 << 62;
 /// The windows of the simulated address space the live devices hold: each device takes its own
 /// (its whole address space), so no two live devices hand out the same address (a fallback's
 /// upstream and alternate, or a cache and the device beneath, stay told apart by address).
+// Why process-wide: no two live simulated devices may hand out the same address.
 static WINDOWS: parking_lot::Mutex<Option<AddressRanges>> = parking_lot::Mutex::new(None);
 
 /// A window of `len` bytes of simulated addresses; `None` when the space is used up (then the

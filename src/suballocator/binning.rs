@@ -1,5 +1,6 @@
 //! `BinningMemoryResource`: requests routed by size to bins, the rest to the upstream.
 
+use super::core::current_thread_tag;
 use super::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
@@ -9,7 +10,7 @@ use crate::resource::{
     align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
 };
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Routes each request to the bin with the smallest size at least the request, and requests
@@ -98,14 +99,11 @@ impl BinShards {
     }
 }
 
-/// This thread's shard: threads take them in turn as they first ask.
+/// This thread's shard: threads take them in turn, by their tag (1, 2, ... as they first ask
+/// for one).
 #[inline]
 fn thread_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-    }
-    SHARD.try_with(|s| *s).unwrap_or(0)
+    (current_thread_tag() % SHARDS as u64) as usize
 }
 
 impl std::fmt::Debug for Inner {

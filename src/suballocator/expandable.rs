@@ -19,11 +19,10 @@
 //! The growth policy's record of mapped runs has its own mutex, taken only under the core's
 //! shared lock (growth, trim, snapshots); the virtual memory's lock comes after it.
 
-use super::coalescing_free_list::CoalescingFreeList;
-use super::free_list::Block;
-use super::growth::{FreeRanges, GrowRequest, Growth};
-use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events_for, StreamOrderedCore};
+use super::core::{
+    default_events_for, Block, FreeRanges, GrowRequest, Growth, StreamEvents, StreamOrderedCore,
+};
+use super::free_lists::CoalescingFreeList;
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -491,7 +490,7 @@ impl ExpandableGrowth {
                 ),
             ));
         };
-        super::growth::check_maximum(self.maximum, request.bytes, request.held, need)?;
+        super::core::check_maximum(self.maximum, request.bytes, request.held, need)?;
         let max_room = self
             .maximum
             .map_or(usize::MAX, |m| m.saturating_sub(request.held));
@@ -661,7 +660,7 @@ impl Growth for ExpandableGrowth {
     /// Free: the pool's free bytes plus what it could still map; total: the device's total,
     /// capped by the maximum.
     fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
-        super::growth::memory_info_below(self.vm.memory_info(), self.maximum, held, free)
+        super::core::memory_info_below(self.vm.memory_info(), self.maximum, held, free)
     }
 }
 

@@ -1,10 +1,10 @@
 //! `FixedSizeMemoryResource`: blocks of one size, stream-ordered, taken from the upstream in
 //! chunks.
 
-use super::fixed_size_free_list::FixedSizeFreeList;
-use super::growth::Chunks;
-use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
+use super::core::{
+    default_events, forward_memory_resource, Chunks, StreamEvents, StreamOrderedCore,
+};
+use super::free_lists::FixedSizeFreeList;
 use crate::error::{Error, Result};
 use crate::resource::{align_up, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;

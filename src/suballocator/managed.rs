@@ -41,11 +41,10 @@
 //! [`Error::Logic`](crate::Error::Logic)).
 //!
 
-use super::free_list::Block;
-use super::free_list::FreeList;
-use super::growth::{checked_chunk, GrowRequest, Growth};
-use super::stream_ordered::{default_events, StreamOrderedCore};
-use super::whole_block_free_list::WholeBlockFreeList;
+use super::core::{
+    checked_chunk, default_events, Block, FreeList, GrowRequest, Growth, StreamOrderedCore,
+};
+use super::free_lists::WholeBlockFreeList;
 use crate::cuda::Stream;
 use crate::error::Result;
 use crate::pressure::{self, Place, Relieve};

@@ -15,31 +15,16 @@
 
 mod arena;
 mod binning;
-#[path = "free_lists/coalescing_free_list.rs"]
-mod coalescing_free_list;
+mod core;
 mod expandable;
 mod fixed_size;
-#[path = "free_lists/fixed_size_free_list.rs"]
-mod fixed_size_free_list;
-#[path = "core/free_list.rs"]
-mod free_list;
-#[path = "core/growth.rs"]
-mod growth;
+mod free_lists;
 mod managed;
 mod pool;
-#[path = "core/pool_stats.rs"]
-mod pool_stats;
-#[path = "free_lists/size_classes.rs"]
-mod size_classes;
-#[path = "core/stream_events.rs"]
-pub mod stream_events;
-#[path = "core/stream_list.rs"]
-mod stream_list;
-#[path = "core/stream_ordered.rs"]
-mod stream_ordered;
-#[path = "free_lists/whole_block_free_list.rs"]
-mod whole_block_free_list;
 
+pub use self::core::{
+    CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
+};
 pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use expandable::{
@@ -54,9 +39,6 @@ pub mod sleep {
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};
 pub use pool::PoolMemoryResource;
-pub use stream_events::{
-    CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
-};
 
 // Every suballocator is a thread-safe memory resource.
 const _: () = {

@@ -1,9 +1,9 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
-use super::coalescing_free_list::CoalescingFreeList;
-use super::growth::Geometric;
-use super::stream_events::StreamEvents;
-use super::stream_ordered::{default_events, forward_memory_resource, StreamOrderedCore};
+use super::core::{
+    default_events, forward_memory_resource, Geometric, StreamEvents, StreamOrderedCore,
+};
+use super::free_lists::CoalescingFreeList;
 use crate::error::{Error, Result};
 use crate::resource::{BlockPlacer, SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;

@@ -10,13 +10,14 @@ use pyo3::types::{PyDict, PyTuple};
 use std::ffi::{c_int, c_void};
 
 /// The one byte an empty buffer's view points at (a view of no bytes never reads it).
+// Why process-wide: an address that outlives every empty view; never written.
 static EMPTY: u8 = 0;
 
 /// Host bytes exported through the buffer protocol: an address and a length, set once by the
 /// subclass (`rrmm.HostBuffer`) that owns the memory and frees it when it and every view of it
 /// are gone (each view holds a reference to it).
 #[pyclass(subclass, module = "rrmm._rrmm", name = "_HostBytes")]
-pub(crate) struct HostBytes {
+pub(super) struct HostBytes {
     ptr: usize,
     len: usize,
     set: bool,
@@ -94,6 +95,6 @@ impl HostBytes {
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HostBytes>()
 }

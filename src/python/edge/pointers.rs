@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
 /// The system-memory resources made from Python, while they live.
+// Why process-wide: a raw address may lie in any system resource made from Python.
 static SYSTEM: Mutex<Vec<Weak<SystemMemoryResource>>> = Mutex::new(Vec::new());
 
 /// Records `mr` in `registry`, pruning entries whose resource is gone.
@@ -120,7 +121,7 @@ pub(crate) fn check_user_range(
 ///
 /// # Time Complexity
 /// O(1).
-pub(crate) fn is_simulated(ptr: usize, bytes: usize) -> bool {
+pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
     ptr.saturating_add(bytes.max(1)) > SIMULATED_ADDRESS_BASE
 }
 

@@ -7,7 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use std::sync::Arc;
 
-use super::errors::py_result;
+use crate::python::errors::py_result;
 
 /// A CUDA stream (RMM's `Stream`): owns a stream it created, or wraps one of rrmm, CuPy, Numba,
 /// PyTorch or any object with `__cuda_stream__`, keeping that object alive.
@@ -108,7 +108,7 @@ pub(crate) fn stream_arg(obj: &Bound<'_, PyAny>) -> PyResult<RawStream> {
 }
 
 /// `stream_arg` that also returns the argument as an rrmm `Stream` object.
-pub(crate) fn stream_object<'py>(
+pub(super) fn stream_object<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<(RawStream, Bound<'py, PyStream>)> {
     if let Ok(stream) = obj.cast::<PyStream>() {
@@ -126,8 +126,11 @@ pub(crate) fn stream_object<'py>(
     Ok((handle, wrapped))
 }
 
+// Why process-wide: RMM's `DEFAULT_STREAM` is one module-level object.
 static DEFAULT: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
+// Why process-wide: RMM's `LEGACY_DEFAULT_STREAM` is one module-level object.
 static LEGACY: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
+// Why process-wide: RMM's `PER_THREAD_DEFAULT_STREAM` is one module-level object.
 static PER_THREAD: PyOnceLock<Py<PyStream>> = PyOnceLock::new();
 
 fn constant<'py>(
@@ -142,7 +145,7 @@ fn constant<'py>(
 }
 
 /// The shared `DEFAULT_STREAM` object.
-pub(crate) fn default_stream(py: Python<'_>) -> PyResult<Bound<'_, PyStream>> {
+pub(super) fn default_stream(py: Python<'_>) -> PyResult<Bound<'_, PyStream>> {
     constant(py, &DEFAULT, RawStream::DEFAULT)
 }
 
@@ -261,7 +264,7 @@ impl PyStream {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyStream>()?;
     m.add("DEFAULT_STREAM", default_stream(py)?)?;

@@ -10,8 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::cupy_stream::{cupy_missing, AllocationStream};
-use super::errors::{py_result, report_to_stderr};
-use super::hooks::{allocate_on, deallocate_on, Context, HookAllocation};
+use super::shared::{allocate_on, deallocate_on, Context, HookAllocation};
+use crate::python::errors::{py_result, report_to_stderr};
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
@@ -21,6 +21,7 @@ struct CupyBindings {
 }
 
 fn cupy_bindings(py: Python<'_>) -> PyResult<&'static CupyBindings> {
+    // Why process-wide: CuPy's classes, imported once.
     static CUPY: PyOnceLock<CupyBindings> = PyOnceLock::new();
     CUPY.get_or_try_init(py, || {
         let missing = |cause| cupy_missing(py, cause);
@@ -68,6 +69,7 @@ struct CupyLive {
 type PointerMap<V> = crate::live::AddressMap<usize, V>;
 
 fn cupy_live() -> &'static Mutex<PointerMap<CupyLive>> {
+    // Why process-wide: CuPy frees by pointer alone through a C function: found by address.
     static LIVE: OnceLock<Mutex<PointerMap<CupyLive>>> = OnceLock::new();
     LIVE.get_or_init(|| Mutex::new(PointerMap::default()))
 }
@@ -201,7 +203,7 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     } else {
         let mr = py_result(pinned_resource())?;
         // The GIL rule (see `gil`), as at every door into a resource.
-        let ptr = py_result(super::gil::call(py, mr.call_profile(), || {
+        let ptr = py_result(crate::python::gil::call(py, mr.call_profile(), || {
             mr.allocate(nbytes, Stream::DEFAULT)
         }))?;
         (ptr, Some(mr))

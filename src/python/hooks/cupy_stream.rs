@@ -26,7 +26,7 @@ const EXPECTED_SIGNATURE: &str = "intptr_t(void)";
 type StreamGetter = unsafe extern "C" fn() -> isize;
 
 /// How the CuPy hook asks CuPy for its current stream.
-pub(crate) enum CupyStreamLookup {
+pub(super) enum CupyStreamLookup {
     /// CuPy's C function, called directly.
     CFunction(StreamGetter),
     /// `cupy.cuda.stream.get_current_stream` (its `.ptr`), for CuPy releases without the C
@@ -40,6 +40,7 @@ impl CupyStreamLookup {
     /// # Errors
     /// An ImportError naming CuPy when CuPy cannot be imported.
     pub(crate) fn get(py: Python<'_>) -> PyResult<&'static CupyStreamLookup> {
+        // Why process-wide: CuPy's C function for its current stream, found once.
         static LOOKUP: PyOnceLock<CupyStreamLookup> = PyOnceLock::new();
         LOOKUP.get_or_try_init(py, || find(py))
     }
@@ -78,7 +79,7 @@ impl CupyStreamLookup {
 /// allocation on a stream CuPy created keeps a weak reference to CuPy's stream object and, once
 /// that is dead, frees on CuPy's current stream instead. Default streams (the null, legacy and
 /// per-thread handles) live for ever and carry no reference.
-pub(crate) struct AllocationStream {
+pub(super) struct AllocationStream {
     raw: usize,
     /// `weakref.ref(stream)` for a stream CuPy created; `None` for a default stream.
     alive: Option<Py<PyAny>>,
@@ -92,6 +93,7 @@ fn is_default_stream(raw: usize) -> bool {
 /// Weak references to CuPy's stream objects by handle (one Python call per stream, not per
 /// allocation). An entry whose stream is dead is replaced when its handle is seen again (CUDA
 /// reuses the handles of destroyed streams).
+// Why process-wide: CuPy's streams are the process's; one weak reference per handle.
 static STREAM_REFS: Mutex<Vec<(usize, Py<PyAny>)>> = Mutex::new(Vec::new());
 
 /// A live weak reference to the CuPy stream object of handle `raw` (CuPy's current stream).
@@ -173,7 +175,7 @@ fn call_getter(py: Python<'_>, getter: StreamGetter) -> PyResult<usize> {
 
 /// The C function in `capsule` when its name (Cython's signature string) says it is
 /// `intptr_t f(void)`, else `None`.
-pub(crate) fn getter_from_capsule(capsule: &Bound<'_, PyAny>) -> Option<StreamGetter> {
+pub(super) fn getter_from_capsule(capsule: &Bound<'_, PyAny>) -> Option<StreamGetter> {
     let capsule = capsule.cast::<PyCapsule>().ok()?;
     let name = capsule.name().ok()??;
     // SAFETY: the name is used at once, while the capsule (held by `capsule`) is alive and no
@@ -216,7 +218,7 @@ fn find(py: Python<'_>) -> PyResult<CupyStreamLookup> {
 
 /// The ImportError that says CuPy is missing, `cause` attached and `name` set to `"cupy"` (as
 /// Python's own ImportError sets it).
-pub(crate) fn cupy_missing(py: Python<'_>, cause: PyErr) -> PyErr {
+pub(super) fn cupy_missing(py: Python<'_>, cause: PyErr) -> PyErr {
     let error = PyImportError::new_err(format!(
         "rrmm.allocators.cupy needs cupy, which could not be imported ({cause}); install it with \
          `pip install cupy-cuda12x` (or cupy-cuda13x)"

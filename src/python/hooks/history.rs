@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The most Python frames kept per entry (innermost first, as PyTorch keeps them).
-pub(crate) const MAX_FRAMES: usize = 16;
+pub(super) const MAX_FRAMES: usize = 16;
 
+// Why process-wide: PyTorch's `record_memory_history` is process-wide; one load per call.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// One frame: file, line, function.
@@ -38,6 +39,7 @@ struct Record {
     stacks: bool,
 }
 
+// Why process-wide: the one history `record_memory_history` keeps and `_snapshot` reads.
 static RECORD: Mutex<Option<Record>> = Mutex::new(None);
 
 /// Whether history is being recorded (one relaxed load).

@@ -4,8 +4,8 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::errors::py_result;
-use super::hooks::{allocate_from, Context, HookAllocation};
+use super::shared::{allocate_from, Context, HookAllocation};
+use crate::python::errors::py_result;
 use crate::{cuda, Error, Stream};
 
 /// `hook_allocate(nbytes, stream, device)`: allocates `nbytes` on the raw stream handle `stream`

@@ -20,17 +20,17 @@
 //! so has no landing pad: the unwinder is PyTorch's (libgcc's), not the one linked into this
 //! module (a release wheel links zig's), and must never call this module's personality routine.
 
-use super::errors::report_to_stderr;
-use super::hooks::{allocate_on, deallocate_on, Context};
+use super::shared::{allocate_on, deallocate_on, Context};
+use crate::python::errors::report_to_stderr;
 use crate::{per_device_resource, Error, Result, Stream};
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The exported names, for `CUDAPluggableAllocator`.
-pub(crate) const ALLOCATE_SYMBOL: &str = "rrmm_torch_allocate";
+pub(super) const ALLOCATE_SYMBOL: &str = "rrmm_torch_allocate";
 /// The exported name of the free function.
-pub(crate) const DEALLOCATE_SYMBOL: &str = "rrmm_torch_deallocate";
+pub(super) const DEALLOCATE_SYMBOL: &str = "rrmm_torch_deallocate";
 
 extern "C-unwind" {
     /// Throws PyTorch's `c10::OutOfMemoryError` or `rrmm::out_of_memory` (a `std::bad_alloc`)
@@ -48,7 +48,7 @@ extern "C" {
 /// A PyTorch release rrmm's allocator hook was tested with, and what the shim checks of its
 /// `c10::OutOfMemoryError` before forging one (csrc/torch_shim.cpp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TestedTorch {
+pub(super) struct TestedTorch {
     /// `major.minor` of the release (any patch release of it, any local build tag such as
     /// `+cu130`; not pre-releases).
     pub(crate) release: (u32, u32),
@@ -64,7 +64,7 @@ pub(crate) struct TestedTorch {
 /// layout checks pass, the object is caught as `c10::OutOfMemoryError` through PyTorch's
 /// libstdc++ with rrmm's message, and OutOfMemoryError's destructor is c10::Error's with nothing
 /// before it (the class has no member of its own). Add a release only after the same checks.
-pub(crate) const TESTED_TORCH: &[TestedTorch] = &[
+pub(super) const TESTED_TORCH: &[TestedTorch] = &[
     tested(2, 9),
     tested(2, 10),
     tested(2, 11),
@@ -85,7 +85,7 @@ const fn tested(major: u32, minor: u32) -> TestedTorch {
 
 /// The tested release `version` (a `torch.__version__`) belongs to: `major.minor.patch` with an
 /// optional `+local` tag; pre-releases, development builds and anything else are untested.
-pub(crate) fn tested_torch(version: &str) -> Option<TestedTorch> {
+pub(super) fn tested_torch(version: &str) -> Option<TestedTorch> {
     let public = version
         .split_once('+')
         .map_or(version, |(public, _)| public);
@@ -107,7 +107,7 @@ pub(crate) fn tested_torch(version: &str) -> Option<TestedTorch> {
 
 /// How an allocation failure reaches PyTorch, as the shim reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ShimMode {
+pub(super) enum ShimMode {
     /// `c10::OutOfMemoryError` (`torch.cuda.OutOfMemoryError` in Python).
     OutOfMemoryError,
     /// `rrmm::out_of_memory`, a `std::bad_alloc` (`RuntimeError` in Python).
@@ -137,7 +137,7 @@ impl ShimMode {
 
 /// Tells the shim which PyTorch is loaded (its `torch.__version__`) and returns how a failure
 /// will reach it.
-pub(crate) fn configure_shim(torch_version: &str) -> ShimMode {
+pub(super) fn configure_shim(torch_version: &str) -> ShimMode {
     let bytes = tested_torch(torch_version).map_or(0, |t| t.error_vtable_bytes);
     // SAFETY: the shim's set-up takes a plain integer and only looks up loaded libraries.
     ShimMode::from_code(unsafe { rrmm_torch_shim_configure(bytes) })

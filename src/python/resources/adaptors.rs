@@ -14,12 +14,12 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
-use super::callable_ref::CallableRef;
 use super::convert::{bytes_arg, upstream_arg};
-use super::errors::{callback_error, py_result};
 use super::resource::{over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};
+use crate::python::callable_ref::CallableRef;
+use crate::python::errors::{callback_error, py_result};
 
 /// The initializer of an adaptor class over `up` whose Rust adaptor serves both the base class
 /// (allocate, deallocate) and the class's own methods, through the handle `leaf` keeps.
@@ -39,7 +39,7 @@ where
 /// Fails allocations beyond `allocation_limit` bytes in total (RMM's
 /// `LimitingResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "LimitingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct LimitingResourceAdaptor {
+pub(super) struct LimitingResourceAdaptor {
     pub(super) limiting: Arc<RsLimiting>,
 }
 
@@ -76,7 +76,7 @@ impl LimitingResourceAdaptor {
 /// name is used as given: `rrmm.mr.LoggingResourceAdaptor`, a Python subclass, applies RMM's
 /// naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension).
 #[pyclass(module = "rrmm._rrmm", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, subclass, frozen)]
-pub(crate) struct LoggingResourceAdaptor {
+pub(super) struct LoggingResourceAdaptor {
     pub(super) logging: Arc<RsLogging>,
 }
 
@@ -111,7 +111,7 @@ impl LoggingResourceAdaptor {
 
 /// Counts bytes and allocations, with push/pop levels (RMM's `StatisticsResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "StatisticsResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct StatisticsResourceAdaptor {
+pub(super) struct StatisticsResourceAdaptor {
     pub(super) stats: Arc<RsStatisticsAdaptor>,
 }
 
@@ -150,7 +150,7 @@ impl StatisticsResourceAdaptor {
 
 /// Tracks every outstanding allocation (RMM's `TrackingResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "TrackingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct TrackingResourceAdaptor {
+pub(super) struct TrackingResourceAdaptor {
     pub(super) tracking: Arc<RsTracking>,
 }
 
@@ -189,7 +189,7 @@ impl TrackingResourceAdaptor {
 /// Calls `callback(nbytes)` when an allocation fails and retries while it returns True (RMM's
 /// `FailureCallbackResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "FailureCallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct FailureCallbackResourceAdaptor {
+pub(super) struct FailureCallbackResourceAdaptor {
     callback: Py<PyAny>,
 }
 
@@ -244,7 +244,7 @@ impl FailureCallbackResourceAdaptor {
 /// a new `ManagedMemoryResource`) instead of raising `MemoryError`; `counts()` says what went
 /// where.
 #[pyclass(module = "rrmm.mr", name = "FallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct FallbackResourceAdaptor {
+pub(super) struct FallbackResourceAdaptor {
     pub(super) fallback: Arc<RsFallback>,
     pub(super) alternate: Py<DeviceMemoryResource>,
 }
@@ -308,7 +308,7 @@ impl FallbackResourceAdaptor {
 
 /// Prefetches every allocation to the device on its stream (RMM's `PrefetchResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "PrefetchResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct PrefetchResourceAdaptor;
+pub(super) struct PrefetchResourceAdaptor;
 
 #[pymethods]
 impl PrefetchResourceAdaptor {
@@ -330,7 +330,7 @@ impl PrefetchResourceAdaptor {
 /// Aligns allocations of `alignment_threshold` bytes or more to `alignment` (RMM's
 /// `AlignedResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "AlignedResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct AlignedResourceAdaptor {
+pub(super) struct AlignedResourceAdaptor {
     aligned: Arc<RsAligned>,
 }
 

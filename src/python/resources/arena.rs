@@ -4,15 +4,15 @@ use crate::suballocator::ArenaMemoryResource as RsArena;
 use pyo3::prelude::*;
 
 use super::convert::opt_bytes_arg;
-use super::errors::py_result;
 use super::resource::{call_blocking, call_locking, UpstreamResourceAdaptor};
 use super::suballocators::suballocator_keeping;
 use super::upstream_kw::upstream_of;
+use crate::python::errors::py_result;
 
 /// A global arena taken from `upstream_mr` once, divided into per-thread and per-stream arenas
 /// (RMM's `ArenaMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "ArenaMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct ArenaMemoryResource {
+pub(super) struct ArenaMemoryResource {
     pub(super) arena: RsArena,
 }
 
@@ -61,6 +61,6 @@ impl ArenaMemoryResource {
 }
 
 /// Registers the class.
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ArenaMemoryResource>()
 }

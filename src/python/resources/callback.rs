@@ -26,9 +26,9 @@ use pyo3::types::{PyCFunction, PySet, PyTuple, PyWeakrefReference};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
-use super::errors::callback_error;
 use super::resource::{sub, DeviceMemoryResource};
-use super::stream::stream_for;
+use crate::python::edge::stream::stream_for;
+use crate::python::errors::callback_error;
 
 /// The state's life: working, memory given back at the cycle's collection, or dead without
 /// giving it back (a hook allocation may still use it).
@@ -84,7 +84,7 @@ impl CallbackState {
     /// functions): gives every live allocation back through the deallocate function, which still
     /// works, then stops calling Python.
     fn collected(&self, py: Python<'_>) {
-        if super::hooks::foreign_hook_allocations() > 0 {
+        if crate::python::hooks::shared::foreign_hook_allocations() > 0 {
             // A hook allocation may hold memory of this resource from outside the cycle.
             self.phase.store(DEAD, Ordering::Release);
             return;
@@ -108,7 +108,7 @@ impl CallbackState {
 /// Allocation through Python functions: `allocate_func(size, stream) -> int` and
 /// `deallocate_func(ptr, size, stream)`. Exceptions they raise propagate to the caller.
 #[pyclass(module = "rrmm.mr", name = "CallbackMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct CallbackMemoryResource {
+pub(super) struct CallbackMemoryResource {
     state: Arc<CallbackState>,
 }
 
@@ -234,6 +234,6 @@ impl CallbackMemoryResource {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CallbackMemoryResource>()
 }

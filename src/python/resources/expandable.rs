@@ -2,8 +2,8 @@
 //! device (or on simulated virtual memory, for CPU tests and sizing).
 
 use super::convert::opt_bytes_arg;
-use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
+use crate::python::errors::py_result;
 use crate::resource::{HostVirtualMemory, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
 use pyo3::prelude::*;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// are mapped as it grows (so free blocks coalesce across growth) and unmapped anywhere by
 /// `trim()` (rrmm's answer to PyTorch's `expandable_segments`, for every library).
 #[pyclass(module = "rrmm.mr", name = "ExpandableMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct ExpandableMemoryResource {
+pub(super) struct ExpandableMemoryResource {
     pub(super) mr: RsExpandable,
 }
 
@@ -180,7 +180,7 @@ impl ExpandableMemoryResource {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExpandableMemoryResource>()?;
     Ok(())
 }

@@ -4,8 +4,8 @@ use crate::resource::CudaAsyncManagedMemoryResource as RsCudaAsyncManaged;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
-use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
+use crate::python::errors::py_result;
 
 /// Stream-ordered managed memory from the current device's default managed memory pool
 /// (RMM's `rmm.mr.experimental.CudaAsyncManagedMemoryResource`; needs CUDA 13.0).
@@ -15,7 +15,7 @@ use super::resource::DeviceMemoryResource;
     extends = DeviceMemoryResource,
     frozen
 )]
-pub(crate) struct CudaAsyncManagedMemoryResource {
+pub(super) struct CudaAsyncManagedMemoryResource {
     pool_handle: usize,
 }
 
@@ -39,6 +39,6 @@ impl CudaAsyncManagedMemoryResource {
 }
 
 /// Registers the experimental resources.
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CudaAsyncManagedMemoryResource>()
 }

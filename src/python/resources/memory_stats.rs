@@ -2,9 +2,9 @@
 //! `_memory_snapshot` (the dicts of `torch.cuda.memory_stats()` and
 //! `torch.cuda.memory._snapshot()`); `rrmm.statistics` and `rrmm.memory_snapshot` call them.
 
-use super::errors::figures_readable;
-use super::gil;
 use super::resource::DeviceMemoryResource;
+use crate::python::errors::figures_readable;
+use crate::python::gil;
 use crate::report::SegmentInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};

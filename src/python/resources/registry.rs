@@ -10,9 +10,9 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
-use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
+use crate::python::errors::py_result;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
 
@@ -20,6 +20,7 @@ type Entry = (Py<DeviceMemoryResource>, SharedResource);
 /// resources set from Rust, for example by the torch hook), indexed by ordinal. Only ordinals the
 /// core's table accepted reach it (`crate::per_device_resource` / `set_per_device_resource`
 /// check them first), so no ordinal can size it beyond the core's bound.
+// Why process-wide: the Python side of the per-device table in `current.rs`.
 static PY_TABLE: Mutex<Vec<Option<Entry>>> = Mutex::new(Vec::new());
 
 fn same(a: &SharedResource, b: &SharedResource) -> bool {
@@ -112,7 +113,7 @@ fn wrap_one(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResou
 }
 
 /// The resource of `device`, as a Python object and as the Rust resource.
-pub(crate) fn per_device<'py>(
+pub(super) fn per_device<'py>(
     py: Python<'py>,
     device: usize,
 ) -> PyResult<(Bound<'py, DeviceMemoryResource>, SharedResource)> {
@@ -167,7 +168,7 @@ fn set_per_device_resource(device: &Bound<'_, PyAny>, mr: &Bound<'_, PyAny>) -> 
 
 /// Sets `mr` (a resource object) as the resource of `device`, checked as
 /// `set_per_device_resource` checks it.
-pub(crate) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(super) fn set_resource(device: usize, mr: &Bound<'_, PyAny>) -> PyResult<()> {
     let (obj, rust) = resource_arg(mr, "mr")?;
     // A stack rrmm refused to build cannot be set either (one built in Rust may be deeper):
     // say so, with the limit.
@@ -202,7 +203,7 @@ fn _clear_per_device_resources(py: Python<'_>) {
 }
 
 /// Forgets every per-device resource, the Rust ones and their objects.
-pub(crate) fn clear(_py: Python<'_>) {
+pub(super) fn clear(_py: Python<'_>) {
     crate::clear_per_device_resources();
     let old = std::mem::take(&mut *PY_TABLE.lock());
     // The old objects are dropped here, after the lock is released.
@@ -224,6 +225,7 @@ fn has_per_device_resource(device: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// The Python object of the process-wide host resource, with the Rust resource it stands for:
 /// the resource itself is owned by the core (`crate::current_host_resource`), this is only the
 /// object Python set or was given for it, so `get` returns the very object that was set.
+// Why process-wide: the Python side of the current host resource in `current.rs`.
 static HOST_PY: Mutex<Option<Entry>> = Mutex::new(None);
 
 /// rrmm: the process-wide host resource (`rrmm.mr.get_current_host_resource`): the object set

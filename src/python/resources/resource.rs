@@ -6,9 +6,9 @@ use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::SharedResource;
 use pyo3::prelude::*;
 
-use super::errors::py_result;
-use super::gil::{self, CallProfile, ProfileCache};
-use super::stream::StreamArg;
+use crate::python::edge::stream::StreamArg;
+use crate::python::errors::py_result;
+use crate::python::gil::{self, CallProfile, ProfileCache};
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]
@@ -42,7 +42,7 @@ impl DeviceMemoryResource {
 
 /// The initializer of a direct subclass of `DeviceMemoryResource` over the source resource
 /// `inner`.
-pub(crate) fn sub<T>(leaf: T, inner: SharedResource) -> PyClassInitializer<T>
+pub(super) fn sub<T>(leaf: T, inner: SharedResource) -> PyClassInitializer<T>
 where
     T: pyo3::PyClass<BaseType = DeviceMemoryResource>,
 {
@@ -164,7 +164,7 @@ impl DeviceMemoryResource {
 
 /// Base class of resources that wrap another (RMM's `UpstreamResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "UpstreamResourceAdaptor", extends = DeviceMemoryResource, subclass, frozen)]
-pub(crate) struct UpstreamResourceAdaptor;
+pub(super) struct UpstreamResourceAdaptor;
 
 impl UpstreamResourceAdaptor {
     /// An initializer chain for a resource over `upstream` whose Rust resource is `inner`.
@@ -195,7 +195,7 @@ impl UpstreamResourceAdaptor {
 
 /// The initializer chain `DeviceMemoryResource <- UpstreamResourceAdaptor <- leaf` of a
 /// resource over `upstream` (an adaptor or a suballocator) whose Rust resource is `inner`.
-pub(crate) fn over_upstream<T>(
+pub(super) fn over_upstream<T>(
     leaf: T,
     upstream: Py<DeviceMemoryResource>,
     inner: SharedResource,
@@ -207,7 +207,7 @@ where
 }
 
 /// The call profile of the resource of `slf` (a resource over an upstream).
-pub(crate) fn profile_of<T>(slf: &Bound<'_, T>) -> CallProfile
+pub(super) fn profile_of<T>(slf: &Bound<'_, T>) -> CallProfile
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
 {
@@ -218,7 +218,7 @@ where
 /// resource's lock (its figures, its reports): with the GIL released where the resource's
 /// profile asks for it, since the lock's holder may be inside a Python callback that needs the
 /// GIL (see `gil`).
-pub(crate) fn call_locking<T, R, F>(slf: &Bound<'_, T>, f: F) -> R
+pub(super) fn call_locking<T, R, F>(slf: &Bound<'_, T>, f: F) -> R
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
     F: pyo3::marker::Ungil + FnOnce() -> R,
@@ -230,7 +230,7 @@ where
 /// Runs `f`, a call into the resource of `slf` (a resource over an upstream) that blocks (it
 /// synchronizes, or frees upstream): with the GIL released where the resource's profile, made
 /// blocking, asks for it (see `gil`).
-pub(crate) fn call_blocking<T, R, F>(slf: &Bound<'_, T>, f: F) -> PyResult<R>
+pub(super) fn call_blocking<T, R, F>(slf: &Bound<'_, T>, f: F) -> PyResult<R>
 where
     T: pyo3::PyClass<BaseType = UpstreamResourceAdaptor>,
     F: pyo3::marker::Ungil + FnOnce() -> crate::Result<R>,

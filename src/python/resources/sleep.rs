@@ -2,7 +2,7 @@
 //! `sleep_estimate()` on every resource (they reach the expandable pool under adaptors, see
 //! `crate::suballocator::sleep`), the figures as dicts, and the pointer of a buffer.
 
-use super::errors::py_result;
+use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::suballocator::sleep as rs;
 use crate::suballocator::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
@@ -12,7 +12,7 @@ use pyo3::types::PyDict;
 
 /// The device address of `obj`: an int, a PyTorch tensor (`data_ptr()`), an object with
 /// `__cuda_array_interface__` (CuPy, Numba, `DeviceBuffer`), or one with an int `ptr`.
-pub(crate) fn pointer_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+pub(super) fn pointer_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(ptr) = obj.extract::<usize>() {
         return Ok(ptr);
     }
@@ -39,7 +39,7 @@ fn parse<T: std::str::FromStr<Err = crate::Error>>(text: &str) -> PyResult<T> {
 }
 
 /// A [`SleepEstimate`] as a dict of its fields.
-pub(crate) fn estimate_dict<'py>(
+pub(super) fn estimate_dict<'py>(
     py: Python<'py>,
     e: &SleepEstimate,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -53,7 +53,7 @@ pub(crate) fn estimate_dict<'py>(
 }
 
 /// A [`SleepReport`] as a dict: the estimate's fields and the times.
-pub(crate) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
+pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
     let d = estimate_dict(py, &r.estimate)?;
     d.set_item("sleeps", r.sleeps)?;
     d.set_item("host_bytes", r.host_bytes)?;
@@ -73,7 +73,7 @@ pub(crate) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bou
 
 /// Tags the live allocation holding `obj`'s pointer in whichever expandable pool under `mr`
 /// holds it; returns the allocation's start.
-pub(crate) fn tag(
+pub(super) fn tag(
     py: Python<'_>,
     mr: &SharedResource,
     obj: &Bound<'_, PyAny>,
@@ -92,7 +92,7 @@ pub(crate) fn tag(
 }
 
 /// `offload()`: tags `discard`'s buffers, then offloads every expandable pool under `mr`.
-pub(crate) fn offload<'py>(
+pub(super) fn offload<'py>(
     py: Python<'py>,
     mr: &SharedResource,
     discard: Option<&Bound<'py, PyAny>>,
@@ -109,12 +109,12 @@ pub(crate) fn offload<'py>(
 }
 
 /// `restore()` of every sleeping expandable pool under `mr`.
-pub(crate) fn restore(py: Python<'_>, mr: &SharedResource) -> PyResult<()> {
+pub(super) fn restore(py: Python<'_>, mr: &SharedResource) -> PyResult<()> {
     py_result(py.detach(|| rs::restore(mr)))
 }
 
 /// `sleep_estimate()` summed over the expandable pools under `mr`.
-pub(crate) fn sleep_estimate<'py>(
+pub(super) fn sleep_estimate<'py>(
     py: Python<'py>,
     mr: &SharedResource,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -123,6 +123,6 @@ pub(crate) fn sleep_estimate<'py>(
 }
 
 /// Whether an expandable pool under `mr` is asleep.
-pub(crate) fn asleep(mr: &SharedResource) -> bool {
+pub(super) fn asleep(mr: &SharedResource) -> bool {
     rs::asleep(mr)
 }

@@ -16,8 +16,8 @@ use pyo3::prelude::*;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg};
-use super::errors::py_result;
 use super::resource::{sub, DeviceMemoryResource};
+use crate::python::errors::py_result;
 
 /// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
 /// double or wrong-size free from Python is a `RuntimeError` and never reaches the driver.
@@ -54,7 +54,7 @@ driver_resource! {
 /// memory; 0 for none, as RMM) and places fresh ones of at least 2 MiB (`placement`: prefetched
 /// to the device while it has room, the rest made in host memory and mapped for the device).
 #[pyclass(module = "rrmm.mr", name = "ManagedMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct ManagedMemoryResource {
+pub(super) struct ManagedMemoryResource {
     /// The cache; `None` for an object made around a resource set from Rust.
     pub(super) managed: Option<RsManaged>,
 }
@@ -139,22 +139,22 @@ impl ManagedMemoryResource {
 
 /// Pageable host memory from the system allocator (HMM/ATS systems can use it on the GPU).
 #[pyclass(module = "rrmm.mr", name = "SystemMemoryResource", extends = DeviceMemoryResource, subclass, frozen)]
-pub(crate) struct SystemMemoryResource;
+pub(super) struct SystemMemoryResource;
 
 /// A new system resource, recorded so that raw copies recognise its allocations.
 fn system() -> Arc<RsSystem> {
     let mr = Arc::new(RsSystem::new());
-    super::pointers::register_system(&mr);
+    crate::python::edge::pointers::register_system(&mr);
     mr
 }
 
 /// The object of the system resource `mr` (made in Rust: the default host resource without a
 /// driver), recorded as one made from Python is.
-pub(crate) fn system_object(
+pub(super) fn system_object(
     py: Python<'_>,
     mr: Arc<RsSystem>,
 ) -> PyResult<Py<DeviceMemoryResource>> {
-    super::pointers::register_system(&mr);
+    crate::python::edge::pointers::register_system(&mr);
     Ok(Bound::new(py, sub(SystemMemoryResource, mr))?
         .into_super()
         .unbind())
@@ -171,7 +171,7 @@ impl SystemMemoryResource {
 /// System memory that leaves `headroom` bytes of device memory free (RMM's
 /// `SamHeadroomMemoryResource`); rrmm allocates system memory and records the headroom.
 #[pyclass(module = "rrmm.mr", name = "SamHeadroomMemoryResource", extends = SystemMemoryResource, frozen)]
-pub(crate) struct SamHeadroomMemoryResource {
+pub(super) struct SamHeadroomMemoryResource {
     headroom: usize,
 }
 
@@ -199,7 +199,7 @@ impl SamHeadroomMemoryResource {
 /// the node the driver reports closest to the device, faulted in by several threads, then
 /// registered); smaller ones come from `cudaHostAlloc`.
 #[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct PinnedHostMemoryResource {
+pub(super) struct PinnedHostMemoryResource {
     pub(super) numa_node: Option<u32>,
     pub(super) registered_from: usize,
 }
@@ -252,7 +252,7 @@ impl PinnedHostMemoryResource {
 
 /// Stream-ordered allocation from a CUDA memory pool that this resource owns.
 #[pyclass(module = "rrmm.mr", name = "CudaAsyncMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct CudaAsyncMemoryResource {
+pub(super) struct CudaAsyncMemoryResource {
     pub(super) pool_handle: usize,
 }
 
@@ -290,7 +290,7 @@ impl CudaAsyncMemoryResource {
 
 /// Allocation from a CUDA memory pool owned by someone else.
 #[pyclass(module = "rrmm.mr", name = "CudaAsyncViewMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct CudaAsyncViewMemoryResource {
+pub(super) struct CudaAsyncViewMemoryResource {
     pool_handle: usize,
 }
 
@@ -331,7 +331,7 @@ impl CudaAsyncViewMemoryResource {
 /// rrmm: a pretend device of `size` bytes, address ranges with nothing behind them (for
 /// replays and tests; never read or write the pointers).
 #[pyclass(module = "rrmm.mr", name = "SimulatedMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct SimulatedMemoryResource {
+pub(super) struct SimulatedMemoryResource {
     pub(super) sim: Arc<RsSimulated>,
 }
 

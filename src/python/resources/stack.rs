@@ -4,9 +4,9 @@
 //! `upstream_mr` all the way down. The options are keyword arguments of this function: a
 //! misspelt one is a TypeError at the call.
 
-use super::errors::py_result;
 use super::resource::DeviceMemoryResource;
 use super::wrap::wrap;
+use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::stack::{plan, Layer, Sources, StackOptions, Target, KINDS};
 use pyo3::prelude::*;
@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 #[pyfunction]
 #[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None, peer_memory=None, peer_device=None))]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn build_stack(
+pub(super) fn build_stack(
     py: Python<'_>,
     kind: &str,
     simulate: Option<usize>,

@@ -16,7 +16,7 @@ use pyo3::types::PyTuple;
     get_all
 )]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Statistics {
+pub(super) struct Statistics {
     /// Bytes allocated and not yet freed (negative in a level that freed what an outer level
     /// allocated).
     current_bytes: i64,
@@ -94,7 +94,7 @@ impl Statistics {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Statistics>()?;
     Ok(())
 }

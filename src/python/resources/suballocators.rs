@@ -12,11 +12,11 @@ use pyo3::PyClass;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
-use super::errors::{figures_readable, py_result};
 use super::resource::{
     call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
 use super::upstream_kw::upstream_of;
+use crate::python::errors::{figures_readable, py_result};
 
 /// A figure of `mr`, the Rust suballocator of `slf`, that takes its lock: refused from inside
 /// one of its own upstream calls (`figures_readable`), else read through `call_locking`.
@@ -47,7 +47,7 @@ where
 /// A coalescing, stream-ordered pool over `upstream_mr` (RMM's `PoolMemoryResource`), with
 /// rrmm's `release()` and fragmentation figures.
 #[pyclass(module = "rrmm.mr", name = "PoolMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct PoolMemoryResource {
+pub(super) struct PoolMemoryResource {
     pub(super) pool: RsPool,
 }
 
@@ -106,7 +106,7 @@ impl PoolMemoryResource {
 
 /// Blocks of one size from `upstream_mr` (RMM's `FixedSizeMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "FixedSizeMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct FixedSizeMemoryResource {
+pub(super) struct FixedSizeMemoryResource {
     pub(super) fixed: RsFixedSize,
 }
 
@@ -148,7 +148,7 @@ impl FixedSizeMemoryResource {
 
 /// Requests routed by size to bins (RMM's `BinningMemoryResource`); larger ones go upstream.
 #[pyclass(module = "rrmm.mr", name = "BinningMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct BinningMemoryResource {
+pub(super) struct BinningMemoryResource {
     pub(super) binning: RsBinning,
     pub(super) bin_mrs: Mutex<Vec<Py<DeviceMemoryResource>>>,
 }

@@ -10,9 +10,9 @@ use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
-use super::errors::py_result;
 use super::resource::{over_upstream, sub, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::upstream_of;
+use crate::python::errors::py_result;
 
 /// Device memory of another GPU of the machine (the peer GPU `peer`) for use by `device` (the
 /// current device when None): `cuMemAlloc` on the peer with peer access enabled both ways, so
@@ -20,7 +20,7 @@ use super::upstream_kw::upstream_of;
 /// link: ...") when the machine has no GPU `peer` or the two GPUs have no peer link, and
 /// without a CUDA driver; ValueError when `peer` is `device`.
 #[pyclass(module = "rrmm.mr", name = "PeerMemoryResource", extends = DeviceMemoryResource, frozen)]
-pub(crate) struct PeerMemoryResource {
+pub(super) struct PeerMemoryResource {
     pub(super) peer: usize,
     pub(super) device: usize,
 }
@@ -65,7 +65,7 @@ impl PeerMemoryResource {
 /// host or managed memory, else "tier<N>"). `tier_counts()` gives each tier's bytes and
 /// allocations, current, peak and total.
 #[pyclass(module = "rrmm.mr", name = "TieredMemoryResource", extends = UpstreamResourceAdaptor, frozen)]
-pub(crate) struct TieredMemoryResource {
+pub(super) struct TieredMemoryResource {
     pub(super) tiered: Arc<RsTiered>,
     /// The tiers after the first, as Python objects (kept alive here).
     pub(super) further: Vec<Py<DeviceMemoryResource>>,
@@ -221,7 +221,7 @@ impl TieredMemoryResource {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PeerMemoryResource>()?;
     m.add_class::<TieredMemoryResource>()?;
     Ok(())

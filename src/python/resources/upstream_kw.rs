@@ -13,7 +13,7 @@ use crate::resource::SharedResource;
 ///
 /// # Errors
 /// TypeError when neither or both are given, or when it is not a `DeviceMemoryResource`.
-pub(crate) fn upstream_of(
+pub(super) fn upstream_of(
     upstream_mr: Option<&Bound<'_, PyAny>>,
     upstream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
@@ -38,6 +38,6 @@ pub(crate) fn upstream_of(
 ///
 /// # Errors
 /// TypeError naming `name` when it is missing.
-pub(crate) fn required<T>(value: Option<T>, name: &str) -> PyResult<T> {
+pub(super) fn required<T>(value: Option<T>, name: &str) -> PyResult<T> {
     value.ok_or_else(|| PyTypeError::new_err(format!("missing required argument '{name}'")))
 }

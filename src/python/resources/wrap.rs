@@ -47,7 +47,7 @@ where
 /// # Errors
 /// ValueError for an adaptor or suballocator without its upstream object; what making a Python
 /// object raises.
-pub(crate) fn wrap(
+pub(super) fn wrap(
     py: Python<'_>,
     handle: &Handle,
     upstream: Option<Py<DeviceMemoryResource>>,

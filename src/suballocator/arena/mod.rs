@@ -74,8 +74,10 @@ mod superblock;
 pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
-use super::stream_events::{current_thread_tag, StreamEvents, StreamKey};
-use super::stream_ordered::{default_events, uses_device_streams};
+use super::core::{
+    current_thread_tag, default_events, next_instance_id, uses_device_streams, StreamEvents,
+    StreamKey,
+};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -88,7 +90,7 @@ use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Which arena: a thread's (per-thread and legacy default streams) or a stream's.
@@ -176,8 +178,6 @@ impl Drop for Inner {
     }
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
 impl ArenaMemoryResource {
     /// An arena over `upstream` of `arena_size` bytes (rounded down to 256; default: half the
     /// upstream's free memory from [`MemoryResource::memory_info`]), taken from the upstream now.
@@ -234,7 +234,7 @@ impl ArenaMemoryResource {
         let device_streams = uses_device_streams(upstream.kind());
         Ok(ArenaMemoryResource {
             inner: Arc::new(Inner {
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                id: next_instance_id(),
                 upstream,
                 base,
                 size,
@@ -685,6 +685,7 @@ mod cache {
     }
 
     thread_local! {
+        // Why process-wide: RMM's per-thread arenas: each thread's own, keyed by resource.
         static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
     }
 

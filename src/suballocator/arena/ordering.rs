@@ -15,7 +15,7 @@
 //!
 //! Pure bookkeeping: no CUDA calls, no `unsafe`; the resource makes the calls a plan lists.
 
-use crate::suballocator::stream_events::StreamKey;
+use crate::suballocator::core::StreamKey;
 
 /// Whether work enqueued on `user` from now on runs after all work enqueued so far on
 /// `pending`, with no event: the same stream; or a default stream after the legacy default

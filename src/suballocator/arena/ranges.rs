@@ -17,7 +17,7 @@
 //! So the owner of a region finds its first range (and whether the region is wholly free) with
 //! no lookup.
 
-use super::super::size_classes::{
+use super::super::free_lists::size_classes::{
     class_at_least, class_of, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
 };
 use crate::live::AddressMap;
@@ -409,7 +409,7 @@ impl RangeHeap {
     /// one region; no two free neighbours; every free range in the class its length says, the
     /// bitmaps and counters matching; taken ranges exactly the map's.
     pub(super) fn check(&self) {
-        use super::super::size_classes::{POWERS, STEPS};
+        use super::super::free_lists::size_classes::{POWERS, STEPS};
         let (mut bytes, mut count) = (0, 0);
         for power in 0..POWERS {
             for step in 0..STEPS {

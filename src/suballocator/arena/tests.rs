@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::resource::{MemoryKind, SimulatedMemoryResource};
-use crate::suballocator::stream_events::NoStreamEvents;
+use crate::suballocator::NoStreamEvents;
 use crate::suballocator::{EventCall, RecordingStreamEvents, StreamKey};
 use crate::test_support::free_on;
 

@@ -6,10 +6,10 @@
 use crate::error::Result;
 
 /// Index of a stream's free list in a core; dense, assigned in order of first use.
-pub(crate) type ListId = u32;
+pub(super) type ListId = u32;
 
 /// The id of the list of memory fresh from the upstream, which belongs to no stream.
-pub(crate) const FRESH: ListId = 0;
+pub(super) const FRESH: ListId = 0;
 
 /// A range of memory handed out or held free: `[addr, addr + size)` inside growth region
 /// `region`. Blocks coalesce only with blocks of the same region (for the pool, one region per

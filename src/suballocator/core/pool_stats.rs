@@ -57,7 +57,7 @@ impl AtomicStat {
 
 /// Allocation figures of one stream list, under the list's lock.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ListCounters {
+pub(super) struct ListCounters {
     count: i64,
     bytes: i64,
     peak_count: i64,
@@ -129,7 +129,7 @@ impl ListCounters {
 
 /// The live counters of one pool; [`PoolCounters::get`] reads them into [`MemoryStats`].
 #[derive(Debug, Default)]
-pub(crate) struct PoolCounters {
+pub(super) struct PoolCounters {
     segment: AtomicStat,
     reserved_bytes: AtomicStat,
     retries: AtomicU64,

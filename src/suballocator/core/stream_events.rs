@@ -26,8 +26,10 @@ use std::sync::Arc;
 
 /// A unique, never reused tag for the calling thread (1, 2, ...).
 pub fn current_thread_tag() -> u64 {
+    // Why process-wide: tags are unique in the process, so per-thread keys never collide.
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
+        // Why process-wide: the calling thread's tag, fixed for its life.
         static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     TAG.with(|t| *t)

@@ -12,7 +12,7 @@ use crate::sync::Mutex;
 /// Event bookkeeping of a per-thread default stream's list (see the core's "Per-thread default
 /// streams").
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ListMarks {
+pub(super) struct ListMarks {
     /// Memory was freed into the list since its event was last recorded.
     pub unrecorded: bool,
     /// Another thread wanted memory from the list but could not record on its stream.
@@ -21,7 +21,7 @@ pub(crate) struct ListMarks {
 
 /// What one stream's lock guards.
 #[derive(Debug)]
-pub(crate) struct ListState<F> {
+pub(super) struct ListState<F> {
     /// The stream's free blocks and the blocks allocated on it.
     pub list: F,
     /// Event state (per-thread default streams only).
@@ -65,7 +65,7 @@ impl<F: FreeList> ListState<F> {
 
 /// A stream's free list with its lock.
 #[derive(Debug)]
-pub(crate) struct StreamList<F> {
+pub(super) struct StreamList<F> {
     /// The list's id in its core (1, 2, ...; [`super::free_list::FRESH`] is the fresh list).
     pub id: ListId,
     /// The stream.
@@ -85,7 +85,7 @@ impl<F: FreeList> StreamList<F> {
 /// a dropped core can only go stale, never be wrong; the core empties its lists when it drops,
 /// so a stale entry holds a small empty list until the slot is reused.
 #[cfg(not(feature = "loom"))]
-pub(crate) mod cache {
+pub(super) mod cache {
     use super::StreamKey;
     use std::any::Any;
     use std::cell::RefCell;
@@ -102,6 +102,7 @@ pub(crate) mod cache {
     }
 
     thread_local! {
+        // Why process-wide: a thread finds its stream's list without the core's lock.
         static CACHE: RefCell<Cache> = RefCell::new(Cache {
             entries: std::array::from_fn(|_| None),
             next: 0,

@@ -215,12 +215,18 @@ pub(crate) fn uses_device_streams(kind: MemoryKind) -> bool {
     kind != MemoryKind::Simulated && crate::cuda::driver_available()
 }
 
-static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
+/// A never reused id for a suballocator (a core, an arena): the key of its entries in the
+/// per-thread caches, which must not take a new resource for a dropped one.
+pub(crate) fn next_instance_id() -> u64 {
+    // Why process-wide: the per-thread caches hold entries of every resource, so ids are unique.
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 /// The most donor lists one steal looks at: a miss costs the same however many streams ever
 /// existed. A block a steal does not reach is found by a later steal (they go round) or by the
 /// merge of every list when growth fails.
-pub(crate) const STEAL_VISITS: usize = 32;
+const STEAL_VISITS: usize = 32;
 
 impl<F: FreeList> StreamOrderedCore<F> {
     /// A core with no memory yet.
@@ -231,7 +237,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         name: &'static str,
     ) -> Self {
         StreamOrderedCore {
-            id: NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_instance_id(),
             shared: OwnedMutex::new(Shared {
                 fresh: F::new(&sizing),
                 chunks: BTreeMap::new(),
@@ -1205,7 +1211,7 @@ macro_rules! forward_memory_resource {
                 $crate::resource::MemoryResource::report($core)
             }
 
-            fn upstreams(&self) -> Vec<$crate::SharedResource> {
+            fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
                 let $this = self;
                 $crate::resource::MemoryResource::upstreams($core)
             }
@@ -1247,10 +1253,10 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::coalescing_free_list::CoalescingFreeList;
     use super::super::growth::FreeRanges;
     use super::super::stream_events::NoStreamEvents;
     use super::*;
+    use crate::suballocator::free_lists::CoalescingFreeList;
 
     /// A policy like the expandable pool's: one address range, grown by "mapping" at its end
     /// (one region, so extensions coalesce), trimmed whole on release.

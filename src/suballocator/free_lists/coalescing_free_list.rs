@@ -27,15 +27,15 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, Found, FreeList};
 use super::size_classes::{
     class_at_least, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
 };
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
+use crate::suballocator::core::{AddressMap, Block, Found, FreeList};
 
 /// How many blocks of the request's own size class `take` looks at for a fit.
-pub(crate) const EXACT_CLASS_SCAN: usize = 4;
+const EXACT_CLASS_SCAN: usize = 4;
 
 const NIL: u32 = u32::MAX;
 

@@ -6,8 +6,8 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, Found, FreeList};
 use crate::error::{Error, Result};
+use crate::suballocator::core::{AddressMap, Block, Found, FreeList};
 
 /// A stack of equal free blocks, and the set of blocks allocated through the list. Blocks never
 /// coalesce and chunks are never given back before the resource drops (as RMM's

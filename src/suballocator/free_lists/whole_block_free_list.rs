@@ -9,9 +9,9 @@
 
 #![deny(unsafe_code)]
 
-use super::free_list::{AddressMap, Block, Found, FreeList};
 use super::size_classes::round_up_to_class;
 use crate::error::{Error, Result};
+use crate::suballocator::core::{AddressMap, Block, Found, FreeList};
 
 /// Free blocks by size (each size's a stack, newest on top), where each free block sits in its
 /// stack, and the blocks allocated through the list.

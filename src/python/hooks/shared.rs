@@ -6,8 +6,8 @@
 //! a full `DeviceBuffer`, so each allocation costs one Rust call and one small object.
 
 use super::cupy_stream::AllocationStream;
-use super::errors::{py_result, report_to_stderr};
 use crate::cuda::{self, ContextGuard};
+use crate::python::errors::{py_result, report_to_stderr};
 use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::MemoryKind;
 use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 ///
 /// # Errors
 /// The context calls' errors (a bad device ordinal among them).
-pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
+pub(super) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Option<ContextGuard>> {
     if matches!(mr.kind(), MemoryKind::Simulated | MemoryKind::Host) || !cuda::driver_available() {
         return Ok(None);
     }
@@ -30,6 +30,7 @@ pub(crate) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Opti
 /// Live allocations of the hooks from resource chains that run foreign code (a Python
 /// callback): holders rrmm cannot see from Python, which keep a collected callback resource's
 /// memory from being given back (see `callback`).
+// Why process-wide: the framework allocators are process-wide, so is their count.
 static FOREIGN_HOOK_ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// How many hook allocations from chains that run foreign code are live.
@@ -39,7 +40,7 @@ pub(crate) fn foreign_hook_allocations() -> usize {
 
 /// Whether an allocation must make the device's context current first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Context {
+pub(super) enum Context {
     /// Make the device's primary context current for the call (PyTorch, Numba: the caller's
     /// context may be another device's).
     Make,
@@ -53,7 +54,7 @@ pub(crate) enum Context {
 ///
 /// # Errors
 /// The resource's errors (out of memory among them) and the context calls' errors.
-pub(crate) fn allocate_on(
+pub(super) fn allocate_on(
     device: usize,
     bytes: usize,
     stream: Stream,
@@ -70,7 +71,7 @@ pub(crate) fn allocate_on(
 ///
 /// # Errors
 /// As [`allocate_on`].
-pub(crate) fn allocate_from(
+pub(super) fn allocate_from(
     mr: SharedResource,
     device: usize,
     bytes: usize,
@@ -85,7 +86,7 @@ pub(crate) fn allocate_from(
     // pool over a callback grows under its lock; the callback takes the GIL back), whoever
     // calls (CuPy holds the GIL, PyTorch mostly does not).
     let profile = mr.call_profile();
-    let ptr = super::gil::call_from_foreign(profile, || {
+    let ptr = crate::python::gil::call_from_foreign(profile, || {
         mr.allocate(bytes, stream)
             .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))
     })?;
@@ -105,7 +106,7 @@ pub(crate) fn allocate_from(
 /// 1. `ptr` came from [`allocate_on`] with `bytes`, which returned `mr`, and has not been freed
 ///    since.
 /// 2. No work uses the memory after the free in `stream`'s order.
-pub(crate) unsafe fn deallocate_on(
+pub(super) unsafe fn deallocate_on(
     mr: &dyn MemoryResource,
     device: usize,
     ptr: usize,
@@ -115,7 +116,7 @@ pub(crate) unsafe fn deallocate_on(
     super::history::record("free_completed", device, ptr, bytes, stream.raw());
     // The GIL rule, as in `allocate_from` (CuPy frees with the GIL held).
     let profile = mr.call_profile();
-    let freed = super::gil::call_from_foreign(profile, || {
+    let freed = crate::python::gil::call_from_foreign(profile, || {
         let _ctx = context_for(mr, device)?;
         // SAFETY: the caller's contract, for the resource that allocated `ptr`.
         unsafe { mr.deallocate(ptr, bytes, stream) }
@@ -132,7 +133,7 @@ pub(crate) unsafe fn deallocate_on(
 /// One allocation made for a framework: frees itself (through its resource, on its stream) when
 /// dropped or when `free()` is called, whichever comes first.
 #[pyclass(module = "rrmm._rrmm", name = "HookAllocation", frozen)]
-pub(crate) struct HookAllocation {
+pub(super) struct HookAllocation {
     ptr: usize,
     size: usize,
     device: usize,
@@ -270,7 +271,7 @@ impl Drop for HookAllocation {
     }
 }
 
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HookAllocation>()?;
     Ok(())
 }

@@ -471,7 +471,7 @@ unsafe fn copy_bytes_as(
         }
         _ => {}
     }
-    let _ctx = cuda::ContextGuard::new(crate::current_device_ordinal())?;
+    let _ctx = cuda::ContextGuard::new(crate::current::current_device_ordinal())?;
     match order {
         // SAFETY: the caller's contract (1, 2).
         CopyOrder::Blocking(stream) => unsafe { cuda::memcpy_sync(dst, src, bytes, stream) },

@@ -35,7 +35,7 @@ pub(crate) fn upstream_arg<'py>(
 ) -> PyResult<(Py<DeviceMemoryResource>, SharedResource)> {
     let (mr, inner) = resource_arg(obj, "upstream_mr")?;
     // No stack deeper than rrmm can call through (or drop) without running out of stack.
-    super::errors::py_result(crate::resource::graph::check_upstream(
+    crate::python::errors::py_result(crate::resource::graph::check_upstream(
         "upstream_mr",
         &inner,
     ))?;
