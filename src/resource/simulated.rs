@@ -5,8 +5,9 @@
 //! space, so `cuMemAlloc` fails only when pages run out, never because of where earlier
 //! allocations sit. The simulated device does the same: it charges each allocation against its
 //! capacity (whole 2 MiB pages for requests of a page or more, 256-byte units for smaller ones,
-//! which the driver packs into shared pages) and places it in an address space at least 64 times
-//! the capacity, so placement never decides whether an allocation succeeds.
+//! which the driver packs into shared pages) and places it in an address space 64 times the
+//! capacity (at most 64 PiB of addresses, and at least twice the capacity), so placement never
+//! decides whether an allocation succeeds.
 
 use super::address_ranges::AddressRanges;
 use super::{align_up, Footprint, MemoryKind, MemoryResource, PoolReport, ALLOCATION_ALIGNMENT};
@@ -45,15 +46,22 @@ fn take_window(len: usize) -> Option<usize> {
 /// The largest address space, so it stays below simulated virtual memory's (2^62).
 const MAX_ADDRESS_SPACE: usize = 1 << 61;
 
-/// The largest simulated device (32 PiB): its address space is still 64 times its size, and
-/// byte counters over it never overflow.
+/// The largest simulated device (32 PiB): byte counters over it never overflow, and its window
+/// ([`MAX_WINDOW`], twice its size) leaves room for 62 more of it.
 pub const MAX_SIMULATED_SIZE: usize = MAX_ADDRESS_SPACE / ADDRESS_SPACE_FACTOR;
 
 /// The driver's page: allocations of at least this size are charged in whole pages.
 pub const SIMULATED_PAGE_SIZE: usize = 2 << 20;
 
-/// The address space is at least this many times the capacity.
+/// The address space is this many times the capacity, up to [`MAX_WINDOW`].
 const ADDRESS_SPACE_FACTOR: usize = 64;
+
+/// The largest window a device takes when 64 times its capacity is more (64 PiB; the device
+/// still gets twice its capacity): the simulated space then holds 63 devices of the largest
+/// size at once, where windows of 64 times (2^61) let two such devices use it up, so that
+/// later devices shared the first window and handed out each other's addresses (a tiered
+/// resource over simulated tiers saw a pointer "already live", under parallel tests).
+const MAX_WINDOW: usize = 1 << 56;
 
 /// The smallest address space (1 TiB), so small devices also place freely.
 const MIN_ADDRESS_SPACE: usize = 1 << 40;
@@ -118,7 +126,9 @@ fn charge(bytes: usize) -> Option<usize> {
 /// The address space of a device of `size` bytes: at least 64 times the capacity.
 fn address_space(size: usize) -> usize {
     size.saturating_mul(ADDRESS_SPACE_FACTOR)
-        .clamp(MIN_ADDRESS_SPACE, MAX_ADDRESS_SPACE)
+        .clamp(MIN_ADDRESS_SPACE, MAX_WINDOW)
+        .max(size.saturating_mul(2))
+        .min(MAX_ADDRESS_SPACE)
         & !(SIMULATED_PAGE_SIZE - 1)
 }
 
@@ -508,6 +518,16 @@ mod tests {
         assert!(ra.contains(&p) && rb.contains(&q));
         free(&a, p, 4096).unwrap();
         free(&b, q, 4096).unwrap();
+        // Devices of the largest size, all live at once, still get windows of their own.
+        let huge: Vec<_> = (0..8)
+            .map(|_| {
+                SimulatedMemoryResource::managed(MAX_SIMULATED_SIZE / 2, MAX_SIMULATED_SIZE / 2)
+            })
+            .collect();
+        assert!(huge.iter().all(|d| d.owns_window));
+        let small = SimulatedMemoryResource::new(GIB);
+        assert!(small.owns_window);
+        drop(huge);
         // Many devices made and dropped do not use the space up.
         for _ in 0..10_000 {
             let d = SimulatedMemoryResource::new(1 << 40);
