@@ -62,12 +62,3 @@ def use_rrmm_for(framework: str) -> None:
         ) from None
     use()
 
-
-def _missing(package: str, hook: str, install: str, cause: BaseException) -> ImportError:
-    """The ImportError a hook raises when its framework is not installed."""
-    error = ImportError(
-        f"{hook} needs {package}, which could not be imported ({cause}); install it with "
-        f"`{install}`"
-    )
-    error.name = package
-    return error

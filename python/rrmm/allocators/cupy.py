@@ -18,7 +18,7 @@ frees the memory when CuPy drops it), in one Rust call; it imports CuPy on its f
 from typing import Any
 
 from rrmm import _rrmm
-from rrmm.allocators import _missing
+from rrmm.allocators._missing import missing as _missing
 
 __all__ = [
     "rmm_cupy_allocator",  # noqa: F822 (made on first use by __getattr__)

@@ -14,7 +14,7 @@ install.
 from typing import Any
 
 from rrmm import _rrmm
-from rrmm.allocators import _missing
+from rrmm.allocators._missing import missing as _missing
 
 __all__ = ["RMMNumbaManager", "RRMMNumbaManager"]
 

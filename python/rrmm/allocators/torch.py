@@ -18,7 +18,7 @@ process change its allocator only before the first CUDA allocation.
 from typing import Any
 
 from rrmm import _rrmm
-from rrmm.allocators import _missing
+from rrmm.allocators._missing import missing as _missing
 
 # The allocator objects are made on first use by __getattr__.
 __all__ = [  # noqa: F822
