@@ -664,6 +664,33 @@ impl Growth for ExpandableGrowth {
     }
 }
 
+/// The figures of a test's virtual memory wrapper (`page_size`, `base`, `reserved_bytes`,
+/// `mapped_bytes`, `memory_info`, `kind`), each its field `inner`'s: for the spies and
+/// fault injectors of the tests, which differ only in `map`, `unmap` and the copies.
+#[cfg(test)]
+macro_rules! forward_vm_figures {
+    () => {
+        fn page_size(&self) -> usize {
+            self.inner.page_size()
+        }
+        fn base(&self) -> usize {
+            self.inner.base()
+        }
+        fn reserved_bytes(&self) -> usize {
+            self.inner.reserved_bytes()
+        }
+        fn mapped_bytes(&self) -> usize {
+            self.inner.mapped_bytes()
+        }
+        fn memory_info(&self) -> Option<(usize, usize)> {
+            self.inner.memory_info()
+        }
+        fn kind(&self) -> MemoryKind {
+            self.inner.kind()
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests;
 

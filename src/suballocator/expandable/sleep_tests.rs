@@ -54,18 +54,7 @@ impl FlakyVm {
 }
 
 impl VirtualMemory for FlakyVm {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-    fn base(&self) -> usize {
-        self.inner.base()
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-    fn mapped_bytes(&self) -> usize {
-        self.inner.mapped_bytes()
-    }
+    forward_vm_figures!();
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
         let allowed = count_down(&self.maps_left);
         if self.refuse_maps.load(Ordering::SeqCst) || !allowed {
@@ -83,12 +72,6 @@ impl VirtualMemory for FlakyVm {
         }
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
-    }
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.inner.memory_info()
-    }
-    fn kind(&self) -> MemoryKind {
-        self.inner.kind()
     }
     fn device(&self) -> Option<usize> {
         None

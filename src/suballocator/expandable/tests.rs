@@ -339,18 +339,7 @@ struct SpyVm {
 }
 
 impl VirtualMemory for SpyVm {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-    fn base(&self) -> usize {
-        self.inner.base()
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-    fn mapped_bytes(&self) -> usize {
-        self.inner.mapped_bytes()
-    }
+    forward_vm_figures!();
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
         self.inner.map(addr, bytes)
     }
@@ -359,12 +348,6 @@ impl VirtualMemory for SpyVm {
         self.unmapped_at.lock().push(self.events.tick());
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
-    }
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.inner.memory_info()
-    }
-    fn kind(&self) -> MemoryKind {
-        self.inner.kind()
     }
     fn device(&self) -> Option<usize> {
         None
