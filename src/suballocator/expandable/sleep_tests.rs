@@ -73,9 +73,6 @@ impl VirtualMemory for FlakyVm {
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
     }
-    fn device(&self) -> Option<usize> {
-        None
-    }
     fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
         self.inner.host_copy(bytes)
     }

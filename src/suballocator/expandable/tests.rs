@@ -351,9 +351,6 @@ impl VirtualMemory for SpyVm {
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
     }
-    fn device(&self) -> Option<usize> {
-        None
-    }
 }
 
 #[test]
