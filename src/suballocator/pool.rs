@@ -52,7 +52,7 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("Inner")
             .field("core", &self.core)
             .field("maximum_pool_size", &self.maximum_pool_size)
-            .field("upstream", &self.upstream.name())
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
