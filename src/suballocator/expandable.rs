@@ -267,20 +267,7 @@ impl ExpandableMemoryResource {
         self.inner.release_threshold
     }
 
-    /// Free bytes in the pool (mapped and not allocated), over all streams.
-    pub fn free_bytes(&self) -> usize {
-        self.inner.core.free_bytes()
-    }
-
-    /// The largest free block, in bytes.
-    pub fn largest_free_block(&self) -> usize {
-        self.inner.core.footprint().largest_free_block
-    }
-
-    /// Number of free blocks, over all streams.
-    pub fn free_block_count(&self) -> usize {
-        self.inner.core.free_blocks()
-    }
+    super::core::free_figures!("mapped");
 
     /// Synchronizes every stream, merges the free lists, and unmaps free pages (any page wholly
     /// inside a free block, anywhere in the range) until at most `target` bytes stay mapped or no
