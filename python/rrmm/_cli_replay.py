@@ -660,22 +660,20 @@ def _draw(plt: Any, reports: list[ReplayRecord], path: str, fits: Sequence[FitRe
     plt.close(fig)
 
 
+def _sizing(args: argparse.Namespace) -> dict[str, Any]:
+    """The resource options of the command line (pool sizes, bins, blocks, arena, host and peer
+    memory) as keyword arguments of the engine's `replay_logs`/`fit_logs` and of `_stack.build`."""
+    return {name: getattr(args, name) for name in (
+        "initial_pool_size", "maximum_pool_size", "bins", "block_size", "blocks", "arena_size",
+        "host_memory", "peer_memory")}
+
+
 def _python_rows(args: argparse.Namespace, files: list[str], names: list[str],
                  reports: list[ReplayRecord], fits: list[FitRecord], modules: dict[str, Any],
                  simulate: int | None) -> tuple[list[ReplayRecord], list[FitRecord]]:
     """The rows driven from Python (the peers, and each rrmm resource beside them) merged into
     the engine's, and the peers' fits after the engine's."""
-    stack_options = {
-        "initial_pool_size": args.initial_pool_size,
-        "maximum_pool_size": args.maximum_pool_size,
-        "bins": args.bins,
-        "block_size": args.block_size,
-        "blocks": args.blocks,
-        "arena_size": args.arena_size,
-        "host_memory": args.host_memory,
-        "peer_memory": args.peer_memory,
-    }
-    rows = _replay_peers.replay_rows(files, names, reports, modules, options=stack_options,
+    rows = _replay_peers.replay_rows(files, names, reports, modules, options=_sizing(args),
                                      simulate=simulate, repeat=args.repeat, lenient=args.lenient)
     if args.fit:
         peers = [n for n in names if n in PEERS]
@@ -735,17 +733,7 @@ def run(args: argparse.Namespace) -> int:
     shown = dict(resolved)
     files = [path for path, _ in resolved]
     wanted = progress_wanted(quiet=args.quiet)
-    options = {
-        "initial_pool_size": args.initial_pool_size,
-        "maximum_pool_size": args.maximum_pool_size,
-        "lenient": args.lenient,
-        "bins": args.bins,
-        "block_size": args.block_size,
-        "blocks": args.blocks,
-        "arena_size": args.arena_size,
-        "host_memory": args.host_memory,
-        "peer_memory": args.peer_memory,
-    }
+    options = {**_sizing(args), "lenient": args.lenient}
     pairs = [(path, name) for path in files for name in resources]
     steps = len(pairs) * (2 if args.fit else 1) + (1 if peers else 0)
     try:

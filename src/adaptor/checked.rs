@@ -14,6 +14,7 @@ use crate::resource::{MemoryResource, SharedResource};
 ///
 /// With this adaptor, preconditions 1 and 2 of
 /// [`MemoryResource::deallocate`] are checked, not assumed.
+#[derive(Debug)]
 pub struct CheckedResourceAdaptor {
     upstream: SharedResource,
     live: LiveAllocations,
@@ -36,15 +37,6 @@ impl CheckedResourceAdaptor {
     /// The live allocations made through this adaptor.
     pub fn live(&self) -> &LiveAllocations {
         &self.live
-    }
-}
-
-impl std::fmt::Debug for CheckedResourceAdaptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckedResourceAdaptor")
-            .field("upstream", &self.upstream.name())
-            .field("live", &self.live)
-            .finish()
     }
 }
 
@@ -93,6 +85,19 @@ mod tests {
     use crate::adaptor::test_util::{assert_send_sync, simulated};
     use crate::{Error, SystemMemoryResource};
     use std::sync::Arc;
+
+    /// The upstream shows as its name (`Debug` of a `dyn MemoryResource`).
+    #[test]
+    fn debug_names_the_upstream() {
+        let mr = CheckedResourceAdaptor::new(Arc::new(SystemMemoryResource::new()));
+        assert_eq!(
+            format!("{mr:?}"),
+            format!(
+                "CheckedResourceAdaptor {{ upstream: \"system\", live: {:?} }}",
+                mr.live()
+            )
+        );
+    }
 
     #[test]
     fn bad_frees_are_logic_errors_and_the_resource_keeps_working() {

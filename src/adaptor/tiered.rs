@@ -19,7 +19,7 @@ use std::collections::HashMap;
 pub const MAX_TIERS: usize = 16;
 
 /// One tier: a name for reports (`"device"`, `"peer"`, `"host"`) and the resource it draws on.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Tier {
     /// The tier's name in counts, replays and snapshots.
     pub name: String,
@@ -34,15 +34,6 @@ impl Tier {
             name: name.into(),
             resource,
         }
-    }
-}
-
-impl std::fmt::Debug for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tier")
-            .field("name", &self.name)
-            .field("resource", &self.resource.name())
-            .finish()
     }
 }
 

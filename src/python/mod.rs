@@ -59,3 +59,13 @@ macro_rules! register_items {
     };
 }
 pub(crate) use register_items;
+
+/// Sets `dict[name] = value.name` for each named field: a record of figures as a Python dict
+/// whose keys are the Rust fields' names, written once. Returns early with the error of a
+/// failed `set_item`.
+macro_rules! set_fields {
+    ($dict:expr, $value:expr; $($field:ident),+ $(,)?) => {
+        $($dict.set_item(stringify!($field), &$value.$field)?;)+
+    };
+}
+pub(crate) use set_fields;

@@ -226,10 +226,6 @@ impl VirtualMemory for HostVirtualMemory {
         }
     }
 
-    fn device(&self) -> Option<usize> {
-        None
-    }
-
     fn call_profile(&self) -> CallProfile {
         // Page faults of many pages, registration: calls that block.
         CallProfile::BLOCKING

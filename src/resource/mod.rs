@@ -278,6 +278,14 @@ pub fn note_profile_change() {
 /// A resource shared between owners (adaptors, buffers, the per-device table).
 pub type SharedResource = Arc<dyn MemoryResource>;
 
+/// A resource in `Debug` output is its [`name`](MemoryResource::name) (most resources hold
+/// state with no useful `Debug`): so a type holding an upstream can derive `Debug`.
+impl std::fmt::Debug for dyn MemoryResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.name(), f)
+    }
+}
+
 impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         (**self).allocate(bytes, stream)

@@ -256,10 +256,6 @@ impl VirtualMemory for SimulatedVirtualMemory {
         MemoryKind::Simulated
     }
 
-    fn device(&self) -> Option<usize> {
-        None
-    }
-
     fn call_profile(&self) -> CallProfile {
         // Host bookkeeping that returns at once.
         CallProfile::QUICK

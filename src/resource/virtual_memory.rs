@@ -49,8 +49,11 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// The kind of memory mapped.
     fn kind(&self) -> MemoryKind;
 
-    /// The device ordinal, where there is one.
-    fn device(&self) -> Option<usize>;
+    /// The device ordinal, where there is one (the default: none, as for host or simulated
+    /// memory).
+    fn device(&self) -> Option<usize> {
+        None
+    }
 
     /// What [`map`](VirtualMemory::map) and [`unmap`](VirtualMemory::unmap) may do (see
     /// [`MemoryResource::call_profile`](super::MemoryResource::call_profile)); the default, for

@@ -115,7 +115,7 @@ impl std::fmt::Debug for Inner {
             .map(|(s, r)| (*s, r.name()))
             .collect();
         f.debug_struct("BinningMemoryResource")
-            .field("upstream", &self.upstream.name())
+            .field("upstream", &self.upstream)
             .field("bins", &bins)
             .finish()
     }

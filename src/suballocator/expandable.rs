@@ -267,20 +267,7 @@ impl ExpandableMemoryResource {
         self.inner.release_threshold
     }
 
-    /// Free bytes in the pool (mapped and not allocated), over all streams.
-    pub fn free_bytes(&self) -> usize {
-        self.inner.core.free_bytes()
-    }
-
-    /// The largest free block, in bytes.
-    pub fn largest_free_block(&self) -> usize {
-        self.inner.core.footprint().largest_free_block
-    }
-
-    /// Number of free blocks, over all streams.
-    pub fn free_block_count(&self) -> usize {
-        self.inner.core.free_blocks()
-    }
+    super::core::free_figures!("mapped");
 
     /// Synchronizes every stream, merges the free lists, and unmaps free pages (any page wholly
     /// inside a free block, anywhere in the range) until at most `target` bytes stay mapped or no
@@ -662,6 +649,33 @@ impl Growth for ExpandableGrowth {
     fn memory_info(&self, held: usize, free: usize) -> Option<(usize, usize)> {
         super::core::memory_info_below(self.vm.memory_info(), self.maximum, held, free)
     }
+}
+
+/// The figures of a test's virtual memory wrapper (`page_size`, `base`, `reserved_bytes`,
+/// `mapped_bytes`, `memory_info`, `kind`), each its field `inner`'s: for the spies and
+/// fault injectors of the tests, which differ only in `map`, `unmap` and the copies.
+#[cfg(test)]
+macro_rules! forward_vm_figures {
+    () => {
+        fn page_size(&self) -> usize {
+            self.inner.page_size()
+        }
+        fn base(&self) -> usize {
+            self.inner.base()
+        }
+        fn reserved_bytes(&self) -> usize {
+            self.inner.reserved_bytes()
+        }
+        fn mapped_bytes(&self) -> usize {
+            self.inner.mapped_bytes()
+        }
+        fn memory_info(&self) -> Option<(usize, usize)> {
+            self.inner.memory_info()
+        }
+        fn kind(&self) -> MemoryKind {
+            self.inner.kind()
+        }
+    };
 }
 
 #[cfg(test)]

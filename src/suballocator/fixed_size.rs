@@ -24,21 +24,12 @@ pub struct FixedSizeMemoryResource {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     core: StreamOrderedCore<FixedSizeFreeList>,
+    block_size: usize,
     /// The upstream (its growth policy's source, shared).
     upstream: SharedResource,
-    block_size: usize,
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner")
-            .field("core", &self.core)
-            .field("block_size", &self.block_size)
-            .field("upstream", &self.upstream.name())
-            .finish()
-    }
 }
 
 impl FixedSizeMemoryResource {

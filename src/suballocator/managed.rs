@@ -103,7 +103,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManagedMemoryResource")
-            .field("source", &self.source.name())
+            .field("source", &self.source)
             .field("cache_limit", &self.cache_limit)
             .field("placement", &self.placer.is_some())
             .field("live", &self.live)
@@ -125,7 +125,7 @@ struct PerRange {
 impl std::fmt::Debug for PerRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PerRange")
-            .field("source", &self.source.name())
+            .field("source", &self.source)
             .field("placer", &self.placer.is_some())
             .finish_non_exhaustive()
     }

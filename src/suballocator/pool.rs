@@ -52,7 +52,7 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("Inner")
             .field("core", &self.core)
             .field("maximum_pool_size", &self.maximum_pool_size)
-            .field("upstream", &self.upstream.name())
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
@@ -159,23 +159,7 @@ impl PoolMemoryResource {
         self.inner.core.release(0)
     }
 
-    /// Free bytes in the pool, over all streams.
-    pub fn free_bytes(&self) -> usize {
-        self.inner.core.free_bytes()
-    }
-
-    /// The largest free block, in bytes.
-    ///
-    /// # Time Complexity
-    /// O(blocks in the largest size class of each stream).
-    pub fn largest_free_block(&self) -> usize {
-        self.inner.core.footprint().largest_free_block
-    }
-
-    /// Number of free blocks, over all streams.
-    pub fn free_block_count(&self) -> usize {
-        self.inner.core.free_blocks()
-    }
+    super::core::free_figures!("held from the upstream");
 
     /// Number of chunks currently held from the upstream.
     pub fn upstream_chunk_count(&self) -> usize {

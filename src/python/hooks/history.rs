@@ -153,11 +153,7 @@ fn _memory_history<'py>(py: Python<'py>, device: usize) -> PyResult<Bound<'py, P
     };
     for e in record.entries.iter().filter(|e| e.device == device) {
         let d = PyDict::new(py);
-        d.set_item("action", e.action)?;
-        d.set_item("addr", e.addr)?;
-        d.set_item("size", e.size)?;
-        d.set_item("stream", e.stream)?;
-        d.set_item("time_us", e.time_us)?;
+        crate::python::set_fields!(d, e; action, addr, size, stream, time_us);
         let frames = PyList::empty(py);
         for (file, line, name) in &e.frames {
             let f = PyDict::new(py);

@@ -295,13 +295,10 @@ impl FallbackResourceAdaptor {
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let c = self.fallback.counts();
         let d = pyo3::types::PyDict::new(py);
-        d.set_item("upstream_allocations", c.upstream_allocations)?;
-        d.set_item("upstream_bytes", c.upstream_bytes)?;
-        d.set_item("alternate_allocations", c.alternate_allocations)?;
-        d.set_item("alternate_bytes", c.alternate_bytes)?;
-        d.set_item("alternate_peak_bytes", c.alternate_peak_bytes)?;
-        d.set_item("fallbacks", c.fallbacks)?;
-        d.set_item("failures", c.failures)?;
+        crate::python::set_fields!(d, c;
+            upstream_allocations, upstream_bytes, alternate_allocations, alternate_bytes,
+            alternate_peak_bytes, fallbacks, failures,
+        );
         Ok(d)
     }
 }

@@ -44,30 +44,19 @@ pub(super) fn estimate_dict<'py>(
     e: &SleepEstimate,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("released_bytes", e.released_bytes)?;
-    d.set_item("copied_bytes", e.copied_bytes)?;
-    d.set_item("discarded_bytes", e.discarded_bytes)?;
-    d.set_item("free_page_bytes", e.free_page_bytes)?;
-    d.set_item("live_blocks", e.live_blocks)?;
+    crate::python::set_fields!(d, e;
+        released_bytes, copied_bytes, discarded_bytes, free_page_bytes, live_blocks,
+    );
     Ok(d)
 }
 
 /// A [`SleepReport`] as a dict: the estimate's fields and the times.
 pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
     let d = estimate_dict(py, &r.estimate)?;
-    d.set_item("sleeps", r.sleeps)?;
-    d.set_item("host_bytes", r.host_bytes)?;
-    d.set_item("host_pinned", r.host_pinned)?;
-    d.set_item("host_reused", r.host_reused)?;
-    d.set_item("offload_s", r.offload_s)?;
-    d.set_item("sync_trim_s", r.sync_trim_s)?;
-    d.set_item("host_alloc_s", r.host_alloc_s)?;
-    d.set_item("copy_out_s", r.copy_out_s)?;
-    d.set_item("unmap_s", r.unmap_s)?;
-    d.set_item("restore_s", r.restore_s)?;
-    d.set_item("map_s", r.map_s)?;
-    d.set_item("copy_in_s", r.copy_in_s)?;
-    d.set_item("failed_restores", r.failed_restores)?;
+    crate::python::set_fields!(d, r;
+        sleeps, host_bytes, host_pinned, host_reused, offload_s, sync_trim_s, host_alloc_s,
+        copy_out_s, unmap_s, restore_s, map_s, copy_in_s, failed_restores,
+    );
     Ok(d)
 }
 

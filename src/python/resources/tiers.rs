@@ -106,15 +106,10 @@ impl TieredMemoryResource {
 
 fn counts_dict<'py>(py: Python<'py>, c: &TierCounts) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("name", &c.name)?;
-    d.set_item("resource", &c.resource)?;
-    d.set_item("current_bytes", c.current_bytes)?;
-    d.set_item("peak_bytes", c.peak_bytes)?;
-    d.set_item("total_bytes", c.total_bytes)?;
-    d.set_item("current_allocations", c.current_allocations)?;
-    d.set_item("peak_allocations", c.peak_allocations)?;
-    d.set_item("total_allocations", c.total_allocations)?;
-    d.set_item("refused", c.refused)?;
+    crate::python::set_fields!(d, c;
+        name, resource, current_bytes, peak_bytes, total_bytes, current_allocations,
+        peak_allocations, total_allocations, refused,
+    );
     Ok(d)
 }
 

@@ -154,7 +154,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ArenaMemoryResource")
-            .field("upstream", &self.upstream.name())
+            .field("upstream", &self.upstream)
             .field("base", &format_args!("{:#x}", self.base))
             .field("size", &self.size)
             .field("dump_path", &self.dump_path)

@@ -354,21 +354,12 @@ pub(crate) fn check_maximum(
 /// and less than the need, ask for the need alone, once); on an upstream failure ask for a
 /// little less, then less ([`allocate_largest`]), down to the need.
 /// Each chunk is its own region.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Geometric {
     /// Where chunks come from.
     pub upstream: SharedResource,
     /// The pool's maximum size, if any.
     pub maximum: Option<usize>,
-}
-
-impl std::fmt::Debug for Geometric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Geometric")
-            .field("upstream", &self.upstream.name())
-            .field("maximum", &self.maximum)
-            .finish()
-    }
 }
 
 impl Growth for Geometric {
@@ -421,7 +412,7 @@ impl Growth for Geometric {
 
 /// The fixed-size policy: chunks of `chunk` bytes; on an upstream failure halve (in whole
 /// blocks) down to one `block`.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Chunks {
     /// Where chunks come from.
     pub upstream: SharedResource,
@@ -431,16 +422,6 @@ pub(crate) struct Chunks {
     pub block: usize,
     /// The resource's name, for error messages.
     pub name: &'static str,
-}
-
-impl std::fmt::Debug for Chunks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Chunks")
-            .field("upstream", &self.upstream.name())
-            .field("chunk", &self.chunk)
-            .field("block", &self.block)
-            .finish()
-    }
 }
 
 impl Growth for Chunks {

@@ -6,6 +6,32 @@
 //! What the resources over the core and the free-list strategies use is re-exported here; the
 //! per-stream lists and the counters stay inside.
 
+/// The free-memory figures of a pool over a [`StreamOrderedCore`] at `self.inner.core`
+/// (`free_bytes`, `largest_free_block`, `free_block_count`), the same for every such pool;
+/// `$held` says where its bytes are held (in `free_bytes`' doc).
+macro_rules! free_figures {
+    ($held:literal) => {
+        #[doc = concat!("Free bytes in the pool (", $held, " and not allocated), over all streams.")]
+        pub fn free_bytes(&self) -> usize {
+            self.inner.core.free_bytes()
+        }
+
+        /// The largest free block, in bytes.
+        ///
+        /// # Time Complexity
+        /// O(blocks in the largest size class of each stream).
+        pub fn largest_free_block(&self) -> usize {
+            self.inner.core.footprint().largest_free_block
+        }
+
+        /// Number of free blocks, over all streams.
+        pub fn free_block_count(&self) -> usize {
+            self.inner.core.free_blocks()
+        }
+    };
+}
+pub(super) use free_figures;
+
 mod free_list;
 mod growth;
 mod pool_stats;

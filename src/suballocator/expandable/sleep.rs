@@ -46,6 +46,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// `FromStr` of an enum named by a few words: `from_names!(Type, argument, what, "word" =>
+/// Variant, ...)`; any other word is an invalid `argument` ([`parse_choice`]).
+macro_rules! from_names {
+    ($ty:ident, $argument:literal, $what:literal, $($name:literal => $variant:ident),+ $(,)?) => {
+        impl std::str::FromStr for $ty {
+            type Err = Error;
+
+            fn from_str(s: &str) -> Result<Self> {
+                parse_choice(s, $argument, $what, &[$(($name, $ty::$variant)),+])
+            }
+        }
+    };
+}
+
 /// What a live allocation's bytes become across a sleep.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SleepTag {
@@ -56,20 +70,7 @@ pub enum SleepTag {
     Discard,
 }
 
-impl std::str::FromStr for SleepTag {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "keep" => Ok(SleepTag::Keep),
-            "discard" => Ok(SleepTag::Discard),
-            other => Err(Error::invalid(
-                "tag",
-                format!("{other:?} is not a sleep tag: use \"keep\" or \"discard\""),
-            )),
-        }
-    }
-}
+from_names!(SleepTag, "tag", "sleep tag", "keep" => Keep, "discard" => Discard);
 
 /// What discarded allocations hold after a restore.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -81,19 +82,27 @@ pub enum DiscardFill {
     Zero,
 }
 
-impl std::str::FromStr for DiscardFill {
-    type Err = Error;
+from_names!(DiscardFill, "discard_fill", "discard fill", "undefined" => Undefined, "zero" => Zero);
 
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "undefined" => Ok(DiscardFill::Undefined),
-            "zero" => Ok(DiscardFill::Zero),
-            other => Err(Error::invalid(
-                "discard_fill",
-                format!("{other:?} is not a discard fill: use \"undefined\" or \"zero\""),
-            )),
-        }
+/// The value named `s` among `choices` (name, value), else an invalid `argument` whose message
+/// names `s`, what it should be and every name.
+fn parse_choice<T: Copy>(
+    s: &str,
+    argument: &'static str,
+    what: &str,
+    choices: &[(&str, T)],
+) -> Result<T> {
+    if let Some(&(_, value)) = choices.iter().find(|(name, _)| *name == s) {
+        return Ok(value);
     }
+    let names: Vec<String> = choices
+        .iter()
+        .map(|(name, _)| format!("{name:?}"))
+        .collect();
+    Err(Error::invalid(
+        argument,
+        format!("{s:?} is not a {what}: use {}", names.join(" or ")),
+    ))
 }
 
 /// What a sleep frees: before one, what it would do now ([`sleep_estimate`]); after one, what it

@@ -54,18 +54,7 @@ impl FlakyVm {
 }
 
 impl VirtualMemory for FlakyVm {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-    fn base(&self) -> usize {
-        self.inner.base()
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-    fn mapped_bytes(&self) -> usize {
-        self.inner.mapped_bytes()
-    }
+    forward_vm_figures!();
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
         let allowed = count_down(&self.maps_left);
         if self.refuse_maps.load(Ordering::SeqCst) || !allowed {
@@ -83,15 +72,6 @@ impl VirtualMemory for FlakyVm {
         }
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
-    }
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.inner.memory_info()
-    }
-    fn kind(&self) -> MemoryKind {
-        self.inner.kind()
-    }
-    fn device(&self) -> Option<usize> {
-        None
     }
     fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
         self.inner.host_copy(bytes)
@@ -146,6 +126,31 @@ fn mismatch(ptr: usize, size: usize, seed: u64) -> Option<usize> {
         .position(|(i, &b)| b != pattern(seed, i))
 }
 
+/// Allocates a block of each size and writes block `i` with the pattern of `seed + i`:
+/// (pointer, size, seed) of each.
+fn written_blocks(
+    mr: &ExpandableMemoryResource,
+    sizes: &[usize],
+    seed: u64,
+) -> Vec<(usize, usize, u64)> {
+    let blocks: Vec<_> = sizes
+        .iter()
+        .zip(seed..)
+        .map(|(&s, seed)| (mr.allocate(s, S).unwrap(), s, seed))
+        .collect();
+    for &(p, s, seed) in &blocks {
+        write(p, s, seed);
+    }
+    blocks
+}
+
+/// Asserts that every block of [`written_blocks`] still holds its pattern.
+fn assert_intact(blocks: &[(usize, usize, u64)]) {
+    for (i, &(p, s, seed)) in blocks.iter().enumerate() {
+        assert_eq!(mismatch(p, s, seed), None, "block {i} at {p:#x}");
+    }
+}
+
 fn all_zero(ptr: usize, size: usize) -> bool {
     // SAFETY: as `write`.
     unsafe { std::slice::from_raw_parts(ptr as *const u8, size) }
@@ -156,11 +161,7 @@ fn all_zero(ptr: usize, size: usize) -> bool {
 #[test]
 fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_addresses() {
     let (vm, mr) = host_pool(64 * PAGE);
-    let sizes = [1000, PAGE + 300, 3 * PAGE, 256];
-    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
-    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        write(p, s, i as u64);
-    }
+    let blocks = written_blocks(&mr, &[1000, PAGE + 300, 3 * PAGE, 256], 0);
     // A free block of whole pages between live ones: released, never copied.
     let hole = mr.allocate(4 * PAGE, S).unwrap();
     let tail = mr.allocate(100, S).unwrap();
@@ -187,9 +188,7 @@ fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_ad
     mr.restore().unwrap();
     assert!(!mr.asleep());
     assert!(mr.restore().is_err(), "restore while awake is an error");
-    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        assert_eq!(mismatch(p, s, i as u64), None, "block {i} at {p:#x}");
-    }
+    assert_intact(&blocks);
     assert_eq!(mr.host_copy_bytes(), 0, "the host copy is released");
     let report = mr.last_sleep().unwrap();
     assert!(report.restore_s.is_some() && report.sleeps == 1);
@@ -197,7 +196,7 @@ fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_ad
     let again = mr.allocate(2 * PAGE, S).unwrap();
     write(again, 2 * PAGE, 99);
     assert_eq!(mismatch(again, 2 * PAGE, 99), None);
-    for (&p, &s) in ptrs.iter().zip(&sizes) {
+    for &(p, s, _) in &blocks {
         free(&mr, p, s).unwrap();
     }
     free(&mr, again, 2 * PAGE).unwrap();
@@ -263,11 +262,7 @@ fn a_refused_wake_loses_nothing_and_a_later_wake_succeeds() {
 fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
     let (vm, mr) = host_pool(64 * PAGE);
     // Blocks that cross the restore's chunks (two pages each).
-    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
-    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
-    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        write(p, s, 40 + i as u64);
-    }
+    let blocks = written_blocks(&mr, &[3 * PAGE + 100, 5 * PAGE, 777], 40);
     mr.offload().unwrap();
     for allowed in [0, 1, 3] {
         vm.maps_left.store(allowed, Ordering::SeqCst);
@@ -281,9 +276,7 @@ fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
     }
     vm.maps_left.store(usize::MAX, Ordering::SeqCst);
     mr.restore().unwrap();
-    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        assert_eq!(mismatch(p, s, 40 + i as u64), None, "block {i}");
-    }
+    assert_intact(&blocks);
     let report = mr.last_sleep().unwrap();
     assert_eq!(report.failed_restores, 3);
     assert!(report.map_s.is_some() && report.copy_in_s.is_some());
@@ -292,17 +285,9 @@ fn a_wake_refused_half_way_unmaps_what_it_mapped_and_retries_whole() {
 #[test]
 fn an_offload_failing_half_way_wakes_again_with_nothing_lost() {
     let (vm, mr) = host_pool(64 * PAGE);
-    let sizes = [3 * PAGE + 100, 5 * PAGE, 777];
-    let ptrs: Vec<usize> = sizes.iter().map(|&s| mr.allocate(s, S).unwrap()).collect();
-    for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        write(p, s, 60 + i as u64);
-    }
+    let blocks = written_blocks(&mr, &[3 * PAGE + 100, 5 * PAGE, 777], 60);
     let mapped = vm.mapped_bytes();
-    let check = || {
-        for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-            assert_eq!(mismatch(p, s, 60 + i as u64), None, "block {i}");
-        }
-    };
+    let check = || assert_intact(&blocks);
     // The unmap of the first, then of the third chunk fails: undone, awake, the pool works.
     for allowed in [0, 2] {
         vm.unmaps_left.store(allowed, Ordering::SeqCst);
@@ -599,4 +584,27 @@ fn threads_allocate_and_free_while_another_sleeps_and_wakes() {
     let _ = refused;
     assert!(!mr.asleep());
     assert_eq!(mr.view().live.len(), 0, "nothing leaked");
+}
+
+#[test]
+fn tags_and_fills_parse_from_their_names_and_name_them_on_a_bad_one() {
+    assert_eq!("keep".parse::<SleepTag>().unwrap(), SleepTag::Keep);
+    assert_eq!("discard".parse::<SleepTag>().unwrap(), SleepTag::Discard);
+    assert_eq!(
+        "undefined".parse::<DiscardFill>().unwrap(),
+        DiscardFill::Undefined
+    );
+    assert_eq!("zero".parse::<DiscardFill>().unwrap(), DiscardFill::Zero);
+    let e = "Keep".parse::<SleepTag>().unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { argument: "tag", message }
+            if message == "\"Keep\" is not a sleep tag: use \"keep\" or \"discard\""),
+        "{e:?}"
+    );
+    let e = "ones".parse::<DiscardFill>().unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { argument: "discard_fill", message }
+            if message == "\"ones\" is not a discard fill: use \"undefined\" or \"zero\""),
+        "{e:?}"
+    );
 }

@@ -25,6 +25,16 @@ fn pool(vm: &Arc<SimulatedVirtualMemory>, max: Option<usize>) -> ExpandableMemor
     ExpandableMemoryResource::new(vm.clone(), None, max, None).unwrap()
 }
 
+/// A pool with no maximum over a new simulated device: the device and the pool.
+fn sim_pool(
+    capacity: usize,
+    reserve: usize,
+) -> (Arc<SimulatedVirtualMemory>, ExpandableMemoryResource) {
+    let vm = sim(capacity, reserve);
+    let mr = pool(&vm, None);
+    (vm, mr)
+}
+
 const S: Stream = Stream::DEFAULT;
 
 /// A stream key for simulated memory.
@@ -37,8 +47,7 @@ fn stream(raw: usize) -> Stream {
 #[test]
 fn the_log_that_fails_on_the_pool_fits_here() {
     // 12 GiB, 8 GiB, free the 12, then 20 GiB on a 32 GiB device.
-    let vm = sim(32 * GIB, 128 * GIB);
-    let mr = pool(&vm, None);
+    let (_, mr) = sim_pool(32 * GIB, 128 * GIB);
     let a = mr.allocate(12 * GIB, S).unwrap();
     let b = mr.allocate(8 * GIB, S).unwrap();
     free_on(&mr, a, 12 * GIB, S).unwrap();
@@ -63,8 +72,7 @@ fn the_log_that_fails_on_the_pool_fits_here() {
 
 #[test]
 fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
-    let vm = sim(64 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (vm, mr) = sim_pool(64 * P, 256 * P);
     let a = mr.allocate(P / 2, S).unwrap();
     assert_eq!(mr.mapped_bytes(), P);
     // Needs more than the P/2 fresh tail: maps one more page right after it.
@@ -96,8 +104,7 @@ fn growth_extends_the_fresh_tail_and_free_blocks_coalesce_across_steps() {
 
 #[test]
 fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
-    let vm = sim(64 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (vm, mr) = sim_pool(64 * P, 256 * P);
     let a = mr.allocate(P, S).unwrap();
     let b = mr.allocate(4 * P, S).unwrap();
     // c's growth step maps half of what is mapped (3 pages): c and a fresh tail of 2.
@@ -128,8 +135,7 @@ fn trim_unmaps_free_pages_anywhere_and_regrowth_reuses_the_hole() {
 
 #[test]
 fn trim_to_a_target_keeps_that_much() {
-    let vm = sim(64 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (_, mr) = sim_pool(64 * P, 256 * P);
     let a = mr.allocate(8 * P, S).unwrap();
     free_on(&mr, a, 8 * P, S).unwrap();
     assert_eq!(mr.trim(3 * P).unwrap(), 5 * P);
@@ -139,8 +145,7 @@ fn trim_to_a_target_keeps_that_much() {
 
 #[test]
 fn partial_pages_of_a_free_block_stay_mapped() {
-    let vm = sim(64 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (_, mr) = sim_pool(64 * P, 256 * P);
     let a = mr.allocate(P / 2, S).unwrap();
     let b = mr.allocate(2 * P, S).unwrap();
     let c = mr.allocate(P, S).unwrap();
@@ -179,8 +184,7 @@ fn maximum_pool_size_is_honoured() {
 
 #[test]
 fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
-    let vm = sim(4 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (_, mr) = sim_pool(4 * P, 256 * P);
     let a = mr.allocate(3 * P, S).unwrap();
     let e = mr.allocate(2 * P, S).unwrap_err();
     assert!(e.is_out_of_memory());
@@ -226,8 +230,7 @@ fn initial_size_is_mapped_at_once() {
 
 #[test]
 fn stats_and_snapshot_describe_the_blocks() {
-    let vm = sim(64 * P, 256 * P);
-    let mr = pool(&vm, None);
+    let (_, mr) = sim_pool(64 * P, 256 * P);
     let a = mr.allocate(1000, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
     free_on(&mr, a, 1000, S).unwrap();
@@ -281,8 +284,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
     fn random_sequences_keep_the_invariants(ops in proptest::collection::vec(op(), 1..120)) {
-        let vm = sim(48 * P, 512 * P);
-        let mr = pool(&vm, None);
+        let (vm, mr) = sim_pool(48 * P, 512 * P);
         let streams = [Stream::DEFAULT, stream(0x1000), stream(0x2000)];
         let mut live: Vec<(usize, usize, usize)> = Vec::new();
         for op in ops {
@@ -339,18 +341,7 @@ struct SpyVm {
 }
 
 impl VirtualMemory for SpyVm {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-    fn base(&self) -> usize {
-        self.inner.base()
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-    fn mapped_bytes(&self) -> usize {
-        self.inner.mapped_bytes()
-    }
+    forward_vm_figures!();
     fn map(&self, addr: usize, bytes: usize) -> Result<()> {
         self.inner.map(addr, bytes)
     }
@@ -359,15 +350,6 @@ impl VirtualMemory for SpyVm {
         self.unmapped_at.lock().push(self.events.tick());
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
-    }
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        self.inner.memory_info()
-    }
-    fn kind(&self) -> MemoryKind {
-        self.inner.kind()
-    }
-    fn device(&self) -> Option<usize> {
-        None
     }
 }
 
