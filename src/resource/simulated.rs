@@ -47,7 +47,7 @@ fn take_window(len: usize) -> Option<usize> {
 const MAX_ADDRESS_SPACE: usize = 1 << 61;
 
 /// The largest simulated device (32 PiB): byte counters over it never overflow, and its window
-/// ([`MAX_WINDOW`], twice its size) leaves room for 62 more of it.
+/// (64 PiB, twice its size) leaves room for 62 more of it.
 pub const MAX_SIMULATED_SIZE: usize = MAX_ADDRESS_SPACE / ADDRESS_SPACE_FACTOR;
 
 /// The driver's page: allocations of at least this size are charged in whole pages.
