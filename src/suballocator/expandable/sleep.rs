@@ -872,5 +872,4 @@ pub fn sleep_estimate(mr: &SharedResource) -> Result<SleepEstimate> {
 }
 
 #[cfg(test)]
-#[path = "sleep_tests.rs"]
 mod tests;
