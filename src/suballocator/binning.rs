@@ -100,7 +100,8 @@ impl BinShards {
 }
 
 /// This thread's shard: threads take them in turn, by their tag (1, 2, ... as they first ask
-/// for one).
+/// for one). The tag is a `u64` thread-local with no destructor, so reading it from another
+/// thread-local's destructor does not panic (a test does it).
 #[inline]
 fn thread_shard() -> usize {
     (current_thread_tag() % SHARDS as u64) as usize
@@ -424,6 +425,30 @@ mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
     use crate::test_support::free;
+
+    #[test]
+    fn a_thread_local_destructor_may_allocate_and_free() {
+        struct Late(BinningMemoryResource);
+        impl Drop for Late {
+            fn drop(&mut self) {
+                // Runs while the thread's locals are destroyed: the shard is still read.
+                let p = self.0.allocate(512, Stream::DEFAULT).unwrap();
+                free(&self.0, p, 512).unwrap();
+            }
+        }
+        thread_local! {
+            static LATE: std::cell::RefCell<Option<Late>> = const { std::cell::RefCell::new(None) };
+        }
+        let up = Arc::new(SimulatedMemoryResource::new(1 << 24));
+        let mr = BinningMemoryResource::new(up, Some(10), Some(12)).unwrap();
+        std::thread::spawn(move || {
+            let p = mr.allocate(512, Stream::DEFAULT).unwrap();
+            free(&mr, p, 512).unwrap();
+            LATE.with(|late| *late.borrow_mut() = Some(Late(mr)));
+        })
+        .join()
+        .expect("a free from a thread-local destructor must not panic");
+    }
 
     #[test]
     fn requests_go_to_the_smallest_bin_that_fits_or_upstream() {

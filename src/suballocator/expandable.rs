@@ -322,15 +322,18 @@ impl MemoryResource for ExpandableMemoryResource {
         self.inner.core.deallocate(ptr, bytes, stream)?;
         self.inner.sleep.forget(ptr);
         if let Some(threshold) = self.inner.release_threshold {
-            // Never beside an offload or restore (they unmap and map pages themselves), and
-            // never waiting for one: the next free trims.
-            let Some(_sleep) = self.inner.sleep.try_hold() else {
-                return Ok(());
-            };
-            let free = self.inner.core.free_bytes();
-            if free > threshold && !self.inner.sleep.asleep() {
-                let target = self.mapped_bytes().saturating_sub(free - threshold);
-                self.inner.core.release(target)?;
+            if self.inner.core.free_bytes() > threshold {
+                // Never beside an offload or restore (they unmap and map pages themselves),
+                // and never waiting for one: the next free trims. The sleep record is taken
+                // only when a trim is due, not on every free.
+                let Some(_sleep) = self.inner.sleep.try_hold() else {
+                    return Ok(());
+                };
+                let free = self.inner.core.free_bytes();
+                if free > threshold && !self.inner.sleep.asleep() {
+                    let target = self.mapped_bytes().saturating_sub(free - threshold);
+                    self.inner.core.release(target)?;
+                }
             }
         }
         Ok(())
