@@ -1,7 +1,7 @@
 //! Memory of another GPU of the machine (a peer GPU), for use by one device: the peer tier of
 //! [`TieredMemoryResource`](crate::adaptor::TieredMemoryResource) for data beyond one GPU.
 
-use super::{CallProfile, MemoryKind, MemoryResource};
+use super::{CallProfile, CudaMemoryResource, MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 
@@ -24,6 +24,8 @@ use crate::error::{Error, Result};
 pub struct PeerMemoryResource {
     device: usize,
     peer: usize,
+    /// `cuMemAlloc` / `cuMemFree` in the peer's context, with the pressure retry.
+    memory: CudaMemoryResource,
 }
 
 impl PeerMemoryResource {
@@ -72,7 +74,11 @@ impl PeerMemoryResource {
         }
         cuda::enable_peer_access(device, peer)?;
         cuda::enable_peer_access(peer, device)?;
-        Ok(PeerMemoryResource { device, peer })
+        Ok(PeerMemoryResource {
+            device,
+            peer,
+            memory: CudaMemoryResource::on_device(peer)?,
+        })
     }
 
     /// The first GPU (by ordinal) that has a peer link with `device` both ways.
@@ -110,21 +116,15 @@ impl PeerMemoryResource {
 }
 
 impl MemoryResource for PeerMemoryResource {
-    /// `cuMemAlloc` in the peer's context; out of memory relieves the caches over the peer
-    /// ([`crate::pressure`]) and tries once more.
-    fn allocate(&self, bytes: usize, _stream: Stream) -> Result<usize> {
-        if bytes == 0 {
-            return Ok(0);
-        }
-        crate::pressure::retry_after_relief(crate::pressure::Place::Device(self.peer), || {
-            let _ctx = ContextGuard::new(self.peer)?;
-            cuda::mem_alloc(bytes)
-        })
+    /// `cuMemAlloc` in the peer's context ([`CudaMemoryResource`] on the peer: out of memory
+    /// relieves the caches over the peer, [`crate::pressure`], and tries once more).
+    fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.memory.allocate(bytes, stream)
     }
 
     /// Waits for `stream` (work of `device` that may still read the memory: `cuMemFree` in
     /// the peer's context waits only for the peer's own work), then `cuMemFree` there.
-    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
@@ -132,10 +132,9 @@ impl MemoryResource for PeerMemoryResource {
             let _ctx = ContextGuard::new(self.device)?;
             stream.synchronize()?;
         }
-        let _ctx = ContextGuard::new(self.peer)?;
-        // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract), that is
-        // from `cuMemAlloc` in the peer's context, current now; freed once after all work.
-        unsafe { cuda::mem_free(ptr) }
+        // SAFETY: `ptr` came from `allocate`, that is from `self.memory` (the trait's
+        // contract), and no work of `device` uses it any more (synchronized above).
+        unsafe { self.memory.deallocate(ptr, bytes, stream) }
     }
 
     fn kind(&self) -> MemoryKind {
