@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -177,18 +176,8 @@ def main() -> int:
                         f"{beyond / scale.GIB:.0f} GiB beyond the device, "
                         f"{room / scale.GIB:.0f} GiB of room on its next tier")}
                 else:
-                    t0 = time.perf_counter()
-                    try:
-                        p = subprocess.run(
-                            [sys.executable, __file__, "--run", name, "--f", str(f)],
-                            check=False, capture_output=True, text=True, timeout=args.timeout)
-                        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-                        row = json.loads(lines[-1]) if lines else {
-                            "name": name, "f": f,
-                            "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-                    except subprocess.TimeoutExpired:
-                        row = {"name": name, "f": f, "error": f"timeout {args.timeout:.0f} s"}
-                    row["wall_s"] = time.perf_counter() - t0
+                    row = scale.run_child(__file__, ["--run", name, "--f", str(f)],
+                                          {"name": name, "f": f}, args.timeout)
                     if "stream_s" in row:
                         row["floor_stream_s"] = floor(row, bw, 1)
                         row["floor_reuse_s"] = floor(row, bw, 3)

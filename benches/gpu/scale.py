@@ -155,6 +155,22 @@ def floor_s(row: dict[str, Any], bw: dict[str, float], reads: int) -> float:
     return link + (1 + reads) * inside / (bw["device"] * 1e9)
 
 
+def run_child(script: str, argv: list[str], ident: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One case in a fresh process (``python SCRIPT ARGV``): its last JSON line, or ``ident``
+    with the error (its last line on standard error, or the timeout); ``wall_s`` added."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, script, *argv], check=False, capture_output=True,
+                           text=True, timeout=timeout)
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+        row: dict[str, Any] = json.loads(lines[-1]) if lines else {
+            **ident, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    except subprocess.TimeoutExpired:
+        row = {**ident, "error": f"timeout {timeout:.0f} s"}
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run")
@@ -202,16 +218,8 @@ def main() -> None:
                 name = spec.split(":", 1)[1]
                 if f > 1.0 and name not in MANAGED_SETUPS and f != 1.15 and "expr=" not in name:
                     continue
-                t0 = time.perf_counter()
-                try:
-                    p = subprocess.run([sys.executable, __file__, "--run", spec, "--f", str(f)],
-                                       check=False, capture_output=True, text=True, timeout=args.timeout)
-                    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-                    row = json.loads(lines[-1]) if lines else {
-                        "setup": spec, "f": f, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-                except subprocess.TimeoutExpired:
-                    row = {"setup": spec, "f": f, "error": f"timeout {args.timeout:.0f} s"}
-                row["wall_s"] = time.perf_counter() - t0
+                row = run_child(__file__, ["--run", spec, "--f", str(f)], {"setup": spec, "f": f},
+                                args.timeout)
                 if "stream_s" in row:
                     row["floor_stream_s"] = floor_s(row, bw, 1)
                     row["floor_reuse_s"] = floor_s(row, bw, 3)
