@@ -32,6 +32,36 @@ settings.register_profile(
 settings.load_profile(os.environ.get("RRMM_HYPOTHESIS", "ci"))
 
 
+def _import_hypothesis_lazy_modules() -> None:
+    """Imports every Hypothesis module it would otherwise import lazily, during a test.
+
+    CPython 3.11's ``ast.parse`` keeps its depth count in per-interpreter state, so a parse
+    nested in another makes the outer one fail with ``SystemError: AST constructor recursion
+    depth mismatch`` (fixed in 3.12). pytest parses every module of a plugin's package when it is
+    first imported (to rewrite its asserts); if the garbage collector runs during that parse and
+    frees a buffer through a test's callback whose free raises (the state machine's misbehaving
+    callbacks do, on purpose), ``sys.unraisablehook`` formats the traceback, and 3.11's traceback
+    module parses the failing line: a nested parse. It failed CI once, importing
+    ``hypothesis.internal.conjecture.optimiser`` mid-test. Imported here, before any test, no
+    plugin module is parsed while tests run."""
+    if sys.version_info >= (3, 12):
+        return
+    import pkgutil
+
+    import hypothesis
+
+    for module in pkgutil.walk_packages(hypothesis.__path__, "hypothesis."):
+        if module.name.startswith("hypothesis.extra") or module.name in sys.modules:
+            continue  # extra: optional dependencies (numpy, django, ...); tests import their own
+        try:
+            __import__(module.name)
+        except ImportError:
+            pass  # a module for an optional dependency not installed (attrs, say)
+
+
+_import_hypothesis_lazy_modules()
+
+
 def gpu_available() -> bool:
     return _rrmm.driver_available() and _rrmm.device_count() > 0
 
