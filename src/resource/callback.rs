@@ -16,6 +16,31 @@ pub type HeldBytesFn = Box<dyn Fn() -> usize + Send + Sync>;
 /// blocks), read where fragmentation is measured.
 pub type FootprintFn = Box<dyn Fn() -> Footprint + Send + Sync>;
 
+/// Checks what an allocate function returned for `bytes`: for a positive size, a null pointer is
+/// out of memory, and an address that is not 256-byte aligned, or whose block would run past the
+/// end of the address space, is [`Error::Logic`]. A refused address is not freed (rrmm cannot
+/// know what it is) and counts as never allocated: whoever records live allocations records
+/// only what passes.
+pub fn check_returned_pointer(ptr: usize, bytes: usize) -> Result<usize> {
+    if bytes == 0 {
+        return Ok(ptr);
+    }
+    if ptr == 0 {
+        return Err(Error::out_of_memory(
+            bytes,
+            "callback_memory_resource: the allocate function returned a null pointer",
+        ));
+    }
+    if ptr % ALLOCATION_ALIGNMENT != 0 || ptr.checked_add(bytes).is_none() {
+        return Err(Error::Logic(format!(
+            "callback_memory_resource: the allocate function returned {ptr:#x} for {bytes} \
+             bytes: not {ALLOCATION_ALIGNMENT}-byte aligned, or the block would run past the end \
+             of the address space (rrmm does not use or free it)"
+        )));
+    }
+    Ok(ptr)
+}
+
 /// Calls the user's functions for every allocation and deallocation.
 ///
 /// What `allocate` returns is checked before anything uses it: for a positive size, a null
@@ -131,23 +156,7 @@ impl MemoryResource for CallbackMemoryResource {
             let _depth = Nesting::enter()?;
             (self.allocate)(bytes, stream)?
         };
-        if bytes == 0 {
-            return Ok(ptr);
-        }
-        if ptr == 0 {
-            return Err(Error::out_of_memory(
-                bytes,
-                "callback_memory_resource: the allocate function returned a null pointer",
-            ));
-        }
-        if ptr % ALLOCATION_ALIGNMENT != 0 || ptr.checked_add(bytes).is_none() {
-            return Err(Error::Logic(format!(
-                "callback_memory_resource: the allocate function returned {ptr:#x} for {bytes} \
-                 bytes: not {ALLOCATION_ALIGNMENT}-byte aligned, or the block would run past \
-                 the end of the address space"
-            )));
-        }
-        Ok(ptr)
+        check_returned_pointer(ptr, bytes)
     }
 
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {

@@ -21,7 +21,10 @@ mod simulated_vmm;
 mod system;
 mod virtual_memory;
 
-pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
+pub use callback::{
+    check_returned_pointer, AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn,
+    HeldBytesFn,
+};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;

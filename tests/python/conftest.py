@@ -32,6 +32,15 @@ settings.register_profile(
 settings.load_profile(os.environ.get("RRMM_HYPOTHESIS", "ci"))
 
 
+# Not imported ahead: optional dependencies' modules (numpy, django, ...: tests import their
+# own), and modules that build Unicode tables on import (slow, and Hypothesis warns of it).
+_HYPOTHESIS_NOT_PREIMPORTED = (
+    "hypothesis.extra",
+    "hypothesis.provisional",
+    "hypothesis.strategies._internal.regex",
+)
+
+
 def _import_hypothesis_lazy_modules() -> None:
     """Imports every Hypothesis module it would otherwise import lazily, during a test.
 
@@ -51,8 +60,8 @@ def _import_hypothesis_lazy_modules() -> None:
     import hypothesis
 
     for module in pkgutil.walk_packages(hypothesis.__path__, "hypothesis."):
-        if module.name.startswith("hypothesis.extra") or module.name in sys.modules:
-            continue  # extra: optional dependencies (numpy, django, ...); tests import their own
+        if module.name.startswith(_HYPOTHESIS_NOT_PREIMPORTED) or module.name in sys.modules:
+            continue
         try:
             __import__(module.name)
         except ImportError:

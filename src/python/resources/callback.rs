@@ -166,6 +166,10 @@ impl CallbackMemoryResource {
                         a.func(py, 0)?.call1((bytes, s))?.extract::<usize>()
                     };
                     let ptr = call().map_err(|e| callback_error(py, e, bytes))?;
+                    // Only what the resource accepts is live: a refused address given back
+                    // when a cycle is collected would reach the deallocate function as a
+                    // block it never handed out.
+                    let ptr = crate::resource::check_returned_pointer(ptr, bytes)?;
                     if ptr != 0 {
                         a.live.lock().insert(ptr, bytes);
                     }
