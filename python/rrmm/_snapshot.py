@@ -41,7 +41,9 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     https://pytorch.org/memory_viz, or render it with ``torch.cuda._memory_viz.segment_plot``.
 
     rrmm's own additions (new keys, which PyTorch's tools ignore): a segment of a
-    ``TieredMemoryResource`` carries ``tier`` (``"device"``, ``"peer"``, ``"host"``), and
+    ``TieredMemoryResource`` carries ``tier`` (``"device"``, ``"peer"``, ``"host"``), a
+    segment of a sleeping expandable pool carries ``offloaded: True`` (its pages given back to
+    the driver, its live bytes on the host until ``restore()``; its addresses kept), and
     ``rrmm["sleep"]`` says what a sleep of the stack would release, copy and discard now (the
     resource's own ``sleep_estimate()``; None for a stack without an expandable pool, which
     cannot sleep).

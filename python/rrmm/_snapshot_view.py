@@ -210,6 +210,8 @@ def normalize(snapshot: dict[str, Any]) -> dict[str, Any]:
             out["device"] = _size(seg["device"], f"{where}.device")
         if seg.get("tier") is not None:
             out["tier"] = str(seg["tier"])[:40]
+        if seg.get("offloaded"):
+            out["offloaded"] = True
         segments.append(out)
     traces = []
     for d, raw_trace in enumerate(_list(snapshot.get("device_traces"), "device_traces")):
@@ -566,7 +568,9 @@ def _segments_html(segments: Sequence[dict[str, Any]], width: int = 1100) -> str
                  f"{_bytes(free)} free in {len(holes)} hole(s), largest {_bytes(largest)}, "
                  f"fragmentation {frag:.3f}"
                  + (", expandable" if seg.get("is_expandable") else "")
-                 + (f", tier {seg['tier']}" if seg.get("tier") else ""))
+                 + (f", tier {seg['tier']}" if seg.get("tier") else "")
+                 + (", offloaded (the pool sleeps: no page mapped, its data on the host)"
+                    if seg.get("offloaded") else ""))
         rows.append(f'<div class="seg"><div class="seglabel">{html.escape(label)}</div>'
                     f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 2:.0f}" height="20">'
                     f'<rect x="0" y="0" width="{w:.1f}" height="18" class="segbg"/>'

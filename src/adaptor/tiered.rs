@@ -394,6 +394,7 @@ impl PoolReport for TieredMemoryResource {
                             total_size: bytes,
                             expandable: false,
                             tier: Some(tier.name.clone()),
+                            offloaded: false,
                             blocks: vec![BlockInfo {
                                 address: ptr,
                                 size: bytes,

@@ -47,6 +47,10 @@ pub struct SegmentInfo {
     /// The tier that holds it (`"device"`, `"peer"`, `"host"`), where the resource has tiers
     /// ([`TieredMemoryResource`](crate::adaptor::TieredMemoryResource)); `None` otherwise.
     pub tier: Option<String>,
+    /// Whether the pool sleeps ([`ExpandableMemoryResource::offload`](crate::ExpandableMemoryResource::offload)):
+    /// the segment's pages were given back to the driver and its live bytes are on the host
+    /// until `restore()`; its addresses stay reserved.
+    pub offloaded: bool,
     /// Its blocks in address order, covering the segment exactly.
     pub blocks: Vec<BlockInfo>,
 }
@@ -120,6 +124,7 @@ pub fn assemble(
                 total_size,
                 expandable,
                 tier: None,
+                offloaded: false,
                 blocks: out,
             }
         })

@@ -571,6 +571,11 @@ impl Growth for ExpandableGrowth {
         false
     }
 
+    /// While the pool sleeps (or falls asleep, or wakes): the runs are the ones to map again.
+    fn offloaded(&self) -> bool {
+        self.sleeping.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn segments(&self) -> Option<Vec<(usize, usize)>> {
         Some(
             self.mapped

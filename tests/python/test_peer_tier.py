@@ -179,6 +179,22 @@ def test_the_snapshot_says_what_a_sleep_of_the_expandable_pool_would_free() -> N
         pool.deallocate(a, 3 * MiB)
 
 
+def test_a_sleeping_pools_segments_are_marked_offloaded_in_the_snapshot_and_the_viewer() -> None:
+    pool = mr.ExpandableMemoryResource(simulated_capacity=64 * MiB)
+    a = pool.allocate(3 * MiB)
+    assert not any(s.get("offloaded") for s in _rrmm._memory_snapshot(pool, 0))
+    pool.offload()
+    try:
+        segments = _rrmm._memory_snapshot(pool, 0)
+        assert segments and all(s["offloaded"] is True for s in segments)
+        page = render_html({"segments": segments, "device_traces": [[]]})
+        assert "offloaded (the pool sleeps" in page
+    finally:
+        pool.restore()
+    assert not any(s.get("offloaded") for s in _rrmm._memory_snapshot(pool, 0))
+    pool.deallocate(a, 3 * MiB)
+
+
 def test_memory_snapshot_carries_the_sleep_figures_and_tiers_of_the_current_resource() -> None:
     import rrmm
 

@@ -112,6 +112,7 @@ class SleepMachine(RuleBasedStateMachine):
             self.while_asleep(did, estimate, free_asleep)
             self.top.restore()
         assert not self.top.asleep
+        self.check_segments(asleep=False)
         self.check_bytes(zero)
         self.forget_discarded()
 
@@ -122,6 +123,7 @@ class SleepMachine(RuleBasedStateMachine):
         assert self.top.asleep and self.pool.asleep
         assert self.pool.mapped_bytes() == 0
         assert self.pool.sleep_estimate()["released_bytes"] == 0
+        self.check_segments(asleep=True)
         if self.bytes:
             assert self.pool.host_copy_bytes() == did["copied_bytes"]
         with pytest.raises(RuntimeError, match="asleep"):
@@ -131,6 +133,15 @@ class SleepMachine(RuleBasedStateMachine):
         if free_asleep is not None and self.live:
             b = self.live.pop(free_asleep % len(self.live))
             self.top.deallocate(b.ptr, b.size)
+
+    def check_segments(self, asleep: bool) -> None:
+        """The snapshot's segments are marked offloaded exactly while the pool sleeps, and every
+        live block is still in them (its address kept)."""
+        segments = _rrmm._memory_snapshot(self.top, 0) or []
+        assert all(bool(s.get("offloaded")) == asleep for s in segments), segments
+        allocated = {b["address"] for s in segments for b in s["blocks"]
+                     if b["state"] == "active_allocated"}
+        assert allocated == {b.ptr for b in self.live}
 
     def forget_discarded(self) -> None:
         """After a sleep a discarded block's bytes are the fill's, not the model's."""

@@ -83,6 +83,11 @@ fn segment_dict<'py>(
     if let Some(tier) = &s.tier {
         d.set_item("tier", tier)?;
     }
+    // rrmm: a sleeping pool's segment (no page mapped; its live bytes on the host until
+    // `restore()`), only where it is so.
+    if s.offloaded {
+        d.set_item("offloaded", true)?;
+    }
     d.set_item("frames", PyList::empty(py))?;
     let blocks = PyList::empty(py);
     for b in &s.blocks {

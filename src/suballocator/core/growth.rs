@@ -104,6 +104,12 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
         true
     }
 
+    /// Whether the policy's segments are offloaded (a sleeping expandable pool: no page mapped,
+    /// the live bytes on the host); snapshots mark them so.
+    fn offloaded(&self) -> bool {
+        false
+    }
+
     /// The segments (address, size) of a policy that keeps its own (the expandable pool's runs
     /// of mapped pages); `None` when the core's chunks are the segments.
     fn segments(&self) -> Option<Vec<(usize, usize)>> {

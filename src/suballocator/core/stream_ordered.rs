@@ -1040,7 +1040,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
             free
         };
         let free: Vec<(usize, usize)> = free.iter().map(|b| (b.addr, b.size)).collect();
-        assemble(&segments, &allocated, &free, expandable)
+        let mut segments = assemble(&segments, &allocated, &free, expandable);
+        if self.growth.offloaded() {
+            for s in &mut segments {
+                s.offloaded = true;
+            }
+        }
+        segments
     }
 
     /// The PyTorch-style figures: the lists' allocation counters, the pool-wide ones, and the

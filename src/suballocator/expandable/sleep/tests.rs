@@ -178,6 +178,16 @@ fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_ad
     assert_eq!(mr.reserved_bytes(), reserved, "the addresses stay reserved");
     assert_eq!(mr.host_copy_bytes(), did.copied_bytes);
     assert_eq!(mr.sleep_estimate(), SleepEstimate::default());
+    let segments = |mr: &ExpandableMemoryResource| {
+        mr.report()
+            .and_then(|r| r.memory_snapshot())
+            .expect("the pool lays out its segments")
+    };
+    let asleep = segments(&mr);
+    assert!(
+        !asleep.is_empty() && asleep.iter().all(|s| s.offloaded),
+        "{asleep:?}"
+    );
     let e = mr.allocate(64, S).unwrap_err();
     assert!(
         matches!(e, Error::Logic(_)) && e.to_string().contains("asleep"),
@@ -189,6 +199,7 @@ fn a_sleep_gives_every_page_back_and_a_wake_brings_the_bytes_back_at_the_same_ad
     assert!(!mr.asleep());
     assert!(mr.restore().is_err(), "restore while awake is an error");
     assert_intact(&blocks);
+    assert!(segments(&mr).iter().all(|s| !s.offloaded));
     assert_eq!(mr.host_copy_bytes(), 0, "the host copy is released");
     let report = mr.last_sleep().unwrap();
     assert!(report.restore_s.is_some() && report.sleeps == 1);
