@@ -90,12 +90,15 @@ class SleepMachine(RuleBasedStateMachine):
             b = self.live.pop(i % len(self.live))
             self.top.deallocate(b.ptr, b.size)
 
-    @rule(i=st.integers(0, 1 << 16), keep=st.booleans())
-    def tag(self, i: int, keep: bool) -> None:
+    @rule(i=st.integers(0, 1 << 16), keep=st.booleans(),
+          where=st.sampled_from(["start", "middle", "last"]))
+    def tag(self, i: int, keep: bool, where: str) -> None:
         if self.live:
             b = self.live[i % len(self.live)]
-            # Any address inside the block tags all of it.
-            start = self.top.tag(b.ptr + (b.size - 1) // 2, "keep" if keep else "discard")
+            # Any address inside the block tags all of it (the start is found by a lookup,
+            # another address through the ordered view of the blocks).
+            at = {"start": 0, "middle": (b.size - 1) // 2, "last": b.size - 1}[where]
+            start = self.top.tag(b.ptr + at, "keep" if keep else "discard")
             assert start == b.ptr
             b.discard = not keep
 

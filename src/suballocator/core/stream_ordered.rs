@@ -1003,6 +1003,16 @@ fn merge_touching(mut blocks: Vec<Block>) -> Vec<Block> {
 }
 
 impl<F: FreeList> StreamOrderedCore<F> {
+    /// Whether a block this pool handed out (and that is not freed) starts at `addr`: each
+    /// stream list looked up in turn, O(lists), not O(blocks) as a snapshot. A block moving
+    /// between lists (a free on another stream) may be missed for that moment.
+    pub(crate) fn allocated_at(&self, addr: usize) -> bool {
+        let dir = self.directory.read();
+        dir.all
+            .iter()
+            .any(|list| list.state.lock().list.is_allocated_at(addr))
+    }
+
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
     pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
         // One consistent view (no block moves between lists while it is read), or blocks seen

@@ -289,15 +289,21 @@ impl ExpandableMemoryResource {
     /// # Errors
     /// [`Error::InvalidArgument`] when no live allocation of this pool holds `ptr`.
     pub fn tag(&self, ptr: usize, tag: SleepTag) -> Result<usize> {
-        let live = self.view().live;
-        let i = live.partition_point(|&(a, _)| a <= ptr);
-        let start = match i.checked_sub(1).map(|i| live[i]) {
-            Some((a, size)) if ptr < a + size.max(1) => a,
-            _ => {
-                return Err(Error::invalid(
-                    "ptr",
-                    format!("{ptr:#x} is not inside a live allocation of this expandable pool"),
-                ))
+        // The start of an allocation (the usual case: the pointer handed out) is looked up in
+        // the stream lists; an address inside one needs the ordered view of every block.
+        let start = if self.inner.core.allocated_at(ptr) {
+            ptr
+        } else {
+            let live = self.view().live;
+            let i = live.partition_point(|&(a, _)| a <= ptr);
+            match i.checked_sub(1).map(|i| live[i]) {
+                Some((a, size)) if ptr < a + size.max(1) => a,
+                _ => {
+                    return Err(Error::invalid(
+                        "ptr",
+                        format!("{ptr:#x} is not inside a live allocation of this expandable pool"),
+                    ))
+                }
             }
         };
         let gate = &self.inner.sleep;

@@ -486,6 +486,10 @@ impl FreeList for CoalescingFreeList {
         })
     }
 
+    fn is_allocated_at(&self, addr: usize) -> bool {
+        self.allocated.contains_key(&addr)
+    }
+
     fn allocated_blocks(&self) -> Vec<Block> {
         self.allocated.values().map(|&x| self.block(x)).collect()
     }

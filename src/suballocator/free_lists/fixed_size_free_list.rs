@@ -95,6 +95,10 @@ impl FreeList for FixedSizeFreeList {
         found.map(|()| self.block_size)
     }
 
+    fn is_allocated_at(&self, addr: usize) -> bool {
+        self.allocated.contains_key(&addr)
+    }
+
     fn allocated_blocks(&self) -> Vec<Block> {
         self.allocated
             .keys()

@@ -87,6 +87,10 @@ impl FreeList for WholeBlockFreeList {
         found
     }
 
+    fn is_allocated_at(&self, addr: usize) -> bool {
+        self.allocated.contains_key(&addr)
+    }
+
     fn allocated_blocks(&self) -> Vec<Block> {
         self.allocated
             .iter()
