@@ -690,6 +690,7 @@ macro_rules! forward_vm_figures {
 mod tests;
 
 mod sleep;
+pub(super) use sleep::sleep_flags_under;
 pub use sleep::{
     asleep, offload, restore, sleep_estimate, sleep_targets, DiscardFill, SleepEstimate,
     SleepReport, SleepTag,

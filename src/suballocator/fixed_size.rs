@@ -69,6 +69,7 @@ impl FixedSizeMemoryResource {
             .checked_mul(blocks_to_preallocate.max(1))
             .ok_or_else(|| Error::invalid("blocks_to_preallocate", "chunk size overflows"))?;
         let source = upstream.clone();
+        let asleep_flags = super::expandable::sleep_flags_under(&upstream);
         let core = StreamOrderedCore::new(
             events,
             Box::new(Chunks {
@@ -79,7 +80,8 @@ impl FixedSizeMemoryResource {
             }),
             block_size,
             "fixed_size",
-        );
+        )
+        .refuse_while_asleep(asleep_flags);
         core.preallocate(chunk)?;
         Ok(FixedSizeMemoryResource {
             inner: Arc::new(Inner {

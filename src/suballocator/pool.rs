@@ -111,6 +111,7 @@ impl PoolMemoryResource {
         let source = upstream.clone();
         // Before the initial chunk: the pool places its blocks, the upstream no longer its chunks.
         let placer = upstream.take_block_placer();
+        let asleep_flags = super::expandable::sleep_flags_under(&upstream);
         let core = StreamOrderedCore::new(
             events,
             Box::new(Geometric {
@@ -119,7 +120,8 @@ impl PoolMemoryResource {
             }),
             (),
             "pool",
-        );
+        )
+        .refuse_while_asleep(asleep_flags);
         core.preallocate(initial)?;
         Ok(PoolMemoryResource {
             inner: Arc::new(Inner {

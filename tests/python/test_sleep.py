@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import rrmm
 from conftest import gpu_available, gpu_skip_reason
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from rrmm import _rrmm, mr
@@ -218,6 +218,53 @@ SleepMachine.TestCase.settings = settings(
     settings.get_profile("ci"), max_examples=40, stateful_step_count=25, deadline=None
 )
 TestSleepMachine = SleepMachine.TestCase
+
+
+SUBALLOCATORS_OVER_THE_POOL = {
+    "pool": lambda up: mr.PoolMemoryResource(up, 4 * MiB),
+    "fixed_size": lambda up: mr.FixedSizeMemoryResource(up, 64 * 1024),
+    "binning": lambda up: mr.BinningMemoryResource(up, 10, 16),
+    "arena": lambda up: mr.ArenaMemoryResource(up, 64 * MiB),
+    "statistics(pool)": lambda up: mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(up, 4 * MiB)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SUBALLOCATORS_OVER_THE_POOL))
+@given(sizes=st.lists(st.integers(1, 64 * 1024), min_size=1, max_size=12),
+       frees=st.lists(st.integers(0, 1 << 16), max_size=6))
+def test_a_suballocator_over_a_sleeping_pool_hands_out_nothing_until_the_wake(
+    kind: str, sizes: list[int], frees: list[int]
+) -> None:
+    """A suballocator over an expandable pool caches free ranges of the pool's blocks; while the
+    pool sleeps their pages are gone, so the suballocator refuses every allocation (as the pool
+    does: RuntimeError naming the sleep), even one its cache could serve. Frees work while
+    asleep, and after the wake the live blocks hold their bytes and allocation works again."""
+    pool = pageable_pool()
+    top = SUBALLOCATORS_OVER_THE_POOL[kind](pool)
+    live = []
+    for seed, size in enumerate(sizes):
+        ptr = top.allocate(size)
+        write(ptr, pattern(size, seed))
+        live.append((ptr, size, seed))
+    spare = top.allocate(256)
+    top.deallocate(spare, 256)  # a cached free block the suballocator could hand out again
+    with rrmm.sleep(top):
+        assert pool.asleep and pool.mapped_bytes() == 0
+        for size in (256, 4096, 64 * 1024):
+            with pytest.raises(RuntimeError, match="asleep"):
+                top.allocate(size)
+        for i in frees:
+            if live:
+                ptr, size, _ = live.pop(i % len(live))
+                top.deallocate(ptr, size)
+    for ptr, size, seed in live:
+        assert np.array_equal(read(ptr, size), pattern(size, seed)), (kind, ptr, size)
+    again = top.allocate(256)
+    write(again, pattern(256, 99))
+    assert np.array_equal(read(again, 256), pattern(256, 99))
+    top.deallocate(again, 256)
+    for ptr, size, _ in live:
+        top.deallocate(ptr, size)
 
 
 def test_sleep_defaults_to_the_current_device_resource() -> None:

@@ -76,7 +76,7 @@ pub use superblock::SUPERBLOCK_MIN;
 
 use super::core::{
     current_thread_tag, default_events, next_instance_id, uses_device_streams, StreamEvents,
-    StreamKey,
+    StreamKey, UpstreamSleep,
 };
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
@@ -149,6 +149,9 @@ struct Inner {
     /// Whether streams are real (synchronized through CUDA before memory crosses streams).
     device_streams: bool,
     dump_path: Option<PathBuf>,
+    /// The sleep flags of the expandable pools under the upstream: nothing is handed out while
+    /// one sleeps (the arena's memory is one block of such a pool).
+    upstream_sleep: UpstreamSleep,
 }
 
 impl std::fmt::Debug for Inner {
@@ -232,9 +235,11 @@ impl ArenaMemoryResource {
         }
         let base = upstream.allocate(size, Stream::DEFAULT)?;
         let device_streams = uses_device_streams(upstream.kind());
+        let upstream_sleep = UpstreamSleep::new(super::expandable::sleep_flags_under(&upstream));
         Ok(ArenaMemoryResource {
             inner: Arc::new(Inner {
                 id: next_instance_id(),
+                upstream_sleep,
                 upstream,
                 base,
                 size,
@@ -544,6 +549,7 @@ impl MemoryResource for ArenaMemoryResource {
         if bytes == 0 {
             return Ok(0);
         }
+        self.inner.upstream_sleep.check("arena", bytes)?;
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
         if let Some(ptr) = self.try_allocate(rounded, stream)? {
             return Ok(ptr);

@@ -38,6 +38,7 @@ mod pool_stats;
 mod stream_events;
 mod stream_list;
 mod stream_ordered;
+mod upstream_sleep;
 
 pub(super) use free_list::{AddressMap, Block, Found, FreeList};
 pub(super) use growth::{
@@ -52,3 +53,4 @@ pub(super) use stream_ordered::{
     default_events, default_events_for, forward_memory_resource, next_instance_id,
     uses_device_streams, StreamOrderedCore,
 };
+pub(crate) use upstream_sleep::UpstreamSleep;

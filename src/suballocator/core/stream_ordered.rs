@@ -103,7 +103,7 @@ use crate::report::{MemoryStats, PoolReport, StreamFree};
 use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The generic stream-ordered suballocator: free lists of type `F`, a growth policy (which
@@ -130,6 +130,9 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     steal_cursor: AtomicU32,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
     counters: PoolCounters,
+    /// The sleep flags of the expandable pools under the upstream: nothing is handed out while
+    /// one sleeps (see `upstream_sleep.rs`).
+    upstream_sleep: super::UpstreamSleep,
 }
 
 impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
@@ -256,7 +259,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
             sizing,
             name,
             counters: PoolCounters::default(),
+            upstream_sleep: super::UpstreamSleep::default(),
         }
+    }
+
+    /// Refuses every allocation while a pool of `flags` sleeps (the expandable pools under the
+    /// upstream; set once, at construction).
+    pub(crate) fn refuse_while_asleep(mut self, flags: Vec<Arc<AtomicBool>>) -> Self {
+        self.upstream_sleep = super::UpstreamSleep::new(flags);
+        self
     }
 
     /// Adds exactly `bytes` from the source to the fresh list as the initial chunk
@@ -344,6 +355,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
+        self.upstream_sleep.check(self.name, bytes)?;
         let request = Request {
             bytes,
             size: F::block_size_for(&self.sizing, bytes)?,

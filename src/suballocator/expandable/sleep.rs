@@ -804,6 +804,15 @@ pub fn sleep_targets(mr: &SharedResource) -> Result<Vec<ExpandableMemoryResource
     Ok(found)
 }
 
+/// The sleep flags of the expandable pools under `upstream` (none when it has none), for a
+/// suballocator built over it: it refuses to hand out its cached blocks while one sleeps.
+pub(crate) fn sleep_flags_under(upstream: &SharedResource) -> Vec<Arc<AtomicBool>> {
+    sleep_targets(upstream).map_or_else(
+        |_| Vec::new(),
+        |pools| pools.iter().map(|p| p.inner.sleep.flag.clone()).collect(),
+    )
+}
+
 /// Offloads every expandable pool under `mr` ([`sleep_targets`]); when one fails, those
 /// offloaded before it are restored. Returns the figures summed.
 ///

@@ -402,6 +402,38 @@ fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
     assert!(!asleep(&plain));
 }
 
+#[test]
+fn suballocators_over_a_sleeping_pool_hand_out_nothing_until_the_wake() {
+    use crate::suballocator::{ArenaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource};
+    let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
+    let pool = ExpandableMemoryResource::new(vm, None, None, None).unwrap();
+    let under: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
+    let tops: Vec<SharedResource> = vec![
+        Arc::new(PoolMemoryResource::new(under.clone(), Some(4 * PAGE), None).unwrap()),
+        Arc::new(FixedSizeMemoryResource::new(under.clone(), 4096, 16).unwrap()),
+        Arc::new(ArenaMemoryResource::new(under.clone(), Some(64 << 20), false).unwrap()),
+    ];
+    for top in &tops {
+        let kept = top.allocate(1000, S).unwrap();
+        let cached = top.allocate(256, S).unwrap();
+        free(&**top, cached, 256).unwrap();
+        offload(top, DiscardFill::Undefined).unwrap();
+        assert!(pool.asleep());
+        for bytes in [256, 1000, 4096] {
+            let e = top.allocate(bytes, S).unwrap_err();
+            assert!(
+                matches!(e, Error::Logic(_)) && e.to_string().contains("asleep"),
+                "{}: {e}",
+                top.name()
+            );
+        }
+        free(&**top, kept, 1000).unwrap();
+        restore(top).unwrap();
+        let again = top.allocate(256, S).unwrap();
+        free(&**top, again, 256).unwrap();
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(usize),
