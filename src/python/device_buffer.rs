@@ -46,10 +46,16 @@ impl Drop for PyDeviceBuffer {
                 history::record("free_completed", device, buf.ptr(), buf.size(), stream);
             }
             // A failed free cannot raise from a destructor: it is reported as CPython reports
-            // exceptions in `__del__` (`sys.unraisablehook`), never swallowed.
+            // exceptions in `__del__` (`sys.unraisablehook`, which names where it happened),
+            // never swallowed.
+            let (ptr, size) = (buf.ptr(), buf.size());
             if let Err(e) = gil::call_anywhere(self.profile, move || buf.free()) {
                 Python::attach(|py| {
-                    crate::python::errors::to_pyerr(e).write_unraisable(py, None);
+                    let place = pyo3::types::PyString::new(
+                        py,
+                        &format!("the free of rrmm.DeviceBuffer at {ptr:#x} ({size} bytes)"),
+                    );
+                    crate::python::errors::to_pyerr(e).write_unraisable(py, Some(place.as_any()));
                 });
             }
         }

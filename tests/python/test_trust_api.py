@@ -215,10 +215,11 @@ CYCLE_SHAPES = ["resource", "buffer", "raw", "pool", "pool+buffers", "stack", "b
 
 
 def _refusing_cycle(
-    sim: Any, bad: int, live: int, freed: list[int]
+    sim: Any, bad: int, live: int, freed: list[int], fail_frees: bool = False
 ) -> tuple[weakref.ref[Any], list[int]]:
     """A callback resource whose functions refer to it (a cycle only the collector frees), whose
-    allocate answers ``bad`` above 4 KiB; one refused request and ``live`` accepted ones."""
+    allocate answers ``bad`` above 4 KiB; one refused request and ``live`` accepted ones. With
+    ``fail_frees`` its deallocate frees, then raises."""
     box: list[Any] = []
 
     def allocate(nbytes: int, stream: Any) -> int:
@@ -228,6 +229,8 @@ def _refusing_cycle(
     def deallocate(ptr: int, nbytes: int, stream: Any) -> None:
         freed.append(ptr)
         sim.deallocate(ptr, nbytes, stream)
+        if fail_frees:
+            raise KeyError("free failed at collection")
 
     class Holder:
         cb: Any
@@ -271,6 +274,24 @@ def test_a_refused_address_is_never_given_back_when_a_cycle_is_collected(
     assert not seen, [u.exc_value for u in seen]
     assert sorted(freed) == sorted(accepted)
     assert sim.bytes_in_use() == 0
+
+
+@pytest.mark.usefixtures("earlier_garbage_collected")
+def test_a_free_that_raises_when_a_cycle_is_collected_is_reported_with_its_function() -> None:
+    sim = mr.SimulatedMemoryResource(1 << 30)
+    freed: list[int] = []
+    ref, accepted = _refusing_cycle(sim, 0x1001, 2, freed, fail_frees=True)
+    seen: list[Any] = []
+    old = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = old
+    assert ref() is None and sorted(freed) == sorted(accepted)
+    assert len(seen) == 2 and all("free failed at collection" in str(u.exc_value) for u in seen)
+    # "Exception ignored in: <function ... deallocate ...>", not None.
+    assert all(callable(u.object) and u.object.__name__ == "deallocate" for u in seen)
 
 
 @pytest.mark.usefixtures("earlier_garbage_collected")

@@ -220,11 +220,14 @@ def test_a_failed_free_at_drop_is_reported_not_swallowed() -> None:
     sys.unraisablehook = seen.append
     try:
         buf = rrmm.DeviceBuffer(size=64, mr=cb)
+        ptr = buf.ptr
         del buf
         gc.collect()
     finally:
         sys.unraisablehook = old
     assert seen and "free failed" in str(seen[0].exc_value)
+    # The report says where ("Exception ignored in: ..."), not None.
+    assert seen[0].object == f"the free of rrmm.DeviceBuffer at {ptr:#x} (64 bytes)"
 
 
 def test_array_interface_byte_counts_cannot_wrap() -> None:

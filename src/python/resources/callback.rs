@@ -99,7 +99,9 @@ impl CallbackState {
             let outcome = stream_for(py, RawStream::DEFAULT)
                 .and_then(|s| dealloc.call1((ptr, size, s)).map(drop));
             if let Err(e) = outcome {
-                e.write_unraisable(py, None);
+                // "Exception ignored in: <the deallocate function>", as CPython names the
+                // function whose exception it could not raise.
+                e.write_unraisable(py, Some(dealloc.as_any()));
             }
         }
     }
