@@ -224,7 +224,7 @@ SUBALLOCATORS_OVER_THE_POOL = {
     "pool": lambda up: mr.PoolMemoryResource(up, 4 * MiB),
     "fixed_size": lambda up: mr.FixedSizeMemoryResource(up, 64 * 1024),
     "binning": lambda up: mr.BinningMemoryResource(up, 10, 16),
-    "arena": lambda up: mr.ArenaMemoryResource(up, 64 * MiB),
+    "arena": lambda up: mr.ArenaMemoryResource(up, 8 * MiB),
     "statistics(pool)": lambda up: mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(up, 4 * MiB)),
 }
 
