@@ -21,7 +21,7 @@ pub type FootprintFn = Box<dyn Fn() -> Footprint + Send + Sync>;
 /// end of the address space, is [`Error::Logic`]. A refused address is not freed (rrmm cannot
 /// know what it is) and counts as never allocated: whoever records live allocations records
 /// only what passes.
-pub fn check_returned_pointer(ptr: usize, bytes: usize) -> Result<usize> {
+pub(crate) fn check_returned_pointer(ptr: usize, bytes: usize) -> Result<usize> {
     if bytes == 0 {
         return Ok(ptr);
     }

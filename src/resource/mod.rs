@@ -21,10 +21,9 @@ mod simulated_vmm;
 mod system;
 mod virtual_memory;
 
-pub use callback::{
-    check_returned_pointer, AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn,
-    HeldBytesFn,
-};
+#[cfg(feature = "python")]
+pub(crate) use callback::check_returned_pointer;
+pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;

@@ -252,6 +252,18 @@ def earlier_garbage_collected() -> None:
     gc.collect()
 
 
+def _collect_listening_for_unraisables() -> list[Any]:
+    """Runs a full collection and returns what reached ``sys.unraisablehook`` meanwhile."""
+    seen: list[Any] = []
+    old = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = old
+    return seen
+
+
 @pytest.mark.usefixtures("earlier_garbage_collected")
 @given(bad=st.sampled_from([0x1001, 0x1080, (1 << 64) - 256]), live=st.integers(0, 3))
 def test_a_refused_address_is_never_given_back_when_a_cycle_is_collected(
@@ -263,13 +275,7 @@ def test_a_refused_address_is_never_given_back_when_a_cycle_is_collected(
     sim = mr.SimulatedMemoryResource(1 << 30)
     freed: list[int] = []
     ref, accepted = _refusing_cycle(sim, bad, live, freed)
-    seen: list[Any] = []
-    old = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = old
+    seen = _collect_listening_for_unraisables()
     assert ref() is None, "the cycle was not collected"
     assert not seen, [u.exc_value for u in seen]
     assert sorted(freed) == sorted(accepted)
@@ -281,13 +287,7 @@ def test_a_free_that_raises_when_a_cycle_is_collected_is_reported_with_its_funct
     sim = mr.SimulatedMemoryResource(1 << 30)
     freed: list[int] = []
     ref, accepted = _refusing_cycle(sim, 0x1001, 2, freed, fail_frees=True)
-    seen: list[Any] = []
-    old = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = old
+    seen = _collect_listening_for_unraisables()
     assert ref() is None and sorted(freed) == sorted(accepted)
     assert len(seen) == 2 and all("free failed at collection" in str(u.exc_value) for u in seen)
     # "Exception ignored in: <function ... deallocate ...>", not None.

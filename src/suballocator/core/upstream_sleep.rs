@@ -27,7 +27,7 @@ impl UpstreamSleep {
     /// Whether a pool under the upstream sleeps.
     #[inline]
     pub(crate) fn asleep(&self) -> bool {
-        !self.0.is_empty() && self.0.iter().any(|f| f.load(Ordering::Acquire))
+        self.0.iter().any(|f| f.load(Ordering::Acquire))
     }
 
     /// [`Error::Logic`] naming `name` while a pool under the upstream sleeps.
