@@ -208,6 +208,12 @@ impl MemoryResource for FallbackResourceAdaptor {
         vec![self.upstream.clone(), self.alternate.clone()]
     }
 
+    /// Both resources' (the primary's memory).
+    fn link(&self) -> crate::resource::Link {
+        crate::resource::Link::join(&[self.upstream.link(), self.alternate.link()])
+            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+    }
+
     fn call_profile(&self) -> CallProfile {
         // The adaptor's own work is a map lookup: quick.
         self.upstream

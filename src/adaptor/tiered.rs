@@ -326,6 +326,14 @@ impl MemoryResource for TieredMemoryResource {
         self.tiers.iter().map(|t| t.resource.clone()).collect()
     }
 
+    /// Every tier's (the first tier's memory).
+    fn link(&self) -> crate::resource::Link {
+        let links: Vec<crate::resource::Link> =
+            self.tiers.iter().map(|t| t.resource.link()).collect();
+        crate::resource::Link::join(&links)
+            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+    }
+
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }

@@ -454,6 +454,9 @@ unsafe fn copy_bytes_as(
     if bytes == 0 {
         return Ok(());
     }
+    // A range in a sleeping pool's memory has no pages behind it: refused, never touched.
+    crate::resource::sleep::check_awake("source", src, bytes)?;
+    crate::resource::sleep::check_awake("destination", dst, bytes)?;
     match kind {
         MemoryKind::Simulated => {
             return Err(Error::Logic(

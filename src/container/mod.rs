@@ -36,10 +36,12 @@ mod scalar;
 mod uvector;
 
 pub use cudarc_interop::{stream_of, CudarcView, CudarcViewMut};
-pub use device_buffer::DeviceBuffer;
 /// The raw copies behind `DeviceBuffer`'s, for the bindings' pointer copies.
+#[cfg(any(feature = "python", test))]
+pub(crate) use device_buffer::copy_bytes;
 #[cfg(feature = "python")]
-pub(crate) use device_buffer::{copy_bytes, copy_bytes_async};
+pub(crate) use device_buffer::copy_bytes_async;
+pub use device_buffer::DeviceBuffer;
 pub use ragged::DeviceRagged;
 pub use scalar::DeviceScalar;
 pub use uvector::DeviceUVector;

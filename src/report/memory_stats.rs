@@ -40,6 +40,10 @@ pub struct MemoryStats {
     pub num_device_free: u64,
     /// Times every stream was synchronized (`num_sync_all_streams`).
     pub num_sync_all_streams: u64,
+    /// Bytes held but offloaded while the pool, or a pool below it, sleeps (rrmm's
+    /// `offloaded_bytes.all.current`); `reserved_bytes.all.current` is 0 meanwhile: no page is
+    /// mapped.
+    pub offloaded_bytes: u64,
 }
 
 impl MemoryStats {
@@ -69,6 +73,7 @@ impl MemoryStats {
             "inactive_split_bytes.all.current".into(),
             self.inactive_split_bytes,
         ));
+        out.push(("offloaded_bytes.all.current".into(), self.offloaded_bytes));
         for (key, value) in [
             ("num_alloc_retries", self.num_alloc_retries),
             ("num_ooms", self.num_ooms),

@@ -10,6 +10,7 @@ mod direct;
 pub mod graph;
 mod host_copy;
 mod host_virtual_memory;
+mod link;
 mod managed;
 pub mod memory_summary;
 mod peer;
@@ -18,6 +19,7 @@ mod pinned_pages;
 mod placement;
 mod simulated;
 mod simulated_vmm;
+pub mod sleep;
 mod system;
 mod virtual_memory;
 
@@ -30,6 +32,7 @@ pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_copy::{CopyFence, HostCopy};
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
+pub use link::Link;
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use peer::PeerMemoryResource;
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
@@ -173,6 +176,26 @@ pub trait MemoryResource: Send + Sync {
     /// A short name for reports and logs, such as `"pool"`.
     fn name(&self) -> &'static str;
 
+    /// The one typed link to the memory below this resource ([`Link`]): its kind and device,
+    /// the pools below that can sleep. Computed once when the resource is built over its
+    /// upstream and held (an adaptor returns its upstream's, a suballocator its upstream's,
+    /// a source resource a new one); the allocation path never walks the graph for it.
+    ///
+    /// The default, for resources that do not say, joins the upstreams' links and marks the
+    /// result opaque (a tag of an address alone cannot find a block this resource carved);
+    /// a resource without an upstream is a source of its own kind and device.
+    fn link(&self) -> Link {
+        let ups = self.upstreams();
+        if ups.is_empty() {
+            return Link::source(self.kind(), self.device());
+        }
+        let links: Vec<Link> = ups.iter().map(|u| u.link()).collect();
+        let mut link =
+            Link::join(&links).unwrap_or_else(|| Link::source(self.kind(), self.device()));
+        link.opaque.get_or_insert(self.name());
+        link
+    }
+
     /// The figures of the memory this resource holds (a pool's footprint, counters, segments),
     /// through adaptors to the resource that holds it; `None` for resources that pass every
     /// call to CUDA.
@@ -310,6 +333,9 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn link(&self) -> Link {
+        (**self).link()
     }
     fn report(&self) -> Option<&dyn PoolReport> {
         (**self).report()

@@ -402,6 +402,14 @@ impl MemoryResource for BinningMemoryResource {
         all
     }
 
+    /// The upstream's and every bin's, joined: binning carves nothing itself (its bins do, and
+    /// each is a tenant of the pools below its own upstream).
+    fn link(&self) -> crate::resource::Link {
+        let links: Vec<crate::resource::Link> = self.upstreams().iter().map(|u| u.link()).collect();
+        crate::resource::Link::join(&links)
+            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+    }
+
     /// The upstream's combined with every bin's.
     fn call_profile(&self) -> crate::resource::CallProfile {
         self.inner

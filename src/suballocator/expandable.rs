@@ -375,6 +375,13 @@ impl MemoryResource for ExpandableMemoryResource {
         Vec::new()
     }
 
+    /// A source of memory that can sleep: the resources over it see the pool in their link.
+    fn link(&self) -> crate::resource::Link {
+        let mut link = crate::resource::Link::source(self.kind(), self.device());
+        link.sleep = crate::resource::sleep::SleepWatch::of(Arc::new(self.clone()));
+        link
+    }
+
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
@@ -690,8 +697,7 @@ macro_rules! forward_vm_figures {
 mod tests;
 
 mod sleep;
-pub(super) use sleep::sleep_flags_under;
 pub use sleep::{
-    asleep, offload, restore, sleep_estimate, sleep_targets, DiscardFill, SleepEstimate,
-    SleepReport, SleepTag,
+    asleep, offload, offload_discarding, plan_discards, restore, sleep_estimate, sleep_targets,
+    tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
 };

@@ -2,7 +2,8 @@
 //! chunks.
 
 use super::core::{
-    default_events, forward_memory_resource, Chunks, StreamEvents, StreamOrderedCore,
+    admit_core_tenant, core_tenant, default_events, forward_memory_resource, Chunks, StreamEvents,
+    StreamOrderedCore,
 };
 use super::free_lists::FixedSizeFreeList;
 use crate::error::{Error, Result};
@@ -69,7 +70,6 @@ impl FixedSizeMemoryResource {
             .checked_mul(blocks_to_preallocate.max(1))
             .ok_or_else(|| Error::invalid("blocks_to_preallocate", "chunk size overflows"))?;
         let source = upstream.clone();
-        let asleep_flags = super::expandable::sleep_flags_under(&upstream);
         let core = StreamOrderedCore::new(
             events,
             Box::new(Chunks {
@@ -80,16 +80,15 @@ impl FixedSizeMemoryResource {
             }),
             block_size,
             "fixed_size",
-        )
-        .refuse_while_asleep(asleep_flags);
+        );
         core.preallocate(chunk)?;
-        Ok(FixedSizeMemoryResource {
-            inner: Arc::new(Inner {
-                core,
-                upstream: source,
-                block_size,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            core,
+            upstream: source,
+            block_size,
+        });
+        admit_core_tenant(&inner, inner.core.link());
+        Ok(FixedSizeMemoryResource { inner })
     }
 
     /// The size of every block, in bytes.
@@ -114,6 +113,7 @@ impl FixedSizeMemoryResource {
 }
 
 forward_memory_resource!(FixedSizeMemoryResource, |this| &this.inner.core);
+core_tenant!(Inner);
 
 #[cfg(test)]
 // Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.

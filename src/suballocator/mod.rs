@@ -33,8 +33,13 @@ pub use expandable::{
 };
 /// Sleep and wake of the expandable pools under a stack (see
 /// [`ExpandableMemoryResource::offload`]).
+/// Sleep and wake of any stack: the pools under a resource that can sleep, reached through its
+/// [`Link`](crate::resource::Link).
 pub mod sleep {
-    pub use super::expandable::{asleep, offload, restore, sleep_estimate, sleep_targets};
+    pub use super::expandable::{
+        asleep, offload, offload_discarding, plan_discards, restore, sleep_estimate, sleep_targets,
+        tag,
+    };
 }
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};

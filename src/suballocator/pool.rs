@@ -1,7 +1,8 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::core::{
-    default_events, forward_memory_resource, Geometric, StreamEvents, StreamOrderedCore,
+    admit_core_tenant, core_tenant, default_events, forward_memory_resource, Geometric,
+    StreamEvents, StreamOrderedCore,
 };
 use super::free_lists::CoalescingFreeList;
 use crate::error::{Error, Result};
@@ -111,7 +112,6 @@ impl PoolMemoryResource {
         let source = upstream.clone();
         // Before the initial chunk: the pool places its blocks, the upstream no longer its chunks.
         let placer = upstream.take_block_placer();
-        let asleep_flags = super::expandable::sleep_flags_under(&upstream);
         let core = StreamOrderedCore::new(
             events,
             Box::new(Geometric {
@@ -120,17 +120,16 @@ impl PoolMemoryResource {
             }),
             (),
             "pool",
-        )
-        .refuse_while_asleep(asleep_flags);
+        );
         core.preallocate(initial)?;
-        Ok(PoolMemoryResource {
-            inner: Arc::new(Inner {
-                core,
-                upstream: source,
-                maximum_pool_size,
-                placer,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            core,
+            upstream: source,
+            maximum_pool_size,
+            placer,
+        });
+        admit_core_tenant(&inner, inner.core.link());
+        Ok(PoolMemoryResource { inner })
     }
 
     /// Bytes this pool placed (prefetched to the device, made in host memory mapped for the
@@ -173,6 +172,8 @@ impl PoolMemoryResource {
         &self.inner.upstream
     }
 }
+
+core_tenant!(Inner);
 
 // Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
 // capped by the maximum (the `Geometric` growth policy's figures).

@@ -6,7 +6,7 @@ use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::suballocator::sleep as rs;
 use crate::suballocator::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -45,7 +45,8 @@ pub(super) fn estimate_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     crate::python::set_fields!(d, e;
-        released_bytes, copied_bytes, discarded_bytes, free_page_bytes, live_blocks,
+        released_bytes, copied_bytes, discarded_bytes, free_page_bytes, cached_free_bytes,
+        live_blocks,
     );
     Ok(d)
 }
@@ -60,8 +61,28 @@ pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bou
     Ok(d)
 }
 
+/// The bytes of the buffer `obj` where it says (a `DeviceBuffer`'s `size`, an array's or
+/// tensor's `nbytes`); `None` for a pointer alone.
+fn size_of(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    if obj.extract::<usize>().is_ok() {
+        return None;
+    }
+    for name in ["nbytes", "size"] {
+        if let Some(n) = obj
+            .getattr(name)
+            .ok()
+            .and_then(|v| v.extract::<usize>().ok())
+        {
+            if name == "nbytes" || obj.getattr("ptr").is_ok() {
+                return Some(n);
+            }
+        }
+    }
+    None
+}
+
 /// Tags the live allocation holding `obj`'s pointer in whichever expandable pool under `mr`
-/// holds it; returns the allocation's start.
+/// holds it (exactly that allocation's bytes); returns the allocation's start.
 pub(super) fn tag(
     py: Python<'_>,
     mr: &SharedResource,
@@ -69,18 +90,14 @@ pub(super) fn tag(
     tag: &str,
 ) -> PyResult<usize> {
     let ptr = pointer_of(obj)?;
+    let size = size_of(obj);
     let tag: SleepTag = parse(tag)?;
-    let pools = py_result(rs::sleep_targets(mr))?;
-    py.detach(|| pools.iter().find_map(|p| p.tag(ptr, tag).ok()))
-        .ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "{ptr:#x} is not inside a live allocation of the expandable pool under {}",
-                mr.name()
-            ))
-        })
+    py_result(py.detach(|| rs::tag(mr, ptr, size, tag)))
 }
 
-/// `offload()`: tags `discard`'s buffers, then offloads every expandable pool under `mr`.
+/// `offload()`: offloads every expandable pool under `mr`, not copying `discard`'s buffers
+/// (this sleep only). Every buffer is resolved before anything changes: a refused offload
+/// changes nothing.
 pub(super) fn offload<'py>(
     py: Python<'py>,
     mr: &SharedResource,
@@ -88,12 +105,17 @@ pub(super) fn offload<'py>(
     discard_fill: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let fill: DiscardFill = parse(discard_fill)?;
+    let mut wanted = Vec::new();
     if let Some(discard) = discard {
         for item in discard.try_iter()? {
-            tag(py, mr, &item?, "discard")?;
+            let item = item?;
+            wanted.push((pointer_of(&item)?, size_of(&item)));
         }
     }
-    let estimate = py_result(py.detach(|| rs::offload(mr, fill)))?;
+    let estimate = py_result(py.detach(|| {
+        let blocks = rs::plan_discards(mr, &wanted)?;
+        rs::offload_discarding(mr, fill, blocks)
+    }))?;
     estimate_dict(py, &estimate)
 }
 

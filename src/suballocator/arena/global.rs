@@ -129,6 +129,11 @@ impl GlobalArena {
         self.heap.free_ranges()
     }
 
+    /// The live large blocks as (start, length), in address order.
+    pub(super) fn large_ranges(&self) -> Vec<(usize, usize)> {
+        self.heap.taken_ranges(LARGE)
+    }
+
     /// Number of live large blocks and the bytes they hold.
     pub(super) fn large_blocks(&self) -> (usize, usize) {
         self.large

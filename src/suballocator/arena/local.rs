@@ -8,6 +8,7 @@
 
 use super::ranges::{GiveBack, RangeHeap};
 use super::superblock::{Superblock, SuperblockReport};
+use crate::resource::sleep::ByteRange;
 
 /// The heap tag of a live block.
 const BLOCK: u8 = 0;
@@ -133,6 +134,11 @@ impl LocalArena {
     /// Free bytes in the superblocks.
     pub(super) fn free_bytes(&self) -> usize {
         self.heap.free_bytes()
+    }
+
+    /// The live blocks and the free ranges as (start, length), each in address order.
+    pub(super) fn blocks(&self) -> (Vec<ByteRange>, Vec<ByteRange>) {
+        (self.heap.taken_ranges(BLOCK), self.heap.free_ranges())
     }
 
     /// Number of live blocks.

@@ -76,7 +76,7 @@ pub use superblock::SUPERBLOCK_MIN;
 
 use super::core::{
     current_thread_tag, default_events, next_instance_id, uses_device_streams, StreamEvents,
-    StreamKey, UpstreamSleep,
+    StreamKey,
 };
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
@@ -149,9 +149,10 @@ struct Inner {
     /// Whether streams are real (synchronized through CUDA before memory crosses streams).
     device_streams: bool,
     dump_path: Option<PathBuf>,
-    /// The sleep flags of the expandable pools under the upstream: nothing is handed out while
-    /// one sleeps (the arena's memory is one block of such a pool).
-    upstream_sleep: UpstreamSleep,
+    /// The link to the memory below (the upstream's): nothing is handed out while a pool below
+    /// sleeps (the arena's memory is one block of such a pool), and the arena is a tenant of
+    /// those pools (its free ranges are not copied by a sleep).
+    link: crate::resource::Link,
 }
 
 impl std::fmt::Debug for Inner {
@@ -235,21 +236,25 @@ impl ArenaMemoryResource {
         }
         let base = upstream.allocate(size, Stream::DEFAULT)?;
         let device_streams = uses_device_streams(upstream.kind());
-        let upstream_sleep = UpstreamSleep::new(super::expandable::sleep_flags_under(&upstream));
-        Ok(ArenaMemoryResource {
-            inner: Arc::new(Inner {
-                id: next_instance_id(),
-                upstream_sleep,
-                upstream,
-                base,
-                size,
-                global: Mutex::new(GlobalArena::new(base, size)),
-                registry: Mutex::new(Registry::default()),
-                events,
-                device_streams,
-                dump_path,
-            }),
-        })
+        let link = upstream.link();
+        let inner = Arc::new(Inner {
+            id: next_instance_id(),
+            link,
+            upstream,
+            base,
+            size,
+            global: Mutex::new(GlobalArena::new(base, size)),
+            registry: Mutex::new(Registry::default()),
+            events,
+            device_streams,
+            dump_path,
+        });
+        if !inner.link.sleep.is_empty() {
+            let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
+                Arc::downgrade(&inner) as _;
+            inner.link.admit(&weak);
+        }
+        Ok(ArenaMemoryResource { inner })
     }
 
     /// The global arena's size: the bytes held from the upstream.
@@ -534,6 +539,57 @@ impl ArenaMemoryResource {
     }
 }
 
+/// The arena as a tenant of the pools below that can sleep: one segment (the global arena) whose
+/// blocks are the live blocks (small and large) and the free ranges (global and in superblocks).
+impl crate::resource::sleep::Tenant for Inner {
+    fn segments(&self) -> Vec<crate::report::SegmentInfo> {
+        use crate::report::snapshot::{BlockInfo, BlockState};
+        let mut blocks: Vec<(usize, usize, BlockState)> = Vec::new();
+        let arenas: Vec<Arc<Arena>> = self.registry.lock().arenas.values().cloned().collect();
+        for arena in arenas {
+            let (live, free) = arena.state.lock().blocks();
+            blocks.extend(live.into_iter().map(|(a, n)| (a, n, BlockState::Allocated)));
+            blocks.extend(free.into_iter().map(|(a, n)| (a, n, BlockState::Free)));
+        }
+        {
+            let global = self.global.lock();
+            blocks.extend(
+                global
+                    .large_ranges()
+                    .into_iter()
+                    .map(|(a, n)| (a, n, BlockState::Allocated)),
+            );
+            blocks.extend(
+                global
+                    .free_ranges()
+                    .into_iter()
+                    .map(|(a, n)| (a, n, BlockState::Free)),
+            );
+        }
+        blocks.sort_unstable_by_key(|&(a, _, _)| a);
+        vec![crate::report::SegmentInfo {
+            address: self.base,
+            total_size: self.size,
+            expandable: false,
+            tier: None,
+            offloaded: self.link.asleep(),
+            blocks: blocks
+                .into_iter()
+                .map(|(address, size, state)| BlockInfo {
+                    address,
+                    size,
+                    requested_size: if state == BlockState::Allocated {
+                        size
+                    } else {
+                        0
+                    },
+                    state,
+                })
+                .collect(),
+        }]
+    }
+}
+
 impl PoolReport for ArenaMemoryResource {
     fn footprint(&self) -> Footprint {
         self.footprint_now()
@@ -545,21 +601,30 @@ impl PoolReport for ArenaMemoryResource {
 }
 
 impl MemoryResource for ArenaMemoryResource {
+    // One `unsafe` call: the free of a block handed out a moment ago, to no one.
+    #[allow(unsafe_code)]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.inner.upstream_sleep.check("arena", bytes)?;
+        self.inner.link.sleep.check("arena", bytes)?;
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
-        if let Some(ptr) = self.try_allocate(rounded, stream)? {
-            return Ok(ptr);
+        let mut ptr = self.try_allocate(rounded, stream)?;
+        if ptr.is_none() {
+            self.defragment()?;
+            ptr = self.try_allocate(rounded, stream)?;
         }
-        self.defragment()?;
-        if let Some(ptr) = self.try_allocate(rounded, stream)? {
-            return Ok(ptr);
+        let Some(ptr) = ptr else {
+            self.dump(rounded);
+            return Err(Self::no_room(rounded));
+        };
+        if self.inner.link.asleep() {
+            // A sleep below began meanwhile (see the stream-ordered core): the block goes back.
+            // SAFETY: `ptr` was handed out just now with `bytes`, to no one.
+            unsafe { self.deallocate(ptr, bytes, stream) }?;
+            return Err(crate::resource::sleep::asleep_below_error("arena", bytes));
         }
-        self.dump(rounded);
-        Err(Self::no_room(rounded))
+        Ok(ptr)
     }
 
     // The trait's method is unsafe; this body checks the pointer and size against the live
@@ -642,6 +707,10 @@ impl MemoryResource for ArenaMemoryResource {
 
     fn upstreams(&self) -> Vec<SharedResource> {
         vec![self.inner.upstream.clone()]
+    }
+
+    fn link(&self) -> crate::resource::Link {
+        self.inner.link.clone()
     }
 
     /// A suballocator's over the upstream's ([`CallProfile::suballocating`]): the arena answers

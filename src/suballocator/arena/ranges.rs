@@ -387,6 +387,21 @@ impl RangeHeap {
         largest
     }
 
+    /// Every taken range with tag `tag` as (start, length), in address order.
+    ///
+    /// # Time Complexity
+    /// O(n log n) in the ranges.
+    pub(super) fn taken_ranges(&self, tag: u8) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = self
+            .nodes
+            .iter()
+            .filter(|n| n.state == State::Taken(tag))
+            .map(|n| (n.start, n.len))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// Every free range as (start, length), in address order.
     ///
     /// # Time Complexity

@@ -38,7 +38,6 @@ mod pool_stats;
 mod stream_events;
 mod stream_list;
 mod stream_ordered;
-mod upstream_sleep;
 
 pub(super) use free_list::{AddressMap, Block, Found, FreeList};
 pub(super) use growth::{
@@ -50,7 +49,6 @@ pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
 pub(super) use stream_ordered::{
-    default_events, default_events_for, forward_memory_resource, next_instance_id,
-    uses_device_streams, StreamOrderedCore,
+    admit_core_tenant, core_tenant, default_events, default_events_for, forward_memory_resource,
+    next_instance_id, uses_device_streams, StreamOrderedCore,
 };
-pub(crate) use upstream_sleep::UpstreamSleep;

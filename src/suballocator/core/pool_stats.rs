@@ -217,6 +217,7 @@ impl PoolCounters {
             num_device_alloc: self.device_alloc.load(Relaxed),
             num_device_free: self.device_free.load(Relaxed),
             num_sync_all_streams: self.sync_all.load(Relaxed),
+            offloaded_bytes: 0,
         }
     }
 }

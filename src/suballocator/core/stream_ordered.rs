@@ -100,10 +100,10 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::report::snapshot::{assemble, BlockState, SegmentInfo};
 use crate::report::{MemoryStats, PoolReport, StreamFree};
-use crate::resource::{Footprint, MemoryKind, MemoryResource, SharedResource};
+use crate::resource::{Footprint, Link, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The generic stream-ordered suballocator: free lists of type `F`, a growth policy (which
@@ -130,9 +130,10 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     steal_cursor: AtomicU32,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
     counters: PoolCounters,
-    /// The sleep flags of the expandable pools under the upstream: nothing is handed out while
-    /// one sleeps (see `upstream_sleep.rs`).
-    upstream_sleep: super::UpstreamSleep,
+    /// The link to the memory below (the growth policy's upstream's, read once at
+    /// construction): nothing is handed out while a pool below sleeps, a free forgets a tag,
+    /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`).
+    link: Link,
 }
 
 impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
@@ -239,6 +240,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
         sizing: F::Sizing,
         name: &'static str,
     ) -> Self {
+        let link = growth.upstream().map_or_else(
+            || Link::source(growth.kind(), growth.device()),
+            |u| u.link(),
+        );
         StreamOrderedCore {
             id: next_instance_id(),
             shared: OwnedMutex::new(Shared {
@@ -259,15 +264,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
             sizing,
             name,
             counters: PoolCounters::default(),
-            upstream_sleep: super::UpstreamSleep::default(),
+            link,
         }
     }
 
-    /// Refuses every allocation while a pool of `flags` sleeps (the expandable pools under the
-    /// upstream; set once, at construction).
-    pub(crate) fn refuse_while_asleep(mut self, flags: Vec<Arc<AtomicBool>>) -> Self {
-        self.upstream_sleep = super::UpstreamSleep::new(flags);
-        self
+    /// The link to the memory below: the growth policy's upstream's.
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
     }
 
     /// Adds exactly `bytes` from the source to the fresh list as the initial chunk
@@ -355,14 +358,21 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.upstream_sleep.check(self.name, bytes)?;
+        self.link.sleep.check(self.name, bytes)?;
         let request = Request {
             bytes,
             size: F::block_size_for(&self.sizing, bytes)?,
             stream,
         };
         let key = StreamKey::of(stream);
-        self.with_list(key, |list| self.allocate_on(list, key, request))
+        let ptr = self.with_list(key, |list| self.allocate_on(list, key, request))?;
+        if self.link.sleep.asleep() {
+            // A sleep below began meanwhile: the block may lie on pages it unmaps (its offload
+            // did not copy it if it was free when the offload looked), so it goes back unused.
+            self.deallocate(ptr, bytes, stream)?;
+            return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
+        }
+        Ok(ptr)
     }
 
     /// The stream's own list, then fresh memory if the shared lock is free at once, then the
@@ -731,7 +741,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 }
             }
             self.deallocate_foreign(list, key, ptr, bytes)
-        })
+        })?;
+        // A tag of the block (in a pool below that can sleep) goes with it.
+        self.link.sleep.forget(ptr);
+        Ok(())
     }
 
     /// The error of a free of `ptr` with `bytes` whose block has `actual` bytes.
@@ -1063,7 +1076,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         };
         let free: Vec<(usize, usize)> = free.iter().map(|b| (b.addr, b.size)).collect();
         let mut segments = assemble(&segments, &allocated, &free, expandable);
-        if self.growth.offloaded() {
+        if self.growth.offloaded() || self.link.asleep() {
             for s in &mut segments {
                 s.offloaded = true;
             }
@@ -1090,6 +1103,12 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 stats.inactive_split += 1;
                 stats.inactive_split_bytes += b.size as u64;
             }
+        }
+        if self.growth.offloaded() || self.link.asleep() {
+            // Asleep (this pool, or one below it): nothing is mapped; what it holds is on the
+            // host or discarded until the wake.
+            stats.offloaded_bytes = stats.reserved_bytes.current;
+            stats.reserved_bytes.current = 0;
         }
         stats
     }
@@ -1161,6 +1180,10 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
 
     fn upstreams(&self) -> Vec<SharedResource> {
         self.growth.upstream().into_iter().cloned().collect()
+    }
+
+    fn link(&self) -> Link {
+        self.link.clone()
     }
 
     /// A suballocator's over the source's ([`CallProfile::suballocating`]): calls are answered
@@ -1244,6 +1267,11 @@ macro_rules! forward_memory_resource {
                 $crate::resource::MemoryResource::upstreams($core)
             }
 
+            fn link(&self) -> $crate::resource::Link {
+                let $this = self;
+                $crate::resource::MemoryResource::link($core)
+            }
+
             fn call_profile(&self) -> $crate::resource::CallProfile {
                 let $this = self;
                 $crate::resource::MemoryResource::call_profile($core)
@@ -1257,6 +1285,32 @@ macro_rules! forward_memory_resource {
     };
 }
 pub(crate) use forward_memory_resource;
+
+/// Makes the resource state `$inner`, which holds a [`StreamOrderedCore`] at `$inner.core`, a
+/// [`Tenant`](crate::resource::sleep::Tenant) of the pools below that can sleep: its snapshot
+/// tells them which ranges of its chunks are free (never copied by a sleep) and which blocks it
+/// handed out (for exact tags). [`admit_core_tenant`] registers it.
+macro_rules! core_tenant {
+    ($inner:ty) => {
+        impl $crate::resource::sleep::Tenant for $inner {
+            fn segments(&self) -> Vec<$crate::report::SegmentInfo> {
+                self.core.snapshot()
+            }
+        }
+    };
+}
+pub(crate) use core_tenant;
+
+/// Registers `inner` (a [`core_tenant!`] type) with the pools below its core that can sleep.
+pub(crate) fn admit_core_tenant<T: crate::resource::sleep::Tenant + 'static>(
+    inner: &Arc<T>,
+    link: &Link,
+) {
+    if !link.sleep.is_empty() {
+        let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> = Arc::downgrade(inner) as _;
+        link.admit(&weak);
+    }
+}
 
 impl<F: FreeList> Drop for StreamOrderedCore<F> {
     fn drop(&mut self) {

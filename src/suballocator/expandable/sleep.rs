@@ -39,141 +39,45 @@
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
+use crate::resource::sleep::{self as rs, SleepPlan, Sleeper, Tenant, TenantLookup};
 use crate::resource::{CopyFence, HostCopy, MemoryResource, SharedResource};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-/// `FromStr` of an enum named by a few words: `from_names!(Type, argument, what, "word" =>
-/// Variant, ...)`; any other word is an invalid `argument` ([`parse_choice`]).
-macro_rules! from_names {
-    ($ty:ident, $argument:literal, $what:literal, $($name:literal => $variant:ident),+ $(,)?) => {
-        impl std::str::FromStr for $ty {
-            type Err = Error;
+pub use crate::resource::sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
 
-            fn from_str(s: &str) -> Result<Self> {
-                parse_choice(s, $argument, $what, &[$(($name, $ty::$variant)),+])
-            }
-        }
-    };
-}
-
-/// What a live allocation's bytes become across a sleep.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum SleepTag {
-    /// Copied to the host at offload and back at restore (the default).
-    #[default]
-    Keep,
-    /// Not copied: after restore the bytes are zero or undefined ([`DiscardFill`]).
-    Discard,
-}
-
-from_names!(SleepTag, "tag", "sleep tag", "keep" => Keep, "discard" => Discard);
-
-/// What discarded allocations hold after a restore.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum DiscardFill {
-    /// Whatever the new pages hold (no work at restore).
-    #[default]
-    Undefined,
-    /// Zeros (one memset per discarded block at restore).
-    Zero,
-}
-
-from_names!(DiscardFill, "discard_fill", "discard fill", "undefined" => Undefined, "zero" => Zero);
-
-/// The value named `s` among `choices` (name, value), else an invalid `argument` whose message
-/// names `s`, what it should be and every name.
-fn parse_choice<T: Copy>(
-    s: &str,
-    argument: &'static str,
-    what: &str,
-    choices: &[(&str, T)],
-) -> Result<T> {
-    if let Some(&(_, value)) = choices.iter().find(|(name, _)| *name == s) {
-        return Ok(value);
-    }
-    let names: Vec<String> = choices
-        .iter()
-        .map(|(name, _)| format!("{name:?}"))
-        .collect();
-    Err(Error::invalid(
-        argument,
-        format!("{s:?} is not a {what}: use {}", names.join(" or ")),
-    ))
-}
-
-/// What a sleep frees: before one, what it would do now ([`sleep_estimate`]); after one, what it
-/// did ([`SleepReport`]).
-///
-/// [`sleep_estimate`]: ExpandableMemoryResource::sleep_estimate
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SleepEstimate {
-    /// Physical bytes given back to the driver: every mapped page.
-    pub released_bytes: usize,
-    /// Bytes of live allocations tagged keep: copied to host memory and back.
-    pub copied_bytes: usize,
-    /// Bytes of live allocations tagged discard: released without a copy.
-    pub discarded_bytes: usize,
-    /// Bytes of pages wholly inside free blocks: released without a copy.
-    pub free_page_bytes: usize,
-    /// Live allocations.
-    pub live_blocks: usize,
-}
-
-/// The latest sleep of a pool: its figures and where the time went (seconds).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct SleepReport {
-    /// What the offload freed and copied.
-    pub estimate: SleepEstimate,
-    /// Sleeps of this pool so far (this one included).
-    pub sleeps: u64,
-    /// Bytes of host memory held for the copy, and whether it is pinned.
-    pub host_bytes: usize,
-    /// Whether the host copy is pinned memory.
-    pub host_pinned: bool,
-    /// Whether the host copy was kept from an earlier sleep (no host pages made).
-    pub host_reused: bool,
-    /// The whole offload.
-    pub offload_s: f64,
-    /// Synchronizing and trimming the free pages.
-    pub sync_trim_s: f64,
-    /// Making the host copy (pinning pages).
-    pub host_alloc_s: f64,
-    /// Copying to the host, beyond what ran while unmapping (the copies of a chunk run while
-    /// the chunk before it is unmapped).
-    pub copy_out_s: f64,
-    /// Unmapping.
-    pub unmap_s: f64,
-    /// The whole restore, once it succeeded.
-    pub restore_s: Option<f64>,
-    /// Mapping again (the successful restore; the copies into mapped chunks run meanwhile).
-    pub map_s: Option<f64>,
-    /// The rest of the restore: copying back beyond what ran while mapping, zeroing discarded
-    /// blocks, waiting.
-    pub copy_in_s: Option<f64>,
-    /// Restores refused (the memory could not be mapped) before the one that succeeded.
-    pub failed_restores: u64,
-}
-
-/// The pool's sleep state, its tags and its records (one per pool).
-#[derive(Debug, Default)]
+/// The pool's sleep state, its tags, its tenants and its records (one per pool).
+#[derive(Default)]
 pub(super) struct SleepGate {
     /// Set from the start of an offload to the end of the restore that wakes the pool (shared
     /// with the growth policy, which refuses to map while it is set).
     pub(super) flag: Arc<AtomicBool>,
     /// The sleep record (`Some` while asleep), held through a whole offload or restore.
     state: Mutex<Option<Box<Saved>>>,
-    /// Block start -> tag; only [`SleepTag::Discard`] is stored.
-    tags: Mutex<HashMap<usize, SleepTag>>,
+    /// Blocks tagged discard until freed: start -> bytes (a block of the pool's own, or one a
+    /// tenant handed out: exactly its bytes).
+    tags: Mutex<HashMap<usize, usize>>,
     /// `tags.len()`, read by frees without the lock.
     tagged: AtomicUsize,
+    /// The suballocators over the pool (see `crate::resource::sleep::Tenant`), while they live.
+    tenants: Mutex<Vec<Weak<dyn Tenant>>>,
     retain_host: AtomicBool,
     spare: Mutex<Option<HostCopy>>,
     last: Mutex<Option<SleepReport>>,
     sleeps: AtomicUsize,
+}
+
+impl std::fmt::Debug for SleepGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SleepGate")
+            .field("asleep", &self.asleep())
+            .field("tagged", &self.tagged)
+            .field("tenants", &self.tenants.lock().len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A sleeping pool's record.
@@ -181,18 +85,13 @@ pub(super) struct SleepGate {
 pub(super) struct Saved {
     /// Page runs unmapped (start, bytes), mapped again at restore.
     runs: Vec<(usize, usize)>,
-    /// Live blocks at offload (start -> where its bytes are).
-    blocks: BTreeMap<usize, SavedBlock>,
+    /// Kept ranges (address, bytes, offset in the host copy), copied back at restore.
+    kept: Vec<(usize, usize, usize)>,
+    /// Discarded ranges (address, bytes), zeroed at restore when the fill asks.
+    discarded: Vec<(usize, usize)>,
     host: HostCopy,
     fill: DiscardFill,
     report: SleepReport,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct SavedBlock {
-    size: usize,
-    /// Offset of its bytes in the host copy; `None` when discarded.
-    host_offset: Option<usize>,
 }
 
 /// The error of an allocation while asleep.
@@ -229,6 +128,15 @@ impl SleepGate {
             self.tagged.store(tags.len(), Ordering::Release);
         }
     }
+
+    /// The live tenants' segments (dropped tenants forgotten).
+    fn tenant_segments(&self) -> Vec<Vec<crate::report::SegmentInfo>> {
+        let mut tenants = self.tenants.lock();
+        tenants.retain(|t| t.strong_count() > 0);
+        let live: Vec<Arc<dyn Tenant>> = tenants.iter().filter_map(Weak::upgrade).collect();
+        drop(tenants);
+        live.iter().map(|t| t.segments()).collect()
+    }
 }
 
 /// Joins `(addr, bytes, host offset)` pieces that touch in both spaces into one copy each.
@@ -249,6 +157,15 @@ struct View {
     live: Vec<(usize, usize)>,
     runs: Vec<(usize, usize)>,
     free_page_bytes: usize,
+}
+
+/// What an offload copies and discards: exact ranges, sorted and disjoint.
+#[derive(Debug, Default)]
+struct CopyPlan {
+    kept: Vec<(usize, usize)>,
+    discarded: Vec<(usize, usize)>,
+    /// Free ranges of tenants inside the pool's live blocks: neither copied nor kept.
+    cached_free: usize,
 }
 
 impl ExpandableMemoryResource {
@@ -277,77 +194,116 @@ impl ExpandableMemoryResource {
         view
     }
 
+    /// The exact ranges an offload with `discard` (this sleep's) copies and discards, from the
+    /// pool's live blocks `live`: the tenants' free ranges are neither, the tagged blocks' bytes
+    /// (persistent tags and `discard`) are discarded, every other live byte is kept.
+    fn copy_plan(&self, live: &[(usize, usize)], discard: &[(usize, usize)]) -> CopyPlan {
+        let gate = &self.inner.sleep;
+        let live = rs::merged(live.to_vec());
+        let free: Vec<(usize, usize)> = gate
+            .tenant_segments()
+            .iter()
+            .flat_map(|segs| rs::free_ranges(segs))
+            .collect();
+        let free = rs::intersect(&live, &rs::merged(free));
+        let mut holes: Vec<(usize, usize)> =
+            gate.tags.lock().iter().map(|(&a, &n)| (a, n)).collect();
+        holes.extend_from_slice(discard);
+        let tagged = rs::merged(holes);
+        let used = rs::subtract(&live, &free);
+        CopyPlan {
+            kept: rs::subtract(&used, &tagged),
+            discarded: rs::intersect(&used, &tagged),
+            cached_free: rs::total(&free),
+        }
+    }
+
+    /// The smallest live block holding `ptr`: the pool's own, or one a tenant handed out;
+    /// `None` when no live block holds it, or when a tenant holds it free (a stale address).
+    pub(super) fn live_block_at(&self, ptr: usize) -> Option<(usize, usize)> {
+        let own = if self.inner.core.allocated_at(ptr) {
+            self.view().live.into_iter().find(|&(a, _)| a == ptr)
+        } else {
+            let live = self.view().live;
+            let i = live.partition_point(|&(a, _)| a <= ptr);
+            i.checked_sub(1)
+                .map(|i| live[i])
+                .filter(|&(a, size)| ptr < a + size.max(1))
+        }?;
+        let mut best = own;
+        for segs in self.inner.sleep.tenant_segments() {
+            match rs::lookup(&segs, ptr) {
+                TenantLookup::NotHeld => {}
+                TenantLookup::Free => return None,
+                TenantLookup::Live(a, n) if n < best.1 => best = (a, n),
+                TenantLookup::Live(..) => {}
+            }
+        }
+        Some(best)
+    }
+
     /// Tags the live allocation that holds `ptr` (any address inside it) `tag`: [`Keep`]
-    /// (offloaded and restored, the default) or [`Discard`] (not copied). The tag holds until
-    /// the allocation is freed. Returns the allocation's start. Reads one snapshot of the pool
-    /// (O(blocks)). Tagging an allocation while another thread frees it is the caller's race (as
-    /// any use after free): the tag may outlive it and apply to the next block at that address.
+    /// (offloaded and restored, the default) or [`Discard`] (not copied). The allocation is the
+    /// smallest live block holding `ptr`, the pool's own or one a suballocator over the pool
+    /// handed out: exactly its bytes are tagged. The tag holds until the allocation is freed.
+    /// Returns the allocation's start. Tagging an allocation while another thread frees it is
+    /// the caller's race (as any use after free).
     ///
     /// [`Keep`]: SleepTag::Keep
     /// [`Discard`]: SleepTag::Discard
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when no live allocation of this pool holds `ptr`.
+    /// [`Error::InvalidArgument`] when no live allocation holds `ptr`.
     pub fn tag(&self, ptr: usize, tag: SleepTag) -> Result<usize> {
-        // The start of an allocation (the usual case: the pointer handed out) is looked up in
-        // the stream lists; an address inside one needs the ordered view of every block.
-        let start = if self.inner.core.allocated_at(ptr) {
-            ptr
-        } else {
-            let live = self.view().live;
-            let i = live.partition_point(|&(a, _)| a <= ptr);
-            match i.checked_sub(1).map(|i| live[i]) {
-                Some((a, size)) if ptr < a + size.max(1) => a,
-                _ => {
-                    return Err(Error::invalid(
-                        "ptr",
-                        format!("{ptr:#x} is not inside a live allocation of this expandable pool"),
-                    ))
-                }
-            }
-        };
+        let block = self.live_block_at(ptr).ok_or_else(|| {
+            Error::invalid(
+                "ptr",
+                format!("{ptr:#x} is not inside a live allocation of this expandable pool"),
+            )
+        })?;
+        self.set_tag(block, tag);
+        Ok(block.0)
+    }
+
+    fn set_tag(&self, (start, bytes): (usize, usize), tag: SleepTag) {
         let gate = &self.inner.sleep;
         let mut tags = gate.tags.lock();
         match tag {
             SleepTag::Keep => tags.remove(&start),
-            SleepTag::Discard => tags.insert(start, tag),
+            SleepTag::Discard => tags.insert(start, bytes),
         };
         gate.tagged.store(tags.len(), Ordering::Release);
-        Ok(start)
     }
 
     /// The tag of the live allocation that starts at `ptr` ([`SleepTag::Keep`] unless tagged).
     pub fn tag_of(&self, ptr: usize) -> SleepTag {
-        self.inner
-            .sleep
-            .tags
-            .lock()
-            .get(&ptr)
-            .copied()
-            .unwrap_or_default()
+        if self.inner.sleep.tags.lock().contains_key(&ptr) {
+            SleepTag::Discard
+        } else {
+            SleepTag::Keep
+        }
     }
 
     /// What an [`offload`](Self::offload) now would release, copy and discard (all zero while
-    /// asleep: the memory is released already). Reads one snapshot of the pool.
+    /// asleep: the memory is released already). Reads one snapshot of the pool and its tenants.
     pub fn sleep_estimate(&self) -> SleepEstimate {
+        self.estimate_with(&[])
+    }
+
+    fn estimate_with(&self, discard: &[(usize, usize)]) -> SleepEstimate {
         if self.inner.sleep.asleep() {
             return SleepEstimate::default();
         }
         let view = self.view();
-        let tags = self.inner.sleep.tags.lock();
-        let mut out = SleepEstimate {
+        let plan = self.copy_plan(&view.live, discard);
+        SleepEstimate {
             released_bytes: self.mapped_bytes(),
+            copied_bytes: rs::total(&plan.kept),
+            discarded_bytes: rs::total(&plan.discarded),
             free_page_bytes: view.free_page_bytes,
+            cached_free_bytes: plan.cached_free,
             live_blocks: view.live.len(),
-            ..SleepEstimate::default()
-        };
-        for (addr, size) in view.live {
-            match tags.get(&addr).copied().unwrap_or_default() {
-                SleepTag::Keep => out.copied_bytes += size,
-                SleepTag::Discard => out.discarded_bytes += size,
-            }
         }
-        out
     }
 
     /// Whether the pool is asleep (offloaded, not yet restored).
@@ -407,12 +363,21 @@ impl ExpandableMemoryResource {
     /// [`restore`](Self::restore). Returns what it released and copied.
     ///
     /// # Errors
+    /// As [`offload_plan`](Self::offload_plan).
+    pub fn offload_with(&self, fill: DiscardFill) -> Result<SleepEstimate> {
+        self.offload_plan(&SleepPlan::with_fill(fill))
+    }
+
+    /// [`offload_with`](Self::offload_with) that also discards `plan.discard`'s ranges, for this
+    /// sleep only. A suballocator's chunk over the pool is copied as its live blocks (its free
+    /// ranges are not copied); a tagged block's bytes exactly are not copied.
+    ///
+    /// # Errors
     /// [`Error::Logic`] when the pool is asleep already (offload twice) or its virtual memory
     /// cannot copy; out of host memory for the copy; CUDA errors. On an error the pool is awake
     /// and unchanged, except when the unmapping failed half-way and undoing it failed too: then
     /// it is asleep (the message says so) and [`restore`](Self::restore) retries.
-    #[allow(unsafe_code)]
-    pub fn offload_with(&self, fill: DiscardFill) -> Result<SleepEstimate> {
+    pub fn offload_plan(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
         let inner = &self.inner;
         let gate = &inner.sleep;
         let mut state = gate.hold();
@@ -424,44 +389,36 @@ impl ExpandableMemoryResource {
         let started = Instant::now();
         inner.events.synchronize_all()?;
         let trimmed = inner.core.release(0)?;
-        // From here on allocations, growth and trims are refused (see the module docs).
+        // From here on allocations, growth and trims are refused (see the module docs), here
+        // and in every suballocator over the pool; copies of its memory too.
         gate.flag.store(true, Ordering::SeqCst);
-        let done = self.offload_flagged(&mut state, fill, started, trimmed);
+        rs::mark_asleep(inner.vm.base(), inner.vm.reserved_bytes(), "expandable");
+        let done = self.offload_flagged(&mut state, plan, started, trimmed);
         if done.is_err() && state.is_none() {
             gate.flag.store(false, Ordering::SeqCst);
+            rs::mark_awake(inner.vm.base());
         }
         done
     }
 
     /// The offload once the flag is set; `state` is `None` and held.
-    #[allow(unsafe_code)]
     fn offload_flagged(
         &self,
         state: &mut Option<Box<Saved>>,
-        fill: DiscardFill,
+        plan: &SleepPlan,
         started: Instant,
         trimmed: usize,
     ) -> Result<SleepEstimate> {
         let inner = &self.inner;
         let gate = &inner.sleep;
         let view = self.view();
+        let copy = self.copy_plan(&view.live, &plan.discard);
         let sync_trim_s = started.elapsed().as_secs_f64();
-        let tags = gate.tags.lock().clone();
-        let mut blocks = BTreeMap::new();
+        let mut kept = Vec::with_capacity(copy.kept.len());
         let mut copied = 0usize;
-        let mut discarded = 0usize;
-        for &(addr, size) in &view.live {
-            let host_offset = match tags.get(&addr).copied().unwrap_or_default() {
-                SleepTag::Keep => {
-                    copied += size;
-                    Some(copied - size)
-                }
-                SleepTag::Discard => {
-                    discarded += size;
-                    None
-                }
-            };
-            blocks.insert(addr, SavedBlock { size, host_offset });
+        for &(addr, size) in &copy.kept {
+            kept.push((addr, size, copied));
+            copied += size;
         }
         let step = Instant::now();
         let spare = gate.spare.lock().take();
@@ -480,21 +437,17 @@ impl ExpandableMemoryResource {
             &view.runs,
             inner.vm.map_chunk_bytes().max(page) / page * page,
         );
-        let pieces = coalesce(
-            blocks
-                .iter()
-                .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o))),
-        );
         let mut unmapped = 0;
         let mut unmap_s = 0.0;
         let copied_out =
-            self.copy_out_and_unmap(&chunks, &pieces, host_base, &mut unmapped, &mut unmap_s);
+            self.copy_out_and_unmap(&chunks, &kept, host_base, &mut unmapped, &mut unmap_s);
         let mut report = SleepReport {
             estimate: SleepEstimate {
                 released_bytes: trimmed + view.runs.iter().map(|&(_, len)| len).sum::<usize>(),
                 copied_bytes: copied,
-                discarded_bytes: discarded,
+                discarded_bytes: rs::total(&copy.discarded),
                 free_page_bytes: trimmed,
+                cached_free_bytes: copy.cached_free,
                 live_blocks: view.live.len(),
             },
             sleeps: gate.sleeps.fetch_add(1, Ordering::Relaxed) as u64 + 1,
@@ -517,7 +470,8 @@ impl ExpandableMemoryResource {
             // Undo: the chunks unmapped so far are a sleep of their own; wake it.
             *state = Some(Box::new(Saved {
                 runs: chunks[..unmapped].to_vec(),
-                blocks,
+                kept,
+                discarded: Vec::new(),
                 host,
                 fill: DiscardFill::Undefined,
                 report,
@@ -536,9 +490,10 @@ impl ExpandableMemoryResource {
         *gate.last.lock() = Some(report.clone());
         *state = Some(Box::new(Saved {
             runs: view.runs,
-            blocks,
+            kept,
+            discarded: copy.discarded,
             host,
-            fill,
+            fill: plan.fill,
             report,
         }));
         Ok(estimate)
@@ -647,12 +602,7 @@ impl ExpandableMemoryResource {
             inner.vm.map_chunk_bytes().max(page) / page * page,
         );
         let host_base = saved.host.addr();
-        let pieces = coalesce(
-            saved
-                .blocks
-                .iter()
-                .filter_map(|(&a, b)| b.host_offset.map(|o| (a, b.size, o))),
-        );
+        let pieces = coalesce(saved.kept.iter().copied());
         let mut next = 0;
         let mut copied = Ok(());
         let mut map_s = 0.0;
@@ -696,9 +646,9 @@ impl ExpandableMemoryResource {
             }
         }
         if saved.fill == DiscardFill::Zero {
-            for (&addr, b) in saved.blocks.iter().filter(|(_, b)| b.host_offset.is_none()) {
+            for &(addr, size) in &saved.discarded {
                 // SAFETY: as for the copies.
-                copied = unsafe { inner.vm.fill_zero(addr, b.size) };
+                copied = unsafe { inner.vm.fill_zero(addr, size) };
                 if copied.is_err() {
                     break;
                 }
@@ -724,6 +674,7 @@ impl ExpandableMemoryResource {
             *inner.sleep.spare.lock() = Some(host);
         }
         inner.sleep.flag.store(false, Ordering::SeqCst);
+        rs::mark_awake(inner.vm.base());
         // Pages that became wholly free while asleep (blocks freed then): given back again. A
         // failure leaves them mapped and free (a later trim retries).
         let _ = inner.core.release(0);
@@ -763,37 +714,62 @@ fn refused_restore(e: Error, addr: usize, len: usize) -> Error {
     }
 }
 
-/// The expandable pools under `mr` (itself, or below its adaptors and suballocators), found
-/// without recursion, each once, top first.
+impl Sleeper for ExpandableMemoryResource {
+    fn identity(&self) -> usize {
+        MemoryResource::identity(self)
+    }
+
+    fn asleep(&self) -> bool {
+        self.inner.sleep.asleep()
+    }
+
+    fn name(&self) -> &'static str {
+        "expandable"
+    }
+
+    fn admit(&self, tenant: Weak<dyn Tenant>) {
+        let mut tenants = self.inner.sleep.tenants.lock();
+        tenants.retain(|t| t.strong_count() > 0);
+        tenants.push(tenant);
+    }
+
+    fn block_at(&self, addr: usize) -> Option<(usize, usize)> {
+        self.live_block_at(addr)
+    }
+
+    fn tag(&self, block: (usize, usize), tag: SleepTag) {
+        self.set_tag(block, tag);
+    }
+
+    fn tag_of(&self, addr: usize) -> SleepTag {
+        ExpandableMemoryResource::tag_of(self, addr)
+    }
+
+    fn forget(&self, addr: usize) {
+        self.inner.sleep.forget(addr);
+    }
+
+    fn offload(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
+        self.offload_plan(plan)
+    }
+
+    fn restore(&self) -> Result<()> {
+        ExpandableMemoryResource::restore(self)
+    }
+
+    fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
+        self.estimate_with(&plan.discard)
+    }
+}
+
+/// The pools that can sleep under `mr` (itself, or below its adaptors and suballocators), from
+/// its link, top first.
 ///
 /// # Errors
-/// [`Error::Logic`] naming `mr` when no expandable pool is under it (sleep needs one), or when
-/// the stack has a cycle.
-pub fn sleep_targets(mr: &SharedResource) -> Result<Vec<ExpandableMemoryResource>> {
-    let mut seen = HashSet::new();
-    let mut todo = vec![mr.clone()];
-    let mut found = Vec::new();
-    while let Some(node) = todo.pop() {
-        if !seen.insert(node.identity()) {
-            continue;
-        }
-        if seen.len() > 4 * crate::resource::graph::MAX_STACK_DEPTH {
-            return Err(Error::Logic(
-                "the resource stack is too large to walk".into(),
-            ));
-        }
-        if let Some(pool) = node
-            .as_any()
-            .and_then(|a| a.downcast_ref::<ExpandableMemoryResource>())
-        {
-            found.push(pool.clone());
-            continue;
-        }
-        let mut ups = node.upstreams();
-        ups.reverse();
-        todo.extend(ups);
-    }
-    if found.is_empty() {
+/// [`Error::Logic`] naming `mr` when no pool under it can sleep.
+pub fn sleep_targets(mr: &SharedResource) -> Result<Vec<Arc<dyn Sleeper>>> {
+    let link = mr.link();
+    if link.sleep.is_empty() {
         return Err(Error::Logic(format!(
             "{}: sleep needs a pool on virtual memory, and this stack has none; build it with \
              rrmm.reinitialize(pool_allocator=\"expandable\") or over \
@@ -801,35 +777,61 @@ pub fn sleep_targets(mr: &SharedResource) -> Result<Vec<ExpandableMemoryResource
             mr.name()
         )));
     }
-    Ok(found)
+    Ok(link.sleep.sleepers().to_vec())
 }
 
-/// The sleep flags of the expandable pools under `upstream` (none when it has none), for a
-/// suballocator built over it: it refuses to hand out its cached blocks while one sleeps.
-pub(crate) fn sleep_flags_under(upstream: &SharedResource) -> Vec<Arc<AtomicBool>> {
-    sleep_targets(upstream).map_or_else(
-        |_| Vec::new(),
-        |pools| pools.iter().map(|p| p.inner.sleep.flag.clone()).collect(),
-    )
-}
-
-/// Offloads every expandable pool under `mr` ([`sleep_targets`]); when one fails, those
-/// offloaded before it are restored. Returns the figures summed.
+/// Resolves `discard` (addresses with the buffer's size where known) to the exact blocks of the
+/// pools under `mr`: each pool's own share of a [`SleepPlan`]. Nothing is tagged.
 ///
 /// # Errors
-/// As [`sleep_targets`] and [`ExpandableMemoryResource::offload_with`].
-pub fn offload(mr: &SharedResource, fill: DiscardFill) -> Result<SleepEstimate> {
+/// As [`Link::block_for_tag`](crate::resource::Link::block_for_tag), for the first address no
+/// pool holds.
+pub fn plan_discards(
+    mr: &SharedResource,
+    discard: &[(usize, Option<usize>)],
+) -> Result<Vec<(usize, usize)>> {
+    let link = mr.link();
+    discard
+        .iter()
+        .map(|&(ptr, size)| link.block_for_tag(ptr, size))
+        .collect()
+}
+
+/// Tags the block of `ptr` (with the buffer's `size` where known) `tag` in the pool under `mr`
+/// that holds it; returns the block's start.
+///
+/// # Errors
+/// As [`Link::block_for_tag`](crate::resource::Link::block_for_tag).
+pub fn tag(mr: &SharedResource, ptr: usize, size: Option<usize>, tag: SleepTag) -> Result<usize> {
+    let link = mr.link();
+    let block = link.block_for_tag(ptr, size)?;
+    let Some((_, pool)) = link.sleep.block_at(block.0) else {
+        return Err(Error::invalid(
+            "ptr",
+            format!("{ptr:#x} is not inside a live allocation of the expandable pool below"),
+        ));
+    };
+    pool.tag(block, tag);
+    Ok(block.0)
+}
+
+/// Offloads every pool under `mr` that can sleep with `fill` and this sleep's `discard` ranges
+/// ([`plan_discards`]); when one fails, those offloaded before it are restored. Returns the
+/// figures summed.
+///
+/// # Errors
+/// As [`sleep_targets`] and [`ExpandableMemoryResource::offload_plan`].
+pub fn offload_discarding(
+    mr: &SharedResource,
+    fill: DiscardFill,
+    discard: Vec<(usize, usize)>,
+) -> Result<SleepEstimate> {
     let pools = sleep_targets(mr)?;
+    let plan = SleepPlan { discard, fill };
     let mut total = SleepEstimate::default();
     for (i, pool) in pools.iter().enumerate() {
-        match pool.offload_with(fill) {
-            Ok(e) => {
-                total.released_bytes += e.released_bytes;
-                total.copied_bytes += e.copied_bytes;
-                total.discarded_bytes += e.discarded_bytes;
-                total.free_page_bytes += e.free_page_bytes;
-                total.live_blocks += e.live_blocks;
-            }
+        match pool.offload(&plan) {
+            Ok(e) => total = total.plus(e),
             Err(e) => {
                 for done in &pools[..i] {
                     let _ = done.restore();
@@ -841,7 +843,15 @@ pub fn offload(mr: &SharedResource, fill: DiscardFill) -> Result<SleepEstimate> 
     Ok(total)
 }
 
-/// Restores every expandable pool under `mr` that is asleep.
+/// [`offload_discarding`] with the persistent tags only.
+///
+/// # Errors
+/// As [`offload_discarding`].
+pub fn offload(mr: &SharedResource, fill: DiscardFill) -> Result<SleepEstimate> {
+    offload_discarding(mr, fill, Vec::new())
+}
+
+/// Restores every pool under `mr` that is asleep.
 ///
 /// # Errors
 /// As [`sleep_targets`]; [`Error::Logic`] when none is asleep; the first restore's error (the
@@ -865,25 +875,20 @@ pub fn restore(mr: &SharedResource) -> Result<()> {
     first.map_or(Ok(()), Err)
 }
 
-/// Whether any expandable pool under `mr` is asleep (false when there is none).
+/// Whether any pool under `mr` is asleep (false when there is none).
 pub fn asleep(mr: &SharedResource) -> bool {
-    sleep_targets(mr).is_ok_and(|pools| pools.iter().any(|p| p.asleep()))
+    mr.link().asleep()
 }
 
-/// [`ExpandableMemoryResource::sleep_estimate`] summed over the pools under `mr`.
+/// The sleep estimate summed over the pools under `mr`.
 ///
 /// # Errors
 /// As [`sleep_targets`].
 pub fn sleep_estimate(mr: &SharedResource) -> Result<SleepEstimate> {
-    let mut total = SleepEstimate::default();
-    for e in sleep_targets(mr)?.iter().map(|p| p.sleep_estimate()) {
-        total.released_bytes += e.released_bytes;
-        total.copied_bytes += e.copied_bytes;
-        total.discarded_bytes += e.discarded_bytes;
-        total.free_page_bytes += e.free_page_bytes;
-        total.live_blocks += e.live_blocks;
-    }
-    Ok(total)
+    Ok(sleep_targets(mr)?
+        .iter()
+        .map(|p| p.estimate(&SleepPlan::default()))
+        .fold(SleepEstimate::default(), SleepEstimate::plus))
 }
 
 #[cfg(test)]

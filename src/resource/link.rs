@@ -1,0 +1,111 @@
+//! The one typed link from a resource to the memory below it.
+//!
+//! Every concern that crosses the resource graph (what memory it is and on which device, the
+//! pools below that can sleep, later the tier and the process's share of the GPU) travels here.
+//! A resource computes its [`Link`] once, when it is built over its upstream, from the
+//! upstream's link (one call, not a walk), and holds it: the allocation path reads a field, never
+//! the graph. A source resource makes a new link; an adaptor keeps its upstream's; a
+//! suballocator keeps its upstream's and, where the memory below can sleep, registers itself as
+//! a [`Tenant`](super::sleep::Tenant) of the pools below ([`Link::admit`]).
+//!
+//! A new concern is one field here, filled where memory is made and carried up unchanged by
+//! every resource that does not change it.
+
+use super::sleep::{SleepWatch, Tenant};
+use super::MemoryKind;
+use crate::error::{Error, Result};
+use std::sync::Weak;
+
+/// What a resource knows of the memory below it (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Link {
+    /// The kind of memory at the bottom.
+    pub kind: MemoryKind,
+    /// The device it is on, where it has one.
+    pub device: Option<usize>,
+    /// The pools below that can sleep.
+    pub sleep: SleepWatch,
+    /// The first resource between here and the memory that does not say what it hands out
+    /// (its `link()` is the trait's default): a block it carved cannot be found by address, so
+    /// a tag of an address alone through it is refused.
+    pub opaque: Option<&'static str>,
+}
+
+impl Link {
+    /// The link of a source of memory: `kind` on `device`, nothing below.
+    pub fn source(kind: MemoryKind, device: Option<usize>) -> Link {
+        Link {
+            kind,
+            device,
+            sleep: SleepWatch::default(),
+            opaque: None,
+        }
+    }
+
+    /// The link of a resource over several upstreams (fallback, tiers, binning's bins): the
+    /// first one's memory, every one's sleepers.
+    pub fn join(links: &[Link]) -> Option<Link> {
+        let first = links.first()?;
+        Some(Link {
+            kind: first.kind,
+            device: first.device,
+            sleep: SleepWatch::join(links.iter().map(|l| &l.sleep)),
+            opaque: links.iter().find_map(|l| l.opaque),
+        })
+    }
+
+    /// Whether a pool below sleeps.
+    #[inline]
+    pub fn asleep(&self) -> bool {
+        self.sleep.asleep()
+    }
+
+    /// Records `tenant`, a suballocator built over this link, with every pool below that can
+    /// sleep (nothing when none can).
+    pub fn admit(&self, tenant: &Weak<dyn Tenant>) {
+        self.sleep.admit(tenant);
+    }
+
+    /// The exact block (start, bytes) a buffer at `ptr` is, for a tag: the smallest live block
+    /// holding it in a pool below (or one that pool's tenants handed out). Through an opaque
+    /// resource the block is `(ptr, size)` when the caller knows the buffer's size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `ptr` when no pool below holds it, or when an opaque
+    /// resource lies between and no size is known; [`Error::Logic`] when no pool below can
+    /// sleep.
+    pub fn block_for_tag(&self, ptr: usize, size: Option<usize>) -> Result<(usize, usize)> {
+        if self.sleep.is_empty() {
+            return Err(Error::Logic(
+                "sleep needs a pool on virtual memory, and this stack has none; build it with \
+                 rrmm.reinitialize(pool_allocator=\"expandable\") or over \
+                 rrmm.mr.ExpandableMemoryResource"
+                    .into(),
+            ));
+        }
+        let Some(((start, bytes), _)) = self.sleep.block_at(ptr) else {
+            return Err(Error::invalid(
+                "ptr",
+                format!("{ptr:#x} is not inside a live allocation of the expandable pool below"),
+            ));
+        };
+        match (self.opaque, size) {
+            (None, _) => Ok((start, bytes)),
+            (Some(_), Some(size)) if ptr >= start && ptr + size <= start + bytes => Ok((ptr, size)),
+            (Some(_), Some(size)) => Err(Error::invalid(
+                "ptr",
+                format!(
+                    "{ptr:#x} ({size} bytes) is not inside one live allocation of the \
+                     expandable pool below"
+                ),
+            )),
+            (Some(name), None) => Err(Error::invalid(
+                "ptr",
+                format!(
+                    "{name} does not say which of its blocks holds {ptr:#x}: tag a buffer \
+                     that knows its size (a DeviceBuffer, an array, a tensor)"
+                ),
+            )),
+        }
+    }
+}
