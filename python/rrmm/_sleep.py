@@ -26,15 +26,22 @@ def sleep(
     """Offloads ``mr`` (default: the current device resource) on enter and restores it on exit.
 
     ``discard``: buffers (tensors, CuPy arrays, ``DeviceBuffer`` objects or pointers) not worth
-    copying; after the wake they hold zeros (``discard_fill="zero"``) or anything
-    (``"undefined"``). Yields what the sleep released and copied (``mr.offload()``'s dict).
+    copying by this sleep (exactly their bytes; forgotten at the wake); after the wake they hold
+    zeros (``discard_fill="zero"``) or anything (``"undefined"``). Every buffer is found before
+    anything changes: one that no pool below holds raises and nothing sleeps. Yields what the
+    sleep released and copied (``mr.offload()``'s dict).
 
-    Inside the block no work may use the pool's memory and allocations from it raise
-    ``RuntimeError``; frees are allowed. Entering waits for the work queued on the pool's
+    Inside the block no work may use the pool's memory; allocations from it, and rrmm's copies of
+    its bytes (``copy_to_host``, ``tobytes``, pickling, ...), raise ``RuntimeError`` naming the
+    sleep; frees are allowed. Entering waits for the work queued on the pool's
     streams. When the wake cannot map the memory again (another process holds it) the exit
     raises ``MemoryError`` and the data stays on the host: call ``mr.restore()`` again later.
     """
     target = get_current_device_resource() if mr is None else mr
+    if not isinstance(target, DeviceMemoryResource):
+        raise TypeError(
+            f"rrmm.sleep() takes a memory resource (rrmm.mr.*), not {type(target).__name__}"
+        )
     figures = target.offload(discard=list(discard), discard_fill=discard_fill)
     try:
         yield figures

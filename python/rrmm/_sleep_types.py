@@ -16,6 +16,7 @@ class SleepFigures(TypedDict):
     copied_bytes: int
     discarded_bytes: int
     free_page_bytes: int
+    cached_free_bytes: int
     live_blocks: int
 
 

@@ -130,7 +130,7 @@ pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
-/// the address for simulated memory.
+/// the address for simulated memory, or for a sleeping pool's memory.
 pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && ptr.checked_add(bytes).is_none() {
         return Err(Error::invalid(
@@ -141,6 +141,9 @@ pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Re
             ),
         ));
     }
+    // A sleeping pool's memory is known to rrmm and has no pages behind it: the error names
+    // the sleep (before any check that would read the range).
+    crate::resource::sleep::check_awake(name, ptr, bytes)?;
     if bytes > 0 && is_simulated(ptr, bytes) {
         return Err(Error::Logic(format!(
             "{name}={ptr:#x} is simulated memory (or above every host address), which has \
