@@ -2,8 +2,7 @@
 //! chunks.
 
 use super::core::{
-    admit_core_tenant, core_tenant, default_events, forward_memory_resource, Chunks, StreamEvents,
-    StreamOrderedCore,
+    default_events, forward_memory_resource, Chunks, StreamEvents, StreamOrderedCore,
 };
 use super::free_lists::FixedSizeFreeList;
 use crate::error::{Error, Result};
@@ -87,7 +86,6 @@ impl FixedSizeMemoryResource {
             upstream: source,
             block_size,
         });
-        admit_core_tenant(&inner, inner.core.link());
         Ok(FixedSizeMemoryResource { inner })
     }
 
@@ -113,8 +111,6 @@ impl FixedSizeMemoryResource {
 }
 
 forward_memory_resource!(FixedSizeMemoryResource, |this| &this.inner.core);
-core_tenant!(Inner);
-
 #[cfg(test)]
 // Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.
 #[allow(unsafe_code)]

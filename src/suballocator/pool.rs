@@ -1,8 +1,7 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::core::{
-    admit_core_tenant, core_tenant, default_events, forward_memory_resource, Geometric,
-    StreamEvents, StreamOrderedCore,
+    default_events, forward_memory_resource, Geometric, StreamEvents, StreamOrderedCore,
 };
 use super::free_lists::CoalescingFreeList;
 use crate::error::{Error, Result};
@@ -128,7 +127,6 @@ impl PoolMemoryResource {
             maximum_pool_size,
             placer,
         });
-        admit_core_tenant(&inner, inner.core.link());
         Ok(PoolMemoryResource { inner })
     }
 
@@ -172,8 +170,6 @@ impl PoolMemoryResource {
         &self.inner.upstream
     }
 }
-
-core_tenant!(Inner);
 
 // Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
 // capped by the maximum (the `Geometric` growth policy's figures).

@@ -333,6 +333,67 @@ impl ArenaMemoryResource {
         dump::report(requested, &global, &views)
     }
 
+    /// The free of `deallocate`, checked (see there).
+    fn free_block(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let rounded = align_up(bytes, ALLOCATION_ALIGNMENT)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| Self::unknown(ptr, bytes))?;
+        if rounded > SUPERBLOCK_MIN {
+            // A default stream is never destroyed: it is noted pending instead (module docs).
+            if !stream.is_default() {
+                self.sync_stream(stream)?;
+            }
+            let mut global = self.inner.global.lock();
+            return match global.deallocate_large(ptr, rounded) {
+                Freed::Done => {
+                    if stream.is_default() {
+                        global.pending.note(StreamKey::of(stream));
+                    }
+                    Ok(())
+                }
+                Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
+                Freed::NotHere => Err(Self::unknown(ptr, bytes)),
+            };
+        }
+        let own = self.arena_for(stream);
+        match own.state.lock().deallocate(ptr, rounded) {
+            Freed::Done => return Ok(()),
+            Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
+            Freed::NotHere => {}
+        }
+        let owner = self.snapshot().into_iter().find_map(|a| {
+            let size = (!Arc::ptr_eq(&a, &own))
+                .then(|| a.state.lock().live_size(ptr))
+                .flatten()?;
+            Some((a, size))
+        });
+        let owner = match owner {
+            Some((owner, size)) if size == rounded => owner,
+            Some((_, size)) => return Err(Self::wrong_size(ptr, bytes, size)),
+            None => {
+                return Err(match self.inner.global.lock().large_size(ptr) {
+                    Some(size) => Self::wrong_size(ptr, bytes, size),
+                    None => Self::unknown(ptr, bytes),
+                })
+            }
+        };
+        // Another arena's block: the freeing stream catches up before the owner may reuse it,
+        // unless both of the owner's streams are ordered after it (the legacy default stream
+        // into a thread's arena).
+        if !(stream.is_legacy_default() && matches!(owner.key, ArenaKey::Thread(_))) {
+            self.sync_stream(stream)?;
+        }
+        let freed = owner.state.lock().deallocate(ptr, rounded);
+        match freed {
+            Freed::Done => Ok(()),
+            Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
+            Freed::NotHere => Err(Self::unknown(ptr, bytes)),
+        }
+    }
+
     /// Every arena, in a stable order (threads, then streams, by key).
     fn snapshot(&self) -> Vec<Arc<Arena>> {
         let mut arenas: Vec<Arc<Arena>> = self
@@ -627,67 +688,14 @@ impl MemoryResource for ArenaMemoryResource {
         Ok(ptr)
     }
 
-    // The trait's method is unsafe; this body checks the pointer and size against the live
+    // The trait's method is unsafe; the free checks the pointer and size against the live
     // blocks it handed out, so a bogus, double or missized free is a logic error, not harm.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        if ptr == 0 {
-            return Ok(());
-        }
-        let rounded = align_up(bytes, ALLOCATION_ALIGNMENT)
-            .filter(|&r| r > 0)
-            .ok_or_else(|| Self::unknown(ptr, bytes))?;
-        if rounded > SUPERBLOCK_MIN {
-            // A default stream is never destroyed: it is noted pending instead (module docs).
-            if !stream.is_default() {
-                self.sync_stream(stream)?;
-            }
-            let mut global = self.inner.global.lock();
-            return match global.deallocate_large(ptr, rounded) {
-                Freed::Done => {
-                    if stream.is_default() {
-                        global.pending.note(StreamKey::of(stream));
-                    }
-                    Ok(())
-                }
-                Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
-                Freed::NotHere => Err(Self::unknown(ptr, bytes)),
-            };
-        }
-        let own = self.arena_for(stream);
-        match own.state.lock().deallocate(ptr, rounded) {
-            Freed::Done => return Ok(()),
-            Freed::WrongSize(size) => return Err(Self::wrong_size(ptr, bytes, size)),
-            Freed::NotHere => {}
-        }
-        let owner = self.snapshot().into_iter().find_map(|a| {
-            let size = (!Arc::ptr_eq(&a, &own))
-                .then(|| a.state.lock().live_size(ptr))
-                .flatten()?;
-            Some((a, size))
-        });
-        let owner = match owner {
-            Some((owner, size)) if size == rounded => owner,
-            Some((_, size)) => return Err(Self::wrong_size(ptr, bytes, size)),
-            None => {
-                return Err(match self.inner.global.lock().large_size(ptr) {
-                    Some(size) => Self::wrong_size(ptr, bytes, size),
-                    None => Self::unknown(ptr, bytes),
-                })
-            }
-        };
-        // Another arena's block: the freeing stream catches up before the owner may reuse it,
-        // unless both of the owner's streams are ordered after it (the legacy default stream
-        // into a thread's arena).
-        if !(stream.is_legacy_default() && matches!(owner.key, ArenaKey::Thread(_))) {
-            self.sync_stream(stream)?;
-        }
-        let freed = owner.state.lock().deallocate(ptr, rounded);
-        match freed {
-            Freed::Done => Ok(()),
-            Freed::WrongSize(size) => Err(Self::wrong_size(ptr, bytes, size)),
-            Freed::NotHere => Err(Self::unknown(ptr, bytes)),
-        }
+        self.free_block(ptr, bytes, stream)?;
+        // A tag of the block (in a pool below that can sleep) goes with it.
+        self.inner.link.sleep.forget(ptr);
+        Ok(())
     }
 
     crate::resource::memory_from!(|this| this.inner.upstream);

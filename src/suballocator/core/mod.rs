@@ -49,6 +49,6 @@ pub use stream_events::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
 pub(super) use stream_ordered::{
-    admit_core_tenant, core_tenant, default_events, default_events_for, forward_memory_resource,
-    next_instance_id, uses_device_streams, StreamOrderedCore,
+    default_events, default_events_for, forward_memory_resource, next_instance_id,
+    uses_device_streams, StreamOrderedCore,
 };

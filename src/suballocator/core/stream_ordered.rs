@@ -116,10 +116,9 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     growth: Box<dyn Growth>,
     sizing: F::Sizing,
     name: &'static str,
-    /// Held while growing from (and giving back to) the source: an upstream that calls back
-    /// into this core on the same thread gets an error, not a deadlock.
-    shared: OwnedMutex<Shared<F>>,
-    directory: RwLock<Directory<F>>,
+    /// The fresh list, the chunks and every stream's list: shared (`Arc`) with the core's tenant
+    /// record in the pools below that can sleep, which reads them through a `Weak`.
+    state: Arc<CoreState<F>>,
     /// The ids of the lists a steal looks at (see the lock order).
     donors: Mutex<std::collections::BTreeSet<ListId>>,
     /// The ids of the lists that may hold free blocks (a superset: a list joins at a free into
@@ -165,6 +164,81 @@ struct Chunk {
     block: Block,
     /// Taken at construction: kept when a failed request gives grown chunks back.
     initial: bool,
+}
+
+/// The blocks of a core: what a snapshot reads.
+struct CoreState<F> {
+    /// Held while growing from (and giving back to) the source: an upstream that calls back
+    /// into this core on the same thread gets an error, not a deadlock.
+    shared: OwnedMutex<Shared<F>>,
+    directory: RwLock<Directory<F>>,
+}
+
+impl<F: FreeList> CoreState<F> {
+    /// Calls `f` with a consistent view of the free lists: the shared state with the fresh list
+    /// (`None` from inside this core's own upstream call, see `busy_here`) and every
+    /// stream's list. No
+    /// block moves between lists meanwhile: the shared lock stops moves from and to the fresh
+    /// list and steals, the directory's write lock stops frees across streams; a stream's own
+    /// allocations and frees change only its list, which `f` locks one at a time.
+    fn with_all_lists<T>(
+        &self,
+        f: impl FnOnce(Option<&Shared<F>>, &[Arc<StreamList<F>>]) -> T,
+    ) -> T {
+        let sh = self.shared.lock().ok();
+        let dir = self.directory.write();
+        f(sh.as_deref(), &dir.all)
+    }
+
+    /// Every segment with its blocks: `segments` where the growth policy keeps its own (the
+    /// expandable pool's runs of mapped pages), else the chunks; empty from inside the core's
+    /// own upstream call.
+    fn snapshot(&self, segments: Option<Vec<(usize, usize)>>) -> Vec<SegmentInfo> {
+        // One consistent view (no block moves between lists while it is read), or blocks seen
+        // in two lists would overlap in their segment.
+        let view = self.with_all_lists(|sh, lists| {
+            let sh = sh?;
+            let expandable = segments.is_some();
+            let segments = segments.unwrap_or_else(|| {
+                sh.chunks
+                    .values()
+                    .map(|c| (c.block.addr, c.block.size))
+                    .collect()
+            });
+            let mut free: Vec<Block> = sh.fresh.free_ranges();
+            let mut allocated = Vec::new();
+            for list in lists {
+                let st = list.state.lock();
+                free.extend(st.list.free_ranges());
+                allocated.extend(
+                    st.list
+                        .allocated_blocks()
+                        .iter()
+                        .map(|b| (b.addr, b.size, b.size)),
+                );
+            }
+            Some((segments, allocated, free, expandable))
+        });
+        let Some((segments, allocated, free, expandable)) = view else {
+            return Vec::new();
+        };
+        let free = if F::COALESCES {
+            merge_touching(free)
+        } else {
+            free
+        };
+        let free: Vec<(usize, usize)> = free.iter().map(|b| (b.addr, b.size)).collect();
+        assemble(&segments, &allocated, &free, expandable)
+    }
+}
+
+/// A core as a [`Tenant`](crate::resource::sleep::Tenant) of the pools below it that can sleep:
+/// registered by the core itself when it is built over them (a suballocator on the core is a
+/// tenant by construction), held by them as a `Weak` (gone with the core).
+impl<F: FreeList> crate::resource::sleep::Tenant for CoreState<F> {
+    fn segments(&self) -> Vec<SegmentInfo> {
+        self.snapshot(None)
+    }
 }
 
 /// What the `shared` mutex guards.
@@ -244,17 +318,19 @@ impl<F: FreeList> StreamOrderedCore<F> {
             || Link::source(growth.kind(), growth.device()),
             |u| u.link(),
         );
-        StreamOrderedCore {
+        let core = StreamOrderedCore {
             id: next_instance_id(),
-            shared: OwnedMutex::new(Shared {
-                fresh: F::new(&sizing),
-                chunks: BTreeMap::new(),
-                pool_size: 0,
-                settled: None,
-            }),
-            directory: RwLock::new(Directory {
-                by_key: AddressMap::default(),
-                all: Vec::new(),
+            state: Arc::new(CoreState {
+                shared: OwnedMutex::new(Shared {
+                    fresh: F::new(&sizing),
+                    chunks: BTreeMap::new(),
+                    pool_size: 0,
+                    settled: None,
+                }),
+                directory: RwLock::new(Directory {
+                    by_key: AddressMap::default(),
+                    all: Vec::new(),
+                }),
             }),
             donors: Mutex::new(std::collections::BTreeSet::new()),
             with_free: Mutex::new(std::collections::BTreeSet::new()),
@@ -265,12 +341,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
             name,
             counters: PoolCounters::default(),
             link,
+        };
+        if !core.link.sleep.is_empty() {
+            let tenant: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
+                Arc::downgrade(&core.state) as _;
+            core.link.admit(&tenant);
         }
-    }
-
-    /// The link to the memory below: the growth policy's upstream's.
-    pub(crate) fn link(&self) -> &Link {
-        &self.link
+        core
     }
 
     /// Adds exactly `bytes` from the source to the fresh list as the initial chunk
@@ -278,7 +355,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// The shared state, or [`Error::Logic`] when this thread holds it already: the source
     /// (a callback) called back into this resource while it was growing or giving back.
     fn lock_shared(&self) -> Result<OwnedGuard<'_, Shared<F>>> {
-        self.shared.lock().map_err(|_| {
+        self.state.shared.lock().map_err(|_| {
             Error::Logic(format!(
                 "{}: called again from inside its own upstream call on this thread (an upstream \
                  or callback that uses the resource it serves); it would wait for itself",
@@ -290,7 +367,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Whether this thread is inside a call of this core that holds its shared state (its
     /// upstream calling back): its figures cannot be read from there.
     pub(crate) fn busy_here(&self) -> bool {
-        self.shared.held_here()
+        self.state.shared.held_here()
     }
 
     pub(crate) fn preallocate(&self, bytes: usize) -> Result<()> {
@@ -323,10 +400,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// The list of `key`, made on first use.
     fn list(&self, key: StreamKey) -> Arc<StreamList<F>> {
-        if let Some(list) = self.directory.read().by_key.get(&key) {
+        if let Some(list) = self.state.directory.read().by_key.get(&key) {
             return list.clone();
         }
-        let mut dir = self.directory.write();
+        let mut dir = self.state.directory.write();
         if let Some(list) = dir.by_key.get(&key) {
             return list.clone();
         }
@@ -387,7 +464,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             }
             // Taking the shared lock while holding a list's would invert the lock order;
             // `try_lock` never waits, so it cannot deadlock.
-            if let Some(mut sh) = self.shared.try_lock() {
+            if let Some(mut sh) = self.state.shared.try_lock() {
                 if let Some(b) = sh.fresh.take(request.size) {
                     return Ok(st.adopt_counted(b));
                 }
@@ -501,7 +578,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// The sum of every list's free count (it grows with every free).
     fn frees(&self) -> u64 {
-        let dir = self.directory.read();
+        let dir = self.state.directory.read();
         dir.all
             .iter()
             .map(|list| list.state.lock().counters.frees())
@@ -527,7 +604,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if ids.is_empty() {
             return Ok(None);
         }
-        let dir = self.directory.read();
+        let dir = self.state.directory.read();
         for id in ids {
             self.steal_cursor.store(id + 1, Ordering::Relaxed);
             let Some(other) = dir.all.get((id - FRESH - 1) as usize) else {
@@ -623,7 +700,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// streams are synchronized only if `always_sync` (the fresh list holds no block used since
     /// its last synchronization: frees go to the streams' lists).
     fn synchronize_and_merge(&self, sh: &mut Shared<F>, always_sync: bool) -> Result<u64> {
-        let dir = self.directory.read();
+        let dir = self.state.directory.read();
         let mut frees = 0;
         let drained: Vec<Vec<Block>> = dir
             .all
@@ -791,7 +868,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         // The directory stays read-locked until the block is in this list: a consistent view
         // ([`Self::with_all_lists`], which write-locks it) never sees the block in both lists
         // (or in neither).
-        let dir = self.directory.read();
+        let dir = self.state.directory.read();
         let found = dir
             .all
             .iter()
@@ -842,7 +919,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// another thread, or this one, holds it): for reliefs and caches over their limit, which
     /// must never wait for a lock.
     pub(crate) fn try_release_to(&self, keep: usize) -> Result<usize> {
-        match self.shared.try_lock() {
+        match self.state.shared.try_lock() {
             Some(sh) => self.release_locked(sh, keep, keep),
             None => Ok(0),
         }
@@ -883,7 +960,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Reads the shared state; `None` when this thread holds it (see [`Self::busy_here`]).
     fn read_shared<T>(&self, f: impl FnOnce(&Shared<F>) -> T) -> Option<T> {
-        self.shared.lock().ok().map(|sh| f(&sh))
+        self.state.shared.lock().ok().map(|sh| f(&sh))
     }
 
     /// Bytes held from the upstream (0 from inside its own upstream call, see
@@ -897,19 +974,11 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.read_shared(|sh| sh.chunks.len()).unwrap_or(0)
     }
 
-    /// Calls `f` with a consistent view of the free lists: the shared state with the fresh list
-    /// (`None` from inside this core's own upstream call, see [`Self::busy_here`]) and every
-    /// stream's list. No
-    /// block moves between lists meanwhile: the shared lock stops moves from and to the fresh
-    /// list and steals, the directory's write lock stops frees across streams; a stream's own
-    /// allocations and frees change only its list, which `f` locks one at a time.
     fn with_all_lists<T>(
         &self,
         f: impl FnOnce(Option<&Shared<F>>, &[Arc<StreamList<F>>]) -> T,
     ) -> T {
-        let sh = self.shared.lock().ok();
-        let dir = self.directory.write();
-        f(sh.as_deref(), &dir.all)
+        self.state.with_all_lists(f)
     }
 
     /// Calls `f` on every stream list that may hold free blocks (each locked in turn), and
@@ -989,7 +1058,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     pub(crate) fn stream_free(&self, stream: Stream) -> StreamFree {
         let key = StreamKey::of(stream);
         let mut out = StreamFree::default();
-        for list in &self.directory.read().all {
+        for list in &self.state.directory.read().all {
             let free = list.state.lock().list.free_bytes();
             if list.key == key {
                 out.this_stream += free;
@@ -1032,7 +1101,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// stream list looked up in turn, O(lists), not O(blocks) as a snapshot. A block moving
     /// between lists (a free on another stream) may be missed for that moment.
     pub(crate) fn allocated_at(&self, addr: usize) -> bool {
-        let dir = self.directory.read();
+        let dir = self.state.directory.read();
         dir.all
             .iter()
             .any(|list| list.state.lock().list.is_allocated_at(addr))
@@ -1040,42 +1109,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
     pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
-        // One consistent view (no block moves between lists while it is read), or blocks seen
-        // in two lists would overlap in their segment.
-        let view = self.with_all_lists(|sh, lists| {
-            let sh = sh?;
-            let segments = self.growth.segments();
-            let expandable = segments.is_some();
-            let segments = segments.unwrap_or_else(|| {
-                sh.chunks
-                    .values()
-                    .map(|c| (c.block.addr, c.block.size))
-                    .collect()
-            });
-            let mut free: Vec<Block> = sh.fresh.free_ranges();
-            let mut allocated = Vec::new();
-            for list in lists {
-                let st = list.state.lock();
-                free.extend(st.list.free_ranges());
-                allocated.extend(
-                    st.list
-                        .allocated_blocks()
-                        .iter()
-                        .map(|b| (b.addr, b.size, b.size)),
-                );
-            }
-            Some((segments, allocated, free, expandable))
-        });
-        let Some((segments, allocated, free, expandable)) = view else {
-            return Vec::new();
-        };
-        let free = if F::COALESCES {
-            merge_touching(free)
-        } else {
-            free
-        };
-        let free: Vec<(usize, usize)> = free.iter().map(|b| (b.addr, b.size)).collect();
-        let mut segments = assemble(&segments, &allocated, &free, expandable);
+        let mut segments = self.state.snapshot(self.growth.segments());
         if self.growth.offloaded() || self.link.asleep() {
             for s in &mut segments {
                 s.offloaded = true;
@@ -1088,7 +1122,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// split figures from a snapshot.
     pub(crate) fn memory_stats(&self) -> MemoryStats {
         let mut stats = self.counters.get();
-        for list in &self.directory.read().all {
+        for list in &self.state.directory.read().all {
             list.state.lock().counters.add_to(&mut stats);
         }
         for segment in self.snapshot() {
@@ -1116,7 +1150,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Sets every peak of [`Self::memory_stats`] to its current value.
     pub(crate) fn reset_peak_memory_stats(&self) {
         self.counters.reset_peaks();
-        for list in &self.directory.read().all {
+        for list in &self.state.directory.read().all {
             list.state.lock().counters.reset_peaks();
         }
     }
@@ -1286,36 +1320,10 @@ macro_rules! forward_memory_resource {
 }
 pub(crate) use forward_memory_resource;
 
-/// Makes the resource state `$inner`, which holds a [`StreamOrderedCore`] at `$inner.core`, a
-/// [`Tenant`](crate::resource::sleep::Tenant) of the pools below that can sleep: its snapshot
-/// tells them which ranges of its chunks are free (never copied by a sleep) and which blocks it
-/// handed out (for exact tags). [`admit_core_tenant`] registers it.
-macro_rules! core_tenant {
-    ($inner:ty) => {
-        impl $crate::resource::sleep::Tenant for $inner {
-            fn segments(&self) -> Vec<$crate::report::SegmentInfo> {
-                self.core.snapshot()
-            }
-        }
-    };
-}
-pub(crate) use core_tenant;
-
-/// Registers `inner` (a [`core_tenant!`] type) with the pools below its core that can sleep.
-pub(crate) fn admit_core_tenant<T: crate::resource::sleep::Tenant + 'static>(
-    inner: &Arc<T>,
-    link: &Link,
-) {
-    if !link.sleep.is_empty() {
-        let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> = Arc::downgrade(inner) as _;
-        link.admit(&weak);
-    }
-}
-
 impl<F: FreeList> Drop for StreamOrderedCore<F> {
     fn drop(&mut self) {
         let _ = self.events.synchronize_all();
-        let chunks = match self.shared.lock() {
+        let chunks = match self.state.shared.lock() {
             Ok(mut sh) => std::mem::take(&mut sh.chunks),
             Err(_) => BTreeMap::new(),
         };
@@ -1327,7 +1335,7 @@ impl<F: FreeList> Drop for StreamOrderedCore<F> {
             let _ = unsafe { self.growth.give_back(chunk.block) };
         }
         // Per-thread caches may still hold the lists: leave them empty.
-        for list in &self.directory.read().all {
+        for list in &self.state.directory.read().all {
             *list.state.lock() = ListState::new(&self.sizing);
         }
     }

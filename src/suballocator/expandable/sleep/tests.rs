@@ -871,3 +871,85 @@ proptest! {
         }
     }
 }
+
+/// A suballocator written without a thought for sleep: a new strategy on the stream-ordered
+/// core (fixed 1 MiB chunks, coalescing blocks) with no sleep code at all.
+struct ChunkedPool {
+    core: crate::suballocator::core::StreamOrderedCore<
+        crate::suballocator::free_lists::CoalescingFreeList,
+    >,
+}
+
+use crate::suballocator::core::forward_memory_resource;
+forward_memory_resource!(ChunkedPool, |this| &this.core);
+
+impl ChunkedPool {
+    fn over(upstream: SharedResource) -> ChunkedPool {
+        use crate::suballocator::core::{default_events, Chunks, StreamOrderedCore};
+        ChunkedPool {
+            core: StreamOrderedCore::new(
+                default_events(&upstream),
+                Box::new(Chunks {
+                    upstream,
+                    chunk: 1 << 20,
+                    block: 256,
+                    name: "chunked",
+                }),
+                (),
+                "chunked",
+            ),
+        }
+    }
+}
+
+/// Issue 36's test of the link: the new suballocator over the pool (through an adaptor) refuses
+/// to hand out its cached ranges while the pool sleeps, is offloaded as exactly its live blocks
+/// (its free ranges not copied), keeps every byte, reports its figures and segments as
+/// offloaded, and a discard through it covers exactly one of its blocks.
+#[test]
+fn a_new_suballocator_gets_sleep_by_construction() {
+    let (vm, pool) = host_pool(64 * PAGE);
+    let under: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
+    let top: SharedResource = Arc::new(ChunkedPool::over(under));
+    let sizes = [1000usize, 5000, 256, 70_000];
+    let blocks: Vec<(usize, usize, u64)> = sizes
+        .iter()
+        .zip(1u64..)
+        .map(|(&s, seed)| {
+            let p = top.allocate(s, S).unwrap();
+            write(p, s, seed);
+            (p, s, seed)
+        })
+        .collect();
+    let spare = top.allocate(300_000, S).unwrap();
+    free(&*top, spare, 300_000).unwrap();
+    let aligned = |s: usize| s.next_multiple_of(256);
+    let (lost, kept) = (blocks[1], [blocks[0], blocks[2], blocks[3]]);
+    let plan = plan_discards(&top, &[(lost.0, None)]).unwrap();
+    assert_eq!(plan, vec![(lost.0, aligned(lost.1))], "exactly its block");
+    let did = offload_discarding(&top, DiscardFill::Zero, plan).unwrap();
+    assert_eq!(
+        did.copied_bytes,
+        kept.iter().map(|b| aligned(b.1)).sum::<usize>()
+    );
+    assert!(did.cached_free_bytes >= 300_000, "{did:?}");
+    assert_eq!(vm.mapped_bytes(), 0);
+    let e = top.allocate(256, S).unwrap_err();
+    assert!(e.to_string().contains("asleep"), "{e}");
+    let stats = top.report().unwrap().memory_stats().unwrap();
+    assert_eq!(stats.reserved_bytes.current, 0);
+    assert_eq!(stats.offloaded_bytes, 1 << 20);
+    assert!(top
+        .report()
+        .unwrap()
+        .memory_snapshot()
+        .unwrap()
+        .iter()
+        .all(|s| s.offloaded));
+    restore(&top).unwrap();
+    assert_intact(&kept);
+    assert!(all_zero(lost.0, lost.1));
+    for (p, s, _) in blocks {
+        free(&*top, p, s).unwrap();
+    }
+}
