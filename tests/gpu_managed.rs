@@ -89,7 +89,7 @@ fn small_blocks_are_not_prefetched_and_large_pool_blocks_are() {
 
     let managed = ManagedMemoryResource::with_options(ManagedOptions {
         cache_limit: Some(0),
-        placement: true,
+        placement: rrmm::resource::PlacementMode::Blocks,
     })
     .unwrap();
     let pool = PoolMemoryResource::new(Arc::new(managed.clone()), Some(256 * MIB), None).unwrap();
@@ -122,7 +122,7 @@ fn a_device_allocation_that_runs_out_takes_the_cache_back() {
     let (free_before, _) = cuda::device_memory_info(device).unwrap();
     let cache = ManagedMemoryResource::with_options(ManagedOptions {
         cache_limit: Some(free_before),
-        placement: true,
+        placement: rrmm::resource::PlacementMode::Ranges,
     })
     .unwrap();
     let third = (free_before / 3) & !(2 * MIB - 1);

@@ -170,7 +170,10 @@ class CudaMemoryResource(DeviceMemoryResource):
 @final
 class ManagedMemoryResource(DeviceMemoryResource):
     def __new__(
-        cls, *, cache_limit: _Bytes | None = None, placement: bool = True
+        cls,
+        *,
+        cache_limit: _Bytes | None = None,
+        placement: bool | Literal["off", "ranges", "blocks"] | None = None,
     ) -> ManagedMemoryResource: ...
     def release(self) -> int: ...
     def cached_bytes(self) -> int: ...

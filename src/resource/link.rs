@@ -12,8 +12,9 @@
 //! every resource that does not change it.
 
 use super::sleep::{SleepWatch, Tenant};
-use super::MemoryKind;
+use super::{BlockPlacer, MemoryKind};
 use crate::error::{Error, Result};
+use std::sync::Arc;
 use std::sync::Weak;
 
 /// What a resource knows of the memory below it (see the module docs).
@@ -25,6 +26,10 @@ pub struct Link {
     pub device: Option<usize>,
     /// The pools below that can sleep.
     pub sleep: SleepWatch,
+    /// The placer of the managed memory below, where that memory is placed by the blocks a
+    /// suballocator over it hands out ([`PlacementMode::Blocks`](super::PlacementMode::Blocks)):
+    /// the stream-ordered core places each block it hands out through it.
+    pub placement: Option<Arc<BlockPlacer>>,
     /// The first resource between here and the memory that does not say what it hands out
     /// (its `link()` is the trait's default): a block it carved cannot be found by address, so
     /// a tag of an address alone through it is refused.
@@ -38,6 +43,7 @@ impl Link {
             kind,
             device,
             sleep: SleepWatch::default(),
+            placement: None,
             opaque: None,
         }
     }
@@ -50,6 +56,7 @@ impl Link {
             kind: first.kind,
             device: first.device,
             sleep: SleepWatch::join(links.iter().map(|l| &l.sleep)),
+            placement: first.placement.clone(),
             opaque: links.iter().find_map(|l| l.opaque),
         })
     }

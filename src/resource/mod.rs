@@ -39,7 +39,7 @@ pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERE
 pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
 pub use placement::{
     placement_for, whole_granules, BlockPlacer, DevicePlacement, PlaceRange, Placement,
-    PLACEMENT_GRANULE, PLACEMENT_HEADROOM_DIVISOR, PLACEMENT_MIN_BYTES,
+    PlacementMode, PLACEMENT_GRANULE, PLACEMENT_HEADROOM_DIVISOR, PLACEMENT_MIN_BYTES,
 };
 pub use simulated::{
     SimulatedMemoryResource, MAX_SIMULATED_SIZE, SIMULATED_ADDRESS_BASE, SIMULATED_PAGE_SIZE,
@@ -163,14 +163,6 @@ pub trait MemoryResource: Send + Sync {
     /// is the safe [`CallProfile::UNKNOWN`] (may call foreign code, may block).
     fn call_profile(&self) -> CallProfile {
         CallProfile::UNKNOWN
-    }
-
-    /// Hands the placement of fresh memory to a suballocator over this resource: a resource
-    /// that places what it allocates (managed memory) stops placing its own fresh ranges and
-    /// returns the placer, which the suballocator then calls for the blocks it hands out
-    /// ([`BlockPlacer::place`]); `None` for resources that place nothing (the default).
-    fn take_block_placer(&self) -> Option<std::sync::Arc<BlockPlacer>> {
-        None
     }
 
     /// A short name for reports and logs, such as `"pool"`.

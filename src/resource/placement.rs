@@ -17,13 +17,43 @@
 //! Only ranges of at least [`PLACEMENT_MIN_BYTES`], and of those only whole
 //! [`PLACEMENT_GRANULE`]s: a small allocation is left to the driver's first touch, as RMM leaves
 //! every allocation (one fault, and RMM's own tests expect a fresh small buffer to have no
-//! prefetch location). A pool over managed memory places the blocks it hands out the first time,
-//! not the chunks it grows ([`BlockPlacer`]): a chunk's unused tail costs nothing, and its first
-//! small blocks stay unplaced.
+//! prefetch location). With [`PlacementMode::Blocks`] a pool over managed memory places the
+//! blocks it hands out the first time, not the chunks it grows ([`BlockPlacer`]): a chunk's
+//! unused tail costs nothing, and its first small blocks stay unplaced.
 
 use crate::cuda::{self, Stream};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+
+/// Who places a managed layer's fresh memory: a typed option of the layer that owns it (the
+/// plan sets it per layer), never a side effect of building another resource over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PlacementMode {
+    /// Nothing is placed: the driver's first touch (RMM's behaviour).
+    Off,
+    /// The managed resource places each fresh range as it allocates it (for direct use).
+    #[default]
+    Ranges,
+    /// The suballocator over it places the blocks it hands out, the first time, through the
+    /// placer its [`Link`](super::Link) carries; the managed resource places nothing itself.
+    Blocks,
+}
+
+impl std::str::FromStr for PlacementMode {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        match s {
+            "off" => Ok(PlacementMode::Off),
+            "ranges" => Ok(PlacementMode::Ranges),
+            "blocks" => Ok(PlacementMode::Blocks),
+            _ => Err(crate::error::Error::invalid(
+                "placement",
+                format!("{s:?} is not a placement: use \"off\", \"ranges\" or \"blocks\""),
+            )),
+        }
+    }
+}
 
 /// The device memory a prefetch leaves free: 1/32 of the device (2.5 GiB of 80), for
 /// allocations that are not managed and for the driver.

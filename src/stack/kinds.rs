@@ -4,6 +4,7 @@
 use super::layer::{ExpandableOn, Handle, Layer};
 use super::{human, BlockRounding, Plan, StackOptions, Target, DEFAULT_BINS};
 use crate::error::{Error, Result};
+use crate::resource::PlacementMode;
 use crate::resource::ALLOCATION_ALIGNMENT;
 use crate::suballocator::{ManagedOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 
@@ -173,11 +174,12 @@ fn plan_pool(target: Target, options: &StackOptions) -> Result<Plan> {
     ))
 }
 
-/// Managed memory with RMM's defaults and rrmm's cache and placement.
-fn managed(cache_limit: Option<usize>) -> Layer {
+/// Managed memory with RMM's defaults and rrmm's cache, placed as `placement` says (its own
+/// ranges when used directly, the blocks of the suballocator over it in a managed pool).
+fn managed(cache_limit: Option<usize>, placement: PlacementMode) -> Layer {
     Layer::Managed(ManagedOptions {
         cache_limit,
-        placement: true,
+        placement,
     })
 }
 
@@ -185,7 +187,7 @@ fn managed(cache_limit: Option<usize>) -> Layer {
 /// host tier (allocations beyond it succeed and are counted).
 fn managed_device(target: Target, options: &StackOptions) -> Layer {
     match target {
-        Target::Device => managed(None),
+        Target::Device => managed(None, PlacementMode::Ranges),
         Target::Simulated(size) => Layer::Simulated {
             size,
             host_memory: options.host_memory.unwrap_or(
@@ -239,7 +241,7 @@ fn device_total(target: Target) -> Result<usize> {
 /// memory beyond it, counted as bytes beyond the device).
 fn plan_fallback(target: Target, options: &StackOptions) -> Result<Plan> {
     let alternate = match target {
-        Target::Device => managed(None),
+        Target::Device => managed(None, PlacementMode::Ranges),
         Target::Simulated(_) => Layer::Simulated {
             size: 0,
             host_memory: options
@@ -349,9 +351,10 @@ fn plan_managed_pool(target: Target, options: &StackOptions) -> Result<Plan> {
         maximum_pool_size: Some(maximum),
     };
     // The pool keeps what it frees; the managed resource under it keeps nothing more (a chunk
-    // the pool releases goes back to the driver), but still places what the pool grows.
+    // the pool releases goes back to the driver); the pool places the blocks it hands out, the
+    // managed resource none of its chunks.
     let below = match target {
-        Target::Device => managed(Some(0)),
+        Target::Device => managed(Some(0), PlacementMode::Blocks),
         Target::Simulated(_) => managed_device(target, options),
     };
     Ok(suballocator("managed_pool", vec![below, pool]))
@@ -479,7 +482,7 @@ fn plan_managed(target: Target, options: &StackOptions) -> Result<Plan> {
         layers: vec![managed_device(target, options)],
         // On a simulated device it is its own row: a device with a host tier.
         simulated_device: false,
-        ..source_plan("managed", target, managed(None))
+        ..source_plan("managed", target, managed(None, PlacementMode::Ranges))
     })
 }
 

@@ -24,8 +24,10 @@
 //!   link at the link's speed and its pages do not migrate back and forth. The first-placed data
 //!   stays on the device; what comes when the device is full stays on the host
 //!   ([`placement`](crate::resource::placement_for)). Smaller ranges are left to the driver's
-//!   first touch, as RMM leaves every range. A pool over this resource takes the placement over
-//!   ([`MemoryResource::take_block_placer`]): it places the blocks it hands out, not its chunks.
+//!   first touch, as RMM leaves every range. Which layer places is a typed option
+//!   ([`PlacementMode`]): this resource places its fresh ranges (`Ranges`, for direct use), or a
+//!   suballocator over it places the blocks it hands out, not its chunks (`Blocks`, what the
+//!   managed pool's plan sets), through the placer this resource's link carries.
 //! - **Giving back.** The cache holds at most `cache_limit` bytes (default: a quarter of the
 //!   device's memory); a free that passes the limit gives ranges back (synchronizing the device
 //!   first, as `cudaFree` does) down to half the limit. When an allocation of device or managed
@@ -50,10 +52,10 @@ use crate::error::Result;
 use crate::pressure::{self, Place, Relieve};
 use crate::report::PoolReport;
 use crate::resource::{
-    BlockPlacer, CallProfile, DevicePlacement, MemoryKind, MemoryResource, SharedResource,
-    UncachedManagedMemoryResource,
+    BlockPlacer, CallProfile, DevicePlacement, MemoryKind, MemoryResource, PlacementMode,
+    SharedResource, UncachedManagedMemoryResource,
 };
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The default cache limit: this fraction of the device's memory (a quarter).
@@ -65,16 +67,17 @@ pub struct ManagedOptions {
     /// The most bytes kept free for reuse; `None`: a quarter of the device's memory; 0: none
     /// (every free is a `cuMemFree`).
     pub cache_limit: Option<usize>,
-    /// Whether fresh ranges are placed (prefetched to the device while it has room, the rest
-    /// kept in host memory, made there and mapped for the device).
-    pub placement: bool,
+    /// Who places fresh memory (prefetched to the device while it has room, the rest kept in
+    /// host memory, made there and mapped for the device): nobody, this resource's ranges, or
+    /// the blocks a suballocator over it hands out.
+    pub placement: PlacementMode,
 }
 
 impl Default for ManagedOptions {
     fn default() -> Self {
         ManagedOptions {
             cache_limit: None,
-            placement: true,
+            placement: PlacementMode::Ranges,
         }
     }
 }
@@ -90,10 +93,10 @@ struct Inner {
     core: StreamOrderedCore<WholeBlockFreeList>,
     source: SharedResource,
     cache_limit: usize,
-    /// The placement of fresh ranges, when they are placed.
+    /// The placer, when anything is placed.
     placer: Option<Arc<BlockPlacer>>,
-    /// Set once a suballocator over this resource took the placement over.
-    placed_above: Arc<AtomicBool>,
+    /// Who places.
+    mode: PlacementMode,
     /// Bytes of the blocks handed out and not freed (class sizes).
     live: AtomicUsize,
     /// Bytes held from the source (live and cached).
@@ -115,10 +118,10 @@ impl std::fmt::Debug for Inner {
 /// One source allocation per block; fresh ranges placed on the request's stream.
 struct PerRange {
     source: SharedResource,
-    /// The placement of fresh ranges, when they are placed.
+    /// Places each fresh range, when this resource places its ranges.
+    place_ranges: Option<Arc<BlockPlacer>>,
+    /// Forgets the granules of a range given back, when anything is placed.
     placer: Option<Arc<BlockPlacer>>,
-    /// Set once a suballocator over this resource took the placement over.
-    placed_above: Arc<AtomicBool>,
     held: Arc<AtomicUsize>,
 }
 
@@ -139,10 +142,8 @@ impl Growth for PerRange {
     fn grow(&self, request: GrowRequest) -> Result<Block> {
         let addr = self.source.allocate(request.size, request.stream)?;
         let block = checked_chunk(&self.source, addr, request.size, request.stream)?;
-        if let Some(placer) = &self.placer {
-            if !self.placed_above.load(Ordering::Relaxed) {
-                placer.place(addr, request.bytes.min(request.size), request.stream);
-            }
+        if let Some(placer) = &self.place_ranges {
+            placer.place(addr, request.bytes.min(request.size), request.stream);
         }
         self.held.fetch_add(block.size, Ordering::Relaxed);
         Ok(block)
@@ -187,23 +188,28 @@ impl ManagedMemoryResource {
     /// No driver, or a bad ordinal.
     pub fn on_device(ordinal: usize, options: ManagedOptions) -> Result<Self> {
         let managed = Arc::new(UncachedManagedMemoryResource::on_device(ordinal)?);
-        let placement = options.placement && crate::cuda::concurrent_managed_access(ordinal);
+        let mode = if crate::cuda::concurrent_managed_access(ordinal) {
+            options.placement
+        } else {
+            PlacementMode::Off
+        };
         let source: SharedResource = managed;
-        let placer =
-            placement.then(|| Arc::new(BlockPlacer::new(Box::new(DevicePlacement::new(ordinal)))));
-        Ok(Self::build(source, options.cache_limit, placer))
+        let placer = (mode != PlacementMode::Off)
+            .then(|| Arc::new(BlockPlacer::new(Box::new(DevicePlacement::new(ordinal)))));
+        Ok(Self::build(source, options.cache_limit, placer, mode))
     }
 
     /// The cache over any `source` of memory (a simulated device stands in for managed memory
     /// in tests and replays); fresh ranges are not placed.
     pub fn over(source: SharedResource, cache_limit: Option<usize>) -> Self {
-        Self::build(source, cache_limit, None)
+        Self::build(source, cache_limit, None, PlacementMode::Off)
     }
 
     fn build(
         source: SharedResource,
         cache_limit: Option<usize>,
         placer: Option<Arc<BlockPlacer>>,
+        mode: PlacementMode,
     ) -> Self {
         let cache_limit = cache_limit.unwrap_or_else(|| {
             source
@@ -211,13 +217,12 @@ impl ManagedMemoryResource {
                 .map_or(0, |(_, total)| total / DEFAULT_CACHE_DIVISOR)
         });
         let held = Arc::new(AtomicUsize::new(0));
-        let placed_above = Arc::new(AtomicBool::new(false));
         let core = StreamOrderedCore::new(
             default_events(&source),
             Box::new(PerRange {
                 source: source.clone(),
+                place_ranges: placer.clone().filter(|_| mode == PlacementMode::Ranges),
                 placer: placer.clone(),
-                placed_above: placed_above.clone(),
                 held: held.clone(),
             }),
             (),
@@ -232,7 +237,7 @@ impl ManagedMemoryResource {
             source,
             cache_limit,
             placer,
-            placed_above,
+            mode,
             live: AtomicUsize::new(0),
             held,
         });
@@ -339,10 +344,14 @@ impl MemoryResource for ManagedMemoryResource {
         Some(&self.inner.core)
     }
 
-    fn take_block_placer(&self) -> Option<Arc<BlockPlacer>> {
-        let placer = self.inner.placer.clone()?;
-        self.inner.placed_above.store(true, Ordering::Relaxed);
-        Some(placer)
+    /// A source of managed memory; with [`PlacementMode::Blocks`] its link carries the placer
+    /// for the suballocator over it.
+    fn link(&self) -> crate::resource::Link {
+        let mut link = crate::resource::Link::source(self.kind(), self.device());
+        if self.inner.mode == PlacementMode::Blocks {
+            link.placement = self.inner.placer.clone();
+        }
+        link
     }
 
     fn upstreams(&self) -> Vec<SharedResource> {
@@ -376,6 +385,63 @@ mod tests {
     use crate::test_support::free;
 
     const MIB: usize = 1 << 20;
+
+    /// A placement that records what it was asked to place.
+    #[derive(Debug, Default)]
+    struct Recorder(parking_lot::Mutex<Vec<(usize, usize)>>);
+
+    impl crate::resource::PlaceRange for Arc<Recorder> {
+        fn place(
+            &self,
+            addr: usize,
+            bytes: usize,
+            _stream: Stream,
+        ) -> Option<crate::resource::Placement> {
+            self.0.lock().push((addr, bytes));
+            Some(crate::resource::Placement {
+                device: bytes,
+                host: 0,
+            })
+        }
+    }
+
+    /// Issue 36: who places is the managed layer's typed option, and building a pool over it
+    /// changes nothing for its other users (it used to stop placing, for everyone, once any
+    /// pool had been built over it). With `Ranges` the resource places its fresh ranges (the
+    /// pool's chunk included) before and after a pool exists; with `Blocks` it places none of
+    /// its own and the pool places the blocks it hands out, through its link.
+    #[test]
+    fn placement_is_the_layers_option_not_a_side_effect() {
+        use crate::suballocator::PoolMemoryResource;
+        for mode in [PlacementMode::Ranges, PlacementMode::Blocks] {
+            let rec = Arc::new(Recorder::default());
+            let placer = Arc::new(BlockPlacer::new(Box::new(rec.clone())));
+            let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+            let managed = ManagedMemoryResource::build(sim, Some(0), Some(placer), mode);
+            let direct = managed.allocate(4 * MIB, Stream::DEFAULT).unwrap();
+            let pool =
+                PoolMemoryResource::new(Arc::new(managed.clone()), Some(16 * MIB), None).unwrap();
+            let after = managed.allocate(6 * MIB, Stream::DEFAULT).unwrap();
+            let block = pool.allocate(4 * MIB, Stream::DEFAULT).unwrap();
+            let placed: Vec<usize> = rec.0.lock().iter().map(|&(a, _)| a).collect();
+            match mode {
+                PlacementMode::Ranges => {
+                    assert!(
+                        placed.contains(&direct) && placed.contains(&after),
+                        "{placed:?}"
+                    );
+                    assert_eq!(pool.placed_bytes(), None, "the pool places nothing itself");
+                }
+                _ => {
+                    assert_eq!(placed, vec![block], "only the pool's block");
+                    assert_eq!(pool.placed_bytes().unwrap().device, 4 * MIB);
+                }
+            }
+            free(&pool, block, 4 * MIB).unwrap();
+            free(&managed, after, 6 * MIB).unwrap();
+            free(&managed, direct, 4 * MIB).unwrap();
+        }
+    }
 
     fn over_sim(
         device: usize,

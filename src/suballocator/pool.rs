@@ -5,7 +5,7 @@ use super::core::{
 };
 use super::free_lists::CoalescingFreeList;
 use crate::error::{Error, Result};
-use crate::resource::{BlockPlacer, SharedResource, ALLOCATION_ALIGNMENT};
+use crate::resource::{SharedResource, ALLOCATION_ALIGNMENT};
 use std::sync::Arc;
 
 /// A coalescing good-fit suballocator over memory taken from an upstream resource, with RMM's
@@ -42,9 +42,6 @@ struct Inner {
     /// The upstream (its growth policy's source, shared).
     upstream: SharedResource,
     maximum_pool_size: Option<usize>,
-    /// Places the blocks handed out, when the upstream handed its placement over (managed
-    /// memory): each whole 2 MiB granule of a block of at least 2 MiB, the first time.
-    placer: Option<Arc<BlockPlacer>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -109,8 +106,6 @@ impl PoolMemoryResource {
             ));
         }
         let source = upstream.clone();
-        // Before the initial chunk: the pool places its blocks, the upstream no longer its chunks.
-        let placer = upstream.take_block_placer();
         let core = StreamOrderedCore::new(
             events,
             Box::new(Geometric {
@@ -125,15 +120,16 @@ impl PoolMemoryResource {
             core,
             upstream: source,
             maximum_pool_size,
-            placer,
         });
         Ok(PoolMemoryResource { inner })
     }
 
-    /// Bytes this pool placed (prefetched to the device, made in host memory mapped for the
-    /// device) when its upstream is managed memory that places; `None` otherwise.
+    /// Bytes placed by the blocks of the managed memory below (prefetched to the device, made
+    /// in host memory mapped for the device) when that memory is placed by blocks
+    /// ([`PlacementMode::Blocks`](crate::resource::PlacementMode::Blocks)); `None` otherwise.
     pub fn placed_bytes(&self) -> Option<crate::resource::Placement> {
-        self.inner.placer.as_ref().map(|p| p.totals())
+        use crate::resource::MemoryResource;
+        self.inner.core.link().placement.map(|p| p.totals())
     }
 
     /// Bytes held from the upstream, free and allocated.
@@ -173,13 +169,7 @@ impl PoolMemoryResource {
 
 // Free: the pool's free bytes plus what it could still grow by; total: the upstream's total,
 // capped by the maximum (the `Geometric` growth policy's figures).
-forward_memory_resource!(
-    PoolMemoryResource,
-    |this| &this.inner.core,
-    after_allocate: |ptr, bytes, stream| if let Some(placer) = &this.inner.placer {
-        placer.place(ptr, bytes, stream)
-    }
-);
+forward_memory_resource!(PoolMemoryResource, |this| &this.inner.core);
 
 #[cfg(test)]
 // Tests call the unsafe `deallocate` and make fake stream keys, each with its SAFETY line.

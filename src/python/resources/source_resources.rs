@@ -74,19 +74,43 @@ impl ManagedMemoryResource {
     }
 }
 
+/// The `placement` argument: True (the default) or `"ranges"`: fresh ranges placed as they are
+/// allocated; False or `"off"`: nothing placed; `"blocks"`: a pool over this resource places the
+/// blocks it hands out instead.
+fn placement_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<crate::resource::PlacementMode> {
+    use crate::resource::PlacementMode;
+    let Some(arg) = arg.filter(|a| !a.is_none()) else {
+        return Ok(PlacementMode::Ranges);
+    };
+    if let Ok(on) = arg.cast::<pyo3::types::PyBool>() {
+        return Ok(if on.is_true() {
+            PlacementMode::Ranges
+        } else {
+            PlacementMode::Off
+        });
+    }
+    match arg.extract::<String>() {
+        Ok(text) => py_result(text.parse()),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "placement must be a bool or \"off\", \"ranges\" or \"blocks\", not {}",
+            arg.get_type().name()?
+        ))),
+    }
+}
+
 #[pymethods]
 impl ManagedMemoryResource {
     #[new]
-    #[pyo3(signature = (*, cache_limit=None, placement=true))]
+    #[pyo3(signature = (*, cache_limit=None, placement=None))]
     fn new(
         py: Python<'_>,
         cache_limit: Option<&Bound<'_, PyAny>>,
-        placement: bool,
+        placement: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let cache_limit = opt_bytes_arg(cache_limit, "cache_limit")?;
         let options = ManagedOptions {
             cache_limit,
-            placement,
+            placement: placement_arg(placement)?,
         };
         let managed = py_result(py.detach(|| RsManaged::with_options(options)))?;
         let shared: SharedResource = Arc::new(managed.clone());

@@ -131,7 +131,8 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     counters: PoolCounters,
     /// The link to the memory below (the growth policy's upstream's, read once at
     /// construction): nothing is handed out while a pool below sleeps, a free forgets a tag,
-    /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`).
+    /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`); blocks
+    /// of managed memory placed by blocks are placed as they are handed out.
     link: Link,
 }
 
@@ -448,6 +449,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
             // did not copy it if it was free when the offload looked), so it goes back unused.
             self.deallocate(ptr, bytes, stream)?;
             return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
+        }
+        if let Some(placer) = &self.link.placement {
+            // Managed memory below whose blocks are placed as they are handed out.
+            placer.place(ptr, bytes, stream);
         }
         Ok(ptr)
     }
