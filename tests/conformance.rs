@@ -15,16 +15,16 @@
 //! the module `gpu` runs the same suite over the CUDA source resources and is ignored without a
 //! GPU (`cargo test --test conformance -- --ignored` on a GPU machine).
 
-use rrmm::adaptor::FailureCallback;
+use rrmm::adaptor::{FailureCallback, Tier};
 use rrmm::resource::{CallbackMemoryResource, SimulatedVirtualMemory};
 use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
     AlignedResourceAdaptor, BinningMemoryResource, CheckedResourceAdaptor,
-    ExpandableMemoryResource, FailureCallbackResourceAdaptor, FixedSizeMemoryResource,
-    LimitingResourceAdaptor, LoggingResourceAdaptor, ManagedMemoryResource, MemoryKind,
-    MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor, SharedResource,
-    SimulatedMemoryResource, StatisticsResourceAdaptor, Stream, SystemMemoryResource,
-    TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
+    ExpandableMemoryResource, FailureCallbackResourceAdaptor, FallbackResourceAdaptor,
+    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
+    ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor,
+    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, Stream,
+    SystemMemoryResource, TieredMemoryResource, TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -507,6 +507,31 @@ conformance!(statistics, [], Stream::DEFAULT, {
     adaptor(StatisticsResourceAdaptor::new, |r| r.upstream().clone())
 });
 
+// The fallback over two simulated devices: the primary first, the alternate when it is full.
+conformance!(fallback, [], Stream::DEFAULT, {
+    let alternate: SharedResource = Arc::new(SimulatedMemoryResource::new(256 * MIB));
+    let mut case = adaptor(
+        |up| FallbackResourceAdaptor::new(up, alternate),
+        |r| r.upstream().clone(),
+    );
+    (case.oom_size, case.oom_count) = (256 * MIB, 8);
+    case
+});
+
+// Three tiers of simulated memory (the device, a peer, the host in the plans).
+conformance!(tiered, [], Stream::DEFAULT, {
+    let up = sim();
+    let tiers = vec![
+        Tier::new("device", up.clone()),
+        Tier::new("peer", Arc::new(SimulatedMemoryResource::new(256 * MIB))),
+        Tier::new("host", Arc::new(SimulatedMemoryResource::new(256 * MIB))),
+    ];
+    let mut case = Case::new(TieredMemoryResource::new(tiers).unwrap());
+    case.upstream = Some((up, |r: &TieredMemoryResource| r.tiers()[0].resource.clone()));
+    (case.oom_size, case.oom_count) = (256 * MIB, 8);
+    case
+});
+
 conformance!(tracking, [], Stream::DEFAULT, {
     adaptor(
         |up| TrackingResourceAdaptor::new(up, false),
@@ -629,9 +654,10 @@ fn the_suite_catches_out_of_memory_of_the_wrong_type() {
 mod gpu {
     use super::*;
     use rrmm::cuda::OwnedStream;
+    use rrmm::resource::UncachedManagedMemoryResource;
     use rrmm::{
-        CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource,
-        ManagedMemoryResource, PinnedHostMemoryResource,
+        CudaAsyncManagedMemoryResource, CudaAsyncMemoryResource, CudaAsyncViewMemoryResource,
+        CudaMemoryResource, ManagedMemoryResource, PinnedHostMemoryResource,
     };
 
     /// `stream`, with device 0's context made current on the test's thread (the data checks'
@@ -688,6 +714,25 @@ mod gpu {
         {
             Case::new(CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"))
         }
+    );
+    conformance!(
+        cuda_async_view,
+        [ignore = "needs a CUDA GPU"],
+        owned_stream(),
+        {
+            // The pool the view uses lives as long as the test process.
+            let owner: &'static CudaAsyncMemoryResource = Box::leak(Box::new(
+                CudaAsyncMemoryResource::new(None, None, Default::default()).expect("a pool"),
+            ));
+            // SAFETY: the handle is the live pool of `owner`, which is never dropped.
+            Case::new(unsafe { CudaAsyncViewMemoryResource::new(owner.pool_handle()) }.unwrap())
+        }
+    );
+    conformance!(
+        uncached_managed,
+        [ignore = "needs a CUDA GPU"],
+        on(Stream::DEFAULT),
+        { Case::new(UncachedManagedMemoryResource::new().expect("a CUDA device")) }
     );
     conformance!(
         arena_over_cuda,
