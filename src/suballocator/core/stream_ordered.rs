@@ -134,6 +134,9 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`); blocks
     /// of managed memory placed by blocks are placed as they are handed out.
     link: Link,
+    /// Whether the link asks anything of the allocation path (a pool below that can sleep, or
+    /// placement): the path's one branch.
+    linked: bool,
 }
 
 impl<F: FreeList> std::fmt::Debug for StreamOrderedCore<F> {
@@ -341,6 +344,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             sizing,
             name,
             counters: PoolCounters::default(),
+            linked: !link.sleep.is_empty() || link.placement.is_some(),
             link,
         };
         if !core.link.sleep.is_empty() {
@@ -436,14 +440,29 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.link.sleep.check(self.name, bytes)?;
+        // The link's one branch: nothing below can sleep or asks for placement (most stacks).
+        if self.linked {
+            return self.allocate_linked(bytes, stream);
+        }
+        self.carve(bytes, stream)
+    }
+
+    /// A block from the lists (or growth) for `bytes` on `stream`.
+    #[inline]
+    fn carve(&self, bytes: usize, stream: Stream) -> Result<usize> {
         let request = Request {
             bytes,
             size: F::block_size_for(&self.sizing, bytes)?,
             stream,
         };
         let key = StreamKey::of(stream);
-        let ptr = self.with_list(key, |list| self.allocate_on(list, key, request))?;
+        self.with_list(key, |list| self.allocate_on(list, key, request))
+    }
+
+    /// [`Self::allocate`] over a link with a pool below that can sleep, or with placement.
+    fn allocate_linked(&self, bytes: usize, stream: Stream) -> Result<usize> {
+        self.link.sleep.check(self.name, bytes)?;
+        let ptr = self.carve(bytes, stream)?;
         if self.link.sleep.asleep() {
             // A sleep below began meanwhile: the block may lie on pages it unmaps (its offload
             // did not copy it if it was free when the offload looked), so it goes back unused.
@@ -824,8 +843,10 @@ impl<F: FreeList> StreamOrderedCore<F> {
             }
             self.deallocate_foreign(list, key, ptr, bytes)
         })?;
-        // A tag of the block (in a pool below that can sleep) goes with it.
-        self.link.sleep.forget(ptr);
+        if self.linked {
+            // A tag of the block (in a pool below that can sleep) goes with it.
+            self.link.sleep.forget(ptr);
+        }
         Ok(())
     }
 
