@@ -153,6 +153,8 @@ struct Inner {
     /// sleeps (the arena's memory is one block of such a pool), and the arena is a tenant of
     /// those pools (its free ranges are not copied by a sleep).
     link: crate::resource::Link,
+    /// Whether a pool below can sleep (the allocation path's one test of the link).
+    linked: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -239,6 +241,7 @@ impl ArenaMemoryResource {
         let link = upstream.link();
         let inner = Arc::new(Inner {
             id: next_instance_id(),
+            linked: !link.sleep.is_empty(),
             link,
             upstream,
             base,
@@ -668,7 +671,9 @@ impl MemoryResource for ArenaMemoryResource {
         if bytes == 0 {
             return Ok(0);
         }
-        self.inner.link.sleep.check("arena", bytes)?;
+        if self.inner.linked {
+            self.inner.link.sleep.check("arena", bytes)?;
+        }
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
         let mut ptr = self.try_allocate(rounded, stream)?;
         if ptr.is_none() {
@@ -679,7 +684,7 @@ impl MemoryResource for ArenaMemoryResource {
             self.dump(rounded);
             return Err(Self::no_room(rounded));
         };
-        if self.inner.link.asleep() {
+        if self.inner.linked && self.inner.link.asleep() {
             // A sleep below began meanwhile (see the stream-ordered core): the block goes back.
             // SAFETY: `ptr` was handed out just now with `bytes`, to no one.
             unsafe { self.deallocate(ptr, bytes, stream) }?;
@@ -694,7 +699,9 @@ impl MemoryResource for ArenaMemoryResource {
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.free_block(ptr, bytes, stream)?;
         // A tag of the block (in a pool below that can sleep) goes with it.
-        self.inner.link.sleep.forget(ptr);
+        if self.inner.linked {
+            self.inner.link.sleep.forget(ptr);
+        }
         Ok(())
     }
 

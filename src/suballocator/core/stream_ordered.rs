@@ -436,6 +436,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// Allocates `bytes` on `stream`; see the module docs for the order of the searches.
+    #[inline]
     pub(crate) fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         if bytes == 0 {
             return Ok(0);
@@ -460,6 +461,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
     }
 
     /// [`Self::allocate`] over a link with a pool below that can sleep, or with placement.
+    #[inline(never)]
     fn allocate_linked(&self, bytes: usize, stream: Stream) -> Result<usize> {
         self.link.sleep.check(self.name, bytes)?;
         let ptr = self.carve(bytes, stream)?;
@@ -827,12 +829,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// Frees `ptr`, allocated with `bytes`, on `stream` into that stream's list. A pointer not
     /// allocated here (or freed already), or a size that gives another block size than the
     /// allocation's, is [`Error::Logic`] and changes nothing.
+    #[inline]
     pub(crate) fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         let key = StreamKey::of(stream);
-        self.with_list(key, move |list| {
+        let freed = self.with_list(key, move |list| {
             {
                 let mut st = list.state.lock();
                 match st.list.free_allocated(ptr, bytes) {
@@ -842,12 +845,17 @@ impl<F: FreeList> StreamOrderedCore<F> {
                 }
             }
             self.deallocate_foreign(list, key, ptr, bytes)
-        })?;
-        if self.linked {
-            // A tag of the block (in a pool below that can sleep) goes with it.
-            self.link.sleep.forget(ptr);
+        });
+        if self.linked && freed.is_ok() {
+            self.forget_tag(ptr);
         }
-        Ok(())
+        freed
+    }
+
+    /// A tag of the block at `ptr` (in a pool below that can sleep) goes with its free.
+    #[inline(never)]
+    fn forget_tag(&self, ptr: usize) {
+        self.link.sleep.forget(ptr);
     }
 
     /// The error of a free of `ptr` with `bytes` whose block has `actual` bytes.
