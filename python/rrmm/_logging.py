@@ -77,20 +77,9 @@ def flush_logger() -> None:
 def log_file_for_device(name: str | bytes | os.PathLike[str] | None, device: int) -> str:
     """The allocation-log file of ``device``: ``name`` (``$RMM_LOG_FILE`` when None) with
     ``.dev{device}`` inserted before the extension (``rmm_log.csv`` -> ``rmm_log.dev0.csv``), as
-    RMM's Python ``_append_id`` does. ValueError when there is neither a name nor
-    ``RMM_LOG_FILE``, or the name is empty; TypeError when it is not a path."""
-    if name is None:
-        name = os.environ.get("RMM_LOG_FILE")
-        if name is None:
-            raise ValueError(
-                "RMM logging requested without an explicit file name, but RMM_LOG_FILE is unset"
-            )
-    if not isinstance(name, (str, bytes, os.PathLike)):
-        raise TypeError(
-            f"log_file_name must be a str, bytes or os.PathLike, not {type(name).__name__}"
-        )
-    text = os.fsdecode(name)
-    if not text:
-        raise ValueError("log_file_name must not be empty")
-    stem, ext = os.path.splitext(text)
-    return f"{stem}.dev{device}{ext}"
+    RMM's Python ``_append_id`` does (the naming is the Rust adaptor's, which every logging
+    layer uses). ValueError when there is neither a name nor ``RMM_LOG_FILE``, or the name is
+    empty; TypeError when it is not a path."""
+    from rrmm import _rrmm
+
+    return _rrmm.log_file_for_device(name, device)

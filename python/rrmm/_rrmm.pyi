@@ -1,6 +1,7 @@
 """Type stubs of the extension module ``rrmm._rrmm`` (the part written by the Python face:
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
 
@@ -90,6 +91,7 @@ __all__ = [
     "host_numa_node",
     "ipc_mem_handle",
     "is_initialized",
+    "log_file_for_device",
     "parse_bytes",
     "pinned_allocate",
     "pinned_startup",
@@ -392,16 +394,16 @@ class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     def get_allocated_bytes(self) -> int: ...
     def get_allocation_limit(self) -> int: ...
 
-@disjoint_base
+@final
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     def __new__(
         cls,
         upstream_mr: DeviceMemoryResource | None = None,
-        log_file_name: str | None = None,
+        log_file_name: str | bytes | os.PathLike[str] | None = None,
         auto_flush: bool = False,
         *,
         upstream: DeviceMemoryResource | None = None,
-    ) -> Self: ...
+    ) -> LoggingResourceAdaptor: ...
     def flush(self) -> None: ...
     def get_file_name(self) -> str: ...
 
@@ -539,6 +541,7 @@ class DeviceBuffer:
 def to_device(
     b: Buffer, stream: _StreamLike = ..., mr: DeviceMemoryResource | None = None
 ) -> DeviceBuffer: ...
+def log_file_for_device(name: str | bytes | os.PathLike[str] | None, device: int) -> str: ...
 def copy_ptr_to_host(db: int, hb: Buffer, stream: _StreamLike = ...) -> None: ...
 def copy_host_to_ptr(hb: Buffer, db: int, stream: _StreamLike = ...) -> None: ...
 def copy_device_to_ptr(d_src: int, d_dst: int, count: int, stream: _StreamLike = ...) -> None: ...

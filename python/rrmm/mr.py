@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rrmm import _rrmm
 from rrmm._host_buffer import get_current_host_resource, set_current_host_resource
-from rrmm._logging import log_file_for_device
 from rrmm._rrmm import (
     AlignedResourceAdaptor,
     ArenaMemoryResource,
@@ -22,6 +20,7 @@ from rrmm._rrmm import (
     FallbackResourceAdaptor,
     FixedSizeMemoryResource,
     LimitingResourceAdaptor,
+    LoggingResourceAdaptor,
     ManagedMemoryResource,
     PeerMemoryResource,
     PinnedHostMemoryResource,
@@ -42,9 +41,6 @@ from rrmm._rrmm import (
     set_current_device_resource,
     set_per_device_resource,
 )
-
-if TYPE_CHECKING:
-    from typing import Self
 
 __all__ = [
     "AlignedResourceAdaptor",
@@ -88,23 +84,6 @@ __all__ = [
     "set_current_host_resource",
     "set_per_device_resource",
 ]
-
-class LoggingResourceAdaptor(_rrmm.LoggingResourceAdaptor):
-    """Logs every allocation and free to a CSV file in RMM's format (RMM's
-    ``LoggingResourceAdaptor``): ``log_file_name`` (``$RMM_LOG_FILE`` when None) with
-    ``.dev{N}`` of the current device inserted before the extension."""
-
-    def __new__(
-        cls,
-        upstream_mr: DeviceMemoryResource | None = None,
-        log_file_name: str | bytes | os.PathLike[str] | None = None,
-        auto_flush: bool = False,
-        *,
-        upstream: DeviceMemoryResource | None = None,
-    ) -> Self:
-        path = log_file_for_device(log_file_name, _rrmm._current_device())
-        return super().__new__(cls, upstream_mr, path, auto_flush, upstream=upstream)
-
 
 def get_per_device_resource_type(device: int) -> type:
     """The type of the resource of ``device``."""

@@ -11,6 +11,37 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufWriter, Write as _};
 
+/// The allocation-log file of `device` (RMM's naming, as its Python `_append_id` does): `name`
+/// (`$RMM_LOG_FILE` when `None`) with `.dev{device}` inserted before the extension
+/// (`rmm_log.csv` -> `rmm_log.dev0.csv`; the extension is what follows the last dot of the file's
+/// name, leading dots not counted, as Python's `os.path.splitext`).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `log_file_name` when there is neither a name nor
+/// `RMM_LOG_FILE`, or the name is empty.
+pub fn log_file_for_device(name: Option<&str>, device: usize) -> Result<String> {
+    let name = match name {
+        Some(name) => name.to_string(),
+        None => std::env::var("RMM_LOG_FILE").map_err(|_| {
+            Error::invalid(
+                "log_file_name",
+                "RMM logging requested without an explicit file name, but RMM_LOG_FILE is unset",
+            )
+        })?,
+    };
+    if name.is_empty() {
+        return Err(Error::invalid("log_file_name", "must not be empty"));
+    }
+    let base_start = name.rfind('/').map_or(0, |i| i + 1);
+    let base = &name[base_start..];
+    let leading = base.len() - base.trim_start_matches('.').len();
+    let dot = base[leading..].rfind('.').map(|i| base_start + leading + i);
+    Ok(match dot {
+        Some(dot) => format!("{}.dev{device}{}", &name[..dot], &name[dot..]),
+        None => format!("{name}.dev{device}"),
+    })
+}
+
 /// Logs each allocation and free through it as one CSV row of RMM's format (RMM's
 /// `logging_resource_adaptor`), so the log can be replayed by rrmm or by RMM's tools:
 ///
@@ -140,6 +171,27 @@ impl MemoryResource for LoggingResourceAdaptor {
 mod tests {
     use super::super::test_util::{assert_send_sync, simulated, temp_log_path};
     use super::*;
+
+    /// RMM-Python's `_append_id` cases (`os.path.splitext` semantics).
+    #[test]
+    fn the_device_goes_before_the_extension() {
+        for (name, device, want) in [
+            ("rmm_log.csv", 0, "rmm_log.dev0.csv"),
+            ("/a.b/log", 3, "/a.b/log.dev3"),
+            ("x.tar.gz", 1, "x.tar.dev1.gz"),
+            (".hidden", 1, ".hidden.dev1"),
+            ("d/..x", 1, "d/..x.dev1"),
+            ("d/.a.csv", 2, "d/.a.dev2.csv"),
+            ("a.", 0, "a.dev0."),
+        ] {
+            assert_eq!(
+                log_file_for_device(Some(name), device).unwrap(),
+                want,
+                "{name}"
+            );
+        }
+        assert!(log_file_for_device(Some(""), 0).is_err());
+    }
 
     #[test]
     fn logs_allocations_frees_and_failures() {

@@ -71,7 +71,7 @@ pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
 pub use fallback::{FallbackCounts, FallbackResourceAdaptor};
 pub use limiting::LimitingResourceAdaptor;
 pub use log_row::LOG_HEADER;
-pub use logging::LoggingResourceAdaptor;
+pub use logging::{log_file_for_device, LoggingResourceAdaptor};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
 pub use tiered::{Tier, TierCounts, TieredMemoryResource, MAX_TIERS};

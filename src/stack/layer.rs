@@ -421,16 +421,11 @@ impl Layer {
                 LimitingResourceAdaptor::new(upstream()?, *allocation_limit),
             )),
             Layer::Logging { log_file } => {
-                let path = match log_file {
-                    Some(path) => path.clone(),
-                    None => std::env::var("RMM_LOG_FILE").map_err(|_| {
-                        Error::invalid(
-                            "log_file_name",
-                            "RMM logging requested without an explicit file name, but \
-                             RMM_LOG_FILE is unset",
-                        )
-                    })?,
-                };
+                // RMM's naming: `$RMM_LOG_FILE` by default, `.dev{N}` of the current device.
+                let path = crate::adaptor::log_file_for_device(
+                    log_file.as_deref(),
+                    crate::current_device_ordinal(),
+                )?;
                 Handle::Logging(Arc::new(LoggingResourceAdaptor::new(
                     upstream()?,
                     &path,

@@ -72,12 +72,42 @@ impl LimitingResourceAdaptor {
     }
 }
 
-/// Logs every allocation and free to the CSV file `log_file_name`, in RMM's format. The file
-/// name is used as given: `rrmm.mr.LoggingResourceAdaptor`, a Python subclass, applies RMM's
-/// naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension).
-#[pyclass(module = "rrmm._rrmm", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, subclass, frozen)]
+/// Logs every allocation and free to a CSV file in RMM's format (RMM's
+/// `LoggingResourceAdaptor`): `log_file_name` (`$RMM_LOG_FILE` when None) with `.dev{N}` of the
+/// current device inserted before the extension (`crate::adaptor::log_file_for_device`).
+#[pyclass(module = "rrmm.mr", name = "LoggingResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(super) struct LoggingResourceAdaptor {
     pub(super) logging: Arc<RsLogging>,
+}
+
+/// A log file's name from Python: None, or a str, bytes or `os.PathLike` (`os.fsdecode`).
+fn log_file_name_arg(py: Python<'_>, name: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    let Some(name) = name.filter(|n| !n.is_none()) else {
+        return Ok(None);
+    };
+    let os = py.import("os")?;
+    let is_path = name.is_instance_of::<pyo3::types::PyString>()
+        || name.is_instance_of::<pyo3::types::PyBytes>()
+        || name.is_instance(&os.getattr("PathLike")?)?;
+    if !is_path {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "log_file_name must be a str, bytes or os.PathLike, not {}",
+            name.get_type().name()?
+        )));
+    }
+    Ok(Some(os.call_method1("fsdecode", (name,))?.extract()?))
+}
+
+/// `rrmm._logging.log_file_for_device`: RMM's allocation-log file name of `device`.
+#[pyfunction]
+#[pyo3(signature = (name, device))]
+fn log_file_for_device(
+    py: Python<'_>,
+    name: Option<&Bound<'_, PyAny>>,
+    device: usize,
+) -> PyResult<String> {
+    let name = log_file_name_arg(py, name)?;
+    py_result(crate::adaptor::log_file_for_device(name.as_deref(), device))
 }
 
 #[pymethods]
@@ -85,14 +115,19 @@ impl LoggingResourceAdaptor {
     #[new]
     #[pyo3(signature = (upstream_mr=None, log_file_name=None, auto_flush=false, *, upstream=None))]
     fn new(
+        py: Python<'_>,
         upstream_mr: Option<&Bound<'_, PyAny>>,
-        log_file_name: Option<&str>,
+        log_file_name: Option<&Bound<'_, PyAny>>,
         auto_flush: bool,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_of(upstream_mr, upstream)?;
-        let log_file_name = required(log_file_name, "log_file_name")?;
-        let logging = py_result(RsLogging::new(upstream, log_file_name, auto_flush))?;
+        let name = log_file_name_arg(py, log_file_name)?;
+        let path = py_result(crate::adaptor::log_file_for_device(
+            name.as_deref(),
+            crate::current_device_ordinal(),
+        ))?;
+        let logging = py_result(RsLogging::new(upstream, &path, auto_flush))?;
         Ok(adaptor_keeping(up, logging, |logging| {
             LoggingResourceAdaptor { logging }
         }))
@@ -363,4 +398,5 @@ crate::python::register_items! {
     classes: LimitingResourceAdaptor, FallbackResourceAdaptor, LoggingResourceAdaptor,
         StatisticsResourceAdaptor, TrackingResourceAdaptor, FailureCallbackResourceAdaptor,
         PrefetchResourceAdaptor, AlignedResourceAdaptor;
+    functions: log_file_for_device;
 }

@@ -8,7 +8,7 @@ use super::resource::DeviceMemoryResource;
 use super::wrap::wrap;
 use crate::python::errors::py_result;
 use crate::resource::SharedResource;
-use crate::stack::{plan, Layer, Sources, StackOptions, Target, KINDS};
+use crate::stack::{plan, Sources, StackOptions, Target, KINDS};
 use pyo3::prelude::*;
 
 /// The stack of kind `kind` on a simulated device of `simulate` bytes or the current device,
@@ -61,20 +61,8 @@ pub(super) fn build_stack(
             Some((obj, rust)) => (Some(obj), Some(rust)),
             None => (None, None),
         };
-        let obj = match layer {
-            // RMM's file naming (`$RMM_LOG_FILE`, `.dev{N}` before the extension) is the Python
-            // class's: the log is made by it.
-            Layer::Logging { log_file } => {
-                let class = py.import("rrmm.mr")?.getattr("LoggingResourceAdaptor")?;
-                let made = class.call1((below_obj, log_file.clone()))?;
-                made.cast_into::<DeviceMemoryResource>()?.unbind()
-            }
-            _ => {
-                let handle =
-                    py_result(py.detach(|| layer.build(below.as_ref(), Sources::Checked)))?;
-                wrap(py, &handle, below_obj)?
-            }
-        };
+        let handle = py_result(py.detach(|| layer.build(below.as_ref(), Sources::Checked)))?;
+        let obj = wrap(py, &handle, below_obj)?;
         let rust = obj.bind(py).get().inner.clone();
         top = Some((obj, rust));
     }
