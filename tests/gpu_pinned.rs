@@ -116,17 +116,17 @@ fn the_expandable_pinned_pool_keeps_one_registration_per_run_and_copies_across_g
 #[ignore = "needs a CUDA GPU"]
 fn a_pinned_pool_larger_than_the_host_is_refused_and_startup_is_recorded() {
     use rrmm::os::host_pages::available_host_memory;
-    use rrmm::resource::last_pinned_startup;
     let room = available_host_memory().unwrap();
     let too_much = (room.available + (4 << 30)).next_multiple_of(2 * MIB);
-    let up: rrmm::SharedResource = Arc::new(PinnedHostMemoryResource::new().unwrap());
+    let pinned = Arc::new(PinnedHostMemoryResource::new().unwrap());
+    let up: rrmm::SharedResource = pinned.clone();
     let e = rrmm::PoolMemoryResource::new(up.clone(), Some(too_much), None).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert!(e.to_string().contains("bytes available"), "{e}");
     let pool = rrmm::PoolMemoryResource::new(up, Some(64 * MIB), None).unwrap();
     let p = pool.allocate(MIB, Stream::DEFAULT).unwrap();
     free(&pool, p, MIB, Stream::DEFAULT);
-    let s = last_pinned_startup().unwrap();
+    let s = pinned.last_startup().unwrap();
     assert_eq!(s.bytes, 64 * MIB);
     assert!(s.touch_threads >= 1 && s.total_s >= s.touch_s && s.total_s >= s.register_s);
     eprintln!("{s:?}");

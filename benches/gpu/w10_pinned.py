@@ -88,9 +88,7 @@ def run_lib(lib: str, pool_bytes: int) -> dict[str, Any]:
         big = mr.PoolMemoryResource(mr.PinnedHostMemoryResource(), initial_pool_size=pool_bytes)
         out["pool_ready_s"] = time.perf_counter() - t0
         if lib == "rrmm":  # where the start-up went (reserve, madvise, touch, register, ...)
-            from rrmm import _rrmm
-
-            out["pool_startup"] = _rrmm.pinned_startup()
+            out["pool_startup"] = big.upstream_mr.startup()
         p = big.allocate(256 * MIB)
         out["h2d_256MiB_GBps"] = h2d_gbps(p, 256 * MIB)
         out["page_node"] = page_node(p)

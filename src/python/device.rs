@@ -85,26 +85,8 @@ fn host_numa_node(device: usize) -> (Option<u32>, usize) {
     )
 }
 
-/// rrmm: how the process's latest large pinned allocation (a pinned pool's chunk, made the fast
-/// way: reserved, huge pages advised, placed on the device's NUMA node, faulted in by threads,
-/// registered) was made, as a dict: seconds per step (`reserve_s`, `protect_s`, `madvise_s`,
-/// `numa_bind_s`, `touch_s`, `register_s`, `total_s`), `bytes` and `committed_bytes`,
-/// `touch_threads`, `huge_pages_advised`, `huge_page_bytes` (backed by transparent huge pages
-/// after the touch), the kernel's `thp_enabled` and `thp_defrag` settings, `numa_node_requested`,
-/// `numa_node_placed`, `numa_node_found` and `available_before` (host bytes available). `None`
-/// before the first.
-#[pyfunction]
-fn pinned_startup(py: Python<'_>) -> PyResult<Option<Bound<'_, PyAny>>> {
-    let Some(record) = crate::resource::last_pinned_startup() else {
-        return Ok(None);
-    };
-    let text = serde_json::to_string(&record)
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-    Ok(Some(py.import("json")?.call_method1("loads", (text,))?))
-}
-
 crate::python::register_items! {
-    functions: host_numa_node, pinned_startup, _current_device, available_device_memory,
+    functions: host_numa_node, _current_device, available_device_memory,
         release_caches, device_memory_info, _set_device, driver_available, driver_error,
         driver_version, device_count, device_name;
 }

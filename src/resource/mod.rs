@@ -36,7 +36,7 @@ pub use link::Link;
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use peer::PeerMemoryResource;
 pub use pinned_host::{PinnedHostMemoryResource, PinnedOptions, DEFAULT_REGISTERED_FROM};
-pub use pinned_pages::{last_pinned_startup, PinnedPages, PinnedStartup};
+pub use pinned_pages::{PinnedPages, PinnedStartup};
 pub use placement::{
     placement_for, whole_granules, BlockPlacer, DevicePlacement, PlaceRange, Placement,
     PlacementMode, PLACEMENT_GRANULE, PLACEMENT_HEADROOM_DIVISOR, PLACEMENT_MIN_BYTES,

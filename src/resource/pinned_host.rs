@@ -2,7 +2,7 @@
 //! the fast way ([`PinnedPages`]: committed on the GPU's NUMA node with huge pages, faulted in
 //! by several threads, then registered).
 
-use super::pinned_pages::PinnedPages;
+use super::pinned_pages::{PinnedPages, PinnedStartup};
 use super::{MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::Result;
@@ -44,6 +44,8 @@ pub struct PinnedHostMemoryResource {
     registered_from: usize,
     /// The live registered ranges by address (`cuMemHostAlloc` allocations are not recorded).
     registered: Mutex<HashMap<usize, PinnedPages>>,
+    /// How its latest registered range was made.
+    last_startup: Mutex<Option<PinnedStartup>>,
 }
 
 impl PinnedHostMemoryResource {
@@ -66,6 +68,7 @@ impl PinnedHostMemoryResource {
             numa_node: options.numa_node.or_else(|| cuda::host_numa_node(device)),
             registered_from: options.registered_from.max(1),
             registered: Mutex::new(HashMap::new()),
+            last_startup: Mutex::new(None),
         })
     }
 
@@ -83,6 +86,11 @@ impl PinnedHostMemoryResource {
     pub fn registered_from(&self) -> usize {
         self.registered_from
     }
+
+    /// How its latest registered range (a pool's chunk, say) was made; `None` before the first.
+    pub fn last_startup(&self) -> Option<PinnedStartup> {
+        self.last_startup.lock().clone()
+    }
 }
 
 impl MemoryResource for PinnedHostMemoryResource {
@@ -96,6 +104,7 @@ impl MemoryResource for PinnedHostMemoryResource {
         }
         let pages = PinnedPages::new(bytes, self.numa_node)?;
         let addr = pages.addr();
+        *self.last_startup.lock() = Some(pages.startup().clone());
         self.registered.lock().insert(addr, pages);
         Ok(addr)
     }

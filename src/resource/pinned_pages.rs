@@ -10,8 +10,9 @@ use crate::os::host_pages::{
 };
 use std::time::Instant;
 
-/// How the latest [`PinnedPages`] of the process was made: seconds per step and what each did,
-/// to tell where a slow pinned pool spends its start-up (`rrmm.pinned_startup()` in Python).
+/// How one [`PinnedPages`] was made: seconds per step and what each did, to tell where a slow
+/// pinned pool spends its start-up ([`PinnedPages::startup`]; a pinned resource's latest,
+/// `PinnedHostMemoryResource.startup()` in Python).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct PinnedStartup {
     /// Bytes asked for.
@@ -54,15 +55,6 @@ pub struct PinnedStartup {
     pub available_before: Option<usize>,
 }
 
-// Why process-wide: the last pinned start, for a later reader (`_rrmm.pinned_startup`).
-static LAST_STARTUP: parking_lot::Mutex<Option<PinnedStartup>> = parking_lot::Mutex::new(None);
-
-/// How the process's latest [`PinnedPages`] (a large pinned allocation: a pinned pool's chunk)
-/// was made; `None` before the first.
-pub fn last_pinned_startup() -> Option<PinnedStartup> {
-    LAST_STARTUP.lock().clone()
-}
-
 /// The bracketed choice of a transparent huge page setting (`always [madvise] never`).
 fn thp_setting(name: &str) -> Option<String> {
     let text =
@@ -100,12 +92,14 @@ fn huge_page_bytes(addr: usize) -> Option<usize> {
 pub struct PinnedPages {
     reservation: Reservation,
     bytes: usize,
+    /// How it was made.
+    startup: PinnedStartup,
 }
 
 impl PinnedPages {
     /// Makes `bytes` of pinned host memory, its pages on `numa_node` where given.
     ///
-    /// Records how long each step took ([`last_pinned_startup`]).
+    /// Records how long each step took ([`PinnedPages::startup`]).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`](Error::OutOfMemory) when the host or the driver cannot give
@@ -167,8 +161,16 @@ impl PinnedPages {
         // Read after the clock stopped: diagnostics, not part of the start-up.
         record.huge_page_bytes = huge_page_bytes(reservation.base());
         record.numa_node_found = numa_node_of(reservation.base());
-        *LAST_STARTUP.lock() = Some(record);
-        Ok(PinnedPages { reservation, bytes })
+        Ok(PinnedPages {
+            reservation,
+            bytes,
+            startup: record,
+        })
+    }
+
+    /// How it was made: the figures of the call that made it.
+    pub fn startup(&self) -> &PinnedStartup {
+        &self.startup
     }
 
     /// The first address.
@@ -213,6 +215,5 @@ mod tests {
         // The mapping's own figure (0 where the kernel gave small pages).
         assert!(huge_page_bytes(r.base()).is_some_and(|b| b <= 4 * HUGE_PAGE));
         assert_eq!(huge_page_bytes(1), None);
-        assert!(last_pinned_startup().is_none() || cuda::driver_available());
     }
 }

@@ -158,9 +158,8 @@ pub enum Handle {
     Managed(ManagedMemoryResource),
     /// A simulated device.
     Simulated(Arc<SimulatedMemoryResource>),
-    /// Pinned host memory (behind a check where asked), its NUMA node and the size from which
-    /// allocations are registered ranges.
-    PinnedHost(SharedResource, Option<u32>, usize),
+    /// Pinned host memory (behind a check where asked), and the resource itself.
+    PinnedHost(SharedResource, Arc<PinnedHostMemoryResource>),
     /// An expandable pool.
     Expandable(ExpandableMemoryResource),
     /// A pool, and its size when it was made (before the layers above it took chunks).
@@ -309,9 +308,8 @@ impl Layer {
                 )))
             }
             Layer::PinnedHost => {
-                let mr = PinnedHostMemoryResource::new()?;
-                let (node, from) = (mr.numa_node(), mr.registered_from());
-                Handle::PinnedHost(sources.make(mr), node, from)
+                let mr = Arc::new(PinnedHostMemoryResource::new()?);
+                Handle::PinnedHost(sources.make(mr.clone()), mr)
             }
             Layer::Peer { peer } => {
                 let device = crate::cuda::current_device()?;

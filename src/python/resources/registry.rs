@@ -256,11 +256,7 @@ fn wrap_default_host(
     match default {
         crate::DefaultHostResource::Pinned(pinned, checked) => super::wrap::wrap(
             py,
-            &Handle::PinnedHost(
-                checked.clone(),
-                pinned.numa_node(),
-                pinned.registered_from(),
-            ),
+            &Handle::PinnedHost(checked.clone(), pinned.clone()),
             None,
         ),
         crate::DefaultHostResource::System(system) => {

@@ -224,8 +224,7 @@ impl SamHeadroomMemoryResource {
 /// registered); smaller ones come from `cudaHostAlloc`.
 #[pyclass(module = "rrmm.mr", name = "PinnedHostMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(super) struct PinnedHostMemoryResource {
-    pub(super) numa_node: Option<u32>,
-    pub(super) registered_from: usize,
+    pub(super) pinned: Arc<RsPinned>,
 }
 
 #[pymethods]
@@ -243,33 +242,47 @@ impl PinnedHostMemoryResource {
             numa_node,
             registered_from,
         };
-        let mr = py_result(py.detach(|| RsPinned::with_options(options)))?;
-        let this = PinnedHostMemoryResource {
-            numa_node: mr.numa_node(),
-            registered_from: mr.registered_from(),
-        };
-        Ok(sub(this, checked(mr)))
+        let mr = Arc::new(py_result(py.detach(|| RsPinned::with_options(options)))?);
+        let inner: SharedResource = Arc::new(CheckedResourceAdaptor::new(mr.clone()));
+        Ok(sub(PinnedHostMemoryResource { pinned: mr }, inner))
     }
 
     /// rrmm: the NUMA node of its registered ranges' pages (`None`: the process's policy).
     #[getter]
     fn numa_node(&self) -> Option<u32> {
-        self.numa_node
+        self.pinned.numa_node()
     }
 
     /// rrmm: allocations of at least this many bytes are registered ranges.
     #[getter]
     fn registered_from(&self) -> usize {
-        self.registered_from
+        self.pinned.registered_from()
+    }
+
+    /// rrmm: how its latest registered range (a pinned pool's chunk) was made, as a dict:
+    /// seconds per step (`reserve_s`, `protect_s`, `madvise_s`, `numa_bind_s`, `touch_s`,
+    /// `register_s`, `total_s`), `bytes` and `committed_bytes`, `touch_threads`,
+    /// `huge_pages_advised`, `huge_page_bytes` (backed by transparent huge pages after the
+    /// touch), the kernel's `thp_enabled` and `thp_defrag` settings, `numa_node_requested`,
+    /// `numa_node_placed`, `numa_node_found` and `available_before` (host bytes available);
+    /// `None` before the first.
+    fn startup<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(record) = self.pinned.last_startup() else {
+            return Ok(None);
+        };
+        let text = serde_json::to_string(&record)
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        Ok(Some(py.import("json")?.call_method1("loads", (text,))?))
     }
 
     fn __repr__(&self) -> String {
         let node = self
-            .numa_node
+            .pinned
+            .numa_node()
             .map_or_else(|| "the process's policy".to_string(), |n| n.to_string());
         format!(
             "<PinnedHostMemoryResource (numa_node={node}, registered_from={})>",
-            self.registered_from
+            self.pinned.registered_from()
         )
     }
 }

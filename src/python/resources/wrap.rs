@@ -81,12 +81,11 @@ pub(super) fn wrap(
         Handle::Simulated(sim) => {
             source(py, sub(SimulatedMemoryResource { sim: sim.clone() }, inner))
         }
-        Handle::PinnedHost(_, numa_node, registered_from) => source(
+        Handle::PinnedHost(_, pinned) => source(
             py,
             sub(
                 PinnedHostMemoryResource {
-                    numa_node: *numa_node,
-                    registered_from: *registered_from,
+                    pinned: pinned.clone(),
                 },
                 inner,
             ),
