@@ -187,6 +187,46 @@ pub enum Handle {
 }
 
 impl Handle {
+    /// The handle of a resource set or built in Rust, by its concrete type
+    /// ([`MemoryResource::as_any`]) where that type has a handle of its own that the resource
+    /// alone makes (cuda, managed, expandable, pool, arena, fixed-size, binning); `None`
+    /// otherwise. The one place that tells a resource's class from its type: the Python
+    /// bindings make each such resource the object of its own class.
+    pub fn of_resource(mr: &SharedResource) -> Option<Handle> {
+        let any = mr.as_any()?;
+        if any.is::<CudaMemoryResource>() {
+            return Some(Handle::Cuda(mr.clone()));
+        }
+        if let Some(m) = any.downcast_ref::<ManagedMemoryResource>() {
+            return Some(Handle::Managed(m.clone()));
+        }
+        if let Some(e) = any.downcast_ref::<ExpandableMemoryResource>() {
+            return Some(Handle::Expandable(e.clone()));
+        }
+        if let Some(p) = any.downcast_ref::<PoolMemoryResource>() {
+            return Some(Handle::Pool(p.clone(), p.pool_size()));
+        }
+        if let Some(a) = any.downcast_ref::<ArenaMemoryResource>() {
+            return Some(Handle::Arena(a.clone()));
+        }
+        if let Some(f) = any.downcast_ref::<FixedSizeMemoryResource>() {
+            return Some(Handle::FixedSize(f.clone()));
+        }
+        any.downcast_ref::<BinningMemoryResource>()
+            .map(|b| Handle::Binning(b.clone()))
+    }
+
+    /// The resource a suballocator handle carves from (its upstream); `None` for the others.
+    pub fn carves_from(&self) -> Option<SharedResource> {
+        match self {
+            Handle::Pool(p, _) => Some(p.upstream().clone()),
+            Handle::Arena(a) => Some(a.upstream().clone()),
+            Handle::FixedSize(f) => Some(f.upstream().clone()),
+            Handle::Binning(b) => Some(b.upstream().clone()),
+            _ => None,
+        }
+    }
+
     /// The resource, shared.
     pub fn resource(&self) -> SharedResource {
         match self {

@@ -410,6 +410,10 @@ impl MemoryResource for BinningMemoryResource {
             .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     /// The upstream's combined with every bin's.
     fn call_profile(&self) -> crate::resource::CallProfile {
         self.inner

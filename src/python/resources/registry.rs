@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
 use super::resource::DeviceMemoryResource;
-use super::source_resources::{CudaMemoryResource, ManagedMemoryResource};
+use super::source_resources::ManagedMemoryResource;
 use crate::python::errors::py_result;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
@@ -27,89 +27,70 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
 }
 
-/// The Python class of a resource made in Rust.
-#[derive(Debug, PartialEq, Eq)]
-enum Class {
-    Cuda,
-    Managed,
-    Base,
-}
-
-/// By the resource's concrete type ([`MemoryResource::as_any`](crate::MemoryResource::as_any)),
-/// not its name.
-fn class_of(mr: &SharedResource) -> Class {
-    match mr.as_any() {
-        Some(a) if a.is::<crate::CudaMemoryResource>() => Class::Cuda,
-        Some(a)
-            if a.is::<crate::ManagedMemoryResource>()
-                || a.is::<crate::resource::UncachedManagedMemoryResource>() =>
-        {
-            Class::Managed
-        }
-        _ => Class::Base,
-    }
-}
-
-/// A Python object for a Rust resource that was not made from Python: its class by its type
-/// where the bindings can read it ([`class_of`]: a managed cache is the full object, through the
-/// stack builder's one wrapper), and, for a resource over one upstream, an
+/// A Python object for a Rust resource that was not made from Python: the object of its own
+/// class where [`Handle::of_resource`] knows its type (a pool set from Rust is a
+/// `PoolMemoryResource` over its upstream's object, a managed cache the full object), through
+/// the one wrapper of the stack builder's resources; another resource over one upstream is an
 /// `UpstreamResourceAdaptor` whose `upstream_mr` is its upstream's object, all the way down (a
 /// stack built in Rust comes back with its upstreams). The walk is a loop over at most
 /// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH) levels.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
     let mut below: Option<Py<DeviceMemoryResource>> = None;
     for mr in chain_of(mr).into_iter().rev() {
-        below = Some(match below {
-            Some(up) if class_of(&mr) == Class::Base => {
+        let handle = Handle::of_resource(&mr);
+        let carves = handle.as_ref().is_some_and(|h| h.carves_from().is_some());
+        below = Some(match (handle, below.take()) {
+            // A source of a known class, or a suballocator with its upstream's object.
+            (Some(handle), up) if !carves || up.is_some() => super::wrap::wrap(py, &handle, up)?,
+            (_, Some(up)) => {
                 Bound::new(py, super::resource::UpstreamResourceAdaptor::init(up, mr))?
                     .into_super()
                     .unbind()
             }
-            _ => wrap_one(py, mr)?,
+            (_, None) => wrap_unknown_source(py, mr)?,
         });
     }
     below.ok_or_else(|| PyValueError::new_err("no resource to wrap"))
 }
 
-/// `mr` and the resources below it down its single-upstream chain, top to bottom: a resource
-/// of a known class ends it (its object is its class's), as does one with no upstream or
-/// several (a binning resource's bins), at most `MAX_STACK_DEPTH` long.
+/// `mr` and the resources below it, top to bottom: through a known suballocator to the resource
+/// it carves from, through any other resource with one upstream to it; a source resource (of a
+/// known class or none) ends it, as does one with several upstreams; at most `MAX_STACK_DEPTH`
+/// long.
 fn chain_of(mr: SharedResource) -> Vec<SharedResource> {
     let mut chain = vec![mr];
     while chain.len() < crate::resource::graph::MAX_STACK_DEPTH {
         let last = &chain[chain.len() - 1];
-        if class_of(last) != Class::Base {
-            break;
-        }
-        match <[SharedResource; 1]>::try_from(last.upstreams()) {
-            Ok([up]) => chain.push(up),
-            Err(_) => break,
+        let next = match Handle::of_resource(last) {
+            Some(handle) => handle.carves_from(),
+            None => <[SharedResource; 1]>::try_from(last.upstreams())
+                .ok()
+                .map(|[up]| up),
+        };
+        match next {
+            Some(up) => chain.push(up),
+            None => break,
         }
     }
     chain
 }
 
-/// The object of one resource, by its class.
-fn wrap_one(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
-    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr.clone()));
-    let obj: Py<DeviceMemoryResource> = match class_of(&mr) {
-        Class::Cuda => Bound::new(py, base_init.add_subclass(CudaMemoryResource))?
-            .into_super()
-            .unbind(),
-        // A managed cache set from Rust is the full object (its cache reachable), through the
-        // one wrapper of the stack builder's resources.
-        Class::Managed => match mr
-            .as_any()
-            .and_then(|a| a.downcast_ref::<crate::ManagedMemoryResource>())
-        {
-            Some(managed) => super::wrap::wrap(py, &Handle::Managed(managed.clone()), None)?,
-            None => Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
+/// The object of a source resource whose class the bindings do not know from its type: a
+/// managed resource without a cache (its kind says managed) is a `ManagedMemoryResource` whose
+/// cache is not reachable; any other a `DeviceMemoryResource`.
+fn wrap_unknown_source(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
+    let managed = mr
+        .as_any()
+        .is_some_and(|a| a.is::<crate::resource::UncachedManagedMemoryResource>());
+    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr));
+    if managed {
+        return Ok(
+            Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
                 .into_super()
                 .unbind(),
-        },
-        Class::Base => Py::new(py, base_init)?,
-    };
-    Ok(obj)
+        );
+    }
+    Py::new(py, base_init)
 }
 
 /// The resource of `device`, as a Python object and as the Rust resource.
@@ -310,12 +291,17 @@ mod tests {
     fn the_class_follows_the_type_not_the_name() {
         let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
         let managed: SharedResource = Arc::new(RsManaged::over(sim.clone(), Some(1 << 20)));
-        assert_eq!(class_of(&managed), Class::Managed);
-        assert_eq!(class_of(&sim), Class::Base);
-        // A stack over a managed cache is not a managed resource.
+        assert!(matches!(
+            Handle::of_resource(&managed),
+            Some(Handle::Managed(_))
+        ));
+        assert!(Handle::of_resource(&sim).is_none());
+        // A pool set from Rust is a pool (it came back as a bare adaptor), over the managed cache.
         let pool: SharedResource =
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
-        assert_eq!(class_of(&pool), Class::Base);
+        let handle = Handle::of_resource(&pool).unwrap();
+        assert!(matches!(handle, Handle::Pool(..)));
+        assert_eq!(handle.carves_from().unwrap().name(), "managed");
     }
 
     #[test]
@@ -326,8 +312,17 @@ mod tests {
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
         let names: Vec<_> = chain_of(stats).iter().map(|r| r.name()).collect();
-        // The managed cache is a known class: its object is whole, the walk stops there.
+        // The managed cache is a source of a known class: its object is whole, the walk stops
+        // there; the pool is walked through to what it carves from.
         assert_eq!(names, ["statistics", "pool", "managed"]);
+        let binning: SharedResource =
+            Arc::new(crate::BinningMemoryResource::new(pool.clone(), Some(10), Some(12)).unwrap());
+        let names: Vec<_> = chain_of(binning).iter().map(|r| r.name()).collect();
+        assert_eq!(
+            names,
+            ["binning", "pool", "managed"],
+            "through binning's upstream"
+        );
         assert_eq!(chain_of(sim).len(), 1);
     }
 }

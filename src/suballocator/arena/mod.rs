@@ -728,6 +728,10 @@ impl MemoryResource for ArenaMemoryResource {
         self.inner.link.clone()
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     /// A suballocator's over the upstream's ([`CallProfile::suballocating`]): the arena answers
     /// from its bookkeeping and calls the upstream to grow, under its locks.
     ///

@@ -1340,6 +1340,10 @@ macro_rules! forward_memory_resource {
                 $crate::resource::MemoryResource::link($core)
             }
 
+            fn as_any(&self) -> Option<&dyn std::any::Any> {
+                Some(self)
+            }
+
             fn call_profile(&self) -> $crate::resource::CallProfile {
                 let $this = self;
                 $crate::resource::MemoryResource::call_profile($core)
