@@ -3,13 +3,14 @@ streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Self, SupportsIndex, TypeAlias, final
+from typing import Any, Literal, Self, SupportsIndex, TypeAlias, Unpack, final
 
 from typing_extensions import Buffer, disjoint_base
 
 from rrmm._counts import FallbackCounts, TierCounts
 from rrmm._replay_types import FitRecord, ReplayRecord
 from rrmm._sleep_types import SleepFigures, SleepReport
+from rrmm._stack_types import StackOptions
 
 __version__: str
 __all__ = [
@@ -615,31 +616,17 @@ def replay_logs(
     logs: Sequence[str],
     resources: Sequence[str],
     simulate: int | None = None,
-    initial_pool_size: int | None = None,
-    maximum_pool_size: int | None = None,
     lenient: bool = False,
     timeline_points: int = 0,
     progress: bool = False,
     repeat: int | None = None,
-    bins: tuple[int, int] | None = None,
-    block_size: int | None = None,
-    blocks: int | None = None,
-    arena_size: int | None = None,
-    host_memory: int | None = None,
-    peer_memory: int | None = None,
+    **options: Unpack[StackOptions],
 ) -> list[ReplayRecord]: ...
 def fit_logs(
     logs: Sequence[str],
     resources: Sequence[str],
-    initial_pool_size: int | None = None,
-    maximum_pool_size: int | None = None,
     lenient: bool = False,
-    bins: tuple[int, int] | None = None,
-    block_size: int | None = None,
-    blocks: int | None = None,
-    arena_size: int | None = None,
-    host_memory: int | None = None,
-    peer_memory: int | None = None,
+    **options: Unpack[StackOptions],
 ) -> list[FitRecord]: ...
 @final
 class ReplayLog:
@@ -671,31 +658,13 @@ def build_stack(
     kind: str,
     *,
     simulate: int | None = None,
-    initial_pool_size: int | None = None,
-    maximum_pool_size: int | None = None,
-    bins: tuple[int, int] | None = None,
-    block_size: int | None = None,
-    blocks: int | None = None,
-    arena_size: int | None = None,
-    release_threshold: int | None = None,
-    allocation_limit: int | None = None,
-    logging: bool = False,
-    log_file: str | None = None,
-    statistics: bool = False,
-    tracking: bool = False,
-    host_memory: int | None = None,
-    peer_memory: int | None = None,
-    peer_device: int | None = None,
+    **options: Unpack[StackOptions],
 ) -> DeviceMemoryResource: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
 def _reinitialize(
     kind: str,
     devices: list[int],
-    *,
-    initial_pool_size: int | None = None,
-    maximum_pool_size: int | None = None,
-    logging: bool = False,
-    log_file: str | None = None,
+    **options: Unpack[StackOptions],
 ) -> str | None: ...
 
 # PyTorch-style figures of pools (src/python/memory_stats.rs).

@@ -2,13 +2,13 @@
 //! allocators written in Python: `replay_allocator`).
 
 use super::errors::py_result;
+use super::resources::stack_options::stack_options;
 use crate::replay::{
     compare, fit_many, resource_names, search_smallest, CompareSettings, Repeat, ReplayOptions,
-    ResourceOptions,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 /// `value` (records of the crate) as Python data: through JSON, so the keys are the Rust
 /// records' field names, declared once (`ReplayRecord`, `FitRecord`; their TypedDicts in
@@ -36,40 +36,23 @@ fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 /// of memory gives a dict with `error` set. Raises ValueError for bad input (naming file and
 /// line) or an unknown resource, OSError for an unreadable file.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, initial_pool_size=None, maximum_pool_size=None, lenient=false, timeline_points=0, progress=false, repeat=None, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
+#[pyo3(signature = (logs, resources, simulate=None, lenient=false, timeline_points=0, progress=false, repeat=None, **options))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
     logs: Vec<String>,
     resources: Vec<String>,
     simulate: Option<usize>,
-    initial_pool_size: Option<usize>,
-    maximum_pool_size: Option<usize>,
     lenient: bool,
     timeline_points: usize,
     progress: bool,
     repeat: Option<usize>,
-    bins: Option<(u32, u32)>,
-    block_size: Option<usize>,
-    blocks: Option<usize>,
-    arena_size: Option<usize>,
-    host_memory: Option<usize>,
-    peer_memory: Option<usize>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let settings = CompareSettings {
         simulate,
-        options: ResourceOptions {
-            initial_pool_size,
-            maximum_pool_size,
-            bins,
-            block_size,
-            blocks,
-            arena_size,
-            host_memory,
-            peer_memory,
-            ..ResourceOptions::default()
-        },
+        options: stack_options(options)?,
         replay: ReplayOptions {
             timeline_points,
             progress,
@@ -138,34 +121,16 @@ fn fit_search(
 /// when it fits nowhere, with `reason`), `failing_bytes`, the pool sizes and setup on the device
 /// found. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, initial_pool_size=None, maximum_pool_size=None, lenient=false, bins=None, block_size=None, blocks=None, arena_size=None, host_memory=None, peer_memory=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (logs, resources, lenient=false, **options))]
 fn fit_logs<'py>(
     py: Python<'py>,
     logs: Vec<String>,
     resources: Vec<String>,
-    initial_pool_size: Option<usize>,
-    maximum_pool_size: Option<usize>,
     lenient: bool,
-    bins: Option<(u32, u32)>,
-    block_size: Option<usize>,
-    blocks: Option<usize>,
-    arena_size: Option<usize>,
-    host_memory: Option<usize>,
-    peer_memory: Option<usize>,
+    options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
-    let options = ResourceOptions {
-        initial_pool_size,
-        maximum_pool_size,
-        bins,
-        block_size,
-        blocks,
-        arena_size,
-        host_memory,
-        peer_memory,
-        ..ResourceOptions::default()
-    };
+    let options = stack_options(options)?;
     let records = py_result(py.detach(|| fit_many(&logs, &resources, &options, lenient)))?;
     to_python(py, &records)
 }

@@ -209,3 +209,21 @@ def test_reinitialize_crosses_into_rust_once(monkeypatch):
     finally:
         monkeypatch.undo()
         rrmm.reinitialize() if gpu_available() else _rrmm._clear_per_device_resources()
+
+
+def test_stack_options_are_one_typed_value_with_unknown_names_refused() -> None:
+    """Issue 36: the options of a stack kind are read once (``StackOptions``); every entry point
+    takes the same names and refuses an unknown one as a misspelt keyword argument."""
+    import pytest
+    from rrmm import _rrmm
+
+    top = _rrmm.build_stack("pool", simulate=1 << 30, initial_pool_size=1 << 20,
+                            maximum_pool_size=None, statistics=True)
+    assert type(top).__name__ == "StatisticsResourceAdaptor"
+    for call in (lambda: _rrmm.build_stack("pool", simulate=1 << 30, intial_pool_size=1),
+                 lambda: _rrmm.replay_logs([], ["pool"], simulate=1 << 30, bogus=1),
+                 lambda: _rrmm.fit_logs([], ["pool"], bogus=1)):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            call()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _rrmm.build_stack("pool", simulate=1 << 30, initial_pool_size="big")  # type: ignore[typeddict-item]

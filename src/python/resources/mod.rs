@@ -20,6 +20,7 @@ pub(super) mod resource;
 mod sleep;
 mod source_resources;
 mod stack;
+pub(super) mod stack_options;
 mod statistics;
 mod suballocators;
 mod tiers;

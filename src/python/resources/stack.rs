@@ -10,51 +10,34 @@ use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::stack::{plan, Sources, StackOptions, Target, KINDS};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::stack_options::stack_options;
 
 /// The stack of kind `kind` on a simulated device of `simulate` bytes or the current device,
-/// with its options; returns the top resource object. Raises ValueError for an unknown kind or
-/// a bad option, and what the resources raise (RMM's size messages, MemoryError).
+/// with its options (keyword arguments, `super::stack_options`); returns the top resource
+/// object. Raises ValueError for an unknown kind or a bad option, TypeError for an unknown
+/// option, and what the resources raise (RMM's size messages, MemoryError).
 #[pyfunction]
-#[pyo3(signature = (kind, *, simulate=None, initial_pool_size=None, maximum_pool_size=None, bins=None, block_size=None, blocks=None, arena_size=None, release_threshold=None, allocation_limit=None, logging=false, log_file=None, statistics=false, tracking=false, host_memory=None, peer_memory=None, peer_device=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (kind, *, simulate=None, **options))]
 pub(super) fn build_stack(
     py: Python<'_>,
     kind: &str,
     simulate: Option<usize>,
-    initial_pool_size: Option<usize>,
-    maximum_pool_size: Option<usize>,
-    bins: Option<(u32, u32)>,
-    block_size: Option<usize>,
-    blocks: Option<usize>,
-    arena_size: Option<usize>,
-    release_threshold: Option<usize>,
-    allocation_limit: Option<usize>,
-    logging: bool,
-    log_file: Option<String>,
-    statistics: bool,
-    tracking: bool,
-    host_memory: Option<usize>,
-    peer_memory: Option<usize>,
-    peer_device: Option<usize>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<DeviceMemoryResource>> {
-    let options = StackOptions {
-        initial_pool_size,
-        maximum_pool_size,
-        bins,
-        block_size,
-        blocks,
-        arena_size,
-        release_threshold,
-        allocation_limit,
-        logging,
-        log_file,
-        statistics,
-        tracking,
-        host_memory,
-        peer_memory,
-        peer_device,
-    };
-    let plan = py_result(py.detach(|| plan(kind, Target::from_simulate(simulate), &options)))?;
+    let options = stack_options(options)?;
+    build(py, kind, simulate, &options)
+}
+
+/// [`build_stack`] with the options read.
+fn build(
+    py: Python<'_>,
+    kind: &str,
+    simulate: Option<usize>,
+    options: &StackOptions,
+) -> PyResult<Py<DeviceMemoryResource>> {
+    let plan = py_result(py.detach(|| plan(kind, Target::from_simulate(simulate), options)))?;
     let mut top: Option<(Py<DeviceMemoryResource>, SharedResource)> = None;
     for layer in &plan.layers {
         let (below_obj, below) = match top.take() {
@@ -77,16 +60,14 @@ pub(super) fn build_stack(
 /// initial size is half the free memory, which the old one may hold), builds the stack of
 /// `kind` on each device with it current, and sets them.
 #[pyfunction]
-#[pyo3(signature = (kind, devices, *, initial_pool_size=None, maximum_pool_size=None, logging=false, log_file=None))]
+#[pyo3(signature = (kind, devices, **options))]
 fn _reinitialize(
     py: Python<'_>,
     kind: &str,
     devices: Vec<usize>,
-    initial_pool_size: Option<usize>,
-    maximum_pool_size: Option<usize>,
-    logging: bool,
-    log_file: Option<String>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Option<String>> {
+    let options = stack_options(options)?;
     let count = crate::cuda::device_count();
     if count == 0 {
         super::registry::clear(py);
@@ -103,28 +84,7 @@ fn _reinitialize(
         )));
     }
     super::registry::clear(py);
-    let build = || {
-        build_stack(
-            py,
-            kind,
-            None,
-            initial_pool_size,
-            maximum_pool_size,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            logging,
-            log_file.clone(),
-            false,
-            false,
-            None,
-            None,
-            None,
-        )
-    };
+    let build = || build(py, kind, None, &options);
     let mut built = Vec::with_capacity(devices.len());
     for &device in &devices {
         built.push((device, on_device(count, device, build)?));

@@ -1,0 +1,30 @@
+"""The stack options as a TypedDict: the keyword arguments that every entry point building a
+stack kind takes (``build_stack``, ``_reinitialize``, ``replay_logs``, ``fit_logs``); their names
+and types are the fields of ``rrmm::stack::StackOptions``, read once in Rust
+(``src/python/resources/stack_options.rs``)."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+__all__ = ["StackOptions"]
+
+
+class StackOptions(TypedDict, total=False):
+    """Options of a stack kind; a missing or None option is the kind's default."""
+
+    initial_pool_size: int | None
+    maximum_pool_size: int | None
+    bins: tuple[int, int] | None
+    block_size: int | None
+    blocks: int | None
+    arena_size: int | None
+    release_threshold: int | None
+    allocation_limit: int | None
+    logging: bool | None
+    log_file: str | None
+    statistics: bool | None
+    tracking: bool | None
+    host_memory: int | None
+    peer_memory: int | None
+    peer_device: int | None
