@@ -228,3 +228,10 @@ def test_a_discard_keeps_its_neighbours_in_the_same_chunk(kind: str) -> None:
 def test_sleep_takes_a_resource() -> None:
     with pytest.raises(TypeError, match="memory resource"), rrmm.sleep(42):  # type: ignore[arg-type]
         pass
+
+
+def test_a_tag_of_an_int_that_is_no_address_says_so() -> None:
+    pool = mr.ExpandableMemoryResource(reserve_size=64 * MiB, page_size=PAGE, pageable_host=True)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError, match="is not an address"):
+            pool.tag(bad)

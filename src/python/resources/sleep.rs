@@ -16,6 +16,11 @@ pub(super) fn pointer_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(ptr) = obj.extract::<usize>() {
         return Ok(ptr);
     }
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "ptr={obj} is not an address (0 <= ptr < 2**64)"
+        )));
+    }
     if let Ok(data_ptr) = obj.getattr("data_ptr") {
         if data_ptr.is_callable() {
             return data_ptr.call0()?.extract();
