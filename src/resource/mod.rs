@@ -214,6 +214,13 @@ pub trait MemoryResource: Send + Sync {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+
+    /// The shared resource as a shared [`Any`](std::any::Any), for callers that must know its
+    /// concrete type and keep it (the Python bindings give an adaptor set from Rust its class
+    /// this way); `None` for resources that do not offer it.
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        None
+    }
 }
 
 /// What calls into a resource may do (see [`MemoryResource::call_profile`]).
@@ -340,6 +347,9 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()
+    }
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Arc::clone(&*self).into_any()
     }
 }
 

@@ -188,12 +188,34 @@ pub enum Handle {
 
 impl Handle {
     /// The handle of a resource set or built in Rust, by its concrete type
-    /// ([`MemoryResource::as_any`]) where that type has a handle of its own that the resource
-    /// alone makes (cuda, managed, expandable, pool, arena, fixed-size, binning); `None`
+    /// ([`MemoryResource::as_any`], [`MemoryResource::into_any`]) where that type has a handle
+    /// of its own that the resource alone makes (cuda, managed, expandable, pool, arena,
+    /// fixed-size, binning, and the statistics, logging, limiting and tracking adaptors); `None`
     /// otherwise. The one place that tells a resource's class from its type: the Python
     /// bindings make each such resource the object of its own class.
     pub fn of_resource(mr: &SharedResource) -> Option<Handle> {
-        let any = mr.as_any()?;
+        if let Some(handle) = mr.as_any().and_then(|any| Self::of_any(mr, any)) {
+            return Some(handle);
+        }
+        let shared = mr.clone().into_any()?;
+        if let Ok(a) = shared.clone().downcast::<StatisticsResourceAdaptor>() {
+            return Some(Handle::Statistics(a));
+        }
+        if let Ok(a) = shared.clone().downcast::<LoggingResourceAdaptor>() {
+            return Some(Handle::Logging(a));
+        }
+        if let Ok(a) = shared.clone().downcast::<LimitingResourceAdaptor>() {
+            return Some(Handle::Limit(a));
+        }
+        shared
+            .downcast::<TrackingResourceAdaptor>()
+            .ok()
+            .map(Handle::Tracking)
+    }
+
+    /// The handle of a resource whose type `any` (its [`MemoryResource::as_any`]) tells, for
+    /// the types whose handle is a clone of the resource (or, for cuda, the shared resource).
+    fn of_any(mr: &SharedResource, any: &dyn std::any::Any) -> Option<Handle> {
         if any.is::<CudaMemoryResource>() {
             return Some(Handle::Cuda(mr.clone()));
         }
@@ -212,17 +234,24 @@ impl Handle {
         if let Some(f) = any.downcast_ref::<FixedSizeMemoryResource>() {
             return Some(Handle::FixedSize(f.clone()));
         }
-        any.downcast_ref::<BinningMemoryResource>()
-            .map(|b| Handle::Binning(b.clone()))
+        if let Some(b) = any.downcast_ref::<BinningMemoryResource>() {
+            return Some(Handle::Binning(b.clone()));
+        }
+        None
     }
 
-    /// The resource a suballocator handle carves from (its upstream); `None` for the others.
-    pub fn carves_from(&self) -> Option<SharedResource> {
+    /// The resource a suballocator or adaptor handle is built over (its upstream); `None` for
+    /// the sources (and for the handles of several upstreams, which the stack builder makes).
+    pub fn built_over(&self) -> Option<SharedResource> {
         match self {
             Handle::Pool(p, _) => Some(p.upstream().clone()),
             Handle::Arena(a) => Some(a.upstream().clone()),
             Handle::FixedSize(f) => Some(f.upstream().clone()),
             Handle::Binning(b) => Some(b.upstream().clone()),
+            Handle::Statistics(a) => Some(a.upstream().clone()),
+            Handle::Logging(a) => Some(a.upstream().clone()),
+            Handle::Limit(a) => Some(a.upstream().clone()),
+            Handle::Tracking(a) => Some(a.upstream().clone()),
             _ => None,
         }
     }

@@ -29,7 +29,8 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
 
 /// A Python object for a Rust resource that was not made from Python: the object of its own
 /// class where [`Handle::of_resource`] knows its type (a pool set from Rust is a
-/// `PoolMemoryResource` over its upstream's object, a managed cache the full object), through
+/// `PoolMemoryResource` over its upstream's object, a statistics adaptor a
+/// `StatisticsResourceAdaptor`, a managed cache the full object), through
 /// the one wrapper of the stack builder's resources; another resource over one upstream is an
 /// `UpstreamResourceAdaptor` whose `upstream_mr` is its upstream's object, all the way down (a
 /// stack built in Rust comes back with its upstreams). The walk is a loop over at most
@@ -38,10 +39,10 @@ fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>
     let mut below: Option<Py<DeviceMemoryResource>> = None;
     for mr in chain_of(mr).into_iter().rev() {
         let handle = Handle::of_resource(&mr);
-        let carves = handle.as_ref().is_some_and(|h| h.carves_from().is_some());
+        let over = handle.as_ref().is_some_and(|h| h.built_over().is_some());
         below = Some(match (handle, below.take()) {
-            // A source of a known class, or a suballocator with its upstream's object.
-            (Some(handle), up) if !carves || up.is_some() => super::wrap::wrap(py, &handle, up)?,
+            // A source of a known class, or a suballocator or adaptor with its upstream's object.
+            (Some(handle), up) if !over || up.is_some() => super::wrap::wrap(py, &handle, up)?,
             (_, Some(up)) => {
                 Bound::new(py, super::resource::UpstreamResourceAdaptor::init(up, mr))?
                     .into_super()
@@ -62,7 +63,7 @@ fn chain_of(mr: SharedResource) -> Vec<SharedResource> {
     while chain.len() < crate::resource::graph::MAX_STACK_DEPTH {
         let last = &chain[chain.len() - 1];
         let next = match Handle::of_resource(last) {
-            Some(handle) => handle.carves_from(),
+            Some(handle) => handle.built_over(),
             None => <[SharedResource; 1]>::try_from(last.upstreams())
                 .ok()
                 .map(|[up]| up),
@@ -301,7 +302,12 @@ mod tests {
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         let handle = Handle::of_resource(&pool).unwrap();
         assert!(matches!(handle, Handle::Pool(..)));
-        assert_eq!(handle.carves_from().unwrap().name(), "managed");
+        assert_eq!(handle.built_over().unwrap().name(), "managed");
+        // An adaptor set from Rust is its own class too, over its upstream.
+        let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
+        let handle = Handle::of_resource(&stats).unwrap();
+        assert!(matches!(handle, Handle::Statistics(_)));
+        assert_eq!(handle.built_over().unwrap().name(), "pool");
     }
 
     #[test]
