@@ -523,6 +523,20 @@ def _tiers_line(r: ReplayRecord) -> str | None:
     return "tiers: " + ", ".join(parts)
 
 
+def _replay_detail(bar: Progress) -> Callable[[int, int, float, int], None]:
+    """The replay engine's progress call (events done, events in all, seconds, timed
+    repetitions done), shown in the bar's current step."""
+
+    def show(done: int, total: int, seconds: float, repetitions: int) -> None:
+        if repetitions:
+            bar.detail(f"{repetitions} timed repetition(s), {seconds:.1f}s")
+        else:
+            share = 100.0 * done / total if total else 100.0
+            bar.detail(f"{share:5.1f}% of {total} events")
+
+    return show
+
+
 def _sleep_line(r: ReplayRecord) -> str | None:
     """What a sleep of an expandable pool would release and copy, or None for other rows."""
     releases = r.get("sleep_releases_at_end")
@@ -737,9 +751,9 @@ def run(args: argparse.Namespace) -> int:
     pairs = [(path, name) for path in files for name in resources]
     steps = len(pairs) * (2 if args.fit else 1) + (1 if peers else 0)
     try:
-        # One replay alone shows the engine's own bar (events and repetitions); several show
-        # one bar over them, a step per (log, resource).
-        with Progress("rrmm replay", steps, enabled=wanted and steps > 1) as bar:
+        # One bar, a step per (log, resource); a long replay's events and timed repetitions
+        # come from the engine's progress calls and show in the step's line.
+        with Progress("rrmm replay", steps, enabled=wanted) as bar:
             reports = []
             for path, name in pairs:
                 bar.step(f"replay {name} on {shown.get(path, path)}")
@@ -748,7 +762,7 @@ def run(args: argparse.Namespace) -> int:
                     [name],
                     simulate=simulate,
                     timeline_points=PLOT_POINTS if args.plot else 0,
-                    progress=wanted and steps == 1,
+                    progress=_replay_detail(bar) if wanted else None,
                     repeat=args.repeat,
                     **options,
                 )

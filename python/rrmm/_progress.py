@@ -56,6 +56,7 @@ class Progress:
         self.enabled = progress_wanted(self.stream, quiet) if enabled is None else enabled
         self.done = 0
         self.note = ""
+        self.extra = ""
         self.started = time.monotonic()
         self.step_started = self.started
         self._lock = threading.Lock()
@@ -81,6 +82,7 @@ class Progress:
             if self.note:
                 self.done = min(self.total, self.done + 1)
             self.note = note
+            self.extra = ""
             self.step_started = time.monotonic()
             self._draw()
 
@@ -90,6 +92,15 @@ class Progress:
         with self._lock:
             self.done = min(self.total, max(0, done))
             self.note = note or self.note or " "
+            now = time.monotonic()
+            if now - self._last_draw >= TICK:
+                self._draw()
+
+    def detail(self, text: str) -> None:
+        """Shows ``text`` after the current step's note (work inside one step: a replay's
+        events), until the next step; redraws at most every :data:`TICK` seconds."""
+        with self._lock:
+            self.extra = text
             now = time.monotonic()
             if now - self._last_draw >= TICK:
                 self._draw()
@@ -112,6 +123,8 @@ class Progress:
         filled = int(fraction * BAR)
         bar = "#" * filled + "." * (BAR - filled)
         note = f" {self.note}" if self.note else ""
+        if self.extra:
+            note += f": {self.extra}"
         return (f"{self.label} [{bar}] {self.done}/{self.total}{note} "
                 f"({now - self.step_started:.1f}s, {now - self.started:.1f}s in all)")
 

@@ -618,7 +618,7 @@ def replay_logs(
     simulate: int | None = None,
     lenient: bool = False,
     timeline_points: int = 0,
-    progress: bool = False,
+    progress: Callable[[int, int, float, int], object] | None = None,
     repeat: int | None = None,
     **options: Unpack[StackOptions],
 ) -> list[ReplayRecord]: ...

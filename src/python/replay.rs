@@ -4,7 +4,8 @@
 use super::errors::py_result;
 use super::resources::stack_options::stack_options;
 use crate::replay::{
-    compare, fit_many, resource_names, search_smallest, CompareSettings, Repeat, ReplayOptions,
+    compare_with_progress, fit_many, resource_names, search_smallest, CompareSettings, Repeat,
+    ReplayOptions,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
@@ -32,11 +33,14 @@ fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 ///
 /// `simulate`: bytes of simulated device memory, or None for the real GPU. `repeat`: timed
 /// repetitions after the figures pass on the same resource (None: at least 5 and 0.5 s; 0: the
-/// figures pass alone). A resource that cannot be built or fails with an error other than out
-/// of memory gives a dict with `error` set. Raises ValueError for bad input (naming file and
-/// line) or an unknown resource, OSError for an unreadable file.
+/// figures pass alone). `progress`: None, or a function called with `(events done, events in
+/// all, seconds, timed repetitions done)` while a long replay runs (the GIL taken for the call;
+/// the command line's one bar draws it). A resource that cannot be built or fails with an error
+/// other than out of memory gives a dict with `error` set. Raises ValueError for bad input
+/// (naming file and line) or an unknown resource, OSError for an unreadable file, and what
+/// `progress` raised.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, lenient=false, timeline_points=0, progress=false, repeat=None, **options))]
+#[pyo3(signature = (logs, resources, simulate=None, lenient=false, timeline_points=0, progress=None, repeat=None, **options))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
@@ -45,7 +49,7 @@ fn replay_logs<'py>(
     simulate: Option<usize>,
     lenient: bool,
     timeline_points: usize,
-    progress: bool,
+    progress: Option<Py<PyAny>>,
     repeat: Option<usize>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
@@ -55,14 +59,33 @@ fn replay_logs<'py>(
         options: stack_options(options)?,
         replay: ReplayOptions {
             timeline_points,
-            progress,
             repeat: repeat_of(repeat),
             ..ReplayOptions::default()
         },
         lenient,
     };
-    let records = py_result(py.detach(|| compare(&logs, &resources, &settings)))?;
-    to_python(py, &records)
+    let progress = progress.filter(|p| !p.is_none(py));
+    let mut raised: Option<PyErr> = None;
+    let records = py.detach(|| {
+        compare_with_progress(&logs, &resources, &settings, &mut |p| {
+            let Some(show) = progress.as_ref() else {
+                return;
+            };
+            if raised.is_some() {
+                return;
+            }
+            Python::attach(|py| {
+                let args = (p.done, p.total, p.elapsed.as_secs_f64(), p.repetitions);
+                if let Err(e) = show.call1(py, args) {
+                    raised = Some(e);
+                }
+            });
+        })
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    to_python(py, &py_result(records)?)
 }
 
 fn check_names(resources: &[String]) -> PyResult<()> {

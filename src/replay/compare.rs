@@ -18,7 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::{build, fit, replay, FitResult, ReplayOptions, ReplayReport, ResourceOptions, Trace};
+use super::{build, fit, FitResult, ReplayOptions, ReplayReport, ResourceOptions, Trace};
 use crate::error::Result;
 use serde::Serialize;
 
@@ -37,7 +37,7 @@ pub struct CompareSettings {
     pub simulate: Option<usize>,
     /// The resources' options (pool sizes, bins, ...).
     pub options: ResourceOptions,
-    /// The replays' options (repetitions, timeline points, progress).
+    /// The replays' options (repetitions, timeline points).
     pub replay: ReplayOptions,
     /// Skip malformed lines instead of failing.
     pub lenient: bool,
@@ -242,6 +242,20 @@ pub fn compare(
     resources: &[impl AsRef<str>],
     settings: &CompareSettings,
 ) -> Result<Vec<ReplayRecord>> {
+    compare_with_progress(logs, resources, settings, &mut |_| {})
+}
+
+/// [`compare`] with the replays' progress given to `progress`
+/// ([`replay_with_progress`](super::replay_with_progress)).
+///
+/// # Errors
+/// As [`compare`].
+pub fn compare_with_progress(
+    logs: &[impl AsRef<str>],
+    resources: &[impl AsRef<str>],
+    settings: &CompareSettings,
+    progress: &mut dyn FnMut(super::Progress),
+) -> Result<Vec<ReplayRecord>> {
     let mut out = Vec::with_capacity(logs.len() * resources.len());
     for log in logs {
         let trace = Trace::from_path(log.as_ref(), settings.lenient)?;
@@ -263,7 +277,7 @@ pub fn compare(
                         .handles
                         .iter()
                         .any(|h| matches!(h, crate::stack::Handle::Expandable(_)));
-                    match replay(&trace, &built.resource, options) {
+                    match super::replay_with_progress(&trace, &built.resource, options, progress) {
                         Ok(report) if sleeps => record.with_report(&report).with_sleep(&report),
                         Ok(report) => record.with_report(&report),
                         Err(e) => ReplayRecord {

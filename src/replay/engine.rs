@@ -117,8 +117,6 @@ pub fn timings(samples: &[u64], events: usize) -> Timings {
 pub struct ReplayOptions {
     /// Points of the timeline to record for a plot (0: none).
     pub timeline_points: usize,
-    /// Print a progress bar on standard error when the replay takes more than a second.
-    pub progress: bool,
     /// Timed repetitions after the figures pass, on the same resource (warm against warm).
     pub repeat: Repeat,
     /// How the resource rounds requests into blocks (for internal waste; default 256 B).
@@ -215,8 +213,11 @@ pub struct Progress {
     pub done: usize,
     /// Events in all.
     pub total: usize,
-    /// Time since the replay started.
+    /// Time since the replay (or, once the figures pass is done, the timed repetitions)
+    /// started.
     pub elapsed: Duration,
+    /// Timed repetitions done (0 during the figures pass).
+    pub repetitions: usize,
 }
 
 /// The streams of a replay: log stream index -> handle; owns created CUDA streams.
@@ -270,61 +271,7 @@ fn map_streams(trace: &Trace, mr: &SharedResource) -> Result<Streams> {
 /// # Time Complexity
 /// O(events x (1 + repetitions)) calls to the resource.
 pub fn replay(trace: &Trace, mr: &SharedResource, options: ReplayOptions) -> Result<ReplayReport> {
-    if options.progress {
-        let mut printer = ProgressPrinter::default();
-        replay_with_progress(trace, mr, options, &mut |p| printer.show(p))
-    } else {
-        replay_with_progress(trace, mr, options, &mut |_| {})
-    }
-}
-
-#[derive(Default)]
-struct ProgressPrinter {
-    shown: bool,
-}
-
-impl ProgressPrinter {
-    fn show(&mut self, p: Progress) {
-        use std::io::Write;
-        let frac = if p.total == 0 {
-            1.0
-        } else {
-            p.done as f64 / p.total as f64
-        };
-        let filled = (frac * 30.0) as usize;
-        let bar: String = (0..30)
-            .map(|i| if i < filled { '#' } else { '.' })
-            .collect();
-        let end = if p.done >= p.total { "\n" } else { "" };
-        let mut err = std::io::stderr().lock();
-        let _ = write!(
-            err,
-            "\rreplay [{bar}] {:5.1}% {}/{} events, {:.1}s{end}",
-            frac * 100.0,
-            p.done,
-            p.total,
-            p.elapsed.as_secs_f64()
-        );
-        let _ = err.flush();
-        self.shown = true;
-    }
-}
-
-/// Shows on standard error how many timed repetitions are done (long replays only).
-fn show_repetition(done: usize, elapsed: Duration) {
-    use std::io::Write;
-    let mut err = std::io::stderr().lock();
-    let _ = write!(
-        err,
-        "\rreplay: {done} timed repetition(s) done, {:.1}s",
-        elapsed.as_secs_f64()
-    );
-    let _ = err.flush();
-}
-
-fn show_repetition_done() {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock());
+    replay_with_progress(trace, mr, options, &mut |_| {})
 }
 
 /// The memory figures of the figures pass.
@@ -379,7 +326,9 @@ fn synchronize_device(mr: &SharedResource) {
 }
 
 /// [`replay`] with a progress callback, called every few thousand events of the figures pass
-/// once it has run for a second, and once at its end if it was called before.
+/// once it has run for a second, once at its end if it was called before, and after each timed
+/// repetition once they have run for a second. The engine prints nothing: whoever shows
+/// progress (the command line's one bar) does it from the callback.
 ///
 /// # Errors
 /// As [`replay`].
@@ -425,12 +374,14 @@ pub fn replay_with_progress(
             sync_streams(&streams);
             return Err(e);
         }
-        if options.progress && started.elapsed() >= PROGRESS_AFTER {
-            show_repetition(samples.len(), started.elapsed());
+        if started.elapsed() >= PROGRESS_AFTER {
+            progress(Progress {
+                done: n,
+                total: n,
+                elapsed: started.elapsed(),
+                repetitions: samples.len(),
+            });
         }
-    }
-    if options.progress && started.elapsed() >= PROGRESS_AFTER {
-        show_repetition_done();
     }
     sync_streams(&streams);
     let repeats = samples.len();
@@ -690,6 +641,7 @@ fn figures_pass(
                     done,
                     total: n,
                     elapsed: started.elapsed(),
+                    repetitions: 0,
                 });
                 progress_shown = true;
             }
@@ -703,6 +655,7 @@ fn figures_pass(
             done: n,
             total: n,
             elapsed: started.elapsed(),
+            repetitions: 0,
         });
     }
     f.end = mr.report().map(|r| r.footprint());

@@ -43,8 +43,8 @@ pub fn build(
     crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
 }
 pub use compare::{
-    compare, fit_many, CompareSettings, FitRecord, ReplayRecord, TimelineColumns, PYTHON_DRIVER,
-    RUST_DRIVER,
+    compare, compare_with_progress, fit_many, CompareSettings, FitRecord, ReplayRecord,
+    TimelineColumns, PYTHON_DRIVER, RUST_DRIVER,
 };
 pub use fit::{fit, search_smallest, FitResult, Search};
 pub use trace::{Action, Trace, TraceEvent};

@@ -126,3 +126,28 @@ def test_a_large_pinned_pool_says_so_on_a_terminal(monkeypatch, capsys):
     del pool
     _pinned_pool(1 << 20)
     assert capsys.readouterr().err == ""
+
+
+def test_the_engine_reports_progress_to_the_one_bar_and_prints_nothing(capfd) -> None:
+    """Issue 36: one progress printer, outside the replay engine. A long replay (timed
+    repetitions past a second) calls the caller's function with (events done, events in all,
+    seconds, repetitions) and writes nothing itself; the command line's bar shows it."""
+    from rrmm import _rrmm
+    from rrmm._cli_common import resolve_log
+    from rrmm._cli_replay import _replay_detail
+    from rrmm._progress import Progress
+
+    calls: list[tuple[int, int, float, int]] = []
+    path, _ = resolve_log("random_100k_4mib")
+    (row,) = _rrmm.replay_logs([path], ["pool"], simulate=32 << 30, repeat=250,
+                               progress=lambda *a: calls.append(a))
+    assert row["error"] is None
+    assert calls and all(done == total for done, total, _, _ in calls)
+    assert [r for *_, r in calls] == sorted(r for *_, r in calls) and calls[-1][3] >= 1
+    assert capfd.readouterr().err == "", "the engine prints nothing"
+    bar = Progress("rrmm replay", 1, enabled=False)
+    bar.step("replay pool")
+    _replay_detail(bar)(10, 100, 0.5, 0)
+    assert "10.0% of 100 events" in bar.line()
+    _replay_detail(bar)(100, 100, 2.0, 7)
+    assert "7 timed repetition(s)" in bar.line()
