@@ -119,12 +119,6 @@ impl MemoryResource for LimitingResourceAdaptor {
     fn name(&self) -> &'static str {
         "limiting"
     }
-
-    fn into_any(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

@@ -165,12 +165,6 @@ impl MemoryResource for LoggingResourceAdaptor {
     fn name(&self) -> &'static str {
         "logging"
     }
-
-    fn into_any(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device
-/// (`memory_from!`), memory_info, report, link and call_profile) to `self.upstream`, and names it as the one upstream.
+/// (`memory_from!`), memory_info, report, link, into_any and call_profile) to `self.upstream`, and names it as the one upstream.
 /// With `and OWN`, the call profile is the upstream's combined with the adaptor's own
 /// (`CallProfile::OWN`, for the work it adds to each call); with `no_profile`, the adaptor
 /// writes `call_profile` itself.
@@ -36,6 +36,11 @@ macro_rules! forward_upstream_info {
         /// The upstream's: an adaptor hands out its upstream's memory.
         fn link(&self) -> $crate::resource::Link {
             self.upstream.link()
+        }
+        fn into_any(
+            self: std::sync::Arc<Self>,
+        ) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
+            Some(self)
         }
     };
 }

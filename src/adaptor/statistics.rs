@@ -267,12 +267,6 @@ impl MemoryResource for StatisticsResourceAdaptor {
     fn name(&self) -> &'static str {
         "statistics"
     }
-
-    fn into_any(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

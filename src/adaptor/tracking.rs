@@ -172,12 +172,6 @@ impl MemoryResource for TrackingResourceAdaptor {
     fn name(&self) -> &'static str {
         "tracking"
     }
-
-    fn into_any(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]
