@@ -11,7 +11,7 @@
 //! A new concern is one field here, filled where memory is made and carried up unchanged by
 //! every resource that does not change it.
 
-use super::sleep::{SleepWatch, Tenant};
+use super::sleep::{ByteRange, SleepWatch, Sleeper, Tenant};
 use super::{BlockPlacer, MemoryKind};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -73,15 +73,20 @@ impl Link {
         self.sleep.admit(tenant);
     }
 
-    /// The exact block (start, bytes) a buffer at `ptr` is, for a tag: the smallest live block
-    /// holding it in a pool below (or one that pool's tenants handed out). Through an opaque
-    /// resource the block is `(ptr, size)` when the caller knows the buffer's size.
+    /// The exact block (start, bytes) a buffer at `ptr` is, for a tag, and the pool below that
+    /// holds it: the smallest live block holding it in a pool below (or one that pool's tenants
+    /// handed out). Through an opaque resource the block is `(ptr, size)` when the caller knows
+    /// the buffer's size.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `ptr` when no pool below holds it, or when an opaque
     /// resource lies between and no size is known; [`Error::Logic`] when no pool below can
     /// sleep.
-    pub fn block_for_tag(&self, ptr: usize, size: Option<usize>) -> Result<(usize, usize)> {
+    pub fn block_for_tag(
+        &self,
+        ptr: usize,
+        size: Option<usize>,
+    ) -> Result<(ByteRange, &Arc<dyn Sleeper>)> {
         if self.sleep.is_empty() {
             return Err(Error::Logic(
                 "sleep needs a pool on virtual memory, and this stack has none; build it with \
@@ -90,15 +95,17 @@ impl Link {
                     .into(),
             ));
         }
-        let Some(((start, bytes), _)) = self.sleep.block_at(ptr) else {
+        let Some(((start, bytes), pool)) = self.sleep.block_at(ptr) else {
             return Err(Error::invalid(
                 "ptr",
                 format!("{ptr:#x} is not inside a live allocation of the expandable pool below"),
             ));
         };
         match (self.opaque, size) {
-            (None, _) => Ok((start, bytes)),
-            (Some(_), Some(size)) if ptr >= start && ptr + size <= start + bytes => Ok((ptr, size)),
+            (None, _) => Ok(((start, bytes), pool)),
+            (Some(_), Some(size)) if ptr >= start && ptr + size <= start + bytes => {
+                Ok(((ptr, size), pool))
+            }
             (Some(_), Some(size)) => Err(Error::invalid(
                 "ptr",
                 format!(

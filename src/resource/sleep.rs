@@ -284,9 +284,6 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
     /// Whether the pool is asleep, falling asleep or waking (one load).
     fn asleep(&self) -> bool;
 
-    /// A short name for messages.
-    fn name(&self) -> &'static str;
-
     /// Records `tenant`, a suballocator over this pool (kept while it lives).
     fn admit(&self, tenant: Weak<dyn Tenant>);
 
@@ -296,9 +293,6 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
 
     /// Tags the block (start, bytes) until it is freed (at whichever level it was handed out).
     fn tag(&self, block: (usize, usize), tag: SleepTag);
-
-    /// The tag of the block that starts at `addr`.
-    fn tag_of(&self, addr: usize) -> SleepTag;
 
     /// A block starting at `addr` was freed by a tenant: its tag goes (one load when nothing
     /// is tagged).

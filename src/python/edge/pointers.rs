@@ -63,8 +63,8 @@ fn cuda_memory(ptr: usize, bytes: usize) -> Option<bool> {
 /// memory mapped in this process with that access (see the module doc).
 ///
 /// # Errors
-/// [`Error::Logic`] for simulated memory; [`Error::InvalidArgument`] for an address nothing
-/// vouches for.
+/// [`Error::Logic`] for simulated memory or a sleeping pool's memory;
+/// [`Error::InvalidArgument`] for an address nothing vouches for.
 pub(crate) fn check_user_range(
     name: &'static str,
     ptr: usize,
@@ -74,6 +74,10 @@ pub(crate) fn check_user_range(
     if bytes == 0 {
         return Ok(());
     }
+    // A sleeping pool's memory is known to rrmm and has no pages behind it: the error names
+    // the sleep before the checks below read the range (the copy itself checks again, in
+    // `container::copy_bytes`, for every caller).
+    crate::resource::sleep::check_awake(name, ptr, bytes)?;
     check_copyable(name, ptr, bytes)?;
     let past_the_end = || {
         Error::invalid(
@@ -130,7 +134,7 @@ pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
-/// the address for simulated memory, or for a sleeping pool's memory.
+/// the address for simulated memory.
 pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && ptr.checked_add(bytes).is_none() {
         return Err(Error::invalid(
@@ -141,9 +145,6 @@ pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Re
             ),
         ));
     }
-    // A sleeping pool's memory is known to rrmm and has no pages behind it: the error names
-    // the sleep (before any check that would read the range).
-    crate::resource::sleep::check_awake(name, ptr, bytes)?;
     if bytes > 0 && is_simulated(ptr, bytes) {
         return Err(Error::Logic(format!(
             "{name}={ptr:#x} is simulated memory (or above every host address), which has \

@@ -37,8 +37,7 @@ fn same(a: &SharedResource, b: &SharedResource) -> bool {
 /// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH) levels.
 fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
     let mut below: Option<Py<DeviceMemoryResource>> = None;
-    for mr in chain_of(mr).into_iter().rev() {
-        let handle = Handle::of_resource(&mr);
+    for (mr, handle) in chain_of(mr).into_iter().rev() {
         let over = handle.as_ref().is_some_and(|h| h.built_over().is_some());
         below = Some(match (handle, below.take()) {
             // A source of a known class, or a suballocator or adaptor with its upstream's object.
@@ -57,21 +56,21 @@ fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>
 /// `mr` and the resources below it, top to bottom: through a known suballocator to the resource
 /// it carves from, through any other resource with one upstream to it; a source resource (of a
 /// known class or none) ends it, as does one with several upstreams; at most `MAX_STACK_DEPTH`
-/// long.
-fn chain_of(mr: SharedResource) -> Vec<SharedResource> {
-    let mut chain = vec![mr];
-    while chain.len() < crate::resource::graph::MAX_STACK_DEPTH {
-        let last = &chain[chain.len() - 1];
-        let next = match Handle::of_resource(last) {
-            Some(handle) => handle.built_over(),
-            None => <[SharedResource; 1]>::try_from(last.upstreams())
-                .ok()
-                .map(|[up]| up),
-        };
-        match next {
-            Some(up) => chain.push(up),
-            None => break,
+/// long. Each with its handle, where its type has one.
+fn chain_of(mr: SharedResource) -> Vec<(SharedResource, Option<Handle>)> {
+    let mut chain = Vec::new();
+    let mut next = Some(mr);
+    while let Some(mr) = next.take() {
+        let handle = Handle::of_resource(&mr);
+        if chain.len() + 1 < crate::resource::graph::MAX_STACK_DEPTH {
+            next = match &handle {
+                Some(handle) => handle.built_over(),
+                None => <[SharedResource; 1]>::try_from(mr.upstreams())
+                    .ok()
+                    .map(|[up]| up),
+            };
         }
+        chain.push((mr, handle));
     }
     chain
 }
@@ -317,13 +316,13 @@ mod tests {
         let pool: SharedResource =
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
-        let names: Vec<_> = chain_of(stats).iter().map(|r| r.name()).collect();
+        let names: Vec<_> = chain_of(stats).iter().map(|(r, _)| r.name()).collect();
         // The managed cache is a source of a known class: its object is whole, the walk stops
         // there; the pool is walked through to what it carves from.
         assert_eq!(names, ["statistics", "pool", "managed"]);
         let binning: SharedResource =
             Arc::new(crate::BinningMemoryResource::new(pool.clone(), Some(10), Some(12)).unwrap());
-        let names: Vec<_> = chain_of(binning).iter().map(|r| r.name()).collect();
+        let names: Vec<_> = chain_of(binning).iter().map(|(r, _)| r.name()).collect();
         assert_eq!(
             names,
             ["binning", "pool", "managed"],

@@ -252,7 +252,7 @@ impl ArenaMemoryResource {
             device_streams,
             dump_path,
         });
-        if !inner.link.sleep.is_empty() {
+        if inner.linked {
             let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
                 Arc::downgrade(&inner) as _;
             inner.link.admit(&weak);

@@ -99,8 +99,9 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     /// The blocks allocated in this list and not freed yet (for snapshots).
     fn allocated_blocks(&self) -> Vec<Block>;
 
-    /// Whether a block allocated in this list (and not freed) starts at `addr`; O(1).
-    fn is_allocated_at(&self, addr: usize) -> bool;
+    /// The size of the block allocated in this list (and not freed) that starts at `addr`, if
+    /// any; O(1).
+    fn allocated_size_at(&self, addr: usize) -> Option<usize>;
 
     /// Drops the record of the block allocated in this list at `addr` for a request of `bytes`
     /// and returns it (for a free on another stream); changes nothing when [`Self::free_allocated`]

@@ -1131,14 +1131,14 @@ fn merge_touching(mut blocks: Vec<Block>) -> Vec<Block> {
 }
 
 impl<F: FreeList> StreamOrderedCore<F> {
-    /// Whether a block this pool handed out (and that is not freed) starts at `addr`: each
-    /// stream list looked up in turn, O(lists), not O(blocks) as a snapshot. A block moving
+    /// The size of the block this pool handed out (and that is not freed) starting at `addr`:
+    /// each stream list looked up in turn, O(lists), not O(blocks) as a snapshot. A block moving
     /// between lists (a free on another stream) may be missed for that moment.
-    pub(crate) fn allocated_at(&self, addr: usize) -> bool {
+    pub(crate) fn allocated_at(&self, addr: usize) -> Option<usize> {
         let dir = self.state.directory.read();
         dir.all
             .iter()
-            .any(|list| list.state.lock().list.is_allocated_at(addr))
+            .find_map(|list| list.state.lock().list.allocated_size_at(addr))
     }
 
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.

@@ -139,18 +139,6 @@ impl SleepGate {
     }
 }
 
-/// Joins `(addr, bytes, host offset)` pieces that touch in both spaces into one copy each.
-fn coalesce(pieces: impl Iterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
-    let mut out: Vec<(usize, usize, usize)> = Vec::new();
-    for (addr, size, off) in pieces {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == addr && last.2 + last.1 == off => last.1 += size,
-            _ => out.push((addr, size, off)),
-        }
-    }
-    out
-}
-
 /// The live blocks (start, size), the mapped runs and the bytes of whole free pages, from one
 /// snapshot of the pool.
 struct View {
@@ -221,8 +209,10 @@ impl ExpandableMemoryResource {
     /// The smallest live block holding `ptr`: the pool's own, or one a tenant handed out;
     /// `None` when no live block holds it, or when a tenant holds it free (a stale address).
     pub(super) fn live_block_at(&self, ptr: usize) -> Option<(usize, usize)> {
-        let own = if self.inner.core.allocated_at(ptr) {
-            self.view().live.into_iter().find(|&(a, _)| a == ptr)
+        // The start of one of the pool's own blocks is a lookup in the stream lists; an address
+        // inside one needs the ordered view of every block.
+        let own = if let Some(size) = self.inner.core.allocated_at(ptr) {
+            Some((ptr, size))
         } else {
             let live = self.view().live;
             let i = live.partition_point(|&(a, _)| a <= ptr);
@@ -602,7 +592,9 @@ impl ExpandableMemoryResource {
             inner.vm.map_chunk_bytes().max(page) / page * page,
         );
         let host_base = saved.host.addr();
-        let pieces = coalesce(saved.kept.iter().copied());
+        // The kept ranges are disjoint and never touch (the offload's range operations merge
+        // them), so each is one copy.
+        let pieces = &saved.kept;
         let mut next = 0;
         let mut copied = Ok(());
         let mut map_s = 0.0;
@@ -723,10 +715,6 @@ impl Sleeper for ExpandableMemoryResource {
         self.inner.sleep.asleep()
     }
 
-    fn name(&self) -> &'static str {
-        "expandable"
-    }
-
     fn admit(&self, tenant: Weak<dyn Tenant>) {
         let mut tenants = self.inner.sleep.tenants.lock();
         tenants.retain(|t| t.strong_count() > 0);
@@ -739,10 +727,6 @@ impl Sleeper for ExpandableMemoryResource {
 
     fn tag(&self, block: (usize, usize), tag: SleepTag) {
         self.set_tag(block, tag);
-    }
-
-    fn tag_of(&self, addr: usize) -> SleepTag {
-        ExpandableMemoryResource::tag_of(self, addr)
     }
 
     fn forget(&self, addr: usize) {
@@ -793,7 +777,7 @@ pub fn plan_discards(
     let link = mr.link();
     discard
         .iter()
-        .map(|&(ptr, size)| link.block_for_tag(ptr, size))
+        .map(|&(ptr, size)| link.block_for_tag(ptr, size).map(|(block, _)| block))
         .collect()
 }
 
@@ -804,13 +788,7 @@ pub fn plan_discards(
 /// As [`Link::block_for_tag`](crate::resource::Link::block_for_tag).
 pub fn tag(mr: &SharedResource, ptr: usize, size: Option<usize>, tag: SleepTag) -> Result<usize> {
     let link = mr.link();
-    let block = link.block_for_tag(ptr, size)?;
-    let Some((_, pool)) = link.sleep.block_at(block.0) else {
-        return Err(Error::invalid(
-            "ptr",
-            format!("{ptr:#x} is not inside a live allocation of the expandable pool below"),
-        ));
-    };
+    let (block, pool) = link.block_for_tag(ptr, size)?;
     pool.tag(block, tag);
     Ok(block.0)
 }

@@ -486,8 +486,8 @@ impl FreeList for CoalescingFreeList {
         })
     }
 
-    fn is_allocated_at(&self, addr: usize) -> bool {
-        self.allocated.contains_key(&addr)
+    fn allocated_size_at(&self, addr: usize) -> Option<usize> {
+        self.allocated.get(&addr).map(|&x| self.block(x).size)
     }
 
     fn allocated_blocks(&self) -> Vec<Block> {

@@ -95,8 +95,10 @@ impl FreeList for FixedSizeFreeList {
         found.map(|()| self.block_size)
     }
 
-    fn is_allocated_at(&self, addr: usize) -> bool {
-        self.allocated.contains_key(&addr)
+    fn allocated_size_at(&self, addr: usize) -> Option<usize> {
+        self.allocated
+            .contains_key(&addr)
+            .then_some(self.block_size)
     }
 
     fn allocated_blocks(&self) -> Vec<Block> {

@@ -87,8 +87,8 @@ impl FreeList for WholeBlockFreeList {
         found
     }
 
-    fn is_allocated_at(&self, addr: usize) -> bool {
-        self.allocated.contains_key(&addr)
+    fn allocated_size_at(&self, addr: usize) -> Option<usize> {
+        self.allocated.get(&addr).copied()
     }
 
     fn allocated_blocks(&self) -> Vec<Block> {
