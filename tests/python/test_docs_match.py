@@ -1,11 +1,14 @@
-"""The docs say what the program does (issue 31): every call signature that docs/api.md writes
-out for a Python function of rrmm names its parameters in order, with their defaults, as
-``inspect.signature`` sees them; the install advice names extras that pyproject.toml has; the
-CLI's subcommands each have a description."""
+"""The docs say what the program does (issues 31 and 39): every call signature that docs/api.md
+writes out for a Python function of rrmm names its parameters in order, with their defaults, as
+``inspect.signature`` sees them; every public name and parameter is in docs/api.md; the install
+advice names extras that pyproject.toml has; Cargo.toml and pyproject.toml give one repository
+address, the one the README's Rust dependency uses; the CLI's subcommands each have a
+description."""
 
 from __future__ import annotations
 
 import ast
+import enum
 import inspect
 import re
 import tomllib
@@ -113,6 +116,96 @@ def test_reinitialize_is_documented_with_every_parameter():
         rrmm.reinitialize(pool_allocator="simulated")
 
 
+# ---------------------------------------------------------------------------------------------
+# Every public name is in docs/api.md (issue 39: it missed FallbackResourceAdaptor,
+# release_caches, cache_limit=, host_memory= and more): generated from the modules' __all__ and
+# the callables' signatures, so a name added to the package without a line in api.md fails here.
+
+PUBLIC_MODULES = ["rrmm", "rrmm.mr", "rrmm.mr.experimental", "rrmm.statistics"]
+#: Parameters api.md documents once for every callable that takes them, with where it says so.
+DOCUMENTED_ONCE = {"upstream": "`upstream=` accepted where RMM takes `upstream_mr`"}
+
+
+def _word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w]){re.escape(name)}(?![\w])")
+
+
+def api_items(text: str) -> list[str]:
+    """docs/api.md cut into items: a heading, a table row, a bullet with its indented
+    continuation lines, or a paragraph."""
+    items: list[str] = []
+    for line in text.splitlines():
+        starts = line.startswith(("#", "|", "- ")) or not items or not items[-1]
+        if not line.strip():
+            items.append("")
+        elif starts or not line.startswith(" ") and items[-1].startswith(("#", "|", "- ")):
+            items.append(line)
+        else:
+            items[-1] += "\n" + line
+    return [item for item in items if item]
+
+
+def public_names() -> list[tuple[str, str, object]]:
+    import importlib
+
+    names = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            try:
+                obj = getattr(module, name)
+            except ImportError:  # a framework hook that needs its framework: the name only
+                obj = None
+            names.append((module_name, name, obj))
+    return names
+
+
+def _parameters(obj: object) -> list[str]:
+    if obj is None or not callable(obj) or inspect.ismodule(obj):
+        return []
+    if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+        return []  # level_enum(value): Enum's own call
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.kind not in variadic]
+
+
+def undocumented(text: str) -> list[str]:
+    """What docs/api.md (``text``) does not mention: each public name, as a word anywhere; each
+    parameter of a public callable, as a word in an item that names the callable."""
+    items = api_items(text)
+    missing = []
+    for module, name, obj in public_names():
+        if not _word(name).search(text):
+            missing.append(f"{module}.{name}")
+            continue
+        about = "\n".join(item for item in items if _word(name).search(item))
+        for parameter in _parameters(obj):
+            if parameter in DOCUMENTED_ONCE and DOCUMENTED_ONCE[parameter] in text:
+                continue
+            if not _word(parameter).search(about):
+                missing.append(f"{module}.{name}({parameter}=)")
+    return missing
+
+
+def test_every_public_name_and_parameter_is_in_api_md():
+    text = API.read_text()
+    assert len(public_names()) > 60  # the check reads the modules it means to
+    missing = undocumented(text)
+    assert not missing, "docs/api.md does not mention:\n" + "\n".join(missing)
+
+
+def test_the_api_check_finds_a_missing_name_and_a_missing_parameter():
+    text = API.read_text()
+    assert "rrmm.mr.release_caches" in undocumented(_word("release_caches").sub("x", text))
+    without = "\n".join(line.replace("host_memory", "host") for line in text.splitlines())
+    assert "rrmm.mr.SimulatedMemoryResource(host_memory=)" in undocumented(without)
+    assert api_items("# a\n- b\n  c\n| d |\n\ne\nf\n") == ["# a", "- b\n  c", "| d |", "e\nf"]
+
+
 def test_install_advice_names_extras_that_exist():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
@@ -125,6 +218,22 @@ def test_install_advice_names_extras_that_exist():
     sources = "\n".join(p.read_text() for p in (ROOT / "python" / "rrmm").rglob("*.py"))
     for extra in re.findall(r"rrmm\[(\w+)\]", sources + (ROOT / "README.md").read_text()):
         assert extra in extras, extra
+
+
+def test_one_repository_address_and_the_readme_depends_on_it():
+    # Issue 39: Cargo.toml and pyproject.toml gave different addresses, and the README's
+    # `rrmm = "0.1"` could not resolve (the crate is not on crates.io).
+    package = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    address = package["repository"]
+    assert address.startswith("https://") and not address.endswith(("/", ".git")), address
+    assert urls["Repository"] == address and urls["Homepage"] == package.get("homepage", address)
+    assert urls["Issues"] == f"{address}/issues"
+    section = (ROOT / "README.md").read_text().split("\n## Rust\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    assert block, "README, Rust: no dependency block"
+    assert tomllib.loads(block.group(1))["dependencies"]["rrmm"] == {"git": address}
+    assert "not on crates.io" in section
 
 
 def test_every_subcommand_has_a_description(capsys):

@@ -1,22 +1,226 @@
-"""The README's no-GPU Python example runs as written (issue 31); the whole no-GPU path on a
-fresh clone and venv is ``scripts/readme_check.py``, run by ``.ci/run``."""
+"""The README says what the program does (issues 31 and 39): its no-GPU Python example runs as
+written, and the main job's command ("The two commands") prints the figures of the README's
+table. The whole no-GPU path on a fresh clone and venv is ``scripts/readme_check.py``, run by
+``.ci/run``; every Python block as a script is ``test_docs_scripts.py``.
+
+The replay's figures are compared one by one, each by its name (``pool frag@end``, ``header``):
+bytes, counts and ratios exactly (the replay runs on simulated memory: they are the same on any
+machine), times within the noise the README states for them:
+
+- ``ns/event``: within a factor of ``TIME_FACTOR`` either way (a run on this 2-core machine moves
+  by 1.3x, a busy machine runs everything 2-4x slower);
+- ``spread`` and the repetition counts of the ``timings:`` line: not compared. The spread is the
+  interquartile range over the median of the timed repetitions (3% to 120% in runs of the same
+  build on the same machine); the counts are how many repetitions fit in the timed half
+  second. Both are facts about the machine's load, not about rrmm.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+TIME_FACTOR = 5.0
+TIMED = "ns/event"
+UNCOMPARED = {"spread"}
+REPETITIONS = re.compile(r"(median of )([0-9/]+)( repetition)")
 
 
-def test_the_no_gpu_python_example_runs_as_written():
+def readme_replay(text: str | None = None) -> tuple[list[str], str]:
+    """The main job's ``rrmm replay`` arguments and the output the README shows for them."""
+    section = (text or README.read_text()).split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    shown = re.search(r"```text\n(.*?)```", section, re.DOTALL)
+    assert command and shown, "The two commands: no sh block or no text block"
+    args = shlex.split(command.group(1).split("/rrmm replay ", 1)[1])
+    return ["replay", *args], shown.group(1)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _table(lines: list[str]) -> tuple[int, int]:
+    """Where the table is: the index of its column names and one past its last row."""
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+( +-+)+", line))
+    end = rule + 1
+    while end < len(lines) and lines[end][:1] not in ("", " "):
+        end += 1
+    return rule - 1, end
+
+
+def _cells(row: str, spans: list[tuple[int, int]]) -> list[str]:
+    # The first column is left-aligned, the others right-aligned under their rule.
+    cells, start = [], 0
+    for column, (_, end) in enumerate(spans):
+        last = column == len(spans) - 1
+        cells.append((row[start:] if last else row[start:end]).strip())
+        start = end
+    return cells
+
+
+def _rows(lines: list[str]) -> tuple[list[str], dict[str, dict[str, str]], list[str]]:
+    names_at, end = _table(lines)
+    spans = [m.span() for m in re.finditer(r"-+", lines[names_at + 1])]
+    names = _cells(lines[names_at], spans)
+    rows = {}
+    for row in lines[names_at + 2 : end]:
+        cells = _cells(row, spans)
+        rows[cells[0]] = dict(zip(names, cells, strict=True))
+    return names, rows, lines[:names_at] + lines[end:]
+
+
+def _label(line: str) -> str:
+    head = line.strip().split(":", 1)[0].strip("( ")
+    return "header" if head.endswith((".csv", ".gz")) else head
+
+
+def _number(cell: str) -> float:
+    return float(cell.rstrip("%!"))
+
+
+def compare_replay_output(shown: str, printed: str) -> list[str]:
+    """Every figure of ``shown`` (the README's block) against ``printed`` (the command's
+    output); one line per figure that differs, naming it."""
+    problems: list[str] = []
+    want, got = _lines(shown), _lines(printed)
+    want_names, want_rows, want_rest = _rows(want)
+    got_names, got_rows, got_rest = _rows(got)
+    if want_names != got_names:
+        problems.append(f"columns: the README shows {want_names}, the command prints {got_names}")
+    if list(want_rows) != list(got_rows):
+        problems.append(f"rows: the README shows {list(want_rows)}, the command prints "
+                        f"{list(got_rows)}")
+    for resource, row in want_rows.items():
+        for column, value in row.items():
+            other = got_rows.get(resource, {}).get(column)
+            if other is None or column in UNCOMPARED:
+                continue
+            name = f"{resource} {column}"
+            if column == TIMED:
+                ratio = _number(other) / _number(value)
+                if not 1 / TIME_FACTOR <= ratio <= TIME_FACTOR:
+                    problems.append(f"{name}: the README shows {value}, the command prints "
+                                    f"{other}: beyond the factor of {TIME_FACTOR:g} the README "
+                                    f"allows times")
+            elif value != other:
+                problems.append(f"{name}: the README shows {value}, the command prints {other}")
+    if len(want_rest) != len(got_rest):
+        problems.append(f"lines outside the table: the README shows {len(want_rest)}, the "
+                        f"command prints {len(got_rest)}:\n  " + "\n  ".join(got_rest))
+    for line, other in zip(want_rest, got_rest, strict=False):
+        masked = [REPETITIONS.sub(r"\1N\3", x).split() for x in (line, other)]
+        if masked[0] != masked[1]:
+            at = next((i for i, (a, b) in enumerate(zip(*masked, strict=False)) if a != b),
+                      min(map(len, masked)))
+            word = [m[at] if at < len(m) else "(nothing)" for m in masked]
+            problems.append(f"{_label(line)} line, word {at + 1}: the README shows {word[0]!r}, "
+                            f"the command prints {word[1]!r}\n  README:  {line}\n  printed: "
+                            f"{other}")
+    return problems
+
+
+def run_readme_replay(cwd: Path) -> str:
+    args, _ = readme_replay()
+    if importlib.util.find_spec("matplotlib") is None:  # the figures do not depend on the plot
+        at = args.index("--plot")
+        del args[at : at + 2]
+    run = subprocess.run([sys.executable, "-m", "rrmm", *args], cwd=cwd, capture_output=True,
+                         text=True, check=False, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_the_main_job_prints_the_figures_the_readme_shows(tmp_path):
+    args, shown = readme_replay()
+    assert args[:2] == ["replay", "transformer_training"] and "--simulate" in args, args
+    printed = run_readme_replay(tmp_path)
+    if "plot written" not in printed:  # no matplotlib here: run without --plot
+        shown = "\n".join(x for x in shown.splitlines() if not x.startswith("plot written"))
+    else:
+        assert (tmp_path / "replay.png").stat().st_size > 10_000
+    problems = compare_replay_output(shown, printed)
+    assert not problems, "README.md, The two commands, differs from the command:\n" + "\n".join(
+        problems)
+
+
+def _alter(shown: str, old: str, new: str) -> str:
+    assert shown.count(old) == 1, old
+    return shown.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        ("0.439       0\n", "0.666       0\n",
+         "pool frag@end: the README shows 0.666, the command prints 0.439"),
+        ("2.00 GiB      1.64", "2.00 GiB      1.65", "pool overhead"),
+        ("41.77 MiB", "41.78 MiB", "binning waste"),
+        ("0.356", "0.365", "binning frag@peak"),
+        ("31.48 MiB      0.000     0.000       0", "31.48 MiB      0.000     0.000       1",
+         "simulated failed"),
+        ("21949 events", "21948 events", "header line, word 2"),
+        ("x 128 blocks", "x 64 blocks", "binning line"),
+        ("charged in 2 MiB pages", "charged in 4 MiB pages", "simulated line"),
+        ("simulated     133.7", "simulated    1337.0", "simulated ns/event"),
+    ],
+)
+def test_the_check_fails_on_a_changed_figure_and_names_it(old, new, named):
+    _, shown = readme_replay()
+    assert compare_replay_output(shown, shown) == []
+    problems = compare_replay_output(_alter(shown, old, new), shown)
+    assert len(problems) == 1 and named in problems[0], problems
+
+
+def test_the_check_leaves_the_timing_noise_alone():
+    _, shown = readme_replay()
+    noisy = _alter(_alter(shown, "     5%   2.00 GiB      1.64", "   120%   2.00 GiB      1.64"),
+                   "median of 133/239/262", "median of 93/191/1940")
+    noisy = _alter(noisy, "pool           58.6", "pool          117.0")  # 2x slower
+    assert compare_replay_output(noisy, shown) == []
+
+
+def test_the_check_fails_on_a_missing_or_extra_line():
+    _, shown = readme_replay()
+    fewer = "\n".join(x for x in shown.splitlines() if not x.startswith("  binning:"))
+    assert any("lines outside the table" in p for p in compare_replay_output(fewer, shown))
+    fewer_rows = "\n".join(x for x in shown.splitlines() if not x.startswith("binning "))
+    assert any(p.startswith("rows:") for p in compare_replay_output(fewer_rows, shown))
+
+
+def test_the_readme_explains_the_figures_its_table_shows():
+    # The prose under the table quotes its figures: they move with it.
+    _, shown = readme_replay()
+    _, rows, _ = _rows(_lines(shown))
+    text = " ".join(README.read_text().split())
+    pool, binning = rows["pool"], rows["binning"]
+
+    def largest(frag: str) -> int:
+        return round(100 * (1 - float(frag)))
+
+    assert (f"the pool's {pool['frag@end']} at the end means its largest free block is "
+            f"{largest(pool['frag@end'])}% of its free memory (binning's {binning['frag@end']}: "
+            f"{largest(binning['frag@end'])}%)") in text
+    assert f"the pool held {pool['overhead']}x what the log needed, binning " \
+           f"{binning['overhead']}x" in text
+
+
+def test_the_no_gpu_python_example_runs_as_written(tmp_path):
     text = README.read_text()
     example = next(b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL)
                    if "SimulatedMemoryResource" in b)
-    run = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True,
-                         check=False, timeout=120)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, check=False, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[-1].startswith("hint: fragmented"), lines
