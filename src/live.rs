@@ -180,6 +180,17 @@ impl LiveAllocations {
         })
     }
 
+    /// Every live allocation as (pointer, bytes), in no order.
+    ///
+    /// # Time Complexity
+    /// O(live allocations): locks each shard in turn (not a snapshot under concurrent change).
+    pub fn entries(&self) -> Vec<(usize, usize)> {
+        self.shards
+            .iter()
+            .flat_map(|s| s.0.lock().iter().map(|(&p, &b)| (p, b)).collect::<Vec<_>>())
+            .collect()
+    }
+
     /// Number of live allocations.
     ///
     /// # Time Complexity

@@ -1,11 +1,11 @@
 //! An adaptor that serves from its upstream and, when the upstream runs out of memory, from an
 //! alternate resource (managed or pinned host memory) instead of failing.
 
+use super::tiered::{Tier, TierRecord, TieredMemoryResource};
 use crate::cuda::Stream;
-use crate::error::{Error, Result};
-use crate::live::LiveAllocations;
+use crate::error::Result;
 use crate::resource::{CallProfile, MemoryResource, SharedResource};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// What went where through a [`FallbackResourceAdaptor`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,38 +31,31 @@ pub struct FallbackCounts {
 /// allocation: the adaptor records the alternate's allocations (they are the exception) and
 /// sends every other free upstream. [`FallbackResourceAdaptor::counts`] says what went where.
 ///
-/// Its kind, device and memory figures are the upstream's: the alternate is where memory goes
-/// when those run out. Use an alternate that the same kernels can read: managed memory (the
-/// device reads it wherever its pages are), or pinned host memory (the device reads it over
-/// the link).
+/// It is a [`TieredMemoryResource`] of two tiers, `upstream` and `alternate`, recording the
+/// second's allocations only ([`TierRecord::BeyondFirst`]): one core for both.
+///
+/// Its kind, device, memory figures and report are the upstream's: the alternate is where
+/// memory goes when those run out. Use an alternate that the same kernels can read: managed
+/// memory (the device reads it wherever its pages are), or pinned host memory (the device reads
+/// it over the link).
+#[derive(Debug)]
 pub struct FallbackResourceAdaptor {
     upstream: SharedResource,
     alternate: SharedResource,
-    /// The alternate's live allocations (a free of one of them goes to the alternate).
-    on_alternate: LiveAllocations,
-    upstream_allocations: AtomicUsize,
-    upstream_bytes: AtomicUsize,
-    alternate_allocations: AtomicUsize,
-    alternate_bytes: AtomicUsize,
-    alternate_peak_bytes: AtomicUsize,
-    fallbacks: AtomicU64,
-    failures: AtomicU64,
+    tiers: TieredMemoryResource,
 }
 
 impl FallbackResourceAdaptor {
     /// Serves from `upstream`, and from `alternate` when `upstream` is out of memory.
     pub fn new(upstream: SharedResource, alternate: SharedResource) -> Self {
+        let tiers = vec![
+            Tier::new("upstream", upstream.clone()),
+            Tier::new("alternate", alternate.clone()),
+        ];
         FallbackResourceAdaptor {
             upstream,
             alternate,
-            on_alternate: LiveAllocations::new(),
-            upstream_allocations: AtomicUsize::new(0),
-            upstream_bytes: AtomicUsize::new(0),
-            alternate_allocations: AtomicUsize::new(0),
-            alternate_bytes: AtomicUsize::new(0),
-            alternate_peak_bytes: AtomicUsize::new(0),
-            fallbacks: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
+            tiers: TieredMemoryResource::checked(tiers, TierRecord::BeyondFirst, "fallback"),
         }
     }
 
@@ -78,49 +71,17 @@ impl FallbackResourceAdaptor {
 
     /// What went where.
     pub fn counts(&self) -> FallbackCounts {
+        let counts = self.tiers.tier_counts();
+        let (up, alt) = (&counts[0], &counts[1]);
         FallbackCounts {
-            upstream_allocations: self.upstream_allocations.load(Ordering::Relaxed),
-            upstream_bytes: self.upstream_bytes.load(Ordering::Relaxed),
-            alternate_allocations: self.alternate_allocations.load(Ordering::Relaxed),
-            alternate_bytes: self.alternate_bytes.load(Ordering::Relaxed),
-            alternate_peak_bytes: self.alternate_peak_bytes.load(Ordering::Relaxed),
-            fallbacks: self.fallbacks.load(Ordering::Relaxed),
-            failures: self.failures.load(Ordering::Relaxed),
+            upstream_allocations: up.current_allocations,
+            upstream_bytes: up.current_bytes,
+            alternate_allocations: alt.current_allocations,
+            alternate_bytes: alt.current_bytes,
+            alternate_peak_bytes: alt.peak_bytes,
+            fallbacks: alt.total_allocations,
+            failures: self.tiers.failures(),
         }
-    }
-
-    fn on_alternate(&self, bytes: usize, stream: Stream, first: Error) -> Result<usize> {
-        let ptr = match self.alternate.allocate(bytes, stream) {
-            Ok(ptr) => ptr,
-            Err(e) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(if e.is_out_of_memory() {
-                    Error::out_of_memory(
-                        bytes,
-                        format!(
-                            "fallback: {} and its alternate {} are both out of memory ({first}; \
-                             {e})",
-                            self.upstream.name(),
-                            self.alternate.name()
-                        ),
-                    )
-                } else {
-                    e
-                });
-            }
-        };
-        self.fallbacks.fetch_add(1, Ordering::Relaxed);
-        if ptr != 0 {
-            if let Err(e) = self.on_alternate.insert(ptr, bytes) {
-                // SAFETY: `ptr` came from the alternate just now with `bytes`, unused.
-                let _ = unsafe { self.alternate.deallocate(ptr, bytes, stream) };
-                return Err(e);
-            }
-            self.alternate_allocations.fetch_add(1, Ordering::Relaxed);
-            let now = self.alternate_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-            self.alternate_peak_bytes.fetch_max(now, Ordering::Relaxed);
-        }
-        Ok(ptr)
     }
 }
 
@@ -129,17 +90,7 @@ impl MemoryResource for FallbackResourceAdaptor {
     /// Out of memory when both are out of memory (naming both); the upstream's other errors
     /// (a logic or CUDA error is not a reason to fall back); the alternate's errors.
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        match self.upstream.allocate(bytes, stream) {
-            Ok(ptr) => {
-                if ptr != 0 {
-                    self.upstream_allocations.fetch_add(1, Ordering::Relaxed);
-                    self.upstream_bytes.fetch_add(bytes, Ordering::Relaxed);
-                }
-                Ok(ptr)
-            }
-            Err(e) if e.is_out_of_memory() => self.on_alternate(bytes, stream, e),
-            Err(e) => Err(e),
-        }
+        self.tiers.allocate(bytes, stream)
     }
 
     /// Frees through the resource that made the allocation.
@@ -148,81 +99,49 @@ impl MemoryResource for FallbackResourceAdaptor {
     /// As [`MemoryResource::deallocate`]; an allocation of the alternate is checked (a wrong
     /// size is [`Error::Logic`]), one of the upstream is as safe as the upstream.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        if ptr == 0 {
-            // A null free frees nothing; forwarded so a resource below that counts zero-byte
-            // allocations (the statistics adaptor, as RMM's) ends the one this adaptor passed
-            // down.
-            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
-            // every resource (the trait's contract).
-            return unsafe { self.upstream.deallocate(0, bytes, stream) };
-        }
-        if self.on_alternate.size_of(ptr).is_some() {
-            self.on_alternate.free_checked(
-                ptr,
-                bytes,
-                Some("fallback_resource_adaptor"),
-                || {
-                    // SAFETY: the record shows `ptr` came from the alternate with `bytes` and
-                    // was not freed since (1, 2); the caller's contract gives 3 and 4.
-                    unsafe { self.alternate.deallocate(ptr, bytes, stream) }
-                },
-            )?;
-            self.alternate_allocations.fetch_sub(1, Ordering::Relaxed);
-            self.alternate_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            return Ok(());
-        }
-        // SAFETY: not the alternate's, so the upstream's (the caller's contract).
-        unsafe { self.upstream.deallocate(ptr, bytes, stream) }?;
-        // Saturating: an upstream that accepts a free of a pointer it never made (one that does
-        // not check) must not wrap the counters.
-        let _ = self
-            .upstream_allocations
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
-        let _ = self
-            .upstream_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(bytes))
-            });
-        Ok(())
+        // SAFETY: the caller's contract, passed on (the tiers check the alternate's frees).
+        unsafe { self.tiers.deallocate(ptr, bytes, stream) }
     }
 
     fn kind(&self) -> crate::resource::MemoryKind {
-        self.upstream.kind()
+        self.upstream().kind()
     }
 
     fn device(&self) -> Option<usize> {
-        self.upstream.device()
+        self.upstream().device()
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
-        self.upstream.memory_info()
+        self.upstream().memory_info()
     }
 
     fn report(&self) -> Option<&dyn crate::report::PoolReport> {
-        self.upstream.report()
+        self.upstream().report()
     }
 
     fn upstreams(&self) -> Vec<SharedResource> {
-        vec![self.upstream.clone(), self.alternate.clone()]
+        self.tiers.upstreams()
     }
 
     /// Both resources' (the primary's memory).
     fn link(&self) -> crate::resource::Link {
-        crate::resource::Link::join(&[self.upstream.link(), self.alternate.link()])
-            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+        self.tiers.link()
     }
 
     fn call_profile(&self) -> CallProfile {
-        // The adaptor's own work is a map lookup: quick.
-        self.upstream
-            .call_profile()
-            .and(self.alternate.call_profile())
+        self.tiers.call_profile()
     }
 
     fn name(&self) -> &'static str {
         "fallback"
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self)
     }
 }
 
@@ -232,7 +151,7 @@ mod tests {
     use super::*;
     use crate::resource::SimulatedMemoryResource;
     use crate::test_support::free;
-    use std::sync::Arc;
+    use crate::Error;
 
     const MIB: usize = 1 << 20;
 
@@ -271,7 +190,10 @@ mod tests {
         // Both full: out of memory naming both, counted.
         let err = mr.allocate(100 * MIB, Stream::DEFAULT).unwrap_err();
         assert!(err.is_out_of_memory());
-        assert!(err.to_string().contains("both out of memory"), "{err}");
+        assert!(
+            err.to_string().contains("every tier is out of memory"),
+            "{err}"
+        );
         assert_eq!(mr.counts().failures, 1);
         assert_eq!(mr.allocate(0, Stream::DEFAULT).unwrap(), 0);
         assert_eq!(mr.upstreams().len(), 2);

@@ -79,7 +79,7 @@ pub use log_row::LOG_HEADER;
 pub use logging::{log_file_for_device, LoggingResourceAdaptor};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
-pub use tiered::{Tier, TierCounts, TieredMemoryResource, MAX_TIERS};
+pub use tiered::{Tier, TierCounts, TierRecord, TieredMemoryResource, MAX_TIERS};
 pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]

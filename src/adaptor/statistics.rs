@@ -392,10 +392,11 @@ mod tests {
     #[test]
     fn saturated_counters_stop_checking_instead_of_refusing() {
         use crate::resource::CallbackMemoryResource;
-        // An upstream that "allocates" any size at a distinct address, from no memory.
+        // An upstream that "allocates" any size at a distinct address, from no memory (the
+        // blocks must not overlap: the callback resource refuses overlapping blocks).
         let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(1 << 20));
         let up: SharedResource = std::sync::Arc::new(CallbackMemoryResource::new(
-            Box::new(move |_, _| Ok(next.fetch_add(256, Ordering::Relaxed))),
+            Box::new(move |bytes, _| Ok(next.fetch_add(bytes, Ordering::Relaxed))),
             Box::new(|_, _, _| Ok(())),
             crate::MemoryKind::Simulated,
         ));

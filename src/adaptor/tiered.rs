@@ -9,11 +9,12 @@
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
+use crate::live::LiveAllocations;
 use crate::report::{BlockInfo, BlockState, Footprint, PoolReport, SegmentInfo};
 use crate::resource::{CallProfile, MemoryKind, MemoryResource, SharedResource};
-use crate::sync::Mutex;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// The most tiers a [`TieredMemoryResource`] takes (device, peers, host: a handful).
 pub const MAX_TIERS: usize = 16;
@@ -61,45 +62,141 @@ pub struct TierCounts {
     pub refused: u64,
 }
 
-/// The counters and the pointer record, under one lock so that they always agree.
-struct State {
-    /// Live pointer -> (tier, requested bytes).
-    owners: HashMap<usize, (usize, usize)>,
-    counts: Vec<TierCounts>,
-    /// Allocations that every tier refused.
-    failures: u64,
+/// Which allocations a [`TieredMemoryResource`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierRecord {
+    /// Every allocation: every free is checked (a pointer not handed out, a double free or a
+    /// wrong size is [`Error::Logic`]) and each allocation's tier is known
+    /// ([`TieredMemoryResource::tier_of`]).
+    Every,
+    /// Only the allocations of the tiers after the first (the exceptions, as RMM's fallback
+    /// adaptor records its alternate's): a free that none of them holds goes to the first tier,
+    /// as safe as that tier is, and costs no record on the common path.
+    BeyondFirst,
+}
+
+/// One tier's counters, updated without a lock (each a separate atomic: a reader may see one
+/// allocation counted in `current_bytes` and not yet in `current_allocations`).
+#[derive(Debug, Default)]
+struct Counters {
+    current_bytes: AtomicUsize,
+    peak_bytes: AtomicUsize,
+    total_bytes: AtomicU64,
+    current_allocations: AtomicUsize,
+    peak_allocations: AtomicUsize,
+    total_allocations: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Counters {
+    fn allocated(&self, bytes: usize) {
+        let now = self.current_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        let _ = self
+            .total_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(bytes as u64))
+            });
+        let n = self.current_allocations.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_allocations.fetch_max(n, Ordering::Relaxed);
+        self.total_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Saturating: a first tier that accepts a free of a pointer it never made (one that does
+    /// not check, under [`TierRecord::BeyondFirst`]) must not wrap the counters.
+    fn freed(&self, bytes: usize) {
+        let _ = self
+            .current_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(bytes))
+            });
+        let _ = self
+            .current_allocations
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
+    fn reset_peaks(&self) {
+        self.peak_bytes.store(
+            self.current_bytes.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        self.peak_allocations.store(
+            self.current_allocations.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn read(&self, name: &str, resource: &str) -> TierCounts {
+        TierCounts {
+            name: name.to_string(),
+            resource: resource.to_string(),
+            current_bytes: self.current_bytes.load(Ordering::Relaxed),
+            peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
+            total_bytes: u128::from(self.total_bytes.load(Ordering::Relaxed)),
+            current_allocations: self.current_allocations.load(Ordering::Relaxed),
+            peak_allocations: self.peak_allocations.load(Ordering::Relaxed),
+            total_allocations: self.total_allocations.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A tier with its record (where its allocations are recorded) and counters.
+#[derive(Debug)]
+struct Slot {
+    tier: Tier,
+    live: Option<LiveAllocations>,
+    counters: Counters,
 }
 
 /// Allocates from the first of its tiers with room (device, then a peer GPU, then host memory,
 /// in the order given); a tier out of memory passes the request on, any other error of a tier
-/// is returned as it is. Frees go to the tier that made the allocation; every live pointer is
-/// recorded, so a free of a pointer the resource did not make, a double free or a wrong size is
-/// [`Error::Logic`] (checked frees). Counters per tier: [`tier_counts`](Self::tier_counts).
+/// is returned as it is. Frees go to the tier that made the allocation: with
+/// [`TierRecord::Every`] (the default) every live pointer is recorded, so a free of a pointer
+/// the resource did not make, a double free or a wrong size is [`Error::Logic`] (checked
+/// frees). Counters per tier: [`tier_counts`](Self::tier_counts). The
+/// [`FallbackResourceAdaptor`](super::FallbackResourceAdaptor) is this resource over two tiers
+/// with [`TierRecord::BeyondFirst`].
 ///
 /// Its kind, device and memory figures are the first tier's (the one it is "on"); the others
 /// are where memory goes when the first is full. Use tiers whose memory the same kernels can
 /// read: device memory, a [`PeerMemoryResource`](crate::resource::PeerMemoryResource) (the
 /// device reads its peer's memory over NVLink or PCIe), pinned host or managed memory.
 pub struct TieredMemoryResource {
-    tiers: Vec<Tier>,
-    state: Mutex<State>,
+    slots: Vec<Slot>,
+    record: TierRecord,
+    name: &'static str,
+    /// Allocations that every tier refused.
+    failures: AtomicU64,
 }
 
 impl std::fmt::Debug for TieredMemoryResource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TieredMemoryResource")
-            .field("tiers", &self.tiers)
+            .field("tiers", &self.tiers().collect::<Vec<_>>())
+            .field("record", &self.record)
             .finish_non_exhaustive()
     }
 }
 
 impl TieredMemoryResource {
-    /// A resource over `tiers`, tried in order.
+    /// A resource over `tiers`, tried in order, recording every allocation.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no tier, more than [`MAX_TIERS`], or two tiers with the
     /// same name (counts are read by name).
     pub fn new(tiers: Vec<Tier>) -> Result<Self> {
+        Self::recording(tiers, TierRecord::Every, "tiered")
+    }
+
+    /// A resource over `tiers` recording what `record` says, called `name` in reports and
+    /// messages.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn recording(tiers: Vec<Tier>, record: TierRecord, name: &'static str) -> Result<Self> {
         if tiers.is_empty() || tiers.len() > MAX_TIERS {
             return Err(Error::invalid(
                 "tiers",
@@ -114,56 +211,73 @@ impl TieredMemoryResource {
                 ));
             }
         }
-        let counts = tiers
-            .iter()
-            .map(|t| TierCounts {
-                name: t.name.clone(),
-                resource: t.resource.name().to_string(),
-                ..TierCounts::default()
+        Ok(Self::checked(tiers, record, name))
+    }
+
+    /// As [`recording`](Self::recording), for `tiers` already known to be 1 to [`MAX_TIERS`]
+    /// with distinct names.
+    pub(super) fn checked(tiers: Vec<Tier>, record: TierRecord, name: &'static str) -> Self {
+        let slots = tiers
+            .into_iter()
+            .enumerate()
+            .map(|(i, tier)| Slot {
+                tier,
+                live: (record == TierRecord::Every || i > 0).then(LiveAllocations::new),
+                counters: Counters::default(),
             })
             .collect();
-        Ok(TieredMemoryResource {
-            tiers,
-            state: Mutex::new(State {
-                owners: HashMap::new(),
-                counts,
-                failures: 0,
-            }),
-        })
+        TieredMemoryResource {
+            slots,
+            record,
+            name,
+            failures: AtomicU64::new(0),
+        }
     }
 
     /// The tiers, in the order they are tried.
-    pub fn tiers(&self) -> &[Tier] {
-        &self.tiers
+    pub fn tiers(&self) -> impl ExactSizeIterator<Item = &Tier> {
+        self.slots.iter().map(|s| &s.tier)
+    }
+
+    /// Tier `i`, in the order they are tried.
+    pub fn tier(&self, i: usize) -> Option<&Tier> {
+        self.slots.get(i).map(|s| &s.tier)
     }
 
     /// The tiers' names, in order.
     pub fn tier_names(&self) -> Vec<String> {
-        self.tiers.iter().map(|t| t.name.clone()).collect()
+        self.tiers().map(|t| t.name.clone()).collect()
     }
 
     /// The counters of every tier, in order.
     pub fn tier_counts(&self) -> Vec<TierCounts> {
-        self.state.lock().counts.clone()
+        self.slots
+            .iter()
+            .map(|s| s.counters.read(&s.tier.name, s.tier.resource.name()))
+            .collect()
     }
 
     /// Allocations that no tier could serve, ever.
     pub fn failures(&self) -> u64 {
-        self.state.lock().failures
+        self.failures.load(Ordering::Relaxed)
     }
 
-    /// The index of the tier that holds the live allocation starting at `ptr`, if any.
+    /// The index of the tier that holds the live allocation starting at `ptr`, where it is
+    /// recorded ([`TierRecord`]).
     pub fn tier_of(&self, ptr: usize) -> Option<usize> {
-        self.state.lock().owners.get(&ptr).map(|&(tier, _)| tier)
+        self.slots
+            .iter()
+            .position(|s| s.live.as_ref().is_some_and(|l| l.size_of(ptr).is_some()))
     }
 
-    /// Every live allocation as (pointer, requested bytes, tier), sorted by pointer.
+    /// Every recorded live allocation as (pointer, requested bytes, tier), sorted by pointer.
     pub fn live_allocations(&self) -> Vec<(usize, usize, usize)> {
-        let s = self.state.lock();
-        let mut out: Vec<_> = s
-            .owners
+        let mut out: Vec<_> = self
+            .slots
             .iter()
-            .map(|(&ptr, &(tier, bytes))| (ptr, bytes, tier))
+            .enumerate()
+            .filter_map(|(i, s)| s.live.as_ref().map(|l| (i, l)))
+            .flat_map(|(i, l)| l.entries().into_iter().map(move |(p, b)| (p, b, i)))
             .collect();
         out.sort_unstable();
         out
@@ -171,41 +285,33 @@ impl TieredMemoryResource {
 
     /// Sets every tier's peaks to its current values.
     pub fn reset_peaks(&self) {
-        let mut s = self.state.lock();
-        for c in &mut s.counts {
-            c.peak_bytes = c.current_bytes;
-            c.peak_allocations = c.current_allocations;
+        for s in &self.slots {
+            s.counters.reset_peaks();
         }
     }
 
     /// Whether tier `i`'s resource is an earlier tier's (the same memory named twice).
     fn same_as_earlier(&self, i: usize) -> bool {
-        let id = self.tiers[i].resource.identity();
-        self.tiers[..i].iter().any(|t| t.resource.identity() == id)
+        let id = self.slots[i].tier.resource.identity();
+        self.slots[..i]
+            .iter()
+            .any(|s| s.tier.resource.identity() == id)
     }
 
-    fn record(&self, ptr: usize, bytes: usize, tier: usize, refused: &[usize]) -> Result<()> {
-        let mut s = self.state.lock();
-        for &r in refused {
-            s.counts[r].refused += 1;
+    /// Records `ptr` of `bytes`, just made by tier `i`.
+    fn record(&self, ptr: usize, bytes: usize, i: usize) -> Result<()> {
+        let slot = &self.slots[i];
+        if let Some(live) = &slot.live {
+            if let Some(other) = self.tier_of(ptr) {
+                return Err(Error::Logic(format!(
+                    "{}: tier {} returned {ptr:#x}, which tier {} holds live",
+                    self.name, slot.tier.name, self.slots[other].tier.name
+                )));
+            }
+            live.insert(ptr, bytes)
+                .map_err(|e| Error::Logic(format!("{}: {e}", self.name)))?;
         }
-        if ptr == 0 {
-            return Ok(());
-        }
-        if s.owners.contains_key(&ptr) {
-            return Err(Error::Logic(format!(
-                "tiered: tier {} returned {ptr:#x}, which is already live",
-                self.tiers[tier].name
-            )));
-        }
-        s.owners.insert(ptr, (tier, bytes));
-        let c = &mut s.counts[tier];
-        c.current_bytes += bytes;
-        c.peak_bytes = c.peak_bytes.max(c.current_bytes);
-        c.total_bytes += bytes as u128;
-        c.current_allocations += 1;
-        c.peak_allocations = c.peak_allocations.max(c.current_allocations);
-        c.total_allocations += 1;
+        slot.counters.allocated(bytes);
         Ok(())
     }
 }
@@ -215,107 +321,101 @@ impl MemoryResource for TieredMemoryResource {
     /// Out of memory when every tier is out of memory (naming each); a tier's other errors (a
     /// logic or CUDA error is not a reason to try the next tier).
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        let mut refused = Vec::new();
         let mut reasons = Vec::new();
-        for (i, tier) in self.tiers.iter().enumerate() {
-            match tier.resource.allocate(bytes, stream) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            match slot.tier.resource.allocate(bytes, stream) {
+                Ok(0) => return Ok(0),
                 Ok(ptr) => {
-                    if let Err(e) = self.record(ptr, bytes, i, &refused) {
+                    if let Err(e) = self.record(ptr, bytes, i) {
                         // SAFETY: `ptr` came from this tier just now with `bytes`, unused.
-                        let _ = unsafe { tier.resource.deallocate(ptr, bytes, stream) };
+                        let _ = unsafe { slot.tier.resource.deallocate(ptr, bytes, stream) };
                         return Err(e);
                     }
                     return Ok(ptr);
                 }
                 Err(e) if e.is_out_of_memory() => {
-                    refused.push(i);
-                    reasons.push(format!("{}: {e}", tier.name));
+                    slot.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    reasons.push(format!(
+                        "{} ({}): {e}",
+                        slot.tier.name,
+                        slot.tier.resource.name()
+                    ));
                 }
-                Err(e) => {
-                    let _ = self.record(0, bytes, i, &refused);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
-        {
-            let mut s = self.state.lock();
-            for &r in &refused {
-                s.counts[r].refused += 1;
-            }
-            s.failures += 1;
-        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
         Err(Error::out_of_memory(
             bytes,
             format!(
-                "tiered: every tier is out of memory ({})",
+                "{}: every tier is out of memory ({})",
+                self.name,
                 reasons.join("; ")
             ),
         ))
     }
 
-    /// Frees through the tier that made the allocation.
+    /// Frees through the tier that made the allocation. A null pointer goes to the first tier
+    /// (a resource below that counts zero-byte allocations, as RMM's statistics adaptor does,
+    /// ends the one this resource passed down).
     ///
     /// # Safety
-    /// Only preconditions 3 and 4 of [`MemoryResource::deallocate`]: a pointer this resource
-    /// did not hand out, a double free or a wrong size is [`Error::Logic`] and changes nothing.
+    /// With [`TierRecord::Every`], only preconditions 3 and 4 of [`MemoryResource::deallocate`]:
+    /// a pointer this resource did not hand out, a double free or a wrong size is
+    /// [`Error::Logic`] and changes nothing. With [`TierRecord::BeyondFirst`], a pointer that no
+    /// later tier holds is the first tier's: as safe as that tier.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        let first = &self.slots[0];
         if ptr == 0 {
+            // SAFETY: a null pointer is never a live allocation: freeing it is a no-op for
+            // every resource (the trait's contract).
+            return unsafe { first.tier.resource.deallocate(0, bytes, stream) };
+        }
+        let holder = self.slots.iter().find_map(|slot| {
+            let live = slot.live.as_ref()?;
+            live.size_of(ptr).map(|_| (slot, live))
+        });
+        if let Some((slot, live)) = holder {
+            live.free_checked(ptr, bytes, Some(self.name), || {
+                // SAFETY: the record shows `ptr` came from this tier with `bytes` and was not
+                // freed since (1, 2); the caller's contract gives 3 and 4.
+                unsafe { slot.tier.resource.deallocate(ptr, bytes, stream) }
+            })?;
+            slot.counters.freed(bytes);
             return Ok(());
         }
-        let tier = {
-            let mut s = self.state.lock();
-            let Some(&(tier, size)) = s.owners.get(&ptr) else {
-                return Err(Error::Logic(format!(
-                    "tiered: deallocate of {ptr:#x}, which is not allocated (never, already \
-                     freed, or inside another allocation)"
-                )));
-            };
-            if size != bytes {
-                return Err(Error::Logic(format!(
-                    "tiered: deallocate of {ptr:#x} with {bytes} bytes, but it was allocated \
-                     with {size} bytes"
-                )));
-            }
-            s.owners.remove(&ptr);
-            let c = &mut s.counts[tier];
-            c.current_bytes -= bytes;
-            c.current_allocations -= 1;
-            tier
-        };
-        // SAFETY: the record shows `ptr` came from this tier with `bytes` and was not freed
-        // since (1, 2); the caller's contract gives 3 and 4.
-        let result = unsafe { self.tiers[tier].resource.deallocate(ptr, bytes, stream) };
-        if result.is_err() {
-            // The tier kept it: so does the record.
-            let mut s = self.state.lock();
-            s.owners.insert(ptr, (tier, bytes));
-            let c = &mut s.counts[tier];
-            c.current_bytes += bytes;
-            c.current_allocations += 1;
+        if self.record == TierRecord::Every {
+            return Err(Error::Logic(format!(
+                "{}: deallocate of {ptr:#x}, which is not allocated (never, already freed, or \
+                 inside another allocation)",
+                self.name
+            )));
         }
-        result
+        // SAFETY: no later tier holds it, so the first tier's (the caller's contract).
+        unsafe { first.tier.resource.deallocate(ptr, bytes, stream) }?;
+        first.counters.freed(bytes);
+        Ok(())
     }
 
     fn kind(&self) -> MemoryKind {
-        self.tiers[0].resource.kind()
+        self.slots[0].tier.resource.kind()
     }
 
     fn device(&self) -> Option<usize> {
-        self.tiers[0].resource.device()
+        self.slots[0].tier.resource.device()
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
-        self.tiers[0].resource.memory_info()
+        self.slots[0].tier.resource.memory_info()
     }
 
     fn call_profile(&self) -> CallProfile {
-        self.tiers
-            .iter()
+        self.tiers()
             .fold(CallProfile::QUICK, |p, t| p.and(t.resource.call_profile()))
     }
 
     fn name(&self) -> &'static str {
-        "tiered"
+        self.name
     }
 
     fn report(&self) -> Option<&dyn PoolReport> {
@@ -323,18 +423,21 @@ impl MemoryResource for TieredMemoryResource {
     }
 
     fn upstreams(&self) -> Vec<SharedResource> {
-        self.tiers.iter().map(|t| t.resource.clone()).collect()
+        self.tiers().map(|t| t.resource.clone()).collect()
     }
 
     /// Every tier's (the first tier's memory).
     fn link(&self) -> crate::resource::Link {
-        let links: Vec<crate::resource::Link> =
-            self.tiers.iter().map(|t| t.resource.link()).collect();
+        let links: Vec<crate::resource::Link> = self.tiers().map(|t| t.resource.link()).collect();
         crate::resource::Link::join(&links)
             .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn into_any(self: Arc<Self>) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         Some(self)
     }
 }
@@ -346,7 +449,7 @@ impl PoolReport for TieredMemoryResource {
     fn footprint(&self) -> Footprint {
         let counts = self.tier_counts();
         let mut out = Footprint::default();
-        for (i, (tier, c)) in self.tiers.iter().zip(&counts).enumerate() {
+        for (i, (tier, c)) in self.tiers().zip(&counts).enumerate() {
             if self.same_as_earlier(i) {
                 continue;
             }
@@ -378,7 +481,7 @@ impl PoolReport for TieredMemoryResource {
     fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
         let live = self.live_allocations();
         let mut out = Vec::new();
-        for (i, tier) in self.tiers.iter().enumerate() {
+        for (i, tier) in self.tiers().enumerate() {
             if self.same_as_earlier(i) {
                 // Its memory is an earlier tier's, laid out there (its pointers are too).
                 continue;
@@ -396,7 +499,7 @@ impl PoolReport for TieredMemoryResource {
                 })),
                 None => out.extend(
                     live.iter()
-                        .filter(|a| self.tiers[a.2].resource.identity() == id)
+                        .filter(|a| self.slots[a.2].tier.resource.identity() == id)
                         .map(|&(ptr, bytes, _)| SegmentInfo {
                             address: ptr,
                             total_size: bytes,

@@ -62,10 +62,18 @@ pub(crate) fn carried_error(err: PyErr, out_of_memory: bool, requested: usize) -
 }
 
 /// What RMM raises for an exception from a Python callback: a `MemoryError` or `RuntimeError`
-/// (or a subclass) as it is; anything else (`Exception`, `BaseException`, ...) as a
-/// `RuntimeError` with the same message, the original as its cause.
+/// (or a subclass) as it is; any other `Exception` as a `RuntimeError` with the same message,
+/// the original as its cause (a bare `BaseException` too, as RMM does). The exceptions that stop
+/// a program (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`) stay as they are: a Ctrl-C in
+/// a callback stays a Ctrl-C.
 fn as_rmm_raises(py: Python<'_>, err: PyErr) -> PyErr {
-    if err.is_instance_of::<PyMemoryError>(py) || err.is_instance_of::<PyRuntimeError>(py) {
+    use pyo3::exceptions::{PyGeneratorExit, PyKeyboardInterrupt, PySystemExit};
+    if err.is_instance_of::<PyMemoryError>(py)
+        || err.is_instance_of::<PyRuntimeError>(py)
+        || err.is_instance_of::<PyKeyboardInterrupt>(py)
+        || err.is_instance_of::<PySystemExit>(py)
+        || err.is_instance_of::<PyGeneratorExit>(py)
+    {
         return err;
     }
     let message = err

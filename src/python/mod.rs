@@ -29,6 +29,7 @@ mod errors;
 mod gil;
 mod gpu;
 mod hooks;
+mod python_functions;
 mod replay;
 mod replay_allocator;
 mod resources;

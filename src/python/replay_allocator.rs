@@ -1,20 +1,20 @@
 //! `rrmm._rrmm.ReplayLog` and `replay_allocator`: the replay engine over an allocator written in
 //! Python (PyTorch's caching allocator, CuPy's memory pool, rrmm through its Python API: the
-//! peers of `rrmm replay`). The allocator's functions become a
-//! [`CallbackMemoryResource`](crate::resource::CallbackMemoryResource) and the engine replays
+//! peers of `rrmm replay`). The allocator's functions become the one Rust resource over Python
+//! functions ([`PythonFunctions`]) and the engine replays
 //! the log over it exactly as over rrmm's own kinds: the same passes, timing, repetitions,
 //! freeing of what the log leaves live, and record. The replay runs without the GIL; each call
 //! of a Python function takes it for that call only, and no Rust lock is held across one.
 
-use super::errors::{carried_error, py_result};
+use super::errors::py_result;
+use super::python_functions::{PythonFunctions, Raised, StreamArg};
 use super::replay::{repeat_of, to_python_any};
-use crate::cuda::Stream;
 use crate::replay::{replay, ReplayOptions, ReplayRecord, Trace, PYTHON_DRIVER};
 use crate::report::Footprint;
-use crate::resource::{CallbackMemoryResource, MemoryKind};
-use crate::{Error, SharedResource};
+use crate::resource::MemoryKind;
+use crate::SharedResource;
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyException, PyMemoryError, PyTypeError};
+use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
@@ -46,32 +46,15 @@ impl ReplayLog {
     }
 }
 
-/// The Python functions a replay calls, and the first exception a figures function raised
-/// (figures have no error path in the engine: the row reports it instead).
-struct Functions {
-    allocate: Py<PyAny>,
-    deallocate: Py<PyAny>,
+/// The figures functions of a replay's allocator, and the first exception one raised (figures
+/// have no error path in the engine: the row reports it instead).
+struct Figures {
     held_bytes: Option<Py<PyAny>>,
     free_blocks: Option<Py<PyAny>>,
-    /// Exception types that mean out of memory besides `MemoryError` (PyTorch's is a
-    /// `RuntimeError`).
-    out_of_memory: Option<Py<PyAny>>,
     raised: Mutex<Option<PyErr>>,
 }
 
-impl Functions {
-    /// The error of an exception `err` raised by the allocator for `bytes`: out of memory (a
-    /// failed event of the replay, as a Rust kind's) for a `MemoryError` or one of the
-    /// `out_of_memory` types, else an error that ends the replay; either carries `err`.
-    fn error(&self, py: Python<'_>, err: PyErr, bytes: usize) -> Error {
-        let out_of_memory = err.is_instance_of::<PyMemoryError>(py)
-            || self
-                .out_of_memory
-                .as_ref()
-                .is_some_and(|types| err.is_instance(py, types.bind(py)));
-        carried_error(err, out_of_memory, bytes)
-    }
-
+impl Figures {
     /// Calls the figures function `f` and reads its value with `read`; the default (the
     /// first exception kept for the row) when either raises.
     fn figure<T: Default>(
@@ -103,46 +86,24 @@ impl Functions {
     }
 }
 
-/// The resource over `f`: handing out memory of `device` (None: no device, no streams made).
-fn resource(f: Arc<Functions>, device: Option<usize>) -> SharedResource {
-    let a = f.clone();
-    let allocate = Box::new(
-        move |bytes: usize, stream: Stream| -> crate::Result<usize> {
-            Python::attach(|py| {
-                a.allocate
-                    .bind(py)
-                    .call1((bytes, stream.raw()))
-                    .and_then(|ptr| ptr.extract::<usize>())
-                    .map_err(|e| a.error(py, e, bytes))
-            })
-        },
-    );
-    let d = f.clone();
-    let deallocate = Box::new(
-        move |ptr: usize, bytes: usize, stream: Stream| -> crate::Result<()> {
-            Python::attach(|py| {
-                d.deallocate
-                    .bind(py)
-                    .call1((ptr, bytes, stream.raw()))
-                    .map(drop)
-                    .map_err(|e| d.error(py, e, bytes))
-            })
-        },
-    );
+/// The resource over `functions` (the one Rust resource over Python functions), handing out
+/// memory of `device` (None: no device, no streams made), reporting `figures` where given.
+fn resource(
+    functions: &Arc<PythonFunctions>,
+    figures: &Arc<Figures>,
+    device: Option<usize>,
+) -> SharedResource {
     let kind = if device.is_some() {
         MemoryKind::Device
     } else {
         MemoryKind::Simulated
     };
-    let mut mr = CallbackMemoryResource::new(allocate, deallocate, kind);
-    if let Some(device) = device {
-        mr = mr.on_device(device);
-    }
-    if f.held_bytes.is_some() {
-        let h = f.clone();
+    let mut mr = functions.resource(kind, device);
+    if figures.held_bytes.is_some() {
+        let h = figures.clone();
         let held = Box::new(move || h.held());
-        let footprint = f.free_blocks.is_some().then(|| {
-            let g = f.clone();
+        let footprint = figures.free_blocks.is_some().then(|| {
+            let g = figures.clone();
             Box::new(move || {
                 let held_bytes = g.held();
                 let free = g.free();
@@ -202,15 +163,20 @@ fn replay_allocator<'py>(
             "allocate, deallocate, held_bytes and free_blocks must be callable",
         ));
     }
-    let functions = Arc::new(Functions {
-        allocate: allocate.clone().unbind(),
-        deallocate: deallocate.clone().unbind(),
+    let functions = Arc::new(PythonFunctions::new(
+        allocate,
+        deallocate,
+        StreamArg::Handle,
+        Raised::AsIs {
+            out_of_memory: out_of_memory.map(|t| t.clone().unbind()),
+        },
+    ));
+    let figures = Arc::new(Figures {
         held_bytes: held_bytes.map(|f| f.clone().unbind()),
         free_blocks: free_blocks.map(|f| f.clone().unbind()),
-        out_of_memory: out_of_memory.map(|t| t.clone().unbind()),
         raised: Mutex::new(None),
     });
-    let mr = resource(functions.clone(), device);
+    let mr = resource(&functions, &figures, device);
     let options = ReplayOptions {
         timeline_points,
         repeat: repeat_of(repeat),
@@ -222,7 +188,7 @@ fn replay_allocator<'py>(
     let mut record = ReplayRecord::of_log(&trace, &name);
     record.driver = PYTHON_DRIVER.to_string();
     record.setup = setup;
-    let raised = functions.raised.lock().take();
+    let raised = figures.raised.lock().take();
     let failure = match (outcome, raised) {
         (Ok(report), None) => {
             record = record.with_report(&report);

@@ -1,5 +1,6 @@
 //! A resource whose allocate and deallocate are functions given by the user.
 
+use super::outside_blocks::OutsideBlocks;
 use super::{MemoryKind, MemoryResource, ALLOCATION_ALIGNMENT};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
@@ -47,10 +48,13 @@ pub(crate) fn check_returned_pointer(ptr: usize, bytes: usize) -> Result<usize> 
 /// pointer is out of memory (the C convention for a failed allocation), and an address that is
 /// not 256-byte aligned, or whose block would run past the end of the address space, is
 /// [`Error::Logic`]: resources above would otherwise hand out blocks that break rrmm's
-/// alignment or wrap around.
+/// alignment or wrap around. A block that overlaps one still live (a pointer returned twice) is
+/// [`Error::Logic`] too, and so is a free of a block the resource did not hand out or with
+/// another size: the addresses come from outside rrmm, so it keeps their record.
 pub struct CallbackMemoryResource {
     allocate: AllocateFn,
     deallocate: DeallocateFn,
+    blocks: OutsideBlocks,
     kind: MemoryKind,
     device: Option<usize>,
     figures: Option<CallbackFigures>,
@@ -86,6 +90,7 @@ impl CallbackMemoryResource {
         CallbackMemoryResource {
             allocate,
             deallocate,
+            blocks: OutsideBlocks::default(),
             kind,
             device: None,
             figures: None,
@@ -108,6 +113,15 @@ impl CallbackMemoryResource {
             footprint,
         });
         self
+    }
+}
+
+impl CallbackMemoryResource {
+    /// Takes the record of every live block, for a caller that gives them back itself (the
+    /// Python class, when a reference cycle through its functions is collected); later frees
+    /// of them are no-ops that call nothing.
+    pub(crate) fn release_live(&self) -> Vec<(usize, usize)> {
+        self.blocks.release_all()
     }
 }
 
@@ -156,12 +170,20 @@ impl MemoryResource for CallbackMemoryResource {
             let _depth = Nesting::enter()?;
             (self.allocate)(bytes, stream)?
         };
-        check_returned_pointer(ptr, bytes)
+        let ptr = check_returned_pointer(ptr, bytes)?;
+        self.blocks.admit("callback_memory_resource", ptr, bytes)?;
+        Ok(ptr)
     }
 
+    /// # Safety
+    /// Only preconditions 3 and 4 of [`MemoryResource::deallocate`]: a block this resource did
+    /// not hand out, a double free or a wrong size is [`Error::Logic`] and calls nothing.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         let _depth = Nesting::enter()?;
-        (self.deallocate)(ptr, bytes, stream)
+        self.blocks
+            .free("callback_memory_resource", ptr, bytes, || {
+                (self.deallocate)(ptr, bytes, stream)
+            })
     }
 
     fn kind(&self) -> MemoryKind {

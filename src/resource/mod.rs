@@ -13,6 +13,7 @@ mod host_virtual_memory;
 mod link;
 mod managed;
 pub mod memory_summary;
+mod outside_blocks;
 mod peer;
 mod pinned_host;
 mod pinned_pages;
@@ -23,8 +24,6 @@ pub mod sleep;
 mod system;
 mod virtual_memory;
 
-#[cfg(feature = "python")]
-pub(crate) use callback::check_returned_pointer;
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};

@@ -184,6 +184,9 @@ pub enum Handle {
     Statistics(Arc<StatisticsResourceAdaptor>),
     /// A tracking adaptor.
     Tracking(Arc<TrackingResourceAdaptor>),
+    /// A resource whose class its type does not tell (a resource of the user's own, set from
+    /// Rust): the bindings give it the base class, over its one upstream where it has one.
+    Other(SharedResource),
 }
 
 impl Handle {
@@ -198,6 +201,18 @@ impl Handle {
             return Some(handle);
         }
         let shared = mr.clone().into_any()?;
+        if let Ok(a) = shared.clone().downcast::<FallbackResourceAdaptor>() {
+            let alternate = Self::of_resource_or_other(a.alternate());
+            return Some(Handle::Fallback(a, Box::new(alternate)));
+        }
+        if let Ok(t) = shared.clone().downcast::<TieredMemoryResource>() {
+            let further = t
+                .tiers()
+                .skip(1)
+                .map(|tier| Self::of_resource_or_other(&tier.resource))
+                .collect();
+            return Some(Handle::Tiered(t, further));
+        }
         if let Ok(a) = shared.clone().downcast::<StatisticsResourceAdaptor>() {
             return Some(Handle::Statistics(a));
         }
@@ -211,6 +226,11 @@ impl Handle {
             .downcast::<TrackingResourceAdaptor>()
             .ok()
             .map(Handle::Tracking)
+    }
+
+    /// [`of_resource`](Self::of_resource), or [`Handle::Other`] for a type without a handle.
+    pub fn of_resource_or_other(mr: &SharedResource) -> Handle {
+        Self::of_resource(mr).unwrap_or_else(|| Handle::Other(mr.clone()))
     }
 
     /// The handle of a resource whose type `any` (its [`MemoryResource::as_any`]) tells, for
@@ -240,8 +260,9 @@ impl Handle {
         None
     }
 
-    /// The resource a suballocator or adaptor handle is built over (its upstream); `None` for
-    /// the sources (and for the handles of several upstreams, which the stack builder makes).
+    /// The resource a suballocator or adaptor handle is built over (its upstream; a fallback's
+    /// primary, a tiered resource's first tier; an unknown resource's one upstream); `None` for
+    /// the sources.
     pub fn built_over(&self) -> Option<SharedResource> {
         match self {
             Handle::Pool(p, _) => Some(p.upstream().clone()),
@@ -252,6 +273,11 @@ impl Handle {
             Handle::Logging(a) => Some(a.upstream().clone()),
             Handle::Limit(a) => Some(a.upstream().clone()),
             Handle::Tracking(a) => Some(a.upstream().clone()),
+            Handle::Fallback(f, _) => Some(f.upstream().clone()),
+            Handle::Tiered(t, _) => t.tier(0).map(|tier| tier.resource.clone()),
+            Handle::Other(mr) => <[SharedResource; 1]>::try_from(mr.upstreams())
+                .ok()
+                .map(|[up]| up),
             _ => None,
         }
     }
@@ -262,7 +288,8 @@ impl Handle {
             Handle::Cuda(mr)
             | Handle::CudaAsync(mr, _)
             | Handle::PinnedHost(mr, ..)
-            | Handle::Peer(mr, _) => mr.clone(),
+            | Handle::Peer(mr, _)
+            | Handle::Other(mr) => mr.clone(),
             Handle::Managed(m) => Arc::new(m.clone()),
             Handle::Simulated(s) => s.clone(),
             Handle::Expandable(e) => Arc::new(e.clone()),
@@ -296,6 +323,7 @@ impl std::fmt::Debug for Handle {
             Handle::Fallback(..) => "Fallback",
             Handle::Peer(..) => "Peer",
             Handle::Tiered(..) => "Tiered",
+            Handle::Other(_) => "Other",
             Handle::Limit(_) => "Limit",
             Handle::Logging(_) => "Logging",
             Handle::Statistics(_) => "Statistics",

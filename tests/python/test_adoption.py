@@ -218,6 +218,9 @@ def test_stream_messages_are_rmms():
         (RuntimeError, RuntimeError),
         (Exception, RuntimeError),
         (BaseException, RuntimeError),
+        # A Ctrl-C (or an exit) in a callback stays what it is (issue 39).
+        (KeyboardInterrupt, KeyboardInterrupt),
+        (SystemExit, SystemExit),
     ],
 )
 def test_callback_errors_reach_python_as_rmm_raises_them(raised, caught):

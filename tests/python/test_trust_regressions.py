@@ -149,7 +149,8 @@ def test_a_null_or_wrapping_upstream_block_is_refused() -> None:
 
 
 def test_saturated_counters_keep_accepting_correct_frees() -> None:
-    addresses = iter(range(1 << 20, 1 << 40, 1 << 20))
+    # Distinct blocks that do not overlap (the callback resource refuses overlapping blocks).
+    addresses = iter(range(1 << 20, 1 << 64, 1 << 62))
     cb = mr.CallbackMemoryResource(lambda n, s: next(addresses), lambda p, n, s: None)
     st = mr.StatisticsResourceAdaptor(cb)
     huge = 1 << 62

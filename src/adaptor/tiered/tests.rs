@@ -58,7 +58,7 @@ fn fills_the_tiers_in_order_and_frees_each_where_it_came_from() {
     // All full: out of memory naming every tier, counted.
     let err = mr.allocate(64 * MIB, Stream::DEFAULT).unwrap_err();
     assert!(err.is_out_of_memory());
-    assert!(err.to_string().contains("peer:"), "{err}");
+    assert!(err.to_string().contains("peer (simulated):"), "{err}");
     assert_eq!(mr.failures(), 1);
     assert_eq!(mr.allocate(0, Stream::DEFAULT).unwrap(), 0);
     free(&mr, 0, 0).unwrap();

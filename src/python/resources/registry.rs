@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
 use super::resource::DeviceMemoryResource;
-use super::source_resources::ManagedMemoryResource;
 use crate::python::errors::py_result;
 
 type Entry = (Py<DeviceMemoryResource>, SharedResource);
@@ -25,72 +24,6 @@ static PY_TABLE: Mutex<Vec<Option<Entry>>> = Mutex::new(Vec::new());
 
 fn same(a: &SharedResource, b: &SharedResource) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
-}
-
-/// A Python object for a Rust resource that was not made from Python: the object of its own
-/// class where [`Handle::of_resource`] knows its type (a pool set from Rust is a
-/// `PoolMemoryResource` over its upstream's object, a statistics adaptor a
-/// `StatisticsResourceAdaptor`, a managed cache the full object), through
-/// the one wrapper of the stack builder's resources; another resource over one upstream is an
-/// `UpstreamResourceAdaptor` whose `upstream_mr` is its upstream's object, all the way down (a
-/// stack built in Rust comes back with its upstreams). The walk is a loop over at most
-/// [`MAX_STACK_DEPTH`](crate::resource::graph::MAX_STACK_DEPTH) levels.
-fn wrap(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
-    let mut below: Option<Py<DeviceMemoryResource>> = None;
-    for (mr, handle) in chain_of(mr).into_iter().rev() {
-        let over = handle.as_ref().is_some_and(|h| h.built_over().is_some());
-        below = Some(match (handle, below.take()) {
-            // A source of a known class, or a suballocator or adaptor with its upstream's object.
-            (Some(handle), up) if !over || up.is_some() => super::wrap::wrap(py, &handle, up)?,
-            (_, Some(up)) => {
-                Bound::new(py, super::resource::UpstreamResourceAdaptor::init(up, mr))?
-                    .into_super()
-                    .unbind()
-            }
-            (_, None) => wrap_unknown_source(py, mr)?,
-        });
-    }
-    below.ok_or_else(|| PyValueError::new_err("no resource to wrap"))
-}
-
-/// `mr` and the resources below it, top to bottom: through a known suballocator to the resource
-/// it carves from, through any other resource with one upstream to it; a source resource (of a
-/// known class or none) ends it, as does one with several upstreams; at most `MAX_STACK_DEPTH`
-/// long. Each with its handle, where its type has one.
-fn chain_of(mr: SharedResource) -> Vec<(SharedResource, Option<Handle>)> {
-    let mut chain = Vec::new();
-    let mut next = Some(mr);
-    while let Some(mr) = next.take() {
-        let handle = Handle::of_resource(&mr);
-        if chain.len() + 1 < crate::resource::graph::MAX_STACK_DEPTH {
-            next = match &handle {
-                Some(handle) => handle.built_over(),
-                None => <[SharedResource; 1]>::try_from(mr.upstreams())
-                    .ok()
-                    .map(|[up]| up),
-            };
-        }
-        chain.push((mr, handle));
-    }
-    chain
-}
-
-/// The object of a source resource whose class the bindings do not know from its type: a
-/// managed resource without a cache (its kind says managed) is a `ManagedMemoryResource` whose
-/// cache is not reachable; any other a `DeviceMemoryResource`.
-fn wrap_unknown_source(py: Python<'_>, mr: SharedResource) -> PyResult<Py<DeviceMemoryResource>> {
-    let managed = mr
-        .as_any()
-        .is_some_and(|a| a.is::<crate::resource::UncachedManagedMemoryResource>());
-    let base_init = PyClassInitializer::from(DeviceMemoryResource::init(mr));
-    if managed {
-        return Ok(
-            Bound::new(py, base_init.add_subclass(ManagedMemoryResource::unknown()))?
-                .into_super()
-                .unbind(),
-        );
-    }
-    Py::new(py, base_init)
 }
 
 /// The resource of `device`, as a Python object and as the Rust resource.
@@ -108,7 +41,7 @@ pub(super) fn per_device<'py>(
             }
         }
     }
-    let obj = wrap(py, rust.clone())?;
+    let obj = super::wrap::wrap_resource(py, rust.clone())?;
     store(py, device, obj.clone_ref(py), rust.clone());
     Ok((obj.into_bound(py), rust))
 }
@@ -222,7 +155,7 @@ fn _current_host_resource(py: Python<'_>) -> PyResult<Py<DeviceMemoryResource>> 
     }
     let obj = match crate::default_host_resource() {
         Some(default) if same(&default.resource(), &rust) => wrap_default_host(py, &default)?,
-        _ => wrap(py, rust.clone())?,
+        _ => super::wrap::wrap_resource(py, rust.clone())?,
     };
     let old = HOST_PY.lock().replace((obj.clone_ref(py), rust));
     drop(old);
@@ -284,6 +217,7 @@ crate::python::register_items! {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wrap::chain_of_names;
     use super::*;
     use crate::{ManagedMemoryResource as RsManaged, SimulatedMemoryResource};
 
@@ -310,24 +244,59 @@ mod tests {
     }
 
     #[test]
+    fn a_fallback_or_tiered_resource_set_from_rust_is_its_own_class_with_every_tier() {
+        let sim = |n| -> SharedResource { Arc::new(SimulatedMemoryResource::new(n)) };
+        let pool: SharedResource =
+            Arc::new(crate::PoolMemoryResource::new(sim(1 << 30), Some(0), None).unwrap());
+        let alternate = sim(1 << 20);
+        let fallback: SharedResource = Arc::new(crate::FallbackResourceAdaptor::new(
+            pool.clone(),
+            alternate.clone(),
+        ));
+        let handle = Handle::of_resource(&fallback).unwrap();
+        let Handle::Fallback(_, alt) = &handle else {
+            panic!("{handle:?}")
+        };
+        assert!(matches!(**alt, Handle::Other(_)));
+        assert_eq!(handle.built_over().unwrap().name(), "pool");
+        let tiers = vec![
+            crate::adaptor::Tier::new("device", pool.clone()),
+            crate::adaptor::Tier::new("peer", fallback.clone()),
+            crate::adaptor::Tier::new("host", alternate),
+        ];
+        let tiered: SharedResource =
+            Arc::new(crate::adaptor::TieredMemoryResource::new(tiers).unwrap());
+        let handle = Handle::of_resource(&tiered).unwrap();
+        let Handle::Tiered(_, further) = &handle else {
+            panic!("{handle:?}")
+        };
+        assert!(matches!(
+            further.as_slice(),
+            [Handle::Fallback(..), Handle::Other(_)]
+        ));
+        let names = chain_of_names(tiered);
+        assert_eq!(names, ["tiered", "pool", "simulated"]);
+    }
+
+    #[test]
     fn a_stack_set_from_rust_is_walked_down_its_upstreams_to_a_known_class() {
         let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
         let managed: SharedResource = Arc::new(RsManaged::over(sim.clone(), Some(1 << 20)));
         let pool: SharedResource =
             Arc::new(crate::PoolMemoryResource::new(managed.clone(), Some(0), None).unwrap());
         let stats: SharedResource = Arc::new(crate::StatisticsResourceAdaptor::new(pool.clone()));
-        let names: Vec<_> = chain_of(stats).iter().map(|(r, _)| r.name()).collect();
+        let names = chain_of_names(stats);
         // The managed cache is a source of a known class: its object is whole, the walk stops
         // there; the pool is walked through to what it carves from.
         assert_eq!(names, ["statistics", "pool", "managed"]);
         let binning: SharedResource =
             Arc::new(crate::BinningMemoryResource::new(pool.clone(), Some(10), Some(12)).unwrap());
-        let names: Vec<_> = chain_of(binning).iter().map(|(r, _)| r.name()).collect();
+        let names = chain_of_names(binning);
         assert_eq!(
             names,
             ["binning", "pool", "managed"],
             "through binning's upstream"
         );
-        assert_eq!(chain_of(sim).len(), 1);
+        assert_eq!(chain_of_names(sim).len(), 1);
     }
 }

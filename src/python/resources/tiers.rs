@@ -202,7 +202,7 @@ impl TieredMemoryResource {
     fn tier_of(&self, ptr: usize) -> Option<String> {
         self.tiered
             .tier_of(ptr)
-            .map(|i| self.tiered.tiers()[i].name.clone())
+            .map(|i| self.tiered.tier_names()[i].clone())
     }
 
     /// Allocations that no tier could serve (each raised MemoryError).
