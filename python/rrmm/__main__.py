@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``rrmm`` command line; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rrmm`` parser with every subcommand; each sets ``run`` to the function that runs
+    it."""
     from rrmm import __version__
     from rrmm._cli_common import EXIT_CODES, one_line_parser_errors
 
@@ -29,8 +30,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     _cli_info.add_parser(sub)
     _cli_replay.add_parser(sub)
     _cli_snapshot.add_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``rrmm`` command line; returns the exit status. Every subcommand's output goes
+    through one policy (``rrmm._cli_common.run_with_output``): closed, broken and full streams
+    end as ``--help``'s exit status section says, never with a traceback."""
+    from rrmm._cli_common import run_with_output
+
+    def command() -> int:
+        args = build_parser().parse_args(argv)
+        return int(args.run(args) or 0)
+
+    return run_with_output(command)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,60 @@
-"""What every ``rrmm`` subcommand shares: its exit codes, its one-line errors and the names of
-the shipped logs."""
+"""What every ``rrmm`` subcommand shares: its exit codes, its one-line errors, the names of
+the shipped logs, and the one place its output is written through (:func:`run_with_output`)."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import IO, NoReturn
 
-__all__ = ["EXIT_CODES", "USAGE", "fail", "one_line", "one_line_parser_errors", "resolve_log"]
+__all__ = [
+    "EXIT_CODES", "OUTPUT_FAILED", "USAGE", "OutputError", "error_text", "fail", "one_line",
+    "one_line_parser_errors", "resolve_log", "run_with_output",
+]
 
 #: A misuse: bad arguments, or an input file that is missing or not what the command reads.
 USAGE = 2
 
+#: The work could not be finished for a reason outside the input; also standard output that
+#: cannot be written (closed, a full disk, an I/O error).
+OUTPUT_FAILED = 1
+
 EXIT_CODES = """\
 Exit status (every rrmm command): 0 done; 1 the work could not be finished for a reason
-outside the input (a page or plot that cannot be written, matplotlib missing); 2 a usage
-error: bad arguments, or an input that is missing or not what the command reads; 3 rrmm replay
---check found a failed allocation. Errors are one line on standard error, never a traceback."""
+outside the input (a page or plot that cannot be written, matplotlib missing, standard output
+closed or not writable, such as a full disk); 2 a usage error: bad arguments, or an input that
+is missing or not what the command reads; 3 rrmm replay --check found a failed allocation.
+Errors are one line on standard error, never a traceback. A reader that stops early (rrmm ...
+| head) ends the output quietly, as Unix tools do, and the status is the command's own; with
+standard error closed or full, progress and messages are skipped and the work goes on."""
 
 
 def one_line(message: str) -> str:
     """``message`` on one line (a multi-line error keeps its first line)."""
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    return lines[0] if lines else "error"
+    return lines[0] if lines else "failed without a message"
+
+
+#: What an exception without a message of its own means, by type.
+_SILENT_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
+    (MemoryError, "out of memory"),
+    (RecursionError, "nested too deeply"),
+)
+
+
+def error_text(error: BaseException) -> str:
+    """The first line of ``error``'s message; for an exception that carries none (a
+    MemoryError), what its type means, never an empty or bare word."""
+    text = str(error).strip()
+    if text:
+        return one_line(text)
+    for kind, meaning in _SILENT_ERRORS:
+        if isinstance(error, kind):
+            return meaning
+    return f"{type(error).__name__} without a message"
 
 
 def fail(name: str, message: str, code: int = USAGE) -> int:
@@ -56,3 +87,133 @@ def resolve_log(log: str) -> tuple[str, str]:
     except KeyError:
         return log, log  # the command reports the missing file by name
     return str(path), path.name
+
+
+# ---------------------------------------------------------------- output
+
+
+class OutputError(Exception):
+    """Standard output could not be written (a full disk, a descriptor not open for writing):
+    the command's report is lost, so the command fails (status 1). Not an OSError, so that a
+    command's own ``except OSError`` (a log it cannot read) never takes it for its input's."""
+
+
+def _discard_descriptor(stream: IO[str]) -> None:
+    """Points ``stream``'s file descriptor at the null device, so the interpreter's last flush
+    of what is still buffered cannot fail again (Python's advice after a BrokenPipeError); a
+    stream without a descriptor (a test's StringIO) is left alone."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, descriptor)
+    finally:
+        os.close(null)
+
+
+class _StreamGuard(io.TextIOBase):
+    """A text stream written through to ``stream``, turning its write errors into the command
+    line's behaviour (subclasses say which). Once a write has failed, later writes are dropped:
+    what follows a broken pipe or a full disk would fail the same way."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.dropping = False
+
+    def write(self, text: str) -> int:
+        if not self.dropping:
+            try:
+                self.stream.write(text)
+            except (OSError, ValueError) as error:
+                self._failed(error)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.dropping:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError) as error:
+                self._failed(error)
+
+    def writable(self) -> bool:
+        return not self.dropping
+
+    def isatty(self) -> bool:
+        try:
+            return not self.dropping and bool(self.stream.isatty())
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def close(self) -> None:
+        """Stops writing; the stream written to (the interpreter's own) stays open."""
+        self.dropping = True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def _failed(self, error: OSError | ValueError) -> None:
+        self.dropping = True
+        _discard_descriptor(self.stream)
+
+
+class _Output(_StreamGuard):
+    """Standard output: a reader that went away (a broken pipe: ``| head``) ends the output
+    quietly and the command goes on to its own status; any other write error (a full disk, a
+    closed descriptor) raises :class:`OutputError`."""
+
+    def _failed(self, error: OSError | ValueError) -> None:
+        super()._failed(error)
+        if not isinstance(error, BrokenPipeError):
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise OutputError(f"cannot write to standard output: {reason}") from None
+
+
+class _Diagnostics(_StreamGuard):
+    """Standard error: progress and error messages that cannot be written (the stream closed,
+    broken or full) are dropped; there is nowhere left to say so, and the work goes on."""
+
+
+class _Nowhere(io.TextIOBase):
+    """Standard error closed when the command started: writes go nowhere; not writable, so no
+    progress bar is drawn for it."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def run_with_output(command: Callable[[], int], name: str = "rrmm") -> int:
+    """Runs ``command`` (a whole subcommand: parsing, work and report) with standard output and
+    standard error written through the command line's one output policy (:data:`EXIT_CODES`):
+    standard output closed at start is a one-line error and status 1 before any work; a broken
+    pipe ends the output quietly and keeps the command's status; a write error (ENOSPC) is a
+    one-line error and status 1; standard error closed, broken or full is skipped. Returns the
+    status; ``command``'s SystemExit (argparse's ``--help`` and usage errors) passes through
+    once its output is flushed."""
+    if sys.stdout is None:
+        message = (f"{name}: error: standard output is closed, so nothing can be printed "
+                   "(redirect it to /dev/null to discard it)")
+        if sys.stderr is not None:
+            _Diagnostics(sys.stderr).write(message + "\n")
+        return OUTPUT_FAILED
+    saved = sys.stdout, sys.stderr
+    output = _Output(sys.stdout)
+    sys.stdout = output
+    sys.stderr = _Diagnostics(sys.stderr) if sys.stderr is not None else _Nowhere()
+    try:
+        try:
+            status = command()
+        finally:
+            output.flush()
+    except OutputError as error:
+        return fail(name, str(error), code=OUTPUT_FAILED)
+    finally:
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+    return status

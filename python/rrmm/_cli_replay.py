@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rrmm import _replay_peers, parse_bytes
-from rrmm._cli_common import EXIT_CODES, USAGE, one_line_parser_errors, resolve_log
+from rrmm._cli_common import EXIT_CODES, USAGE, error_text, one_line_parser_errors, resolve_log
 from rrmm._cli_common import fail as fail_with
 from rrmm._progress import Progress, progress_wanted
 from rrmm._replay_peers import PEERS, PYTHON_DRIVER
@@ -33,17 +33,43 @@ DEFAULT_SIMULATED_BYTES = 80 << 30
 #: Points of the timeline recorded per replay for ``--plot``.
 PLOT_POINTS = 2000
 
+#: The largest simulated device, peer GPU or host memory (``rrmm::resource::MAX_SIMULATED_SIZE``,
+#: 32 PiB: byte counters over it never overflow); a size above it is refused as a usage error.
+MAX_SIMULATED_BYTES = 32 << 50
+
 #: The source resources that the simulated device stands for on simulated memory (managed memory
 #: is its own row there: the device with a host tier beyond it).
 SOURCE_RESOURCES = ("cuda", "cuda_async", "pinned")
 
-#: Kinds of host memory: named to be replayed, never part of ``--compare all`` (a question
-#: about the device).
+#: Kinds of pinned host memory: on a GPU, left out of ``--compare all`` (each pins host memory
+#: of the device's scale); named, they are replayed. On simulated memory they are in it.
 HOST_RESOURCES = ("pinned", "pinned_pool", "pinned_expandable")
 
-#: Kinds over several memories (device, a peer GPU, host): named to be replayed, never part of
-#: ``--compare all`` (a question of where data beyond one GPU goes, not of the allocator).
-TIERED_RESOURCES = ("tiered",)
+#: The kinds with a pool, which read --initial-pool-size and --maximum-pool-size.
+POOL_RESOURCES = ("pool", "expandable", "binning", "managed_pool", "fallback", "tiered",
+                  "pinned_pool", "pinned_expandable")
+
+#: Each resource option (its name in the parsed arguments) and the resources whose setup reads
+#: it (``rrmm::stack::kinds``: each kind's plan). An option that none of the resources replayed
+#: reads would change nothing: it is refused, never ignored.
+OPTION_READERS: dict[str, tuple[str, ...]] = {
+    "initial_pool_size": (*POOL_RESOURCES, "cuda_async"),
+    "maximum_pool_size": POOL_RESOURCES,
+    "bins": ("binning",),
+    "block_size": ("fixed_size",),
+    "blocks": ("binning", "fixed_size"),
+    "arena_size": ("arena",),
+    "host_memory": ("managed", "managed_pool", "fallback", "tiered"),
+    "peer_memory": ("tiered",),
+}
+
+#: Resource options read on a simulated device only: on a GPU, host memory and the peer GPU are
+#: the machine's own.
+SIMULATED_ONLY_OPTIONS = ("host_memory", "peer_memory")
+
+#: The kinds that read --host-memory as the room beyond the simulated device itself (the
+#: device and its host memory are one simulated range: together at most 32 PiB).
+MANAGED_RESOURCES = ("managed", "managed_pool")
 
 #: File types ``--plot`` writes (matplotlib's raster and vector formats).
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -76,8 +102,12 @@ The report (one row per resource, the log's own properties once in the header):
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
 With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
-resource with no failed allocation, and the pool sizes that do it (managed memory: with no byte
-beyond the device; tiered: with no byte in host memory, a peer GPU of the same size beside it).
+resource with no failed allocation, and the pool sizes that do it (managed memory and fallback:
+with no byte beyond the device; tiered: with no byte in host memory, a peer GPU of the same size
+beside it). The size after it (failing_bytes in --json) is the largest tried that is too small:
+allocations fail there, or the resource cannot be built on it ("fails on"), or, for those that
+never fail for want of device memory, bytes go beyond the device or reach host memory (the line
+says which).
 Other libraries' allocators, on a GPU, named in --compare (their packages installed):
   torch       PyTorch's caching allocator: torch.cuda.caching_allocator_alloc(size, device,
               stream) and caching_allocator_delete, one torch.cuda.Stream per stream of the
@@ -110,8 +140,15 @@ says "no peer link") and host memory is pinned.
 A SIZE is bytes as rrmm.parse_bytes (RMM's parse_bytes, the one size parser of rrmm: the
 command line, reinitialize and rrmm.dask alike) reads them: 1000000, or a number and a unit,
 80GiB, 512 MiB, 1.5GB; KiB to PiB are powers of 1024, KB to PB powers of 1000 (as in RMM).
-A bare unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB.
+A bare unit (4G, 2k) is not a size: tools disagree on whether it means 4 GiB or 4 GB. The
+largest size is 2**64 - 1 bytes; a simulated device, peer GPU or host memory is at most 32 PiB.
+A resource option that none of the resources replayed reads (--peer-memory without tiered,
+--block-size without fixed_size) is a usage error, as is --resource with --compare.
 """
+
+#: RMM's size grammar (``rrmm.parse_bytes``, ``rrmm::python::resources::convert``): a text of
+#: this shape that parse_bytes refuses is one whose value is past 2**64 - 1.
+_SIZE_GRAMMAR = re.compile(r"([0-9]+(?:\.[0-9]*)?)[\t ]*((?i:(?:[kmgtp]i?)?b))?\n?")
 
 
 def parse_size(text: str) -> int:
@@ -121,6 +158,10 @@ def parse_size(text: str) -> int:
     try:
         return parse_bytes(text)
     except ValueError as error:
+        if _SIZE_GRAMMAR.fullmatch(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is too large: the largest size is {(1 << 64) - 1} bytes "
+                "(2**64 - 1, just under 16 EiB)") from None
         raise argparse.ArgumentTypeError(f"{error} (sizes: 80GiB, 512 MiB, 1.5GB, 1000000)"
                                          ) from None
 
@@ -129,6 +170,17 @@ def _positive_size(text: str) -> int:
     value = parse_size(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"needs a positive size, got {text!r}")
+    return value
+
+
+def _simulated_size(text: str) -> int:
+    """A positive size of simulated memory (a device, a peer GPU, host memory): at most
+    :data:`MAX_SIMULATED_BYTES`."""
+    value = _positive_size(text)
+    if value > MAX_SIMULATED_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} ({value} bytes) is more than simulated memory can be: at most "
+            f"{format_bytes(MAX_SIMULATED_BYTES)} ({MAX_SIMULATED_BYTES} bytes)")
     return value
 
 
@@ -166,8 +218,8 @@ def format_bytes(value: int | None) -> str:
     if value is None:
         return "-"
     size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.2f} {unit}"
         size /= 1024
     return f"{value} B"  # pragma: no cover
@@ -200,22 +252,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--resource",
-        default="pool",
-        help="the resource to replay against (see Resources below; default: pool)",
+        default=None,
+        help="the resource to replay against (see Resources below; default: pool); not "
+        "with --compare",
     )
     parser.add_argument(
         "--compare",
         metavar="R1,R2,...",
-        help="replay against each of these resources, one row each ('all': every rrmm "
-        "resource); on a GPU also torch and cupy (PyTorch's and CuPy's allocators, from "
+        help="replay against each of these resources, one row each ('all': every resource "
+        "below, the source resources as one 'simulated' row on simulated memory; on a GPU "
+        "all but pinned, pinned_pool and pinned_expandable, which pin host memory: name "
+        "them); on a GPU also torch and cupy (PyTorch's and CuPy's allocators, from "
         "Python, with each rrmm resource named also driven from Python)",
     )
     parser.add_argument(
         "--simulate",
         metavar="SIZE",
-        type=_positive_size,
-        help="replay on a simulated device of SIZE bytes (e.g. 80GiB) instead of the GPU "
-        "(default without a GPU: 80GiB)",
+        type=_simulated_size,
+        help="replay on a simulated device of SIZE bytes (e.g. 80GiB, at most 32PiB) instead "
+        "of the GPU (default without a GPU: 80GiB)",
     )
     parser.add_argument(
         "--initial-pool-size",
@@ -256,14 +311,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--host-memory",
         metavar="SIZE",
-        type=_positive_size,
-        help="managed, managed_pool and tiered on a simulated device: host memory beyond the "
-        "device (default: no limit), so the replay says how much would live there",
+        type=_simulated_size,
+        help="managed, managed_pool, fallback and tiered on a simulated device: host memory "
+        "beyond the device (default: no limit), so the replay says how much would live there",
     )
     parser.add_argument(
         "--peer-memory",
         metavar="SIZE",
-        type=_positive_size,
+        type=_simulated_size,
         help="tiered on a simulated device: the memory of the simulated peer GPU, the tier "
         "after the device and before host memory (default: the device's size)",
     )
@@ -308,22 +363,41 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _compared(text: str, known: Sequence[str]) -> list[str]:
+    """The names of ``--compare TEXT``; ValueError for a list with no name or an empty one
+    (``pool,,binning``: a slip that would leave a resource out unseen)."""
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise ValueError(f"--compare names no resource (got {text!r}); "
+                         f"known: {', '.join(known)}, all")
+    if "" in names:
+        raise ValueError(f"--compare {text!r}: name {names.index('') + 1} of {len(names)} is "
+                         "empty; separate the names with single commas")
+    return names
+
+
+def _every_resource(simulated: bool, known: Sequence[str]) -> list[str]:
+    """``--compare all``: every resource kind replay builds, once. On simulated memory the
+    source resources are the one ``simulated`` row and every other kind runs (tiered over a
+    simulated peer GPU, the pinned kinds over simulated host memory); on a GPU, every kind but
+    the pinned host kinds, which pin host memory of the device's scale (named, they run)."""
+    if simulated:
+        return [n for n in known if n not in SOURCE_RESOURCES]
+    return [n for n in known if n != "simulated" and n not in HOST_RESOURCES]
+
+
 def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) -> list[str]:
     """The canonical resource names to replay, in order, without duplicates; on simulated
     memory the source resources collapse into the one simulated device. ValueError on misuse."""
+    if args.compare is not None and args.resource is not None:
+        raise ValueError(f"--resource {args.resource!r} and --compare {args.compare!r} both "
+                         "given: --resource replays one resource, --compare several; use one")
     if args.compare is not None:
-        names = [n.strip() for n in args.compare.split(",") if n.strip()]
-        if not names:
-            raise ValueError(f"--compare names no resource (got {args.compare!r}); "
-                             f"known: {', '.join(known)}, all")
+        names = _compared(args.compare, known)
         if [n.lower() for n in names] == ["all"]:
-            if simulated:
-                return [n for n in known
-                        if n not in SOURCE_RESOURCES + HOST_RESOURCES + TIERED_RESOURCES]
-            return [n for n in known
-                    if n != "simulated" and n not in HOST_RESOURCES + TIERED_RESOURCES]
+            return _every_resource(simulated, known)
     else:
-        names = [args.resource.strip()]
+        names = [(args.resource if args.resource is not None else "pool").strip()]
     out: list[str] = []
     for name in names:
         canonical = name.lower().replace("-", "_")
@@ -346,9 +420,59 @@ def _resources(args: argparse.Namespace, simulated: bool, known: Sequence[str]) 
 def _asked(args: argparse.Namespace) -> list[str] | None:
     """The resource names as asked (canonical spelling, before the source resources collapse
     into ``simulated``); None for ``--compare all``."""
-    text = args.compare if args.compare is not None else args.resource
+    text = args.compare if args.compare is not None else (args.resource or "pool")
     names = [n.strip().lower().replace("-", "_") for n in text.split(",") if n.strip()]
     return None if names == ["all"] else names
+
+
+def _unread_option(args: argparse.Namespace, named: Sequence[str], simulated: bool) -> str | None:
+    """Why a resource option given would change nothing (no resource replayed reads it, or it
+    is read on a simulated device only), or None: such an option is a usage error."""
+    replayed = [n for n in named if n not in PEERS]
+    for option, readers in OPTION_READERS.items():
+        if getattr(args, option) is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        if option in SIMULATED_ONLY_OPTIONS and not simulated:
+            return (f"{flag} is read on a simulated device only (--simulate SIZE): on the GPU, "
+                    "host memory and the peer GPU are the machine's own")
+        if not set(readers) & set(replayed):
+            stands = (" (on simulated memory cuda, cuda_async and pinned are the simulated "
+                      "device itself)" if "simulated" in replayed else "")
+            return (f"{flag} would change nothing: only {', '.join(readers)} read it, and "
+                    f"the resources replayed ({', '.join(replayed) or 'none'}) do not{stands}")
+    return None
+
+
+def _too_much_host_memory(args: argparse.Namespace, named: Sequence[str],
+                          simulate: int | None) -> str | None:
+    """Why --host-memory with --simulate is more than managed memory can simulate (the device
+    and its host memory are one simulated range, at most 32 PiB together), or None."""
+    host = args.host_memory
+    if host is None or simulate is None or not set(MANAGED_RESOURCES) & set(named):
+        return None
+    if simulate + host <= MAX_SIMULATED_BYTES:
+        return None
+    return (f"--host-memory {host} with a simulated device of {simulate} bytes is more than "
+            f"managed memory can simulate: the device and its host memory are at most "
+            f"{MAX_SIMULATED_BYTES} bytes ({format_bytes(MAX_SIMULATED_BYTES)}) together, so "
+            f"at most {MAX_SIMULATED_BYTES - simulate} bytes of host memory here")
+
+
+def _option_problem(args: argparse.Namespace, named: Sequence[str],
+                    simulate: int | None) -> str | None:
+    """Why the resource options given cannot be used as they are (``simulate``: the simulated
+    device's size, None on the GPU), or None."""
+    for option, value in (("--initial-pool-size", args.initial_pool_size),
+                          ("--maximum-pool-size", args.maximum_pool_size)):
+        if value is not None and value % 256:
+            return f"{option} must be a multiple of 256 bytes (RMM's rule), got {value}"
+    if (args.initial_pool_size is not None and args.maximum_pool_size is not None
+            and args.initial_pool_size > args.maximum_pool_size):
+        return (f"--initial-pool-size {args.initial_pool_size} exceeds --maximum-pool-size "
+                f"{args.maximum_pool_size}")
+    return (_unread_option(args, named, simulate is not None)
+            or _too_much_host_memory(args, named, simulate))
 
 
 def _check_plot_path(path: str) -> str | None:
@@ -433,7 +557,42 @@ def _python_ratios(reports: list[ReplayRecord]) -> str | None:
     return f"  driven from Python alike, ns/event relative to {_row_name(reference)}: {ratios}"
 
 
-def _fit_line(f: FitRecord) -> str:
+def _spills_to(row: ReplayRecord | None) -> str | None:
+    """Where a resource that never fails for want of device memory puts what the device cannot
+    hold, as its ``--fit`` judges it from its row: "host memory" (tiered: its last tier),
+    "beyond the device" (managed memory, fallback); None for the others."""
+    if row is not None and row.get("tiers"):
+        return "host memory"
+    if row is not None and row.get("peak_beyond_device") is not None:
+        return "beyond the device"
+    return None
+
+
+def _too_small(f: FitRecord, row: ReplayRecord | None) -> str:
+    """What goes wrong on the largest device the fit found too small (``failing_bytes``)."""
+    size = format_bytes(f["failing_bytes"])
+    spill = _spills_to(row)
+    if spill == "host memory":
+        return f"on {size} some bytes reach host memory"
+    if spill is not None:
+        return f"on {size} some bytes go {spill}"
+    return f"fails on {size}"
+
+
+def _fit_heading(fits: Sequence[FitRecord], rows: dict[tuple[str, str], ReplayRecord]) -> str:
+    """The line over the fits: what fitting means for each kind among them."""
+    spills = {_spills_to(rows.get((f["resource"], f["driver"]))) for f in fits}
+    words = "smallest simulated device with no failed allocation"
+    if "beyond the device" in spills:
+        words += "; managed memory and fallback: with no byte beyond the device"
+    if "host memory" in spills:
+        words += "; tiered: with no byte in host memory"
+    if any(f["driver"] == PYTHON_DRIVER for f in fits):
+        words += "; for torch and cupy the smallest memory limit on the GPU"
+    return f"  fit ({words}):"
+
+
+def _fit_line(f: FitRecord, row: ReplayRecord | None = None) -> str:
     name = f["resource"]
     if f["driver"] == PYTHON_DRIVER and name not in PEERS:
         name = f"{name} (python)"
@@ -452,7 +611,7 @@ def _fit_line(f: FitRecord) -> str:
                  f"{maximum if maximum is not None else 'None'}")
     if f.get("arena_size") is not None:
         text += f" with arena_size={f['arena_size']} ({format_bytes(f['arena_size'])})"
-    text += f" (fails on {format_bytes(f['failing_bytes'])})"
+    text += f" ({_too_small(f, row)})"
     return text
 
 
@@ -504,12 +663,10 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
                   "not CUDA's)", file=out)
         log_fits = [f for f in fits if f["log"] == log]
         if log_fits:
-            limits = any(f["driver"] == PYTHON_DRIVER for f in log_fits)
-            print("  fit (smallest simulated device with no failed allocation"
-                  + ("; for torch and cupy the smallest memory limit on the GPU" if limits else "")
-                  + "):", file=out)
+            rows = {(r["resource"], r["driver"]): r for r in rs}
+            print(_fit_heading(log_fits, rows), file=out)
             for f in log_fits:
-                print(f"    {_fit_line(f)}", file=out)
+                print(f"    {_fit_line(f, rows.get((f['resource'], f['driver'])))}", file=out)
         print(file=out)
 
 
@@ -713,23 +870,17 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     args_named = _asked(args)
     peers = [n for n in named if n in PEERS]
-    problem = _replay_peers.peer_problem(peers, simulate, gpu)
+    defaulted = simulate is None and not gpu
+    if defaulted:
+        simulate = DEFAULT_SIMULATED_BYTES
+    problem = (_replay_peers.peer_problem(peers, args.simulate, gpu)
+               or _option_problem(args, named, simulate))
     if problem is not None:
         return fail(problem)
-    if simulate is None and not gpu:
-        simulate = DEFAULT_SIMULATED_BYTES
-        if not args.quiet:
-            print(f"rrmm replay: no GPU found; replaying on simulated memory of "
-                  f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
+    if defaulted and not args.quiet:
+        print(f"rrmm replay: no GPU found; replaying on simulated memory of "
+              f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
     resources = [n for n in named if n not in PEERS]
-    for option, value in (("--initial-pool-size", args.initial_pool_size),
-                          ("--maximum-pool-size", args.maximum_pool_size)):
-        if value is not None and value % 256:
-            return fail(f"{option} must be a multiple of 256 bytes (RMM's rule), got {value}")
-    if (args.initial_pool_size is not None and args.maximum_pool_size is not None
-            and args.initial_pool_size > args.maximum_pool_size):
-        return fail(f"--initial-pool-size {args.initial_pool_size} exceeds --maximum-pool-size "
-                    f"{args.maximum_pool_size}")
     if args.plot:
         problem = _check_plot_path(args.plot)
         if problem:
@@ -776,9 +927,9 @@ def run(args: argparse.Namespace) -> int:
                 reports, fits = _python_rows(args, files, named, reports, fits, modules,
                                              simulate)
     except (ValueError, OSError, RuntimeError) as e:
-        return fail(str(e))
+        return fail(error_text(e))
     except MemoryError as e:
-        return fail(f"out of memory: {e}")
+        return fail(f"out of memory: {error_text(e)}")
     target = (f"a simulated device of {format_bytes(simulate)}" if simulate is not None
               else "the GPU")
     if args.json:

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from rrmm._cli_common import EXIT_CODES, fail, one_line_parser_errors, resolve_log
+from rrmm._cli_common import EXIT_CODES, error_text, fail, one_line_parser_errors, resolve_log
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -88,14 +88,16 @@ def run_view(args: argparse.Namespace) -> int:
         snapshot = load_snapshot(path, quiet=args.quiet)
     except FileNotFoundError:
         return fail(name, f"{args.file}: no such file (nor a shipped log's name)")
-    except (OSError, ValueError, MemoryError, RecursionError) as error:
-        return fail(name, str(error))
+    except MemoryError:
+        return fail(name, f"{args.file}: too large to read into memory")
+    except (OSError, ValueError, RecursionError) as error:
+        return fail(name, error_text(error))
     title = args.title or f"rrmm memory snapshot: {os.path.basename(shown)}"
     try:
         write_html(snapshot, output, title, args.device)
     except OSError as error:
         return fail(name, f"cannot write {output!r}: {error.strerror or error}", code=1)
     except ValueError as error:
-        return fail(name, str(error))
+        return fail(name, error_text(error))
     print(f"wrote {output}")
     return 0

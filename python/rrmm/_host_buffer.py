@@ -17,6 +17,7 @@ array made from the buffer earlier does not wait: call ``hb.synchronize()`` befo
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any
 
@@ -26,6 +27,51 @@ __all__ = ["HostBuffer", "get_current_host_resource", "set_current_host_resource
 
 #: The kinds of memory the host can read and write (``DeviceMemoryResource._rrmm_kind``).
 _HOST_KINDS = ("pinned_host", "host")
+
+#: The largest size of a buffer (the platform's size_t).
+_MAX_SIZE = (1 << 64) - 1
+
+
+def _shown(value: Any) -> str:
+    """``value`` in an error message: its type and a short repr (any object, even one whose
+    ``__repr__`` fails)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a message must not fail on the value it names
+        text = object.__repr__(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _check_host_resource(resource: Any, caller: str) -> None:
+    """Refuses ``resource`` for ``caller``: a TypeError unless it is a memory resource, a
+    ValueError unless the host can read its memory, each naming the value given."""
+    if not isinstance(resource, _rrmm.DeviceMemoryResource):
+        raise TypeError(f"{caller}: expected a memory resource (pinned or system host memory) "
+                        f"or None, got {_shown(resource)}")
+    if resource._rrmm_kind not in _HOST_KINDS:
+        raise ValueError(
+            f"{caller}: {type(resource).__name__} hands out {resource._rrmm_kind} memory, "
+            "which the host cannot read; use a pinned or system (host) resource"
+        )
+
+
+def _buffer_size(size: Any) -> int:
+    """A HostBuffer's ``size``: a whole number of bytes (an int or anything with ``__index__``
+    but a bool) in [0, 2**64); TypeError or ValueError naming the value otherwise."""
+    if isinstance(size, bool):
+        raise TypeError(f"HostBuffer: size must be a whole number of bytes, got {_shown(size)}")
+    try:
+        value = operator.index(size)
+    except TypeError:
+        raise TypeError(f"HostBuffer: size must be a whole number of bytes (an int), got "
+                        f"{_shown(size)}") from None
+    if value < 0:
+        raise ValueError(f"HostBuffer: size must not be negative, got {value}")
+    if value > _MAX_SIZE:
+        raise ValueError(f"HostBuffer: size {value} is more than the largest size, {_MAX_SIZE} "
+                         "bytes (2**64 - 1)")
+    return value
 
 
 def get_current_host_resource() -> Any:
@@ -40,17 +86,8 @@ def set_current_host_resource(resource: Any) -> None:
     """Sets the process-wide host resource: any resource whose memory the host can read and
     write (``PinnedHostMemoryResource``, a pool over it, the ``pinned_expandable`` stack,
     ``SystemMemoryResource``); ``None`` goes back to the default."""
-    if resource is not None and not isinstance(resource, _rrmm.DeviceMemoryResource):
-        raise TypeError(
-            f"set_current_host_resource: expected a memory resource or None, got "
-            f"{type(resource).__name__}"
-        )
-    if resource is not None and resource._rrmm_kind not in _HOST_KINDS:
-        raise ValueError(
-            f"set_current_host_resource: {type(resource).__name__} hands out "
-            f"{resource._rrmm_kind} memory, which the host cannot read; use a pinned or system "
-            "(host) resource"
-        )
+    if resource is not None:
+        _check_host_resource(resource, "set_current_host_resource")
     _rrmm._set_current_host_resource(resource)
 
 
@@ -69,18 +106,10 @@ class HostBuffer(_rrmm._HostBytes):
     __rrmm_host_buffer__ = True
 
     def __init__(self, size: int = 0, mr: Any = None) -> None:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise TypeError(f"HostBuffer: size must be an int, got {type(size).__name__}")
-        if size < 0:
-            raise ValueError(f"HostBuffer: size must not be negative, got {size}")
+        size = _buffer_size(size)
         if mr is None:
             mr = get_current_host_resource()
-        kind = mr._rrmm_kind
-        if kind not in _HOST_KINDS:
-            raise ValueError(
-                f"HostBuffer: {type(mr).__name__} hands out {kind} memory, which the host "
-                "cannot read; use a pinned or system (host) resource"
-            )
+        _check_host_resource(mr, "HostBuffer: mr")
         ptr = mr.allocate(size) if size else 0
         self._set_bytes(ptr, size)
         self._ptr = ptr
@@ -160,16 +189,16 @@ class HostBuffer(_rrmm._HostBytes):
         """Queues a copy of device buffer ``buf`` (a ``DeviceBuffer``, at most ``size`` bytes)
         into the start of this buffer on ``stream`` (default: ``buf``'s stream) and returns at
         once; returns ``self``."""
-        return self._copy(buf, stream, to_device=False)
+        return self._copy(buf, stream, to_device=False, caller="copy_from_device")
 
     def copy_to_device(self, buf: Any, stream: Any = None) -> HostBuffer:
         """Queues a copy of this buffer's bytes (at most ``buf.size``) into the start of device
         buffer ``buf`` on ``stream`` (default: ``buf``'s stream) and returns at once; returns
         ``self``."""
-        return self._copy(buf, stream, to_device=True)
+        return self._copy(buf, stream, to_device=True, caller="copy_to_device")
 
-    def _copy(self, buf: Any, stream: Any, to_device: bool) -> HostBuffer:
-        stream = _stream_of(buf, stream)
+    def _copy(self, buf: Any, stream: Any, to_device: bool, caller: str) -> HostBuffer:
+        stream = _stream_of(buf, stream, f"HostBuffer.{caller}")
         source, dest = (self._size, buf.size) if to_device else (buf.size, self._size)
         if source > dest:
             where = "DeviceBuffer" if to_device else "HostBuffer"
@@ -180,11 +209,21 @@ class HostBuffer(_rrmm._HostBytes):
         return self
 
 
-def _stream_of(buf: Any, stream: Any) -> Any:
+def _stream_of(buf: Any, stream: Any, caller: str) -> Any:
+    """The stream of a copy between a HostBuffer and ``buf`` (``stream``, else ``buf``'s);
+    TypeError naming the argument and the value for a ``buf`` that is not a DeviceBuffer or a
+    ``stream`` that is not one."""
     if not isinstance(buf, _rrmm.DeviceBuffer):
-        raise TypeError(f"expected an rrmm.DeviceBuffer, got {type(buf).__name__}")
+        raise TypeError(f"{caller}: buf must be an rrmm.DeviceBuffer, got {_shown(buf)}")
     if stream is None:
         return buf.stream
     from rrmm.pylibrmm.stream import Stream
 
-    return stream if isinstance(stream, Stream) else Stream(stream)
+    if isinstance(stream, Stream):
+        return stream
+    try:
+        return Stream(stream)
+    except TypeError as error:
+        raise TypeError(f"{caller}: stream {_shown(stream)} is not a stream: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{caller}: stream {_shown(stream)}: {error}") from None

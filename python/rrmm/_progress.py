@@ -27,18 +27,30 @@ BAR = 24
 
 
 def progress_wanted(stream: IO[str] | None = None, quiet: bool = False) -> bool:
-    """Whether a bar is drawn on ``stream`` (default: standard error): not with ``quiet``, else
+    """Whether a bar is drawn on ``stream`` (default: standard error): not with ``quiet`` nor
+    on a stream that cannot be written (standard error closed: ``2>&-``), else
     ``RRMM_PROGRESS`` (``1`` on, ``0`` off) when set, else whether ``stream`` is a terminal."""
-    if quiet:
+    stream = sys.stderr if stream is None else stream
+    if quiet or not _writable(stream):
         return False
     forced = os.environ.get("RRMM_PROGRESS", "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    stream = sys.stderr if stream is None else stream
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def _writable(stream: IO[str] | None) -> bool:
+    """Whether ``stream`` takes writes: not None (a stream closed when Python started), not
+    closed, and writable where it says."""
+    if stream is None:
+        return False
+    try:
+        return not stream.closed and stream.writable()
+    except (AttributeError, ValueError, OSError):
+        return hasattr(stream, "write")
 
 
 class Progress:
@@ -53,7 +65,8 @@ class Progress:
         self.label = label
         self.total = max(0, total)
         self.stream = sys.stderr if stream is None else stream
-        self.enabled = progress_wanted(self.stream, quiet) if enabled is None else enabled
+        wanted = progress_wanted(self.stream, quiet) if enabled is None else enabled
+        self.enabled = wanted and _writable(self.stream)
         self.done = 0
         self.note = ""
         self.extra = ""
@@ -139,7 +152,7 @@ class Progress:
         try:
             self.stream.write(text)
             self.stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             self.enabled = False  # a closed terminal: go quiet rather than fail the work
 
     def _tick(self) -> None:

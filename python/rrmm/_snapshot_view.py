@@ -16,7 +16,9 @@ import html
 import io
 import json
 import math
+import os
 import pickle
+import stat
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,9 +62,14 @@ def load_snapshot(path: str, quiet: bool = True) -> dict[str, Any]:
 
     Raises ValueError naming the file for one that is none of these, or whose fields have the
     wrong shape (a size that is NaN, negative or past 64 bits, a list where a dict belongs,
-    nesting deeper than any snapshot), and OSError for one that cannot be read (a corrupt gzip
-    stream included). ``quiet=False`` draws a progress bar while a log replays (on a terminal).
+    nesting deeper than any snapshot, the ``rrmm.sleep`` figures), or for a path that is not a
+    regular file (a directory, /dev/zero, a pipe), and OSError for one that cannot be read (a
+    corrupt gzip stream included). ``quiet=False`` draws a progress bar while a log replays (on
+    a terminal).
     """
+    kind = _not_a_file(path)
+    if kind is not None:
+        raise ValueError(f"{path}: {kind}, not a snapshot or log file")
     with open(path, "rb") as f:
         head = f.read(4)
     if head[:2] == b"\x1f\x8b" or path.endswith((".csv", ".csv.gz")):
@@ -104,6 +111,27 @@ def load_snapshot(path: str, quiet: bool = True) -> dict[str, Any]:
         return normalize(snapshot)
     except ValueError as error:
         raise ValueError(f"{path}: not a memory snapshot: {error}") from None
+
+
+#: What each kind of path that is not a regular file is, in words: a snapshot is read whole
+#: (a device such as /dev/zero never ends) and twice (its head, then all: a pipe cannot be).
+_NOT_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe (save what it carries to a file first)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(path: str) -> str | None:
+    """What ``path`` is when it is not a regular file, in words; None for a regular file (and
+    for a missing one: opening it raises FileNotFoundError)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return next((words for test, words in _NOT_FILES if test(mode)), None)
 
 
 def _first_line(error: BaseException) -> str:
@@ -226,9 +254,29 @@ def normalize(snapshot: dict[str, Any]) -> dict[str, Any]:
                 "frames": _frames(entry.get("frames"), f"{where}.frames"),
             })
         traces.append(trace)
-    extra = snapshot.get("rrmm")
     return {"segments": segments, "device_traces": traces,
-            "rrmm": dict(extra) if isinstance(extra, dict) else {}}
+            "rrmm": _rrmm_fields(snapshot.get("rrmm"))}
+
+
+#: The figures of ``rrmm.sleep`` (``sleep_estimate()``): each a count of bytes (or of blocks).
+SLEEP_FIGURES = ("released_bytes", "copied_bytes", "discarded_bytes", "free_page_bytes",
+                 "cached_free_bytes", "live_blocks")
+
+
+def _rrmm_fields(value: Any) -> dict[str, Any]:
+    """rrmm's own part of a snapshot (``rrmm``: a dict, or absent in PyTorch's), checked:
+    ``sleep`` is None or a dict whose figures (:data:`SLEEP_FIGURES`) are each a whole number
+    in [0, 2**64); a figure that is Infinity, null, a list or a string is a ValueError naming
+    it, never a negative or made-up figure on the page."""
+    if value is None:
+        return {}
+    extra = dict(_dict(value, "rrmm"))
+    sleep = extra.get("sleep")
+    if sleep is not None:
+        sleep = _dict(sleep, "rrmm.sleep")
+        extra["sleep"] = {name: _size(sleep[name], f"rrmm.sleep.{name}")
+                          for name in SLEEP_FIGURES if name in sleep}
+    return extra
 
 
 def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50,
@@ -600,13 +648,13 @@ vertical-align:middle}
 def _sleep_row(snapshot: dict[str, Any]) -> str | None:
     """What a sleep would free, in words, from the figures ``memory_snapshot`` recorded (the
     pool's own ``sleep_estimate()``); None for a snapshot without them."""
-    sleep = (snapshot.get("rrmm") or {}).get("sleep")
-    if not isinstance(sleep, dict):
+    sleep = (snapshot.get("rrmm") or {}).get("sleep")  # checked by normalize()
+    if sleep is None:
         return None
-    released, copied = int(sleep.get("released_bytes", 0)), int(sleep.get("copied_bytes", 0))
-    discarded = int(sleep.get("discarded_bytes", 0))
+    released, copied = sleep.get("released_bytes", 0), sleep.get("copied_bytes", 0)
+    discarded = sleep.get("discarded_bytes", 0)
     words = (f"{_bytes(released)} of device memory: {_bytes(copied)} of live data copied to "
-             f"host memory, {_bytes(int(sleep.get('free_page_bytes', 0)))} of free pages "
+             f"host memory, {_bytes(sleep.get('free_page_bytes', 0))} of free pages "
              f"released without a copy")
     return words + (f", {_bytes(discarded)} tagged discard" if discarded else "")
 
