@@ -527,7 +527,9 @@ conformance!(tiered, [], Stream::DEFAULT, {
         Tier::new("host", Arc::new(SimulatedMemoryResource::new(256 * MIB))),
     ];
     let mut case = Case::new(TieredMemoryResource::new(tiers).unwrap());
-    case.upstream = Some((up, |r: &TieredMemoryResource| r.tiers().next().map(|t| t.resource.clone()).unwrap()));
+    case.upstream = Some((up, |r: &TieredMemoryResource| {
+        r.tiers().next().map(|t| t.resource.clone()).unwrap()
+    }));
     (case.oom_size, case.oom_count) = (256 * MIB, 8);
     case
 });

@@ -9,6 +9,7 @@ from typing import Any
 
 from rrmm import (
     _cuda,  # noqa: F401 (RMM's tests reach rmm._cuda.gpu after `import rmm`)
+    host_pages,  # noqa: F401 (rrmm's supply of host pages: rrmm.host_pages)
     mr,
     statistics,
 )

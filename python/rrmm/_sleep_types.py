@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["SleepFigures", "SleepReport"]
+__all__ = ["HostPageFigures", "SleepFigures", "SleepReport"]
 
 
 class SleepFigures(TypedDict):
@@ -37,3 +37,18 @@ class SleepReport(SleepFigures):
     map_s: float | None
     copy_in_s: float | None
     failed_restores: int
+
+
+class HostPageFigures(TypedDict):
+    """What the process's host page supply holds and has done (``rrmm.host_pages.figures()``)."""
+
+    free_bytes: int
+    free_ranges: int
+    leased_bytes: int
+    preparing_bytes: int
+    made_ranges: int
+    made_bytes: int
+    reused: int
+    made_on_take: int
+    given_back_bytes: int
+    keep_limit: int | None

@@ -29,6 +29,7 @@ mod errors;
 mod gil;
 mod gpu;
 mod hooks;
+mod host_pages;
 mod python_functions;
 mod replay;
 mod replay_allocator;
@@ -41,7 +42,15 @@ use pyo3::prelude::*;
 fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     register_files!(m, errors, edge, hooks, resources)?;
-    register_files!(m, device_buffer, device, gpu, replay, replay_allocator)
+    register_files!(
+        m,
+        device_buffer,
+        device,
+        gpu,
+        host_pages,
+        replay,
+        replay_allocator
+    )
 }
 
 /// A file's `register` function: adds its classes and its `#[pyfunction]`s, in the order given,

@@ -120,7 +120,7 @@ impl CallbackMemoryResource {
     /// Takes the record of every live block, for a caller that gives them back itself (the
     /// Python class, when a reference cycle through its functions is collected); later frees
     /// of them are no-ops that call nothing.
-    pub(crate) fn release_live(&self) -> Vec<(usize, usize)> {
+    pub fn release_live(&self) -> Vec<(usize, usize)> {
         self.blocks.release_all()
     }
 }

@@ -1,34 +1,46 @@
 //! [`HostCopy`]: the host memory that holds a sleeping expandable pool's bytes (see
-//! `ExpandableMemoryResource::offload`), made by the [`VirtualMemory`](super::VirtualMemory)
-//! whose pages it saves: pinned for a device (copies at the link's speed), pageable for host
-//! virtual memory (a `memcpy`), nothing for simulated memory (no bytes behind it).
+//! `ExpandableMemoryResource::offload`), pages of the process's host page supply
+//! ([`HostPageSupply`]) of the kind the [`VirtualMemory`](super::VirtualMemory) asks for: pinned
+//! for a device (copies at the link's speed), plain for host virtual memory (a `memcpy`),
+//! nothing for simulated memory (no bytes behind it).
 
-use super::PinnedPages;
+use super::host_supply::{HostPageSupply, HostPages, PageSpec};
 use crate::error::Result;
 
-/// Host memory of one sleep: `len()` bytes from `addr()`, released when dropped.
+/// Host memory of one sleep: `len()` bytes from `addr()`, back to the supply when dropped.
 #[derive(Debug)]
 pub enum HostCopy {
-    /// Pinned host pages (a device's pages are copied here by DMA).
-    Pinned(PinnedPages),
-    /// Pageable host memory.
-    Pageable(Vec<u8>),
+    /// Pages of the supply (boxed: a range carries the figures of how it was made).
+    Supplied(Box<HostPages>),
     /// No memory: the pages have no bytes to keep (simulated virtual memory); counts `0` bytes
     /// held, its `addr()` is 0.
     Nothing(usize),
 }
 
 impl HostCopy {
-    /// Host memory for `bytes` bytes of pageable memory (zeroed lazily by the kernel).
-    pub fn pageable(bytes: usize) -> Self {
-        HostCopy::Pageable(vec![0; bytes])
+    /// Host memory for `bytes` bytes of pages of `spec` from `supply` (`None`: pages with no
+    /// bytes to keep). A sleep's copy grows with the pool: free ranges of the supply too small
+    /// for it are given back first (held between sleeps, they would only add up).
+    ///
+    /// # Errors
+    /// The supply's (no room on the host; the driver's errors).
+    pub fn take(
+        supply: &'static HostPageSupply,
+        spec: Option<PageSpec>,
+        bytes: usize,
+    ) -> Result<Self> {
+        match spec {
+            Some(spec) if bytes > 0 => Ok(HostCopy::Supplied(Box::new(
+                supply.take_replacing(spec, bytes)?,
+            ))),
+            _ => Ok(HostCopy::Nothing(bytes)),
+        }
     }
 
-    /// The first address (0 for [`HostCopy::Nothing`]); `&mut` because copies write through it.
-    pub fn addr(&mut self) -> usize {
+    /// The first address (0 for [`HostCopy::Nothing`]).
+    pub fn addr(&self) -> usize {
         match self {
-            HostCopy::Pinned(p) => p.addr(),
-            HostCopy::Pageable(v) => v.as_mut_ptr() as usize,
+            HostCopy::Supplied(p) => p.addr(),
             HostCopy::Nothing(_) => 0,
         }
     }
@@ -36,8 +48,7 @@ impl HostCopy {
     /// Bytes it can hold.
     pub fn len(&self) -> usize {
         match self {
-            HostCopy::Pinned(p) => p.bytes(),
-            HostCopy::Pageable(v) => v.len(),
+            HostCopy::Supplied(p) => p.len(),
             HostCopy::Nothing(n) => *n,
         }
     }
@@ -50,14 +61,26 @@ impl HostCopy {
     /// Bytes of host memory it holds (0 for [`HostCopy::Nothing`]).
     pub fn host_bytes(&self) -> usize {
         match self {
+            HostCopy::Supplied(p) => p.len(),
             HostCopy::Nothing(_) => 0,
-            _ => self.len(),
         }
     }
 
     /// Whether the memory is pinned.
     pub fn is_pinned(&self) -> bool {
-        matches!(self, HostCopy::Pinned(_))
+        matches!(self, HostCopy::Supplied(p) if p.is_pinned())
+    }
+
+    /// Whether its pages were ready when taken (made before this sleep).
+    pub fn was_ready(&self) -> bool {
+        matches!(self, HostCopy::Supplied(p) if p.was_ready())
+    }
+
+    /// Makes the drop give the pages back to the OS instead of to the supply.
+    pub fn give_back_on_drop(&mut self) {
+        if let HostCopy::Supplied(p) = self {
+            p.give_back_on_drop();
+        }
     }
 }
 

@@ -8,8 +8,9 @@
 //! from it runs at the link's speed. Without registration (`pinned: false`) it is pageable host
 //! memory that works without a driver (what the CPU tests use).
 
+use super::host_supply::PageSpec;
 use super::virtual_memory::{round_up, VirtualMemory};
-use super::{CallProfile, HostCopy, MemoryKind};
+use super::{CallProfile, MemoryKind};
 use crate::cuda;
 use crate::error::{Error, Result};
 use crate::os::host_pages::{host_memory_info, Commit, Reservation, HUGE_PAGE};
@@ -231,10 +232,9 @@ impl VirtualMemory for HostVirtualMemory {
         CallProfile::BLOCKING
     }
 
-    /// Pageable host memory: the copies are `memcpy`s.
-    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
-        crate::os::host_pages::check_host_room(bytes, true)?;
-        Ok(HostCopy::pageable(bytes))
+    /// Plain host pages: the copies are `memcpy`s.
+    fn host_pages(&self) -> Result<Option<PageSpec>> {
+        Ok(Some(PageSpec::plain()))
     }
 
     unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {

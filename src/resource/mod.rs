@@ -9,6 +9,7 @@ mod cuda_async_managed;
 mod direct;
 pub mod graph;
 mod host_copy;
+pub mod host_supply;
 mod host_virtual_memory;
 mod link;
 mod managed;

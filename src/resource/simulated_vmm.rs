@@ -1,8 +1,9 @@
 //! A pretend virtual memory range: addresses reserved, pages "mapped" against a physical
 //! capacity, no memory behind them.
 
+use super::host_supply::PageSpec;
 use super::virtual_memory::{round_up, VirtualMemory};
-use super::{CallProfile, HostCopy, MemoryKind};
+use super::{CallProfile, MemoryKind};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -262,8 +263,8 @@ impl VirtualMemory for SimulatedVirtualMemory {
     }
 
     /// No host memory: simulated pages have no bytes to keep.
-    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
-        Ok(HostCopy::Nothing(bytes))
+    fn host_pages(&self) -> Result<Option<PageSpec>> {
+        Ok(None)
     }
 
     unsafe fn copy_out(&self, _addr: usize, _dst: usize, _bytes: usize) -> Result<()> {

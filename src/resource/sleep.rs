@@ -312,6 +312,14 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
 
     /// What an offload with `plan` would release, copy and discard now.
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate;
+
+    /// Makes the host pages of the pool's next sleep ready ahead of need, in the background
+    /// (pages for all it holds now); returns the bytes asked for (0 where its pages have no
+    /// bytes to keep).
+    ///
+    /// # Errors
+    /// Where the pool's memory cannot be copied to the host.
+    fn prepare(&self) -> Result<usize>;
 }
 
 /// A range of addresses: (start, bytes).

@@ -2,7 +2,8 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::{CallProfile, CopyFence, HostCopy, MemoryKind, PinnedPages};
+use super::host_supply::{HostPageSupply, PageSpec};
+use super::{CallProfile, CopyFence, MemoryKind};
 use crate::cuda::vmm::VirtualRange;
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
@@ -62,18 +63,25 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         CallProfile::UNKNOWN
     }
 
-    /// Host memory to hold `bytes` of this memory's pages while a pool sleeps (pinned for a
-    /// device, so copies run at the link's speed). The default refuses: memory that cannot be
-    /// copied cannot sleep.
+    /// The host pages that hold this memory's pages while a pool sleeps: pinned for a device
+    /// (copies run at the link's speed), plain for host memory; `None` where the pages have no
+    /// bytes to keep (simulated memory). The default refuses: memory that cannot be copied
+    /// cannot sleep.
     ///
     /// # Errors
-    /// Out of host memory; [`Error::Logic`] where the memory cannot be copied.
-    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
-        let _ = bytes;
+    /// [`Error::Logic`] where the memory cannot be copied.
+    fn host_pages(&self) -> Result<Option<PageSpec>> {
         Err(Error::Logic(format!(
             "{:?} virtual memory cannot copy its pages to the host",
             self.kind()
         )))
+    }
+
+    /// The supply the sleep takes its host pages from (the process's: [`host_supply::supply`]).
+    ///
+    /// [`host_supply::supply`]: super::host_supply::supply
+    fn host_supply(&self) -> &'static HostPageSupply {
+        super::host_supply::supply()
     }
 
     /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`; the copy
@@ -86,10 +94,10 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     ///    `wait_copies` returns.
     ///
     /// # Errors
-    /// CUDA errors; the default refuses (see [`host_copy`](VirtualMemory::host_copy)).
+    /// CUDA errors; the default refuses (see [`host_pages`](VirtualMemory::host_pages)).
     unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
         let _ = (addr, dst, bytes);
-        self.host_copy(0).map(drop)
+        self.host_pages().map(drop)
     }
 
     /// Copies `bytes` from host memory at `src` to `addr` (mapped pages of this range); as
@@ -104,7 +112,7 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// As [`copy_out`](VirtualMemory::copy_out).
     unsafe fn copy_in(&self, addr: usize, src: usize, bytes: usize) -> Result<()> {
         let _ = (addr, src, bytes);
-        self.host_copy(0).map(drop)
+        self.host_pages().map(drop)
     }
 
     /// Writes zeros to `addr .. addr + bytes` (mapped pages of this range); as
@@ -117,7 +125,7 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     /// As [`copy_out`](VirtualMemory::copy_out).
     unsafe fn fill_zero(&self, addr: usize, bytes: usize) -> Result<()> {
         let _ = (addr, bytes);
-        self.host_copy(0).map(drop)
+        self.host_pages().map(drop)
     }
 
     /// The most bytes a restore maps in one call, so that the copies into mapped chunks run
@@ -239,14 +247,9 @@ impl VirtualMemory for CudaVirtualMemory {
         CallProfile::BLOCKING
     }
 
-    /// Pinned host pages on the device's host NUMA node, made the fast way ([`PinnedPages`]).
-    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
-        if bytes == 0 {
-            return Ok(HostCopy::pageable(0));
-        }
-        let _ctx = ContextGuard::new(self.ordinal)?;
-        let node = crate::cuda::host_numa_node(self.ordinal);
-        Ok(HostCopy::Pinned(PinnedPages::new(bytes, node)?))
+    /// Pinned host pages on the device's host NUMA node.
+    fn host_pages(&self) -> Result<Option<PageSpec>> {
+        Ok(Some(PageSpec::pinned_for(self.ordinal)))
     }
 
     unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {

@@ -698,6 +698,6 @@ mod tests;
 
 mod sleep;
 pub use sleep::{
-    asleep, offload, offload_discarding, plan_discards, restore, sleep_estimate, sleep_targets,
-    tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
+    asleep, offload, offload_discarding, plan_discards, prepare, restore, sleep_estimate,
+    sleep_targets, tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
 };

@@ -320,17 +320,57 @@ def test_resources_not_on_virtual_memory_refuse_by_name() -> None:
         pool.restore()
 
 
-def test_a_retained_host_copy_serves_the_next_sleep() -> None:
+def test_every_sleep_after_the_first_takes_ready_host_pages_by_default() -> None:
+    rrmm.host_pages.give_back()
     pool = pageable_pool()
     buf = rrmm.DeviceBuffer(size=2 * PAGE, mr=pool)
-    pool.set_retain_host_copy(True)
-    for sleep in range(2):
+    for sleep in range(3):
         pool.offload()
         pool.restore()
         report = pool.last_sleep()
-        assert report is not None and report["host_reused"] == (sleep == 1)
+        assert report is not None and report["host_reused"] == (sleep > 0)
+    # Given back to the OS at every wake when asked: every sleep makes its pages.
     pool.set_retain_host_copy(False)
+    assert rrmm.host_pages.figures()["free_bytes"] == 0
+    pool.offload()
+    pool.restore()
+    report = pool.last_sleep()
+    assert report is not None and not report["host_reused"]
+    assert rrmm.host_pages.figures()["free_bytes"] == 0
     del buf
+
+
+def test_pages_made_ready_ahead_serve_the_first_sleep() -> None:
+    rrmm.host_pages.give_back()
+    pool = pageable_pool()
+    buf = rrmm.DeviceBuffer(size=3 * PAGE, mr=pool)
+    asked = pool.prepare_sleep(wait=True)
+    assert asked >= 3 * PAGE
+    made = rrmm.host_pages.figures()
+    assert made["free_bytes"] >= asked and made["preparing_bytes"] == 0
+    pool.offload()
+    report = pool.last_sleep()
+    assert report is not None and report["host_reused"], "the first sleep found its pages ready"
+    assert rrmm.host_pages.figures()["made_ranges"] == made["made_ranges"]
+    pool.restore()
+    del buf
+
+
+def test_the_supply_is_bounded_and_gives_back_on_request() -> None:
+    rrmm.host_pages.give_back()
+    rrmm.host_pages.prepare("8MiB", kind="plain", wait=True)
+    assert rrmm.host_pages.figures()["free_bytes"] >= 8 * MiB
+    rrmm.host_pages.set_keep_limit("4MiB")
+    assert rrmm.host_pages.figures()["free_bytes"] <= 4 * MiB
+    rrmm.host_pages.set_keep_limit(None)
+    rrmm.host_pages.prepare("2MiB", kind="plain", wait=True)
+    assert rrmm.host_pages.give_back() >= 2 * MiB
+    assert rrmm.host_pages.figures()["free_bytes"] == 0
+    with pytest.raises(ValueError, match="kind must be"):
+        rrmm.host_pages.prepare("1MiB", kind="paged")  # type: ignore[arg-type]
+    # More than the host has: nothing is made, nothing is held.
+    rrmm.host_pages.prepare("1PiB", kind="plain", wait=True)
+    assert rrmm.host_pages.figures()["free_bytes"] == 0
 
 
 @pytest.mark.skipif(not gpu_available(), reason=gpu_skip_reason())

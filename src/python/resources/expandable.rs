@@ -173,8 +173,9 @@ impl ExpandableMemoryResource {
         self.mr.host_copy_bytes()
     }
 
-    /// Whether `restore()` keeps the host copy for the next `offload()` (default False: the
-    /// host memory is given back at wake); False also gives a kept copy back.
+    /// Whether `restore()` keeps the host copy's pages for the next `offload()` (default True:
+    /// they go back to the process's host page supply, `rrmm.host_pages`, ready for the next
+    /// sleep); False gives them back to the OS at every wake, and the supply's free pages now.
     fn set_retain_host_copy(&self, retain: bool) {
         self.mr.set_retain_host_copy(retain)
     }

@@ -116,6 +116,15 @@ impl DeviceMemoryResource {
         super::sleep::offload(py, &self.inner, discard, discard_fill)
     }
 
+    /// rrmm: makes the host pages of the next `offload()` of the expandable pool under this
+    /// resource ready ahead of need (pages for all the pool holds now, from the process's host
+    /// page supply, made on a thread of its own; `wait`: returns once they are made), so the
+    /// first sleep copies at the link's speed. Returns the bytes asked for.
+    #[pyo3(signature = (wait = false))]
+    fn prepare_sleep(&self, py: Python<'_>, wait: bool) -> PyResult<usize> {
+        super::sleep::prepare(py, &self.inner, wait)
+    }
+
     /// rrmm: wakes the expandable pool under this resource: maps its pages at the same
     /// addresses and copies the bytes back. `MemoryError` when the memory cannot be mapped
     /// (nothing is lost: still asleep, call again); `RuntimeError` when awake.

@@ -124,6 +124,17 @@ pub(super) fn offload<'py>(
     estimate_dict(py, &estimate)
 }
 
+/// `prepare_sleep()` of every expandable pool under `mr`; with `wait`, until the pages are made.
+pub(super) fn prepare(py: Python<'_>, mr: &SharedResource, wait: bool) -> PyResult<usize> {
+    py_result(py.detach(|| {
+        let bytes = rs::prepare(mr)?;
+        if wait {
+            crate::resource::host_supply::supply().wait_prepared();
+        }
+        Ok(bytes)
+    }))
+}
+
 /// `restore()` of every sleeping expandable pool under `mr`.
 pub(super) fn restore(py: Python<'_>, mr: &SharedResource) -> PyResult<()> {
     py_result(py.detach(|| rs::restore(mr)))

@@ -31,8 +31,9 @@
 //! Map the recorded page runs again (all or nothing: on a refusal the runs mapped so far are
 //! unmapped again, the pool stays asleep with its bytes on the host, and a later restore retries),
 //! copy the kept blocks back, zero the discarded ones when asked ([`DiscardFill::Zero`]), then
-//! drop the host copy (or keep it for the next sleep, [`set_retain_host_copy`]), trim the pages
-//! freed while asleep, and clear the flag.
+//! return the host copy's pages to the process's host page supply, where the next sleep takes
+//! them ready (or to the OS, [`set_retain_host_copy`]), trim the pages freed while asleep, and
+//! clear the flag.
 //!
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
@@ -64,8 +65,9 @@ pub(super) struct SleepGate {
     tagged: AtomicUsize,
     /// The suballocators over the pool (see `crate::resource::sleep::Tenant`), while they live.
     tenants: Mutex<Vec<Weak<dyn Tenant>>>,
-    retain_host: AtomicBool,
-    spare: Mutex<Option<HostCopy>>,
+    /// Whether a wake gives the host copy's pages back to the OS instead of to the process's
+    /// host page supply (where the next sleep takes them again, ready).
+    give_back_host: AtomicBool,
     last: Mutex<Option<SleepReport>>,
     sleeps: AtomicUsize,
 }
@@ -301,13 +303,14 @@ impl ExpandableMemoryResource {
         self.inner.sleep.asleep()
     }
 
-    /// Bytes of host memory holding the pool's data while asleep (0 when awake).
+    /// Bytes of the pool's data held in host memory while asleep (0 when awake, and for
+    /// simulated memory, whose pages have no bytes). The host range that holds them may be
+    /// larger (a range of the supply made for a larger sleep): [`SleepReport::host_bytes`].
     pub fn host_copy_bytes(&self) -> usize {
-        self.inner
-            .sleep
-            .hold()
-            .as_ref()
-            .map_or(0, |s| s.host.host_bytes())
+        self.inner.sleep.hold().as_ref().map_or(0, |s| {
+            let copied: usize = s.kept.iter().map(|&(_, bytes, _)| bytes).sum();
+            copied.min(s.host.host_bytes())
+        })
     }
 
     /// The latest sleep's figures and times (`None` before the first offload).
@@ -315,28 +318,45 @@ impl ExpandableMemoryResource {
         self.inner.sleep.last.lock().clone()
     }
 
-    /// Whether a restore keeps the host copy for the next offload (default false: the host
-    /// memory is given back at wake). Kept, a second sleep of the same size makes no host pages;
-    /// [`drop_host_copy`](Self::drop_host_copy) gives it back.
+    /// Whether a restore keeps the host copy's pages for the next offload (default true: they
+    /// go back to the process's host page supply, ready, so the next sleep copies at the
+    /// link's speed into pages made before; bounded by the supply's keep limit). False gives
+    /// them back to the OS at every wake, and gives back the supply's free pages now
+    /// ([`drop_host_copy`](Self::drop_host_copy)).
     pub fn set_retain_host_copy(&self, retain: bool) {
         self.inner
             .sleep
-            .retain_host
-            .store(retain, Ordering::Relaxed);
+            .give_back_host
+            .store(!retain, Ordering::Relaxed);
         if !retain {
             self.drop_host_copy();
         }
     }
 
-    /// Gives back a host copy kept by [`set_retain_host_copy`](Self::set_retain_host_copy);
-    /// returns its bytes.
+    /// Makes the host pages of the next sleep ready ahead of need, in the background: a range
+    /// of the process's host page supply as large as the pool's mapped memory (what a sleep can
+    /// copy at most), so that the sleep copies at the link's speed from the first time;
+    /// nothing is made when a free or preparing range already holds that much. Returns the
+    /// bytes asked for (0 for simulated memory, whose pages have no bytes).
+    ///
+    /// # Errors
+    /// Where the memory cannot be copied to the host.
+    pub fn prepare_sleep(&self) -> Result<usize> {
+        let vm = &self.inner.vm;
+        let Some(spec) = vm.host_pages()? else {
+            return Ok(0);
+        };
+        let bytes = self.mapped_bytes();
+        if bytes > 0 {
+            vm.host_supply().prepare(spec, bytes);
+        }
+        Ok(bytes)
+    }
+
+    /// Gives the host pages kept for the next sleep back to the OS (the free pages of the
+    /// supply this pool's sleeps take from); returns their bytes.
     pub fn drop_host_copy(&self) -> usize {
-        self.inner
-            .sleep
-            .spare
-            .lock()
-            .take()
-            .map_or(0, |h| h.host_bytes())
+        self.inner.vm.host_supply().give_back(0)
     }
 
     /// [`offload_with`](Self::offload_with) with [`DiscardFill::Undefined`].
@@ -411,14 +431,8 @@ impl ExpandableMemoryResource {
             copied += size;
         }
         let step = Instant::now();
-        let spare = gate.spare.lock().take();
-        let (mut host, host_reused) = match spare {
-            Some(h) if h.len() >= copied => (h, true),
-            other => {
-                drop(other);
-                (inner.vm.host_copy(copied)?, false)
-            }
-        };
+        let host = HostCopy::take(inner.vm.host_supply(), inner.vm.host_pages()?, copied)?;
+        let host_reused = host.was_ready();
         let host_alloc_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
         let host_base = host.addr();
@@ -655,16 +669,20 @@ impl ExpandableMemoryResource {
             return Ok(());
         };
         let Saved {
-            host, mut report, ..
+            mut host,
+            mut report,
+            ..
         } = *saved;
         let restore_s = started.elapsed().as_secs_f64();
         report.map_s = Some(map_s);
         report.copy_in_s = Some(restore_s - map_s);
         report.restore_s = Some(restore_s);
         *inner.sleep.last.lock() = Some(report);
-        if inner.sleep.retain_host.load(Ordering::Relaxed) && host.host_bytes() > 0 {
-            *inner.sleep.spare.lock() = Some(host);
+        if inner.sleep.give_back_host.load(Ordering::Relaxed) {
+            host.give_back_on_drop();
         }
+        // Back to the supply (ready for the next sleep) or to the OS.
+        drop(host);
         inner.sleep.flag.store(false, Ordering::SeqCst);
         rs::mark_awake(inner.vm.base());
         // Pages that became wholly free while asleep (blocks freed then): given back again. A
@@ -739,6 +757,10 @@ impl Sleeper for ExpandableMemoryResource {
 
     fn restore(&self) -> Result<()> {
         ExpandableMemoryResource::restore(self)
+    }
+
+    fn prepare(&self) -> Result<usize> {
+        self.prepare_sleep()
     }
 
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
@@ -851,6 +873,17 @@ pub fn restore(mr: &SharedResource) -> Result<()> {
         )));
     }
     first.map_or(Ok(()), Err)
+}
+
+/// Makes the host pages of the next sleep of every pool under `mr` ready ahead of need, in the
+/// background ([`ExpandableMemoryResource::prepare_sleep`]); returns the bytes asked for.
+///
+/// # Errors
+/// As [`sleep_targets`]; where a pool's memory cannot be copied to the host.
+pub fn prepare(mr: &SharedResource) -> Result<usize> {
+    sleep_targets(mr)?
+        .iter()
+        .try_fold(0usize, |sum, p| Ok(sum + p.prepare()?))
 }
 
 /// Whether any pool under `mr` is asleep (false when there is none).

@@ -10,6 +10,7 @@
 use super::*;
 use crate::adaptor::StatisticsResourceAdaptor;
 use crate::cuda::Stream;
+use crate::resource::host_supply::{HostPageSupply, PageSpec};
 use crate::resource::{
     HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
 };
@@ -30,6 +31,7 @@ struct FlakyVm {
     maps_left: AtomicUsize,
     /// Unmaps allowed before the next ones fail (`usize::MAX`: no limit).
     unmaps_left: AtomicUsize,
+    supply: &'static HostPageSupply,
 }
 
 /// Takes one from a countdown (`usize::MAX`: none); whether the call may go on.
@@ -49,6 +51,7 @@ impl FlakyVm {
             refused: AtomicUsize::new(0),
             maps_left: AtomicUsize::new(usize::MAX),
             unmaps_left: AtomicUsize::new(usize::MAX),
+            supply: Box::leak(Box::default()),
         })
     }
 }
@@ -73,8 +76,13 @@ impl VirtualMemory for FlakyVm {
         // SAFETY: the caller's precondition, passed on.
         unsafe { self.inner.unmap(addr, bytes) }
     }
-    fn host_copy(&self, bytes: usize) -> Result<HostCopy> {
-        self.inner.host_copy(bytes)
+    fn host_pages(&self) -> Result<Option<PageSpec>> {
+        self.inner.host_pages()
+    }
+
+    /// A supply of its own: the process's is shared by every test.
+    fn host_supply(&self) -> &'static HostPageSupply {
+        self.supply
     }
     unsafe fn copy_out(&self, addr: usize, dst: usize, bytes: usize) -> Result<()> {
         // SAFETY: the caller's preconditions, passed on.

@@ -1,0 +1,86 @@
+//! `rrmm.host_pages`: the process's one supply of host pages
+//! ([`HostPageSupply`](crate::resource::host_supply::HostPageSupply)) from Python: make pages
+//! ready ahead of need, bound what is kept, give it back, read its figures.
+
+use super::errors::py_result;
+use crate::resource::host_supply::{supply, PageKind, PageSpec};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The spec of pages of `kind` ("pinned" or "plain") near `device`.
+fn spec(kind: &str, device: Option<usize>) -> PyResult<PageSpec> {
+    match kind {
+        "pinned" => {
+            let device = match device {
+                Some(d) => d,
+                None => py_result(crate::cuda::current_device())?,
+            };
+            Ok(PageSpec::pinned_for(device))
+        }
+        "plain" => Ok(PageSpec::plain()),
+        other => Err(PyValueError::new_err(format!(
+            "kind must be \"pinned\" or \"plain\", not {other:?}"
+        ))),
+    }
+}
+
+/// `host_pages_prepare(nbytes, kind="pinned", device=None, wait=False)`: makes a range of
+/// `nbytes` ready ahead of need, on a thread of its own (`wait`: returns once it is made).
+#[pyfunction]
+#[pyo3(signature = (nbytes, kind = "pinned", device = None, wait = false))]
+fn host_pages_prepare(
+    py: Python<'_>,
+    nbytes: usize,
+    kind: &str,
+    device: Option<usize>,
+    wait: bool,
+) -> PyResult<()> {
+    let spec = spec(kind, device)?;
+    if spec.kind == PageKind::Pinned {
+        py_result(crate::cuda::ensure_driver())?;
+    }
+    py.detach(|| {
+        supply().prepare(spec, nbytes);
+        if wait {
+            supply().wait_prepared();
+        }
+    });
+    Ok(())
+}
+
+/// `host_pages_wait()`: waits until no range is being made in the background.
+#[pyfunction]
+fn host_pages_wait(py: Python<'_>) {
+    py.detach(|| supply().wait_prepared());
+}
+
+/// `host_pages_give_back(keep=0) -> int`: gives free ranges back to the OS until at most `keep`
+/// bytes stay free; returns the bytes given back.
+#[pyfunction]
+#[pyo3(signature = (keep = 0))]
+fn host_pages_give_back(py: Python<'_>, keep: usize) -> usize {
+    py.detach(|| supply().give_back(keep))
+}
+
+/// `host_pages_set_keep_limit(nbytes)`: the most bytes kept free between uses (None: no bound
+/// but the host's room).
+#[pyfunction]
+fn host_pages_set_keep_limit(py: Python<'_>, nbytes: Option<usize>) {
+    py.detach(|| supply().set_keep_limit(nbytes));
+}
+
+/// `host_pages_figures() -> dict`: what the supply holds and has done.
+#[pyfunction]
+fn host_pages_figures(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let f = supply().figures();
+    let d = PyDict::new(py);
+    super::set_fields!(d, f;
+        free_bytes, free_ranges, leased_bytes, preparing_bytes, made_ranges, made_bytes, reused,
+        made_on_take, given_back_bytes, keep_limit,
+    );
+    Ok(d)
+}
+
+super::register_items!(functions: host_pages_prepare, host_pages_wait, host_pages_give_back,
+    host_pages_set_keep_limit, host_pages_figures;);

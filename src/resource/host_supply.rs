@@ -1,0 +1,486 @@
+//! One supply of host pages for the whole process.
+//!
+//! Three paths wait on a fresh host making pages: a sleep's host copy, a pinned host pool's
+//! ranges, a host tier. Each used to make its own, every time (a sleep of 40 GiB made and
+//! registered 40 GiB of pinned pages on every sleep, then gave them back: a quarter of the
+//! link's speed). The supply makes ranges once (reserved, committed with huge pages on the
+//! GPU's NUMA node, faulted in by several threads: [`PinnedPages`]; registered with the driver
+//! for pinned ranges), hands them out as [`HostPages`], and takes them back when those are
+//! dropped, kept ready for the next user, so a second sleep copies at the link's speed into
+//! pages made before. Ranges can be made ahead of need, in the background
+//! ([`HostPageSupply::prepare`]): a `take` that finds one being made waits for it instead of
+//! making a second.
+//!
+//! Bounds: every range is checked against the host's room before anything is touched (the
+//! cgroup-aware check of `os::host_pages`); what is kept free between uses is bounded by
+//! [`HostPageSupply::set_keep_limit`] (none by default: what one copy needs is kept, since the
+//! same range is taken again) and given back on request ([`HostPageSupply::give_back`]).
+
+use super::pinned_pages::PinnedPages;
+use crate::error::{Error, Result};
+use crate::os::host_pages::{check_host_room, Commit, Reservation, HUGE_PAGE, SMALL_PAGE};
+use parking_lot::{Condvar, Mutex};
+use std::time::Instant;
+
+/// What a range's pages are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum PageKind {
+    /// Registered with the driver (page-locked, `cuMemHostRegister`): a device copies them at
+    /// the link's speed. Needs the driver.
+    Pinned,
+    /// Ordinary pages, committed and faulted in (a host-memory pool's copies are `memcpy`s).
+    Plain,
+}
+
+/// What to make a range of: its kind and NUMA node, and the device whose context registers a
+/// pinned one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageSpec {
+    /// The pages' kind.
+    pub kind: PageKind,
+    /// The NUMA node to place them on (a preference); `None`: the process's policy.
+    pub numa_node: Option<u32>,
+    /// The device whose context registers pinned pages (any works: the registration is
+    /// portable); `None` for plain pages.
+    pub device: Option<usize>,
+}
+
+impl PageSpec {
+    /// Pinned pages near `device` (on the NUMA node the driver reports for it).
+    pub fn pinned_for(device: usize) -> Self {
+        PageSpec {
+            kind: PageKind::Pinned,
+            numa_node: crate::cuda::host_numa_node(device),
+            device: Some(device),
+        }
+    }
+
+    /// Plain pages, on the process's policy.
+    pub fn plain() -> Self {
+        PageSpec {
+            kind: PageKind::Plain,
+            numa_node: None,
+            device: None,
+        }
+    }
+
+    /// Whether a range made for `self` serves `other` (same kind and node).
+    fn serves(&self, other: &PageSpec) -> bool {
+        self.kind == other.kind && self.numa_node == other.numa_node
+    }
+}
+
+/// Plain pages: a reservation committed and faulted in.
+#[derive(Debug)]
+struct PlainPages {
+    reservation: Reservation,
+    bytes: usize,
+}
+
+/// One range of the supply.
+#[derive(Debug)]
+enum Pages {
+    Pinned(PinnedPages),
+    Plain(PlainPages),
+}
+
+/// A range and what it was made for.
+#[derive(Debug)]
+struct Range {
+    spec: PageSpec,
+    pages: Pages,
+}
+
+impl Range {
+    /// Makes a range of `bytes` (at least one byte) for `spec`.
+    fn make(spec: PageSpec, bytes: usize) -> Result<Range> {
+        let pages = match spec.kind {
+            PageKind::Pinned => {
+                let _ctx = match spec.device {
+                    Some(device) => Some(crate::cuda::ContextGuard::new(device)?),
+                    None => None,
+                };
+                Pages::Pinned(PinnedPages::new(bytes, spec.numa_node)?)
+            }
+            PageKind::Plain => {
+                let committed = if bytes >= HUGE_PAGE {
+                    bytes.checked_next_multiple_of(HUGE_PAGE)
+                } else {
+                    bytes.checked_next_multiple_of(SMALL_PAGE)
+                }
+                .ok_or_else(|| {
+                    Error::out_of_memory(bytes, "host pages: larger than the address space")
+                })?;
+                check_host_room(committed, true)?;
+                let reservation = Reservation::new(committed)?;
+                let how = Commit {
+                    numa_node: spec.numa_node,
+                    populate: true,
+                };
+                reservation.commit(0, committed, how)?;
+                Pages::Plain(PlainPages { reservation, bytes })
+            }
+        };
+        Ok(Range { spec, pages })
+    }
+
+    fn addr(&self) -> usize {
+        match &self.pages {
+            Pages::Pinned(p) => p.addr(),
+            Pages::Plain(p) => p.reservation.base(),
+        }
+    }
+
+    /// Bytes it holds for its users.
+    fn bytes(&self) -> usize {
+        match &self.pages {
+            Pages::Pinned(p) => p.bytes(),
+            Pages::Plain(p) => p.bytes,
+        }
+    }
+}
+
+/// What the supply has done, and what it holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SupplyFigures {
+    /// Bytes of ranges kept free, ready for the next user.
+    pub free_bytes: usize,
+    /// Ranges kept free.
+    pub free_ranges: usize,
+    /// Bytes of ranges handed out now.
+    pub leased_bytes: usize,
+    /// Bytes of ranges being made in the background.
+    pub preparing_bytes: usize,
+    /// Ranges made, ever.
+    pub made_ranges: u64,
+    /// Bytes of the ranges made, ever.
+    pub made_bytes: u64,
+    /// Takes served from a range made before (ready pages), ever.
+    pub reused: u64,
+    /// Takes that had to make their range, ever.
+    pub made_on_take: u64,
+    /// Bytes given back to the OS, ever.
+    pub given_back_bytes: u64,
+    /// The most bytes kept free between uses (`None`: no bound but the host's room).
+    pub keep_limit: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    free: Vec<Range>,
+    /// Ranges being made in the background: (spec, bytes).
+    preparing: Vec<(PageSpec, usize)>,
+    figures: SupplyFigures,
+}
+
+impl State {
+    /// The index of the smallest free range for `spec` that holds `bytes`.
+    fn best_fit(&self, spec: &PageSpec, bytes: usize) -> Option<usize> {
+        self.free
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.spec.serves(spec) && r.bytes() >= bytes)
+            .min_by_key(|(_, r)| r.bytes())
+            .map(|(i, _)| i)
+    }
+
+    fn is_preparing(&self, spec: &PageSpec, bytes: usize) -> bool {
+        self.preparing
+            .iter()
+            .any(|(s, b)| s.serves(spec) && *b >= bytes)
+    }
+
+    fn recount_free(&mut self) {
+        self.figures.free_bytes = self.free.iter().map(Range::bytes).sum();
+        self.figures.free_ranges = self.free.len();
+        self.figures.preparing_bytes = self.preparing.iter().map(|(_, b)| b).sum();
+    }
+
+    /// Takes free ranges out, largest first, until at most `keep` bytes stay free.
+    fn over(&mut self, keep: usize) -> Vec<Range> {
+        self.free.sort_by_key(Range::bytes);
+        let mut out = Vec::new();
+        while self.free.iter().map(Range::bytes).sum::<usize>() > keep {
+            match self.free.pop() {
+                Some(r) => out.push(r),
+                None => break,
+            }
+        }
+        let given: usize = out.iter().map(Range::bytes).sum();
+        self.figures.given_back_bytes += given as u64;
+        self.recount_free();
+        out
+    }
+}
+
+/// The process's supply of host pages (see the module docs); [`supply`] is the one instance.
+#[derive(Debug, Default)]
+pub struct HostPageSupply {
+    state: Mutex<State>,
+    /// Signalled when a background range is ready (or failed).
+    prepared: Condvar,
+}
+
+/// The supply of the process.
+// Why process-wide: host pages are the host's, and one process makes and registers them once
+// for all its users (sleeps, pinned pools, host tiers).
+static SUPPLY: HostPageSupply = HostPageSupply {
+    state: Mutex::new(State {
+        free: Vec::new(),
+        preparing: Vec::new(),
+        figures: SupplyFigures {
+            free_bytes: 0,
+            free_ranges: 0,
+            leased_bytes: 0,
+            preparing_bytes: 0,
+            made_ranges: 0,
+            made_bytes: 0,
+            reused: 0,
+            made_on_take: 0,
+            given_back_bytes: 0,
+            keep_limit: None,
+        },
+    }),
+    prepared: Condvar::new(),
+};
+
+/// The supply of the process.
+pub fn supply() -> &'static HostPageSupply {
+    &SUPPLY
+}
+
+impl HostPageSupply {
+    /// Host pages of at least `bytes` for `spec`: a free range ready (the smallest that holds
+    /// them), else the one being made in the background for them (waited for), else a range
+    /// made now. They come back to the supply when the [`HostPages`] is dropped.
+    ///
+    /// # Errors
+    /// Out of memory when the host has no room for a new range (checked before any page is
+    /// touched); the driver's errors of a pinned range.
+    pub fn take(&'static self, spec: PageSpec, bytes: usize) -> Result<HostPages> {
+        let bytes = bytes.max(1);
+        {
+            let mut state = self.state.lock();
+            loop {
+                if let Some(i) = state.best_fit(&spec, bytes) {
+                    let range = state.free.swap_remove(i);
+                    state.figures.reused += 1;
+                    state.figures.leased_bytes += range.bytes();
+                    state.recount_free();
+                    return Ok(HostPages::lease(self, range, true));
+                }
+                if !state.is_preparing(&spec, bytes) {
+                    break;
+                }
+                self.prepared.wait(&mut state);
+            }
+        }
+        let range = Range::make(spec, bytes)?;
+        let mut state = self.state.lock();
+        state.figures.made_ranges += 1;
+        state.figures.made_bytes += range.bytes() as u64;
+        state.figures.made_on_take += 1;
+        state.figures.leased_bytes += range.bytes();
+        Ok(HostPages::lease(self, range, false))
+    }
+
+    /// As [`take`](Self::take), for a user whose need grows (a sleep's copy grows with its
+    /// pool): when no free range holds `bytes`, the free ranges of `spec` too small for it are
+    /// given back first, so that growth does not leave smaller ranges held beside the new one.
+    ///
+    /// # Errors
+    /// As [`take`](Self::take).
+    pub fn take_replacing(&'static self, spec: PageSpec, bytes: usize) -> Result<HostPages> {
+        let smaller = {
+            let mut state = self.state.lock();
+            if state.best_fit(&spec, bytes.max(1)).is_some() || state.is_preparing(&spec, bytes) {
+                Vec::new()
+            } else {
+                let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
+                    .into_iter()
+                    .partition(|r| r.spec.serves(&spec));
+                state.free = kept;
+                state.figures.given_back_bytes +=
+                    smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
+                state.recount_free();
+                smaller
+            }
+        };
+        drop(smaller);
+        self.take(spec, bytes)
+    }
+
+    /// Makes a range of `bytes` for `spec` ready ahead of need, on a thread of its own (the
+    /// caller does not wait; [`wait_prepared`](Self::wait_prepared) does). Nothing is made
+    /// when a free or preparing range already holds `bytes`. A failure (no room) is recorded
+    /// nowhere but leaves nothing behind: the take that needs the pages makes them then, and
+    /// reports its own error.
+    pub fn prepare(&'static self, spec: PageSpec, bytes: usize) {
+        let bytes = bytes.max(1);
+        {
+            let mut state = self.state.lock();
+            if state.best_fit(&spec, bytes).is_some() || state.is_preparing(&spec, bytes) {
+                return;
+            }
+            state.preparing.push((spec, bytes));
+            state.recount_free();
+        }
+        let spawned = std::thread::Builder::new()
+            .name("rrmm-host-pages".into())
+            .spawn(move || self.finish_prepare(spec, bytes));
+        if spawned.is_err() {
+            self.finish_prepare(spec, bytes);
+        }
+    }
+
+    /// Makes the range [`prepare`](Self::prepare) asked for and puts it with the free ranges.
+    fn finish_prepare(&self, spec: PageSpec, bytes: usize) {
+        let made = Range::make(spec, bytes);
+        let mut state = self.state.lock();
+        if let Some(i) = state
+            .preparing
+            .iter()
+            .position(|(s, b)| *s == spec && *b == bytes)
+        {
+            state.preparing.swap_remove(i);
+        }
+        if let Ok(range) = made {
+            state.figures.made_ranges += 1;
+            state.figures.made_bytes += range.bytes() as u64;
+            state.free.push(range);
+        }
+        state.recount_free();
+        drop(state);
+        self.prepared.notify_all();
+    }
+
+    /// Waits until no range is being made in the background.
+    pub fn wait_prepared(&self) {
+        let mut state = self.state.lock();
+        while !state.preparing.is_empty() {
+            self.prepared.wait(&mut state);
+        }
+    }
+
+    /// Takes `range` back from a user: kept free for the next one within the keep limit,
+    /// else given back to the OS.
+    fn put_back(&self, range: Range) {
+        let mut state = self.state.lock();
+        state.figures.leased_bytes = state.figures.leased_bytes.saturating_sub(range.bytes());
+        state.free.push(range);
+        state.recount_free();
+        let over = match state.figures.keep_limit {
+            Some(keep) => state.over(keep),
+            None => Vec::new(),
+        };
+        drop(state);
+        // Unregistered and unmapped outside the lock.
+        drop(over);
+    }
+
+    /// Gives free ranges back to the OS, largest first, until at most `keep` bytes stay free;
+    /// returns the bytes given back. Ranges handed out are not touched.
+    pub fn give_back(&self, keep: usize) -> usize {
+        let over = self.state.lock().over(keep);
+        let given = over.iter().map(Range::bytes).sum();
+        drop(over);
+        given
+    }
+
+    /// Bounds the bytes kept free between uses (`None`: no bound but the host's room), giving
+    /// back what is over it now.
+    pub fn set_keep_limit(&self, keep: Option<usize>) {
+        let over = {
+            let mut state = self.state.lock();
+            state.figures.keep_limit = keep;
+            keep.map(|k| state.over(k)).unwrap_or_default()
+        };
+        drop(over);
+    }
+
+    /// What the supply has done and holds.
+    pub fn figures(&self) -> SupplyFigures {
+        self.state.lock().figures
+    }
+}
+
+/// Host pages handed out by the supply: `len()` bytes from `addr()`, back to the supply when
+/// dropped (or to the OS, after [`give_back_on_drop`](Self::give_back_on_drop)).
+#[derive(Debug)]
+pub struct HostPages {
+    range: Option<Range>,
+    supply: &'static HostPageSupply,
+    ready: bool,
+    keep: bool,
+    /// When it was handed out (for figures).
+    taken: Instant,
+}
+
+impl HostPages {
+    fn lease(supply: &'static HostPageSupply, range: Range, ready: bool) -> Self {
+        HostPages {
+            range: Some(range),
+            supply,
+            ready,
+            keep: true,
+            taken: Instant::now(),
+        }
+    }
+
+    /// The first address.
+    pub fn addr(&self) -> usize {
+        self.range.as_ref().map_or(0, Range::addr)
+    }
+
+    /// Bytes it holds (at least what was asked).
+    pub fn len(&self) -> usize {
+        self.range.as_ref().map_or(0, Range::bytes)
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the pages are registered with the driver.
+    pub fn is_pinned(&self) -> bool {
+        self.range
+            .as_ref()
+            .is_some_and(|r| r.spec.kind == PageKind::Pinned)
+    }
+
+    /// Whether the pages were ready when taken (made before: no page was made for this take).
+    pub fn was_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// When it was handed out.
+    pub fn taken_at(&self) -> Instant {
+        self.taken
+    }
+
+    /// Makes the drop give the pages back to the OS instead of keeping them in the supply.
+    pub fn give_back_on_drop(&mut self) {
+        self.keep = false;
+    }
+}
+
+impl Drop for HostPages {
+    fn drop(&mut self) {
+        let Some(range) = self.range.take() else {
+            return;
+        };
+        if self.keep {
+            self.supply.put_back(range);
+        } else {
+            let mut state = self.supply.state.lock();
+            state.figures.leased_bytes = state.figures.leased_bytes.saturating_sub(range.bytes());
+            state.figures.given_back_bytes += range.bytes() as u64;
+            drop(state);
+            drop(range);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
