@@ -82,11 +82,13 @@ def test_a_size_the_parser_refuses_is_called_too_large_only_when_it_is(text):
         assert 0 <= value <= LARGEST
 
 
-@pytest.mark.xfail(strict=True, reason="rrmm.parse_bytes is Rust (src/python/resources/"
-                   "convert.rs): it says 'Could not parse' for a size past 2**64 - 1")
-def test_parse_bytes_says_a_size_past_the_largest_is_too_large():
-    with pytest.raises(ValueError, match="too large"):
-        rrmm.parse_bytes(str(LARGEST + 1))
+@settings(max_examples=100, deadline=None)
+@given(extra=st.integers(1, 10**30), unit=st.sampled_from(["", "B", "KiB", "MB", "PiB", "pb"]))
+def test_parse_bytes_says_a_size_past_the_largest_is_too_large(extra, unit):
+    with pytest.raises(ValueError, match="too large: the largest size is"):
+        rrmm.parse_bytes(f"{LARGEST + extra}{unit}")
+    with pytest.raises(ValueError, match="Could not parse"):
+        rrmm.parse_bytes(f"{extra}x{unit}")
 
 
 # ------------------------------------------------------------------ exceptions without words

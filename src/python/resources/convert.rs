@@ -71,10 +71,24 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes. The one size grammar of rrmm,
 /// the command line's included. A bare unit (`2k`, `4G`) is refused, as RMM's tests require.
 pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
+    read_byte_spec(text).ok()
+}
+
+/// Why a text is not a size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotASize {
+    /// It does not follow the grammar.
+    Unparsable,
+    /// It does, but the size is larger than `usize::MAX` bytes.
+    TooLarge,
+}
+
+/// [`parse_byte_spec`], saying why a text is not a size.
+pub(crate) fn read_byte_spec(text: &str) -> Result<usize, NotASize> {
     let s = text.strip_suffix('\n').unwrap_or(text);
     let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     if digits_end == 0 {
-        return None;
+        return Err(NotASize::Unparsable);
     }
     let mut end = digits_end;
     let mut fraction = "";
@@ -102,16 +116,18 @@ pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
         "gib" => 1 << 30,
         "tib" => 1 << 40,
         "pib" => 1 << 50,
-        _ => return None,
+        _ => return Err(NotASize::Unparsable),
     };
+    // The digits are digits: a whole number that does not parse is too large for a u128.
     let value: u128 = if fraction.trim_end_matches('0').is_empty() {
-        let whole: u128 = s[..digits_end].parse().ok()?;
-        whole.checked_mul(multiplier)?
+        let whole: u128 = s[..digits_end].parse().map_err(|_| NotASize::TooLarge)?;
+        whole.checked_mul(multiplier).ok_or(NotASize::TooLarge)?
     } else {
-        let x: f64 = number.parse().ok()?;
+        let x: f64 = number.parse().map_err(|_| NotASize::Unparsable)?;
+        // Saturates: a product beyond u128 is too large all the same.
         (x * multiplier as f64) as u128
     };
-    usize::try_from(value).ok()
+    usize::try_from(value).map_err(|_| NotASize::TooLarge)
 }
 
 /// Why a bare unit (`4G`, `2k`, `1.5m`) is refused, for the error message: RMM's grammar needs
@@ -141,11 +157,15 @@ pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     if let Ok(s) = obj.cast::<PyString>() {
         let text: String = s.extract()?;
         let text = text.as_str();
-        return parse_byte_spec(text).ok_or_else(|| {
-            PyValueError::new_err(format!(
+        return read_byte_spec(text).map_err(|why| match why {
+            NotASize::TooLarge => PyValueError::new_err(format!(
+                "'{text}' is too large: the largest size is {} bytes (2**64 - 1)",
+                usize::MAX
+            )),
+            NotASize::Unparsable => PyValueError::new_err(format!(
                 "Could not parse '{text}' as a byte specification{}",
                 bare_unit_hint(text)
-            ))
+            )),
         });
     }
     if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
