@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           asyncsplit w9 w8 w10 sleep history
+#           asyncsplit w9 w8 w10 sleep soak history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -325,15 +325,29 @@ fi
 
 # Issue 32: an expandable pool sleeps and wakes (benches/gpu/sleep_wake.py: a = CuPy arrays, GB/s
 # against the link; b = another process uses the memory meanwhile, a refused wake loses nothing;
-# c = PyTorch tensors and a CUDA graph after the wake). SLEEP_GIB (default 40), one process each.
+# c = PyTorch tensors and a CUDA graph after the wake; d = issue 37: a fresh process with the
+# defaults, pages made ready ahead, sleeps at the link). SLEEP_GIB (default 40), SLEEP_PARTS
+# (default "a b c d"), one process each.
 if has sleep; then
   echo "== sleep and wake"
-  for part in a b c; do
+  for part in ${SLEEP_PARTS:-a b c d}; do
     timeout 600 python3 benches/gpu/sleep_wake.py --part "$part" --gib "${SLEEP_GIB:-40}" \
       2> "$OUT/sleep_$part.err" | tee -a "$OUT/sleep.jsonl"
     tail -3 "$OUT/sleep_$part.err"
   done
   note "sleep: $(wc -l < "$OUT/sleep.jsonl") parts reported"
+fi
+
+# Issue 37's soak (benches/gpu/sleep_wake.py part e): SOAK_CYCLES sleeps of SOAK_GIB GiB (default
+# 1000 of 40) within SOAK_BUDGET_S seconds (default 240; a longer soak runs in batches of calls),
+# every cycle's data and CUDA-graph output checked, device and host memory recorded.
+if has soak; then
+  echo "== soak"
+  timeout 600 python3 benches/gpu/sleep_wake.py --part e --gib "${SOAK_GIB:-40}" \
+    --cycles "${SOAK_CYCLES:-1000}" --budget-s "${SOAK_BUDGET_S:-240}" \
+    2> "$OUT/soak.err" > "$OUT/soak.json"
+  tail -3 "$OUT/soak.err"
+  note "soak: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("cycles"); print(json.dumps(d))' "$OUT/soak.json")"
 fi
 
 # The cost of rrmm.record_memory_history on W4/W5, and a CuPy workload's snapshot with its

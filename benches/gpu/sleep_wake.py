@@ -17,6 +17,17 @@ b: the same arrays; while asleep a second process allocates ``--other-gib`` GiB 
    writes and checks it and exits; then a process holding nearly all the device keeps the pool
    from waking (``restore()`` must raise MemoryError and lose nothing), exits, and the wake
    succeeds; data checked.
+d: issue 37, a fresh process with rrmm's defaults: the link measured first; ``--gib`` GiB of
+   arrays; ``prepare_sleep(wait=True)`` timed (the host pages made ahead of need, as a program
+   would at start-up, off its critical path); then ``--sleeps`` sleeps with no option set, each
+   in GB/s and as a share of the link, with ``host_reused`` (pages ready) and the host page
+   supply's figures; right after the first ``offload()`` returns a second process allocates 90%
+   of what it released (the memory is free when the call returns).
+e: the soak: ``--cycles`` sleeps of ``--gib`` GiB with a CUDA graph (CuPy stream capture)
+   replayed after every wake; every cycle checks each array's checksum and the graph's output
+   against cycle 0, records the device's free memory while asleep, the host memory held (the
+   supply's figures and the process's VmRSS) and the cycle's times; the summary says whether
+   anything crept.
 c: PyTorch tensors from the pool through rrmm's PyTorch hook, a CUDA graph captured on them
    (CuPy stream capture of kernels that write in place: PyTorch's own ``torch.cuda.graph`` asks a
    pluggable allocator for a private pool, which it does not offer), replayed after the wake:
@@ -266,14 +277,150 @@ def part_c(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def supply_held() -> int:
+    """Host bytes the process's host page supply holds (free and in use)."""
+    import rrmm
+
+    f = rrmm.host_pages.figures()
+    return int(f["free_bytes"] + f["leased_bytes"])
+
+
+def vm_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def part_d(args: argparse.Namespace) -> dict[str, Any]:
+    import rrmm
+
+    link = link_gbps()
+    log("link", link)
+    mr = expandable_pool()
+    arrays = fill(args.gib)
+    ptrs = [a.data.ptr for a in arrays]
+    t = time.perf_counter()
+    asked = mr.prepare_sleep(wait=True)
+    prepare_s = time.perf_counter() - t
+    log("prepared", asked, "bytes in", prepare_s, "s;", rrmm.host_pages.figures())
+    sleeps = []
+    other_row: dict[str, Any] | None = None
+    for i in range(args.sleeps):
+        free_awake = device_free()
+        t = time.perf_counter()
+        did = mr.offload()
+        offload_s = time.perf_counter() - t
+        free_asleep = device_free()
+        if other_row is None:
+            take = int((free_asleep - free_awake) * 0.9)
+            other = subprocess.run([sys.executable, "-c", CHILD, str(take)], capture_output=True,
+                                   text=True, timeout=300, check=False)
+            other_row = (json.loads(other.stdout) if other.returncode == 0
+                         else {"error": other.stderr[-500:]})
+        t = time.perf_counter()
+        mr.restore()
+        restore_s = time.perf_counter() - t
+        steps = mr.last_sleep()
+        copied = did["copied_bytes"]
+        row = {
+            "sleep": i + 1,
+            "copied_bytes": copied,
+            "freed_on_device_bytes": free_asleep - free_awake,
+            "offload_s": offload_s,
+            "restore_s": restore_s,
+            "offload_gbps": copied / offload_s / 1e9,
+            "restore_gbps": copied / restore_s / 1e9,
+            "offload_vs_link": copied / offload_s / 1e9 / link["d2h_gbps"],
+            "restore_vs_link": copied / restore_s / 1e9 / link["h2d_gbps"],
+            "host_reused": steps["host_reused"] if steps else None,
+            "steps": steps,
+            "supply_held_bytes": supply_held(),
+            "data_and_addresses_ok": check(arrays, ptrs),
+        }
+        log(row)
+        sleeps.append(row)
+    return {"part": "d", "gib": args.gib, "link": link, "prepare_sleep_s": prepare_s,
+            "prepared_bytes": asked, "other_process_after_first_offload": other_row,
+            "sleeps": sleeps, "host_pages": rrmm.host_pages.figures()}
+
+
+def part_e(args: argparse.Namespace) -> dict[str, Any]:
+    import cupy
+
+    mr = expandable_pool()
+    arrays = fill(args.gib)
+    ptrs = [a.data.ptr for a in arrays]
+    sums = [int(a.sum(dtype=cupy.uint64)) for a in arrays]
+    src, out = arrays[0], cupy.empty_like(arrays[0])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        cupy.multiply(src, 3, out=out)
+        cupy.add(out, 7, out=out)
+        stream.synchronize()
+        stream.begin_capture()
+        cupy.multiply(src, 3, out=out)
+        cupy.add(out, 7, out=out)
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    graph_sum = int(out.sum(dtype=cupy.uint64))
+    mr.prepare_sleep(wait=True)
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for i in range(args.cycles):
+        if time.perf_counter() - started > args.budget_s:
+            break
+        free_awake = device_free()
+        t = time.perf_counter()
+        mr.offload()
+        offload_s = time.perf_counter() - t
+        free_asleep = device_free()
+        held = supply_held()
+        t = time.perf_counter()
+        mr.restore()
+        restore_s = time.perf_counter() - t
+        out.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        ok = ([a.data.ptr for a in arrays] == ptrs
+              and [int(a.sum(dtype=cupy.uint64)) for a in arrays] == sums
+              and int(out.sum(dtype=cupy.uint64)) == graph_sum)
+        report = mr.last_sleep() or {}
+        rows.append({"cycle": i + 1, "offload_s": offload_s, "restore_s": restore_s,
+                     "freed_on_device_bytes": free_asleep - free_awake,
+                     "supply_held_bytes": held, "vm_rss_bytes": vm_rss(), "ok": ok,
+                     "host_reused": report.get("host_reused")})
+        if not ok:
+            break
+    def spread(key: str) -> list[float]:
+        vals = sorted(float(r[key] or 0) for r in rows)
+        return [vals[0], vals[len(vals) // 2], vals[-1]] if vals else []
+    return {
+        "part": "e", "gib": args.gib, "cycles_run": len(rows),
+        "all_ok": all(r["ok"] for r in rows),
+        "all_host_reused_after_prepare": all(r["host_reused"] for r in rows),
+        "offload_s_min_med_max": spread("offload_s"),
+        "restore_s_min_med_max": spread("restore_s"),
+        "freed_on_device_min_med_max": spread("freed_on_device_bytes"),
+        "supply_held_min_med_max": spread("supply_held_bytes"),
+        "vm_rss_min_med_max": spread("vm_rss_bytes"),
+        "cycles": rows,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices="abc", required=True)
+    p.add_argument("--part", choices="abcde", required=True)
+    p.add_argument("--sleeps", type=int, default=3, help="sleeps after the first (d)")
+    p.add_argument("--cycles", type=int, default=1000, help="sleep cycles of the soak (e)")
+    p.add_argument("--budget-s", type=float, default=240.0, help="the soak's time limit (e)")
     p.add_argument("--gib", type=int, default=40, help="GiB of CuPy arrays (parts a, b)")
     p.add_argument("--other-gib", type=int, default=30, help="GiB the second process takes (b)")
     p.add_argument("--elements", type=int, default=1 << 28, help="float32 elements per tensor (c)")
     args = p.parse_args()
-    row = {"a": part_a, "b": part_b, "c": part_c}[args.part](args)
+    row = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[args.part](args)
     print(json.dumps(row), flush=True)
 
 
