@@ -120,18 +120,10 @@ impl DeviceBuffer {
     /// [`Error::InvalidArgument`] when `offset + data.len()` passes the buffer's size; copy
     /// errors.
     pub fn copy_from_host_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check_range("data", offset, data.len())?;
-        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked) and `data` is
-        // a live slice.
-        unsafe {
-            copy_bytes(
-                self.ptr + offset,
-                data.as_ptr() as usize,
-                data.len(),
-                self.stream,
-                self.mr.kind(),
-            )
-        }
+        let (dst, src, len) = self.host_copy_at(offset, HostSide::Source(data))?;
+        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked by
+        // `host_copy_at`) and `data` is a live slice.
+        unsafe { copy_bytes(dst, src, len, self.stream, self.mr.kind()) }
     }
 
     /// Copies `out.len()` bytes of the buffer from byte `offset` on into `out`, and waits.
@@ -140,18 +132,10 @@ impl DeviceBuffer {
     /// [`Error::InvalidArgument`] when `offset + out.len()` passes the buffer's size; copy
     /// errors.
     pub fn copy_to_host_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range("out", offset, out.len())?;
-        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked) and `out` is
-        // a live slice.
-        unsafe {
-            copy_bytes(
-                out.as_mut_ptr() as usize,
-                self.ptr + offset,
-                out.len(),
-                self.stream,
-                self.mr.kind(),
-            )
-        }
+        let (dst, src, len) = self.host_copy_at(offset, HostSide::Destination(out))?;
+        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked by
+        // `host_copy_at`) and `out` is a live slice.
+        unsafe { copy_bytes(dst, src, len, self.stream, self.mr.kind()) }
     }
 
     /// Enqueues a copy of `data` into the buffer from byte `offset` on, on `stream`, and returns
@@ -182,20 +166,12 @@ impl DeviceBuffer {
         data: &[u8],
         stream: Stream,
     ) -> Result<()> {
-        self.check_range("data", offset, data.len())?;
-        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked), whose free
-        // on its stream is ordered after the copy; the caller keeps `data` alive and unwritten
-        // until the copy completes (1) and names a stream of the current context (2).
-        unsafe {
-            copy_bytes_async(
-                self.ptr + offset,
-                data.as_ptr() as usize,
-                data.len(),
-                self.stream,
-                stream,
-                self.mr.kind(),
-            )
-        }
+        let (dst, src, len) = self.host_copy_at(offset, HostSide::Source(data))?;
+        // SAFETY: `offset .. offset + data.len()` lies inside the buffer (checked by
+        // `host_copy_at`), whose free on its stream is ordered after the copy; the caller keeps
+        // `data` alive and unwritten until the copy completes (1) and names a stream of the
+        // current context (2).
+        unsafe { copy_bytes_async(dst, src, len, self.stream, stream, self.mr.kind()) }
     }
 
     /// Enqueues a copy of `out.len()` bytes of the buffer from byte `offset` on into `out`, on
@@ -217,19 +193,30 @@ impl DeviceBuffer {
         out: &mut [u8],
         stream: Stream,
     ) -> Result<()> {
-        self.check_range("out", offset, out.len())?;
-        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked), whose free
-        // on its stream is ordered after the copy; the caller leaves `out` alone until the
-        // copy completes (1) and names a stream of the current context (2).
-        unsafe {
-            copy_bytes_async(
-                out.as_mut_ptr() as usize,
-                self.ptr + offset,
-                out.len(),
-                self.stream,
-                stream,
-                self.mr.kind(),
-            )
+        let (dst, src, len) = self.host_copy_at(offset, HostSide::Destination(out))?;
+        // SAFETY: `offset .. offset + out.len()` lies inside the buffer (checked by
+        // `host_copy_at`), whose free on its stream is ordered after the copy; the caller leaves
+        // `out` alone until the copy completes (1) and names a stream of the current context (2).
+        unsafe { copy_bytes_async(dst, src, len, self.stream, stream, self.mr.kind()) }
+    }
+
+    /// The destination and source addresses and the length of a copy between the buffer, from
+    /// byte `offset` on, and the host slice of `host`, once the range is found inside the
+    /// buffer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the slice (`data` or `out`) when `offset` plus its
+    /// length passes the buffer's size.
+    fn host_copy_at(&self, offset: usize, host: HostSide<'_>) -> Result<(usize, usize, usize)> {
+        match host {
+            HostSide::Source(data) => {
+                self.check_range("data", offset, data.len())?;
+                Ok((self.ptr + offset, data.as_ptr() as usize, data.len()))
+            }
+            HostSide::Destination(out) => {
+                self.check_range("out", offset, out.len())?;
+                Ok((out.as_mut_ptr() as usize, self.ptr + offset, out.len()))
+            }
         }
     }
 
@@ -379,6 +366,14 @@ impl Drop for DeviceBuffer {
         // ordered after it.
         let _ = unsafe { self.mr.deallocate(self.ptr, self.capacity, self.stream) };
     }
+}
+
+/// The host side of a copy between a buffer and host memory.
+enum HostSide<'a> {
+    /// The bytes copied into the buffer (the argument `data`).
+    Source(&'a [u8]),
+    /// Where the buffer's bytes are copied to (the argument `out`).
+    Destination(&'a mut [u8]),
 }
 
 impl std::fmt::Debug for DeviceBuffer {

@@ -593,6 +593,32 @@ fn sums_are_exact_beyond_64_bits() {
     assert_eq!(r.failed_bytes, 1u128 << 64);
 }
 
+/// The events at which allocations fail when `trace` replays into `name` with `options` on a
+/// simulated device of `size` bytes.
+fn failure_events_with(
+    trace: &Trace,
+    name: &str,
+    size: usize,
+    options: &ResourceOptions,
+) -> Vec<usize> {
+    let built = build(name, Some(size), options).unwrap();
+    replay(trace, &built.resource, ReplayOptions::default())
+        .unwrap()
+        .failure_events
+}
+
+/// A log of `count` allocations of `size` bytes on the default stream (pointers 0x1000,
+/// 0x2000, ...), then their frees in the same order.
+fn allocate_all_then_free_all_log(count: usize, size: usize) -> String {
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for action in ["allocate", "free"] {
+        for i in 1..=count {
+            text.push_str(&format!("1,t,{action},{:#x},{size},0\n", i * 0x1000));
+        }
+    }
+    text
+}
+
 /// Managed memory on a simulated device of 8 MiB: a log computed by hand. Charges are whole
 /// 2 MiB pages: 6 MiB, then +4 MiB (10 MiB: 2 beyond), free the 6 (4 in use), +8 MiB (12 MiB:
 /// 4 beyond, the peak), free all. Nothing fails; the peak beyond the device is 4 MiB and the
@@ -657,9 +683,8 @@ fn managed_memory_on_a_simulated_device_counts_the_bytes_beyond_it() {
         host_memory: Some(2 * MIB),
         ..ResourceOptions::default()
     };
-    let built = build("managed", Some(8 * MIB), &small).unwrap();
-    let s = replay(&trace, &built.resource, ReplayOptions::default()).unwrap();
-    assert_eq!(s.failure_events, vec![3]);
+    let failures = failure_events_with(&trace, "managed", 8 * MIB, &small);
+    assert_eq!(failures, vec![3]);
 }
 
 /// The managed pool on a simulated device grows past the device (to twice it by default) where
@@ -667,16 +692,7 @@ fn managed_memory_on_a_simulated_device_counts_the_bytes_beyond_it() {
 #[test]
 fn the_managed_pool_grows_past_a_simulated_device() {
     const MIB: usize = 1 << 20;
-    let log = format!(
-        "Thread,Time,Action,Pointer,Size,Stream\n\
-         1,t,allocate,0x1000,{a},0\n\
-         1,t,allocate,0x2000,{a},0\n\
-         1,t,allocate,0x3000,{a},0\n\
-         1,t,free,0x1000,{a},0\n\
-         1,t,free,0x2000,{a},0\n\
-         1,t,free,0x3000,{a},0\n",
-        a = 4 * MIB,
-    );
+    let log = allocate_all_then_free_all_log(3, 4 * MIB);
     let trace = Trace::from_reader("grow.csv", log.as_bytes(), false).unwrap();
     let built = build("managed_pool", Some(8 * MIB), &ResourceOptions::default()).unwrap();
     assert_eq!(built.pool_sizes, Some((4 * MIB, Some(16 * MIB))));
@@ -708,9 +724,8 @@ fn the_managed_pool_grows_past_a_simulated_device() {
         maximum_pool_size: Some(10 * MIB),
         ..ResourceOptions::default()
     };
-    let built = build("managed_pool", Some(8 * MIB), &capped).unwrap();
-    let c = replay(&trace, &built.resource, ReplayOptions::default()).unwrap();
-    assert_eq!(c.failure_events, vec![2]);
+    let failures = failure_events_with(&trace, "managed_pool", 8 * MIB, &capped);
+    assert_eq!(failures, vec![2]);
 
     // Fit: the smallest device on which nothing spills (three 4 MiB allocations: 12 MiB, to
     // the search's precision of 64 MiB at this size).

@@ -467,18 +467,24 @@ mod tests {
 
     #[test]
     fn every_bad_input_is_an_error_naming_file_and_line() {
-        expect_error("1,00:00:00.1,allocate,0x200,10", 3, "expected 6");
-        expect_error("1,00:00:00.1,allocate,0x200,10,0,7", 3, "expected 6");
-        expect_error("x,00:00:00.1,allocate,0x200,10,0", 3, "thread");
-        expect_error("1,,allocate,0x200,10,0", 3, "time");
-        expect_error("1,00:00:00.1,allocate,0xZZ,10,0", 3, "pointer");
-        expect_error("1,00:00:00.1,allocate,0x200,-5,0", 3, "size");
-        expect_error("1,00:00:00.1,allocate,0x200,10,q", 3, "stream");
-        expect_error("1,00:00:00.1,reallocate,0x200,10,0", 3, "unknown action");
-        expect_error("1,00:00:00.1,free,0x300,10,0", 3, "never allocated");
-        expect_error("1,00:00:00.1,allocate,0x100,10,0", 3, "already allocated");
-        expect_error("1,00:00:00.1,free,0x100,11,0", 3, "allocated with size 10");
-        expect_error("1,00:00:00.1,allocate,(nil),10,0", 3, "null pointer");
+        // (the bad row, a word of its error); the row is the log's third line.
+        let bad_rows = [
+            ("1,00:00:00.1,allocate,0x200,10", "expected 6"),
+            ("1,00:00:00.1,allocate,0x200,10,0,7", "expected 6"),
+            ("x,00:00:00.1,allocate,0x200,10,0", "thread"),
+            ("1,,allocate,0x200,10,0", "time"),
+            ("1,00:00:00.1,allocate,0xZZ,10,0", "pointer"),
+            ("1,00:00:00.1,allocate,0x200,-5,0", "size"),
+            ("1,00:00:00.1,allocate,0x200,10,q", "stream"),
+            ("1,00:00:00.1,reallocate,0x200,10,0", "unknown action"),
+            ("1,00:00:00.1,free,0x300,10,0", "never allocated"),
+            ("1,00:00:00.1,allocate,0x100,10,0", "already allocated"),
+            ("1,00:00:00.1,free,0x100,11,0", "allocated with size 10"),
+            ("1,00:00:00.1,allocate,(nil),10,0", "null pointer"),
+        ];
+        for (row, needle) in bad_rows {
+            expect_error(row, 3, needle);
+        }
     }
 
     #[test]

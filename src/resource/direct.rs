@@ -55,6 +55,44 @@ macro_rules! direct_allocator {
 }
 pub(super) use direct_allocator;
 
+/// The descriptive methods of [`MemoryResource`] for a source resource whose calls block (they
+/// wait on the driver, the device or the OS): `kind` (`$kind`), `call_profile`
+/// ([`CallProfile::BLOCKING`](super::CallProfile::BLOCKING)) and `name` (`$name`). With
+/// `memory_of_device: $ordinal`, for device memory used by `self.device`: also `device` (that
+/// ordinal), `memory_info` (the free and total memory of device `self.$ordinal`) and `as_any`
+/// (the resource itself).
+macro_rules! blocking_source_info {
+    (kind: $kind:expr, name: $name:expr) => {
+        fn kind(&self) -> $crate::resource::MemoryKind {
+            $kind
+        }
+
+        fn call_profile(&self) -> $crate::resource::CallProfile {
+            $crate::resource::CallProfile::BLOCKING
+        }
+
+        fn name(&self) -> &'static str {
+            $name
+        }
+    };
+    (kind: $kind:expr, name: $name:expr, memory_of_device: $ordinal:ident) => {
+        $crate::resource::direct::blocking_source_info!(kind: $kind, name: $name);
+
+        fn device(&self) -> Option<usize> {
+            Some(self.device)
+        }
+
+        fn memory_info(&self) -> Option<(usize, usize)> {
+            $crate::cuda::device_memory_info(self.$ordinal).ok()
+        }
+
+        fn as_any(&self) -> Option<&dyn std::any::Any> {
+            Some(self)
+        }
+    };
+}
+pub(super) use blocking_source_info;
+
 /// Memory from the driver call `A` on one device; every call synchronises the device. Use it
 /// through its names, [`CudaMemoryResource`](super::CudaMemoryResource) and
 /// [`UncachedManagedMemoryResource`](super::UncachedManagedMemoryResource).
@@ -124,28 +162,6 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         unsafe { cuda::mem_free(ptr) }
     }
 
-    fn kind(&self) -> MemoryKind {
-        A::KIND
-    }
-
-    fn device(&self) -> Option<usize> {
-        Some(self.device)
-    }
-
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        cuda::device_memory_info(self.device).ok()
-    }
-
-    fn call_profile(&self) -> super::CallProfile {
-        // cuMemAlloc/cuMemAllocManaged/cuMemFree synchronize with the device.
-        super::CallProfile::BLOCKING
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn name(&self) -> &'static str {
-        A::NAME
-    }
+    // Blocking: cuMemAlloc/cuMemAllocManaged/cuMemFree synchronize with the device.
+    blocking_source_info!(kind: A::KIND, name: A::NAME, memory_of_device: device);
 }

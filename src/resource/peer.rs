@@ -1,7 +1,7 @@
 //! Memory of another GPU of the machine (a peer GPU), for use by one device: the peer tier of
 //! [`TieredMemoryResource`](crate::adaptor::TieredMemoryResource) for data beyond one GPU.
 
-use super::{CallProfile, CudaMemoryResource, MemoryKind, MemoryResource};
+use super::{CudaMemoryResource, MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
 
@@ -137,30 +137,13 @@ impl MemoryResource for PeerMemoryResource {
         unsafe { self.memory.deallocate(ptr, bytes, stream) }
     }
 
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Device
-    }
-
-    fn device(&self) -> Option<usize> {
-        Some(self.device)
-    }
-
-    /// The peer's free and total memory.
-    fn memory_info(&self) -> Option<(usize, usize)> {
-        cuda::device_memory_info(self.peer).ok()
-    }
-
-    fn call_profile(&self) -> CallProfile {
-        CallProfile::BLOCKING
-    }
-
-    fn name(&self) -> &'static str {
-        "peer"
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
+    // Memory info: the peer's free and total memory. Blocking: `cuMemAlloc` and `cuMemFree` in
+    // the peer's context, and the stream wait before a free.
+    super::direct::blocking_source_info!(
+        kind: MemoryKind::Device,
+        name: "peer",
+        memory_of_device: peer
+    );
 }
 
 #[cfg(test)]

@@ -128,16 +128,6 @@ impl MemoryResource for PinnedHostMemoryResource {
         }
     }
 
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::PinnedHost
-    }
-
-    fn call_profile(&self) -> super::CallProfile {
-        // cuMemHostAlloc/cuMemFreeHost, registration and the stream wait block.
-        super::CallProfile::BLOCKING
-    }
-
-    fn name(&self) -> &'static str {
-        "pinned_host"
-    }
+    // Blocking: cuMemHostAlloc/cuMemFreeHost, registration and the stream wait.
+    super::direct::blocking_source_info!(kind: MemoryKind::PinnedHost, name: "pinned_host");
 }

@@ -89,18 +89,8 @@ impl MemoryResource for SystemMemoryResource {
         Ok(())
     }
 
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-
-    fn call_profile(&self) -> super::CallProfile {
-        // The system allocator (page faults, mmap) and the stream wait before a free.
-        super::CallProfile::BLOCKING
-    }
-
-    fn name(&self) -> &'static str {
-        "system"
-    }
+    // Blocking: the system allocator (page faults, mmap) and the stream wait before a free.
+    super::direct::blocking_source_info!(kind: MemoryKind::Host, name: "system");
 }
 
 #[cfg(test)]

@@ -61,8 +61,9 @@ use std::sync::Arc;
 /// The default cache limit: this fraction of the device's memory (a quarter).
 pub const DEFAULT_CACHE_DIVISOR: usize = 4;
 
-/// How a [`ManagedMemoryResource`] caches and places.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a [`ManagedMemoryResource`] caches and places; the default caches a quarter of the
+/// device's memory and places fresh ranges ([`PlacementMode::Ranges`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ManagedOptions {
     /// The most bytes kept free for reuse; `None`: a quarter of the device's memory; 0: none
     /// (every free is a `cuMemFree`).
@@ -71,15 +72,6 @@ pub struct ManagedOptions {
     /// host memory, made there and mapped for the device): nobody, this resource's ranges, or
     /// the blocks a suballocator over it hands out.
     pub placement: PlacementMode,
-}
-
-impl Default for ManagedOptions {
-    fn default() -> Self {
-        ManagedOptions {
-            cache_limit: None,
-            placement: PlacementMode::Ranges,
-        }
-    }
 }
 
 /// Managed memory with a reuse cache and placement of fresh ranges (see the module's docs).

@@ -37,21 +37,12 @@ pub struct PoolMemoryResource {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     core: StreamOrderedCore<CoalescingFreeList>,
+    maximum_pool_size: Option<usize>,
     /// The upstream (its growth policy's source, shared).
     upstream: SharedResource,
-    maximum_pool_size: Option<usize>,
-}
-
-impl std::fmt::Debug for Inner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inner")
-            .field("core", &self.core)
-            .field("maximum_pool_size", &self.maximum_pool_size)
-            .field("upstream", &self.upstream)
-            .finish()
-    }
 }
 
 impl PoolMemoryResource {

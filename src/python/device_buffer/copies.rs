@@ -34,7 +34,8 @@ fn raw_kind() -> MemoryKind {
 }
 
 /// Copies with the GIL released. A range in simulated memory (a raw pointer from a
-/// `SimulatedMemoryResource`, or a buffer over one) is an error, never a dereference.
+/// `SimulatedMemoryResource`, or a buffer over one) is an error, never a dereference; a copy of
+/// no bytes passes the checks and [`copy_bytes`] returns at once.
 ///
 /// Safety contract (checked by the callers): both ranges are valid for `bytes` bytes: a live
 /// buffer or a held host view, or a user's raw range that [`pointers::check_user_range`] vouched
@@ -47,9 +48,6 @@ pub(super) fn copy(
     stream: RawStream,
     kind: MemoryKind,
 ) -> PyResult<()> {
-    if bytes == 0 {
-        return Ok(());
-    }
     py_result(pointers::check_copyable("destination", dst, bytes))?;
     py_result(pointers::check_copyable("source", src, bytes))?;
     py_result(py.detach(|| {
