@@ -84,8 +84,8 @@ mod test_support;
 pub use adaptor::{
     AlignedResourceAdaptor, CheckedResourceAdaptor, FailureCallbackResourceAdaptor,
     FallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TieredMemoryResource,
-    TrackingResourceAdaptor,
+    PrefetchResourceAdaptor, Statistics, StatisticsResourceAdaptor, TaggedMemoryResource,
+    TieredMemoryResource, TrackingResourceAdaptor,
 };
 pub use bytemuck;
 pub use container::{DeviceBuffer, DeviceRagged, DeviceScalar, DeviceUVector};

@@ -16,7 +16,7 @@
 //! GPU (`cargo test --test conformance -- --ignored` on a GPU machine).
 
 use rrmm::adaptor::{FailureCallback, Tier};
-use rrmm::resource::{CallbackMemoryResource, SimulatedVirtualMemory};
+use rrmm::resource::{CallbackMemoryResource, HostVirtualMemory, SimulatedVirtualMemory};
 use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
     AlignedResourceAdaptor, BinningMemoryResource, CheckedResourceAdaptor,
@@ -24,7 +24,8 @@ use rrmm::{
     FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
     ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor,
     SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, Stream,
-    SystemMemoryResource, TieredMemoryResource, TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
+    SystemMemoryResource, TaggedMemoryResource, TieredMemoryResource, TrackingResourceAdaptor,
+    ALLOCATION_ALIGNMENT,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -531,6 +532,20 @@ conformance!(tiered, [], Stream::DEFAULT, {
         r.tiers().next().map(|t| t.resource.clone()).unwrap()
     }));
     (case.oom_size, case.oom_count) = (256 * MIB, 8);
+    case
+});
+
+// Two tags, each an expandable pool over host virtual memory (reservations of their own); the
+// calling thread's tag is none (the first tag's pool).
+conformance!(tagged, [], Stream::DEFAULT, {
+    let pool = || {
+        let vm = HostVirtualMemory::new(256 * MIB, Some(2 * MIB), false, None).unwrap();
+        ExpandableMemoryResource::new(Arc::new(vm), None, Some(128 * MIB), None).unwrap()
+    };
+    let mr = TaggedMemoryResource::new("weights", pool());
+    mr.add_tag("kv_cache", pool()).unwrap();
+    let mut case = Case::new(mr);
+    (case.oom_size, case.oom_count) = (64 * MIB, 4);
     case
 });
 

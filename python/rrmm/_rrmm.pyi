@@ -46,6 +46,7 @@ __all__ = [
     "StatisticsResourceAdaptor",
     "Stream",
     "SystemMemoryResource",
+    "TaggedMemoryResource",
     "TieredMemoryResource",
     "TrackingResourceAdaptor",
     "UpstreamResourceAdaptor",
@@ -90,15 +91,15 @@ __all__ = [
     "has_per_device_resource",
     "hook_allocate",
     "host_numa_node",
-    "ipc_mem_handle",
-    "is_initialized",
-    "log_file_for_device",
-    "parse_bytes",
     "host_pages_figures",
     "host_pages_give_back",
     "host_pages_prepare",
     "host_pages_set_keep_limit",
     "host_pages_wait",
+    "ipc_mem_handle",
+    "is_initialized",
+    "log_file_for_device",
+    "parse_bytes",
     "pinned_allocate",
     "release_caches",
     "replay_allocator",
@@ -369,6 +370,19 @@ class PeerMemoryResource(DeviceMemoryResource):
     def peer(self) -> int: ...
     @property
     def device(self) -> int: ...
+
+@final
+class TaggedMemoryResource(UpstreamResourceAdaptor):
+    def __new__(
+        cls, upstream_mr: ExpandableMemoryResource, name: str = "default"
+    ) -> TaggedMemoryResource: ...
+    def add_tag(self, name: str, pool: ExpandableMemoryResource) -> None: ...
+    def pool(self, name: str) -> ExpandableMemoryResource: ...
+    @property
+    def tags(self) -> list[str]: ...
+    def set_current_tag(self, name: str | None) -> str | None: ...
+    @property
+    def current_tag(self) -> str | None: ...
 
 @final
 class TieredMemoryResource(UpstreamResourceAdaptor):

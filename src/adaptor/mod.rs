@@ -67,6 +67,7 @@ mod log_row;
 mod logging;
 mod prefetch;
 mod statistics;
+mod tagged;
 mod tiered;
 mod tracking;
 
@@ -79,6 +80,7 @@ pub use log_row::LOG_HEADER;
 pub use logging::{log_file_for_device, LoggingResourceAdaptor};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
+pub use tagged::{TaggedMemoryResource, MAX_TAGS};
 pub use tiered::{Tier, TierCounts, TierRecord, TieredMemoryResource, MAX_TIERS};
 pub use tracking::TrackingResourceAdaptor;
 

@@ -163,6 +163,9 @@ pub struct SleepPlan {
     pub discard: Vec<(usize, usize)>,
     /// What discarded ranges hold after the wake.
     pub fill: DiscardFill,
+    /// Discard every live block (copy nothing): the pool's data is not worth keeping (a KV
+    /// cache between an engine's phases, a region paused without a backup).
+    pub discard_all: bool,
 }
 
 impl SleepPlan {
@@ -171,6 +174,7 @@ impl SleepPlan {
         SleepPlan {
             discard: Vec::new(),
             fill,
+            discard_all: false,
         }
     }
 }

@@ -40,6 +40,7 @@ pub mod sleep {
         asleep, offload, offload_discarding, plan_discards, prepare, restore, sleep_estimate,
         sleep_targets, tag,
     };
+    pub use crate::resource::sleep::SleepPlan;
 }
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};

@@ -89,6 +89,7 @@ MACHINE_CLASSES = {
     "AlignedResourceAdaptor", "PoolMemoryResource", "FixedSizeMemoryResource",
     "BinningMemoryResource", "ArenaMemoryResource", "ExpandableMemoryResource",
     "CallbackMemoryResource", "SamHeadroomMemoryResource", "TieredMemoryResource",
+    "TaggedMemoryResource",
 }
 MACHINE_GPU_ONLY = {
     "CudaMemoryResource": "cuMemAlloc needs a GPU",
@@ -379,6 +380,23 @@ class ApiMachine(RuleBasedStateMachine):
         came from, lies in one root's memory and the overlap checks stay exact)."""
         obj = mr.FallbackResourceAdaptor(up.obj, self.roots[up.root])
         node = self._over(up, obj, "fallback")
+        node.host = up.host
+        return node
+
+    @rule(target=nodes, up=nodes)
+    def tagged(self, up: Node) -> Node:
+        """Allocation by tag over an expandable node: its first tag is the node's pool (where
+        allocations go: no tag is made current), a second tag a pool of its own that sleeps and
+        wakes (its memory is no node's)."""
+        if not isinstance(up.obj, mr.ExpandableMemoryResource):
+            return multiple()  # type: ignore[return-value]
+        obj = mr.TaggedMemoryResource(up.obj, "first")
+        other = mr.ExpandableMemoryResource(simulated_capacity=8 * MiB)
+        obj.add_tag("second", other)
+        other.deallocate(other.allocate(MiB), MiB)
+        other.offload()
+        other.restore()
+        node = self._over(up, obj, "tagged")
         node.host = up.host
         return node
 

@@ -94,6 +94,8 @@ OWN_SUITES = {
     "ExpandableMemoryResource": "test_expandable.py",
     # Needs two GPUs with a peer link.
     "PeerMemoryResource": "test_peer_tier.py",
+    # Takes expandable pools, one per tag (its own state machine: EngineMachine).
+    "TaggedMemoryResource": "test_engine_sleep_apis.py",
 }
 
 #: Classes that keep memory they grew after it is freed.

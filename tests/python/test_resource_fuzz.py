@@ -31,6 +31,15 @@ def _callback() -> Any:
 
 
 #: Every class the fuzzer builds without a GPU: name -> factory.
+def _tagged() -> Any:
+    def pool() -> Any:
+        return mr.ExpandableMemoryResource(reserve_size=128 * MiB, page_size=2 * MiB,
+                                           pageable_host=True)
+    tagged = mr.TaggedMemoryResource(pool(), "weights")
+    tagged.add_tag("kv_cache", pool())
+    return tagged
+
+
 FACTORIES: dict[str, Callable[[], Any]] = {
     "SimulatedMemoryResource": _sim,
     "SystemMemoryResource": mr.SystemMemoryResource,
@@ -54,6 +63,9 @@ FACTORIES: dict[str, Callable[[], Any]] = {
         mr.SimulatedMemoryResource(4 * MiB), _sim()
     ),
     "PrefetchResourceAdaptor": lambda: mr.PrefetchResourceAdaptor(_sim()),
+    # Two tags, each an expandable pool over host memory of its own (the current tag: none,
+    # the first tag's pool).
+    "TaggedMemoryResource": lambda: _tagged(),
     "TieredMemoryResource": lambda: mr.TieredMemoryResource(
         mr.SimulatedMemoryResource(4 * MiB), [mr.SimulatedMemoryResource(4 * MiB), _sim()]
     ),

@@ -67,14 +67,7 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     })
 }
 
-/// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
-/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes. The one size grammar of rrmm,
-/// the command line's included. A bare unit (`2k`, `4G`) is refused, as RMM's tests require.
-pub(crate) fn parse_byte_spec(text: &str) -> Option<usize> {
-    read_byte_spec(text).ok()
-}
-
-/// Why a text is not a size.
+/// Why a text is not a size ([`read_byte_spec`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NotASize {
     /// It does not follow the grammar.
@@ -83,7 +76,10 @@ pub(crate) enum NotASize {
     TooLarge,
 }
 
-/// [`parse_byte_spec`], saying why a text is not a size.
+/// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
+/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes. The one size grammar of rrmm,
+/// the command line's included. A bare unit (`2k`, `4G`) is refused, as RMM's tests require.
+/// Says why a text is not a size.
 pub(crate) fn read_byte_spec(text: &str) -> Result<usize, NotASize> {
     let s = text.strip_suffix('\n').unwrap_or(text);
     let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -214,7 +210,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_byte_spec as p;
+    fn p(text: &str) -> Option<usize> {
+        super::read_byte_spec(text).ok()
+    }
 
     #[test]
     fn byte_specs_follow_rmm() {

@@ -23,6 +23,7 @@ mod stack;
 pub(super) mod stack_options;
 mod statistics;
 mod suballocators;
+mod tagged;
 mod tiers;
 mod upstream_kw;
 mod wrap;
@@ -39,6 +40,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         callback,
         suballocators
     )?;
-    register_files!(m, statistics, adaptors, tiers, registry, arena)?;
+    register_files!(m, statistics, adaptors, tagged, tiers, registry, arena)?;
     register_files!(m, experimental, memory_stats, expandable, stack)
 }

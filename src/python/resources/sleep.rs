@@ -111,15 +111,35 @@ pub(super) fn offload<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let fill: DiscardFill = parse(discard_fill)?;
     let mut wanted = Vec::new();
-    if let Some(discard) = discard {
-        for item in discard.try_iter()? {
-            let item = item?;
-            wanted.push((pointer_of(&item)?, size_of(&item)));
+    let mut discard_all = false;
+    match discard {
+        Some(d) if d.is_instance_of::<pyo3::types::PyString>() => {
+            let text: String = d.extract()?;
+            if text != "all" {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "discard must be buffers or \"all\", not the string {text:?}"
+                )));
+            }
+            discard_all = true;
         }
+        Some(d) => {
+            for item in d.try_iter()? {
+                let item = item?;
+                wanted.push((pointer_of(&item)?, size_of(&item)));
+            }
+        }
+        None => {}
     }
     let estimate = py_result(py.detach(|| {
-        let blocks = rs::plan_discards(mr, &wanted)?;
-        rs::offload_discarding(mr, fill, blocks)
+        let discard = rs::plan_discards(mr, &wanted)?;
+        rs::offload_discarding(
+            mr,
+            rs::SleepPlan {
+                discard,
+                fill,
+                discard_all,
+            },
+        )
     }))?;
     estimate_dict(py, &estimate)
 }

@@ -184,10 +184,11 @@ impl ExpandableMemoryResource {
         view
     }
 
-    /// The exact ranges an offload with `discard` (this sleep's) copies and discards, from the
-    /// pool's live blocks `live`: the tenants' free ranges are neither, the tagged blocks' bytes
-    /// (persistent tags and `discard`) are discarded, every other live byte is kept.
-    fn copy_plan(&self, live: &[(usize, usize)], discard: &[(usize, usize)]) -> CopyPlan {
+    /// The exact ranges an offload with `plan` copies and discards, from the pool's live blocks
+    /// `live`: the tenants' free ranges are neither, the tagged blocks' bytes (persistent tags
+    /// and the plan's `discard`; every live byte with `discard_all`) are discarded, every other
+    /// live byte is kept.
+    fn copy_plan(&self, live: &[(usize, usize)], plan: &SleepPlan) -> CopyPlan {
         let gate = &self.inner.sleep;
         let live = rs::merged(live.to_vec());
         let free: Vec<(usize, usize)> = gate
@@ -198,9 +199,12 @@ impl ExpandableMemoryResource {
         let free = rs::intersect(&live, &rs::merged(free));
         let mut holes: Vec<(usize, usize)> =
             gate.tags.lock().iter().map(|(&a, &n)| (a, n)).collect();
-        holes.extend_from_slice(discard);
-        let tagged = rs::merged(holes);
+        holes.extend_from_slice(&plan.discard);
         let used = rs::subtract(&live, &free);
+        if plan.discard_all {
+            holes.extend_from_slice(&used);
+        }
+        let tagged = rs::merged(holes);
         CopyPlan {
             kept: rs::subtract(&used, &tagged),
             discarded: rs::intersect(&used, &tagged),
@@ -279,15 +283,15 @@ impl ExpandableMemoryResource {
     /// What an [`offload`](Self::offload) now would release, copy and discard (all zero while
     /// asleep: the memory is released already). Reads one snapshot of the pool and its tenants.
     pub fn sleep_estimate(&self) -> SleepEstimate {
-        self.estimate_with(&[])
+        self.estimate_with(&SleepPlan::default())
     }
 
-    fn estimate_with(&self, discard: &[(usize, usize)]) -> SleepEstimate {
+    fn estimate_with(&self, plan: &SleepPlan) -> SleepEstimate {
         if self.inner.sleep.asleep() {
             return SleepEstimate::default();
         }
         let view = self.view();
-        let plan = self.copy_plan(&view.live, discard);
+        let plan = self.copy_plan(&view.live, plan);
         SleepEstimate {
             released_bytes: self.mapped_bytes(),
             copied_bytes: rs::total(&plan.kept),
@@ -422,7 +426,7 @@ impl ExpandableMemoryResource {
         let inner = &self.inner;
         let gate = &inner.sleep;
         let view = self.view();
-        let copy = self.copy_plan(&view.live, &plan.discard);
+        let copy = self.copy_plan(&view.live, plan);
         let sync_trim_s = started.elapsed().as_secs_f64();
         let mut kept = Vec::with_capacity(copy.kept.len());
         let mut copied = 0usize;
@@ -764,7 +768,7 @@ impl Sleeper for ExpandableMemoryResource {
     }
 
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
-        self.estimate_with(&plan.discard)
+        self.estimate_with(plan)
     }
 }
 
@@ -815,19 +819,14 @@ pub fn tag(mr: &SharedResource, ptr: usize, size: Option<usize>, tag: SleepTag) 
     Ok(block.0)
 }
 
-/// Offloads every pool under `mr` that can sleep with `fill` and this sleep's `discard` ranges
-/// ([`plan_discards`]); when one fails, those offloaded before it are restored. Returns the
-/// figures summed.
+/// Offloads every pool under `mr` that can sleep with `plan` (its fill, this sleep's `discard`
+/// ranges from [`plan_discards`], or `discard_all`); when one fails, those offloaded before it
+/// are restored. Returns the figures summed.
 ///
 /// # Errors
 /// As [`sleep_targets`] and [`ExpandableMemoryResource::offload_plan`].
-pub fn offload_discarding(
-    mr: &SharedResource,
-    fill: DiscardFill,
-    discard: Vec<(usize, usize)>,
-) -> Result<SleepEstimate> {
+pub fn offload_discarding(mr: &SharedResource, plan: SleepPlan) -> Result<SleepEstimate> {
     let pools = sleep_targets(mr)?;
-    let plan = SleepPlan { discard, fill };
     let mut total = SleepEstimate::default();
     for (i, pool) in pools.iter().enumerate() {
         match pool.offload(&plan) {
@@ -848,7 +847,7 @@ pub fn offload_discarding(
 /// # Errors
 /// As [`offload_discarding`].
 pub fn offload(mr: &SharedResource, fill: DiscardFill) -> Result<SleepEstimate> {
-    offload_discarding(mr, fill, Vec::new())
+    offload_discarding(mr, SleepPlan::with_fill(fill))
 }
 
 /// Restores every pool under `mr` that is asleep.

@@ -826,7 +826,7 @@ proptest! {
                     let dropped: usize = (0..live.len()).filter(|&i| gone(i)).map(|i| blocks[i].1).sum();
                     let plan = plan_discards(&top, &wanted).unwrap();
                     let fill = if zero { DiscardFill::Zero } else { DiscardFill::Undefined };
-                    let did = offload_discarding(&top, fill, plan).unwrap();
+                    let did = offload_discarding(&top, SleepPlan { discard: plan, fill, discard_all: false }).unwrap();
                     prop_assert_eq!(did.copied_bytes, kept, "exactly the live kept blocks");
                     prop_assert_eq!(did.discarded_bytes, dropped);
                     prop_assert_eq!(vm.mapped_bytes(), 0);
@@ -935,7 +935,15 @@ fn a_new_suballocator_gets_sleep_by_construction() {
     let (lost, kept) = (blocks[1], [blocks[0], blocks[2], blocks[3]]);
     let plan = plan_discards(&top, &[(lost.0, None)]).unwrap();
     assert_eq!(plan, vec![(lost.0, aligned(lost.1))], "exactly its block");
-    let did = offload_discarding(&top, DiscardFill::Zero, plan).unwrap();
+    let did = offload_discarding(
+        &top,
+        SleepPlan {
+            discard: plan,
+            fill: DiscardFill::Zero,
+            discard_all: false,
+        },
+    )
+    .unwrap();
     assert_eq!(
         did.copied_bytes,
         kept.iter().map(|b| aligned(b.1)).sum::<usize>()

@@ -1,0 +1,18 @@
+"""Drop-in sleep APIs of inference and RL engines, over rrmm's tagged expandable pools.
+
+- :mod:`rrmm.compat.torch_memory_saver`: torch_memory_saver's calls and singleton
+  (``region``, ``cuda_graph``, ``disable``, ``pause``, ``resume``), used by SGLang, slime and
+  others.
+- :mod:`rrmm.compat.vllm_cumem`: vLLM's ``CuMemAllocator`` (``get_instance``,
+  ``use_memory_pool``, ``sleep``, ``wake_up``, ``get_current_usage``).
+
+Both keep each tag's memory in an expandable pool of its own (``rrmm.mr.TaggedMemoryResource``):
+a pause or sleep gives a tag's physical memory back and keeps every address (tensors and CUDA
+graphs stay valid); the backup goes through the process's host page supply
+(``rrmm.host_pages``), so every pause after the first copies at the link's speed.
+
+Importable under the original names with a switch, as ``RRMM_AS_RMM=1`` does for RMM:
+``RRMM_AS_TORCH_MEMORY_SAVER=1`` makes ``import torch_memory_saver`` give
+:mod:`rrmm.compat.torch_memory_saver`; ``RRMM_AS_VLLM_CUMEM=1`` makes
+``vllm.device_allocator.cumem`` give :mod:`rrmm.compat.vllm_cumem`.
+"""

@@ -1,0 +1,144 @@
+"""The state both engine APIs share: one ``TaggedMemoryResource`` per device, set as the device's
+current resource, a pool per tag, each tag's backup choice, and PyTorch's ``MemPool`` per tag
+(PyTorch's allocations in a region reach rrmm through its pluggable allocator, which allocates
+from the current resource: the region's tag)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rrmm import mr
+
+DEFAULT_TAG = "default"
+
+PoolFactory = Callable[[], mr.ExpandableMemoryResource]
+
+
+class TagPools:
+    """Each tag's expandable pool on one device, and what a pause of it keeps."""
+
+    def __init__(self, make_pool: PoolFactory | None = None, device: int | None = None) -> None:
+        self._make_pool = make_pool
+        self._device = device
+        self._lock = threading.RLock()
+        self._tagged: mr.TaggedMemoryResource | None = None
+        self._backup: dict[str, bool] = {}
+        self._paused: set[str] = set()
+        self._torch_pools: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- set-up
+
+    def _device_ordinal(self) -> int:
+        if self._device is None:
+            from rrmm._rrmm import _current_device
+
+            self._device = _current_device()
+        return self._device
+
+    def _new_pool(self) -> mr.ExpandableMemoryResource:
+        if self._make_pool is not None:
+            return self._make_pool()
+        return mr.ExpandableMemoryResource(device=self._device_ordinal())
+
+    def tagged(self) -> mr.TaggedMemoryResource:
+        """The tagged resource, made and set as the device's current resource on first use."""
+        with self._lock:
+            if self._tagged is None:
+                self._tagged = mr.TaggedMemoryResource(self._new_pool(), DEFAULT_TAG)
+                self._backup[DEFAULT_TAG] = True
+                mr.set_per_device_resource(self._device_ordinal(), self._tagged)
+            return self._tagged
+
+    def _ensure_tag(self, tag: str, backup: bool) -> None:
+        tagged = self.tagged()
+        with self._lock:
+            if tag not in tagged.tags:
+                tagged.add_tag(tag, self._new_pool())
+            self._backup[tag] = backup
+
+    # ---------------------------------------------------------------- regions
+
+    @contextlib.contextmanager
+    def region(self, tag: str, backup: bool, torch_pool: bool = True) -> Iterator[None]:
+        """Allocations of this thread inside go to ``tag``'s pool (PyTorch's through a
+        ``MemPool`` of the tag, when PyTorch is loaded)."""
+        if not isinstance(tag, str):
+            raise TypeError(f"tag must be a str, not {type(tag).__name__}")
+        self._ensure_tag(tag, backup)
+        tagged = self.tagged()
+        previous = tagged.set_current_tag(tag)
+        try:
+            with self._torch_mem_pool(tag) if torch_pool else contextlib.nullcontext():
+                yield
+        finally:
+            tagged.set_current_tag(previous)
+
+    def _torch_mem_pool(self, tag: str) -> contextlib.AbstractContextManager[Any]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return contextlib.nullcontext()
+        from rrmm.allocators.torch import rmm_torch_allocator
+
+        with self._lock:
+            pool = self._torch_pools.get(tag)
+            if pool is None:
+                pool = torch.cuda.MemPool(rmm_torch_allocator.allocator())
+                self._torch_pools[tag] = pool
+        return torch.cuda.use_mem_pool(pool)
+
+    def torch_pool_id(self, tag: str) -> Any:
+        """The id of ``tag``'s PyTorch ``MemPool`` (for ``torch.cuda.graph(pool=...)``)."""
+        with self._torch_mem_pool(tag):
+            pass
+        return self._torch_pools[tag].id
+
+    # ---------------------------------------------------------------- sleep
+
+    def tags(self) -> list[str]:
+        return [] if self._tagged is None else list(self._tagged.tags)
+
+    def _synchronize(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def pause(self, tags: list[str], keep: Callable[[str], bool]) -> dict[str, Any]:
+        """Gives the physical memory of ``tags``' pools back, keeping every address; a tag for
+        which ``keep`` is false is discarded (not copied). Returns each tag's figures."""
+        tagged = self.tagged()
+        self._synchronize()
+        done: dict[str, Any] = {}
+        for tag in tags:
+            pool = tagged.pool(tag)
+            discard: Any = None if keep(tag) else "all"
+            done[tag] = pool.offload(discard=discard)
+            self._paused.add(tag)
+        return done
+
+    def resume(self, tags: list[str]) -> None:
+        """Maps ``tags``' pools again at the same addresses and copies their backups back."""
+        tagged = self.tagged()
+        for tag in tags:
+            tagged.pool(tag).restore()
+            self._paused.discard(tag)
+
+    def paused(self, tag: str) -> bool:
+        return tag in self._paused
+
+    def backup(self, tag: str) -> bool:
+        return self._backup.get(tag, True)
+
+    def usage(self) -> int:
+        """Bytes the tags' pools hold on the device now."""
+        if self._tagged is None:
+            return 0
+        total = 0
+        for tag in self._tagged.tags:
+            pool = self._tagged.pool(tag)
+            if not pool.asleep:
+                total += int(pool.sleep_estimate()["released_bytes"])
+        return total

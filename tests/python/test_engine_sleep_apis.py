@@ -1,0 +1,236 @@
+"""The engines' sleep APIs over rrmm (issue 37): torch_memory_saver's calls
+(rrmm.compat.torch_memory_saver) and vLLM's CuMemAllocator (rrmm.compat.vllm_cumem), against a
+model, on plain host memory with real bytes (DeviceBuffer stands for the tensors: it allocates
+from the current device resource, as PyTorch's allocator does through rrmm's hook). A
+Hypothesis state machine drives regions, allocations, pauses and resumes of several tags; the
+documented examples run as written where they need no GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import rrmm
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from rrmm import mr
+from rrmm._rrmm import _clear_per_device_resources, _memory_stats
+from rrmm.compat.torch_memory_saver import TorchMemorySaver
+from rrmm.compat.vllm_cumem import CuMemAllocator
+
+PAGE = 2 << 20
+
+
+def host_pool() -> mr.ExpandableMemoryResource:
+    return mr.ExpandableMemoryResource(reserve_size=64 * PAGE, page_size=PAGE, pageable_host=True)
+
+
+def fill(buf: rrmm.DeviceBuffer, seed: int) -> np.ndarray:
+    data = ((np.arange(buf.size, dtype=np.uint32) * 2654435761 + seed) >> 11).astype(np.uint8)
+    buf.copy_from_host(data)
+    return data
+
+
+def same(buf: rrmm.DeviceBuffer, data: np.ndarray) -> bool:
+    return bool(np.array_equal(np.frombuffer(buf.tobytes(), dtype=np.uint8), data))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_current_resource() -> Any:
+    yield
+    _clear_per_device_resources()
+
+
+def test_torch_memory_saver_pauses_one_tag_and_keeps_the_others_working() -> None:
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region(tag="kv_cache"):
+        kv = rrmm.DeviceBuffer(size=3 * PAGE)
+    with saver.region(tag="weights", enable_cpu_backup=True):
+        weights = rrmm.DeviceBuffer(size=PAGE)
+    w = fill(weights, 1)
+    fill(kv, 2)
+    tagged = mr.get_current_device_resource()
+    assert isinstance(tagged, mr.TaggedMemoryResource)
+    assert tagged.pool("kv_cache").sleep_estimate()["copied_bytes"] == 3 * PAGE
+    saver.pause("kv_cache")
+    assert tagged.pool("kv_cache").asleep and not tagged.pool("weights").asleep
+    assert tagged.pool("kv_cache").last_sleep()["copied_bytes"] == 0, "no backup: dropped"
+    # The weights' tag keeps working: its bytes, new allocations in its region.
+    assert same(weights, w)
+    with saver.region(tag="weights", enable_cpu_backup=True):
+        more = rrmm.DeviceBuffer(size=PAGE)
+    # The paused tag refuses allocations, and so do copies of its bytes.
+    with saver.region(tag="kv_cache"), pytest.raises(RuntimeError, match="asleep"):
+        rrmm.DeviceBuffer(size=PAGE)
+    with pytest.raises(RuntimeError, match="asleep"):
+        kv.tobytes()
+    with pytest.raises(RuntimeError, match="no paused allocations|no active"):
+        saver.pause("kv_cache")
+    saver.pause()  # every tag still active: the weights, backed up
+    assert same_after_resume(saver, weights, w)
+    del kv, more
+
+
+def same_after_resume(saver: TorchMemorySaver, buf: rrmm.DeviceBuffer, data: np.ndarray) -> bool:
+    saver.resume()
+    return same(buf, data)
+
+
+def test_region_rules_and_the_compatibility_setters() -> None:
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region(), pytest.raises(RuntimeError, match="inside a region"), \
+            saver.region("other"):
+        pass
+    with pytest.raises(TypeError, match="tag must be a str"), \
+            saver.region(tag=3):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(RuntimeError, match="tag 'nope'"):
+        saver.resume("nope")
+    saver.hook_mode = "preload"
+    saver.memory_margin_bytes = 1 << 20
+    with pytest.raises(ValueError, match="memory_margin_bytes"):
+        saver.memory_margin_bytes = -1
+    assert saver.enabled
+    with saver.region("a", enable_cpu_backup=True):
+        inside = rrmm.DeviceBuffer(size=PAGE)
+        with saver.disable():
+            outside = rrmm.DeviceBuffer(size=PAGE)
+    tagged = mr.get_current_device_resource()
+    assert isinstance(tagged, mr.TaggedMemoryResource)
+    assert tagged.current_tag is None
+    data = fill(inside, 5)
+    saver.pause("a")
+    assert same(outside, outside_data := fill(outside, 6)), "disable(): not in the region's tag"
+    saver.resume("a")
+    assert same(inside, data) and same(outside, outside_data)
+
+
+def test_vllm_sleep_offloads_the_named_tags_and_drops_the_rest() -> None:
+    allocator = CuMemAllocator(make_pool=host_pool)
+    with allocator.use_memory_pool(tag="weights"):
+        weights = rrmm.DeviceBuffer(size=2 * PAGE)
+    with allocator.use_memory_pool(tag="kv_cache"):
+        kv = rrmm.DeviceBuffer(size=4 * PAGE)
+    assert allocator.current_tag == CuMemAllocator.default_tag
+    w = fill(weights, 3)
+    fill(kv, 4)
+    before = allocator.get_current_usage()
+    assert before >= 6 * PAGE
+    allocator.sleep(offload_tags=("weights",))
+    assert allocator.get_current_usage() == 0
+    tagged = mr.get_current_device_resource()
+    assert isinstance(tagged, mr.TaggedMemoryResource)
+    assert tagged.pool("weights").last_sleep()["copied_bytes"] == 2 * PAGE
+    assert tagged.pool("kv_cache").last_sleep()["copied_bytes"] == 0
+    allocator.wake_up(["weights"])
+    assert same(weights, w)
+    allocator.wake_up()
+    assert allocator.get_current_usage() >= 6 * PAGE
+    allocator.discard("kv_cache")
+    allocator.wake_up()
+    del kv
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """Both APIs' calls against a model: each tag's buffers, its backup choice, whether it is
+    paused; after every step every buffer of an awake tag that was backed up (or never paused)
+    holds its bytes, and a paused tag's pool holds no device memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _clear_per_device_resources()
+        self.saver = TorchMemorySaver(make_pool=host_pool)
+        self.backup: dict[str, bool] = {}
+        self.paused: set[str] = set()
+        self.buffers: list[tuple[str, rrmm.DeviceBuffer, np.ndarray | None]] = []
+        self.seed = 0
+
+    def teardown(self) -> None:
+        if self.paused:
+            self.saver.resume()
+        self.buffers.clear()
+        _clear_per_device_resources()
+
+    @rule(tag=st.sampled_from(["kv", "weights", "graph"]), backup=st.booleans(),
+          pages=st.integers(1, 3))
+    def allocate(self, tag: str, backup: bool, pages: int) -> None:
+        backup = self.backup.setdefault(tag, backup)
+        with self.saver.region(tag=tag, enable_cpu_backup=backup):
+            if tag in self.paused:
+                with pytest.raises(RuntimeError, match="asleep"):
+                    rrmm.DeviceBuffer(size=pages * PAGE)
+                return
+            buf = rrmm.DeviceBuffer(size=pages * PAGE)
+        self.seed += 1
+        self.buffers.append((tag, buf, fill(buf, self.seed)))
+
+    @precondition(lambda self: self.buffers)
+    @rule(i=st.integers(0, 100))
+    def free(self, i: int) -> None:
+        self.buffers.pop(i % len(self.buffers))
+
+    @rule(tag=st.sampled_from(["kv", "weights", "graph", None]))
+    def pause(self, tag: str | None) -> None:
+        active = [t for t in self.backup if t not in self.paused]
+        if tag is not None and tag not in active:
+            with pytest.raises(RuntimeError):
+                self.saver.pause(tag)
+            return
+        self.saver.pause(tag)
+        for t in active if tag is None else [tag]:
+            self.paused.add(t)
+            if not self.backup[t]:
+                self.buffers = [(bt, b, None if bt == t else d) for bt, b, d in self.buffers]
+
+    @rule(tag=st.sampled_from(["kv", "weights", "graph", None]))
+    def resume(self, tag: str | None) -> None:
+        if tag is not None and tag not in self.paused:
+            with pytest.raises(RuntimeError):
+                self.saver.resume(tag)
+            return
+        self.saver.resume(tag)
+        self.paused = set() if tag is None else self.paused - {tag}
+
+    @invariant()
+    def bytes_and_memory_match_the_model(self) -> None:
+        tagged = self.saver._pools._tagged
+        if tagged is None:
+            return
+        for tag, buf, data in self.buffers:
+            if tag not in self.paused and data is not None:
+                assert same(buf, data), tag
+        for tag in self.paused:
+            pool = tagged.pool(tag)
+            stats = _memory_stats(pool)
+            assert pool.asleep and stats is not None and stats["reserved_bytes.all.current"] == 0
+
+
+TestEngineMachine = EngineMachine.TestCase
+TestEngineMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+
+
+def test_the_switch_imports_the_original_names() -> None:
+    code = (
+        "import torch_memory_saver, vllm.device_allocator.cumem as cumem\n"
+        "import rrmm.compat.torch_memory_saver as a, rrmm.compat.vllm_cumem as b\n"
+        "assert torch_memory_saver is a and cumem is b, (torch_memory_saver, cumem)\n"
+        "from torch_memory_saver import torch_memory_saver as singleton\n"
+        "assert singleton is a.torch_memory_saver\n"
+        "from vllm.device_allocator.cumem import CuMemAllocator\n"
+        "assert CuMemAllocator.get_instance() is CuMemAllocator.get_instance()\n"
+    )
+    env = dict(os.environ, RRMM_AS_TORCH_MEMORY_SAVER="1", RRMM_AS_VLLM_CUMEM="1")
+    run = subprocess.run([sys.executable, "-c", "import _rrmm_as_engines; _rrmm_as_engines."
+                          "install_from_environment()\n" + code],
+                         env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    off = subprocess.run([sys.executable, "-c", "import torch_memory_saver"],
+                         env={k: v for k, v in os.environ.items()
+                              if not k.startswith("RRMM_AS_")},
+                         capture_output=True, text=True, check=False)
+    assert off.returncode != 0 or "rrmm" not in off.stdout
