@@ -201,6 +201,35 @@ impl Reservation {
         Ok(times)
     }
 
+    /// Makes `offset .. offset + bytes` (whole small pages) readable and writable and nothing
+    /// more: no room check (the caller checked the room for all it will ever commit at once),
+    /// no huge-page advice (the pages stay small, so a [`decommit`](Self::decommit) gives back
+    /// exactly the pages it names), no faulting in. Making committed pages writable again
+    /// changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the kernel refuses (its commit limit, or its count of
+    /// mappings); [`Error::InvalidArgument`] for a range outside the reservation.
+    pub fn protect_writable(&self, offset: usize, bytes: usize) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `addr .. addr + bytes` lies inside this reservation (checked above); making
+        // pages accessible changes no byte.
+        if unsafe {
+            libc::mprotect(
+                addr as *mut libc::c_void,
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        } != 0
+        {
+            return Err(os_error("mprotect", bytes));
+        }
+        Ok(())
+    }
+
     /// Gives the pages of `offset .. offset + bytes` back to the kernel and makes the range
     /// inaccessible again.
     ///
