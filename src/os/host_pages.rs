@@ -646,33 +646,9 @@ mod tests {
     /// v2 group: refused, where the machine has memory to spare.
     #[test]
     fn an_offload_past_a_group_limit_is_refused() {
-        use crate::os::cgroup::tests::{FakeRoot, Group, Hierarchy, Limit, Tree};
+        use crate::os::cgroup::tests::{issue_cases, FakeRoot};
         const MIB: usize = 1 << 20;
-        let group = |max| Group {
-            max,
-            high: Limit::Absent,
-            current: MIB,
-            swap_max: Limit::Absent,
-            swap_high: Limit::Absent,
-            swap_current: 0,
-        };
-        let own_v1 = Tree {
-            v2: None,
-            v1: Some(Hierarchy {
-                hidden: 1,
-                groups: vec![group(Limit::Unlimited), group(Limit::Bytes(32 * MIB))],
-            }),
-            v1_shared: false,
-        };
-        let parent_v2 = Tree {
-            v2: Some(Hierarchy {
-                hidden: 0,
-                groups: vec![group(Limit::Bytes(32 * MIB)), group(Limit::Unlimited)],
-            }),
-            v1: None,
-            v1_shared: false,
-        };
-        for tree in [own_v1, parent_v2] {
+        for tree in issue_cases() {
             let root = FakeRoot::new();
             tree.write(&root);
             root.write(

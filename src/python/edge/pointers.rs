@@ -190,11 +190,11 @@ mod tests {
             use crate::resource::SimulatedMemoryResource;
             let bytes = (1usize << shift) + low;
             let sim = SimulatedMemoryResource::new(1 << 30);
-            let heap = vec![0u8; 64];
+            let host = [0u8; 64];
             let ptr = if simulated {
                 sim.allocate(256, Stream::DEFAULT).unwrap()
             } else {
-                heap.as_ptr() as usize
+                host.as_ptr() as usize
             };
             let got = check_copyable("src", ptr, bytes);
             match ptr.checked_add(bytes) {

@@ -536,45 +536,27 @@ fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, C
     (growth, fresh)
 }
 
-/// The placement as it was before issue 39, from a read of every free block (the model).
-fn placement_model(
-    growth: &ExpandableGrowth,
-    fresh: &CoalescingFreeList,
-    size: usize,
-) -> Option<(usize, usize, usize)> {
-    let base = growth.vm.base();
-    let tails: std::collections::HashMap<usize, usize> = fresh
-        .free_ranges()
-        .into_iter()
-        .filter(|b| b.region == base)
-        .map(|b| (b.end(), b.size))
-        .collect();
-    let runs = growth.mapped.lock();
-    let end_of_range = base + growth.vm.reserved_bytes();
-    let gap_after = |end: usize| runs.range(end..).next().map_or(end_of_range, |(&s, _)| s) - end;
-    let mut best: Option<(usize, usize, usize)> = None;
-    for &end in runs.values() {
-        let Some(&tail) = tails.get(&end) else {
-            continue;
-        };
-        let need = growth.pages_for(size.saturating_sub(tail)).unwrap();
-        let room = gap_after(end);
-        if need > 0 && need <= room && best.map_or(true, |(_, n, _)| need < n) {
-            best = Some((end, need, room));
-        }
+/// The fresh list answering every question by reading all its blocks, as the growth did
+/// before issue 39: the model the lookups' answers are compared with.
+struct FullRead<'a>(&'a CoalescingFreeList);
+
+impl FreeRanges for FullRead<'_> {
+    fn ranges(&self) -> Vec<Block> {
+        self.0.free_ranges()
     }
-    if best.is_some() {
-        return best;
+    fn ranges_at_least(&self, min: usize) -> Vec<Block> {
+        self.ranges()
+            .into_iter()
+            .filter(|b| b.size >= min)
+            .collect()
     }
-    let need = growth.pages_for(size).filter(|&n| n > 0)?;
-    let mut at = base;
-    for (&start, &end) in runs.iter() {
-        if start - at >= need {
-            return Some((at, need, start - at));
-        }
-        at = end;
+    fn ending_at(&self, end: usize) -> Option<Block> {
+        self.ranges().into_iter().find(|b| b.end() == end)
     }
-    (end_of_range - at >= need).then_some((at, need, end_of_range - at))
+    fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
+        false
+    }
+    fn put_back(&mut self, _block: Block) {}
 }
 
 fn runs_strategy() -> impl Strategy<Value = Vec<(usize, usize)>> {
@@ -599,7 +581,7 @@ proptest! {
     ) {
         let size = size.next_multiple_of(256);
         let (growth, mut fresh) = fragmented(&runs, &pieces);
-        let model = placement_model(&growth, &fresh, size);
+        let model = growth.placement(&growth.mapped.lock(), &FullRead(&fresh), size);
         let run_count = growth.mapped.lock().len();
         let counter = ReadCounter::new(&mut fresh);
         let got = growth.placement(&growth.mapped.lock(), &counter, size);
