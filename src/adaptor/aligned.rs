@@ -70,6 +70,28 @@ impl AlignedResourceAdaptor {
     fn upper_bound(&self, bytes: usize) -> Option<usize> {
         align_up(bytes, ALLOCATION_ALIGNMENT)?.checked_add(self.alignment - ALLOCATION_ALIGNMENT)
     }
+
+    /// The upstream's out of memory for the padded `size` as one for the `bytes` asked, naming
+    /// both (issue 39: it named only the padded size, which the caller never asked for); other
+    /// errors unchanged.
+    fn padded_out_of_memory(&self, err: Error, bytes: usize, size: usize) -> Error {
+        match err {
+            Error::OutOfMemory { message, .. } => {
+                let upstream = message
+                    .strip_prefix("std::bad_alloc: out_of_memory: ")
+                    .unwrap_or(&message);
+                Error::out_of_memory(
+                    bytes,
+                    format!(
+                        "aligned_resource_adaptor: {bytes} bytes asked ({size} with alignment \
+                         padding to {} bytes); upstream: {upstream}",
+                        self.alignment
+                    ),
+                )
+            }
+            other => other,
+        }
+    }
 }
 
 impl MemoryResource for AlignedResourceAdaptor {
@@ -82,10 +104,20 @@ impl MemoryResource for AlignedResourceAdaptor {
             self.live.insert(ptr, bytes)?;
             return Ok(ptr);
         }
-        let size = self
-            .upper_bound(bytes)
-            .ok_or_else(|| Error::out_of_memory(bytes, "size overflows"))?;
-        let ptr = self.upstream.allocate(size, stream)?;
+        let size = self.upper_bound(bytes).ok_or_else(|| {
+            Error::out_of_memory(
+                bytes,
+                format!(
+                    "aligned_resource_adaptor: {bytes} bytes asked: with the padding for an \
+                     alignment of {} bytes the size overflows",
+                    self.alignment
+                ),
+            )
+        })?;
+        let ptr = self
+            .upstream
+            .allocate(size, stream)
+            .map_err(|e| self.padded_out_of_memory(e, bytes, size))?;
         // `ptr + size` is a valid address range, so aligning inside it cannot overflow.
         let aligned = align_up(ptr, self.alignment).unwrap_or(ptr);
         self.live.insert(aligned, bytes)?;
@@ -143,6 +175,55 @@ impl MemoryResource for AlignedResourceAdaptor {
 mod tests {
     use super::super::test_util::{assert_send_sync, simulated};
     use super::*;
+    use crate::resource::SimulatedMemoryResource;
+    use std::sync::Arc;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Issue 39: an aligned request the upstream cannot serve is out of memory for the bytes
+        /// asked, naming them and the padded size ("N bytes asked (M with alignment
+        /// padding)"); one that passes through is the upstream's own error; one whose padding
+        /// overflows names the bytes asked too.
+        #[test]
+        fn out_of_memory_names_the_bytes_asked_and_the_padded_size(
+            alignment_shift in 8u32..30,
+            threshold in 0usize..(1 << 20),
+            capacity in 1usize..(1 << 24),
+            bytes in 1usize..(1 << 26),
+            huge: bool,
+        ) {
+            let bytes = if huge { usize::MAX - bytes } else { bytes };
+            let alignment = 1usize << alignment_shift;
+            let up: SharedResource = Arc::new(SimulatedMemoryResource::new(capacity));
+            let mr = AlignedResourceAdaptor::new(up, alignment, threshold).unwrap();
+            match mr.allocate(bytes, Stream::DEFAULT) {
+                Ok(p) => {
+                    // SAFETY: allocated just above with `bytes`, freed once.
+                    unsafe { mr.deallocate(p, bytes, Stream::DEFAULT) }.unwrap();
+                }
+                Err(Error::OutOfMemory { requested, message }) => {
+                    proptest::prop_assert_eq!(requested, bytes);
+                    proptest::prop_assert!(message.starts_with("std::bad_alloc: out_of_memory: "), "{}", message);
+                    if mr.passes_through(bytes) {
+                        proptest::prop_assert!(!message.contains("aligned_resource_adaptor"), "{}", message);
+                    } else {
+                        match mr.upper_bound(bytes) {
+                            Some(padded) => {
+                                let named = format!("{bytes} bytes asked ({padded} with alignment padding to {alignment} bytes)");
+                                proptest::prop_assert!(message.contains(&named), "{}", message);
+                            }
+                            None => {
+                                let named = format!("{bytes} bytes asked: with the padding");
+                                proptest::prop_assert!(message.contains(&named), "{}", message);
+                            }
+                        }
+                    }
+                }
+                Err(e) => proptest::prop_assert!(false, "{}", e),
+            }
+        }
+    }
 
     #[test]
     fn large_allocations_are_aligned_small_pass_through() {

@@ -8,6 +8,7 @@
 //! registering them takes about 1 s (benches/results/2026-11-23-h100-explore/).
 
 use crate::error::{Error, Result};
+use std::path::Path;
 
 /// Bytes of one small page (the touch stride; huge pages are multiples of it).
 pub const SMALL_PAGE: usize = 4096;
@@ -200,6 +201,35 @@ impl Reservation {
         Ok(times)
     }
 
+    /// Makes `offset .. offset + bytes` (whole small pages) readable and writable and nothing
+    /// more: no room check (the caller checked the room for all it will ever commit at once),
+    /// no huge-page advice (the pages stay small, so a [`decommit`](Self::decommit) gives back
+    /// exactly the pages it names), no faulting in. Making committed pages writable again
+    /// changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the kernel refuses (its commit limit, or its count of
+    /// mappings); [`Error::InvalidArgument`] for a range outside the reservation.
+    pub fn protect_writable(&self, offset: usize, bytes: usize) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `addr .. addr + bytes` lies inside this reservation (checked above); making
+        // pages accessible changes no byte.
+        if unsafe {
+            libc::mprotect(
+                addr as *mut libc::c_void,
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        } != 0
+        {
+            return Err(os_error("mprotect", bytes));
+        }
+        Ok(())
+    }
+
     /// Gives the pages of `offset .. offset + bytes` back to the kernel and makes the range
     /// inaccessible again.
     ///
@@ -363,70 +393,54 @@ pub fn numa_node_count() -> usize {
 }
 
 /// Bytes of host memory this process can still get without the kernel reclaiming what others
-/// use: `/proc/meminfo`'s MemAvailable, capped by the room left under the process's cgroup
-/// memory limit (v2 `memory.max - memory.current`, or v1 `memory.limit_in_bytes -
-/// memory.usage_in_bytes`) where there is one; and the free swap (`SwapFree`).
+/// use: `/proc/meminfo`'s MemAvailable, capped by the room left under every memory limit of
+/// the process's control groups (v1 and v2, its own group and every ancestor:
+/// [`super::cgroup`]); and the free swap (`SwapFree`), capped by the groups' swap limits.
 pub fn available_host_memory() -> Option<HostRoom> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let available = meminfo_field(&text, "MemAvailable:")?;
-    let swap_free = meminfo_field(&text, "SwapFree:").unwrap_or(0);
-    let cgroup_room = cgroup_room();
+    available_host_memory_under(Path::new("/"))
+}
+
+/// [`available_host_memory`] as the tree under `root` shows it (`root/proc/meminfo`, the
+/// control groups under `root`): for tests with a fake tree.
+pub fn available_host_memory_under(root: &Path) -> Option<HostRoom> {
+    let text = std::fs::read_to_string(root.join("proc/meminfo")).ok()?;
+    let mem_available = meminfo_field(&text, "MemAvailable:")?;
+    let swap_total_free = meminfo_field(&text, "SwapFree:").unwrap_or(0);
+    let cgroup = super::cgroup::room_under(root);
+    let cgroup_room = cgroup.resident();
+    let available = cgroup_room.map_or(mem_available, |room| room.min(mem_available));
+    let mut swap_free = cgroup
+        .swap
+        .map_or(swap_total_free, |room| room.min(swap_total_free));
+    if let Some(both) = cgroup.memory_and_swap {
+        // v1's memory-and-swap limit caps the two together.
+        swap_free = swap_free.min(both.saturating_sub(available));
+    }
     Some(HostRoom {
-        available: cgroup_room.map_or(available, |room| room.min(available)),
+        available,
         swap_free,
         cgroup_room,
+        cgroup_limit_file: cgroup.memory_limit_file,
     })
 }
 
 /// What [`available_host_memory`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostRoom {
-    /// Bytes of memory available (MemAvailable, capped by the cgroup's room).
+    /// Bytes of memory available (MemAvailable, capped by the control groups' room).
     pub available: usize,
-    /// Bytes of free swap.
+    /// Bytes of free swap the process may use (SwapFree, capped by the groups' swap limits).
     pub swap_free: usize,
-    /// Bytes left under the cgroup's memory limit, where there is a limit.
+    /// Bytes left under the control groups' memory limits, where there is one.
     pub cgroup_room: Option<usize>,
+    /// The file of the tightest memory limit, where there is one (for messages).
+    pub cgroup_limit_file: Option<std::path::PathBuf>,
 }
 
 fn meminfo_field(text: &str, name: &str) -> Option<usize> {
     let line = text.lines().find(|l| l.starts_with(name))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// The room under this process's cgroup memory limit, where one is set.
-fn cgroup_room() -> Option<usize> {
-    let read =
-        |path: &str| -> Option<usize> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
-    // cgroup v2: the process's own group (`0::/path` in /proc/self/cgroup).
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        });
-    let mut dirs = Vec::new();
-    if let Some(own) = own {
-        dirs.push(format!("/sys/fs/cgroup{}", own.trim_end_matches('/')));
-    }
-    dirs.push("/sys/fs/cgroup".to_owned());
-    for dir in dirs {
-        if let (Some(max), Some(current)) = (
-            read(&format!("{dir}/memory.max")),
-            read(&format!("{dir}/memory.current")),
-        ) {
-            return Some(max.saturating_sub(current));
-        }
-    }
-    // cgroup v1 (a limit near 2^63 means none).
-    match (
-        read("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-        read("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ) {
-        (Some(limit), Some(usage)) if limit < 1 << 60 => Some(limit.saturating_sub(usage)),
-        _ => None,
-    }
 }
 
 /// Refuses, before anything is touched, to commit `bytes` of host memory the host cannot give:
@@ -438,7 +452,15 @@ fn cgroup_room() -> Option<usize> {
 /// # Errors
 /// [`Error::OutOfMemory`] naming the bytes asked for and available.
 pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
-    let Some(room) = available_host_memory() else {
+    check_host_room_under(Path::new("/"), bytes, populate)
+}
+
+/// [`check_host_room`] against the tree under `root` (see [`available_host_memory_under`]).
+///
+/// # Errors
+/// As [`check_host_room`].
+pub fn check_host_room_under(root: &Path, bytes: usize, populate: bool) -> Result<()> {
+    let Some(room) = available_host_memory_under(root) else {
         return Ok(());
     };
     let limit = if populate {
@@ -454,9 +476,16 @@ pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
     } else {
         "host memory"
     };
-    let cgroup = room.cgroup_room.map_or(String::new(), |r| {
-        format!(", {r} bytes under the cgroup's limit")
-    });
+    let cgroup = match (room.cgroup_room, &room.cgroup_limit_file) {
+        (Some(r), Some(file)) => {
+            format!(
+                ", {r} bytes under the control group's limit ({})",
+                file.display()
+            )
+        }
+        (Some(r), None) => format!(", {r} bytes under the control group's limit"),
+        _ => String::new(),
+    };
     let swap = if populate {
         String::new()
     } else {
@@ -561,6 +590,77 @@ mod tests {
         assert_eq!(times.touch_threads, 1);
         // SAFETY: committed just above; nothing else uses it.
         unsafe { r.decommit(0, HUGE_PAGE) }.unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Issue 39: the room check refuses exactly what a model of every limit refuses, on
+        /// fake trees of control groups (v1, v2, both; limits on the own group or any
+        /// ancestor) beside a fake `/proc/meminfo`: resident (pinned) memory under the least
+        /// memory room, pageable memory under that plus the swap the groups allow.
+        #[test]
+        fn the_room_check_refuses_what_any_limit_refuses(
+            tree in crate::os::cgroup::tests::tree(),
+            mem_available in 0..1usize << 41,
+            swap_total_free in 0..1usize << 39,
+            bytes in 0..1usize << 41,
+            populate: bool,
+        ) {
+            let root = crate::os::cgroup::tests::FakeRoot::new();
+            tree.write(&root);
+            root.write(
+                "/proc/meminfo",
+                &format!(
+                    "MemTotal: 99999999999 kB\nMemAvailable: {} kB\nSwapFree: {} kB\n",
+                    mem_available / 1024,
+                    swap_total_free / 1024
+                ),
+            );
+            let (mem_available, swap_total_free) =
+                (mem_available / 1024 * 1024, swap_total_free / 1024 * 1024);
+            let (memory, swap, both) = tree.room();
+            let mut available = mem_available;
+            for room in [memory, both].into_iter().flatten() {
+                available = available.min(room);
+            }
+            let mut swap_free = swap.map_or(swap_total_free, |s| s.min(swap_total_free));
+            if let Some(both) = both {
+                swap_free = swap_free.min(both.saturating_sub(available));
+            }
+            let limit = if populate { available } else { available + swap_free };
+            let got = check_host_room_under(&root.0, bytes, populate);
+            proptest::prop_assert_eq!(got.is_ok(), bytes <= limit, "{:?}", got);
+            if let Err(e) = got {
+                proptest::prop_assert!(e.is_out_of_memory());
+                let text = e.to_string();
+                proptest::prop_assert!(text.contains(&format!("{bytes} bytes asked for")), "{}", text);
+                if memory.is_some() {
+                    proptest::prop_assert!(text.contains("control group's limit ("), "{}", text);
+                }
+            }
+        }
+    }
+
+    /// Issue 39's offload of 128 MiB under a 32 MiB limit on the own v1 group, or on a parent
+    /// v2 group: refused, where the machine has memory to spare.
+    #[test]
+    fn an_offload_past_a_group_limit_is_refused() {
+        use crate::os::cgroup::tests::{issue_cases, FakeRoot};
+        const MIB: usize = 1 << 20;
+        for tree in issue_cases() {
+            let root = FakeRoot::new();
+            tree.write(&root);
+            root.write(
+                "/proc/meminfo",
+                "MemAvailable: 16777216 kB\nSwapFree: 0 kB\n",
+            );
+            for populate in [true, false] {
+                let e = check_host_room_under(&root.0, 128 * MIB, populate).unwrap_err();
+                assert!(e.to_string().contains("32505856 bytes available"), "{e}");
+            }
+            assert!(check_host_room_under(&root.0, 16 * MIB, true).is_ok());
+        }
     }
 
     #[test]

@@ -19,6 +19,9 @@ struct Row {
     depth: usize,
     name: &'static str,
     footprint: Option<Footprint>,
+    /// The resource is a source of memory (a simulated device): its held bytes are its bytes
+    /// in use, and its free bytes the device's, outside what it holds.
+    source: bool,
     /// The free bytes by stream list, as seen from the requesting stream (out-of-memory
     /// reports only).
     stream_free: Option<StreamFree>,
@@ -44,16 +47,19 @@ fn rows(top: &SharedResource, stream: Option<Stream>) -> Vec<Row> {
         let ups = mr.upstreams();
         let own = report_id(&*mr);
         let forwarded = own.is_some() && ups.iter().any(|u| report_id(&**u) == own);
-        let (footprint, stream_free) = match mr.report() {
-            Some(r) if !forwarded && !r.busy() => {
-                (Some(r.footprint()), stream.and_then(|s| r.stream_free(s)))
-            }
-            _ => (None, None),
+        let (footprint, stream_free, source) = match mr.report() {
+            Some(r) if !forwarded && !r.busy() => (
+                Some(r.footprint()),
+                stream.and_then(|s| r.stream_free(s)),
+                r.is_source(),
+            ),
+            _ => (None, None, false),
         };
         out.push(Row {
             depth,
             name: mr.name(),
             footprint,
+            source,
             stream_free,
             memory_info: if ups.is_empty() {
                 mr.memory_info()
@@ -66,6 +72,20 @@ fn rows(top: &SharedResource, stream: Option<Stream>) -> Vec<Row> {
     out
 }
 
+impl Row {
+    /// Bytes in use: a holder's held bytes less its free ones; a source's held bytes (its free
+    /// bytes are the device's, not part of what it holds: issue 39, a simulated device with
+    /// 1 GiB in use showed 0 B).
+    fn in_use(&self) -> Option<usize> {
+        let f = self.footprint?;
+        Some(if self.source {
+            f.held_bytes
+        } else {
+            f.held_bytes.saturating_sub(f.free_bytes)
+        })
+    }
+}
+
 fn write_rows(text: &mut String, rows: &[Row]) {
     for row in rows {
         let indent = "  ".repeat(row.depth.min(16));
@@ -76,7 +96,7 @@ fn write_rows(text: &mut String, rows: &[Row]) {
                 ": held {}, in use {}, free {} (largest free block {}, {} free block(s), \
                  fragmentation {:.2})",
                 human_bytes(f.held_bytes),
-                human_bytes(f.held_bytes.saturating_sub(f.free_bytes)),
+                human_bytes(row.in_use().unwrap_or(0)),
                 human_bytes(f.free_bytes),
                 human_bytes(f.largest_free_block),
                 f.free_blocks,
@@ -164,8 +184,11 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
         );
     }
     if let Some((free, total)) = below.filter(|&(free, _)| free < requested) {
+        // A source's held bytes are what the holders above it took from it: counted once.
+        let holders = rows.iter().any(|r| r.footprint.is_some() && !r.source);
         let held: usize = rows
             .iter()
+            .filter(|r| !(holders && r.source))
             .filter_map(|r| r.footprint.map(|f| f.held_bytes))
             .sum();
         return format!(
@@ -236,6 +259,78 @@ mod tests {
 
     fn sim(size: usize) -> SharedResource {
         Arc::new(SimulatedMemoryResource::new(size))
+    }
+
+    /// The figures of the row of `name` in a summary: (held, in use, free) as printed.
+    fn row_figures(text: &str, name: &str) -> (String, String, String) {
+        let line = text
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} row in {text}"));
+        let parts: Vec<&str> = line.splitn(3, ", ").collect();
+        let figure = |part: &str, label: &str| {
+            let rest = part.strip_prefix(label).unwrap_or_else(|| panic!("{line}"));
+            rest.split(" (").next().unwrap().to_owned()
+        };
+        (
+            figure(parts[0], "held "),
+            figure(parts[1], "in use "),
+            figure(parts[2], "free "),
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Issue 39: the "in use" figure of a simulated device is its bytes in use (charged to
+        /// live allocations), whatever the device's size and the bytes held (it showed held
+        /// less the device's free bytes: 0 B with 1 GiB in use); a pool over it shows its held
+        /// bytes less its free ones; the chain's held bytes count the device's once.
+        #[test]
+        fn in_use_is_the_bytes_in_use_of_each_row(
+            device_mib in 16usize..(80 << 10),
+            requests in proptest::collection::vec(1usize..(4 << 30), 0..12),
+            pooled: bool,
+        ) {
+            let sim = Arc::new(SimulatedMemoryResource::new(device_mib * MIB));
+            let top: SharedResource = if pooled {
+                Arc::new(PoolMemoryResource::new(sim.clone(), None, None).unwrap())
+            } else {
+                sim.clone()
+            };
+            let mut live = Vec::new();
+            for bytes in requests {
+                if let Ok(p) = top.allocate(bytes, Stream::DEFAULT) {
+                    live.push((p, bytes));
+                }
+            }
+            let text = memory_summary(&top);
+            let in_use = human_bytes(sim.bytes_in_use());
+            let free = human_bytes(device_mib * MIB - sim.bytes_in_use());
+            proptest::prop_assert_eq!(row_figures(&text, "simulated"), (in_use.clone(), in_use, free));
+            if pooled {
+                let f = top.report().unwrap().footprint();
+                let used: usize = live.iter().map(|&(_, b)| crate::resource::align_up(b, 256).unwrap()).sum();
+                proptest::prop_assert_eq!(f.held_bytes - f.free_bytes, used);
+                proptest::prop_assert_eq!(row_figures(&text, "pool").1, human_bytes(used));
+            }
+            // The hint's "this chain holds" counts the device's bytes once: the holder's rows
+            // and the device's, as the chain reports them.
+            let mut rows = rows(&top, None);
+            for r in &mut rows {
+                if r.source {
+                    r.memory_info = Some((0, device_mib * MIB));
+                }
+            }
+            let hint = hint(&rows, 1, "refused");
+            let holds = if pooled { top.report().unwrap().footprint().held_bytes } else { sim.bytes_in_use() };
+            let expected = format!("this chain holds {}", human_bytes(holds));
+            proptest::prop_assert!(hint.contains(&expected), "{}", hint);
+            for (p, bytes) in live {
+                // SAFETY: allocated above with `bytes`, freed once.
+                unsafe { top.deallocate(p, bytes, Stream::DEFAULT) }.unwrap();
+            }
+        }
     }
 
     #[test]
@@ -353,6 +448,7 @@ mod tests {
                 largest_free_block: 32 * MIB,
                 free_blocks: 1,
             }),
+            source: false,
             stream_free: Some(StreamFree {
                 this_stream: 0,
                 other_streams: 32 * MIB,
@@ -386,6 +482,7 @@ mod tests {
                 depth: 0,
                 name: "simulated",
                 footprint: None,
+                source: true,
                 stream_free: None,
                 memory_info: Some((64 * MIB, 64 * MIB)),
             }],

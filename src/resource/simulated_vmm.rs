@@ -1,22 +1,18 @@
 //! A pretend virtual memory range: addresses reserved, pages "mapped" against a physical
-//! capacity, no memory behind them.
+//! capacity, no memory behind them. The addresses are a window of the simulated address space
+//! (above every host address: [`super::SIMULATED_ADDRESS_BASE`]) that no other live simulated
+//! device or virtual memory holds.
 
 use super::host_supply::PageSpec;
+use super::simulated::Window;
 use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
-/// First reserved address: above every host address and apart from
-/// [`SimulatedMemoryResource`]'s addresses (see [`super::SIMULATED_ADDRESS_BASE`]), 2 MiB
-/// aligned.
-///
-/// [`SimulatedMemoryResource`]: super::SimulatedMemoryResource
-const BASE_ADDRESS: usize = 1 << 62;
-
-/// The largest reservation: the rest of the address space above [`BASE_ADDRESS`].
-const MAX_RESERVATION: usize = usize::MAX - BASE_ADDRESS;
+/// The largest reservation: the whole simulated address space.
+const MAX_RESERVATION: usize = super::simulated::SIMULATED_ADDRESS_SPACE;
 
 /// Default page size: the allocation granularity of current NVIDIA GPUs.
 pub const DEFAULT_PAGE_SIZE: usize = 2 << 20;
@@ -29,6 +25,8 @@ pub struct SimulatedVirtualMemory {
     capacity: usize,
     page_size: usize,
     reserved: usize,
+    /// The reservation's addresses, its own while it lives.
+    window: Window,
     state: Mutex<State>,
 }
 
@@ -100,8 +98,9 @@ impl SimulatedVirtualMemory {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a page size that is zero, not a multiple of 256 or larger
-    /// than the capacity, or a reservation larger than the simulated address space (2^62
-    /// bytes).
+    /// than the capacity, or a reservation larger than the simulated address space
+    /// ([`SIMULATED_ADDRESS_SPACE`](super::SIMULATED_ADDRESS_SPACE)); [`Error::OutOfMemory`]
+    /// when the live simulated devices and virtual memories leave no window of that size.
     pub fn new(capacity: usize, reserve_size: usize, page_size: usize) -> Result<Self> {
         if page_size == 0 || page_size % super::ALLOCATION_ALIGNMENT != 0 {
             return Err(Error::invalid(
@@ -125,10 +124,12 @@ impl SimulatedVirtualMemory {
                 format!("{reserve_size} bytes is more than the simulated address space holds"),
             ));
         }
+        let window = Window::take(reserved, "simulated virtual memory")?;
         Ok(SimulatedVirtualMemory {
             capacity: capacity / page_size * page_size,
             page_size,
             reserved,
+            window,
             state: Mutex::new(State::default()),
         })
     }
@@ -151,7 +152,7 @@ impl SimulatedVirtualMemory {
 
     /// Whether the page holding `addr` is mapped (false outside the reservation).
     pub fn is_mapped(&self, addr: usize) -> bool {
-        match addr.checked_sub(BASE_ADDRESS) {
+        match addr.checked_sub(self.window.base()) {
             Some(offset) if offset < self.reserved => {
                 self.state.lock().is_mapped(offset / self.page_size)
             }
@@ -161,8 +162,9 @@ impl SimulatedVirtualMemory {
 
     /// The page indices of `addr .. addr + bytes`, checked to be whole pages of the reservation.
     fn pages(&self, addr: usize, bytes: usize) -> Result<std::ops::Range<usize>> {
-        let offset = addr.wrapping_sub(BASE_ADDRESS);
-        let in_range = addr >= BASE_ADDRESS
+        let base = self.window.base();
+        let offset = addr.wrapping_sub(base);
+        let in_range = addr >= base
             && offset
                 .checked_add(bytes)
                 .is_some_and(|end| end <= self.reserved);
@@ -186,7 +188,7 @@ impl VirtualMemory for SimulatedVirtualMemory {
     }
 
     fn base(&self) -> usize {
-        BASE_ADDRESS
+        self.window.base()
     }
 
     fn reserved_bytes(&self) -> usize {

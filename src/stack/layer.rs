@@ -399,10 +399,10 @@ impl Layer {
                         ),
                     ));
                 }
-                Handle::Simulated(Arc::new(SimulatedMemoryResource::managed(
+                Handle::Simulated(Arc::new(SimulatedMemoryResource::try_managed(
                     *size,
                     *host_memory,
-                )))
+                )?))
             }
             Layer::PinnedHost => {
                 let mr = Arc::new(PinnedHostMemoryResource::new()?);

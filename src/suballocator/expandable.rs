@@ -30,7 +30,7 @@ use crate::resource::{
     VirtualMemory, ALLOCATION_ALIGNMENT,
 };
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Default address reservation, as a multiple of the device's memory.
@@ -408,6 +408,12 @@ impl FreeRanges for NoRanges {
     fn ranges(&self) -> Vec<Block> {
         Vec::new()
     }
+    fn ranges_at_least(&self, _min: usize) -> Vec<Block> {
+        Vec::new()
+    }
+    fn ending_at(&self, _end: usize) -> Option<Block> {
+        None
+    }
     fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
         false
     }
@@ -428,18 +434,28 @@ impl ExpandableGrowth {
     /// Where to map for a block of `size` bytes, how many bytes are needed there, and how many
     /// unmapped bytes follow: after a run that ends in a fresh block (fewest new pages), else the
     /// lowest unmapped gap that holds the block.
+    ///
+    /// # Time Complexity
+    /// O(runs) lookups of the fresh list (one per run end), never a read of every free block:
+    /// a pool that runs out calls this on every failed request (issue 39: the `--fit` of a log
+    /// with thousands of free blocks took a minute).
     fn placement(
         &self,
         runs: &BTreeMap<usize, usize>,
-        tails: &HashMap<usize, usize>,
+        fresh: &dyn FreeRanges,
         size: usize,
     ) -> Option<(usize, usize, usize)> {
-        let end_of_range = self.vm.base() + self.vm.reserved_bytes();
+        let base = self.vm.base();
+        let end_of_range = base + self.vm.reserved_bytes();
         let gap_after =
             |end: usize| runs.range(end..).next().map_or(end_of_range, |(&s, _)| s) - end;
         let mut best: Option<(usize, usize, usize)> = None;
         for &end in runs.values() {
-            let Some(&tail) = tails.get(&end) else {
+            let Some(tail) = fresh
+                .ending_at(end)
+                .filter(|b| b.region == base)
+                .map(|b| b.size)
+            else {
                 continue;
             };
             let Some(need) = self.pages_for(size.saturating_sub(tail)) else {
@@ -471,14 +487,8 @@ impl ExpandableGrowth {
             return Err(sleep::asleep_error(request.bytes));
         }
         let base = self.vm.base();
-        let tails: HashMap<usize, usize> = fresh
-            .ranges()
-            .into_iter()
-            .filter(|b| b.region == base)
-            .map(|b| (b.end(), b.size))
-            .collect();
         let mut runs = self.mapped.lock();
-        let Some((addr, need, room)) = self.placement(&runs, &tails, request.size) else {
+        let Some((addr, need, room)) = self.placement(&runs, fresh, request.size) else {
             return Err(Error::out_of_memory(
                 request.bytes,
                 format!(
@@ -622,9 +632,8 @@ impl Growth for ExpandableGrowth {
         let mut runs = self.mapped.lock();
         let mut mapped: usize = runs.iter().map(|(&s, &e)| e - s).sum();
         let mut released = 0;
-        let mut ranges = fresh.ranges();
-        ranges.sort_unstable_by_key(|b| b.addr);
-        for b in ranges {
+        // A block smaller than a page holds no whole page: only the larger ones are read.
+        for b in fresh.ranges_at_least(page) {
             if mapped <= target {
                 break;
             }

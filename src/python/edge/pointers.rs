@@ -130,11 +130,12 @@ pub(super) fn is_simulated(ptr: usize, bytes: usize) -> bool {
 }
 
 /// An error when `[ptr, ptr + bytes)` (the argument `name`) is simulated memory, or no range
-/// at all (it wraps past the end of the address space).
+/// at all (it wraps past the end of the address space, or a size carries it from a host
+/// address past every address a process can have).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a range that wraps; [`Error::Logic`] naming the argument and
-/// the address for simulated memory.
+/// [`Error::InvalidArgument`] for a range that wraps or whose size exceeds the address space;
+/// [`Error::Logic`] naming the argument and the address for simulated memory.
 pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Result<()> {
     if bytes > 0 && ptr.checked_add(bytes).is_none() {
         return Err(Error::invalid(
@@ -145,11 +146,25 @@ pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Re
             ),
         ));
     }
-    if bytes > 0 && is_simulated(ptr, bytes) {
+    if bytes > 0 && ptr >= SIMULATED_ADDRESS_BASE {
         return Err(Error::Logic(format!(
             "{name}={ptr:#x} is simulated memory (or above every host address), which has \
              nothing behind it and cannot be copied"
         )));
+    }
+    if bytes > 0 && is_simulated(ptr, bytes) {
+        // The address is a host or device one; the size carries the range past every address
+        // a process can have (issue 39: a 2**63-byte copy from a host buffer was blamed on
+        // simulated memory).
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{name}={ptr:#x} with {bytes} bytes ends at {:#x}, past every address a \
+                 process can have (2**56): the size exceeds the address space, no memory holds \
+                 that range",
+                ptr + bytes
+            ),
+        ));
     }
     Ok(())
 }
@@ -158,6 +173,57 @@ pub(crate) fn check_copyable(name: &'static str, ptr: usize, bytes: usize) -> Re
 mod tests {
     use super::*;
     use crate::{MemoryResource, Stream};
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Issue 39: the message names what is wrong with the range, for every size: nothing
+        /// for a range of host memory (or no bytes); a size that wraps past 2**64; a size that
+        /// carries a host address past every address a process can have (not "simulated"); an
+        /// address of a live simulated device.
+        #[test]
+        fn the_message_names_the_cause_for_every_size(
+            shift in 0u32..64,
+            low in 0usize..4096,
+            simulated: bool,
+        ) {
+            use crate::resource::SimulatedMemoryResource;
+            let bytes = (1usize << shift) + low;
+            let sim = SimulatedMemoryResource::new(1 << 30);
+            let host = [0u8; 64];
+            let ptr = if simulated {
+                sim.allocate(256, Stream::DEFAULT).unwrap()
+            } else {
+                host.as_ptr() as usize
+            };
+            let got = check_copyable("src", ptr, bytes);
+            match ptr.checked_add(bytes) {
+                _ if bytes == 0 => proptest::prop_assert!(got.is_ok()),
+                None => {
+                    let e = got.unwrap_err().to_string();
+                    proptest::prop_assert!(e.contains("wraps past the end"), "{}", e);
+                }
+                Some(_) if simulated => {
+                    let e = got.unwrap_err();
+                    proptest::prop_assert!(matches!(e, Error::Logic(_)), "{}", e);
+                    proptest::prop_assert!(e.to_string().contains("is simulated memory"), "{}", e);
+                }
+                Some(end) if end > SIMULATED_ADDRESS_BASE => {
+                    let e = got.unwrap_err();
+                    let text = e.to_string();
+                    proptest::prop_assert!(matches!(e, Error::InvalidArgument { .. }), "{}", text);
+                    proptest::prop_assert!(text.contains("the size exceeds the address space"), "{}", text);
+                    proptest::prop_assert!(text.contains(&format!("with {bytes} bytes")), "{}", text);
+                    proptest::prop_assert!(!text.contains("simulated"), "{}", text);
+                }
+                Some(_) => proptest::prop_assert!(got.is_ok(), "{:?}", got),
+            }
+            if simulated {
+                // SAFETY: allocated above with 256 bytes, freed once.
+                unsafe { sim.deallocate(ptr, 256, Stream::DEFAULT) }.unwrap();
+            }
+        }
+    }
 
     #[test]
     fn simulated_ranges_are_known_and_host_memory_is_not() {

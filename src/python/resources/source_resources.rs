@@ -392,7 +392,9 @@ impl SimulatedMemoryResource {
             )));
         }
         // Copy paths refuse its addresses (above every host address; nothing is behind them).
-        let sim = Arc::new(RsSimulated::managed(size, host));
+        // No window left in the simulated address space: a MemoryError, never another live
+        // device's addresses.
+        let sim = Arc::new(py_result(RsSimulated::try_managed(size, host))?);
         Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
     }
 

@@ -141,8 +141,22 @@ pub(crate) trait FreeList: Send + Sized + 'static {
         false
     }
 
-    /// Every free block (for reports and trimming).
+    /// Every free block, by address (for reports and trimming).
     fn free_ranges(&self) -> Vec<Block>;
+
+    /// The free blocks of at least `min` bytes, by address (a trim of whole pages needs no
+    /// smaller one). The default filters [`FreeList::free_ranges`].
+    fn free_ranges_at_least(&self, min: usize) -> Vec<Block> {
+        let mut out = self.free_ranges();
+        out.retain(|b| b.size >= min);
+        out
+    }
+
+    /// The free block that ends at `end`, if one does. The default looks through
+    /// [`FreeList::free_ranges`].
+    fn free_block_ending_at(&self, end: usize) -> Option<Block> {
+        self.free_ranges().into_iter().find(|b| b.end() == end)
+    }
 
     /// Free bytes in the list.
     fn free_bytes(&self) -> usize;

@@ -39,8 +39,14 @@ pub(crate) struct GrowRequest {
 // Used by trimming policies (the expandable pool's); none of today's policies trims.
 #[allow(dead_code)]
 pub(crate) trait FreeRanges {
-    /// Every free block.
+    /// Every free block, by address.
     fn ranges(&self) -> Vec<Block>;
+    /// The free blocks of at least `min` bytes, by address (cheaper than [`Self::ranges`] where
+    /// most blocks are smaller: a trim of whole pages reads only these).
+    fn ranges_at_least(&self, min: usize) -> Vec<Block>;
+    /// The free block that ends at `end`, if one does (a growth that extends a range in place
+    /// asks this of each end it could extend, rather than reading every block).
+    fn ending_at(&self, end: usize) -> Option<Block>;
     /// Takes `[addr, addr + size)` out of the free block containing it; whether one did.
     fn take_range(&mut self, addr: usize, size: usize) -> bool;
     /// Puts back a range [`FreeRanges::take_range`] took out (its give-back failed).
@@ -50,6 +56,12 @@ pub(crate) trait FreeRanges {
 impl<F: FreeList> FreeRanges for F {
     fn ranges(&self) -> Vec<Block> {
         self.free_ranges()
+    }
+    fn ranges_at_least(&self, min: usize) -> Vec<Block> {
+        self.free_ranges_at_least(min)
+    }
+    fn ending_at(&self, end: usize) -> Option<Block> {
+        self.free_block_ending_at(end)
     }
     fn take_range(&mut self, addr: usize, size: usize) -> bool {
         self.remove_range(addr, size)

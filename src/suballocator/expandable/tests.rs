@@ -9,6 +9,7 @@
 use super::*;
 use crate::resource::VirtualMemory;
 use crate::resource::{SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
+use crate::suballocator::core::FreeList;
 use crate::suballocator::{PoolMemoryResource, StreamKey};
 use crate::test_support::free_on;
 use proptest::prelude::*;
@@ -444,4 +445,189 @@ fn a_host_pool_larger_than_the_host_is_refused_before_anything_is_touched() {
     assert!(e.is_out_of_memory(), "{e}");
     let q = mr.allocate(1 << 20, S).unwrap();
     free_on(&mr, q, 1 << 20, S).unwrap();
+}
+
+/// What a growth or a trim read of the fresh list: issue 39's `--fit` of expandable took a
+/// minute because each failed request read (and sorted, and hashed) every free block twice.
+struct ReadCounter<'a> {
+    list: &'a mut CoalescingFreeList,
+    /// Calls of `ranges()`, the read of every block.
+    full_reads: std::cell::Cell<usize>,
+    /// Blocks handed out by `ranges_at_least`, and the smallest `min` asked for.
+    blocks_read: std::cell::Cell<usize>,
+    smallest_min: std::cell::Cell<usize>,
+    /// Calls of `ending_at`.
+    ends_asked: std::cell::Cell<usize>,
+}
+
+impl<'a> ReadCounter<'a> {
+    fn new(list: &'a mut CoalescingFreeList) -> Self {
+        ReadCounter {
+            list,
+            full_reads: std::cell::Cell::new(0),
+            blocks_read: std::cell::Cell::new(0),
+            smallest_min: std::cell::Cell::new(usize::MAX),
+            ends_asked: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl FreeRanges for ReadCounter<'_> {
+    fn ranges(&self) -> Vec<Block> {
+        self.full_reads.set(self.full_reads.get() + 1);
+        self.list.free_ranges()
+    }
+    fn ranges_at_least(&self, min: usize) -> Vec<Block> {
+        self.smallest_min.set(self.smallest_min.get().min(min));
+        let out = self.list.free_ranges_at_least(min);
+        self.blocks_read.set(self.blocks_read.get() + out.len());
+        out
+    }
+    fn ending_at(&self, end: usize) -> Option<Block> {
+        self.ends_asked.set(self.ends_asked.get() + 1);
+        self.list.free_block_ending_at(end)
+    }
+    fn take_range(&mut self, addr: usize, size: usize) -> bool {
+        self.list.remove_range(addr, size)
+    }
+    fn put_back(&mut self, block: Block) {
+        self.list.insert(block);
+    }
+}
+
+/// Page of the growth tests (small, so runs hold many blocks).
+const GP: usize = 64 << 10;
+
+/// A growth over fresh simulated virtual memory with `runs` mapped (gap pages, run pages) from
+/// its base, each run cut into pieces of the given granules (cycled), free and allocated in
+/// turn: the growth and its fresh list.
+fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, CoalescingFreeList) {
+    let vm: Arc<dyn VirtualMemory> =
+        Arc::new(SimulatedVirtualMemory::new(1 << 30, 1 << 30, GP).unwrap());
+    let growth = ExpandableGrowth {
+        sleeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        vm: vm.clone(),
+        maximum: None,
+        mapped: Mutex::new(BTreeMap::new()),
+    };
+    let base = vm.base();
+    let mut fresh = CoalescingFreeList::empty();
+    let mut at = base;
+    let mut piece = pieces.iter().cycle();
+    let mut free = false;
+    for &(gap, len) in runs {
+        at += gap * GP;
+        vm.map(at, len * GP).unwrap();
+        add_run(&mut growth.mapped.lock(), at, len * GP);
+        let end = at + len * GP;
+        while at < end {
+            let size = (piece.next().unwrap() * 256).min(end - at);
+            if free {
+                fresh.insert(Block {
+                    addr: at,
+                    size,
+                    region: base,
+                });
+            }
+            free = !free;
+            at += size;
+        }
+    }
+    (growth, fresh)
+}
+
+/// The fresh list answering every question by reading all its blocks, as the growth did
+/// before issue 39: the model the lookups' answers are compared with.
+struct FullRead<'a>(&'a CoalescingFreeList);
+
+impl FreeRanges for FullRead<'_> {
+    fn ranges(&self) -> Vec<Block> {
+        self.0.free_ranges()
+    }
+    fn ranges_at_least(&self, min: usize) -> Vec<Block> {
+        self.ranges()
+            .into_iter()
+            .filter(|b| b.size >= min)
+            .collect()
+    }
+    fn ending_at(&self, end: usize) -> Option<Block> {
+        self.ranges().into_iter().find(|b| b.end() == end)
+    }
+    fn take_range(&mut self, _addr: usize, _size: usize) -> bool {
+        false
+    }
+    fn put_back(&mut self, _block: Block) {}
+}
+
+fn runs_strategy() -> impl Strategy<Value = Vec<(usize, usize)>> {
+    proptest::collection::vec((0..3usize, 1..6usize), 1..12)
+}
+
+fn pieces_strategy() -> impl Strategy<Value = Vec<usize>> {
+    // Mostly blocks far below a page (GP is 256 granules), some of a page or more.
+    proptest::collection::vec(prop_oneof![6 => 1..64usize, 1 => 200..900usize], 1..24)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The growth's placement asks the fresh list only for the block ending at each run's end
+    /// (never a read of every block) and places exactly as the read of every block did.
+    #[test]
+    fn placement_reads_one_block_per_run_and_matches_the_model(
+        runs in runs_strategy(),
+        pieces in pieces_strategy(),
+        size in 1..(8 * GP),
+    ) {
+        let size = size.next_multiple_of(256);
+        let (growth, mut fresh) = fragmented(&runs, &pieces);
+        let model = growth.placement(&growth.mapped.lock(), &FullRead(&fresh), size);
+        let run_count = growth.mapped.lock().len();
+        let counter = ReadCounter::new(&mut fresh);
+        let got = growth.placement(&growth.mapped.lock(), &counter, size);
+        prop_assert_eq!(got, model);
+        prop_assert_eq!(counter.full_reads.get(), 0);
+        prop_assert!(counter.ends_asked.get() <= run_count);
+    }
+
+    /// A trim reads only the free blocks of a page or more (a smaller one holds no whole page)
+    /// and unmaps exactly the whole free pages a read of every block found, up to its target.
+    #[test]
+    fn trim_reads_only_blocks_of_a_page_and_unmaps_the_whole_free_pages(
+        runs in runs_strategy(),
+        pieces in pieces_strategy(),
+        keep_pages in 0..40usize,
+    ) {
+        let (growth, mut fresh) = fragmented(&runs, &pieces);
+        let mapped_before = growth.vm.mapped_bytes();
+        let all = fresh.free_ranges();
+        let base = growth.vm.base();
+        // The model: every whole page inside a free block, lowest blocks first, until the
+        // mapped bytes reach the target.
+        let keep = keep_pages * GP;
+        let mut mapped = mapped_before;
+        let mut expected = 0;
+        for b in &all {
+            if mapped <= keep {
+                break;
+            }
+            let lo = base + (b.addr - base).next_multiple_of(GP);
+            let hi = base + (b.end() - base) / GP * GP;
+            if hi > lo {
+                let len = (hi - lo).min((mapped - keep).next_multiple_of(GP));
+                mapped -= len;
+                expected += len;
+            }
+        }
+        let mut counter = ReadCounter::new(&mut fresh);
+        let (released, outcome) = growth.trim(&mut counter, keep);
+        outcome.unwrap();
+        prop_assert_eq!(counter.full_reads.get(), 0);
+        prop_assert!(counter.smallest_min.get() >= GP);
+        let large = all.iter().filter(|b| b.size >= GP).count();
+        prop_assert!(counter.blocks_read.get() <= large);
+        prop_assert_eq!(released, expected);
+        prop_assert_eq!(growth.vm.mapped_bytes(), mapped_before - released);
+        prop_assert_eq!(fresh.free_bytes(), all.iter().map(|b| b.size).sum::<usize>() - released);
+    }
 }

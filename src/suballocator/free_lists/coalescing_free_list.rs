@@ -22,13 +22,16 @@
 //!
 //! # Time Complexity
 //! `take`, `insert` and `add_chunk` are O(1) (bitmap scans of 64 bits, a bounded class scan,
-//! expected O(1) hash operations). Draining, absorbing fresh neighbours, `remove_range` and the
-//! largest-block figure are O(free blocks) and only run on rare paths.
+//! expected O(1) hash operations), and so is the free block ending at an address. Draining,
+//! absorbing fresh neighbours and the largest-block figure are O(free blocks) and only run on
+//! rare paths; `remove_range` and the blocks of at least a size read only the classes that can
+//! hold such blocks (a trim of whole pages never reads the smaller blocks, which a fragmented
+//! pool has by the thousand).
 
 #![deny(unsafe_code)]
 
 use super::size_classes::{
-    class_at_least, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
+    class_at_least, class_of, class_of_bytes, index, ClassMap, CLASSES, GRANULE_SHIFT,
 };
 use crate::error::{Error, Result};
 use crate::resource::{align_up, ALLOCATION_ALIGNMENT};
@@ -325,11 +328,19 @@ impl CoalescingFreeList {
 
     /// Every free node id (the non-empty classes only, found through the bitmaps).
     fn all_free(&self) -> Vec<u32> {
-        let mut out = Vec::with_capacity(self.free_blocks);
-        for class in self.classes.map.marked() {
+        self.free_at_least(0)
+    }
+
+    /// The ids of the free nodes of at least `min` bytes: the classes from `min`'s own up
+    /// (found through the bitmaps), so smaller blocks are never looked at.
+    fn free_at_least(&self, min: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        for class in self.classes.map.marked_from(class_of(min >> GRANULE_SHIFT)) {
             let mut i = self.classes.heads[index(class)];
             while i != NIL {
-                out.push(i);
+                if self.nodes[i as usize].size >= min {
+                    out.push(i);
+                }
                 i = self.nodes[i as usize].next_free;
             }
         }
@@ -563,7 +574,8 @@ impl FreeList for CoalescingFreeList {
         let Some(end) = addr.checked_add(size) else {
             return false;
         };
-        let found = self.all_free().into_iter().find(|&i| {
+        // The block that holds the range is at least `size` bytes: the smaller are not read.
+        let found = self.free_at_least(size).into_iter().find(|&i| {
             let n = &self.nodes[i as usize];
             n.addr <= addr && end <= n.addr + n.size
         });
@@ -589,9 +601,29 @@ impl FreeList for CoalescingFreeList {
     }
 
     fn free_ranges(&self) -> Vec<Block> {
-        let mut out: Vec<Block> = self.all_free().into_iter().map(|i| self.block(i)).collect();
-        out.sort_by_key(|b| b.addr);
+        self.free_ranges_at_least(0)
+    }
+
+    fn free_ranges_at_least(&self, min: usize) -> Vec<Block> {
+        let mut out: Vec<Block> = self
+            .free_at_least(min)
+            .into_iter()
+            .map(|i| self.block(i))
+            .collect();
+        out.sort_unstable_by_key(|b| b.addr);
         out
+    }
+
+    /// A free block ending at `end` either has nothing of this list after it (indexed as open
+    /// there) or is followed by an allocated block of this list starting at `end` (a free
+    /// neighbour would have coalesced with it).
+    fn free_block_ending_at(&self, end: usize) -> Option<Block> {
+        let before_allocated = || {
+            let next = *self.allocated.get(&end)?;
+            Some(self.nodes[next as usize].prev_phys)
+        };
+        let i = self.open_end.get(&end).copied().or_else(before_allocated)?;
+        (self.is_free(i) && self.block(i).end() == end).then(|| self.block(i))
     }
 
     fn free_bytes(&self) -> usize {
@@ -739,6 +771,39 @@ mod tests {
         ]
     }
 
+    /// The lookups a growth and a trim use (blocks of at least a size, the block ending at an
+    /// address) agree with a model read of every node, for sizes and ends around every block
+    /// and chunk.
+    fn check_lookups(
+        l: &CoalescingFreeList,
+        chunks: &[Block],
+    ) -> std::result::Result<(), TestCaseError> {
+        let mut all: Vec<Block> = (0..l.nodes.len() as u32)
+            .filter(|&i| l.nodes[i as usize].state == State::Free)
+            .map(|i| l.block(i))
+            .collect();
+        all.sort_unstable_by_key(|b| b.addr);
+        prop_assert_eq!(&l.free_ranges(), &all);
+        let allocated = l.allocated_blocks();
+        let edges: Vec<Block> = all
+            .iter()
+            .chain(&allocated)
+            .chain(chunks)
+            .copied()
+            .collect();
+        for b in &edges {
+            for min in [b.size.saturating_sub(256), b.size, b.size + 1, b.size + 256] {
+                let model: Vec<Block> = all.iter().filter(|f| f.size >= min).copied().collect();
+                prop_assert_eq!(l.free_ranges_at_least(min), model, "at least {}", min);
+            }
+            for end in [b.addr, b.end(), b.end() + 256] {
+                let model = all.iter().find(|f| f.end() == end).copied();
+                prop_assert_eq!(l.free_block_ending_at(end), model, "ending at {:#x}", end);
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -839,6 +904,7 @@ mod tests {
                 }
                 for l in &lists {
                     l.check_invariants();
+                    check_lookups(l, &chunks)?;
                 }
             }
             let held: usize = chunks.iter().map(|c| c.size).sum();

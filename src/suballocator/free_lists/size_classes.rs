@@ -134,9 +134,27 @@ impl ClassMap {
         Some((p, self.steps[p].trailing_zeros() as usize))
     }
 
+    /// The first non-empty class above `class`.
+    #[inline]
+    fn next_above(&self, (power, step): Class) -> Option<Class> {
+        if step + 1 < STEPS {
+            self.first_at_or_above((power, step + 1))
+        } else if power + 1 < POWERS {
+            self.first_at_or_above((power + 1, 0))
+        } else {
+            None
+        }
+    }
+
     /// Every non-empty class, lowest first.
+    #[cfg(test)]
     pub(crate) fn marked(&self) -> impl Iterator<Item = Class> + '_ {
-        bits(self.powers).flat_map(move |p| bits(u64::from(self.steps[p])).map(move |s| (p, s)))
+        self.marked_from((0, 0))
+    }
+
+    /// Every non-empty class at or above `class`, lowest first (two bit scans each).
+    pub(crate) fn marked_from(&self, class: Class) -> impl Iterator<Item = Class> + '_ {
+        std::iter::successors(self.first_at_or_above(class), move |&c| self.next_above(c))
     }
 
     /// The highest non-empty class.
@@ -147,18 +165,6 @@ impl ClassMap {
         let p = 63 - self.powers.leading_zeros() as usize;
         Some((p, 31 - self.steps[p].leading_zeros() as usize))
     }
-}
-
-/// The positions of the set bits of `word`, lowest first.
-fn bits(mut word: u64) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        if word == 0 {
-            return None;
-        }
-        let bit = word.trailing_zeros() as usize;
-        word &= word - 1;
-        Some(bit)
-    })
 }
 
 #[cfg(test)]
