@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           asyncsplit w9 w8 w10 sleep soak history
+#           asyncsplit w9 w8 w10 sleep soak engines history
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -336,6 +336,16 @@ if has sleep; then
     tail -3 "$OUT/sleep_$part.err"
   done
   note "sleep: $(wc -l < "$OUT/sleep.jsonl") parts reported"
+fi
+
+# Issue 37: the engines' documented sleep flows through rrmm.compat (torch_memory_saver's README
+# examples with PyTorch tensors and a CUDA graph; vLLM's CuMemAllocator flow).
+if has engines; then
+  echo "== engines' sleep APIs"
+  timeout 300 python3 benches/gpu/engine_compat.py --gib "${ENGINES_GIB:-4}" \
+    2> "$OUT/engines.err" > "$OUT/engines.json"
+  tail -5 "$OUT/engines.err"
+  note "engines: $(cat "$OUT/engines.json")"
 fi
 
 # Issue 37's soak (benches/gpu/sleep_wake.py part e): SOAK_CYCLES sleeps of SOAK_GIB GiB (default
