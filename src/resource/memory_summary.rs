@@ -167,7 +167,7 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
                 human_bytes(requested)
             );
         }
-        if message.contains("Maximum pool size exceeded") || message.contains("maximum") {
+        if message.contains("not enough room to grow") {
             return format!(
                 "hint: the {name} reached its maximum size ({} held): raise maximum_pool_size, \
                  or use managed memory to go past the device \

@@ -517,4 +517,51 @@ mod tests {
         assert_eq!(pool.release().unwrap(), held);
         assert_eq!(up.inner.bytes_in_use(), 0);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Issue 39: a request that the pool's free chunks cannot hold, but that fits the
+        /// memory below once they are given back, is served (RMM refuses it): any initial size,
+        /// blocks live in chunks of their own, any request up to what the device has left
+        /// besides the live chunks.
+        #[test]
+        fn a_request_its_free_chunks_cannot_hold_is_served_by_giving_them_back(
+            initial_mib in 0usize..40,
+            live in proptest::collection::vec(1usize..8, 0..4),
+            request_frac in 0.0f64..1.0,
+        ) {
+            const MIB: usize = 1 << 20;
+            let device = 64 * MIB;
+            let setup = || {
+                let up = Arc::new(SimulatedMemoryResource::new(device));
+                let pool =
+                    PoolMemoryResource::new(up.clone(), Some(initial_mib * MIB), None).unwrap();
+                let held: Vec<(usize, usize)> = live
+                    .iter()
+                    .filter_map(|mib| {
+                        let p = pool.allocate(mib * MIB, Stream::DEFAULT).ok()?;
+                        Some((p, mib * MIB))
+                    })
+                    .collect();
+                (up, pool, held)
+            };
+            // The same pool, asked to release: what the chunks holding live blocks take.
+            let (twin_up, twin, twin_held) = setup();
+            twin.release().unwrap();
+            let room = device - twin_up.bytes_in_use();
+            for (p, n) in twin_held {
+                free_on(&twin, p, n, Stream::DEFAULT).unwrap();
+            }
+            let (_up, pool, mut held) = setup();
+            let request = ((room as f64 * request_frac) as usize) / MIB * MIB;
+            if request > 0 {
+                let p = pool.allocate(request, Stream::DEFAULT);
+                proptest::prop_assert!(p.is_ok(), "{request} of {room}: {:?}", p.err());
+                held.push((p.unwrap(), request));
+            }
+            for (p, n) in held {
+                free_on(&pool, p, n, Stream::DEFAULT).unwrap();
+            }
+        }
+    }
 }

@@ -571,7 +571,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
         let mut gave_back = settled.is_some_and(|s| s.gave_back);
         if !gave_back && self.growth.may_grow_after_release(size) {
             gave_back = true;
-            let chunks = self.take_free_chunks(sh, false, 0);
+            // Every fully free chunk, the initial one too: a request its free chunks cannot
+            // hold is served by giving them back and growing one that can (RMM refuses it).
+            let chunks = self.take_free_chunks(sh, true, 0);
             // Out of memory: trim everything free (keep nothing beyond what is allocated).
             let trimmed = match self.trim_fresh(sh, 0) {
                 Ok(trimmed) => trimmed,
