@@ -46,6 +46,21 @@ def _fresh_current_resource() -> Any:
     _clear_per_device_resources()
 
 
+def test_the_basic_example_pauses_the_default_region() -> None:
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region():
+        pauseable = rrmm.DeviceBuffer(size=2 * PAGE)
+    saver.pause()
+    tagged = mr.get_current_device_resource()
+    assert isinstance(tagged, mr.TaggedMemoryResource)
+    assert tagged.pool("default").asleep
+    with pytest.raises(RuntimeError, match="asleep"):
+        pauseable.tobytes()
+    saver.resume()
+    assert not tagged.pool("default").asleep
+    assert len(pauseable.tobytes()) == 2 * PAGE
+
+
 def test_torch_memory_saver_pauses_one_tag_and_keeps_the_others_working() -> None:
     saver = TorchMemorySaver(make_pool=host_pool)
     with saver.region(tag="kv_cache"):

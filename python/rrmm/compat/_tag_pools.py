@@ -28,6 +28,7 @@ class TagPools:
         self._tagged: mr.TaggedMemoryResource | None = None
         self._backup: dict[str, bool] = {}
         self._paused: set[str] = set()
+        self._entered: list[str] = []
         self._torch_pools: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- set-up
@@ -70,12 +71,18 @@ class TagPools:
             raise TypeError(f"tag must be a str, not {type(tag).__name__}")
         self._ensure_tag(tag, backup)
         tagged = self.tagged()
+        with self._lock:
+            if tag not in self._entered:
+                self._entered.append(tag)
         previous = tagged.set_current_tag(tag)
         try:
             with self._torch_mem_pool(tag) if torch_pool else contextlib.nullcontext():
                 yield
         finally:
             tagged.set_current_tag(previous)
+        if backup:
+            # The host pages of the tag's next pause, made ready in the background.
+            tagged.pool(tag).prepare_sleep()
 
     def _torch_mem_pool(self, tag: str) -> contextlib.AbstractContextManager[Any]:
         torch = sys.modules.get("torch")
@@ -100,6 +107,11 @@ class TagPools:
 
     def tags(self) -> list[str]:
         return [] if self._tagged is None else list(self._tagged.tags)
+
+    def region_tags(self) -> list[str]:
+        """The tags a region has used, in the order first used."""
+        with self._lock:
+            return list(self._entered)
 
     def _synchronize(self) -> None:
         torch = sys.modules.get("torch")

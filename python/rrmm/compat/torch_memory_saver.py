@@ -37,6 +37,7 @@ class TorchMemorySaver:
     def __init__(self, make_pool: PoolFactory | None = None, device: int | None = None) -> None:
         self._pools = TagPools(make_pool, device)
         self._region_depth = 0
+        self._disabled_pools: list[Any] = []
 
     @contextlib.contextmanager
     def region(self, tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False) -> Iterator[None]:
@@ -83,17 +84,20 @@ class TorchMemorySaver:
 
             torch = sys.modules.get("torch")
             if torch is not None and torch.cuda.is_available():
+                # A pool of its own, so PyTorch's cache never hands these blocks to a region.
+                # Kept alive with the saver: deleting a MemPool whose allocator is pluggable
+                # aborts the process on the PyTorch this was tested with.
                 pool = torch.cuda.MemPool()
+                self._disabled_pools.append(pool)
                 with torch.cuda.use_mem_pool(pool):
                     yield
-                del pool
             else:
                 yield
         finally:
             tagged.set_current_tag(previous)
 
     def _tags(self, tag: str | None, want_paused: bool) -> list[str]:
-        known = [t for t in self._pools.tags() if t != DEFAULT_TAG]
+        known = self._pools.region_tags()
         if tag is not None:
             if tag not in known or self._pools.paused(tag) == want_paused:
                 state = "paused" if want_paused else "active"

@@ -53,7 +53,7 @@ class CuMemAllocator:
             self.current_tag = old
 
     def _awake_tags(self) -> list[str]:
-        return [t for t in self._pools.tags() if not self._pools.paused(t)]
+        return [t for t in self._pools.region_tags() if not self._pools.paused(t)]
 
     def sleep(self, offload_tags: Sequence[str] | str | None = None) -> None:
         """Gives every tag's device memory back, keeping every address: the tags in
@@ -74,7 +74,7 @@ class CuMemAllocator:
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Maps the memory of ``tags`` (every sleeping tag when None) again at the same
         addresses, with the offloaded contents copied back."""
-        asleep = [t for t in self._pools.tags() if self._pools.paused(t)]
+        asleep = [t for t in self._pools.region_tags() if self._pools.paused(t)]
         wanted = asleep if tags is None else [t for t in tags if t in asleep]
         self._pools.resume(wanted)
 
