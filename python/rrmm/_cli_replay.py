@@ -694,6 +694,17 @@ def _replay_detail(bar: Progress) -> Callable[[int, int, float, int], None]:
     return show
 
 
+def _fit_detail(bar: Progress) -> Callable[[int, int, bool], None]:
+    """The fit's progress call (sizes tried, the size just tried, whether the log fitted it),
+    shown in the bar's current step: a long fit's search moves the bar."""
+
+    def show(tries: int, device_bytes: int, fits: bool) -> None:
+        verdict = "fits" if fits else "does not fit"
+        bar.detail(f"try {tries}: {format_bytes(device_bytes)} {verdict}")
+
+    return show
+
+
 def _sleep_line(r: ReplayRecord) -> str | None:
     """What a sleep of an expandable pool would release and copy, or None for other rows."""
     releases = r.get("sleep_releases_at_end")
@@ -921,7 +932,9 @@ def run(args: argparse.Namespace) -> int:
             if args.fit:
                 for path, name in pairs:
                     bar.step(f"fit {name} on {shown.get(path, path)}")
-                    fits += _rrmm.fit_logs([path], [name], **options)
+                    fits += _rrmm.fit_logs([path], [name],
+                                           progress=_fit_detail(bar) if wanted else None,
+                                           **options)
             if peers:
                 bar.step(f"rows driven from Python ({', '.join(peers)})")
                 reports, fits = _python_rows(args, files, named, reports, fits, modules,

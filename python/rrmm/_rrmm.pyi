@@ -653,6 +653,7 @@ def fit_logs(
     logs: Sequence[str],
     resources: Sequence[str],
     lenient: bool = False,
+    progress: Callable[[int, int, bool], object] | None = None,
     **options: Unpack[StackOptions],
 ) -> list[FitRecord]: ...
 @final

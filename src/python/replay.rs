@@ -4,8 +4,8 @@
 use super::errors::py_result;
 use super::resources::stack_options::stack_options;
 use crate::replay::{
-    compare_with_progress, fit_many, resource_names, search_smallest, CompareSettings, Repeat,
-    ReplayOptions,
+    compare_with_progress, fit_many_with_progress, resource_names, search_smallest,
+    CompareSettings, Repeat, ReplayOptions,
 };
 use crate::stack::KINDS;
 use pyo3::prelude::*;
@@ -143,19 +143,38 @@ fn fit_search(
 /// with no failed allocation (`--fit`): one dict per (log, resource) with `device_bytes` (None
 /// when it fits nowhere, with `reason`), `failing_bytes`, the pool sizes and setup on the device
 /// found. Runs without the GIL.
+/// `progress(tries, device_bytes, fits)`, where given, is called (with the GIL taken for the
+/// call) after every size a search tried; what it raises is raised.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, lenient=false, **options))]
+#[pyo3(signature = (logs, resources, lenient=false, progress=None, **options))]
 fn fit_logs<'py>(
     py: Python<'py>,
     logs: Vec<String>,
     resources: Vec<String>,
     lenient: bool,
+    progress: Option<Py<PyAny>>,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let options = stack_options(options)?;
-    let records = py_result(py.detach(|| fit_many(&logs, &resources, &options, lenient)))?;
-    to_python(py, &records)
+    let progress = progress.filter(|p| !p.is_none(py));
+    let mut raised: Option<PyErr> = None;
+    let records = py.detach(|| {
+        fit_many_with_progress(&logs, &resources, &options, lenient, &mut |t| {
+            let (Some(show), None) = (progress.as_ref(), raised.as_ref()) else {
+                return;
+            };
+            Python::attach(|py| {
+                if let Err(e) = show.call1(py, (t.tries, t.device_bytes, t.fits)) {
+                    raised = Some(e);
+                }
+            });
+        })
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    to_python(py, &py_result(records)?)
 }
 
 /// The resource names `replay_logs` accepts.

@@ -18,7 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::{build, fit, FitResult, ReplayOptions, ReplayReport, ResourceOptions, Trace};
+use super::{build, FitResult, ReplayOptions, ReplayReport, ResourceOptions, Trace};
 use crate::error::Result;
 use serde::Serialize;
 
@@ -336,12 +336,26 @@ pub fn fit_many(
     options: &ResourceOptions,
     lenient: bool,
 ) -> Result<Vec<FitRecord>> {
+    fit_many_with_progress(logs, resources, options, lenient, &mut |_| {})
+}
+
+/// [`fit_many`], calling `progress` after every size a search tried.
+///
+/// # Errors
+/// As [`fit_many`].
+pub fn fit_many_with_progress(
+    logs: &[impl AsRef<str>],
+    resources: &[impl AsRef<str>],
+    options: &ResourceOptions,
+    lenient: bool,
+    progress: &mut dyn FnMut(super::fit::FitTry),
+) -> Result<Vec<FitRecord>> {
     let mut out = Vec::new();
     for log in logs {
         let trace = Trace::from_path(log.as_ref(), lenient)?;
         for name in resources {
             let name = crate::stack::canonical_name(name.as_ref());
-            let record = match fit(&trace, &name, options) {
+            let record = match super::fit_with_progress(&trace, &name, options, progress) {
                 Ok(f) => record_of_fit(&trace.source, &name, f),
                 Err(e) => FitRecord {
                     log: trace.source.clone(),

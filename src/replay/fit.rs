@@ -90,6 +90,31 @@ fn try_size(
 /// # Time Complexity
 /// O(log(size / precision)) replays.
 pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitResult> {
+    fit_with_progress(trace, name, options, &mut |_| {})
+}
+
+/// One size the search of [`fit_with_progress`] tried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FitTry {
+    /// Sizes tried so far, this one included.
+    pub tries: usize,
+    /// The simulated device's size, bytes.
+    pub device_bytes: usize,
+    /// Whether the log replayed on it without failure.
+    pub fits: bool,
+}
+
+/// [`fit`], calling `progress` after every size the search tried (a long fit's replays, for a
+/// progress bar).
+///
+/// # Errors
+/// As [`fit`].
+pub fn fit_with_progress(
+    trace: &Trace,
+    name: &str,
+    options: &ResourceOptions,
+    progress: &mut dyn FnMut(FitTry),
+) -> Result<FitResult> {
     let mut result = FitResult {
         resource: name.to_string(),
         device_bytes: None,
@@ -122,8 +147,18 @@ pub fn fit(trace: &Trace, name: &str, options: &ResourceOptions) -> Result<FitRe
     }
     let builds_larger = probe.is_ok();
     let peak = usize::try_from(trace.peak_requested_bytes).unwrap_or(usize::MAX);
+    let mut tries = 0;
     let search = search_smallest(peak, LARGEST_DEVICE, |size| {
-        try_size(trace, name, size, options, builds_larger)
+        let outcome = try_size(trace, name, size, options, builds_larger);
+        tries += 1;
+        if let Ok(found) = &outcome {
+            progress(FitTry {
+                tries,
+                device_bytes: size,
+                fits: found.is_some(),
+            });
+        }
+        outcome
     })?;
     result.replays = search.tries;
     result.failing_bytes = search.failing;

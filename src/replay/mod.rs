@@ -43,10 +43,10 @@ pub fn build(
     crate::stack::build(name, crate::stack::Target::from_simulate(simulate), options)
 }
 pub use compare::{
-    compare, compare_with_progress, fit_many, CompareSettings, FitRecord, ReplayRecord,
-    TimelineColumns, PYTHON_DRIVER, RUST_DRIVER,
+    compare, compare_with_progress, fit_many, fit_many_with_progress, CompareSettings, FitRecord,
+    ReplayRecord, TimelineColumns, PYTHON_DRIVER, RUST_DRIVER,
 };
-pub use fit::{fit, search_smallest, FitResult, Search};
+pub use fit::{fit, fit_with_progress, search_smallest, FitResult, FitTry, Search};
 pub use trace::{Action, Trace, TraceEvent};
 
 #[cfg(test)]

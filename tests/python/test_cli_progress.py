@@ -151,3 +151,29 @@ def test_the_engine_reports_progress_to_the_one_bar_and_prints_nothing(capfd) ->
     assert "10.0% of 100 events" in bar.line()
     _replay_detail(bar)(100, 100, 2.0, 7)
     assert "7 timed repetition(s)" in bar.line()
+
+
+def test_a_fit_moves_the_bar_with_every_size_it_tries(capfd) -> None:
+    """Issue 39: `--fit` of expandable took seconds with the bar standing still. The fit calls
+    the caller's function after every size its search tried (tries, the size, whether it
+    fitted); the bar shows it; the engine writes nothing."""
+    from rrmm import _rrmm
+    from rrmm._cli_common import resolve_log
+    from rrmm._cli_replay import _fit_detail
+    from rrmm._progress import Progress
+
+    calls: list[tuple[int, int, bool]] = []
+    path, _ = resolve_log("transformer_training")
+    (fit,) = _rrmm.fit_logs([path], ["pool"], progress=lambda *a: calls.append(a))
+    assert fit["device_bytes"] is not None
+    assert [t for t, _, _ in calls] == list(range(1, len(calls) + 1))
+    assert len(calls) == fit["replays"]
+    assert any(ok for *_, ok in calls), "the size it found was tried and fitted"
+    assert min(size for size, ok in ((s, ok) for _, s, ok in calls) if ok) == fit["device_bytes"]
+    assert capfd.readouterr().err == ""
+    bar = Progress("rrmm replay", 1, enabled=False)
+    bar.step("fit pool")
+    _fit_detail(bar)(3, 3 << 30, False)
+    assert "try 3: 3.00 GiB does not fit" in bar.line()
+    with pytest.raises(ZeroDivisionError):
+        _rrmm.fit_logs([path], ["pool"], progress=lambda *a: 1 / 0)
