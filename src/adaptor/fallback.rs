@@ -97,7 +97,7 @@ impl MemoryResource for FallbackResourceAdaptor {
     ///
     /// # Safety
     /// As [`MemoryResource::deallocate`]; an allocation of the alternate is checked (a wrong
-    /// size is [`Error::Logic`]), one of the upstream is as safe as the upstream.
+    /// size is [`Error::Logic`](crate::Error::Logic)), one of the upstream is as safe as the upstream.
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         // SAFETY: the caller's contract, passed on (the tiers check the alternate's frees).
         unsafe { self.tiers.deallocate(ptr, bytes, stream) }

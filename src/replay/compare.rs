@@ -326,7 +326,7 @@ pub struct FitRecord {
 }
 
 /// For each log and resource, the smallest simulated device on which the log replays with no
-/// failed allocation ([`fit`]).
+/// failed allocation ([`fit`](super::fit)).
 ///
 /// # Errors
 /// A log that cannot be read or parsed.
