@@ -118,6 +118,8 @@ fn a_pinned_pool_larger_than_the_host_is_refused_and_startup_is_recorded() {
     use rrmm::os::host_pages::available_host_memory;
     let room = available_host_memory().unwrap();
     let too_much = (room.available + (4 << 30)).next_multiple_of(2 * MIB);
+    // No range kept from an earlier test: this one's start-up makes its pages.
+    rrmm::resource::host_supply::supply().give_back(0);
     let pinned = Arc::new(PinnedHostMemoryResource::new().unwrap());
     let up: rrmm::SharedResource = pinned.clone();
     let e = rrmm::PoolMemoryResource::new(up.clone(), Some(too_much), None).unwrap_err();
@@ -130,4 +132,29 @@ fn a_pinned_pool_larger_than_the_host_is_refused_and_startup_is_recorded() {
     assert_eq!(s.bytes, 64 * MIB);
     assert!(s.touch_threads >= 1 && s.total_s >= s.touch_s && s.total_s >= s.register_s);
     eprintln!("{s:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_freed_registered_range_is_kept_registered_for_the_next_user() {
+    let supply = rrmm::resource::host_supply::supply();
+    supply.give_back(0);
+    let mr = PinnedHostMemoryResource::new().unwrap();
+    let bytes = 64 * MIB;
+    let p = mr.allocate(bytes, Stream::DEFAULT).unwrap();
+    assert!(!mr.last_startup().unwrap().from_supply);
+    free(&mr, p, bytes, Stream::DEFAULT);
+    // Kept in the process's host page supply, still registered.
+    assert_eq!(supply.figures().free_bytes, bytes);
+    let q = mr.allocate(bytes, Stream::DEFAULT).unwrap();
+    let s = mr.last_startup().unwrap();
+    assert!(s.from_supply && s.total_s < 0.1, "{s:?}");
+    assert_eq!(q, p, "the same range, ready");
+    assert_eq!(
+        cuda::allocation_range(q).map(|(_, b)| b >= bytes),
+        Some(true)
+    );
+    round_trip(q, bytes);
+    free(&mr, q, bytes, Stream::DEFAULT);
+    assert_eq!(supply.give_back(0), bytes);
 }

@@ -52,3 +52,4 @@ class HostPageFigures(TypedDict):
     made_on_take: int
     given_back_bytes: int
     keep_limit: int | None
+    largest_leased: int

@@ -47,9 +47,9 @@ def give_back(keep: int | str = 0) -> int:
 
 
 def set_keep_limit(nbytes: int | str | None) -> None:
-    """The most bytes kept free between uses (``None``, the default: no bound but the host's
-    room; one sleep's copy is kept, since the same range is taken again). Gives back what is
-    over it now."""
+    """The most bytes kept free between uses (``None``, the default: as many as the largest
+    range handed out so far, one sleep's copy, which the next sleep takes again). Gives back
+    what is over it now."""
     _rrmm.host_pages_set_keep_limit(None if nbytes is None else parse_bytes(nbytes))
 
 

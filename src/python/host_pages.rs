@@ -63,8 +63,8 @@ fn host_pages_give_back(py: Python<'_>, keep: usize) -> usize {
     py.detach(|| supply().give_back(keep))
 }
 
-/// `host_pages_set_keep_limit(nbytes)`: the most bytes kept free between uses (None: no bound
-/// but the host's room).
+/// `host_pages_set_keep_limit(nbytes)`: the most bytes kept free between uses (None: the
+/// default, the largest range handed out so far).
 #[pyfunction]
 fn host_pages_set_keep_limit(py: Python<'_>, nbytes: Option<usize>) {
     py.detach(|| supply().set_keep_limit(nbytes));
@@ -77,7 +77,7 @@ fn host_pages_figures(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     super::set_fields!(d, f;
         free_bytes, free_ranges, leased_bytes, preparing_bytes, made_ranges, made_bytes, reused,
-        made_on_take, given_back_bytes, keep_limit,
+        made_on_take, given_back_bytes, keep_limit, largest_leased,
     );
     Ok(d)
 }

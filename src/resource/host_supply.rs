@@ -13,8 +13,10 @@
 //!
 //! Bounds: every range is checked against the host's room before anything is touched (the
 //! cgroup-aware check of `os::host_pages`); what is kept free between uses is bounded by
-//! [`HostPageSupply::set_keep_limit`] (none by default: what one copy needs is kept, since the
-//! same range is taken again) and given back on request ([`HostPageSupply::give_back`]).
+//! [`HostPageSupply::set_keep_limit`] (by default the largest range handed out so far: one
+//! copy's worth, which the next sleep takes again) and given back on request
+//! ([`HostPageSupply::give_back`]). A free range serves a take of at least half its size, so a
+//! small take never holds a large range.
 
 use super::pinned_pages::PinnedPages;
 use crate::error::{Error, Result};
@@ -161,8 +163,11 @@ pub struct SupplyFigures {
     pub made_on_take: u64,
     /// Bytes given back to the OS, ever.
     pub given_back_bytes: u64,
-    /// The most bytes kept free between uses (`None`: no bound but the host's room).
+    /// The most bytes kept free between uses (`None`: the default, the largest range handed
+    /// out so far).
     pub keep_limit: Option<usize>,
+    /// The largest range handed out so far (what is kept free by default).
+    pub largest_leased: usize,
 }
 
 #[derive(Debug, Default)]
@@ -179,7 +184,7 @@ impl State {
         self.free
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.spec.serves(spec) && r.bytes() >= bytes)
+            .filter(|(_, r)| r.spec.serves(spec) && r.bytes() >= bytes && r.bytes() / 2 <= bytes)
             .min_by_key(|(_, r)| r.bytes())
             .map(|(i, _)| i)
     }
@@ -239,6 +244,7 @@ static SUPPLY: HostPageSupply = HostPageSupply {
             made_on_take: 0,
             given_back_bytes: 0,
             keep_limit: None,
+            largest_leased: 0,
         },
     }),
     prepared: Condvar::new(),
@@ -266,6 +272,7 @@ impl HostPageSupply {
                     let range = state.free.swap_remove(i);
                     state.figures.reused += 1;
                     state.figures.leased_bytes += range.bytes();
+                    state.figures.largest_leased = state.figures.largest_leased.max(range.bytes());
                     state.recount_free();
                     return Ok(HostPages::lease(self, range, true));
                 }
@@ -281,6 +288,7 @@ impl HostPageSupply {
         state.figures.made_bytes += range.bytes() as u64;
         state.figures.made_on_take += 1;
         state.figures.leased_bytes += range.bytes();
+        state.figures.largest_leased = state.figures.largest_leased.max(range.bytes());
         Ok(HostPages::lease(self, range, false))
     }
 
@@ -369,10 +377,11 @@ impl HostPageSupply {
         state.figures.leased_bytes = state.figures.leased_bytes.saturating_sub(range.bytes());
         state.free.push(range);
         state.recount_free();
-        let over = match state.figures.keep_limit {
-            Some(keep) => state.over(keep),
-            None => Vec::new(),
-        };
+        let keep = state
+            .figures
+            .keep_limit
+            .unwrap_or(state.figures.largest_leased);
+        let over = state.over(keep);
         drop(state);
         // Unregistered and unmapped outside the lock.
         drop(over);
@@ -387,8 +396,8 @@ impl HostPageSupply {
         given
     }
 
-    /// Bounds the bytes kept free between uses (`None`: no bound but the host's room), giving
-    /// back what is over it now.
+    /// Bounds the bytes kept free between uses (`None`: the default, as many as the largest
+    /// range handed out so far), giving back what is over it now.
     pub fn set_keep_limit(&self, keep: Option<usize>) {
         let over = {
             let mut state = self.state.lock();
@@ -452,6 +461,15 @@ impl HostPages {
     /// Whether the pages were ready when taken (made before: no page was made for this take).
     pub fn was_ready(&self) -> bool {
         self.ready
+    }
+
+    /// How a pinned range was made (the figures of the call that made it); `None` for plain
+    /// pages.
+    pub fn pinned_startup(&self) -> Option<&super::pinned_pages::PinnedStartup> {
+        match &self.range.as_ref()?.pages {
+            Pages::Pinned(p) => Some(p.startup()),
+            Pages::Plain(_) => None,
+        }
     }
 
     /// When it was handed out.

@@ -3,7 +3,7 @@
 //! free against the record.
 
 use crate::error::{Error, Result};
-use crate::sync::Mutex;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
 /// Live blocks by start address, refusing a block that overlaps a live one.

@@ -1,8 +1,10 @@
-//! Pinned (page-locked) host memory: small allocations from `cuMemHostAlloc`, large ones made
-//! the fast way ([`PinnedPages`]: committed on the GPU's NUMA node with huge pages, faulted in
-//! by several threads, then registered).
+//! Pinned (page-locked) host memory: small allocations from `cuMemHostAlloc`, large ones ranges
+//! of the process's host page supply ([`HostPages`]: made the fast way, committed on the GPU's
+//! NUMA node with huge pages, faulted in by several threads, then registered; kept registered
+//! when freed, for the next user: a sleep's copy, another pool).
 
-use super::pinned_pages::{PinnedPages, PinnedStartup};
+use super::host_supply::{supply, HostPages, PageKind, PageSpec};
+use super::pinned_pages::PinnedStartup;
 use super::{MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::Result;
@@ -10,7 +12,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 
 /// Allocations of at least this many bytes are registered ranges of their own pages
-/// ([`PinnedPages`]); smaller ones come from `cuMemHostAlloc`. Measured on an H100 machine
+/// ([`HostPages`]); smaller ones come from `cuMemHostAlloc`. Measured on an H100 machine
 /// (benches/results/2026-11-24-h100-pinned): a round trip of 1 MiB costs 0.33 ms registered
 /// against 1.28 ms from `cuMemHostAlloc`, 64 MiB 11.1 ms against 30.7 ms.
 pub const DEFAULT_REGISTERED_FROM: usize = 1 << 20;
@@ -43,7 +45,7 @@ pub struct PinnedHostMemoryResource {
     numa_node: Option<u32>,
     registered_from: usize,
     /// The live registered ranges by address (`cuMemHostAlloc` allocations are not recorded).
-    registered: Mutex<HashMap<usize, PinnedPages>>,
+    registered: Mutex<HashMap<usize, HostPages>>,
     /// How its latest registered range was made.
     last_startup: Mutex<Option<PinnedStartup>>,
 }
@@ -102,9 +104,29 @@ impl MemoryResource for PinnedHostMemoryResource {
         if bytes < self.registered_from {
             return cuda::mem_alloc_host(bytes);
         }
-        let pages = PinnedPages::new(bytes, self.numa_node)?;
+        let started = std::time::Instant::now();
+        let spec = PageSpec {
+            kind: PageKind::Pinned,
+            numa_node: self.numa_node,
+            device: Some(self.device),
+        };
+        let pages = supply().take(spec, bytes)?;
         let addr = pages.addr();
-        *self.last_startup.lock() = Some(pages.startup().clone());
+        let startup = match pages.pinned_startup() {
+            Some(made) if !pages.was_ready() => made.clone(),
+            made => PinnedStartup {
+                bytes,
+                committed_bytes: pages.len(),
+                total_s: started.elapsed().as_secs_f64(),
+                from_supply: true,
+                numa_node_requested: made.and_then(|m| m.numa_node_requested),
+                numa_node_placed: made.is_some_and(|m| m.numa_node_placed),
+                numa_node_found: made.and_then(|m| m.numa_node_found),
+                huge_page_bytes: made.and_then(|m| m.huge_page_bytes),
+                ..PinnedStartup::default()
+            },
+        };
+        *self.last_startup.lock() = Some(startup);
         self.registered.lock().insert(addr, pages);
         Ok(addr)
     }
@@ -117,7 +139,8 @@ impl MemoryResource for PinnedHostMemoryResource {
         stream.synchronize()?;
         let pages = self.registered.lock().remove(&ptr);
         match pages {
-            // Unregistered and unmapped here, outside the lock.
+            // Back to the process's host page supply (kept registered for the next user, within
+            // its keep limit; else unregistered and unmapped), outside the lock.
             Some(pages) => {
                 drop(pages);
                 Ok(())

@@ -53,6 +53,9 @@ pub struct PinnedStartup {
     pub numa_node_found: Option<u32>,
     /// Bytes of host memory available before (MemAvailable, capped by the cgroup's room).
     pub available_before: Option<usize>,
+    /// Whether the range was ready in the process's host page supply (made before, by an
+    /// earlier user or ahead of need): nothing was made for this one, `total_s` is the take.
+    pub from_supply: bool,
 }
 
 /// The bracketed choice of a transparent huge page setting (`always [madvise] never`).

@@ -264,8 +264,9 @@ impl PinnedHostMemoryResource {
     /// `register_s`, `total_s`), `bytes` and `committed_bytes`, `touch_threads`,
     /// `huge_pages_advised`, `huge_page_bytes` (backed by transparent huge pages after the
     /// touch), the kernel's `thp_enabled` and `thp_defrag` settings, `numa_node_requested`,
-    /// `numa_node_placed`, `numa_node_found` and `available_before` (host bytes available);
-    /// `None` before the first.
+    /// `numa_node_placed`, `numa_node_found`, `available_before` (host bytes available) and
+    /// `from_supply` (the range was ready in the process's host page supply, `rrmm.host_pages`:
+    /// nothing was made, `total_s` is the take); `None` before the first.
     fn startup<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(record) = self.pinned.last_startup() else {
             return Ok(None);

@@ -33,19 +33,30 @@ fn a_range_given_back_is_taken_again_ready() {
     let addr = first.addr();
     drop(first);
     assert_eq!(supply.figures().free_ranges, 1);
-    // A smaller take is served by the free range too (best fit), ready.
-    let again = supply.take(PageSpec::plain(), MIB).unwrap();
+    // A smaller take (at least half its size) is served by the free range too, ready.
+    let again = supply.take(PageSpec::plain(), 2 * MIB).unwrap();
     assert!(again.was_ready());
     assert_eq!(again.addr(), addr);
     write_and_check(&again, 2);
     let f = supply.figures();
     assert_eq!((f.reused, f.made_ranges, f.free_ranges), (1, 1, 0));
     assert_eq!(f.leased_bytes, again.len());
+    drop(again);
+    // A take of less than half a free range's size does not hold it: it makes its own.
+    let small = supply.take(PageSpec::plain(), MIB).unwrap();
+    assert!(!small.was_ready() && small.len() < 3 * MIB);
 }
 
 #[test]
 fn the_keep_limit_and_give_back_return_pages_to_the_os() {
     let supply = fresh();
+    let a = supply.take(PageSpec::plain(), 2 * MIB).unwrap();
+    let b = supply.take(PageSpec::plain(), 4 * MIB).unwrap();
+    drop((a, b));
+    // By default one copy's worth is kept: the largest range handed out (4 MiB).
+    assert_eq!(supply.figures().free_bytes, 2 * MIB);
+    assert_eq!(supply.figures().largest_leased, 4 * MIB);
+    supply.set_keep_limit(Some(usize::MAX));
     let a = supply.take(PageSpec::plain(), 2 * MIB).unwrap();
     let b = supply.take(PageSpec::plain(), 4 * MIB).unwrap();
     drop((a, b));
@@ -55,7 +66,7 @@ fn the_keep_limit_and_give_back_return_pages_to_the_os() {
     assert_eq!(supply.figures().free_bytes, 2 * MIB);
     supply.set_keep_limit(Some(0));
     let f = supply.figures();
-    assert_eq!((f.free_bytes, f.given_back_bytes), (0, 6 * MIB as u64));
+    assert_eq!((f.free_bytes, f.given_back_bytes), (0, 10 * MIB as u64));
     // With a limit of 0, a returned range goes to the OS.
     drop(supply.take(PageSpec::plain(), MIB).unwrap());
     assert_eq!(supply.figures().free_ranges, 0);
@@ -100,6 +111,8 @@ fn more_than_the_host_has_is_refused_before_anything_is_touched() {
 #[test]
 fn threads_take_and_return_disjoint_ranges() {
     let supply = fresh();
+    // Every range kept: each thread's next take finds one ready.
+    supply.set_keep_limit(Some(usize::MAX));
     let live = std::sync::Mutex::new(Vec::<(usize, usize)>::new());
     std::thread::scope(|s| {
         for t in 0..4u8 {
@@ -154,12 +167,18 @@ proptest! {
         let mut leases: Vec<HostPages> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut keep: Option<usize> = None;
+        let mut largest = 0usize;
         for op in ops {
             match op {
                 Op::Take(mib) => {
-                    let fits = free.iter().copied().filter(|&b| b >= mib * MIB).min();
+                    let fits = free
+                        .iter()
+                        .copied()
+                        .filter(|&b| b >= mib * MIB && b / 2 <= mib * MIB)
+                        .min();
                     let pages = supply.take(PageSpec::plain(), mib * MIB).unwrap();
                     prop_assert_eq!(pages.was_ready(), fits.is_some());
+                    largest = largest.max(pages.len());
                     if let Some(b) = fits {
                         let i = free.iter().position(|&x| x == b).unwrap();
                         free.swap_remove(i);
@@ -174,10 +193,9 @@ proptest! {
                     let pages = leases.swap_remove(i % leases.len());
                     free.push(pages.len());
                     drop(pages);
-                    if let Some(k) = keep {
-                        free.sort_unstable();
-                        while free.iter().sum::<usize>() > k * MIB { free.pop(); }
-                    }
+                    let k = keep.map_or(largest, |k| k * MIB);
+                    free.sort_unstable();
+                    while free.iter().sum::<usize>() > k { free.pop(); }
                 }
                 Op::Drop(_) => {}
                 Op::GiveBack(k) => {
