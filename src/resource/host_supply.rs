@@ -192,7 +192,7 @@ impl State {
     fn is_preparing(&self, spec: &PageSpec, bytes: usize) -> bool {
         self.preparing
             .iter()
-            .any(|(s, b)| s.serves(spec) && *b >= bytes)
+            .any(|(s, b)| s.serves(spec) && *b >= bytes && *b / 2 <= bytes)
     }
 
     fn recount_free(&mut self) {

@@ -95,6 +95,9 @@ fn huge_page_bytes(addr: usize) -> Option<usize> {
 pub struct PinnedPages {
     reservation: Reservation,
     bytes: usize,
+    /// The device whose context registered it: its context is made current to unregister it,
+    /// whoever drops it (a wake, a give-back from a thread with no context).
+    device: usize,
     /// How it was made.
     startup: PinnedStartup,
 }
@@ -167,6 +170,7 @@ impl PinnedPages {
         Ok(PinnedPages {
             reservation,
             bytes,
+            device: cuda::current_device()?,
             startup: record,
         })
     }
@@ -189,6 +193,8 @@ impl PinnedPages {
 
 impl Drop for PinnedPages {
     fn drop(&mut self) {
+        // cuMemHostUnregister needs a current context; the thread that drops it may have none.
+        let _ctx = cuda::ContextGuard::new(self.device).ok();
         // SAFETY: registered in `new`, once; the owner dropped the range after the work that
         // used it finished (the resource synchronizes the stream before dropping). An error
         // cannot be reported from drop; the reservation is unmapped after either way.
