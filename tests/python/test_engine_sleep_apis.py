@@ -106,6 +106,14 @@ def test_region_rules_and_the_compatibility_setters() -> None:
         pass
     with pytest.raises(RuntimeError, match="tag 'nope'"):
         saver.resume("nope")
+    with pytest.raises(NotImplementedError, match="disk backup"), \
+            saver.region("d", enable_disk_backup=True):
+        pass
+    with pytest.raises(ValueError, match="cpu_backup_backend"), \
+            saver.region("d", enable_cpu_backup=True, cpu_backup_backend="tape"):
+        pass
+    with saver.region("d", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+        pass
     saver.hook_mode = "preload"
     saver.memory_margin_bytes = 1 << 20
     with pytest.raises(ValueError, match="memory_margin_bytes"):

@@ -40,10 +40,29 @@ class TorchMemorySaver:
         self._disabled_pools: list[Any] = []
 
     @contextlib.contextmanager
-    def region(self, tag: str = _TAG_DEFAULT, enable_cpu_backup: bool = False) -> Iterator[None]:
+    def region(
+        self,
+        tag: str = _TAG_DEFAULT,
+        enable_cpu_backup: bool = False,
+        enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Iterator[None]:
         """Memory allocated inside (on this thread) can be paused with ``tag``;
         ``enable_cpu_backup``: a pause copies it to host memory (else its contents are
-        undefined after ``resume``)."""
+        undefined after ``resume``). ``cpu_backup_backend`` ("pinned" or "mmap") is accepted:
+        rrmm's backup is always pinned pages of its host page supply, kept between pauses.
+        ``enable_disk_backup`` is not offered (NotImplementedError)."""
+        if cpu_backup_backend not in (None, "pinned", "mmap"):
+            raise ValueError(
+                f"cpu_backup_backend must be 'pinned', 'mmap' or None, not {cpu_backup_backend!r}")
+        if cpu_backup_backend is not None and not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend needs enable_cpu_backup=True")
+        if enable_disk_backup:
+            if enable_cpu_backup:
+                raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+            raise NotImplementedError(
+                "rrmm.compat.torch_memory_saver: disk backup is not offered; use "
+                "enable_cpu_backup=True (host memory at the link's speed)")
         if self._region_depth:
             raise RuntimeError("torch_memory_saver: region() inside a region() is not allowed")
         self._region_depth += 1
