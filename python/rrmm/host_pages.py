@@ -41,8 +41,9 @@ def wait() -> None:
 
 
 def give_back(keep: int | str = 0) -> int:
-    """Gives free ranges back to the OS, largest first, until at most ``keep`` bytes stay free;
-    returns the bytes given back. Ranges in use are not touched."""
+    """Gives free ranges back to the OS until at most ``keep`` bytes stay free (the largest
+    ranges that fit in ``keep`` stay); returns the bytes given back. Ranges in use are not
+    touched."""
     return _rrmm.host_pages_give_back(parse_bytes(keep))
 
 

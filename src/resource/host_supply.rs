@@ -201,16 +201,21 @@ impl State {
         self.figures.preparing_bytes = self.preparing.iter().map(|(_, b)| b).sum();
     }
 
-    /// Takes free ranges out, largest first, until at most `keep` bytes stay free.
+    /// Takes free ranges out so that at most `keep` bytes stay free: the largest ranges that
+    /// fit in `keep` stay (a sleep's copy is worth more than the ranges of small allocations),
+    /// the others go.
     fn over(&mut self, keep: usize) -> Vec<Range> {
-        self.free.sort_by_key(Range::bytes);
-        let mut out = Vec::new();
-        while self.free.iter().map(Range::bytes).sum::<usize>() > keep {
-            match self.free.pop() {
-                Some(r) => out.push(r),
-                None => break,
+        let mut ranges = std::mem::take(&mut self.free);
+        ranges.sort_by_key(|r| std::cmp::Reverse(r.bytes()));
+        let mut kept = 0usize;
+        let (stay, out): (Vec<Range>, Vec<Range>) = ranges.into_iter().partition(|r| {
+            let fits = kept + r.bytes() <= keep;
+            if fits {
+                kept += r.bytes();
             }
-        }
+            fits
+        });
+        self.free = stay;
         let given: usize = out.iter().map(Range::bytes).sum();
         self.figures.given_back_bytes += given as u64;
         self.recount_free();
@@ -387,8 +392,8 @@ impl HostPageSupply {
         drop(over);
     }
 
-    /// Gives free ranges back to the OS, largest first, until at most `keep` bytes stay free;
-    /// returns the bytes given back. Ranges handed out are not touched.
+    /// Gives free ranges back to the OS until at most `keep` bytes stay free (the largest
+    /// ranges that fit in `keep` stay); returns the bytes given back. Ranges handed out are not touched.
     pub fn give_back(&self, keep: usize) -> usize {
         let over = self.state.lock().over(keep);
         let given = over.iter().map(Range::bytes).sum();
