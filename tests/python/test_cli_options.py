@@ -31,20 +31,13 @@ from rrmm._cli_replay import (
     SOURCE_RESOURCES,
     _sizing,
 )
+from small_logs import NINE_MIB_PEAK
 
 pytestmark = pytest.mark.skipif(_rrmm.replay_gpu_available(),
                                 reason="a GPU: the resources replay on it (this is the CPU run)")
 
-HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 #: Peak 9 MiB in use, on one stream.
-LOG = f"""{HEADER}
-1,t,allocate,0x1000,1048576,0
-1,t,allocate,0x2000,3145728,0
-1,t,free,0x1000,1048576,0
-1,t,allocate,0x3000,5242880,0
-1,t,free,0x2000,3145728,0
-1,t,free,0x3000,5242880,0
-"""
+LOG = NINE_MIB_PEAK
 DEVICE = "1GiB"
 KNOWN = list(_rrmm.replay_resource_names())
 

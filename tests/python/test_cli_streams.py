@@ -20,17 +20,11 @@ from pathlib import Path
 
 import pytest
 from rrmm.__main__ import build_parser
+from small_logs import NINE_MIB_PEAK
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/dev/full and fds: Linux")
 
-LOG = """Thread,Time,Action,Pointer,Size,Stream
-1,t,allocate,0x1000,1048576,0
-1,t,allocate,0x2000,3145728,0
-1,t,free,0x1000,1048576,0
-1,t,allocate,0x3000,5242880,0
-1,t,free,0x2000,3145728,0
-1,t,free,0x3000,5242880,0
-"""
+LOG = NINE_MIB_PEAK
 
 #: A run of each command the parser holds (its words, then its arguments): {log} and {page}
 #: are filled in. A command added to ``rrmm`` without a run here fails

@@ -9,16 +9,19 @@ rrmm until the first aliased import.
 - ``torch_memory_saver`` gives ``rrmm.compat.torch_memory_saver`` (the same module object).
 - ``vllm.device_allocator.cumem`` gives ``rrmm.compat.vllm_cumem``; the packages above it are
   vLLM's own where vLLM is installed, else empty packages that hold only that module.
+
+The loader and the switch's reading are ``_rrmm_as_rmm``'s (installed beside it).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.abc
 import importlib.machinery
 import os
 import sys
 from types import ModuleType
+
+from _rrmm_as_rmm import _AliasLoader, switched_on
 
 __all__ = ["EngineAliasFinder", "enabled", "install", "install_from_environment"]
 
@@ -31,24 +34,7 @@ SWITCHES = {
 
 def enabled(variable: str, environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
     """Whether ``variable`` asks for its alias (set, and not ``0`` or empty)."""
-    value = (os.environ if environ is None else environ).get(variable, "")
-    return value.strip() not in ("", "0")
-
-
-class _AliasLoader(importlib.abc.Loader):
-    """Hands back the module ``target`` (imported), keeping its own spec."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(self.target)
-        self._spec = getattr(module, "__spec__", None)
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        if self._spec is not None:
-            module.__spec__ = self._spec
+    return switched_on(variable, environ)
 
 
 class _EmptyPackageLoader(importlib.abc.Loader):

@@ -20,16 +20,21 @@ import os
 import sys
 from types import ModuleType
 
-__all__ = ["AliasFinder", "enabled", "install"]
+__all__ = ["AliasFinder", "enabled", "install", "switched_on"]
 
 ALIAS = "rmm"
 TARGET = "rrmm"
 
 
+def switched_on(variable: str, environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
+    """Whether the environment variable ``variable`` is set, and not ``0`` or empty."""
+    value = (os.environ if environ is None else environ).get(variable, "")
+    return value.strip() not in ("", "0")
+
+
 def enabled(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
     """Whether ``RRMM_AS_RMM`` asks for the alias (set, and not ``0`` or empty)."""
-    value = (os.environ if environ is None else environ).get("RRMM_AS_RMM", "")
-    return value.strip() not in ("", "0")
+    return switched_on("RRMM_AS_RMM", environ)
 
 
 class _AliasLoader(importlib.abc.Loader):
