@@ -57,6 +57,7 @@ def reinitialize(
     log_file_name: str | None = None,
     *,
     pinned_pool_size: int | str | None = None,
+    keep_sleep_ready: bool = False,
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
@@ -73,12 +74,20 @@ def reinitialize(
     CuPy's pinned allocator hook) to a pool over pinned host memory holding that much from the
     start (made fast: pages on the GPU's NUMA node, faulted in by several threads, registered
     once); left out, the host resource stays as it is.
+
+    rrmm: ``keep_sleep_ready=True`` (with ``pool_allocator="expandable"``) keeps the host pages
+    of the pool's next ``rrmm.sleep()`` ready as it grows, in the background, from the process's
+    host page supply (``rrmm.host_pages``): the first sleep copies at the link's speed too.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
     initial, maximum = _size(initial_pool_size), _size(maximum_pool_size)
     pinned_size = _size(pinned_pool_size)
     kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
+    if keep_sleep_ready and kind != "expandable":
+        raise ValueError(
+            f"keep_sleep_ready=True needs a pool that can sleep: pool_allocator=\"expandable\", "
+            f"not the {kind!r} stack")
     devices = _device_list(devices)
     # One call into Rust: it checks the devices against the machine, forgets every per-device
     # resource (the old ones go before the new ones are built, as in RMM: a new pool's default
@@ -96,6 +105,9 @@ def reinitialize(
         return
     if pinned_size is not None:
         _mr.set_current_host_resource(_pinned_pool(pinned_size))
+    if keep_sleep_ready:
+        for device in devices:
+            _mr.get_per_device_resource(device).keep_sleep_ready(True)
 
 
 #: Pinned pools from this size on say so on a terminal while their pages are touched (seconds

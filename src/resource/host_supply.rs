@@ -311,7 +311,7 @@ impl HostPageSupply {
             } else {
                 let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
                     .into_iter()
-                    .partition(|r| r.spec.serves(&spec));
+                    .partition(|r| r.spec.serves(&spec) && r.bytes() < bytes);
                 state.free = kept;
                 state.figures.given_back_bytes +=
                     smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
@@ -321,6 +321,28 @@ impl HostPageSupply {
         };
         drop(smaller);
         self.take(spec, bytes)
+    }
+
+    /// As [`prepare`](Self::prepare), for a need that grows (a sleeping pool's next copy): when
+    /// no free or preparing range would serve `bytes`, the free ranges of `spec` too small for it
+    /// are given back first, so that growth does not pile ranges up.
+    pub fn prepare_replacing(&'static self, spec: PageSpec, bytes: usize) {
+        let bytes = bytes.max(1);
+        let smaller = {
+            let mut state = self.state.lock();
+            if state.best_fit(&spec, bytes).is_some() || state.is_preparing(&spec, bytes) {
+                return;
+            }
+            let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
+                .into_iter()
+                .partition(|r| r.spec.serves(&spec) && r.bytes() < bytes);
+            state.free = kept;
+            state.figures.given_back_bytes += smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
+            state.recount_free();
+            smaller
+        };
+        drop(smaller);
+        self.prepare(spec, bytes);
     }
 
     /// Makes a range of `bytes` for `spec` ready ahead of need, on a thread of its own (the

@@ -324,6 +324,13 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Where the pool's memory cannot be copied to the host.
     fn prepare(&self) -> Result<usize>;
+
+    /// Keeps the next sleep's host pages ready as the pool grows (`on`), in the background;
+    /// returns the bytes asked for now.
+    ///
+    /// # Errors
+    /// Where the pool's memory cannot be copied to the host.
+    fn keep_ready(&self, on: bool) -> Result<usize>;
 }
 
 /// A range of addresses: (start, bytes).

@@ -75,6 +75,8 @@ struct Inner {
     sleep: sleep::SleepGate,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
+    /// The next sleep's host pages kept ready as the pool grows (shared with the growth policy).
+    ready_ahead: Arc<ReadyAhead>,
 }
 
 impl ExpandableMemoryResource {
@@ -217,11 +219,13 @@ impl ExpandableMemoryResource {
             ));
         }
         let sleep = sleep::SleepGate::default();
+        let ready_ahead = Arc::new(ReadyAhead::default());
         let growth = ExpandableGrowth {
             sleeping: sleep.flag.clone(),
             vm: vm.clone(),
             maximum: maximum_pool_size,
             mapped: Mutex::new(BTreeMap::new()),
+            ready_ahead: ready_ahead.clone(),
         };
         let core = StreamOrderedCore::<CoalescingFreeList>::new(
             events.clone(),
@@ -238,6 +242,7 @@ impl ExpandableMemoryResource {
                 sleep,
                 maximum_pool_size,
                 release_threshold,
+                ready_ahead,
             }),
         })
     }
@@ -399,6 +404,39 @@ struct ExpandableGrowth {
     maximum: Option<usize>,
     /// Runs of mapped pages: start -> end (locked after the core's shared lock).
     mapped: Mutex<BTreeMap<usize, usize>>,
+    /// Whether (and for how much) the next sleep's host pages are kept ready as the pool grows.
+    ready_ahead: Arc<ReadyAhead>,
+}
+
+/// The next sleep's host pages kept ready as an expandable pool grows
+/// ([`ExpandableMemoryResource::keep_sleep_ready`]).
+#[derive(Debug, Default)]
+pub(crate) struct ReadyAhead {
+    on: std::sync::atomic::AtomicBool,
+    /// The bytes of the range asked for last (0: none yet).
+    prepared_for: std::sync::atomic::AtomicUsize,
+}
+
+impl ReadyAhead {
+    /// With `mapped` bytes mapped: asks the supply of `vm` for a range of a quarter more when the
+    /// one asked for last is smaller than `mapped` (a few asks over a pool's growth, each giving
+    /// back the smaller free ranges first), on a thread of the supply's. Never waits.
+    pub(crate) fn keep_up(&self, vm: &dyn VirtualMemory, mapped: usize) -> usize {
+        use std::sync::atomic::Ordering;
+        if !self.on.load(Ordering::Relaxed) || mapped == 0 {
+            return 0;
+        }
+        if mapped <= self.prepared_for.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let Ok(Some(spec)) = vm.host_pages() else {
+            return 0;
+        };
+        let target = mapped.saturating_add(mapped / 4);
+        self.prepared_for.store(target, Ordering::Relaxed);
+        vm.host_supply().prepare_replacing(spec, target);
+        target
+    }
 }
 
 /// Fresh ranges for a growth without a view of the fresh list.
@@ -530,6 +568,9 @@ impl ExpandableGrowth {
             other => other,
         })?;
         add_run(&mut runs, addr, len);
+        let mapped: usize = runs.iter().map(|(&s, &e)| e - s).sum();
+        drop(runs);
+        self.ready_ahead.keep_up(self.vm.as_ref(), mapped);
         Ok(Block {
             addr,
             size: len,
@@ -707,6 +748,6 @@ mod tests;
 
 mod sleep;
 pub use sleep::{
-    asleep, offload, offload_discarding, plan_discards, prepare, restore, sleep_estimate,
-    sleep_targets, tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
+    asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, restore,
+    sleep_estimate, sleep_targets, tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
 };

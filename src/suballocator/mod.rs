@@ -37,8 +37,8 @@ pub use expandable::{
 /// [`Link`](crate::resource::Link).
 pub mod sleep {
     pub use super::expandable::{
-        asleep, offload, offload_discarding, plan_discards, prepare, restore, sleep_estimate,
-        sleep_targets, tag,
+        asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, restore,
+        sleep_estimate, sleep_targets, tag,
     };
     pub use crate::resource::sleep::SleepPlan;
 }

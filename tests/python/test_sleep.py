@@ -356,6 +356,28 @@ def test_pages_made_ready_ahead_serve_the_first_sleep() -> None:
     del buf
 
 
+def test_pages_kept_ready_as_the_pool_grows_serve_the_first_sleep() -> None:
+    rrmm.host_pages.give_back()
+    made = rrmm.host_pages.figures()["made_ranges"]
+    pool = pageable_pool()
+    assert pool.keep_sleep_ready() == 0, "nothing mapped yet"
+    bufs = [rrmm.DeviceBuffer(size=3 * PAGE, mr=pool) for _ in range(5)]
+    rrmm.host_pages.wait()
+    f = rrmm.host_pages.figures()
+    assert f["free_bytes"] >= 15 * PAGE and f["made_ranges"] - made <= 6, f
+    pool.offload()
+    report = pool.last_sleep()
+    assert report is not None and report["host_reused"], "ready before the first sleep"
+    pool.restore()
+    assert pool.keep_sleep_ready(False) == 0
+    del bufs
+
+
+def test_reinitialize_keeps_sleep_ready_only_for_a_pool_that_can_sleep() -> None:
+    with pytest.raises(ValueError, match="keep_sleep_ready=True needs a pool that can sleep"):
+        rrmm.reinitialize(pool_allocator=True, keep_sleep_ready=True)
+
+
 def test_the_supply_is_bounded_and_gives_back_on_request() -> None:
     rrmm.host_pages.give_back()
     rrmm.host_pages.prepare("8MiB", kind="plain", wait=True)

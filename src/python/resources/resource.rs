@@ -125,6 +125,15 @@ impl DeviceMemoryResource {
         super::sleep::prepare(py, &self.inner, wait)
     }
 
+    /// rrmm: keeps the host pages of the next `offload()` of the expandable pool under this
+    /// resource ready as the pool grows (`on`), in the background: a range for what it maps now,
+    /// and a quarter larger after every growth past it (growth never waits). Returns the bytes
+    /// asked for now.
+    #[pyo3(signature = (on = true))]
+    fn keep_sleep_ready(&self, py: Python<'_>, on: bool) -> PyResult<usize> {
+        super::sleep::keep_ready(py, &self.inner, on)
+    }
+
     /// rrmm: wakes the expandable pool under this resource: maps its pages at the same
     /// addresses and copies the bytes back. `MemoryError` when the memory cannot be mapped
     /// (nothing is lost: still asleep, call again); `RuntimeError` when awake.

@@ -155,6 +155,11 @@ pub(super) fn prepare(py: Python<'_>, mr: &SharedResource, wait: bool) -> PyResu
     }))
 }
 
+/// `keep_sleep_ready(on)` of every expandable pool under `mr`.
+pub(super) fn keep_ready(py: Python<'_>, mr: &SharedResource, on: bool) -> PyResult<usize> {
+    py_result(py.detach(|| rs::keep_ready(mr, on)))
+}
+
 /// `restore()` of every sleeping expandable pool under `mr`.
 pub(super) fn restore(py: Python<'_>, mr: &SharedResource) -> PyResult<()> {
     py_result(py.detach(|| rs::restore(mr)))

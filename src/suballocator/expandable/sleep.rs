@@ -357,6 +357,26 @@ impl ExpandableMemoryResource {
         Ok(bytes)
     }
 
+    /// Keeps the next sleep's host pages ready as the pool grows (`on`), in the background: now,
+    /// a range for what the pool has mapped ([`prepare_sleep`](Self::prepare_sleep)), and after
+    /// every growth past the range asked for last, one a quarter larger than what is mapped then
+    /// (the smaller free ranges given back first). Growth never waits for it. Returns the bytes
+    /// asked for now (0 when off, or for simulated memory).
+    ///
+    /// # Errors
+    /// Where the memory cannot be copied to the host.
+    pub fn keep_sleep_ready(&self, on: bool) -> Result<usize> {
+        let vm = &self.inner.vm;
+        vm.host_pages()?;
+        let ready = &self.inner.ready_ahead;
+        ready.on.store(on, Ordering::Relaxed);
+        if !on {
+            ready.prepared_for.store(0, Ordering::Relaxed);
+            return Ok(0);
+        }
+        Ok(ready.keep_up(vm.as_ref(), self.mapped_bytes()))
+    }
+
     /// Gives the host pages kept for the next sleep back to the OS (the free pages of the
     /// supply this pool's sleeps take from); returns their bytes.
     pub fn drop_host_copy(&self) -> usize {
@@ -767,6 +787,10 @@ impl Sleeper for ExpandableMemoryResource {
         self.prepare_sleep()
     }
 
+    fn keep_ready(&self, on: bool) -> Result<usize> {
+        self.keep_sleep_ready(on)
+    }
+
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
         self.estimate_with(plan)
     }
@@ -883,6 +907,17 @@ pub fn prepare(mr: &SharedResource) -> Result<usize> {
     sleep_targets(mr)?
         .iter()
         .try_fold(0usize, |sum, p| Ok(sum + p.prepare()?))
+}
+
+/// Keeps the next sleep's host pages ready as every pool under `mr` grows (`on`)
+/// ([`ExpandableMemoryResource::keep_sleep_ready`]); returns the bytes asked for now.
+///
+/// # Errors
+/// As [`sleep_targets`]; where a pool's memory cannot be copied to the host.
+pub fn keep_ready(mr: &SharedResource, on: bool) -> Result<usize> {
+    sleep_targets(mr)?
+        .iter()
+        .try_fold(0usize, |sum, p| Ok(sum + p.keep_ready(on)?))
 }
 
 /// Whether any pool under `mr` is asleep (false when there is none).

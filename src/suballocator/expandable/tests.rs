@@ -509,6 +509,7 @@ fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, C
         vm: vm.clone(),
         maximum: None,
         mapped: Mutex::new(BTreeMap::new()),
+        ready_ahead: Arc::default(),
     };
     let base = vm.base();
     let mut fresh = CoalescingFreeList::empty();

@@ -969,3 +969,35 @@ fn a_new_suballocator_gets_sleep_by_construction() {
         free(&*top, p, s).unwrap();
     }
 }
+
+#[test]
+fn pages_kept_ready_as_the_pool_grows_serve_the_first_sleep() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    assert_eq!(mr.keep_sleep_ready(true).unwrap(), 0, "nothing mapped yet");
+    let mut live = Vec::new();
+    for i in 0..6 {
+        let p = mr.allocate(3 * PAGE, S).unwrap();
+        write(p, 3 * PAGE, i);
+        live.push(p);
+    }
+    vm.supply.wait_prepared();
+    let f = vm.supply.figures();
+    // A few asks over the growth, each a quarter above what was mapped; the smaller ones given
+    // back as larger ones were asked for: one range, at least the mapped bytes, is left.
+    assert!(f.made_ranges <= 6, "{f:?}");
+    assert!(
+        f.free_bytes >= mr.mapped_bytes() && f.free_ranges <= 2,
+        "{f:?}"
+    );
+    mr.offload().unwrap();
+    assert!(
+        mr.last_sleep().unwrap().host_reused,
+        "the first sleep found its pages ready"
+    );
+    mr.restore().unwrap();
+    for (i, &p) in live.iter().enumerate() {
+        assert_eq!(mismatch(p, 3 * PAGE, i as u64), None);
+        free(&mr, p, 3 * PAGE).unwrap();
+    }
+    assert_eq!(mr.keep_sleep_ready(false).unwrap(), 0);
+}
