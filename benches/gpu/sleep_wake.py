@@ -298,11 +298,20 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
 
     link = link_gbps()
     log("link", link)
-    mr = expandable_pool()
+    if args.keep_ready:
+        # The pages kept ready while the pool grows (reinitialize(keep_sleep_ready=True)).
+        rrmm.reinitialize(pool_allocator="expandable", keep_sleep_ready=True)
+        mr = rrmm.mr.get_current_device_resource()
+    else:
+        mr = expandable_pool()
     arrays = fill(args.gib)
     ptrs = [a.data.ptr for a in arrays]
     t = time.perf_counter()
-    asked = mr.prepare_sleep(wait=True)
+    if args.keep_ready:
+        rrmm.host_pages.wait()  # what is still being made once the arrays are written
+        asked = rrmm.host_pages.figures()["free_bytes"]
+    else:
+        asked = mr.prepare_sleep(wait=True)
     prepare_s = time.perf_counter() - t
     log("prepared", asked, "bytes in", prepare_s, "s;", rrmm.host_pages.figures())
     sleeps = []
@@ -341,7 +350,8 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
         }
         log(row)
         sleeps.append(row)
-    return {"part": "d", "gib": args.gib, "link": link, "prepare_sleep_s": prepare_s,
+    return {"part": "d", "gib": args.gib, "keep_ready": args.keep_ready, "link": link,
+            "prepare_sleep_s": prepare_s,
             "prepared_bytes": asked, "other_process_after_first_offload": other_row,
             "sleeps": sleeps, "host_pages": rrmm.host_pages.figures()}
 
@@ -414,6 +424,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices="abcde", required=True)
     p.add_argument("--sleeps", type=int, default=3, help="sleeps after the first (d)")
+    p.add_argument("--keep-ready", action="store_true",
+                   help="d: reinitialize(keep_sleep_ready=True) instead of prepare_sleep()")
     p.add_argument("--cycles", type=int, default=1000, help="sleep cycles of the soak (e)")
     p.add_argument("--budget-s", type=float, default=240.0, help="the soak's time limit (e)")
     p.add_argument("--gib", type=int, default=40, help="GiB of CuPy arrays (parts a, b)")
