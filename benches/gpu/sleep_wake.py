@@ -301,7 +301,7 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
     if args.keep_ready:
         # The pages kept ready while the pool grows (reinitialize(keep_sleep_ready=True)).
         rrmm.reinitialize(pool_allocator="expandable", keep_sleep_ready=True)
-        mr = rrmm.mr.get_current_device_resource()
+        mr: Any = rrmm.mr.get_current_device_resource()
     else:
         mr = expandable_pool()
     arrays = fill(args.gib)
