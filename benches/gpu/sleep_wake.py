@@ -226,6 +226,21 @@ def part_b(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def captured_graph(src: Any, out: Any, stream: Any, times: int, plus: int) -> Any:
+    """A CUDA graph (CuPy stream capture) of ``out = src * times + plus``, written in place; run
+    once outside the capture first, so the kernels are compiled and loaded before it."""
+    import cupy
+
+    with stream:
+        for capture in (False, True):
+            if capture:
+                stream.synchronize()
+                stream.begin_capture()
+            cupy.multiply(src, times, out=out)
+            cupy.add(out, plus, out=out)
+        return stream.end_capture()
+
+
 def part_c(args: argparse.Namespace) -> dict[str, Any]:
     import rrmm.allocators.torch
     import torch
@@ -241,15 +256,7 @@ def part_c(args: argparse.Namespace) -> dict[str, Any]:
     ca, cb = cupy.asarray(a), cupy.asarray(b)
     stream = cupy.cuda.Stream(non_blocking=True)
     torch.cuda.synchronize()
-    with stream:
-        # Once outside the capture: the kernels are compiled and loaded before it.
-        cupy.multiply(ca, 2, out=cb)
-        cupy.add(cb, 1, out=cb)
-        stream.synchronize()
-        stream.begin_capture()
-        cupy.multiply(ca, 2, out=cb)
-        cupy.add(cb, 1, out=cb)
-        graph = stream.end_capture()
+    graph = captured_graph(ca, cb, stream, times=2, plus=1)
     graph.launch(stream)
     stream.synchronize()
     before = cb.copy()
@@ -365,14 +372,7 @@ def part_e(args: argparse.Namespace) -> dict[str, Any]:
     sums = [int(a.sum(dtype=cupy.uint64)) for a in arrays]
     src, out = arrays[0], cupy.empty_like(arrays[0])
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        cupy.multiply(src, 3, out=out)
-        cupy.add(out, 7, out=out)
-        stream.synchronize()
-        stream.begin_capture()
-        cupy.multiply(src, 3, out=out)
-        cupy.add(out, 7, out=out)
-        graph = stream.end_capture()
+    graph = captured_graph(src, out, stream, times=3, plus=7)
     graph.launch(stream)
     stream.synchronize()
     graph_sum = int(out.sum(dtype=cupy.uint64))

@@ -92,11 +92,7 @@ impl Counters {
     fn allocated(&self, bytes: usize) {
         let now = self.current_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak_bytes.fetch_max(now, Ordering::Relaxed);
-        let _ = self
-            .total_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
-                Some(t.saturating_add(bytes as u64))
-            });
+        self.total_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let n = self.current_allocations.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak_allocations.fetch_max(n, Ordering::Relaxed);
         self.total_allocations.fetch_add(1, Ordering::Relaxed);

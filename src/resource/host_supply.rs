@@ -22,7 +22,6 @@ use super::pinned_pages::PinnedPages;
 use crate::error::{Error, Result};
 use crate::os::host_pages::{check_host_room, Commit, Reservation, HUGE_PAGE, SMALL_PAGE};
 use parking_lot::{Condvar, Mutex};
-use std::time::Instant;
 
 /// What a range's pages are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -304,22 +303,7 @@ impl HostPageSupply {
     /// # Errors
     /// As [`take`](Self::take).
     pub fn take_replacing(&'static self, spec: PageSpec, bytes: usize) -> Result<HostPages> {
-        let smaller = {
-            let mut state = self.state.lock();
-            if state.best_fit(&spec, bytes.max(1)).is_some() || state.is_preparing(&spec, bytes) {
-                Vec::new()
-            } else {
-                let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
-                    .into_iter()
-                    .partition(|r| r.spec.serves(&spec) && r.bytes() < bytes);
-                state.free = kept;
-                state.figures.given_back_bytes +=
-                    smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
-                state.recount_free();
-                smaller
-            }
-        };
-        drop(smaller);
+        drop(self.smaller_unless_served(&spec, bytes.max(1)));
         self.take(spec, bytes)
     }
 
@@ -328,21 +312,24 @@ impl HostPageSupply {
     /// are given back first, so that growth does not pile ranges up.
     pub fn prepare_replacing(&'static self, spec: PageSpec, bytes: usize) {
         let bytes = bytes.max(1);
-        let smaller = {
-            let mut state = self.state.lock();
-            if state.best_fit(&spec, bytes).is_some() || state.is_preparing(&spec, bytes) {
-                return;
-            }
-            let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
-                .into_iter()
-                .partition(|r| r.spec.serves(&spec) && r.bytes() < bytes);
-            state.free = kept;
-            state.figures.given_back_bytes += smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
-            state.recount_free();
-            smaller
-        };
-        drop(smaller);
+        drop(self.smaller_unless_served(&spec, bytes));
         self.prepare(spec, bytes);
+    }
+
+    /// The free ranges of `spec` smaller than `bytes`, taken out (for the caller to drop outside
+    /// the lock) when no free or preparing range would serve `bytes`; none when one would.
+    fn smaller_unless_served(&self, spec: &PageSpec, bytes: usize) -> Vec<Range> {
+        let mut state = self.state.lock();
+        if state.best_fit(spec, bytes).is_some() || state.is_preparing(spec, bytes) {
+            return Vec::new();
+        }
+        let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
+            .into_iter()
+            .partition(|r| r.spec.serves(spec) && r.bytes() < bytes);
+        state.free = kept;
+        state.figures.given_back_bytes += smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
+        state.recount_free();
+        smaller
     }
 
     /// Makes a range of `bytes` for `spec` ready ahead of need, on a thread of its own (the
@@ -448,8 +435,6 @@ pub struct HostPages {
     supply: &'static HostPageSupply,
     ready: bool,
     keep: bool,
-    /// When it was handed out (for figures).
-    taken: Instant,
 }
 
 impl HostPages {
@@ -459,7 +444,6 @@ impl HostPages {
             supply,
             ready,
             keep: true,
-            taken: Instant::now(),
         }
     }
 
@@ -497,11 +481,6 @@ impl HostPages {
             Pages::Pinned(p) => Some(p.startup()),
             Pages::Plain(_) => None,
         }
-    }
-
-    /// When it was handed out.
-    pub fn taken_at(&self) -> Instant {
-        self.taken
     }
 
     /// Makes the drop give the pages back to the OS instead of keeping them in the supply.

@@ -84,10 +84,12 @@ class TagPools:
             # The host pages of the tag's next pause, made ready in the background.
             tagged.pool(tag).prepare_sleep()
 
-    def _torch_mem_pool(self, tag: str) -> contextlib.AbstractContextManager[Any]:
+    def _mem_pool(self, tag: str) -> Any:
+        """``tag``'s PyTorch ``MemPool`` over rrmm's PyTorch allocator (made on first use);
+        None where PyTorch is not loaded or has no GPU."""
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_available():
-            return contextlib.nullcontext()
+            return None
         from rrmm.allocators.torch import rmm_torch_allocator
 
         with self._lock:
@@ -95,18 +97,19 @@ class TagPools:
             if pool is None:
                 pool = torch.cuda.MemPool(rmm_torch_allocator.allocator())
                 self._torch_pools[tag] = pool
-        return torch.cuda.use_mem_pool(pool)
+        return pool
+
+    def _torch_mem_pool(self, tag: str) -> contextlib.AbstractContextManager[Any]:
+        pool = self._mem_pool(tag)
+        if pool is None:
+            return contextlib.nullcontext()
+        return sys.modules["torch"].cuda.use_mem_pool(pool)
 
     def torch_pool_id(self, tag: str) -> Any:
         """The id of ``tag``'s PyTorch ``MemPool`` (for ``torch.cuda.graph(pool=...)``)."""
-        with self._torch_mem_pool(tag):
-            pass
-        return self._torch_pools[tag].id
+        return self._mem_pool(tag).id
 
     # ---------------------------------------------------------------- sleep
-
-    def tags(self) -> list[str]:
-        return [] if self._tagged is None else list(self._tagged.tags)
 
     def region_tags(self) -> list[str]:
         """The tags a region has used, in the order first used."""

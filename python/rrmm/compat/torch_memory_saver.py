@@ -23,6 +23,7 @@ link's speed into host pages kept between pauses.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,7 +87,6 @@ class TorchMemorySaver:
         paused with ``tag``: the capture allocates from the tag's pool."""
         import torch
 
-        self._pools.tagged()
         with self._pools.region(tag, enable_cpu_backup, torch_pool=False):
             pool = self._pools.torch_pool_id(tag) if pool is None else pool
             with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
@@ -99,8 +99,6 @@ class TorchMemorySaver:
         tagged = self._pools.tagged()
         previous = tagged.set_current_tag(None)
         try:
-            import sys
-
             torch = sys.modules.get("torch")
             if torch is not None and torch.cuda.is_available():
                 # A pool of its own, so PyTorch's cache never hands these blocks to a region.
