@@ -106,10 +106,24 @@ pub fn set_per_device_resource(
     mr: SharedResource,
 ) -> Result<Option<SharedResource>> {
     check_device_ordinal(ordinal, Some(&mr))?;
-    let mut map = table().write();
-    GENERATION.fetch_add(1, Ordering::AcqRel);
-    forget_this_threads_lookup();
-    Ok(map.insert(ordinal, mr))
+    let old = {
+        let mut map = table().write();
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        forget_this_threads_lookup();
+        map.insert(ordinal, mr.clone())
+    };
+    // A shared GPU's ledger follows the device's resource (RRMM_SHARE_GPU joins it here); a
+    // failure to join leaves the resource set and says why once.
+    if let Err(e) = crate::shared_gpu::resource_set(&mr) {
+        // A write to a closed stderr is skipped, never a panic.
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!(
+                "rrmm: RRMM_SHARE_GPU is set but device {ordinal} could not join its ledger: {e}\n"
+            ),
+        );
+    }
+    Ok(old)
 }
 
 /// Drops this thread's cached lookup, so a replaced resource is not kept alive by it. (Other

@@ -145,6 +145,14 @@ impl Error {
         }
     }
 
+    /// The bytes an out-of-memory error asked for (`None` for other errors).
+    pub fn requested_bytes(&self) -> Option<usize> {
+        match self {
+            Error::OutOfMemory { requested, .. } => Some(*requested),
+            _ => None,
+        }
+    }
+
     /// Whether this is an out-of-memory error (including a callback's out of memory).
     pub fn is_out_of_memory(&self) -> bool {
         matches!(

@@ -75,6 +75,7 @@ pub mod pressure;
 pub mod replay;
 pub mod report;
 pub mod resource;
+pub mod shared_gpu;
 pub mod stack;
 pub mod suballocator;
 mod sync;

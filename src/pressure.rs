@@ -1,4 +1,5 @@
-//! Memory kept for reuse goes back when an allocation elsewhere runs out.
+//! Memory kept for reuse goes back when an allocation elsewhere runs out, and what the process
+//! holds of each memory.
 //!
 //! A resource that keeps freed memory to hand out again (the managed-memory cache,
 //! [`ManagedMemoryResource`](crate::ManagedMemoryResource)) registers itself here with the
@@ -15,7 +16,9 @@
 //! asked for it.
 
 use crate::error::Result;
+use crate::resource::MemoryKind;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// The memory a cache draws from, so that a failure there relieves only the caches that can
@@ -24,8 +27,20 @@ use std::sync::{Arc, Weak};
 pub enum Place {
     /// Memory of CUDA device `ordinal` (device and managed memory).
     Device(usize),
-    /// A simulated device, by its identity ([`MemoryResource::identity`](crate::MemoryResource::identity)).
+    /// A simulated device, or another source without a device (host virtual memory), by its
+    /// identity ([`MemoryResource::identity`](crate::MemoryResource::identity)).
     Simulated(usize),
+}
+
+impl Place {
+    /// The place of memory of `kind` on `device` from the source whose identity is `source`:
+    /// the device where it is one (device and managed memory), else the source itself.
+    pub fn of(kind: MemoryKind, device: Option<usize>, source: usize) -> Place {
+        match (kind, device) {
+            (MemoryKind::Device | MemoryKind::Managed, Some(ordinal)) => Place::Device(ordinal),
+            _ => Place::Simulated(source),
+        }
+    }
 }
 
 /// A cache of freed memory that can give it back on demand.
@@ -33,12 +48,47 @@ pub trait Relieve: Send + Sync {
     /// Gives back what the cache keeps and is free; the bytes given back. Must never wait for
     /// a lock: a cache that cannot take its own at once returns 0.
     fn relieve(&self) -> usize;
+
+    /// Bytes kept free for reuse now (what [`relieve`](Self::relieve) could give back at most);
+    /// an estimate read without waiting for a lock.
+    fn cached(&self) -> usize;
+
+    /// Bytes the cache holds straight from the source of its place (the pages an expandable
+    /// pool maps, a driver pool's reservation); 0 for a cache over another resource, whose
+    /// source counts them.
+    fn held(&self) -> usize {
+        0
+    }
+}
+
+/// The processes that share this process's GPU ([`crate::shared_gpu`]): asked after the
+/// process's own caches gave nothing.
+pub trait Neighbours: Send + Sync {
+    /// Asks the other processes to give back memory so that `bytes` more can be allocated;
+    /// whether anything was given (worth another try). May wait for their answers (bounded).
+    fn ask(&self, bytes: usize) -> bool;
+
+    /// Whether this process may take `bytes` more of the place (its hard limit).
+    ///
+    /// # Errors
+    /// Out of memory naming the limit when it may not.
+    fn admit(&self, bytes: usize) -> Result<()>;
 }
 
 type Entry = (Place, Weak<dyn Relieve>);
 
 // Why process-wide: memory pressure is the process's: every cache that can give back.
 static CACHES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+// Why process-wide: what the process holds of each memory, counted by every source of it.
+static HELD: Mutex<Vec<(Place, Weak<AtomicUsize>)>> = Mutex::new(Vec::new());
+
+// Why process-wide: the process's membership of a shared GPU, one per place.
+static NEIGHBOURS: Mutex<Vec<(Place, Weak<dyn Neighbours>)>> = Mutex::new(Vec::new());
+/// Whether the process ever joined a shared GPU: one load on the driver's allocation path
+/// until it does.
+// Why process-wide: beside `NEIGHBOURS`, which it summarizes.
+static SHARING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Registers `cache`, drawing from `place`, for reliefs until it drops (it is held weakly).
 pub fn register(place: Place, cache: Weak<dyn Relieve>) {
@@ -47,27 +97,117 @@ pub fn register(place: Place, cache: Weak<dyn Relieve>) {
     caches.push((place, cache));
 }
 
-/// Asks every live cache of `place` to give back what it keeps; the bytes given back.
+/// The live caches of `place`, newest first.
+fn caches_of(place: Place) -> Vec<Arc<dyn Relieve>> {
+    CACHES
+        .lock()
+        .iter()
+        .rev()
+        .filter(|(p, _)| *p == place)
+        .filter_map(|(_, c)| c.upgrade())
+        .collect()
+}
+
+/// Asks every live cache of `place` to give back what it keeps, newest first; the bytes given
+/// back.
 pub fn relieve(place: Place) -> usize {
-    let live: Vec<Arc<dyn Relieve>> = CACHES
+    caches_of(place).iter().map(|c| c.relieve()).sum()
+}
+
+/// A counter of the bytes a source holds of `place`, counted in [`figures`] while it lives:
+/// the source adds what it takes from the driver and subtracts what it gives back.
+pub fn held_counter(place: Place) -> Arc<AtomicUsize> {
+    let counter = Arc::new(AtomicUsize::new(0));
+    let mut held = HELD.lock();
+    held.retain(|(_, c)| c.strong_count() > 0);
+    held.push((place, Arc::downgrade(&counter)));
+    counter
+}
+
+/// What the process holds of a place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlaceFigures {
+    /// Bytes held from the source (in use and cached).
+    pub held: usize,
+    /// Bytes of those kept free for reuse by the process's pools.
+    pub cached: usize,
+}
+
+impl PlaceFigures {
+    /// Bytes in use: held and not cached.
+    pub fn live(&self) -> usize {
+        self.held.saturating_sub(self.cached)
+    }
+}
+
+/// What the process holds of `place` now, and how much of it its pools keep free.
+pub fn figures(place: Place) -> PlaceFigures {
+    let counted: usize = HELD
         .lock()
         .iter()
         .filter(|(p, _)| *p == place)
         .filter_map(|(_, c)| c.upgrade())
-        .collect();
-    live.iter().map(|c| c.relieve()).sum()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum();
+    let caches = caches_of(place);
+    let held = counted + caches.iter().map(|c| c.held()).sum::<usize>();
+    let cached = caches.iter().map(|c| c.cached()).sum::<usize>().min(held);
+    PlaceFigures { held, cached }
 }
 
-/// Runs `allocate`; when it fails for want of memory and a relief of `place` gives anything
-/// back, runs it once more.
+/// Makes `neighbours` the processes asked when `place` runs out (replacing any before).
+pub fn set_neighbours(place: Place, neighbours: Weak<dyn Neighbours>) {
+    let mut all = NEIGHBOURS.lock();
+    all.retain(|(p, n)| *p != place && n.strong_count() > 0);
+    all.push((place, neighbours));
+    SHARING.store(true, Ordering::Release);
+}
+
+fn neighbours_of(place: Place) -> Option<Arc<dyn Neighbours>> {
+    NEIGHBOURS
+        .lock()
+        .iter()
+        .find(|(p, _)| *p == place)
+        .and_then(|(_, n)| n.upgrade())
+}
+
+/// The most times the processes beside this one are asked for one allocation (each answer
+/// that gave something is followed by another try).
+const NEIGHBOUR_ROUNDS: usize = 3;
+
+/// Runs `allocate` (of `bytes` from `place`); when it fails for want of memory and a relief of
+/// `place` gives anything back, runs it once more; when it still fails and the process shares
+/// the place with others ([`set_neighbours`]), asks them (up to [`NEIGHBOUR_ROUNDS`] times)
+/// and tries after each answer that gave. A process that shares the place is first held to
+/// its hard limit.
 ///
 /// # Errors
-/// `allocate`'s error (of the second try, where there was one).
-pub fn retry_after_relief<T>(place: Place, allocate: impl Fn() -> Result<T>) -> Result<T> {
-    match allocate() {
+/// `allocate`'s error (of the last try); out of memory past the hard limit.
+pub fn retry_after_relief<T>(
+    place: Place,
+    bytes: usize,
+    allocate: impl Fn() -> Result<T>,
+) -> Result<T> {
+    if SHARING.load(Ordering::Acquire) {
+        if let Some(n) = neighbours_of(place) {
+            n.admit(bytes)?;
+        }
+    }
+    let mut result = match allocate() {
         Err(e) if e.is_out_of_memory() && relieve(place) > 0 => allocate(),
         result => result,
+    };
+    for _ in 0..NEIGHBOUR_ROUNDS {
+        let bytes = match &result {
+            Err(e) if e.is_out_of_memory() => e.requested_bytes().unwrap_or(bytes),
+            _ => return result,
+        };
+        match neighbours_of(place) {
+            Some(n) if n.ask(bytes) => result = allocate(),
+            _ => return result,
+        }
     }
+    result
 }
 
 #[cfg(test)]
@@ -83,6 +223,10 @@ mod tests {
     impl Relieve for Fake {
         fn relieve(&self) -> usize {
             self.held.swap(0, Ordering::Relaxed)
+        }
+
+        fn cached(&self) -> usize {
+            self.held.load(Ordering::Relaxed)
         }
     }
 
@@ -100,7 +244,7 @@ mod tests {
         register(here, Arc::downgrade(&a));
         register(there, Arc::downgrade(&b));
         let tries = AtomicUsize::new(0);
-        let result = retry_after_relief(here, || {
+        let result = retry_after_relief(here, 10, || {
             if tries.fetch_add(1, Ordering::Relaxed) == 0 {
                 Err(Error::out_of_memory(10, "full"))
             } else {
@@ -112,10 +256,11 @@ mod tests {
         assert_eq!(relieve(there), 7, "the other place's cache was left alone");
         // Nothing left to give: the failure stands after one try.
         tries.store(0, Ordering::Relaxed);
-        let failed: Result<()> = retry_after_relief(here, || Err(Error::out_of_memory(10, "full")));
+        let failed: Result<()> =
+            retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "full")));
         assert!(failed.unwrap_err().is_out_of_memory());
         // Other errors are not retried.
-        let logic: Result<()> = retry_after_relief(here, || {
+        let logic: Result<()> = retry_after_relief(here, 10, || {
             tries.fetch_add(1, Ordering::Relaxed);
             Err(Error::Logic("bad".into()))
         });

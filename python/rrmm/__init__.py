@@ -11,6 +11,7 @@ from rrmm import (
     _cuda,  # noqa: F401 (RMM's tests reach rmm._cuda.gpu after `import rmm`)
     host_pages,  # noqa: F401 (rrmm's supply of host pages: rrmm.host_pages)
     mr,
+    shared_gpu,  # noqa: F401 (one GPU, many processes: rrmm.shared_gpu)
     statistics,
 )
 from rrmm._host_buffer import HostBuffer

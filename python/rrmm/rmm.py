@@ -58,6 +58,7 @@ def reinitialize(
     *,
     pinned_pool_size: int | str | None = None,
     keep_sleep_ready: bool = False,
+    share_gpu: bool | dict[str, Any] | None = None,
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
@@ -78,6 +79,11 @@ def reinitialize(
     rrmm: ``keep_sleep_ready=True`` (with ``pool_allocator="expandable"``) keeps the host pages
     of the pool's next ``rrmm.sleep()`` ready as it grows, in the background, from the process's
     host page supply (``rrmm.host_pages``): the first sleep copies at the link's speed too.
+
+    rrmm: ``share_gpu=True`` (or a dict of ``rrmm.shared_gpu.join``'s options: ``soft_share``,
+    ``hard_limit``, ``name``) joins each device's ledger, so that processes sharing the GPU give
+    each other memory back before anyone runs out (``rrmm.shared_gpu``); ``False`` leaves it;
+    left out, ``RRMM_SHARE_GPU=1`` in the environment joins.
     """
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
@@ -88,6 +94,9 @@ def reinitialize(
         raise ValueError(
             f"keep_sleep_ready=True needs a pool that can sleep: pool_allocator=\"expandable\", "
             f"not the {kind!r} stack")
+    if share_gpu is not None and not isinstance(share_gpu, (bool, dict)):
+        raise TypeError(
+            f"share_gpu must be True, False, None or a dict of options, not {share_gpu!r}")
     devices = _device_list(devices)
     # One call into Rust: it checks the devices against the machine, forgets every per-device
     # resource (the old ones go before the new ones are built, as in RMM: a new pool's default
@@ -108,6 +117,10 @@ def reinitialize(
     if keep_sleep_ready:
         for device in devices:
             _mr.get_per_device_resource(device).keep_sleep_ready(True)
+    if share_gpu is not None:
+        from rrmm import shared_gpu
+
+        shared_gpu._from_reinitialize(devices, share_gpu)
 
 
 #: Pinned pools from this size on say so on a terminal while their pages are touched (seconds

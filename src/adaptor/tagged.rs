@@ -252,7 +252,8 @@ impl MemoryResource for TaggedMemoryResource {
     /// Every tag's pool's: a sleep of the whole resource sleeps every tag.
     fn link(&self) -> Link {
         let links: Vec<Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        Link::join(&links).unwrap_or_else(|| Link::source(self.kind(), self.device()))
+        Link::join(&links)
+            .unwrap_or_else(|| Link::source(self.kind(), self.device(), self.identity()))
     }
 
     fn identity(&self) -> usize {

@@ -425,8 +425,9 @@ impl MemoryResource for TieredMemoryResource {
     /// Every tier's (the first tier's memory).
     fn link(&self) -> crate::resource::Link {
         let links: Vec<crate::resource::Link> = self.tiers().map(|t| t.resource.link()).collect();
-        crate::resource::Link::join(&links)
-            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+        crate::resource::Link::join(&links).unwrap_or_else(|| {
+            crate::resource::Link::source(self.kind(), self.device(), self.identity())
+        })
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -89,6 +89,31 @@ pub(crate) fn device_handle(ordinal: usize) -> Result<sys::CUdevice> {
     Ok(device)
 }
 
+/// The UUID of device `ordinal` as `nvidia-smi` writes it (`GPU-xxxxxxxx-xxxx-...`): the same
+/// device in every process, whatever `CUDA_VISIBLE_DEVICES` makes its ordinal.
+pub fn device_uuid(ordinal: usize) -> Result<String> {
+    let device = device_handle(ordinal)?;
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut uuid: sys::CUuuid = unsafe { std::mem::zeroed() };
+    // SAFETY: `uuid` is a valid out-pointer and the device a valid handle.
+    check("cuDeviceGetUuid", unsafe {
+        sys::cuDeviceGetUuid(&mut uuid, device)
+    })?;
+    let hex: String = uuid
+        .bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect();
+    Ok(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
+}
+
 /// The marketing name of device `ordinal`.
 pub fn device_name(ordinal: usize) -> Result<String> {
     let device = device_handle(ordinal)?;

@@ -178,6 +178,28 @@ impl MemPool {
         Ok(ptr as usize)
     }
 
+    /// `(reserved, used)` bytes: what the pool holds from the device
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) and what of it is allocated
+    /// (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub fn reserved_and_used(&self) -> Result<(usize, usize)> {
+        let read = |attribute| {
+            let mut value = 0u64;
+            // SAFETY: the pool is live and these attributes take a pointer to a u64.
+            check("cuMemPoolGetAttribute", unsafe {
+                sys::cuMemPoolGetAttribute(
+                    self.raw as sys::CUmemoryPool,
+                    attribute,
+                    (&mut value as *mut u64).cast(),
+                )
+            })
+            .map(|()| usize::try_from(value).unwrap_or(usize::MAX))
+        };
+        Ok((
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        ))
+    }
+
     /// Releases idle memory down to `keep` bytes.
     pub fn trim_to(&self, keep: usize) -> Result<()> {
         // SAFETY: the pool is live.

@@ -19,7 +19,9 @@ pub use context::{current_device, set_current_device, ContextGuard};
 pub use device_info::{
     concurrent_managed_access, default_managed_pool, device_attribute, host_numa_node,
 };
-pub use driver::{device_count, device_name, driver_available, driver_version, ensure_driver};
+pub use driver::{
+    device_count, device_name, device_uuid, driver_available, driver_version, ensure_driver,
+};
 pub use event::Event;
 pub use kernel::SpinKernel;
 pub use memory::*;

@@ -34,6 +34,7 @@ mod python_functions;
 mod replay;
 mod replay_allocator;
 mod resources;
+mod shared_gpu;
 
 use pyo3::prelude::*;
 
@@ -49,7 +50,8 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
         gpu,
         host_pages,
         replay,
-        replay_allocator
+        replay_allocator,
+        shared_gpu
     )
 }
 

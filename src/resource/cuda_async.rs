@@ -11,16 +11,61 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub(crate) struct PoolAllocator {
     device: usize,
-    pool: Arc<MemPool>,
+    pool: Arc<DriverPool>,
+}
+
+/// The driver's pool, a cache of the device's memory: what it keeps beyond what is allocated
+/// goes back on a relief (`cuMemPoolTrimTo`).
+#[derive(Debug)]
+struct DriverPool {
+    device: usize,
+    pool: MemPool,
+}
+
+impl std::ops::Deref for DriverPool {
+    type Target = MemPool;
+
+    fn deref(&self) -> &MemPool {
+        &self.pool
+    }
+}
+
+impl DriverPool {
+    /// `(reserved, used)` with the device's context current; zeros when they cannot be read.
+    fn figures(&self) -> (usize, usize) {
+        ContextGuard::new(self.device)
+            .and_then(|_ctx| self.pool.reserved_and_used())
+            .unwrap_or((0, 0))
+    }
+}
+
+impl crate::pressure::Relieve for DriverPool {
+    fn relieve(&self) -> usize {
+        let (before, _) = self.figures();
+        let trimmed = ContextGuard::new(self.device).and_then(|_ctx| self.pool.trim_to(0));
+        if trimmed.is_err() {
+            return 0;
+        }
+        before.saturating_sub(self.figures().0)
+    }
+
+    fn cached(&self) -> usize {
+        let (reserved, used) = self.figures();
+        reserved.saturating_sub(used)
+    }
+
+    fn held(&self) -> usize {
+        self.figures().0
+    }
 }
 
 impl PoolAllocator {
-    /// A core over `pool` on `device`.
+    /// A core over `pool` on `device`; the pool registers as a cache of the device.
     pub(crate) fn new(device: usize, pool: MemPool) -> Self {
-        PoolAllocator {
-            device,
-            pool: Arc::new(pool),
-        }
+        let pool = Arc::new(DriverPool { device, pool });
+        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&pool) as _;
+        crate::pressure::register(crate::pressure::Place::Device(device), cache);
+        PoolAllocator { device, pool }
     }
 
     /// A core over a pool owned elsewhere, on the current device.
@@ -57,21 +102,25 @@ impl PoolAllocator {
             return Ok(0);
         }
         // Out of memory relieves the device's caches and tries once more.
-        crate::pressure::retry_after_relief(crate::pressure::Place::Device(self.device), || {
-            let _ctx = ContextGuard::new(self.device)?;
-            self.pool.allocate(bytes, stream).map_err(|e| match e {
-                Error::Cuda {
-                    call,
-                    name,
-                    description,
-                    ..
-                } => Error::out_of_memory(
-                    bytes,
-                    format!("CUDA error at {call}: {name} {description}"),
-                ),
-                other => other,
-            })
-        })
+        crate::pressure::retry_after_relief(
+            crate::pressure::Place::Device(self.device),
+            bytes,
+            || {
+                let _ctx = ContextGuard::new(self.device)?;
+                self.pool.allocate(bytes, stream).map_err(|e| match e {
+                    Error::Cuda {
+                        call,
+                        name,
+                        description,
+                        ..
+                    } => Error::out_of_memory(
+                        bytes,
+                        format!("CUDA error at {call}: {name} {description}"),
+                    ),
+                    other => other,
+                })
+            },
+        )
     }
 
     /// `cuMemFreeAsync`.

@@ -98,6 +98,9 @@ pub(super) use blocking_source_info;
 /// [`UncachedManagedMemoryResource`](super::UncachedManagedMemoryResource).
 pub struct DirectMemoryResource<A> {
     device: usize,
+    /// Bytes of device memory this resource (and its clones) hold, in the process's figures
+    /// of the device ([`crate::pressure::figures`]).
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     _alloc: PhantomData<fn() -> A>,
 }
 
@@ -118,6 +121,7 @@ impl<A: DirectAllocator> DirectMemoryResource<A> {
         let _ctx = ContextGuard::new(ordinal)?;
         Ok(DirectMemoryResource {
             device: ordinal,
+            held: crate::pressure::held_counter(crate::pressure::Place::Device(ordinal)),
             _alloc: PhantomData,
         })
     }
@@ -127,6 +131,7 @@ impl<A> Clone for DirectMemoryResource<A> {
     fn clone(&self) -> Self {
         DirectMemoryResource {
             device: self.device,
+            held: self.held.clone(),
             _alloc: PhantomData,
         }
     }
@@ -146,20 +151,38 @@ impl<A: DirectAllocator> MemoryResource for DirectMemoryResource<A> {
         if bytes == 0 {
             return Ok(0);
         }
-        crate::pressure::retry_after_relief(crate::pressure::Place::Device(self.device), || {
-            let _ctx = ContextGuard::new(self.device)?;
-            A::alloc(bytes)
-        })
+        let ptr = crate::pressure::retry_after_relief(
+            crate::pressure::Place::Device(self.device),
+            bytes,
+            || {
+                let _ctx = ContextGuard::new(self.device)?;
+                A::alloc(bytes)
+            },
+        )?;
+        if A::KIND == MemoryKind::Device {
+            self.held
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(ptr)
     }
 
-    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> Result<()> {
+    unsafe fn deallocate(&self, ptr: usize, bytes: usize, _stream: Stream) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
         let _ctx = ContextGuard::new(self.device)?;
         // SAFETY: `ptr` came from `allocate` of this resource (the trait's contract), that is
         // from `A::alloc`, whose memory `cuMemFree` frees (the sealed trait's contract).
-        unsafe { cuda::mem_free(ptr) }
+        unsafe { cuda::mem_free(ptr) }?;
+        if A::KIND == MemoryKind::Device {
+            // A wrong size (a caller's logic error) may not wrap the figure below zero.
+            let _ = self.held.fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |held| Some(held.saturating_sub(bytes)),
+            );
+        }
+        Ok(())
     }
 
     // Blocking: cuMemAlloc/cuMemAllocManaged/cuMemFree synchronize with the device.

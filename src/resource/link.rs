@@ -14,6 +14,7 @@
 use super::sleep::{ByteRange, SleepWatch, Sleeper, Tenant};
 use super::{BlockPlacer, MemoryKind};
 use crate::error::{Error, Result};
+use crate::pressure::{Place, Relieve};
 use std::sync::Arc;
 use std::sync::Weak;
 
@@ -24,6 +25,11 @@ pub struct Link {
     pub kind: MemoryKind,
     /// The device it is on, where it has one.
     pub device: Option<usize>,
+    /// Whose memory it is for the process's figures and reliefs ([`crate::pressure`]): the
+    /// device, or the source itself. A pool that keeps freed memory registers its cache here
+    /// ([`Link::register_cache`]), so a relief of the place (an allocation that ran out, a
+    /// process beside this one asking on a shared GPU) reaches it.
+    pub place: Place,
     /// The pools below that can sleep.
     pub sleep: SleepWatch,
     /// The placer of the managed memory below, where that memory is placed by the blocks a
@@ -37,11 +43,14 @@ pub struct Link {
 }
 
 impl Link {
-    /// The link of a source of memory: `kind` on `device`, nothing below.
-    pub fn source(kind: MemoryKind, device: Option<usize>) -> Link {
+    /// The link of a source of memory: `kind` on `device`, nothing below; `identity` is the
+    /// source's ([`MemoryResource::identity`](super::MemoryResource::identity)), its place where
+    /// the memory is not a device's.
+    pub fn source(kind: MemoryKind, device: Option<usize>, identity: usize) -> Link {
         Link {
             kind,
             device,
+            place: Place::of(kind, device, identity),
             sleep: SleepWatch::default(),
             placement: None,
             opaque: None,
@@ -55,6 +64,7 @@ impl Link {
         Some(Link {
             kind: first.kind,
             device: first.device,
+            place: first.place,
             sleep: SleepWatch::join(links.iter().map(|l| &l.sleep)),
             placement: first.placement.clone(),
             opaque: links.iter().find_map(|l| l.opaque),
@@ -65,6 +75,12 @@ impl Link {
     #[inline]
     pub fn asleep(&self) -> bool {
         self.sleep.asleep()
+    }
+
+    /// Registers `cache`, a pool over this link that keeps freed memory, for reliefs of the
+    /// place (held weakly, until it drops).
+    pub fn register_cache(&self, cache: std::sync::Weak<dyn Relieve>) {
+        crate::pressure::register(self.place, cache);
     }
 
     /// Records `tenant`, a suballocator built over this link, with every pool below that can

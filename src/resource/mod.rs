@@ -180,11 +180,11 @@ pub trait MemoryResource: Send + Sync {
     fn link(&self) -> Link {
         let ups = self.upstreams();
         if ups.is_empty() {
-            return Link::source(self.kind(), self.device());
+            return Link::source(self.kind(), self.device(), self.identity());
         }
         let links: Vec<Link> = ups.iter().map(|u| u.link()).collect();
-        let mut link =
-            Link::join(&links).unwrap_or_else(|| Link::source(self.kind(), self.device()));
+        let mut link = Link::join(&links)
+            .unwrap_or_else(|| Link::source(self.kind(), self.device(), self.identity()));
         link.opaque.get_or_insert(self.name());
         link
     }

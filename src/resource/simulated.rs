@@ -297,6 +297,9 @@ struct SimulatedState {
     /// the page at each offset, and the bytes of the committed pages.
     page_users: HashMap<usize, u32>,
     committed: usize,
+    /// `in_use`, as the process's figures of this device read it ([`crate::pressure`]):
+    /// registered at the first allocation, when the device has its final address.
+    held: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl SimulatedState {
@@ -305,6 +308,7 @@ impl SimulatedState {
         SimulatedState {
             ranges,
             live: HashMap::new(),
+            held: None,
             in_use: 0,
             peak: 0,
             page_users: HashMap::new(),
@@ -558,6 +562,12 @@ impl SimulatedMemoryResource {
         }
         s.live.insert(start, (rounded, charged));
         s.in_use += charged;
+        let in_use = s.in_use;
+        s.held
+            .get_or_insert_with(|| {
+                crate::pressure::held_counter(crate::pressure::Place::Simulated(self.identity()))
+            })
+            .store(in_use, std::sync::atomic::Ordering::Relaxed);
         s.peak = s.peak.max(s.in_use);
         Ok(start)
     }
@@ -572,6 +582,7 @@ impl MemoryResource for SimulatedMemoryResource {
         }
         crate::pressure::retry_after_relief(
             crate::pressure::Place::Simulated(self.identity()),
+            bytes,
             || self.allocate_once(bytes),
         )
     }
@@ -597,6 +608,9 @@ impl MemoryResource for SimulatedMemoryResource {
         }
         s.live.remove(&ptr);
         s.in_use -= charged;
+        if let Some(held) = &s.held {
+            held.store(s.in_use, std::sync::atomic::Ordering::Relaxed);
+        }
         s.ranges.unplace(ptr, rounded);
         if let Some(backing) = &self.backing {
             // SAFETY: the allocation is no longer live, and nothing uses it (precondition 3).
@@ -795,6 +809,8 @@ mod tests {
     }
 
     /// A live simulated memory of the sequence, with the blocks it handed out.
+    // A test's own list of what lives: its size does not matter.
+    #[allow(clippy::large_enum_variant)]
     enum Live {
         Device(SimulatedMemoryResource, Vec<(usize, usize)>),
         Virtual(crate::resource::SimulatedVirtualMemory),

@@ -166,6 +166,10 @@ pub struct SleepPlan {
     /// Discard every live block (copy nothing): the pool's data is not worth keeping (a KV
     /// cache between an engine's phases, a region paused without a backup).
     pub discard_all: bool,
+    /// The pool wakes by itself when next used (an allocation from it or above it, or one of
+    /// rrmm's copies of its bytes) instead of refusing: a sleep of an idle process on a shared
+    /// GPU ([`crate::shared_gpu`]), which the process did not ask for.
+    pub wake_on_use: bool,
 }
 
 impl SleepPlan {
@@ -175,6 +179,7 @@ impl SleepPlan {
             discard: Vec::new(),
             fill,
             discard_all: false,
+            wake_on_use: false,
         }
     }
 }
@@ -314,6 +319,10 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
     /// As the pool's own restore.
     fn restore(&self) -> Result<()>;
 
+    /// Wakes the pool if it sleeps with [`SleepPlan::wake_on_use`] (about to be used); whether
+    /// it is awake afterwards (false: it sleeps by its user's choice, or could not wake).
+    fn wake_for_use(&self) -> bool;
+
     /// What an offload with `plan` would release, copy and discard now.
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate;
 
@@ -387,12 +396,19 @@ impl SleepWatch {
     ///
     /// # Errors
     /// As said.
+    /// A pool asleep with [`SleepPlan::wake_on_use`] wakes here instead.
     #[inline]
     pub fn check(&self, name: &str, bytes: usize) -> Result<()> {
-        if self.asleep() {
+        if self.asleep() && !self.wake_for_use() {
             return Err(asleep_below_error(name, bytes));
         }
         Ok(())
+    }
+
+    /// Wakes every pool below that sleeps until used; whether none sleeps afterwards.
+    #[inline(never)]
+    pub fn wake_for_use(&self) -> bool {
+        self.0.iter().all(|s| !s.asleep() || s.wake_for_use())
     }
 
     /// Records `tenant` with every pool below.
@@ -427,19 +443,28 @@ pub fn asleep_below_error(name: &str, bytes: usize) -> Error {
     ))
 }
 
-/// The address ranges of sleeping pools: start -> (end, pool name).
+/// A sleeping pool's range: its end, its name, and the pool where it wakes when used
+/// ([`SleepPlan::wake_on_use`]).
+type AsleepRange = (usize, &'static str, Option<Arc<dyn Sleeper>>);
+
+/// The address ranges of sleeping pools: start -> range.
 // Why process-wide: an address may be copied from anywhere (a raw pointer, a buffer of another
 // resource); a copy of a sleeping pool's memory must be refused whoever asks.
-static ASLEEP: RwLock<BTreeMap<usize, (usize, &'static str)>> = RwLock::new(BTreeMap::new());
+static ASLEEP: RwLock<BTreeMap<usize, AsleepRange>> = RwLock::new(BTreeMap::new());
 /// `ASLEEP.len()`, read without the lock (the copy path's one load while nothing sleeps).
 // Why process-wide: the count of `ASLEEP`, beside it.
 static ASLEEP_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// Marks `[start, start + bytes)` asleep (a pool's reservation, from the start of its offload
-/// to the end of its restore).
-pub(crate) fn mark_asleep(start: usize, bytes: usize, name: &'static str) {
+/// to the end of its restore); a copy there wakes `waker` where there is one.
+pub(crate) fn mark_asleep(
+    start: usize,
+    bytes: usize,
+    name: &'static str,
+    waker: Option<Arc<dyn Sleeper>>,
+) {
     let mut map = ASLEEP.write();
-    map.insert(start, (start.saturating_add(bytes), name));
+    map.insert(start, (start.saturating_add(bytes), name, waker));
     ASLEEP_COUNT.store(map.len(), Ordering::Release);
 }
 
@@ -461,19 +486,21 @@ pub fn check_awake(name: &str, ptr: usize, bytes: usize) -> Result<()> {
         return Ok(());
     }
     let end = ptr.saturating_add(bytes);
-    let map = ASLEEP.read();
-    if let Some((_, &(_, pool))) = map
+    let hit = ASLEEP
+        .read()
         .range(..end)
         .next_back()
-        .filter(|(_, &(stop, _))| stop > ptr)
-    {
-        return Err(Error::Logic(format!(
+        .filter(|(_, (stop, _, _))| *stop > ptr)
+        .map(|(_, (_, pool, waker))| (*pool, waker.clone()));
+    match hit {
+        None => Ok(()),
+        Some((_, Some(waker))) if waker.wake_for_use() => Ok(()),
+        Some((pool, _)) => Err(Error::Logic(format!(
             "{name}={ptr:#x} ({bytes} bytes) lies in the memory of an {pool} pool that is asleep \
              (offloaded to host memory; its pages are given back): restore() it first, or wait \
              for the end of rrmm.sleep()"
-        )));
+        ))),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -484,7 +511,7 @@ mod tests {
     fn copies_into_a_sleeping_range_are_refused_and_others_pass() {
         let base = 0x7000_0000_0000usize;
         assert!(check_awake("src", base, 16).is_ok());
-        mark_asleep(base, 1 << 20, "expandable");
+        mark_asleep(base, 1 << 20, "expandable", None);
         assert!(check_awake("src", base + 100, 16).is_err());
         assert!(
             check_awake("src", base - 8, 16).is_err(),

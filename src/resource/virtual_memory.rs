@@ -216,8 +216,23 @@ impl VirtualMemory for CudaVirtualMemory {
         let offset = addr
             .checked_sub(self.base)
             .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
-        let _ctx = ContextGuard::new(self.ordinal)?;
-        self.range.lock().map(offset, bytes)
+        // Out of memory relieves the device's caches (and asks the processes sharing it) and
+        // tries again, as the device's other sources do.
+        crate::pressure::retry_after_relief(
+            crate::pressure::Place::Device(self.ordinal),
+            bytes,
+            || {
+                let _ctx = ContextGuard::new(self.ordinal)?;
+                // The whole range is what is missing (the error names the page that failed).
+                self.range.lock().map(offset, bytes).map_err(|e| match e {
+                    Error::OutOfMemory { message, .. } => Error::OutOfMemory {
+                        requested: bytes,
+                        message,
+                    },
+                    other => other,
+                })
+            },
+        )
     }
 
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {

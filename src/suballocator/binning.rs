@@ -406,8 +406,9 @@ impl MemoryResource for BinningMemoryResource {
     /// each is a tenant of the pools below its own upstream).
     fn link(&self) -> crate::resource::Link {
         let links: Vec<crate::resource::Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        crate::resource::Link::join(&links)
-            .unwrap_or_else(|| crate::resource::Link::source(self.kind(), self.device()))
+        crate::resource::Link::join(&links).unwrap_or_else(|| {
+            crate::resource::Link::source(self.kind(), self.device(), self.identity())
+        })
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -79,6 +79,8 @@ struct Inner {
     ready_ahead: Arc<ReadyAhead>,
 }
 
+super::core::relieve_by_core!(Inner, held: |inner| inner.vm.mapped_bytes());
+
 impl ExpandableMemoryResource {
     /// An expandable pool on device `device`: `reserve_size` bytes of addresses (default
     /// [`DEFAULT_RESERVE_FACTOR`] times the device's memory), pages of `page_size` bytes (default
@@ -234,7 +236,7 @@ impl ExpandableMemoryResource {
             "expandable",
         );
         core.preallocate(initial)?;
-        Ok(ExpandableMemoryResource {
+        let pool = ExpandableMemoryResource {
             inner: Arc::new(Inner {
                 core,
                 vm,
@@ -244,7 +246,10 @@ impl ExpandableMemoryResource {
                 release_threshold,
                 ready_ahead,
             }),
-        })
+        };
+        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&pool.inner) as _;
+        MemoryResource::link(&pool).register_cache(cache);
+        Ok(pool)
     }
 
     /// Bytes of physical memory mapped, free and allocated.
@@ -303,8 +308,9 @@ impl ExpandableMemoryResource {
 impl MemoryResource for ExpandableMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`).
-        if self.inner.sleep.asleep() {
+        // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`); a pool that sleeps
+        // until used wakes here.
+        if self.inner.sleep.asleep() && !self.wake_for_use() {
             return Err(sleep::asleep_error(bytes));
         }
         let ptr = self.inner.core.allocate(bytes, stream);
@@ -382,7 +388,7 @@ impl MemoryResource for ExpandableMemoryResource {
 
     /// A source of memory that can sleep: the resources over it see the pool in their link.
     fn link(&self) -> crate::resource::Link {
-        let mut link = crate::resource::Link::source(self.kind(), self.device());
+        let mut link = crate::resource::Link::source(self.kind(), self.device(), self.identity());
         link.sleep = crate::resource::sleep::SleepWatch::of(Arc::new(self.clone()));
         link
     }

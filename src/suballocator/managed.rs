@@ -49,11 +49,11 @@ use super::core::{
 use super::free_lists::WholeBlockFreeList;
 use crate::cuda::Stream;
 use crate::error::Result;
-use crate::pressure::{self, Place, Relieve};
+use crate::pressure::Relieve;
 use crate::report::PoolReport;
 use crate::resource::{
-    BlockPlacer, CallProfile, DevicePlacement, MemoryKind, MemoryResource, PlacementMode,
-    SharedResource, UncachedManagedMemoryResource,
+    BlockPlacer, CallProfile, DevicePlacement, MemoryResource, PlacementMode, SharedResource,
+    UncachedManagedMemoryResource,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -220,10 +220,7 @@ impl ManagedMemoryResource {
             (),
             "managed",
         );
-        let place = match (source.kind(), source.device()) {
-            (MemoryKind::Simulated, _) | (_, None) => Place::Simulated(source.identity()),
-            (_, Some(ordinal)) => Place::Device(ordinal),
-        };
+        let link = source.link();
         let inner = Arc::new(Inner {
             core,
             source,
@@ -234,7 +231,7 @@ impl ManagedMemoryResource {
             held,
         });
         let weak: std::sync::Weak<dyn Relieve> = Arc::downgrade(&inner) as _;
-        pressure::register(place, weak);
+        link.register_cache(weak);
         ManagedMemoryResource { inner }
     }
 
@@ -294,6 +291,10 @@ impl Relieve for Inner {
         let keep = self.live.load(Ordering::Relaxed);
         self.core.try_release_to(keep).unwrap_or(0)
     }
+
+    fn cached(&self) -> usize {
+        Inner::cached(self)
+    }
 }
 
 impl MemoryResource for ManagedMemoryResource {
@@ -339,7 +340,7 @@ impl MemoryResource for ManagedMemoryResource {
     /// A source of managed memory; with [`PlacementMode::Blocks`] its link carries the placer
     /// for the suballocator over it.
     fn link(&self) -> crate::resource::Link {
-        let mut link = crate::resource::Link::source(self.kind(), self.device());
+        let mut link = crate::resource::Link::source(self.kind(), self.device(), self.identity());
         if self.inner.mode == PlacementMode::Blocks {
             link.placement = self.inner.placer.clone();
         }

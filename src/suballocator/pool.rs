@@ -45,6 +45,8 @@ struct Inner {
     upstream: SharedResource,
 }
 
+super::core::relieve_by_core!(Inner);
+
 impl PoolMemoryResource {
     /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
     /// free memory from [`MemoryResource::memory_info`](crate::MemoryResource::memory_info), rounded down to 256 and at most the
@@ -112,6 +114,8 @@ impl PoolMemoryResource {
             upstream: source,
             maximum_pool_size,
         });
+        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&inner) as _;
+        inner.upstream.link().register_cache(cache);
         Ok(PoolMemoryResource { inner })
     }
 

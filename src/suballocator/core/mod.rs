@@ -32,6 +32,30 @@ macro_rules! free_figures {
 }
 pub(super) use free_figures;
 
+/// [`Relieve`](crate::pressure::Relieve) for a suballocator's shared state `$inner`, whose
+/// stream-ordered core is its `core` field: a relief gives back the core's free chunks and trims
+/// its free pages without waiting for its lock; `held` (optional) is what it holds straight from
+/// the source (an expandable pool's mapped pages).
+macro_rules! relieve_by_core {
+    ($inner:ty $(, held: |$this:ident| $held:expr)?) => {
+        impl $crate::pressure::Relieve for $inner {
+            fn relieve(&self) -> usize {
+                self.core.try_release_to(0).unwrap_or(0)
+            }
+
+            fn cached(&self) -> usize {
+                self.core.free_bytes()
+            }
+
+            $(fn held(&self) -> usize {
+                let $this = self;
+                $held
+            })?
+        }
+    };
+}
+pub(super) use relieve_by_core;
+
 mod free_list;
 mod growth;
 mod pool_stats;

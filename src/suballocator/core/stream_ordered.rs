@@ -319,7 +319,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
         name: &'static str,
     ) -> Self {
         let link = growth.upstream().map_or_else(
-            || Link::source(growth.kind(), growth.device()),
+            || Link::source(growth.kind(), growth.device(), 0),
             |u| u.link(),
         );
         let core = StreamOrderedCore {

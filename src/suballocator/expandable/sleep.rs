@@ -68,6 +68,9 @@ pub(super) struct SleepGate {
     /// Whether a wake gives the host copy's pages back to the OS instead of to the process's
     /// host page supply (where the next sleep takes them again, ready).
     give_back_host: AtomicBool,
+    /// Whether the sleep under way wakes when the pool is next used
+    /// ([`SleepPlan::wake_on_use`]).
+    wake_on_use: AtomicBool,
     last: Mutex<Option<SleepReport>>,
     sleeps: AtomicUsize,
 }
@@ -425,8 +428,17 @@ impl ExpandableMemoryResource {
         let trimmed = inner.core.release(0)?;
         // From here on allocations, growth and trims are refused (see the module docs), here
         // and in every suballocator over the pool; copies of its memory too.
+        gate.wake_on_use.store(plan.wake_on_use, Ordering::SeqCst);
         gate.flag.store(true, Ordering::SeqCst);
-        rs::mark_asleep(inner.vm.base(), inner.vm.reserved_bytes(), "expandable");
+        let waker = plan
+            .wake_on_use
+            .then(|| Arc::new(self.clone()) as Arc<dyn Sleeper>);
+        rs::mark_asleep(
+            inner.vm.base(),
+            inner.vm.reserved_bytes(),
+            "expandable",
+            waker,
+        );
         let done = self.offload_flagged(&mut state, plan, started, trimmed);
         if done.is_err() && state.is_none() {
             gate.flag.store(false, Ordering::SeqCst);
@@ -607,6 +619,23 @@ impl ExpandableMemoryResource {
         self.wake_locked(&mut state)
     }
 
+    /// Wakes the pool if it sleeps until used ([`SleepPlan::wake_on_use`]); whether it is awake
+    /// afterwards.
+    pub fn wake_for_use(&self) -> bool {
+        let gate = &self.inner.sleep;
+        if !gate.asleep() {
+            return true;
+        }
+        if !gate.wake_on_use.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut state = gate.hold();
+        if state.is_some() {
+            let _ = self.wake_locked(&mut state);
+        }
+        !gate.asleep()
+    }
+
     /// The restore, with the sleep record held; `state` is `Some`. Clears the flag when it
     /// succeeds.
     #[allow(unsafe_code)]
@@ -707,6 +736,7 @@ impl ExpandableMemoryResource {
         }
         // Back to the supply (ready for the next sleep) or to the OS.
         drop(host);
+        inner.sleep.wake_on_use.store(false, Ordering::SeqCst);
         inner.sleep.flag.store(false, Ordering::SeqCst);
         rs::mark_awake(inner.vm.base());
         // Pages that became wholly free while asleep (blocks freed then): given back again. A
@@ -781,6 +811,10 @@ impl Sleeper for ExpandableMemoryResource {
 
     fn restore(&self) -> Result<()> {
         ExpandableMemoryResource::restore(self)
+    }
+
+    fn wake_for_use(&self) -> bool {
+        ExpandableMemoryResource::wake_for_use(self)
     }
 
     fn prepare(&self) -> Result<usize> {

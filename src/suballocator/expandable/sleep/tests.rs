@@ -826,7 +826,7 @@ proptest! {
                     let dropped: usize = (0..live.len()).filter(|&i| gone(i)).map(|i| blocks[i].1).sum();
                     let plan = plan_discards(&top, &wanted).unwrap();
                     let fill = if zero { DiscardFill::Zero } else { DiscardFill::Undefined };
-                    let did = offload_discarding(&top, SleepPlan { discard: plan, fill, discard_all: false }).unwrap();
+                    let did = offload_discarding(&top, SleepPlan { discard: plan, fill, discard_all: false, wake_on_use: false }).unwrap();
                     prop_assert_eq!(did.copied_bytes, kept, "exactly the live kept blocks");
                     prop_assert_eq!(did.discarded_bytes, dropped);
                     prop_assert_eq!(vm.mapped_bytes(), 0);
@@ -941,6 +941,7 @@ fn a_new_suballocator_gets_sleep_by_construction() {
             discard: plan,
             fill: DiscardFill::Zero,
             discard_all: false,
+            wake_on_use: false,
         },
     )
     .unwrap();

@@ -1,0 +1,208 @@
+//! One process's entry in a shared GPU's ledger: a small JSON file it alone writes, read by the
+//! others and never trusted blindly ([`Entry::parse`] refuses anything out of shape).
+
+use serde::{Deserialize, Serialize};
+
+/// The entry format's version.
+pub const VERSION: u32 = 1;
+/// The largest entry file read (bytes): a bigger one is refused unread.
+pub const MAX_ENTRY_BYTES: u64 = 64 * 1024;
+/// The most history events an entry carries (the newest).
+pub const HISTORY_IN_ENTRY: usize = 32;
+/// The longest process name kept.
+pub const MAX_NAME: usize = 64;
+
+/// What happened between processes, as one of them records it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// Seconds since the Unix epoch.
+    pub at: f64,
+    /// `"asked"` (this process asked others), `"gave"` (it trimmed for another), `"slept"`,
+    /// `"woke"`, `"refused"` (an allocation refused after asking), `"declined"` (a request it
+    /// did not follow, with why).
+    pub kind: String,
+    /// The other process (0 when none).
+    pub peer: u32,
+    /// Bytes asked for.
+    pub bytes: u64,
+    /// Bytes given back (trims) or moved to the host (sleeps).
+    pub given: u64,
+    /// Seconds from the request to the answer.
+    pub seconds: f64,
+    /// Why, in words (may be empty).
+    pub note: String,
+}
+
+/// One process on the GPU (see the module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// [`VERSION`].
+    pub version: u32,
+    /// Its process id (the file's name).
+    pub pid: u32,
+    /// When it started (clock ticks since boot, `/proc/<pid>/stat`): a process that died and
+    /// whose id was reused is told apart by it.
+    pub started: u64,
+    /// A name for people (the program, a Dask worker's name).
+    pub name: String,
+    /// The device's bytes, as this process sees them.
+    pub total: u64,
+    /// Bytes in use.
+    pub live: u64,
+    /// Bytes its pools keep free.
+    pub cached: u64,
+    /// The soft share it asked for.
+    pub soft_share: Option<u64>,
+    /// Its hard limit.
+    pub hard_limit: Option<u64>,
+    /// Where the hard limit comes from: `"user"`, `"mps"` (the MPS pinned memory limit), or
+    /// empty.
+    pub hard_limit_from: String,
+    /// Whether it declared itself idle.
+    pub idle: bool,
+    /// Bytes of its data asleep on the host, put there by the ledger.
+    pub asleep: u64,
+    /// Bytes it is waiting for now (0 when none).
+    pub waiting: u64,
+    /// When it last wrote the entry (seconds since the Unix epoch).
+    pub updated: f64,
+    /// Its newest events (at most [`HISTORY_IN_ENTRY`]).
+    pub history: Vec<Event>,
+}
+
+/// Why an entry was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+impl Entry {
+    /// The entry in `text`, read from the file of process `pid`, on a device of `total` bytes.
+    ///
+    /// # Errors
+    /// [`Refused`] saying why: not JSON of this shape, another version, another process's id,
+    /// figures beyond the device, a name with control characters, too much history.
+    pub fn parse(text: &str, pid: u32, total: u64) -> Result<Entry, Refused> {
+        let entry: Entry =
+            serde_json::from_str(text).map_err(|e| Refused(format!("not a ledger entry: {e}")))?;
+        entry.check(pid, total)?;
+        Ok(entry)
+    }
+
+    fn check(&self, pid: u32, total: u64) -> Result<(), Refused> {
+        let refuse = |why: String| Err(Refused(why));
+        if self.version != VERSION {
+            return refuse(format!(
+                "version {} (this rrmm reads version {VERSION})",
+                self.version
+            ));
+        }
+        if self.pid != pid || pid == 0 {
+            return refuse(format!(
+                "the entry names process {} but is the file of process {pid}",
+                self.pid
+            ));
+        }
+        if self.total != total {
+            return refuse(format!(
+                "a device of {} bytes, not this one's {total}",
+                self.total
+            ));
+        }
+        // Live and cached memory of the device, and data asleep on the host: at most the
+        // device each (memory of the device), the host copy at most 64 times it.
+        for (field, value, bound) in [
+            ("live", self.live, total),
+            ("cached", self.cached, total),
+            ("waiting", self.waiting, total),
+            ("asleep", self.asleep, total.saturating_mul(64)),
+        ] {
+            if value > bound {
+                return refuse(format!("{field} = {value} bytes, beyond {bound}"));
+            }
+        }
+        if self.live.saturating_add(self.cached) > total {
+            return refuse(format!(
+                "live + cached = {} bytes, beyond the device's {total}",
+                self.live.saturating_add(self.cached)
+            ));
+        }
+        if self.name.chars().count() > MAX_NAME || self.name.chars().any(char::is_control) {
+            return refuse("a name longer than 64 characters or with control characters".into());
+        }
+        if self.history.len() > HISTORY_IN_ENTRY {
+            return refuse(format!(
+                "{} history events (at most {HISTORY_IN_ENTRY})",
+                self.history.len()
+            ));
+        }
+        if !self.updated.is_finite() || self.updated < 0.0 {
+            return refuse(format!("updated = {}", self.updated));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry() -> Entry {
+        Entry {
+            version: VERSION,
+            pid: 42,
+            started: 7,
+            name: "worker".into(),
+            total: 1000,
+            live: 300,
+            cached: 100,
+            soft_share: None,
+            hard_limit: Some(900),
+            hard_limit_from: "user".into(),
+            idle: false,
+            asleep: 0,
+            waiting: 0,
+            updated: 1.0,
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_entry_reads_back_and_a_bad_one_says_why() {
+        let e = entry();
+        let text = serde_json::to_string(&e).unwrap();
+        assert_eq!(Entry::parse(&text, 42, 1000).unwrap(), e);
+        let why = |text: &str, pid, total| Entry::parse(text, pid, total).unwrap_err().0;
+        assert!(why(&text, 43, 1000).contains("process 42"));
+        assert!(why(&text, 42, 999).contains("device"));
+        assert!(why("{", 42, 1000).contains("not a ledger entry"));
+        let mut big = e.clone();
+        big.live = 2000;
+        assert!(why(&serde_json::to_string(&big).unwrap(), 42, 1000).contains("live"));
+        let extra = text.replacen('{', "{\"owner\":\"root\",", 1);
+        assert!(why(&extra, 42, 1000).contains("unknown field"));
+    }
+
+    proptest! {
+        /// Any text, any bytes: parsed or refused, never a panic; what is accepted is within
+        /// the device.
+        #[test]
+        fn any_text_is_parsed_or_refused(text in ".{0,300}", pid in 1u32..100) {
+            if let Ok(e) = Entry::parse(&text, pid, 1000) {
+                prop_assert!(e.live + e.cached <= 1000);
+            }
+        }
+
+        #[test]
+        fn any_figures_are_checked(live in any::<u64>(), cached in any::<u64>(), asleep in any::<u64>()) {
+            let mut e = entry();
+            e.live = live;
+            e.cached = cached;
+            e.asleep = asleep;
+            let text = serde_json::to_string(&e).unwrap();
+            let ok = live.checked_add(cached).is_some_and(|s| s <= 1000) && asleep <= 64_000;
+            prop_assert_eq!(Entry::parse(&text, 42, 1000).is_ok(), ok);
+        }
+    }
+}
