@@ -270,4 +270,58 @@ mod tests {
         drop(a);
         assert_eq!(relieve(here), 0);
     }
+
+    struct FakeNeighbours {
+        asks: AtomicUsize,
+        limit: usize,
+    }
+
+    impl Neighbours for FakeNeighbours {
+        fn ask(&self, _bytes: usize) -> bool {
+            self.asks.fetch_add(1, Ordering::Relaxed) < 1
+        }
+
+        fn admit(&self, bytes: usize) -> Result<()> {
+            if bytes > self.limit {
+                return Err(Error::out_of_memory(bytes, "hard limit"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn neighbours_are_asked_after_the_own_caches_and_the_hard_limit_comes_first() {
+        let here = Place::Simulated(usize::MAX - 3);
+        let n = Arc::new(FakeNeighbours {
+            asks: AtomicUsize::new(0),
+            limit: 100,
+        });
+        set_neighbours(here, Arc::downgrade(&n) as Weak<dyn Neighbours>);
+        let tries = AtomicUsize::new(0);
+        // Fails twice (no cache of its own to relieve), then the neighbours gave: served.
+        let served = retry_after_relief(here, 10, || {
+            if tries.fetch_add(1, Ordering::Relaxed) < 1 {
+                Err(Error::out_of_memory(10, "full"))
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(served.unwrap(), 7);
+        assert_eq!(n.asks.load(Ordering::Relaxed), 1);
+        // Neighbours that give nothing more: the failure stands, asked once more only.
+        let failed: Result<()> =
+            retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "x")));
+        assert!(failed.is_err());
+        assert_eq!(n.asks.load(Ordering::Relaxed), 2);
+        // Past the hard limit: refused before any try.
+        tries.store(0, Ordering::Relaxed);
+        let refused: Result<()> = retry_after_relief(here, 101, || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        });
+        assert!(refused.unwrap_err().to_string().contains("hard limit"));
+        assert_eq!(tries.load(Ordering::Relaxed), 0);
+        drop(n);
+        assert!(neighbours_of(here).is_none(), "held weakly");
+    }
 }

@@ -108,6 +108,8 @@ impl std::fmt::Debug for Member {
 
 thread_local! {
     /// Whether this thread answers requests (it must never ask: it would wait for itself).
+    // Why process-wide: the answering thread is one of this process's, whichever ledger it
+    // serves; the flag is per thread.
     static ANSWERING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

@@ -282,3 +282,52 @@ fn tiered_fills_the_device_then_the_peer_then_the_host() {
     };
     assert!(bad.build(Some(&below), Sources::Raw).is_err());
 }
+
+/// The process's figures of a place (what a shared GPU's ledger publishes) through every kind
+/// the builder makes, with no resource knowing of them: what is held is counted by the source,
+/// what a pool keeps free is counted as cached, and a relief gives every cached byte back. What a
+/// resource cannot give back by design counts as live: the arena's one allocation, the chunks
+/// of fixed_size (and of binning's bins), kept until they drop as in RMM.
+#[test]
+fn every_kind_counts_what_it_holds_and_gives_its_cache_back() {
+    use crate::cuda::Stream;
+    const MIB: usize = 1 << 20;
+    for name in kind_names() {
+        let options = StackOptions {
+            initial_pool_size: Some(0),
+            arena_size: Some(256 * MIB),
+            ..StackOptions::default()
+        };
+        let built = build(name, Some(1 << 30), &options).unwrap();
+        let mr = &built.resource;
+        let place = mr.link().place;
+        let blocks: Vec<usize> = (0..8)
+            .map(|_| mr.allocate(MIB, Stream::DEFAULT).unwrap())
+            .collect();
+        let busy = crate::pressure::figures(place);
+        assert!(busy.live() >= 8 * MIB, "{name}: {busy:?}");
+        for b in blocks {
+            // SAFETY: allocated above from this resource with this size, freed once.
+            unsafe { mr.deallocate(b, MIB, Stream::DEFAULT) }.unwrap();
+        }
+        let idle = crate::pressure::figures(place);
+        crate::pressure::relieve(place);
+        let relieved = crate::pressure::figures(place);
+        assert_eq!(relieved.cached, 0, "{name}: every cached byte given back");
+        if matches!(name, "arena" | "fixed_size" | "binning") {
+            assert!(idle.live() > 0, "{name}");
+            assert_eq!(
+                relieved.held,
+                idle.live(),
+                "{name}: what it keeps by design stays"
+            );
+        } else {
+            assert_eq!(
+                idle.live(),
+                0,
+                "{name}: nothing live after the frees ({idle:?})"
+            );
+            assert_eq!(relieved.held, 0, "{name}: nothing held once relieved");
+        }
+    }
+}

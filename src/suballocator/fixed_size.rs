@@ -32,8 +32,6 @@ struct Inner {
     upstream: SharedResource,
 }
 
-super::core::relieve_by_core!(Inner);
-
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256) over `upstream`, in chunks of
     /// `blocks_to_preallocate` blocks (at least 1); RMM's defaults are
@@ -88,8 +86,8 @@ impl FixedSizeMemoryResource {
             upstream: source,
             block_size,
         });
-        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&inner) as _;
-        inner.upstream.link().register_cache(cache);
+        // Not a cache of the place: its chunks stay until it drops (as RMM's), so its free
+        // blocks count as held, not as memory a relief could give back.
         Ok(FixedSizeMemoryResource { inner })
     }
 

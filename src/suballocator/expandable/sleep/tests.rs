@@ -1002,3 +1002,51 @@ fn pages_kept_ready_as_the_pool_grows_serve_the_first_sleep() {
     }
     assert_eq!(mr.keep_sleep_ready(false).unwrap(), 0);
 }
+
+/// A sleep the pool's user did not ask for (a shared GPU's ledger put an idle process to sleep)
+/// wakes at the next use: an allocation from the pool, one from a pool above it, a copy of its
+/// bytes; a sleep the user asked for still refuses them all.
+#[test]
+fn a_sleep_until_used_wakes_at_the_next_allocation_or_copy() {
+    use crate::resource::sleep::check_awake;
+    let (_vm, mr) = host_pool(64 * PAGE);
+    let blocks = written_blocks(&mr, &[1000, PAGE + 300], 7);
+    let until_used = SleepPlan {
+        wake_on_use: true,
+        ..SleepPlan::default()
+    };
+    // A plain sleep refuses.
+    mr.offload().unwrap();
+    assert!(mr.allocate(64, S).is_err());
+    assert!(check_awake("src", blocks[0].0, 8).is_err());
+    assert!(
+        !Sleeper::wake_for_use(&mr),
+        "a sleep its user asked for stays"
+    );
+    mr.restore().unwrap();
+    // Until used: an allocation wakes it, bytes intact.
+    mr.offload_plan(&until_used).unwrap();
+    assert!(mr.asleep());
+    let p = mr.allocate(64, S).unwrap();
+    assert!(!mr.asleep());
+    assert_intact(&blocks);
+    free(&mr, p, 64).unwrap();
+    // A copy of its bytes wakes it.
+    mr.offload_plan(&until_used).unwrap();
+    assert!(check_awake("src", blocks[1].0, 16).is_ok());
+    assert!(!mr.asleep());
+    assert_intact(&blocks);
+    // An allocation from a pool over it wakes it (through the pool's link).
+    let shared: SharedResource = Arc::new(mr.clone());
+    let pool = crate::suballocator::PoolMemoryResource::new(shared, Some(0), None).unwrap();
+    let q = pool.allocate(256, S).unwrap();
+    mr.offload_plan(&until_used).unwrap();
+    let r = pool.allocate(PAGE * 2, S).unwrap();
+    assert!(!mr.asleep());
+    assert_intact(&blocks);
+    // SAFETY: allocated above from this pool with these sizes, freed once.
+    unsafe {
+        pool.deallocate(q, 256, S).unwrap();
+        pool.deallocate(r, PAGE * 2, S).unwrap();
+    }
+}
