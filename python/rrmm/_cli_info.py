@@ -1,5 +1,5 @@
-"""``python -m rrmm info``: the driver, the devices with their memory, and each device's
-current resource."""
+"""``python -m rrmm info``: the driver, the devices with their memory, each device's current
+resource, and the shared GPUs' ledgers (``rrmm.shared_gpu``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Prints the CUDA driver rrmm loads, each device with its free and total "
         "memory, the resource set for it (or the default it would get) and the host NUMA node "
         "of its pinned memory; without a driver it says why and that there are no devices "
-        "(status 0: simulated memory needs no GPU).",
+        "(status 0: simulated memory needs no GPU). Then the shared GPUs: each ledger under "
+        "RRMM_LEDGER_DIR (or the default directory) with its processes, their shares and "
+        "bytes, their last events and the files it refused.",
         epilog=EXIT_CODES,
     )
     one_line_parser_errors(parser, "rrmm info")
@@ -39,6 +41,10 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
+#: History events shown per process.
+HISTORY_SHOWN = 5
+
+
 def run(args: argparse.Namespace | None = None) -> int:
     """Prints the report; returns 0 (also without a driver)."""
     import rrmm
@@ -47,7 +53,14 @@ def run(args: argparse.Namespace | None = None) -> int:
     if not _rrmm.driver_available():
         print(f"CUDA driver: not available ({_rrmm.driver_error()})")
         print("devices: none")
-        return 0
+    else:
+        _devices()
+    _shared_gpus()
+    return 0
+
+
+def _devices() -> None:
+    import rrmm
     version = _rrmm.driver_version()
     print(f"CUDA driver: {version // 1000}.{(version % 1000) // 10}")
     count = _rrmm.device_count()
@@ -70,4 +83,53 @@ def run(args: argparse.Namespace | None = None) -> int:
         where = f"node {node}" if node is not None else "not reported by the driver"
         print(f"  [{device}] {name}: {memory}; resource: {resource}")
         print(f"      host NUMA node for pinned memory: {where} ({nodes} node(s) on this host)")
-    return 0
+
+
+def _shared_gpus() -> None:
+    """Every ledger under the default directory: its processes, their last events, and the
+    files it refused (``rrmm.shared_gpu.read_ledgers``)."""
+    from rrmm import shared_gpu
+    from rrmm._cli_replay import format_bytes
+
+    directory = _rrmm._shared_gpu_default_directory()
+    ledgers = shared_gpu.read_ledgers(directory)
+    if not ledgers:
+        print(f"shared GPUs: none in {_printable(directory)} (join with RRMM_SHARE_GPU=1 in the "
+              "environment or rrmm.reinitialize(share_gpu=True))")
+        return
+    print(f"shared GPUs: {len(ledgers)} ledger(s) in {_printable(directory)}")
+    for key, ledger in ledgers.items():
+        rows, refused = ledger["processes"], ledger["refused"]
+        print(f"  {_printable(key)}: {len(rows)} process(es)")
+        for row in rows:
+            share = "equal part" if row.soft_share is None else format_bytes(row.soft_share)
+            limit = "none" if row.hard_limit is None else format_bytes(row.hard_limit) + (
+                f" ({_printable(row.hard_limit_from)})" if row.hard_limit_from else "")
+            print(f"    pid {row.pid} {_printable(repr(row.name))}: share {share}, "
+                  f"live {format_bytes(row.live)}, cached {format_bytes(row.cached)}, asleep {format_bytes(row.asleep)}, "
+                  f"idle {'yes' if row.idle else 'no'}, hard limit {limit}")
+            for event in row.history[-HISTORY_SHOWN:]:
+                print(f"      {_event(event)}")
+        for name, why in refused:
+            print(f"    refused {_printable(name)}: {_printable(why)}")
+
+
+def _event(event: dict[str, Any]) -> str:
+    """One history event in words: kind, peer, bytes asked and given, latency."""
+    from rrmm._cli_replay import format_bytes
+
+    peer = event.get("peer") or 0
+    text = _printable(str(event.get("kind", "?"))) + (f", peer {peer}" if peer else "")
+    text += (f": {format_bytes(int(event.get('bytes') or 0))}, "
+             f"given {format_bytes(int(event.get('given') or 0))} "
+             f"in {1000 * float(event.get('seconds') or 0.0):.1f} ms")
+    if event.get("note"):
+        text += f" ({_printable(str(event['note']))})"
+    return text
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` with what a terminal would act on (escapes, new lines) shown escaped: names
+    and notes come from files other processes wrote."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[: limit - 3] + "..."

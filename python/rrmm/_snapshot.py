@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
@@ -46,7 +47,11 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     the driver, its live bytes on the host until ``restore()``; its addresses kept), and
     ``rrmm["sleep"]`` says what a sleep of the stack would release, copy and discard now (the
     resource's own ``sleep_estimate()``; None for a stack without an expandable pool, which
-    cannot sleep).
+    cannot sleep), and ``rrmm["shared_gpu"]`` what the ledger of the device's GPU holds where
+    this process joined it (``rrmm.shared_gpu``; None where it did not): ``directory``, this
+    process's ``pid``, ``processes`` (each a dict of ``rrmm.shared_gpu.ProcessRow``'s fields:
+    ``pid``, ``name``, ``soft_share``, ``live``, ``cached``, ``asleep``, ``idle``, ...) and
+    ``history`` (what this process asked and gave: ``rrmm.shared_gpu.history()``).
     """
     device = _device(device)
     mr = rrmm.mr.get_per_device_resource(device)
@@ -55,7 +60,28 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     traces: list[list[dict[str, Any]]] = [list(_rrmm._memory_history(d)) for d in range(devices)]
     segments = [] if segments is None else segments
     return {"segments": segments, "device_traces": traces,
-            "rrmm": {"sleep": _sleep_estimate(mr)}}
+            "rrmm": {"sleep": _sleep_estimate(mr), "shared_gpu": _shared_gpu(mr)}}
+
+
+def _shared_gpu(mr: Any) -> dict[str, Any] | None:
+    """The ledger of the GPU under ``mr`` as this process sees it, or None where it has not
+    joined one (or ``mr`` cannot: a CUDA resource without a driver)."""
+    from rrmm import shared_gpu
+
+    try:
+        status = shared_gpu.status(mr)
+        if status is None:
+            return None
+        rows = shared_gpu.processes(mr)
+        history = shared_gpu.history(mr)
+    except RuntimeError:
+        return None
+    return {
+        "directory": str(status["directory"]),
+        "pid": int(status["pid"]),
+        "processes": [dataclasses.asdict(row) for row in rows],
+        "history": history,
+    }
 
 
 def _sleep_estimate(mr: Any) -> dict[str, int] | None:

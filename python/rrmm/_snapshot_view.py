@@ -11,6 +11,7 @@ no network and no PyTorch: SVG with tooltips, no script.
 from __future__ import annotations
 
 import csv
+import datetime
 import gzip
 import html
 import io
@@ -62,7 +63,8 @@ def load_snapshot(path: str, quiet: bool = True) -> dict[str, Any]:
 
     Raises ValueError naming the file for one that is none of these, or whose fields have the
     wrong shape (a size that is NaN, negative or past 64 bits, a list where a dict belongs,
-    nesting deeper than any snapshot, the ``rrmm.sleep`` figures), or for a path that is not a
+    nesting deeper than any snapshot, the ``rrmm.sleep`` figures, the ``rrmm.shared_gpu``
+    section), or for a path that is not a
     regular file (a directory, /dev/zero, a pipe), and OSError for one that cannot be read (a
     corrupt gzip stream included). ``quiet=False`` draws a progress bar while a log replays (on
     a terminal).
@@ -267,7 +269,8 @@ def _rrmm_fields(value: Any) -> dict[str, Any]:
     """rrmm's own part of a snapshot (``rrmm``: a dict, or absent in PyTorch's), checked:
     ``sleep`` is None or a dict whose figures (:data:`SLEEP_FIGURES`) are each a whole number
     in [0, 2**64); a figure that is Infinity, null, a list or a string is a ValueError naming
-    it, never a negative or made-up figure on the page."""
+    it, never a negative or made-up figure on the page. ``shared_gpu`` likewise
+    (:func:`_shared_gpu_fields`)."""
     if value is None:
         return {}
     extra = dict(_dict(value, "rrmm"))
@@ -276,7 +279,89 @@ def _rrmm_fields(value: Any) -> dict[str, Any]:
         sleep = _dict(sleep, "rrmm.sleep")
         extra["sleep"] = {name: _size(sleep[name], f"rrmm.sleep.{name}")
                           for name in SLEEP_FIGURES if name in sleep}
+    if extra.get("shared_gpu") is not None:
+        extra["shared_gpu"] = _shared_gpu_fields(extra["shared_gpu"], "rrmm.shared_gpu")
     return extra
+
+
+#: Byte counts of a process of a shared GPU's ledger (``rrmm.shared_gpu.ProcessRow``).
+SHARED_GPU_FIGURES = ("live", "cached", "asleep")
+#: Rows of a ledger's history shown (the newest).
+MAX_HISTORY = 200
+#: Processes of a ledger kept.
+MAX_PROCESSES = 1024
+
+
+def _shared_gpu_fields(value: Any, where: str) -> dict[str, Any]:
+    """The ledger's part of a snapshot (``rrmm.shared_gpu``, from ``memory_snapshot()``),
+    checked: ``pid``; ``processes``, dicts whose ``pid``, ``live``, ``cached``, ``asleep`` are
+    whole numbers in [0, 2**64), ``soft_share`` and ``hard_limit`` such a number or null,
+    ``idle`` true or false, ``name`` text; ``history``, dicts whose ``peer``, ``bytes`` and
+    ``given`` are such numbers, ``at`` and ``seconds`` finite numbers >= 0, ``kind`` and
+    ``note`` text. Raises ValueError naming the first field of the wrong shape."""
+    section = _dict(value, where)
+    processes: list[dict[str, Any]] = []
+    for i, raw in enumerate(_list(section.get("processes"), f"{where}.processes")):
+        pw = f"{where}.processes[{i}]"
+        row = _dict(raw, pw)
+        out: dict[str, Any] = {
+            "pid": _size(row.get("pid", 0), f"{pw}.pid"),
+            "name": _text(row.get("name", ""), f"{pw}.name", 80),
+            "idle": _flag(row.get("idle", False), f"{pw}.idle"),
+            "hard_limit_from": _text(row.get("hard_limit_from", ""), f"{pw}.hard_limit_from",
+                                     40),
+        }
+        for name in SHARED_GPU_FIGURES:
+            out[name] = _size(row.get(name, 0), f"{pw}.{name}")
+        for name in ("soft_share", "hard_limit"):
+            limit = row.get(name)
+            out[name] = None if limit is None else _size(limit, f"{pw}.{name}")
+        if len(processes) < MAX_PROCESSES:
+            processes.append(out)
+    history = []
+    raw_history = _list(section.get("history"), f"{where}.history")
+    for i, raw in enumerate(raw_history):
+        hw = f"{where}.history[{i}]"
+        event = _dict(raw, hw)
+        checked = {
+            "at": _seconds(event.get("at", 0), f"{hw}.at"),
+            "kind": _text(event.get("kind", ""), f"{hw}.kind", 40),
+            "peer": _size(event.get("peer", 0), f"{hw}.peer"),
+            "bytes": _size(event.get("bytes", 0), f"{hw}.bytes"),
+            "given": _size(event.get("given", 0), f"{hw}.given"),
+            "seconds": _seconds(event.get("seconds", 0), f"{hw}.seconds"),
+            "note": _text(event.get("note", ""), f"{hw}.note", 200),
+        }
+        if i >= len(raw_history) - MAX_HISTORY:
+            history.append(checked)
+    pid = section.get("pid")
+    return {"pid": None if pid is None else _size(pid, f"{where}.pid"),
+            "directory": _text(section.get("directory", ""), f"{where}.directory", 300),
+            "processes": processes, "history": history}
+
+
+def _text(value: Any, where: str, limit: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not text")  # noqa: TRY004
+    return value[:limit]
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, "  # noqa: TRY004
+                         f"not true or false")
+    return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A time or a duration of a snapshot: a finite number >= 0 (seconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where} is {type(value).__name__} {_short(value)}, not a number")  # noqa: TRY004
+    if not (math.isfinite(value) and 0 <= value < _LIMIT):
+        raise ValueError(f"{where} is {_short(value)}, not a number of seconds in 0..2**64")
+    return float(value)
 
 
 def snapshot_from_log(lines: Iterable[str], simulate: int = 1 << 50,
@@ -640,6 +725,9 @@ table.sum td{padding:2px 12px 2px 0} table.sum td:first-child{color:#555}
 .seg{margin:6px 0} .seglabel{font-size:12px;color:#333;margin-bottom:2px}
 .segbg{fill:#f3f3f3} .blk-alloc{fill:#4e79a7;stroke:#fff;stroke-width:.5}
 .blk-free{fill:#fbe3c0;stroke:#e0a040;stroke-width:.5} .muted{color:#777}
+table.grid{border-collapse:collapse;font-size:13px}
+table.grid th,table.grid td{border:1px solid #ddd;padding:2px 8px;text-align:left}
+table.grid th{background:#f3f3f3} h3{font-size:14px;margin:16px 0 6px}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;
 vertical-align:middle}
 """
@@ -657,6 +745,51 @@ def _sleep_row(snapshot: dict[str, Any]) -> str | None:
              f"host memory, {_bytes(sleep.get('free_page_bytes', 0))} of free pages "
              f"released without a copy")
     return words + (f", {_bytes(discarded)} tagged discard" if discarded else "")
+
+
+def _clock(at: float) -> str:
+    """A ledger event's time (seconds since the epoch) as UTC clock time."""
+    try:
+        stamp = datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return f"{at:.3f} s"
+    return stamp.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _shared_gpu_html(ledger: dict[str, Any]) -> str:
+    """The section "Processes on this GPU": a row per process of the ledger (share, live,
+    cached, asleep, idle), then what this process asked and gave (``rrmm.shared_gpu``)."""
+    esc = html.escape
+    me = ledger.get("pid")
+    rows = []
+    for p in ledger["processes"]:
+        share = "an equal part" if p["soft_share"] is None else _bytes(p["soft_share"])
+        limit = "none" if p["hard_limit"] is None else (
+            _bytes(p["hard_limit"]) + (f" ({p['hard_limit_from']})" if p["hard_limit_from"]
+                                       else ""))
+        who = f"{p['pid']}" + (" (this process)" if p["pid"] == me else "")
+        cells = (who, p["name"], share, _bytes(p["live"]), _bytes(p["cached"]),
+                 _bytes(p["asleep"]), "yes" if p["idle"] else "no", limit)
+        rows.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    head = ("pid", "name", "soft share", "live", "cached", "asleep", "idle", "hard limit")
+    table = ('<table class="grid"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+             + "".join(rows) + "</table>") if rows else (
+        '<p class="muted">No process in the ledger when the snapshot was taken.</p>')
+    events = []
+    for e in ledger["history"]:
+        said = (_clock(e["at"]), e["kind"], str(e["peer"]) if e["peer"] else "",
+                _bytes(e["bytes"]), _bytes(e["given"]), f"{1000 * e['seconds']:.1f}", e["note"])
+        events.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in said) + "</tr>")
+    heads = ("when", "what", "peer", "bytes", "given", "ms", "note")
+    history = ('<table class="grid"><tr>' + "".join(f"<th>{h}</th>" for h in heads) + "</tr>"
+               + "".join(events) + "</table>") if events else (
+        '<p class="muted">Nothing asked or given yet.</p>')
+    where = ledger.get("directory") or ""
+    return ("<h2>Processes on this GPU</h2>"
+            f"<p class=\"muted\">The GPU's ledger{' (' + esc(where) + ')' if where else ''}: "
+            "each process's soft share (beyond which it is asked first to give memory back "
+            "and, when idle, may be put to sleep), its bytes live, cached and asleep.</p>"
+            f"{table}<h3>What this process asked and gave</h3>{history}")
 
 
 def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
@@ -705,6 +838,13 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
     if sleep is not None:
         rows.append(("a sleep would free", sleep))
     extra = snapshot.get("rrmm") or {}
+    ledger = extra.get("shared_gpu")  # checked by normalize()
+    if ledger is not None:
+        mine = next((p for p in ledger["processes"] if p["pid"] == ledger.get("pid")), None)
+        rows.append(("shared GPU", f"{len(ledger['processes'])} process(es) in the ledger"
+                     + ("" if mine is None else
+                        f"; this one: {_bytes(mine['live'])} live, "
+                        f"{_bytes(mine['cached'])} cached, {_bytes(mine['asleep'])} asleep")))
     if extra.get("source") == "log":
         rows.append(("source", ("a logging adaptor's log, replayed through a pool on simulated "
                                "memory; segments at the peak")))
@@ -723,7 +863,8 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
         f"{timeline}<h2>Segments, blocks and holes</h2>"
         "<p class=\"legend muted\"><span style=\"background:#4e79a7\"></span>allocated"
         "<span style=\"background:#fbe3c0\"></span>free (a hole)</p>"
-        f"{_segments_html(segments)}</body></html>"
+        f"{_segments_html(segments)}"
+        f"{'' if ledger is None else _shared_gpu_html(ledger)}</body></html>"
     )
 
 

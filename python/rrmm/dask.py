@@ -10,14 +10,17 @@ rrmm, ``pip install '.[dask]'`` installs it: the ``dask`` extra of pyproject.tom
 - Worker metrics ``rmm-used`` / ``rmm-total`` (distributed's dashboard page reads them),
   ``dask.sizeof`` and distributed's cuda/dask serializers for ``rrmm.DeviceBuffer``.
 - ``memory_report(client)``: per worker, bytes in use now and at peak, footprint,
-  fragmentation, largest free block and failed allocations; printable, and ``.rows`` for
-  scripts.
+  fragmentation, largest free block and failed allocations, and the GPU ledger's view of the
+  worker where it joined one (``share_gpu``); printable, and ``.rows`` for scripts.
 
 Importing this module registers the sizeof and serializers (needs ``distributed``).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
+import math
 import os
 import threading
 from dataclasses import asdict, dataclass
@@ -40,11 +43,14 @@ except ImportError as _cause:  # pragma: no cover - depends on the environment
 import rrmm
 import rrmm._stack
 import rrmm.mr
+import rrmm.shared_gpu
 from rrmm.allocators import FRAMEWORKS, use_rrmm_for
 from rrmm.rmm import stack_kind
+from rrmm.shared_gpu import ProcessRow
 
 __all__ = [
     "MemoryReport",
+    "MemoryRow",
     "RRMMSetup",
     "dask_setup",
     "memory_report",
@@ -53,6 +59,7 @@ __all__ = [
 ]
 
 _ALIGNMENT = 256
+_log = logging.getLogger("rrmm.dask")
 
 
 # ---------------------------------------------------------------- sizes and validation
@@ -148,6 +155,89 @@ def _lib_list(libraries: Any) -> list[str] | None:
     return libraries
 
 
+#: What ``share_gpu`` may hold as a dict: ``rrmm.shared_gpu.join``'s keyword options.
+_JOIN_OPTIONS = tuple(
+    name for name, p in inspect.signature(rrmm.shared_gpu.join).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+def _share_gpu(share_gpu: Any) -> dict[str, Any] | None:
+    """``share_gpu`` checked: None for False, the join options (a copy) for True or a dict."""
+    if share_gpu is False:
+        return None
+    if share_gpu is True:
+        return {}
+    if not isinstance(share_gpu, dict):
+        raise TypeError(
+            f"`share_gpu` must be True, False or a dict of rrmm.shared_gpu.join's options, "
+            f"not {share_gpu!r}"
+        )
+    unknown = sorted(str(k) for k in share_gpu if k not in _JOIN_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"`share_gpu`: unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"rrmm.shared_gpu.join takes {', '.join(_JOIN_OPTIONS)}"
+        )
+    for option in ("soft_share", "hard_limit"):
+        _check_share_size(share_gpu.get(option), option)
+    for option in ("name", "device_key"):
+        value = share_gpu.get(option)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"`share_gpu`: {option} must be a str, not {value!r}")
+    directory = share_gpu.get("directory")
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"`share_gpu`: directory must be a path, not {directory!r}")
+    return dict(share_gpu)
+
+
+def _check_share_size(value: Any, option: str) -> None:
+    """A ``soft_share`` or ``hard_limit`` at construction: bytes, a size string or a
+    percentage of the device (its size is known on the worker)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(
+            f"`share_gpu`: {option} must be bytes, a size string or a percentage, not {value!r}"
+        )
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"`share_gpu`: {option} must be >= 0 bytes, not {value}")
+        return
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not 0.0 <= percent <= 100.0:
+                raise ValueError("a percentage of the device is 0% to 100%")
+        else:
+            rrmm.parse_bytes(text)
+    except ValueError as error:
+        raise ValueError(f"`share_gpu`: {option}={value!r}: {error}") from None
+
+
+def _idle_after(idle_after: Any, shared: bool) -> float | None:
+    """``idle_after`` checked: None, or seconds (a finite number >= 0) with ``share_gpu``."""
+    if idle_after is None:
+        return None
+    if isinstance(idle_after, bool) or not isinstance(idle_after, (int, float)):
+        raise TypeError(f"`idle_after` must be a number of seconds or None, not {idle_after!r}")
+    if not math.isfinite(idle_after) or idle_after < 0:
+        raise ValueError(f"`idle_after` must be a finite number of seconds >= 0, not {idle_after!r}")
+    if not shared:
+        raise ValueError(
+            "`idle_after` declares the worker idle in its GPU's ledger, which it joins with "
+            "`share_gpu`: pass share_gpu=True (or a dict of options) too"
+        )
+    return float(idle_after)
+
+
+#: Task states in which a task runs on a worker's thread (``cancelled`` and ``resumed``
+#: only for a task that was running: its thread goes on).
+_RUNNING = ("executing", "long-running")
+_STILL_RUNNING = ("cancelled", "resumed")
+
+
 # ---------------------------------------------------------------- the worker's state
 
 
@@ -191,6 +281,89 @@ def _worker_name(worker: Any) -> str:
     return name.split("/")[-1] if isinstance(name, str) else str(name)
 
 
+class _IdleTimer:
+    """A worker's idle declarations (``idle_after``): the tasks running now and the pending
+    call that declares it idle. Transitions and the call run on the worker's event loop."""
+
+    delay: float | None
+    mr: Any
+    loop: Any
+    handle: Any
+    running: set[Any]
+    declared_idle: bool
+
+    def __init__(self, delay: float | None) -> None:
+        self.delay = delay
+        self._reset()
+
+    def _reset(self) -> None:
+        self.mr = self.loop = self.handle = None
+        self.running = set()
+        self.declared_idle = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The plugin travels pickled to each worker: the delay goes, never a loop or a timer.
+        return {"delay": self.delay}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.delay = state["delay"]
+        self._reset()
+
+    def start(self, mr: Any, worker: Any) -> None:
+        """Tracks ``worker``'s tasks for ``mr``'s ledger; nothing runs yet: idle after the
+        delay."""
+        if self.delay is None:
+            return
+        loop = getattr(worker, "loop", None)
+        loop = getattr(loop, "asyncio_loop", loop)  # a tornado IOLoop wraps an asyncio loop
+        if loop is None or not callable(getattr(loop, "call_later", None)):
+            raise RuntimeError(
+                "`idle_after` needs a Dask worker with an event loop (worker.loop)"
+            )
+        self.mr, self.loop = mr, loop
+        self._schedule()
+
+    def stop(self) -> None:
+        """Cancels the pending idle declaration; tracks nothing more."""
+        self._cancel()
+        self._reset()
+
+    def transition(self, key: Any, start: str, finish: str) -> None:
+        if self.mr is None:
+            return
+        if finish in _RUNNING:
+            self.running.add(key)
+            self._cancel()
+            if self.declared_idle:
+                self.declared_idle = False
+                if rrmm.shared_gpu.joined(self.mr):
+                    rrmm.shared_gpu.declare_busy(self.mr)
+        elif key in self.running and finish not in _STILL_RUNNING:
+            self.running.discard(key)
+            if not self.running:
+                self._schedule()
+
+    def _schedule(self) -> None:
+        self._cancel()
+        if not self.declared_idle:
+            self.handle = self.loop.call_later(self.delay, self._declare_idle)
+
+    def _cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _declare_idle(self) -> None:
+        self.handle = None
+        if self.mr is None or self.running or self.declared_idle:
+            return
+        if not rrmm.shared_gpu.joined(self.mr):
+            _log.info("rrmm: the worker left its GPU's ledger; not declaring it idle")
+            return
+        rrmm.shared_gpu.declare_idle(self.mr)
+        self.declared_idle = True
+
+
 # ---------------------------------------------------------------- the plugin
 
 
@@ -226,6 +399,8 @@ class RRMMSetup(WorkerPlugin):
         external_lib_list: Any = None,
         simulate: Any = None,
         allocator: str | None = None,
+        share_gpu: bool | dict[str, Any] = False,
+        idle_after: float | None = None,
     ) -> None:
         if async_alloc is True and managed_memory is True:
             raise ValueError("`rmm_managed_memory` is incompatible with the `rmm_async`.")
@@ -273,6 +448,9 @@ class RRMMSetup(WorkerPlugin):
         self.log_directory = log_directory
         self.track_allocations = bool(track_allocations)
         self.external_lib_list = _lib_list(external_lib_list)
+        self.share_gpu = _share_gpu(share_gpu)
+        self.idle_after = _idle_after(idle_after, self.share_gpu is not None)
+        self._idle = _IdleTimer(self.idle_after)
 
     def setup(self, worker: Any = None) -> None:
         """Builds the resource and makes it the current device's; adds the worker metrics."""
@@ -302,12 +480,25 @@ class RRMMSetup(WorkerPlugin):
             worker.metrics["rmm"] = _rmm_metric
         for lib in self.external_lib_list or ():
             use_rrmm_for(lib)
+        if self.share_gpu is not None:
+            options = {"name": _worker_name(worker), **self.share_gpu}
+            rrmm.shared_gpu.join(mr, **options)
+            self._idle.stop()
+            self._idle.start(mr, worker)
 
     def teardown(self, worker: Any = None) -> None:
-        """Flushes the log, if any."""
-        logging = _find(_state.resource, rrmm.mr.LoggingResourceAdaptor)
-        if logging is not None:
-            logging.flush()
+        """Flushes the log, if any; leaves the GPU's ledger where ``share_gpu`` joined it."""
+        self._idle.stop()
+        if self.share_gpu is not None and _state.resource is not None:
+            rrmm.shared_gpu.leave(_state.resource)
+        log = _find(_state.resource, rrmm.mr.LoggingResourceAdaptor)
+        if log is not None:
+            log.flush()
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        """With ``idle_after``: busy when a task starts executing; idle ``idle_after`` seconds
+        after the last one running stops, unless another starts meanwhile."""
+        self._idle.transition(key, start, finish)
 
     def stack_options(self) -> tuple[str, dict[str, Any]]:
         """The stack kind and its options (``rrmm._stack.build``) for this worker: dask-cuda's
@@ -370,6 +561,8 @@ def options_from_config() -> dict[str, Any]:
         "external_lib_list",
         "simulate",
         "allocator",
+        "share_gpu",
+        "idle_after",
     }
     aliases = {"pool_size": "initial_pool_size", "async": "async_alloc"}
     options: dict[str, Any] = {}
@@ -384,15 +577,29 @@ def options_from_config() -> dict[str, Any]:
 
 def dask_setup(worker: Any) -> None:
     """The preload entry point (``dask worker --preload rrmm.dask``): sets rrmm up from the
-    ``rrmm`` section of Dask's config."""
-    RRMMSetup(**options_from_config()).setup(worker)
+    ``rrmm`` section of Dask's config. With ``share-gpu`` the setup also stays among the
+    worker's plugins, so that it sees task transitions (``idle-after``) and leaves the ledger
+    when the worker closes."""
+    plugin = RRMMSetup(**options_from_config())
+    plugin.setup(worker)
+    plugins = getattr(worker, "plugins", None)
+    if plugin.share_gpu is not None and isinstance(plugins, dict):
+        plugins[plugin.name] = plugin
 
 
 # ---------------------------------------------------------------- metrics and the report
 
 
 def worker_figures() -> dict[str, Any]:
-    """This process's rrmm figures (what ``memory_report`` gathers from each worker)."""
+    """This process's rrmm figures (what ``memory_report`` gathers from each worker), with
+    ``shared_gpu``: its row of its GPU's ledger (``rrmm.shared_gpu.ProcessRow``) or None."""
+    figures = _resource_figures()
+    figures["shared_gpu"] = _ledger_row(_state.resource or rrmm.mr.get_current_device_resource())
+    return figures
+
+
+def _resource_figures() -> dict[str, Any]:
+    """The resource's figures (what the ``rmm`` metric reads at each heartbeat: no ledger)."""
     mr = _state.resource or rrmm.mr.get_current_device_resource()
     statistics = _state.statistics or _find(mr, rrmm.mr.StatisticsResourceAdaptor)
     pool = _state.pool or _find(mr, rrmm.mr.PoolMemoryResource)
@@ -419,9 +626,24 @@ def worker_figures() -> dict[str, Any]:
     }
 
 
+def _ledger_row(mr: Any) -> ProcessRow | None:
+    """This process's row of the ledger of the GPU under ``mr``, None where it has not joined
+    one (or ``mr`` is no resource of a GPU's, such as a CUDA resource without a driver)."""
+    if not isinstance(mr, rrmm.mr.DeviceMemoryResource):
+        return None
+    try:
+        if not rrmm.shared_gpu.joined(mr):
+            return None
+        rows = rrmm.shared_gpu.processes(mr)
+    except RuntimeError:
+        return None
+    pid = os.getpid()
+    return next((row for row in rows if row.pid == pid), None)
+
+
 def _rmm_metric(worker: Any = None) -> dict[str, int]:
     """distributed's ``rmm`` worker metric: ``rmm-used`` and ``rmm-total`` (the footprint)."""
-    figures = worker_figures()
+    figures = _resource_figures()
     return {
         "rmm-used": figures["in_use"],
         "rmm-total": max(figures["footprint"], figures["in_use"]),
@@ -430,7 +652,9 @@ def _rmm_metric(worker: Any = None) -> dict[str, int]:
 
 @dataclass
 class MemoryRow:
-    """One worker's line of ``memory_report``."""
+    """One worker's line of ``memory_report``; ``shared_gpu``: the worker's row of its GPU's
+    ledger (``rrmm.shared_gpu.ProcessRow``: soft share, live, cached, asleep bytes, idle) where
+    it joined one, else None."""
 
     worker: str
     name: str
@@ -441,6 +665,7 @@ class MemoryRow:
     fragmentation: float
     largest_free_block: int
     failed_allocations: int
+    shared_gpu: ProcessRow | None = None
 
 
 class MemoryReport:
@@ -463,8 +688,8 @@ class MemoryReport:
                 value /= 1024
             return f"{n} B"
 
-        head = ("worker", "resource", "in use", "peak", "footprint", "frag", "largest free",
-                "failed")
+        head: tuple[str, ...] = ("worker", "resource", "in use", "peak", "footprint", "frag",
+                                 "largest free", "failed")
         lines = [head] + [
             (
                 r.name,
@@ -478,6 +703,19 @@ class MemoryReport:
             )
             for r in self.rows
         ]
+        if any(r.shared_gpu is not None for r in self.rows):
+            # The ledger's view, only where a worker joined one (the table is as before else).
+            head += ("share", "live", "cached", "asleep", "idle")
+            lines[0] = head
+            for i, r in enumerate(self.rows, start=1):
+                g = r.shared_gpu
+                lines[i] += ("-",) * 5 if g is None else (
+                    "equal part" if g.soft_share is None else size(g.soft_share),
+                    size(g.live),
+                    size(g.cached),
+                    size(g.asleep),
+                    "yes" if g.idle else "no",
+                )
         widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
         return "\n".join(
             "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines
@@ -505,6 +743,7 @@ def memory_report(client: Any) -> MemoryReport:
             fragmentation=f["fragmentation"],
             largest_free_block=f["largest_free_block"],
             failed_allocations=f["failed_allocations"],
+            shared_gpu=f.get("shared_gpu"),
         )
         for address, f in sorted(figures.items(), key=lambda kv: names.get(kv[0], kv[0]))
     ]

@@ -45,6 +45,19 @@ pub fn valid_key(key: &str) -> bool {
 pub struct LedgerDir {
     path: PathBuf,
     uid: u32,
+    /// Where the sockets are when the directory's own path is too long for one (a socket's
+    /// path has at most 107 bytes): a short directory of this user's, with a name per ledger.
+    sockets: Option<(PathBuf, u64)>,
+}
+
+/// The longest socket path this code makes (the kernel's limit is 107 bytes and a NUL).
+const MAX_SOCKET_PATH: usize = 100;
+
+/// FNV-1a of `bytes`: the same in every process (a ledger's short socket names).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The ledger as one read found it.
@@ -138,7 +151,29 @@ impl LedgerDir {
         let path = base.join(key);
         make_dir(&path)?;
         check_dir(&path, uid)?;
-        Ok(LedgerDir { path, uid })
+        // u32::MAX has the most digits a process id has.
+        let longest = path.join(format!("{}.sock", u32::MAX));
+        let sockets = if longest.as_os_str().len() <= MAX_SOCKET_PATH {
+            None
+        } else {
+            let short = std::env::temp_dir().join(format!("rrmm-sockets-{uid}"));
+            make_dir(&short)?;
+            check_dir(&short, uid)?;
+            let tag = fnv1a(path.as_os_str().as_encoded_bytes());
+            if short
+                .join(format!("{tag:016x}-{}.sock", u32::MAX))
+                .as_os_str()
+                .len()
+                > MAX_SOCKET_PATH
+            {
+                return Err(refuse(
+                    &short,
+                    "the temporary directory's path is too long for a socket",
+                ));
+            }
+            Some((short, tag))
+        };
+        Ok(LedgerDir { path, uid, sockets })
     }
 
     /// The directory.
@@ -151,9 +186,13 @@ impl LedgerDir {
         self.path.join(format!("{pid}.json"))
     }
 
-    /// The socket of `pid`.
+    /// The socket of `pid`: in the directory, or where its path would be too long, in a short
+    /// directory of this user's under the temporary directory, named by the ledger and `pid`.
     pub fn socket_path(&self, pid: u32) -> PathBuf {
-        self.path.join(format!("{pid}.sock"))
+        match &self.sockets {
+            None => self.path.join(format!("{pid}.sock")),
+            Some((short, tag)) => short.join(format!("{tag:016x}-{pid}.sock")),
+        }
     }
 
     /// Writes `entry` whole (a temporary file renamed over the old one).
@@ -263,6 +302,28 @@ mod tests {
     fn this_process_started_and_a_made_up_one_did_not() {
         assert!(process_started(std::process::id()).is_some());
         assert!(process_started(u32::MAX - 7).is_none());
+    }
+
+    #[test]
+    fn a_long_directory_keeps_its_sockets_in_a_short_one() {
+        let base = temp_base(&"long".repeat(30));
+        let dir = LedgerDir::open(&base, "dev").unwrap();
+        let socket = dir.socket_path(u32::MAX);
+        assert!(
+            socket.as_os_str().len() <= MAX_SOCKET_PATH,
+            "{}",
+            socket.display()
+        );
+        assert_ne!(socket.parent(), Some(dir.path()));
+        let other = LedgerDir::open(&base, "other").unwrap();
+        assert_ne!(
+            other.socket_path(1),
+            dir.socket_path(1),
+            "one name per ledger"
+        );
+        let _ = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
+        let _ = fs::remove_file(&socket);
+        let _ = fs::remove_dir_all(&base);
     }
 
     #[test]

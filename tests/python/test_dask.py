@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 distributed = pytest.importorskip("distributed")
@@ -252,3 +254,270 @@ def test_the_report_names_sizes_as_people_read_them():
     assert _describe("expandable", 1536 << 20) == "expandable(simulated 1.50 GiB)"
     assert _describe("cuda", 512) == "simulated 512 B"
     assert _describe("pool", None) == "pool(cuda)"
+
+
+# ---------------------------------------------------------------- one GPU, many workers
+
+
+@pytest.fixture()
+def ledger():
+    """A ledger directory with a short path: each member's socket lives in it, and a socket's
+    path must fit 108 bytes (pytest's tmp_path, with a test's name, may not)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="rrmm-ledger-"))  # mode 0700
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _Worker:
+    """What the plugin reads of a Dask worker: its name, metrics, plugins and event loop."""
+
+    def __init__(self, name, loop=None) -> None:
+        self.name = name
+        self.loop = loop
+        self.metrics: dict = {}
+        self.plugins: dict = {}
+
+
+class _FakeLoop:
+    """``call_later`` that runs nothing until ``fire()``: the idle timer, step by step."""
+
+    class Handle:
+        def __init__(self, delay, callback) -> None:
+            self.delay, self.callback, self.cancelled = delay, callback, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def __init__(self) -> None:
+        self.handles: list = []
+
+    def call_later(self, delay, callback):
+        self.handles.append(self.Handle(delay, callback))
+        return self.handles[-1]
+
+    def pending(self) -> list:
+        return [h for h in self.handles if not h.cancelled]
+
+    def fire(self) -> None:
+        for handle in self.pending():
+            handle.cancelled = True
+            handle.callback()
+
+
+def _idle(mr) -> bool:
+    status = rrmm.shared_gpu.status(mr)
+    assert status is not None, "the worker left its ledger"
+    return bool(status["idle"])
+
+
+def test_share_gpu_joins_the_workers_ledger_and_idle_after_follows_its_tasks(
+    ledger, monkeypatch
+):
+    import asyncio
+
+    from rrmm.dask import worker_figures
+
+    monkeypatch.setenv("RRMM_LEDGER_DIR", str(ledger))
+    loop = asyncio.new_event_loop()
+    worker = _Worker("tcp://127.0.0.1:1/w3", loop)
+    plugin = RRMMSetup(initial_pool_size="64MiB", simulate="1GiB", share_gpu=True,
+                       idle_after=0.05)
+
+    def wait(seconds: float) -> None:
+        loop.run_until_complete(asyncio.sleep(seconds))
+
+    try:
+        plugin.setup(worker)
+        mr = rrmm.mr.get_current_device_resource()
+        status = rrmm.shared_gpu.status(mr)
+        assert status is not None
+        assert status["directory"] == str(ledger / "simulated-1073741824")
+        assert [r.name for r in rrmm.shared_gpu.processes(mr)] == ["w3"]
+        assert not _idle(mr)
+        wait(0.3)
+        assert _idle(mr), "no task since the setup: idle after idle_after"
+        plugin.transition("a", "ready", "executing", stimulus_id="s")
+        assert not _idle(mr), "busy as its task starts executing, before it runs"
+        plugin.transition("b", "ready", "executing", stimulus_id="s")
+        plugin.transition("a", "executing", "memory", stimulus_id="s")
+        wait(0.3)
+        assert not _idle(mr), "b still executes"
+        plugin.transition("b", "executing", "cancelled", stimulus_id="s")
+        wait(0.3)
+        assert not _idle(mr), "a cancelled task goes on running on its thread"
+        plugin.transition("b", "cancelled", "released", stimulus_id="s")
+        plugin.transition("c", "ready", "executing", stimulus_id="s")
+        plugin.transition("c", "executing", "memory", stimulus_id="s")
+        wait(0.3)
+        assert _idle(mr)
+        row = worker_figures()["shared_gpu"]
+        assert row is not None and row.name == "w3" and row.pid == os.getpid()
+        plugin.teardown(worker)
+        assert not rrmm.shared_gpu.joined(mr), "the worker leaves its ledger at teardown"
+        plugin.transition("d", "ready", "executing", stimulus_id="s")  # after teardown: nothing
+        assert worker_figures()["shared_gpu"] is None
+    finally:
+        loop.close()
+        rrmm._rrmm._clear_per_device_resources()
+
+
+def test_a_task_starting_within_idle_after_cancels_the_idle_declaration(ledger):
+    loop = _FakeLoop()
+    plugin = RRMMSetup(simulate="1GiB", idle_after=30,
+                       share_gpu={"directory": ledger, "name": "mine", "soft_share": "25%"})
+    try:
+        plugin.setup(_Worker("tcp://x/w0", loop))
+        mr = rrmm.mr.get_current_device_resource()
+        (row,) = rrmm.shared_gpu.processes(mr)
+        assert row.name == "mine" and row.soft_share == (1 << 30) // 4
+        assert [h.delay for h in loop.pending()] == [30.0]
+        plugin.transition("a", "ready", "executing", stimulus_id="s")
+        assert loop.pending() == [], "a task runs: no idle declaration pending"
+        plugin.transition("a", "executing", "long-running", stimulus_id="s")  # seceded: runs
+        assert loop.pending() == []
+        plugin.transition("a", "long-running", "memory", stimulus_id="s")
+        plugin.transition("b", "ready", "executing", stimulus_id="s")
+        assert loop.pending() == [] and not _idle(mr)
+        plugin.transition("b", "executing", "error", stimulus_id="s")
+        plugin.transition("x", "fetch", "flight", stimulus_id="s")  # not a task that runs
+        assert len(loop.pending()) == 1
+        loop.fire()
+        assert _idle(mr)
+        plugin.transition("c", "ready", "executing", stimulus_id="s")
+        assert not _idle(mr)
+        plugin.transition("c", "executing", "memory", stimulus_id="s")
+        rrmm.shared_gpu.leave(mr)
+        loop.fire()  # the worker left meanwhile: nothing to declare, nothing raised
+        assert not rrmm.shared_gpu.joined(mr)
+    finally:
+        rrmm._rrmm._clear_per_device_resources()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"idle_after": 5}, ValueError, "idle_after.*share_gpu"),
+        ({"share_gpu": False, "idle_after": 5}, ValueError, "idle_after.*share_gpu"),
+        ({"share_gpu": "yes"}, TypeError, "share_gpu. must be True, False or a dict"),
+        ({"share_gpu": 1}, TypeError, "share_gpu. must be True, False or a dict"),
+        ({"share_gpu": {"soft_shar": "1GiB"}}, ValueError, "unknown option.*soft_shar"),
+        ({"share_gpu": {"soft_share": "150%"}}, ValueError, "soft_share.*0% to 100%"),
+        ({"share_gpu": {"hard_limit": "lots"}}, ValueError, "hard_limit='lots'"),
+        ({"share_gpu": {"hard_limit": -1}}, ValueError, "hard_limit must be >= 0"),
+        ({"share_gpu": {"soft_share": 1.5}}, TypeError, "soft_share must be bytes"),
+        ({"share_gpu": {"name": 3}}, TypeError, "name must be a str"),
+        ({"share_gpu": {"directory": 3}}, TypeError, "directory must be a path"),
+        ({"share_gpu": True, "idle_after": -1}, ValueError, "idle_after. must be a finite"),
+        ({"share_gpu": True, "idle_after": float("nan")}, ValueError, "finite"),
+        ({"share_gpu": True, "idle_after": "30s"}, TypeError, "number of seconds"),
+        ({"share_gpu": True, "idle_after": True}, TypeError, "number of seconds"),
+    ],
+)
+def test_bad_share_gpu_and_idle_after_options_are_refused(options, error, message):
+    with pytest.raises(error, match=message):
+        RRMMSetup(simulate="1GiB", **options)
+
+
+def test_idle_after_needs_a_worker_with_an_event_loop(ledger):
+    plugin = RRMMSetup(simulate="1GiB", share_gpu={"directory": str(ledger)},
+                       idle_after=1)
+    try:
+        with pytest.raises(RuntimeError, match="event loop"):
+            plugin.setup(_Worker("w", loop=None))
+    finally:
+        rrmm._rrmm._clear_per_device_resources()
+
+
+def test_the_plugin_pickles_without_its_timer(ledger):
+    import pickle
+
+    loop = _FakeLoop()
+    plugin = RRMMSetup(simulate="1GiB", share_gpu={"directory": str(ledger)},
+                       idle_after=2)
+    try:
+        plugin.setup(_Worker("w", loop))
+        copy = pickle.loads(pickle.dumps(plugin))
+        assert copy.idle_after == 2.0 and copy.share_gpu == plugin.share_gpu
+        copy.transition("a", "ready", "executing")  # not set up: tracks nothing
+        assert len(loop.pending()) == 1
+    finally:
+        plugin.teardown()
+        rrmm._rrmm._clear_per_device_resources()
+
+
+def test_the_preload_reads_share_gpu_and_idle_after_and_stays_among_the_plugins(ledger):
+    from rrmm.dask import dask_setup, options_from_config
+
+    config = {"rrmm": {"simulate": "1GiB", "share-gpu": {"directory": str(ledger)},
+                       "idle-after": 10}}
+    loop = _FakeLoop()
+    worker = _Worker("tcp://x/w9", loop)
+    with dask.config.set(config):
+        assert options_from_config() == {"simulate": "1GiB",
+                                         "share_gpu": {"directory": str(ledger)},
+                                         "idle_after": 10}
+        try:
+            dask_setup(worker)
+            plugin = worker.plugins[RRMMSetup.name]
+            mr = rrmm.mr.get_current_device_resource()
+            assert [r.name for r in rrmm.shared_gpu.processes(mr)] == ["w9"]
+            plugin.transition("a", "ready", "executing")
+            plugin.transition("a", "executing", "memory")
+            loop.fire()
+            assert _idle(mr)
+            plugin.teardown(worker)
+            assert not rrmm.shared_gpu.joined(mr)
+        finally:
+            rrmm._rrmm._clear_per_device_resources()
+
+
+def _idle_inside_a_task() -> bool:
+    import rrmm.shared_gpu
+
+    return bool(rrmm.shared_gpu.status()["idle"])
+
+
+def _my_ledger_row():
+    from rrmm.dask import worker_figures
+
+    return worker_figures()["shared_gpu"]
+
+
+def test_memory_report_shows_the_ledgers_view_of_each_worker(cluster, ledger):
+    import time
+
+    from rrmm.dask import MemoryReport, MemoryRow
+
+    _, client = cluster
+    client.register_plugin(RRMMSetup(initial_pool_size="64MiB", simulate="1GiB",
+                                     share_gpu={"directory": str(ledger)}, idle_after=0.2))
+    names = {a: str(w["name"]) for a, w in client.scheduler_info()["workers"].items()}
+    deadline = time.monotonic() + 20
+    while True:  # the ledger's entries are written every 250 ms
+        rows = client.run(_my_ledger_row)
+        if all(r is not None and r.idle for r in rows.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert {a: (r.name, r.idle) for a, r in rows.items()} == {a: (n, True)
+                                                             for a, n in names.items()}
+    # Busy as soon as a task executes, before it runs.
+    assert client.submit(_idle_inside_a_task, pure=False).result() is False
+    report = memory_report(client)
+    assert len(report.rows) == 2
+    for row in report.rows:
+        assert row.shared_gpu is not None and row.shared_gpu.name == row.name
+        assert row.shared_gpu.soft_share is None
+    assert len({r.shared_gpu.pid for r in report.rows}) == 2, "one ledger, both workers"
+    head, *lines = str(report).splitlines()
+    assert head.split()[-5:] == ["share", "live", "cached", "asleep", "idle"]
+    assert all("equal part" in line for line in lines)
+    assert report.as_dicts()[0]["shared_gpu"]["name"] == report.rows[0].name
+    # Without ledger data the table is as it was.
+    plain = MemoryReport([MemoryRow("a", "w", "pool", 0, 0, 0, 0.0, 0, 0)])
+    assert "share" not in str(plain) and str(plain).splitlines()[0].split()[-1] == "failed"
+    mixed = MemoryReport([*report.rows, MemoryRow("b", "w2", "pool", 0, 0, 0, 0.0, 0, 0)])
+    assert str(mixed).splitlines()[-1].split()[-5:] == ["-"] * 5
