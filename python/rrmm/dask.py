@@ -18,6 +18,7 @@ Importing this module registers the sizeof and serializers (needs ``distributed`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -321,7 +322,43 @@ class _IdleTimer:
                 "`idle_after` needs a Dask worker with an event loop (worker.loop)"
             )
         self.mr, self.loop = mr, loop
+        self._wake_for_transfers(worker)
         self._schedule()
+
+    def _wake_for_transfers(self, worker: Any) -> None:
+        """Another worker fetching data from this one (``get_data``) reads its memory outside
+        rrmm: the worker is busy first (a pool the ledger put to sleep wakes), idle again after
+        the delay."""
+        handlers = getattr(worker, "handlers", None)
+        if not isinstance(handlers, dict) or "get_data" not in handlers:
+            return
+        original = handlers["get_data"]
+        if getattr(original, "_rrmm_wakes", False):
+            return
+        timer = self
+
+        @functools.wraps(original)
+        async def get_data(*args: Any, **kwargs: Any) -> Any:
+            timer.touch()
+            result = original(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        get_data._rrmm_wakes = True  # type: ignore[attr-defined]
+        handlers["get_data"] = get_data
+
+    def touch(self) -> None:
+        """Busy now (waking what slept), idle again after the delay unless a task runs."""
+        if self.mr is None:
+            return
+        self._cancel()
+        if self.declared_idle:
+            self.declared_idle = False
+            if rrmm.shared_gpu.joined(self.mr):
+                rrmm.shared_gpu.declare_busy(self.mr)
+        if not self.running:
+            self._schedule()
 
     def stop(self) -> None:
         """Cancels the pending idle declaration; tracks nothing more."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -360,6 +361,43 @@ def test_share_gpu_joins_the_workers_ledger_and_idle_after_follows_its_tasks(
         assert not rrmm.shared_gpu.joined(mr), "the worker leaves its ledger at teardown"
         plugin.transition("d", "ready", "executing", stimulus_id="s")  # after teardown: nothing
         assert worker_figures()["shared_gpu"] is None
+    finally:
+        loop.close()
+        rrmm._rrmm._clear_per_device_resources()
+
+
+def test_a_transfer_from_an_idle_worker_declares_it_busy_first(ledger, monkeypatch):
+    """Another worker's get_data reads this worker's memory outside rrmm: busy before it."""
+    import asyncio
+
+    monkeypatch.setenv("RRMM_LEDGER_DIR", str(ledger))
+    loop = asyncio.new_event_loop()
+    worker = _Worker("tcp://127.0.0.1:1/w5", loop)
+    seen: list[bool] = []
+
+    async def get_data(comm, keys=(), who=None):
+        seen.append(_idle(rrmm.mr.get_current_device_resource()))
+        return {"status": "OK", "data": {}}
+
+    worker.handlers = {"get_data": get_data}
+    plugin = RRMMSetup(simulate="1GiB", share_gpu=True, idle_after=0.05)
+    try:
+        plugin.setup(worker)
+        mr = rrmm.mr.get_current_device_resource()
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert _idle(mr)
+        wrapped = worker.handlers["get_data"]
+        assert next(iter(inspect.signature(wrapped).parameters)) == "comm", (
+            "Dask passes the comm to a handler whose first parameter is named so"
+        )
+        out = loop.run_until_complete(wrapped(None, keys=("x",), who="w6"))
+        assert out["status"] == "OK" and seen == [False]
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert _idle(mr), "idle again after the delay"
+        plugin.setup(worker)
+        assert worker.handlers["get_data"]._rrmm_wakes, "wrapped once, however often set up"
+        assert worker.handlers["get_data"].__wrapped__ is get_data
+        plugin.teardown(worker)
     finally:
         loop.close()
         rrmm._rrmm._clear_per_device_resources()
