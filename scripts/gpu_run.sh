@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           asyncsplit w9 w8 w10 sleep soak engines history
+#           asyncsplit w9 w8 w10 sleep soak engines history shared
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -367,6 +367,37 @@ if has history; then
   python3 benches/gpu/history_cost.py --snapshot "$OUT/cupy_history.pickle" 2>&1 \
     | tee "$OUT/history.txt" | tail -20
   note "$(cat "$OUT/history.txt")"
+fi
+
+# W15 / issue 38: one GPU, three processes with phases (benches/gpu/shared_gpu.py): rrmm's ledger
+# beside RMM's pools (.whl), static thirds and the sequential schedule; then the rrmm mode with A
+# killed mid-phase (SHARED_KILL_AT, default A:burst:1); then two Dask workers whose tasks
+# alternate, with and without the ledger (benches/gpu/shared_gpu_dask.py; .whl-dask as in the
+# dask stage). SHARED_ARGS adds options to both shared_gpu.py runs (e.g. "--reps 3").
+if has shared; then
+  echo "== W15: one GPU, many processes"
+  timeout 1500 python3 benches/gpu/shared_gpu.py --mode all --out "$OUT/shared_gpu.json" \
+    ${SHARED_ARGS:-} 2> "$OUT/shared_gpu.err" | tee "$OUT/shared_gpu.txt"
+  tail -5 "$OUT/shared_gpu.err"
+  note "$(grep '^W15' "$OUT/shared_gpu.txt" | grep -v '^W15 plan' || echo 'W15: no result')"
+  echo "== W15: the same, rrmm, one process killed mid-phase"
+  timeout 600 python3 benches/gpu/shared_gpu.py --mode rrmm --kill A \
+    ${SHARED_KILL_AT:+--kill-at "$SHARED_KILL_AT"} --out "$OUT/shared_gpu_kill.json" \
+    ${SHARED_ARGS:-} 2> "$OUT/shared_gpu_kill.err" | tee "$OUT/shared_gpu_kill.txt"
+  tail -5 "$OUT/shared_gpu_kill.err"
+  note "kill run: $(grep -E '^W15 (rrmm|shared)' "$OUT/shared_gpu_kill.txt" || echo 'no result')"
+  if ls .whl-dask/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --upgrade --no-deps --no-index --no-compile --target "$SITE" .whl-dask/*.whl \
+      || echo "dask wheel install failed"
+  fi
+  if python3 -c "import distributed" > /dev/null 2>&1; then
+    echo "== W15 with Dask: two workers on one GPU"
+    timeout 1300 python3 benches/gpu/shared_gpu_dask.py --mode both --out "$OUT/shared_gpu_dask.json" \
+      2>&1 | tee "$OUT/shared_gpu_dask.log" | grep -v "^INFO\|distributed\." | tail -20
+    note "$(grep '^W15 dask' "$OUT/shared_gpu_dask.log" || echo 'W15 dask: no result')"
+  else
+    note "W15 dask: distributed is not installed (.whl-dask/ has no wheels)"
+  fi
 fi
 
 echo
