@@ -50,7 +50,8 @@ pub trait Relieve: Send + Sync {
     fn relieve(&self) -> usize;
 
     /// Bytes kept free for reuse now (what [`relieve`](Self::relieve) could give back at most);
-    /// an estimate read without waiting for a lock.
+    /// an estimate that must never wait for a lock (the last figure read while the cache is
+    /// busy): the thread that answers other processes reads it.
     fn cached(&self) -> usize;
 
     /// Bytes the cache holds straight from the source of its place (the pages an expandable

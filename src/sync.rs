@@ -201,5 +201,8 @@ mod loom_locks {
         pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
             self.0.write().unwrap_or_else(|e| e.into_inner())
         }
+        pub(crate) fn try_write(&self) -> Option<loom::sync::RwLockWriteGuard<'_, T>> {
+            self.0.try_write().ok()
+        }
     }
 }

@@ -361,6 +361,16 @@ class Worker:
         sys.stdout.write(PREFIX + json.dumps(fields) + "\n")
         sys.stdout.flush()
 
+    def told(self, command: str) -> bool:
+        """Whether the orchestrator sent ``command`` (never waits)."""
+        import select
+
+        while select.select([sys.stdin], [], [], 0)[0]:
+            line = sys.stdin.readline()
+            if not line or line.strip() == command:
+                return True
+        return False
+
     def wait_for(self, command: str) -> None:
         while True:
             line = sys.stdin.readline()
@@ -628,6 +638,17 @@ class Worker:
             if k % every == every // 2 and spikes < p.b_spikes:
                 self.step(f"spike{spikes}", spike(spikes))
                 spikes += 1
+        if not self.sequential:
+            # Beside the others, B's steady loop goes on (steady 25%, no spikes) until C's
+            # burst is over, so that C bursts while B holds its share (the schedule's phase 2).
+            k = p.b_steps
+            self.emit("steady")
+            while not self.told("stop"):
+                self.step("step", work(k))
+                k += 1
+            self.ops.sync()
+            self.finish(steady, sums, steady_steps_beside_c=k - p.b_steps)
+            return
         self.ops.sync()
         self.finish(steady, sums)
 
@@ -961,8 +982,8 @@ def run_mode(mode: str, args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
 def orchestrate(run: Run, q: queue.Queue[Any]) -> float | None:
     """The shared schedule: C bursts once A is idle (or gone); A wakes once C has ended."""
     kids = run.kids
-    a, c = kids["A"], kids["C"]
-    c_go = a_wake = False
+    a, b, c = kids["A"], kids["B"], kids["C"]
+    c_go = a_wake = b_stop = False
     deadline = time.perf_counter() + run.args.timeout
     while not all(k.gone for k in kids.values()) and time.perf_counter() < deadline:
         run.pump(q)
@@ -973,6 +994,9 @@ def orchestrate(run: Run, q: queue.Queue[Any]) -> float | None:
         if not a_wake and a_idle and c.gone and not a.gone:
             a_wake = a.send("wake")
             run.timeline.append([run.now(), "A", "sent wake"])
+        if not b_stop and (c.gone or c.killed_at is not None) and not b.gone:
+            b_stop = b.send("stop")
+            run.timeline.append([run.now(), "B", "sent stop"])
     done = [k.done_at for k in kids.values() if k.done_at is not None and k.killed_at is None]
     if any(not k.gone for k in kids.values()) or not done:
         return None

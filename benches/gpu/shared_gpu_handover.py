@@ -38,7 +38,11 @@ def holder(case: str, gib: float, ledger: str, ready: str, go: str) -> None:
     rrmm.reinitialize(pool_allocator="expandable", share_gpu={"name": "holder", "soft_share": "1%"})
     cp.cuda.set_allocator(rmm_cupy_allocator)
     n = int(gib * GIB) // 4
-    data = cp.arange(n, dtype=cp.float32) % 1000
+    # Filled in place: no temporary, so the pool holds exactly `gib` (live, or cached once
+    # freed).
+    data = cp.empty(n, dtype=cp.float32)
+    data.fill(7.0)
+    data[::4096] = cp.arange(data[::4096].size, dtype=cp.float32)
     checksum = float(data.sum())
     if case == "cached":
         del data

@@ -44,7 +44,7 @@ macro_rules! relieve_by_core {
             }
 
             fn cached(&self) -> usize {
-                self.core.free_bytes()
+                self.core.free_bytes_now_or_last()
             }
 
             $(fn held(&self) -> usize {

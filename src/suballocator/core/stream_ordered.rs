@@ -103,7 +103,7 @@ use crate::report::{MemoryStats, PoolReport, StreamFree};
 use crate::resource::{Footprint, Link, MemoryKind, MemoryResource, SharedResource};
 use crate::sync::{Mutex, OwnedGuard, OwnedMutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The generic stream-ordered suballocator: free lists of type `F`, a growth policy (which
@@ -129,6 +129,8 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     steal_cursor: AtomicU32,
     /// Growth, release and failure figures (`memory_stats`; the lists count allocations).
     counters: PoolCounters,
+    /// The free bytes last read ([`Self::free_bytes_now_or_last`]).
+    last_free: AtomicUsize,
     /// The link to the memory below (the growth policy's upstream's, read once at
     /// construction): nothing is handed out while a pool below sleeps, a free forgets a tag,
     /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`); blocks
@@ -192,6 +194,17 @@ impl<F: FreeList> CoreState<F> {
         let sh = self.shared.lock().ok();
         let dir = self.directory.write();
         f(sh.as_deref(), &dir.all)
+    }
+
+    /// As [`Self::with_all_lists`] if the shared state and the directory can be taken at once;
+    /// `None` while another thread (or this one) holds either.
+    fn try_with_all_lists<T>(
+        &self,
+        f: impl FnOnce(&Shared<F>, &[Arc<StreamList<F>>]) -> T,
+    ) -> Option<T> {
+        let sh = self.shared.try_lock()?;
+        let dir = self.directory.try_write()?;
+        Some(f(&sh, &dir.all))
     }
 
     /// Every segment with its blocks: `segments` where the growth policy keeps its own (the
@@ -344,6 +357,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             sizing,
             name,
             counters: PoolCounters::default(),
+            last_free: AtomicUsize::new(0),
             linked: !link.sleep.is_empty() || link.placement.is_some(),
             link,
         };
@@ -1039,11 +1053,32 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Free bytes over all lists.
     pub(crate) fn free_bytes(&self) -> usize {
-        self.with_all_lists(|sh, lists| {
+        let bytes = self.with_all_lists(|sh, lists| {
             let mut bytes = sh.map_or(0, |sh| sh.fresh.free_bytes());
             self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
             bytes
-        })
+        });
+        self.last_free.store(bytes, Ordering::Relaxed);
+        bytes
+    }
+
+    /// Free bytes over all lists, never waiting for the core's locks: the figure now where they
+    /// can be taken at once, else the last one read (a pool growing or giving back holds them,
+    /// maybe for as long as it waits for other processes: a process's figures are read by the
+    /// thread that answers them).
+    pub(crate) fn free_bytes_now_or_last(&self) -> usize {
+        let now = self.state.try_with_all_lists(|sh, lists| {
+            let mut bytes = sh.fresh.free_bytes();
+            self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
+            bytes
+        });
+        match now {
+            Some(bytes) => {
+                self.last_free.store(bytes, Ordering::Relaxed);
+                bytes
+            }
+            None => self.last_free.load(Ordering::Relaxed),
+        }
     }
 
     /// Free blocks over all lists (touching blocks of different lists counted once where the
