@@ -639,12 +639,15 @@ class Worker:
                 self.step(f"spike{spikes}", spike(spikes))
                 spikes += 1
         if not self.sequential:
-            # Beside the others, B's steady loop goes on (steady 25%, no spikes) until C's
-            # burst is over, so that C bursts while B holds its share (the schedule's phase 2).
+            # Beside the others, B holds its steady 25% (a step every 50 ms: serving, not
+            # training; the sequential schedule has no such work) until C's burst is over, so
+            # that C bursts while B holds its share (the schedule's phase 2).
             k = p.b_steps
             self.emit("steady")
             while not self.told("stop"):
                 self.step("step", work(k))
+                self.ops.sync()
+                time.sleep(0.05)
                 k += 1
             self.ops.sync()
             self.finish(steady, sums, steady_steps_beside_c=k - p.b_steps)

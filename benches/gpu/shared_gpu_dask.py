@@ -99,8 +99,9 @@ def make_persistent(fraction: float, seed: int) -> dict[str, Any]:
     vars(worker)["_w15_persistent"] = (x, want)
     allocator = cupy.cuda.get_allocator()
     return {"worker": worker.address, "pid": os.getpid(), "bytes": int(x.nbytes),
-            "device_total": int(total), "allocator": getattr(allocator, "__module__", "?")
-            + "." + getattr(allocator, "__name__", type(allocator).__name__)}
+            "device_total": int(total),
+            "allocator": f"{getattr(allocator, '__module__', None) or '?'}."
+            f"{getattr(allocator, '__name__', None) or type(allocator).__name__}"}
 
 
 def big_task(fraction: float, passes: int, index: int) -> dict[str, Any]:
