@@ -15,7 +15,7 @@
 //! another thread is skipped, so a relief can neither deadlock nor re-enter the cache that
 //! asked for it.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::resource::MemoryKind;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,6 +68,10 @@ pub trait Neighbours: Send + Sync {
     /// Asks the other processes to give back memory so that `bytes` more can be allocated;
     /// whether anything was given (worth another try). May wait for their answers (bounded).
     fn ask(&self, bytes: usize) -> bool;
+
+    /// Who holds what of the place, in words, for the message of an allocation refused after
+    /// the others were asked.
+    fn holders(&self) -> String;
 
     /// Whether this process may take `bytes` more of the place (its hard limit).
     ///
@@ -198,23 +202,35 @@ pub fn retry_after_relief<T>(
         Err(e) if e.is_out_of_memory() && relieve(place) > 0 => allocate(),
         result => result,
     };
+    let mut asked = None;
     for _ in 0..NEIGHBOUR_ROUNDS {
         let bytes = match &result {
             Err(e) if e.is_out_of_memory() => e.requested_bytes().unwrap_or(bytes),
             _ => return result,
         };
-        match neighbours_of(place) {
-            Some(n) if n.ask(bytes) => result = allocate(),
-            _ => return result,
+        let Some(n) = neighbours_of(place) else {
+            return result;
+        };
+        let gave = n.ask(bytes);
+        asked = Some(n);
+        if !gave {
+            break;
         }
+        result = allocate();
     }
-    result
+    match (result, asked) {
+        // Refused after asking: the message says who holds what.
+        (Err(Error::OutOfMemory { requested, message }), Some(n)) => Err(Error::OutOfMemory {
+            requested,
+            message: format!("{message}; {}", n.holders()),
+        }),
+        (result, _) => result,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     struct Fake {
@@ -280,6 +296,10 @@ mod tests {
     impl Neighbours for FakeNeighbours {
         fn ask(&self, _bytes: usize) -> bool {
             self.asks.fetch_add(1, Ordering::Relaxed) < 1
+        }
+
+        fn holders(&self) -> String {
+            "shared GPU: pid 1 holds it all".into()
         }
 
         fn admit(&self, bytes: usize) -> Result<()> {

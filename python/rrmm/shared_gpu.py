@@ -260,6 +260,18 @@ def read_ledgers(directory: str | os.PathLike[str] | None = None) -> dict[str, A
     return out
 
 
+def _engine_idle(idle: bool) -> None:
+    """The engines' sleep APIs (``rrmm.compat``): a pause declares the process idle on its GPU's
+    ledger, a resume busy first (what the ledger put to sleep meanwhile wakes before the paused
+    pools are restored). Nothing where the process has not joined."""
+    try:
+        target = get_current_device_resource()
+    except (RuntimeError, ValueError, TypeError):
+        return
+    if isinstance(target, DeviceMemoryResource) and _rrmm._shared_gpu_status(target) is not None:
+        _rrmm._shared_gpu_set_idle(target, idle)
+
+
 def _from_reinitialize(devices: list[int], share_gpu: bool | dict[str, Any] | None) -> None:
     """``reinitialize(share_gpu=...)``: joins (True or options) or leaves (False) the ledger of
     each device's new resource; ``None`` leaves it to ``RRMM_SHARE_GPU``."""

@@ -94,6 +94,11 @@ pub struct Member {
     stop: AtomicBool,
     listener: Mutex<Option<JoinHandle<()>>>,
     dirty: AtomicBool,
+    /// What the others wait for, and this process's soft share, as the listener last read
+    /// the ledger: a growth past the share while others wait gives back this process's cache
+    /// first ([`Member::admit`]).
+    others_waiting: AtomicU64,
+    share: AtomicU64,
 }
 
 impl std::fmt::Debug for Member {
@@ -103,6 +108,19 @@ impl std::fmt::Debug for Member {
             .field("dir", &self.dir.path())
             .field("pid", &self.pid)
             .finish_non_exhaustive()
+    }
+}
+
+/// The rules' view of an entry.
+fn holder_of(e: &Entry) -> Holder {
+    Holder {
+        pid: e.pid,
+        live: e.live,
+        cached: e.cached,
+        soft_share: e.soft_share,
+        hard_limit: e.hard_limit,
+        idle: e.idle,
+        asleep: e.asleep,
     }
 }
 
@@ -262,6 +280,8 @@ impl Member {
             stop: AtomicBool::new(false),
             listener: Mutex::new(None),
             dirty: AtomicBool::new(true),
+            others_waiting: AtomicU64::new(0),
+            share: AtomicU64::new(total),
         });
         member.publish();
         let weak = Arc::downgrade(&member);
@@ -429,6 +449,44 @@ impl Member {
         self.dir.list(self.total)
     }
 
+    /// Who holds what on the GPU now, in words: each process's live and cached bytes, its soft
+    /// share, whether it is idle or has data asleep on the host (the message of an allocation
+    /// refused after asking).
+    pub fn describe(&self) -> String {
+        let listing = self.listing();
+        let holders: Vec<Holder> = listing.entries.iter().map(holder_of).collect();
+        let shares = rules::soft_shares(self.total, &holders);
+        let gib = |b: u64| crate::report::human_bytes(b as usize);
+        let rows: Vec<String> = listing
+            .entries
+            .iter()
+            .zip(shares)
+            .map(|(e, share)| {
+                let mut row = format!(
+                    "pid {}{} ({}) live {}, cached {}, share {}",
+                    e.pid,
+                    if e.pid == self.pid { " (this one)" } else { "" },
+                    e.name,
+                    gib(e.live),
+                    gib(e.cached),
+                    gib(share)
+                );
+                if e.idle {
+                    row.push_str(", idle");
+                }
+                if e.asleep > 0 {
+                    row.push_str(&format!(", {} asleep on the host", gib(e.asleep)));
+                }
+                row
+            })
+            .collect();
+        format!(
+            "the other processes on this GPU were asked first (a busy process, or one within \
+             its soft share, is not put to sleep): {}",
+            rows.join("; ")
+        )
+    }
+
     /// Free bytes of the device now: the driver's figure for a GPU; for a simulated device,
     /// what the processes of `listing` leave of it (the ledger is the simulated device's
     /// shared state).
@@ -444,11 +502,19 @@ impl Member {
         self.total.saturating_sub(held)
     }
 
-    /// Refuses an allocation of `bytes` that would take the process past its hard limit.
+    /// Before the process takes `bytes` more from the driver: past its soft share while other
+    /// processes wait for memory, its own pools give back what they keep first (the waiters get
+    /// it); an allocation past its hard limit is refused.
     ///
     /// # Errors
-    /// Out of memory naming the limit and what the process holds.
+    /// Out of memory naming the hard limit and what the process holds.
     pub fn admit(&self, bytes: usize) -> Result<()> {
+        if self.others_waiting.load(Ordering::Relaxed) > 0 {
+            let me = self.me();
+            if me.held().saturating_add(bytes as u64) > self.share.load(Ordering::Relaxed) {
+                pressure::relieve(self.place);
+            }
+        }
         let Some(limit) = self.hard_limit else {
             return Ok(());
         };
@@ -479,6 +545,24 @@ impl Member {
                 ))
             }
         }
+    }
+
+    /// Reads the others' waits and this process's share from the ledger (the listener, every
+    /// [`PUBLISH_EVERY`]).
+    fn read_others(&self) {
+        let listing = self.dir.list(self.total);
+        let waiting = listing
+            .entries
+            .iter()
+            .filter(|e| e.pid != self.pid)
+            .map(|e| e.waiting)
+            .fold(0u64, u64::saturating_add);
+        let holders: Vec<Holder> = listing.entries.iter().map(holder_of).collect();
+        let shares = rules::soft_shares(self.total, &holders);
+        if let Some(i) = listing.entries.iter().position(|e| e.pid == self.pid) {
+            self.share.store(shares[i], Ordering::Relaxed);
+        }
+        self.others_waiting.store(waiting, Ordering::Relaxed);
     }
 
     /// Sends `message` to process `pid`; whether it could be sent (false: the process is gone).
@@ -544,15 +628,7 @@ impl Member {
             .entries
             .iter()
             .filter(|e| e.pid != self.pid)
-            .map(|e| Holder {
-                pid: e.pid,
-                live: e.live,
-                cached: e.cached,
-                soft_share: e.soft_share,
-                hard_limit: e.hard_limit,
-                idle: e.idle,
-                asleep: e.asleep,
-            })
+            .map(holder_of)
             .collect();
         holders.push(self.me());
         let plan = rules::plan(self.total, &holders, self.pid, report.shortfall);
@@ -662,15 +738,7 @@ impl Member {
             .entries
             .iter()
             .filter(|e| e.pid != self.pid)
-            .map(|e| Holder {
-                pid: e.pid,
-                live: e.live,
-                cached: e.cached,
-                soft_share: e.soft_share,
-                hard_limit: e.hard_limit,
-                idle: e.idle,
-                asleep: e.asleep,
-            })
+            .map(holder_of)
             .collect();
         let mut given = self.give();
         let me = self.me();
@@ -801,6 +869,10 @@ impl pressure::Neighbours for Member {
     fn admit(&self, bytes: usize) -> Result<()> {
         Member::admit(self, bytes)
     }
+
+    fn holders(&self) -> String {
+        self.describe()
+    }
 }
 
 /// The listener: answers requests and routes answers until the member leaves or drops;
@@ -821,6 +893,7 @@ fn listen(member: &Weak<Member>) {
         }
         if m.dirty.load(Ordering::Acquire) || last.elapsed() >= PUBLISH_EVERY {
             m.publish();
+            m.read_others();
             last = Instant::now();
         }
     }
@@ -829,6 +902,44 @@ fn listen(member: &Weak<Member>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn past_its_share_while_others_wait_a_process_gives_back_its_cache_first() {
+        use crate::cuda::Stream;
+        use crate::resource::{MemoryResource, SimulatedMemoryResource};
+        const MIB: usize = 1 << 20;
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let pool: SharedResource =
+            Arc::new(crate::suballocator::PoolMemoryResource::new(sim, Some(0), None).unwrap());
+        let p = pool.allocate(256 * MIB, Stream::DEFAULT).unwrap();
+        // SAFETY: allocated above from this pool with this size, freed once.
+        unsafe { pool.deallocate(p, 256 * MIB, Stream::DEFAULT) }.unwrap();
+        let place = pool.link().place;
+        let dir = std::env::temp_dir().join(format!("rrmm-admit-{}", std::process::id()));
+        let options = ShareOptions {
+            directory: Some(dir.clone()),
+            soft_share: Some(64 * MIB as u64),
+            ..ShareOptions::default()
+        };
+        let m = Member::join(place, None, 1 << 30, "admit", Some(pool.clone()), &options).unwrap();
+        let cached = || pressure::figures(place).cached;
+        assert!(cached() >= 256 * MIB);
+        m.admit(MIB).unwrap();
+        assert!(cached() >= 256 * MIB, "nobody waits: the cache stays");
+        // The listener stopped, so that its reading of the ledger does not undo the next two
+        // lines (admit needs no listener).
+        m.leave();
+        m.others_waiting.store(1, Ordering::Relaxed);
+        m.share.store(64 * MIB as u64, Ordering::Relaxed);
+        m.admit(MIB).unwrap();
+        assert_eq!(
+            cached(),
+            0,
+            "past its share while another waits: its cache goes first"
+        );
+        m.leave();
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn mps_limits_are_read_per_device() {

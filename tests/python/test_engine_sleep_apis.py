@@ -61,6 +61,26 @@ def test_the_basic_example_pauses_the_default_region() -> None:
     assert len(pauseable.tobytes()) == 2 * PAGE
 
 
+def test_a_pause_declares_the_process_idle_on_its_shared_gpu(tmp_path: Any) -> None:
+    """The engines' sleep APIs are idle points of a shared GPU's ledger (issue 38)."""
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region():
+        kept = rrmm.DeviceBuffer(size=PAGE)
+    tagged = mr.get_current_device_resource()
+    ledger = tmp_path / "l"
+    ledger.mkdir(mode=0o700)
+    rrmm.shared_gpu.join(tagged, directory=ledger, device_key="engine-test")
+    try:
+        assert rrmm.shared_gpu.status(tagged)["idle"] is False  # type: ignore[index]
+        saver.pause()
+        assert rrmm.shared_gpu.status(tagged)["idle"] is True  # type: ignore[index]
+        saver.resume()
+        assert rrmm.shared_gpu.status(tagged)["idle"] is False  # type: ignore[index]
+        assert kept.size == PAGE
+    finally:
+        rrmm.shared_gpu.leave(tagged)
+
+
 def test_torch_memory_saver_pauses_one_tag_and_keeps_the_others_working() -> None:
     saver = TorchMemorySaver(make_pool=host_pool)
     with saver.region(tag="kv_cache"):

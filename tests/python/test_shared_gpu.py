@@ -135,7 +135,8 @@ def test_an_idle_process_above_its_share_sleeps_and_wakes_with_its_bytes(
     me = rrmm.mr.ExpandableMemoryResource(reserve_size=1 << 30, page_size=2 * MIB,
                                           pageable_host=True)
     rrmm.shared_gpu.join(me, directory=ledger, device_key="host-test", soft_share=16 * MIB)
-    settled(me, lambda r: r[idle.pid].live >= 64 * MIB and r[idle.pid].idle)
+    settled(me, lambda r: r[idle.pid].live >= 64 * MIB and r[idle.pid].idle
+            and r[busy.pid].live >= 64 * MIB)
     total = rrmm.shared_gpu.processes(me)[0].total
     # 32 MiB more than the others leave (with the ask's 64 MiB of slack): nothing is cached,
     # so only a sleep can cover it.
@@ -328,3 +329,24 @@ def test_any_file_in_the_ledger_is_read_or_refused(tmp_path_factory: Any, conten
     finally:
         rrmm.shared_gpu.leave(mr)
     assert stat.S_IMODE(dev.stat().st_mode) == 0o700
+
+
+def test_a_refusal_after_asking_says_who_holds_what(ledger: Path, peers: list[Peer]) -> None:
+    a = Peer(ledger)
+    peers.append(a)
+    a("cache 100")
+    mr = rrmm.mr.SimulatedMemoryResource("1GiB")
+    pool = rrmm.mr.PoolMemoryResource(mr, initial_pool_size=0)
+    rrmm.shared_gpu.join(pool, directory=ledger, name="me")
+    try:
+        with pytest.raises(MemoryError) as refused:
+            pool.allocate(2 << 30)
+        message = str(refused.value)
+        assert "asked first" in message, message
+        assert f"pid {os.getpid()} (this one) (me)" in message, message
+        assert f"pid {a.pid} " in message and "peer-sim" in message, message
+        assert rrmm.shared_gpu.history(pool)[-1]["kind"] == "asked"
+        # The pool still works after the refusal.
+        pool.deallocate(pool.allocate(1 << 20), 1 << 20)
+    finally:
+        rrmm.shared_gpu.leave(pool)

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rrmm import mr
+from rrmm import mr, shared_gpu
 
 DEFAULT_TAG = "default"
 
@@ -132,11 +132,14 @@ class TagPools:
             discard: Any = None if keep(tag) else "all"
             done[tag] = pool.offload(discard=discard)
             self._paused.add(tag)
+        # An engine between phases is idle: on a shared GPU its other pools may sleep too.
+        shared_gpu._engine_idle(True)
         return done
 
     def resume(self, tags: list[str]) -> None:
         """Maps ``tags``' pools again at the same addresses and copies their backups back."""
         tagged = self.tagged()
+        shared_gpu._engine_idle(False)
         for tag in tags:
             tagged.pool(tag).restore()
             self._paused.discard(tag)
