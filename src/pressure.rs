@@ -182,7 +182,7 @@ const NEIGHBOUR_ROUNDS: usize = 3;
 
 /// Runs `allocate` (of `bytes` from `place`); when it fails for want of memory and a relief of
 /// `place` gives anything back, runs it once more; when it still fails and the process shares
-/// the place with others ([`set_neighbours`]), asks them (up to [`NEIGHBOUR_ROUNDS`] times)
+/// the place with others ([`set_neighbours`]), asks them (up to `NEIGHBOUR_ROUNDS` times)
 /// and tries after each answer that gave. A process that shares the place is first held to
 /// its hard limit.
 ///
