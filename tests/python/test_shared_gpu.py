@@ -350,3 +350,37 @@ def test_a_refusal_after_asking_says_who_holds_what(ledger: Path, peers: list[Pe
         pool.deallocate(pool.allocate(1 << 20), 1 << 20)
     finally:
         rrmm.shared_gpu.leave(pool)
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(),
+                 st.text(max_size=12), st.binary(max_size=4), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(option=st.sampled_from(["soft_share", "hard_limit", "name", "device_key"]),
+       value=st.one_of(_ANY, st.sampled_from(["25%", "150%", "-1%", "1GiB", "1G", "x%", "", ".",
+                                              "..", "a/b", "\x00", "1" * 80])))
+def test_any_join_option_joins_or_is_a_clear_error_and_the_resource_works(
+    tmp_path_factory: Any, option: str, value: Any
+) -> None:
+    d = tmp_path_factory.mktemp("ledger")
+    d.chmod(0o700)
+    mr = rrmm.mr.SimulatedMemoryResource("1GiB")
+    options: dict[str, Any] = {"directory": d, option: value}
+    try:
+        rrmm.shared_gpu.join(mr, **options)
+    except (ValueError, TypeError, RuntimeError, OverflowError) as e:
+        assert str(e), "an error says why"
+        assert not rrmm.shared_gpu.joined(mr)
+    else:
+        assert rrmm.shared_gpu.joined(mr)
+        status = rrmm.shared_gpu.status(mr)
+        assert status is not None and status["pid"] == os.getpid()
+        row = [r for r in rrmm.shared_gpu.processes(mr) if r.pid == os.getpid()][0]
+        assert 0 <= len(row.name) <= 64
+    finally:
+        rrmm.shared_gpu.leave(mr)
+    # Whatever happened, the resource still serves and takes back.
+    mr.deallocate(mr.allocate(1 << 20), 1 << 20)
+    with pytest.raises(ValueError):
+        rrmm.shared_gpu.ask(-1, mr)
