@@ -376,7 +376,7 @@ def test_any_join_option_joins_or_is_a_clear_error_and_the_resource_works(
         assert rrmm.shared_gpu.joined(mr)
         status = rrmm.shared_gpu.status(mr)
         assert status is not None and status["pid"] == os.getpid()
-        row = [r for r in rrmm.shared_gpu.processes(mr) if r.pid == os.getpid()][0]
+        row = next(r for r in rrmm.shared_gpu.processes(mr) if r.pid == os.getpid())
         assert 0 <= len(row.name) <= 64
     finally:
         rrmm.shared_gpu.leave(mr)
