@@ -71,6 +71,7 @@ mod tagged;
 mod tiered;
 mod tracking;
 
+pub use crate::resource::TierCounts;
 pub use aligned::AlignedResourceAdaptor;
 pub use checked::CheckedResourceAdaptor;
 pub use failure_callback::{FailureCallback, FailureCallbackResourceAdaptor};
@@ -81,7 +82,7 @@ pub use logging::{log_file_for_device, LoggingResourceAdaptor};
 pub use prefetch::PrefetchResourceAdaptor;
 pub use statistics::{Statistics, StatisticsResourceAdaptor};
 pub use tagged::{TaggedMemoryResource, MAX_TAGS};
-pub use tiered::{Tier, TierCounts, TierRecord, TieredMemoryResource, MAX_TIERS};
+pub use tiered::{Tier, TierRecord, TieredMemoryResource, MAX_TIERS};
 pub use tracking::TrackingResourceAdaptor;
 
 #[cfg(test)]

@@ -11,8 +11,9 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
 use crate::report::{BlockInfo, BlockState, Footprint, PoolReport, SegmentInfo};
-use crate::resource::{CallProfile, MemoryKind, MemoryResource, SharedResource};
-use serde::Serialize;
+use crate::resource::{
+    CallProfile, MemoryKind, MemoryResource, SharedResource, TierBook, TierCounts,
+};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -36,30 +37,6 @@ impl Tier {
             resource,
         }
     }
-}
-
-/// The counters of one tier (requested bytes, as the statistics adaptor counts them).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct TierCounts {
-    /// The tier's name.
-    pub name: String,
-    /// The resource's name (`"pool"`, `"peer"`, `"pinned_host"`, `"simulated"`).
-    pub resource: String,
-    /// Bytes of the tier's live allocations.
-    pub current_bytes: usize,
-    /// The most bytes live on the tier at once.
-    pub peak_bytes: usize,
-    /// Bytes of every allocation the tier ever served.
-    pub total_bytes: u128,
-    /// Live allocations on the tier.
-    pub current_allocations: usize,
-    /// The most allocations live on the tier at once.
-    pub peak_allocations: usize,
-    /// Allocations the tier ever served.
-    pub total_allocations: u64,
-    /// Allocations the tier refused for want of memory, which went on to the next tier (or
-    /// failed, on the last).
-    pub refused: u64,
 }
 
 /// Which allocations a [`TieredMemoryResource`] records.
@@ -139,6 +116,27 @@ impl Counters {
     }
 }
 
+/// The tiers with their records and counters: what the link carries up ([`TierBook`]).
+#[derive(Debug)]
+struct Slots(Vec<Slot>);
+
+impl std::ops::Deref for Slots {
+    type Target = Vec<Slot>;
+
+    fn deref(&self) -> &Vec<Slot> {
+        &self.0
+    }
+}
+
+impl TierBook for Slots {
+    fn tier_counts(&self) -> Vec<TierCounts> {
+        self.0
+            .iter()
+            .map(|s| s.counters.read(&s.tier.name, s.tier.resource.name()))
+            .collect()
+    }
+}
+
 /// A tier with its record (where its allocations are recorded) and counters.
 #[derive(Debug)]
 struct Slot {
@@ -161,7 +159,8 @@ struct Slot {
 /// read: device memory, a [`PeerMemoryResource`](crate::resource::PeerMemoryResource) (the
 /// device reads its peer's memory over NVLink or PCIe), pinned host or managed memory.
 pub struct TieredMemoryResource {
-    slots: Vec<Slot>,
+    /// The tiers, shared with the link of every resource over this one ([`TierBook`]).
+    slots: Arc<Slots>,
     record: TierRecord,
     name: &'static str,
     /// Allocations that every tier refused.
@@ -223,7 +222,7 @@ impl TieredMemoryResource {
             })
             .collect();
         TieredMemoryResource {
-            slots,
+            slots: Arc::new(Slots(slots)),
             record,
             name,
             failures: AtomicU64::new(0),
@@ -247,10 +246,7 @@ impl TieredMemoryResource {
 
     /// The counters of every tier, in order.
     pub fn tier_counts(&self) -> Vec<TierCounts> {
-        self.slots
-            .iter()
-            .map(|s| s.counters.read(&s.tier.name, s.tier.resource.name()))
-            .collect()
+        self.slots.tier_counts()
     }
 
     /// Allocations that no tier could serve, ever.
@@ -281,7 +277,7 @@ impl TieredMemoryResource {
 
     /// Sets every tier's peaks to its current values.
     pub fn reset_peaks(&self) {
-        for s in &self.slots {
+        for s in self.slots.iter() {
             s.counters.reset_peaks();
         }
     }
@@ -422,12 +418,14 @@ impl MemoryResource for TieredMemoryResource {
         self.tiers().map(|t| t.resource.clone()).collect()
     }
 
-    /// Every tier's (the first tier's memory).
+    /// Every tier's (the first tier's memory), with this resource's tiers.
     fn link(&self) -> crate::resource::Link {
         let links: Vec<crate::resource::Link> = self.tiers().map(|t| t.resource.link()).collect();
-        crate::resource::Link::join(&links).unwrap_or_else(|| {
+        let mut link = crate::resource::Link::join(&links).unwrap_or_else(|| {
             crate::resource::Link::source(self.kind(), self.device(), self.identity())
-        })
+        });
+        link.tiers = Some(self.slots.clone());
+        link
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

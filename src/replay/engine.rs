@@ -127,9 +127,10 @@ pub struct ReplayOptions {
     /// The simulated device under the resource, whose bytes beyond the device (managed memory's
     /// host tier) the report follows ([`ReplayReport::peak_beyond_device`]).
     pub device: Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>>,
-    /// The tiered resource of the stack, whose counts per tier the report gives
+    /// The tiers of the memory below the resource (its link's,
+    /// [`Link::tiers`](crate::resource::Link::tiers)), whose counts the report gives
     /// ([`ReplayReport::tiers`]).
-    pub tiers: Option<std::sync::Arc<crate::adaptor::TieredMemoryResource>>,
+    pub tiers: Option<std::sync::Arc<dyn crate::resource::TierBook>>,
 }
 
 /// One point of a replay's timeline.

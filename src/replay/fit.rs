@@ -58,7 +58,7 @@ fn try_size(
     };
     let options = ReplayOptions {
         device: built.managed_device(),
-        tiers: built.tiered(),
+        tiers: built.resource.link().tiers,
         ..ReplayOptions::default()
     };
     let report = replay(trace, &built.resource, options)?;

@@ -12,7 +12,7 @@
 //! every resource that does not change it.
 
 use super::sleep::{ByteRange, SleepWatch, Sleeper, Tenant};
-use super::{BlockPlacer, MemoryKind};
+use super::{BlockPlacer, MemoryKind, TierBook};
 use crate::error::{Error, Result};
 use crate::pressure::{Place, Relieve};
 use std::sync::Arc;
@@ -36,6 +36,9 @@ pub struct Link {
     /// suballocator over it hands out ([`PlacementMode::Blocks`](super::PlacementMode::Blocks)):
     /// the stream-ordered core places each block it hands out through it.
     pub placement: Option<Arc<BlockPlacer>>,
+    /// The tiers of the memory below, where a tiered resource is below (its counters per
+    /// tier, [`TierBook`]); a resource over several keeps the first that has one.
+    pub tiers: Option<Arc<dyn TierBook>>,
     /// The first resource between here and the memory that does not say what it hands out
     /// (its `link()` is the trait's default): a block it carved cannot be found by address, so
     /// a tag of an address alone through it is refused.
@@ -53,6 +56,7 @@ impl Link {
             place: Place::of(kind, device, identity),
             sleep: SleepWatch::default(),
             placement: None,
+            tiers: None,
             opaque: None,
         }
     }
@@ -67,6 +71,7 @@ impl Link {
             place: first.place,
             sleep: SleepWatch::join(links.iter().map(|l| &l.sleep)),
             placement: first.placement.clone(),
+            tiers: links.iter().find_map(|l| l.tiers.clone()),
             opaque: links.iter().find_map(|l| l.opaque),
         })
     }

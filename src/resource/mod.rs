@@ -23,6 +23,7 @@ mod simulated;
 mod simulated_vmm;
 pub mod sleep;
 mod system;
+mod tiers;
 mod virtual_memory;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
@@ -47,6 +48,7 @@ pub use simulated::{
 };
 pub use simulated_vmm::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 pub use system::SystemMemoryResource;
+pub use tiers::{TierBook, TierCounts};
 pub use virtual_memory::{CudaVirtualMemory, VirtualMemory};
 
 use crate::cuda::Stream;

@@ -268,6 +268,15 @@ fn tiered_fills_the_device_then_the_peer_then_the_host() {
     assert!(counts
         .iter()
         .all(|c| c.peak_bytes == 6 * MIB && c.current_bytes == 0));
+    // The same counters through the top resource's link (what a replay reads), and through a
+    // pool built over the stack by hand, which knows nothing of tiers.
+    let through_link = mr.link().tiers.expect("the link carries the tiers");
+    assert_eq!(through_link.tier_counts(), counts);
+    let pool = crate::suballocator::PoolMemoryResource::new(mr.clone(), Some(0), None).unwrap();
+    let over = crate::resource::MemoryResource::link(&pool)
+        .tiers
+        .expect("a pool over it carries them");
+    assert_eq!(over.tier_counts(), counts);
     assert!(built.managed_device().is_none());
     // A tier after the first must be a source resource.
     let below = Layer::Simulated {
