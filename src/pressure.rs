@@ -16,7 +16,6 @@
 //! asked for it.
 
 use crate::error::{Error, Result};
-use crate::resource::MemoryKind;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -30,17 +29,6 @@ pub enum Place {
     /// A simulated device, or another source without a device (host virtual memory), by its
     /// identity ([`MemoryResource::identity`](crate::MemoryResource::identity)).
     Simulated(usize),
-}
-
-impl Place {
-    /// The place of memory of `kind` on `device` from the source whose identity is `source`:
-    /// the device where it is one (device and managed memory), else the source itself.
-    pub fn of(kind: MemoryKind, device: Option<usize>, source: usize) -> Place {
-        match (kind, device) {
-            (MemoryKind::Device | MemoryKind::Managed, Some(ordinal)) => Place::Device(ordinal),
-            _ => Place::Simulated(source),
-        }
-    }
 }
 
 /// A cache of freed memory that can give it back on demand.

@@ -18,6 +18,15 @@ use crate::pressure::{Place, Relieve};
 use std::sync::Arc;
 use std::sync::Weak;
 
+/// The place of memory of `kind` on `device` from the source whose identity is `source`: the
+/// device where it is one (device and managed memory), else the source itself.
+fn place_of(kind: MemoryKind, device: Option<usize>, source: usize) -> Place {
+    match (kind, device) {
+        (MemoryKind::Device | MemoryKind::Managed, Some(ordinal)) => Place::Device(ordinal),
+        _ => Place::Simulated(source),
+    }
+}
+
 /// What a resource knows of the memory below it (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Link {
@@ -53,7 +62,7 @@ impl Link {
         Link {
             kind,
             device,
-            place: Place::of(kind, device, identity),
+            place: place_of(kind, device, identity),
             sleep: SleepWatch::default(),
             placement: None,
             tiers: None,
