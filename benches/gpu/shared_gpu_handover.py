@@ -129,7 +129,9 @@ def run_case(case: str, gib: float, timeout: float) -> dict[str, Any]:
         "ask_s": [round(e["seconds"], 4) for e in asks],
         "given_gib": round(moved / GIB, 2),
         "holder_s": [round(e["seconds"], 4) for e in gave],
-        "gb_per_s": round(moved / 1e9 / gave[-1]["seconds"], 1) if gave and gave[-1]["seconds"] else None,
+        # The last event's own bytes over its own time (a sleep's after a trim's).
+        "gb_per_s": round(gave[-1]["given"] / 1e9 / gave[-1]["seconds"], 1)
+        if gave and gave[-1]["seconds"] else None,
         "wake_s": held.get("wake_s"),
         "checksum_ok": held.get("checksum_ok"),
     }
