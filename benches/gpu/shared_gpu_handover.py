@@ -115,9 +115,9 @@ def run_case(case: str, gib: float, timeout: float) -> dict[str, Any]:
             if h.poll() is None:
                 h.kill()
                 h.wait()
-        asked = json.loads(a.stdout.strip().splitlines()[-1]) if a.stdout.strip() else {
+        asked: dict[str, Any] = json.loads(a.stdout.strip().splitlines()[-1]) if a.stdout.strip() else {
             "error": a.stderr[-500:]}
-        held = json.loads(out_h.strip().splitlines()[-1]) if out_h.strip() else {}
+        held: dict[str, Any] = json.loads(out_h.strip().splitlines()[-1]) if out_h.strip() else {}
     asks = [e for e in asked.get("history", []) if e["kind"] == "asked"]
     gave = [e for e in held.get("history", []) if e["kind"] in ("gave", "slept")]
     moved = sum(e["given"] for e in gave)
