@@ -270,7 +270,6 @@ pub fn compare_with_progress(
                         rounding: Some(built.rounding.clone()),
                         largest_request: built.largest_request,
                         device: built.managed_device(),
-                        tiers: built.resource.link().tiers,
                         ..settings.replay.clone()
                     };
                     let sleeps = built

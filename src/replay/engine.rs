@@ -127,10 +127,6 @@ pub struct ReplayOptions {
     /// The simulated device under the resource, whose bytes beyond the device (managed memory's
     /// host tier) the report follows ([`ReplayReport::peak_beyond_device`]).
     pub device: Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>>,
-    /// The tiers of the memory below the resource (its link's,
-    /// [`Link::tiers`](crate::resource::Link::tiers)), whose counts the report gives
-    /// ([`ReplayReport::tiers`]).
-    pub tiers: Option<std::sync::Arc<dyn crate::resource::TierBook>>,
 }
 
 /// One point of a replay's timeline.
@@ -346,7 +342,9 @@ pub fn replay_with_progress(
     // The device's own peak covers every allocation of the figures pass (the repetitions reuse
     // the same memory pattern); read before the repetitions run.
     let beyond_device_peak = options.device.as_ref().map(|d| d.beyond_device_bytes().1);
-    let tiers = options.tiers.as_ref().map(|t| t.tier_counts());
+    // The tiers of the memory below the resource, from its link (any stack with a tiered
+    // resource in it).
+    let tiers = mr.link().tiers.map(|t| t.tier_counts());
     let figures = match figures {
         Ok(f) => f,
         Err(e) => {

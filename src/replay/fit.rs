@@ -58,7 +58,6 @@ fn try_size(
     };
     let options = ReplayOptions {
         device: built.managed_device(),
-        tiers: built.resource.link().tiers,
         ..ReplayOptions::default()
     };
     let report = replay(trace, &built.resource, options)?;

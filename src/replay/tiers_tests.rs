@@ -120,7 +120,6 @@ fn a_tiered_fit_is_the_smallest_device_whose_peer_holds_the_rest() {
         &trace,
         &built.resource,
         ReplayOptions {
-            tiers: built.resource.link().tiers,
             ..ReplayOptions::default()
         },
     )

@@ -178,14 +178,6 @@ impl BuiltStack {
             _ => None,
         })
     }
-
-    /// The tiered resource of the stack, whose counts per tier a replay reports.
-    pub fn tiered(&self) -> Option<std::sync::Arc<crate::adaptor::TieredMemoryResource>> {
-        self.handles.iter().find_map(|h| match h {
-            Handle::Tiered(t, _) => Some(t.clone()),
-            _ => None,
-        })
-    }
 }
 
 impl std::fmt::Debug for BuiltStack {

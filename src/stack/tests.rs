@@ -253,7 +253,14 @@ fn tiered_fills_the_device_then_the_peer_then_the_host() {
         "{}",
         built.setup
     );
-    let tiered = built.tiered().expect("a tiered resource");
+    let tiered = built
+        .handles
+        .iter()
+        .find_map(|h| match h {
+            Handle::Tiered(t, _) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("a tiered resource");
     assert_eq!(tiered.tier_names(), ["device", "peer", "host"]);
     let mr = &built.resource;
     let ptrs: Vec<usize> = (0..3)
