@@ -75,7 +75,6 @@ __all__ = [
     "_shared_gpu_read",
     "_shared_gpu_set_idle",
     "_shared_gpu_status",
-    "_shared_gpu_total",
     "_shared_gpu_use",
     "_stack_kinds",
     "available_device_memory",
@@ -512,8 +511,8 @@ def host_pages_set_keep_limit(nbytes: int | None) -> None: ...
 def host_pages_figures() -> HostPageFigures: ...
 def _shared_gpu_join(
     mr: DeviceMemoryResource,
-    soft_share: int | None = None,
-    hard_limit: int | None = None,
+    soft_share: int | str | None = None,
+    hard_limit: int | str | None = None,
     name: str | None = None,
     directory: str | None = None,
     device_key: str | None = None,
@@ -530,7 +529,6 @@ def _shared_gpu_ask(mr: DeviceMemoryResource, nbytes: int) -> dict[str, Any]: ..
 def _shared_gpu_read(
     directory: str, total: int | None = None
 ) -> tuple[list[str], list[tuple[str, str]]]: ...
-def _shared_gpu_total(mr: DeviceMemoryResource) -> int | None: ...
 def _shared_gpu_default_directory() -> str: ...
 def get_per_device_resource(device: int) -> DeviceMemoryResource: ...
 def set_per_device_resource(device: int, mr: DeviceMemoryResource) -> None: ...

@@ -56,34 +56,6 @@ def _mr(mr: DeviceMemoryResource | None) -> DeviceMemoryResource:
     return target
 
 
-def _size(value: int | str | None, name: str, mr: DeviceMemoryResource) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{name} must be a number of bytes or a size string, not {value!r}")
-    if isinstance(value, str):
-        text = value.strip()
-        if text.endswith("%"):
-            return _percent(text, name, mr)
-        return int(_rrmm.parse_bytes(text))
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 bytes, not {value}")
-    return value
-
-
-def _percent(text: str, name: str, mr: DeviceMemoryResource) -> int:
-    try:
-        p = float(text[:-1])
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a size or a percentage") from None
-    if not 0.0 <= p <= 100.0:
-        raise ValueError(f"{name}={text!r}: a percentage of the device is 0% to 100%")
-    total = _rrmm._shared_gpu_total(mr)
-    if total is None:
-        raise ValueError(f"{name}={text!r}: the memory under the resource does not report its size")
-    return int(total * p / 100.0)
-
-
 def join(
     mr: DeviceMemoryResource | None = None,
     *,
@@ -110,8 +82,8 @@ def join(
     return str(
         _rrmm._shared_gpu_join(
             target,
-            soft_share=_size(soft_share, "soft_share", target),
-            hard_limit=_size(hard_limit, "hard_limit", target),
+            soft_share=soft_share,
+            hard_limit=hard_limit,
             name=name,
             directory=None if directory is None else os.fspath(directory),
             device_key=device_key,

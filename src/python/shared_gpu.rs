@@ -3,10 +3,11 @@
 //! passes the current device resource by default).
 
 use super::errors::py_result;
+use super::resources::convert::bytes_arg;
 use super::resources::resource::DeviceMemoryResource;
 use crate::shared_gpu::entry::Event;
 use crate::shared_gpu::{self, Member, ShareOptions};
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
@@ -27,6 +28,38 @@ fn joined(mr: &DeviceMemoryResource) -> PyResult<Arc<Member>> {
     })
 }
 
+/// A share's size: bytes, a byte string (`"10GiB"`, the package's one grammar) or a
+/// percentage of the memory under `mr` (`"25%"`); `None` when not given.
+fn share_size(
+    py: Python<'_>,
+    value: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    mr: &DeviceMemoryResource,
+) -> PyResult<Option<u64>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(text) = value.extract::<String>() {
+        if text.trim().ends_with('%') {
+            let inner = mr.inner.clone();
+            let total = py.detach(move || inner.memory_info().map(|(_, total)| total));
+            let Some(total) = total else {
+                return Err(PyValueError::new_err(format!(
+                    "{name}={text:?}: the memory under the resource does not report its size"
+                )));
+            };
+            return shared_gpu::parse_size(&text, total as u64)
+                .map(Some)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "{name}={text:?} is not a percentage of the device (0% to 100%)"
+                    ))
+                });
+        }
+    }
+    Ok(Some(bytes_arg(value, name)? as u64))
+}
+
 /// `_shared_gpu_join(mr, soft_share=None, hard_limit=None, name=None, directory=None,
 /// device_key=None) -> str`: joins the ledger of `mr`'s memory; returns its directory.
 #[pyfunction]
@@ -34,15 +67,15 @@ fn joined(mr: &DeviceMemoryResource) -> PyResult<Arc<Member>> {
 fn _shared_gpu_join(
     py: Python<'_>,
     mr: PyRef<'_, DeviceMemoryResource>,
-    soft_share: Option<u64>,
-    hard_limit: Option<u64>,
+    soft_share: Option<&Bound<'_, PyAny>>,
+    hard_limit: Option<&Bound<'_, PyAny>>,
     name: Option<String>,
     directory: Option<std::path::PathBuf>,
     device_key: Option<String>,
 ) -> PyResult<String> {
     let options = ShareOptions {
-        soft_share,
-        hard_limit,
+        soft_share: share_size(py, soft_share, "soft_share", &mr)?,
+        hard_limit: share_size(py, hard_limit, "hard_limit", &mr)?,
         name,
         directory,
         device_key,
@@ -166,60 +199,34 @@ fn _shared_gpu_ask<'py>(
     Ok(d)
 }
 
-/// `_shared_gpu_read(directory, total=None) -> (list[dict], list[tuple[str, str]])`: the
-/// entries of a ledger directory without joining it (`rrmm info`); each checked against
-/// `total` (default: its own device size).
+/// `_shared_gpu_read(directory, total=None) -> (list[str], list[tuple[str, str]])`: the
+/// entries (as JSON) of a ledger directory without joining it (`rrmm info`), read and checked
+/// as a member reads them, each against `total` (default: its own device size); a directory
+/// that is not this user's alone is one refusal.
 #[pyfunction]
 #[pyo3(signature = (directory, total=None))]
 fn _shared_gpu_read(
     py: Python<'_>,
     directory: std::path::PathBuf,
     total: Option<u64>,
-) -> PyResult<(Vec<String>, Refusals)> {
-    let _ = py;
-    let mut out = Vec::new();
-    let mut refused = Vec::new();
-    let Ok(dir) = std::fs::read_dir(&directory) else {
-        return Ok((out, refused));
-    };
-    for item in dir.flatten() {
-        let name = item.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_suffix(".json")
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let text = match std::fs::metadata(item.path()) {
-            Ok(m) if m.is_file() && m.len() <= shared_gpu::entry::MAX_ENTRY_BYTES => {
-                std::fs::read_to_string(item.path()).unwrap_or_default()
+) -> (Vec<String>, Refusals) {
+    py.detach(
+        move || match shared_gpu::ledger_dir::LedgerDir::existing(&directory) {
+            Ok(dir) => {
+                let listing = dir.list(total);
+                let entries = listing
+                    .entries
+                    .iter()
+                    .map(|e| serde_json::to_string(e).unwrap_or_default())
+                    .collect();
+                (entries, listing.refused)
             }
-            _ => {
-                refused.push((name, "not a regular file within 64 KiB".into()));
-                continue;
-            }
-        };
-        let own_total = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("total").and_then(serde_json::Value::as_u64))
-            .unwrap_or(0);
-        match shared_gpu::entry::Entry::parse(&text, pid, total.unwrap_or(own_total)) {
-            Ok(e) if shared_gpu::ledger_dir::process_started(e.pid) == Some(e.started) => {
-                out.push(serde_json::to_string(&e).unwrap_or_default());
-            }
-            Ok(_) => {}
-            Err(why) => refused.push((name, why.0)),
-        }
-    }
-    Ok((out, refused))
-}
-
-/// `_shared_gpu_total(mr) -> int | None`: the bytes of the memory under `mr` (a percentage of
-/// the device is a percentage of these).
-#[pyfunction]
-fn _shared_gpu_total(py: Python<'_>, mr: PyRef<'_, DeviceMemoryResource>) -> Option<usize> {
-    let inner = mr.inner.clone();
-    py.detach(move || inner.memory_info().map(|(_, total)| total))
+            Err(e) => (
+                Vec::new(),
+                vec![(directory.display().to_string(), e.to_string())],
+            ),
+        },
+    )
 }
 
 /// `_shared_gpu_default_directory() -> str`: where ledgers are kept by default.
@@ -230,4 +237,4 @@ fn _shared_gpu_default_directory() -> String {
 
 super::register_items!(functions: _shared_gpu_join, _shared_gpu_leave, _shared_gpu_use,
     _shared_gpu_set_idle, _shared_gpu_status, _shared_gpu_processes, _shared_gpu_history,
-    _shared_gpu_ask, _shared_gpu_read, _shared_gpu_total, _shared_gpu_default_directory;);
+    _shared_gpu_ask, _shared_gpu_read, _shared_gpu_default_directory;);

@@ -10,10 +10,12 @@
 
 #![deny(unsafe_code)]
 
+mod byte_spec;
 mod footprint;
 mod memory_stats;
 pub mod snapshot;
 
+pub use byte_spec::{read_byte_spec, NotASize};
 pub use footprint::{Footprint, StreamFree};
 
 use crate::cuda::Stream;

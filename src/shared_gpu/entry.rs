@@ -82,10 +82,12 @@ impl Entry {
     /// # Errors
     /// [`Refused`] saying why: not JSON of this shape, another version, another process's id,
     /// figures beyond the device, a name with control characters, too much history.
-    pub fn parse(text: &str, pid: u32, total: u64) -> Result<Entry, Refused> {
+    /// `total: None` checks the entry against the device size it names itself (a reader that
+    /// does not know the device, such as `rrmm info`).
+    pub fn parse(text: &str, pid: u32, total: Option<u64>) -> Result<Entry, Refused> {
         let entry: Entry =
             serde_json::from_str(text).map_err(|e| Refused(format!("not a ledger entry: {e}")))?;
-        entry.check(pid, total)?;
+        entry.check(pid, total.unwrap_or(entry.total))?;
         Ok(entry)
     }
 
@@ -172,8 +174,8 @@ mod tests {
     fn an_entry_reads_back_and_a_bad_one_says_why() {
         let e = entry();
         let text = serde_json::to_string(&e).unwrap();
-        assert_eq!(Entry::parse(&text, 42, 1000).unwrap(), e);
-        let why = |text: &str, pid, total| Entry::parse(text, pid, total).unwrap_err().0;
+        assert_eq!(Entry::parse(&text, 42, Some(1000)).unwrap(), e);
+        let why = |text: &str, pid, total| Entry::parse(text, pid, Some(total)).unwrap_err().0;
         assert!(why(&text, 43, 1000).contains("process 42"));
         assert!(why(&text, 42, 999).contains("device"));
         assert!(why("{", 42, 1000).contains("not a ledger entry"));
@@ -189,7 +191,7 @@ mod tests {
         /// the device.
         #[test]
         fn any_text_is_parsed_or_refused(text in ".{0,300}", pid in 1u32..100) {
-            if let Ok(e) = Entry::parse(&text, pid, 1000) {
+            if let Ok(e) = Entry::parse(&text, pid, Some(1000)) {
                 prop_assert!(e.live + e.cached <= 1000);
             }
         }
@@ -202,7 +204,7 @@ mod tests {
             e.asleep = asleep;
             let text = serde_json::to_string(&e).unwrap();
             let ok = live.checked_add(cached).is_some_and(|s| s <= 1000) && asleep <= 64_000;
-            prop_assert_eq!(Entry::parse(&text, 42, 1000).is_ok(), ok);
+            prop_assert_eq!(Entry::parse(&text, 42, Some(1000)).is_ok(), ok);
         }
     }
 }

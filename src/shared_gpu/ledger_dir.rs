@@ -150,6 +150,25 @@ impl LedgerDir {
         check_dir(base, uid)?;
         let path = base.join(key);
         make_dir(&path)?;
+        LedgerDir::at(path, uid, true)
+    }
+
+    /// A ledger directory that exists already (read it without joining: `rrmm info`).
+    ///
+    /// # Errors
+    /// As [`LedgerDir::open`], for the directory itself.
+    pub fn existing(path: &Path) -> Result<LedgerDir> {
+        LedgerDir::at(
+            path.to_path_buf(),
+            rustix::process::getuid().as_raw(),
+            false,
+        )
+    }
+
+    /// The directory at `path` once checked; where its sockets' paths would be too long for
+    /// one, a short directory of user `uid`'s under the temporary directory (made when
+    /// `make_short`).
+    fn at(path: PathBuf, uid: u32, make_short: bool) -> Result<LedgerDir> {
         check_dir(&path, uid)?;
         // u32::MAX has the most digits a process id has.
         let longest = path.join(format!("{}.sock", u32::MAX));
@@ -157,8 +176,10 @@ impl LedgerDir {
             None
         } else {
             let short = std::env::temp_dir().join(format!("rrmm-sockets-{uid}"));
-            make_dir(&short)?;
-            check_dir(&short, uid)?;
+            if make_short {
+                make_dir(&short)?;
+                check_dir(&short, uid)?;
+            }
             let tag = fnv1a(path.as_os_str().as_encoded_bytes());
             if short
                 .join(format!("{tag:016x}-{}.sock", u32::MAX))
@@ -220,7 +241,12 @@ impl LedgerDir {
     }
 
     /// Reads one entry file, refusing what is not a regular file of this user within the size.
-    fn read_entry(&self, path: &Path, pid: u32, total: u64) -> std::result::Result<Entry, Refused> {
+    fn read_entry(
+        &self,
+        path: &Path,
+        pid: u32,
+        total: Option<u64>,
+    ) -> std::result::Result<Entry, Refused> {
         let file = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -248,9 +274,10 @@ impl LedgerDir {
         Entry::parse(&text, pid, total)
     }
 
-    /// Every entry of a live process on a device of `total` bytes; dead processes' files are
-    /// removed, and files that are not entries are listed as refused.
-    pub fn list(&self, total: u64) -> Listing {
+    /// Every entry of a live process on a device of `total` bytes (`None`: each entry's own
+    /// figure, for a reader that does not know the device); dead processes' files are removed,
+    /// and files that are not entries are listed as refused.
+    pub fn list(&self, total: Option<u64>) -> Listing {
         let mut listing = Listing::default();
         let Ok(dir) = fs::read_dir(&self.path) else {
             return listing;
@@ -374,7 +401,7 @@ mod tests {
         fs::write(dir.path().join("78.json"), vec![b' '; 70_000]).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("79.json")).unwrap();
         fs::write(dir.path().join("notes.json"), b"{}").unwrap();
-        let listing = dir.list(1000);
+        let listing = dir.list(Some(1000));
         assert_eq!(listing.entries, vec![me]);
         let why = |name: &str| {
             listing

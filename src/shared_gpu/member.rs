@@ -137,9 +137,8 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A size in `s`: bytes, or a number with K, M, G or T (powers of 1024, an optional `iB` or
-/// `B` after it), or a percentage of `total` (`"25%"`); `None` when it is none of these or
-/// overflows.
+/// A size in `s`: a byte specification ([`read_byte_spec`](crate::report::read_byte_spec):
+/// `"10GiB"`, `"4GB"`, bytes) or a percentage of `total` (`"25%"`); `None` when it is neither.
 pub fn parse_size(s: &str, total: u64) -> Option<u64> {
     let s = s.trim();
     if let Some(percent) = s.strip_suffix('%') {
@@ -148,17 +147,21 @@ pub fn parse_size(s: &str, total: u64) -> Option<u64> {
             .contains(&p)
             .then(|| (total as f64 * p / 100.0) as u64);
     }
-    let upper = s.to_ascii_uppercase();
-    let body = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let (digits, shift) = match body.chars().last()? {
-        'K' => (&body[..body.len() - 1], 10),
-        'M' => (&body[..body.len() - 1], 20),
-        'G' => (&body[..body.len() - 1], 30),
-        'T' => (&body[..body.len() - 1], 40),
-        _ => (body, 0),
+    crate::report::read_byte_spec(s)
+        .ok()
+        .and_then(|b| u64::try_from(b).ok())
+}
+
+/// A size as MPS writes it (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): bytes, or a number with K, M,
+/// G or T (powers of 1024); `None` when it is not one or overflows.
+fn mps_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 10),
+        'M' => (&s[..s.len() - 1], 20),
+        'G' => (&s[..s.len() - 1], 30),
+        'T' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
     };
     digits
         .trim()
@@ -168,14 +171,14 @@ pub fn parse_size(s: &str, total: u64) -> Option<u64> {
 }
 
 /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for device `ordinal`: `"2G"` (every device) or
-/// `"0=1G,1=2G"` (sizes as [`parse_size`]).
+/// `"0=1G,1=2G"` (sizes as MPS writes them).
 pub fn mps_limit(value: &str, ordinal: usize) -> Option<u64> {
     if !value.contains('=') {
-        return parse_size(value, 0);
+        return mps_size(value);
     }
     value.split(',').find_map(|part| {
         let (device, limit) = part.split_once('=')?;
-        (device.trim().parse::<usize>().ok()? == ordinal).then(|| parse_size(limit, 0))?
+        (device.trim().parse::<usize>().ok()? == ordinal).then(|| mps_size(limit))?
     })
 }
 
@@ -446,7 +449,7 @@ impl Member {
     /// The ledger now: every live process's entry (this one's fresh), and the files refused.
     pub fn listing(&self) -> super::ledger_dir::Listing {
         self.publish();
-        self.dir.list(self.total)
+        self.dir.list(Some(self.total))
     }
 
     /// Who holds what on the GPU now, in words: each process's live and cached bytes, its soft
@@ -547,21 +550,32 @@ impl Member {
         }
     }
 
+    /// The rules' view of `listing`: every other process as published, and this one as it is
+    /// now (last).
+    fn holders(&self, listing: &super::ledger_dir::Listing) -> Vec<Holder> {
+        let mut holders: Vec<Holder> = listing
+            .entries
+            .iter()
+            .filter(|e| e.pid != self.pid)
+            .map(holder_of)
+            .collect();
+        holders.push(self.me());
+        holders
+    }
+
     /// Reads the others' waits and this process's share from the ledger (the listener, every
     /// [`PUBLISH_EVERY`]).
     fn read_others(&self) {
-        let listing = self.dir.list(self.total);
+        let listing = self.dir.list(Some(self.total));
         let waiting = listing
             .entries
             .iter()
             .filter(|e| e.pid != self.pid)
             .map(|e| e.waiting)
             .fold(0u64, u64::saturating_add);
-        let holders: Vec<Holder> = listing.entries.iter().map(holder_of).collect();
-        let shares = rules::soft_shares(self.total, &holders);
-        if let Some(i) = listing.entries.iter().position(|e| e.pid == self.pid) {
-            self.share.store(shares[i], Ordering::Relaxed);
-        }
+        let shares = rules::soft_shares(self.total, &self.holders(&listing));
+        self.share
+            .store(*shares.last().unwrap_or(&self.total), Ordering::Relaxed);
         self.others_waiting.store(waiting, Ordering::Relaxed);
     }
 
@@ -624,13 +638,7 @@ impl Member {
         let listing = self.listing();
         let free = self.free_now(&listing);
         report.shortfall = bytes.saturating_add(SLACK).saturating_sub(free);
-        let mut holders: Vec<Holder> = listing
-            .entries
-            .iter()
-            .filter(|e| e.pid != self.pid)
-            .map(holder_of)
-            .collect();
-        holders.push(self.me());
+        let holders = self.holders(&listing);
         let plan = rules::plan(self.total, &holders, self.pid, report.shortfall);
         report.trim_asked = plan
             .steps
@@ -733,18 +741,12 @@ impl Member {
         if !self.idle() {
             return (0, "busy (not declared idle)".into());
         }
-        let listing = self.dir.list(self.total);
-        let mut holders: Vec<Holder> = listing
-            .entries
-            .iter()
-            .filter(|e| e.pid != self.pid)
-            .map(holder_of)
-            .collect();
         let mut given = self.give();
-        let me = self.me();
-        holders.push(me.clone());
+        let holders = self.holders(&self.dir.list(Some(self.total)));
         let shares = rules::soft_shares(self.total, &holders);
-        let share = *shares.last().unwrap_or(&0);
+        let (Some(me), Some(&share)) = (holders.last(), shares.last()) else {
+            return (given, String::new());
+        };
         if me.live <= share {
             return (
                 given,
@@ -950,7 +952,12 @@ mod tests {
         assert_eq!(mps_limit("lots", 0), None);
         assert_eq!(parse_size("25%", 1000), Some(250));
         assert_eq!(parse_size("10GiB", 0), Some(10 << 30));
-        assert_eq!(parse_size("3 kb", 0), Some(3 << 10));
+        assert_eq!(parse_size("3 kb", 0), Some(3000));
+        assert_eq!(
+            parse_size("4G", 0),
+            None,
+            "a bare unit, as everywhere in rrmm"
+        );
         assert_eq!(parse_size("101%", 1000), None);
         assert_eq!(
             mps_limit("99999999999T", 0),

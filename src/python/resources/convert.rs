@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 use super::resource::DeviceMemoryResource;
+use crate::report::{read_byte_spec, NotASize};
 use crate::resource::SharedResource;
 
 /// A resource argument `name`: a `DeviceMemoryResource` (a TypeError naming the argument and
@@ -65,65 +66,6 @@ pub(crate) fn device_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
             "invalid argument `device`: device ordinal {index} is out of range"
         ))
     })
-}
-
-/// Why a text is not a size ([`read_byte_spec`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum NotASize {
-    /// It does not follow the grammar.
-    Unparsable,
-    /// It does, but the size is larger than `usize::MAX` bytes.
-    TooLarge,
-}
-
-/// Parses a byte specification as RMM's `parse_bytes`: `^([0-9]+(?:\.[0-9]*)?)[\t ]*
-/// ((?i:(?:[kmgtp]i?)?b))?$`; `kb` is 1000 and `kib` 1024 bytes. The one size grammar of rrmm,
-/// the command line's included. A bare unit (`2k`, `4G`) is refused, as RMM's tests require.
-/// Says why a text is not a size.
-pub(crate) fn read_byte_spec(text: &str) -> Result<usize, NotASize> {
-    let s = text.strip_suffix('\n').unwrap_or(text);
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    if digits_end == 0 {
-        return Err(NotASize::Unparsable);
-    }
-    let mut end = digits_end;
-    let mut fraction = "";
-    if s[end..].starts_with('.') {
-        let rest = &s[end + 1..];
-        let frac_len = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        fraction = &rest[..frac_len];
-        end += 1 + frac_len;
-    }
-    let number = &s[..end];
-    let unit = s[end..]
-        .trim_start_matches([' ', '\t'])
-        .to_ascii_lowercase();
-    let multiplier: u128 = match unit.as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        "pb" => 1_000_000_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        "pib" => 1 << 50,
-        _ => return Err(NotASize::Unparsable),
-    };
-    // The digits are digits: a whole number that does not parse is too large for a u128.
-    let value: u128 = if fraction.trim_end_matches('0').is_empty() {
-        let whole: u128 = s[..digits_end].parse().map_err(|_| NotASize::TooLarge)?;
-        whole.checked_mul(multiplier).ok_or(NotASize::TooLarge)?
-    } else {
-        let x: f64 = number.parse().map_err(|_| NotASize::Unparsable)?;
-        // Saturates: a product beyond u128 is too large all the same.
-        (x * multiplier as f64) as u128
-    };
-    usize::try_from(value).map_err(|_| NotASize::TooLarge)
 }
 
 /// Why a bare unit (`4G`, `2k`, `1.5m`) is refused, for the error message: RMM's grammar needs

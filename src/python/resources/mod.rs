@@ -11,7 +11,7 @@
 mod adaptors;
 mod arena;
 mod callback;
-mod convert;
+pub(super) mod convert;
 mod expandable;
 mod experimental;
 mod memory_stats;
