@@ -2,7 +2,7 @@
 
 use crate::cuda::{self};
 use crate::error::{Error, Result};
-use crate::resource::{CudaMemoryResource, SharedResource};
+use crate::resource::{Calls, CudaMemoryResource, SharedResource};
 use parking_lot::RwLock;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -54,10 +54,11 @@ pub fn check_device_ordinal(ordinal: usize, mr: Option<&SharedResource>) -> Resu
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// This thread's last lookup: (generation, device, resource). Hooks and buffers ask for the
-    /// same device's resource on every call; this answers without the table's lock.
+    /// This thread's last lookup: (generation, device, resource, its link's calls). Hooks and
+    /// buffers ask for the same device's resource on every call; this answers without the
+    /// table's lock, and with the calls the hooks' GIL decision reads (one load).
     // Why process-wide: a per-thread cache of the table: a hook's lookup takes no lock.
-    static LAST_LOOKUP: RefCell<Option<(u64, usize, SharedResource)>> = const { RefCell::new(None) };
+    static LAST_LOOKUP: RefCell<Option<(u64, usize, SharedResource, Calls)>> = const { RefCell::new(None) };
 }
 
 /// The resource of device `ordinal`; a [`CudaMemoryResource`] is made on first use.
@@ -69,17 +70,35 @@ thread_local! {
 /// # Time Complexity
 /// O(1): a thread-local hit when the table has not changed since this thread last asked.
 pub fn per_device_resource(ordinal: usize) -> Result<SharedResource> {
+    cached_lookup(ordinal, |mr, _| mr.clone())
+}
+
+/// The resource of device `ordinal` (as [`per_device_resource`]) with its link's
+/// [`calls`](crate::resource::Link::calls), kept per thread: what a caller that decides the GIL
+/// around every call (the framework hooks) reads with one load.
+///
+/// # Errors
+/// As [`per_device_resource`].
+pub fn per_device_resource_and_calls(ordinal: usize) -> Result<(SharedResource, Calls)> {
+    cached_lookup(ordinal, |mr, calls| (mr.clone(), calls.clone()))
+}
+
+/// What `pick` takes of device `ordinal`'s resource and calls, from this thread's last lookup
+/// when the table has not changed since.
+fn cached_lookup<T>(ordinal: usize, pick: impl Fn(&SharedResource, &Calls) -> T) -> Result<T> {
     let generation = GENERATION.load(Ordering::Acquire);
     let cached = LAST_LOOKUP.with(|last| match &*last.borrow() {
-        Some((g, d, mr)) if *g == generation && *d == ordinal => Some(mr.clone()),
+        Some((g, d, mr, calls)) if *g == generation && *d == ordinal => Some(pick(mr, calls)),
         _ => None,
     });
-    if let Some(mr) = cached {
-        return Ok(mr);
+    if let Some(found) = cached {
+        return Ok(found);
     }
     let mr = lookup_or_create(ordinal)?;
-    LAST_LOOKUP.with(|last| *last.borrow_mut() = Some((generation, ordinal, mr.clone())));
-    Ok(mr)
+    let calls = mr.link().calls;
+    let found = pick(&mr, &calls);
+    LAST_LOOKUP.with(|last| *last.borrow_mut() = Some((generation, ordinal, mr, calls)));
+    Ok(found)
 }
 
 fn lookup_or_create(ordinal: usize) -> Result<SharedResource> {

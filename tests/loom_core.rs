@@ -1,5 +1,6 @@
 //! Model checks (loom) of the stream-ordered core's lock protocol: every interleaving of small
-//! allocate/free/steal/grow/release runs on two threads, on simulated memory.
+//! allocate/free/steal/grow/release runs on two threads, on simulated memory; and of the link's
+//! calls cells (`resource::Calls`): a cell made over one that grows meanwhile never misses it.
 //!
 //! Run: `cargo test --features loom --test loom_core` (`.ci/run` does). Each model is bounded (three preemptions) to stay small.
 //!
@@ -9,6 +10,7 @@
 #![cfg(feature = "loom")]
 
 use loom::thread;
+use rrmm::resource::{CallProfile, Calls};
 use rrmm::suballocator::{NoStreamEvents, StreamEvents};
 use rrmm::{
     FixedSizeMemoryResource, MemoryResource, PoolMemoryResource, SimulatedMemoryResource, Stream,
@@ -226,5 +228,23 @@ fn fixed_size_two_streams() {
         free(&mr, c, 256, s(1)).unwrap();
         assert!(free(&mr, c, 256, s(2)).is_err(), "double free refused");
         assert_eq!(mr.free_block_count() * 256, mr.pool_size());
+    });
+}
+
+/// A resource built over a binning resource while a bin that runs foreign code is added (a cell
+/// made over a cell that grows meanwhile), and two bins added at once: in every interleaving
+/// every cell ends with what its parts hold (it listens before it computes, and a grown cell
+/// recomputes what listens to it).
+#[test]
+fn calls_made_while_a_part_grows_see_it() {
+    model(|| {
+        let binning = Calls::join(&[]);
+        let grower = binning.clone();
+        let t = thread::spawn(move || grower.add_part(&Calls::fixed(CallProfile::UNKNOWN)));
+        let pool = binning.suballocating();
+        binning.add_part(&Calls::fixed(CallProfile::BLOCKING));
+        t.join().unwrap();
+        assert_eq!(binning.get(), CallProfile::UNKNOWN);
+        assert_eq!(pool.get(), CallProfile::UNKNOWN.suballocating());
     });
 }

@@ -4,7 +4,7 @@
 use super::tiered::{Tier, TierRecord, TieredMemoryResource};
 use crate::cuda::Stream;
 use crate::error::Result;
-use crate::resource::{CallProfile, MemoryResource, SharedResource};
+use crate::resource::{MemoryResource, SharedResource};
 use std::sync::Arc;
 
 /// What went where through a [`FallbackResourceAdaptor`].
@@ -126,10 +126,6 @@ impl MemoryResource for FallbackResourceAdaptor {
     /// Both resources' (the primary's memory).
     fn link(&self) -> crate::resource::Link {
         self.tiers.link()
-    }
-
-    fn call_profile(&self) -> CallProfile {
-        self.tiers.call_profile()
     }
 
     fn name(&self) -> &'static str {

@@ -3,26 +3,27 @@
 //! prefetching, checked frees), with RMM's semantics. One adaptor per file.
 
 /// Forwards the descriptive methods of [`MemoryResource`](crate::MemoryResource) (kind, device
-/// (`memory_from!`), memory_info, report, link, into_any and call_profile) to `self.upstream`, and names it as the one upstream.
-/// With `and OWN`, the call profile is the upstream's combined with the adaptor's own
-/// (`CallProfile::OWN`, for the work it adds to each call); with `no_profile`, the adaptor
-/// writes `call_profile` itself.
+/// (`memory_from!`), memory_info, report, link, into_any) to `self.upstream`, and names it as the
+/// one upstream. With `and OWN`, the link's calls are the upstream's combined with the adaptor's
+/// own (`CallProfile::OWN`, for the work it adds to each call).
 macro_rules! forward_upstream_info {
     () => {
-        forward_upstream_info!(no_profile);
-        fn call_profile(&self) -> $crate::resource::CallProfile {
-            self.upstream.call_profile()
+        forward_upstream_info!(@common);
+        /// The upstream's: an adaptor hands out its upstream's memory.
+        fn link(&self) -> $crate::resource::Link {
+            self.upstream.link()
         }
     };
     (and $own:ident) => {
-        forward_upstream_info!(no_profile);
-        fn call_profile(&self) -> $crate::resource::CallProfile {
+        forward_upstream_info!(@common);
+        /// The upstream's, with the adaptor's own work added to its calls.
+        fn link(&self) -> $crate::resource::Link {
             self.upstream
-                .call_profile()
-                .and($crate::resource::CallProfile::$own)
+                .link()
+                .with_own_calls($crate::resource::CallProfile::$own)
         }
     };
-    (no_profile) => {
+    (@common) => {
         $crate::resource::memory_from!(|this| this.upstream);
         fn memory_info(&self) -> Option<(usize, usize)> {
             self.upstream.memory_info()
@@ -32,10 +33,6 @@ macro_rules! forward_upstream_info {
         }
         fn upstreams(&self) -> Vec<$crate::resource::SharedResource> {
             vec![self.upstream.clone()]
-        }
-        /// The upstream's: an adaptor hands out its upstream's memory.
-        fn link(&self) -> $crate::resource::Link {
-            self.upstream.link()
         }
         fn into_any(
             self: std::sync::Arc<Self>,

@@ -11,7 +11,7 @@
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
-use crate::resource::{CallProfile, Link, MemoryKind, MemoryResource, SharedResource};
+use crate::resource::{CallProfile, Calls, Link, MemoryKind, MemoryResource, SharedResource};
 use crate::suballocator::ExpandableMemoryResource;
 use parking_lot::RwLock;
 use std::cell::Cell;
@@ -56,6 +56,9 @@ std::thread_local!(static CURRENT: Cell<(usize, usize)> = const { Cell::new((0, 
 #[derive(Clone, Debug)]
 pub struct TaggedMemoryResource {
     members: Arc<RwLock<Members>>,
+    /// What calls through it may do: every tag's pool's, grown as tags are added (the one cell
+    /// its link hands up).
+    calls: Calls,
 }
 
 impl TaggedMemoryResource {
@@ -64,14 +67,16 @@ impl TaggedMemoryResource {
     pub fn new(name: impl Into<String>, pool: ExpandableMemoryResource) -> Self {
         let tagged = TaggedMemoryResource {
             members: Arc::new(RwLock::new(Members::default())),
+            calls: Calls::join(&[]),
         };
         let mut members = tagged.members.write();
-        Self::insert(&mut members, name.into(), pool);
+        Self::insert(&mut members, &tagged.calls, name.into(), pool);
         drop(members);
         tagged
     }
 
-    fn insert(members: &mut Members, name: String, pool: ExpandableMemoryResource) {
+    fn insert(members: &mut Members, calls: &Calls, name: String, pool: ExpandableMemoryResource) {
+        calls.add_part(&pool.link().calls);
         let base = pool.virtual_memory().base();
         let end = base + pool.virtual_memory().reserved_bytes();
         members.by_address.insert(base, (end, members.tags.len()));
@@ -108,9 +113,7 @@ impl TaggedMemoryResource {
                 format!("the pool for {name:?} is a tag's pool already"),
             ));
         }
-        Self::insert(&mut members, name, pool);
-        drop(members);
-        crate::resource::note_profile_change();
+        Self::insert(&mut members, &self.calls, name, pool);
         Ok(())
     }
 
@@ -228,14 +231,6 @@ impl MemoryResource for TaggedMemoryResource {
         self.members.read().tags[0].shared.memory_info()
     }
 
-    fn call_profile(&self) -> CallProfile {
-        self.members
-            .read()
-            .tags
-            .iter()
-            .fold(CallProfile::QUICK, |p, m| p.and(m.shared.call_profile()))
-    }
-
     fn name(&self) -> &'static str {
         "tagged"
     }
@@ -249,11 +244,20 @@ impl MemoryResource for TaggedMemoryResource {
             .collect()
     }
 
-    /// Every tag's pool's: a sleep of the whole resource sleeps every tag.
+    /// Every tag's pool's: a sleep of the whole resource sleeps every tag. Its calls are the
+    /// one cell it grows as tags are added.
     fn link(&self) -> Link {
         let links: Vec<Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        Link::join(&links)
-            .unwrap_or_else(|| Link::source(self.kind(), self.device(), self.identity()))
+        let mut link = Link::join(&links).unwrap_or_else(|| {
+            Link::source(
+                self.kind(),
+                self.device(),
+                self.identity(),
+                CallProfile::QUICK,
+            )
+        });
+        link.calls = self.calls.clone();
+        link
     }
 
     fn identity(&self) -> usize {

@@ -401,11 +401,6 @@ impl MemoryResource for TieredMemoryResource {
         self.slots[0].tier.resource.memory_info()
     }
 
-    fn call_profile(&self) -> CallProfile {
-        self.tiers()
-            .fold(CallProfile::QUICK, |p, t| p.and(t.resource.call_profile()))
-    }
-
     fn name(&self) -> &'static str {
         self.name
     }
@@ -422,7 +417,12 @@ impl MemoryResource for TieredMemoryResource {
     fn link(&self) -> crate::resource::Link {
         let links: Vec<crate::resource::Link> = self.tiers().map(|t| t.resource.link()).collect();
         let mut link = crate::resource::Link::join(&links).unwrap_or_else(|| {
-            crate::resource::Link::source(self.kind(), self.device(), self.identity())
+            crate::resource::Link::source(
+                self.kind(),
+                self.device(),
+                self.identity(),
+                CallProfile::QUICK,
+            )
         });
         link.tiers = Some(self.slots.clone());
         link

@@ -10,55 +10,8 @@
 //! would cost more than the call.
 
 pub(crate) use crate::resource::CallProfile;
-use crate::resource::MemoryResource;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// A Python object's copy of its resource's call profile ([`MemoryResource::call_profile`], the
-/// one source of truth, the same for a resource made from Python and one made in Rust). A
-/// profile changes only when a binding resource gains a bin; [`crate::resource::profile_epoch`]
-/// counts those, and a copy from an older epoch is read again.
-#[derive(Debug, Default)]
-pub(crate) struct ProfileCache(AtomicU64);
-
-impl ProfileCache {
-    const FOREIGN: u64 = 1;
-    const BLOCKS: u64 = 2;
-
-    fn encode(epoch: u64, p: CallProfile) -> u64 {
-        (epoch << 2)
-            | if p.calls_foreign_code {
-                Self::FOREIGN
-            } else {
-                0
-            }
-            | if p.may_block { Self::BLOCKS } else { 0 }
-    }
-
-    /// A cache filled from `mr`.
-    pub(crate) fn of(mr: &dyn MemoryResource) -> Self {
-        let cache = ProfileCache(AtomicU64::new(u64::MAX));
-        cache.get(mr);
-        cache
-    }
-
-    /// The profile of `mr` (whose copy this is).
-    #[inline]
-    pub(crate) fn get(&self, mr: &dyn MemoryResource) -> CallProfile {
-        let epoch = crate::resource::profile_epoch();
-        let v = self.0.load(Ordering::Relaxed);
-        if v >> 2 == epoch && v != u64::MAX {
-            return CallProfile {
-                calls_foreign_code: v & Self::FOREIGN != 0,
-                may_block: v & Self::BLOCKS != 0,
-            };
-        }
-        let p = mr.call_profile();
-        self.0.store(Self::encode(epoch, p), Ordering::Relaxed);
-        p
-    }
-}
 
 /// Runs `f` (a call into a resource of profile `profile`) with the GIL released where the
 /// profile asks for it.
@@ -120,26 +73,31 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::resource::MemoryResource;
     use crate::{PoolMemoryResource, SharedResource, SimulatedMemoryResource};
     use std::sync::Arc;
 
-    /// A pool made from Python and one made in Rust decide the GIL alike: both read the Rust
-    /// resource's own profile.
+    /// A Python object keeps its resource's link's calls: a pool made from Python and one
+    /// made in Rust decide the GIL alike, and a bin added after a pool was built over the
+    /// binning resource reaches the pool's kept calls.
     #[test]
-    fn the_cache_reads_the_resources_own_profile_and_follows_new_bins() {
+    fn kept_calls_follow_new_bins_below() {
         let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
         let pool: SharedResource =
             Arc::new(PoolMemoryResource::new(sim, Some(1 << 20), None).unwrap());
-        let cache = ProfileCache::of(&*pool);
-        assert_eq!(cache.get(&*pool), pool.call_profile());
+        let kept = pool.link().calls;
+        assert_eq!(kept.get(), pool.call_profile());
         assert!(
-            !cache.get(&*pool).release_gil(),
+            !kept.get().release_gil(),
             "simulated memory: bookkeeping only"
         );
-        let binning = crate::BinningMemoryResource::new(pool.clone(), None, None).unwrap();
-        let cached = ProfileCache::of(&binning);
-        assert!(!cached.get(&binning).release_gil());
+        let binning =
+            Arc::new(crate::BinningMemoryResource::new(pool.clone(), None, None).unwrap());
+        let over: SharedResource =
+            Arc::new(PoolMemoryResource::new(binning.clone(), Some(1 << 16), None).unwrap());
+        let kept_binning = binning.link().calls;
+        let kept_over = over.link().calls;
+        assert!(!kept_binning.get().release_gil());
         let callback: SharedResource = Arc::new(crate::resource::CallbackMemoryResource::new(
             Box::new(|_, _| Ok(0)),
             Box::new(|_, _, _| Ok(())),
@@ -147,8 +105,13 @@ mod tests {
         ));
         binning.add_bin(4096, Some(callback)).unwrap();
         assert!(
-            cached.get(&binning).release_gil(),
+            kept_binning.get().release_gil(),
             "a bin that runs foreign code"
         );
+        assert!(
+            kept_over.get().calls_foreign_code,
+            "a pool built over the binning resource before the bin sees it"
+        );
+        assert_eq!(over.call_profile(), kept_over.get());
     }
 }

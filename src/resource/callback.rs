@@ -198,11 +198,6 @@ impl MemoryResource for CallbackMemoryResource {
         self.figures.as_ref().map(|f| f as &dyn PoolReport)
     }
 
-    fn call_profile(&self) -> super::CallProfile {
-        // The user's functions: foreign code (Python) that may do anything.
-        super::CallProfile::UNKNOWN
-    }
-
     fn name(&self) -> &'static str {
         "callback"
     }

@@ -177,9 +177,10 @@ macro_rules! pool_resource {
                 self.core.memory_info()
             }
 
-            fn call_profile(&self) -> $crate::resource::CallProfile {
-                // Driver calls that may wait (pool growth, trimming, the driver's locks).
-                $crate::resource::CallProfile::BLOCKING
+            /// A source whose calls are driver calls that may wait (pool growth, trimming,
+            /// the driver's locks).
+            fn link(&self) -> $crate::resource::Link {
+                $crate::resource::Link::blocking_source(self)
             }
 
             fn name(&self) -> &'static str {

@@ -56,8 +56,8 @@ macro_rules! direct_allocator {
 pub(super) use direct_allocator;
 
 /// The descriptive methods of [`MemoryResource`] for a source resource whose calls block (they
-/// wait on the driver, the device or the OS): `kind` (`$kind`), `call_profile`
-/// ([`CallProfile::BLOCKING`](super::CallProfile::BLOCKING)) and `name` (`$name`). With
+/// wait on the driver, the device or the OS): `kind` (`$kind`), `link` (a
+/// source whose calls are [`CallProfile::BLOCKING`](super::CallProfile::BLOCKING)) and `name` (`$name`). With
 /// `memory_of_device: $ordinal`, for device memory used by `self.device`: also `device` (that
 /// ordinal), `memory_info` (the free and total memory of device `self.$ordinal`) and `as_any`
 /// (the resource itself).
@@ -67,8 +67,9 @@ macro_rules! blocking_source_info {
             $kind
         }
 
-        fn call_profile(&self) -> $crate::resource::CallProfile {
-            $crate::resource::CallProfile::BLOCKING
+        /// A source whose calls block.
+        fn link(&self) -> $crate::resource::Link {
+            $crate::resource::Link::blocking_source(self)
         }
 
         fn name(&self) -> &'static str {

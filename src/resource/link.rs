@@ -1,7 +1,8 @@
 //! The one typed link from a resource to the memory below it.
 //!
 //! Every concern that crosses the resource graph (what memory it is and on which device, the
-//! pools below that can sleep, later the tier and the process's share of the GPU) travels here.
+//! pools below that can sleep, what calls through it may do, the tiers, the process's share of
+//! the GPU) travels here.
 //! A resource computes its [`Link`] once, when it is built over its upstream, from the
 //! upstream's link (one call, not a walk), and holds it: the allocation path reads a field, never
 //! the graph. A source resource makes a new link; an adaptor keeps its upstream's; a
@@ -11,8 +12,9 @@
 //! A new concern is one field here, filled where memory is made and carried up unchanged by
 //! every resource that does not change it.
 
+use super::calls::{Calls, Step};
 use super::sleep::{ByteRange, SleepWatch, Sleeper, Tenant};
-use super::{BlockPlacer, MemoryKind, TierBook};
+use super::{BlockPlacer, CallProfile, MemoryKind, TierBook};
 use crate::error::{Error, Result};
 use crate::pressure::{Place, Relieve};
 use std::sync::Arc;
@@ -41,6 +43,11 @@ pub struct Link {
     pub place: Place,
     /// The pools below that can sleep.
     pub sleep: SleepWatch,
+    /// What a call through this resource may do (reach foreign code, block): the Python layer's
+    /// GIL decision ([`CallProfile::release_gil`]). The one field a resource between may change
+    /// (a suballocator's calls do not block; an adaptor's own work adds to it), and one that can
+    /// grow after construction (a binning resource gains a bin): see [`Calls`].
+    pub calls: Calls,
     /// The placer of the managed memory below, where that memory is placed by the blocks a
     /// suballocator over it hands out ([`PlacementMode::Blocks`](super::PlacementMode::Blocks)):
     /// the stream-ordered core places each block it hands out through it.
@@ -57,21 +64,38 @@ pub struct Link {
 impl Link {
     /// The link of a source of memory: `kind` on `device`, nothing below; `identity` is the
     /// source's ([`MemoryResource::identity`](super::MemoryResource::identity)), its place where
-    /// the memory is not a device's.
-    pub fn source(kind: MemoryKind, device: Option<usize>, identity: usize) -> Link {
+    /// the memory is not a device's; `calls`, what its own calls may do.
+    pub fn source(
+        kind: MemoryKind,
+        device: Option<usize>,
+        identity: usize,
+        calls: CallProfile,
+    ) -> Link {
         Link {
             kind,
             device,
             place: place_of(kind, device, identity),
             sleep: SleepWatch::default(),
+            calls: Calls::fixed(calls),
             placement: None,
             tiers: None,
             opaque: None,
         }
     }
 
+    /// The link of `source`, a source resource whose calls block (they wait on the driver, the
+    /// device or the OS): [`CallProfile::BLOCKING`].
+    pub fn blocking_source<R: super::MemoryResource + ?Sized>(source: &R) -> Link {
+        Link::source(
+            source.kind(),
+            source.device(),
+            source.identity(),
+            CallProfile::BLOCKING,
+        )
+    }
+
     /// The link of a resource over several upstreams (fallback, tiers, binning's bins): the
-    /// first one's memory, every one's sleepers.
+    /// first one's memory, every one's sleepers, every one's calls.
     pub fn join(links: &[Link]) -> Option<Link> {
         let first = links.first()?;
         Some(Link {
@@ -79,10 +103,29 @@ impl Link {
             device: first.device,
             place: first.place,
             sleep: SleepWatch::join(links.iter().map(|l| &l.sleep)),
+            calls: Calls::over(
+                &links.iter().map(|l| &l.calls).collect::<Vec<_>>(),
+                Step::And(CallProfile::QUICK),
+            ),
             placement: first.placement.clone(),
             tiers: links.iter().find_map(|l| l.tiers.clone()),
             opaque: links.iter().find_map(|l| l.opaque),
         })
+    }
+
+    /// This link with its calls made by a suballocator over it ([`CallProfile::suballocating`]):
+    /// the link a suballocator computes at construction and holds.
+    #[must_use]
+    pub fn suballocated(mut self) -> Link {
+        self.calls = self.calls.suballocating();
+        self
+    }
+
+    /// This link with an adaptor's own work added to its calls ([`Calls::and`]).
+    #[must_use]
+    pub fn with_own_calls(mut self, own: CallProfile) -> Link {
+        self.calls = self.calls.and(own);
+        self
     }
 
     /// Whether a pool below sleeps.

@@ -3,6 +3,7 @@
 
 mod address_ranges;
 mod callback;
+mod calls;
 mod cuda;
 mod cuda_async;
 mod cuda_async_managed;
@@ -27,6 +28,7 @@ mod tiers;
 mod virtual_memory;
 
 pub use callback::{AllocateFn, CallbackMemoryResource, DeallocateFn, FootprintFn, HeldBytesFn};
+pub use calls::Calls;
 pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
@@ -156,16 +158,14 @@ pub trait MemoryResource: Send + Sync {
     }
 
     /// What a call into this resource may do: call foreign code (Python) and block (wait on
-    /// the GPU or the OS). The Python layer decides from it, in one place, whether to release
-    /// the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): when the call may
-    /// block, and when it may reach foreign code (so that no thread waits for this resource's
-    /// lock while holding the GIL that the lock's holder needs for a callback).
-    ///
-    /// Each type sets it: source resources by what they call, adaptors and suballocators combine
-    /// their own behaviour with their upstream's. The default, for resources that do not say,
-    /// is the safe [`CallProfile::UNKNOWN`] (may call foreign code, may block).
+    /// the GPU or the OS): its link's [`calls`](Link::calls), where every resource says it
+    /// once, at construction. The Python layer decides from it, in one place, whether to
+    /// release the GIL around `allocate`/`deallocate` ([`CallProfile::release_gil`]): when the
+    /// call may block, and when it may reach foreign code (so that no thread waits for this
+    /// resource's lock while holding the GIL that the lock's holder needs for a callback).
+    /// A caller that asks often keeps the link's [`Calls`] and reads it (one load).
     fn call_profile(&self) -> CallProfile {
-        CallProfile::UNKNOWN
+        self.link().calls.get()
     }
 
     /// A short name for reports and logs, such as `"pool"`.
@@ -178,16 +178,26 @@ pub trait MemoryResource: Send + Sync {
     ///
     /// The default, for resources that do not say, joins the upstreams' links and marks the
     /// result opaque (a tag of an address alone cannot find a block this resource carved);
-    /// a resource without an upstream is a source of its own kind and device.
+    /// a resource without an upstream is a source of its own kind and device. Either way its
+    /// calls are [`CallProfile::UNKNOWN`] (the safe default: code that does not say what it
+    /// does may call foreign code and block).
     fn link(&self) -> Link {
+        let unknown = || {
+            Link::source(
+                self.kind(),
+                self.device(),
+                self.identity(),
+                CallProfile::UNKNOWN,
+            )
+        };
         let ups = self.upstreams();
         if ups.is_empty() {
-            return Link::source(self.kind(), self.device(), self.identity());
+            return unknown();
         }
         let links: Vec<Link> = ups.iter().map(|u| u.link()).collect();
-        let mut link = Link::join(&links)
-            .unwrap_or_else(|| Link::source(self.kind(), self.device(), self.identity()));
+        let mut link = Link::join(&links).unwrap_or_else(unknown);
         link.opaque.get_or_insert(self.name());
+        link.calls = Calls::fixed(CallProfile::UNKNOWN);
         link
     }
 
@@ -287,21 +297,6 @@ impl CallProfile {
     }
 }
 
-/// Counts changes of call profiles after construction (a binning resource gaining a bin), so
-/// that copies of a profile (the Python objects' GIL decision) know to read it again.
-// Why process-wide: a change below any adaptor reaches every copy above; one load per call.
-static PROFILE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The number of call-profile changes so far (see [`note_profile_change`]).
-pub fn profile_epoch() -> u64 {
-    PROFILE_EPOCH.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Records that some resource's [`MemoryResource::call_profile`] may have changed.
-pub fn note_profile_change() {
-    PROFILE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// A resource shared between owners (adaptors, buffers, the per-device table).
 pub type SharedResource = Arc<dyn MemoryResource>;
 
@@ -329,9 +324,6 @@ impl<T: MemoryResource + ?Sized> MemoryResource for Arc<T> {
     }
     fn memory_info(&self) -> Option<(usize, usize)> {
         (**self).memory_info()
-    }
-    fn call_profile(&self) -> CallProfile {
-        (**self).call_profile()
     }
     fn name(&self) -> &'static str {
         (**self).name()

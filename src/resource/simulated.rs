@@ -647,9 +647,14 @@ impl MemoryResource for SimulatedMemoryResource {
         Some(self)
     }
 
-    fn call_profile(&self) -> super::CallProfile {
-        // Host bookkeeping that returns at once.
-        super::CallProfile::QUICK
+    /// A source whose calls are host bookkeeping that returns at once.
+    fn link(&self) -> super::Link {
+        super::Link::source(
+            self.kind(),
+            self.device(),
+            self.identity(),
+            super::CallProfile::QUICK,
+        )
     }
 
     fn name(&self) -> &'static str {

@@ -51,6 +51,9 @@ struct Inner {
     rerouted: AtomicBool,
     /// Blocks per chunk of the fixed-size bins this resource makes.
     blocks: usize,
+    /// What calls through it may do: the upstream's and every bin's, grown as bins are added
+    /// (the one cell its link hands up, so a resource built over it before a bin sees the bin).
+    calls: crate::resource::Calls,
 }
 
 /// The bins, copied into [`SHARDS`] cache-line-aligned locks: a thread reads the copy of its
@@ -156,8 +159,10 @@ impl BinningMemoryResource {
         if blocks == 0 {
             return Err(Error::invalid("blocks_to_preallocate", "must be positive"));
         }
+        let calls = crate::resource::Calls::join(&[&upstream.link().calls]);
         let mr = BinningMemoryResource {
             inner: Arc::new(Inner {
+                calls,
                 upstream,
                 bins: BinShards::new(),
                 from_upstream: LiveAllocations::new(),
@@ -222,10 +227,12 @@ impl BinningMemoryResource {
                 self.inner.blocks,
             )?),
         };
+        // The profile grows before the bin serves a call (a bin of this size added by another
+        // thread meanwhile leaves it at most larger than it need be, never smaller).
+        self.inner.calls.add_part(&resource.link().calls);
         if !self.inner.bins.insert(size, resource) {
             return Ok(()); // added by another thread meanwhile
         }
-        crate::resource::note_profile_change();
         if self.inner.served.load(Ordering::Relaxed) {
             self.inner.rerouted.store(true, Ordering::Relaxed);
         }
@@ -403,27 +410,18 @@ impl MemoryResource for BinningMemoryResource {
     }
 
     /// The upstream's and every bin's, joined: binning carves nothing itself (its bins do, and
-    /// each is a tenant of the pools below its own upstream).
+    /// each is a tenant of the pools below its own upstream). Its calls are the one cell it
+    /// grows as bins are added.
     fn link(&self) -> crate::resource::Link {
         let links: Vec<crate::resource::Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        crate::resource::Link::join(&links).unwrap_or_else(|| {
-            crate::resource::Link::source(self.kind(), self.device(), self.identity())
-        })
+        let mut link =
+            crate::resource::Link::join(&links).unwrap_or_else(|| self.inner.upstream.link());
+        link.calls = self.inner.calls.clone();
+        link
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
-    }
-
-    /// The upstream's combined with every bin's.
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        self.inner
-            .bins
-            .read()
-            .iter()
-            .fold(self.inner.upstream.call_profile(), |p, (_, bin)| {
-                p.and(bin.call_profile())
-            })
     }
 
     fn name(&self) -> &'static str {

@@ -366,18 +366,6 @@ impl MemoryResource for ExpandableMemoryResource {
         Some(&self.inner.core)
     }
 
-    /// Without a release threshold a suballocator's over the virtual memory's
-    /// ([`CallProfile::suballocating`]): calls are answered from bookkeeping and growth maps
-    /// pages under the pool's lock. With a threshold a free may trim, which synchronizes every
-    /// stream before it unmaps, so the virtual memory's own profile decides.
-    fn call_profile(&self) -> CallProfile {
-        let vm = self.inner.vm.call_profile();
-        match self.inner.release_threshold {
-            Some(_) => vm,
-            None => vm.suballocating(),
-        }
-    }
-
     fn name(&self) -> &'static str {
         "expandable"
     }
@@ -387,8 +375,18 @@ impl MemoryResource for ExpandableMemoryResource {
     }
 
     /// A source of memory that can sleep: the resources over it see the pool in their link.
+    /// Its calls: without a release threshold a suballocator's over the virtual memory's
+    /// ([`CallProfile::suballocating`]): calls are answered from bookkeeping and growth maps
+    /// pages under the pool's lock. With a threshold a free may trim, which synchronizes every
+    /// stream before it unmaps, so the virtual memory's own profile decides.
     fn link(&self) -> crate::resource::Link {
-        let mut link = crate::resource::Link::source(self.kind(), self.device(), self.identity());
+        let vm = self.inner.vm.call_profile();
+        let calls = match self.inner.release_threshold {
+            Some(_) => vm,
+            None => vm.suballocating(),
+        };
+        let mut link =
+            crate::resource::Link::source(self.kind(), self.device(), self.identity(), calls);
         link.sleep = crate::resource::sleep::SleepWatch::of(Arc::new(self.clone()));
         link
     }

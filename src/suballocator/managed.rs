@@ -338,9 +338,13 @@ impl MemoryResource for ManagedMemoryResource {
     }
 
     /// A source of managed memory; with [`PlacementMode::Blocks`] its link carries the placer
-    /// for the suballocator over it.
+    /// for the suballocator over it. Its calls block: a cache miss allocates (and prefetches) a
+    /// fresh managed range in the driver, which is the common call for data that does not
+    /// repeat its sizes.
     fn link(&self) -> crate::resource::Link {
-        let mut link = crate::resource::Link::source(self.kind(), self.device(), self.identity());
+        let calls = self.inner.core.call_profile().and(CallProfile::BLOCKING);
+        let mut link =
+            crate::resource::Link::source(self.kind(), self.device(), self.identity(), calls);
         if self.inner.mode == PlacementMode::Blocks {
             link.placement = self.inner.placer.clone();
         }
@@ -349,12 +353,6 @@ impl MemoryResource for ManagedMemoryResource {
 
     fn upstreams(&self) -> Vec<SharedResource> {
         Vec::new()
-    }
-
-    /// Blocking: a cache miss allocates (and prefetches) a fresh managed range in the driver,
-    /// which is the common call for data that does not repeat its sizes.
-    fn call_profile(&self) -> CallProfile {
-        self.inner.core.call_profile().and(CallProfile::BLOCKING)
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -94,3 +94,15 @@ def test_suballocators_keep_the_gil(name: str) -> None:
 @pytest.mark.parametrize("name", list(RELEASES))
 def test_blocking_sources_and_python_below_release_it(name: str) -> None:
     assert _releases_gil(RELEASES[name]()), f"{name} kept the GIL"
+
+
+def test_a_bin_added_later_reaches_the_objects_built_over_it() -> None:
+    """A bin that runs Python, added to a binning resource after an adaptor was built over it:
+    the adaptor's object (built when nothing below ran Python) now releases the GIL (the
+    link's calls grew; issue 36)."""
+    binning = rrmm.mr.BinningMemoryResource(_pool(rrmm.mr.SystemMemoryResource()))
+    over = rrmm.mr.StatisticsResourceAdaptor(binning)
+    assert not _releases_gil(over), "bookkeeping only, before the bin"
+    binning.add_bin(MIB, _callback_source())
+    assert _releases_gil(over), "a bin that runs Python below the adaptor"
+    assert _releases_gil(binning)

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use super::cupy_stream::{cupy_missing, AllocationStream};
-use super::shared::{allocate_on, deallocate_on, Context, HookAllocation};
+use super::shared::{allocate_on, deallocate_on, Context, HookAllocation, HookResource};
 use crate::python::errors::{py_result, report_to_stderr};
 use crate::{Error, MemoryResource, Result, SharedResource, Stream};
 
@@ -62,7 +62,7 @@ fn cupy_allocate(py: Python<'_>, nbytes: usize) -> PyResult<Py<PyAny>> {
 struct CupyLive {
     size: usize,
     stream: AllocationStream,
-    mr: SharedResource,
+    mr: HookResource,
 }
 
 /// Live CuPy allocations by pointer, with the crate's one address hasher ([`crate::live`]).
@@ -140,7 +140,7 @@ extern "C" fn rrmm_cupy_free(_param: *mut c_void, ptr: *mut c_void, device: c_in
                 // (its stream-ordered contract).
                 unsafe {
                     deallocate_on(
-                        live.mr.as_ref(),
+                        &live.mr,
                         usize::try_from(device).unwrap_or(0),
                         ptr as usize,
                         live.size,
@@ -201,10 +201,10 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     let (ptr, mr) = if nbytes == 0 {
         (0, None)
     } else {
-        let mr = py_result(pinned_resource())?;
+        let mr = HookResource::of(py_result(pinned_resource())?);
         // The GIL rule (see `gil`), as at every door into a resource.
-        let ptr = py_result(crate::python::gil::call(py, mr.call_profile(), || {
-            mr.allocate(nbytes, Stream::DEFAULT)
+        let ptr = py_result(crate::python::gil::call(py, mr.profile(), || {
+            mr.resource().allocate(nbytes, Stream::DEFAULT)
         }))?;
         (ptr, Some(mr))
     };

@@ -18,7 +18,7 @@ fn hook_allocate(nbytes: usize, stream: usize, device: usize) -> PyResult<HookAl
     if nbytes == 0 {
         return Ok(HookAllocation::new(0, 0, device, stream, None));
     }
-    let mr = py_result(crate::per_device_resource(device))?;
+    let mr = py_result(super::shared::HookResource::of_device(device))?;
     // `allocate_from` keeps the one GIL rule (released when the resource may block or reach
     // Python).
     let (ptr, mr) = py_result(allocate_from(mr, device, nbytes, stream, Context::Make))?;

@@ -9,8 +9,9 @@ use super::cupy_stream::AllocationStream;
 use crate::cuda::{self, ContextGuard};
 use crate::python::errors::{py_result, report_to_stderr};
 use crate::resource::memory_summary::explain_out_of_memory;
+use crate::resource::Calls;
 use crate::resource::MemoryKind;
-use crate::{per_device_resource, MemoryResource, Result, SharedResource, Stream};
+use crate::{per_device_resource_and_calls, MemoryResource, Result, SharedResource, Stream};
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -25,6 +26,42 @@ pub(super) fn context_for(mr: &dyn MemoryResource, device: usize) -> Result<Opti
         return Ok(None);
     }
     ContextGuard::new(device).map(Some)
+}
+
+/// A resource the hooks allocate from, with its link's calls kept (the GIL decision around each
+/// call is one load).
+#[derive(Clone, Debug)]
+pub(crate) struct HookResource {
+    mr: SharedResource,
+    calls: Calls,
+}
+
+impl HookResource {
+    /// `mr`, with its link's calls.
+    pub(crate) fn of(mr: SharedResource) -> Self {
+        let calls = mr.link().calls;
+        HookResource { mr, calls }
+    }
+
+    /// The per-device resource of `device` (the calls kept per thread with it).
+    ///
+    /// # Errors
+    /// As [`crate::per_device_resource`].
+    pub(crate) fn of_device(device: usize) -> Result<Self> {
+        let (mr, calls) = per_device_resource_and_calls(device)?;
+        Ok(HookResource { mr, calls })
+    }
+
+    /// The resource.
+    pub(crate) fn resource(&self) -> &SharedResource {
+        &self.mr
+    }
+
+    /// What a call into it may do now.
+    #[inline]
+    pub(crate) fn profile(&self) -> crate::resource::CallProfile {
+        self.calls.get()
+    }
 }
 
 /// Live allocations of the hooks from resource chains that run foreign code (a Python
@@ -59,11 +96,17 @@ pub(super) fn allocate_on(
     bytes: usize,
     stream: Stream,
     context: Context,
-) -> Result<(usize, Option<SharedResource>)> {
+) -> Result<(usize, Option<HookResource>)> {
     if bytes == 0 {
         return Ok((0, None));
     }
-    allocate_from(per_device_resource(device)?, device, bytes, stream, context)
+    allocate_from(
+        HookResource::of_device(device)?,
+        device,
+        bytes,
+        stream,
+        context,
+    )
 }
 
 /// As [`allocate_on`], from `mr` (the per-device resource of `device`, already looked up), for
@@ -72,12 +115,13 @@ pub(super) fn allocate_on(
 /// # Errors
 /// As [`allocate_on`].
 pub(super) fn allocate_from(
-    mr: SharedResource,
+    hooked: HookResource,
     device: usize,
     bytes: usize,
     stream: Stream,
     context: Context,
-) -> Result<(usize, Option<SharedResource>)> {
+) -> Result<(usize, Option<HookResource>)> {
+    let mr = &hooked.mr;
     let _ctx = match context {
         Context::Make => context_for(mr.as_ref(), device)?,
         Context::AlreadyCurrent => None,
@@ -85,16 +129,16 @@ pub(super) fn allocate_from(
     // The one GIL rule (see `gil`): released when the resource may block or reach Python (a
     // pool over a callback grows under its lock; the callback takes the GIL back), whoever
     // calls (CuPy holds the GIL, PyTorch mostly does not).
-    let profile = mr.call_profile();
+    let profile = hooked.profile();
     let ptr = crate::python::gil::call_from_foreign(profile, || {
         mr.allocate(bytes, stream)
-            .map_err(|e| explain_out_of_memory(e, &mr, bytes, stream))
+            .map_err(|e| explain_out_of_memory(e, mr, bytes, stream))
     })?;
     if profile.calls_foreign_code {
         FOREIGN_HOOK_ALLOCATIONS.fetch_add(1, Ordering::AcqRel);
     }
     super::history::record("alloc", device, ptr, bytes, stream.raw());
-    Ok((ptr, Some(mr)))
+    Ok((ptr, Some(hooked)))
 }
 
 /// Frees what [`allocate_on`] returned, through the same resource and stream.
@@ -107,15 +151,16 @@ pub(super) fn allocate_from(
 ///    since.
 /// 2. No work uses the memory after the free in `stream`'s order.
 pub(super) unsafe fn deallocate_on(
-    mr: &dyn MemoryResource,
+    hooked: &HookResource,
     device: usize,
     ptr: usize,
     bytes: usize,
     stream: Stream,
 ) -> Result<()> {
+    let mr = hooked.mr.as_ref();
     super::history::record("free_completed", device, ptr, bytes, stream.raw());
     // The GIL rule, as in `allocate_from` (CuPy frees with the GIL held).
-    let profile = mr.call_profile();
+    let profile = hooked.profile();
     let freed = crate::python::gil::call_from_foreign(profile, || {
         let _ctx = context_for(mr, device)?;
         // SAFETY: the caller's contract, for the resource that allocated `ptr`.
@@ -141,7 +186,7 @@ pub(super) struct HookAllocation {
     /// For an allocation on a CuPy stream: the stream to free on once CuPy's stream object is
     /// gone (see [`AllocationStream`]).
     cupy_stream: Option<AllocationStream>,
-    mr: Option<SharedResource>,
+    mr: Option<HookResource>,
     freed: AtomicBool,
 }
 
@@ -153,7 +198,7 @@ impl HookAllocation {
         size: usize,
         device: usize,
         stream: Stream,
-        mr: Option<SharedResource>,
+        mr: Option<HookResource>,
     ) -> Self {
         HookAllocation {
             ptr,
@@ -192,15 +237,7 @@ impl HookAllocation {
                 // SAFETY: this allocation owns `ptr` (made by `allocate_on` with `size` from
                 // `mr`), and the `freed` flag lets only one caller through; the framework drops
                 // its last reference only after its work on the memory, on `stream`.
-                unsafe {
-                    deallocate_on(
-                        mr.as_ref(),
-                        self.device,
-                        self.ptr,
-                        self.size,
-                        self.free_stream(),
-                    )
-                }
+                unsafe { deallocate_on(mr, self.device, self.ptr, self.size, self.free_stream()) }
             }
             _ => Ok(()),
         }
@@ -298,7 +335,7 @@ mod tests {
         assert_ne!(ptr, 0);
         assert_eq!(sim.live_allocations(), 1);
         // SAFETY: `ptr` was just allocated with 1000 bytes from `mr` and is freed once.
-        unsafe { deallocate_on(mr.unwrap().as_ref(), 801, ptr, 1000, stream) }.unwrap();
+        unsafe { deallocate_on(&mr.unwrap(), 801, ptr, 1000, stream) }.unwrap();
         assert_eq!(sim.live_allocations(), 0);
     }
 

@@ -22,7 +22,7 @@
 
 use super::shared::{allocate_on, deallocate_on, Context};
 use crate::python::errors::report_to_stderr;
-use crate::{per_device_resource, Error, Result, Stream};
+use crate::{Error, Result, Stream};
 use pyo3::prelude::*;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -161,10 +161,10 @@ fn deallocate(ptr: usize, size: usize, device: c_int, stream: usize) -> Result<(
         return Ok(());
     }
     let device = device_ordinal(device)?;
-    let mr = per_device_resource(device)?;
+    let mr = super::shared::HookResource::of_device(device)?;
     // SAFETY: `rrmm_torch_deallocate`'s contract (PyTorch's pluggable allocator): `ptr` came from
     // `rrmm_torch_allocate` with `size` on `device` and `stream`, and is freed once, after its work.
-    unsafe { deallocate_on(mr.as_ref(), device, ptr, size, Stream::from_raw(stream)) }
+    unsafe { deallocate_on(&mr, device, ptr, size, Stream::from_raw(stream)) }
 }
 
 /// The message as a NUL-terminated C string in a fixed buffer (no destructor to run when the

@@ -3,20 +3,20 @@
 //! initializer chains their subclasses use.
 
 use crate::resource::memory_summary::explain_out_of_memory;
-use crate::resource::SharedResource;
+use crate::resource::{Calls, SharedResource};
 use pyo3::prelude::*;
 
 use crate::python::edge::stream::StreamArg;
 use crate::python::errors::py_result;
-use crate::python::gil::{self, CallProfile, ProfileCache};
+use crate::python::gil::{self, CallProfile};
 
 /// Base class of every memory resource (RMM's `DeviceMemoryResource`).
 #[pyclass(module = "rrmm.mr", name = "DeviceMemoryResource", subclass, frozen)]
 pub(crate) struct DeviceMemoryResource {
     pub(crate) inner: SharedResource,
-    /// What calls into `inner` may do (its own [`CallProfile`]), which decides whether they
-    /// release the GIL ([`gil::call`]).
-    profile: ProfileCache,
+    /// What calls into `inner` may do (its link's [`Calls`], kept: one load per call), which
+    /// decides whether they release the GIL ([`gil::call`]).
+    calls: Calls,
     /// The upstream resource object this one keeps alive (`upstream_mr`), for the garbage
     /// collector's view: traversed here, in the root class only (a `__traverse__` in a class
     /// between the root and its subclasses recurses without end in PyO3 0.30 under abi3).
@@ -27,16 +27,16 @@ impl DeviceMemoryResource {
     /// A base-class initializer over `inner`.
     pub(crate) fn init(inner: SharedResource) -> Self {
         DeviceMemoryResource {
-            profile: ProfileCache::of(&*inner),
+            calls: inner.link().calls,
             inner,
             upstream: None,
         }
     }
 
-    /// What calls into the resource may do: the Rust resource's own profile.
+    /// What calls into the resource may do now (the Rust resource's link's).
     #[inline]
     pub(crate) fn profile(&self) -> CallProfile {
-        self.profile.get(&*self.inner)
+        self.calls.get()
     }
 }
 

@@ -238,7 +238,8 @@ impl ArenaMemoryResource {
         }
         let base = upstream.allocate(size, Stream::DEFAULT)?;
         let device_streams = uses_device_streams(upstream.kind());
-        let link = upstream.link();
+        // The arena answers from its bookkeeping and calls the upstream to grow, under its locks.
+        let link = upstream.link().suballocated();
         let inner = Arc::new(Inner {
             id: next_instance_id(),
             linked: !link.sleep.is_empty(),
@@ -730,14 +731,6 @@ impl MemoryResource for ArenaMemoryResource {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
-    }
-
-    /// A suballocator's over the upstream's ([`CallProfile::suballocating`]): the arena answers
-    /// from its bookkeeping and calls the upstream to grow, under its locks.
-    ///
-    /// [`CallProfile::suballocating`]: crate::resource::CallProfile::suballocating
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        self.inner.upstream.call_profile().suballocating()
     }
 
     fn name(&self) -> &'static str {

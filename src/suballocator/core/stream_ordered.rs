@@ -331,10 +331,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
         sizing: F::Sizing,
         name: &'static str,
     ) -> Self {
-        let link = growth.upstream().map_or_else(
-            || Link::source(growth.kind(), growth.device(), 0),
-            |u| u.link(),
-        );
+        // Calls are answered from bookkeeping; growth and cross-stream waits call the source
+        // under the core's locks, and foreign code in the source still counts.
+        let link = growth
+            .upstream()
+            .map_or_else(
+                || Link::source(growth.kind(), growth.device(), 0, growth.call_profile()),
+                |u| u.link(),
+            )
+            .suballocated();
         let core = StreamOrderedCore {
             id: next_instance_id(),
             state: Arc::new(CoreState {
@@ -1291,15 +1296,6 @@ impl<F: FreeList> MemoryResource for StreamOrderedCore<F> {
         self.link.clone()
     }
 
-    /// A suballocator's over the source's ([`CallProfile::suballocating`]): calls are answered
-    /// from bookkeeping, growth and cross-stream waits call the source under the core's locks,
-    /// and foreign code in the source still counts.
-    ///
-    /// [`CallProfile::suballocating`]: crate::resource::CallProfile::suballocating
-    fn call_profile(&self) -> crate::resource::CallProfile {
-        self.growth.call_profile().suballocating()
-    }
-
     fn name(&self) -> &'static str {
         self.name
     }
@@ -1379,11 +1375,6 @@ macro_rules! forward_memory_resource {
 
             fn as_any(&self) -> Option<&dyn std::any::Any> {
                 Some(self)
-            }
-
-            fn call_profile(&self) -> $crate::resource::CallProfile {
-                let $this = self;
-                $crate::resource::MemoryResource::call_profile($core)
             }
 
             fn name(&self) -> &'static str {

@@ -910,15 +910,20 @@ impl ChunkedPool {
     }
 }
 
-/// Issue 36's test of the link: the new suballocator over the pool (through an adaptor) refuses
-/// to hand out its cached ranges while the pool sleeps, is offloaded as exactly its live blocks
+/// Issue 36's test of the link: the new suballocator over the pool (through an adaptor) has a
+/// suballocator's GIL profile, refuses to hand out its cached ranges while the pool sleeps, is offloaded as exactly its live blocks
 /// (its free ranges not copied), keeps every byte, reports its figures and segments as
 /// offloaded, and a discard through it covers exactly one of its blocks.
 #[test]
 fn a_new_suballocator_gets_sleep_by_construction() {
     let (vm, pool) = host_pool(64 * PAGE);
     let under: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
-    let top: SharedResource = Arc::new(ChunkedPool::over(under));
+    let top: SharedResource = Arc::new(ChunkedPool::over(under.clone()));
+    assert_eq!(
+        top.call_profile(),
+        under.call_profile().suballocating(),
+        "its GIL profile, a suballocator's over its source's, came with the link"
+    );
     let sizes = [1000usize, 5000, 256, 70_000];
     let blocks: Vec<(usize, usize, u64)> = sizes
         .iter()
