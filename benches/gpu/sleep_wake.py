@@ -21,8 +21,11 @@ d: issue 37, a fresh process with rrmm's defaults: the link measured first; ``--
    arrays; ``prepare_sleep(wait=True)`` timed (the host pages made ahead of need, as a program
    would at start-up, off its critical path); then ``--sleeps`` sleeps with no option set, each
    in GB/s and as a share of the link, with ``host_reused`` (pages ready) and the host page
-   supply's figures; right after the first ``offload()`` returns a second process allocates 90%
-   of what it released (the memory is free when the call returns).
+   supply's figures; right after an ``offload()`` returns a second process allocates 90% of
+   what it released (the memory is free when the call returns): in one more sleep after the
+   timed ones (``--other-check extra``, the default), or after the first timed offload
+   (``--other-check first``, as before: the first restore then maps memory the other process
+   just gave back, which the driver scrubs, and is slower).
 e: the soak: ``--cycles`` sleeps of ``--gib`` GiB with a CUDA graph (CuPy stream capture)
    replayed after every wake; every cycle checks each array's checksum and the graph's output
    against cycle 0, records the device's free memory while asleep, the host memory held (the
@@ -323,13 +326,15 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
     log("prepared", asked, "bytes in", prepare_s, "s;", rrmm.host_pages.figures())
     sleeps = []
     other_row: dict[str, Any] | None = None
-    for i in range(args.sleeps):
+    timed = args.sleeps + (1 if args.other_check == "extra" else 0)
+    for i in range(timed):
         free_awake = device_free()
         t = time.perf_counter()
         did = mr.offload()
         offload_s = time.perf_counter() - t
         free_asleep = device_free()
-        if other_row is None:
+        checked_here = other_row is None and (args.other_check == "first" or i == timed - 1)
+        if checked_here:
             take = int((free_asleep - free_awake) * 0.9)
             other = subprocess.run([sys.executable, "-c", CHILD, str(take)], capture_output=True,
                                    text=True, timeout=300, check=False)
@@ -342,6 +347,7 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
         copied = did["copied_bytes"]
         row = {
             "sleep": i + 1,
+            "after_other_process": checked_here,
             "copied_bytes": copied,
             "freed_on_device_bytes": free_asleep - free_awake,
             "offload_s": offload_s,
@@ -357,7 +363,8 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
         }
         log(row)
         sleeps.append(row)
-    return {"part": "d", "gib": args.gib, "keep_ready": args.keep_ready, "link": link,
+    return {"part": "d", "gib": args.gib, "keep_ready": args.keep_ready,
+            "other_check": args.other_check, "link": link,
             "prepare_sleep_s": prepare_s,
             "prepared_bytes": asked, "other_process_after_first_offload": other_row,
             "sleeps": sleeps, "host_pages": rrmm.host_pages.figures()}
@@ -426,6 +433,9 @@ def main() -> None:
     p.add_argument("--sleeps", type=int, default=3, help="sleeps after the first (d)")
     p.add_argument("--keep-ready", action="store_true",
                    help="d: reinitialize(keep_sleep_ready=True) instead of prepare_sleep()")
+    p.add_argument("--other-check", choices=["extra", "first"], default="extra",
+                   help="d: the second process's allocation in one more sleep after the timed "
+                        "ones (extra) or after the first (first)")
     p.add_argument("--cycles", type=int, default=1000, help="sleep cycles of the soak (e)")
     p.add_argument("--budget-s", type=float, default=240.0, help="the soak's time limit (e)")
     p.add_argument("--gib", type=int, default=40, help="GiB of CuPy arrays (parts a, b)")

@@ -28,6 +28,7 @@ class SleepReport(SleepFigures):
     host_bytes: int
     host_pinned: bool
     host_reused: bool
+    host_ranges: int
     offload_s: float
     sync_trim_s: float
     host_alloc_s: float
@@ -53,3 +54,4 @@ class HostPageFigures(TypedDict):
     given_back_bytes: int
     keep_limit: int | None
     largest_leased: int
+    ready_target: int

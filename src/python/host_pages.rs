@@ -77,7 +77,7 @@ fn host_pages_figures(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     super::set_fields!(d, f;
         free_bytes, free_ranges, leased_bytes, preparing_bytes, made_ranges, made_bytes, reused,
-        made_on_take, given_back_bytes, keep_limit, largest_leased,
+        made_on_take, given_back_bytes, keep_limit, largest_leased, ready_target,
     );
     Ok(d)
 }

@@ -11,12 +11,17 @@
 //! ([`HostPageSupply::prepare`]): a `take` that finds one being made waits for it instead of
 //! making a second.
 //!
+//! A user whose need grows (a sleep's copy grows with its pool) takes pages over several ranges
+//! ([`HostPageSupply::take_spanning`]) and has them made ahead by what it lacks
+//! ([`HostPageSupply::prepare_total`]): a pool that grows adds a range for its growth instead
+//! of remaking one range of its whole size.
+//!
 //! Bounds: every range is checked against the host's room before anything is touched (the
 //! cgroup-aware check of `os::host_pages`); what is kept free between uses is bounded by
-//! [`HostPageSupply::set_keep_limit`] (by default the largest range handed out so far: one
-//! copy's worth, which the next sleep takes again) and given back on request
-//! ([`HostPageSupply::give_back`]). A free range serves a take of at least half its size, so a
-//! small take never holds a large range.
+//! [`HostPageSupply::set_keep_limit`] (by default one copy's worth: the most bytes handed out
+//! at once so far, or asked to be kept ready for a sleep, which the next sleep takes again) and
+//! given back on request ([`HostPageSupply::give_back`]). A free range serves a take of at least
+//! half its size, so a small take never holds a large range.
 
 use super::pinned_pages::PinnedPages;
 use crate::error::{Error, Result};
@@ -165,8 +170,11 @@ pub struct SupplyFigures {
     /// The most bytes kept free between uses (`None`: the default, the largest range handed
     /// out so far).
     pub keep_limit: Option<usize>,
-    /// The largest range handed out so far (what is kept free by default).
+    /// The most bytes handed out at once so far (one range, or one take over several).
     pub largest_leased: usize,
+    /// The most bytes asked to be kept ready at once ([`HostPageSupply::prepare_total`]: a
+    /// sleep's pages made ahead). What is kept free by default is the larger of the two.
+    pub ready_target: usize,
 }
 
 #[derive(Debug, Default)]
@@ -188,10 +196,39 @@ impl State {
             .map(|(i, _)| i)
     }
 
+    /// Bytes of the ranges of `spec` being made.
+    fn preparing_for(&self, spec: &PageSpec) -> usize {
+        self.preparing
+            .iter()
+            .filter(|(s, _)| s.serves(spec))
+            .map(|(_, b)| b)
+            .sum()
+    }
+
     fn is_preparing(&self, spec: &PageSpec, bytes: usize) -> bool {
         self.preparing
             .iter()
             .any(|(s, b)| s.serves(spec) && *b >= bytes && *b / 2 <= bytes)
+    }
+
+    /// Bytes of the free ranges that serve `spec`.
+    fn free_for(&self, spec: &PageSpec) -> usize {
+        self.free
+            .iter()
+            .filter(|r| r.spec.serves(spec))
+            .map(Range::bytes)
+            .sum()
+    }
+
+    /// Bytes of the free and preparing ranges that serve `spec`.
+    fn held_for(&self, spec: &PageSpec) -> usize {
+        self.free_for(spec) + self.preparing_for(spec)
+    }
+
+    /// What is kept free between uses: the keep limit, else one copy's worth.
+    fn keep(&self) -> usize {
+        let f = &self.figures;
+        f.keep_limit.unwrap_or(f.largest_leased.max(f.ready_target))
     }
 
     fn recount_free(&mut self) {
@@ -249,6 +286,7 @@ static SUPPLY: HostPageSupply = HostPageSupply {
             given_back_bytes: 0,
             keep_limit: None,
             largest_leased: 0,
+            ready_target: 0,
         },
     }),
     prepared: Condvar::new(),
@@ -286,6 +324,11 @@ impl HostPageSupply {
                 self.prepared.wait(&mut state);
             }
         }
+        self.make_for_take(spec, bytes)
+    }
+
+    /// A range of `bytes` for `spec` made now for a take, counted and handed out.
+    fn make_for_take(&'static self, spec: PageSpec, bytes: usize) -> Result<HostPages> {
         let range = Range::make(spec, bytes)?;
         let mut state = self.state.lock();
         state.figures.made_ranges += 1;
@@ -296,40 +339,83 @@ impl HostPageSupply {
         Ok(HostPages::lease(self, range, false))
     }
 
-    /// As [`take`](Self::take), for a user whose need grows (a sleep's copy grows with its
-    /// pool): when no free range holds `bytes`, the free ranges of `spec` too small for it are
-    /// given back first, so that growth does not leave smaller ranges held beside the new one.
+    /// Host pages of at least `bytes` for `spec` over as few ranges as serve, for a user whose
+    /// need grows (a sleep's copy grows with its pool): one free range as [`take`](Self::take)
+    /// finds it, else the free ranges of `spec`, largest first, until they hold `bytes`, with
+    /// one range made for what they lack. Ranges of `spec` being made in the background are
+    /// waited for first (they were asked for this). The pages are ready
+    /// ([`HostPages::was_ready`]) when no range had to be made.
     ///
     /// # Errors
-    /// As [`take`](Self::take).
-    pub fn take_replacing(&'static self, spec: PageSpec, bytes: usize) -> Result<HostPages> {
-        drop(self.smaller_unless_served(&spec, bytes.max(1)));
-        self.take(spec, bytes)
-    }
-
-    /// As [`prepare`](Self::prepare), for a need that grows (a sleeping pool's next copy): when
-    /// no free or preparing range would serve `bytes`, the free ranges of `spec` too small for it
-    /// are given back first, so that growth does not pile ranges up.
-    pub fn prepare_replacing(&'static self, spec: PageSpec, bytes: usize) {
+    /// As [`take`](Self::take); the ranges taken go back to the supply.
+    pub fn take_spanning(&'static self, spec: PageSpec, bytes: usize) -> Result<Vec<HostPages>> {
         let bytes = bytes.max(1);
-        drop(self.smaller_unless_served(&spec, bytes));
-        self.prepare(spec, bytes);
+        let mut state = self.state.lock();
+        loop {
+            let waiting = state.preparing_for(&spec) > 0;
+            if state.best_fit(&spec, bytes).is_some() || state.free_for(&spec) >= bytes || !waiting
+            {
+                break;
+            }
+            self.prepared.wait(&mut state);
+        }
+        if state.best_fit(&spec, bytes).is_some() {
+            drop(state);
+            // Served by one range (taken again under the lock: another thread may have it).
+            return self.take(spec, bytes).map(|p| vec![p]);
+        }
+        let mut mine: Vec<usize> = (0..state.free.len())
+            .filter(|&i| state.free[i].spec.serves(&spec))
+            .collect();
+        mine.sort_by_key(|&i| std::cmp::Reverse(state.free[i].bytes()));
+        let mut chosen = Vec::new();
+        let mut held = 0usize;
+        for i in mine {
+            if held >= bytes {
+                break;
+            }
+            held += state.free[i].bytes();
+            chosen.push(i);
+        }
+        chosen.sort_unstable_by(|a, b| b.cmp(a));
+        let lacking = bytes.saturating_sub(held);
+        let mut pages: Vec<HostPages> = chosen
+            .into_iter()
+            .map(|i| {
+                let range = state.free.swap_remove(i);
+                state.figures.leased_bytes += range.bytes();
+                HostPages::lease(self, range, true)
+            })
+            .collect();
+        if lacking == 0 {
+            state.figures.reused += 1;
+        }
+        state.recount_free();
+        drop(state);
+        if lacking > 0 {
+            pages.push(self.make_for_take(spec, lacking)?);
+        }
+        let total: usize = pages.iter().map(HostPages::len).sum();
+        let mut state = self.state.lock();
+        state.figures.largest_leased = state.figures.largest_leased.max(total);
+        Ok(pages)
     }
 
-    /// The free ranges of `spec` smaller than `bytes`, taken out (for the caller to drop outside
-    /// the lock) when no free or preparing range would serve `bytes`; none when one would.
-    fn smaller_unless_served(&self, spec: &PageSpec, bytes: usize) -> Vec<Range> {
-        let mut state = self.state.lock();
-        if state.best_fit(spec, bytes).is_some() || state.is_preparing(spec, bytes) {
-            return Vec::new();
+    /// Makes ranges of `spec` ready ahead of need, in the background, so that the free and
+    /// preparing ranges of `spec` hold `total` bytes: one range for what they lack (none when
+    /// they hold enough), for a user that takes them over several ranges
+    /// ([`take_spanning`](Self::take_spanning)). `total` also counts as one copy's worth, kept
+    /// free between uses by default. Returns the bytes of the range asked for (0: none).
+    pub fn prepare_total(&'static self, spec: PageSpec, total: usize) -> usize {
+        let lacking = {
+            let mut state = self.state.lock();
+            state.figures.ready_target = state.figures.ready_target.max(total);
+            total.saturating_sub(state.held_for(&spec))
+        };
+        if lacking > 0 {
+            self.prepare_range(spec, lacking);
         }
-        let (smaller, kept): (Vec<Range>, Vec<Range>) = std::mem::take(&mut state.free)
-            .into_iter()
-            .partition(|r| r.spec.serves(spec) && r.bytes() < bytes);
-        state.free = kept;
-        state.figures.given_back_bytes += smaller.iter().map(|r| r.bytes() as u64).sum::<u64>();
-        state.recount_free();
-        smaller
+        lacking
     }
 
     /// Makes a range of `bytes` for `spec` ready ahead of need, on a thread of its own (the
@@ -340,10 +426,19 @@ impl HostPageSupply {
     pub fn prepare(&'static self, spec: PageSpec, bytes: usize) {
         let bytes = bytes.max(1);
         {
-            let mut state = self.state.lock();
+            let state = self.state.lock();
             if state.best_fit(&spec, bytes).is_some() || state.is_preparing(&spec, bytes) {
                 return;
             }
+        }
+        self.prepare_range(spec, bytes);
+    }
+
+    /// Makes one range of `bytes` for `spec` on a thread of its own (see
+    /// [`prepare`](Self::prepare)).
+    fn prepare_range(&'static self, spec: PageSpec, bytes: usize) {
+        {
+            let mut state = self.state.lock();
             state.preparing.push((spec, bytes));
             state.recount_free();
         }
@@ -391,10 +486,7 @@ impl HostPageSupply {
         state.figures.leased_bytes = state.figures.leased_bytes.saturating_sub(range.bytes());
         state.free.push(range);
         state.recount_free();
-        let keep = state
-            .figures
-            .keep_limit
-            .unwrap_or(state.figures.largest_leased);
+        let keep = state.keep();
         let over = state.over(keep);
         drop(state);
         // Unregistered and unmapped outside the lock.

@@ -132,6 +132,9 @@ pub struct SleepReport {
     pub host_pinned: bool,
     /// Whether the host copy was kept from an earlier sleep (no host pages made).
     pub host_reused: bool,
+    /// The ranges of the host page supply the copy spans (several where the pool grew: each
+    /// growth made ready ahead adds one; 0 for simulated memory).
+    pub host_ranges: usize,
     /// The whole offload.
     pub offload_s: f64,
     /// Synchronizing and trimming the free pages.

@@ -422,9 +422,10 @@ pub(crate) struct ReadyAhead {
 }
 
 impl ReadyAhead {
-    /// With `mapped` bytes mapped: asks the supply of `vm` for a range of a quarter more when the
-    /// one asked for last is smaller than `mapped` (a few asks over a pool's growth, each giving
-    /// back the smaller free ranges first), on a thread of the supply's. Never waits.
+    /// With `mapped` bytes mapped: asks the supply of `vm` to hold a quarter more than `mapped`
+    /// when what it asked for last is less than `mapped` (a few asks over a pool's growth, each
+    /// making only what the ranges made before lack: the next sleep's copy spans them), on a
+    /// thread of the supply's. Never waits.
     pub(crate) fn keep_up(&self, vm: &dyn VirtualMemory, mapped: usize) -> usize {
         use std::sync::atomic::Ordering;
         if !self.on.load(Ordering::Relaxed) || mapped == 0 {
@@ -438,7 +439,7 @@ impl ReadyAhead {
         };
         let target = mapped.saturating_add(mapped / 4);
         self.prepared_for.store(target, Ordering::Relaxed);
-        vm.host_supply().prepare_replacing(spec, target);
+        vm.host_supply().prepare_total(spec, target);
         target
     }
 }

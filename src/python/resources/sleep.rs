@@ -60,7 +60,7 @@ pub(super) fn estimate_dict<'py>(
 pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
     let d = estimate_dict(py, &r.estimate)?;
     crate::python::set_fields!(d, r;
-        sleeps, host_bytes, host_pinned, host_reused, offload_s, sync_trim_s, host_alloc_s,
+        sleeps, host_bytes, host_pinned, host_reused, host_ranges, offload_s, sync_trim_s, host_alloc_s,
         copy_out_s, unmap_s, restore_s, map_s, copy_in_s, failed_restores,
     );
     Ok(d)

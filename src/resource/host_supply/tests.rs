@@ -154,9 +154,87 @@ fn keep_largest(free: &mut Vec<usize>, keep: usize) {
     });
 }
 
+#[test]
+fn a_copy_spans_the_ranges_made_as_its_need_grew() {
+    let supply = fresh();
+    let spec = PageSpec::plain();
+    // A need that grows: each ask makes only what the ranges before lack.
+    assert_eq!(supply.prepare_total(spec, 4 * MIB), 4 * MIB);
+    supply.wait_prepared();
+    assert_eq!(supply.prepare_total(spec, 10 * MIB), 6 * MIB);
+    supply.wait_prepared();
+    assert_eq!(supply.prepare_total(spec, 9 * MIB), 0, "held already");
+    let f = supply.figures();
+    assert_eq!(
+        (f.made_ranges, f.free_bytes, f.ready_target),
+        (2, 10 * MIB, 10 * MIB)
+    );
+    let copy = supply.take_spanning(spec, 9 * MIB).unwrap();
+    assert_eq!(copy.len(), 2, "both ranges");
+    assert!(copy.iter().all(HostPages::was_ready));
+    for (i, pages) in copy.iter().enumerate() {
+        write_and_check(pages, i as u8);
+    }
+    drop(copy);
+    // One copy's worth (the ready target) stays: nothing given back.
+    let f = supply.figures();
+    assert_eq!((f.free_bytes, f.given_back_bytes), (10 * MIB, 0));
+    // A larger need takes both and makes only the rest.
+    let copy = supply.take_spanning(spec, 13 * MIB).unwrap();
+    assert_eq!(copy.iter().map(HostPages::len).sum::<usize>(), 13 * MIB);
+    assert_eq!(copy.iter().filter(|p| !p.was_ready()).count(), 1);
+    assert_eq!(supply.figures().made_bytes, 13 * MIB as u64);
+}
+
+#[test]
+fn a_copy_waits_for_the_ranges_being_made_for_it() {
+    let supply = fresh();
+    let spec = PageSpec::plain();
+    supply.prepare_total(spec, 3 * MIB);
+    supply.wait_prepared();
+    supply.prepare_total(spec, 8 * MIB);
+    let copy = supply.take_spanning(spec, 8 * MIB).unwrap();
+    assert!(
+        copy.iter().all(HostPages::was_ready),
+        "waited, made nothing"
+    );
+    assert_eq!(supply.figures().made_on_take, 0);
+}
+
+#[test]
+fn a_host_copy_maps_its_offsets_across_ranges() {
+    use crate::resource::HostCopy;
+    let supply = fresh();
+    let spec = PageSpec::plain();
+    supply.prepare_total(spec, 2 * MIB);
+    supply.wait_prepared();
+    supply.prepare_total(spec, 5 * MIB);
+    supply.wait_prepared();
+    let copy = HostCopy::take(supply, Some(spec), 5 * MIB).unwrap();
+    let HostCopy::Supplied(ranges) = &copy else {
+        panic!("pages")
+    };
+    assert_eq!(ranges.len(), 2);
+    let (a, b) = (&ranges[0], &ranges[1]);
+    // A piece across the boundary is two spans, each in its range.
+    let spans = copy.spans(a.len() - 100, 300);
+    assert_eq!(
+        spans,
+        vec![(a.addr() + a.len() - 100, 100), (b.addr(), 200)]
+    );
+    assert_eq!(copy.spans(a.len() + 7, 5), vec![(b.addr() + 7, 5)]);
+    assert_eq!(copy.len(), 5 * MIB);
+    assert_eq!(
+        HostCopy::take(supply, None, 9).unwrap().spans(3, 4),
+        vec![(3, 4)]
+    );
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Take(usize),
+    TakeSpanning(usize),
+    PrepareTotal(usize),
     Drop(usize),
     GiveBack(usize),
     Keep(Option<usize>),
@@ -165,6 +243,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (1usize..5).prop_map(Op::Take),
+        2 => (1usize..12).prop_map(Op::TakeSpanning),
+        1 => (1usize..12).prop_map(Op::PrepareTotal),
         3 => any::<usize>().prop_map(Op::Drop),
         1 => (0usize..6).prop_map(Op::GiveBack),
         1 => prop::option::of(0usize..6).prop_map(Op::Keep),
@@ -173,42 +253,76 @@ fn op() -> impl Strategy<Value = Op> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
-    /// Generated takes, returns, give-backs and limits against a model: leased bytes are the
-    /// live leases', free bytes never pass the keep limit after a return, a take is ready
-    /// exactly when a free range held it, and live leases never overlap.
+    /// Generated takes (of one range or over several), ranges made ahead, returns, give-backs
+    /// and limits against a model: leased bytes are the live leases', free bytes never pass the
+    /// keep limit after a return, a take is ready exactly when free ranges held it, one made
+    /// ahead or taken over several ranges makes only what is lacking, and live leases never
+    /// overlap.
     #[test]
     fn the_supply_matches_a_model(ops in prop::collection::vec(op(), 1..40)) {
         let supply = fresh();
-        let mut leases: Vec<HostPages> = Vec::new();
+        let spec = PageSpec::plain();
+        let mut leases: Vec<Vec<HostPages>> = Vec::new();
         let mut free: Vec<usize> = Vec::new();
         let mut keep: Option<usize> = None;
-        let mut largest = 0usize;
+        let (mut largest, mut target) = (0usize, 0usize);
+        let single_fit = |free: &[usize], bytes: usize| {
+            free.iter().copied().filter(|&b| b >= bytes && b / 2 <= bytes).min()
+        };
         for op in ops {
             match op {
                 Op::Take(mib) => {
-                    let fits = free
-                        .iter()
-                        .copied()
-                        .filter(|&b| b >= mib * MIB && b / 2 <= mib * MIB)
-                        .min();
-                    let pages = supply.take(PageSpec::plain(), mib * MIB).unwrap();
+                    let fits = single_fit(&free, mib * MIB);
+                    let pages = supply.take(spec, mib * MIB).unwrap();
                     prop_assert_eq!(pages.was_ready(), fits.is_some());
                     largest = largest.max(pages.len());
                     if let Some(b) = fits {
                         let i = free.iter().position(|&x| x == b).unwrap();
                         free.swap_remove(i);
                     }
-                    for l in &leases {
-                        prop_assert!(l.addr() + l.len() <= pages.addr()
-                            || pages.addr() + pages.len() <= l.addr());
+                    leases.push(vec![pages]);
+                }
+                Op::TakeSpanning(mib) => {
+                    let bytes = mib * MIB;
+                    let pages = supply.take_spanning(spec, bytes).unwrap();
+                    let mut want: Vec<usize> = Vec::new();
+                    if let Some(b) = single_fit(&free, bytes) {
+                        let i = free.iter().position(|&x| x == b).unwrap();
+                        want.push(free.swap_remove(i));
+                    } else {
+                        free.sort_unstable_by(|a, b| b.cmp(a));
+                        while want.iter().sum::<usize>() < bytes && !free.is_empty() {
+                            want.push(free.remove(0));
+                        }
+                        let lacking = bytes.saturating_sub(want.iter().sum());
+                        if lacking > 0 {
+                            want.push(lacking);
+                        }
                     }
+                    let mut got: Vec<usize> = pages.iter().map(HostPages::len).collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    prop_assert_eq!(&got, &want);
+                    prop_assert!(got.iter().sum::<usize>() >= bytes);
+                    largest = largest.max(got.iter().sum());
                     leases.push(pages);
                 }
+                Op::PrepareTotal(mib) => {
+                    let total = mib * MIB;
+                    let lacking = total.saturating_sub(free.iter().sum());
+                    prop_assert_eq!(supply.prepare_total(spec, total), lacking);
+                    supply.wait_prepared();
+                    if lacking > 0 {
+                        free.push(lacking);
+                    }
+                    target = target.max(total);
+                }
                 Op::Drop(i) if !leases.is_empty() => {
-                    let pages = leases.swap_remove(i % leases.len());
-                    free.push(pages.len());
-                    drop(pages);
-                    keep_largest(&mut free, keep.map_or(largest, |k| k * MIB));
+                    for pages in leases.swap_remove(i % leases.len()) {
+                        free.push(pages.len());
+                        drop(pages);
+                        keep_largest(&mut free, keep.map_or(largest.max(target), |k| k * MIB));
+                    }
                 }
                 Op::Drop(_) => {}
                 Op::GiveBack(k) => {
@@ -224,8 +338,14 @@ proptest! {
                 }
             }
             let f = supply.figures();
-            prop_assert_eq!(f.leased_bytes, leases.iter().map(HostPages::len).sum::<usize>());
+            let live: Vec<&HostPages> = leases.iter().flatten().collect();
+            prop_assert_eq!(f.leased_bytes, live.iter().map(|p| p.len()).sum::<usize>());
             prop_assert_eq!(f.free_bytes, free.iter().sum::<usize>());
+            for (i, a) in live.iter().enumerate() {
+                for b in &live[i + 1..] {
+                    prop_assert!(a.addr() + a.len() <= b.addr() || b.addr() + b.len() <= a.addr());
+                }
+            }
         }
     }
 }

@@ -340,11 +340,12 @@ impl ExpandableMemoryResource {
         }
     }
 
-    /// Makes the host pages of the next sleep ready ahead of need, in the background: a range
-    /// of the process's host page supply as large as the pool's mapped memory (what a sleep can
-    /// copy at most), so that the sleep copies at the link's speed from the first time;
-    /// nothing is made when a free or preparing range already holds that much. Returns the
-    /// bytes asked for (0 for simulated memory, whose pages have no bytes).
+    /// Makes the host pages of the next sleep ready ahead of need, in the background: ranges
+    /// of the process's host page supply holding as much as the pool's mapped memory (what a
+    /// sleep can copy at most), so that the sleep copies at the link's speed from the first
+    /// time; only what the supply's free and preparing ranges lack is made (one range; the
+    /// sleep's copy spans them). Returns the bytes the pages are to hold (0 for simulated
+    /// memory, whose pages have no bytes).
     ///
     /// # Errors
     /// Where the memory cannot be copied to the host.
@@ -355,7 +356,7 @@ impl ExpandableMemoryResource {
         };
         let bytes = self.mapped_bytes();
         if bytes > 0 {
-            vm.host_supply().prepare(spec, bytes);
+            vm.host_supply().prepare_total(spec, bytes);
         }
         Ok(bytes)
     }
@@ -471,7 +472,6 @@ impl ExpandableMemoryResource {
         let host_reused = host.was_ready();
         let host_alloc_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
-        let host_base = host.addr();
         let page = inner.vm.page_size();
         let chunks = split_runs(
             &view.runs,
@@ -480,7 +480,7 @@ impl ExpandableMemoryResource {
         let mut unmapped = 0;
         let mut unmap_s = 0.0;
         let copied_out =
-            self.copy_out_and_unmap(&chunks, &kept, host_base, &mut unmapped, &mut unmap_s);
+            self.copy_out_and_unmap(&chunks, &kept, &host, &mut unmapped, &mut unmap_s);
         let mut report = SleepReport {
             estimate: SleepEstimate {
                 released_bytes: trimmed + view.runs.iter().map(|&(_, len)| len).sum::<usize>(),
@@ -494,6 +494,7 @@ impl ExpandableMemoryResource {
             host_bytes: host.host_bytes(),
             host_pinned: host.is_pinned(),
             host_reused,
+            host_ranges: host.ranges(),
             sync_trim_s,
             host_alloc_s,
             copy_out_s: step.elapsed().as_secs_f64() - unmap_s,
@@ -547,7 +548,7 @@ impl ExpandableMemoryResource {
         &self,
         chunks: &[(usize, usize)],
         pieces: &[(usize, usize, usize)],
-        host_base: usize,
+        host: &HostCopy,
         unmapped: &mut usize,
         unmap_s: &mut f64,
     ) -> Result<()> {
@@ -577,12 +578,17 @@ impl ExpandableMemoryResource {
                 }
                 if at + size > addr {
                     let (lo, hi) = (at.max(addr), (at + size).min(end));
-                    // SAFETY: `lo .. hi` lies in a block live at the snapshot, so its pages are
-                    // mapped (the flag stops growth and trims since before it) and no work is
-                    // queued on it (synchronized; offload's contract); the host range lies in
-                    // the host copy (`off + size` is at most its length), which nothing else
-                    // uses and which outlives the copy (fenced, or waited for on an error).
-                    unsafe { vm.copy_out(lo, host_base + off + (lo - at), hi - lo) }?;
+                    let mut dev = lo;
+                    for (to, n) in host.spans(off + (lo - at), hi - lo) {
+                        // SAFETY: `dev .. dev + n` lies in a block live at the snapshot, so its
+                        // pages are mapped (the flag stops growth and trims since before it)
+                        // and no work is queued on it (synchronized; offload's contract); the
+                        // host piece lies in the host copy (`off + size` is at most its
+                        // length), which nothing else uses and which outlives the copy
+                        // (fenced, or waited for on an error).
+                        unsafe { vm.copy_out(dev, to, n) }?;
+                        dev += n;
+                    }
                 }
                 if at + size > end {
                     break;
@@ -658,7 +664,6 @@ impl ExpandableMemoryResource {
             &saved.runs,
             inner.vm.map_chunk_bytes().max(page) / page * page,
         );
-        let host_base = saved.host.addr();
         // The kept ranges are disjoint and never touch (the offload's range operations merge
         // them), so each is one copy.
         let pieces = &saved.kept;
@@ -688,11 +693,18 @@ impl ExpandableMemoryResource {
                     continue;
                 }
                 let (lo, hi) = (at.max(addr), (at + size).min(end));
-                // SAFETY: `lo .. hi` lies in chunks mapped above and nothing uses them (asleep:
-                // allocations are refused, and no block was handed out since the offload); the
-                // host range lies inside the copy made at offload, which lives on until after
-                // the wait below.
-                copied = unsafe { inner.vm.copy_in(lo, host_base + off + (lo - at), hi - lo) };
+                let mut dev = lo;
+                for (from, n) in saved.host.spans(off + (lo - at), hi - lo) {
+                    // SAFETY: `dev .. dev + n` lies in chunks mapped above and nothing uses
+                    // them (asleep: allocations are refused, and no block was handed out since
+                    // the offload); the host piece lies inside the copy made at offload, which
+                    // lives on until after the wait below.
+                    copied = unsafe { inner.vm.copy_in(dev, from, n) };
+                    if copied.is_err() {
+                        break;
+                    }
+                    dev += n;
+                }
                 if copied.is_err() || at + size > end {
                     break;
                 }
