@@ -92,6 +92,9 @@ The report (one row per resource, the log's own properties once in the header):
               would live in host memory (oversubscription) had the log run with managed memory
   tiers       tiered only (a line under the row): each tier's peak bytes and allocations served
               (device, then the peer GPU, then host memory; a tier full passes a request on)
+  host pages  on a GPU, rows that took pinned host pages (a line under the row): what the
+              process's host page supply made for them and how many takes found pages made
+              before (the pinned kinds share the supply: a later row reuses a former's pages)
   sleep       expandable pools only (a line under the row): a sleep after the last event
               releases every mapped byte of the device, copying the live bytes to host memory
               first (free pages are released without a copy); at the pool's peak it would
@@ -655,7 +658,7 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
             if r["unservable_allocations"]:
                 print(f"    {r['unservable_allocations']} of them ask for more than its block "
                       "size: it cannot serve them by design", file=out)
-            for extra in (_tiers_line(r), _sleep_line(r)):
+            for extra in (_tiers_line(r), _host_pages_line(r), _sleep_line(r)):
                 if extra is not None:
                     print(f"    {extra}", file=out)
         if any(r["simulated_device"] for r in rs):
@@ -678,6 +681,18 @@ def _tiers_line(r: ReplayRecord) -> str | None:
     parts = [f"{t['name']} peak {format_bytes(t['peak_bytes'])} ({t['total_allocations']} "
              f"allocation(s), {t['refused']} passed on)" for t in tiers]
     return "tiers: " + ", ".join(parts)
+
+
+def _host_pages_line(r: ReplayRecord) -> str | None:
+    """What the row's resource took from the process's host page supply, or None where it
+    took nothing (everything on simulated memory)."""
+    used = r.get("host_pages")
+    if not used:
+        return None
+    return (f"host pages: {format_bytes(used['made_bytes'])} made in {used['made_ranges']} "
+            f"range(s), {used['reused_takes']} take(s) served by pages made before; the "
+            f"process's supply held {format_bytes(used['held_bytes_at_end'])} after the last "
+            "event")
 
 
 def _replay_detail(bar: Progress) -> Callable[[int, int, float, int], None]:

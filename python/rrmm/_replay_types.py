@@ -21,6 +21,16 @@ class TimelineColumns(TypedDict):
     beyond_device: list[int | None]
 
 
+class HostPagesUsed(TypedDict):
+    """The host pages a replay's resource took from the process's supply (``rrmm.host_pages``)
+    during its figures pass: on a GPU, the pinned kinds and a host tier."""
+
+    made_bytes: int
+    made_ranges: int
+    reused_takes: int
+    held_bytes_at_end: int
+
+
 class ReplayRecord(TypedDict):
     """One (log, resource) row of ``replay_logs`` (``rrmm::replay::ReplayRecord``: the keys are
     its fields). The figures are None, with ``error`` set, when the resource could not be built
@@ -62,6 +72,7 @@ class ReplayRecord(TypedDict):
     footprint_at_end: int | None
     peak_beyond_device: int | None
     tiers: list[TierCounts] | None
+    host_pages: HostPagesUsed | None
     sleep_releases_at_end: int | None
     sleep_copies_at_end: int | None
     sleep_releases_at_peak: int | None

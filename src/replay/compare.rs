@@ -137,6 +137,8 @@ pub struct ReplayRecord {
     /// Each tier's counts (bytes and allocations: current at the end, peak, total; requests
     /// it passed on), where the resource has tiers (`tiered`: device, peer GPU, host).
     pub tiers: Option<Vec<crate::adaptor::TierCounts>>,
+    /// The host pages the resource took from the process's supply, where it took any.
+    pub host_pages: Option<super::engine::HostPagesUsed>,
     /// What a sleep of the expandable pool would release after the last event: every mapped
     /// byte (the footprint then), where the resource is an expandable pool ...
     pub sleep_releases_at_end: Option<usize>,
@@ -215,6 +217,7 @@ impl ReplayRecord {
         self.footprint_at_end = r.footprint_at_end.map(|f| f.held_bytes);
         self.peak_beyond_device = r.peak_beyond_device;
         self.tiers = r.tiers.clone();
+        self.host_pages = r.host_pages;
         self.failed_allocations = Some(r.failed_allocations);
         self.failed_bytes = Some(r.failed_bytes);
         self.failure_events = Some(r.failure_events.clone());

@@ -129,6 +129,37 @@ pub struct ReplayOptions {
     pub device: Option<std::sync::Arc<crate::resource::SimulatedMemoryResource>>,
 }
 
+/// The host pages a replay's resource took from the process's supply during the figures pass
+/// (pinned host memory, a host tier, a sleep's copy: [`crate::resource::host_supply`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostPagesUsed {
+    /// Bytes of ranges made for it.
+    pub made_bytes: u64,
+    /// Ranges made for it.
+    pub made_ranges: u64,
+    /// Takes served by pages made before (ready).
+    pub reused_takes: u64,
+    /// Bytes the supply held (handed out or kept free) after the last event.
+    pub held_bytes_at_end: usize,
+}
+
+impl HostPagesUsed {
+    /// What happened between `before` and `after` (the supply's figures), or `None` when the
+    /// replay neither made nor took host pages.
+    fn between(
+        before: &crate::resource::host_supply::SupplyFigures,
+        after: &crate::resource::host_supply::SupplyFigures,
+    ) -> Option<HostPagesUsed> {
+        let used = HostPagesUsed {
+            made_bytes: after.made_bytes.saturating_sub(before.made_bytes),
+            made_ranges: after.made_ranges.saturating_sub(before.made_ranges),
+            reused_takes: after.reused.saturating_sub(before.reused),
+            held_bytes_at_end: after.free_bytes + after.leased_bytes,
+        };
+        (used.made_ranges > 0 || used.reused_takes > 0).then_some(used)
+    }
+}
+
 /// One point of a replay's timeline.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TimelinePoint {
@@ -183,6 +214,9 @@ pub struct ReplayReport {
     /// The counts of each tier over the figures pass (peaks, totals, allocations each tier
     /// passed on), where the replay follows a tiered resource.
     pub tiers: Option<Vec<crate::adaptor::TierCounts>>,
+    /// The host pages the resource took from the process's supply during the figures pass,
+    /// where it took any (on a GPU: the pinned kinds, a host tier).
+    pub host_pages: Option<HostPagesUsed>,
     /// Allocations that failed with out of memory.
     pub failed_allocations: usize,
     /// Bytes those failed allocations asked for.
@@ -338,7 +372,10 @@ pub fn replay_with_progress(
     let streams = map_streams(trace, mr)?;
     let n = trace.events.len();
     let mut slots: Vec<(usize, usize, u32)> = vec![(0, 0, 0); trace.slot_count];
+    let supply = crate::resource::host_supply::supply();
+    let supply_before = supply.figures();
     let figures = figures_pass(trace, mr, &options, &streams, &mut slots, progress);
+    let host_pages = HostPagesUsed::between(&supply_before, &supply.figures());
     // The device's own peak covers every allocation of the figures pass (the repetitions reuse
     // the same memory pattern); read before the repetitions run.
     let beyond_device_peak = options.device.as_ref().map(|d| d.beyond_device_bytes().1);
@@ -409,6 +446,7 @@ pub fn replay_with_progress(
         footprint_at_end: figures.end,
         peak_beyond_device: beyond_device_peak,
         tiers,
+        host_pages,
         failed_allocations: figures.failure_events.len(),
         failed_bytes: figures.failed_bytes,
         failure_events: figures.failure_events,

@@ -26,8 +26,9 @@ pub use crate::stack::{
     StackOptions as ResourceOptions, DEFAULT_BINS,
 };
 pub use engine::{
-    more_repetitions, replay, replay_with_progress, timings, Progress, Repeat, ReplayOptions,
-    ReplayReport, TimelinePoint, Timings, AUTO_MAX_REPEATS, AUTO_MIN_REPEATS, AUTO_MIN_TIME,
+    more_repetitions, replay, replay_with_progress, timings, HostPagesUsed, Progress, Repeat,
+    ReplayOptions, ReplayReport, TimelinePoint, Timings, AUTO_MAX_REPEATS, AUTO_MIN_REPEATS,
+    AUTO_MIN_TIME,
 };
 
 /// Builds the resource `name` for a replay: over a simulated device of `simulate` bytes when

@@ -925,3 +925,64 @@ proptest::proptest! {
             "everything given back");
     }
 }
+
+/// A resource that hands out plain host pages of the process's supply, one range per
+/// allocation (as the pinned kinds do on a GPU).
+#[derive(Debug, Default)]
+struct SupplyPagesResource {
+    held: parking_lot::Mutex<
+        std::collections::HashMap<usize, crate::resource::host_supply::HostPages>,
+    >,
+}
+
+impl MemoryResource for SupplyPagesResource {
+    fn allocate(&self, bytes: usize, _stream: Stream) -> crate::Result<usize> {
+        use crate::resource::host_supply::{supply, PageSpec};
+        let pages = supply().take(PageSpec::plain(), bytes)?;
+        let addr = pages.addr();
+        self.held.lock().insert(addr, pages);
+        Ok(addr)
+    }
+
+    unsafe fn deallocate(&self, ptr: usize, _bytes: usize, _stream: Stream) -> crate::Result<()> {
+        self.held
+            .lock()
+            .remove(&ptr)
+            .map(drop)
+            .ok_or_else(|| crate::Error::Logic(format!("{ptr:#x} is not allocated here")))
+    }
+
+    fn kind(&self) -> crate::MemoryKind {
+        crate::MemoryKind::Host
+    }
+
+    fn name(&self) -> &'static str {
+        "supply_pages"
+    }
+}
+
+/// The replay's host figures come from the process's host page supply: what it made for the
+/// resource and how many takes found pages made before.
+#[test]
+fn a_replay_reports_the_host_pages_its_resource_took_from_the_supply() {
+    // Two allocations of 3 MB, one after the other.
+    let rows: String = (1..=2)
+        .map(|i| format!("1,t,allocate,{i:#x}000,3000000,0\n1,t,free,{i:#x}000,3000000,0\n"))
+        .collect();
+    let log = format!("Thread,Time,Action,Pointer,Size,Stream\n{rows}");
+    let trace = Trace::from_reader("pages.csv", log.as_bytes(), false).unwrap();
+    let mr: SharedResource = Arc::new(SupplyPagesResource::default());
+    let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
+    let used = r.host_pages.expect("host pages were taken");
+    // Other tests share the process's supply: at least this replay's own.
+    assert!(
+        used.made_ranges >= 1 && used.made_bytes >= 3_000_000,
+        "{used:?}"
+    );
+    assert!(
+        used.reused_takes >= 1,
+        "the second allocation found the first's pages: {used:?}"
+    );
+    assert!(used.held_bytes_at_end >= 3_000_000, "{used:?}");
+    assert_eq!(r.failed_allocations, 0);
+}

@@ -753,3 +753,20 @@ def test_the_simulated_row_says_what_it_stands_for_alike_in_text_and_json(
     row = next(r for r in doc["reports"] if r["simulated_device"])
     assert row["resource"] == "simulated" and row["setup"].endswith(stands_for)
     assert any(f["resource"] == "simulated" for f in doc["fits"])
+
+
+
+def test_the_host_pages_line_says_what_the_supply_made_and_reused(capsys, small_log):
+    """The replay's host figures come from the process's host page supply (the pinned kinds on
+    a GPU take from it); on simulated memory no row takes pages, so no row has them."""
+    from rrmm._cli_replay import _host_pages_line
+
+    doc = replay_json(capsys, small_log, "--compare", "all", "--simulate", "1GiB")
+    assert doc["reports"] and all(r["host_pages"] is None for r in doc["reports"])
+    assert all(_host_pages_line(r) is None for r in doc["reports"])
+    row = dict(doc["reports"][0], host_pages={
+        "made_bytes": 3 << 30, "made_ranges": 2, "reused_takes": 5,
+        "held_bytes_at_end": 3 << 30})
+    line = _host_pages_line(row)  # type: ignore[arg-type]
+    assert line is not None
+    assert "2 range(s)" in line and "5 take(s) served by pages made before" in line
