@@ -1,4 +1,4 @@
-// The C++ half of rrmm's PyTorch pluggable allocator (see src/python/hooks/torch.rs).
+// The C++ half of rrmm's PyTorch pluggable allocator (see src/python/hooks/torch_pluggable.rs).
 //
 // PyTorch does not check the pointer its pluggable allocator returns (CUDAPluggableAllocator::
 // allocate wraps whatever comes back in a DataPtr): an allocation failure must reach it as a C++

@@ -1,4 +1,4 @@
-// For rrmm's own Rust tests (src/python/hooks/torch.rs): calls rrmm_torch_allocate as PyTorch
+// For rrmm's own Rust tests (src/python/hooks/torch_pluggable.rs): calls rrmm_torch_allocate as PyTorch
 // would, catching what it throws. Built with C++ exceptions, apart from the shim
 // (csrc/torch_shim.cpp), which has none; only meaningful where the C++ runtime this file is built
 // with is the one the shim throws with (`cargo test` builds with the system's g++ and libstdc++).

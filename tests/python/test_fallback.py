@@ -81,3 +81,17 @@ def test_release_caches_gives_back_what_is_cached_once():
     assert mr.release_caches() >= 0
     assert mr.release_caches() == 0
     assert mr.release_caches(3) == 0
+
+
+def test_the_default_alternate_is_rmms_managed_memory() -> None:
+    """Without an alternate, RMM's default: a ManagedMemoryResource (made from its class by the
+    bindings, which never import the Python package back): on a GPU it is the alternate; without
+    a driver making it is the clear error of managed memory."""
+    from conftest import gpu_available
+
+    if not gpu_available():
+        with pytest.raises(RuntimeError, match="driver"):
+            mr.FallbackResourceAdaptor(mr.SimulatedMemoryResource("8MiB"))
+        return
+    fb = mr.FallbackResourceAdaptor(mr.CudaMemoryResource())
+    assert type(fb.alternate_mr) is mr.ManagedMemoryResource

@@ -270,9 +270,24 @@ fn _copy_host_async(
     }))
 }
 
+/// The module's own `to_device` function, kept when it is registered: a pickled buffer names it
+/// (pickle finds it again as `rrmm._rrmm.to_device`), without the extension importing itself.
+// Why process-wide: the extension module's function object, made once at its registration.
+static TO_DEVICE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// The module's `to_device` function (see [`TO_DEVICE`]).
+pub(super) fn to_device_function(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    TO_DEVICE
+        .get(py)
+        .map(|f| f.bind(py))
+        .ok_or_else(|| PyValueError::new_err("rrmm._rrmm.to_device is not registered"))
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_copy_host_async, m)?)?;
-    m.add_function(wrap_pyfunction!(to_device, m)?)?;
+    let to_device = wrap_pyfunction!(to_device, m)?;
+    let _ = TO_DEVICE.set(m.py(), to_device.clone().into_any().unbind());
+    m.add_function(to_device)?;
     m.add_function(wrap_pyfunction!(copy_ptr_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(copy_host_to_ptr, m)?)?;
     m.add_function(wrap_pyfunction!(copy_device_to_ptr, m)?)?;

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use super::copies::{cai_ptr_nbytes, copy, is_host_buffer};
+use super::copies::{cai_ptr_nbytes, copy, is_host_buffer, to_device_function};
 use super::PyDeviceBuffer;
 use crate::python::edge::host_buffer::HostBuffer;
 use crate::python::edge::pointers;
@@ -113,8 +113,11 @@ impl PyDeviceBuffer {
     /// Pickling: `(to_device, (host copy,))`.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let host = self.host_copy(py, None, RawStream::DEFAULT)?;
-        let to_device = py.import("rrmm._rrmm")?.getattr("to_device")?;
-        PyTuple::new(py, [to_device, PyTuple::new(py, [host])?.into_any()])
+        let to_device = to_device_function(py)?;
+        PyTuple::new(
+            py,
+            [to_device.clone(), PyTuple::new(py, [host])?.into_any()],
+        )
     }
 
     /// Pickling; with protocol 5 the bytes travel as one out-of-band buffer.
@@ -127,10 +130,13 @@ impl PyDeviceBuffer {
             .import("pickle")?
             .getattr("PickleBuffer")?
             .call1((host,))?;
-        let to_device = py.import("rrmm._rrmm")?.getattr("to_device")?;
+        let to_device = to_device_function(py)?;
         PyTuple::new(
             py,
-            [to_device, PyTuple::new(py, [pickle_buffer])?.into_any()],
+            [
+                to_device.clone(),
+                PyTuple::new(py, [pickle_buffer])?.into_any(),
+            ],
         )
     }
 

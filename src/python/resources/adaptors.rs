@@ -298,9 +298,10 @@ impl FallbackResourceAdaptor {
         let (alternate, alternate_rs) = match alternate_mr {
             Some(a) if !a.is_none() => upstream_arg(a)?,
             _ => {
+                // RMM's default: managed memory (the class itself, not the Python package's name
+                // for it: the bindings never call back up into `rrmm`).
                 let managed = py
-                    .import("rrmm.mr")?
-                    .getattr("ManagedMemoryResource")?
+                    .get_type::<super::source_resources::ManagedMemoryResource>()
                     .call0()?;
                 upstream_arg(&managed)?
             }

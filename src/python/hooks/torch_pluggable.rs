@@ -1,6 +1,6 @@
 //! PyTorch's pluggable allocator over rrmm: the C entry points `rrmm_torch_allocate` and
 //! `rrmm_torch_deallocate`, exported by rrmm's own extension module, for
-//! `torch.cuda.memory.CUDAPluggableAllocator(<path of _rrmm>, "rrmm_torch_allocate",
+//! `torch.cuda.memory.CUDAPluggableAllocator(<the extension module's path>, "rrmm_torch_allocate",
 //! "rrmm_torch_deallocate")`.
 //!
 //! Signatures are the ones PyTorch calls: `void* alloc(size_t size, int device, cudaStream_t
