@@ -186,13 +186,22 @@ fn a_copy_spans_the_ranges_made_as_its_need_grew() {
     assert_eq!(supply.figures().made_bytes, 13 * MIB as u64);
 }
 
+/// A supply of its own holding ranges made ahead for the totals asked in turn (each made and
+/// waited for but the last, which may still be being made).
+fn grown(totals: &[usize]) -> (&'static HostPageSupply, PageSpec) {
+    let (supply, spec) = (fresh(), PageSpec::plain());
+    for (i, &total) in totals.iter().enumerate() {
+        supply.prepare_total(spec, total);
+        if i + 1 < totals.len() {
+            supply.wait_prepared();
+        }
+    }
+    (supply, spec)
+}
+
 #[test]
 fn a_copy_waits_for_the_ranges_being_made_for_it() {
-    let supply = fresh();
-    let spec = PageSpec::plain();
-    supply.prepare_total(spec, 3 * MIB);
-    supply.wait_prepared();
-    supply.prepare_total(spec, 8 * MIB);
+    let (supply, spec) = grown(&[3 * MIB, 8 * MIB]);
     let copy = supply.take_spanning(spec, 8 * MIB).unwrap();
     assert!(
         copy.iter().all(HostPages::was_ready),
@@ -204,11 +213,7 @@ fn a_copy_waits_for_the_ranges_being_made_for_it() {
 #[test]
 fn a_host_copy_maps_its_offsets_across_ranges() {
     use crate::resource::HostCopy;
-    let supply = fresh();
-    let spec = PageSpec::plain();
-    supply.prepare_total(spec, 2 * MIB);
-    supply.wait_prepared();
-    supply.prepare_total(spec, 5 * MIB);
+    let (supply, spec) = grown(&[2 * MIB, 5 * MIB]);
     supply.wait_prepared();
     let copy = HostCopy::take(supply, Some(spec), 5 * MIB).unwrap();
     let HostCopy::Supplied(ranges) = &copy else {
