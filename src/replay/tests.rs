@@ -974,15 +974,13 @@ fn a_replay_reports_the_host_pages_its_resource_took_from_the_supply() {
     let mr: SharedResource = Arc::new(SupplyPagesResource::default());
     let r = replay(&trace, &mr, ReplayOptions::default()).unwrap();
     let used = r.host_pages.expect("host pages were taken");
-    // Other tests share the process's supply: at least this replay's own.
+    // Other tests share the process's supply (they may take a free range first, or give the
+    // free ranges back): each of this replay's two takes either made a range or found one made
+    // before, and what others do only adds to the counts.
+    assert!(used.made_ranges + used.reused_takes >= 2, "{used:?}");
     assert!(
-        used.made_ranges >= 1 && used.made_bytes >= 3_000_000,
+        used.made_ranges == 0 || used.made_bytes >= 3_000_000,
         "{used:?}"
     );
-    assert!(
-        used.reused_takes >= 1,
-        "the second allocation found the first's pages: {used:?}"
-    );
-    assert!(used.held_bytes_at_end >= 3_000_000, "{used:?}");
     assert_eq!(r.failed_allocations, 0);
 }
