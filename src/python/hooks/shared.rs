@@ -109,8 +109,8 @@ pub(super) fn allocate_on(
     )
 }
 
-/// As [`allocate_on`], from `mr` (the per-device resource of `device`, already looked up), for
-/// `bytes` > 0.
+/// As [`allocate_on`], from `hooked` (the per-device resource of `device` with its calls,
+/// already looked up), for `bytes` > 0.
 ///
 /// # Errors
 /// As [`allocate_on`].
@@ -147,7 +147,7 @@ pub(super) fn allocate_from(
 /// The resource's errors.
 ///
 /// # Safety
-/// 1. `ptr` came from [`allocate_on`] with `bytes`, which returned `mr`, and has not been freed
+/// 1. `ptr` came from [`allocate_on`] with `bytes`, which returned `hooked`, and has not been freed
 ///    since.
 /// 2. No work uses the memory after the free in `stream`'s order.
 pub(super) unsafe fn deallocate_on(
