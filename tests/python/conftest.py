@@ -70,6 +70,33 @@ def _import_hypothesis_lazy_modules() -> None:
 
 _import_hypothesis_lazy_modules()
 
+from hypothesis import strategies as _st
+
+#: Any JSON value, small: what a hostile or corrupt file may hold where a figure is expected.
+JSON_VALUES = _st.recursive(
+    _st.one_of(_st.none(), _st.booleans(), _st.integers(-(2**70), 2**70),
+               _st.floats(allow_nan=True, allow_infinity=True), _st.text(max_size=6)),
+    lambda inner: _st.one_of(_st.lists(inner, max_size=3),
+                             _st.dictionaries(_st.text(max_size=4), inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+def snapshot_view(*argv: str) -> tuple[int, str, str]:
+    """``rrmm snapshot view ARGV`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from rrmm.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["snapshot", "view", *argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
 
 def gpu_available() -> bool:
     return _rrmm.driver_available() and _rrmm.device_count() > 0

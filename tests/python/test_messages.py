@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import rrmm
+from conftest import JSON_VALUES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rrmm import _rrmm, mr
@@ -163,14 +164,6 @@ def test_the_kinds_of_paths_named_are_every_kind_the_viewer_refuses():
 
 # ------------------------------------------------------------------ rrmm.sleep figures
 
-
-JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-    max_leaves=8,
-)
 
 
 def _is_size(value: object) -> bool:

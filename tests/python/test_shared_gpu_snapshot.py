@@ -9,8 +9,6 @@ is a one-line error naming the field, never a traceback or a made-up figure on t
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -23,10 +21,11 @@ from typing import Any
 
 import pytest
 import rrmm
+from conftest import JSON_VALUES
+from conftest import snapshot_view as view
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rrmm import _rrmm
-from rrmm.__main__ import main
 from rrmm._snapshot_view import render_html
 
 MIB = 1 << 20
@@ -38,16 +37,6 @@ def ledger() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="rrmm-ledger-"))  # mode 0700
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def view(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["snapshot", "view", *argv])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_a_snapshot_carries_the_ledger_where_this_process_joined(ledger: Path) -> None:
@@ -105,14 +94,6 @@ def test_an_empty_ledger_section_says_so() -> None:
 
 
 # ------------------------------------------------------------------ malformed sections
-
-JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-              st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-    max_leaves=8,
-)
 
 GOOD_PROCESS = {"pid": 7, "name": "w", "soft_share": None, "hard_limit": 1 << 30,
                 "hard_limit_from": "user", "live": 1, "cached": 2, "asleep": 3, "idle": True}

@@ -5,9 +5,7 @@ the shipped logs' names work as in ``rrmm replay``, whose event count the page r
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import itertools
 import json
 import math
@@ -16,6 +14,7 @@ import pickle
 import re
 
 import pytest
+from conftest import snapshot_view as view
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rrmm import _rrmm, traces
@@ -24,16 +23,6 @@ from rrmm._snapshot_view import load_snapshot, render_html
 
 PROFILE = os.environ.get("RRMM_HYPOTHESIS", "ci")
 EXAMPLES = {"ci": 150, "long": 5000}.get(PROFILE, 150)
-
-
-def view(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(["snapshot", "view", *argv])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 ODD_NUMBERS = st.one_of(
