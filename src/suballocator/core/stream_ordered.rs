@@ -1058,12 +1058,15 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Free bytes over all lists.
     pub(crate) fn free_bytes(&self) -> usize {
-        let bytes = self.with_all_lists(|sh, lists| {
-            let mut bytes = sh.map_or(0, |sh| sh.fresh.free_bytes());
-            self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
-            bytes
-        });
+        let bytes = self.with_all_lists(|sh, lists| self.free_in(sh, lists));
         self.last_free.store(bytes, Ordering::Relaxed);
+        bytes
+    }
+
+    /// Free bytes of the fresh list (where the shared state is at hand) and of `lists`.
+    fn free_in(&self, sh: Option<&Shared<F>>, lists: &[Arc<StreamList<F>>]) -> usize {
+        let mut bytes = sh.map_or(0, |sh| sh.fresh.free_bytes());
+        self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
         bytes
     }
 
@@ -1072,11 +1075,9 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// maybe for as long as it waits for other processes: a process's figures are read by the
     /// thread that answers them).
     pub(crate) fn free_bytes_now_or_last(&self) -> usize {
-        let now = self.state.try_with_all_lists(|sh, lists| {
-            let mut bytes = sh.fresh.free_bytes();
-            self.for_lists_with_free(lists, |l| bytes += l.free_bytes());
-            bytes
-        });
+        let now = self
+            .state
+            .try_with_all_lists(|sh, lists| self.free_in(Some(sh), lists));
         match now {
             Some(bytes) => {
                 self.last_free.store(bytes, Ordering::Relaxed);
