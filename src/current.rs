@@ -232,8 +232,21 @@ impl DefaultHostResource {
 #[derive(Clone)]
 enum HostSlot {
     Unset,
-    Set(SharedResource),
-    Default(DefaultHostResource),
+    /// Set by the user, with its link's calls (read by every pinned allocation of the hooks).
+    Set(SharedResource, Calls),
+    /// Made on first use, with its link's calls.
+    Default(DefaultHostResource, Calls),
+}
+
+impl HostSlot {
+    /// The resource and its calls, unless unset.
+    fn get(&self) -> Option<(SharedResource, Calls)> {
+        match self {
+            HostSlot::Unset => None,
+            HostSlot::Set(mr, calls) => Some((mr.clone(), calls.clone())),
+            HostSlot::Default(d, calls) => Some((d.resource(), calls.clone())),
+        }
+    }
 }
 
 fn host_slot() -> &'static RwLock<HostSlot> {
@@ -251,28 +264,34 @@ fn host_slot() -> &'static RwLock<HostSlot> {
 /// # Errors
 /// The driver's errors making the default pinned resource.
 pub fn current_host_resource() -> Result<SharedResource> {
-    match &*host_slot().read() {
-        HostSlot::Set(mr) => return Ok(mr.clone()),
-        HostSlot::Default(d) => return Ok(d.resource()),
-        HostSlot::Unset => {}
+    current_host_resource_and_calls().map(|(mr, _)| mr)
+}
+
+/// The process-wide host resource (as [`current_host_resource`]) with its link's
+/// [`calls`](crate::resource::Link::calls), kept beside it: what a caller that decides the GIL
+/// around every call (CuPy's pinned allocator hook) reads with one load.
+///
+/// # Errors
+/// As [`current_host_resource`].
+pub fn current_host_resource_and_calls() -> Result<(SharedResource, Calls)> {
+    if let Some(found) = host_slot().read().get() {
+        return Ok(found);
     }
     let mut slot = host_slot().write();
-    match &*slot {
-        HostSlot::Set(mr) => Ok(mr.clone()),
-        HostSlot::Default(d) => Ok(d.resource()),
-        HostSlot::Unset => {
-            let made = DefaultHostResource::make()?;
-            let mr = made.resource();
-            *slot = HostSlot::Default(made);
-            Ok(mr)
-        }
+    if let Some(found) = slot.get() {
+        return Ok(found);
     }
+    let made = DefaultHostResource::make()?;
+    let mr = made.resource();
+    let calls = mr.link().calls;
+    *slot = HostSlot::Default(made, calls.clone());
+    Ok((mr, calls))
 }
 
 /// The default host resource, where the current host resource is it (made on first use).
 pub fn default_host_resource() -> Option<DefaultHostResource> {
     match &*host_slot().read() {
-        HostSlot::Default(d) => Some(d.clone()),
+        HostSlot::Default(d, _) => Some(d.clone()),
         _ => None,
     }
 }
@@ -280,12 +299,13 @@ pub fn default_host_resource() -> Option<DefaultHostResource> {
 /// Sets the process-wide host resource; the previous one, if any was set or made. `None` goes
 /// back to the default (made on next use).
 pub fn set_current_host_resource(mr: Option<SharedResource>) -> Option<SharedResource> {
-    let new = mr.map_or(HostSlot::Unset, HostSlot::Set);
-    match std::mem::replace(&mut *host_slot().write(), new) {
-        HostSlot::Unset => None,
-        HostSlot::Set(mr) => Some(mr),
-        HostSlot::Default(d) => Some(d.resource()),
-    }
+    let new = mr.map_or(HostSlot::Unset, |mr| {
+        let calls = mr.link().calls;
+        HostSlot::Set(mr, calls)
+    });
+    std::mem::replace(&mut *host_slot().write(), new)
+        .get()
+        .map(|(mr, _)| mr)
 }
 
 #[cfg(test)]
@@ -313,6 +333,10 @@ mod tests {
         assert!(set_current_host_resource(Some(sys.clone())).is_some());
         assert!(Arc::ptr_eq(&current_host_resource().unwrap(), &sys));
         assert!(default_host_resource().is_none());
+        // The calls kept beside it are its link's (the GIL decision of the pinned hook).
+        let (kept, calls) = current_host_resource_and_calls().unwrap();
+        assert!(Arc::ptr_eq(&kept, &sys));
+        assert_eq!(calls.get(), sys.call_profile());
         set_current_host_resource(before);
     }
 

@@ -93,9 +93,10 @@ pub use container::{DeviceBuffer, DeviceRagged, DeviceScalar, DeviceUVector};
 pub use cuda::{OwnedStream, Stream};
 pub use current::{
     check_device_ordinal, clear_per_device_resources, current_device_ordinal,
-    current_device_resource, current_host_resource, default_host_resource, has_per_device_resource,
-    per_device_resource, per_device_resource_and_calls, set_current_device_resource,
-    set_current_host_resource, set_per_device_resource, DefaultHostResource, MAX_VIRTUAL_DEVICES,
+    current_device_resource, current_host_resource, current_host_resource_and_calls,
+    default_host_resource, has_per_device_resource, per_device_resource,
+    per_device_resource_and_calls, set_current_device_resource, set_current_host_resource,
+    set_per_device_resource, DefaultHostResource, MAX_VIRTUAL_DEVICES,
 };
 pub use error::{CallbackPayload, Error, Result};
 pub use live::LiveAllocations;

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use super::cupy_stream::{cupy_missing, AllocationStream};
 use super::shared::{allocate_on, deallocate_on, Context, HookAllocation, HookResource};
 use crate::python::errors::{py_result, report_to_stderr};
-use crate::{Error, MemoryResource, Result, SharedResource, Stream};
+use crate::{Error, MemoryResource, Stream};
 
 /// CuPy's callables the CuPy hook needs, looked up once.
 struct CupyBindings {
@@ -189,10 +189,6 @@ fn cupy_c_live_allocations() -> usize {
     cupy_live().lock().len()
 }
 
-fn pinned_resource() -> Result<SharedResource> {
-    crate::current_host_resource()
-}
-
 /// `pinned_allocate(nbytes)`: `nbytes` of pinned host memory from the current host resource
 /// (`rrmm.mr.set_current_host_resource`; by default a `PinnedHostMemoryResource` made on first
 /// use, on the current device).
@@ -201,7 +197,7 @@ fn pinned_allocate(py: Python<'_>, nbytes: usize) -> PyResult<HookAllocation> {
     let (ptr, mr) = if nbytes == 0 {
         (0, None)
     } else {
-        let mr = HookResource::of(py_result(pinned_resource())?);
+        let mr = py_result(HookResource::of_host())?;
         // The GIL rule (see `gil`), as at every door into a resource.
         let ptr = py_result(crate::python::gil::call(py, mr.profile(), || {
             mr.resource().allocate(nbytes, Stream::DEFAULT)

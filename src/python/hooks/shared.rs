@@ -37,10 +37,13 @@ pub(crate) struct HookResource {
 }
 
 impl HookResource {
-    /// `mr`, with its link's calls.
-    pub(crate) fn of(mr: SharedResource) -> Self {
-        let calls = mr.link().calls;
-        HookResource { mr, calls }
+    /// The current host resource (the calls kept with it in its slot).
+    ///
+    /// # Errors
+    /// As [`crate::current_host_resource`].
+    pub(crate) fn of_host() -> Result<Self> {
+        let (mr, calls) = crate::current_host_resource_and_calls()?;
+        Ok(HookResource { mr, calls })
     }
 
     /// The per-device resource of `device` (the calls kept per thread with it).
