@@ -1,12 +1,13 @@
-"""The dicts of sleep and wake (``offload()``, ``sleep_estimate()``, ``last_sleep()``) as
-TypedDicts: their keys are the fields of ``rrmm::suballocator::SleepEstimate`` and
-``SleepReport``."""
+"""The dicts of sleep and wake (``offload()``, ``sleep_estimate()``, ``last_sleep()``) and of
+spilling (``promote()``, ``spill_figures()``) as TypedDicts: their keys are the fields of
+``rrmm::suballocator::SleepEstimate``, ``SleepReport``, ``PromoteReport`` and
+``SpillFigures``."""
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["HostPageFigures", "SleepFigures", "SleepReport"]
+__all__ = ["HostPageFigures", "PromoteReport", "SleepFigures", "SleepReport", "SpillFigures"]
 
 
 class SleepFigures(TypedDict):
@@ -55,3 +56,24 @@ class HostPageFigures(TypedDict):
     keep_limit: int | None
     largest_leased: int
     ready_target: int
+
+
+class PromoteReport(TypedDict):
+    """What ``promote()`` did: bytes moved from host pages to device memory at the same
+    addresses, bytes still on the host, free bytes unmapped first, and its seconds."""
+
+    promoted: int
+    spilled: int
+    trimmed: int
+    seconds: float
+
+
+class SpillFigures(TypedDict):
+    """The host pages an expandable pool spills to (``spill_figures()``), in bytes."""
+
+    limit: int
+    spilled: int
+    kept: int
+    made: int
+    reused: int
+    promoted: int

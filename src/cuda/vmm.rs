@@ -27,6 +27,20 @@ fn device_props(device: sys::CUdevice) -> sys::CUmemAllocationProp {
     props
 }
 
+/// Allocation properties of pinned host memory on the host NUMA node closest to `ordinal`
+/// (node 0 where the driver names none): host pages mapped into a device's address range and
+/// read in place over the link.
+fn host_props(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: all-zero is a valid value of this plain C struct (no handle types, no flags).
+    let mut props: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    props.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    props.location.id = super::host_numa_node(ordinal)
+        .and_then(|n| i32::try_from(n).ok())
+        .unwrap_or(0);
+    props
+}
+
 /// `cuMemGetAllocationGranularity` (minimum): the unit in which device `ordinal`'s physical
 /// memory is created and mapped (2 MiB on current GPUs).
 ///
@@ -99,6 +113,7 @@ impl Drop for AddressReservation {
 pub struct PhysicalMemory {
     handle: sys::CUmemGenericAllocationHandle,
     size: usize,
+    on_host: bool,
 }
 
 impl PhysicalMemory {
@@ -115,7 +130,37 @@ impl PhysicalMemory {
         // must be 0.
         let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
         check_alloc("cuMemCreate", result, size)?;
-        Ok(PhysicalMemory { handle, size })
+        Ok(PhysicalMemory {
+            handle,
+            size,
+            on_host: false,
+        })
+    }
+
+    /// Creates `size` bytes (a multiple of the device's granularity) of pinned host memory on
+    /// the host NUMA node closest to device `ordinal`, to be mapped into the device's address
+    /// range (read in place over the link).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the host has no memory left; other CUDA errors (drivers
+    /// without host NUMA allocations).
+    pub fn new_on_host(ordinal: usize, size: usize) -> Result<Self> {
+        device_handle(ordinal)?;
+        let props = host_props(ordinal);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: as `new`.
+        let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
+        check_alloc("cuMemCreate(host NUMA)", result, size)?;
+        Ok(PhysicalMemory {
+            handle,
+            size,
+            on_host: true,
+        })
+    }
+
+    /// Whether the memory lies on the host (made by [`new_on_host`](Self::new_on_host)).
+    pub fn on_host(&self) -> bool {
+        self.on_host
     }
 
     /// The size in bytes.
@@ -138,7 +183,10 @@ impl Drop for PhysicalMemory {
 #[derive(Debug)]
 pub struct Mapping {
     addr: usize,
-    memory: PhysicalMemory,
+    /// `Some` until [`into_memory`](Mapping::into_memory) takes it (drop then unmaps nothing).
+    memory: Option<PhysicalMemory>,
+    size: usize,
+    on_host: bool,
 }
 
 impl Mapping {
@@ -156,7 +204,28 @@ impl Mapping {
         check("cuMemMap", unsafe {
             sys::cuMemMap(addr as sys::CUdeviceptr, memory.size, 0, memory.handle, 0)
         })?;
-        Ok(Mapping { addr, memory })
+        Ok(Mapping {
+            addr,
+            size: memory.size,
+            on_host: memory.on_host,
+            memory: Some(memory),
+        })
+    }
+
+    /// Unmaps the memory and hands it back, to be mapped elsewhere (or kept); `None` never
+    /// happens (the memory is taken only here, which consumes the mapping).
+    pub fn into_memory(mut self) -> Option<PhysicalMemory> {
+        let memory = self.memory.take()?;
+        // SAFETY: this exact range was mapped by `new` and is unmapped once (drop sees `None`).
+        unsafe {
+            sys::cuMemUnmap(self.addr as sys::CUdeviceptr, self.size);
+        }
+        Some(memory)
+    }
+
+    /// Whether the mapped memory lies on the host.
+    pub fn on_host(&self) -> bool {
+        self.on_host
     }
 
     /// The mapped address.
@@ -166,16 +235,19 @@ impl Mapping {
 
     /// The mapped length.
     pub fn size(&self) -> usize {
-        self.memory.size
+        self.size
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: this exact range was mapped by `new`; unmapped once, before the physical
-        // handle is released (the field drops after this body).
-        unsafe {
-            sys::cuMemUnmap(self.addr as sys::CUdeviceptr, self.memory.size);
+        if self.memory.is_some() {
+            // SAFETY: this exact range was mapped by `new` and not unmapped by `into_memory`;
+            // unmapped once, before the physical handle is released (the field drops after
+            // this body).
+            unsafe {
+                sys::cuMemUnmap(self.addr as sys::CUdeviceptr, self.size);
+            }
         }
     }
 }
@@ -328,8 +400,8 @@ impl VirtualRange {
         Ok(())
     }
 
-    /// Unmaps `offset .. offset + bytes` (whole pages, all mapped) and gives their physical
-    /// memory back to the device.
+    /// Unmaps `offset .. offset + bytes` (whole pages, all mapped): device memory goes back to
+    /// the device, host pages to `host` (kept for the next spill) where given.
     ///
     /// # Safety
     /// 1. No work queued or running on the device uses the range, and none will before it is
@@ -337,7 +409,12 @@ impl VirtualRange {
     ///
     /// # Errors
     /// [`Error::Logic`] when a page of the range is not mapped (nothing is unmapped then).
-    pub unsafe fn unmap(&mut self, offset: usize, bytes: usize) -> Result<()> {
+    pub unsafe fn unmap(
+        &mut self,
+        offset: usize,
+        bytes: usize,
+        host: Option<&dyn HostPageSource>,
+    ) -> Result<()> {
         let span = self.page_span(offset, bytes)?;
         if self.pages.range(span.clone()).count() != span.len() {
             return Err(Error::Logic(format!(
@@ -345,10 +422,209 @@ impl VirtualRange {
             )));
         }
         for page in span {
-            self.pages.remove(&page);
+            if let Some(mapping) = self.pages.remove(&page) {
+                match host {
+                    Some(host) if mapping.on_host() => {
+                        if let Some(memory) = mapping.into_memory() {
+                            host.put(memory);
+                        }
+                    }
+                    _ => drop(mapping),
+                }
+            }
         }
         Ok(())
     }
+
+    /// Maps `offset .. offset + bytes` (whole pages, none mapped yet): device memory for as
+    /// many pages as the device has, host pages from `host` for the rest (read in place by the
+    /// device over the link); all or nothing. Returns the bytes placed on the host.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when neither the device nor `host` has a page left (nothing of
+    /// this call stays mapped; the host pages go back to `host`); as [`map`](Self::map).
+    pub fn map_spilling(
+        &mut self,
+        offset: usize,
+        bytes: usize,
+        host: &dyn HostPageSource,
+    ) -> Result<usize> {
+        let span = self.page_span(offset, bytes)?;
+        if let Some((&page, _)) = self.pages.range(span.clone()).next() {
+            return Err(Error::Logic(format!(
+                "virtual range: page {page} is already mapped"
+            )));
+        }
+        let mut added = Vec::with_capacity(span.len());
+        let mut device_full = false;
+        let mut on_host = 0;
+        let first = span.start;
+        let mut failed = None;
+        for page in span {
+            let memory = if device_full {
+                host.take()
+            } else {
+                match PhysicalMemory::new(self.ordinal, self.page_size) {
+                    Err(e) if e.is_out_of_memory() => {
+                        device_full = true;
+                        host.take()
+                    }
+                    other => other,
+                }
+            };
+            let addr = self.base + page * self.page_size;
+            let mapped = memory.and_then(|memory| {
+                // SAFETY: as `map`: inside our reservation, not mapped.
+                unsafe { Mapping::new(addr, memory) }
+            });
+            match mapped {
+                Ok(mapping) => {
+                    on_host += usize::from(mapping.on_host()) * self.page_size;
+                    self.pages.insert(page, mapping);
+                    added.push(page);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let failed = failed
+            .or_else(|| set_access(self.ordinal, self.base + first * self.page_size, bytes).err());
+        if let Some(e) = failed {
+            let pages = added.len() * self.page_size;
+            if pages > 0 {
+                // SAFETY: mapped by this call a moment ago; nothing has used them.
+                let _ = unsafe { self.unmap(first * self.page_size, pages, Some(host)) };
+            }
+            return Err(e);
+        }
+        Ok(on_host)
+    }
+
+    /// The runs of mapped pages that lie on the host: (address, bytes), lowest first.
+    pub fn host_runs(&self) -> Vec<(usize, usize)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (&page, mapping) in &self.pages {
+            if !mapping.on_host() {
+                continue;
+            }
+            let addr = self.base + page * self.page_size;
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == addr => *len += self.page_size,
+                _ => runs.push((addr, self.page_size)),
+            }
+        }
+        runs
+    }
+
+    /// Moves the host pages of `offset .. offset + bytes` (mapped pages) to device memory at the
+    /// same addresses, bytes kept, as far as the device has room; the host pages go to `host`.
+    /// Works `batch_pages` pages at a time: device memory mapped at a second address, one copy
+    /// per page, then each page's host memory unmapped and the device memory mapped in its
+    /// place. Returns the bytes moved (fewer than the host pages when the device is full).
+    ///
+    /// # Safety
+    /// 1. No work queued or running on the device uses the range until this returns (its pages
+    ///    are remapped), and the context of the range's device is current.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range that is not whole pages; CUDA errors (pages moved
+    /// before the error stay moved; a page whose device mapping failed keeps its host page).
+    pub unsafe fn promote(
+        &mut self,
+        offset: usize,
+        bytes: usize,
+        host: &dyn HostPageSource,
+        batch_pages: usize,
+    ) -> Result<usize> {
+        let span = self.page_span(offset, bytes)?;
+        let on_host: Vec<usize> = self
+            .pages
+            .range(span)
+            .filter(|(_, m)| m.on_host())
+            .map(|(&p, _)| p)
+            .collect();
+        let page_size = self.page_size;
+        let mut moved = 0;
+        for batch in on_host.chunks(batch_pages.max(1)) {
+            let mut fresh = Vec::with_capacity(batch.len());
+            for _ in batch {
+                match PhysicalMemory::new(self.ordinal, page_size) {
+                    Ok(m) => fresh.push(m),
+                    Err(e) if e.is_out_of_memory() => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            if fresh.is_empty() {
+                break;
+            }
+            let n = fresh.len();
+            let scratch = AddressReservation::new(n * page_size, page_size)?;
+            let mut staged = Vec::with_capacity(n);
+            for (i, memory) in fresh.into_iter().enumerate() {
+                // SAFETY: inside the scratch reservation, which outlives `staged` (declared
+                // after it, dropped before it), each page mapped once.
+                staged.push(unsafe { Mapping::new(scratch.base() + i * page_size, memory) }?);
+            }
+            set_access(self.ordinal, scratch.base(), n * page_size)?;
+            for (i, &page) in batch[..n].iter().enumerate() {
+                // SAFETY: both pages are mapped with access for the device; nothing else uses
+                // either (the caller's precondition 1; the scratch is ours).
+                unsafe {
+                    super::memcpy_async(
+                        scratch.base() + i * page_size,
+                        self.base + page * page_size,
+                        page_size,
+                        super::Stream::DEFAULT,
+                    )
+                }?;
+            }
+            super::Stream::DEFAULT.synchronize()?;
+            for (mapping, &page) in staged.into_iter().zip(batch) {
+                let addr = self.base + page * page_size;
+                let (Some(device), Some(old)) = (
+                    mapping.into_memory(),
+                    self.pages.remove(&page).and_then(Mapping::into_memory),
+                ) else {
+                    return Err(Error::Logic(format!("virtual range: page {page} vanished")));
+                };
+                // SAFETY: the page's old mapping was just unmapped; inside our reservation.
+                match unsafe { Mapping::new(addr, device) } {
+                    Ok(mapping) => {
+                        self.pages.insert(page, mapping);
+                        host.put(old);
+                    }
+                    Err(e) => {
+                        // SAFETY: as above: the host page goes back where it was.
+                        let back = unsafe { Mapping::new(addr, old) }?;
+                        self.pages.insert(page, back);
+                        set_access(self.ordinal, addr, page_size)?;
+                        return Err(e);
+                    }
+                }
+                set_access(self.ordinal, addr, page_size)?;
+                moved += page_size;
+            }
+            if n < batch.len() {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Where a virtual range takes the host pages it spills to, and gives them back when they are
+/// unmapped (kept for the next spill, not released).
+pub trait HostPageSource {
+    /// One host page of the range's page size.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when no page may be made (a limit, the host's room).
+    fn take(&self) -> Result<PhysicalMemory>;
+
+    /// A page no longer mapped.
+    fn put(&self, memory: PhysicalMemory);
 }
 
 impl Drop for VirtualRange {

@@ -8,6 +8,7 @@
 //! from it runs at the link's speed. Without registration (`pinned: false`) it is pageable host
 //! memory that works without a driver (what the CPU tests use).
 
+use super::host_spill::{PretendDevice, SpillFigures};
 use super::host_supply::PageSpec;
 use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
@@ -31,6 +32,8 @@ pub struct HostVirtualMemory {
     device: usize,
     /// Maximal runs of mapped pages: start address -> bytes.
     runs: Mutex<BTreeMap<usize, usize>>,
+    /// A pretend device (CPU tests of spilling and promotion), taken after `runs`.
+    pretend: Option<Mutex<PretendDevice>>,
 }
 
 impl HostVirtualMemory {
@@ -57,7 +60,31 @@ impl HostVirtualMemory {
             numa_node,
             device,
             runs: Mutex::new(BTreeMap::new()),
+            pretend: None,
         })
+    }
+
+    /// Plain host memory that pretends to be a device of `capacity` bytes which spills at most
+    /// `spill_limit` bytes to host pages: what the CPU tests of spilling and promotion map
+    /// into (real bytes; a promotion gives each page to the OS and copies its bytes into a
+    /// fresh one). Its `memory_info` is the pretend device's.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn pretend_device(
+        reserve_size: usize,
+        page_size: Option<usize>,
+        capacity: usize,
+        spill_limit: usize,
+    ) -> Result<Self> {
+        let mut vm = Self::new(reserve_size, page_size, false, None)?;
+        let pretend = PretendDevice::new(
+            capacity / vm.page_size * vm.page_size,
+            spill_limit,
+            vm.page_size,
+        );
+        vm.pretend = Some(Mutex::new(pretend));
+        Ok(vm)
     }
 
     /// Pinned host memory for device `device`: registered in its context, pages on the host
@@ -159,7 +186,15 @@ impl VirtualMemory for HostVirtualMemory {
             numa_node: self.numa_node,
             populate: self.pinned,
         };
-        self.reservation.commit(offset, bytes, how)?;
+        if let Some(pretend) = &self.pretend {
+            pretend.lock().place(addr, bytes)?;
+        }
+        if let Err(e) = self.reservation.commit(offset, bytes, how) {
+            if let Some(pretend) = &self.pretend {
+                pretend.lock().unplace(addr, bytes);
+            }
+            return Err(e);
+        }
         let left = left.filter(|&(a, b)| a + b == addr);
         let right = runs.get(&end).map(|&b| (end, b));
         let start = left.map_or(addr, |(a, _)| a);
@@ -174,6 +209,9 @@ impl VirtualMemory for HostVirtualMemory {
             }
             // SAFETY: the pages were committed by this call and nothing has used them.
             let _ = unsafe { self.reservation.decommit(offset, bytes) };
+            if let Some(pretend) = &self.pretend {
+                pretend.lock().unplace(addr, bytes);
+            }
             return Err(e);
         }
         if let Some((a, _)) = left {
@@ -211,12 +249,72 @@ impl VirtualMemory for HostVirtualMemory {
                 runs.insert(a, b);
             }
         }
+        if let Some(pretend) = &self.pretend {
+            pretend.lock().unplace(addr, bytes);
+        }
         // SAFETY: unregistered above; nothing uses the range (the caller's precondition 1).
         unsafe { self.reservation.decommit(offset, bytes) }
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
-        host_memory_info()
+        match &self.pretend {
+            Some(pretend) => Some(pretend.lock().memory_info()),
+            None => host_memory_info(),
+        }
+    }
+
+    fn spill_figures(&self) -> Option<SpillFigures> {
+        self.pretend.as_ref().map(|p| p.lock().figures())
+    }
+
+    fn spilled_runs(&self) -> Vec<(usize, usize)> {
+        self.pretend
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.lock().runs())
+    }
+
+    /// Each page: its bytes copied aside, the page given to the OS and made again (zeros),
+    /// the bytes copied back.
+    unsafe fn promote(&self, addr: usize, bytes: usize) -> Result<usize> {
+        let Some(pretend) = &self.pretend else {
+            return Ok(0);
+        };
+        self.offset_of(addr, bytes)?;
+        let _runs = self.runs.lock();
+        let mut pretend = pretend.lock();
+        let mut aside = vec![0u8; self.page_size];
+        let mut moved = 0;
+        for page in pretend.promotable(addr, bytes) {
+            let offset = page - self.reservation.base();
+            // SAFETY: a mapped page (spilled pages are mapped) nothing uses (the caller's
+            // precondition 1); `aside` is ours.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    page as *const u8,
+                    aside.as_mut_ptr(),
+                    self.page_size,
+                );
+                self.reservation.decommit(offset, self.page_size)?;
+            }
+            let how = Commit {
+                numa_node: None,
+                populate: false,
+            };
+            self.reservation.commit(offset, self.page_size, how)?;
+            // SAFETY: committed again just now; nothing else uses it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(aside.as_ptr(), page as *mut u8, self.page_size)
+            };
+            pretend.promoted(page);
+            moved += self.page_size;
+        }
+        Ok(moved)
+    }
+
+    fn give_back_spill(&self, keep: usize) -> usize {
+        self.pretend
+            .as_ref()
+            .map_or(0, |p| p.lock().give_back(keep))
     }
 
     fn kind(&self) -> MemoryKind {

@@ -19,6 +19,7 @@
 //! [`check_awake`] first: an address inside a sleeping pool's reservation is an error naming the
 //! sleep, never a touch of unmapped memory.
 
+use super::host_spill::{PromoteReport, SpillFigures};
 use crate::error::{Error, Result};
 use crate::report::snapshot::{BlockState, SegmentInfo};
 use parking_lot::RwLock;
@@ -343,6 +344,17 @@ pub trait Sleeper: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Where the pool's memory cannot be copied to the host.
     fn keep_ready(&self, on: bool) -> Result<usize>;
+
+    /// Moves the pool's pages spilled to the host (those in `range` where given) back to
+    /// device memory at the same addresses, at most `limit` bytes, as far as the device has
+    /// room (nothing where the pool never spills).
+    ///
+    /// # Errors
+    /// As the pool's own promote.
+    fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport>;
+
+    /// The figures of the host pages the pool spills to (`None`: it never spills).
+    fn spill_figures(&self) -> Option<SpillFigures>;
 }
 
 /// A range of addresses: (start, bytes).

@@ -2,12 +2,14 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
+use super::host_spill::{HostPageKeep, SpillFigures};
 use super::host_supply::{HostPageSupply, PageSpec};
 use super::{CallProfile, CopyFence, MemoryKind};
-use crate::cuda::vmm::VirtualRange;
+use crate::cuda::vmm::{HostPageSource, VirtualRange};
 use crate::cuda::{mem_get_info, ContextGuard};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// One reserved address range mapped and unmapped in whole pages; what the expandable resource
 /// grows into. Thread-safe (implementations lock internally).
@@ -150,6 +152,52 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
     fn copy_fence(&self) -> Result<CopyFence> {
         Ok(CopyFence::done())
     }
+
+    /// The figures of the host pages this memory spills to when its device is full, where it
+    /// spills (the default: it never does).
+    fn spill_figures(&self) -> Option<SpillFigures> {
+        None
+    }
+
+    /// The runs of mapped pages that lie on the host, spilled: (address, bytes), lowest first
+    /// (the default: none).
+    fn spilled_runs(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
+
+    /// Moves the spilled pages of `addr .. addr + bytes` (whole pages of the reservation) to
+    /// device memory at the same addresses, their bytes kept, as far as the device has room;
+    /// the host pages are kept for the next spill. Returns the bytes moved (the default:
+    /// nothing spills, nothing moves).
+    ///
+    /// # Safety
+    /// 1. No work queued or running uses the range until this returns (its pages are
+    ///    remapped).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range that is not whole pages; CUDA errors (the pages
+    /// moved before stay moved, the others keep their host pages and bytes).
+    unsafe fn promote(&self, addr: usize, bytes: usize) -> Result<usize> {
+        let _ = (addr, bytes);
+        Ok(0)
+    }
+
+    /// Makes host pages for a spill of `bytes` ahead of need, on `threads` threads, and keeps
+    /// them; returns the bytes made (the default: nothing spills, nothing is made).
+    ///
+    /// # Errors
+    /// Out of memory when the host has no room; CUDA errors.
+    fn prepare_spill(&self, bytes: usize, threads: usize) -> Result<usize> {
+        let _ = (bytes, threads);
+        Ok(0)
+    }
+
+    /// Gives kept spill pages back to the OS until at most `keep` bytes stay kept; returns the
+    /// bytes given back (the default: none kept).
+    fn give_back_spill(&self, keep: usize) -> usize {
+        let _ = keep;
+        0
+    }
 }
 
 /// Virtual memory of a CUDA device: one `cuMemAddressReserve` range, one `cuMemCreate` handle
@@ -161,6 +209,8 @@ pub struct CudaVirtualMemory {
     reserved: usize,
     page_size: usize,
     range: Mutex<VirtualRange>,
+    /// The host pages it spills to when the device is full (none: it never spills).
+    spill: Option<Arc<HostPageKeep>>,
 }
 
 impl CudaVirtualMemory {
@@ -183,7 +233,21 @@ impl CudaVirtualMemory {
             reserved,
             page_size,
             range: Mutex::new(range),
+            spill: None,
         })
+    }
+
+    /// The same memory, spilling to host pages when the device is full: pages the device
+    /// cannot back are backed by pinned host memory on its host NUMA node, mapped under the
+    /// same addresses and read in place over the link, at most `limit` bytes of them (mapped
+    /// and kept for the next spill); [`promote`](VirtualMemory::promote) moves them back.
+    pub fn with_host_spill(mut self, limit: usize) -> Self {
+        self.spill = Some(Arc::new(HostPageKeep::new(
+            self.ordinal,
+            self.page_size,
+            limit,
+        )));
+        self
     }
 }
 
@@ -218,7 +282,7 @@ impl VirtualMemory for CudaVirtualMemory {
             .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
         // Out of memory relieves the device's caches (and asks the processes sharing it) and
         // tries again, as the device's other sources do.
-        crate::pressure::retry_after_relief(
+        let on_device = crate::pressure::retry_after_relief(
             crate::pressure::Place::Device(self.ordinal),
             bytes,
             || {
@@ -232,7 +296,25 @@ impl VirtualMemory for CudaVirtualMemory {
                     other => other,
                 })
             },
-        )
+        );
+        match (&self.spill, on_device) {
+            // The device is full even after relief: the pages it lacks go to the host.
+            (Some(host), Err(e)) if e.is_out_of_memory() => {
+                let _ctx = ContextGuard::new(self.ordinal)?;
+                self.range
+                    .lock()
+                    .map_spilling(offset, bytes, host.as_ref())
+                    .map(drop)
+                    .map_err(|spilled| match spilled {
+                        Error::OutOfMemory { message, .. } => Error::OutOfMemory {
+                            requested: bytes,
+                            message: format!("{e}; and {message}"),
+                        },
+                        other => other,
+                    })
+            }
+            (_, done) => done,
+        }
     }
 
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {
@@ -240,8 +322,9 @@ impl VirtualMemory for CudaVirtualMemory {
             .checked_sub(self.base)
             .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
         let _ctx = ContextGuard::new(self.ordinal)?;
+        let host = self.spill.as_deref().map(|h| h as &dyn HostPageSource);
         // SAFETY: the caller's precondition 1, passed on.
-        unsafe { self.range.lock().unmap(offset, bytes) }
+        unsafe { self.range.lock().unmap(offset, bytes, host) }
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
@@ -304,5 +387,47 @@ impl VirtualMemory for CudaVirtualMemory {
         let event = crate::cuda::Event::new()?;
         event.record(crate::cuda::Stream::DEFAULT)?;
         Ok(CopyFence::at(event))
+    }
+
+    fn spill_figures(&self) -> Option<SpillFigures> {
+        self.spill.as_ref().map(|h| h.figures())
+    }
+
+    fn spilled_runs(&self) -> Vec<(usize, usize)> {
+        match self.spill {
+            Some(_) => self.range.lock().host_runs(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A GiB of pages at a time: device memory at a second address, the copies, the remap.
+    unsafe fn promote(&self, addr: usize, bytes: usize) -> Result<usize> {
+        let Some(host) = &self.spill else {
+            return Ok(0);
+        };
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        let batch = (self.map_chunk_bytes() / self.page_size).max(1);
+        // SAFETY: the caller's precondition 1, passed on; the device's context is current.
+        let moved = unsafe {
+            self.range
+                .lock()
+                .promote(offset, bytes, host.as_ref(), batch)
+        }?;
+        host.count_promoted(moved);
+        Ok(moved)
+    }
+
+    fn prepare_spill(&self, bytes: usize, threads: usize) -> Result<usize> {
+        match &self.spill {
+            Some(host) => host.make_ahead(bytes, threads),
+            None => Ok(0),
+        }
+    }
+
+    fn give_back_spill(&self, keep: usize) -> usize {
+        self.spill.as_ref().map_or(0, |h| h.give_back(keep))
     }
 }

@@ -99,18 +99,42 @@ impl ExpandableMemoryResource {
         maximum_pool_size: Option<usize>,
         release_threshold: Option<usize>,
     ) -> Result<Self> {
-        let reserve = match reserve_size {
-            Some(r) => r,
-            None => {
-                let _ctx = crate::cuda::ContextGuard::new(device)?;
-                let (_, total) = crate::cuda::mem_get_info()?;
-                total.saturating_mul(DEFAULT_RESERVE_FACTOR)
-            }
-        };
-        let page_size = page_size.unwrap_or(DEFAULT_DEVICE_PAGE_SIZE);
-        let vm: Arc<dyn VirtualMemory> =
-            Arc::new(CudaVirtualMemory::new(device, reserve, Some(page_size))?);
-        Self::new(vm, initial_pool_size, maximum_pool_size, release_threshold)
+        Self::on_device_spilling(
+            device,
+            None,
+            reserve_size,
+            page_size,
+            initial_pool_size,
+            maximum_pool_size,
+            release_threshold,
+        )
+    }
+
+    /// As [`on_device`](Self::on_device), spilling to host pages when the device is full (at
+    /// most `spill_limit` bytes of them, where given: see
+    /// [`CudaVirtualMemory::with_host_spill`]); [`promote`](Self::promote) moves them back.
+    ///
+    /// # Errors
+    /// As [`on_device`](Self::on_device).
+    pub fn on_device_spilling(
+        device: usize,
+        spill_limit: Option<usize>,
+        reserve_size: Option<usize>,
+        page_size: Option<usize>,
+        initial_pool_size: Option<usize>,
+        maximum_pool_size: Option<usize>,
+        release_threshold: Option<usize>,
+    ) -> Result<Self> {
+        let mut vm = device_memory(device, reserve_size, page_size)?;
+        if let Some(limit) = spill_limit {
+            vm = vm.with_host_spill(limit);
+        }
+        Self::new(
+            Arc::new(vm),
+            initial_pool_size,
+            maximum_pool_size,
+            release_threshold,
+        )
     }
 
     /// An expandable pool on pinned host memory for device `device` ([`HostVirtualMemory`]
@@ -394,6 +418,26 @@ impl MemoryResource for ExpandableMemoryResource {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
+}
+
+/// Device `device`'s virtual memory: `reserve_size` bytes of addresses (default
+/// [`DEFAULT_RESERVE_FACTOR`] times its memory) in pages of `page_size` (default
+/// [`DEFAULT_DEVICE_PAGE_SIZE`]).
+fn device_memory(
+    device: usize,
+    reserve_size: Option<usize>,
+    page_size: Option<usize>,
+) -> Result<CudaVirtualMemory> {
+    let reserve = match reserve_size {
+        Some(r) => r,
+        None => {
+            let _ctx = crate::cuda::ContextGuard::new(device)?;
+            let (_, total) = crate::cuda::mem_get_info()?;
+            total.saturating_mul(DEFAULT_RESERVE_FACTOR)
+        }
+    };
+    let page_size = page_size.unwrap_or(DEFAULT_DEVICE_PAGE_SIZE);
+    CudaVirtualMemory::new(device, reserve, Some(page_size))
 }
 
 /// The expandable pool's growth policy: where to map, the runs of mapped pages, and the trim.
@@ -752,7 +796,8 @@ macro_rules! forward_vm_figures {
 mod tests;
 
 mod sleep;
+mod spill;
 pub use sleep::{
-    asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, restore,
+    asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
     sleep_estimate, sleep_targets, tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
 };

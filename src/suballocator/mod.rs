@@ -37,9 +37,10 @@ pub use expandable::{
 /// [`Link`](crate::resource::Link).
 pub mod sleep {
     pub use super::expandable::{
-        asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, restore,
+        asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
         sleep_estimate, sleep_targets, tag,
     };
+    pub use crate::resource::host_spill::PromoteReport;
     pub use crate::resource::sleep::SleepPlan;
 }
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};

@@ -27,7 +27,12 @@ impl ExpandableMemoryResource {
     /// simulated page on simulated memory); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
     /// a device (addresses only, never dereference them); `pinned_host`: pinned host memory of
     /// the device; `pageable_host`: plain host memory, no driver needed (CPU tests of
-    /// `offload()`/`restore()` with real bytes).
+    /// `offload()`/`restore()` with real bytes). `spill_to_host`: when the device is full, map
+    /// pinned host pages (on its host NUMA node) under the pool's addresses, read in place
+    /// over the link, at most this many bytes of them (True: as many as the host has room
+    /// for; default: never); `promote()` moves them back. `device_capacity`: with
+    /// `pageable_host`, pretend the memory is a device of that many bytes (CPU tests of
+    /// `spill_to_host`).
     #[new]
     #[pyo3(signature = (
         device=None,
@@ -39,6 +44,8 @@ impl ExpandableMemoryResource {
         simulated_capacity=None,
         pinned_host=false,
         pageable_host=false,
+        spill_to_host=None,
+        device_capacity=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -52,6 +59,8 @@ impl ExpandableMemoryResource {
         simulated_capacity: Option<&Bound<'_, PyAny>>,
         pinned_host: bool,
         pageable_host: bool,
+        spill_to_host: Option<&Bound<'_, PyAny>>,
+        device_capacity: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
         let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
@@ -59,6 +68,20 @@ impl ExpandableMemoryResource {
         let reserve = opt_bytes_arg(reserve_size, "reserve_size")?;
         let page = opt_bytes_arg(page_size, "page_size")?;
         let simulated = opt_bytes_arg(simulated_capacity, "simulated_capacity")?;
+        let spill = spill_limit(spill_to_host)?;
+        let capacity = opt_bytes_arg(device_capacity, "device_capacity")?;
+        if capacity.is_some() && !pageable_host {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "device_capacity pretends pageable host memory is a device: it needs \
+                 pageable_host=True",
+            ));
+        }
+        if spill.is_some() && (simulated.is_some() || pinned_host) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "spill_to_host needs a device's memory (or pageable_host=True with \
+                 device_capacity): simulated and pinned host memory do not spill",
+            ));
+        }
         let mr = py_result(py.detach(|| match simulated {
             Some(capacity) => {
                 let vm = SimulatedVirtualMemory::new(
@@ -79,7 +102,15 @@ impl ExpandableMemoryResource {
                             .1
                     }
                 };
-                let vm = HostVirtualMemory::new(reserve, page, false, None)?;
+                let vm = match capacity {
+                    Some(capacity) => HostVirtualMemory::pretend_device(
+                        reserve,
+                        page,
+                        capacity,
+                        spill.unwrap_or(0),
+                    )?,
+                    None => HostVirtualMemory::new(reserve, page, false, None)?,
+                };
                 RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
             }
             None => {
@@ -92,7 +123,9 @@ impl ExpandableMemoryResource {
                         device, reserve, page, initial, maximum, threshold,
                     );
                 }
-                RsExpandable::on_device(device, reserve, page, initial, maximum, threshold)
+                RsExpandable::on_device_spilling(
+                    device, spill, reserve, page, initial, maximum, threshold,
+                )
             }
         }))?;
         let base = DeviceMemoryResource::init(Arc::new(mr.clone()));
@@ -168,6 +201,60 @@ impl ExpandableMemoryResource {
             .transpose()
     }
 
+    /// The host pages the pool spills to (None: it never spills): a dict of bytes: limit,
+    /// spilled (mapped now), kept (made, free for the next spill), made, reused, promoted.
+    fn spill_figures<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let Some(f) = self.mr.spill_figures() else {
+            return Ok(None);
+        };
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("limit", f.limit)?;
+        d.set_item("spilled", f.spilled)?;
+        d.set_item("kept", f.kept)?;
+        d.set_item("made", f.made)?;
+        d.set_item("reused", f.reused)?;
+        d.set_item("promoted", f.promoted)?;
+        Ok(Some(d))
+    }
+
+    /// Bytes of the pool's mapped pages that lie on the host now (spilled).
+    fn spilled_bytes(&self) -> usize {
+        self.mr.spilled_bytes()
+    }
+
+    /// Makes host pages for a spill of `nbytes` ahead of need, on `threads` threads (default:
+    /// the CPUs, at most 16), and keeps them: the driver makes them at a few GB/s, so make them
+    /// before the work that spills. Returns the bytes made (0 when the pool never spills).
+    #[pyo3(signature = (nbytes, threads=None))]
+    fn prepare_spill(
+        &self,
+        py: Python<'_>,
+        nbytes: &Bound<'_, PyAny>,
+        threads: Option<usize>,
+    ) -> PyResult<usize> {
+        let bytes = super::convert::bytes_arg(nbytes, "nbytes")?;
+        let threads = threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(16)));
+        if threads == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "threads must be at least 1",
+            ));
+        }
+        let mr = &self.mr;
+        py_result(py.detach(|| mr.prepare_spill(bytes, threads)))
+    }
+
+    /// Gives the kept spill pages back to the OS until at most `keep` bytes stay kept; returns
+    /// the bytes given back.
+    #[pyo3(signature = (keep=0))]
+    fn give_back_spill(&self, py: Python<'_>, keep: usize) -> usize {
+        let mr = &self.mr;
+        py.detach(|| mr.give_back_spill(keep))
+    }
+
     /// Bytes of host memory holding the pool's data while asleep (0 when awake).
     fn host_copy_bytes(&self) -> usize {
         self.mr.host_copy_bytes()
@@ -178,6 +265,19 @@ impl ExpandableMemoryResource {
     /// sleep); False gives them back to the OS at every wake, and the supply's free pages now.
     fn set_retain_host_copy(&self, retain: bool) {
         self.mr.set_retain_host_copy(retain)
+    }
+}
+
+/// `spill_to_host`: None or False (never), True (as many bytes as the host has room for now),
+/// or a size.
+fn spill_limit(arg: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    match arg {
+        Some(a) if a.is_instance_of::<pyo3::types::PyBool>() => {
+            Ok(a.extract::<bool>()?.then(|| {
+                crate::os::host_pages::available_host_memory().map_or(0, |room| room.available)
+            }))
+        }
+        other => opt_bytes_arg(other, "spill_to_host"),
     }
 }
 

@@ -141,6 +141,23 @@ impl DeviceMemoryResource {
         super::sleep::restore(py, &self.inner)
     }
 
+    /// rrmm: moves the data of the expandable pools under this resource that spilled to host
+    /// pages (`ExpandableMemoryResource(spill_to_host=...)`) back to device memory at the same
+    /// addresses, as far as the device has room: `buffer` (a pointer, tensor, CuPy array or
+    /// buffer, with its size where it has one) limits it to that allocation's pages, `max_bytes`
+    /// to that many bytes. Synchronizes every stream the pool has seen and unmaps its free
+    /// pages first; call it between phases, as `offload()`. Returns a dict: promoted, spilled
+    /// (still on the host), trimmed (bytes), seconds. Nothing happens when nothing spilled.
+    #[pyo3(signature = (buffer = None, max_bytes = None))]
+    fn promote<'py>(
+        &self,
+        py: Python<'py>,
+        buffer: Option<&Bound<'py, PyAny>>,
+        max_bytes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        super::sleep::promote(py, &self.inner, buffer, max_bytes)
+    }
+
     /// rrmm: whether the expandable pool under this resource is asleep.
     #[getter]
     fn asleep(&self) -> bool {

@@ -175,6 +175,35 @@ pub(super) fn sleep_estimate<'py>(
     estimate_dict(py, &estimate)
 }
 
+/// `promote(buffer, max_bytes)` of every expandable pool under `mr`: the report as a dict.
+pub(super) fn promote<'py>(
+    py: Python<'py>,
+    mr: &SharedResource,
+    buffer: Option<&Bound<'py, PyAny>>,
+    max_bytes: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let range = buffer
+        .filter(|b| !b.is_none())
+        .map(|b| Ok::<_, PyErr>((pointer_of(b)?, size_of(b).unwrap_or(1))))
+        .transpose()?;
+    let limit = super::convert::opt_bytes_arg(max_bytes, "max_bytes")?;
+    let report = py_result(py.detach(|| rs::promote(mr, range, limit)))?;
+    promote_dict(py, &report)
+}
+
+/// A promotion's report as a dict (`promoted`, `spilled`, `trimmed`, `seconds`).
+pub(crate) fn promote_dict<'py>(
+    py: Python<'py>,
+    report: &crate::suballocator::sleep::PromoteReport,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("promoted", report.promoted)?;
+    d.set_item("spilled", report.spilled)?;
+    d.set_item("trimmed", report.trimmed)?;
+    d.set_item("seconds", report.seconds)?;
+    Ok(d)
+}
+
 /// Whether an expandable pool under `mr` is asleep.
 pub(super) fn asleep(mr: &SharedResource) -> bool {
     rs::asleep(mr)

@@ -969,6 +969,21 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.release_locked(sh, 0, keep)
     }
 
+    /// Synchronizes, merges and trims every free page (as `release(0)` for a policy that
+    /// trims, chunks kept), then runs `work` while still holding the shared state, so that no
+    /// block is carved from the merged free lists meanwhile; returns the bytes trimmed and what
+    /// `work` returned. For moves of the pool's pages (promotion) that must not race a block
+    /// being handed out on them.
+    pub(crate) fn trim_then<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<(usize, T)> {
+        let mut sh = self.lock_shared()?;
+        self.synchronize_and_merge(&mut sh, true)?;
+        sh.settled = None;
+        let trimmed = self.trim_fresh(&mut sh, 0)?;
+        let out = work()?;
+        drop(sh);
+        Ok((trimmed, out))
+    }
+
     /// As [`Self::release`], giving chunks back only while more than `keep` bytes are held
     /// (in address order), and only if the shared state can be taken at once (`Ok(0)` when
     /// another thread, or this one, holds it): for reliefs and caches over their limit, which

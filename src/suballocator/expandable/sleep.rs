@@ -40,7 +40,7 @@
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
-use crate::resource::sleep::{self as rs, SleepPlan, Sleeper, Tenant, TenantLookup};
+use crate::resource::sleep::{self as rs, ByteRange, SleepPlan, Sleeper, Tenant, TenantLookup};
 use crate::resource::{CopyFence, HostCopy, MemoryResource, SharedResource};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -837,6 +837,18 @@ impl Sleeper for ExpandableMemoryResource {
         self.keep_sleep_ready(on)
     }
 
+    fn promote(
+        &self,
+        range: Option<ByteRange>,
+        limit: Option<usize>,
+    ) -> Result<crate::resource::host_spill::PromoteReport> {
+        ExpandableMemoryResource::promote(self, range, limit)
+    }
+
+    fn spill_figures(&self) -> Option<crate::resource::SpillFigures> {
+        ExpandableMemoryResource::spill_figures(self)
+    }
+
     fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
         self.estimate_with(plan)
     }
@@ -964,6 +976,28 @@ pub fn keep_ready(mr: &SharedResource, on: bool) -> Result<usize> {
     sleep_targets(mr)?
         .iter()
         .try_fold(0usize, |sum, p| Ok(sum + p.keep_ready(on)?))
+}
+
+/// Moves the pages spilled to the host of every pool under `mr` (those in `range` where
+/// given) back to device memory at the same addresses, at most `limit` bytes in all
+/// ([`ExpandableMemoryResource::promote`]); the figures summed. A stack with no pool on
+/// virtual memory has nothing spilled: an empty report.
+///
+/// # Errors
+/// As [`ExpandableMemoryResource::promote`].
+pub fn promote(
+    mr: &SharedResource,
+    range: Option<ByteRange>,
+    limit: Option<usize>,
+) -> Result<crate::resource::host_spill::PromoteReport> {
+    let mut total = crate::resource::host_spill::PromoteReport::default();
+    let mut budget = limit;
+    for pool in mr.link().sleep.sleepers() {
+        let report = pool.promote(range, budget)?;
+        budget = budget.map(|b| b.saturating_sub(report.promoted));
+        total = total.plus(report);
+    }
+    Ok(total)
 }
 
 /// Whether any pool under `mr` is asleep (false when there is none).

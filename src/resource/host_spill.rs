@@ -1,0 +1,349 @@
+//! Host pages an expandable pool spills to when its device is full: pinned host memory the
+//! driver makes on the device's host NUMA node and maps under the pool's own addresses, so the
+//! device reads the data in place over the link, and a later
+//! [`promote`](super::VirtualMemory::promote) moves it to device memory at the same addresses.
+//!
+//! The driver makes these pages slowly (3-5 GB/s on an H200, against 40+ GB/s for the host page
+//! supply's registered pages), so a [`HostPageKeep`] makes them once, ahead of need where asked
+//! ([`HostPageKeep::make_ahead`], on several threads), and keeps every page that is unmapped for
+//! the next spill, within a limit on the bytes of host pages it holds (mapped and kept), checked
+//! against the host's room (cgroup-aware) before a page is made.
+
+use crate::cuda::vmm::{HostPageSource, PhysicalMemory};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// The figures of the host pages a pool spills to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SpillFigures {
+    /// The most bytes of host pages held at once (mapped and kept).
+    pub limit: usize,
+    /// Bytes of host pages mapped under the pool's addresses now.
+    pub spilled: usize,
+    /// Bytes of host pages made and kept, not mapped (ready for the next spill).
+    pub kept: usize,
+    /// Bytes of host pages ever made.
+    pub made: u64,
+    /// Bytes of host pages taken again after an unmap (not made twice).
+    pub reused: u64,
+    /// Bytes moved from host pages to device memory by promotion.
+    pub promoted: u64,
+}
+
+/// The host pages of one device's virtual range: made on demand or ahead, kept when unmapped.
+#[derive(Debug)]
+pub struct HostPageKeep {
+    ordinal: usize,
+    page_size: usize,
+    state: Mutex<KeepState>,
+}
+
+#[derive(Debug, Default)]
+struct KeepState {
+    free: Vec<PhysicalMemory>,
+    /// Pages being made by `make_ahead` (counted against the limit).
+    making: usize,
+    figures: SpillFigures,
+}
+
+impl KeepState {
+    fn held(&self, page_size: usize) -> usize {
+        self.figures.spilled + self.figures.kept + self.making * page_size
+    }
+}
+
+impl HostPageKeep {
+    /// Host pages of `page_size` bytes for device `ordinal`, at most `limit` bytes of them.
+    pub fn new(ordinal: usize, page_size: usize, limit: usize) -> Self {
+        HostPageKeep {
+            ordinal,
+            page_size,
+            state: Mutex::new(KeepState {
+                figures: SpillFigures {
+                    limit,
+                    ..SpillFigures::default()
+                },
+                ..KeepState::default()
+            }),
+        }
+    }
+
+    /// The figures now.
+    pub fn figures(&self) -> SpillFigures {
+        self.state.lock().figures
+    }
+
+    /// Counts `bytes` moved to the device by a promotion.
+    pub fn count_promoted(&self, bytes: usize) {
+        self.state.lock().figures.promoted += bytes as u64;
+    }
+
+    /// Makes pages until `bytes` (rounded up to pages) are kept free or the limit is reached,
+    /// on `threads` threads (at least one); returns the bytes made. Allocation never waits for
+    /// it: a spill meanwhile makes its own page.
+    ///
+    /// # Errors
+    /// Out of memory when the host has no room for the pages (checked before any is made);
+    /// the first CUDA error of a thread (the pages made before it are kept).
+    pub fn make_ahead(&self, bytes: usize, threads: usize) -> Result<usize> {
+        let want = {
+            let mut state = self.state.lock();
+            let room = state
+                .figures
+                .limit
+                .saturating_sub(state.held(self.page_size));
+            let lack = bytes.saturating_sub(state.figures.kept);
+            let pages = lack.div_ceil(self.page_size).min(room / self.page_size);
+            state.making += pages;
+            pages
+        };
+        if want == 0 {
+            return Ok(0);
+        }
+        if let Err(e) = crate::os::host_pages::check_host_room(want * self.page_size, true) {
+            self.state.lock().making -= want;
+            return Err(e);
+        }
+        let threads = threads.clamp(1, want);
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let first_error = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let share = want / threads + usize::from(t < want % threads);
+                let (made, first_error) = (&made, &first_error);
+                scope.spawn(move || {
+                    let _ctx = crate::cuda::ContextGuard::new(self.ordinal);
+                    for _ in 0..share {
+                        let page = PhysicalMemory::new_on_host(self.ordinal, self.page_size);
+                        let mut state = self.state.lock();
+                        state.making -= 1;
+                        match page {
+                            Ok(page) => {
+                                state.free.push(page);
+                                state.figures.kept += self.page_size;
+                                state.figures.made += self.page_size as u64;
+                                made.fetch_add(
+                                    self.page_size,
+                                    std::sync::atomic::Ordering::Relaxed,
+                                );
+                            }
+                            Err(e) => {
+                                first_error.lock().get_or_insert(e);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        match first_error.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(made.into_inner()),
+        }
+    }
+
+    /// Gives kept pages back to the OS until at most `keep` bytes stay kept; returns the bytes
+    /// given back.
+    pub fn give_back(&self, keep: usize) -> usize {
+        let mut state = self.state.lock();
+        let mut given = 0;
+        while state.figures.kept > keep {
+            let Some(page) = state.free.pop() else { break };
+            state.figures.kept -= page.size();
+            given += page.size();
+        }
+        given
+    }
+}
+
+impl HostPageSource for HostPageKeep {
+    fn take(&self) -> Result<PhysicalMemory> {
+        {
+            let mut state = self.state.lock();
+            if let Some(page) = state.free.pop() {
+                state.figures.kept -= page.size();
+                state.figures.spilled += page.size();
+                state.figures.reused += page.size() as u64;
+                return Ok(page);
+            }
+            if state.held(self.page_size) + self.page_size > state.figures.limit {
+                return Err(Error::out_of_memory(
+                    self.page_size,
+                    format!(
+                        "spill to host: the limit of {} bytes of host pages is reached",
+                        state.figures.limit
+                    ),
+                ));
+            }
+            state.making += 1;
+        }
+        let page = crate::os::host_pages::check_host_room(self.page_size, true)
+            .and_then(|()| PhysicalMemory::new_on_host(self.ordinal, self.page_size));
+        let mut state = self.state.lock();
+        state.making -= 1;
+        if page.is_ok() {
+            state.figures.spilled += self.page_size;
+            state.figures.made += self.page_size as u64;
+        }
+        page
+    }
+
+    fn put(&self, memory: PhysicalMemory) {
+        let mut state = self.state.lock();
+        state.figures.spilled = state.figures.spilled.saturating_sub(memory.size());
+        state.figures.kept += memory.size();
+        state.free.push(memory);
+    }
+}
+
+/// Which pages of a host virtual memory stand for device pages and which for spilled host
+/// pages: the bookkeeping of a pretend device of `capacity` bytes (CPU tests of spilling and
+/// promotion, with real bytes: a promotion gives the page to the OS and copies its bytes into a
+/// fresh one).
+#[derive(Debug)]
+pub struct PretendDevice {
+    capacity: usize,
+    page_size: usize,
+    /// Bytes of pages standing for device pages.
+    on_device: usize,
+    /// Addresses of the pages standing for spilled host pages.
+    spilled: std::collections::BTreeSet<usize>,
+    figures: SpillFigures,
+}
+
+impl PretendDevice {
+    /// A device of `capacity` bytes that spills at most `limit` bytes, in pages of `page_size`.
+    pub fn new(capacity: usize, limit: usize, page_size: usize) -> Self {
+        PretendDevice {
+            capacity,
+            page_size,
+            on_device: 0,
+            spilled: std::collections::BTreeSet::new(),
+            figures: SpillFigures {
+                limit,
+                ..SpillFigures::default()
+            },
+        }
+    }
+
+    /// Free and total bytes of the pretend device.
+    pub fn memory_info(&self) -> (usize, usize) {
+        (self.capacity - self.on_device, self.capacity)
+    }
+
+    /// The figures now.
+    pub fn figures(&self) -> SpillFigures {
+        self.figures
+    }
+
+    /// Places the pages of `addr .. addr + bytes`: on the device while it has room, spilled
+    /// for the rest; all or nothing.
+    ///
+    /// # Errors
+    /// Out of memory when the spill's limit has no room for the rest.
+    pub fn place(&mut self, addr: usize, bytes: usize) -> Result<()> {
+        let pages = bytes / self.page_size;
+        let device = ((self.capacity - self.on_device) / self.page_size).min(pages);
+        let spill = (pages - device) * self.page_size;
+        let f = &mut self.figures;
+        let reused = spill.min(f.kept);
+        if f.spilled + f.kept + (spill - reused) > f.limit {
+            return Err(Error::out_of_memory(
+                bytes,
+                format!(
+                    "pretend device: {} bytes free and the spill's limit of {} bytes reached",
+                    self.capacity - self.on_device,
+                    f.limit
+                ),
+            ));
+        }
+        f.kept -= reused;
+        f.reused += reused as u64;
+        f.made += (spill - reused) as u64;
+        f.spilled += spill;
+        self.on_device += device * self.page_size;
+        for i in device..pages {
+            self.spilled.insert(addr + i * self.page_size);
+        }
+        Ok(())
+    }
+
+    /// The pages of `addr .. addr + bytes` are unmapped: spilled ones are kept for the next
+    /// spill.
+    pub fn unplace(&mut self, addr: usize, bytes: usize) {
+        for page in (addr..addr + bytes).step_by(self.page_size) {
+            if self.spilled.remove(&page) {
+                self.figures.spilled -= self.page_size;
+                self.figures.kept += self.page_size;
+            } else {
+                self.on_device -= self.page_size;
+            }
+        }
+    }
+
+    /// The spilled pages of `addr .. addr + bytes` the device has room for, lowest first.
+    pub fn promotable(&self, addr: usize, bytes: usize) -> Vec<usize> {
+        let room = (self.capacity - self.on_device) / self.page_size;
+        self.spilled
+            .range(addr..addr.saturating_add(bytes))
+            .take(room)
+            .copied()
+            .collect()
+    }
+
+    /// The spilled page at `page` now stands for a device page.
+    pub fn promoted(&mut self, page: usize) {
+        if self.spilled.remove(&page) {
+            self.on_device += self.page_size;
+            self.figures.spilled -= self.page_size;
+            self.figures.kept += self.page_size;
+            self.figures.promoted += self.page_size as u64;
+        }
+    }
+
+    /// Runs of spilled pages: (address, bytes), lowest first.
+    pub fn runs(&self) -> Vec<(usize, usize)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &page in &self.spilled {
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == page => *len += self.page_size,
+                _ => runs.push((page, self.page_size)),
+            }
+        }
+        runs
+    }
+
+    /// Forgets kept pages until at most `keep` bytes stay kept; returns the bytes forgotten.
+    pub fn give_back(&mut self, keep: usize) -> usize {
+        let given = self.figures.kept.saturating_sub(keep) / self.page_size * self.page_size;
+        self.figures.kept -= given;
+        given
+    }
+}
+
+/// What a promotion did ([`Sleeper::promote`](super::sleep::Sleeper::promote)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PromoteReport {
+    /// Bytes moved from host pages to device memory at the same addresses.
+    pub promoted: usize,
+    /// Bytes of the pool's pages still on the host (the device had no room for them, or they
+    /// lay outside the range asked for).
+    pub spilled: usize,
+    /// Free bytes unmapped first (free device pages make the room; free host pages are kept
+    /// for the next spill).
+    pub trimmed: usize,
+    /// Seconds the promotion took, the synchronization included.
+    pub seconds: f64,
+}
+
+impl PromoteReport {
+    /// The sum of two pools' reports.
+    pub fn plus(self, other: PromoteReport) -> PromoteReport {
+        PromoteReport {
+            promoted: self.promoted + other.promoted,
+            spilled: self.spilled + other.spilled,
+            trimmed: self.trimmed + other.trimmed,
+            seconds: self.seconds + other.seconds,
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Spilling and promotion: an expandable pool over virtual memory that spills
+//! ([`CudaVirtualMemory::with_host_spill`](crate::resource::CudaVirtualMemory::with_host_spill))
+//! maps host pages under its own addresses when the device is full, and [`promote`] moves
+//! them to device memory at the same addresses once the device has room again: every pointer,
+//! CuPy array and PyTorch tensor stays valid, and data read many times is read from device
+//! memory after the move instead of over the link on every pass.
+//!
+//! [`promote`]: ExpandableMemoryResource::promote
+
+use super::ExpandableMemoryResource;
+use crate::error::{Error, Result};
+use crate::resource::host_spill::PromoteReport;
+use crate::resource::sleep::ByteRange;
+use crate::resource::SpillFigures;
+use std::time::Instant;
+
+impl ExpandableMemoryResource {
+    /// The figures of the host pages the pool spills to (`None`: its memory never spills).
+    pub fn spill_figures(&self) -> Option<SpillFigures> {
+        self.inner.vm.spill_figures()
+    }
+
+    /// Bytes of the pool's mapped pages that lie on the host now.
+    pub fn spilled_bytes(&self) -> usize {
+        self.inner.vm.spilled_runs().iter().map(|&(_, b)| b).sum()
+    }
+
+    /// Moves the pool's spilled pages (those in `range` where given: (address, bytes), any
+    /// part of a page) to device memory at the same addresses, lowest first, at most `limit`
+    /// bytes (rounded up to pages), as far as the device has room. First it synchronizes every
+    /// stream the pool has seen, and unmaps every free page (free device pages are the room;
+    /// free host pages are kept for the next spill); while the pages move no block is handed
+    /// out of the pool's free lists.
+    ///
+    /// Like a sleep, it moves memory under the users' pointers: call it between phases, with no
+    /// work of other threads on the pool's memory until it returns. Nothing happens (no
+    /// synchronization) when nothing is spilled.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] while the pool sleeps; CUDA errors of the synchronization, the mapping
+    /// or the copies (pages moved before stay moved, the others keep their bytes on the host).
+    // The virtual memory's promote is unsafe: this body provides its precondition (below).
+    #[allow(unsafe_code)]
+    pub fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport> {
+        let started = Instant::now();
+        let inner = &self.inner;
+        let _sleep = inner.sleep.hold();
+        if inner.sleep.asleep() {
+            return Err(Error::Logic(
+                "expandable: promote() of a pool that is asleep; restore() it first".into(),
+            ));
+        }
+        if inner.vm.spilled_runs().is_empty() {
+            return Ok(PromoteReport::default());
+        }
+        let page = inner.vm.page_size();
+        let (lo, hi) = match range {
+            Some((addr, bytes)) => (
+                addr / page * page,
+                addr.saturating_add(bytes)
+                    .div_ceil(page)
+                    .saturating_mul(page),
+            ),
+            None => (0, usize::MAX),
+        };
+        let mut budget = limit.map_or(usize::MAX, |l| l.div_ceil(page).saturating_mul(page));
+        let (trimmed, promoted) = inner.core.trim_then(|| {
+            let mut promoted = 0;
+            for (addr, bytes) in inner.vm.spilled_runs() {
+                let (a, b) = (addr.max(lo), (addr + bytes).min(hi));
+                if a >= b {
+                    continue;
+                }
+                let want = (b - a).min(budget);
+                if want == 0 {
+                    break;
+                }
+                // SAFETY: every stream was synchronized and the shared free lists are held,
+                // so no block is handed out on these pages while they move; work of other
+                // threads on the pool's memory is excluded by this method's contract (as an
+                // offload's).
+                let moved = unsafe { inner.vm.promote(a, want) }?;
+                promoted += moved;
+                budget -= moved;
+                if moved < want {
+                    break;
+                }
+            }
+            Ok(promoted)
+        })?;
+        Ok(PromoteReport {
+            promoted,
+            spilled: self.spilled_bytes(),
+            trimmed,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Makes host pages for a spill of `bytes` ahead of need, on `threads` threads, and keeps
+    /// them (the driver makes them at a few GB/s: make them before the work that spills);
+    /// returns the bytes made (0 where the pool's memory never spills).
+    ///
+    /// # Errors
+    /// Out of memory when the host has no room; CUDA errors.
+    pub fn prepare_spill(&self, bytes: usize, threads: usize) -> Result<usize> {
+        self.inner.vm.prepare_spill(bytes, threads)
+    }
+
+    /// Gives the kept spill pages back to the OS until at most `keep` bytes stay kept; returns
+    /// the bytes given back.
+    pub fn give_back_spill(&self, keep: usize) -> usize {
+        self.inner.vm.give_back_spill(keep)
+    }
+}
+
+#[cfg(test)]
+mod tests;

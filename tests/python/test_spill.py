@@ -1,0 +1,203 @@
+"""Spilling to host pages and promotion back (issue 37) on the CPU: a Hypothesis state machine
+over an expandable pool on plain host memory that pretends to be a small device
+(``pageable_host=True, device_capacity=..., spill_to_host=...``: real bytes), directly or under
+a statistics adaptor, drives allocations, frees, promotions (all, one buffer's, a byte limit),
+trims and sleeps, and checks after every step:
+
+- every live block holds the bytes written into it, at its address;
+- the pages standing for the device never pass its capacity;
+- ``spilled_bytes()``, ``spill_figures()`` and the promotion's report agree, and host pages
+  are never more than the limit;
+- a promotion with no limit leaves pages spilled only when the device is full.
+
+The GPU side (W11 beyond VRAM, reuse after promotion) is ``benches/gpu/spill_promote.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import rrmm
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from rrmm import mr
+from test_sleep import pattern, read, write
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+DEVICE_PAGES = 6
+SPILL_PAGES = 10
+
+
+def spilling_pool(**kw: Any) -> mr.ExpandableMemoryResource:
+    return mr.ExpandableMemoryResource(
+        reserve_size=64 * PAGE,
+        page_size=PAGE,
+        pageable_host=True,
+        device_capacity=DEVICE_PAGES * PAGE,
+        spill_to_host=SPILL_PAGES * PAGE,
+        **kw,
+    )
+
+
+class SpillMachine(RuleBasedStateMachine):
+    """The model: the live blocks and their seeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[int, int]] = {}
+        self.seed = 0
+
+    @initialize(adapted=st.booleans())
+    def build(self, adapted: bool) -> None:
+        self.pool = spilling_pool()
+        self.mr: Any = mr.StatisticsResourceAdaptor(self.pool) if adapted else self.pool
+
+    @rule(size=st.integers(1, 3 * PAGE))
+    def allocate(self, size: int) -> None:
+        try:
+            ptr = self.mr.allocate(size)
+        except MemoryError:
+            assert self.pool.mapped_bytes() + size > (DEVICE_PAGES + SPILL_PAGES) * PAGE - 3 * PAGE
+            return
+        self.seed += 1
+        write(ptr, pattern(size, self.seed))
+        self.live[ptr] = (size, self.seed)
+
+    @rule(pick=st.integers(0, 1 << 16))
+    def free(self, pick: int) -> None:
+        if not self.live:
+            return
+        ptr = sorted(self.live)[pick % len(self.live)]
+        size, _ = self.live.pop(ptr)
+        self.mr.deallocate(ptr, size)
+
+    @rule(limit=st.none() | st.integers(1, 4 * PAGE))
+    def promote(self, limit: int | None) -> None:
+        before = self.pool.spilled_bytes()
+        report = self.mr.promote(max_bytes=limit)
+        assert report["spilled"] == self.pool.spilled_bytes()
+        assert report["promoted"] <= before
+        if limit is not None:
+            assert report["promoted"] <= -(-limit // PAGE) * PAGE
+        elif report["spilled"]:
+            device = self.pool.mapped_bytes() - report["spilled"]
+            assert device == DEVICE_PAGES * PAGE, "pages left spilled with the device not full"
+
+    @rule(pick=st.integers(0, 1 << 16))
+    def promote_one_buffer(self, pick: int) -> None:
+        if not self.live:
+            return
+        ptr = sorted(self.live)[pick % len(self.live)]
+        report = self.mr.promote(ptr)
+        assert report["spilled"] == self.pool.spilled_bytes()
+
+    @rule()
+    def trim(self) -> None:
+        self.pool.trim()
+
+    @rule()
+    def sleep_and_wake(self) -> None:
+        self.mr.offload()
+        assert self.pool.mapped_bytes() == 0
+        self.mr.restore()
+
+    @invariant()
+    def bytes_kept_and_figures_agree(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        for ptr, (size, seed) in self.live.items():
+            assert np.array_equal(read(ptr, size), pattern(size, seed)), hex(ptr)
+        figures = self.pool.spill_figures()
+        assert figures is not None
+        spilled = self.pool.spilled_bytes()
+        assert figures["spilled"] == spilled
+        assert figures["spilled"] + figures["kept"] <= figures["limit"]
+        assert self.pool.mapped_bytes() - spilled <= DEVICE_PAGES * PAGE
+
+
+TestSpillMachine = SpillMachine.TestCase
+TestSpillMachine.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+def test_the_figures_of_a_spill_and_a_promotion() -> None:
+    pool = spilling_pool()
+    ptrs = [pool.allocate(PAGE) for _ in range(DEVICE_PAGES + 2)]
+    assert pool.spilled_bytes() == 2 * PAGE
+    assert pool.spill_figures() == {
+        "limit": SPILL_PAGES * PAGE,
+        "spilled": 2 * PAGE,
+        "kept": 0,
+        "made": 2 * PAGE,
+        "reused": 0,
+        "promoted": 0,
+    }
+    for p in ptrs[:2]:
+        pool.deallocate(p, PAGE)
+    report = pool.promote()
+    assert (report["promoted"], report["spilled"]) == (2 * PAGE, 0)
+    assert report["seconds"] >= 0
+    assert pool.spill_figures()["kept"] == 2 * PAGE
+    assert pool.give_back_spill() == 2 * PAGE
+    for p in ptrs[2:]:
+        pool.deallocate(p, PAGE)
+
+
+def test_a_buffer_of_a_spilled_pool_promotes_through_any_adaptor() -> None:
+    pool = spilling_pool()
+    top = mr.LoggingResourceAdaptor(mr.StatisticsResourceAdaptor(pool), log_file_name="/dev/null")
+    bufs = [rrmm.DeviceBuffer(size=PAGE, mr=top) for _ in range(DEVICE_PAGES + 1)]
+    del bufs[0]
+    last = bufs[-1]
+    report = top.promote(last)
+    assert report["promoted"] == PAGE
+    assert pool.spilled_bytes() == 0
+
+
+def test_promotion_without_spill_is_an_empty_report() -> None:
+    pool = mr.ExpandableMemoryResource(
+        reserve_size=64 * PAGE, page_size=PAGE, pageable_host=True
+    )
+    p = pool.allocate(PAGE)
+    assert pool.spill_figures() is None
+    assert pool.promote() == {"promoted": 0, "spilled": 0, "trimmed": 0, "seconds": 0.0}
+    assert pool.prepare_spill(PAGE) == 0
+    pool.deallocate(p, PAGE)
+    sim = mr.SimulatedMemoryResource(1 << 30)
+    assert sim.promote()["promoted"] == 0
+
+
+def test_bad_spill_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="device_capacity"):
+        mr.ExpandableMemoryResource(reserve_size=64 * PAGE, page_size=PAGE, device_capacity=PAGE)
+    with pytest.raises(ValueError, match="spill_to_host"):
+        mr.ExpandableMemoryResource(simulated_capacity=1 << 30, spill_to_host=1 << 30)
+    with pytest.raises((ValueError, TypeError)):
+        spilling_pool(initial_pool_size=None).promote(max_bytes="lots")
+    pool = spilling_pool()
+    with pytest.raises(ValueError, match="threads"):
+        pool.prepare_spill(PAGE, threads=0)
+    with pytest.raises((ValueError, TypeError)):
+        pool.promote(object())
+    # The pool still works.
+    p = pool.allocate(PAGE)
+    pool.deallocate(p, PAGE)
+
+
+def test_the_spill_limit_is_a_memory_error_that_leaves_the_pool_working() -> None:
+    pool = mr.ExpandableMemoryResource(
+        reserve_size=64 * PAGE,
+        page_size=PAGE,
+        pageable_host=True,
+        device_capacity=2 * PAGE,
+        spill_to_host=PAGE,
+    )
+    a = pool.allocate(3 * PAGE)
+    with pytest.raises(MemoryError, match="limit"):
+        pool.allocate(PAGE)
+    pool.deallocate(a, 3 * PAGE)
+    b = pool.allocate(PAGE)
+    pool.deallocate(b, PAGE)
