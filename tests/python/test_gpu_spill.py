@@ -21,8 +21,13 @@ GiB = 1 << 30
 
 @pytest.fixture
 def device_nearly_full() -> Iterator[Any]:
-    """Device memory held outside rrmm until 3 GiB stay free; released by `release()`."""
+    """Device memory held outside rrmm until 3 GiB stay free; released by `release()`. CuPy's
+    own pool keeps the temporaries of the tests' kernels (made here first, cached)."""
     cupy = pytest.importorskip("cupy")
+    warm = cupy.arange(GiB // 4, dtype=cupy.uint32) * 2654435761 + 1
+    int(warm.sum())
+    del warm
+    cupy.cuda.Device().synchronize()
     free, _ = cupy.cuda.runtime.memGetInfo()
     hog = [cupy.cuda.runtime.malloc(free - 3 * GiB)]
 
