@@ -60,12 +60,14 @@ class HostPageFigures(TypedDict):
 
 class PromoteReport(TypedDict):
     """What ``promote()`` did: bytes moved from host pages to device memory at the same
-    addresses, bytes still on the host, free bytes unmapped first, and its seconds."""
+    addresses, bytes still on the host, free bytes unmapped first, its seconds and those of
+    them spent synchronizing and unmapping free pages (``trim_s``)."""
 
     promoted: int
     spilled: int
     trimmed: int
     seconds: float
+    trim_s: float
 
 
 class SpillFigures(TypedDict):
@@ -77,3 +79,6 @@ class SpillFigures(TypedDict):
     made: int
     reused: int
     promoted: int
+    promote_make_s: float
+    promote_copy_s: float
+    promote_remap_s: float

@@ -520,9 +520,11 @@ impl VirtualRange {
 
     /// Moves the host pages of `offset .. offset + bytes` (mapped pages) to device memory at the
     /// same addresses, bytes kept, as far as the device has room; the host pages go to `host`.
-    /// Works `batch_pages` pages at a time: device memory mapped at a second address, one copy
-    /// per page, then each page's host memory unmapped and the device memory mapped in its
-    /// place. Returns the bytes moved (fewer than the host pages when the device is full).
+    /// Works `batch_pages` pages at a time: device memory mapped at a second address and the
+    /// copies queued, then, while they run, the batch before swapped in (each page's host
+    /// memory unmapped and the device memory mapped in its place, once its copies are done).
+    /// Returns the bytes moved (fewer than the host pages when the device is full) and where
+    /// the time went.
     ///
     /// # Safety
     /// 1. No work queued or running on the device uses the range until this returns (its pages
@@ -537,81 +539,184 @@ impl VirtualRange {
         bytes: usize,
         host: &dyn HostPageSource,
         batch_pages: usize,
-    ) -> Result<usize> {
+    ) -> Result<(usize, PromoteTimes)> {
         let span = self.page_span(offset, bytes)?;
+        let mut times = PromoteTimes::default();
         let on_host: Vec<usize> = self
             .pages
             .range(span)
             .filter(|(_, m)| m.on_host())
             .map(|(&p, _)| p)
             .collect();
-        let page_size = self.page_size;
         let mut moved = 0;
+        let mut pending: Option<Staged> = None;
         for batch in on_host.chunks(batch_pages.max(1)) {
-            let mut fresh = Vec::with_capacity(batch.len());
-            for _ in batch {
-                match PhysicalMemory::new(self.ordinal, page_size) {
-                    Ok(m) => fresh.push(m),
-                    Err(e) if e.is_out_of_memory() => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            if fresh.is_empty() {
-                break;
-            }
-            let n = fresh.len();
-            let scratch = AddressReservation::new(n * page_size, page_size)?;
-            let mut staged = Vec::with_capacity(n);
-            for (i, memory) in fresh.into_iter().enumerate() {
-                // SAFETY: inside the scratch reservation, which outlives `staged` (declared
-                // after it, dropped before it), each page mapped once.
-                staged.push(unsafe { Mapping::new(scratch.base() + i * page_size, memory) }?);
-            }
-            set_access(self.ordinal, scratch.base(), n * page_size)?;
-            for (i, &page) in batch[..n].iter().enumerate() {
-                // SAFETY: both pages are mapped with access for the device; nothing else uses
-                // either (the caller's precondition 1; the scratch is ours).
-                unsafe {
-                    super::memcpy_async(
-                        scratch.base() + i * page_size,
-                        self.base + page * page_size,
-                        page_size,
-                        super::Stream::DEFAULT,
-                    )
-                }?;
-            }
-            super::Stream::DEFAULT.synchronize()?;
-            for (mapping, &page) in staged.into_iter().zip(batch) {
-                let addr = self.base + page * page_size;
-                let (Some(device), Some(old)) = (
-                    mapping.into_memory(),
-                    self.pages.remove(&page).and_then(Mapping::into_memory),
-                ) else {
-                    return Err(Error::Logic(format!("virtual range: page {page} vanished")));
-                };
-                // SAFETY: the page's old mapping was just unmapped; inside our reservation.
-                match unsafe { Mapping::new(addr, device) } {
-                    Ok(mapping) => {
-                        self.pages.insert(page, mapping);
-                        host.put(old);
+            let next = match self.stage(batch, &mut times) {
+                Ok(next) => next,
+                Err(e) => {
+                    if let Some(prev) = pending.take() {
+                        let _ = self.swap_in(prev, host, &mut times);
                     }
+                    return Err(e);
+                }
+            };
+            if let Some(prev) = pending.take() {
+                match self.swap_in(prev, host, &mut times) {
+                    Ok(bytes) => moved += bytes,
                     Err(e) => {
-                        // SAFETY: as above: the host page goes back where it was.
-                        let back = unsafe { Mapping::new(addr, old) }?;
-                        self.pages.insert(page, back);
-                        set_access(self.ordinal, addr, page_size)?;
+                        // `next`'s copies may run: wait for them before its scratch goes.
+                        let _ = super::Stream::DEFAULT.synchronize();
                         return Err(e);
                     }
                 }
-                set_access(self.ordinal, addr, page_size)?;
-                moved += page_size;
             }
-            if n < batch.len() {
-                break;
+            match next {
+                Some(staged) if staged.pages.len() == batch.len() => pending = Some(staged),
+                Some(staged) => {
+                    pending = Some(staged);
+                    break;
+                }
+                None => break,
             }
         }
+        if let Some(prev) = pending.take() {
+            moved += self.swap_in(prev, host, &mut times)?;
+        }
+        Ok((moved, times))
+    }
+
+    /// Device memory for as many pages of `batch` as the device has room for, mapped at a
+    /// second address, with the copies from the pages queued and an event after them; `None`
+    /// when the device has no room for one page.
+    fn stage(&self, batch: &[usize], times: &mut PromoteTimes) -> Result<Option<Staged>> {
+        let step = std::time::Instant::now();
+        let page_size = self.page_size;
+        let mut fresh = Vec::with_capacity(batch.len());
+        for _ in batch {
+            match PhysicalMemory::new(self.ordinal, page_size) {
+                Ok(m) => fresh.push(m),
+                Err(e) if e.is_out_of_memory() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(None);
+        }
+        let n = fresh.len();
+        let scratch = AddressReservation::new(n * page_size, page_size)?;
+        let mut mappings = Vec::with_capacity(n);
+        for (i, memory) in fresh.into_iter().enumerate() {
+            // SAFETY: inside the scratch reservation, which the `Staged` keeps until its
+            // mappings are gone (its field order drops them first), each page mapped once.
+            mappings.push(unsafe { Mapping::new(scratch.base() + i * page_size, memory) }?);
+        }
+        set_access(self.ordinal, scratch.base(), n * page_size)?;
+        let queued = batch[..n].iter().enumerate().try_for_each(|(i, &page)| {
+            // SAFETY: both pages are mapped with access for the device; nothing else uses
+            // either (the caller's precondition 1; the scratch is ours), and the `Staged`
+            // keeps the scratch until the event after these copies is waited for (or, on an
+            // error here, the stream is synchronized before the scratch goes).
+            unsafe {
+                super::memcpy_async(
+                    scratch.base() + i * page_size,
+                    self.base + page * page_size,
+                    page_size,
+                    super::Stream::DEFAULT,
+                )
+            }
+        });
+        let copied = queued.and_then(|()| {
+            let copied = super::Event::new()?;
+            copied.record(super::Stream::DEFAULT)?;
+            Ok(copied)
+        });
+        let copied = match copied {
+            Ok(copied) => copied,
+            Err(e) => {
+                let _ = super::Stream::DEFAULT.synchronize();
+                return Err(e);
+            }
+        };
+        times.make_s += step.elapsed().as_secs_f64();
+        Ok(Some(Staged {
+            mappings,
+            _scratch: scratch,
+            pages: batch[..n].to_vec(),
+            copied,
+        }))
+    }
+
+    /// Waits for `staged`'s copies, then maps its device memory in place of each page's host
+    /// memory (which goes to `host`); returns the bytes moved.
+    fn swap_in(
+        &mut self,
+        staged: Staged,
+        host: &dyn HostPageSource,
+        times: &mut PromoteTimes,
+    ) -> Result<usize> {
+        let step = std::time::Instant::now();
+        let waited = staged.copied.synchronize();
+        times.copy_s += step.elapsed().as_secs_f64();
+        if let Err(e) = waited {
+            // The copies failed: the host pages keep the bytes; the device memory goes.
+            let _ = super::Stream::DEFAULT.synchronize();
+            return Err(e);
+        }
+        let step = std::time::Instant::now();
+        let page_size = self.page_size;
+        let mut moved = 0;
+        let Staged {
+            mappings, pages, ..
+        } = staged;
+        for (mapping, page) in mappings.into_iter().zip(pages) {
+            let addr = self.base + page * page_size;
+            let (Some(device), Some(old)) = (
+                mapping.into_memory(),
+                self.pages.remove(&page).and_then(Mapping::into_memory),
+            ) else {
+                return Err(Error::Logic(format!("virtual range: page {page} vanished")));
+            };
+            // SAFETY: the page's old mapping was just unmapped; inside our reservation.
+            match unsafe { Mapping::new(addr, device) } {
+                Ok(mapping) => {
+                    self.pages.insert(page, mapping);
+                    host.put(old);
+                }
+                Err(e) => {
+                    // SAFETY: as above: the host page goes back where it was.
+                    let back = unsafe { Mapping::new(addr, old) }?;
+                    self.pages.insert(page, back);
+                    set_access(self.ordinal, addr, page_size)?;
+                    return Err(e);
+                }
+            }
+            set_access(self.ordinal, addr, page_size)?;
+            moved += page_size;
+        }
+        times.remap_s += step.elapsed().as_secs_f64();
         Ok(moved)
     }
+}
+
+/// A batch of a promotion: device memory mapped at a second address (`mappings`, in a scratch
+/// reservation) with its copies queued before `copied`. Fields drop in order: the mappings
+/// before the reservation they lie in.
+struct Staged {
+    mappings: Vec<Mapping>,
+    _scratch: AddressReservation,
+    pages: Vec<usize>,
+    copied: super::Event,
+}
+
+/// Where a promotion's time went, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PromoteTimes {
+    /// Device memory made and mapped at the second address.
+    pub make_s: f64,
+    /// The copies over the link, waited for.
+    pub copy_s: f64,
+    /// The host pages unmapped and the device memory mapped in their place.
+    pub remap_s: f64,
 }
 
 /// Where a virtual range takes the host pages it spills to, and gives them back when they are

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 /// The figures of the host pages a pool spills to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct SpillFigures {
     /// The most bytes of host pages held at once (mapped and kept).
     pub limit: usize,
@@ -29,6 +29,12 @@ pub struct SpillFigures {
     pub reused: u64,
     /// Bytes moved from host pages to device memory by promotion.
     pub promoted: u64,
+    /// Seconds promotions spent making device memory and mapping it at a second address.
+    pub promote_make_s: f64,
+    /// Seconds promotions spent copying over the link.
+    pub promote_copy_s: f64,
+    /// Seconds promotions spent remapping (host pages out, device memory in).
+    pub promote_remap_s: f64,
 }
 
 /// The host pages of one device's virtual range: made on demand or ahead, kept when unmapped.
@@ -74,9 +80,13 @@ impl HostPageKeep {
         self.state.lock().figures
     }
 
-    /// Counts `bytes` moved to the device by a promotion.
-    pub fn count_promoted(&self, bytes: usize) {
-        self.state.lock().figures.promoted += bytes as u64;
+    /// Counts `bytes` moved to the device by a promotion, and its times.
+    pub fn count_promoted(&self, bytes: usize, times: crate::cuda::vmm::PromoteTimes) {
+        let f = &mut self.state.lock().figures;
+        f.promoted += bytes as u64;
+        f.promote_make_s += times.make_s;
+        f.promote_copy_s += times.copy_s;
+        f.promote_remap_s += times.remap_s;
     }
 
     /// Makes pages until `bytes` (rounded up to pages) are kept free or the limit is reached,
@@ -334,6 +344,9 @@ pub struct PromoteReport {
     pub trimmed: usize,
     /// Seconds the promotion took, the synchronization included.
     pub seconds: f64,
+    /// Seconds of it spent synchronizing the streams and unmapping the free pages (the rest:
+    /// device memory made and mapped, the copies over the link, the remapping).
+    pub trim_s: f64,
 }
 
 impl PromoteReport {
@@ -344,6 +357,7 @@ impl PromoteReport {
             spilled: self.spilled + other.spilled,
             trimmed: self.trimmed + other.trimmed,
             seconds: self.seconds + other.seconds,
+            trim_s: self.trim_s + other.trim_s,
         }
     }
 }

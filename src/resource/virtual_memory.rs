@@ -411,12 +411,12 @@ impl VirtualMemory for CudaVirtualMemory {
         let _ctx = ContextGuard::new(self.ordinal)?;
         let batch = (self.map_chunk_bytes() / self.page_size).max(1);
         // SAFETY: the caller's precondition 1, passed on; the device's context is current.
-        let moved = unsafe {
+        let (moved, times) = unsafe {
             self.range
                 .lock()
                 .promote(offset, bytes, host.as_ref(), batch)
         }?;
-        host.count_promoted(moved);
+        host.count_promoted(moved, times);
         Ok(moved)
     }
 

@@ -202,7 +202,8 @@ impl ExpandableMemoryResource {
     }
 
     /// The host pages the pool spills to (None: it never spills): a dict of bytes: limit,
-    /// spilled (mapped now), kept (made, free for the next spill), made, reused, promoted.
+    /// spilled (mapped now), kept (made, free for the next spill), made, reused, promoted;
+    /// and the seconds promotions spent making device memory, copying and remapping.
     fn spill_figures<'py>(
         &self,
         py: Python<'py>,
@@ -217,6 +218,9 @@ impl ExpandableMemoryResource {
         d.set_item("made", f.made)?;
         d.set_item("reused", f.reused)?;
         d.set_item("promoted", f.promoted)?;
+        d.set_item("promote_make_s", f.promote_make_s)?;
+        d.set_item("promote_copy_s", f.promote_copy_s)?;
+        d.set_item("promote_remap_s", f.promote_remap_s)?;
         Ok(Some(d))
     }
 

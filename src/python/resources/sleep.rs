@@ -191,7 +191,7 @@ pub(super) fn promote<'py>(
     promote_dict(py, &report)
 }
 
-/// A promotion's report as a dict (`promoted`, `spilled`, `trimmed`, `seconds`).
+/// A promotion's report as a dict (`promoted`, `spilled`, `trimmed`, `seconds`, `trim_s`).
 pub(crate) fn promote_dict<'py>(
     py: Python<'py>,
     report: &crate::suballocator::sleep::PromoteReport,
@@ -201,6 +201,7 @@ pub(crate) fn promote_dict<'py>(
     d.set_item("spilled", report.spilled)?;
     d.set_item("trimmed", report.trimmed)?;
     d.set_item("seconds", report.seconds)?;
+    d.set_item("trim_s", report.trim_s)?;
     Ok(d)
 }
 

@@ -64,7 +64,9 @@ impl ExpandableMemoryResource {
             None => (0, usize::MAX),
         };
         let mut budget = limit.map_or(usize::MAX, |l| l.div_ceil(page).saturating_mul(page));
+        let mut trim_s = 0.0;
         let (trimmed, promoted) = inner.core.trim_then(|| {
+            trim_s = started.elapsed().as_secs_f64();
             let mut promoted = 0;
             for (addr, bytes) in inner.vm.spilled_runs() {
                 let (a, b) = (addr.max(lo), (addr + bytes).min(hi));
@@ -93,6 +95,7 @@ impl ExpandableMemoryResource {
             spilled: self.spilled_bytes(),
             trimmed,
             seconds: started.elapsed().as_secs_f64(),
+            trim_s,
         })
     }
 
