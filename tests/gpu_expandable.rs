@@ -147,3 +147,53 @@ fn the_growth_log_fits_on_the_device_where_the_pool_does_not() {
     // SAFETY: allocated above, freed once.
     unsafe { mr.deallocate(c, 5 * unit, Stream::DEFAULT) }.unwrap();
 }
+
+/// A pool that spills to host pages serves past the device's free memory, keeps the bytes of
+/// every block, and `promote` moves the spilled pages back once the device has room, at the
+/// same addresses, bytes intact; the host pages are kept for the next spill.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn spilled_blocks_keep_their_bytes_and_promote_to_the_device() {
+    const GIB: usize = 1 << 30;
+    let _ctx = cuda::ContextGuard::new(0).expect("a CUDA device");
+    let (free, _) = cuda::mem_get_info().unwrap();
+    let hog_bytes = free.saturating_sub(2 * GIB);
+    let hog = rrmm::resource::CudaMemoryResource::new().unwrap();
+    let hog_ptr = hog.allocate(hog_bytes, Stream::DEFAULT).unwrap();
+    let mr = ExpandableMemoryResource::on_device_spilling(
+        0,
+        Some(8 * GIB),
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    .expect("VMM support");
+    let blocks: Vec<(usize, u8)> = (0..4u8)
+        .map(|i| (mr.allocate(GIB, Stream::DEFAULT).unwrap(), 0x30 + i))
+        .collect();
+    for &(p, v) in &blocks {
+        // SAFETY: a live block of `GIB` bytes of this pool.
+        unsafe { cuda::memset_async(p, v, GIB, Stream::DEFAULT).unwrap() };
+    }
+    Stream::DEFAULT.synchronize().unwrap();
+    let spilled = mr.spilled_bytes();
+    assert!(spilled >= GIB, "4 GiB on 2 GiB free spills ({spilled})");
+    for &(p, v) in &blocks {
+        check(p, GIB, v, Stream::DEFAULT, "spilled");
+    }
+    // SAFETY: allocated above with this size; nothing uses it.
+    unsafe { hog.deallocate(hog_ptr, hog_bytes, Stream::DEFAULT).unwrap() };
+    let report = mr.promote(None, None).unwrap();
+    assert_eq!((report.promoted, report.spilled), (spilled, 0));
+    for &(p, v) in &blocks {
+        check(p, GIB, v, Stream::DEFAULT, "promoted");
+    }
+    let figures = mr.spill_figures().unwrap();
+    assert_eq!((figures.spilled, figures.kept), (0, spilled));
+    for (p, _) in blocks {
+        // SAFETY: allocated above with this size; nothing uses it.
+        unsafe { mr.deallocate(p, GIB, Stream::DEFAULT).unwrap() };
+    }
+}

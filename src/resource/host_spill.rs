@@ -313,14 +313,7 @@ impl PretendDevice {
 
     /// Runs of spilled pages: (address, bytes), lowest first.
     pub fn runs(&self) -> Vec<(usize, usize)> {
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for &page in &self.spilled {
-            match runs.last_mut() {
-                Some((start, len)) if *start + *len == page => *len += self.page_size,
-                _ => runs.push((page, self.page_size)),
-            }
-        }
-        runs
+        crate::cuda::vmm::runs_of(self.spilled.iter().copied(), self.page_size)
     }
 
     /// Forgets kept pages until at most `keep` bytes stay kept; returns the bytes forgotten.

@@ -205,3 +205,17 @@ def test_the_spill_limit_is_a_memory_error_that_leaves_the_pool_working() -> Non
     pool.deallocate(a, 3 * PAGE)
     b = pool.allocate(PAGE)
     pool.deallocate(b, PAGE)
+
+
+def test_prefetch_of_a_spilled_buffer_promotes_its_pages() -> None:
+    pool = spilling_pool()
+    bufs = [rrmm.DeviceBuffer(size=PAGE, mr=pool) for _ in range(DEVICE_PAGES + 2)]
+    data = pattern(PAGE, 7)
+    bufs[-1].copy_from_host(data)
+    del bufs[:3]
+    assert pool.spilled_bytes() == 2 * PAGE
+    bufs[-1].prefetch()
+    assert pool.spilled_bytes() == PAGE, "its page, not the other spilled one"
+    assert bytes(bufs[-1].copy_to_host()) == data.tobytes()
+    report = pool.promote(bufs[0])
+    assert report["promoted"] == 0 and report["spilled"] == PAGE, "not spilled: nothing moves"

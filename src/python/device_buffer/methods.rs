@@ -160,7 +160,8 @@ impl PyDeviceBuffer {
     }
 
     /// Prefetches managed memory to `device` (the current device by default) on `stream` (the
-    /// buffer's by default); does nothing for other memory.
+    /// buffer's by default); rrmm: moves the buffer's pages that spilled to the host back to the
+    /// device (`promote`); does nothing for other memory.
     #[pyo3(signature = (device = None, stream = None))]
     fn prefetch(
         &self,
@@ -173,8 +174,19 @@ impl PyDeviceBuffer {
             _ => self.inner().stream(),
         };
         let (ptr, size) = (self.inner().ptr(), self.inner().size());
-        if ptr == 0 || size == 0 || !crate::cuda::is_managed(ptr) {
+        if ptr == 0 || size == 0 {
             return Ok(());
+        }
+        if !crate::cuda::is_managed(ptr) {
+            // rrmm: pages of the buffer that spilled to the host move to the device (its pool
+            // synchronizes its streams first); nothing for other memory.
+            let mr = self.inner().resource().clone();
+            if mr.link().sleep.is_empty() {
+                return Ok(());
+            }
+            return py_result(py.detach(|| {
+                crate::suballocator::sleep::promote(&mr, Some((ptr, size)), None).map(drop)
+            }));
         }
         let device = device.unwrap_or_else(crate::current_device_ordinal);
         py_result(py.detach(|| {

@@ -34,7 +34,7 @@ impl ExpandableMemoryResource {
     ///
     /// Like a sleep, it moves memory under the users' pointers: call it between phases, with no
     /// work of other threads on the pool's memory until it returns. Nothing happens (no
-    /// synchronization) when nothing is spilled.
+    /// synchronization) when nothing in the range is spilled.
     ///
     /// # Errors
     /// [`Error::Logic`] while the pool sleeps; CUDA errors of the synchronization, the mapping
@@ -50,9 +50,6 @@ impl ExpandableMemoryResource {
                 "expandable: promote() of a pool that is asleep; restore() it first".into(),
             ));
         }
-        if inner.vm.spilled_runs().is_empty() {
-            return Ok(PromoteReport::default());
-        }
         let page = inner.vm.page_size();
         let (lo, hi) = match range {
             Some((addr, bytes)) => (
@@ -63,6 +60,14 @@ impl ExpandableMemoryResource {
             ),
             None => (0, usize::MAX),
         };
+        let in_range = |&(addr, bytes): &(usize, usize)| addr < hi && addr + bytes > lo;
+        let spilled = inner.vm.spilled_runs();
+        if !spilled.iter().any(in_range) {
+            return Ok(PromoteReport {
+                spilled: spilled.iter().map(|&(_, b)| b).sum(),
+                ..PromoteReport::default()
+            });
+        }
         let mut budget = limit.map_or(usize::MAX, |l| l.div_ceil(page).saturating_mul(page));
         let mut trim_s = 0.0;
         let (trimmed, promoted) = inner.core.trim_then(|| {
