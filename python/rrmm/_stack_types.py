@@ -28,3 +28,4 @@ class StackOptions(TypedDict, total=False):
     host_memory: int | None
     peer_memory: int | None
     peer_device: int | None
+    spill_to_host: int | None

@@ -60,4 +60,19 @@ def figures() -> HostPageFigures:
     return _rrmm.host_pages_figures()
 
 
-__all__ = ["HostPageFigures", "figures", "give_back", "prepare", "set_keep_limit", "wait"]
+def room() -> int:
+    """Bytes of host memory the process may still use now: the host's available memory,
+    capped by its control groups' limits (0 where unknown). What ``spill_to_host=True`` takes
+    as its limit."""
+    return int(_rrmm.host_pages_room())
+
+
+__all__ = [
+    "HostPageFigures",
+    "figures",
+    "give_back",
+    "prepare",
+    "room",
+    "set_keep_limit",
+    "wait",
+]

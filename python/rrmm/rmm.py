@@ -59,6 +59,7 @@ def reinitialize(
     pinned_pool_size: int | str | None = None,
     keep_sleep_ready: bool = False,
     share_gpu: bool | dict[str, Any] | None = None,
+    spill_to_host: int | str | bool | None = None,
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
@@ -80,6 +81,12 @@ def reinitialize(
     of the pool's next ``rrmm.sleep()`` ready as it grows, in the background, from the process's
     host page supply (``rrmm.host_pages``): the first sleep copies at the link's speed too.
 
+    rrmm: ``spill_to_host`` (with ``pool_allocator="expandable"``: bytes, a string such as
+    ``"64GiB"``, or True for what the host has available now) lets each device's pool map
+    pinned host pages under its own addresses once the device is full (read in place over the
+    link) and ``promote()`` them back later (``ExpandableMemoryResource(spill_to_host=...)``);
+    make the pages ahead with the pool's ``prepare_spill``.
+
     rrmm: ``share_gpu=True`` (or a dict of ``rrmm.shared_gpu.join``'s options: ``soft_share``,
     ``hard_limit``, ``name``) joins each device's ledger, so that processes sharing the GPU give
     each other memory back before anyone runs out (``rrmm.shared_gpu``); ``False`` leaves it;
@@ -94,6 +101,11 @@ def reinitialize(
         raise ValueError(
             f"keep_sleep_ready=True needs a pool that can sleep: pool_allocator=\"expandable\", "
             f"not the {kind!r} stack")
+    spill = _spill_size(spill_to_host)
+    if spill is not None and kind != "expandable":
+        raise ValueError(
+            f"spill_to_host needs the pool that spills: pool_allocator=\"expandable\", "
+            f"not the {kind!r} stack")
     if share_gpu is not None and not isinstance(share_gpu, (bool, dict)):
         raise TypeError(
             f"share_gpu must be True, False, None or a dict of options, not {share_gpu!r}")
@@ -104,7 +116,7 @@ def reinitialize(
     # each device and sets it.
     no_device = _rrmm._reinitialize(kind, devices, initial_pool_size=initial,
                                     maximum_pool_size=maximum, logging=bool(logging),
-                                    log_file=log_file_name)
+                                    log_file=log_file_name, spill_to_host=spill)
     if no_device is not None:
         warnings.warn(
             f"rrmm.reinitialize: no CUDA device is available ({no_device}); no resource was set",
@@ -121,6 +133,18 @@ def reinitialize(
         from rrmm import shared_gpu
 
         shared_gpu._from_reinitialize(devices, share_gpu)
+
+
+def _spill_size(spill_to_host: int | str | bool | None) -> int | None:
+    """``spill_to_host`` in bytes: None or False (never), True (what the host has room for
+    now: ``rrmm.host_pages.room()``), else a size."""
+    if spill_to_host is None or spill_to_host is False:
+        return None
+    if spill_to_host is True:
+        from rrmm import host_pages
+
+        return host_pages.room()
+    return _size(spill_to_host)
 
 
 #: Pinned pools from this size on say so on a terminal while their pages are touched (seconds

@@ -82,5 +82,12 @@ fn host_pages_figures(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// `host_pages_room()`: bytes of host memory the process may still use now (MemAvailable,
+/// capped by its control groups' limits); 0 where unknown.
+#[pyfunction]
+pub(crate) fn host_pages_room() -> usize {
+    crate::os::host_pages::available_host_memory().map_or(0, |room| room.available)
+}
+
 super::register_items!(functions: host_pages_prepare, host_pages_wait, host_pages_give_back,
-    host_pages_set_keep_limit, host_pages_figures;);
+    host_pages_set_keep_limit, host_pages_figures, host_pages_room;);

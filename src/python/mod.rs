@@ -29,7 +29,7 @@ mod errors;
 mod gil;
 mod gpu;
 mod hooks;
-mod host_pages;
+pub(crate) mod host_pages;
 mod python_functions;
 mod replay;
 mod replay_allocator;

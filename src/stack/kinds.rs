@@ -377,6 +377,10 @@ fn expandable(
             Target::Simulated(size) => ExpandableOn::Simulated(size),
             Target::Device => on,
         },
+        spill_to_host: match (target, on) {
+            (Target::Device, ExpandableOn::Device) => options.spill_to_host,
+            _ => None,
+        },
     }
 }
 

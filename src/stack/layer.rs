@@ -73,6 +73,8 @@ pub enum Layer {
         page_size: Option<usize>,
         /// Where it maps.
         on: ExpandableOn,
+        /// On a device: the most bytes of host pages it spills to (none: it never spills).
+        spill_to_host: Option<usize>,
     },
     /// A coalescing pool over the layer below.
     Pool {
@@ -422,6 +424,7 @@ impl Layer {
                 release_threshold: threshold,
                 page_size,
                 on,
+                spill_to_host,
             } => {
                 let (initial, maximum, threshold) = (*initial, *maximum, *threshold);
                 Handle::Expandable(match *on {
@@ -435,22 +438,23 @@ impl Layer {
                         maximum,
                         threshold,
                     )?,
-                    ExpandableOn::PinnedHost | ExpandableOn::Device => {
-                        // The two driver-backed constructors take the same arguments.
-                        let on_driver = if *on == ExpandableOn::Device {
-                            ExpandableMemoryResource::on_device
-                        } else {
-                            ExpandableMemoryResource::on_pinned_host
-                        };
-                        on_driver(
-                            crate::cuda::current_device()?,
-                            None,
-                            *page_size,
-                            initial,
-                            maximum,
-                            threshold,
-                        )?
-                    }
+                    ExpandableOn::Device => ExpandableMemoryResource::on_device_spilling(
+                        crate::cuda::current_device()?,
+                        *spill_to_host,
+                        None,
+                        *page_size,
+                        initial,
+                        maximum,
+                        threshold,
+                    )?,
+                    ExpandableOn::PinnedHost => ExpandableMemoryResource::on_pinned_host(
+                        crate::cuda::current_device()?,
+                        None,
+                        *page_size,
+                        initial,
+                        maximum,
+                        threshold,
+                    )?,
                 })
             }
             Layer::Pool {

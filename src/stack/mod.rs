@@ -86,6 +86,12 @@ pub struct StackOptions {
     /// `tiered` on the device: the peer GPU's ordinal (default: the first GPU with a peer link
     /// to the current one).
     pub peer_device: Option<usize>,
+    /// `expandable` on the device: spill to at most this many bytes of host pages when the
+    /// device is full ([`ExpandableMemoryResource::on_device_spilling`]; no spill on simulated
+    /// memory).
+    ///
+    /// [`ExpandableMemoryResource::on_device_spilling`]: crate::suballocator::ExpandableMemoryResource::on_device_spilling
+    pub spill_to_host: Option<usize>,
 }
 
 /// Default bins of `binning`: 2^18..2^22 bytes (benchmarks.md W1).

@@ -114,3 +114,17 @@ def test_gpu_a_spilled_pool_sleeps_and_wakes_with_every_byte(device_nearly_full:
     assert int(a.sum()) == sums[-1]
     for ptr, _ in arrays:
         pool.deallocate(ptr, GiB)
+
+
+def test_gpu_reinitialize_with_spill_to_host_builds_the_spilling_pool() -> None:
+    import rrmm
+
+    try:
+        rrmm.reinitialize(pool_allocator="expandable", spill_to_host="4GiB")
+        pool = mr.get_current_device_resource()
+        assert isinstance(pool, mr.ExpandableMemoryResource)
+        figures = pool.spill_figures()
+        assert figures is not None and figures["limit"] == 4 * GiB
+        assert pool.promote()["promoted"] == 0
+    finally:
+        rrmm.reinitialize()

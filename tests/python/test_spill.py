@@ -219,3 +219,13 @@ def test_prefetch_of_a_spilled_buffer_promotes_its_pages() -> None:
     assert bytes(bufs[-1].copy_to_host()) == data.tobytes()
     report = pool.promote(bufs[0])
     assert report["promoted"] == 0 and report["spilled"] == PAGE, "not spilled: nothing moves"
+
+
+def test_reinitialize_spill_to_host_needs_the_expandable_pool() -> None:
+    with pytest.raises(ValueError, match="spill_to_host"):
+        rrmm.reinitialize(pool_allocator=True, spill_to_host=1 << 30)
+    with pytest.raises(ValueError):
+        rrmm.reinitialize(pool_allocator="expandable", spill_to_host="lots")
+    with pytest.raises(TypeError):
+        rrmm.reinitialize(pool_allocator="expandable", spill_to_host=1.5)  # type: ignore[arg-type]
+    assert rrmm.host_pages.room() > 0

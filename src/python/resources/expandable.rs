@@ -276,11 +276,9 @@ impl ExpandableMemoryResource {
 /// or a size.
 fn spill_limit(arg: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
     match arg {
-        Some(a) if a.is_instance_of::<pyo3::types::PyBool>() => {
-            Ok(a.extract::<bool>()?.then(|| {
-                crate::os::host_pages::available_host_memory().map_or(0, |room| room.available)
-            }))
-        }
+        Some(a) if a.is_instance_of::<pyo3::types::PyBool>() => Ok(a
+            .extract::<bool>()?
+            .then(crate::python::host_pages::host_pages_room)),
         other => opt_bytes_arg(other, "spill_to_host"),
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn stack_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Sta
         read_options!(out, key.as_str(), value;
             initial_pool_size, maximum_pool_size, bins, block_size, blocks, arena_size,
             release_threshold, allocation_limit, logging, log_file, statistics, tracking,
-            host_memory, peer_memory, peer_device,
+            host_memory, peer_memory, peer_device, spill_to_host,
         );
     }
     Ok(out)
