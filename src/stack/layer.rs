@@ -427,6 +427,7 @@ impl Layer {
                 spill_to_host,
             } => {
                 let (initial, maximum, threshold) = (*initial, *maximum, *threshold);
+                use ExpandableMemoryResource as E;
                 Handle::Expandable(match *on {
                     ExpandableOn::Simulated(capacity) => ExpandableMemoryResource::new(
                         Arc::new(SimulatedVirtualMemory::new(
@@ -438,23 +439,23 @@ impl Layer {
                         maximum,
                         threshold,
                     )?,
-                    ExpandableOn::Device => ExpandableMemoryResource::on_device_spilling(
-                        crate::cuda::current_device()?,
-                        *spill_to_host,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
-                    ExpandableOn::PinnedHost => ExpandableMemoryResource::on_pinned_host(
-                        crate::cuda::current_device()?,
-                        None,
-                        *page_size,
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
+                    ExpandableOn::PinnedHost | ExpandableOn::Device => {
+                        let (d, p) = (crate::cuda::current_device()?, *page_size);
+                        match on {
+                            ExpandableOn::PinnedHost => {
+                                E::on_pinned_host(d, None, p, initial, maximum, threshold)?
+                            }
+                            _ => E::on_device_spilling(
+                                d,
+                                *spill_to_host,
+                                None,
+                                p,
+                                initial,
+                                maximum,
+                                threshold,
+                            )?,
+                        }
+                    }
                 })
             }
             Layer::Pool {
