@@ -153,7 +153,7 @@ impl DeviceMemoryResource {
         &self,
         py: Python<'py>,
         buffer: Option<&Bound<'py, PyAny>>,
-        max_bytes: Option<&Bound<'py, PyAny>>,
+        max_bytes: Option<usize>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         super::sleep::promote(py, &self.inner, buffer, max_bytes)
     }

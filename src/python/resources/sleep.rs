@@ -180,13 +180,12 @@ pub(super) fn promote<'py>(
     py: Python<'py>,
     mr: &SharedResource,
     buffer: Option<&Bound<'py, PyAny>>,
-    max_bytes: Option<&Bound<'py, PyAny>>,
+    limit: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let range = buffer
         .filter(|b| !b.is_none())
         .map(|b| Ok::<_, PyErr>((pointer_of(b)?, size_of(b).unwrap_or(1))))
         .transpose()?;
-    let limit = super::convert::opt_bytes_arg(max_bytes, "max_bytes")?;
     let report = py_result(py.detach(|| rs::promote(mr, range, limit)))?;
     promote_dict(py, &report)
 }
