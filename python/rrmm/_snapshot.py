@@ -51,7 +51,9 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     this process joined it (``rrmm.shared_gpu``; None where it did not): ``directory``, this
     process's ``pid``, ``processes`` (each a dict of ``rrmm.shared_gpu.ProcessRow``'s fields:
     ``pid``, ``name``, ``soft_share``, ``live``, ``cached``, ``asleep``, ``idle``, ...) and
-    ``history`` (what this process asked and gave: ``rrmm.shared_gpu.history()``).
+    ``history`` (what this process asked and gave: ``rrmm.shared_gpu.history()``), and
+    ``rrmm["spill"]`` the host pages the stack's expandable pools spill to (the resource's
+    ``spill_figures()``; None where none spills).
     """
     device = _device(device)
     mr = rrmm.mr.get_per_device_resource(device)
@@ -60,7 +62,15 @@ def memory_snapshot(device: int | None = None) -> dict[str, Any]:
     traces: list[list[dict[str, Any]]] = [list(_rrmm._memory_history(d)) for d in range(devices)]
     segments = [] if segments is None else segments
     return {"segments": segments, "device_traces": traces,
-            "rrmm": {"sleep": _sleep_estimate(mr), "shared_gpu": _shared_gpu(mr)}}
+            "rrmm": {"sleep": _sleep_estimate(mr), "shared_gpu": _shared_gpu(mr),
+                     "spill": _spill_figures(mr)}}
+
+
+def _spill_figures(mr: Any) -> dict[str, Any] | None:
+    """``mr.spill_figures()`` (the host pages its expandable pools spill to), or None where
+    none spills."""
+    figures = mr.spill_figures()
+    return None if figures is None else dict(figures)
 
 
 def _shared_gpu(mr: Any) -> dict[str, Any] | None:

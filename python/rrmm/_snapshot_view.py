@@ -263,6 +263,8 @@ def normalize(snapshot: dict[str, Any]) -> dict[str, Any]:
 #: The figures of ``rrmm.sleep`` (``sleep_estimate()``): each a count of bytes (or of blocks).
 SLEEP_FIGURES = ("released_bytes", "copied_bytes", "discarded_bytes", "free_page_bytes",
                  "cached_free_bytes", "live_blocks")
+#: The byte counts of ``rrmm.spill`` (``spill_figures()``) the view reads.
+SPILL_FIGURES = ("limit", "spilled", "kept", "made", "reused", "promoted")
 
 
 def _rrmm_fields(value: Any) -> dict[str, Any]:
@@ -281,6 +283,11 @@ def _rrmm_fields(value: Any) -> dict[str, Any]:
                           for name in SLEEP_FIGURES if name in sleep}
     if extra.get("shared_gpu") is not None:
         extra["shared_gpu"] = _shared_gpu_fields(extra["shared_gpu"], "rrmm.shared_gpu")
+    spill = extra.get("spill")
+    if spill is not None:
+        spill = _dict(spill, "rrmm.spill")
+        extra["spill"] = {name: _size(spill[name], f"rrmm.spill.{name}")
+                          for name in SPILL_FIGURES if name in spill}
     return extra
 
 
@@ -838,6 +845,13 @@ def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
     if sleep is not None:
         rows.append(("a sleep would free", sleep))
     extra = snapshot.get("rrmm") or {}
+    spill = extra.get("spill")  # checked by normalize()
+    if spill is not None:
+        rows.append(("spilled to host", (
+            f"{_bytes(spill.get('spilled', 0))} of host pages under the pool's addresses, "
+            f"{_bytes(spill.get('kept', 0))} kept for the next spill (limit "
+            f"{_bytes(spill.get('limit', 0))}); {_bytes(spill.get('promoted', 0))} promoted "
+            f"to the device so far")))
     ledger = extra.get("shared_gpu")  # checked by normalize()
     if ledger is not None:
         mine = next((p for p in ledger["processes"] if p["pid"] == ledger.get("pid")), None)

@@ -37,6 +37,18 @@ pub struct SpillFigures {
     pub promote_remap_s: f64,
 }
 
+summed_fields!(SpillFigures {
+    limit,
+    spilled,
+    kept,
+    made,
+    reused,
+    promoted,
+    promote_make_s,
+    promote_copy_s,
+    promote_remap_s,
+});
+
 /// The host pages of one device's virtual range: made on demand or ahead, kept when unmapped.
 #[derive(Debug)]
 pub struct HostPageKeep {
@@ -342,15 +354,10 @@ pub struct PromoteReport {
     pub trim_s: f64,
 }
 
-impl PromoteReport {
-    /// The sum of two pools' reports.
-    pub fn plus(self, other: PromoteReport) -> PromoteReport {
-        PromoteReport {
-            promoted: self.promoted + other.promoted,
-            spilled: self.spilled + other.spilled,
-            trimmed: self.trimmed + other.trimmed,
-            seconds: self.seconds + other.seconds,
-            trim_s: self.trim_s + other.trim_s,
-        }
-    }
-}
+summed_fields!(PromoteReport {
+    promoted,
+    spilled,
+    trimmed,
+    seconds,
+    trim_s,
+});

@@ -1,6 +1,20 @@
 //! The [`MemoryResource`] trait and the source resources (those with no upstream: where a
 //! stack's memory comes from), one per file.
 
+/// `impl Type { pub fn plus(self, other) -> Type }`: the sum of two values of a figures struct,
+/// field by field (every field named, so a new field must be named here too).
+macro_rules! summed_fields {
+    ($ty:ident { $($field:ident),+ $(,)? }) => {
+        impl $ty {
+            /// The sum of two pools' figures, field by field.
+            #[must_use]
+            pub fn plus(self, other: $ty) -> $ty {
+                $ty { $($field: self.$field + other.$field),+ }
+            }
+        }
+    };
+}
+
 mod address_ranges;
 mod callback;
 mod calls;

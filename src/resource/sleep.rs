@@ -105,20 +105,14 @@ pub struct SleepEstimate {
     pub live_blocks: usize,
 }
 
-impl SleepEstimate {
-    /// The sum of two pools' figures.
-    #[must_use]
-    pub fn plus(self, other: SleepEstimate) -> SleepEstimate {
-        SleepEstimate {
-            released_bytes: self.released_bytes + other.released_bytes,
-            copied_bytes: self.copied_bytes + other.copied_bytes,
-            discarded_bytes: self.discarded_bytes + other.discarded_bytes,
-            free_page_bytes: self.free_page_bytes + other.free_page_bytes,
-            cached_free_bytes: self.cached_free_bytes + other.cached_free_bytes,
-            live_blocks: self.live_blocks + other.live_blocks,
-        }
-    }
-}
+summed_fields!(SleepEstimate {
+    released_bytes,
+    copied_bytes,
+    discarded_bytes,
+    free_page_bytes,
+    cached_free_bytes,
+    live_blocks,
+});
 
 /// The latest sleep of a pool: its figures and where the time went (seconds).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]

@@ -799,5 +799,6 @@ mod sleep;
 mod spill;
 pub use sleep::{
     asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
-    sleep_estimate, sleep_targets, tag, DiscardFill, SleepEstimate, SleepReport, SleepTag,
+    sleep_estimate, sleep_targets, spill_figures, tag, DiscardFill, SleepEstimate, SleepReport,
+    SleepTag,
 };

@@ -38,7 +38,7 @@ pub use expandable::{
 pub mod sleep {
     pub use super::expandable::{
         asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
-        sleep_estimate, sleep_targets, tag,
+        sleep_estimate, sleep_targets, spill_figures, tag,
     };
     pub use crate::resource::host_spill::PromoteReport;
     pub use crate::resource::sleep::SleepPlan;

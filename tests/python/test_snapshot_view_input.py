@@ -53,10 +53,13 @@ def shaped_snapshots(draw: st.DrawFn) -> dict:
     entry = st.builds(lambda a, ad, s, f: {"action": a, "addr": ad, "size": s, "frames": f},
                       st.sampled_from(["alloc", "free_completed", "oom", "free", 3]),
                       ODD_NUMBERS, ODD_NUMBERS, JSON_VALUES)
+    spill = st.fixed_dictionaries({n: ODD_NUMBERS for n in ("limit", "spilled", "kept",
+                                                             "promoted")})
     return {
         "segments": field_or_junk(draw(st.lists(segment, max_size=3))),
         "device_traces": field_or_junk(draw(st.lists(st.lists(entry, max_size=4),
                                                      max_size=2))),
+        "rrmm": field_or_junk({"spill": draw(st.one_of(spill, JSON_VALUES))}),
     }
 
 

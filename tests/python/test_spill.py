@@ -23,7 +23,7 @@ import rrmm
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from rrmm import mr
+from rrmm import _rrmm, mr
 from test_sleep import pattern, read, write
 
 MiB = 1 << 20
@@ -229,3 +229,23 @@ def test_reinitialize_spill_to_host_needs_the_expandable_pool() -> None:
     with pytest.raises(TypeError):
         rrmm.reinitialize(pool_allocator="expandable", spill_to_host=1.5)  # type: ignore[arg-type]
     assert rrmm.host_pages.room() > 0
+
+
+def test_a_snapshot_says_what_spilled_and_the_page_shows_it() -> None:
+    from rrmm._snapshot_view import normalize, render_html
+
+    pool = spilling_pool()
+    mr.set_per_device_resource(0, pool)
+    try:
+        ptrs = [pool.allocate(PAGE) for _ in range(DEVICE_PAGES + 2)]
+        snapshot = rrmm.memory_snapshot(0)
+        spill = snapshot["rrmm"]["spill"]
+        assert spill is not None and spill["spilled"] == 2 * PAGE and spill["limit"] == SPILL_PAGES * PAGE
+        page = render_html(normalize(snapshot))
+        assert "spilled to host" in page
+        for p in ptrs:
+            pool.deallocate(p, PAGE)
+    finally:
+        _rrmm._clear_per_device_resources()
+    with pytest.raises(ValueError, match="rrmm.spill"):
+        normalize({"segments": [], "rrmm": {"spill": {"spilled": -1}}})

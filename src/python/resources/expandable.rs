@@ -201,29 +201,6 @@ impl ExpandableMemoryResource {
             .transpose()
     }
 
-    /// The host pages the pool spills to (None: it never spills): a dict of bytes: limit,
-    /// spilled (mapped now), kept (made, free for the next spill), made, reused, promoted;
-    /// and the seconds promotions spent making device memory, copying and remapping.
-    fn spill_figures<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        let Some(f) = self.mr.spill_figures() else {
-            return Ok(None);
-        };
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("limit", f.limit)?;
-        d.set_item("spilled", f.spilled)?;
-        d.set_item("kept", f.kept)?;
-        d.set_item("made", f.made)?;
-        d.set_item("reused", f.reused)?;
-        d.set_item("promoted", f.promoted)?;
-        d.set_item("promote_make_s", f.promote_make_s)?;
-        d.set_item("promote_copy_s", f.promote_copy_s)?;
-        d.set_item("promote_remap_s", f.promote_remap_s)?;
-        Ok(Some(d))
-    }
-
     /// Bytes of the pool's mapped pages that lie on the host now (spilled).
     fn spilled_bytes(&self) -> usize {
         self.mr.spilled_bytes()

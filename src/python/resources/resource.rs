@@ -158,6 +158,17 @@ impl DeviceMemoryResource {
         super::sleep::promote(py, &self.inner, buffer, max_bytes)
     }
 
+    /// rrmm: the host pages the expandable pools under this resource spill to (None where
+    /// none spills): a dict of bytes (limit, spilled: mapped now, kept: made and free for the
+    /// next spill, made, reused, promoted) and the seconds promotions spent making device
+    /// memory, copying and remapping.
+    fn spill_figures<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        super::sleep::spill_figures(py, &self.inner)
+    }
+
     /// rrmm: whether the expandable pool under this resource is asleep.
     #[getter]
     fn asleep(&self) -> bool {

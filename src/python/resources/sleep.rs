@@ -204,6 +204,28 @@ pub(crate) fn promote_dict<'py>(
     Ok(d)
 }
 
+/// `spill_figures()` summed over the spilling pools under `mr`, as a dict; None where none
+/// spills.
+pub(super) fn spill_figures<'py>(
+    py: Python<'py>,
+    mr: &SharedResource,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(f) = rs::spill_figures(mr) else {
+        return Ok(None);
+    };
+    let d = PyDict::new(py);
+    d.set_item("limit", f.limit)?;
+    d.set_item("spilled", f.spilled)?;
+    d.set_item("kept", f.kept)?;
+    d.set_item("made", f.made)?;
+    d.set_item("reused", f.reused)?;
+    d.set_item("promoted", f.promoted)?;
+    d.set_item("promote_make_s", f.promote_make_s)?;
+    d.set_item("promote_copy_s", f.promote_copy_s)?;
+    d.set_item("promote_remap_s", f.promote_remap_s)?;
+    Ok(Some(d))
+}
+
 /// Whether an expandable pool under `mr` is asleep.
 pub(super) fn asleep(mr: &SharedResource) -> bool {
     rs::asleep(mr)

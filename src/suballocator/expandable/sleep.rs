@@ -1000,6 +1000,17 @@ pub fn promote(
     Ok(total)
 }
 
+/// The spill figures summed over the pools under `mr` that spill to host pages; `None` where
+/// none does.
+pub fn spill_figures(mr: &SharedResource) -> Option<crate::resource::SpillFigures> {
+    mr.link()
+        .sleep
+        .sleepers()
+        .iter()
+        .filter_map(|p| p.spill_figures())
+        .reduce(crate::resource::SpillFigures::plus)
+}
+
 /// Whether any pool under `mr` is asleep (false when there is none).
 pub fn asleep(mr: &SharedResource) -> bool {
     mr.link().asleep()
