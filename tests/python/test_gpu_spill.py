@@ -126,5 +126,7 @@ def test_gpu_reinitialize_with_spill_to_host_builds_the_spilling_pool() -> None:
         figures = pool.spill_figures()
         assert figures is not None and figures["limit"] == 4 * GiB
         assert pool.promote()["promoted"] == 0
+        spill = rrmm.memory_snapshot()["rrmm"]["spill"]
+        assert spill is not None and spill["limit"] == 4 * GiB
     finally:
         rrmm.reinitialize()
