@@ -354,52 +354,6 @@ impl VirtualRange {
         Ok(offset / self.page_size..(offset + bytes) / self.page_size)
     }
 
-    /// Maps physical memory at `offset .. offset + bytes` (whole pages, none mapped yet); all or
-    /// nothing.
-    ///
-    /// # Errors
-    /// [`Error::OutOfMemory`] when the device runs out of memory (nothing of this call stays
-    /// mapped); [`Error::Logic`] when a page is already mapped; CUDA errors.
-    pub fn map(&mut self, offset: usize, bytes: usize) -> Result<()> {
-        let span = self.page_span(offset, bytes)?;
-        if let Some((&page, _)) = self.pages.range(span.clone()).next() {
-            return Err(Error::Logic(format!(
-                "virtual range: page {page} is already mapped"
-            )));
-        }
-        let mut added = Vec::with_capacity(span.len());
-        let first = span.start;
-        for page in span {
-            let mapped = PhysicalMemory::new(self.ordinal, self.page_size).and_then(|memory| {
-                let addr = self.base() + page * self.page_size;
-                // SAFETY: the page lies inside our reservation (checked by page_span), which
-                // outlives every mapping (drop unmaps first), and it is not mapped (checked
-                // above).
-                unsafe { Mapping::new(addr, memory) }
-            });
-            match mapped {
-                Ok(mapping) => {
-                    self.pages.insert(page, mapping);
-                    added.push(page);
-                }
-                Err(e) => {
-                    for page in added {
-                        self.pages.remove(&page);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        // One access call over the new pages (per-page calls cost most of a growth step).
-        if let Err(e) = set_access(self.ordinal, self.base + first * self.page_size, bytes) {
-            for page in added {
-                self.pages.remove(&page);
-            }
-            return Err(e);
-        }
-        Ok(())
-    }
-
     /// Unmaps `offset .. offset + bytes` (whole pages, all mapped): device memory goes back to
     /// the device, host pages to `host` (kept for the next spill) where given.
     ///
@@ -437,17 +391,19 @@ impl VirtualRange {
     }
 
     /// Maps `offset .. offset + bytes` (whole pages, none mapped yet): device memory for as
-    /// many pages as the device has, host pages from `host` for the rest (read in place by the
-    /// device over the link); all or nothing. Returns the bytes placed on the host.
+    /// many pages as the device has, then, where `host` is given, host pages from it for the
+    /// rest (read in place by the device over the link); all or nothing. Returns the bytes
+    /// placed on the host.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when neither the device nor `host` has a page left (nothing of
-    /// this call stays mapped; the host pages go back to `host`); as [`map`](Self::map).
-    pub fn map_spilling(
+    /// [`Error::OutOfMemory`] when the device runs out of memory and no `host` is given, or
+    /// `host` has no page left either (nothing of this call stays mapped; host pages go back to
+    /// `host`); [`Error::Logic`] when a page is already mapped; CUDA errors.
+    pub fn map(
         &mut self,
         offset: usize,
         bytes: usize,
-        host: &dyn HostPageSource,
+        host: Option<&dyn HostPageSource>,
     ) -> Result<usize> {
         let span = self.page_span(offset, bytes)?;
         if let Some((&page, _)) = self.pages.range(span.clone()).next() {
@@ -455,33 +411,30 @@ impl VirtualRange {
                 "virtual range: page {page} is already mapped"
             )));
         }
-        let mut added = Vec::with_capacity(span.len());
+        let mut added = 0;
         let mut device_full = false;
         let mut on_host = 0;
         let first = span.start;
         let mut failed = None;
         for page in span {
-            let memory = if device_full {
-                host.take()
-            } else {
-                match PhysicalMemory::new(self.ordinal, self.page_size) {
-                    Err(e) if e.is_out_of_memory() => {
+            let memory = match host {
+                Some(host) if device_full => host.take(),
+                _ => match PhysicalMemory::new(self.ordinal, self.page_size) {
+                    Err(e) if e.is_out_of_memory() && host.is_some() => {
                         device_full = true;
-                        host.take()
+                        host.map_or(Err(e), |h| h.take())
                     }
                     other => other,
-                }
+                },
             };
             let addr = self.base + page * self.page_size;
-            let mapped = memory.and_then(|memory| {
-                // SAFETY: as `map`: inside our reservation, not mapped.
-                unsafe { Mapping::new(addr, memory) }
-            });
-            match mapped {
+            // SAFETY: the page lies inside our reservation (checked by page_span), which
+            // outlives every mapping (drop unmaps first), and it is not mapped (checked above).
+            match memory.and_then(|memory| unsafe { Mapping::new(addr, memory) }) {
                 Ok(mapping) => {
                     on_host += usize::from(mapping.on_host()) * self.page_size;
                     self.pages.insert(page, mapping);
-                    added.push(page);
+                    added += 1;
                 }
                 Err(e) => {
                     failed = Some(e);
@@ -489,13 +442,13 @@ impl VirtualRange {
                 }
             }
         }
+        // One access call over the new pages (per-page calls cost most of a growth step).
         let failed = failed
             .or_else(|| set_access(self.ordinal, self.base + first * self.page_size, bytes).err());
         if let Some(e) = failed {
-            let pages = added.len() * self.page_size;
-            if pages > 0 {
+            if added > 0 {
                 // SAFETY: mapped by this call a moment ago; nothing has used them.
-                let _ = unsafe { self.unmap(first * self.page_size, pages, Some(host)) };
+                let _ = unsafe { self.unmap(first * self.page_size, added * self.page_size, host) };
             }
             return Err(e);
         }

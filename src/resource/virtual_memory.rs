@@ -288,13 +288,17 @@ impl VirtualMemory for CudaVirtualMemory {
             || {
                 let _ctx = ContextGuard::new(self.ordinal)?;
                 // The whole range is what is missing (the error names the page that failed).
-                self.range.lock().map(offset, bytes).map_err(|e| match e {
-                    Error::OutOfMemory { message, .. } => Error::OutOfMemory {
-                        requested: bytes,
-                        message,
-                    },
-                    other => other,
-                })
+                self.range
+                    .lock()
+                    .map(offset, bytes, None)
+                    .map(drop)
+                    .map_err(|e| match e {
+                        Error::OutOfMemory { message, .. } => Error::OutOfMemory {
+                            requested: bytes,
+                            message,
+                        },
+                        other => other,
+                    })
             },
         );
         match (&self.spill, on_device) {
@@ -303,7 +307,7 @@ impl VirtualMemory for CudaVirtualMemory {
                 let _ctx = ContextGuard::new(self.ordinal)?;
                 self.range
                     .lock()
-                    .map_spilling(offset, bytes, host.as_ref())
+                    .map(offset, bytes, Some(host.as_ref()))
                     .map(drop)
                     .map_err(|spilled| match spilled {
                         Error::OutOfMemory { message, .. } => Error::OutOfMemory {
