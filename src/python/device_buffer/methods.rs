@@ -181,9 +181,6 @@ impl PyDeviceBuffer {
             // rrmm: pages of the buffer that spilled to the host move to the device (its pool
             // synchronizes its streams first); nothing for other memory.
             let mr = self.inner().resource().clone();
-            if mr.link().sleep.is_empty() {
-                return Ok(());
-            }
             return py_result(py.detach(|| {
                 crate::suballocator::sleep::promote(&mr, Some((ptr, size)), None).map(drop)
             }));
