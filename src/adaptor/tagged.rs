@@ -8,10 +8,16 @@
 //! is one ordered lookup): a block allocated in one tag's region and freed outside it goes back
 //! where it came from. Set as the current device resource, every framework hook (CuPy, Numba,
 //! PyTorch, `DeviceBuffer`) allocates by tag without knowing it.
+//!
+//! Its link is made once and held: a tag added later joins its live cells (the calls, the pools
+//! whose memory moves), so a resource built over the tagged resource before the tag was added
+//! still sees the tag's pool (refuses its sleeping memory, is its tenant). Its figures
+//! ([`PoolReport`]) are its tags' pools' together.
 
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
-use crate::resource::{CallProfile, Calls, Link, MemoryKind, MemoryResource, SharedResource};
+use crate::report::{Footprint, MemoryStats, PoolReport, SegmentInfo};
+use crate::resource::{Link, MemoryKind, MemoryResource, SharedResource};
 use crate::suballocator::ExpandableMemoryResource;
 use parking_lot::RwLock;
 use std::cell::Cell;
@@ -52,31 +58,42 @@ impl Members {
 // thread), whichever tagged resource it allocates from; one read per allocation.
 std::thread_local!(static CURRENT: Cell<(usize, usize)> = const { Cell::new((0, 0)) });
 
+/// A never reused number for a tagged resource: the key of the calling thread's current tag,
+/// which must not take a new resource for a dropped one.
+fn next_key() -> usize {
+    // Why process-wide: the current tag is per thread across every tagged resource.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Allocation by tag (see the module docs). Clones share the tags.
 #[derive(Clone, Debug)]
 pub struct TaggedMemoryResource {
     members: Arc<RwLock<Members>>,
-    /// What calls through it may do: every tag's pool's, grown as tags are added (the one cell
-    /// its link hands up).
-    calls: Calls,
+    /// Its link, made with the first tag and held: every tag's pool joins its live cells (the
+    /// calls, the pools whose memory moves) as it is added.
+    link: Link,
+    /// The key of the calling thread's current tag (never reused).
+    key: usize,
 }
 
 impl TaggedMemoryResource {
     /// A resource whose first tag, `name`, allocates from `pool` (where allocations go when no
     /// tag is current).
     pub fn new(name: impl Into<String>, pool: ExpandableMemoryResource) -> Self {
+        let link = Link::join(&[pool.link()]).unwrap_or_else(|| pool.link());
         let tagged = TaggedMemoryResource {
             members: Arc::new(RwLock::new(Members::default())),
-            calls: Calls::join(&[]),
+            link,
+            key: next_key(),
         };
         let mut members = tagged.members.write();
-        Self::insert(&mut members, &tagged.calls, name.into(), pool);
+        Self::insert(&mut members, name.into(), pool);
         drop(members);
         tagged
     }
 
-    fn insert(members: &mut Members, calls: &Calls, name: String, pool: ExpandableMemoryResource) {
-        calls.add_part(&pool.link().calls);
+    fn insert(members: &mut Members, name: String, pool: ExpandableMemoryResource) {
         let base = pool.virtual_memory().base();
         let end = base + pool.virtual_memory().reserved_bytes();
         members.by_address.insert(base, (end, members.tags.len()));
@@ -113,7 +130,11 @@ impl TaggedMemoryResource {
                 format!("the pool for {name:?} is a tag's pool already"),
             ));
         }
-        Self::insert(&mut members, &self.calls, name, pool);
+        // The pool's cells join this resource's: every resource above sees the new tag.
+        let part = pool.link();
+        self.link.calls.add_part(&part.calls);
+        self.link.sleep.add_part(&part.sleep);
+        Self::insert(&mut members, name, pool);
         Ok(())
     }
 
@@ -138,7 +159,7 @@ impl TaggedMemoryResource {
     }
 
     fn identity_key(&self) -> usize {
-        Arc::as_ptr(&self.members) as *const () as usize
+        self.key
     }
 
     /// Makes `name` the calling thread's current tag (`None`: no tag, the first tag's pool);
@@ -220,11 +241,11 @@ impl MemoryResource for TaggedMemoryResource {
     }
 
     fn kind(&self) -> MemoryKind {
-        self.members.read().tags[0].shared.kind()
+        self.link.kind
     }
 
     fn device(&self) -> Option<usize> {
-        self.members.read().tags[0].shared.device()
+        self.link.device
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
@@ -244,28 +265,76 @@ impl MemoryResource for TaggedMemoryResource {
             .collect()
     }
 
-    /// Every tag's pool's: a sleep of the whole resource sleeps every tag. Its calls are the
-    /// one cell it grows as tags are added.
+    /// Every tag's pool's, held and grown as tags are added: a sleep of the whole resource
+    /// sleeps every tag.
     fn link(&self) -> Link {
-        let links: Vec<Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        let mut link = Link::join(&links).unwrap_or_else(|| {
-            Link::source(
-                self.kind(),
-                self.device(),
-                self.identity(),
-                CallProfile::QUICK,
-            )
-        });
-        link.calls = self.calls.clone();
-        link
+        self.link.clone()
+    }
+
+    fn report(&self) -> Option<&dyn PoolReport> {
+        Some(self)
     }
 
     fn identity(&self) -> usize {
-        self.identity_key()
+        Arc::as_ptr(&self.members) as *const () as usize
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+}
+
+/// The tags' pools' figures together: bytes and counts summed (a peak is the sum of the pools'
+/// peaks, at least the stack's), every pool's segments.
+impl PoolReport for TaggedMemoryResource {
+    fn footprint(&self) -> Footprint {
+        self.pools_reports(|r| r.footprint())
+            .into_iter()
+            .fold(Footprint::default(), Footprint::plus)
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        self.pools_reports(|r| r.memory_stats())
+            .into_iter()
+            .flatten()
+            .reduce(MemoryStats::plus)
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        self.pools_reports(|r| r.reset_peak_memory_stats())
+            .into_iter()
+            .fold(false, |a, b| a | b)
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
+        let all: Vec<SegmentInfo> = self
+            .pools_reports(|r| r.memory_snapshot())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        Some(all)
+    }
+
+    fn busy(&self) -> bool {
+        self.pools_reports(|r| r.busy()).into_iter().any(|b| b)
+    }
+}
+
+impl TaggedMemoryResource {
+    /// `f` of each tag's pool's report, in the order the tags were added.
+    fn pools_reports<T>(&self, f: impl Fn(&dyn PoolReport) -> T) -> Vec<T> {
+        let pools: Vec<ExpandableMemoryResource> = self
+            .members
+            .read()
+            .tags
+            .iter()
+            .map(|m| m.pool.clone())
+            .collect();
+        pools
+            .iter()
+            .filter_map(|p| MemoryResource::report(p).map(&f))
+            .collect()
     }
 }
 

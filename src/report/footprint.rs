@@ -14,6 +14,17 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// Two resources' footprints together: bytes and blocks summed, the larger largest block.
+    #[must_use]
+    pub fn plus(self, other: Footprint) -> Footprint {
+        Footprint {
+            held_bytes: self.held_bytes.saturating_add(other.held_bytes),
+            free_bytes: self.free_bytes.saturating_add(other.free_bytes),
+            largest_free_block: self.largest_free_block.max(other.largest_free_block),
+            free_blocks: self.free_blocks.saturating_add(other.free_blocks),
+        }
+    }
+
     /// External fragmentation: `1 - largest_free_block / free_bytes` (0 when nothing is free).
     pub fn fragmentation(&self) -> f64 {
         if self.free_bytes == 0 {

@@ -14,6 +14,19 @@ pub struct Stat {
     pub freed: u64,
 }
 
+impl Stat {
+    /// Two pools' figures together (a peak is the sum of the peaks: at least the pair's).
+    #[must_use]
+    pub fn plus(self, o: Stat) -> Stat {
+        Stat {
+            current: self.current + o.current,
+            peak: self.peak + o.peak,
+            allocated: self.allocated + o.allocated,
+            freed: self.freed + o.freed,
+        }
+    }
+}
+
 /// A pool's figures in PyTorch's terms (`torch.cuda.memory_stats()` keys, pool "all").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -47,6 +60,25 @@ pub struct MemoryStats {
 }
 
 impl MemoryStats {
+    /// Two pools' figures together, figure by figure ([`Stat::plus`]).
+    #[must_use]
+    pub fn plus(self, o: MemoryStats) -> MemoryStats {
+        MemoryStats {
+            allocation: self.allocation.plus(o.allocation),
+            allocated_bytes: self.allocated_bytes.plus(o.allocated_bytes),
+            segment: self.segment.plus(o.segment),
+            reserved_bytes: self.reserved_bytes.plus(o.reserved_bytes),
+            inactive_split: self.inactive_split + o.inactive_split,
+            inactive_split_bytes: self.inactive_split_bytes + o.inactive_split_bytes,
+            num_alloc_retries: self.num_alloc_retries + o.num_alloc_retries,
+            num_ooms: self.num_ooms + o.num_ooms,
+            num_device_alloc: self.num_device_alloc + o.num_device_alloc,
+            num_device_free: self.num_device_free + o.num_device_free,
+            num_sync_all_streams: self.num_sync_all_streams + o.num_sync_all_streams,
+            offloaded_bytes: self.offloaded_bytes + o.offloaded_bytes,
+        }
+    }
+
     /// The figures under PyTorch's key names, in PyTorch's order of families.
     pub fn to_pairs(&self) -> Vec<(String, u64)> {
         let mut out = Vec::with_capacity(48);

@@ -6,14 +6,18 @@
 //! A resource computes its [`Link`] once, when it is built over its upstream, from the
 //! upstream's link (one call, not a walk), and holds it: the allocation path reads a field, never
 //! the graph. A source resource makes a new link; an adaptor keeps its upstream's; a
-//! suballocator keeps its upstream's and, where the memory below can sleep, registers itself as
-//! a [`Tenant`](super::sleep::Tenant) of the pools below ([`Link::admit`]).
+//! suballocator keeps its upstream's and registers itself as a
+//! [`Tenant`](super::sleep::Tenant) of the pools below, now and as the graph below grows
+//! ([`Link::admit`]). The fields that can change after construction are live cells, shared by
+//! every resource above: the calls ([`Calls`]) and the pools whose memory moves
+//! ([`SleepWatch`]); a resource whose graph grows (a tag, a bin) adds the new part to its own
+//! cells, and every resource above sees it.
 //!
 //! A new concern is one field here, filled where memory is made and carried up unchanged by
 //! every resource that does not change it.
 
 use super::calls::{Calls, Step};
-use super::sleep::{ByteRange, SleepWatch, Sleeper, Tenant};
+use super::sleep::{ByteRange, MovingPool, SleepWatch, Tenant};
 use super::{BlockPlacer, CallProfile, MemoryKind, TierBook};
 use crate::error::{Error, Result};
 use crate::pressure::{Place, Relieve};
@@ -22,7 +26,7 @@ use std::sync::Weak;
 
 /// The place of memory of `kind` on `device` from the source whose identity is `source`: the
 /// device where it is one (device and managed memory), else the source itself.
-fn place_of(kind: MemoryKind, device: Option<usize>, source: usize) -> Place {
+pub(crate) fn place_of(kind: MemoryKind, device: Option<usize>, source: usize) -> Place {
     match (kind, device) {
         (MemoryKind::Device | MemoryKind::Managed, Some(ordinal)) => Place::Device(ordinal),
         _ => Place::Simulated(source),
@@ -41,7 +45,8 @@ pub struct Link {
     /// ([`Link::register_cache`]), so a relief of the place (an allocation that ran out, a
     /// process beside this one asking on a shared GPU) reaches it.
     pub place: Place,
-    /// The pools below that can sleep.
+    /// The pools below whose memory moves (sleep, spill): a live cell that grows with the graph
+    /// below ([`SleepWatch`]).
     pub sleep: SleepWatch,
     /// What a call through this resource may do (reach foreign code, block): the Python layer's
     /// GIL decision ([`CallProfile::release_gil`]). The one field a resource between may change
@@ -128,7 +133,7 @@ impl Link {
         self
     }
 
-    /// Whether a pool below sleeps.
+    /// Whether a pool below sleeps (one process-wide load while nothing moves).
     #[inline]
     pub fn asleep(&self) -> bool {
         self.sleep.asleep()
@@ -141,7 +146,7 @@ impl Link {
     }
 
     /// Records `tenant`, a suballocator built over this link, with every pool below that can
-    /// sleep (nothing when none can).
+    /// sleep, now and as the link's watch gains pools.
     pub fn admit(&self, tenant: &Weak<dyn Tenant>) {
         self.sleep.admit(tenant);
     }
@@ -159,7 +164,7 @@ impl Link {
         &self,
         ptr: usize,
         size: Option<usize>,
-    ) -> Result<(ByteRange, &Arc<dyn Sleeper>)> {
+    ) -> Result<(ByteRange, Arc<dyn MovingPool>)> {
         if self.sleep.is_empty() {
             return Err(Error::Logic(
                 "sleep needs a pool on virtual memory, and this stack has none; build it with \

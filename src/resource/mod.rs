@@ -51,6 +51,7 @@ pub use direct::{DirectAllocator, DirectMemoryResource};
 pub use host_copy::{CopyFence, HostCopy};
 pub use host_spill::SpillFigures;
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
+pub(crate) use link::place_of;
 pub use link::Link;
 pub use managed::{ManagedAlloc, UncachedManagedMemoryResource};
 pub use peer::PeerMemoryResource;

@@ -7,7 +7,7 @@ use super::message::{Message, MAX_MESSAGE};
 use super::rules::{self, Holder, Step};
 use crate::error::{Error, Result};
 use crate::pressure::{self, Place};
-use crate::resource::sleep::{DiscardFill, SleepPlan, Sleeper};
+use crate::resource::sleep::{MovingPool, SleepPlan};
 use crate::resource::SharedResource;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -86,7 +86,7 @@ pub struct Member {
     idle: AtomicBool,
     waiting: AtomicU64,
     /// Pools put to sleep by the ledger, and the bytes each moved to the host.
-    slept: Mutex<Vec<(Arc<dyn Sleeper>, u64)>>,
+    slept: Mutex<Vec<(Arc<dyn MovingPool>, u64)>>,
     socket: UnixDatagram,
     pending: Mutex<HashMap<u64, mpsc::Sender<AnswerFrom>>>,
     next_id: AtomicU64,
@@ -350,7 +350,7 @@ impl Member {
         let mut woken = 0;
         let mut first = None;
         if !idle {
-            let slept: Vec<(Arc<dyn Sleeper>, u64)> = self.slept.lock().drain(..).collect();
+            let slept: Vec<(Arc<dyn MovingPool>, u64)> = self.slept.lock().drain(..).collect();
             let started = Instant::now();
             for (pool, bytes) in slept {
                 if !pool.asleep() {
@@ -737,7 +737,7 @@ impl Member {
 
     /// Answers a request to sleep: only when idle and above its share (checked here, whatever
     /// the asker thought); the bytes freed, or why none.
-    fn sleep_for(&self) -> (u64, String) {
+    fn sleep_for(self: &Arc<Self>) -> (u64, String) {
         if !self.idle() {
             return (0, "busy (not declared idle)".into());
         }
@@ -756,17 +756,15 @@ impl Member {
         let Some(resource) = self.resource.lock().clone() else {
             return (given, "no pool of this process can sleep".into());
         };
-        let sleepers = resource.link().sleep.sleepers().to_vec();
+        let sleepers = resource.link().sleep.pools().to_vec();
         if sleepers.is_empty() {
             return (
                 given,
                 "its pools cannot sleep (only the expandable pool can)".into(),
             );
         }
-        let plan = SleepPlan {
-            wake_on_use: true,
-            ..SleepPlan::with_fill(DiscardFill::Undefined)
-        };
+        let me = Arc::downgrade(self);
+        let plan = SleepPlan::for_ledger(Arc::new(move || me.upgrade().is_some_and(|m| m.idle())));
         let mut note = String::new();
         for pool in sleepers {
             if pool.asleep() {

@@ -51,9 +51,10 @@ struct Inner {
     rerouted: AtomicBool,
     /// Blocks per chunk of the fixed-size bins this resource makes.
     blocks: usize,
-    /// What calls through it may do: the upstream's and every bin's, grown as bins are added
-    /// (the one cell its link hands up, so a resource built over it before a bin sees the bin).
-    calls: crate::resource::Calls,
+    /// Its link: the upstream's and every bin's, grown as bins are added (its cells are the ones
+    /// it hands up, so a resource built over it before a bin sees the bin: its calls, its pools
+    /// whose memory moves).
+    link: crate::resource::Link,
 }
 
 /// The bins, copied into [`SHARDS`] cache-line-aligned locks: a thread reads the copy of its
@@ -159,10 +160,12 @@ impl BinningMemoryResource {
         if blocks == 0 {
             return Err(Error::invalid("blocks_to_preallocate", "must be positive"));
         }
-        let calls = crate::resource::Calls::join(&[&upstream.link().calls]);
+        // Its link, held: the upstream's cells joined, each bin's joined as it is added.
+        let link =
+            crate::resource::Link::join(&[upstream.link()]).unwrap_or_else(|| upstream.link());
         let mr = BinningMemoryResource {
             inner: Arc::new(Inner {
-                calls,
+                link,
                 upstream,
                 bins: BinShards::new(),
                 from_upstream: LiveAllocations::new(),
@@ -227,9 +230,12 @@ impl BinningMemoryResource {
                 self.inner.blocks,
             )?),
         };
-        // The profile grows before the bin serves a call (a bin of this size added by another
-        // thread meanwhile leaves it at most larger than it need be, never smaller).
-        self.inner.calls.add_part(&resource.link().calls);
+        // The profile and the pools below grow before the bin serves a call (a bin of this size
+        // added by another thread meanwhile leaves them at most larger than need be, never
+        // smaller).
+        let part = resource.link();
+        self.inner.link.calls.add_part(&part.calls);
+        self.inner.link.sleep.add_part(&part.sleep);
         if !self.inner.bins.insert(size, resource) {
             return Ok(()); // added by another thread meanwhile
         }
@@ -409,15 +415,11 @@ impl MemoryResource for BinningMemoryResource {
         all
     }
 
-    /// The upstream's and every bin's, joined: binning carves nothing itself (its bins do, and
-    /// each is a tenant of the pools below its own upstream). Its calls are the one cell it
-    /// grows as bins are added.
+    /// The upstream's and every bin's, joined, held and grown as bins are added: binning
+    /// carves nothing itself (its bins do, and each is a tenant of the pools below its own
+    /// upstream).
     fn link(&self) -> crate::resource::Link {
-        let links: Vec<crate::resource::Link> = self.upstreams().iter().map(|u| u.link()).collect();
-        let mut link =
-            crate::resource::Link::join(&links).unwrap_or_else(|| self.inner.upstream.link());
-        link.calls = self.inner.calls.clone();
-        link
+        self.inner.link.clone()
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -71,8 +71,12 @@ struct Inner {
     vm: Arc<dyn VirtualMemory>,
     /// The core's stream events (offload synchronizes every stream through them).
     events: Arc<dyn StreamEvents>,
-    /// Sleep and wake (`expandable/sleep.rs`): the flag allocations read, the sleep record.
-    sleep: sleep::SleepGate,
+    /// The movement state (`expandable/movement.rs`): the phase allocations read, the
+    /// transition lock and the sleep record, the tags and tenants.
+    sleep: movement::MovementState,
+    /// This pool, for the handles its movers make (the index of sleeping pools, the links
+    /// above hold it weakly or through the pool's own `Arc`).
+    me: std::sync::Weak<Inner>,
     maximum_pool_size: Option<usize>,
     release_threshold: Option<usize>,
     /// The next sleep's host pages kept ready as the pool grows (shared with the growth policy).
@@ -244,10 +248,10 @@ impl ExpandableMemoryResource {
                  use the pool over managed memory",
             ));
         }
-        let sleep = sleep::SleepGate::default();
+        let sleep = movement::MovementState::default();
         let ready_ahead = Arc::new(ReadyAhead::default());
         let growth = ExpandableGrowth {
-            sleeping: sleep.flag.clone(),
+            phase: sleep.phase.clone(),
             vm: vm.clone(),
             maximum: maximum_pool_size,
             mapped: Mutex::new(BTreeMap::new()),
@@ -261,11 +265,12 @@ impl ExpandableMemoryResource {
         );
         core.preallocate(initial)?;
         let pool = ExpandableMemoryResource {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 core,
                 vm,
                 events,
                 sleep,
+                me: me.clone(),
                 maximum_pool_size,
                 release_threshold,
                 ready_ahead,
@@ -335,7 +340,7 @@ impl MemoryResource for ExpandableMemoryResource {
         // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`); a pool that sleeps
         // until used wakes here.
         if self.inner.sleep.asleep() && !self.wake_for_use() {
-            return Err(sleep::asleep_error(bytes));
+            return Err(movement::asleep_error(bytes));
         }
         let ptr = self.inner.core.allocate(bytes, stream);
         if self.inner.sleep.asleep() {
@@ -343,7 +348,7 @@ impl MemoryResource for ExpandableMemoryResource {
             if let Ok(ptr) = ptr {
                 self.inner.core.deallocate(ptr, bytes, stream)?;
             }
-            return Err(sleep::asleep_error(bytes));
+            return Err(movement::asleep_error(bytes));
         }
         ptr
     }
@@ -411,7 +416,7 @@ impl MemoryResource for ExpandableMemoryResource {
         };
         let mut link =
             crate::resource::Link::source(self.kind(), self.device(), self.identity(), calls);
-        link.sleep = crate::resource::sleep::SleepWatch::of(Arc::new(self.clone()));
+        link.sleep = crate::resource::sleep::SleepWatch::of(self.inner.clone());
         link
     }
 
@@ -446,9 +451,9 @@ fn device_memory(
 #[derive(Debug)]
 struct ExpandableGrowth {
     vm: Arc<dyn VirtualMemory>,
-    /// The pool's sleep flag: no mapping and no trim while it is set (an offload is under way
-    /// or done).
-    sleeping: Arc<std::sync::atomic::AtomicBool>,
+    /// The pool's phase ([`Phase`](crate::resource::sleep::Phase) as a byte): no mapping and
+    /// no trim unless it is awake (a transition is under way, or it sleeps).
+    phase: Arc<std::sync::atomic::AtomicU8>,
     maximum: Option<usize>,
     /// Runs of mapped pages: start -> end (locked after the core's shared lock).
     mapped: Mutex<BTreeMap<usize, usize>>,
@@ -569,9 +574,15 @@ impl ExpandableGrowth {
         (end_of_range - at >= need).then_some((at, need, end_of_range - at))
     }
 
+    /// Whether the pool is asleep, falling asleep or waking.
+    fn moving(&self) -> bool {
+        self.phase.load(std::sync::atomic::Ordering::Acquire)
+            != crate::resource::sleep::Phase::Awake.to_u8()
+    }
+
     fn map(&self, request: GrowRequest, fresh: &dyn FreeRanges) -> Result<Block> {
-        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(sleep::asleep_error(request.bytes));
+        if self.moving() {
+            return Err(movement::asleep_error(request.bytes));
         }
         let base = self.vm.base();
         let mut runs = self.mapped.lock();
@@ -680,7 +691,7 @@ impl Growth for ExpandableGrowth {
 
     /// While the pool sleeps (or falls asleep, or wakes): the runs are the ones to map again.
     fn offloaded(&self) -> bool {
-        self.sleeping.load(std::sync::atomic::Ordering::Acquire)
+        self.moving()
     }
 
     fn segments(&self) -> Option<Vec<(usize, usize)>> {
@@ -713,7 +724,7 @@ impl Growth for ExpandableGrowth {
     /// Nothing while the pool sleeps (or falls asleep): the offload unmaps the pages itself.
     #[allow(unsafe_code)]
     fn trim(&self, fresh: &mut dyn FreeRanges, keep: usize) -> (usize, Result<()>) {
-        if self.sleeping.load(std::sync::atomic::Ordering::Acquire) {
+        if self.moving() {
             return (0, Ok(()));
         }
         let target = keep;
@@ -795,10 +806,18 @@ macro_rules! forward_vm_figures {
 #[cfg(test)]
 mod tests;
 
+impl Drop for Inner {
+    /// A pool dropped asleep leaves the process's index of sleeping pools, and its tags the
+    /// process's count.
+    fn drop(&mut self) {
+        if self.sleep.asleep() {
+            crate::resource::sleep::index::mark_awake(self.vm.base());
+        }
+        self.sleep.forget_all_tags();
+    }
+}
+
+mod movement;
 mod sleep;
 mod spill;
-pub use sleep::{
-    asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
-    sleep_estimate, sleep_targets, spill_figures, tag, DiscardFill, SleepEstimate, SleepReport,
-    SleepTag,
-};
+pub use sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};

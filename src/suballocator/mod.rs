@@ -31,17 +31,11 @@ pub use expandable::{
     DiscardFill, ExpandableMemoryResource, SleepEstimate, SleepReport, SleepTag,
     DEFAULT_RESERVE_FACTOR,
 };
-/// Sleep and wake of the expandable pools under a stack (see
-/// [`ExpandableMemoryResource::offload`]).
-/// Sleep and wake of any stack: the pools under a resource that can sleep, reached through its
-/// [`Link`](crate::resource::Link).
+/// Sleep, wake and promotion of any stack (its home is [`crate::resource::sleep`]).
 pub mod sleep {
-    pub use super::expandable::{
-        asleep, keep_ready, offload, offload_discarding, plan_discards, prepare, promote, restore,
-        sleep_estimate, sleep_targets, spill_figures, tag,
-    };
     pub use crate::resource::host_spill::PromoteReport;
-    pub use crate::resource::sleep::SleepPlan;
+    pub use crate::resource::sleep::stack::*;
+    pub use crate::resource::sleep::{SleepCause, SleepPlan};
 }
 pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};

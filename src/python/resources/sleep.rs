@@ -138,7 +138,7 @@ pub(super) fn offload<'py>(
                 discard,
                 fill,
                 discard_all,
-                wake_on_use: false,
+                ..rs::SleepPlan::default()
             },
         )
     }))?;

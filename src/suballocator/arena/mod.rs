@@ -153,8 +153,6 @@ struct Inner {
     /// sleeps (the arena's memory is one block of such a pool), and the arena is a tenant of
     /// those pools (its free ranges are not copied by a sleep).
     link: crate::resource::Link,
-    /// Whether a pool below can sleep (the allocation path's one test of the link).
-    linked: bool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -242,7 +240,6 @@ impl ArenaMemoryResource {
         let link = upstream.link().suballocated();
         let inner = Arc::new(Inner {
             id: next_instance_id(),
-            linked: !link.sleep.is_empty(),
             link,
             upstream,
             base,
@@ -253,11 +250,9 @@ impl ArenaMemoryResource {
             device_streams,
             dump_path,
         });
-        if inner.linked {
-            let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
-                Arc::downgrade(&inner) as _;
-            inner.link.admit(&weak);
-        }
+        // A tenant of every pool below whose memory moves, now and as the graph below grows.
+        let weak: std::sync::Weak<dyn crate::resource::sleep::Tenant> = Arc::downgrade(&inner) as _;
+        inner.link.admit(&weak);
         Ok(ArenaMemoryResource { inner })
     }
 
@@ -672,9 +667,8 @@ impl MemoryResource for ArenaMemoryResource {
         if bytes == 0 {
             return Ok(0);
         }
-        if self.inner.linked {
-            self.inner.link.sleep.check("arena", bytes)?;
-        }
+        // One process-wide load while nothing moves.
+        self.inner.link.sleep.check("arena", bytes)?;
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
         let mut ptr = self.try_allocate(rounded, stream)?;
         if ptr.is_none() {
@@ -685,7 +679,7 @@ impl MemoryResource for ArenaMemoryResource {
             self.dump(rounded);
             return Err(Self::no_room(rounded));
         };
-        if self.inner.linked && self.inner.link.asleep() {
+        if self.inner.link.asleep() {
             // A sleep below began meanwhile (see the stream-ordered core): the block goes back.
             // SAFETY: `ptr` was handed out just now with `bytes`, to no one.
             unsafe { self.deallocate(ptr, bytes, stream) }?;
@@ -699,10 +693,9 @@ impl MemoryResource for ArenaMemoryResource {
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
         self.free_block(ptr, bytes, stream)?;
-        // A tag of the block (in a pool below that can sleep) goes with it.
-        if self.inner.linked {
-            self.inner.link.sleep.forget(ptr);
-        }
+        // A tag of the block (in a pool below that can sleep) goes with it (one load while no
+        // block of the process is tagged).
+        self.inner.link.sleep.forget(ptr);
         Ok(())
     }
 

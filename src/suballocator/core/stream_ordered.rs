@@ -131,13 +131,15 @@ pub(crate) struct StreamOrderedCore<F: FreeList> {
     counters: PoolCounters,
     /// The free bytes last read ([`Self::free_bytes_now_or_last`]).
     last_free: AtomicUsize,
-    /// The link to the memory below (the growth policy's upstream's, read once at
-    /// construction): nothing is handed out while a pool below sleeps, a free forgets a tag,
-    /// and snapshots mark the segments offloaded then (see `crate::resource::sleep`); blocks
-    /// of managed memory placed by blocks are placed as they are handed out.
+    /// The link to the memory below (the growth policy's upstream's, made once at
+    /// construction; its pools are a live cell that grows with the graph below): nothing is
+    /// handed out while a pool below sleeps, a free forgets a tag, and snapshots mark the
+    /// segments offloaded then (see `crate::resource::sleep`); blocks of managed memory placed
+    /// by blocks are placed as they are handed out.
     link: Link,
-    /// Whether the link asks anything of the allocation path (a pool below that can sleep, or
-    /// placement): the path's one branch.
+    /// Whether the link places blocks (managed memory below): the path's one fixed branch.
+    /// Sleep costs the path one process-wide load while nothing in the process moves
+    /// ([`any_moving`](crate::resource::sleep::any_moving)).
     linked: bool,
 }
 
@@ -363,14 +365,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
             name,
             counters: PoolCounters::default(),
             last_free: AtomicUsize::new(0),
-            linked: !link.sleep.is_empty() || link.placement.is_some(),
+            linked: link.placement.is_some(),
             link,
         };
-        if !core.link.sleep.is_empty() {
-            let tenant: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
-                Arc::downgrade(&core.state) as _;
-            core.link.admit(&tenant);
-        }
+        // A tenant of every pool below whose memory moves, now and as the graph below grows.
+        let tenant: std::sync::Weak<dyn crate::resource::sleep::Tenant> =
+            Arc::downgrade(&core.state) as _;
+        core.link.admit(&tenant);
         core
     }
 
@@ -460,11 +461,27 @@ impl<F: FreeList> StreamOrderedCore<F> {
         if bytes == 0 {
             return Ok(0);
         }
-        // The link's one branch: nothing below can sleep or asks for placement (most stacks).
-        if self.linked {
+        // Placement below, or a pool of the process moving: the slow path (one load each).
+        if self.linked || crate::resource::sleep::any_moving() {
             return self.allocate_linked(bytes, stream);
         }
-        self.carve(bytes, stream)
+        let ptr = self.carve(bytes, stream)?;
+        if crate::resource::sleep::any_moving() {
+            // A sleep began while the block was carved (see `allocate_linked`).
+            return self.after_carve(ptr, bytes, stream);
+        }
+        Ok(ptr)
+    }
+
+    /// `ptr`, carved for `bytes` on `stream`, unless a pool below began to sleep meanwhile: its
+    /// offload may not have copied the block (free when it looked), so it goes back unused.
+    #[inline(never)]
+    fn after_carve(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<usize> {
+        if self.link.sleep.asleep() {
+            self.deallocate(ptr, bytes, stream)?;
+            return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
+        }
+        Ok(ptr)
     }
 
     /// A block from the lists (or growth) for `bytes` on `stream`.
@@ -479,17 +496,13 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.with_list(key, |list| self.allocate_on(list, key, request))
     }
 
-    /// [`Self::allocate`] over a link with a pool below that can sleep, or with placement.
+    /// [`Self::allocate`] over a link with placement, or while a pool of the process moves.
     #[inline(never)]
     fn allocate_linked(&self, bytes: usize, stream: Stream) -> Result<usize> {
         self.link.sleep.check(self.name, bytes)?;
         let ptr = self.carve(bytes, stream)?;
-        if self.link.sleep.asleep() {
-            // A sleep below began meanwhile: the block may lie on pages it unmaps (its offload
-            // did not copy it if it was free when the offload looked), so it goes back unused.
-            self.deallocate(ptr, bytes, stream)?;
-            return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
-        }
+        // A sleep below began meanwhile: the block may lie on pages it unmaps.
+        let ptr = self.after_carve(ptr, bytes, stream)?;
         if let Some(placer) = &self.link.placement {
             // Managed memory below whose blocks are placed as they are handed out.
             placer.place(ptr, bytes, stream);
@@ -867,7 +880,7 @@ impl<F: FreeList> StreamOrderedCore<F> {
             }
             self.deallocate_foreign(list, key, ptr, bytes)
         });
-        if self.linked && freed.is_ok() {
+        if freed.is_ok() && crate::resource::sleep::index::any_tagged() {
             self.forget_tag(ptr);
         }
         freed

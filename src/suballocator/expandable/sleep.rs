@@ -1,31 +1,22 @@
 //! Sleep and wake for the expandable pool: [`offload`](ExpandableMemoryResource::offload)
-//! copies the live blocks' bytes to host memory and gives every mapped page back to the driver,
-//! keeping the whole address reservation; [`restore`](ExpandableMemoryResource::restore) maps
-//! the same pages at the same addresses and copies the bytes back. Live allocations keep their
-//! addresses (CUDA graphs, CuPy arrays, PyTorch tensors stay valid) and their data.
-//!
-//! # The flag (no lock on the allocation path)
-//! `offload` and `restore` run under the pool's sleep mutex; the offload sets an `asleep` flag
-//! once it has trimmed the free pages, before it reads the blocks (a successful restore clears
-//! it last). An allocation reads the flag before and after the
-//! core serves it: refused before ([`Error::Logic`]: "the pool is asleep; restore() first");
-//! after, a block the core handed out while a sleep began is freed again and refused too. This
-//! is sound because the offload's snapshot locks every stream list and the shared state after
-//! setting the flag: a block carved after the snapshot read its list is carved under that list's
-//! lock, so its allocation sees the flag; a block carved before is live in the snapshot and is
-//! copied (an allocation that returns while a sleep begins on another thread is as one that
-//! returned just before it). Growth and the growth policy's trim do nothing while the flag is
-//! set, so no page is mapped or unmapped behind the offload's back (the offload trims the free
-//! pages itself just before it sets the flag). A free never waits: while asleep the block goes
-//! back to the lists (its bytes are copied back at wake all the same, into free memory; its
-//! whole pages are given back after the wake).
+//! copies the live blocks' bytes on device pages to host memory and gives every device page back
+//! to the driver, keeping the whole address reservation;
+//! [`restore`](ExpandableMemoryResource::restore) maps the same pages at the same addresses and
+//! copies the bytes back. Live allocations keep their addresses (CUDA graphs, CuPy arrays,
+//! PyTorch tensors stay valid) and their data. Pages spilled to the host (a spilling pool) stay
+//! mapped where they are: they are host memory already, so a sleep neither copies them nor asks
+//! for host memory for them. The state and its ordering: `movement.rs`.
 //!
 //! # Offload
 //! 1. Synchronize every stream the pool has seen (the context): work queued on the pool's memory
 //!    finishes first, so the bytes copied are final (offload waits, it never refuses).
-//! 2. Unmap every page wholly inside free blocks (a `trim(0)`): never copied. Set the flag.
-//! 3. Copy the live blocks not tagged [`SleepTag::Discard`] (adjacent blocks as one copy) to one
-//!    [`HostCopy`] (pinned for a device), then unmap the remaining page runs.
+//! 2. Unmap every page wholly inside free blocks (a `trim(0)`): never copied. Enter the index of
+//!    sleeping pools, set the phase.
+//! 3. Take the host copy for the live blocks on device pages not tagged [`SleepTag::Discard`]
+//!    (refused here when the host has no room: nothing else changed), copy them (adjacent
+//!    blocks as one copy), then unmap the device page runs, chunk by chunk; an offload that is no
+//!    longer wanted (its plan, or a wake for the ledger) stops between chunks and maps back what
+//!    it unmapped.
 //!
 //! # Restore
 //! Map the recorded page runs again (all or nothing: on a refusal the runs mapped so far are
@@ -33,62 +24,28 @@
 //! copy the kept blocks back, zero the discarded ones when asked ([`DiscardFill::Zero`]), then
 //! return the host copy's pages to the process's host page supply, where the next sleep takes
 //! them ready (or to the OS, [`set_retain_host_copy`]), trim the pages freed while asleep, and
-//! clear the flag.
+//! set the phase to awake.
 //!
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
+use super::movement::Moving;
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
-use crate::resource::sleep::{self as rs, ByteRange, SleepPlan, Sleeper, Tenant, TenantLookup};
-use crate::resource::{CopyFence, HostCopy, MemoryResource, SharedResource};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::resource::sleep::{
+    self as rs, index, MovingPool, Phase, SleepCause, SleepPlan, TenantLookup,
+};
+use crate::resource::{CopyFence, HostCopy};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 pub use crate::resource::sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
 
-/// The pool's sleep state, its tags, its tenants and its records (one per pool).
-#[derive(Default)]
-pub(super) struct SleepGate {
-    /// Set from the start of an offload to the end of the restore that wakes the pool (shared
-    /// with the growth policy, which refuses to map while it is set).
-    pub(super) flag: Arc<AtomicBool>,
-    /// The sleep record (`Some` while asleep), held through a whole offload or restore.
-    state: Mutex<Option<Box<Saved>>>,
-    /// Blocks tagged discard until freed: start -> bytes (a block of the pool's own, or one a
-    /// tenant handed out: exactly its bytes).
-    tags: Mutex<HashMap<usize, usize>>,
-    /// `tags.len()`, read by frees without the lock.
-    tagged: AtomicUsize,
-    /// The suballocators over the pool (see `crate::resource::sleep::Tenant`), while they live.
-    tenants: Mutex<Vec<Weak<dyn Tenant>>>,
-    /// Whether a wake gives the host copy's pages back to the OS instead of to the process's
-    /// host page supply (where the next sleep takes them again, ready).
-    give_back_host: AtomicBool,
-    /// Whether the sleep under way wakes when the pool is next used
-    /// ([`SleepPlan::wake_on_use`]).
-    wake_on_use: AtomicBool,
-    last: Mutex<Option<SleepReport>>,
-    sleeps: AtomicUsize,
-}
-
-impl std::fmt::Debug for SleepGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SleepGate")
-            .field("asleep", &self.asleep())
-            .field("tagged", &self.tagged)
-            .field("tenants", &self.tenants.lock().len())
-            .finish_non_exhaustive()
-    }
-}
-
 /// A sleeping pool's record.
 #[derive(Debug)]
 pub(super) struct Saved {
-    /// Page runs unmapped (start, bytes), mapped again at restore.
+    /// Device page runs unmapped (start, bytes), mapped again at restore.
     runs: Vec<(usize, usize)>,
     /// Kept ranges (address, bytes, offset in the host copy), copied back at restore.
     kept: Vec<(usize, usize, usize)>,
@@ -99,49 +56,20 @@ pub(super) struct Saved {
     report: SleepReport,
 }
 
-/// The error of an allocation while asleep.
-pub(super) fn asleep_error(bytes: usize) -> Error {
-    Error::Logic(format!(
-        "expandable: the pool is asleep (offloaded to host memory); restore() it first \
-         (allocation of {bytes} bytes refused)"
-    ))
+impl Saved {
+    /// Bytes of live data kept in the host copy.
+    pub(super) fn kept_bytes(&self) -> usize {
+        self.kept.iter().map(|&(_, bytes, _)| bytes).sum()
+    }
 }
 
-impl SleepGate {
-    /// Whether the pool is asleep, or falling asleep or waking (one load).
-    #[inline]
-    pub(super) fn asleep(&self) -> bool {
-        self.flag.load(Ordering::Acquire)
-    }
-
-    /// The sleep record, held: no offload or restore runs meanwhile.
-    pub(super) fn hold(&self) -> parking_lot::MutexGuard<'_, Option<Box<Saved>>> {
-        self.state.lock()
-    }
-
-    /// As [`hold`](Self::hold), `None` when an offload or restore holds it now.
-    pub(super) fn try_hold(&self) -> Option<parking_lot::MutexGuard<'_, Option<Box<Saved>>>> {
-        self.state.try_lock()
-    }
-
-    /// Forgets the tag of the block at `ptr` (it was freed): a later block at that address
-    /// starts as keep. A load of one counter when nothing is tagged.
-    pub(super) fn forget(&self, ptr: usize) {
-        if self.tagged.load(Ordering::Acquire) > 0 {
-            let mut tags = self.tags.lock();
-            tags.remove(&ptr);
-            self.tagged.store(tags.len(), Ordering::Release);
-        }
-    }
-
-    /// The live tenants' segments (dropped tenants forgotten).
-    fn tenant_segments(&self) -> Vec<Vec<crate::report::SegmentInfo>> {
-        let mut tenants = self.tenants.lock();
-        tenants.retain(|t| t.strong_count() > 0);
-        let live: Vec<Arc<dyn Tenant>> = tenants.iter().filter_map(Weak::upgrade).collect();
-        drop(tenants);
-        live.iter().map(|t| t.segments()).collect()
-    }
+/// The error of an offload abandoned half-way (a wake came, or its plan is no longer wanted).
+fn abandoned() -> Error {
+    Error::Logic(
+        "expandable: the sleep was abandoned (no longer wanted: the process is busy again, or a \
+         wake came); every byte is where it was"
+            .into(),
+    )
 }
 
 /// The live blocks (start, size), the mapped runs and the bytes of whole free pages, from one
@@ -189,8 +117,8 @@ impl ExpandableMemoryResource {
 
     /// The exact ranges an offload with `plan` copies and discards, from the pool's live blocks
     /// `live`: the tenants' free ranges are neither, the tagged blocks' bytes (persistent tags
-    /// and the plan's `discard`; every live byte with `discard_all`) are discarded, every other
-    /// live byte is kept.
+    /// and the plan's `discard`; every live byte with `discard_all`) are discarded, the bytes on
+    /// spilled pages stay where they are, every other live byte is kept.
     fn copy_plan(&self, live: &[(usize, usize)], plan: &SleepPlan) -> CopyPlan {
         let gate = &self.inner.sleep;
         let live = rs::merged(live.to_vec());
@@ -208,8 +136,9 @@ impl ExpandableMemoryResource {
             holes.extend_from_slice(&used);
         }
         let tagged = rs::merged(holes);
+        let spilled = rs::merged(self.inner.vm.spilled_runs());
         CopyPlan {
-            kept: rs::subtract(&used, &tagged),
+            kept: rs::subtract(&rs::subtract(&used, &tagged), &spilled),
             discarded: rs::intersect(&used, &tagged),
             cached_free: rs::total(&free),
         }
@@ -260,18 +189,8 @@ impl ExpandableMemoryResource {
                 format!("{ptr:#x} is not inside a live allocation of this expandable pool"),
             )
         })?;
-        self.set_tag(block, tag);
+        self.inner.sleep.set_tag(block, tag);
         Ok(block.0)
-    }
-
-    fn set_tag(&self, (start, bytes): (usize, usize), tag: SleepTag) {
-        let gate = &self.inner.sleep;
-        let mut tags = gate.tags.lock();
-        match tag {
-            SleepTag::Keep => tags.remove(&start),
-            SleepTag::Discard => tags.insert(start, bytes),
-        };
-        gate.tagged.store(tags.len(), Ordering::Release);
     }
 
     /// The tag of the live allocation that starts at `ptr` ([`SleepTag::Keep`] unless tagged).
@@ -289,14 +208,14 @@ impl ExpandableMemoryResource {
         self.estimate_with(&SleepPlan::default())
     }
 
-    fn estimate_with(&self, plan: &SleepPlan) -> SleepEstimate {
+    pub(super) fn estimate_with(&self, plan: &SleepPlan) -> SleepEstimate {
         if self.inner.sleep.asleep() {
             return SleepEstimate::default();
         }
         let view = self.view();
         let plan = self.copy_plan(&view.live, plan);
         SleepEstimate {
-            released_bytes: self.mapped_bytes(),
+            released_bytes: self.mapped_bytes().saturating_sub(self.spilled_bytes()),
             copied_bytes: rs::total(&plan.kept),
             discarded_bytes: rs::total(&plan.discarded),
             free_page_bytes: view.free_page_bytes,
@@ -305,19 +224,15 @@ impl ExpandableMemoryResource {
         }
     }
 
-    /// Whether the pool is asleep (offloaded, not yet restored).
-    pub fn asleep(&self) -> bool {
-        self.inner.sleep.asleep()
-    }
-
     /// Bytes of the pool's data held in host memory while asleep (0 when awake, and for
     /// simulated memory, whose pages have no bytes). The host range that holds them may be
     /// larger (a range of the supply made for a larger sleep): [`SleepReport::host_bytes`].
     pub fn host_copy_bytes(&self) -> usize {
-        self.inner.sleep.hold().as_ref().map_or(0, |s| {
-            let copied: usize = s.kept.iter().map(|&(_, bytes, _)| bytes).sum();
-            copied.min(s.host.host_bytes())
-        })
+        self.inner
+            .sleep
+            .hold()
+            .as_ref()
+            .map_or(0, |s| s.kept_bytes().min(s.host.host_bytes()))
     }
 
     /// The latest sleep's figures and times (`None` before the first offload).
@@ -354,7 +269,8 @@ impl ExpandableMemoryResource {
         let Some(spec) = vm.host_pages()? else {
             return Ok(0);
         };
-        let bytes = self.mapped_bytes();
+        // Spilled pages stay where they are across a sleep: only device pages are copied.
+        let bytes = self.mapped_bytes().saturating_sub(self.spilled_bytes());
         if bytes > 0 {
             vm.host_supply().prepare_total(spec, bytes);
         }
@@ -407,11 +323,14 @@ impl ExpandableMemoryResource {
     }
 
     /// [`offload_with`](Self::offload_with) that also discards `plan.discard`'s ranges, for this
-    /// sleep only. A suballocator's chunk over the pool is copied as its live blocks (its free
-    /// ranges are not copied); a tagged block's bytes exactly are not copied.
+    /// sleep only, for `plan.cause`. A suballocator's chunk over the pool is copied as its live
+    /// blocks (its free ranges are not copied); a tagged block's bytes exactly are not copied;
+    /// bytes on spilled pages stay where they are. A pool asleep for the ledger that the user
+    /// offloads becomes the user's (the figures of that sleep are returned).
     ///
     /// # Errors
-    /// [`Error::Logic`] when the pool is asleep already (offload twice) or its virtual memory
+    /// [`Error::Logic`] when the pool is asleep already (offload twice), when the plan is no
+    /// longer wanted (the sleep is abandoned: every byte where it was) or its virtual memory
     /// cannot copy; out of host memory for the copy; CUDA errors. On an error the pool is awake
     /// and unchanged, except when the unmapping failed half-way and undoing it failed too: then
     /// it is asleep (the message says so) and [`restore`](Self::restore) retries.
@@ -420,46 +339,62 @@ impl ExpandableMemoryResource {
         let gate = &inner.sleep;
         let mut state = gate.hold();
         if state.is_some() {
+            if plan.cause == SleepCause::User && gate.cause() == Some(SleepCause::Ledger) {
+                gate.set_cause(SleepCause::User);
+                return Ok(gate
+                    .last
+                    .lock()
+                    .as_ref()
+                    .map_or_else(SleepEstimate::default, |r| r.estimate));
+            }
             return Err(Error::Logic(
                 "expandable: offload() of a pool that is asleep already; restore() it first".into(),
             ));
         }
+        gate.abandon.store(false, Ordering::SeqCst);
+        if !plan.wanted() {
+            return Err(abandoned());
+        }
         let started = Instant::now();
         inner.events.synchronize_all()?;
         let trimmed = inner.core.release(0)?;
-        // From here on allocations, growth and trims are refused (see the module docs), here
-        // and in every suballocator over the pool; copies of its memory too.
-        gate.wake_on_use.store(plan.wake_on_use, Ordering::SeqCst);
-        gate.flag.store(true, Ordering::SeqCst);
-        let waker = plan
-            .wake_on_use
-            .then(|| Arc::new(self.clone()) as Arc<dyn Sleeper>);
-        rs::mark_asleep(
-            inner.vm.base(),
-            inner.vm.reserved_bytes(),
-            "expandable",
-            waker,
-        );
-        let done = self.offload_flagged(&mut state, plan, started, trimmed);
-        if done.is_err() && state.is_none() {
-            gate.flag.store(false, Ordering::SeqCst);
-            rs::mark_awake(inner.vm.base());
+        // From here on allocations, growth and trims are refused (see `movement.rs`), here and
+        // in every suballocator over the pool; copies of its memory too (or they wake it, for
+        // the ledger's sleep).
+        let me: Weak<dyn MovingPool> = Arc::downgrade(inner) as Weak<dyn MovingPool>;
+        index::mark_asleep(inner.vm.base(), inner.vm.reserved_bytes(), "expandable", me);
+        gate.set_cause(plan.cause);
+        gate.set_phase(Phase::Offloading);
+        let still_wanted = || plan.wanted() && !gate.abandon.load(Ordering::SeqCst);
+        let done = self.offload_flagged(&mut state, plan, started, trimmed, &still_wanted);
+        match (&done, state.is_some()) {
+            (Ok(_), _) => gate.set_phase(Phase::Asleep),
+            (Err(_), false) => {
+                gate.set_phase(Phase::Awake);
+                index::mark_awake(inner.vm.base());
+            }
+            // Half-way, and the undo failed: asleep with the data on the host.
+            (Err(_), true) => gate.set_phase(Phase::Asleep),
         }
         done
     }
 
-    /// The offload once the flag is set; `state` is `None` and held.
+    /// The offload once the phase is set; `state` is `None` and held.
     fn offload_flagged(
         &self,
         state: &mut Option<Box<Saved>>,
         plan: &SleepPlan,
         started: Instant,
         trimmed: usize,
+        still_wanted: &dyn Fn() -> bool,
     ) -> Result<SleepEstimate> {
         let inner = &self.inner;
         let gate = &inner.sleep;
         let view = self.view();
         let copy = self.copy_plan(&view.live, plan);
+        // Spilled pages are host memory already: they stay mapped, uncopied.
+        let spilled = rs::merged(inner.vm.spilled_runs());
+        let runs = rs::subtract(&rs::merged(view.runs.clone()), &spilled);
         let sync_trim_s = started.elapsed().as_secs_f64();
         let mut kept = Vec::with_capacity(copy.kept.len());
         let mut copied = 0usize;
@@ -467,30 +402,38 @@ impl ExpandableMemoryResource {
             kept.push((addr, size, copied));
             copied += size;
         }
+        let _moving = Moving::new(gate, copied);
         let step = Instant::now();
         let host = HostCopy::take(inner.vm.host_supply(), inner.vm.host_pages()?, copied)?;
         let host_reused = host.was_ready();
         let host_alloc_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
         let page = inner.vm.page_size();
-        let chunks = split_runs(
-            &view.runs,
-            inner.vm.map_chunk_bytes().max(page) / page * page,
-        );
+        let chunks = split_runs(&runs, inner.vm.map_chunk_bytes().max(page) / page * page);
         let mut unmapped = 0;
         let mut unmap_s = 0.0;
-        let copied_out =
-            self.copy_out_and_unmap(&chunks, &kept, &host, &mut unmapped, &mut unmap_s);
+        let mut copied_out = self.copy_out_and_unmap(
+            &chunks,
+            &kept,
+            &host,
+            &mut unmapped,
+            &mut unmap_s,
+            still_wanted,
+        );
+        if copied_out.is_ok() && !still_wanted() {
+            // No longer wanted once every chunk was out: undone as a failure would be.
+            copied_out = Err(abandoned());
+        }
         let mut report = SleepReport {
             estimate: SleepEstimate {
-                released_bytes: trimmed + view.runs.iter().map(|&(_, len)| len).sum::<usize>(),
+                released_bytes: trimmed + rs::total(&runs),
                 copied_bytes: copied,
                 discarded_bytes: rs::total(&copy.discarded),
                 free_page_bytes: trimmed,
                 cached_free_bytes: copy.cached_free,
                 live_blocks: view.live.len(),
             },
-            sleeps: gate.sleeps.fetch_add(1, Ordering::Relaxed) as u64 + 1,
+            sleeps: gate.sleeps.load(Ordering::Relaxed) as u64 + 1,
             host_bytes: host.host_bytes(),
             host_pinned: host.is_pinned(),
             host_reused,
@@ -508,7 +451,8 @@ impl ExpandableMemoryResource {
             if unmapped == 0 {
                 return Err(e);
             }
-            // Undo: the chunks unmapped so far are a sleep of their own; wake it.
+            // Undo: the chunks unmapped so far are a sleep of their own; wake it (the record
+            // of the last sleep stays the last one that happened).
             *state = Some(Box::new(Saved {
                 runs: chunks[..unmapped].to_vec(),
                 kept,
@@ -517,7 +461,10 @@ impl ExpandableMemoryResource {
                 fill: DiscardFill::Undefined,
                 report,
             }));
-            return match self.wake_locked(state) {
+            let last = gate.last.lock().clone();
+            let undone = self.wake_locked(state);
+            *gate.last.lock() = last;
+            return match undone {
                 Ok(()) => Err(e),
                 Err(again) => Err(Error::Logic(format!(
                     "expandable: offload failed half-way ({e}) and mapping back failed \
@@ -526,11 +473,12 @@ impl ExpandableMemoryResource {
                 ))),
             };
         }
+        gate.sleeps.fetch_add(1, Ordering::Relaxed);
         report.offload_s = started.elapsed().as_secs_f64();
         let estimate = report.estimate;
         *gate.last.lock() = Some(report.clone());
         *state = Some(Box::new(Saved {
-            runs: view.runs,
+            runs,
             kept,
             discarded: copy.discarded,
             host,
@@ -551,6 +499,7 @@ impl ExpandableMemoryResource {
         host: &HostCopy,
         unmapped: &mut usize,
         unmap_s: &mut f64,
+        still_wanted: &dyn Fn() -> bool,
     ) -> Result<()> {
         let vm = &self.inner.vm;
         let mut fences = std::collections::VecDeque::new();
@@ -562,7 +511,7 @@ impl ExpandableMemoryResource {
                 // SAFETY: every stream was synchronized (offload's contract: no work of the
                 // pool's users is queued meanwhile), the copies out of the chunk are done (its
                 // fence), a block an allocation carves here now is freed again unused (it sees
-                // the flag), and the pages are mapped again before any allocation is handed out.
+                // the phase), and the pages are mapped again before any allocation is handed out.
                 unsafe { vm.unmap(addr, len) }?;
                 *unmap_s += step.elapsed().as_secs_f64();
                 *unmapped += 1;
@@ -571,6 +520,9 @@ impl ExpandableMemoryResource {
         };
         let mut next = 0;
         for &(addr, len) in chunks {
+            if !still_wanted() {
+                return Err(abandoned());
+            }
             let end = addr + len;
             while let Some(&(at, size, off)) = pieces.get(next) {
                 if at >= end {
@@ -581,7 +533,7 @@ impl ExpandableMemoryResource {
                     let mut dev = lo;
                     for (to, n) in host.spans(off + (lo - at), hi - lo) {
                         // SAFETY: `dev .. dev + n` lies in a block live at the snapshot, so its
-                        // pages are mapped (the flag stops growth and trims since before it)
+                        // pages are mapped (the phase stops growth and trims since before it)
                         // and no work is queued on it (synchronized; offload's contract); the
                         // host piece lies in the host copy (`off + size` is at most its
                         // length), which nothing else uses and which outlives the copy
@@ -608,7 +560,8 @@ impl ExpandableMemoryResource {
     }
 
     /// Wakes the pool: maps its pages again at the same addresses, copies the kept allocations
-    /// back and zeroes the discarded ones when the offload asked, and releases the host copy.
+    /// back and zeroes the discarded ones when the offload asked, and releases the host copy;
+    /// whoever put it to sleep.
     ///
     /// # Errors
     /// [`Error::Logic`] when the pool is awake (restore without offload); out of memory when the
@@ -616,7 +569,11 @@ impl ExpandableMemoryResource {
     /// the pool stays asleep with its data on the host and a later restore retries; CUDA errors
     /// of the copies (the pool stays asleep too).
     pub fn restore(&self) -> Result<()> {
-        let mut state = self.inner.sleep.hold();
+        let gate = &self.inner.sleep;
+        if gate.phase() == Phase::Offloading && gate.cause() == Some(SleepCause::Ledger) {
+            gate.abandon.store(true, Ordering::SeqCst);
+        }
+        let mut state = gate.hold();
         if state.is_none() {
             return Err(Error::Logic(
                 "expandable: restore() of a pool that is awake (no offload() to undo)".into(),
@@ -625,25 +582,40 @@ impl ExpandableMemoryResource {
         self.wake_locked(&mut state)
     }
 
-    /// Wakes the pool if it sleeps until used ([`SleepPlan::wake_on_use`]); whether it is awake
-    /// afterwards.
-    pub fn wake_for_use(&self) -> bool {
+    /// Wakes the pool where it sleeps for `cause` (any cause: `None`), after the transition in
+    /// flight: an offload for the ledger in flight is abandoned (every byte back where it was);
+    /// an offload for the user in flight finishes first. Whether the pool is awake afterwards
+    /// (false: it sleeps for another cause).
+    ///
+    /// # Errors
+    /// As [`restore`](Self::restore)'s mapping and copies (the pool stays asleep).
+    pub fn wake(&self, cause: Option<SleepCause>) -> Result<bool> {
         let gate = &self.inner.sleep;
         if !gate.asleep() {
-            return true;
+            return Ok(true);
         }
-        if !gate.wake_on_use.load(Ordering::Acquire) {
-            return false;
+        let mine = |now: Option<SleepCause>| cause.is_none() || now == cause;
+        if gate.phase() == Phase::Offloading
+            && gate.cause() == Some(SleepCause::Ledger)
+            && mine(gate.cause())
+        {
+            gate.abandon.store(true, Ordering::SeqCst);
         }
         let mut state = gate.hold();
-        if state.is_some() {
-            let _ = self.wake_locked(&mut state);
+        if state.is_some() && mine(gate.cause()) {
+            self.wake_locked(&mut state)?;
         }
-        !gate.asleep()
+        Ok(!gate.asleep())
     }
 
-    /// The restore, with the sleep record held; `state` is `Some`. Clears the flag when it
-    /// succeeds.
+    /// Wakes the pool if it sleeps for the ledger (it is about to be used); whether it is
+    /// awake afterwards.
+    pub fn wake_for_use(&self) -> bool {
+        self.wake(Some(SleepCause::Ledger)).unwrap_or(false)
+    }
+
+    /// The wake, with the transition lock held; `state` is `Some`. The pool is awake when it
+    /// succeeds, asleep with its data on the host when it does not.
     #[allow(unsafe_code)]
     fn wake_locked(&self, state: &mut Option<Box<Saved>>) -> Result<()> {
         let inner = &self.inner;
@@ -651,6 +623,8 @@ impl ExpandableMemoryResource {
             return Ok(());
         };
         let started = Instant::now();
+        inner.sleep.set_phase(Phase::Waking);
+        let moving = Moving::new(&inner.sleep, saved.kept_bytes());
         let unmap_all = |runs: &[(usize, usize)]| {
             for &(addr, len) in runs {
                 // SAFETY: mapped by this restore a moment ago; nothing has used them (the
@@ -681,6 +655,7 @@ impl ExpandableMemoryResource {
                 unmap_all(&chunks[..i]);
                 saved.report.failed_restores += 1;
                 *inner.sleep.last.lock() = Some(saved.report.clone());
+                inner.sleep.set_phase(Phase::Asleep);
                 return Err(refused_restore(e, addr, len));
             }
             let end = addr + len;
@@ -713,6 +688,7 @@ impl ExpandableMemoryResource {
             if copied.is_err() {
                 let _ = inner.vm.wait_copies();
                 unmap_all(&chunks[..=i]);
+                inner.sleep.set_phase(Phase::Asleep);
                 return copied;
             }
         }
@@ -728,6 +704,7 @@ impl ExpandableMemoryResource {
         let waited = inner.vm.wait_copies();
         if let Err(e) = copied.and(waited) {
             unmap_all(&chunks);
+            inner.sleep.set_phase(Phase::Asleep);
             return Err(e);
         }
         let Some(saved) = state.take() else {
@@ -748,9 +725,9 @@ impl ExpandableMemoryResource {
         }
         // Back to the supply (ready for the next sleep) or to the OS.
         drop(host);
-        inner.sleep.wake_on_use.store(false, Ordering::SeqCst);
-        inner.sleep.flag.store(false, Ordering::SeqCst);
-        rs::mark_awake(inner.vm.base());
+        drop(moving);
+        inner.sleep.set_phase(Phase::Awake);
+        index::mark_awake(inner.vm.base());
         // Pages that became wholly free while asleep (blocks freed then): given back again. A
         // failure leaves them mapped and free (a later trim retries).
         let _ = inner.core.release(0);
@@ -788,243 +765,6 @@ fn refused_restore(e: Error, addr: usize, len: usize) -> Error {
         Error::OutOfMemory { .. } => Error::out_of_memory(len, message),
         _ => Error::Logic(message),
     }
-}
-
-impl Sleeper for ExpandableMemoryResource {
-    fn identity(&self) -> usize {
-        MemoryResource::identity(self)
-    }
-
-    fn asleep(&self) -> bool {
-        self.inner.sleep.asleep()
-    }
-
-    fn admit(&self, tenant: Weak<dyn Tenant>) {
-        let mut tenants = self.inner.sleep.tenants.lock();
-        tenants.retain(|t| t.strong_count() > 0);
-        tenants.push(tenant);
-    }
-
-    fn block_at(&self, addr: usize) -> Option<(usize, usize)> {
-        self.live_block_at(addr)
-    }
-
-    fn tag(&self, block: (usize, usize), tag: SleepTag) {
-        self.set_tag(block, tag);
-    }
-
-    fn forget(&self, addr: usize) {
-        self.inner.sleep.forget(addr);
-    }
-
-    fn offload(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
-        self.offload_plan(plan)
-    }
-
-    fn restore(&self) -> Result<()> {
-        ExpandableMemoryResource::restore(self)
-    }
-
-    fn wake_for_use(&self) -> bool {
-        ExpandableMemoryResource::wake_for_use(self)
-    }
-
-    fn prepare(&self) -> Result<usize> {
-        self.prepare_sleep()
-    }
-
-    fn keep_ready(&self, on: bool) -> Result<usize> {
-        self.keep_sleep_ready(on)
-    }
-
-    fn promote(
-        &self,
-        range: Option<ByteRange>,
-        limit: Option<usize>,
-    ) -> Result<crate::resource::host_spill::PromoteReport> {
-        ExpandableMemoryResource::promote(self, range, limit)
-    }
-
-    fn spill_figures(&self) -> Option<crate::resource::SpillFigures> {
-        ExpandableMemoryResource::spill_figures(self)
-    }
-
-    fn estimate(&self, plan: &SleepPlan) -> SleepEstimate {
-        self.estimate_with(plan)
-    }
-}
-
-/// The pools that can sleep under `mr` (itself, or below its adaptors and suballocators), from
-/// its link, top first.
-///
-/// # Errors
-/// [`Error::Logic`] naming `mr` when no pool under it can sleep.
-pub fn sleep_targets(mr: &SharedResource) -> Result<Vec<Arc<dyn Sleeper>>> {
-    let link = mr.link();
-    if link.sleep.is_empty() {
-        return Err(Error::Logic(format!(
-            "{}: sleep needs a pool on virtual memory, and this stack has none; build it with \
-             rrmm.reinitialize(pool_allocator=\"expandable\") or over \
-             rrmm.mr.ExpandableMemoryResource",
-            mr.name()
-        )));
-    }
-    Ok(link.sleep.sleepers().to_vec())
-}
-
-/// Resolves `discard` (addresses with the buffer's size where known) to the exact blocks of the
-/// pools under `mr`: each pool's own share of a [`SleepPlan`]. Nothing is tagged.
-///
-/// # Errors
-/// As [`Link::block_for_tag`](crate::resource::Link::block_for_tag), for the first address no
-/// pool holds.
-pub fn plan_discards(
-    mr: &SharedResource,
-    discard: &[(usize, Option<usize>)],
-) -> Result<Vec<(usize, usize)>> {
-    let link = mr.link();
-    discard
-        .iter()
-        .map(|&(ptr, size)| link.block_for_tag(ptr, size).map(|(block, _)| block))
-        .collect()
-}
-
-/// Tags the block of `ptr` (with the buffer's `size` where known) `tag` in the pool under `mr`
-/// that holds it; returns the block's start.
-///
-/// # Errors
-/// As [`Link::block_for_tag`](crate::resource::Link::block_for_tag).
-pub fn tag(mr: &SharedResource, ptr: usize, size: Option<usize>, tag: SleepTag) -> Result<usize> {
-    let link = mr.link();
-    let (block, pool) = link.block_for_tag(ptr, size)?;
-    pool.tag(block, tag);
-    Ok(block.0)
-}
-
-/// Offloads every pool under `mr` that can sleep with `plan` (its fill, this sleep's `discard`
-/// ranges from [`plan_discards`], or `discard_all`); when one fails, those offloaded before it
-/// are restored. Returns the figures summed.
-///
-/// # Errors
-/// As [`sleep_targets`] and [`ExpandableMemoryResource::offload_plan`].
-pub fn offload_discarding(mr: &SharedResource, plan: SleepPlan) -> Result<SleepEstimate> {
-    let pools = sleep_targets(mr)?;
-    let mut total = SleepEstimate::default();
-    for (i, pool) in pools.iter().enumerate() {
-        match pool.offload(&plan) {
-            Ok(e) => total = total.plus(e),
-            Err(e) => {
-                for done in &pools[..i] {
-                    let _ = done.restore();
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(total)
-}
-
-/// [`offload_discarding`] with the persistent tags only.
-///
-/// # Errors
-/// As [`offload_discarding`].
-pub fn offload(mr: &SharedResource, fill: DiscardFill) -> Result<SleepEstimate> {
-    offload_discarding(mr, SleepPlan::with_fill(fill))
-}
-
-/// Restores every pool under `mr` that is asleep.
-///
-/// # Errors
-/// As [`sleep_targets`]; [`Error::Logic`] when none is asleep; the first restore's error (the
-/// others are still tried, so one refusal leaves only its pool asleep).
-pub fn restore(mr: &SharedResource) -> Result<()> {
-    let pools = sleep_targets(mr)?;
-    let mut first = None;
-    let mut any = false;
-    for pool in pools.iter().filter(|p| p.asleep()) {
-        any = true;
-        if let Err(e) = pool.restore() {
-            first.get_or_insert(e);
-        }
-    }
-    if !any {
-        return Err(Error::Logic(format!(
-            "{}: restore() of a pool that is awake (no offload() to undo)",
-            mr.name()
-        )));
-    }
-    first.map_or(Ok(()), Err)
-}
-
-/// Makes the host pages of the next sleep of every pool under `mr` ready ahead of need, in the
-/// background ([`ExpandableMemoryResource::prepare_sleep`]); returns the bytes asked for.
-///
-/// # Errors
-/// As [`sleep_targets`]; where a pool's memory cannot be copied to the host.
-pub fn prepare(mr: &SharedResource) -> Result<usize> {
-    sleep_targets(mr)?
-        .iter()
-        .try_fold(0usize, |sum, p| Ok(sum + p.prepare()?))
-}
-
-/// Keeps the next sleep's host pages ready as every pool under `mr` grows (`on`)
-/// ([`ExpandableMemoryResource::keep_sleep_ready`]); returns the bytes asked for now.
-///
-/// # Errors
-/// As [`sleep_targets`]; where a pool's memory cannot be copied to the host.
-pub fn keep_ready(mr: &SharedResource, on: bool) -> Result<usize> {
-    sleep_targets(mr)?
-        .iter()
-        .try_fold(0usize, |sum, p| Ok(sum + p.keep_ready(on)?))
-}
-
-/// Moves the pages spilled to the host of every pool under `mr` (those in `range` where
-/// given) back to device memory at the same addresses, at most `limit` bytes in all
-/// ([`ExpandableMemoryResource::promote`]); the figures summed. A stack with no pool on
-/// virtual memory has nothing spilled: an empty report.
-///
-/// # Errors
-/// As [`ExpandableMemoryResource::promote`].
-pub fn promote(
-    mr: &SharedResource,
-    range: Option<ByteRange>,
-    limit: Option<usize>,
-) -> Result<crate::resource::host_spill::PromoteReport> {
-    let mut total = crate::resource::host_spill::PromoteReport::default();
-    let mut budget = limit;
-    for pool in mr.link().sleep.sleepers() {
-        let report = pool.promote(range, budget)?;
-        budget = budget.map(|b| b.saturating_sub(report.promoted));
-        total = total.plus(report);
-    }
-    Ok(total)
-}
-
-/// The spill figures summed over the pools under `mr` that spill to host pages; `None` where
-/// none does.
-pub fn spill_figures(mr: &SharedResource) -> Option<crate::resource::SpillFigures> {
-    mr.link()
-        .sleep
-        .sleepers()
-        .iter()
-        .filter_map(|p| p.spill_figures())
-        .reduce(crate::resource::SpillFigures::plus)
-}
-
-/// Whether any pool under `mr` is asleep (false when there is none).
-pub fn asleep(mr: &SharedResource) -> bool {
-    mr.link().asleep()
-}
-
-/// The sleep estimate summed over the pools under `mr`.
-///
-/// # Errors
-/// As [`sleep_targets`].
-pub fn sleep_estimate(mr: &SharedResource) -> Result<SleepEstimate> {
-    Ok(sleep_targets(mr)?
-        .iter()
-        .map(|p| p.estimate(&SleepPlan::default()))
-        .fold(SleepEstimate::default(), SleepEstimate::plus))
 }
 
 #[cfg(test)]

@@ -44,7 +44,8 @@ impl ExpandableMemoryResource {
     pub fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport> {
         let started = Instant::now();
         let inner = &self.inner;
-        let _sleep = inner.sleep.hold();
+        // The transition lock: no sleep, wake or other promotion meanwhile.
+        let _transition = inner.sleep.hold();
         if inner.sleep.asleep() {
             return Err(Error::Logic(
                 "expandable: promote() of a pool that is asleep; restore() it first".into(),
@@ -69,6 +70,11 @@ impl ExpandableMemoryResource {
             });
         }
         let mut budget = limit.map_or(usize::MAX, |l| l.div_ceil(page).saturating_mul(page));
+        let in_range: usize = spilled
+            .iter()
+            .map(|&(a, b)| (a + b).min(hi).saturating_sub(a.max(lo)))
+            .sum();
+        let _moving = super::movement::Moving::new(&inner.sleep, in_range.min(budget));
         let mut trim_s = 0.0;
         let (trimmed, promoted) = inner.core.trim_then(|| {
             trim_s = started.elapsed().as_secs_f64();

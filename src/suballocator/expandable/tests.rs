@@ -505,7 +505,7 @@ fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, C
     let vm: Arc<dyn VirtualMemory> =
         Arc::new(SimulatedVirtualMemory::new(1 << 30, 1 << 30, GP).unwrap());
     let growth = ExpandableGrowth {
-        sleeping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        phase: Arc::new(std::sync::atomic::AtomicU8::new(0)),
         vm: vm.clone(),
         maximum: None,
         mapped: Mutex::new(BTreeMap::new()),

@@ -11,11 +11,14 @@ use super::*;
 use crate::adaptor::StatisticsResourceAdaptor;
 use crate::cuda::Stream;
 use crate::resource::host_supply::{HostPageSupply, PageSpec};
+use crate::resource::sleep::stack::*;
 use crate::resource::{
     HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
 };
+use crate::resource::{MemoryResource, SharedResource};
 use crate::test_support::free;
 use proptest::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
 const PAGE: usize = 2 << 20;
@@ -793,7 +796,7 @@ proptest! {
                     let n = live.len();
                     let b = &mut live[i % n];
                     let tag = if discard { SleepTag::Discard } else { SleepTag::Keep };
-                    prop_assert_eq!(super::tag(&top, b.ptr, None, tag).unwrap(), b.ptr);
+                    prop_assert_eq!(crate::resource::sleep::stack::tag(&top, b.ptr, None, tag).unwrap(), b.ptr);
                     b.discard = discard;
                 }
                 StackOp::Sleep { discard_now, zero, bogus_first } => {
@@ -826,7 +829,7 @@ proptest! {
                     let dropped: usize = (0..live.len()).filter(|&i| gone(i)).map(|i| blocks[i].1).sum();
                     let plan = plan_discards(&top, &wanted).unwrap();
                     let fill = if zero { DiscardFill::Zero } else { DiscardFill::Undefined };
-                    let did = offload_discarding(&top, SleepPlan { discard: plan, fill, discard_all: false, wake_on_use: false }).unwrap();
+                    let did = offload_discarding(&top, SleepPlan { discard: plan, fill, ..SleepPlan::default() }).unwrap();
                     prop_assert_eq!(did.copied_bytes, kept, "exactly the live kept blocks");
                     prop_assert_eq!(did.discarded_bytes, dropped);
                     prop_assert_eq!(vm.mapped_bytes(), 0);
@@ -945,8 +948,7 @@ fn a_new_suballocator_gets_sleep_by_construction() {
         SleepPlan {
             discard: plan,
             fill: DiscardFill::Zero,
-            discard_all: false,
-            wake_on_use: false,
+            ..SleepPlan::default()
         },
     )
     .unwrap();
@@ -1029,17 +1031,14 @@ fn a_sleep_until_used_wakes_at_the_next_allocation_or_copy() {
     let (_vm, mr) = host_pool(64 * PAGE);
     let blocks = written_blocks(&mr, &[1000, PAGE + 300], 7);
     let until_used = SleepPlan {
-        wake_on_use: true,
+        cause: SleepCause::Ledger,
         ..SleepPlan::default()
     };
     // A plain sleep refuses.
     mr.offload().unwrap();
     assert!(mr.allocate(64, S).is_err());
     assert!(check_awake("src", blocks[0].0, 8).is_err());
-    assert!(
-        !Sleeper::wake_for_use(&mr),
-        "a sleep its user asked for stays"
-    );
+    assert!(!mr.wake_for_use(), "a sleep its user asked for stays");
     mr.restore().unwrap();
     // Until used: an allocation wakes it, bytes intact.
     mr.offload_plan(&until_used).unwrap();
