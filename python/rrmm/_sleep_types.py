@@ -1,13 +1,21 @@
-"""The dicts of sleep and wake (``offload()``, ``sleep_estimate()``, ``last_sleep()``) and of
-spilling (``promote()``, ``spill_figures()``) as TypedDicts: their keys are the fields of
-``rrmm::suballocator::SleepEstimate``, ``SleepReport``, ``PromoteReport`` and
-``SpillFigures``."""
+"""The dicts of memory that moves as TypedDicts: sleep and wake (``offload()``,
+``sleep_estimate()``, ``last_sleep()``), spilling (``promote()``, ``spill_figures()``) and the
+movement state (``movement()``). Their keys are the fields of the Rust records
+``SleepEstimate``, ``SleepReport``, ``PromoteReport``, ``SpillFigures`` and ``Movement``
+(``tests/python/test_records.py`` checks them against ``rrmm._rrmm._record_fields``)."""
 
 from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["HostPageFigures", "PromoteReport", "SleepFigures", "SleepReport", "SpillFigures"]
+__all__ = [
+    "HostPageFigures",
+    "Movement",
+    "PromoteReport",
+    "SleepFigures",
+    "SleepReport",
+    "SpillFigures",
+]
 
 
 class SleepFigures(TypedDict):
@@ -82,3 +90,17 @@ class SpillFigures(TypedDict):
     promote_make_s: float
     promote_copy_s: float
     promote_remap_s: float
+
+
+class Movement(TypedDict):
+    """A pool's movement state (``movement()``): its phase (``"awake"``, ``"offloading"``,
+    ``"asleep"``, ``"waking"``), who put it to sleep (``"user"``, ``"ledger"``, or None while
+    awake), and where its bytes are: device pages, host pages spilled under its addresses
+    (they stay there across a sleep), the host copy of a sleep, and bytes moving now."""
+
+    phase: str
+    cause: str | None
+    device_bytes: int
+    spilled_bytes: int
+    offloaded_bytes: int
+    moving_bytes: int

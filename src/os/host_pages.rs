@@ -230,6 +230,25 @@ impl Reservation {
         Ok(())
     }
 
+    /// Gives the pages of `offset .. offset + bytes` back to the kernel and keeps the range
+    /// accessible: the next touch of a page makes a fresh one (zeros). Never fails for lack of
+    /// memory (nothing is committed anew).
+    ///
+    /// # Safety
+    /// 1. Nothing reads or writes the range meanwhile (host code, or the device through a
+    ///    registration); its bytes are gone after the call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the reservation.
+    pub unsafe fn renew(&self, offset: usize, bytes: usize) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        if bytes > 0 {
+            // SAFETY: inside this reservation; nothing uses it (the caller's precondition 1).
+            unsafe { libc::madvise(addr as *mut libc::c_void, bytes, libc::MADV_DONTNEED) };
+        }
+        Ok(())
+    }
+
     /// Gives the pages of `offset .. offset + bytes` back to the kernel and makes the range
     /// inaccessible again.
     ///
@@ -397,7 +416,41 @@ pub fn numa_node_count() -> usize {
 /// the process's control groups (v1 and v2, its own group and every ancestor:
 /// [`super::cgroup`]); and the free swap (`SwapFree`), capped by the groups' swap limits.
 pub fn available_host_memory() -> Option<HostRoom> {
-    available_host_memory_under(Path::new("/"))
+    let cap = ROOM_CAP.load(std::sync::atomic::Ordering::Relaxed);
+    let room = available_host_memory_under(Path::new("/"));
+    if cap == usize::MAX {
+        return room;
+    }
+    // A cap set by a test: the host's room runs out at it (swap too).
+    Some(match room {
+        Some(r) => HostRoom {
+            available: r.available.min(cap),
+            swap_free: 0,
+            ..r
+        },
+        None => HostRoom {
+            available: cap,
+            swap_free: 0,
+            cgroup_room: None,
+            cgroup_limit_file: None,
+        },
+    })
+}
+
+/// A cap on the host memory the checks find available ([`available_host_memory`]);
+/// `usize::MAX`: none.
+// Why process-wide: the host's room is the process's, read by every check of it; tests cap it
+// to make the host run out where they choose.
+static ROOM_CAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// Caps the host memory every check of the host's room finds available at `cap` bytes (`None`:
+/// the host's own figure): for tests of what runs out of host memory (a sleep's copy, spill
+/// pages, a promotion), on any machine.
+pub fn set_room_cap(cap: Option<usize>) {
+    ROOM_CAP.store(
+        cap.unwrap_or(usize::MAX),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// [`available_host_memory`] as the tree under `root` shows it (`root/proc/meminfo`, the

@@ -89,5 +89,12 @@ pub(crate) fn host_pages_room() -> usize {
     crate::os::host_pages::available_host_memory().map_or(0, |room| room.available)
 }
 
+/// `_host_pages_set_room_cap(nbytes)`: caps the host memory every check of the host's room finds
+/// available (None: the host's own figure). For tests of what runs out of host memory.
+#[pyfunction]
+fn _host_pages_set_room_cap(nbytes: Option<usize>) {
+    crate::os::host_pages::set_room_cap(nbytes);
+}
+
 super::register_items!(functions: host_pages_prepare, host_pages_wait, host_pages_give_back,
-    host_pages_set_keep_limit, host_pages_figures, host_pages_room;);
+    host_pages_set_keep_limit, host_pages_figures, host_pages_room, _host_pages_set_room_cap;);

@@ -31,6 +31,7 @@ mod gpu;
 mod hooks;
 pub(crate) mod host_pages;
 mod python_functions;
+pub(crate) mod record;
 mod replay;
 mod replay_allocator;
 mod resources;
@@ -49,6 +50,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
         device,
         gpu,
         host_pages,
+        record,
         replay,
         replay_allocator,
         shared_gpu

@@ -14,7 +14,7 @@ use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
 use crate::cuda;
 use crate::error::{Error, Result};
-use crate::os::host_pages::{host_memory_info, Commit, Reservation, HUGE_PAGE};
+use crate::os::host_pages::{check_host_room, host_memory_info, Commit, Reservation, HUGE_PAGE};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
@@ -273,8 +273,10 @@ impl VirtualMemory for HostVirtualMemory {
             .map_or_else(Vec::new, |p| p.lock().runs())
     }
 
-    /// Each page: its bytes copied aside, the page given to the OS and made again (zeros),
-    /// the bytes copied back.
+    /// Each page: the host's room for the new page checked first (a refusal moves nothing
+    /// more: the page keeps its bytes where they are), its bytes copied aside, the page given to
+    /// the OS and made again at its first touch, the bytes copied back. Refused for lack of
+    /// room before any page moved: out of memory, nothing touched.
     unsafe fn promote(&self, addr: usize, bytes: usize) -> Result<usize> {
         let Some(pretend) = &self.pretend else {
             return Ok(0);
@@ -285,26 +287,27 @@ impl VirtualMemory for HostVirtualMemory {
         let mut aside = vec![0u8; self.page_size];
         let mut moved = 0;
         for page in pretend.promotable(addr, bytes) {
+            if let Err(e) = check_host_room(self.page_size, false) {
+                if moved == 0 {
+                    return Err(Error::out_of_memory(
+                        self.page_size,
+                        format!("pretend device: promotion refused, nothing was moved ({e})"),
+                    ));
+                }
+                break;
+            }
             let offset = page - self.reservation.base();
             // SAFETY: a mapped page (spilled pages are mapped) nothing uses (the caller's
-            // precondition 1); `aside` is ours.
+            // precondition 1); `aside` is ours; `renew` keeps the page accessible.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     page as *const u8,
                     aside.as_mut_ptr(),
                     self.page_size,
                 );
-                self.reservation.decommit(offset, self.page_size)?;
+                self.reservation.renew(offset, self.page_size)?;
+                std::ptr::copy_nonoverlapping(aside.as_ptr(), page as *mut u8, self.page_size);
             }
-            let how = Commit {
-                numa_node: None,
-                populate: false,
-            };
-            self.reservation.commit(offset, self.page_size, how)?;
-            // SAFETY: committed again just now; nothing else uses it.
-            unsafe {
-                std::ptr::copy_nonoverlapping(aside.as_ptr(), page as *mut u8, self.page_size)
-            };
             pretend.promoted(page);
             moved += self.page_size;
         }

@@ -170,6 +170,12 @@ impl DeviceMemoryResource {
     }
 
     /// rrmm: whether the expandable pool under this resource is asleep.
+    /// The movement state of each pool under this resource whose memory moves (its phase,
+    /// who put it to sleep, where its bytes are); an empty list where none can move.
+    fn movement<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        super::sleep::movement(py, &self.inner)
+    }
+
     #[getter]
     fn asleep(&self) -> bool {
         super::sleep::asleep(&self.inner)

@@ -5,7 +5,7 @@
 use crate::python::errors::py_result;
 use crate::resource::SharedResource;
 use crate::suballocator::sleep as rs;
-use crate::suballocator::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
+use crate::suballocator::{DiscardFill, SleepReport, SleepTag};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -43,27 +43,11 @@ fn parse<T: std::str::FromStr<Err = crate::Error>>(text: &str) -> PyResult<T> {
     py_result(text.parse())
 }
 
-/// A [`SleepEstimate`] as a dict of its fields.
-pub(super) fn estimate_dict<'py>(
-    py: Python<'py>,
-    e: &SleepEstimate,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    crate::python::set_fields!(d, e;
-        released_bytes, copied_bytes, discarded_bytes, free_page_bytes, cached_free_bytes,
-        live_blocks,
-    );
-    Ok(d)
-}
+use crate::python::record::record_dict;
 
 /// A [`SleepReport`] as a dict: the estimate's fields and the times.
 pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = estimate_dict(py, &r.estimate)?;
-    crate::python::set_fields!(d, r;
-        sleeps, host_bytes, host_pinned, host_reused, host_ranges, offload_s, sync_trim_s, host_alloc_s,
-        copy_out_s, unmap_s, restore_s, map_s, copy_in_s, failed_restores,
-    );
-    Ok(d)
+    record_dict(py, r)
 }
 
 /// The bytes of the buffer `obj` where it says (a `DeviceBuffer`'s `size`, an array's or
@@ -142,7 +126,7 @@ pub(super) fn offload<'py>(
             },
         )
     }))?;
-    estimate_dict(py, &estimate)
+    record_dict(py, &estimate)
 }
 
 /// `prepare_sleep()` of every expandable pool under `mr`; with `wait`, until the pages are made.
@@ -172,7 +156,7 @@ pub(super) fn sleep_estimate<'py>(
     mr: &SharedResource,
 ) -> PyResult<Bound<'py, PyDict>> {
     let estimate = py_result(py.detach(|| rs::sleep_estimate(mr)))?;
-    estimate_dict(py, &estimate)
+    record_dict(py, &estimate)
 }
 
 /// `promote(buffer, max_bytes)` of every expandable pool under `mr`: the report as a dict.
@@ -195,13 +179,7 @@ pub(crate) fn promote_dict<'py>(
     py: Python<'py>,
     report: &crate::suballocator::sleep::PromoteReport,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("promoted", report.promoted)?;
-    d.set_item("spilled", report.spilled)?;
-    d.set_item("trimmed", report.trimmed)?;
-    d.set_item("seconds", report.seconds)?;
-    d.set_item("trim_s", report.trim_s)?;
-    Ok(d)
+    record_dict(py, report)
 }
 
 /// `spill_figures()` summed over the spilling pools under `mr`, as a dict; None where none
@@ -210,20 +188,24 @@ pub(super) fn spill_figures<'py>(
     py: Python<'py>,
     mr: &SharedResource,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
-    let Some(f) = rs::spill_figures(mr) else {
-        return Ok(None);
-    };
-    let d = PyDict::new(py);
-    d.set_item("limit", f.limit)?;
-    d.set_item("spilled", f.spilled)?;
-    d.set_item("kept", f.kept)?;
-    d.set_item("made", f.made)?;
-    d.set_item("reused", f.reused)?;
-    d.set_item("promoted", f.promoted)?;
-    d.set_item("promote_make_s", f.promote_make_s)?;
-    d.set_item("promote_copy_s", f.promote_copy_s)?;
-    d.set_item("promote_remap_s", f.promote_remap_s)?;
-    Ok(Some(d))
+    rs::spill_figures(mr)
+        .map(|f| record_dict(py, &f))
+        .transpose()
+}
+
+/// `movement()`: the movement state of each pool under `mr` whose memory moves, as dicts.
+pub(super) fn movement<'py>(
+    py: Python<'py>,
+    mr: &SharedResource,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let states: Vec<crate::resource::sleep::Movement> = mr
+        .link()
+        .sleep
+        .pools()
+        .iter()
+        .map(|p| p.movement())
+        .collect();
+    states.iter().map(|m| record_dict(py, m)).collect()
 }
 
 /// Whether an expandable pool under `mr` is asleep.

@@ -141,7 +141,8 @@ summed_fields!(SleepEstimate {
 /// The latest sleep of a pool: its figures and where the time went (seconds).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SleepReport {
-    /// What the offload freed and copied.
+    /// What the offload freed and copied (its keys are the report's own in a dict).
+    #[serde(flatten)]
     pub estimate: SleepEstimate,
     /// Sleeps of this pool so far (this one included).
     pub sleeps: u64,

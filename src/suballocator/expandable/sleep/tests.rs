@@ -12,6 +12,7 @@ use crate::adaptor::StatisticsResourceAdaptor;
 use crate::cuda::Stream;
 use crate::resource::host_supply::{HostPageSupply, PageSpec};
 use crate::resource::sleep::stack::*;
+use crate::resource::sleep::{Phase, SleepCause};
 use crate::resource::{
     HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
 };
@@ -1065,4 +1066,133 @@ fn a_sleep_until_used_wakes_at_the_next_allocation_or_copy() {
         pool.deallocate(q, 256, S).unwrap();
         pool.deallocate(r, PAGE * 2, S).unwrap();
     }
+}
+
+/// Issue 46, "a tag added later": a pool built over a tagged resource before a tag was added
+/// sees the tag's pool through its live link: it refuses to hand out its cached blocks while the
+/// tag sleeps, and the tag's sleep copies only the pool's live blocks (the pool is its tenant).
+#[test]
+fn a_tag_added_after_a_pool_over_it_is_seen_by_that_pool() {
+    use crate::adaptor::TaggedMemoryResource;
+    let (_first_vm, first) = host_pool(64 * PAGE);
+    let (_kv_vm, kv) = host_pool(64 * PAGE);
+    let tagged = TaggedMemoryResource::new("first", first.clone());
+    let shared: SharedResource = Arc::new(tagged.clone());
+    let pool = crate::suballocator::PoolMemoryResource::new(shared, Some(0), None).unwrap();
+    tagged.add_tag("kv", kv.clone()).unwrap();
+    tagged.set_current_tag(Some("kv")).unwrap();
+    let live = pool.allocate(PAGE, S).unwrap();
+    let cached = pool.allocate(2 * PAGE, S).unwrap();
+    tagged.set_current_tag(None).unwrap();
+    let kv_base = kv.virtual_memory().base();
+    assert!(
+        live >= kv_base && cached >= kv_base,
+        "the pool grew in the kv tag's pool"
+    );
+    write(live, PAGE, 5);
+    free(&pool, cached, 2 * PAGE).unwrap();
+    let did = kv.offload().unwrap();
+    assert_eq!(
+        did.copied_bytes, PAGE,
+        "only the pool's live block: {did:?}"
+    );
+    assert!(did.cached_free_bytes >= 2 * PAGE, "{did:?}");
+    let refused = pool.allocate(2 * PAGE, S).unwrap_err().to_string();
+    assert!(refused.contains("asleep"), "{refused}");
+    kv.restore().unwrap();
+    assert_eq!(mismatch(live, PAGE, 5), None);
+    let again = pool.allocate(2 * PAGE, S).unwrap();
+    free(&pool, again, 2 * PAGE).unwrap();
+    free(&pool, live, PAGE).unwrap();
+}
+
+/// An offload for the ledger stops between its chunks once it is no longer wanted, maps back
+/// what it unmapped, and changes nothing; one for the user is not abandoned by a wake for the
+/// ledger.
+#[test]
+fn an_offload_no_longer_wanted_is_abandoned_with_every_byte_in_place() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let blocks = written_blocks(&mr, &[3 * PAGE, 2 * PAGE + 17, PAGE, 4 * PAGE], 40);
+    // Free pages go at any transition (trimmed): only the live ones count.
+    mr.trim(0).unwrap();
+    let mapped = vm.mapped_bytes();
+    for give_up_at in 1..6 {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let plan = SleepPlan::for_ledger(Arc::new(move || {
+            seen.fetch_add(1, Ordering::SeqCst) < give_up_at
+        }));
+        let e = mr.offload_plan(&plan).unwrap_err().to_string();
+        assert!(e.contains("abandoned"), "{e}");
+        assert!(!mr.asleep() && mr.movement().phase == Phase::Awake);
+        assert_eq!(vm.mapped_bytes(), mapped, "every page mapped again");
+        assert_intact(&blocks);
+        let p = mr.allocate(PAGE, S).unwrap();
+        free(&mr, p, PAGE).unwrap();
+        mr.trim(0).unwrap();
+    }
+}
+
+/// Issue 46, "busy during a sleep": the ledger's offload runs while the process was idle; the
+/// process declares itself busy (idle off, then a wake for the ledger) from another thread at
+/// any moment. Once the wake returns the pool is awake and stays awake (an offload not started
+/// yet is refused, one in flight abandoned, one done woken), with every byte in place.
+#[test]
+fn busy_declared_during_a_ledger_sleep_leaves_the_pool_awake() {
+    let (vm, mr) = host_pool(64 * PAGE);
+    let blocks = written_blocks(&mr, &[5 * PAGE, 3 * PAGE + 9, 6 * PAGE], 70);
+    mr.trim(0).unwrap();
+    let mapped = vm.mapped_bytes();
+    for round in 0..40u32 {
+        let idle = Arc::new(AtomicBool::new(true));
+        let wanted = idle.clone();
+        let plan = SleepPlan::for_ledger(Arc::new(move || wanted.load(Ordering::SeqCst)));
+        std::thread::scope(|s| {
+            let sleeper = s.spawn(|| mr.offload_plan(&plan));
+            for _ in 0..round % 4 {
+                std::thread::yield_now();
+            }
+            idle.store(false, Ordering::SeqCst);
+            assert!(mr.wake(Some(SleepCause::Ledger)).unwrap());
+            assert!(!mr.asleep(), "awake when busy returns");
+            let _ = sleeper.join().unwrap();
+        });
+        assert!(!mr.asleep(), "and stays awake (round {round})");
+        assert_eq!(vm.mapped_bytes(), mapped);
+        assert_intact(&blocks);
+    }
+}
+
+/// A pool the ledger put to sleep is the user's once the user offloads it (no longer woken by
+/// use); a user's sleep is not woken by a wake for the ledger.
+#[test]
+fn a_users_offload_of_a_ledger_sleep_makes_it_the_users() {
+    let (_vm, mr) = host_pool(64 * PAGE);
+    let blocks = written_blocks(&mr, &[PAGE + 1], 90);
+    mr.offload_plan(&SleepPlan::for_ledger(Arc::new(|| true)))
+        .unwrap();
+    assert_eq!(mr.movement().cause, Some(SleepCause::Ledger));
+    mr.offload().unwrap();
+    assert_eq!(mr.movement().cause, Some(SleepCause::User));
+    assert!(!mr.wake(Some(SleepCause::Ledger)).unwrap(), "stays asleep");
+    assert!(mr.allocate(64, S).is_err(), "no wake on use");
+    assert!(mr.offload().is_err(), "asleep already");
+    mr.restore().unwrap();
+    assert_intact(&blocks);
+    assert_eq!(mr.movement().cause, None);
+}
+
+/// A pool dropped while asleep leaves the process's index (its addresses are given back with
+/// it: a copy there later must not name it).
+#[test]
+fn a_pool_dropped_asleep_leaves_the_index() {
+    use crate::resource::sleep::check_awake;
+    let (vm, mr) = host_pool(16 * PAGE);
+    let blocks = written_blocks(&mr, &[PAGE], 1);
+    let base = vm.base();
+    mr.offload().unwrap();
+    assert!(check_awake("src", base, 8).is_err());
+    drop(mr);
+    assert!(check_awake("src", base, 8).is_ok(), "no stale entry");
+    drop(blocks);
 }
