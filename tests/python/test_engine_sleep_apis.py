@@ -277,3 +277,37 @@ def test_the_switch_imports_the_original_names() -> None:
                               if not k.startswith("RRMM_AS_")},
                          capture_output=True, text=True, check=False)
     assert off.returncode != 0 or "rrmm" not in off.stdout
+
+
+@pytest.mark.parametrize("region_tag", ["default", "kv_cache"])
+def test_a_pause_never_touches_memory_allocated_outside_regions(region_tag: str) -> None:
+    """Issue 46: torch_memory_saver never touches memory outside its regions. Memory allocated
+    before, between and after regions, and inside ``disable()``, keeps its bytes and stays
+    usable while every region is paused; allocations outside regions are served meanwhile."""
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region(tag="other"):
+        pass  # the first region sets rrmm's tagged resource as the device's
+    before = rrmm.DeviceBuffer(size=PAGE + 3)
+    with saver.region(tag=region_tag):
+        inside = rrmm.DeviceBuffer(size=2 * PAGE)
+        with saver.disable():
+            disabled = rrmm.DeviceBuffer(size=PAGE)
+    after = rrmm.DeviceBuffer(size=3 * PAGE)
+    data = {id(b): fill(b, i) for i, b in enumerate([before, inside, disabled, after])}
+    saver.pause()
+    tagged = mr.get_current_device_resource()
+    assert isinstance(tagged, mr.TaggedMemoryResource)
+    assert tagged.pool(region_tag).asleep
+    for b in (before, disabled, after):
+        assert same(b, data[id(b)]), "outside every region: untouched"
+    more = rrmm.DeviceBuffer(size=PAGE)  # outside regions: served while paused
+    with pytest.raises(RuntimeError, match="asleep"):
+        inside.tobytes()
+    saver.resume()
+    for b in (before, inside, disabled, after):
+        if b is not inside:
+            assert same(b, data[id(b)])
+    assert more.size == PAGE
+    with pytest.raises(ValueError, match="outside every region"):
+        with saver.region(tag="rrmm:outside-regions"):
+            pass

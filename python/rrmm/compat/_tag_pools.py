@@ -1,7 +1,12 @@
-"""The state both engine APIs share: one ``TaggedMemoryResource`` per device, set as the device's
-current resource, a pool per tag, each tag's backup choice, and PyTorch's ``MemPool`` per tag
-(PyTorch's allocations in a region reach rrmm through its pluggable allocator, which allocates
-from the current resource: the region's tag)."""
+"""What both engine APIs share: one ``TaggedMemoryResource`` per device, set as the device's
+current resource, a pool per region tag, each tag's backup choice, and PyTorch's ``MemPool`` per
+tag (PyTorch's allocations in a region reach rrmm through its pluggable allocator, which
+allocates from the current resource: the region's tag).
+
+Memory allocated outside every region (and inside ``disable()``) goes to a pool of its own, the
+tagged resource's first (``OUTSIDE``), which no pause touches: as torch_memory_saver, a pause
+gives back only memory allocated in a region. Whether a tag is paused is its pool's own state
+(``pool.asleep``, ``pool.movement()``); nothing here keeps a copy of it."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from typing import Any
 from rrmm import mr, shared_gpu
 
 DEFAULT_TAG = "default"
+#: The pool of memory allocated outside every region: never paused, not a region's tag.
+OUTSIDE = "rrmm:outside-regions"
 
 PoolFactory = Callable[[], mr.ExpandableMemoryResource]
 
@@ -27,7 +34,6 @@ class TagPools:
         self._lock = threading.RLock()
         self._tagged: mr.TaggedMemoryResource | None = None
         self._backup: dict[str, bool] = {}
-        self._paused: set[str] = set()
         self._entered: list[str] = []
         self._torch_pools: dict[str, Any] = {}
 
@@ -46,15 +52,17 @@ class TagPools:
         return mr.ExpandableMemoryResource(device=self._device_ordinal())
 
     def tagged(self) -> mr.TaggedMemoryResource:
-        """The tagged resource, made and set as the device's current resource on first use."""
+        """The tagged resource, made and set as the device's current resource on first use; its
+        first pool (``OUTSIDE``) takes what is allocated outside every region."""
         with self._lock:
             if self._tagged is None:
-                self._tagged = mr.TaggedMemoryResource(self._new_pool(), DEFAULT_TAG)
-                self._backup[DEFAULT_TAG] = True
+                self._tagged = mr.TaggedMemoryResource(self._new_pool(), OUTSIDE)
                 mr.set_per_device_resource(self._device_ordinal(), self._tagged)
             return self._tagged
 
     def _ensure_tag(self, tag: str, backup: bool) -> None:
+        if tag == OUTSIDE:
+            raise ValueError(f"{OUTSIDE!r} names the memory outside every region, not a region")
         tagged = self.tagged()
         with self._lock:
             if tag not in tagged.tags:
@@ -122,16 +130,18 @@ class TagPools:
             torch.cuda.synchronize()
 
     def pause(self, tags: list[str], keep: Callable[[str], bool]) -> dict[str, Any]:
-        """Gives the physical memory of ``tags``' pools back, keeping every address; a tag for
-        which ``keep`` is false is discarded (not copied). Returns each tag's figures."""
+        """Gives the physical memory of ``tags``' pools (region tags) back, keeping every
+        address; a tag for which ``keep`` is false is discarded (not copied). Returns each tag's
+        figures. Memory outside every region is never touched."""
         tagged = self.tagged()
         self._synchronize()
         done: dict[str, Any] = {}
         for tag in tags:
+            if tag == OUTSIDE:
+                continue
             pool = tagged.pool(tag)
             discard: Any = None if keep(tag) else "all"
             done[tag] = pool.offload(discard=discard)
-            self._paused.add(tag)
         # An engine between phases is idle: on a shared GPU its other pools may sleep too.
         shared_gpu._engine_idle(True)
         return done
@@ -141,22 +151,24 @@ class TagPools:
         tagged = self.tagged()
         shared_gpu._engine_idle(False)
         for tag in tags:
-            tagged.pool(tag).restore()
-            self._paused.discard(tag)
+            pool = tagged.pool(tag)
+            if pool.asleep:
+                pool.restore()
 
     def paused(self, tag: str) -> bool:
-        return tag in self._paused
+        """Whether ``tag``'s pool sleeps now (its own state)."""
+        if self._tagged is None or tag not in self._tagged.tags:
+            return False
+        return bool(self._tagged.pool(tag).asleep)
 
     def backup(self, tag: str) -> bool:
         return self._backup.get(tag, True)
 
     def usage(self) -> int:
-        """Bytes the tags' pools hold on the device now."""
+        """Bytes the region tags' pools hold on the device now."""
         if self._tagged is None:
             return 0
         total = 0
-        for tag in self._tagged.tags:
-            pool = self._tagged.pool(tag)
-            if not pool.asleep:
-                total += int(pool.sleep_estimate()["released_bytes"])
+        for tag in self.region_tags():
+            total += sum(int(m["device_bytes"]) for m in self._tagged.pool(tag).movement())
         return total
