@@ -8,6 +8,15 @@
 //! standing in for one), the failing resource calls [`retry_after_relief`]: every registered
 //! cache of that place gives back what it keeps, and the allocation is tried once more.
 //!
+//! # Asking the processes beside this one
+//! On a shared GPU ([`crate::shared_gpu`]) the others are asked next, but never from inside the
+//! allocation: the source's call may run under a suballocator's lock (growth), and a Python
+//! caller may hold the GIL. The source leaves the ask for the allocation's door
+//! ([`allocate_asking`]: `DeviceBuffer`, the containers, the frameworks' hooks, every Python
+//! call that allocates), which asks with no lock of rrmm held and the GIL released, then tries
+//! the allocation again. A Rust program that calls `allocate` itself goes through
+//! [`allocate_with_neighbours`] to be served the same way.
+//!
 //! # Locking
 //! The registry's own lock is held only to copy the list (never during a relief). A cache
 //! relieves itself only if it can take its own lock at once ([`Relieve::relieve`] must never
@@ -168,11 +177,24 @@ fn neighbours_of(place: Place) -> Option<Arc<dyn Neighbours>> {
 /// that gave something is followed by another try).
 const NEIGHBOUR_ROUNDS: usize = 3;
 
+thread_local! {
+    /// The ask a source's allocation that ran out wants made of the processes sharing its
+    /// place, and for how many bytes: left for the door above ([`allocate_asking`]), which
+    /// asks outside every lock and without the GIL.
+    // Why process-wide: the wanted ask is the calling thread's, passed from the source up to
+    // the door of its allocation across the resources between, which know nothing of it.
+    static WANTED: std::cell::Cell<Option<(Place, usize)>> = const { std::cell::Cell::new(None) };
+    /// How deep the calling thread is in doors ([`allocate_asking`]): an inner door leaves the
+    /// ask to the outer one (which knows whether it holds the GIL).
+    // Why process-wide: per thread, beside `WANTED`.
+    static DOORS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Runs `allocate` (of `bytes` from `place`); when it fails for want of memory and a relief of
-/// `place` gives anything back, runs it once more; when it still fails and the process shares
-/// the place with others ([`set_neighbours`]), asks them (up to `NEIGHBOUR_ROUNDS` times)
-/// and tries after each answer that gave. A process that shares the place is first held to
-/// its hard limit.
+/// `place` gives anything back, runs it once more. A process that shares the place with others
+/// ([`set_neighbours`]) is first held to its hard limit; when the allocation still fails, the
+/// others are not asked here (a suballocator's lock may be held, and a Python caller's GIL): the
+/// ask is left for the door of the allocation ([`allocate_asking`]).
 ///
 /// # Errors
 /// `allocate`'s error (of the last try); out of memory past the hard limit.
@@ -186,26 +208,74 @@ pub fn retry_after_relief<T>(
             n.admit(bytes)?;
         }
     }
-    let mut result = match allocate() {
+    let result = match allocate() {
         Err(e) if e.is_out_of_memory() && relieve(place) > 0 => allocate(),
         result => result,
     };
-    let mut asked = None;
+    if let Err(e) = &result {
+        if e.is_out_of_memory() && SHARING.load(Ordering::Acquire) && neighbours_of(place).is_some()
+        {
+            let bytes = e.requested_bytes().unwrap_or(bytes);
+            WANTED.with(|w| w.set(Some((place, bytes))));
+        }
+    }
+    result
+}
+
+/// The door of an allocation (a `DeviceBuffer`, a framework's hook, a Python call): runs
+/// `allocate`; when it fails for want of memory and a source below left an ask of the processes
+/// sharing its place ([`retry_after_relief`]), runs the ask through `wait` (which runs it where
+/// waiting is safe: no lock of rrmm is held here, and a Python door releases the GIL) and tries
+/// again after each ask that gave something, up to three times. A refusal after asking says who
+/// holds what. A door inside another door only allocates: the outer one asks.
+///
+/// # Errors
+/// `allocate`'s error (of the last try), its message extended after an ask.
+pub fn allocate_asking<T>(
+    allocate: impl Fn() -> Result<T>,
+    wait: impl Fn(&(dyn Fn() -> bool + Sync)) -> bool,
+) -> Result<T> {
+    // A process that never joined a shared GPU has nobody to ask: one load.
+    if !SHARING.load(Ordering::Acquire) {
+        return allocate();
+    }
+    let outer = DOORS.with(|d| {
+        let depth = d.get();
+        d.set(depth + 1);
+        depth == 0
+    });
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            DOORS.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    let _leave = Leave;
+    if !outer {
+        return allocate();
+    }
+    WANTED.with(|w| w.set(None));
+    let mut result = allocate();
+    let mut asked: Option<Arc<dyn Neighbours>> = None;
     for _ in 0..NEIGHBOUR_ROUNDS {
-        let bytes = match &result {
-            Err(e) if e.is_out_of_memory() => e.requested_bytes().unwrap_or(bytes),
-            _ => return result,
+        match &result {
+            Err(e) if e.is_out_of_memory() => {}
+            _ => break,
+        }
+        let Some((place, bytes)) = WANTED.with(std::cell::Cell::take) else {
+            break;
         };
         let Some(n) = neighbours_of(place) else {
-            return result;
+            break;
         };
-        let gave = n.ask(bytes);
+        let gave = wait(&|| n.ask(bytes));
         asked = Some(n);
         if !gave {
             break;
         }
         result = allocate();
     }
+    WANTED.with(|w| w.set(None));
     match (result, asked) {
         // Refused after asking: the message says who holds what.
         (Err(Error::OutOfMemory { requested, message }), Some(n)) => Err(Error::OutOfMemory {
@@ -214,6 +284,15 @@ pub fn retry_after_relief<T>(
         }),
         (result, _) => result,
     }
+}
+
+/// [`allocate_asking`] for a Rust caller that holds no lock of rrmm: the ask runs on the
+/// calling thread.
+///
+/// # Errors
+/// As [`allocate_asking`].
+pub fn allocate_with_neighbours<T>(allocate: impl Fn() -> Result<T>) -> Result<T> {
+    allocate_asking(allocate, |ask| ask())
 }
 
 #[cfg(test)]
@@ -307,21 +386,39 @@ mod tests {
         });
         set_neighbours(here, Arc::downgrade(&n) as Weak<dyn Neighbours>);
         let tries = AtomicUsize::new(0);
-        // Fails twice (no cache of its own to relieve), then the neighbours gave: served.
-        let served = retry_after_relief(here, 10, || {
-            if tries.fetch_add(1, Ordering::Relaxed) < 1 {
-                Err(Error::out_of_memory(10, "full"))
-            } else {
-                Ok(7)
-            }
+        // Fails (no cache of its own to relieve); the door asks outside the source's call, the
+        // neighbours gave: served.
+        let served = allocate_with_neighbours(|| {
+            retry_after_relief(here, 10, || {
+                if tries.fetch_add(1, Ordering::Relaxed) < 1 {
+                    Err(Error::out_of_memory(10, "full"))
+                } else {
+                    Ok(7)
+                }
+            })
         });
         assert_eq!(served.unwrap(), 7);
         assert_eq!(n.asks.load(Ordering::Relaxed), 1);
         // Neighbours that give nothing more: the failure stands, asked once more only.
-        let failed: Result<()> =
-            retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "x")));
-        assert!(failed.is_err());
+        let failed: Result<()> = allocate_with_neighbours(|| {
+            retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "x")))
+        });
+        let message = failed.unwrap_err().to_string();
+        assert!(message.contains("pid 1 holds it all"), "{message}");
         assert_eq!(n.asks.load(Ordering::Relaxed), 2);
+        // The source's own call never asks (it may run under a suballocator's lock): without a
+        // door nobody is asked.
+        let alone: Result<()> = retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "x")));
+        assert!(alone.is_err());
+        assert_eq!(n.asks.load(Ordering::Relaxed), 2);
+        // A door inside a door leaves the ask to the outer one: asked once.
+        let nested: Result<()> = allocate_with_neighbours(|| {
+            allocate_with_neighbours(|| {
+                retry_after_relief(here, 10, || Err(Error::out_of_memory(10, "x")))
+            })
+        });
+        assert!(nested.is_err());
+        assert_eq!(n.asks.load(Ordering::Relaxed), 3);
         // Past the hard limit: refused before any try.
         tries.store(0, Ordering::Relaxed);
         let refused: Result<()> = retry_after_relief(here, 101, || {

@@ -15,12 +15,14 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// Allocates `size` bytes from `mr`, ready for use on `stream`.
+    /// Allocates `size` bytes from `mr`, ready for use on `stream`. The allocation's door: on
+    /// a shared GPU, the processes beside this one are asked for room here, outside every lock
+    /// ([`crate::pressure::allocate_asking`]).
     ///
     /// # Errors
     /// The resource's errors ([`Error::OutOfMemory`] first among them).
     pub fn new(size: usize, stream: Stream, mr: SharedResource) -> Result<Self> {
-        let ptr = mr.allocate(size, stream)?;
+        let ptr = crate::pressure::allocate_with_neighbours(|| mr.allocate(size, stream))?;
         Ok(DeviceBuffer {
             ptr,
             size,
@@ -28,6 +30,22 @@ impl DeviceBuffer {
             stream,
             mr,
         })
+    }
+
+    /// The buffer of `ptr`, `size` bytes allocated from `mr` on `stream` (a door that
+    /// allocated it itself: [`crate::pressure::allocate_asking`]).
+    ///
+    /// # Safety
+    /// 1. `ptr` was allocated from `mr` with `size` bytes on `stream`, is live, and nothing
+    ///    else frees it (the buffer frees it on drop).
+    pub unsafe fn adopt(ptr: usize, size: usize, stream: Stream, mr: SharedResource) -> Self {
+        DeviceBuffer {
+            ptr,
+            size,
+            capacity: size,
+            stream,
+            mr,
+        }
     }
 
     /// Allocates a buffer holding a copy of `data`, and waits for the copy.
@@ -315,7 +333,8 @@ impl DeviceBuffer {
     }
 
     fn reallocate(&mut self, capacity: usize) -> Result<()> {
-        let new_ptr = self.mr.allocate(capacity, self.stream)?;
+        let new_ptr =
+            crate::pressure::allocate_with_neighbours(|| self.mr.allocate(capacity, self.stream))?;
         let keep = self.size.min(capacity);
         // SAFETY: both ranges hold at least `keep` bytes; the old one is freed only after the
         // copy is enqueued on the same stream.
@@ -449,9 +468,13 @@ unsafe fn copy_bytes_as(
     if bytes == 0 {
         return Ok(());
     }
-    // A range in a sleeping pool's memory has no pages behind it: refused, never touched.
-    crate::resource::sleep::check_awake("source", src, bytes)?;
-    crate::resource::sleep::check_awake("destination", dst, bytes)?;
+    // A range in a sleeping pool's memory has no pages behind it: refused (or woken, for the
+    // ledger's sleep), never touched; the copy is counted while it is queued, so an offload
+    // that begins meanwhile waits for it (its streams are synchronized after).
+    let _copy = crate::resource::sleep::index::begin_copy(&[
+        ("source", src, bytes),
+        ("destination", dst, bytes),
+    ])?;
     match kind {
         MemoryKind::Simulated => {
             return Err(Error::Logic(

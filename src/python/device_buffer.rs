@@ -85,10 +85,15 @@ impl PyDeviceBuffer {
         // `shared` moves into the buffer (no reference-count traffic on the round trip); an
         // out-of-memory error is explained from the resource object's own handle on it.
         let explain_from = &res.inner;
-        let buf = gil::call(py, profile, move || {
-            RsBuffer::new(size, raw, shared)
-                .map_err(|e| explain_out_of_memory(e, explain_from, size, raw))
-        });
+        // The allocation's door (an ask of the processes sharing the GPU runs outside the
+        // resource's locks and without the GIL); the buffer takes the pointer and `shared`.
+        let buf = gil::allocate(py, profile, || shared.allocate(size, raw))
+            .map(|ptr| {
+                // SAFETY: `ptr` was allocated just now from `shared` with `size` bytes on
+                // `raw`'s stream, and nothing else owns it.
+                unsafe { RsBuffer::adopt(ptr, size, raw, shared) }
+            })
+            .map_err(|e| explain_out_of_memory(e, explain_from, size, raw));
         if let (Ok(b), true) = (&buf, history::enabled()) {
             let device = b
                 .resource()
@@ -153,31 +158,42 @@ impl PyDeviceBuffer {
     ) -> PyResult<()> {
         let py = slf.py();
         let (raw, obj) = stream.resolve(py)?;
-        let replacement = {
-            let this = slf.borrow();
-            let buf = this.inner();
-            let needed = capacity.unwrap_or(size);
-            if needed > buf.capacity() {
-                Some(py_result(gil::call(py, this.profile, || {
-                    buf.reallocated(needed, size, raw)
-                }))?)
-            } else {
-                None
-            }
-        };
-        let old = {
-            let mut this = Self::borrow_to_switch(slf)?;
-            this.stream = obj.unbind();
-            let Some(buf) = this.buf.as_mut() else {
-                return Ok(());
-            };
-            buf.set_stream(raw);
-            match replacement {
-                Some(new) => Some(std::mem::replace(buf, new)),
-                None => {
-                    py_result(buf.resize_within_capacity(size))?;
+        // Decided with the GIL, which other threads may take meanwhile (the allocation, or the
+        // wait for a borrow): a decision to stay within the capacity is checked again at the
+        // switch, and made again where another thread's switch left too little room.
+        let old = loop {
+            let replacement = {
+                let this = slf.borrow();
+                let buf = this.inner();
+                let needed = capacity.unwrap_or(size);
+                if needed > buf.capacity() {
+                    Some(py_result(gil::allocate(py, this.profile, || {
+                        buf.reallocated(needed, size, raw)
+                    }))?)
+                } else {
                     None
                 }
+            };
+            let mut this = Self::borrow_to_switch(slf)?;
+            let Some(buf) = this.buf.as_mut() else {
+                this.stream = obj.clone().unbind();
+                return Ok(());
+            };
+            match replacement {
+                Some(new) => {
+                    buf.set_stream(raw);
+                    let old = std::mem::replace(buf, new);
+                    this.stream = obj.clone().unbind();
+                    break Some(old);
+                }
+                None if capacity.unwrap_or(size) <= buf.capacity() => {
+                    buf.set_stream(raw);
+                    py_result(buf.resize_within_capacity(size))?;
+                    this.stream = obj.clone().unbind();
+                    break None;
+                }
+                // Another thread's switch left less room than was decided on: again.
+                None => continue,
             }
         };
         if let Some(old) = old {

@@ -41,6 +41,29 @@ where
     }
 }
 
+/// An allocation's door from Python ([`crate::pressure::allocate_asking`]): `allocate` runs as
+/// [`call`] decides; an ask of the processes sharing the GPU runs with the GIL released.
+pub(crate) fn allocate<T, F>(py: Python<'_>, profile: CallProfile, allocate: F) -> crate::Result<T>
+where
+    F: Ungil + Sync + Fn() -> crate::Result<T>,
+    T: Send,
+{
+    crate::pressure::allocate_asking(|| call(py, profile, &allocate), |ask| py.detach(ask))
+}
+
+/// [`allocate`] from a C entry point that may or may not hold the GIL
+/// ([`call_from_foreign`]): an ask runs with the GIL released where the caller holds it.
+pub(crate) fn allocate_from_foreign<T, F>(profile: CallProfile, allocate: F) -> crate::Result<T>
+where
+    F: Ungil + Sync + Fn() -> crate::Result<T>,
+    T: Send,
+{
+    crate::pressure::allocate_asking(
+        || call_from_foreign(profile, &allocate),
+        |ask| call_from_foreign(CallProfile::BLOCKING, ask),
+    )
+}
+
 extern "C" {
     /// CPython's `int PyGILState_Check(void)` (stable ABI since 3.4; not declared by PyO3).
     fn PyGILState_Check() -> std::ffi::c_int;

@@ -133,10 +133,10 @@ pub(super) fn allocate_from(
     // pool over a callback grows under its lock; the callback takes the GIL back), whoever
     // calls (CuPy holds the GIL, PyTorch mostly does not).
     let profile = hooked.profile();
-    let ptr = crate::python::gil::call_from_foreign(profile, || {
-        mr.allocate(bytes, stream)
-            .map_err(|e| explain_out_of_memory(e, mr, bytes, stream))
-    })?;
+    // The allocation's door: an ask of the processes sharing the GPU runs outside the
+    // resource's locks and without the GIL.
+    let ptr = crate::python::gil::allocate_from_foreign(profile, || mr.allocate(bytes, stream))
+        .map_err(|e| explain_out_of_memory(e, mr, bytes, stream))?;
     if profile.calls_foreign_code {
         FOREIGN_HOOK_ALLOCATIONS.fetch_add(1, Ordering::AcqRel);
     }

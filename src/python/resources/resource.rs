@@ -63,10 +63,12 @@ impl DeviceMemoryResource {
     fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
-        py_result(gil::call(py, self.profile(), || {
-            mr.allocate(nbytes, raw)
-                .map_err(|e| explain_out_of_memory(e, mr, nbytes, raw))
-        }))
+        // The allocation's door: an ask of the processes sharing the GPU runs here, outside the
+        // resource's locks and without the GIL.
+        py_result(
+            gil::allocate(py, self.profile(), || mr.allocate(nbytes, raw))
+                .map_err(|e| explain_out_of_memory(e, mr, nbytes, raw)),
+        )
     }
 
     /// Returns `ptr` (allocated with the same `nbytes`) on `stream`.

@@ -31,6 +31,69 @@ static ASLEEP_COUNT: AtomicUsize = AtomicUsize::new(0);
 // Why process-wide: a free above a pool reads it without reaching the pool.
 static TAGGED: AtomicUsize = AtomicUsize::new(0);
 
+/// rrmm's copies of bytes in flight (queued or running on the host), anywhere in the process.
+// Why process-wide: a copy may touch any pool's memory; an offload waits for the copies that
+// began before it was seen (they count themselves here before they look at the index).
+static COPIES: AtomicUsize = AtomicUsize::new(0);
+
+/// One of rrmm's copies, counted while it is queued ([`begin_copy`]); an offload that began
+/// meanwhile waits for it before it reads the pool.
+#[must_use = "the copy is counted while the guard lives"]
+pub struct CopyGuard(());
+
+impl Drop for CopyGuard {
+    fn drop(&mut self) {
+        COPIES.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether `[ptr, ptr + bytes)` touches a pool in the index that is not awake now.
+fn touches_a_sleeping_pool(ptr: usize, bytes: usize) -> bool {
+    let end = ptr.saturating_add(bytes);
+    ASLEEP
+        .read()
+        .range(..end)
+        .next_back()
+        .filter(|(_, (stop, _, _))| *stop > ptr)
+        .and_then(|(_, (_, _, pool))| pool.upgrade())
+        .is_some_and(|pool| pool.asleep())
+}
+
+/// Begins one of rrmm's copies of the ranges `(argument, ptr, bytes)`: counts it (an offload
+/// that begins meanwhile waits for it: [`wait_for_copies`]) once no range touches a sleeping
+/// pool; a pool asleep for the ledger wakes first, one asleep for its user refuses. The copy
+/// is counted until the guard drops (its queueing done).
+///
+/// # Errors
+/// As [`check_awake`] for the first range in a sleeping pool's memory.
+pub fn begin_copy(ranges: &[(&str, usize, usize)]) -> Result<CopyGuard> {
+    loop {
+        COPIES.fetch_add(1, Ordering::SeqCst);
+        let guard = CopyGuard(());
+        if !any_moving()
+            || !ranges
+                .iter()
+                .any(|&(_, ptr, bytes)| bytes > 0 && touches_a_sleeping_pool(ptr, bytes))
+        {
+            return Ok(guard);
+        }
+        // Not counted while it wakes a pool (the wake waits for the offload, which waits for
+        // the copies counted).
+        drop(guard);
+        for &(name, ptr, bytes) in ranges {
+            check_awake(name, ptr, bytes)?;
+        }
+    }
+}
+
+/// Waits for rrmm's copies counted before the caller's pool entered the index (an offload, once
+/// its phase is set: copies that begin after it see the pool and wake it or refuse).
+pub(crate) fn wait_for_copies() {
+    while COPIES.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
 /// Whether any pool of the process is asleep, falling asleep or waking (one load). A pool
 /// enters the index before it refuses anything and leaves it after it is awake, so a reader
 /// that finds 0 after its own carve may hand the block out (the carve and the offload's view of

@@ -362,9 +362,17 @@ impl ExpandableMemoryResource {
         // in every suballocator over the pool; copies of its memory too (or they wake it, for
         // the ledger's sleep).
         let me: Weak<dyn MovingPool> = Arc::downgrade(inner) as Weak<dyn MovingPool>;
-        index::mark_asleep(inner.vm.base(), inner.vm.reserved_bytes(), "expandable", me);
         gate.set_cause(plan.cause);
         gate.set_phase(Phase::Offloading);
+        index::mark_asleep(inner.vm.base(), inner.vm.reserved_bytes(), "expandable", me);
+        // rrmm's copies that began before the pool was seen are queued once they are counted
+        // out; their work is done after one more synchronization (a no-op with nothing queued).
+        index::wait_for_copies();
+        if let Err(e) = inner.events.synchronize_all() {
+            gate.set_phase(Phase::Awake);
+            index::mark_awake(inner.vm.base());
+            return Err(e);
+        }
         let still_wanted = || plan.wanted() && !gate.abandon.load(Ordering::SeqCst);
         let done = self.offload_flagged(&mut state, plan, started, trimmed, &still_wanted);
         match (&done, state.is_some()) {
