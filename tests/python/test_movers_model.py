@@ -1,0 +1,370 @@
+"""Issue 46: memory that moves has one owner. Every mover of rrmm, interleaved, against a model,
+with every byte checked after every step, on the CPU with real bytes.
+
+The setup is what ``rrmm.compat`` builds: a ``TaggedMemoryResource`` as the device's resource,
+its first pool for memory outside every region, a pool per region tag, each an expandable pool
+on plain host memory that pretends to be a small device and spills beyond it (real bytes), and
+a ``PoolMemoryResource`` built over the tagged resource before most tags exist. The actors:
+
+- the main thread (Hypothesis rules): allocations in and outside regions and through the pool
+  over the tagged resource (tags added late), frees, rrmm's copies in and raw writes (as a
+  kernel would, only while the process is busy), the engine's pause and resume (with and without
+  a backup), the user's sleep and restore of a pool, promotion, trims, the host's room running
+  out and coming back, idle and busy declarations;
+- the shared-GPU ledger's worker thread, asked by a peer process to put this idle process to
+  sleep (it answers concurrently with the main thread's steps);
+- a reader thread that copies live buffers out with rrmm's copies all along, concurrently with
+  every transition, and checks their bytes.
+
+Checked after every step: every live buffer's bytes (through rrmm's copies, which wake a pool
+asleep for the ledger and are refused for a pool asleep by its user); nothing of a busy process
+sleeps for the ledger; a refused transition changed nothing; a pool over the tagged resource
+refuses to hand out memory while a pool below sleeps; the reader saw no wrong byte.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import rrmm
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from rrmm import _rrmm, mr
+from rrmm._rrmm import _clear_per_device_resources
+from rrmm.compat._tag_pools import OUTSIDE
+from rrmm.compat.torch_memory_saver import TorchMemorySaver
+
+MiB = 1 << 20
+PAGE = 2 * MiB
+DEVICE_PAGES = 6
+SPILL_PAGES = 16
+#: Region tags and whether their pause keeps a backup.
+TAGS = {"weights": True, "kv_cache": False, "graphs": True}
+
+
+def spilling_pool() -> mr.ExpandableMemoryResource:
+    return mr.ExpandableMemoryResource(
+        reserve_size=64 * PAGE,
+        page_size=PAGE,
+        pageable_host=True,
+        device_capacity=DEVICE_PAGES * PAGE,
+        spill_to_host=SPILL_PAGES * PAGE,
+    )
+
+
+def pattern(size: int, seed: int) -> bytes:
+    arr = ((np.arange(size, dtype=np.uint32) * 2654435761 + seed) >> 9).astype(np.uint8)
+    return arr.tobytes()
+
+
+@dataclass
+class Buf:
+    buf: rrmm.DeviceBuffer
+    tag: str  # the pool it lives in: a region tag or OUTSIDE
+    data: bytes | None  # None: undefined (a pause without a backup dropped it)
+
+
+class Reader:
+    """A thread that reads live buffers with rrmm's copies all along and checks them."""
+
+    def __init__(self, machine: MoversMachine) -> None:
+        self.machine = machine
+        self.failures: list[str] = []
+        self.reads = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        m = self.machine
+        i = 0
+        while not self.stop.is_set():
+            with m.lock:
+                live = list(m.live)
+                if not live:
+                    pass
+                else:
+                    b = live[i % len(live)]
+                    i += 1
+                    try:
+                        got = b.buf.tobytes()
+                    except RuntimeError as e:
+                        if "asleep" not in str(e):
+                            self.failures.append(f"read refused oddly: {e}")
+                    else:
+                        self.reads += 1
+                        if b.data is not None and got != b.data:
+                            self.failures.append(f"wrong bytes in {b.tag} at {b.buf.ptr:#x}")
+            self.stop.wait(0.0005)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+class MoversMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.RLock()
+        self.live: list[Buf] = []
+        self.seed = 0
+        self.paused: set[str] = set()  # region tags paused by the engine (the user)
+        self.user_asleep: set[str] = set()  # pools the user offloaded directly
+        self.entered: set[str] = set()
+        self.room_capped = False
+
+    @initialize()
+    def build(self) -> None:
+        self.saver = TorchMemorySaver(make_pool=spilling_pool)
+        with self.saver.region(tag="weights", enable_cpu_backup=True):
+            pass
+        self.entered.add("weights")
+        self.tagged = mr.get_current_device_resource()
+        assert isinstance(self.tagged, mr.TaggedMemoryResource)
+        # Built before the other tags exist: it sees them through its live link.
+        self.over = mr.PoolMemoryResource(self.tagged, 0)
+        self.reader = Reader(self)
+
+    def teardown(self) -> None:
+        reader = getattr(self, "reader", None)
+        if reader is not None:
+            reader.close()
+        _rrmm._host_pages_set_room_cap(None)
+        with self.lock:
+            self.live.clear()
+        _clear_per_device_resources()
+
+    # ------------------------------------------------------------------ model helpers
+
+    def asleep(self, tag: str) -> bool:
+        return tag in self.paused or tag in self.user_asleep
+
+    def anything_asleep(self) -> bool:
+        return bool(self.paused or self.user_asleep)
+
+    def pool(self, tag: str) -> mr.ExpandableMemoryResource:
+        return self.tagged.pool(tag)
+
+    def next_data(self, size: int) -> bytes:
+        self.seed += 1
+        return pattern(size, self.seed)
+
+    # ------------------------------------------------------------------ allocations
+
+    @rule(size=st.integers(1, 3 * PAGE), where=st.sampled_from([OUTSIDE, *TAGS]))
+    def allocate(self, size: int, where: str) -> None:
+        data = self.next_data(size)
+        try:
+            if where == OUTSIDE:
+                buf = rrmm.DeviceBuffer.to_device(data)
+            else:
+                with self.saver.region(tag=where, enable_cpu_backup=TAGS[where]):
+                    buf = rrmm.DeviceBuffer.to_device(data)
+                self.entered.add(where)
+        except RuntimeError as e:
+            assert "asleep" in str(e) and self.asleep(where), e
+            return
+        except MemoryError:
+            return  # the pretend device and its spill are full
+        assert not self.asleep(where), f"{where} is asleep yet served an allocation"
+        with self.lock:
+            self.live.append(Buf(buf, where, data))
+
+    @rule(size=st.integers(1, PAGE), where=st.sampled_from([OUTSIDE, *TAGS]))
+    def allocate_over_the_tagged_resource(self, size: int, where: str) -> None:
+        """A pool built over the tagged resource before the tag existed: it refuses while any
+        pool below sleeps (its cached chunks may lie there)."""
+        data = self.next_data(size)
+        region: Any = (self.saver.region(tag=where, enable_cpu_backup=TAGS[where])
+                       if where != OUTSIDE else _nullcontext())
+        try:
+            with region:
+                buf = rrmm.DeviceBuffer.to_device(data, mr=self.over)
+        except RuntimeError as e:
+            assert "asleep" in str(e), e
+            assert self.anything_asleep() or (where != OUTSIDE and self.asleep(where)), e
+            return
+        except MemoryError:
+            return
+        if where != OUTSIDE:
+            self.entered.add(where)
+        assert not self.anything_asleep(), "served over a sleeping pool"
+        assert buf.tobytes() == data
+        del buf
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1 << 16))
+    def free(self, i: int) -> None:
+        with self.lock:
+            b = self.live.pop(i % len(self.live))
+        del b  # frees are allowed while asleep
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1 << 16))
+    def write_with_a_copy(self, i: int) -> None:
+        with self.lock:
+            b = self.live[i % len(self.live)]
+            data = self.next_data(b.buf.size)
+            try:
+                b.buf.copy_from_host(np.frombuffer(data, dtype=np.uint8))
+            except RuntimeError as e:
+                assert "asleep" in str(e) and self.asleep(b.tag), e
+                return
+            assert not self.asleep(b.tag)
+            b.data = data
+
+    @precondition(lambda self: self.live and not self.idle())
+    @rule(i=st.integers(0, 1 << 16))
+    def write_raw(self, i: int) -> None:
+        """A kernel's write: only on awake memory of a busy process (the contract)."""
+        with self.lock:
+            b = self.live[i % len(self.live)]
+            if self.asleep(b.tag):
+                return
+            data = self.next_data(b.buf.size)
+            ctypes.memmove(b.buf.ptr, data, len(data))
+            b.data = data
+
+    # ------------------------------------------------------------------ the user's movers
+
+    @precondition(lambda self: self.entered - self.paused)
+    @rule(pick=st.integers(0, 1 << 16))
+    def engine_pause(self, pick: int) -> None:
+        tags = sorted(self.entered - self.paused - self.user_asleep)
+        if not tags:
+            return
+        tag = tags[pick % len(tags)]
+        if not TAGS[tag]:
+            with self.lock:  # no backup: its bytes are undefined from here on
+                for b in self.live:
+                    if b.tag == tag:
+                        b.data = None
+        try:
+            self.saver.pause(tag)
+        except MemoryError:
+            assert self.room_capped, "a pause refused with room on the host"
+            assert not self.pool(tag).asleep, "a refused pause changed nothing"
+            return
+        self.paused.add(tag)
+        assert self.pool(tag).asleep
+        assert self.pool(tag).movement()[0]["cause"] == "user"
+
+    @precondition(lambda self: self.paused)
+    @rule(pick=st.integers(0, 1 << 16))
+    def engine_resume(self, pick: int) -> None:
+        tag = sorted(self.paused)[pick % len(self.paused)]
+        self.saver.resume(tag)
+        self.paused.discard(tag)
+        assert not self.pool(tag).asleep
+
+    @rule(where=st.sampled_from([OUTSIDE, *TAGS]))
+    def user_sleep_and_restore_of_a_pool(self, where: str) -> None:
+        if where != OUTSIDE and where not in self.entered:
+            return
+        pool = self.pool(where)
+        if self.asleep(where):
+            with pytest.raises(RuntimeError, match="asleep already"):
+                pool.offload()
+            return
+        try:
+            pool.offload()
+        except MemoryError:
+            assert self.room_capped
+            assert not pool.asleep, "a refused sleep changed nothing"
+            return
+        self.user_asleep.add(where)
+        assert pool.movement()[0]["phase"] == "asleep"
+
+    @precondition(lambda self: self.user_asleep)
+    @rule(pick=st.integers(0, 1 << 16))
+    def user_restore(self, pick: int) -> None:
+        where = sorted(self.user_asleep)[pick % len(self.user_asleep)]
+        self.pool(where).restore()
+        self.user_asleep.discard(where)
+
+    @rule(where=st.sampled_from([OUTSIDE, *TAGS]), limit=st.none() | st.integers(1, 4 * PAGE))
+    def promote(self, where: str, limit: int | None) -> None:
+        if where != OUTSIDE and where not in self.entered:
+            return
+        pool = self.pool(where)
+        before = pool.spilled_bytes()
+        try:
+            report = pool.promote(max_bytes=limit)
+        except RuntimeError as e:
+            assert "asleep" in str(e) and self.asleep(where), e
+            return
+        except MemoryError as e:
+            assert self.room_capped and "nothing was moved" in str(e), e
+            assert pool.spilled_bytes() == before, "a refused promotion moved nothing"
+            return
+        assert not self.asleep(where)
+        assert report["spilled"] == pool.spilled_bytes() <= before
+
+    @rule(where=st.sampled_from([OUTSIDE, *TAGS]))
+    def trim(self, where: str) -> None:
+        if where == OUTSIDE or where in self.entered:
+            self.pool(where).trim()
+
+    @rule(capped=st.booleans())
+    def host_room(self, capped: bool) -> None:
+        """The host's room runs out (or comes back): sleeps that need new host pages and
+        promotions are refused, and change nothing."""
+        if capped:
+            rrmm.host_pages.give_back()
+        _rrmm._host_pages_set_room_cap(0 if capped else None)
+        self.room_capped = capped
+
+    # ------------------------------------------------------------------ the ledger
+
+    def idle(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def every_byte_is_where_the_model_says(self) -> None:
+        if not hasattr(self, "tagged"):
+            return
+        with self.lock:
+            live = list(self.live)
+        for b in live:
+            try:
+                got = b.buf.tobytes()
+            except RuntimeError as e:
+                assert "asleep" in str(e) and self.asleep(b.tag), (b.tag, e)
+                continue
+            assert not self.asleep(b.tag), f"{b.tag} is asleep, yet its bytes were copied"
+            if b.data is not None:
+                assert got == b.data, f"wrong bytes in {b.tag} at {b.buf.ptr:#x}"
+        assert not self.reader.failures, self.reader.failures[:3]
+
+    @invariant()
+    def the_pools_state_is_the_models(self) -> None:
+        if not hasattr(self, "tagged"):
+            return
+        for tag in [OUTSIDE, *sorted(self.entered)]:
+            (state,) = self.pool(tag).movement()
+            if self.asleep(tag):
+                assert state["phase"] == "asleep" and state["cause"] == "user", (tag, state)
+            elif not self.idle():
+                assert state["phase"] == "awake", (tag, state)
+            assert state["spilled_bytes"] == self.pool(tag).spilled_bytes()
+            assert state["device_bytes"] <= DEVICE_PAGES * PAGE
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+TestMoversMachine = MoversMachine.TestCase
+TestMoversMachine.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
