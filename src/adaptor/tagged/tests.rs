@@ -182,3 +182,41 @@ proptest! {
         mr.set_current_tag(None).unwrap();
     }
 }
+
+/// Issue 46: a tagged resource made after another was dropped does not inherit its current tag
+/// (the key is never reused, even where the new resource's state lands at the same address).
+#[test]
+fn a_new_tagged_resource_starts_with_no_current_tag() {
+    for _ in 0..50 {
+        let a = TaggedMemoryResource::new("first", pool());
+        a.add_tag("second", pool()).unwrap();
+        a.set_current_tag(Some("second")).unwrap();
+        drop(a);
+        let b = TaggedMemoryResource::new("first", pool());
+        b.add_tag("second", pool()).unwrap();
+        assert_eq!(b.current_tag(), None);
+        let p = b.allocate(PAGE, S).unwrap();
+        assert!(holds(&b.pool("first").unwrap(), p), "goes to the first tag");
+        free(&b, p, PAGE).unwrap();
+    }
+}
+
+/// Its figures are its pools' together: memory_stats and the snapshot of every tag's pool.
+#[test]
+fn a_tagged_resource_reports_its_pools_figures() {
+    use crate::report::PoolReport;
+    let mr = TaggedMemoryResource::new("a", pool());
+    mr.add_tag("b", pool()).unwrap();
+    let x = mr.allocate(PAGE, S).unwrap();
+    mr.set_current_tag(Some("b")).unwrap();
+    let y = mr.allocate(3 * PAGE, S).unwrap();
+    mr.set_current_tag(None).unwrap();
+    let stats = PoolReport::memory_stats(&mr).expect("the pools keep counters");
+    assert_eq!(stats.allocation.current, 2);
+    assert_eq!(stats.allocated_bytes.current, 4 * PAGE as u64);
+    let segments = PoolReport::memory_snapshot(&mr).unwrap();
+    assert!(segments.len() >= 2, "{segments:?}");
+    assert!(mr.footprint().held_bytes >= 4 * PAGE);
+    free(&mr, x, PAGE).unwrap();
+    free(&mr, y, 3 * PAGE).unwrap();
+}
