@@ -20,13 +20,22 @@
 //! Requests and answers are datagrams on each process's socket in the ledger's directory
 //! ([`message`]); every entry and message is checked before use ([`entry`], [`ledger_dir`]).
 
+mod answering;
+mod asking;
 pub mod entry;
+mod idle;
 pub mod ledger_dir;
+mod listener;
 mod member;
+mod membership;
 pub mod message;
+pub mod options;
+mod publishing;
 pub mod rules;
 
-pub use member::{mps_limit, parse_size, AskReport, Member, ShareOptions};
+pub use asking::AskReport;
+pub use member::Member;
+pub use options::{mps_limit, parse_size, ShareOptions};
 
 use crate::error::{Error, Result};
 use crate::pressure::Place;
