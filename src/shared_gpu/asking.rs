@@ -1,12 +1,23 @@
 //! Asking the others for room when an allocation runs out ([`Member::ask_for`]): whom, by
-//! [`super::rules`]; trims first, then sleeps; each wait with a deadline.
+//! [`super::rules`]; trims first, then sleeps.
+//!
+//! Every wait has a deadline ([`TRIM_WAIT`]; a sleep's grows with what it copies), and a send
+//! never waits ([`super::socket`]): a stopped, slow or dead process costs at most the deadline.
+//! The report names who did not answer in time, or could not be reached. A process that did
+//! not answer is not asked again until it writes its entry again (a stopped process writes
+//! nothing), so the next asks do not wait for it. What each answer counts is judged where it
+//! arrives ([`super::pending`]).
 
 use super::answering::on_answering_thread;
-use super::entry::Event;
-use super::member::{AnswerFrom, Member};
+use super::entry::{now, Entry, Event};
+use super::member::Member;
 use super::message::Message;
-use super::publishing::now;
-use super::rules::{self, Step};
+use super::pending::Answered;
+use super::publishing::holder_of;
+use super::rules::{self, Holder, Step};
+use super::socket::SendError;
+use super::trust::{Asked, Holding};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -14,7 +25,7 @@ use std::time::{Duration, Instant};
 /// Room asked beyond an allocation (a page of the expandable pool, what the driver keeps).
 const SLACK: u64 = 64 << 20;
 /// How long an ask waits for the trims' answers.
-const TRIM_WAIT: Duration = Duration::from_secs(1);
+pub const TRIM_WAIT: Duration = Duration::from_secs(1);
 /// How long an ask waits for a sleep beyond the copy at 2 GB/s.
 const SLEEP_WAIT: Duration = Duration::from_secs(5);
 
@@ -25,62 +36,146 @@ pub struct AskReport {
     pub bytes: u64,
     /// What was missing on the device when it began.
     pub shortfall: u64,
-    /// Bytes given back by trims.
+    /// Bytes given back by trims (as the answerers' entries show them; at most the device).
     pub trimmed: u64,
-    /// Bytes freed by sleeps.
+    /// Bytes freed by sleeps (likewise; trims and sleeps together at most the device).
     pub slept: u64,
     /// The processes asked to trim, then to sleep.
     pub trim_asked: Vec<u32>,
     /// The processes asked to sleep.
     pub sleep_asked: Vec<u32>,
+    /// The processes that did not answer in time, could not be reached, or were not asked
+    /// for they had not answered before (the note says which and the deadline).
+    pub unanswered: Vec<u32>,
     /// Seconds from the start of the ask to its last answer.
     pub seconds: f64,
     /// Why nobody was asked, or not enough was given (may be empty).
     pub note: String,
 }
 
-impl Member {
-    /// Sends `message` to process `pid`; whether it could be sent (false: the process is gone).
-    pub(super) fn send(&self, pid: u32, message: &Message) -> bool {
-        self.socket
-            .send_to(&message.encode(), self.dir.socket_path(pid))
-            .is_ok()
-    }
+/// What one round of requests came to.
+#[derive(Default)]
+struct Round {
+    /// The answers believed (each counting what its entry shows).
+    answers: Vec<Answered>,
+    /// Who did not answer before the deadline.
+    silent: Vec<u32>,
+    /// Who could not be sent the request, and why.
+    unreachable: Vec<(u32, String)>,
+}
 
-    /// Sends one request to each of `pids` and waits up to `wait` for their answers; the
-    /// bytes given by each that answered.
-    pub(super) fn request(
-        &self,
-        pids: &[u32],
-        make: impl Fn(u64) -> Message,
-        wait: Duration,
-    ) -> Vec<AnswerFrom> {
+/// What an ask learns of who did not answer, in words for its note.
+#[derive(Default)]
+struct Unanswered {
+    pids: Vec<u32>,
+    words: Vec<String>,
+}
+
+impl Unanswered {
+    fn add(&mut self, round: &Round, wait: Duration) {
+        if !round.silent.is_empty() {
+            self.words.push(format!(
+                "no answer within {:.1} s from {}",
+                wait.as_secs_f64(),
+                pids(&round.silent)
+            ));
+        }
+        for (pid, why) in &round.unreachable {
+            self.words.push(format!("pid {pid} not reached: {why}"));
+        }
+        self.pids.extend(&round.silent);
+        self.pids
+            .extend(round.unreachable.iter().map(|(pid, _)| *pid));
+    }
+}
+
+fn pids(pids: &[u32]) -> String {
+    let list: Vec<String> = pids.iter().map(|p| format!("pid {p}")).collect();
+    list.join(", ")
+}
+
+impl Member {
+    /// Sends a request (`asked`, for `bytes`) to each of `targets` and waits up to `wait` for
+    /// their answers.
+    fn request(&self, targets: &[&Entry], asked: Asked, bytes: u64, wait: Duration) -> Round {
+        let mut round = Round::default();
         let (tx, rx) = mpsc::channel();
-        let mut ids = Vec::new();
-        for &pid in pids {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            self.pending.lock().insert(id, tx.clone());
-            if self.send(pid, &make(id)) {
-                ids.push(id);
-            } else {
-                self.pending.lock().remove(&id);
+        let mut open: Vec<(u64, &Entry)> = Vec::new();
+        for &entry in targets {
+            // What its entry shows right before the request: an answer counts at most the
+            // drop from here.
+            let before = self
+                .dir
+                .entry_of(entry.pid, entry.pid_ns, self.total)
+                .map_or_else(|_| Holding::from(entry), |now| Holding::from(&now));
+            let id = self
+                .pending
+                .open(entry.identity(), asked, before, tx.clone());
+            let (from, message) = (self.me.pid, bytes);
+            let message = match asked {
+                Asked::Give => Message::Give {
+                    id,
+                    from,
+                    bytes: message,
+                },
+                Asked::Sleep => Message::Sleep {
+                    id,
+                    from,
+                    bytes: message,
+                },
+            };
+            let to = self.dir.socket_path(entry.pid, entry.pid_ns);
+            match self.socket.send_to(&message.encode(), &to) {
+                Ok(()) => open.push((id, entry)),
+                Err(e) => {
+                    self.pending.close(id);
+                    if matches!(e, SendError::Full) {
+                        self.fell_silent(entry);
+                    }
+                    round.unreachable.push((entry.pid, e.to_string()));
+                }
             }
         }
         drop(tx);
         let deadline = Instant::now() + wait;
-        let mut answers = Vec::new();
-        while answers.len() < ids.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(answer) => answers.push(answer),
+        while round.answers.len() < open.len() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(answer) => round.answers.push(answer),
                 Err(_) => break,
             }
         }
-        let mut pending = self.pending.lock();
-        for id in ids {
-            pending.remove(&id);
+        let answered: HashSet<u64> = round.answers.iter().map(|a| a.id).collect();
+        for (id, entry) in open {
+            self.pending.close(id);
+            if !answered.contains(&id) {
+                self.fell_silent(entry);
+                round.silent.push(entry.pid);
+            }
         }
-        answers
+        round
+    }
+
+    /// Remembers that the process of `entry` did not answer: it is not asked again until it
+    /// writes its entry again.
+    fn fell_silent(&self, entry: &Entry) {
+        self.silent
+            .lock()
+            .insert((entry.pid, entry.pid_ns), entry.updated);
+    }
+
+    /// Whether the process of `entry` did not answer before and has not written its entry
+    /// since (one that has is forgotten: it is asked again).
+    fn still_silent(&self, entry: &Entry) -> bool {
+        let mut silent = self.silent.lock();
+        let key = (entry.pid, entry.pid_ns);
+        match silent.get(&key) {
+            Some(&updated) if entry.updated <= updated => true,
+            Some(_) => {
+                silent.remove(&key);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Asks the other processes to make room for `bytes` more (see [`super::rules`]): trims
@@ -92,81 +187,114 @@ impl Member {
             ..AskReport::default()
         };
         if on_answering_thread() {
-            report.note = "not asked from the thread that answers requests".into();
+            report.note = "not asked from a thread that answers requests".into();
             return report;
         }
         self.waiting.store(bytes, Ordering::Relaxed);
         let listing = self.listing();
         let free = self.free_now(&listing);
         report.shortfall = bytes.saturating_add(SLACK).saturating_sub(free);
-        let holders = self.holders(&listing);
-        let plan = rules::plan(self.total, &holders, self.pid, report.shortfall);
-        report.trim_asked = plan
+        let mut unanswered = Unanswered::default();
+        let (others, skipped): (Vec<&Entry>, Vec<&Entry>) = listing
+            .entries
+            .iter()
+            .filter(|e| !self.is_me(e))
+            .partition(|e| !self.still_silent(e));
+        if !skipped.is_empty() {
+            let skipped: Vec<u32> = skipped.iter().map(|e| e.pid).collect();
+            unanswered.words.push(format!(
+                "not asked: {} (no answer before, and no entry written since)",
+                pids(&skipped)
+            ));
+            unanswered.pids.extend(skipped);
+        }
+        // The rules name processes by a key of this ask (the same pid may name processes of
+        // two pid namespaces): others[key - 1], this process 0.
+        let mut holders: Vec<Holder> = others
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Holder {
+                pid: i as u32 + 1,
+                ..holder_of(e)
+            })
+            .collect();
+        holders.push(Holder {
+            pid: 0,
+            ..self.me()
+        });
+        let plan = rules::plan(self.total, &holders, 0, report.shortfall);
+        let of = |key: u32| others[key as usize - 1];
+        let trims: Vec<&Entry> = plan
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Trim { pid, .. } => Some(*pid),
+                Step::Trim { pid, .. } => Some(of(*pid)),
                 Step::Sleep { .. } => None,
             })
             .collect();
-        let me = self.pid;
-        let give = |id| Message::Give {
-            id,
-            from: me,
-            bytes: report.shortfall,
-        };
-        for (_, given, _) in self.request(&report.trim_asked, give, TRIM_WAIT) {
-            report.trimmed += given;
-        }
+        report.trim_asked = trims.iter().map(|e| e.pid).collect();
+        let round = self.request(&trims, Asked::Give, report.shortfall, TRIM_WAIT);
+        unanswered.add(&round, TRIM_WAIT);
+        report.trimmed += round.answers.iter().map(|a| a.bytes).sum::<u64>();
+        let mut asked: HashSet<(u32, u64)> = trims.iter().map(|e| (e.pid, e.pid_ns)).collect();
         if report.trimmed < report.shortfall && report.shortfall > 0 {
             // Entries are up to a moment old: whoever was not asked may have cached since.
-            let rest: Vec<u32> = holders
+            let rest: Vec<&Entry> = others
                 .iter()
-                .map(|h| h.pid)
-                .filter(|pid| *pid != me && !report.trim_asked.contains(pid))
+                .copied()
+                .filter(|e| !asked.contains(&(e.pid, e.pid_ns)))
                 .collect();
-            for (pid, given, _) in self.request(&rest, give, TRIM_WAIT) {
-                if given > 0 {
-                    report.trim_asked.push(pid);
+            asked.extend(rest.iter().map(|e| (e.pid, e.pid_ns)));
+            let round = self.request(&rest, Asked::Give, report.shortfall, TRIM_WAIT);
+            unanswered.add(&round, TRIM_WAIT);
+            for answer in &round.answers {
+                if answer.bytes > 0 {
+                    report.trim_asked.push(answer.pid);
                 }
-                report.trimmed += given;
+                report.trimmed += answer.bytes;
             }
         }
+        report.trimmed = report.trimmed.min(self.total);
         if plan.covers {
             for step in &plan.steps {
-                let Step::Sleep { pid, bytes: holds } = *step else {
+                let Step::Sleep {
+                    pid: key,
+                    bytes: holds,
+                } = *step
+                else {
                     continue;
                 };
                 if report.trimmed + report.slept >= report.shortfall {
                     break;
                 }
-                report.sleep_asked.push(pid);
-                let wait = SLEEP_WAIT + Duration::from_secs(holds / 2_000_000_000);
-                let missing = report.shortfall - report.trimmed - report.slept;
-                for (_, given, _) in self.request(
-                    &[pid],
-                    |id| Message::Sleep {
-                        id,
-                        from: me,
-                        bytes: missing,
-                    },
-                    wait,
-                ) {
-                    report.slept += given;
+                let entry = of(key);
+                if unanswered.pids.contains(&entry.pid) && self.still_silent(entry) {
+                    continue;
                 }
+                report.sleep_asked.push(entry.pid);
+                let wait = SLEEP_WAIT + Duration::from_secs(holds.min(self.total) / 2_000_000_000);
+                let missing = report.shortfall - report.trimmed - report.slept;
+                let round = self.request(&[entry], Asked::Sleep, missing, wait);
+                unanswered.add(&round, wait);
+                report.slept += round.answers.iter().map(|a| a.bytes).sum::<u64>();
+                report.slept = report.slept.min(self.total - report.trimmed);
             }
         } else if report.shortfall > 0 {
             report.note = "the others' caches and idle processes above their share hold too \
                            little"
                 .into();
         }
-        if !listing.refused.is_empty() {
-            report.note.push_str(&format!(
-                "{}{} ledger file(s) refused",
-                if report.note.is_empty() { "" } else { "; " },
-                listing.refused.len()
-            ));
+        report.unanswered = unanswered.pids;
+        let mut notes: Vec<String> = Vec::new();
+        if !report.note.is_empty() {
+            notes.push(std::mem::take(&mut report.note));
         }
+        notes.extend(unanswered.words.iter().cloned());
+        if !listing.refused.is_empty() {
+            notes.push(format!("{} ledger file(s) refused", listing.refused.len()));
+        }
+        report.note = notes.join("; ");
+        *self.last_unanswered.lock() = unanswered.words.join("; ");
         report.seconds = started.elapsed().as_secs_f64();
         self.waiting.store(0, Ordering::Relaxed);
         self.record(Event {
@@ -176,7 +304,7 @@ impl Member {
             bytes,
             given: report.trimmed + report.slept,
             seconds: report.seconds,
-            note: report.note.clone(),
+            note: report.note.chars().take(400).collect(),
         });
         self.publish();
         report

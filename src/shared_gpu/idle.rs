@@ -1,10 +1,10 @@
 //! Idle and busy, sleep and wake: a process declared idle may be asked to put its expandable
-//! pools to sleep ([`Member::sleep_for`]); declared busy again, what the ledger put to sleep
-//! wakes ([`Member::set_idle`]).
+//! pools to sleep ([`Member::sleep_for`], on the member's worker thread,
+//! [`super::answering`]); declared busy again, what the ledger put to sleep wakes
+//! ([`Member::set_idle`]). The one place of the ledger's sleep and wake semantics.
 
-use super::entry::Event;
+use super::entry::{now, Event};
 use super::member::Member;
-use super::publishing::now;
 use super::rules;
 use crate::error::{Error, Result};
 use crate::resource::sleep::{DiscardFill, SleepPlan, Sleeper};
@@ -69,7 +69,7 @@ impl Member {
             return (0, "busy (not declared idle)".into());
         }
         let mut given = self.give();
-        let holders = self.holders(&self.dir.list(Some(self.total)));
+        let holders = self.holders(&self.dir.list(self.total));
         let shares = rules::soft_shares(self.total, &holders);
         let (Some(me), Some(&share)) = (holders.last(), shares.last()) else {
             return (given, String::new());

@@ -1,31 +1,32 @@
 //! This process's membership of a shared GPU: the state the other modules work on (its
-//! identity and options, its socket, what it waits for, what it recorded) and its plain
+//! identity and terms, its socket, the requests it waits on, what it recorded) and its plain
 //! accessors. Each job on it lives in its own module: [`super::membership`] (joining and
-//! leaving), [`super::publishing`] (its entry), [`super::asking`], [`super::answering`],
-//! [`super::idle`] (sleeping and waking) and [`super::listener`].
+//! leaving, the hard limit), [`super::publishing`] (its entry, its history, the ledger as it
+//! reads it), [`super::asking`], [`super::answering`], [`super::idle`] (sleeping and waking)
+//! and [`super::listener`].
 
 use super::entry::Event;
 use super::ledger_dir::LedgerDir;
+use super::pending::Pending;
+use super::process::Identity;
+use super::socket::LedgerSocket;
 use crate::pressure::Place;
 use crate::resource::sleep::Sleeper;
 use crate::resource::SharedResource;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-/// An answer: who answered, the bytes given, why not more.
-pub(super) type AnswerFrom = (u32, u64, String);
 
 /// This process on one shared GPU (see the module docs).
 pub struct Member {
     pub(super) place: Place,
     pub(super) dir: LedgerDir,
-    pub(super) pid: u32,
-    pub(super) started: u64,
+    /// This process as the ledger names it.
+    pub(super) me: Identity,
+    /// Its user (answers from another user's processes are refused).
+    pub(super) uid: u32,
     pub(super) name: String,
     pub(super) total: u64,
     pub(super) soft_share: Option<u64>,
@@ -37,13 +38,24 @@ pub struct Member {
     pub(super) waiting: AtomicU64,
     /// Pools put to sleep by the ledger, and the bytes each moved to the host.
     pub(super) slept: Mutex<Vec<(Arc<dyn Sleeper>, u64)>>,
-    pub(super) socket: UnixDatagram,
-    pub(super) pending: Mutex<HashMap<u64, mpsc::Sender<AnswerFrom>>>,
-    pub(super) next_id: AtomicU64,
+    pub(super) socket: LedgerSocket,
+    /// The requests this process waits on.
+    pub(super) pending: Pending,
+    /// Processes (pid, pid namespace) that did not answer in time, with their entry's
+    /// `updated` then: not asked again until their entry is written again (a stopped process
+    /// writes nothing).
+    pub(super) silent: Mutex<HashMap<(u32, u64), f64>>,
+    /// The last ask's words on who did not answer (for a refusal's message).
+    pub(super) last_unanswered: Mutex<String>,
     pub(super) history: Mutex<VecDeque<Event>>,
+    /// Set when the member leaves: its threads stop, its entry is no longer written.
     pub(super) stop: AtomicBool,
-    pub(super) listener: Mutex<Option<JoinHandle<()>>>,
+    /// The listener and the worker.
+    pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
     pub(super) dirty: AtomicBool,
+    /// Held while the entry is made and written: a write of older figures never lands after
+    /// a newer one (an answer's count reads the entry written before it).
+    pub(super) writing: Mutex<()>,
     /// What the others wait for, and this process's soft share, as the listener last read
     /// the ledger: a growth past the share while others wait gives back this process's cache
     /// first ([`Member::admit`]).
@@ -56,7 +68,7 @@ impl std::fmt::Debug for Member {
         f.debug_struct("Member")
             .field("place", &self.place)
             .field("dir", &self.dir.path())
-            .field("pid", &self.pid)
+            .field("me", &self.me)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +82,11 @@ impl Member {
     /// The ledger's directory.
     pub fn directory(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// This process's socket in the ledger.
+    pub fn socket_path(&self) -> std::path::PathBuf {
+        self.dir.socket_path(self.me.pid, self.me.pid_ns)
     }
 
     /// The hard limit and where it comes from (`"user"`, `"mps"`).
@@ -91,10 +108,20 @@ impl Member {
     pub fn idle(&self) -> bool {
         self.idle.load(Ordering::Acquire)
     }
+
+    /// Whether the member left.
+    pub(super) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Whether `entry` is this process's.
+    pub(super) fn is_me(&self, entry: &super::entry::Entry) -> bool {
+        entry.pid == self.me.pid && entry.pid_ns == self.me.pid_ns
+    }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        self.dir.remove(self.pid);
+        self.dir.remove(self.me.pid, self.me.pid_ns);
     }
 }

@@ -1,61 +1,53 @@
 //! Joining and leaving a shared GPU's ledger, and the membership's face to allocations
 //! ([`pressure::Neighbours`]: asks, the hard limit, who holds what).
 
-use super::entry::{Event, MAX_NAME};
-use super::ledger_dir::{process_started, LedgerDir};
-use super::listener::listen;
+use super::entry::{now, Event, MAX_NAME};
+use super::ledger_dir::{default_base, LedgerDir};
+use super::listener;
 use super::member::Member;
-use super::options::{mps_limit, ShareOptions};
-use super::publishing::{now, PUBLISH_EVERY};
+use super::options::ShareOptions;
+use super::pending::Pending;
+use super::process;
 use super::rules::{self, Holder};
+use super::socket::LedgerSocket;
 use crate::error::{Error, Result};
 use crate::pressure::{self, Place};
 use crate::resource::SharedResource;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The longest [`Member::leave`] waits for the member's threads: the listener stops within a
+/// twentieth of a second; a worker in the middle of a sleep finishes it on its own.
+const LEAVE_WAIT: Duration = Duration::from_secs(1);
 
 impl Member {
-    /// Joins the ledger of `place` (memory of `device`, `total` bytes) with `options`; the
-    /// pools under `resource` sleep when the ledger asks.
+    /// Joins the ledger of `place` (memory of device `ordinal`, `total` bytes) with
+    /// `options`; the pools under `resource` sleep when the ledger asks.
     ///
     /// # Errors
-    /// As [`LedgerDir::open`]; the socket's I/O error.
+    /// As [`ShareOptions::terms`] and [`LedgerDir::open`]; the socket's I/O error.
     pub(super) fn join(
         place: Place,
-        device: Option<usize>,
+        ordinal: Option<usize>,
         total: u64,
         key: &str,
         resource: Option<SharedResource>,
         options: &ShareOptions,
     ) -> Result<Arc<Member>> {
-        let base = options
-            .directory
-            .clone()
-            .unwrap_or_else(super::ledger_dir::default_base);
+        let terms = options.terms(ordinal, total)?;
+        let base = options.directory.clone().unwrap_or_else(default_base);
         let dir = LedgerDir::open(&base, key)?;
-        let pid = std::process::id();
-        let socket_path = dir.socket_path(pid);
-        let _ = std::fs::remove_file(&socket_path);
-        let socket = UnixDatagram::bind(&socket_path).map_err(|e| {
+        let me = process::this_process();
+        let socket_path = dir.socket_path(me.pid, me.pid_ns);
+        let socket = LedgerSocket::bind(&socket_path).map_err(|e| {
             Error::Logic(format!(
                 "shared GPU ledger: cannot open {}: {e}",
                 socket_path.display()
             ))
         })?;
-        socket
-            .set_read_timeout(Some(PUBLISH_EVERY))
-            .map_err(|e| Error::Logic(format!("shared GPU ledger: {e}")))?;
-        let mps = std::env::var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
-            .ok()
-            .and_then(|v| mps_limit(&v, device.unwrap_or(0)));
-        let (hard_limit, hard_limit_from) = match (options.hard_limit, mps) {
-            (Some(limit), _) => (Some(limit), "user"),
-            (None, Some(limit)) => (Some(limit), "mps"),
-            (None, None) => (None, ""),
-        };
         let name = options
             .name
             .clone()
@@ -69,51 +61,64 @@ impl Member {
             .filter(|c| !c.is_control())
             .take(MAX_NAME)
             .collect();
+        let seed = (u64::from(me.pid) << 24) ^ (now() * 1e6) as u64;
         let member = Arc::new(Member {
             place,
             dir,
-            pid,
-            started: process_started(pid).unwrap_or(0),
+            me,
+            uid: rustix::process::getuid().as_raw(),
             name,
             total,
-            soft_share: options.soft_share.map(|s| s.min(total)),
-            hard_limit,
-            hard_limit_from: hard_limit_from.into(),
+            soft_share: terms.soft_share,
+            hard_limit: terms.hard_limit,
+            hard_limit_from: terms.hard_limit_from.into(),
             resource: Mutex::new(resource),
             idle: AtomicBool::new(false),
             waiting: AtomicU64::new(0),
             slept: Mutex::new(Vec::new()),
             socket,
-            pending: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            pending: Pending::new(seed),
+            silent: Mutex::new(HashMap::new()),
+            last_unanswered: Mutex::new(String::new()),
             history: Mutex::new(VecDeque::new()),
             stop: AtomicBool::new(false),
-            listener: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
             dirty: AtomicBool::new(true),
+            writing: Mutex::new(()),
             others_waiting: AtomicU64::new(0),
             share: AtomicU64::new(total),
         });
         member.publish();
-        let weak = Arc::downgrade(&member);
-        let listener = std::thread::Builder::new()
-            .name("rrmm-shared-gpu".into())
-            .spawn(move || listen(&weak))
-            .map_err(|e| Error::Logic(format!("shared GPU ledger: no listener thread: {e}")))?;
-        *member.listener.lock() = Some(listener);
+        if let Err(e) = listener::spawn(&member) {
+            member.leave();
+            return Err(e);
+        }
         let neighbours: Weak<dyn pressure::Neighbours> = Arc::downgrade(&member) as _;
         pressure::set_neighbours(place, neighbours);
         Ok(member)
     }
 
-    /// Leaves the ledger: the listener stops, the entry and socket go.
+    /// Leaves the ledger: the listener and the worker stop, the entry and socket go. Returns
+    /// within [`LEAVE_WAIT`] whatever the others do (a worker still in a sleep finishes it on
+    /// its own).
     pub fn leave(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(listener) = self.listener.lock().take() {
-            if listener.thread().id() != std::thread::current().id() {
-                let _ = listener.join();
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        let deadline = Instant::now() + LEAVE_WAIT;
+        for thread in threads {
+            if thread.thread().id() == std::thread::current().id() {
+                continue;
+            }
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
             }
         }
-        self.dir.remove(self.pid);
+        // Under the writing lock: a write that began before the stop lands before the removal.
+        let _writing = self.writing.lock();
+        self.dir.remove(self.me.pid, self.me.pid_ns);
     }
 
     /// Before the process takes `bytes` more from the driver: past its soft share while other
@@ -182,7 +187,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(super) fn past_its_share_while_others_wait_a_process_gives_back_its_cache_first() {
+    fn past_its_share_while_others_wait_a_process_gives_back_its_cache_first() {
         use crate::cuda::Stream;
         use crate::resource::{MemoryResource, SimulatedMemoryResource};
         const MIB: usize = 1 << 20;
@@ -196,7 +201,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rrmm-admit-{}", std::process::id()));
         let options = ShareOptions {
             directory: Some(dir.clone()),
-            soft_share: Some(64 * MIB as u64),
+            soft_share: Some((64 * MIB as u64).into()),
             ..ShareOptions::default()
         };
         let m = Member::join(place, None, 1 << 30, "admit", Some(pool.clone()), &options).unwrap();

@@ -30,12 +30,16 @@ mod member;
 mod membership;
 pub mod message;
 pub mod options;
+mod pending;
+pub mod process;
 mod publishing;
 pub mod rules;
+pub mod socket;
+pub mod trust;
 
 pub use asking::AskReport;
 pub use member::Member;
-pub use options::{mps_limit, parse_size, ShareOptions};
+pub use options::{mps_limit, parse_size, ShareOptions, Size};
 
 use crate::error::{Error, Result};
 use crate::pressure::Place;
@@ -93,6 +97,8 @@ pub fn join(resource: &SharedResource, options: &ShareOptions) -> Result<Arc<Mem
             (total, key)
         }
     };
+    // Every option checked before the old membership goes: a refused join changes nothing.
+    options.check(link.device, Some(total as u64))?;
     leave(link.place);
     let member = Member::join(
         link.place,
@@ -151,6 +157,5 @@ pub fn resource_set(mr: &SharedResource) -> Result<()> {
     if !wanted_by_env() || !matches!(place, Place::Device(_)) {
         return Ok(());
     }
-    let total = mr.memory_info().map_or(0, |(_, total)| total as u64);
-    join(mr, &ShareOptions::from_env(total)?).map(|_| ())
+    join(mr, &ShareOptions::from_env()?).map(|_| ())
 }

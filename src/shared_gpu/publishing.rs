@@ -2,12 +2,13 @@
 //! [`super::listener`] period; its history of events; the ledger as it reads it (the others'
 //! holdings, in the rules' terms, and in words for a refusal).
 
-use super::entry::{Entry, Event, HISTORY_IN_ENTRY, VERSION};
+use super::entry::{now, Entry, Event, HISTORY_IN_ENTRY, VERSION};
+use super::ledger_dir::Listing;
 use super::member::Member;
 use super::rules::{self, Holder};
 use crate::pressure::{self, Place};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The most events kept in the process.
 const HISTORY_KEPT: usize = 256;
@@ -27,18 +28,12 @@ pub(super) fn holder_of(e: &Entry) -> Holder {
     }
 }
 
-pub(super) fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 impl Member {
     /// This process's holder row now.
     pub(super) fn me(&self) -> Holder {
         let figures = pressure::figures(self.place);
         Holder {
-            pid: self.pid,
+            pid: self.me.pid,
             live: figures.live() as u64,
             cached: figures.cached as u64,
             soft_share: self.soft_share,
@@ -55,8 +50,9 @@ impl Member {
         let skip = history.len().saturating_sub(HISTORY_IN_ENTRY);
         Entry {
             version: VERSION,
-            pid: self.pid,
-            started: self.started,
+            pid: self.me.pid,
+            pid_ns: self.me.pid_ns,
+            started: self.me.started,
             name: self.name.clone(),
             total: self.total,
             live: me.live.min(self.total),
@@ -72,12 +68,17 @@ impl Member {
         }
     }
 
-    /// Writes this process's entry now.
+    /// Writes this process's entry now (nothing once it left the ledger).
     pub fn publish(&self) {
+        let _writing = self.writing.lock();
+        if self.stopped() {
+            return;
+        }
         self.dirty.store(false, Ordering::Release);
         let _ = self.dir.write(&self.entry());
     }
 
+    /// Adds `event` to the history (the entry is written soon after).
     pub(super) fn record(&self, event: Event) {
         let mut history = self.history.lock();
         if history.len() == HISTORY_KEPT {
@@ -92,10 +93,11 @@ impl Member {
         self.history.lock().iter().cloned().collect()
     }
 
-    /// The ledger now: every live process's entry (this one's fresh), and the files refused.
-    pub fn listing(&self) -> super::ledger_dir::Listing {
+    /// The ledger now: every live process's entry (this one's fresh), the stale ones of
+    /// processes this one cannot see, and the files refused.
+    pub fn listing(&self) -> Listing {
         self.publish();
-        self.dir.list(Some(self.total))
+        self.dir.list(self.total)
     }
 
     /// Who holds what on the GPU now, in words: each process's live and cached bytes, its soft
@@ -114,7 +116,7 @@ impl Member {
                 let mut row = format!(
                     "pid {}{} ({}) live {}, cached {}, share {}",
                     e.pid,
-                    if e.pid == self.pid { " (this one)" } else { "" },
+                    if self.is_me(e) { " (this one)" } else { "" },
                     e.name,
                     gib(e.live),
                     gib(e.cached),
@@ -129,17 +131,19 @@ impl Member {
                 row
             })
             .collect();
+        let unanswered = self.last_unanswered.lock().clone();
         format!(
             "the other processes on this GPU were asked first (a busy process, or one within \
-             its soft share, is not put to sleep): {}",
-            rows.join("; ")
+             its soft share, is not put to sleep): {}{}{unanswered}",
+            rows.join("; "),
+            if unanswered.is_empty() { "" } else { "; " }
         )
     }
 
     /// Free bytes of the device now: the driver's figure for a GPU; for a simulated device,
     /// what the processes of `listing` leave of it (the ledger is the simulated device's
     /// shared state).
-    pub(super) fn free_now(&self, listing: &super::ledger_dir::Listing) -> u64 {
+    pub(super) fn free_now(&self, listing: &Listing) -> u64 {
         if let Place::Device(ordinal) = self.place {
             return crate::cuda::device_memory_info(ordinal).map_or(0, |(free, _)| free as u64);
         }
@@ -153,11 +157,11 @@ impl Member {
 
     /// The rules' view of `listing`: every other process as published, and this one as it is
     /// now (last).
-    pub(super) fn holders(&self, listing: &super::ledger_dir::Listing) -> Vec<Holder> {
+    pub(super) fn holders(&self, listing: &Listing) -> Vec<Holder> {
         let mut holders: Vec<Holder> = listing
             .entries
             .iter()
-            .filter(|e| e.pid != self.pid)
+            .filter(|e| !self.is_me(e))
             .map(holder_of)
             .collect();
         holders.push(self.me());
@@ -167,11 +171,11 @@ impl Member {
     /// Reads the others' waits and this process's share from the ledger (the listener, every
     /// [`PUBLISH_EVERY`]).
     pub(super) fn read_others(&self) {
-        let listing = self.dir.list(Some(self.total));
+        let listing = self.dir.list(self.total);
         let waiting = listing
             .entries
             .iter()
-            .filter(|e| e.pid != self.pid)
+            .filter(|e| !self.is_me(e))
             .map(|e| e.waiting)
             .fold(0u64, u64::saturating_add);
         let shares = rules::soft_shares(self.total, &self.holders(&listing));

@@ -28,6 +28,13 @@ from hypothesis import strategies as st
 
 MIB = 1 << 20
 PEER = Path(__file__).with_name("shared_gpu_peer.py")
+#: This process's pid namespace: ledger files are named ``<pid>-<pid namespace>.json``.
+NS = os.stat("/proc/self/ns/pid").st_ino
+
+
+def entry_name(pid: int, ns: int = NS) -> str:
+    """The file of process ``pid``'s entry."""
+    return f"{pid}-{ns}.json"
 
 
 class Peer:
@@ -190,7 +197,7 @@ def test_a_killed_process_leaves_no_claim(ledger: Path, peers: list[Peer]) -> No
     started = time.monotonic()
     assert a.pid not in {r.pid for r in rrmm.shared_gpu.processes(me)}
     assert time.monotonic() - started < 1.0, "its share returns within a second"
-    assert not (ledger / "simulated-1073741824" / f"{a.pid}.json").exists()
+    assert not (ledger / "simulated-1073741824" / entry_name(a.pid)).exists()
     # Asking a ledger whose other member died mid-answer: nobody to ask, nothing breaks.
     answer = rrmm.shared_gpu.ask(900 * MIB, me)
     assert answer["trim_asked"] == [] and answer["trimmed"] == 0
@@ -224,20 +231,23 @@ def test_corrupt_and_hostile_files_are_refused_and_asks_go_on(
     me = sim_member(ledger)
     settled(me, lambda r: r[a.pid].cached == cached)
     dev = ledger / "simulated-1073741824"
-    (dev / "12345.json").write_text('{"version": 1, "pid": 12345')
-    (dev / "23456.json").write_text(json.dumps({"version": 1, "pid": 1}))
-    os.mkfifo(dev / "34567.json")
-    (dev / "45678.json").symlink_to("/etc/hostname")
-    big = {"version": 1, "pid": 56789, "started": 0, "name": "x", "total": 1 << 30,
-           "live": 1 << 40, "cached": 0, "soft_share": None, "hard_limit": None,
-           "hard_limit_from": "", "idle": True, "asleep": 0, "waiting": 0, "updated": 0.0,
-           "history": []}
-    (dev / "56789.json").write_text(json.dumps(big))
+    (dev / entry_name(12345)).write_text('{"version": 2, "pid": 12345')
+    (dev / entry_name(23456)).write_text(json.dumps({"version": 2, "pid": 1}))
+    os.mkfifo(dev / entry_name(34567))
+    (dev / entry_name(45678)).symlink_to("/etc/hostname")
+    big = {"version": 2, "pid": 56789, "pid_ns": NS, "started": 0, "name": "x",
+           "total": 1 << 30, "live": 1 << 40, "cached": 0, "soft_share": None,
+           "hard_limit": None, "hard_limit_from": "", "idle": True, "asleep": 0, "waiting": 0,
+           "updated": 0.0, "history": []}
+    (dev / entry_name(56789)).write_text(json.dumps(big))
+    (dev / "67890.json").write_text(json.dumps({**big, "version": 1, "pid": 67890}))
     refused = dict(rrmm.shared_gpu.refused_files(me))
-    assert set(refused) == {"12345.json", "23456.json", "34567.json", "45678.json", "56789.json"}
-    assert "not a ledger entry" in refused["12345.json"]
-    assert "not a regular file" in refused["34567.json"]
-    assert "beyond" in refused["56789.json"]
+    assert set(refused) == {entry_name(p) for p in (12345, 23456, 34567, 45678, 56789)} | {
+        "67890.json"}
+    assert "not a ledger entry" in refused[entry_name(12345)]
+    assert "not a regular file" in refused[entry_name(34567)]
+    assert "beyond" in refused[entry_name(56789)]
+    assert "older rrmm" in refused["67890.json"]
     answer = rrmm.shared_gpu.ask(950 * MIB, me)
     assert answer["trim_asked"] == [a.pid] and answer["trimmed"] == cached
     assert "refused" in answer["note"]
@@ -318,13 +328,13 @@ def test_any_file_in_the_ledger_is_read_or_refused(tmp_path_factory: Any, conten
     d.chmod(0o700)
     mr = sim_member(d)
     dev = d / "simulated-1073741824"
-    (dev / "4242.json").write_bytes(content)
+    (dev / entry_name(4242)).write_bytes(content)
     try:
         rows = rrmm.shared_gpu.processes(mr)
         refused = dict(rrmm.shared_gpu.refused_files(mr))
         assert os.getpid() in {r.pid for r in rows}
         assert 4242 not in {r.pid for r in rows}, "never trusted: no process 4242 runs"
-        assert "4242.json" in refused or not (dev / "4242.json").exists()
+        assert entry_name(4242) in refused or not (dev / entry_name(4242)).exists()
         assert rrmm.shared_gpu.ask(10 * MIB, mr)["trimmed"] == 0
     finally:
         rrmm.shared_gpu.leave(mr)
