@@ -394,3 +394,58 @@ def test_any_join_option_joins_or_is_a_clear_error_and_the_resource_works(
     mr.deallocate(mr.allocate(1 << 20), 1 << 20)
     with pytest.raises(ValueError):
         rrmm.shared_gpu.ask(-1, mr)
+
+
+def test_every_join_option_is_checked_before_anything_changes(
+    ledger: Path, monkeypatch: Any
+) -> None:
+    mr = sim_member(ledger, soft_share="10%")
+    before = rrmm.shared_gpu.status(mr)
+    refused: list[tuple[type[BaseException], str, dict[str, Any]]] = [
+        (TypeError, "not bool", {"soft_share": True}),
+        (TypeError, "not bool", {"hard_limit": False}),
+        (ValueError, "0% to 100%", {"soft_share": "150%"}),
+        (ValueError, "more than the device", {"soft_share": 2 << 30}),
+        (ValueError, "above the hard limit", {"soft_share": "512MiB", "hard_limit": "256MiB"}),
+        (ValueError, "above the hard limit", {"soft_share": "60%", "hard_limit": "50%"}),
+        (ValueError, "not a size", {"hard_limit": "1G"}),
+        (TypeError, "name must be a str", {"name": 3}),
+        (ValueError, "cannot name a ledger", {"device_key": "a/b"}),
+    ]
+    for error, match, options in refused:
+        with pytest.raises(error, match=match):
+            rrmm.shared_gpu.join(mr, directory=ledger, **options)
+        assert rrmm.shared_gpu.status(mr) == before, f"{options}: the old membership stays"
+    # The MPS pinned memory limit, read as MPS writes it, or refused: never silently none.
+    for value, limit in [("100MB", 100 * MIB), ("0=256M,1=1G", 256 * MIB), ("1G", 1 << 30)]:
+        monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", value)
+        rrmm.shared_gpu.join(mr, directory=ledger)
+        status = rrmm.shared_gpu.status(mr)
+        assert status is not None
+        assert (status["hard_limit"], status["hard_limit_from"]) == (limit, "mps"), value
+    for value in ["1.5G", "lots", "0=1G,one=2G"]:
+        monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", value)
+        with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+            rrmm.shared_gpu.join(mr, directory=ledger)
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "100MB")
+    with pytest.raises(ValueError, match="above the hard limit"):
+        rrmm.shared_gpu.join(mr, directory=ledger, soft_share="200MiB")
+    rrmm.shared_gpu.leave(mr)
+
+
+def test_the_keys_of_a_process_row_agree_with_what_rust_gives() -> None:
+    fields = set(rrmm.shared_gpu.ProcessRow.__dataclass_fields__)
+    mr = rrmm.mr.SimulatedMemoryResource("1GiB")
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-keys-{os.getpid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    rrmm.shared_gpu.join(mr, directory=directory)
+    try:
+        rows, _ = rrmm._rrmm._shared_gpu_processes(mr)
+        assert fields == set(rows[0]) - {"started"}, "started is read, not shown"
+        read, _ = rrmm._rrmm._shared_gpu_read(str(directory / "simulated-1073741824"))
+        assert set(read[0]) == set(rows[0])
+    finally:
+        rrmm.shared_gpu.leave(mr)
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
