@@ -195,6 +195,12 @@ impl Member {
         let free = self.free_now(&listing);
         report.shortfall = bytes.saturating_add(SLACK).saturating_sub(free);
         let mut unanswered = Unanswered::default();
+        self.silent.lock().retain(|&(pid, pid_ns), _| {
+            listing
+                .entries
+                .iter()
+                .any(|e| e.pid == pid && e.pid_ns == pid_ns)
+        });
         let (others, skipped): (Vec<&Entry>, Vec<&Entry>) = listing
             .entries
             .iter()
@@ -268,7 +274,7 @@ impl Member {
                     break;
                 }
                 let entry = of(key);
-                if unanswered.pids.contains(&entry.pid) && self.still_silent(entry) {
+                if self.still_silent(entry) {
                     continue;
                 }
                 report.sleep_asked.push(entry.pid);

@@ -223,4 +223,99 @@ mod tests {
         m.leave();
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    #[test]
+    fn an_answer_from_another_process_counts_nothing_and_a_flood_holds_nothing() {
+        use super::super::entry::{Entry, VERSION};
+        use super::super::message::{Message, MAX_MESSAGE};
+        use crate::resource::SimulatedMemoryResource;
+        const MIB: u64 = 1 << 20;
+        let sim: SharedResource = Arc::new(SimulatedMemoryResource::new(1 << 30));
+        let dir = std::env::temp_dir().join(format!("rrmm-forged-{}", std::process::id()));
+        let options = ShareOptions {
+            directory: Some(dir.clone()),
+            ..ShareOptions::default()
+        };
+        let place = sim.link().place;
+        let m = Member::join(place, None, 1 << 30, "forged", Some(sim), &options).unwrap();
+        // A peer as its entry names it: process 1 of another pid namespace (never judged dead
+        // from here), 300 MiB cached; its socket is this test's.
+        let ns = m.me.pid_ns + 1;
+        let peer = Entry {
+            version: VERSION,
+            pid: 1,
+            pid_ns: ns,
+            started: 5,
+            name: "peer".into(),
+            total: 1 << 30,
+            live: 0,
+            cached: 300 * MIB,
+            soft_share: None,
+            hard_limit: None,
+            hard_limit_from: String::new(),
+            idle: false,
+            asleep: 0,
+            waiting: 0,
+            updated: now(),
+            history: Vec::new(),
+        };
+        m.dir.write(&peer).unwrap();
+        let socket = LedgerSocket::bind(&m.dir.socket_path(1, ns)).unwrap();
+        // Every request answered with all it asks for and its entry emptied, but from this
+        // process: the kernel names the sender, which is not the process asked.
+        let answerer = std::thread::spawn(move || {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(3) {
+                let Ok(Some(got)) = socket.receive(MAX_MESSAGE, Duration::from_millis(50)) else {
+                    continue;
+                };
+                if let (Some(Message::Give { id, bytes, .. }), Some(to)) =
+                    (Message::decode(&got.bytes), got.reply_to)
+                {
+                    let answer = Message::Answer {
+                        id,
+                        from: 1,
+                        given: bytes,
+                        note: String::new(),
+                    };
+                    let _ = socket.send_to(&answer.encode(), &to);
+                    return;
+                }
+            }
+        });
+        let report = m.ask_for(900 * MIB);
+        answerer.join().unwrap();
+        assert_eq!((report.trimmed, report.slept), (0, 0), "{report:?}");
+        assert!(
+            m.history()
+                .iter()
+                .any(|e| e.kind == "refused" && e.note.contains("not by process 1")),
+            "{:?}",
+            m.history()
+        );
+        // Thousands of requests from a socket nobody reads: answered or declined at once,
+        // each answer failing once its queue is full; the member keeps its two threads and
+        // leaves at once.
+        let quiet = LedgerSocket::bind(&dir.join("quiet.sock")).unwrap();
+        let request = Message::Sleep {
+            id: 1,
+            from: 1,
+            bytes: 1,
+        }
+        .encode();
+        let started = Instant::now();
+        let mut sent = 0;
+        while sent < 3000 && started.elapsed() < Duration::from_secs(5) {
+            if quiet.send_to(&request, &m.socket_path()).is_ok() {
+                sent += 1;
+            }
+        }
+        assert_eq!(sent, 3000);
+        assert_eq!(m.threads.lock().len(), 2, "the listener and the worker");
+        let started = Instant::now();
+        m.leave();
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(!m.dir.entry_path(m.me.pid, m.me.pid_ns).exists());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
