@@ -175,28 +175,50 @@ impl Entry {
 }
 
 #[cfg(test)]
+impl Entry {
+    /// An entry of process `who` on a device of `total` bytes holding nothing, written now
+    /// (tests; a whole second, which JSON reads back exactly).
+    pub(crate) fn of(who: Identity, total: u64) -> Entry {
+        Entry {
+            version: VERSION,
+            pid: who.pid,
+            pid_ns: who.pid_ns,
+            started: who.started,
+            name: "test".into(),
+            total,
+            live: 0,
+            cached: 0,
+            soft_share: None,
+            hard_limit: None,
+            hard_limit_from: String::new(),
+            idle: false,
+            asleep: 0,
+            waiting: 0,
+            updated: now().round(),
+            history: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn entry() -> Entry {
-        Entry {
-            version: VERSION,
+        let who = Identity {
             pid: 42,
             pid_ns: 9,
             started: 7,
+        };
+        Entry {
             name: "worker".into(),
-            total: 1000,
             live: 300,
             cached: 100,
-            soft_share: None,
             hard_limit: Some(900),
             hard_limit_from: "user".into(),
-            idle: false,
-            asleep: 0,
-            waiting: 0,
             updated: 1.0,
-            history: Vec::new(),
+            ..Entry::of(who, 1000)
         }
     }
 

@@ -455,22 +455,10 @@ mod tests {
 
     fn entry_of(me: Identity) -> Entry {
         Entry {
-            version: super::super::entry::VERSION,
-            pid: me.pid,
-            pid_ns: me.pid_ns,
-            started: me.started,
             name: "me".into(),
-            total: 1000,
             live: 1,
             cached: 2,
-            soft_share: None,
-            hard_limit: None,
-            hard_limit_from: String::new(),
-            idle: false,
-            asleep: 0,
-            waiting: 0,
-            updated: super::super::entry::now(),
-            history: Vec::new(),
+            ..Entry::of(me, 1000)
         }
     }
 

@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn an_answer_from_another_process_counts_nothing_and_a_flood_holds_nothing() {
-        use super::super::entry::{Entry, VERSION};
+        use super::super::entry::Entry;
         use super::super::message::{Message, MAX_MESSAGE};
         use crate::resource::SimulatedMemoryResource;
         const MIB: u64 = 1 << 20;
@@ -242,22 +242,15 @@ mod tests {
         // from here), 300 MiB cached; its socket is this test's.
         let ns = m.me.pid_ns + 1;
         let peer = Entry {
-            version: VERSION,
-            pid: 1,
-            pid_ns: ns,
-            started: 5,
-            name: "peer".into(),
-            total: 1 << 30,
-            live: 0,
             cached: 300 * MIB,
-            soft_share: None,
-            hard_limit: None,
-            hard_limit_from: String::new(),
-            idle: false,
-            asleep: 0,
-            waiting: 0,
-            updated: now(),
-            history: Vec::new(),
+            ..Entry::of(
+                process::Identity {
+                    pid: 1,
+                    pid_ns: ns,
+                    started: 5,
+                },
+                1 << 30,
+            )
         };
         m.dir.write(&peer).unwrap();
         let socket = LedgerSocket::bind(&m.dir.socket_path(1, ns)).unwrap();
