@@ -64,15 +64,22 @@ struct Round {
     unreachable: Vec<(u32, String)>,
 }
 
-/// What an ask learns of who did not answer, in words for its note.
+/// What an ask learns of who did not answer, and what the answers said, in words for its
+/// note.
 #[derive(Default)]
 struct Unanswered {
     pids: Vec<u32>,
     words: Vec<String>,
+    /// What the answers said (why less, or nothing, was given).
+    answered: Vec<String>,
 }
 
 impl Unanswered {
     fn add(&mut self, round: &Round, wait: Duration) {
+        for answer in round.answers.iter().filter(|a| !a.note.is_empty()) {
+            self.answered
+                .push(format!("pid {}: {}", answer.pid, answer.note));
+        }
         if !round.silent.is_empty() {
             self.words.push(format!(
                 "no answer within {:.1} s from {}",
@@ -296,6 +303,7 @@ impl Member {
             notes.push(std::mem::take(&mut report.note));
         }
         notes.extend(unanswered.words.iter().cloned());
+        notes.extend(unanswered.answered);
         if !listing.refused.is_empty() {
             notes.push(format!("{} ledger file(s) refused", listing.refused.len()));
         }

@@ -107,7 +107,7 @@ impl Member {
                         kind: "refused".into(),
                         peer,
                         bytes: 0,
-                        given,
+                        given: 0,
                         seconds: 0.0,
                         note: why,
                     });
