@@ -99,8 +99,8 @@ impl Member {
     }
 
     /// Leaves the ledger: the listener and the worker stop, the entry and socket go. Returns
-    /// within [`LEAVE_WAIT`] whatever the others do (a worker still in a sleep finishes it on
-    /// its own).
+    /// within a second (`LEAVE_WAIT`) whatever the others do (a worker still in a sleep
+    /// finishes it on its own).
     pub fn leave(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let threads: Vec<_> = self.threads.lock().drain(..).collect();

@@ -1,4 +1,5 @@
-//! Which answers count: pure rules, no I/O (what they judge is read by [`super::pending`]).
+//! Which answers count: pure rules, no I/O (what they judge is read where answers arrive,
+//! `pending.rs`).
 //!
 //! An answer says "I gave N bytes". It counts only when
 //! 1. it comes from the process that was asked: the kernel's credentials of its sender, seen
