@@ -4,6 +4,7 @@ resource, and the shared GPUs' ledgers (``rrmm.shared_gpu``)."""
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from rrmm import _rrmm
@@ -21,7 +22,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "of its pinned memory; without a driver it says why and that there are no devices "
         "(status 0: simulated memory needs no GPU). Then the shared GPUs: each ledger under "
         "RRMM_LEDGER_DIR (or the default directory) with its processes, their shares and "
-        "bytes, their last events and the files it refused.",
+        "bytes, their last events and the files it refused; it only reads the ledgers (it "
+        "removes nothing, not even the entries of processes that died).",
         epilog=EXIT_CODES,
     )
     one_line_parser_errors(parser, "rrmm info")
@@ -102,6 +104,11 @@ def _shared_gpus() -> None:
         rows, refused = ledger["processes"], ledger["refused"]
         print(f"  {_printable(key)}: {len(rows)} process(es)")
         for row in rows:
+            if row.stale:
+                print(f"    pid {row.pid} {_printable(repr(row.name))} of pid namespace "
+                      f"{row.pid_ns}: stale (not written for {time.time() - row.updated:.0f} s; "
+                      "its process cannot be seen from here, so its entry is not removed)")
+                continue
             share = "equal part" if row.soft_share is None else format_bytes(row.soft_share)
             limit = "none" if row.hard_limit is None else format_bytes(row.hard_limit) + (
                 f" ({_printable(row.hard_limit_from)})" if row.hard_limit_from else "")

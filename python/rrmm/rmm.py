@@ -110,6 +110,10 @@ def reinitialize(
         raise TypeError(
             f"share_gpu must be True, False, None or a dict of options, not {share_gpu!r}")
     devices = _device_list(devices)
+    if share_gpu:
+        # The ledger's options, whole (keys, types, units, sizes against each device where its
+        # size is known), before any resource is replaced.
+        _rrmm._shared_gpu_check_options(share_gpu, devices)
     # One call into Rust: it checks the devices against the machine, forgets every per-device
     # resource (the old ones go before the new ones are built, as in RMM: a new pool's default
     # initial size is half the free memory, which the old one may hold), builds the stack on

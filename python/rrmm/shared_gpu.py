@@ -21,7 +21,6 @@ arrays while it sleeps would touch unmapped memory: declare busy before GPU work
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,10 +74,15 @@ def join(
     ledger; ``directory`` and ``device_key`` choose the ledger (tests; a simulated device's key
     is ``simulated-<bytes>``). Joining again replaces the options. Returns the ledger's
     directory.
+
+    Every option is checked before anything changes (a refused join leaves a previous one as
+    it was): ``TypeError`` for a value of the wrong type (``soft_share=True`` is no size),
+    ``ValueError`` for a size that does not parse, a percentage above 100%, a soft share above
+    the device or above the hard limit (the user's or MPS's), an MPS limit
+    (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) that does not read, a ``device_key`` that cannot name
+    a directory; ``RuntimeError`` for a directory others can write.
     """
     target = _mr(mr)
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a str, not {type(name).__name__}")
     return str(
         _rrmm._shared_gpu_join(
             target,
@@ -102,8 +106,8 @@ def joined(mr: DeviceMemoryResource | None = None) -> bool:
 
 
 def status(mr: DeviceMemoryResource | None = None) -> dict[str, Any] | None:
-    """This process's membership: directory, pid, soft share, hard limit (and where it comes
-    from: ``"user"`` or ``"mps"``), idle; ``None`` when it has not joined."""
+    """This process's membership: directory, socket, pid, soft share, hard limit (and where it
+    comes from: ``"user"`` or ``"mps"``), idle; ``None`` when it has not joined."""
     result: dict[str, Any] | None = _rrmm._shared_gpu_status(_mr(mr))
     return result
 
@@ -178,6 +182,12 @@ class ProcessRow:
     waiting: int
     updated: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: Its pid namespace (the inode of ``/proc/<pid>/ns/pid``): processes in containers that
+    #: share ``/dev/shm`` may have the same pid in different namespaces.
+    pid_ns: int = 0
+    #: Its process cannot be seen from here (another pid namespace) and its entry was not
+    #: written for a minute: left out of every figure, never removed from here.
+    stale: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProcessRow:
@@ -185,7 +195,8 @@ class ProcessRow:
 
 
 def processes(mr: DeviceMemoryResource | None = None) -> list[ProcessRow]:
-    """Every process in the ledger of the GPU under ``mr`` (this one included), by pid."""
+    """Every process in the ledger of the GPU under ``mr`` (this one included), by pid; the
+    stale ones (``ProcessRow.stale``: another pid namespace, not written for a minute) last."""
     rows, _refused = _rrmm._shared_gpu_processes(_mr(mr))
     return [ProcessRow.from_dict(r) for r in rows]
 
@@ -205,15 +216,20 @@ def history(mr: DeviceMemoryResource | None = None) -> list[dict[str, Any]]:
 def ask(nbytes: int, mr: DeviceMemoryResource | None = None) -> dict[str, Any]:
     """Asks the other processes for room for ``nbytes`` as an allocation that ran out does;
     returns what they answered (``shortfall``, ``trimmed``, ``slept``, who was asked,
-    ``seconds``, ``note``)."""
+    ``unanswered``: who did not answer in time or could not be reached, ``seconds``,
+    ``note``: why not more, naming those and the deadline). Each wait has a deadline (a second
+    for trims); an answer counts only from the process asked and at most what its entry shows
+    it gave."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
     return dict(_rrmm._shared_gpu_ask(_mr(mr), nbytes))
 
 
 def read_ledgers(directory: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Every GPU's ledger under ``directory`` (default: where ledgers live), without joining:
-    ``{key: {"processes": [ProcessRow, ...], "refused": [(file, why), ...]}}``."""
+    """Every GPU's ledger under ``directory`` (default: where ledgers live), without joining and
+    without removing anything: ``{key: {"processes": [ProcessRow, ...], "refused": [(file,
+    why), ...]}}`` (entries of processes seen dead are refused, saying so; stale ones are rows
+    with ``stale=True``)."""
     base = os.fspath(directory) if directory is not None else _rrmm._shared_gpu_default_directory()
     out: dict[str, Any] = {}
     try:
@@ -226,7 +242,7 @@ def read_ledgers(directory: str | os.PathLike[str] | None = None) -> dict[str, A
             continue
         rows, refused = _rrmm._shared_gpu_read(path)
         out[key] = {
-            "processes": [ProcessRow.from_dict(json.loads(r)) for r in rows],
+            "processes": [ProcessRow.from_dict(r) for r in rows],
             "refused": list(refused),
         }
     return out

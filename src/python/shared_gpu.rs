@@ -5,11 +5,12 @@
 use super::errors::py_result;
 use super::resources::convert::bytes_arg;
 use super::resources::resource::DeviceMemoryResource;
-use crate::shared_gpu::entry::Event;
-use crate::shared_gpu::{self, Member, ShareOptions};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use crate::shared_gpu::entry::{Entry, Event};
+use crate::shared_gpu::ledger_dir::Listing;
+use crate::shared_gpu::{self, Member, ShareOptions, Size};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBool, PyDict, PyList};
 use std::sync::Arc;
 
 /// Files of a ledger's directory that were not read as entries: (file, why).
@@ -28,40 +29,75 @@ fn joined(mr: &DeviceMemoryResource) -> PyResult<Arc<Member>> {
     })
 }
 
-/// A share's size: bytes, a byte string (`"10GiB"`, the package's one grammar) or a
-/// percentage of the memory under `mr` (`"25%"`); `None` when not given.
-fn share_size(
-    py: Python<'_>,
-    value: Option<&Bound<'_, PyAny>>,
-    name: &str,
-    mr: &DeviceMemoryResource,
-) -> PyResult<Option<u64>> {
+/// The options `join` and `reinitialize(share_gpu=...)` take (the keys of the dict).
+const OPTIONS: [&str; 5] = [
+    "soft_share",
+    "hard_limit",
+    "name",
+    "directory",
+    "device_key",
+];
+
+/// A share's size: bytes (an int), a byte string (`"10GiB"`, the package's one grammar) or a
+/// percentage of the device (`"25%"`); `None` when not given.
+fn size_arg(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<Size>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
-    if let Ok(text) = value.extract::<String>() {
-        if text.trim().ends_with('%') {
-            let inner = mr.inner.clone();
-            let total = py.detach(move || inner.memory_info().map(|(_, total)| total));
-            let Some(total) = total else {
-                return Err(PyValueError::new_err(format!(
-                    "{name}={text:?}: the memory under the resource does not report its size"
-                )));
-            };
-            return shared_gpu::parse_size(&text, total as u64)
-                .map(Some)
-                .ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "{name}={text:?} is not a percentage of the device (0% to 100%)"
-                    ))
-                });
-        }
+    if value.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be bytes (an int), a byte string such as \"10GiB\" or a percentage \
+             such as \"25%\", not bool"
+        )));
     }
-    Ok(Some(bytes_arg(value, name)? as u64))
+    if let Ok(text) = value.extract::<String>() {
+        return Size::parse(&text)
+            .map(Some)
+            .map_err(|why| PyValueError::new_err(format!("{name}={why}")));
+    }
+    Ok(Some(Size::Bytes(bytes_arg(value, name)? as u64)))
+}
+
+/// A text option (`name`, `device_key`); `None` when not given.
+fn text_arg(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<String>> {
+    match value.filter(|v| !v.is_none()) {
+        None => Ok(None),
+        Some(v) => v.extract::<String>().map(Some).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{name} must be a str, not {}",
+                v.get_type().name().map_or("?".into(), |n| n.to_string())
+            ))
+        }),
+    }
+}
+
+/// The options of `join` from Python's values, each checked for its type and units.
+fn options_from(
+    soft_share: Option<&Bound<'_, PyAny>>,
+    hard_limit: Option<&Bound<'_, PyAny>>,
+    name: Option<&Bound<'_, PyAny>>,
+    directory: Option<&Bound<'_, PyAny>>,
+    device_key: Option<&Bound<'_, PyAny>>,
+) -> PyResult<ShareOptions> {
+    let directory =
+        match directory.filter(|v| !v.is_none()) {
+            None => None,
+            Some(d) => Some(d.extract::<std::path::PathBuf>().map_err(|_| {
+                PyTypeError::new_err("directory must be a str or an os.PathLike path")
+            })?),
+        };
+    Ok(ShareOptions {
+        soft_share: size_arg(soft_share, "soft_share")?,
+        hard_limit: size_arg(hard_limit, "hard_limit")?,
+        name: text_arg(name, "name")?,
+        directory,
+        device_key: text_arg(device_key, "device_key")?,
+    })
 }
 
 /// `_shared_gpu_join(mr, soft_share=None, hard_limit=None, name=None, directory=None,
-/// device_key=None) -> str`: joins the ledger of `mr`'s memory; returns its directory.
+/// device_key=None) -> str`: joins the ledger of `mr`'s memory; returns its directory. Every
+/// option is checked before anything changes.
 #[pyfunction]
 #[pyo3(signature = (mr, soft_share=None, hard_limit=None, name=None, directory=None, device_key=None))]
 fn _shared_gpu_join(
@@ -69,20 +105,72 @@ fn _shared_gpu_join(
     mr: PyRef<'_, DeviceMemoryResource>,
     soft_share: Option<&Bound<'_, PyAny>>,
     hard_limit: Option<&Bound<'_, PyAny>>,
-    name: Option<String>,
-    directory: Option<std::path::PathBuf>,
-    device_key: Option<String>,
+    name: Option<&Bound<'_, PyAny>>,
+    directory: Option<&Bound<'_, PyAny>>,
+    device_key: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let options = ShareOptions {
-        soft_share: share_size(py, soft_share, "soft_share", &mr)?,
-        hard_limit: share_size(py, hard_limit, "hard_limit", &mr)?,
-        name,
-        directory,
-        device_key,
-    };
+    let options = options_from(soft_share, hard_limit, name, directory, device_key)?;
     let inner = mr.inner.clone();
     let member = py_result(py.detach(move || shared_gpu::join(&inner, &options)))?;
     Ok(member.directory().display().to_string())
+}
+
+/// `_shared_gpu_check_options(options, devices) -> None`: checks `reinitialize`'s
+/// `share_gpu` (True, False, None, or a dict of `join`'s options) for each of `devices`
+/// without joining or changing anything: the keys, the types, the units, and where the
+/// device's size is known (a driver and the device), the sizes against it and against the
+/// hard limit (the user's or MPS's).
+#[pyfunction]
+fn _shared_gpu_check_options(
+    py: Python<'_>,
+    options: &Bound<'_, PyAny>,
+    devices: Vec<usize>,
+) -> PyResult<()> {
+    let options = if options.is_none() || options.is_instance_of::<PyBool>() {
+        if !options.is_truthy()? {
+            return Ok(());
+        }
+        ShareOptions::default()
+    } else {
+        let dict = options.cast::<PyDict>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "share_gpu must be True, False, None or a dict of options, not {}",
+                options.repr().map_or("?".into(), |r| r.to_string())
+            ))
+        })?;
+        for key in dict.keys() {
+            let known = key
+                .extract::<String>()
+                .is_ok_and(|k| OPTIONS.contains(&k.as_str()));
+            if !known {
+                return Err(PyTypeError::new_err(format!(
+                    "share_gpu has an unknown option {} (the options are {})",
+                    key.repr().map_or("?".into(), |r| r.to_string()),
+                    OPTIONS.join(", ")
+                )));
+            }
+        }
+        let get = |k: &str| dict.get_item(k);
+        options_from(
+            get("soft_share")?.as_ref(),
+            get("hard_limit")?.as_ref(),
+            get("name")?.as_ref(),
+            get("directory")?.as_ref(),
+            get("device_key")?.as_ref(),
+        )?
+    };
+    py_result(py.detach(move || {
+        if devices.is_empty() {
+            return options.check(None, None);
+        }
+        for ordinal in devices {
+            let total = crate::cuda::device_memory_info(ordinal)
+                .ok()
+                .map(|(_, total)| total as u64);
+            options.check(Some(ordinal), total)?;
+        }
+        Ok(())
+    }))
 }
 
 /// `_shared_gpu_leave(mr) -> bool`: leaves the ledger of `mr`'s memory.
@@ -135,6 +223,7 @@ fn _shared_gpu_status<'py>(
     };
     let d = PyDict::new(py);
     d.set_item("directory", member.directory().display().to_string())?;
+    d.set_item("socket", member.socket_path().display().to_string())?;
     d.set_item("pid", std::process::id())?;
     d.set_item("soft_share", member.soft_share())?;
     let (limit, from) = member.hard_limit();
@@ -144,8 +233,38 @@ fn _shared_gpu_status<'py>(
     Ok(Some(d))
 }
 
-/// `_shared_gpu_processes(mr) -> (list[dict], list[tuple[str, str]])`: every live process of
-/// the ledger (its entry) and the files refused, with why.
+/// One process of a ledger as `rrmm.shared_gpu.ProcessRow`'s fields; `stale`: its process
+/// cannot be seen from here and its entry was not written for a minute (left out of every
+/// figure).
+fn row<'py>(py: Python<'py>, e: &Entry, stale: bool) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    super::set_fields!(d, e;
+        pid, pid_ns, started, name, total, live, cached, soft_share, hard_limit,
+        hard_limit_from, idle, asleep, waiting, updated,
+    );
+    let history = PyList::empty(py);
+    for event in &e.history {
+        history.append(event_dict(py, event)?)?;
+    }
+    d.set_item("history", history)?;
+    d.set_item("stale", stale)?;
+    Ok(d)
+}
+
+/// The rows of a listing: its live processes, then its stale ones.
+fn rows<'py>(py: Python<'py>, listing: &Listing) -> PyResult<Bound<'py, PyList>> {
+    let rows = PyList::empty(py);
+    for e in &listing.entries {
+        rows.append(row(py, e, false)?)?;
+    }
+    for e in &listing.stale {
+        rows.append(row(py, e, true)?)?;
+    }
+    Ok(rows)
+}
+
+/// `_shared_gpu_processes(mr) -> (list[dict], list[tuple[str, str]])`: every process of the
+/// ledger (its entry; stale ones last, marked) and the files refused, with why.
 #[pyfunction]
 fn _shared_gpu_processes<'py>(
     py: Python<'py>,
@@ -153,21 +272,7 @@ fn _shared_gpu_processes<'py>(
 ) -> PyResult<(Bound<'py, PyList>, Refusals)> {
     let member = joined(&mr)?;
     let listing = py.detach(move || member.listing());
-    let rows = PyList::empty(py);
-    for e in &listing.entries {
-        let d = PyDict::new(py);
-        super::set_fields!(d, e;
-            pid, started, name, total, live, cached, soft_share, hard_limit, hard_limit_from,
-            idle, asleep, waiting, updated,
-        );
-        let history = PyList::empty(py);
-        for event in &e.history {
-            history.append(event_dict(py, event)?)?;
-        }
-        d.set_item("history", history)?;
-        rows.append(d)?;
-    }
-    Ok((rows, listing.refused))
+    Ok((rows(py, &listing)?, listing.refused))
 }
 
 /// `_shared_gpu_history(mr) -> list[dict]`: the events this process recorded, oldest first.
@@ -195,38 +300,32 @@ fn _shared_gpu_ask<'py>(
     let member = joined(&mr)?;
     let r = py.detach(move || member.ask_for(nbytes));
     let d = PyDict::new(py);
-    super::set_fields!(d, r; bytes, shortfall, trimmed, slept, trim_asked, sleep_asked, seconds, note);
+    super::set_fields!(d, r;
+        bytes, shortfall, trimmed, slept, trim_asked, sleep_asked, unanswered, seconds, note,
+    );
     Ok(d)
 }
 
-/// `_shared_gpu_read(directory, total=None) -> (list[str], list[tuple[str, str]])`: the
-/// entries (as JSON) of a ledger directory without joining it (`rrmm info`), read and checked
-/// as a member reads them, each against `total` (default: its own device size); a directory
-/// that is not this user's alone is one refusal.
+/// `_shared_gpu_read(directory, total=None) -> (list[dict], list[tuple[str, str]])`: the
+/// processes of a ledger directory (rows as `_shared_gpu_processes`'s) without joining it
+/// (`rrmm info`), read and checked as a member reads them, each against `total` (default:
+/// its own device size), and nothing removed; a directory that is not this user's alone is
+/// one refusal.
 #[pyfunction]
 #[pyo3(signature = (directory, total=None))]
 fn _shared_gpu_read(
     py: Python<'_>,
     directory: std::path::PathBuf,
     total: Option<u64>,
-) -> (Vec<String>, Refusals) {
-    py.detach(
-        move || match shared_gpu::ledger_dir::LedgerDir::existing(&directory) {
-            Ok(dir) => {
-                let listing = dir.list(total);
-                let entries = listing
-                    .entries
-                    .iter()
-                    .map(|e| serde_json::to_string(e).unwrap_or_default())
-                    .collect();
-                (entries, listing.refused)
-            }
-            Err(e) => (
-                Vec::new(),
-                vec![(directory.display().to_string(), e.to_string())],
-            ),
-        },
-    )
+) -> PyResult<(Bound<'_, PyList>, Refusals)> {
+    let shown = directory.display().to_string();
+    let read = py.detach(move || {
+        shared_gpu::ledger_dir::LedgerDir::existing(&directory).map(|dir| dir.read(total))
+    });
+    match read {
+        Ok(listing) => Ok((rows(py, &listing)?, listing.refused)),
+        Err(e) => Ok((PyList::empty(py), vec![(shown, e.to_string())])),
+    }
 }
 
 /// `_shared_gpu_default_directory() -> str`: where ledgers are kept by default.
@@ -235,6 +334,7 @@ fn _shared_gpu_default_directory() -> String {
     shared_gpu::ledger_dir::default_base().display().to_string()
 }
 
-super::register_items!(functions: _shared_gpu_join, _shared_gpu_leave, _shared_gpu_use,
+super::register_items!(functions: _shared_gpu_join, _shared_gpu_check_options,
+    _shared_gpu_leave, _shared_gpu_use,
     _shared_gpu_set_idle, _shared_gpu_status, _shared_gpu_processes, _shared_gpu_history,
     _shared_gpu_ask, _shared_gpu_read, _shared_gpu_default_directory;);

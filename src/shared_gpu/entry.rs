@@ -1,16 +1,25 @@
 //! One process's entry in a shared GPU's ledger: a small JSON file it alone writes, read by the
 //! others and never trusted blindly ([`Entry::parse`] refuses anything out of shape).
 
+use super::process::Identity;
 use serde::{Deserialize, Serialize};
 
-/// The entry format's version.
-pub const VERSION: u32 = 1;
+/// The entry format's version (2: the writer's pid namespace, in the entry and in its file's
+/// name).
+pub const VERSION: u32 = 2;
 /// The largest entry file read (bytes): a bigger one is refused unread.
 pub const MAX_ENTRY_BYTES: u64 = 64 * 1024;
 /// The most history events an entry carries (the newest).
 pub const HISTORY_IN_ENTRY: usize = 32;
 /// The longest process name kept.
 pub const MAX_NAME: usize = 64;
+
+/// Seconds since the Unix epoch now (an entry's `updated`, an event's `at`).
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
 
 /// What happened between processes, as one of them records it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -19,8 +28,9 @@ pub struct Event {
     /// Seconds since the Unix epoch.
     pub at: f64,
     /// `"asked"` (this process asked others), `"gave"` (it trimmed for another), `"slept"`,
-    /// `"woke"`, `"refused"` (an allocation refused after asking), `"declined"` (a request it
-    /// did not follow, with why).
+    /// `"woke"`, `"refused"` (an allocation refused after asking, or an answer not believed:
+    /// from another process than the one asked, to a request never made, beyond the device),
+    /// `"declined"` (a request it did not follow, with why: busy, not idle, within its share).
     pub kind: String,
     /// The other process (0 when none).
     pub peer: u32,
@@ -40,8 +50,10 @@ pub struct Event {
 pub struct Entry {
     /// [`VERSION`].
     pub version: u32,
-    /// Its process id (the file's name).
+    /// Its process id in its pid namespace (the file's name).
     pub pid: u32,
+    /// Its pid namespace (the inode of `/proc/self/ns/pid`; the file's name).
+    pub pid_ns: u64,
     /// When it started (clock ticks since boot, `/proc/<pid>/stat`): a process that died and
     /// whose id was reused is told apart by it.
     pub started: u64,
@@ -77,21 +89,37 @@ pub struct Entry {
 pub struct Refused(pub String);
 
 impl Entry {
-    /// The entry in `text`, read from the file of process `pid`, on a device of `total` bytes.
+    /// The entry in `text`, read from the file of process `pid` of pid namespace `pid_ns`, on a
+    /// device of `total` bytes.
     ///
     /// # Errors
-    /// [`Refused`] saying why: not JSON of this shape, another version, another process's id,
-    /// figures beyond the device, a name with control characters, too much history.
-    /// `total: None` checks the entry against the device size it names itself (a reader that
-    /// does not know the device, such as `rrmm info`).
-    pub fn parse(text: &str, pid: u32, total: Option<u64>) -> Result<Entry, Refused> {
+    /// [`Refused`] saying why: not JSON of this shape, another version, another process's id
+    /// or namespace, figures beyond the device, a name with control characters, too much
+    /// history. `total: None` checks the entry against the device size it names itself (a
+    /// reader that does not know the device, such as `rrmm info`).
+    pub fn parse(text: &str, pid: u32, pid_ns: u64, total: Option<u64>) -> Result<Entry, Refused> {
         let entry: Entry =
             serde_json::from_str(text).map_err(|e| Refused(format!("not a ledger entry: {e}")))?;
-        entry.check(pid, total.unwrap_or(entry.total))?;
+        entry.check(pid, pid_ns, total.unwrap_or(entry.total))?;
         Ok(entry)
     }
 
-    fn check(&self, pid: u32, total: u64) -> Result<(), Refused> {
+    /// The process it names.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pid: self.pid,
+            pid_ns: self.pid_ns,
+            started: self.started,
+        }
+    }
+
+    /// Seconds since it was written, at `now` (seconds since the Unix epoch); 0 for an entry
+    /// from the future (another clock).
+    pub fn age(&self, now: f64) -> f64 {
+        (now - self.updated).max(0.0)
+    }
+
+    fn check(&self, pid: u32, pid_ns: u64, total: u64) -> Result<(), Refused> {
         let refuse = |why: String| Err(Refused(why));
         if self.version != VERSION {
             return refuse(format!(
@@ -99,10 +127,11 @@ impl Entry {
                 self.version
             ));
         }
-        if self.pid != pid || pid == 0 {
+        if self.pid != pid || pid == 0 || self.pid_ns != pid_ns {
             return refuse(format!(
-                "the entry names process {} but is the file of process {pid}",
-                self.pid
+                "the entry names process {} of pid namespace {} but is the file of process \
+                 {pid} of {pid_ns}",
+                self.pid, self.pid_ns
             ));
         }
         if self.total != total {
@@ -146,27 +175,50 @@ impl Entry {
 }
 
 #[cfg(test)]
+impl Entry {
+    /// An entry of process `who` on a device of `total` bytes holding nothing, written now
+    /// (tests; a whole second, which JSON reads back exactly).
+    pub(crate) fn of(who: Identity, total: u64) -> Entry {
+        Entry {
+            version: VERSION,
+            pid: who.pid,
+            pid_ns: who.pid_ns,
+            started: who.started,
+            name: "test".into(),
+            total,
+            live: 0,
+            cached: 0,
+            soft_share: None,
+            hard_limit: None,
+            hard_limit_from: String::new(),
+            idle: false,
+            asleep: 0,
+            waiting: 0,
+            updated: now().round(),
+            history: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn entry() -> Entry {
-        Entry {
-            version: VERSION,
+        let who = Identity {
             pid: 42,
+            pid_ns: 9,
             started: 7,
+        };
+        Entry {
             name: "worker".into(),
-            total: 1000,
             live: 300,
             cached: 100,
-            soft_share: None,
             hard_limit: Some(900),
             hard_limit_from: "user".into(),
-            idle: false,
-            asleep: 0,
-            waiting: 0,
             updated: 1.0,
-            history: Vec::new(),
+            ..Entry::of(who, 1000)
         }
     }
 
@@ -174,9 +226,11 @@ mod tests {
     fn an_entry_reads_back_and_a_bad_one_says_why() {
         let e = entry();
         let text = serde_json::to_string(&e).unwrap();
-        assert_eq!(Entry::parse(&text, 42, Some(1000)).unwrap(), e);
-        let why = |text: &str, pid, total| Entry::parse(text, pid, Some(total)).unwrap_err().0;
+        assert_eq!(Entry::parse(&text, 42, 9, Some(1000)).unwrap(), e);
+        let why = |text: &str, pid, total| Entry::parse(text, pid, 9, Some(total)).unwrap_err().0;
         assert!(why(&text, 43, 1000).contains("process 42"));
+        let other_ns = Entry::parse(&text, 42, 10, Some(1000)).unwrap_err().0;
+        assert!(other_ns.contains("namespace 9"), "{other_ns}");
         assert!(why(&text, 42, 999).contains("device"));
         assert!(why("{", 42, 1000).contains("not a ledger entry"));
         let mut big = e.clone();
@@ -191,7 +245,7 @@ mod tests {
         /// the device.
         #[test]
         fn any_text_is_parsed_or_refused(text in ".{0,300}", pid in 1u32..100) {
-            if let Ok(e) = Entry::parse(&text, pid, Some(1000)) {
+            if let Ok(e) = Entry::parse(&text, pid, 9, Some(1000)) {
                 prop_assert!(e.live + e.cached <= 1000);
             }
         }
@@ -204,7 +258,7 @@ mod tests {
             e.asleep = asleep;
             let text = serde_json::to_string(&e).unwrap();
             let ok = live.checked_add(cached).is_some_and(|s| s <= 1000) && asleep <= 64_000;
-            prop_assert_eq!(Entry::parse(&text, 42, Some(1000)).is_ok(), ok);
+            prop_assert_eq!(Entry::parse(&text, 42, 9, Some(1000)).is_ok(), ok);
         }
     }
 }

@@ -1,12 +1,17 @@
 //! The ledger's directory: one per device, only its user may write it; in it each process's
-//! entry (`<pid>.json`, written whole by a rename) and its socket (`<pid>.sock`).
+//! entry (`<pid>-<pid namespace>.json`, written whole by a rename) and its socket
+//! (`<pid>-<pid namespace>.sock`): processes of different pid namespaces (containers sharing
+//! `/dev/shm`) never share a name.
 //!
 //! Nothing here is trusted blindly: a directory another user owns or can write is refused when
-//! a process joins; an entry that is not a regular file of this user, too big, out of shape or
-//! of a process that is gone is left out of the listing (the dead ones are removed), and the
-//! listing says why.
+//! a process joins; an entry that is not a regular file of this user, too big or out of shape is
+//! left out of the listing, which says why. An entry is removed only by a member that sees its
+//! process die ([`process::fate`]); one whose process cannot be seen from here (another pid
+//! namespace) counts until it is [`STALE_AFTER`] old, then is listed as stale, never removed.
+//! A reader that only reads ([`LedgerDir::read`], `rrmm info`) removes nothing.
 
 use super::entry::{Entry, Refused, MAX_ENTRY_BYTES};
+use super::process::{self, Fate, Identity};
 use crate::error::{Error, Result};
 use std::fs;
 use std::io::{Read, Write};
@@ -40,11 +45,17 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// How long an entry whose process cannot be seen from here (another pid namespace) counts
+/// without being written again (seconds): a member writes its entry every quarter second.
+pub const STALE_AFTER: f64 = 60.0;
+
 /// The ledger directory of one device.
 #[derive(Debug, Clone)]
 pub struct LedgerDir {
     path: PathBuf,
     uid: u32,
+    /// This process, the reader.
+    reader: Identity,
     /// Where the sockets are when the directory's own path is too long for one (a socket's
     /// path has at most 107 bytes): a short directory of this user's, with a name per ledger.
     sockets: Option<(PathBuf, u64)>,
@@ -63,10 +74,46 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// The ledger as one read found it.
 #[derive(Debug, Default)]
 pub struct Listing {
-    /// The entries of live processes.
+    /// The entries of live processes (and of processes this reader cannot see, while fresh).
     pub entries: Vec<Entry>,
+    /// Entries of processes this reader cannot see (another pid namespace) not written for
+    /// [`STALE_AFTER`]: left out of every figure, never removed from here.
+    pub stale: Vec<Entry>,
     /// Files left out, and why.
     pub refused: Vec<(String, String)>,
+}
+
+/// The process named by an entry's file name, `<pid>-<pid namespace>.json`.
+fn named(name: &str) -> Option<(u32, u64)> {
+    let (pid, ns) = name.strip_suffix(".json")?.split_once('-')?;
+    Some((pid.parse().ok()?, ns.parse().ok()?))
+}
+
+/// Checks, without making anything, that `base` can hold ledgers: a directory of this user's
+/// that nobody else can write, or one that can be made (its parent is a directory).
+///
+/// # Errors
+/// As [`LedgerDir::open`].
+pub fn check_base(base: &Path) -> Result<()> {
+    let uid = rustix::process::getuid().as_raw();
+    match fs::symlink_metadata(base) {
+        Ok(_) => check_dir(base, uid),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = base
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if parent.is_dir() {
+                Ok(())
+            } else {
+                Err(refuse(
+                    base,
+                    "it does not exist and cannot be made (no parent directory)",
+                ))
+            }
+        }
+        Err(e) => Err(refuse(base, e)),
+    }
 }
 
 fn refuse(path: &Path, why: impl std::fmt::Display) -> Error {
@@ -113,25 +160,6 @@ fn make_dir(path: &Path) -> Result<()> {
     }
 }
 
-/// When process `pid` started (clock ticks since boot), or `None` when it is gone or `/proc`
-/// does not say.
-pub fn process_started(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name (field 2) may hold spaces and parentheses: the fields after it follow the last
-    // ')'; the start time is field 22, the 20th after the name.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the process of `entry` still runs (and is the same process). Without `/proc` every
-/// entry is taken as alive (a dead process's socket then refuses its messages).
-fn alive(entry: &Entry) -> bool {
-    if !Path::new("/proc/self/stat").exists() {
-        return true;
-    }
-    process_started(entry.pid) == Some(entry.started)
-}
-
 impl LedgerDir {
     /// The directory of device `key` under `base` (made, only its user may write it).
     ///
@@ -170,8 +198,8 @@ impl LedgerDir {
     /// `make_short`).
     fn at(path: PathBuf, uid: u32, make_short: bool) -> Result<LedgerDir> {
         check_dir(&path, uid)?;
-        // u32::MAX has the most digits a process id has.
-        let longest = path.join(format!("{}.sock", u32::MAX));
+        // The most digits a process id and a namespace's inode have.
+        let longest = path.join(format!("{}-{}.sock", u32::MAX, u64::MAX));
         let sockets = if longest.as_os_str().len() <= MAX_SOCKET_PATH {
             None
         } else {
@@ -182,7 +210,7 @@ impl LedgerDir {
             }
             let tag = fnv1a(path.as_os_str().as_encoded_bytes());
             if short
-                .join(format!("{tag:016x}-{}.sock", u32::MAX))
+                .join(format!("{tag:016x}-{}-{}.sock", u32::MAX, u64::MAX))
                 .as_os_str()
                 .len()
                 > MAX_SOCKET_PATH
@@ -194,7 +222,12 @@ impl LedgerDir {
             }
             Some((short, tag))
         };
-        Ok(LedgerDir { path, uid, sockets })
+        Ok(LedgerDir {
+            path,
+            uid,
+            reader: process::this_process(),
+            sockets,
+        })
     }
 
     /// The directory.
@@ -202,17 +235,18 @@ impl LedgerDir {
         &self.path
     }
 
-    /// The entry file of `pid`.
-    pub fn entry_path(&self, pid: u32) -> PathBuf {
-        self.path.join(format!("{pid}.json"))
+    /// The entry file of process `pid` of pid namespace `pid_ns`.
+    pub fn entry_path(&self, pid: u32, pid_ns: u64) -> PathBuf {
+        self.path.join(format!("{pid}-{pid_ns}.json"))
     }
 
-    /// The socket of `pid`: in the directory, or where its path would be too long, in a short
-    /// directory of this user's under the temporary directory, named by the ledger and `pid`.
-    pub fn socket_path(&self, pid: u32) -> PathBuf {
+    /// The socket of process `pid` of pid namespace `pid_ns`: in the directory, or where its
+    /// path would be too long, in a short directory of this user's under the temporary
+    /// directory, named by the ledger and the process.
+    pub fn socket_path(&self, pid: u32, pid_ns: u64) -> PathBuf {
         match &self.sockets {
-            None => self.path.join(format!("{pid}.sock")),
-            Some((short, tag)) => short.join(format!("{tag:016x}-{pid}.sock")),
+            None => self.path.join(format!("{pid}-{pid_ns}.sock")),
+            Some((short, tag)) => short.join(format!("{tag:016x}-{pid}-{pid_ns}.sock")),
         }
     }
 
@@ -221,7 +255,9 @@ impl LedgerDir {
     /// # Errors
     /// The I/O error.
     pub fn write(&self, entry: &Entry) -> std::io::Result<()> {
-        let tmp = self.path.join(format!(".{}.json.tmp", entry.pid));
+        let tmp = self
+            .path
+            .join(format!(".{}-{}.json.tmp", entry.pid, entry.pid_ns));
         let text = serde_json::to_vec(entry).map_err(std::io::Error::other)?;
         let _ = fs::remove_file(&tmp);
         let mut file = fs::OpenOptions::new()
@@ -231,13 +267,27 @@ impl LedgerDir {
             .open(&tmp)?;
         file.write_all(&text)?;
         drop(file);
-        fs::rename(&tmp, self.entry_path(entry.pid))
+        fs::rename(&tmp, self.entry_path(entry.pid, entry.pid_ns))
     }
 
-    /// Removes the entry and socket of `pid`.
-    pub fn remove(&self, pid: u32) {
-        let _ = fs::remove_file(self.entry_path(pid));
-        let _ = fs::remove_file(self.socket_path(pid));
+    /// Removes the entry and socket of process `pid` of pid namespace `pid_ns`.
+    pub fn remove(&self, pid: u32, pid_ns: u64) {
+        let _ = fs::remove_file(self.entry_path(pid, pid_ns));
+        let _ = fs::remove_file(self.socket_path(pid, pid_ns));
+    }
+
+    /// The entry of process `pid` of pid namespace `pid_ns` now, checked against a device of
+    /// `total` bytes.
+    ///
+    /// # Errors
+    /// [`Refused`] saying why it was not read.
+    pub fn entry_of(
+        &self,
+        pid: u32,
+        pid_ns: u64,
+        total: u64,
+    ) -> std::result::Result<Entry, Refused> {
+        self.read_entry(&self.entry_path(pid, pid_ns), pid, pid_ns, Some(total))
     }
 
     /// Reads one entry file, refusing what is not a regular file of this user within the size.
@@ -245,6 +295,7 @@ impl LedgerDir {
         &self,
         path: &Path,
         pid: u32,
+        pid_ns: u64,
         total: Option<u64>,
     ) -> std::result::Result<Entry, Refused> {
         let file = fs::OpenOptions::new()
@@ -271,37 +322,75 @@ impl LedgerDir {
         file.take(MAX_ENTRY_BYTES)
             .read_to_string(&mut text)
             .map_err(|e| Refused(format!("not text ({e})")))?;
-        Entry::parse(&text, pid, total)
+        Entry::parse(&text, pid, pid_ns, total)
     }
 
-    /// Every entry of a live process on a device of `total` bytes (`None`: each entry's own
-    /// figure, for a reader that does not know the device); dead processes' files are removed,
-    /// and files that are not entries are listed as refused.
-    pub fn list(&self, total: Option<u64>) -> Listing {
+    /// The ledger as a member reads it, on a device of `total` bytes: every entry of a live
+    /// process (see [`Listing`]); the entries of processes it sees dead are removed with their
+    /// sockets.
+    pub fn list(&self, total: u64) -> Listing {
+        self.scan(Some(total), true)
+    }
+
+    /// The ledger as a reader that does not join reads it (`rrmm info`): as [`LedgerDir::list`],
+    /// each entry checked against `total` (`None`: the device size it names itself), but
+    /// nothing is removed; entries of processes seen dead are listed as refused, saying so.
+    pub fn read(&self, total: Option<u64>) -> Listing {
+        self.scan(total, false)
+    }
+
+    fn scan(&self, total: Option<u64>, remove_gone: bool) -> Listing {
         let mut listing = Listing::default();
         let Ok(dir) = fs::read_dir(&self.path) else {
             return listing;
         };
+        let proc_ours = process::proc_shows_this_namespace();
+        let now = super::entry::now();
         for item in dir.flatten() {
             let name = item.file_name().to_string_lossy().into_owned();
-            let Some(stem) = name.strip_suffix(".json") else {
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            let Some((pid, pid_ns)) = named(&name) else {
+                let why = if name
+                    .strip_suffix(".json")
+                    .is_some_and(|s| s.parse::<u32>().is_ok())
+                {
+                    "named as by an older rrmm (ledger version 1, <process id>.json): not read"
+                } else {
+                    "not named <process id>-<pid namespace>.json"
+                };
+                listing.refused.push((name, why.into()));
                 continue;
             };
-            let Ok(pid) = stem.parse::<u32>() else {
-                if !name.starts_with('.') {
-                    listing
-                        .refused
-                        .push((name, "not named <process id>.json".into()));
+            let entry = match self.read_entry(&item.path(), pid, pid_ns, total) {
+                Ok(entry) => entry,
+                Err(Refused(why)) => {
+                    listing.refused.push((name, why));
+                    continue;
                 }
-                continue;
             };
-            match self.read_entry(&item.path(), pid, total) {
-                Ok(entry) if alive(&entry) => listing.entries.push(entry),
-                Ok(entry) => self.remove(entry.pid),
-                Err(Refused(why)) => listing.refused.push((name, why)),
+            match process::fate(
+                &entry.identity(),
+                &self.reader,
+                proc_ours,
+                process::process_started,
+            ) {
+                Fate::Alive => listing.entries.push(entry),
+                Fate::Gone if remove_gone => self.remove(entry.pid, entry.pid_ns),
+                Fate::Gone => listing.refused.push((
+                    name,
+                    format!(
+                        "process {} is gone (a member of the ledger removes its entry)",
+                        entry.pid
+                    ),
+                )),
+                Fate::Unseen if entry.age(now) > STALE_AFTER => listing.stale.push(entry),
+                Fate::Unseen => listing.entries.push(entry),
             }
         }
-        listing.entries.sort_by_key(|e| e.pid);
+        listing.entries.sort_by_key(|e| (e.pid, e.pid_ns));
+        listing.stale.sort_by_key(|e| (e.pid, e.pid_ns));
         listing
     }
 }
@@ -326,16 +415,10 @@ mod tests {
     }
 
     #[test]
-    fn this_process_started_and_a_made_up_one_did_not() {
-        assert!(process_started(std::process::id()).is_some());
-        assert!(process_started(u32::MAX - 7).is_none());
-    }
-
-    #[test]
     fn a_long_directory_keeps_its_sockets_in_a_short_one() {
         let base = temp_base(&"long".repeat(30));
         let dir = LedgerDir::open(&base, "dev").unwrap();
-        let socket = dir.socket_path(u32::MAX);
+        let socket = dir.socket_path(u32::MAX, u64::MAX);
         assert!(
             socket.as_os_str().len() <= MAX_SOCKET_PATH,
             "{}",
@@ -344,8 +427,8 @@ mod tests {
         assert_ne!(socket.parent(), Some(dir.path()));
         let other = LedgerDir::open(&base, "other").unwrap();
         assert_ne!(
-            other.socket_path(1),
-            dir.socket_path(1),
+            other.socket_path(1, 2),
+            dir.socket_path(1, 2),
             "one name per ledger"
         );
         let _ = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
@@ -370,38 +453,45 @@ mod tests {
         let _ = fs::remove_dir_all(&base);
     }
 
+    fn entry_of(me: Identity) -> Entry {
+        Entry {
+            name: "me".into(),
+            live: 1,
+            cached: 2,
+            ..Entry::of(me, 1000)
+        }
+    }
+
     #[test]
     fn hostile_files_are_listed_as_refused_and_dead_entries_removed() {
         let base = temp_base("files");
         let dir = LedgerDir::open(&base, "dev").unwrap();
-        let me = Entry {
-            version: super::super::entry::VERSION,
-            pid: std::process::id(),
-            started: process_started(std::process::id()).unwrap(),
-            name: "me".into(),
-            total: 1000,
-            live: 1,
-            cached: 2,
-            soft_share: None,
-            hard_limit: None,
-            hard_limit_from: String::new(),
-            idle: false,
-            asleep: 0,
-            waiting: 0,
-            updated: 0.0,
-            history: Vec::new(),
-        };
+        let me = entry_of(process::this_process());
         dir.write(&me).unwrap();
         // A dead process (started at another time).
         let mut dead = me.clone();
         dead.pid = 1;
         dead.started = 0;
         dir.write(&dead).unwrap();
-        fs::write(dir.path().join("77.json"), b"{garbage").unwrap();
-        fs::write(dir.path().join("78.json"), vec![b' '; 70_000]).unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("79.json")).unwrap();
+        let ns = me.pid_ns;
+        fs::write(dir.path().join(format!("77-{ns}.json")), b"{garbage").unwrap();
+        fs::write(dir.path().join(format!("78-{ns}.json")), vec![b' '; 70_000]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join(format!("79-{ns}.json")))
+            .unwrap();
         fs::write(dir.path().join("notes.json"), b"{}").unwrap();
-        let listing = dir.list(Some(1000));
+        fs::write(dir.path().join("80.json"), b"{}").unwrap();
+        // What `rrmm info` reads: nothing removed, the dead one said to be gone.
+        let read = dir.read(Some(1000));
+        assert_eq!(read.entries, vec![me.clone()]);
+        assert!(read
+            .refused
+            .iter()
+            .any(|(n, w)| n == &format!("1-{ns}.json") && w.contains("gone")));
+        assert!(
+            dir.entry_path(1, ns).exists(),
+            "a reader that does not join removes nothing"
+        );
+        let listing = dir.list(1000);
         assert_eq!(listing.entries, vec![me]);
         let why = |name: &str| {
             listing
@@ -411,14 +501,63 @@ mod tests {
                 .map(|(_, w)| w.clone())
                 .unwrap_or_default()
         };
-        assert!(why("77.json").contains("not a ledger entry"));
-        assert!(why("78.json").contains("at most"));
-        assert!(why("79.json").contains("cannot be opened"));
+        assert!(why(&format!("77-{ns}.json")).contains("not a ledger entry"));
+        assert!(why(&format!("78-{ns}.json")).contains("at most"));
+        assert!(why(&format!("79-{ns}.json")).contains("cannot be opened"));
         assert!(why("notes.json").contains("not named"));
+        assert!(why("80.json").contains("older rrmm"));
         assert!(
-            !dir.entry_path(1).exists(),
+            !dir.entry_path(1, ns).exists(),
             "the dead process's entry is removed"
         );
+        let _ = fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn another_namespace_counts_while_fresh_then_is_stale_and_never_removed() {
+        let base = temp_base("namespaces");
+        let dir = LedgerDir::open(&base, "dev").unwrap();
+        let me = process::this_process();
+        // Process 1 of another namespace: here process 1 is another process (init), which
+        // would have made it look dead.
+        let mut fresh = entry_of(Identity {
+            pid: 1,
+            pid_ns: me.pid_ns + 1,
+            started: 5,
+        });
+        let mut old = entry_of(Identity {
+            pid: 2,
+            pid_ns: me.pid_ns + 1,
+            started: 5,
+        });
+        old.updated -= STALE_AFTER + 1.0;
+        dir.write(&fresh).unwrap();
+        dir.write(&old).unwrap();
+        let listing = dir.list(1000);
+        assert_eq!(listing.entries, vec![fresh.clone()]);
+        assert_eq!(listing.stale, vec![old.clone()]);
+        assert!(dir.entry_path(1, fresh.pid_ns).exists() && dir.entry_path(2, old.pid_ns).exists());
+        fresh.updated -= STALE_AFTER + 1.0;
+        dir.write(&fresh).unwrap();
+        assert_eq!(dir.list(1000).stale.len(), 2);
+        assert!(
+            dir.entry_path(1, fresh.pid_ns).exists(),
+            "stale, still never removed"
+        );
+        let _ = fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn a_base_is_checked_without_being_made() {
+        let base = temp_base("check");
+        check_base(&base).unwrap();
+        assert!(!base.exists(), "nothing made");
+        let e = check_base(&base.join("a/b")).unwrap_err().to_string();
+        assert!(e.contains("cannot be made"), "{e}");
+        LedgerDir::open(&base, "dev").unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_base(&base).unwrap_err().to_string();
+        assert!(e.contains("other users can write"), "{e}");
         let _ = fs::remove_dir_all(&base);
     }
 }

@@ -4,13 +4,15 @@
 //! Processes that opt in share a ledger per GPU: a directory (in `/dev/shm` by default, only
 //! their user can write it) where each keeps an entry of what it holds (live and cached bytes),
 //! its soft share and hard limit, whether it is idle, and what it asked and gave. No daemon
-//! runs: a process that dies leaves an entry whose process is gone, which every reader drops at
-//! once (so its share returns at the next read).
+//! runs: a process that dies leaves an entry whose process is gone, which every member of its
+//! pid namespace drops at once (so its share returns at the next read); an entry of another
+//! namespace counts while it is written, then is stale ([`ledger_dir`], [`process`]).
 //!
 //! When an allocation on the GPU runs out, the process's own caches give back first
 //! ([`crate::pressure`]); then, where it joined a ledger, the others are asked
-//! ([`Member::ask_for`], by [`rules`]): those holding free memory in their pools trim them (on
-//! their listener thread, without waiting for a pool that is busy: their work never stops),
+//! ([`Member::ask_for`], by [`rules`], each wait with a deadline): those holding free memory in
+//! their pools trim them (on their worker thread, without waiting for a pool that is busy:
+//! their work never stops),
 //! those above their share first; then idle processes above their share put their expandable
 //! pools to sleep (live data to pinned host memory, addresses kept), which wake by themselves
 //! at their next use or when the process is busy again ([`Member::set_idle`]). Only then is the
@@ -18,15 +20,30 @@
 //! enforces, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) is never passed.
 //!
 //! Requests and answers are datagrams on each process's socket in the ledger's directory
-//! ([`message`]); every entry and message is checked before use ([`entry`], [`ledger_dir`]).
+//! ([`message`], [`socket`]: sends never wait); every entry and message is checked before use
+//! ([`entry`], [`ledger_dir`]), and an answer counts only from the process asked and at most
+//! what its entry shows it gave ([`trust`]).
 
+mod answering;
+mod asking;
 pub mod entry;
+mod idle;
 pub mod ledger_dir;
+mod listener;
 mod member;
+mod membership;
 pub mod message;
+pub mod options;
+mod pending;
+pub mod process;
+mod publishing;
 pub mod rules;
+pub mod socket;
+pub mod trust;
 
-pub use member::{mps_limit, parse_size, AskReport, Member, ShareOptions};
+pub use asking::AskReport;
+pub use member::Member;
+pub use options::{mps_limit, parse_size, ShareOptions, Size};
 
 use crate::error::{Error, Result};
 use crate::pressure::Place;
@@ -84,6 +101,8 @@ pub fn join(resource: &SharedResource, options: &ShareOptions) -> Result<Arc<Mem
             (total, key)
         }
     };
+    // Every option checked before the old membership goes: a refused join changes nothing.
+    options.check(link.device, Some(total as u64))?;
     leave(link.place);
     let member = Member::join(
         link.place,
@@ -142,6 +161,5 @@ pub fn resource_set(mr: &SharedResource) -> Result<()> {
     if !wanted_by_env() || !matches!(place, Place::Device(_)) {
         return Ok(());
     }
-    let total = mr.memory_info().map_or(0, |(_, total)| total as u64);
-    join(mr, &ShareOptions::from_env(total)?).map(|_| ())
+    join(mr, &ShareOptions::from_env()?).map(|_| ())
 }

@@ -83,7 +83,8 @@ def test_info_lists_each_ledgers_processes_events_and_refused_files(capsys, ledg
             if rows and rows[0].history:
                 break
             time.sleep(0.05)
-        (ledger_dir / "simulated-1073741824" / "99.json").write_text("{")
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        (ledger_dir / "simulated-1073741824" / f"99-{ns}.json").write_text("{")
         assert _cli_info.run(None) == 0
         out = capsys.readouterr().out
         # Another process reads the ledgers without joining: the command line.
@@ -102,7 +103,7 @@ def test_info_lists_each_ledgers_processes_events_and_refused_files(capsys, ledg
         assert "asleep 0 B" in row and "idle no" in row
         assert "hard limit 512.00 MiB (user)" in row
         assert "      asked: 100.00 MiB, given 0 B in " in text
-        assert "    refused 99.json: not a ledger entry" in text
+        assert f"    refused 99-{ns}.json: not a ledger entry" in text
     assert "CUDA driver" in out, "the rest of the report is as before"
 
 

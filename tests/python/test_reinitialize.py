@@ -169,3 +169,38 @@ class _nothing:
 
     def __exit__(self, *a):
         return False
+
+
+def test_reinitialize_checks_the_ledgers_options_before_anything_changes(monkeypatch):
+    """``share_gpu``'s options are checked whole before any resource is replaced: without a GPU
+    (keys, types, units, percentages) as with one (sizes against the device)."""
+    sim = rrmm.mr.SimulatedMemoryResource("1GiB")
+    rrmm.mr.set_per_device_resource(0, sim)
+    refused = [
+        (TypeError, "unknown option 'bogus'", {"bogus": 1}),
+        (TypeError, "not bool", {"soft_share": True}),
+        (ValueError, "0% to 100%", {"soft_share": "150%"}),
+        (ValueError, "above the hard limit", {"soft_share": "2GiB", "hard_limit": "1GiB"}),
+        (ValueError, "cannot name a ledger", {"device_key": ".."}),
+        (TypeError, "must be True, False, None or a dict", "yes"),
+    ]
+    for error, match, share_gpu in refused:
+        with pytest.raises(error, match=match):
+            rrmm.reinitialize(share_gpu=share_gpu)
+        assert rrmm.mr.get_per_device_resource(0) is sim, f"{share_gpu}: nothing replaced"
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "1.5G")
+    with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+        rrmm.reinitialize(share_gpu=True)
+    assert rrmm.mr.get_per_device_resource(0) is sim
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "100MB")
+    with pytest.raises(ValueError, match="above the hard limit"):
+        rrmm.reinitialize(share_gpu={"soft_share": "200MiB"})
+    if NO_GPU:
+        # Sound options: no device, so a warning and nothing set, as without them.
+        with pytest.warns(RuntimeWarning, match="no CUDA device"):
+            rrmm.reinitialize(share_gpu={"soft_share": "25%", "name": "w"})
+    else:
+        # On a GPU the device's size is known: a soft share beyond it is refused first.
+        with pytest.raises(ValueError, match="more than the device"):
+            rrmm.reinitialize(share_gpu={"soft_share": 1 << 60})
+        assert rrmm.mr.get_per_device_resource(0) is sim

@@ -28,6 +28,13 @@ from hypothesis import strategies as st
 
 MIB = 1 << 20
 PEER = Path(__file__).with_name("shared_gpu_peer.py")
+#: This process's pid namespace: ledger files are named ``<pid>-<pid namespace>.json``.
+NS = os.stat("/proc/self/ns/pid").st_ino
+
+
+def entry_name(pid: int, ns: int = NS) -> str:
+    """The file of process ``pid``'s entry."""
+    return f"{pid}-{ns}.json"
 
 
 class Peer:
@@ -190,7 +197,7 @@ def test_a_killed_process_leaves_no_claim(ledger: Path, peers: list[Peer]) -> No
     started = time.monotonic()
     assert a.pid not in {r.pid for r in rrmm.shared_gpu.processes(me)}
     assert time.monotonic() - started < 1.0, "its share returns within a second"
-    assert not (ledger / "simulated-1073741824" / f"{a.pid}.json").exists()
+    assert not (ledger / "simulated-1073741824" / entry_name(a.pid)).exists()
     # Asking a ledger whose other member died mid-answer: nobody to ask, nothing breaks.
     answer = rrmm.shared_gpu.ask(900 * MIB, me)
     assert answer["trim_asked"] == [] and answer["trimmed"] == 0
@@ -224,20 +231,23 @@ def test_corrupt_and_hostile_files_are_refused_and_asks_go_on(
     me = sim_member(ledger)
     settled(me, lambda r: r[a.pid].cached == cached)
     dev = ledger / "simulated-1073741824"
-    (dev / "12345.json").write_text('{"version": 1, "pid": 12345')
-    (dev / "23456.json").write_text(json.dumps({"version": 1, "pid": 1}))
-    os.mkfifo(dev / "34567.json")
-    (dev / "45678.json").symlink_to("/etc/hostname")
-    big = {"version": 1, "pid": 56789, "started": 0, "name": "x", "total": 1 << 30,
-           "live": 1 << 40, "cached": 0, "soft_share": None, "hard_limit": None,
-           "hard_limit_from": "", "idle": True, "asleep": 0, "waiting": 0, "updated": 0.0,
-           "history": []}
-    (dev / "56789.json").write_text(json.dumps(big))
+    (dev / entry_name(12345)).write_text('{"version": 2, "pid": 12345')
+    (dev / entry_name(23456)).write_text(json.dumps({"version": 2, "pid": 1}))
+    os.mkfifo(dev / entry_name(34567))
+    (dev / entry_name(45678)).symlink_to("/etc/hostname")
+    big = {"version": 2, "pid": 56789, "pid_ns": NS, "started": 0, "name": "x",
+           "total": 1 << 30, "live": 1 << 40, "cached": 0, "soft_share": None,
+           "hard_limit": None, "hard_limit_from": "", "idle": True, "asleep": 0, "waiting": 0,
+           "updated": 0.0, "history": []}
+    (dev / entry_name(56789)).write_text(json.dumps(big))
+    (dev / "67890.json").write_text(json.dumps({**big, "version": 1, "pid": 67890}))
     refused = dict(rrmm.shared_gpu.refused_files(me))
-    assert set(refused) == {"12345.json", "23456.json", "34567.json", "45678.json", "56789.json"}
-    assert "not a ledger entry" in refused["12345.json"]
-    assert "not a regular file" in refused["34567.json"]
-    assert "beyond" in refused["56789.json"]
+    assert set(refused) == {entry_name(p) for p in (12345, 23456, 34567, 45678, 56789)} | {
+        "67890.json"}
+    assert "not a ledger entry" in refused[entry_name(12345)]
+    assert "not a regular file" in refused[entry_name(34567)]
+    assert "beyond" in refused[entry_name(56789)]
+    assert "older rrmm" in refused["67890.json"]
     answer = rrmm.shared_gpu.ask(950 * MIB, me)
     assert answer["trim_asked"] == [a.pid] and answer["trimmed"] == cached
     assert "refused" in answer["note"]
@@ -318,13 +328,13 @@ def test_any_file_in_the_ledger_is_read_or_refused(tmp_path_factory: Any, conten
     d.chmod(0o700)
     mr = sim_member(d)
     dev = d / "simulated-1073741824"
-    (dev / "4242.json").write_bytes(content)
+    (dev / entry_name(4242)).write_bytes(content)
     try:
         rows = rrmm.shared_gpu.processes(mr)
         refused = dict(rrmm.shared_gpu.refused_files(mr))
         assert os.getpid() in {r.pid for r in rows}
         assert 4242 not in {r.pid for r in rows}, "never trusted: no process 4242 runs"
-        assert "4242.json" in refused or not (dev / "4242.json").exists()
+        assert entry_name(4242) in refused or not (dev / entry_name(4242)).exists()
         assert rrmm.shared_gpu.ask(10 * MIB, mr)["trimmed"] == 0
     finally:
         rrmm.shared_gpu.leave(mr)
@@ -384,3 +394,58 @@ def test_any_join_option_joins_or_is_a_clear_error_and_the_resource_works(
     mr.deallocate(mr.allocate(1 << 20), 1 << 20)
     with pytest.raises(ValueError):
         rrmm.shared_gpu.ask(-1, mr)
+
+
+def test_every_join_option_is_checked_before_anything_changes(
+    ledger: Path, monkeypatch: Any
+) -> None:
+    mr = sim_member(ledger, soft_share="10%")
+    before = rrmm.shared_gpu.status(mr)
+    refused: list[tuple[type[BaseException], str, dict[str, Any]]] = [
+        (TypeError, "not bool", {"soft_share": True}),
+        (TypeError, "not bool", {"hard_limit": False}),
+        (ValueError, "0% to 100%", {"soft_share": "150%"}),
+        (ValueError, "more than the device", {"soft_share": 2 << 30}),
+        (ValueError, "above the hard limit", {"soft_share": "512MiB", "hard_limit": "256MiB"}),
+        (ValueError, "above the hard limit", {"soft_share": "60%", "hard_limit": "50%"}),
+        (ValueError, "not a size", {"hard_limit": "1G"}),
+        (TypeError, "name must be a str", {"name": 3}),
+        (ValueError, "cannot name a ledger", {"device_key": "a/b"}),
+    ]
+    for error, match, options in refused:
+        with pytest.raises(error, match=match):
+            rrmm.shared_gpu.join(mr, directory=ledger, **options)
+        assert rrmm.shared_gpu.status(mr) == before, f"{options}: the old membership stays"
+    # The MPS pinned memory limit, read as MPS writes it, or refused: never silently none.
+    for value, limit in [("100MB", 100 * MIB), ("0=256M,1=1G", 256 * MIB), ("1G", 1 << 30)]:
+        monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", value)
+        rrmm.shared_gpu.join(mr, directory=ledger)
+        status = rrmm.shared_gpu.status(mr)
+        assert status is not None
+        assert (status["hard_limit"], status["hard_limit_from"]) == (limit, "mps"), value
+    for value in ["1.5G", "lots", "0=1G,one=2G"]:
+        monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", value)
+        with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+            rrmm.shared_gpu.join(mr, directory=ledger)
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "100MB")
+    with pytest.raises(ValueError, match="above the hard limit"):
+        rrmm.shared_gpu.join(mr, directory=ledger, soft_share="200MiB")
+    rrmm.shared_gpu.leave(mr)
+
+
+def test_the_keys_of_a_process_row_agree_with_what_rust_gives() -> None:
+    fields = set(rrmm.shared_gpu.ProcessRow.__dataclass_fields__)
+    mr = rrmm.mr.SimulatedMemoryResource("1GiB")
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"rl-keys-{os.getpid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    rrmm.shared_gpu.join(mr, directory=directory)
+    try:
+        rows, _ = rrmm._rrmm._shared_gpu_processes(mr)
+        assert fields == set(rows[0]) - {"started"}, "started is read, not shown"
+        read, _ = rrmm._rrmm._shared_gpu_read(str(directory / "simulated-1073741824"))
+        assert set(read[0]) == set(rows[0])
+    finally:
+        rrmm.shared_gpu.leave(mr)
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
