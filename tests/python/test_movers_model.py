@@ -11,8 +11,10 @@ a ``PoolMemoryResource`` built over the tagged resource before most tags exist. 
   kernel would, only while the process is busy), the engine's pause and resume (with and without
   a backup), the user's sleep and restore of a pool, promotion, trims, the host's room running
   out and coming back, idle and busy declarations;
-- the shared-GPU ledger's worker thread, asked by a peer process to put this idle process to
-  sleep (it answers concurrently with the main thread's steps);
+- the shared-GPU ledger's worker thread, asked by a peer process (``shared_gpu_fake_peer.py``)
+  to put this process to sleep while it is idle (it answers concurrently with the main thread's
+  steps; a sleep of an idle process wakes when its memory is used, and a declaration of busy
+  abandons or undoes it);
 - a reader thread that copies live buffers out with rrmm's copies all along, concurrently with
   every transition, and checks their bytes.
 
@@ -25,8 +27,15 @@ refuses to hand out memory while a pool below sleeps; the reader saw no wrong by
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +77,43 @@ class Buf:
     buf: rrmm.DeviceBuffer
     tag: str  # the pool it lives in: a region tag or OUTSIDE
     data: bytes | None  # None: undefined (a pause without a backup dropped it)
+
+
+FAKE_PEER = Path(__file__).with_name("shared_gpu_fake_peer.py")
+
+
+class LedgerPeer:
+    """A peer process on the same ledger (``shared_gpu_fake_peer.py``) that asks this process
+    to sleep: the member's worker thread answers, concurrently with the machine's steps."""
+
+    def __init__(self, directory: str, total: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(FAKE_PEER), directory, str(total)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self.read()
+        self.next_id = 1
+
+    def read(self) -> Any:
+        assert self.proc.stdout is not None
+        return json.loads(self.proc.stdout.readline())
+
+    def command(self, line: str) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def ask_to_sleep(self, socket_path: str, nbytes: int) -> None:
+        self.next_id += 1
+        message = {"op": "sleep", "id": self.next_id, "from": self.info["pid"], "bytes": nbytes}
+        self.command(f"send {socket_path} {json.dumps(message).encode().hex()}")
+
+    def close(self) -> None:
+        try:
+            self.command("exit")
+        except (OSError, ValueError):
+            pass
+        self.proc.kill()
+        self.proc.wait()
 
 
 class Reader:
@@ -118,6 +164,7 @@ class MoversMachine(RuleBasedStateMachine):
         self.user_asleep: set[str] = set()  # pools the user offloaded directly
         self.entered: set[str] = set()
         self.room_capped = False
+        self.is_idle = False
 
     @initialize()
     def build(self) -> None:
@@ -129,12 +176,28 @@ class MoversMachine(RuleBasedStateMachine):
         assert isinstance(self.tagged, mr.TaggedMemoryResource)
         # Built before the other tags exist: it sees them through its live link.
         self.over = mr.PoolMemoryResource(self.tagged, 0)
+        # The ledger: this process above its share (1 byte), and a peer that asks it to sleep.
+        self.ledger_dir = tempfile.mkdtemp(prefix="rrmm-movers-")
+        os.chmod(self.ledger_dir, 0o700)
+        rrmm.shared_gpu.join(self.tagged, soft_share=1, directory=self.ledger_dir,
+                             device_key="movers")
+        status = rrmm.shared_gpu.status(self.tagged)
+        assert status is not None
+        self.socket = status["socket"]
+        total = rrmm.shared_gpu.processes(self.tagged)[0].total
+        self.peer = LedgerPeer(os.path.join(self.ledger_dir, "movers"), total)
         self.reader = Reader(self)
 
     def teardown(self) -> None:
         reader = getattr(self, "reader", None)
         if reader is not None:
             reader.close()
+        peer = getattr(self, "peer", None)
+        if peer is not None:
+            peer.close()
+        if hasattr(self, "tagged"):
+            rrmm.shared_gpu.leave(self.tagged)
+            shutil.rmtree(self.ledger_dir, ignore_errors=True)
         _rrmm._host_pages_set_room_cap(None)
         with self.lock:
             self.live.clear()
@@ -323,7 +386,35 @@ class MoversMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the ledger
 
     def idle(self) -> bool:
-        return False
+        return self.is_idle
+
+    @rule()
+    def declare_idle(self) -> None:
+        rrmm.shared_gpu.declare_idle(self.tagged)
+        self.is_idle = True
+
+    @rule(nbytes=st.integers(1, 64 * PAGE))
+    def ledger_asks_to_sleep(self, nbytes: int) -> None:
+        """A peer asks: the worker thread sleeps this idle process's pools meanwhile (or
+        declines, busy), concurrently with the next steps."""
+        self.peer.ask_to_sleep(self.socket, nbytes)
+
+    @rule()
+    def declare_busy(self) -> None:
+        """Returns only once the ledger's sleep in flight is done or abandoned and nothing
+        sleeps for the ledger: a kernel may run on any awake buffer at once."""
+        rrmm.shared_gpu.declare_busy(self.tagged)
+        self.is_idle = False
+        for tag in [OUTSIDE, *sorted(self.entered)]:
+            (state,) = self.pool(tag).movement()
+            assert state["cause"] != "ledger", (tag, state)
+            if not self.asleep(tag):
+                assert state["phase"] == "awake", (tag, state)
+        with self.lock:
+            for b in self.live:
+                if not self.asleep(b.tag) and b.data is not None:
+                    got = ctypes.string_at(b.buf.ptr, b.buf.size)
+                    assert got == b.data, f"wrong bytes in {b.tag} right after busy"
 
     # ------------------------------------------------------------------ invariants
 
@@ -354,6 +445,8 @@ class MoversMachine(RuleBasedStateMachine):
                 assert state["phase"] == "asleep" and state["cause"] == "user", (tag, state)
             elif not self.idle():
                 assert state["phase"] == "awake", (tag, state)
+            else:
+                assert state["cause"] in (None, "ledger"), (tag, state)
             assert state["spilled_bytes"] == self.pool(tag).spilled_bytes()
             assert state["device_bytes"] <= DEVICE_PAGES * PAGE
 

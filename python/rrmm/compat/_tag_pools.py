@@ -151,15 +151,17 @@ class TagPools:
         tagged = self.tagged()
         shared_gpu._engine_idle(False)
         for tag in tags:
-            pool = tagged.pool(tag)
-            if pool.asleep:
-                pool.restore()
+            if self.paused(tag):
+                tagged.pool(tag).restore()
 
     def paused(self, tag: str) -> bool:
-        """Whether ``tag``'s pool sleeps now (its own state)."""
+        """Whether ``tag``'s pool sleeps by the process's own choice now (its own state). A pool
+        the shared GPU's ledger put to sleep while the process was idle is not paused: it wakes
+        when used, and a pause of it makes the sleep the engine's."""
         if self._tagged is None or tag not in self._tagged.tags:
             return False
-        return bool(self._tagged.pool(tag).asleep)
+        states = self._tagged.pool(tag).movement()
+        return any(m["cause"] == "user" for m in states)
 
     def backup(self, tag: str) -> bool:
         return self._backup.get(tag, True)

@@ -37,13 +37,16 @@ impl ExpandableMemoryResource {
     /// synchronization) when nothing in the range is spilled.
     ///
     /// # Errors
-    /// [`Error::Logic`] while the pool sleeps; CUDA errors of the synchronization, the mapping
+    /// [`Error::Logic`] while the pool sleeps for its user (one asleep for the ledger wakes
+    /// first); CUDA errors of the synchronization, the mapping
     /// or the copies (pages moved before stay moved, the others keep their bytes on the host).
     // The virtual memory's promote is unsafe: this body provides its precondition (below).
     #[allow(unsafe_code)]
     pub fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport> {
         let started = Instant::now();
         let inner = &self.inner;
+        // A promotion is a use: a pool asleep for the ledger wakes first.
+        self.wake_for_use();
         // The transition lock: no sleep, wake or other promotion meanwhile.
         let _transition = inner.sleep.hold();
         if inner.sleep.asleep() {
