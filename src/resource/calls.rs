@@ -13,13 +13,14 @@
 //! and a reader never keeps a profile smaller than its resource's (which could let a thread hold
 //! the GIL while waiting for a lock whose holder needs it).
 
+use super::above::Above;
 use super::CallProfile;
 use crate::sync::Mutex;
 #[cfg(feature = "loom")]
 use loom::sync::atomic::{AtomicU8, Ordering};
 #[cfg(not(feature = "loom"))]
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 const FOREIGN: u8 = 1;
 const BLOCKS: u8 = 2;
@@ -59,8 +60,8 @@ struct Cell {
     step: Step,
     /// The cells this one is made from (held strongly: the resources below outlive the cell).
     parts: Mutex<Vec<Calls>>,
-    /// The cells made from this one, recomputed when it grows (held weakly).
-    above: Mutex<Vec<Weak<Cell>>>,
+    /// The cells made from this one, recomputed when it grows.
+    above: Above<Cell>,
 }
 
 impl Cell {
@@ -85,7 +86,7 @@ impl Calls {
             bits: AtomicU8::new(encode(profile)),
             step: Step::And(profile),
             parts: Mutex::new(Vec::new()),
-            above: Mutex::new(Vec::new()),
+            above: Above::default(),
         }))
     }
 
@@ -100,7 +101,7 @@ impl Calls {
             bits: AtomicU8::new(0),
             step,
             parts: Mutex::new(parts.iter().map(|&c| c.clone()).collect()),
-            above: Mutex::new(Vec::new()),
+            above: Above::default(),
         });
         // Listen first, then compute: a part that grows meanwhile either finds this cell in its
         // list or grew before the computation read it (both under the list's lock). Or-ed in,
@@ -149,9 +150,7 @@ impl Calls {
     }
 
     fn listen(&self, cell: &Arc<Cell>) {
-        let mut above = self.0.above.lock();
-        above.retain(|w| w.strong_count() > 0);
-        above.push(Arc::downgrade(cell));
+        self.0.above.listen(cell);
     }
 
     /// Recomputes `start`, and each cell above one that changed, until none changes.
@@ -161,7 +160,7 @@ impl Calls {
             let bits = cell.compute();
             let old = cell.bits.fetch_or(bits, Ordering::Relaxed);
             if old | bits != old {
-                work.extend(cell.above.lock().iter().filter_map(Weak::upgrade));
+                work.extend(cell.above.cells());
             }
         }
     }
@@ -199,7 +198,7 @@ mod tests {
             let _ = source.suballocating();
         }
         let _kept = source.suballocating();
-        assert!(source.0.above.lock().len() <= 2);
+        assert!(source.0.above.len() <= 2);
     }
 
     #[test]

@@ -15,6 +15,7 @@ macro_rules! summed_fields {
     };
 }
 
+mod above;
 mod address_ranges;
 mod callback;
 mod calls;

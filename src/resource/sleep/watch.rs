@@ -15,6 +15,7 @@
 
 use super::{ByteRange, MovingPool, Tenant};
 use crate::error::Result;
+use crate::resource::above::Above;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -35,8 +36,8 @@ struct Cell {
     state: Mutex<CellState>,
     /// `state.pools.len()`, read without the lock.
     count: AtomicUsize,
-    /// The cells made from this one, updated when it grows (held weakly).
-    above: Mutex<Vec<Weak<Cell>>>,
+    /// The cells made from this one, updated when it grows.
+    above: Above<Cell>,
 }
 
 impl Default for CellState {
@@ -88,7 +89,7 @@ impl SleepWatch {
                 tenants: Vec::new(),
             }),
             count: AtomicUsize::new(count),
-            above: Mutex::new(Vec::new()),
+            above: Above::default(),
         });
         // Listen first, then gather: a part that grows meanwhile either finds this cell in its
         // list or grew before the gathering read it.
@@ -120,9 +121,7 @@ impl SleepWatch {
     }
 
     fn listen(&self, cell: &Arc<Cell>) {
-        let mut above = self.0.above.lock();
-        above.retain(|w| w.strong_count() > 0);
-        above.push(Arc::downgrade(cell));
+        self.0.above.listen(cell);
     }
 
     /// Gathers the pools of `start`'s parts into it, and of each cell above one that grew,
@@ -154,7 +153,7 @@ impl SleepWatch {
                     pool.admit(tenant.clone());
                 }
             }
-            work.extend(cell.above.lock().iter().filter_map(Weak::upgrade));
+            work.extend(cell.above.cells());
         }
     }
 
