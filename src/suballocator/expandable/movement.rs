@@ -21,20 +21,41 @@
 //! only at the user's restore. A user's offload of a pool asleep for the ledger makes the sleep
 //! the user's.
 
-use super::sleep::Saved;
 use super::{ExpandableMemoryResource, Inner};
 use crate::error::{Error, Result};
 use crate::pressure::Place;
 use crate::resource::host_spill::PromoteReport;
 use crate::resource::sleep::{
-    ByteRange, Movement, Phase, SleepCause, SleepEstimate, SleepPlan, SleepReport, SleepTag,
-    Sleeper, Spiller, Tenant,
+    ByteRange, DiscardFill, Movement, Phase, SleepCause, SleepEstimate, SleepPlan, SleepReport,
+    SleepTag, Sleeper, Spiller, Tenant,
 };
+use crate::resource::HostCopy;
 use crate::resource::SpillFigures;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+
+/// A sleeping pool's record.
+#[derive(Debug)]
+pub(super) struct Saved {
+    /// Device page runs unmapped (start, bytes), mapped again at restore.
+    pub(super) runs: Vec<(usize, usize)>,
+    /// Kept ranges (address, bytes, offset in the host copy), copied back at restore.
+    pub(super) kept: Vec<(usize, usize, usize)>,
+    /// Discarded ranges (address, bytes), zeroed at restore when the fill asks.
+    pub(super) discarded: Vec<(usize, usize)>,
+    pub(super) host: HostCopy,
+    pub(super) fill: DiscardFill,
+    pub(super) report: SleepReport,
+}
+
+impl Saved {
+    /// Bytes of live data kept in the host copy.
+    pub(super) fn kept_bytes(&self) -> usize {
+        self.kept.iter().map(|&(_, bytes, _)| bytes).sum()
+    }
+}
 
 /// The pool's movement state, its tags, its tenants and its records (one per pool).
 #[derive(Default)]

@@ -28,7 +28,7 @@
 //!
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
-use super::movement::Moving;
+use super::movement::{Moving, Saved};
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
@@ -41,27 +41,6 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 pub use crate::resource::sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
-
-/// A sleeping pool's record.
-#[derive(Debug)]
-pub(super) struct Saved {
-    /// Device page runs unmapped (start, bytes), mapped again at restore.
-    runs: Vec<(usize, usize)>,
-    /// Kept ranges (address, bytes, offset in the host copy), copied back at restore.
-    kept: Vec<(usize, usize, usize)>,
-    /// Discarded ranges (address, bytes), zeroed at restore when the fill asks.
-    discarded: Vec<(usize, usize)>,
-    host: HostCopy,
-    fill: DiscardFill,
-    report: SleepReport,
-}
-
-impl Saved {
-    /// Bytes of live data kept in the host copy.
-    pub(super) fn kept_bytes(&self) -> usize {
-        self.kept.iter().map(|&(_, bytes, _)| bytes).sum()
-    }
-}
 
 /// The error of an offload abandoned half-way (a wake came, or its plan is no longer wanted).
 fn abandoned() -> Error {
