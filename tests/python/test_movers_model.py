@@ -315,6 +315,7 @@ class MoversMachine(RuleBasedStateMachine):
             assert not self.pool(tag).asleep, "a refused pause changed nothing"
             return
         self.paused.add(tag)
+        self.is_idle = True  # an engine between phases is idle on its shared GPU
         assert self.pool(tag).asleep
         assert self.pool(tag).movement()[0]["cause"] == "user"
 
@@ -324,6 +325,7 @@ class MoversMachine(RuleBasedStateMachine):
         tag = sorted(self.paused)[pick % len(self.paused)]
         self.saver.resume(tag)
         self.paused.discard(tag)
+        self.is_idle = False  # and busy again when it resumes
         assert not self.pool(tag).asleep
 
     @rule(where=st.sampled_from([OUTSIDE, *TAGS]))
