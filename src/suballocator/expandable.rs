@@ -20,7 +20,8 @@
 //! shared lock (growth, trim, snapshots); the virtual memory's lock comes after it.
 
 use super::core::{
-    default_events_for, Block, FreeRanges, GrowRequest, Growth, StreamEvents, StreamOrderedCore,
+    default_events_for, Block, FreeRanges, GrowRequest, Growth, Keeps, StreamEvents,
+    StreamOrderedCore,
 };
 use super::free_lists::CoalescingFreeList;
 use crate::cuda::Stream;
@@ -250,34 +251,35 @@ impl ExpandableMemoryResource {
         }
         let sleep = movement::MovementState::default();
         let ready_ahead = Arc::new(ReadyAhead::default());
-        let growth = ExpandableGrowth {
-            phase: sleep.phase.clone(),
-            vm: vm.clone(),
-            maximum: maximum_pool_size,
-            mapped: Mutex::new(BTreeMap::new()),
-            ready_ahead: ready_ahead.clone(),
-        };
-        let core = StreamOrderedCore::<CoalescingFreeList>::new(
-            events.clone(),
-            Box::new(growth),
-            (),
-            "expandable",
-        );
-        core.preallocate(initial)?;
         let pool = ExpandableMemoryResource {
-            inner: Arc::new_cyclic(|me| Inner {
-                core,
-                vm,
-                events,
-                sleep,
-                me: me.clone(),
-                maximum_pool_size,
-                release_threshold,
-                ready_ahead,
+            inner: Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+                let growth = ExpandableGrowth {
+                    phase: sleep.phase.clone(),
+                    vm: vm.clone(),
+                    maximum: maximum_pool_size,
+                    mapped: Mutex::new(BTreeMap::new()),
+                    ready_ahead: ready_ahead.clone(),
+                    identity: me.as_ptr() as usize,
+                };
+                Inner {
+                    core: StreamOrderedCore::<CoalescingFreeList>::new(
+                        events.clone(),
+                        Box::new(growth),
+                        (),
+                        "expandable",
+                        Keeps::Relievable(me.clone()),
+                    ),
+                    vm,
+                    events,
+                    sleep,
+                    me: me.clone(),
+                    maximum_pool_size,
+                    release_threshold,
+                    ready_ahead,
+                }
             }),
         };
-        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&pool.inner) as _;
-        MemoryResource::link(&pool).register_cache(cache);
+        pool.inner.core.preallocate(initial)?;
         Ok(pool)
     }
 
@@ -459,6 +461,8 @@ struct ExpandableGrowth {
     mapped: Mutex<BTreeMap<usize, usize>>,
     /// Whether (and for how much) the next sleep's host pages are kept ready as the pool grows.
     ready_ahead: Arc<ReadyAhead>,
+    /// The pool's identity (its place where its memory is not a device's).
+    identity: usize,
 }
 
 /// The next sleep's host pages kept ready as an expandable pool grows
@@ -683,6 +687,10 @@ impl Growth for ExpandableGrowth {
 
     fn source_name(&self) -> &'static str {
         "virtual_memory"
+    }
+
+    fn source_identity(&self) -> usize {
+        self.identity
     }
 
     fn gives_back_chunks(&self) -> bool {

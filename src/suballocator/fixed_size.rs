@@ -2,7 +2,7 @@
 //! chunks.
 
 use super::core::{
-    default_events, forward_memory_resource, Chunks, StreamEvents, StreamOrderedCore,
+    default_events, forward_memory_resource, Chunks, Keeps, StreamEvents, StreamOrderedCore,
 };
 use super::free_lists::FixedSizeFreeList;
 use crate::error::{Error, Result};
@@ -79,6 +79,9 @@ impl FixedSizeMemoryResource {
             }),
             block_size,
             "fixed_size",
+            // Not a cache of the place: its chunks stay until it drops (as RMM's), so its free
+            // blocks count as held, not as memory a relief could give back.
+            Keeps::UntilDropped,
         );
         core.preallocate(chunk)?;
         let inner = Arc::new(Inner {
@@ -86,8 +89,6 @@ impl FixedSizeMemoryResource {
             upstream: source,
             block_size,
         });
-        // Not a cache of the place: its chunks stay until it drops (as RMM's), so its free
-        // blocks count as held, not as memory a relief could give back.
         Ok(FixedSizeMemoryResource { inner })
     }
 

@@ -44,7 +44,7 @@
 //!
 
 use super::core::{
-    checked_chunk, default_events, Block, FreeList, GrowRequest, Growth, StreamOrderedCore,
+    checked_chunk, default_events, Block, FreeList, GrowRequest, Growth, Keeps, StreamOrderedCore,
 };
 use super::free_lists::WholeBlockFreeList;
 use crate::cuda::Stream;
@@ -209,20 +209,19 @@ impl ManagedMemoryResource {
                 .map_or(0, |(_, total)| total / DEFAULT_CACHE_DIVISOR)
         });
         let held = Arc::new(AtomicUsize::new(0));
-        let core = StreamOrderedCore::new(
-            default_events(&source),
-            Box::new(PerRange {
-                source: source.clone(),
-                place_ranges: placer.clone().filter(|_| mode == PlacementMode::Ranges),
-                placer: placer.clone(),
-                held: held.clone(),
-            }),
-            (),
-            "managed",
-        );
-        let link = source.link();
-        let inner = Arc::new(Inner {
-            core,
+        let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
+            core: StreamOrderedCore::new(
+                default_events(&source),
+                Box::new(PerRange {
+                    source: source.clone(),
+                    place_ranges: placer.clone().filter(|_| mode == PlacementMode::Ranges),
+                    placer: placer.clone(),
+                    held: held.clone(),
+                }),
+                (),
+                "managed",
+                Keeps::Relievable(me.clone()),
+            ),
             source,
             cache_limit,
             placer,
@@ -230,8 +229,6 @@ impl ManagedMemoryResource {
             live: AtomicUsize::new(0),
             held,
         });
-        let weak: std::sync::Weak<dyn Relieve> = Arc::downgrade(&inner) as _;
-        link.register_cache(weak);
         ManagedMemoryResource { inner }
     }
 

@@ -1,7 +1,7 @@
 //! `PoolMemoryResource`: a coalescing, stream-ordered pool that grows from its upstream.
 
 use super::core::{
-    default_events, forward_memory_resource, Geometric, StreamEvents, StreamOrderedCore,
+    default_events, forward_memory_resource, Geometric, Keeps, StreamEvents, StreamOrderedCore,
 };
 use super::free_lists::CoalescingFreeList;
 use crate::error::{Error, Result};
@@ -99,23 +99,21 @@ impl PoolMemoryResource {
             ));
         }
         let source = upstream.clone();
-        let core = StreamOrderedCore::new(
-            events,
-            Box::new(Geometric {
-                upstream,
-                maximum: maximum_pool_size,
-            }),
-            (),
-            "pool",
-        );
-        core.preallocate(initial)?;
-        let inner = Arc::new(Inner {
-            core,
+        let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
+            core: StreamOrderedCore::new(
+                events,
+                Box::new(Geometric {
+                    upstream,
+                    maximum: maximum_pool_size,
+                }),
+                (),
+                "pool",
+                Keeps::Relievable(me.clone()),
+            ),
             upstream: source,
             maximum_pool_size,
         });
-        let cache: std::sync::Weak<dyn crate::pressure::Relieve> = Arc::downgrade(&inner) as _;
-        inner.upstream.link().register_cache(cache);
+        inner.core.preallocate(initial)?;
         Ok(PoolMemoryResource { inner })
     }
 

@@ -79,6 +79,12 @@ pub(crate) trait Growth: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// The identity of the source when there is no upstream resource (the pool that maps its
+    /// own pages): its link's place where its memory is not a device's.
+    fn source_identity(&self) -> usize {
+        0
+    }
+
     /// A new chunk of at least `request.size` bytes.
     ///
     /// # Errors

@@ -74,5 +74,5 @@ pub use stream_events::{
 };
 pub(super) use stream_ordered::{
     default_events, default_events_for, forward_memory_resource, next_instance_id,
-    uses_device_streams, StreamOrderedCore,
+    uses_device_streams, Keeps, StreamOrderedCore,
 };

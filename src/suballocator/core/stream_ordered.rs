@@ -312,6 +312,18 @@ pub(crate) fn uses_device_streams(kind: MemoryKind) -> bool {
     kind != MemoryKind::Simulated && crate::cuda::driver_available()
 }
 
+/// What a suballocator on the core does with the memory it keeps free, said when it is built:
+/// its link then registers it as a cache of its place or not (no call to remember).
+pub(crate) enum Keeps {
+    /// Freed memory kept for reuse and given back on a relief of its place (an allocation that
+    /// ran out there, a process beside this one asking on a shared GPU): the suballocator's
+    /// shared state, held weakly.
+    Relievable(std::sync::Weak<dyn crate::pressure::Relieve>),
+    /// Memory held until the resource drops (RMM's fixed-size resource): not a cache of its
+    /// place, its free blocks count as held.
+    UntilDropped,
+}
+
 /// A never reused id for a suballocator (a core, an arena): the key of its entries in the
 /// per-thread caches, which must not take a new resource for a dropped one.
 pub(crate) fn next_instance_id() -> u64 {
@@ -332,16 +344,28 @@ impl<F: FreeList> StreamOrderedCore<F> {
         growth: Box<dyn Growth>,
         sizing: F::Sizing,
         name: &'static str,
+        keeps: Keeps,
     ) -> Self {
         // Calls are answered from bookkeeping; growth and cross-stream waits call the source
         // under the core's locks, and foreign code in the source still counts.
         let link = growth
             .upstream()
             .map_or_else(
-                || Link::source(growth.kind(), growth.device(), 0, growth.call_profile()),
+                || {
+                    Link::source(
+                        growth.kind(),
+                        growth.device(),
+                        growth.source_identity(),
+                        growth.call_profile(),
+                    )
+                },
                 |u| u.link(),
             )
             .suballocated();
+        // A cache of its place by construction: a relief of the place reaches it.
+        if let Keeps::Relievable(cache) = keeps {
+            link.register_cache(cache);
+        }
         let core = StreamOrderedCore {
             id: next_instance_id(),
             state: Arc::new(CoreState {
@@ -1488,6 +1512,7 @@ mod tests {
             Box::new(OneRange::default()),
             (),
             "one_range",
+            Keeps::UntilDropped,
         );
         // SAFETY: a key only: nothing passes it to the driver.
         #[allow(unsafe_code)]

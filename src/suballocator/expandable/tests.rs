@@ -506,6 +506,7 @@ fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, C
         Arc::new(SimulatedVirtualMemory::new(1 << 30, 1 << 30, GP).unwrap());
     let growth = ExpandableGrowth {
         phase: Arc::new(std::sync::atomic::AtomicU8::new(0)),
+        identity: 0,
         vm: vm.clone(),
         maximum: None,
         mapped: Mutex::new(BTreeMap::new()),

@@ -897,7 +897,7 @@ forward_memory_resource!(ChunkedPool, |this| &this.core);
 
 impl ChunkedPool {
     fn over(upstream: SharedResource) -> ChunkedPool {
-        use crate::suballocator::core::{default_events, Chunks, StreamOrderedCore};
+        use crate::suballocator::core::{default_events, Chunks, Keeps, StreamOrderedCore};
         ChunkedPool {
             core: StreamOrderedCore::new(
                 default_events(&upstream),
@@ -909,6 +909,7 @@ impl ChunkedPool {
                 }),
                 (),
                 "chunked",
+                Keeps::UntilDropped,
             ),
         }
     }
