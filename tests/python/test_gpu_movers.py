@@ -188,7 +188,7 @@ def test_gpu_pause_keeps_cupy_and_torch_memory_outside_regions(clean_device: Non
     cupy.cuda.set_allocator(rmm_cupy_allocator)
     try:
         outside = cupy.arange(1 << 28, dtype=cupy.uint32) * 7 + 1
-        with saver.region(tag="default"):
+        with saver.region(tag="default", enable_cpu_backup=True):
             inside = cupy.arange(1 << 28, dtype=cupy.uint32) * 3 + 2
             with saver.disable():
                 disabled = cupy.arange(1 << 28, dtype=cupy.uint32) * 5 + 3
@@ -210,19 +210,25 @@ def test_gpu_pause_keeps_cupy_and_torch_memory_outside_regions(clean_device: Non
 
 def test_gpu_a_spilling_pools_sleep_without_host_room_keeps_every_byte(clean_device: None) -> None:
     cupy = cupy_mod()
-    warm = cupy.arange(GiB // 4, dtype=cupy.uint32) * 2654435761 + 1
-    int(warm.sum())
-    del warm
+    cupy.get_default_memory_pool().free_all_blocks()
     cupy.cuda.Device().synchronize()
     free, _ = cupy.cuda.runtime.memGetInfo()
     hog = cupy.cuda.runtime.malloc(free - 3 * GiB)
     try:
         pool = mr.ExpandableMemoryResource(spill_to_host=8 * GiB, page_size=32 << 20)
-        arrays = [array_on(pool, GiB, seed) for seed in range(5)]
+        arrays = []
+        for seed in range(5):
+            ptr = pool.allocate(GiB)
+            mem = cupy.cuda.UnownedMemory(ptr, GiB, None)
+            a = cupy.ndarray((GiB // 4,), dtype=cupy.uint32,
+                             memptr=cupy.cuda.MemoryPointer(mem, 0))
+            a.fill(seed + 1)  # no temporaries: the device keeps its 3 GiB for the pool
+            arrays.append(a)
         cupy.cuda.Device().synchronize()
         spilled = pool.spilled_bytes()
-        assert spilled >= GiB
-        sums = [expected_sum(GiB, seed) for seed in range(5)]
+        assert GiB <= spilled < 5 * GiB, spilled
+        sums = [(seed + 1) * (GiB // 4) for seed in range(5)]
+        assert [int(a.sum()) for a in arrays] == sums
         rrmm.host_pages.give_back()
         _rrmm._host_pages_set_room_cap(0)
         try:
