@@ -505,7 +505,7 @@ fn meminfo_field(text: &str, name: &str) -> Option<usize> {
 /// # Errors
 /// [`Error::OutOfMemory`] naming the bytes asked for and available.
 pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
-    check_host_room_under(Path::new("/"), bytes, populate)
+    check_room(available_host_memory(), bytes, populate)
 }
 
 /// [`check_host_room`] against the tree under `root` (see [`available_host_memory_under`]).
@@ -513,7 +513,12 @@ pub fn check_host_room(bytes: usize, populate: bool) -> Result<()> {
 /// # Errors
 /// As [`check_host_room`].
 pub fn check_host_room_under(root: &Path, bytes: usize, populate: bool) -> Result<()> {
-    let Some(room) = available_host_memory_under(root) else {
+    check_room(available_host_memory_under(root), bytes, populate)
+}
+
+/// [`check_host_room`] against `room` (`None`: unknown, nothing refused).
+fn check_room(room: Option<HostRoom>, bytes: usize, populate: bool) -> Result<()> {
+    let Some(room) = room else {
         return Ok(());
     };
     let limit = if populate {

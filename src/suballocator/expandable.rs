@@ -341,18 +341,21 @@ impl MemoryResource for ExpandableMemoryResource {
     fn allocate(&self, bytes: usize, stream: Stream) -> Result<usize> {
         // Two loads of the sleep flag, no lock (see `expandable/sleep.rs`); a pool that sleeps
         // until used wakes here.
-        if self.inner.sleep.asleep() && !self.wake_for_use() {
-            return Err(movement::asleep_error(bytes));
-        }
-        let ptr = self.inner.core.allocate(bytes, stream);
-        if self.inner.sleep.asleep() {
-            // A sleep began meanwhile: the block may lie on pages it unmaps.
+        for _ in 0..8 {
+            if self.inner.sleep.asleep() && !self.wake_for_use() {
+                return Err(movement::asleep_error(bytes));
+            }
+            let ptr = self.inner.core.allocate(bytes, stream);
+            if !self.inner.sleep.asleep() {
+                return ptr;
+            }
+            // A sleep began meanwhile: the block may lie on pages it unmaps. Given back, and
+            // made again once a sleep for the ledger woke (refused for a user's).
             if let Ok(ptr) = ptr {
                 self.inner.core.deallocate(ptr, bytes, stream)?;
             }
-            return Err(movement::asleep_error(bytes));
         }
-        ptr
+        Err(movement::asleep_error(bytes))
     }
 
     #[inline]

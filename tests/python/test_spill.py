@@ -252,3 +252,39 @@ def test_a_snapshot_says_what_spilled_and_the_page_shows_it() -> None:
         _rrmm._clear_per_device_resources()
     with pytest.raises(ValueError, match="rrmm.spill"):
         normalize({"segments": [], "rrmm": {"spill": {"spilled": -1}}})
+
+
+def test_a_sleep_and_a_promotion_refused_for_host_room_change_nothing() -> None:
+    """Issue 46, "a refused move that moved": with no room on the host, a spilling pool's sleep
+    (whose device pages need host memory) and a promotion are refused, and every byte, page and
+    figure is as it was; with room again, the sleep copies only the device pages (spilled pages
+    are host memory already) and a promotion moves them back."""
+    pool = spilling_pool()
+    ptrs = [pool.allocate(PAGE) for _ in range(DEVICE_PAGES + 3)]
+    for i, p in enumerate(ptrs):
+        write(p, pattern(PAGE, i))
+    spilled = pool.spilled_bytes()
+    assert spilled == 3 * PAGE
+    rrmm.host_pages.give_back()
+    _rrmm._host_pages_set_room_cap(0)
+    try:
+        with pytest.raises(MemoryError, match="host"):
+            pool.offload()
+        assert not pool.asleep and pool.spilled_bytes() == spilled
+        for p in ptrs[:3]:
+            pool.deallocate(p, PAGE)  # room on the device: the promotion needs host room here
+        with pytest.raises(MemoryError, match="nothing was moved"):
+            pool.promote()
+        assert pool.spilled_bytes() == spilled
+    finally:
+        _rrmm._host_pages_set_room_cap(None)
+    for i, p in enumerate(ptrs[3:], start=3):
+        assert np.array_equal(read(p, PAGE), pattern(PAGE, i)), i
+    did = pool.offload()
+    assert did["copied_bytes"] == (DEVICE_PAGES - 3) * PAGE, did
+    assert pool.mapped_bytes() == spilled
+    pool.restore()
+    assert pool.promote()["promoted"] == spilled
+    for i, p in enumerate(ptrs[3:], start=3):
+        assert np.array_equal(read(p, PAGE), pattern(PAGE, i)), i
+        pool.deallocate(p, PAGE)

@@ -667,25 +667,29 @@ impl MemoryResource for ArenaMemoryResource {
         if bytes == 0 {
             return Ok(0);
         }
-        // One process-wide load while nothing moves.
-        self.inner.link.sleep.check("arena", bytes)?;
         let rounded = align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| Self::no_room(bytes))?;
-        let mut ptr = self.try_allocate(rounded, stream)?;
-        if ptr.is_none() {
-            self.defragment()?;
-            ptr = self.try_allocate(rounded, stream)?;
-        }
-        let Some(ptr) = ptr else {
-            self.dump(rounded);
-            return Err(Self::no_room(rounded));
-        };
-        if self.inner.link.asleep() {
-            // A sleep below began meanwhile (see the stream-ordered core): the block goes back.
+        for _ in 0..8 {
+            // One process-wide load while nothing moves; a pool below asleep for the ledger
+            // wakes, one asleep for its user refuses.
+            self.inner.link.sleep.check("arena", bytes)?;
+            let mut ptr = self.try_allocate(rounded, stream)?;
+            if ptr.is_none() {
+                self.defragment()?;
+                ptr = self.try_allocate(rounded, stream)?;
+            }
+            let Some(ptr) = ptr else {
+                self.dump(rounded);
+                return Err(Self::no_room(rounded));
+            };
+            if !self.inner.link.asleep() {
+                return Ok(ptr);
+            }
+            // A sleep below began meanwhile (see the stream-ordered core): the block goes back,
+            // and the allocation is made again once a sleep for the ledger woke.
             // SAFETY: `ptr` was handed out just now with `bytes`, to no one.
             unsafe { self.deallocate(ptr, bytes, stream) }?;
-            return Err(crate::resource::sleep::asleep_below_error("arena", bytes));
         }
-        Ok(ptr)
+        Err(crate::resource::sleep::asleep_below_error("arena", bytes))
     }
 
     // The trait's method is unsafe; the free checks the pointer and size against the live

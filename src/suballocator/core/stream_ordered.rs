@@ -491,22 +491,27 @@ impl<F: FreeList> StreamOrderedCore<F> {
         }
         let ptr = self.carve(bytes, stream)?;
         if crate::resource::sleep::any_moving() {
-            // A sleep began while the block was carved (see `allocate_linked`).
+            // A sleep may have begun while the block was carved (see `allocate_linked`).
             return self.after_carve(ptr, bytes, stream);
         }
         Ok(ptr)
     }
 
     /// `ptr`, carved for `bytes` on `stream`, unless a pool below began to sleep meanwhile: its
-    /// offload may not have copied the block (free when it looked), so it goes back unused.
+    /// offload may not have copied the block (free when it looked), so it goes back unused, and
+    /// the allocation is made again once a sleep for the ledger woke (refused for a user's).
     #[inline(never)]
     fn after_carve(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<usize> {
-        if self.link.sleep.asleep() {
-            self.deallocate(ptr, bytes, stream)?;
-            return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
+        if !self.link.sleep.asleep() {
+            return Ok(ptr);
         }
-        Ok(ptr)
+        self.deallocate(ptr, bytes, stream)?;
+        self.allocate_linked(bytes, stream)
     }
+
+    /// The most carves of one allocation while sleeps for the ledger begin under it (each one
+    /// woken before the next carve).
+    const CARVES_WHILE_WOKEN: usize = 8;
 
     /// A block from the lists (or growth) for `bytes` on `stream`.
     #[inline]
@@ -523,10 +528,21 @@ impl<F: FreeList> StreamOrderedCore<F> {
     /// [`Self::allocate`] over a link with placement, or while a pool of the process moves.
     #[inline(never)]
     fn allocate_linked(&self, bytes: usize, stream: Stream) -> Result<usize> {
-        self.link.sleep.check(self.name, bytes)?;
-        let ptr = self.carve(bytes, stream)?;
-        // A sleep below began meanwhile: the block may lie on pages it unmaps.
-        let ptr = self.after_carve(ptr, bytes, stream)?;
+        let mut carves = 0;
+        let ptr = loop {
+            // Refused while a pool below sleeps for its user; one asleep for the ledger wakes.
+            self.link.sleep.check(self.name, bytes)?;
+            let ptr = self.carve(bytes, stream)?;
+            if !self.link.sleep.asleep() {
+                break ptr;
+            }
+            // A sleep below began meanwhile: the block may lie on pages it unmaps.
+            self.deallocate(ptr, bytes, stream)?;
+            carves += 1;
+            if carves == Self::CARVES_WHILE_WOKEN {
+                return Err(crate::resource::sleep::asleep_below_error(self.name, bytes));
+            }
+        };
         if let Some(placer) = &self.link.placement {
             // Managed memory below whose blocks are placed as they are handed out.
             placer.place(ptr, bytes, stream);
