@@ -20,6 +20,7 @@ use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};
 use crate::python::callable_ref::CallableRef;
 use crate::python::errors::{callback_error, py_result};
+use crate::python::record::record_dict;
 
 /// The initializer of an adaptor class over `up` whose Rust adaptor serves both the base class
 /// (allocate, deallocate) and the class's own methods, through the handle `leaf` keeps.
@@ -329,13 +330,7 @@ impl FallbackResourceAdaptor {
     /// What went where: allocations and bytes held now by the upstream and the alternate, the
     /// alternate's peak bytes, and how many allocations fell back or failed in both, ever.
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let c = self.fallback.counts();
-        let d = pyo3::types::PyDict::new(py);
-        crate::python::set_fields!(d, c;
-            upstream_allocations, upstream_bytes, alternate_allocations, alternate_bytes,
-            alternate_peak_bytes, fallbacks, failures,
-        );
-        Ok(d)
+        record_dict(py, &self.fallback.counts())
     }
 }
 

@@ -1,18 +1,19 @@
 //! The peer tier's classes of `rrmm.mr`: `PeerMemoryResource` (memory of a peer GPU) and
 //! `TieredMemoryResource` (device -> peer GPU -> host, with counts per tier).
 
-use crate::adaptor::{Tier, TierCounts, TieredMemoryResource as RsTiered};
+use crate::adaptor::{Tier, TieredMemoryResource as RsTiered};
 use crate::resource::{MemoryKind, PeerMemoryResource as RsPeer};
 use crate::{CheckedResourceAdaptor, MemoryResource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyList;
 use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
 use super::resource::{over_upstream, sub, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::upstream_of;
 use crate::python::errors::py_result;
+use crate::python::record::record_dict;
 
 /// Device memory of another GPU of the machine (the peer GPU `peer`) for use by `device` (the
 /// current device when None): `cuMemAlloc` on the peer with peer access enabled both ways, so
@@ -104,15 +105,6 @@ impl TieredMemoryResource {
     }
 }
 
-fn counts_dict<'py>(py: Python<'py>, c: &TierCounts) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    crate::python::set_fields!(d, c;
-        name, resource, current_bytes, peak_bytes, total_bytes, current_allocations,
-        peak_allocations, total_allocations, refused,
-    );
-    Ok(d)
-}
-
 #[pymethods]
 impl TieredMemoryResource {
     #[new]
@@ -193,7 +185,7 @@ impl TieredMemoryResource {
     fn tier_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         for c in self.tiered.tier_counts() {
-            out.append(counts_dict(py, &c)?)?;
+            out.append(record_dict(py, &c)?)?;
         }
         Ok(out)
     }
