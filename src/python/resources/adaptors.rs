@@ -226,6 +226,8 @@ impl TrackingResourceAdaptor {
 /// `FailureCallbackResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "FailureCallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(super) struct FailureCallbackResourceAdaptor {
+    /// The callback.
+    #[pyo3(get)]
     callback: Py<PyAny>,
 }
 
@@ -268,12 +270,6 @@ impl FailureCallbackResourceAdaptor {
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.callback)
     }
-
-    /// The callback.
-    #[getter]
-    fn callback(&self, py: Python<'_>) -> Py<PyAny> {
-        self.callback.clone_ref(py)
-    }
 }
 
 /// rrmm: serves from `upstream_mr` and, when it is out of memory, from `alternate_mr` (default:
@@ -282,6 +278,8 @@ impl FailureCallbackResourceAdaptor {
 #[pyclass(module = "rrmm.mr", name = "FallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(super) struct FallbackResourceAdaptor {
     pub(super) fallback: Arc<RsFallback>,
+    /// The resource used when the upstream is out of memory.
+    #[pyo3(get, name = "alternate_mr")]
     pub(super) alternate: Py<DeviceMemoryResource>,
 }
 
@@ -319,12 +317,6 @@ impl FallbackResourceAdaptor {
     /// The garbage collector's view of the alternate this object holds.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.alternate)
-    }
-
-    /// The resource used when the upstream is out of memory.
-    #[getter]
-    fn alternate_mr(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
-        self.alternate.clone_ref(py)
     }
 
     /// What went where: allocations and bytes held now by the upstream and the alternate, the

@@ -198,6 +198,8 @@ impl SystemMemoryResource {
 /// `SamHeadroomMemoryResource`); rrmm allocates system memory and records the headroom.
 #[pyclass(module = "rrmm.mr", name = "SamHeadroomMemoryResource", extends = SystemMemoryResource, frozen)]
 pub(super) struct SamHeadroomMemoryResource {
+    /// The device memory kept free, in bytes.
+    #[pyo3(get)]
     headroom: usize,
 }
 
@@ -211,12 +213,6 @@ impl SamHeadroomMemoryResource {
                 .add_subclass(SystemMemoryResource)
                 .add_subclass(SamHeadroomMemoryResource { headroom }),
         )
-    }
-
-    /// The device memory kept free, in bytes.
-    #[getter]
-    fn headroom(&self) -> usize {
-        self.headroom
     }
 }
 

@@ -22,7 +22,11 @@ use crate::python::record::record_dict;
 /// without a CUDA driver; ValueError when `peer` is `device`.
 #[pyclass(module = "rrmm.mr", name = "PeerMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(super) struct PeerMemoryResource {
+    /// The GPU that holds the memory.
+    #[pyo3(get)]
     pub(super) peer: usize,
+    /// The GPU that uses it.
+    #[pyo3(get)]
     pub(super) device: usize,
 }
 
@@ -43,18 +47,6 @@ impl PeerMemoryResource {
         let mr = py_result(py.detach(|| RsPeer::new(device, peer)))?;
         let checked: crate::SharedResource = Arc::new(CheckedResourceAdaptor::new(Arc::new(mr)));
         Ok(sub(PeerMemoryResource { peer, device }, checked))
-    }
-
-    /// The GPU that holds the memory.
-    #[getter]
-    fn peer(&self) -> usize {
-        self.peer
-    }
-
-    /// The GPU that uses it.
-    #[getter]
-    fn device(&self) -> usize {
-        self.device
     }
 }
 
