@@ -1,5 +1,7 @@
 """What ``rrmm.mr.FallbackResourceAdaptor.counts()`` and
-``rrmm.mr.TieredMemoryResource.tier_counts()`` return, as TypedDicts."""
+``rrmm.mr.TieredMemoryResource.tier_counts()`` return, as TypedDicts. Their keys are the fields
+of the Rust records ``FallbackCounts`` and ``TierCounts`` (``tests/python/test_records.py``
+checks them against ``rrmm._rrmm._record_fields``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The dicts of memory that moves as TypedDicts: sleep and wake (``offload()``,
-``sleep_estimate()``, ``last_sleep()``), spilling (``promote()``, ``spill_figures()``) and the
-movement state (``movement()``). Their keys are the fields of the Rust records
-``SleepEstimate``, ``SleepReport``, ``PromoteReport``, ``SpillFigures`` and ``Movement``
-(``tests/python/test_records.py`` checks them against ``rrmm._rrmm._record_fields``)."""
+``sleep_estimate()``, ``last_sleep()``), spilling (``promote()``, ``spill_figures()``), the
+movement state (``movement()``) and the host page supply (``rrmm.host_pages.figures()``). Their
+keys are the fields of the Rust records ``SleepEstimate``, ``SleepReport``, ``PromoteReport``,
+``SpillFigures``, ``Movement`` and ``SupplyFigures`` (``tests/python/test_records.py`` checks
+them against ``rrmm._rrmm._record_fields``)."""
 
 from __future__ import annotations
 

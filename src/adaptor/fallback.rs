@@ -7,8 +7,9 @@ use crate::error::Result;
 use crate::resource::{MemoryResource, SharedResource};
 use std::sync::Arc;
 
-/// What went where through a [`FallbackResourceAdaptor`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What went where through a [`FallbackResourceAdaptor`] (`counts()` in Python: a dict of these
+/// fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FallbackCounts {
     /// Allocations the upstream holds now.
     pub upstream_allocations: usize,

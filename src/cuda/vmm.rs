@@ -124,17 +124,7 @@ impl PhysicalMemory {
     /// [`Error::OutOfMemory`] when the device has no memory left; other CUDA errors.
     pub fn new(ordinal: usize, size: usize) -> Result<Self> {
         let device = device_handle(ordinal)?;
-        let props = device_props(device);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` is a valid out-pointer, `props` a fully initialised struct; flags
-        // must be 0.
-        let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
-        check_alloc("cuMemCreate", result, size)?;
-        Ok(PhysicalMemory {
-            handle,
-            size,
-            on_host: false,
-        })
+        Self::create(size, &device_props(device), false, "cuMemCreate")
     }
 
     /// Creates `size` bytes (a multiple of the device's granularity) of pinned host memory on
@@ -146,15 +136,26 @@ impl PhysicalMemory {
     /// without host NUMA allocations).
     pub fn new_on_host(ordinal: usize, size: usize) -> Result<Self> {
         device_handle(ordinal)?;
-        let props = host_props(ordinal);
+        Self::create(size, &host_props(ordinal), true, "cuMemCreate(host NUMA)")
+    }
+
+    /// `size` bytes of physical memory where `props` places them (`cuMemCreate`, named `call`
+    /// in errors).
+    fn create(
+        size: usize,
+        props: &sys::CUmemAllocationProp,
+        on_host: bool,
+        call: &'static str,
+    ) -> Result<Self> {
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: as `new`.
-        let result = unsafe { sys::cuMemCreate(&mut handle, size, &props, 0) };
-        check_alloc("cuMemCreate(host NUMA)", result, size)?;
+        // SAFETY: `handle` is a valid out-pointer, `props` a fully initialised struct; flags
+        // must be 0.
+        let result = unsafe { sys::cuMemCreate(&mut handle, size, props, 0) };
+        check_alloc(call, result, size)?;
         Ok(PhysicalMemory {
             handle,
             size,
-            on_host: true,
+            on_host,
         })
     }
 

@@ -73,13 +73,7 @@ fn host_pages_set_keep_limit(py: Python<'_>, nbytes: Option<usize>) {
 /// `host_pages_figures() -> dict`: what the supply holds and has done.
 #[pyfunction]
 fn host_pages_figures(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let f = supply().figures();
-    let d = PyDict::new(py);
-    super::set_fields!(d, f;
-        free_bytes, free_ranges, leased_bytes, preparing_bytes, made_ranges, made_bytes, reused,
-        made_on_take, given_back_bytes, keep_limit, largest_leased, ready_target,
-    );
-    Ok(d)
+    super::record::record_dict(py, &supply().figures())
 }
 
 /// `host_pages_room()`: bytes of host memory the process may still use now (MemAvailable,

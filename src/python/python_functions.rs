@@ -12,7 +12,7 @@ use crate::python::errors::{callback_error, carried_error};
 use crate::resource::{CallbackMemoryResource, MemoryKind};
 use crate::Error;
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,6 +47,17 @@ pub(crate) enum Which {
     Deallocate,
 }
 
+/// Whether every function given is callable: a TypeError saying `message` otherwise.
+pub(crate) fn all_callable(
+    functions: &[Option<&Bound<'_, PyAny>>],
+    message: &'static str,
+) -> PyResult<()> {
+    if functions.iter().flatten().any(|f| !f.is_callable()) {
+        return Err(PyTypeError::new_err(message));
+    }
+    Ok(())
+}
+
 /// The user's allocate and deallocate functions, held strongly until [`retire`](Self::retire).
 pub(crate) struct PythonFunctions {
     funcs: Mutex<Option<[Py<PyAny>; 2]>>,
@@ -56,7 +67,8 @@ pub(crate) struct PythonFunctions {
 }
 
 impl PythonFunctions {
-    /// The functions `allocate` and `deallocate` (the caller has checked they are callable).
+    /// The functions `allocate` and `deallocate` (the caller has checked they are callable:
+    /// [`all_callable`]).
     pub(crate) fn new(
         allocate: &Bound<'_, PyAny>,
         deallocate: &Bound<'_, PyAny>,

@@ -61,11 +61,13 @@ fn fields_of<T: Serialize + Default>() -> Vec<String> {
 }
 
 /// The keys of the dicts of the record named `name` (`"SleepEstimate"`, `"SleepReport"`,
-/// `"PromoteReport"`, `"SpillFigures"`, `"Movement"`), for the test that checks their
-/// TypedDicts; `None` for another name.
+/// `"PromoteReport"`, `"SpillFigures"`, `"Movement"`, `"SupplyFigures"`, `"FallbackCounts"`,
+/// `"TierCounts"`), for the test that checks their TypedDicts; `None` for another name.
 #[pyfunction]
 pub(crate) fn _record_fields(name: &str) -> Option<Vec<String>> {
+    use crate::adaptor::{FallbackCounts, TierCounts};
     use crate::resource::host_spill::{PromoteReport, SpillFigures};
+    use crate::resource::host_supply::SupplyFigures;
     use crate::resource::sleep::{Movement, SleepEstimate, SleepReport};
     Some(match name {
         "SleepEstimate" => fields_of::<SleepEstimate>(),
@@ -73,6 +75,9 @@ pub(crate) fn _record_fields(name: &str) -> Option<Vec<String>> {
         "PromoteReport" => fields_of::<PromoteReport>(),
         "SpillFigures" => fields_of::<SpillFigures>(),
         "Movement" => fields_of::<Movement>(),
+        "SupplyFigures" => fields_of::<SupplyFigures>(),
+        "FallbackCounts" => fields_of::<FallbackCounts>(),
+        "TierCounts" => fields_of::<TierCounts>(),
         _ => return None,
     })
 }

@@ -7,14 +7,14 @@
 //! of a Python function takes it for that call only, and no Rust lock is held across one.
 
 use super::errors::py_result;
-use super::python_functions::{PythonFunctions, Raised, StreamArg};
+use super::python_functions::{all_callable, PythonFunctions, Raised, StreamArg};
 use super::replay::{repeat_of, to_python_any};
 use crate::replay::{replay, ReplayOptions, ReplayRecord, Trace, PYTHON_DRIVER};
 use crate::report::Footprint;
 use crate::resource::MemoryKind;
 use crate::SharedResource;
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
@@ -157,12 +157,10 @@ fn replay_allocator<'py>(
     repeat: Option<usize>,
     timeline_points: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let callables = [Some(allocate), Some(deallocate), held_bytes, free_blocks];
-    if callables.iter().flatten().any(|f| !f.is_callable()) {
-        return Err(PyTypeError::new_err(
-            "allocate, deallocate, held_bytes and free_blocks must be callable",
-        ));
-    }
+    all_callable(
+        &[Some(allocate), Some(deallocate), held_bytes, free_blocks],
+        "allocate, deallocate, held_bytes and free_blocks must be callable",
+    )?;
     let functions = Arc::new(PythonFunctions::new(
         allocate,
         deallocate,

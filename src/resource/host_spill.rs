@@ -14,40 +14,30 @@ use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-/// The figures of the host pages a pool spills to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct SpillFigures {
-    /// The most bytes of host pages held at once (mapped and kept).
-    pub limit: usize,
-    /// Bytes of host pages mapped under the pool's addresses now.
-    pub spilled: usize,
-    /// Bytes of host pages made and kept, not mapped (ready for the next spill).
-    pub kept: usize,
-    /// Bytes of host pages ever made.
-    pub made: u64,
-    /// Bytes of host pages taken again after an unmap (not made twice).
-    pub reused: u64,
-    /// Bytes moved from host pages to device memory by promotion.
-    pub promoted: u64,
-    /// Seconds promotions spent making device memory and mapping it at a second address.
-    pub promote_make_s: f64,
-    /// Seconds promotions spent copying over the link.
-    pub promote_copy_s: f64,
-    /// Seconds promotions spent remapping (host pages out, device memory in).
-    pub promote_remap_s: f64,
+summed_fields! {
+    /// The figures of the host pages a pool spills to.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+    pub struct SpillFigures {
+        /// The most bytes of host pages held at once (mapped and kept).
+        pub limit: usize,
+        /// Bytes of host pages mapped under the pool's addresses now.
+        pub spilled: usize,
+        /// Bytes of host pages made and kept, not mapped (ready for the next spill).
+        pub kept: usize,
+        /// Bytes of host pages ever made.
+        pub made: u64,
+        /// Bytes of host pages taken again after an unmap (not made twice).
+        pub reused: u64,
+        /// Bytes moved from host pages to device memory by promotion.
+        pub promoted: u64,
+        /// Seconds promotions spent making device memory and mapping it at a second address.
+        pub promote_make_s: f64,
+        /// Seconds promotions spent copying over the link.
+        pub promote_copy_s: f64,
+        /// Seconds promotions spent remapping (host pages out, device memory in).
+        pub promote_remap_s: f64,
+    }
 }
-
-summed_fields!(SpillFigures {
-    limit,
-    spilled,
-    kept,
-    made,
-    reused,
-    promoted,
-    promote_make_s,
-    promote_copy_s,
-    promote_remap_s,
-});
 
 /// The host pages of one device's virtual range: made on demand or ahead, kept when unmapped.
 #[derive(Debug)]
@@ -336,28 +326,22 @@ impl PretendDevice {
     }
 }
 
-/// What a promotion did ([`Sleeper::promote`](super::sleep::Sleeper::promote)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct PromoteReport {
-    /// Bytes moved from host pages to device memory at the same addresses.
-    pub promoted: usize,
-    /// Bytes of the pool's pages still on the host (the device had no room for them, or they
-    /// lay outside the range asked for).
-    pub spilled: usize,
-    /// Free bytes unmapped first (free device pages make the room; free host pages are kept
-    /// for the next spill).
-    pub trimmed: usize,
-    /// Seconds the promotion took, the synchronization included.
-    pub seconds: f64,
-    /// Seconds of it spent synchronizing the streams and unmapping the free pages (the rest:
-    /// device memory made and mapped, the copies over the link, the remapping).
-    pub trim_s: f64,
+summed_fields! {
+    /// What a promotion did ([`Sleeper::promote`](super::sleep::Sleeper::promote)).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+    pub struct PromoteReport {
+        /// Bytes moved from host pages to device memory at the same addresses.
+        pub promoted: usize,
+        /// Bytes of the pool's pages still on the host (the device had no room for them, or they
+        /// lay outside the range asked for).
+        pub spilled: usize,
+        /// Free bytes unmapped first (free device pages make the room; free host pages are kept
+        /// for the next spill).
+        pub trimmed: usize,
+        /// Seconds the promotion took, the synchronization included.
+        pub seconds: f64,
+        /// Seconds of it spent synchronizing the streams and unmapping the free pages (the rest:
+        /// device memory made and mapped, the copies over the link, the remapping).
+        pub trim_s: f64,
+    }
 }
-
-summed_fields!(PromoteReport {
-    promoted,
-    spilled,
-    trimmed,
-    seconds,
-    trim_s,
-});

@@ -1,10 +1,21 @@
 //! The [`MemoryResource`] trait and the source resources (those with no upstream: where a
 //! stack's memory comes from), one per file.
 
-/// `impl Type { pub fn plus(self, other) -> Type }`: the sum of two values of a figures struct,
-/// field by field (every field named, so a new field must be named here too).
+/// Declares a struct of figures and `impl Type { pub fn plus(self, other) -> Type }`: the sum
+/// of two values, field by field, made from the one declaration (a new field is summed without
+/// being named again).
 macro_rules! summed_fields {
-    ($ty:ident { $($field:ident),+ $(,)? }) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $ty:ident {
+            $($(#[$field_meta:meta])* $field_vis:vis $field:ident: $field_ty:ty),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $ty {
+            $($(#[$field_meta])* $field_vis $field: $field_ty),+
+        }
+
         impl $ty {
             /// The sum of two pools' figures, field by field.
             #[must_use]

@@ -5,7 +5,7 @@ declaration)."""
 from __future__ import annotations
 
 import pytest
-from rrmm import _rrmm, _sleep_types
+from rrmm import _counts, _rrmm, _sleep_types
 
 RECORDS = {
     "SleepEstimate": _sleep_types.SleepFigures,
@@ -13,6 +13,9 @@ RECORDS = {
     "PromoteReport": _sleep_types.PromoteReport,
     "SpillFigures": _sleep_types.SpillFigures,
     "Movement": _sleep_types.Movement,
+    "SupplyFigures": _sleep_types.HostPageFigures,
+    "FallbackCounts": _counts.FallbackCounts,
+    "TierCounts": _counts.TierCounts,
 }
 
 

@@ -182,8 +182,14 @@ pub(super) unsafe fn deallocate_on(
 /// dropped or when `free()` is called, whichever comes first.
 #[pyclass(module = "rrmm._rrmm", name = "HookAllocation", frozen)]
 pub(super) struct HookAllocation {
+    /// The address (0 for a size-0 allocation).
+    #[pyo3(get)]
     ptr: usize,
+    /// The size in bytes, as requested.
+    #[pyo3(get)]
     size: usize,
+    /// The device ordinal whose resource made the allocation.
+    #[pyo3(get)]
     device: usize,
     stream: Stream,
     /// For an allocation on a CuPy stream: the stream to free on once CuPy's stream object is
@@ -249,24 +255,6 @@ impl HookAllocation {
 
 #[pymethods]
 impl HookAllocation {
-    /// The address (0 for a size-0 allocation).
-    #[getter]
-    fn ptr(&self) -> usize {
-        self.ptr
-    }
-
-    /// The size in bytes, as requested.
-    #[getter]
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    /// The device ordinal whose resource made the allocation.
-    #[getter]
-    fn device(&self) -> usize {
-        self.device
-    }
-
     /// The raw handle of the stream the allocation is ordered on.
     #[getter]
     fn stream(&self) -> usize {

@@ -20,6 +20,7 @@ use super::statistics::Statistics;
 use super::upstream_kw::{required, upstream_of};
 use crate::python::callable_ref::CallableRef;
 use crate::python::errors::{callback_error, py_result};
+use crate::python::record::record_dict;
 
 /// The initializer of an adaptor class over `up` whose Rust adaptor serves both the base class
 /// (allocate, deallocate) and the class's own methods, through the handle `leaf` keeps.
@@ -225,6 +226,8 @@ impl TrackingResourceAdaptor {
 /// `FailureCallbackResourceAdaptor`).
 #[pyclass(module = "rrmm.mr", name = "FailureCallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(super) struct FailureCallbackResourceAdaptor {
+    /// The callback.
+    #[pyo3(get)]
     callback: Py<PyAny>,
 }
 
@@ -267,12 +270,6 @@ impl FailureCallbackResourceAdaptor {
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.callback)
     }
-
-    /// The callback.
-    #[getter]
-    fn callback(&self, py: Python<'_>) -> Py<PyAny> {
-        self.callback.clone_ref(py)
-    }
 }
 
 /// rrmm: serves from `upstream_mr` and, when it is out of memory, from `alternate_mr` (default:
@@ -281,6 +278,8 @@ impl FailureCallbackResourceAdaptor {
 #[pyclass(module = "rrmm.mr", name = "FallbackResourceAdaptor", extends = UpstreamResourceAdaptor, frozen)]
 pub(super) struct FallbackResourceAdaptor {
     pub(super) fallback: Arc<RsFallback>,
+    /// The resource used when the upstream is out of memory.
+    #[pyo3(get, name = "alternate_mr")]
     pub(super) alternate: Py<DeviceMemoryResource>,
 }
 
@@ -320,22 +319,10 @@ impl FallbackResourceAdaptor {
         visit.call(&self.alternate)
     }
 
-    /// The resource used when the upstream is out of memory.
-    #[getter]
-    fn alternate_mr(&self, py: Python<'_>) -> Py<DeviceMemoryResource> {
-        self.alternate.clone_ref(py)
-    }
-
     /// What went where: allocations and bytes held now by the upstream and the alternate, the
     /// alternate's peak bytes, and how many allocations fell back or failed in both, ever.
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let c = self.fallback.counts();
-        let d = pyo3::types::PyDict::new(py);
-        crate::python::set_fields!(d, c;
-            upstream_allocations, upstream_bytes, alternate_allocations, alternate_bytes,
-            alternate_peak_bytes, fallbacks, failures,
-        );
-        Ok(d)
+        record_dict(py, &self.fallback.counts())
     }
 }
 

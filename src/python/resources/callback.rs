@@ -17,10 +17,9 @@
 //! state is only marked dead (later calls fail cleanly) and nothing is freed.
 
 use crate::cuda::Stream as RawStream;
-use crate::python::python_functions::{PythonFunctions, Raised, StreamArg, Which};
+use crate::python::python_functions::{all_callable, PythonFunctions, Raised, StreamArg, Which};
 use crate::resource::{CallbackMemoryResource as RsCallback, MemoryKind};
 use parking_lot::Mutex;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCFunction, PySet, PyTuple, PyWeakrefReference};
 use std::sync::{Arc, Weak};
@@ -106,11 +105,10 @@ impl CallbackMemoryResource {
         allocate_func: &Bound<'_, PyAny>,
         deallocate_func: &Bound<'_, PyAny>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        if !allocate_func.is_callable() || !deallocate_func.is_callable() {
-            return Err(PyTypeError::new_err(
-                "allocate_func and deallocate_func must be callable",
-            ));
-        }
+        all_callable(
+            &[Some(allocate_func), Some(deallocate_func)],
+            "allocate_func and deallocate_func must be callable",
+        )?;
         let functions = Arc::new(PythonFunctions::new(
             allocate_func,
             deallocate_func,

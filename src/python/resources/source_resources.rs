@@ -13,11 +13,13 @@ use crate::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::sync::Arc;
 
 use super::convert::{bytes_arg, opt_bytes_arg};
 use super::resource::{sub, DeviceMemoryResource};
 use crate::python::errors::py_result;
+use crate::python::record::record_dict;
 
 /// A CUDA source resource as Python drives it: behind a [`CheckedResourceAdaptor`], so a bogus,
 /// double or wrong-size free from Python is a `RuntimeError` and never reaches the driver.
@@ -196,6 +198,8 @@ impl SystemMemoryResource {
 /// `SamHeadroomMemoryResource`); rrmm allocates system memory and records the headroom.
 #[pyclass(module = "rrmm.mr", name = "SamHeadroomMemoryResource", extends = SystemMemoryResource, frozen)]
 pub(super) struct SamHeadroomMemoryResource {
+    /// The device memory kept free, in bytes.
+    #[pyo3(get)]
     headroom: usize,
 }
 
@@ -209,12 +213,6 @@ impl SamHeadroomMemoryResource {
                 .add_subclass(SystemMemoryResource)
                 .add_subclass(SamHeadroomMemoryResource { headroom }),
         )
-    }
-
-    /// The device memory kept free, in bytes.
-    #[getter]
-    fn headroom(&self) -> usize {
-        self.headroom
     }
 }
 
@@ -267,13 +265,11 @@ impl PinnedHostMemoryResource {
     /// `numa_node_placed`, `numa_node_found`, `available_before` (host bytes available) and
     /// `from_supply` (the range was ready in the process's host page supply, `rrmm.host_pages`:
     /// nothing was made, `total_s` is the take); `None` before the first.
-    fn startup<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let Some(record) = self.pinned.last_startup() else {
-            return Ok(None);
-        };
-        let text = serde_json::to_string(&record)
-            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-        Ok(Some(py.import("json")?.call_method1("loads", (text,))?))
+    fn startup<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.pinned
+            .last_startup()
+            .map(|record| record_dict(py, &record))
+            .transpose()
     }
 
     fn __repr__(&self) -> String {

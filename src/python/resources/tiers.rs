@@ -1,18 +1,19 @@
 //! The peer tier's classes of `rrmm.mr`: `PeerMemoryResource` (memory of a peer GPU) and
 //! `TieredMemoryResource` (device -> peer GPU -> host, with counts per tier).
 
-use crate::adaptor::{Tier, TierCounts, TieredMemoryResource as RsTiered};
+use crate::adaptor::{Tier, TieredMemoryResource as RsTiered};
 use crate::resource::{MemoryKind, PeerMemoryResource as RsPeer};
 use crate::{CheckedResourceAdaptor, MemoryResource};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::PyList;
 use std::sync::Arc;
 
 use super::convert::{device_arg, resource_arg};
 use super::resource::{over_upstream, sub, DeviceMemoryResource, UpstreamResourceAdaptor};
 use super::upstream_kw::upstream_of;
 use crate::python::errors::py_result;
+use crate::python::record::record_dict;
 
 /// Device memory of another GPU of the machine (the peer GPU `peer`) for use by `device` (the
 /// current device when None): `cuMemAlloc` on the peer with peer access enabled both ways, so
@@ -21,7 +22,11 @@ use crate::python::errors::py_result;
 /// without a CUDA driver; ValueError when `peer` is `device`.
 #[pyclass(module = "rrmm.mr", name = "PeerMemoryResource", extends = DeviceMemoryResource, frozen)]
 pub(super) struct PeerMemoryResource {
+    /// The GPU that holds the memory.
+    #[pyo3(get)]
     pub(super) peer: usize,
+    /// The GPU that uses it.
+    #[pyo3(get)]
     pub(super) device: usize,
 }
 
@@ -42,18 +47,6 @@ impl PeerMemoryResource {
         let mr = py_result(py.detach(|| RsPeer::new(device, peer)))?;
         let checked: crate::SharedResource = Arc::new(CheckedResourceAdaptor::new(Arc::new(mr)));
         Ok(sub(PeerMemoryResource { peer, device }, checked))
-    }
-
-    /// The GPU that holds the memory.
-    #[getter]
-    fn peer(&self) -> usize {
-        self.peer
-    }
-
-    /// The GPU that uses it.
-    #[getter]
-    fn device(&self) -> usize {
-        self.device
     }
 }
 
@@ -102,15 +95,6 @@ impl TieredMemoryResource {
             tiered,
         )
     }
-}
-
-fn counts_dict<'py>(py: Python<'py>, c: &TierCounts) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    crate::python::set_fields!(d, c;
-        name, resource, current_bytes, peak_bytes, total_bytes, current_allocations,
-        peak_allocations, total_allocations, refused,
-    );
-    Ok(d)
 }
 
 #[pymethods]
@@ -193,7 +177,7 @@ impl TieredMemoryResource {
     fn tier_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         for c in self.tiered.tier_counts() {
-            out.append(counts_dict(py, &c)?)?;
+            out.append(record_dict(py, &c)?)?;
         }
         Ok(out)
     }

@@ -110,33 +110,26 @@ fn parse_choice<T: Copy>(
     ))
 }
 
-/// What a sleep frees: before one, what it would do now (an estimate); after one, what it did
-/// ([`SleepReport`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SleepEstimate {
-    /// Physical bytes given back to the driver: every mapped page.
-    pub released_bytes: usize,
-    /// Bytes of live allocations kept: copied to host memory and back.
-    pub copied_bytes: usize,
-    /// Bytes of live allocations tagged discard: released without a copy.
-    pub discarded_bytes: usize,
-    /// Bytes of pages wholly inside free blocks: released without a copy.
-    pub free_page_bytes: usize,
-    /// Bytes that suballocators above the pool hold free in their chunks: released without a
-    /// copy (a chunk is offloaded as its live blocks).
-    pub cached_free_bytes: usize,
-    /// Live allocations of the pool (a suballocator's chunk counts as one).
-    pub live_blocks: usize,
+summed_fields! {
+    /// What a sleep frees: before one, what it would do now (an estimate); after one, what it did
+    /// ([`SleepReport`]).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct SleepEstimate {
+        /// Physical bytes given back to the driver: every mapped page.
+        pub released_bytes: usize,
+        /// Bytes of live allocations kept: copied to host memory and back.
+        pub copied_bytes: usize,
+        /// Bytes of live allocations tagged discard: released without a copy.
+        pub discarded_bytes: usize,
+        /// Bytes of pages wholly inside free blocks: released without a copy.
+        pub free_page_bytes: usize,
+        /// Bytes that suballocators above the pool hold free in their chunks: released without a
+        /// copy (a chunk is offloaded as its live blocks).
+        pub cached_free_bytes: usize,
+        /// Live allocations of the pool (a suballocator's chunk counts as one).
+        pub live_blocks: usize,
+    }
 }
-
-summed_fields!(SleepEstimate {
-    released_bytes,
-    copied_bytes,
-    discarded_bytes,
-    free_page_bytes,
-    cached_free_bytes,
-    live_blocks,
-});
 
 /// The latest sleep of a pool: its figures and where the time went (seconds).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]

@@ -78,6 +78,22 @@ impl Classes {
     }
 }
 
+/// The node of `region` that `open` (blocks with an open start, or end) holds at `at`, taken out
+/// of it; `None` where there is none (another region's node stays).
+fn take_open(
+    open: &mut AddressMap<usize, u32>,
+    nodes: &[Node],
+    at: usize,
+    region: usize,
+) -> Option<u32> {
+    let n = open
+        .get(&at)
+        .copied()
+        .filter(|&n| nodes[n as usize].region == region)?;
+    open.remove(&at);
+    Some(n)
+}
+
 /// One coalescing good-fit free list, with the blocks allocated through it.
 #[derive(Debug)]
 pub(crate) struct CoalescingFreeList {
@@ -198,26 +214,24 @@ impl CoalescingFreeList {
     fn attach(&mut self, x: u32) {
         let Block { addr, size, region } = self.block(x);
         let end = addr + size;
-        match self.open_end.get(&addr).copied() {
-            Some(p) if self.nodes[p as usize].region == region => {
-                self.open_end.remove(&addr);
-                self.nodes[p as usize].next_phys = x;
-                self.nodes[x as usize].prev_phys = p;
-            }
-            _ => {
+        match take_open(&mut self.open_end, &self.nodes, addr, region) {
+            Some(p) => self.link_phys(p, x),
+            None => {
                 self.open_start.insert(addr, x);
             }
         }
-        match self.open_start.get(&end).copied() {
-            Some(n) if self.nodes[n as usize].region == region => {
-                self.open_start.remove(&end);
-                self.nodes[n as usize].prev_phys = x;
-                self.nodes[x as usize].next_phys = n;
-            }
-            _ => {
+        match take_open(&mut self.open_start, &self.nodes, end, region) {
+            Some(n) => self.link_phys(x, n),
+            None => {
                 self.open_end.insert(end, x);
             }
         }
+    }
+
+    /// Links `a` and `b` by address (`b` starts where `a` ends).
+    fn link_phys(&mut self, a: u32, b: u32) {
+        self.nodes[a as usize].next_phys = b;
+        self.nodes[b as usize].prev_phys = a;
     }
 
     /// Unlinks node `x` from its neighbours, which become open there (`x` leaves the list).
