@@ -108,7 +108,7 @@ impl Calls {
         // never stored: a part's growth may have raised this cell since the computation read
         // it (found by the loom model in `tests/loom_core.rs`).
         for part in parts {
-            part.listen(&cell);
+            part.0.above.listen(&cell);
         }
         cell.bits.fetch_or(cell.compute(), Ordering::Relaxed);
         Calls(cell)
@@ -145,12 +145,8 @@ impl Calls {
     /// this cell and every cell made from it whose profile grows.
     pub fn add_part(&self, part: &Calls) {
         self.0.parts.lock().push(part.clone());
-        part.listen(&self.0);
+        part.0.above.listen(&self.0);
         Self::settle(self.0.clone());
-    }
-
-    fn listen(&self, cell: &Arc<Cell>) {
-        self.0.above.listen(cell);
     }
 
     /// Recomputes `start`, and each cell above one that changed, until none changes.

@@ -94,7 +94,7 @@ impl SleepWatch {
         // Listen first, then gather: a part that grows meanwhile either finds this cell in its
         // list or grew before the gathering read it.
         for part in parts {
-            part.listen(&cell);
+            part.0.above.listen(&cell);
         }
         Self::settle(cell.clone());
         SleepWatch(cell)
@@ -116,12 +116,8 @@ impl SleepWatch {
     /// watch and every watch made from it, and their tenants are admitted to them.
     pub fn add_part(&self, part: &SleepWatch) {
         self.0.state.lock().parts.push(part.clone());
-        part.listen(&self.0);
+        part.0.above.listen(&self.0);
         Self::settle(self.0.clone());
-    }
-
-    fn listen(&self, cell: &Arc<Cell>) {
-        self.0.above.listen(cell);
     }
 
     /// Gathers the pools of `start`'s parts into it, and of each cell above one that grew,
