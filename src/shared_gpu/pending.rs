@@ -179,16 +179,8 @@ impl Pending {
 mod tests {
     use super::*;
 
-    const ME: Identity = Identity {
-        pid: 10,
-        pid_ns: 1,
-        started: 1,
-    };
-    const PEER: Identity = Identity {
-        pid: 11,
-        pid_ns: 1,
-        started: 2,
-    };
+    const ME: Identity = Identity::new(10, 1, 1);
+    const PEER: Identity = Identity::new(11, 1, 2);
     const BEFORE: Holding = Holding {
         live: 0,
         cached: 500,

@@ -23,6 +23,17 @@ pub struct Identity {
     pub started: u64,
 }
 
+impl Identity {
+    /// Process `pid` of pid namespace `pid_ns`, started at `started`.
+    pub const fn new(pid: u32, pid_ns: u64, started: u64) -> Identity {
+        Identity {
+            pid,
+            pid_ns,
+            started,
+        }
+    }
+}
+
 /// This process (read through `/proc/self`, right in any namespace).
 pub fn this_process() -> Identity {
     Identity {
@@ -145,16 +156,7 @@ mod tests {
 
     #[test]
     fn only_a_process_of_this_namespace_seen_through_its_proc_can_be_gone() {
-        let me = Identity {
-            pid: 10,
-            pid_ns: 5,
-            started: 100,
-        };
-        let peer = Identity {
-            pid: 11,
-            pid_ns: 5,
-            started: 200,
-        };
+        let (me, peer) = (Identity::new(10, 5, 100), Identity::new(11, 5, 200));
         assert_eq!(fate(&peer, &me, true, |_| Some(200)), Fate::Alive);
         assert_eq!(
             fate(&peer, &me, true, |_| Some(201)),

@@ -160,16 +160,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ME: Identity = Identity {
-        pid: 10,
-        pid_ns: 1,
-        started: 100,
-    };
-    const PEER: Identity = Identity {
-        pid: 11,
-        pid_ns: 1,
-        started: 200,
-    };
+    const ME: Identity = Identity::new(10, 1, 100);
+    const PEER: Identity = Identity::new(11, 1, 200);
 
     fn creds(pid: u32) -> Option<Credentials> {
         Some(Credentials { pid, uid: 7 })

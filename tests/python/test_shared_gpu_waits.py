@@ -77,3 +77,44 @@ def test_an_ask_waits_without_the_gil_or_the_pools_lock(ledger: Path, procs: lis
     assert served and served[0] < 0.5, served
     pool.deallocate(held, 700 * MIB)
     rrmm.shared_gpu.leave(pool)
+
+
+def test_busy_after_joining_again_wakes_what_the_ledger_put_to_sleep(
+    ledger: Path, procs: list[Any]  # noqa: F811
+) -> None:
+    """Issue 46: joining again while the ledger's sleep holds the pool forgot the pool (the
+    member kept its own list); now the pools keep their state, and busy wakes them whoever
+    joined. A peer asks this idle process to sleep; it joins again; busy wakes the pool, every
+    byte in place."""
+    import ctypes
+
+    import numpy as np
+
+    pool = rrmm.mr.ExpandableMemoryResource(reserve_size=64 << 20, page_size=2 << 20,
+                                            pageable_host=True, device_capacity=32 << 20)
+    rrmm.shared_gpu.join(pool, directory=ledger, device_key="join-again", soft_share=1)
+    total = rrmm.shared_gpu.processes(pool)[0].total
+    # The fake above is on the simulated key: the asker is a peer on this pool's ledger.
+    from test_movers_model import LedgerPeer
+
+    asker = LedgerPeer(str(ledger / "join-again"), total)
+    try:
+        data = (np.arange(4 << 20, dtype=np.uint8) * 7).tobytes()
+        ptr = pool.allocate(len(data))
+        ctypes.memmove(ptr, data, len(data))
+        rrmm.shared_gpu.declare_idle(pool)
+        status = rrmm.shared_gpu.status(pool)
+        assert status is not None
+        asker.ask_to_sleep(status["socket"], 1 << 20)
+        deadline = time.monotonic() + 5
+        while not pool.asleep and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.movement()[0]["cause"] == "ledger"
+        rrmm.shared_gpu.join(pool, directory=ledger, device_key="join-again", soft_share=1)
+        rrmm.shared_gpu.declare_busy(pool)
+        assert pool.movement()[0]["phase"] == "awake"
+        assert ctypes.string_at(ptr, len(data)) == data
+        pool.deallocate(ptr, len(data))
+    finally:
+        asker.close()
+        rrmm.shared_gpu.leave(pool)
