@@ -14,6 +14,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+/// A counter on a cache line of its own: the allocation and free paths of every thread read
+/// `ASLEEP_COUNT` and `TAGGED`, which change only when a pool moves or a block is tagged, and no
+/// write of another static (`COPIES`, on every copy) may evict them.
+#[repr(align(128))]
+struct Line(AtomicUsize);
+
 /// A sleeping pool's range: its end, its name, the pool (held weakly: a pool dropped while
 /// asleep leaves the index as it drops).
 type AsleepRange = (usize, &'static str, Weak<dyn MovingPool>);
@@ -25,16 +31,16 @@ static ASLEEP: RwLock<BTreeMap<usize, AsleepRange>> = RwLock::new(BTreeMap::new(
 /// `ASLEEP.len()`, read without the lock: the allocation and copy paths' one load while nothing
 /// in the process moves.
 // Why process-wide: the count of `ASLEEP`, beside it.
-static ASLEEP_COUNT: AtomicUsize = AtomicUsize::new(0);
+static ASLEEP_COUNT: Line = Line(AtomicUsize::new(0));
 /// Blocks tagged discard in every pool of the process: a free forgets a tag only while some
 /// block is tagged.
 // Why process-wide: a free above a pool reads it without reaching the pool.
-static TAGGED: AtomicUsize = AtomicUsize::new(0);
+static TAGGED: Line = Line(AtomicUsize::new(0));
 
 /// rrmm's copies of bytes in flight (queued or running on the host), anywhere in the process.
 // Why process-wide: a copy may touch any pool's memory; an offload waits for the copies that
 // began before it was seen (they count themselves here before they look at the index).
-static COPIES: AtomicUsize = AtomicUsize::new(0);
+static COPIES: Line = Line(AtomicUsize::new(0));
 
 /// One of rrmm's copies, counted while it is queued ([`begin_copy`]); an offload that began
 /// meanwhile waits for it before it reads the pool.
@@ -43,7 +49,7 @@ pub struct CopyGuard(());
 
 impl Drop for CopyGuard {
     fn drop(&mut self) {
-        COPIES.fetch_sub(1, Ordering::SeqCst);
+        COPIES.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -68,7 +74,7 @@ fn touches_a_sleeping_pool(ptr: usize, bytes: usize) -> bool {
 /// As [`check_awake`] for the first range in a sleeping pool's memory.
 pub fn begin_copy(ranges: &[(&str, usize, usize)]) -> Result<CopyGuard> {
     loop {
-        COPIES.fetch_add(1, Ordering::SeqCst);
+        COPIES.0.fetch_add(1, Ordering::SeqCst);
         let guard = CopyGuard(());
         if !any_moving()
             || !ranges
@@ -89,7 +95,7 @@ pub fn begin_copy(ranges: &[(&str, usize, usize)]) -> Result<CopyGuard> {
 /// Waits for rrmm's copies counted before the caller's pool entered the index (an offload, once
 /// its phase is set: copies that begin after it see the pool and wake it or refuse).
 pub(crate) fn wait_for_copies() {
-    while COPIES.load(Ordering::SeqCst) != 0 {
+    while COPIES.0.load(Ordering::SeqCst) != 0 {
         std::thread::yield_now();
     }
 }
@@ -98,24 +104,24 @@ pub(crate) fn wait_for_copies() {
 /// enters the index before it refuses anything and leaves it after it is awake, so a reader
 /// that finds 0 after its own carve may hand the block out (the carve and the offload's view of
 /// the lists are ordered by the lists' locks).
-#[inline]
+#[inline(always)]
 pub fn any_moving() -> bool {
-    ASLEEP_COUNT.load(Ordering::Acquire) != 0
+    ASLEEP_COUNT.0.load(Ordering::Acquire) != 0
 }
 
 /// Whether any block of the process is tagged (one load).
-#[inline]
+#[inline(always)]
 pub fn any_tagged() -> bool {
-    TAGGED.load(Ordering::Acquire) != 0
+    TAGGED.0.load(Ordering::Acquire) != 0
 }
 
 /// Counts tagged blocks: `added` more, `removed` fewer.
 pub(crate) fn count_tags(added: usize, removed: usize) {
     if added > 0 {
-        TAGGED.fetch_add(added, Ordering::AcqRel);
+        TAGGED.0.fetch_add(added, Ordering::AcqRel);
     }
     if removed > 0 {
-        TAGGED.fetch_sub(removed, Ordering::AcqRel);
+        TAGGED.0.fetch_sub(removed, Ordering::AcqRel);
     }
 }
 
@@ -129,14 +135,14 @@ pub(crate) fn mark_asleep(
 ) {
     let mut map = ASLEEP.write();
     map.insert(start, (start.saturating_add(bytes), name, pool));
-    ASLEEP_COUNT.store(map.len(), Ordering::SeqCst);
+    ASLEEP_COUNT.0.store(map.len(), Ordering::SeqCst);
 }
 
 /// Marks the range that starts at `start` awake again.
 pub(crate) fn mark_awake(start: usize) {
     let mut map = ASLEEP.write();
     map.remove(&start);
-    ASLEEP_COUNT.store(map.len(), Ordering::SeqCst);
+    ASLEEP_COUNT.0.store(map.len(), Ordering::SeqCst);
 }
 
 /// The pools of `place` in the index that sleep for `cause` now.
