@@ -238,10 +238,8 @@ fn _shared_gpu_status<'py>(
 /// figure).
 fn row<'py>(py: Python<'py>, e: &Entry, stale: bool) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    super::set_fields!(d, e;
-        pid, pid_ns, started, name, total, live, cached, soft_share, hard_limit,
-        hard_limit_from, idle, asleep, waiting, updated,
-    );
+    super::set_fields!(d, e.holder; pid, live, cached, soft_share, hard_limit, idle, asleep);
+    super::set_fields!(d, e; pid_ns, started, name, total, hard_limit_from, waiting, updated);
     let history = PyList::empty(py);
     for event in &e.history {
         history.append(event_dict(py, event)?)?;

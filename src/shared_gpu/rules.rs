@@ -15,8 +15,11 @@
 //! - A hard limit is never passed: an allocation that would take the process past its own is
 //!   refused before anyone is asked.
 
-/// One process as the ledger shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+use serde::{Deserialize, Serialize};
+
+/// One process as the ledger shows it (the part of its entry the rules read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Holder {
     /// Its process id.
     pub pid: u32,
@@ -260,12 +263,7 @@ mod tests {
         let me = holder(1, 0, 0, false);
         let busy_big = holder(2, 50, 0, false);
         let idle_small = holder(3, 30, 0, true);
-        let p = plan(
-            90,
-            &[me.clone(), busy_big.clone(), idle_small.clone()],
-            1,
-            10,
-        );
+        let p = plan(90, &[me, busy_big, idle_small], 1, 10);
         assert!(!p.covers && p.steps.is_empty(), "{p:?}");
         let idle_big = holder(4, 45, 0, true);
         let p = plan(90, &[me, busy_big, idle_small, idle_big], 1, 10);
