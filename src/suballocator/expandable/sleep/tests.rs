@@ -17,6 +17,7 @@ use crate::resource::{
     HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
 };
 use crate::resource::{MemoryResource, SharedResource};
+use crate::suballocator::ExpandableSizes;
 use crate::test_support::free;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -111,7 +112,7 @@ impl VirtualMemory for FlakyVm {
 
 fn host_pool(reserve: usize) -> (Arc<FlakyVm>, ExpandableMemoryResource) {
     let vm = FlakyVm::new(reserve);
-    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     (vm, mr)
 }
 
@@ -388,7 +389,7 @@ fn the_retained_host_copy_serves_the_next_sleep() {
 #[test]
 fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
     let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
-    let pool = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let pool = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     let top: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let a = top.allocate(3 * PAGE, S).unwrap();
     assert_eq!(sleep_targets(&top).unwrap().len(), 1);
@@ -418,7 +419,7 @@ fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
 fn suballocators_over_a_sleeping_pool_hand_out_nothing_until_the_wake() {
     use crate::suballocator::{ArenaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource};
     let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
-    let pool = ExpandableMemoryResource::new(vm, None, None, None).unwrap();
+    let pool = ExpandableMemoryResource::new(vm, ExpandableSizes::default()).unwrap();
     let under: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let tops: Vec<SharedResource> = vec![
         Arc::new(PoolMemoryResource::new(under.clone(), Some(4 * PAGE), None).unwrap()),
