@@ -486,6 +486,20 @@ struct Live {
     discard: bool,
 }
 
+/// Allocates `size` bytes of `mr`, fills them with the pattern of the next `seed` and records
+/// them in `live`.
+fn allocate_written(mr: &dyn MemoryResource, size: usize, seed: &mut u64, live: &mut Vec<Live>) {
+    let ptr = mr.allocate(size, S).unwrap();
+    *seed += 1;
+    write(ptr, size, *seed);
+    live.push(Live {
+        ptr,
+        size,
+        seed: *seed,
+        discard: false,
+    });
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -498,12 +512,7 @@ proptest! {
         let mut seed = 0u64;
         for op in ops {
             match op {
-                Op::Alloc(size) => {
-                    let ptr = mr.allocate(size, S).unwrap();
-                    seed += 1;
-                    write(ptr, size, seed);
-                    live.push(Live { ptr, size, seed, discard: false });
-                }
+                Op::Alloc(size) => allocate_written(&mr, size, &mut seed, &mut live),
                 Op::Free(i) if !live.is_empty() => {
                     let b = live.swap_remove(i % live.len());
                     free(&mr, b.ptr, b.size).unwrap();
@@ -784,11 +793,7 @@ proptest! {
         for op in ops {
             match op {
                 StackOp::Alloc(size) => {
-                    let size = size.min(largest);
-                    let ptr = top.allocate(size, S).unwrap();
-                    seed += 1;
-                    write(ptr, size, seed);
-                    live.push(Live { ptr, size, seed, discard: false });
+                    allocate_written(&*top, size.min(largest), &mut seed, &mut live)
                 }
                 StackOp::Free(i) if !live.is_empty() => {
                     let b = live.swap_remove(i % live.len());
