@@ -108,8 +108,9 @@ pub use resource::{
     ALLOCATION_ALIGNMENT,
 };
 pub use suballocator::{
-    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
-    ManagedMemoryResource, ManagedOptions, PoolMemoryResource, StreamEvents, StreamKey,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, ExpandableOptions,
+    ExpandableSizes, FixedSizeMemoryResource, ManagedMemoryResource, ManagedOptions,
+    PoolMemoryResource, StreamEvents, StreamKey,
 };
 
 #[cfg(feature = "python")]

@@ -20,12 +20,12 @@ use rrmm::resource::{CallbackMemoryResource, HostVirtualMemory, SimulatedVirtual
 use rrmm::suballocator::ArenaMemoryResource;
 use rrmm::{
     AlignedResourceAdaptor, BinningMemoryResource, CheckedResourceAdaptor,
-    ExpandableMemoryResource, FailureCallbackResourceAdaptor, FallbackResourceAdaptor,
-    FixedSizeMemoryResource, LimitingResourceAdaptor, LoggingResourceAdaptor,
-    ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource, PrefetchResourceAdaptor,
-    SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor, Stream,
-    SystemMemoryResource, TaggedMemoryResource, TieredMemoryResource, TrackingResourceAdaptor,
-    ALLOCATION_ALIGNMENT,
+    ExpandableMemoryResource, ExpandableSizes, FailureCallbackResourceAdaptor,
+    FallbackResourceAdaptor, FixedSizeMemoryResource, LimitingResourceAdaptor,
+    LoggingResourceAdaptor, ManagedMemoryResource, MemoryKind, MemoryResource, PoolMemoryResource,
+    PrefetchResourceAdaptor, SharedResource, SimulatedMemoryResource, StatisticsResourceAdaptor,
+    Stream, SystemMemoryResource, TaggedMemoryResource, TieredMemoryResource,
+    TrackingResourceAdaptor, ALLOCATION_ALIGNMENT,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -390,7 +390,14 @@ conformance!(pool, [], Stream::DEFAULT, {
 conformance!(expandable, [], Stream::DEFAULT, {
     let vm = SimulatedVirtualMemory::new(256 * MIB, 1024 * MIB, 2 * MIB).unwrap();
     let mut case = Case::new(
-        ExpandableMemoryResource::new(Arc::new(vm), None, Some(128 * MIB), None).unwrap(),
+        ExpandableMemoryResource::new(
+            Arc::new(vm),
+            ExpandableSizes {
+                maximum_pool_size: Some(128 * MIB),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
     );
     (case.oom_size, case.oom_count) = (64 * MIB, 8);
     case
@@ -540,7 +547,14 @@ conformance!(tiered, [], Stream::DEFAULT, {
 conformance!(tagged, [], Stream::DEFAULT, {
     let pool = || {
         let vm = HostVirtualMemory::new(256 * MIB, Some(2 * MIB), false, None).unwrap();
-        ExpandableMemoryResource::new(Arc::new(vm), None, Some(128 * MIB), None).unwrap()
+        ExpandableMemoryResource::new(
+            Arc::new(vm),
+            ExpandableSizes {
+                maximum_pool_size: Some(128 * MIB),
+                ..Default::default()
+            },
+        )
+        .unwrap()
     };
     let mr = TaggedMemoryResource::new("weights", pool());
     mr.add_tag("kv_cache", pool()).unwrap();

@@ -6,7 +6,7 @@
 use rrmm::replay::{replay, Action, ReplayOptions, Trace};
 use rrmm::resource::{SimulatedVirtualMemory, VirtualMemory, DEFAULT_PAGE_SIZE};
 use rrmm::stack::{build, StackOptions, Target};
-use rrmm::suballocator::ExpandableMemoryResource;
+use rrmm::suballocator::{ExpandableMemoryResource, ExpandableSizes};
 use rrmm::{MemoryResource, Stream};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -118,7 +118,7 @@ fn after_trim_the_footprint_is_the_pages_live_allocations_touch() {
     for &(name, excess) in EXCESS_PAGES {
         let trace = shipped_trace(name);
         let vm = Arc::new(SimulatedVirtualMemory::new(64 * GIB, 256 * GIB, P).unwrap());
-        let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+        let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
         let slots = replay_live(&trace, &mr);
         let peak = vm.peak_mapped_bytes();
         mr.trim(0).unwrap();

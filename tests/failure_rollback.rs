@@ -16,8 +16,9 @@
 use proptest::prelude::*;
 use rrmm::resource::{SimulatedVirtualMemory, VirtualMemory, DEFAULT_PAGE_SIZE};
 use rrmm::{
-    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
-    Footprint, MemoryResource, PoolMemoryResource, SimulatedMemoryResource, Stream,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, ExpandableSizes,
+    FixedSizeMemoryResource, Footprint, MemoryResource, PoolMemoryResource,
+    SimulatedMemoryResource, Stream,
 };
 use std::sync::Arc;
 
@@ -123,7 +124,7 @@ fn subject(kind: usize) -> Subject {
             let vm = Arc::new(
                 SimulatedVirtualMemory::new(CAPACITY, 4 * CAPACITY, DEFAULT_PAGE_SIZE).unwrap(),
             );
-            let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+            let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
             Subject {
                 mr: Arc::new(mr.clone()),
                 source_used: Box::new(move || vm.mapped_bytes()),

@@ -18,8 +18,8 @@ use proptest::prelude::*;
 use rrmm::report::BlockState;
 use rrmm::resource::{SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
 use rrmm::{
-    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, Footprint,
-    MemoryResource, PoolMemoryResource, SegmentInfo, SimulatedMemoryResource, Stream,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, ExpandableSizes,
+    Footprint, MemoryResource, PoolMemoryResource, SegmentInfo, SimulatedMemoryResource, Stream,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -183,7 +183,7 @@ fn pool() -> PoolMemoryResource {
 
 fn expandable() -> ExpandableMemoryResource {
     let vm = Arc::new(SimulatedVirtualMemory::new(64 * MIB, 256 * MIB, DEFAULT_PAGE_SIZE).unwrap());
-    ExpandableMemoryResource::new(vm, None, None, None).unwrap()
+    ExpandableMemoryResource::new(vm, ExpandableSizes::default()).unwrap()
 }
 
 proptest! {

@@ -4,7 +4,7 @@
 //! --ignored`).
 
 use rrmm::cuda::{self, OwnedStream};
-use rrmm::suballocator::ExpandableMemoryResource;
+use rrmm::suballocator::{ExpandableMemoryResource, ExpandableOptions, ExpandableSizes};
 use rrmm::{MemoryResource, Stream};
 use std::sync::{Arc, Barrier};
 
@@ -15,7 +15,15 @@ const MIB: usize = 1 << 20;
 
 fn expandable(maximum: Option<usize>) -> ExpandableMemoryResource {
     let _ctx = cuda::ContextGuard::new(0).expect("a CUDA device");
-    ExpandableMemoryResource::on_device(0, None, None, None, maximum, None).expect("VMM support")
+    let sizes = ExpandableSizes {
+        maximum_pool_size: maximum,
+        ..ExpandableSizes::default()
+    };
+    let options = ExpandableOptions {
+        sizes,
+        ..ExpandableOptions::default()
+    };
+    ExpandableMemoryResource::on_device(0, options).expect("VMM support")
 }
 
 /// Checks `size` bytes at `ptr` all equal `value` (synchronously on `stream`).
@@ -160,16 +168,11 @@ fn spilled_blocks_keep_their_bytes_and_promote_to_the_device() {
     let hog_bytes = free.saturating_sub(2 * GIB);
     let hog = rrmm::resource::CudaMemoryResource::new().unwrap();
     let hog_ptr = hog.allocate(hog_bytes, Stream::DEFAULT).unwrap();
-    let mr = ExpandableMemoryResource::on_device_spilling(
-        0,
-        Some(8 * GIB),
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-    .expect("VMM support");
+    let options = ExpandableOptions {
+        spill_to_host: Some(8 * GIB),
+        ..ExpandableOptions::default()
+    };
+    let mr = ExpandableMemoryResource::on_device(0, options).expect("VMM support");
     let blocks: Vec<(usize, u8)> = (0..4u8)
         .map(|i| (mr.allocate(GIB, Stream::DEFAULT).unwrap(), 0x30 + i))
         .collect();

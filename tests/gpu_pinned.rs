@@ -5,7 +5,7 @@
 use rrmm::cuda::{self, OwnedStream};
 use rrmm::os::host_pages::{numa_node_count, numa_node_of};
 use rrmm::resource::{HostVirtualMemory, PinnedOptions, VirtualMemory};
-use rrmm::suballocator::ExpandableMemoryResource;
+use rrmm::suballocator::{ExpandableMemoryResource, ExpandableSizes};
 use rrmm::{CudaMemoryResource, MemoryResource, PinnedHostMemoryResource, Stream};
 use std::sync::Arc;
 
@@ -86,7 +86,14 @@ fn the_expandable_pinned_pool_keeps_one_registration_per_run_and_copies_across_g
     let vm = Arc::new(
         HostVirtualMemory::new(1024 * MIB, Some(page), true, cuda::host_numa_node(0)).unwrap(),
     );
-    let pool = ExpandableMemoryResource::new(vm.clone(), Some(0), None, None).unwrap();
+    let pool = ExpandableMemoryResource::new(
+        vm.clone(),
+        ExpandableSizes {
+            initial_pool_size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let a = pool.allocate(40 * MIB, Stream::DEFAULT).unwrap();
     let b = pool.allocate(40 * MIB, Stream::DEFAULT).unwrap();
     assert_eq!(

@@ -4,7 +4,9 @@
 //! CUDA GPU and are ignored elsewhere (`cargo test --test gpu_sleep -- --ignored`).
 
 use rrmm::cuda::{self, Stream};
-use rrmm::suballocator::{sleep, DiscardFill, ExpandableMemoryResource, SleepTag};
+use rrmm::suballocator::{
+    sleep, DiscardFill, ExpandableMemoryResource, ExpandableOptions, SleepTag,
+};
 use rrmm::{MemoryResource, SharedResource, StatisticsResourceAdaptor};
 use std::sync::Arc;
 
@@ -27,7 +29,7 @@ fn all_equal(ptr: usize, size: usize, value: u8) -> bool {
 #[ignore = "needs a CUDA GPU"]
 fn device_bytes_survive_a_sleep_at_the_same_addresses() {
     let _ctx = cuda::ContextGuard::new(0).expect("a CUDA device");
-    let pool = ExpandableMemoryResource::on_device(0, None, None, None, None, None).unwrap();
+    let pool = ExpandableMemoryResource::on_device(0, ExpandableOptions::default()).unwrap();
     let top: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let sizes = [1000, 64 * MIB + 3, 300 * MIB, 256];
     let ptrs: Vec<usize> = sizes

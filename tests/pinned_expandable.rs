@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use rrmm::cuda::Stream;
 use rrmm::resource::{HostVirtualMemory, MemoryResource};
-use rrmm::suballocator::ExpandableMemoryResource;
+use rrmm::suballocator::{ExpandableMemoryResource, ExpandableSizes};
 use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
@@ -13,7 +13,14 @@ const PAGE: usize = 2 * MIB;
 
 fn pool(reserve: usize) -> ExpandableMemoryResource {
     let vm = HostVirtualMemory::new(reserve, Some(PAGE), false, None).unwrap();
-    ExpandableMemoryResource::new(Arc::new(vm), Some(0), None, None).unwrap()
+    ExpandableMemoryResource::new(
+        Arc::new(vm),
+        ExpandableSizes {
+            initial_pool_size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn free(mr: &ExpandableMemoryResource, ptrs: Vec<usize>, bytes: usize) {

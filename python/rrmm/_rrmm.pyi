@@ -533,6 +533,7 @@ def _host_pages_set_room_cap(nbytes: int | None) -> None: ...
 def _record_fields(name: str) -> list[str] | None: ...
 def _shared_gpu_join(
     mr: DeviceMemoryResource,
+    *,
     soft_share: int | str | None = None,
     hard_limit: int | str | None = None,
     name: str | None = None,

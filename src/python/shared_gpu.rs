@@ -71,45 +71,53 @@ fn text_arg(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<Str
     }
 }
 
-/// The options of `join` from Python's values, each checked for its type and units.
-fn options_from(
-    soft_share: Option<&Bound<'_, PyAny>>,
-    hard_limit: Option<&Bound<'_, PyAny>>,
-    name: Option<&Bound<'_, PyAny>>,
-    directory: Option<&Bound<'_, PyAny>>,
-    device_key: Option<&Bound<'_, PyAny>>,
-) -> PyResult<ShareOptions> {
+/// The options of `join` from a dict of them (`join`'s keywords, `reinitialize`'s `share_gpu`;
+/// `None`: none given), each checked for its key, type and units; `what` names the dict in the
+/// message of an unknown key.
+fn options_from(options: Option<&Bound<'_, PyDict>>, what: &str) -> PyResult<ShareOptions> {
+    let Some(dict) = options else {
+        return Ok(ShareOptions::default());
+    };
+    for key in dict.keys() {
+        let known = key
+            .extract::<String>()
+            .is_ok_and(|k| OPTIONS.contains(&k.as_str()));
+        if !known {
+            return Err(PyTypeError::new_err(format!(
+                "{what} has an unknown option {} (the options are {})",
+                key.repr().map_or("?".into(), |r| r.to_string()),
+                OPTIONS.join(", ")
+            )));
+        }
+    }
+    let get = |key: &str| dict.get_item(key);
     let directory =
-        match directory.filter(|v| !v.is_none()) {
+        match get("directory")?.filter(|v| !v.is_none()) {
             None => None,
             Some(d) => Some(d.extract::<std::path::PathBuf>().map_err(|_| {
                 PyTypeError::new_err("directory must be a str or an os.PathLike path")
             })?),
         };
     Ok(ShareOptions {
-        soft_share: size_arg(soft_share, "soft_share")?,
-        hard_limit: size_arg(hard_limit, "hard_limit")?,
-        name: text_arg(name, "name")?,
+        soft_share: size_arg(get("soft_share")?.as_ref(), "soft_share")?,
+        hard_limit: size_arg(get("hard_limit")?.as_ref(), "hard_limit")?,
+        name: text_arg(get("name")?.as_ref(), "name")?,
         directory,
-        device_key: text_arg(device_key, "device_key")?,
+        device_key: text_arg(get("device_key")?.as_ref(), "device_key")?,
     })
 }
 
-/// `_shared_gpu_join(mr, soft_share=None, hard_limit=None, name=None, directory=None,
+/// `_shared_gpu_join(mr, *, soft_share=None, hard_limit=None, name=None, directory=None,
 /// device_key=None) -> str`: joins the ledger of `mr`'s memory; returns its directory. Every
 /// option is checked before anything changes.
 #[pyfunction]
-#[pyo3(signature = (mr, soft_share=None, hard_limit=None, name=None, directory=None, device_key=None))]
+#[pyo3(signature = (mr, **options))]
 fn _shared_gpu_join(
     py: Python<'_>,
     mr: PyRef<'_, DeviceMemoryResource>,
-    soft_share: Option<&Bound<'_, PyAny>>,
-    hard_limit: Option<&Bound<'_, PyAny>>,
-    name: Option<&Bound<'_, PyAny>>,
-    directory: Option<&Bound<'_, PyAny>>,
-    device_key: Option<&Bound<'_, PyAny>>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
-    let options = options_from(soft_share, hard_limit, name, directory, device_key)?;
+    let options = options_from(options, "join")?;
     let inner = mr.inner.clone();
     let member = py_result(py.detach(move || shared_gpu::join(&inner, &options)))?;
     Ok(member.directory().display().to_string())
@@ -138,26 +146,7 @@ fn _shared_gpu_check_options(
                 options.repr().map_or("?".into(), |r| r.to_string())
             ))
         })?;
-        for key in dict.keys() {
-            let known = key
-                .extract::<String>()
-                .is_ok_and(|k| OPTIONS.contains(&k.as_str()));
-            if !known {
-                return Err(PyTypeError::new_err(format!(
-                    "share_gpu has an unknown option {} (the options are {})",
-                    key.repr().map_or("?".into(), |r| r.to_string()),
-                    OPTIONS.join(", ")
-                )));
-            }
-        }
-        let get = |k: &str| dict.get_item(k);
-        options_from(
-            get("soft_share")?.as_ref(),
-            get("hard_limit")?.as_ref(),
-            get("name")?.as_ref(),
-            get("directory")?.as_ref(),
-            get("device_key")?.as_ref(),
-        )?
+        options_from(Some(dict), "share_gpu")?
     };
     py_result(py.detach(move || {
         if devices.is_empty() {
@@ -238,10 +227,8 @@ fn _shared_gpu_status<'py>(
 /// figure).
 fn row<'py>(py: Python<'py>, e: &Entry, stale: bool) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    super::set_fields!(d, e;
-        pid, pid_ns, started, name, total, live, cached, soft_share, hard_limit,
-        hard_limit_from, idle, asleep, waiting, updated,
-    );
+    super::set_fields!(d, e.holder; pid, live, cached, soft_share, hard_limit, idle, asleep);
+    super::set_fields!(d, e; pid_ns, started, name, total, hard_limit_from, waiting, updated);
     let history = PyList::empty(py);
     for event in &e.history {
         history.append(event_dict(py, event)?)?;

@@ -13,7 +13,6 @@ use super::entry::{now, Entry, Event};
 use super::member::Member;
 use super::message::Message;
 use super::pending::Answered;
-use super::publishing::holder_of;
 use super::rules::{self, Holder, Step};
 use super::socket::SendError;
 use super::trust::{Asked, Holding};
@@ -113,7 +112,7 @@ impl Member {
             // drop from here.
             let before = self
                 .dir
-                .entry_of(entry.pid, entry.pid_ns, self.total)
+                .entry_of(entry.pid(), entry.pid_ns, self.total)
                 .map_or_else(|_| Holding::from(entry), |now| Holding::from(&now));
             let id = self
                 .pending
@@ -131,7 +130,7 @@ impl Member {
                     bytes: message,
                 },
             };
-            let to = self.dir.socket_path(entry.pid, entry.pid_ns);
+            let to = self.dir.socket_path(entry.pid(), entry.pid_ns);
             match self.socket.send_to(&message.encode(), &to) {
                 Ok(()) => open.push((id, entry)),
                 Err(e) => {
@@ -139,7 +138,7 @@ impl Member {
                     if matches!(e, SendError::Full) {
                         self.fell_silent(entry);
                     }
-                    round.unreachable.push((entry.pid, e.to_string()));
+                    round.unreachable.push((entry.pid(), e.to_string()));
                 }
             }
         }
@@ -156,7 +155,7 @@ impl Member {
             self.pending.close(id);
             if !answered.contains(&id) {
                 self.fell_silent(entry);
-                round.silent.push(entry.pid);
+                round.silent.push(entry.pid());
             }
         }
         round
@@ -167,14 +166,14 @@ impl Member {
     fn fell_silent(&self, entry: &Entry) {
         self.silent
             .lock()
-            .insert((entry.pid, entry.pid_ns), entry.updated);
+            .insert((entry.pid(), entry.pid_ns), entry.updated);
     }
 
     /// Whether the process of `entry` did not answer before and has not written its entry
     /// since (one that has is forgotten: it is asked again).
     fn still_silent(&self, entry: &Entry) -> bool {
         let mut silent = self.silent.lock();
-        let key = (entry.pid, entry.pid_ns);
+        let key = (entry.pid(), entry.pid_ns);
         match silent.get(&key) {
             Some(&updated) if entry.updated <= updated => true,
             Some(_) => {
@@ -206,7 +205,7 @@ impl Member {
             listing
                 .entries
                 .iter()
-                .any(|e| e.pid == pid && e.pid_ns == pid_ns)
+                .any(|e| e.pid() == pid && e.pid_ns == pid_ns)
         });
         let (others, skipped): (Vec<&Entry>, Vec<&Entry>) = listing
             .entries
@@ -214,7 +213,7 @@ impl Member {
             .filter(|e| !self.is_me(e))
             .partition(|e| !self.still_silent(e));
         if !skipped.is_empty() {
-            let skipped: Vec<u32> = skipped.iter().map(|e| e.pid).collect();
+            let skipped: Vec<u32> = skipped.iter().map(|e| e.pid()).collect();
             unanswered.words.push(format!(
                 "not asked: {} (no answer before, and no entry written since)",
                 pids(&skipped)
@@ -228,7 +227,7 @@ impl Member {
             .enumerate()
             .map(|(i, e)| Holder {
                 pid: i as u32 + 1,
-                ..holder_of(e)
+                ..e.holder
             })
             .collect();
         holders.push(Holder {
@@ -245,19 +244,19 @@ impl Member {
                 Step::Sleep { .. } => None,
             })
             .collect();
-        report.trim_asked = trims.iter().map(|e| e.pid).collect();
+        report.trim_asked = trims.iter().map(|e| e.pid()).collect();
         let round = self.request(&trims, Asked::Give, report.shortfall, TRIM_WAIT);
         unanswered.add(&round, TRIM_WAIT);
         report.trimmed += round.answers.iter().map(|a| a.bytes).sum::<u64>();
-        let mut asked: HashSet<(u32, u64)> = trims.iter().map(|e| (e.pid, e.pid_ns)).collect();
+        let mut asked: HashSet<(u32, u64)> = trims.iter().map(|e| (e.pid(), e.pid_ns)).collect();
         if report.trimmed < report.shortfall && report.shortfall > 0 {
             // Entries are up to a moment old: whoever was not asked may have cached since.
             let rest: Vec<&Entry> = others
                 .iter()
                 .copied()
-                .filter(|e| !asked.contains(&(e.pid, e.pid_ns)))
+                .filter(|e| !asked.contains(&(e.pid(), e.pid_ns)))
                 .collect();
-            asked.extend(rest.iter().map(|e| (e.pid, e.pid_ns)));
+            asked.extend(rest.iter().map(|e| (e.pid(), e.pid_ns)));
             let round = self.request(&rest, Asked::Give, report.shortfall, TRIM_WAIT);
             unanswered.add(&round, TRIM_WAIT);
             for answer in &round.answers {
@@ -284,7 +283,7 @@ impl Member {
                 if self.still_silent(entry) {
                     continue;
                 }
-                report.sleep_asked.push(entry.pid);
+                report.sleep_asked.push(entry.pid());
                 let wait = SLEEP_WAIT + Duration::from_secs(holds.min(self.total) / 2_000_000_000);
                 let missing = report.shortfall - report.trimmed - report.slept;
                 let round = self.request(&[entry], Asked::Sleep, missing, wait);

@@ -2,11 +2,12 @@
 //! others and never trusted blindly ([`Entry::parse`] refuses anything out of shape).
 
 use super::process::Identity;
+use super::rules::Holder;
 use serde::{Deserialize, Serialize};
 
 /// The entry format's version (2: the writer's pid namespace, in the entry and in its file's
-/// name).
-pub const VERSION: u32 = 2;
+/// name; 3: what it holds as one object, the share rules' [`Holder`]).
+pub const VERSION: u32 = 3;
 /// The largest entry file read (bytes): a bigger one is refused unread.
 pub const MAX_ENTRY_BYTES: u64 = 64 * 1024;
 /// The most history events an entry carries (the newest).
@@ -50,8 +51,9 @@ pub struct Event {
 pub struct Entry {
     /// [`VERSION`].
     pub version: u32,
-    /// Its process id in its pid namespace (the file's name).
-    pub pid: u32,
+    /// Its process id in its pid namespace (the file's name), what it holds and asked for, as
+    /// the share rules read them.
+    pub holder: Holder,
     /// Its pid namespace (the inode of `/proc/self/ns/pid`; the file's name).
     pub pid_ns: u64,
     /// When it started (clock ticks since boot, `/proc/<pid>/stat`): a process that died and
@@ -61,21 +63,9 @@ pub struct Entry {
     pub name: String,
     /// The device's bytes, as this process sees them.
     pub total: u64,
-    /// Bytes in use.
-    pub live: u64,
-    /// Bytes its pools keep free.
-    pub cached: u64,
-    /// The soft share it asked for.
-    pub soft_share: Option<u64>,
-    /// Its hard limit.
-    pub hard_limit: Option<u64>,
     /// Where the hard limit comes from: `"user"`, `"mps"` (the MPS pinned memory limit), or
     /// empty.
     pub hard_limit_from: String,
-    /// Whether it declared itself idle.
-    pub idle: bool,
-    /// Bytes of its data asleep on the host, put there by the ledger.
-    pub asleep: u64,
     /// Bytes it is waiting for now (0 when none).
     pub waiting: u64,
     /// When it last wrote the entry (seconds since the Unix epoch).
@@ -98,16 +88,32 @@ impl Entry {
     /// history. `total: None` checks the entry against the device size it names itself (a
     /// reader that does not know the device, such as `rrmm info`).
     pub fn parse(text: &str, pid: u32, pid_ns: u64, total: Option<u64>) -> Result<Entry, Refused> {
-        let entry: Entry =
-            serde_json::from_str(text).map_err(|e| Refused(format!("not a ledger entry: {e}")))?;
+        /// The version alone, read first: an entry of another version may have other fields.
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: u32,
+        }
+        let not_entry = |e: serde_json::Error| Refused(format!("not a ledger entry: {e}"));
+        let Versioned { version } = serde_json::from_str(text).map_err(not_entry)?;
+        if version != VERSION {
+            return Err(Refused(format!(
+                "version {version} (this rrmm reads version {VERSION})"
+            )));
+        }
+        let entry: Entry = serde_json::from_str(text).map_err(not_entry)?;
         entry.check(pid, pid_ns, total.unwrap_or(entry.total))?;
         Ok(entry)
+    }
+
+    /// Its process id in its pid namespace (the file's name).
+    pub fn pid(&self) -> u32 {
+        self.holder.pid
     }
 
     /// The process it names.
     pub fn identity(&self) -> Identity {
         Identity {
-            pid: self.pid,
+            pid: self.pid(),
             pid_ns: self.pid_ns,
             started: self.started,
         }
@@ -121,17 +127,12 @@ impl Entry {
 
     fn check(&self, pid: u32, pid_ns: u64, total: u64) -> Result<(), Refused> {
         let refuse = |why: String| Err(Refused(why));
-        if self.version != VERSION {
-            return refuse(format!(
-                "version {} (this rrmm reads version {VERSION})",
-                self.version
-            ));
-        }
-        if self.pid != pid || pid == 0 || self.pid_ns != pid_ns {
+        let holder = &self.holder;
+        if holder.pid != pid || pid == 0 || self.pid_ns != pid_ns {
             return refuse(format!(
                 "the entry names process {} of pid namespace {} but is the file of process \
                  {pid} of {pid_ns}",
-                self.pid, self.pid_ns
+                holder.pid, self.pid_ns
             ));
         }
         if self.total != total {
@@ -143,19 +144,19 @@ impl Entry {
         // Live and cached memory of the device, and data asleep on the host: at most the
         // device each (memory of the device), the host copy at most 64 times it.
         for (field, value, bound) in [
-            ("live", self.live, total),
-            ("cached", self.cached, total),
+            ("live", holder.live, total),
+            ("cached", holder.cached, total),
             ("waiting", self.waiting, total),
-            ("asleep", self.asleep, total.saturating_mul(64)),
+            ("asleep", holder.asleep, total.saturating_mul(64)),
         ] {
             if value > bound {
                 return refuse(format!("{field} = {value} bytes, beyond {bound}"));
             }
         }
-        if self.live.saturating_add(self.cached) > total {
+        if holder.held() > total {
             return refuse(format!(
                 "live + cached = {} bytes, beyond the device's {total}",
-                self.live.saturating_add(self.cached)
+                holder.held()
             ));
         }
         if self.name.chars().count() > MAX_NAME || self.name.chars().any(char::is_control) {
@@ -181,18 +182,15 @@ impl Entry {
     pub(crate) fn of(who: Identity, total: u64) -> Entry {
         Entry {
             version: VERSION,
-            pid: who.pid,
+            holder: Holder {
+                pid: who.pid,
+                ..Holder::default()
+            },
             pid_ns: who.pid_ns,
             started: who.started,
             name: "test".into(),
             total,
-            live: 0,
-            cached: 0,
-            soft_share: None,
-            hard_limit: None,
             hard_limit_from: String::new(),
-            idle: false,
-            asleep: 0,
             waiting: 0,
             updated: now().round(),
             history: Vec::new(),
@@ -211,15 +209,19 @@ mod tests {
             pid_ns: 9,
             started: 7,
         };
-        Entry {
+        let mut e = Entry {
             name: "worker".into(),
-            live: 300,
-            cached: 100,
-            hard_limit: Some(900),
             hard_limit_from: "user".into(),
             updated: 1.0,
             ..Entry::of(who, 1000)
-        }
+        };
+        e.holder = Holder {
+            live: 300,
+            cached: 100,
+            hard_limit: Some(900),
+            ..e.holder
+        };
+        e
     }
 
     #[test]
@@ -234,10 +236,14 @@ mod tests {
         assert!(why(&text, 42, 999).contains("device"));
         assert!(why("{", 42, 1000).contains("not a ledger entry"));
         let mut big = e.clone();
-        big.live = 2000;
+        big.holder.live = 2000;
         assert!(why(&serde_json::to_string(&big).unwrap(), 42, 1000).contains("live"));
         let extra = text.replacen('{', "{\"owner\":\"root\",", 1);
         assert!(why(&extra, 42, 1000).contains("unknown field"));
+        let older = text.replacen("\"version\":3", "\"version\":2", 1);
+        assert!(why(&older, 42, 1000).contains("version 2 (this rrmm reads version 3)"));
+        let extra_held = text.replacen("\"holder\":{", "\"holder\":{\"owner\":\"root\",", 1);
+        assert!(why(&extra_held, 42, 1000).contains("unknown field"));
     }
 
     proptest! {
@@ -246,16 +252,16 @@ mod tests {
         #[test]
         fn any_text_is_parsed_or_refused(text in ".{0,300}", pid in 1u32..100) {
             if let Ok(e) = Entry::parse(&text, pid, 9, Some(1000)) {
-                prop_assert!(e.live + e.cached <= 1000);
+                prop_assert!(e.holder.live + e.holder.cached <= 1000);
             }
         }
 
         #[test]
         fn any_figures_are_checked(live in any::<u64>(), cached in any::<u64>(), asleep in any::<u64>()) {
             let mut e = entry();
-            e.live = live;
-            e.cached = cached;
-            e.asleep = asleep;
+            e.holder.live = live;
+            e.holder.cached = cached;
+            e.holder.asleep = asleep;
             let text = serde_json::to_string(&e).unwrap();
             let ok = live.checked_add(cached).is_some_and(|s| s <= 1000) && asleep <= 64_000;
             prop_assert_eq!(Entry::parse(&text, 42, 9, Some(1000)).is_ok(), ok);

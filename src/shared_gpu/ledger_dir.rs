@@ -257,7 +257,7 @@ impl LedgerDir {
     pub fn write(&self, entry: &Entry) -> std::io::Result<()> {
         let tmp = self
             .path
-            .join(format!(".{}-{}.json.tmp", entry.pid, entry.pid_ns));
+            .join(format!(".{}-{}.json.tmp", entry.pid(), entry.pid_ns));
         let text = serde_json::to_vec(entry).map_err(std::io::Error::other)?;
         let _ = fs::remove_file(&tmp);
         let mut file = fs::OpenOptions::new()
@@ -267,7 +267,7 @@ impl LedgerDir {
             .open(&tmp)?;
         file.write_all(&text)?;
         drop(file);
-        fs::rename(&tmp, self.entry_path(entry.pid, entry.pid_ns))
+        fs::rename(&tmp, self.entry_path(entry.pid(), entry.pid_ns))
     }
 
     /// Removes the entry and socket of process `pid` of pid namespace `pid_ns`.
@@ -377,20 +377,20 @@ impl LedgerDir {
                 process::process_started,
             ) {
                 Fate::Alive => listing.entries.push(entry),
-                Fate::Gone if remove_gone => self.remove(entry.pid, entry.pid_ns),
+                Fate::Gone if remove_gone => self.remove(entry.pid(), entry.pid_ns),
                 Fate::Gone => listing.refused.push((
                     name,
                     format!(
                         "process {} is gone (a member of the ledger removes its entry)",
-                        entry.pid
+                        entry.pid()
                     ),
                 )),
                 Fate::Unseen if entry.age(now) > STALE_AFTER => listing.stale.push(entry),
                 Fate::Unseen => listing.entries.push(entry),
             }
         }
-        listing.entries.sort_by_key(|e| (e.pid, e.pid_ns));
-        listing.stale.sort_by_key(|e| (e.pid, e.pid_ns));
+        listing.entries.sort_by_key(|e| (e.pid(), e.pid_ns));
+        listing.stale.sort_by_key(|e| (e.pid(), e.pid_ns));
         listing
     }
 }
@@ -454,12 +454,12 @@ mod tests {
     }
 
     fn entry_of(me: Identity) -> Entry {
-        Entry {
+        let mut e = Entry {
             name: "me".into(),
-            live: 1,
-            cached: 2,
             ..Entry::of(me, 1000)
-        }
+        };
+        (e.holder.live, e.holder.cached) = (1, 2);
+        e
     }
 
     #[test]
@@ -470,7 +470,7 @@ mod tests {
         dir.write(&me).unwrap();
         // A dead process (started at another time).
         let mut dead = me.clone();
-        dead.pid = 1;
+        dead.holder.pid = 1;
         dead.started = 0;
         dir.write(&dead).unwrap();
         let ns = me.pid_ns;

@@ -119,7 +119,7 @@ impl Member {
 
     /// Whether `entry` is this process's.
     pub(super) fn is_me(&self, entry: &super::entry::Entry) -> bool {
-        entry.pid == self.me.pid && entry.pid_ns == self.me.pid_ns
+        entry.pid() == self.me.pid && entry.pid_ns == self.me.pid_ns
     }
 }
 

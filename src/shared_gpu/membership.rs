@@ -241,17 +241,13 @@ mod tests {
         // A peer as its entry names it: process 1 of another pid namespace (never judged dead
         // from here), 300 MiB cached; its socket is this test's.
         let ns = m.me.pid_ns + 1;
-        let peer = Entry {
-            cached: 300 * MIB,
-            ..Entry::of(
-                process::Identity {
-                    pid: 1,
-                    pid_ns: ns,
-                    started: 5,
-                },
-                1 << 30,
-            )
+        let who = process::Identity {
+            pid: 1,
+            pid_ns: ns,
+            started: 5,
         };
+        let mut peer = Entry::of(who, 1 << 30);
+        peer.holder.cached = 300 * MIB;
         m.dir.write(&peer).unwrap();
         let socket = LedgerSocket::bind(&m.dir.socket_path(1, ns)).unwrap();
         // Every request answered with all it asks for and its entry emptied, but from this

@@ -209,11 +209,18 @@ mod tests {
         pending.route(id, claimed, "", creds(from), &judge)
     }
 
+    /// A table seeded with `seed` and one request of kind `asked` open to `PEER`: the table,
+    /// where the request's answer arrives, and its id.
+    fn one_open(seed: u64, asked: Asked) -> (Pending, mpsc::Receiver<Answered>, u64) {
+        let pending = Pending::new(seed);
+        let (tx, rx) = mpsc::channel();
+        let id = pending.open(PEER, asked, BEFORE, tx);
+        (pending, rx, id)
+    }
+
     #[test]
     fn answers_go_to_their_asker_only_from_the_process_asked() {
-        let pending = Pending::new(41);
-        let (tx, rx) = mpsc::channel();
-        let id = pending.open(PEER, Asked::Give, BEFORE, tx);
+        let (pending, rx, id) = one_open(41, Asked::Give);
         // Another process answering with the right id: refused, the request still waits.
         assert!(matches!(
             route(&pending, id, 500, 12, 0),
@@ -237,9 +244,7 @@ mod tests {
 
     #[test]
     fn an_absurd_claim_is_refused_and_ends_the_wait_with_nothing() {
-        let pending = Pending::new(0);
-        let (tx, rx) = mpsc::channel();
-        let id = pending.open(PEER, Asked::Sleep, BEFORE, tx);
+        let (pending, rx, id) = one_open(0, Asked::Sleep);
         assert!(matches!(
             route(&pending, id, 1 << 63, 11, 0),
             Routed::Refused { .. }

@@ -15,19 +15,6 @@ const HISTORY_KEPT: usize = 256;
 /// How often the entry is written when nothing happens.
 pub(super) const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
-/// The rules' view of an entry.
-pub(super) fn holder_of(e: &Entry) -> Holder {
-    Holder {
-        pid: e.pid,
-        live: e.live,
-        cached: e.cached,
-        soft_share: e.soft_share,
-        hard_limit: e.hard_limit,
-        idle: e.idle,
-        asleep: e.asleep,
-    }
-}
-
 impl Member {
     /// This process's holder row now.
     pub(super) fn me(&self) -> Holder {
@@ -48,20 +35,19 @@ impl Member {
         let me = self.me();
         let history = self.history.lock();
         let skip = history.len().saturating_sub(HISTORY_IN_ENTRY);
+        let live = me.live.min(self.total);
         Entry {
             version: VERSION,
-            pid: self.me.pid,
+            holder: Holder {
+                live,
+                cached: me.cached.min(self.total - live),
+                ..me
+            },
             pid_ns: self.me.pid_ns,
             started: self.me.started,
             name: self.name.clone(),
             total: self.total,
-            live: me.live.min(self.total),
-            cached: me.cached.min(self.total - me.live.min(self.total)),
-            soft_share: self.soft_share,
-            hard_limit: self.hard_limit,
             hard_limit_from: self.hard_limit_from.clone(),
-            idle: me.idle,
-            asleep: me.asleep,
             waiting: self.waiting.load(Ordering::Relaxed).min(self.total),
             updated: now(),
             history: history.iter().skip(skip).cloned().collect(),
@@ -105,7 +91,7 @@ impl Member {
     /// refused after asking).
     pub fn describe(&self) -> String {
         let listing = self.listing();
-        let holders: Vec<Holder> = listing.entries.iter().map(holder_of).collect();
+        let holders: Vec<Holder> = listing.entries.iter().map(|e| e.holder).collect();
         let shares = rules::soft_shares(self.total, &holders);
         let gib = |b: u64| crate::report::human_bytes(b as usize);
         let rows: Vec<String> = listing
@@ -113,20 +99,21 @@ impl Member {
             .iter()
             .zip(shares)
             .map(|(e, share)| {
+                let h = &e.holder;
                 let mut row = format!(
                     "pid {}{} ({}) live {}, cached {}, share {}",
-                    e.pid,
+                    h.pid,
                     if self.is_me(e) { " (this one)" } else { "" },
                     e.name,
-                    gib(e.live),
-                    gib(e.cached),
+                    gib(h.live),
+                    gib(h.cached),
                     gib(share)
                 );
-                if e.idle {
+                if h.idle {
                     row.push_str(", idle");
                 }
-                if e.asleep > 0 {
-                    row.push_str(&format!(", {} asleep on the host", gib(e.asleep)));
+                if h.asleep > 0 {
+                    row.push_str(&format!(", {} asleep on the host", gib(h.asleep)));
                 }
                 row
             })
@@ -150,7 +137,7 @@ impl Member {
         let held: u64 = listing
             .entries
             .iter()
-            .map(|e| e.live.saturating_add(e.cached))
+            .map(|e| e.holder.held())
             .fold(0, u64::saturating_add);
         self.total.saturating_sub(held)
     }
@@ -162,7 +149,7 @@ impl Member {
             .entries
             .iter()
             .filter(|e| !self.is_me(e))
-            .map(holder_of)
+            .map(|e| e.holder)
             .collect();
         holders.push(self.me());
         holders

@@ -15,8 +15,11 @@
 //! - A hard limit is never passed: an allocation that would take the process past its own is
 //!   refused before anyone is asked.
 
-/// One process as the ledger shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+use serde::{Deserialize, Serialize};
+
+/// One process as the ledger shows it (the part of its entry the rules read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Holder {
     /// Its process id.
     pub pid: u32,
@@ -215,10 +218,8 @@ mod tests {
             pid,
             live,
             cached,
-            soft_share: None,
-            hard_limit: None,
             idle,
-            asleep: 0,
+            ..Holder::default()
         }
     }
 
@@ -260,15 +261,11 @@ mod tests {
         let me = holder(1, 0, 0, false);
         let busy_big = holder(2, 50, 0, false);
         let idle_small = holder(3, 30, 0, true);
-        let p = plan(
-            90,
-            &[me.clone(), busy_big.clone(), idle_small.clone()],
-            1,
-            10,
-        );
+        let mut holders = vec![me, busy_big, idle_small];
+        let p = plan(90, &holders, 1, 10);
         assert!(!p.covers && p.steps.is_empty(), "{p:?}");
-        let idle_big = holder(4, 45, 0, true);
-        let p = plan(90, &[me, busy_big, idle_small, idle_big], 1, 10);
+        holders.push(holder(4, 45, 0, true)); // idle and big
+        let p = plan(90, &holders, 1, 10);
         assert_eq!(p.steps, vec![Step::Sleep { pid: 4, bytes: 45 }]);
     }
 
@@ -312,13 +309,8 @@ mod tests {
             rows.into_iter()
                 .enumerate()
                 .map(|(i, (live, cached, share, idle))| Holder {
-                    pid: i as u32 + 1,
-                    live,
-                    cached,
                     soft_share: share,
-                    hard_limit: None,
-                    idle,
-                    asleep: 0,
+                    ..holder(i as u32 + 1, live, cached, idle)
                 })
                 .collect()
         })

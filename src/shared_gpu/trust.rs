@@ -40,10 +40,11 @@ pub struct Holding {
 
 impl From<&Entry> for Holding {
     fn from(e: &Entry) -> Holding {
+        let h = &e.holder;
         Holding {
-            live: e.live,
-            cached: e.cached,
-            asleep: e.asleep,
+            live: h.live,
+            cached: h.cached,
+            asleep: h.asleep,
         }
     }
 }

@@ -6,7 +6,10 @@ use super::{human, BlockRounding, Plan, StackOptions, Target, DEFAULT_BINS};
 use crate::error::{Error, Result};
 use crate::resource::PlacementMode;
 use crate::resource::ALLOCATION_ALIGNMENT;
-use crate::suballocator::{ManagedOptions, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+use crate::suballocator::{
+    ExpandableOptions, ExpandableSizes, ManagedOptions, DEFAULT_BLOCKS_TO_PREALLOCATE,
+    DEFAULT_BLOCK_SIZE,
+};
 
 /// What a built stack's report says: its setup in words, its pool sizes (initial, maximum) and
 /// its arena size, where it has them.
@@ -369,17 +372,22 @@ fn expandable(
     on: ExpandableOn,
 ) -> Layer {
     Layer::Expandable {
-        initial_pool_size: options.initial_pool_size,
-        maximum_pool_size: options.maximum_pool_size,
-        release_threshold: options.release_threshold,
-        page_size,
         on: match target {
             Target::Simulated(size) => ExpandableOn::Simulated(size),
             Target::Device => on,
         },
-        spill_to_host: match (target, on) {
-            (Target::Device, ExpandableOn::Device) => options.spill_to_host,
-            _ => None,
+        options: ExpandableOptions {
+            sizes: ExpandableSizes {
+                initial_pool_size: options.initial_pool_size,
+                maximum_pool_size: options.maximum_pool_size,
+                release_threshold: options.release_threshold,
+            },
+            reserve_size: None,
+            page_size,
+            spill_to_host: match (target, on) {
+                (Target::Device, ExpandableOn::Device) => options.spill_to_host,
+                _ => None,
+            },
         },
     }
 }

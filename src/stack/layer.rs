@@ -11,11 +11,11 @@ use crate::cuda::PoolExport;
 use crate::error::{Error, Result};
 use crate::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PeerMemoryResource, PinnedHostMemoryResource,
-    SharedResource, SimulatedMemoryResource, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE,
+    SharedResource, SimulatedMemoryResource,
 };
 use crate::suballocator::{
-    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, FixedSizeMemoryResource,
-    ManagedMemoryResource, ManagedOptions, PoolMemoryResource, DEFAULT_RESERVE_FACTOR,
+    ArenaMemoryResource, BinningMemoryResource, ExpandableMemoryResource, ExpandableOptions,
+    FixedSizeMemoryResource, ManagedMemoryResource, ManagedOptions, PoolMemoryResource,
 };
 use crate::{CheckedResourceAdaptor, MemoryResource};
 use std::sync::Arc;
@@ -63,18 +63,10 @@ pub enum Layer {
     },
     /// An expandable pool on one virtual range.
     Expandable {
-        /// Bytes mapped at once.
-        initial_pool_size: Option<usize>,
-        /// The most bytes mapped.
-        maximum_pool_size: Option<usize>,
-        /// Free bytes above which a free unmaps pages.
-        release_threshold: Option<usize>,
-        /// Bytes per mapping.
-        page_size: Option<usize>,
         /// Where it maps.
         on: ExpandableOn,
-        /// On a device: the most bytes of host pages it spills to (none: it never spills).
-        spill_to_host: Option<usize>,
+        /// Its sizes (and on a device, the most bytes of host pages it spills to).
+        options: ExpandableOptions,
     },
     /// A coalescing pool over the layer below.
     Pool {
@@ -418,44 +410,15 @@ impl Layer {
                 };
                 Handle::Peer(sources.make(PeerMemoryResource::new(device, peer)?), peer)
             }
-            Layer::Expandable {
-                initial_pool_size: initial,
-                maximum_pool_size: maximum,
-                release_threshold: threshold,
-                page_size,
-                on,
-                spill_to_host,
-            } => {
-                let (initial, maximum, threshold) = (*initial, *maximum, *threshold);
+            Layer::Expandable { on, options } => {
                 use ExpandableMemoryResource as E;
+                let options = *options;
                 Handle::Expandable(match *on {
-                    ExpandableOn::Simulated(capacity) => ExpandableMemoryResource::new(
-                        Arc::new(SimulatedVirtualMemory::new(
-                            capacity,
-                            capacity.saturating_mul(DEFAULT_RESERVE_FACTOR),
-                            page_size.unwrap_or(DEFAULT_PAGE_SIZE),
-                        )?),
-                        initial,
-                        maximum,
-                        threshold,
-                    )?,
-                    ExpandableOn::PinnedHost | ExpandableOn::Device => {
-                        let (d, p) = (crate::cuda::current_device()?, *page_size);
-                        match on {
-                            ExpandableOn::PinnedHost => {
-                                E::on_pinned_host(d, None, p, initial, maximum, threshold)?
-                            }
-                            _ => E::on_device_spilling(
-                                d,
-                                *spill_to_host,
-                                None,
-                                p,
-                                initial,
-                                maximum,
-                                threshold,
-                            )?,
-                        }
+                    ExpandableOn::Simulated(capacity) => E::on_simulated(capacity, options)?,
+                    ExpandableOn::PinnedHost => {
+                        E::on_pinned_host(crate::cuda::current_device()?, options)?
                     }
+                    ExpandableOn::Device => E::on_device(crate::cuda::current_device()?, options)?,
                 })
             }
             Layer::Pool {

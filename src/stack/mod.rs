@@ -87,10 +87,9 @@ pub struct StackOptions {
     /// to the current one).
     pub peer_device: Option<usize>,
     /// `expandable` on the device: spill to at most this many bytes of host pages when the
-    /// device is full ([`ExpandableMemoryResource::on_device_spilling`]; no spill on simulated
-    /// memory).
+    /// device is full ([`ExpandableOptions::spill_to_host`]; no spill on simulated memory).
     ///
-    /// [`ExpandableMemoryResource::on_device_spilling`]: crate::suballocator::ExpandableMemoryResource::on_device_spilling
+    /// [`ExpandableOptions::spill_to_host`]: crate::suballocator::ExpandableOptions::spill_to_host
     pub spill_to_host: Option<usize>,
 }
 

@@ -28,7 +28,7 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
     CallProfile, CudaVirtualMemory, HostVirtualMemory, MemoryKind, MemoryResource, PoolReport,
-    VirtualMemory, ALLOCATION_ALIGNMENT,
+    SimulatedVirtualMemory, VirtualMemory, ALLOCATION_ALIGNMENT, DEFAULT_PAGE_SIZE,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -43,6 +43,57 @@ pub const DEFAULT_RESERVE_FACTOR: usize = 4;
 /// pool's 0.12 (H100, W11 at 0.9x); PyTorch's expandable segments map 20 MiB pages for large
 /// blocks. `trim` gives memory back in whole pages.
 pub const DEFAULT_DEVICE_PAGE_SIZE: usize = 32 << 20;
+
+/// An expandable pool's own sizes, whatever memory it maps ([`new`](ExpandableMemoryResource::new));
+/// `None`, and [`Default`], is each one's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpandableSizes {
+    /// Bytes mapped at once (default 0).
+    pub initial_pool_size: Option<usize>,
+    /// The most bytes mapped (default: as much as the memory holds).
+    pub maximum_pool_size: Option<usize>,
+    /// Free bytes above which a free unmaps free pages at once (default: they stay mapped until
+    /// [`trim`](ExpandableMemoryResource::trim)).
+    pub release_threshold: Option<usize>,
+}
+
+/// An expandable pool's sizes and those of the memory its constructors make for it
+/// ([`on_device`], [`on_pinned_host`], [`on_simulated`]); `None`, and [`Default`], is each one's
+/// default.
+///
+/// [`on_device`]: ExpandableMemoryResource::on_device
+/// [`on_pinned_host`]: ExpandableMemoryResource::on_pinned_host
+/// [`on_simulated`]: ExpandableMemoryResource::on_simulated
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpandableOptions {
+    /// The pool's sizes.
+    pub sizes: ExpandableSizes,
+    /// Bytes of addresses reserved (default: [`DEFAULT_RESERVE_FACTOR`] times the device's
+    /// memory).
+    pub reserve_size: Option<usize>,
+    /// Bytes per mapping (default on a device: [`DEFAULT_DEVICE_PAGE_SIZE`], rounded up to its
+    /// granularity).
+    pub page_size: Option<usize>,
+    /// On a device: when it is full, spill to at most this many bytes of host pages (see
+    /// [`CudaVirtualMemory::with_host_spill`]; default: it never spills).
+    pub spill_to_host: Option<usize>,
+}
+
+impl ExpandableOptions {
+    /// Bytes of host addresses to reserve: [`reserve_size`](Self::reserve_size), else the
+    /// maximum, else the host's memory.
+    ///
+    /// # Errors
+    /// [`Error::Logic`] when neither is given and the host's memory size is unknown.
+    pub fn host_reserve(&self) -> Result<usize> {
+        match self.reserve_size.or(self.sizes.maximum_pool_size) {
+            Some(r) => Ok(r),
+            None => Ok(crate::os::host_pages::host_memory_info()
+                .ok_or_else(|| Error::Logic("the host's memory size is unknown".into()))?
+                .1),
+        }
+    }
+}
 
 /// A stream-ordered, coalescing pool on one virtual address range whose physical pages are
 /// mapped as it grows and unmapped by [`trim`](ExpandableMemoryResource::trim) (PyTorch's
@@ -87,113 +138,60 @@ struct Inner {
 super::core::relieve_by_core!(Inner, held: |inner| inner.vm.mapped_bytes());
 
 impl ExpandableMemoryResource {
-    /// An expandable pool on device `device`: `reserve_size` bytes of addresses (default
-    /// [`DEFAULT_RESERVE_FACTOR`] times the device's memory), pages of `page_size` bytes (default
-    /// 32 MiB), `initial_pool_size` bytes mapped at once (default 0),
-    /// at most `maximum_pool_size` bytes mapped, and free memory above `release_threshold` bytes
-    /// unmapped after a free (default: kept until [`trim`](Self::trim)).
+    /// An expandable pool on device `device` with the sizes of `options`; it spills to host
+    /// pages when the device is full where [`ExpandableOptions::spill_to_host`] is given
+    /// ([`promote`](Self::promote) moves them back).
     ///
     /// # Errors
     /// No driver, a bad device, a device without virtual memory management, the CUDA error of
     /// the reservation, or out of memory for the initial size.
-    pub fn on_device(
-        device: usize,
-        reserve_size: Option<usize>,
-        page_size: Option<usize>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
-        release_threshold: Option<usize>,
-    ) -> Result<Self> {
-        Self::on_device_spilling(
-            device,
-            None,
-            reserve_size,
-            page_size,
-            initial_pool_size,
-            maximum_pool_size,
-            release_threshold,
-        )
-    }
-
-    /// As [`on_device`](Self::on_device), spilling to host pages when the device is full (at
-    /// most `spill_limit` bytes of them, where given: see
-    /// [`CudaVirtualMemory::with_host_spill`]); [`promote`](Self::promote) moves them back.
-    ///
-    /// # Errors
-    /// As [`on_device`](Self::on_device).
-    pub fn on_device_spilling(
-        device: usize,
-        spill_limit: Option<usize>,
-        reserve_size: Option<usize>,
-        page_size: Option<usize>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
-        release_threshold: Option<usize>,
-    ) -> Result<Self> {
-        let mut vm = device_memory(device, reserve_size, page_size)?;
-        if let Some(limit) = spill_limit {
+    pub fn on_device(device: usize, options: ExpandableOptions) -> Result<Self> {
+        let mut vm = device_memory(device, options.reserve_size, options.page_size)?;
+        if let Some(limit) = options.spill_to_host {
             vm = vm.with_host_spill(limit);
         }
-        Self::new(
-            Arc::new(vm),
-            initial_pool_size,
-            maximum_pool_size,
-            release_threshold,
-        )
+        Self::new(Arc::new(vm), options.sizes)
     }
 
     /// An expandable pool on pinned host memory for device `device` ([`HostVirtualMemory`]
-    /// registered with CUDA, pages on the device's host NUMA node): `reserve_size` bytes of
-    /// addresses (default: the maximum, else the host's memory), pages of `page_size` bytes
-    /// (default [`HOST_PAGE_SIZE`](crate::resource::HOST_PAGE_SIZE)); the other sizes as
-    /// [`on_device`](Self::on_device).
+    /// registered with CUDA, pages on the device's host NUMA node), with the sizes of `options`
+    /// (its defaults on the host: addresses for [`ExpandableOptions::host_reserve`], pages of
+    /// [`HOST_PAGE_SIZE`](crate::resource::HOST_PAGE_SIZE); it never spills).
     ///
     /// # Errors
     /// No driver, the host's memory size unknown, out of addresses or memory.
-    pub fn on_pinned_host(
-        device: usize,
-        reserve_size: Option<usize>,
-        page_size: Option<usize>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
-        release_threshold: Option<usize>,
-    ) -> Result<Self> {
-        let reserve = match reserve_size.or(maximum_pool_size) {
-            Some(r) => r,
-            None => {
-                crate::os::host_pages::host_memory_info()
-                    .ok_or_else(|| Error::Logic("the host's memory size is unknown".into()))?
-                    .1
-            }
-        };
-        let vm = HostVirtualMemory::pinned(device, reserve, page_size)?;
-        Self::new(
-            Arc::new(vm),
-            initial_pool_size,
-            maximum_pool_size,
-            release_threshold,
-        )
+    pub fn on_pinned_host(device: usize, options: ExpandableOptions) -> Result<Self> {
+        let vm = HostVirtualMemory::pinned(device, options.host_reserve()?, options.page_size)?;
+        Self::new(Arc::new(vm), options.sizes)
     }
 
-    /// An expandable pool over `vm` (see [`on_device`](Self::on_device) for the sizes).
+    /// An expandable pool on simulated virtual memory of `capacity` bytes (addresses only, for
+    /// CPU tests and sizing), with the sizes of `options` (its defaults there: addresses for
+    /// [`DEFAULT_RESERVE_FACTOR`] times the capacity, pages of
+    /// [`DEFAULT_PAGE_SIZE`](crate::resource::DEFAULT_PAGE_SIZE); it never spills).
+    ///
+    /// # Errors
+    /// As [`SimulatedVirtualMemory::new`](crate::resource::SimulatedVirtualMemory::new) and
+    /// [`new`](Self::new).
+    pub fn on_simulated(capacity: usize, options: ExpandableOptions) -> Result<Self> {
+        let vm = SimulatedVirtualMemory::new(
+            capacity,
+            options
+                .reserve_size
+                .unwrap_or(capacity.saturating_mul(DEFAULT_RESERVE_FACTOR)),
+            options.page_size.unwrap_or(DEFAULT_PAGE_SIZE),
+        )?;
+        Self::new(Arc::new(vm), options.sizes)
+    }
+
+    /// An expandable pool over `vm` with `sizes`.
     ///
     /// # Errors
     /// [`Error::Logic`] when a size is not a multiple of 256 or the initial size exceeds the
     /// maximum; out of memory when the initial size cannot be mapped.
-    pub fn new(
-        vm: Arc<dyn VirtualMemory>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
-        release_threshold: Option<usize>,
-    ) -> Result<Self> {
+    pub fn new(vm: Arc<dyn VirtualMemory>, sizes: ExpandableSizes) -> Result<Self> {
         let events = default_events_for(vm.kind(), vm.device());
-        Self::with_events(
-            vm,
-            initial_pool_size,
-            maximum_pool_size,
-            release_threshold,
-            events,
-        )
+        Self::with_stream_events(vm, sizes, events)
     }
 
     /// As [`new`](Self::new), with explicit cross-stream ordering (tests use a recording fake).
@@ -202,20 +200,14 @@ impl ExpandableMemoryResource {
     /// As [`new`](Self::new).
     pub fn with_stream_events(
         vm: Arc<dyn VirtualMemory>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
+        sizes: ExpandableSizes,
         events: Arc<dyn StreamEvents>,
     ) -> Result<Self> {
-        Self::with_events(vm, initial_pool_size, maximum_pool_size, None, events)
-    }
-
-    fn with_events(
-        vm: Arc<dyn VirtualMemory>,
-        initial_pool_size: Option<usize>,
-        maximum_pool_size: Option<usize>,
-        release_threshold: Option<usize>,
-        events: Arc<dyn StreamEvents>,
-    ) -> Result<Self> {
+        let ExpandableSizes {
+            initial_pool_size,
+            maximum_pool_size,
+            release_threshold,
+        } = sizes;
         for (name, size) in [
             ("Initial", initial_pool_size),
             ("Maximum", maximum_pool_size),

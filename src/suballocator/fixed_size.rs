@@ -102,10 +102,7 @@ impl FixedSizeMemoryResource {
         self.inner.core.pool_size()
     }
 
-    /// Number of free blocks, over all streams.
-    pub fn free_block_count(&self) -> usize {
-        self.inner.core.free_blocks()
-    }
+    super::core::free_figures!("held from the upstream");
 
     /// The upstream resource.
     pub fn upstream(&self) -> &SharedResource {
@@ -147,6 +144,7 @@ mod tests {
             unsafe { mr.deallocate(p, 10, Stream::DEFAULT) }.unwrap();
         }
         assert_eq!(mr.free_block_count(), 8);
+        assert_eq!((mr.free_bytes(), mr.largest_free_block()), (8192, 1024));
         assert_eq!(mr.name(), "fixed_size");
         drop(mr);
         assert_eq!(up.bytes_in_use(), 0);

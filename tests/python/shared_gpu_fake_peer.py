@@ -32,6 +32,29 @@ import threading
 import time
 from typing import Any
 
+#: An entry's fields that say what its process holds: its ``holder`` object (with its ``pid``).
+HELD = ("live", "cached", "soft_share", "hard_limit", "idle", "asleep")
+
+
+def entry(pid: int, ns: int, started: int, total: int, **fields: Any) -> dict[str, Any]:
+    """An entry of ledger version 3 of process ``pid`` of pid namespace ``ns``, written now,
+    holding nothing but ``fields`` (those of ``HELD`` in its ``holder``)."""
+    e: dict[str, Any] = {
+        "version": 3,
+        "holder": {"pid": pid, "live": 0, "cached": 0, "soft_share": None, "hard_limit": None,
+                   "idle": False, "asleep": 0},
+        "pid_ns": ns, "started": started, "name": "fake", "total": total,
+        "hard_limit_from": "", "waiting": 0, "updated": time.time(), "history": [],
+    }
+    update(e, **fields)
+    return e
+
+
+def update(e: dict[str, Any], **fields: Any) -> None:
+    """Sets ``fields`` of entry ``e`` (those of ``HELD`` in its ``holder``)."""
+    for k, v in fields.items():
+        (e["holder"] if k in HELD else e)[k] = v
+
 MAX_MESSAGE = 2048
 
 
@@ -48,12 +71,7 @@ class Fake:
     def __init__(self, directory: str, total: int) -> None:
         self.directory, self.total = directory, total
         self.pid, self.ns, self.started = identity()
-        self.entry: dict[str, Any] = {
-            "version": 2, "pid": self.pid, "pid_ns": self.ns, "started": self.started,
-            "name": "fake", "total": total, "live": 0, "cached": 0, "soft_share": None,
-            "hard_limit": None, "hard_limit_from": "", "idle": False, "asleep": 0,
-            "waiting": 0, "updated": 0.0, "history": [],
-        }
+        self.entry = entry(self.pid, self.ns, self.started, total)
         self.mode: dict[str, Any] = {"answer": "honest"}
         self.requests: list[dict[str, Any]] = []
         self.answers: dict[int, dict[str, Any]] = {}
@@ -69,8 +87,7 @@ class Fake:
 
     def write_entry(self, **fields: Any) -> None:
         with self.lock:
-            self.entry.update(fields)
-            self.entry["updated"] = time.time()
+            update(self.entry, **fields, updated=time.time())
             name = os.path.join(self.directory, f"{self.pid}-{self.ns}.json")
             tmp = os.path.join(self.directory, f".{self.pid}-{self.ns}.json.tmp")
             with open(tmp, "w") as f:
@@ -96,7 +113,7 @@ class Fake:
         how = mode["answer"]
         if how == "silent":
             return
-        given = int(self.entry["cached"])
+        given = int(self.entry["holder"]["cached"])
         if how == "claim":
             self.write_entry(**mode.get("after", {}))
             given = int(mode["given"])

@@ -25,6 +25,7 @@ import pytest
 import rrmm
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_gpu_fake_peer import entry
 
 MIB = 1 << 20
 PEER = Path(__file__).with_name("shared_gpu_peer.py")
@@ -231,14 +232,11 @@ def test_corrupt_and_hostile_files_are_refused_and_asks_go_on(
     me = sim_member(ledger)
     settled(me, lambda r: r[a.pid].cached == cached)
     dev = ledger / "simulated-1073741824"
-    (dev / entry_name(12345)).write_text('{"version": 2, "pid": 12345')
-    (dev / entry_name(23456)).write_text(json.dumps({"version": 2, "pid": 1}))
+    (dev / entry_name(12345)).write_text('{"version": 3, "holder": {"pid": 12345')
+    (dev / entry_name(23456)).write_text(json.dumps({"version": 3, "holder": {"pid": 1}}))
     os.mkfifo(dev / entry_name(34567))
     (dev / entry_name(45678)).symlink_to("/etc/hostname")
-    big = {"version": 2, "pid": 56789, "pid_ns": NS, "started": 0, "name": "x",
-           "total": 1 << 30, "live": 1 << 40, "cached": 0, "soft_share": None,
-           "hard_limit": None, "hard_limit_from": "", "idle": True, "asleep": 0, "waiting": 0,
-           "updated": 0.0, "history": []}
+    big = entry(56789, NS, 0, 1 << 30, live=1 << 40, idle=True, updated=0.0)
     (dev / entry_name(56789)).write_text(json.dumps(big))
     (dev / "67890.json").write_text(json.dumps({**big, "version": 1, "pid": 67890}))
     refused = dict(rrmm.shared_gpu.refused_files(me))

@@ -32,6 +32,7 @@ import pytest
 import rrmm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_gpu_fake_peer import entry
 from test_shared_gpu import NS, Peer, entry_name, settled
 
 MIB = 1 << 20
@@ -416,13 +417,10 @@ def test_a_stale_entry_of_another_namespace_is_shown_as_such_and_never_removed(
 ) -> None:
     me = member(ledger)
     dev = ledger / KEY
-    entry = {"version": 2, "pid": 1, "pid_ns": NS + 1, "started": 5, "name": "elsewhere",
-             "total": TOTAL, "live": 300 * MIB, "cached": 0, "soft_share": None,
-             "hard_limit": None, "hard_limit_from": "", "idle": True, "asleep": 0,
-             "waiting": 0, "updated": time.time() - 120, "history": []}
-    (dev / entry_name(1, NS + 1)).write_text(json.dumps(entry))
-    fresh = {**entry, "pid": 2, "updated": time.time()}
-    (dev / entry_name(2, NS + 1)).write_text(json.dumps(fresh))
+    fields = {"name": "elsewhere", "live": 300 * MIB, "idle": True}
+    stale = entry(1, NS + 1, 5, TOTAL, **fields, updated=time.time() - 120)
+    (dev / entry_name(1, NS + 1)).write_text(json.dumps(stale))
+    (dev / entry_name(2, NS + 1)).write_text(json.dumps(entry(2, NS + 1, 5, TOTAL, **fields)))
     rows = {r.pid: r for r in rrmm.shared_gpu.processes(me) if r.pid_ns == NS + 1}
     assert rows[1].stale and not rows[2].stale
     assert [r.pid for r in rrmm.shared_gpu.processes(me)][-1] == 1, "stale rows last"
@@ -439,11 +437,7 @@ def test_reading_the_ledgers_removes_nothing(ledger: Path) -> None:
     dead = int(done.stdout)
     dev = ledger / KEY
     dev.mkdir(mode=0o700)
-    entry = {"version": 2, "pid": dead, "pid_ns": NS, "started": 5, "name": "gone",
-             "total": TOTAL, "live": 0, "cached": 0, "soft_share": None, "hard_limit": None,
-             "hard_limit_from": "", "idle": False, "asleep": 0, "waiting": 0,
-             "updated": time.time(), "history": []}
-    (dev / entry_name(dead)).write_text(json.dumps(entry))
+    (dev / entry_name(dead)).write_text(json.dumps(entry(dead, NS, 5, TOTAL, name="gone")))
     ledgers = rrmm.shared_gpu.read_ledgers(ledger)
     refused = dict(ledgers[KEY]["refused"])
     assert "is gone" in refused[entry_name(dead)]

@@ -3,6 +3,7 @@
 use super::*;
 use crate::resource::sleep::{DiscardFill, SleepPlan};
 use crate::resource::HostVirtualMemory;
+use crate::suballocator::ExpandableSizes;
 use crate::test_support::free;
 use proptest::prelude::*;
 
@@ -12,7 +13,7 @@ const S: Stream = Stream::DEFAULT;
 /// An expandable pool over host virtual memory (real bytes).
 fn pool() -> ExpandableMemoryResource {
     let vm = HostVirtualMemory::new(64 * PAGE, Some(PAGE), false, None).unwrap();
-    ExpandableMemoryResource::new(Arc::new(vm), None, None, None).unwrap()
+    ExpandableMemoryResource::new(Arc::new(vm), ExpandableSizes::default()).unwrap()
 }
 
 fn holds(pool: &ExpandableMemoryResource, ptr: usize) -> bool {

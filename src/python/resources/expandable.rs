@@ -4,8 +4,10 @@
 use super::convert::opt_bytes_arg;
 use super::resource::DeviceMemoryResource;
 use crate::python::errors::py_result;
-use crate::resource::{HostVirtualMemory, SimulatedVirtualMemory, DEFAULT_PAGE_SIZE};
-use crate::suballocator::{ExpandableMemoryResource as RsExpandable, DEFAULT_RESERVE_FACTOR};
+use crate::resource::HostVirtualMemory;
+use crate::suballocator::{
+    ExpandableMemoryResource as RsExpandable, ExpandableOptions, ExpandableSizes,
+};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
@@ -62,13 +64,18 @@ impl ExpandableMemoryResource {
         spill_to_host: Option<&Bound<'_, PyAny>>,
         device_capacity: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let initial = opt_bytes_arg(initial_pool_size, "initial_pool_size")?;
-        let maximum = opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?;
-        let threshold = opt_bytes_arg(release_threshold, "release_threshold")?;
-        let reserve = opt_bytes_arg(reserve_size, "reserve_size")?;
-        let page = opt_bytes_arg(page_size, "page_size")?;
+        let mut options = ExpandableOptions {
+            sizes: ExpandableSizes {
+                initial_pool_size: opt_bytes_arg(initial_pool_size, "initial_pool_size")?,
+                maximum_pool_size: opt_bytes_arg(maximum_pool_size, "maximum_pool_size")?,
+                release_threshold: opt_bytes_arg(release_threshold, "release_threshold")?,
+            },
+            reserve_size: opt_bytes_arg(reserve_size, "reserve_size")?,
+            page_size: opt_bytes_arg(page_size, "page_size")?,
+            spill_to_host: None,
+        };
         let simulated = opt_bytes_arg(simulated_capacity, "simulated_capacity")?;
-        let spill = spill_limit(spill_to_host)?;
+        options.spill_to_host = spill_limit(spill_to_host)?;
         let capacity = opt_bytes_arg(device_capacity, "device_capacity")?;
         if capacity.is_some() && !pageable_host {
             return Err(pyo3::exceptions::PyValueError::new_err(
@@ -76,42 +83,26 @@ impl ExpandableMemoryResource {
                  pageable_host=True",
             ));
         }
-        if spill.is_some() && (simulated.is_some() || pinned_host) {
+        if options.spill_to_host.is_some() && (simulated.is_some() || pinned_host) {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "spill_to_host needs a device's memory (or pageable_host=True with \
                  device_capacity): simulated and pinned host memory do not spill",
             ));
         }
         let mr = py_result(py.detach(|| match simulated {
-            Some(capacity) => {
-                let vm = SimulatedVirtualMemory::new(
-                    capacity,
-                    reserve.unwrap_or(capacity.saturating_mul(DEFAULT_RESERVE_FACTOR)),
-                    page.unwrap_or(DEFAULT_PAGE_SIZE),
-                )?;
-                RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
-            }
+            Some(capacity) => RsExpandable::on_simulated(capacity, options),
             None if pageable_host => {
-                let reserve = match reserve.or(maximum) {
-                    Some(r) => r,
-                    None => {
-                        crate::os::host_pages::host_memory_info()
-                            .ok_or_else(|| {
-                                crate::Error::Logic("the host's memory size is unknown".into())
-                            })?
-                            .1
-                    }
-                };
+                let (reserve, page) = (options.host_reserve()?, options.page_size);
                 let vm = match capacity {
                     Some(capacity) => HostVirtualMemory::pretend_device(
                         reserve,
                         page,
                         capacity,
-                        spill.unwrap_or(0),
+                        options.spill_to_host.unwrap_or(0),
                     )?,
                     None => HostVirtualMemory::new(reserve, page, false, None)?,
                 };
-                RsExpandable::new(Arc::new(vm), initial, maximum, threshold)
+                RsExpandable::new(Arc::new(vm), options.sizes)
             }
             None => {
                 let device = match device {
@@ -119,13 +110,10 @@ impl ExpandableMemoryResource {
                     None => crate::cuda::current_device()?,
                 };
                 if pinned_host {
-                    return RsExpandable::on_pinned_host(
-                        device, reserve, page, initial, maximum, threshold,
-                    );
+                    RsExpandable::on_pinned_host(device, options)
+                } else {
+                    RsExpandable::on_device(device, options)
                 }
-                RsExpandable::on_device_spilling(
-                    device, spill, reserve, page, initial, maximum, threshold,
-                )
             }
         }))?;
         let base = DeviceMemoryResource::init(Arc::new(mr.clone()));

@@ -424,27 +424,16 @@ impl RangeHeap {
     /// one region; no two free neighbours; every free range in the class its length says, the
     /// bitmaps and counters matching; taken ranges exactly the map's.
     pub(super) fn check(&self) {
-        use super::super::free_lists::size_classes::{POWERS, STEPS};
-        let (mut bytes, mut count) = (0, 0);
-        for power in 0..POWERS {
-            for step in 0..STEPS {
-                let mut prev = NONE;
-                let mut i = self.heads[index((power, step))];
-                assert_eq!(i != NONE, self.classes.is_marked((power, step)));
-                while i != NONE {
-                    let n = &self.nodes[i as usize];
-                    assert_eq!(n.state, State::Free);
-                    assert_eq!(class_of_bytes(n.len), (power, step));
-                    assert_eq!(n.prev_in_class, prev);
-                    bytes += n.len;
-                    count += 1;
-                    prev = i;
-                    i = n.next_in_class;
-                }
-            }
-            assert!(self.classes.power_consistent(power));
-        }
-        assert_eq!((bytes, count), (self.free_bytes, self.free_ranges));
+        let in_classes = self.classes.check_lists(&self.heads, |i| {
+            let n = &self.nodes[i as usize];
+            (
+                n.state == State::Free,
+                n.len,
+                n.prev_in_class,
+                n.next_in_class,
+            )
+        });
+        assert_eq!(in_classes, (self.free_bytes, self.free_ranges));
         let mut taken = 0;
         for (i, n) in self.nodes.iter().enumerate() {
             let i = i as u32;

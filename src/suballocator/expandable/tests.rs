@@ -23,7 +23,11 @@ fn sim(capacity: usize, reserve: usize) -> Arc<SimulatedVirtualMemory> {
 }
 
 fn pool(vm: &Arc<SimulatedVirtualMemory>, max: Option<usize>) -> ExpandableMemoryResource {
-    ExpandableMemoryResource::new(vm.clone(), None, max, None).unwrap()
+    let sizes = ExpandableSizes {
+        maximum_pool_size: max,
+        ..Default::default()
+    };
+    ExpandableMemoryResource::new(vm.clone(), sizes).unwrap()
 }
 
 /// A pool with no maximum over a new simulated device: the device and the pool.
@@ -179,8 +183,17 @@ fn maximum_pool_size_is_honoured() {
     let b = mr.allocate(4 * P, S).unwrap();
     free_on(&mr, b, 4 * P, S).unwrap();
     assert_eq!(mr.report().unwrap().memory_stats().unwrap().num_ooms, 1);
-    assert!(ExpandableMemoryResource::new(vm.clone(), Some(100), None, None).is_err());
-    assert!(ExpandableMemoryResource::new(vm, Some(2048), Some(1024), None).is_err());
+    let sizes = ExpandableSizes {
+        initial_pool_size: Some(100),
+        ..Default::default()
+    };
+    assert!(ExpandableMemoryResource::new(vm.clone(), sizes).is_err());
+    let sizes = ExpandableSizes {
+        initial_pool_size: Some(2048),
+        maximum_pool_size: Some(1024),
+        ..Default::default()
+    };
+    assert!(ExpandableMemoryResource::new(vm, sizes).is_err());
 }
 
 #[test]
@@ -202,7 +215,11 @@ fn out_of_physical_memory_is_reported_and_the_pool_still_works() {
 #[test]
 fn release_threshold_unmaps_on_free() {
     let vm = sim(64 * P, 256 * P);
-    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, Some(P)).unwrap();
+    let sizes = ExpandableSizes {
+        release_threshold: Some(P),
+        ..Default::default()
+    };
+    let mr = ExpandableMemoryResource::new(vm.clone(), sizes).unwrap();
     let a = mr.allocate(6 * P, S).unwrap();
     let b = mr.allocate(P, S).unwrap();
     free_on(&mr, a, 6 * P, S).unwrap();
@@ -219,7 +236,11 @@ fn release_threshold_unmaps_on_free() {
 #[test]
 fn initial_size_is_mapped_at_once() {
     let vm = sim(64 * P, 256 * P);
-    let mr = ExpandableMemoryResource::new(vm.clone(), Some(3 * P), None, None).unwrap();
+    let sizes = ExpandableSizes {
+        initial_pool_size: Some(3 * P),
+        ..Default::default()
+    };
+    let mr = ExpandableMemoryResource::new(vm.clone(), sizes).unwrap();
     assert_eq!(mr.mapped_bytes(), 3 * P);
     assert_eq!(mr.reserved_bytes(), 256 * P);
     assert_eq!(mr.name(), "expandable");
@@ -363,8 +384,12 @@ fn pages_are_unmapped_only_after_every_stream_was_synchronized() {
         events: events.clone(),
         unmapped_at: parking_lot::Mutex::new(Vec::new()),
     });
-    let mr = ExpandableMemoryResource::with_stream_events(vm.clone(), None, None, events.clone())
-        .unwrap();
+    let mr = ExpandableMemoryResource::with_stream_events(
+        vm.clone(),
+        ExpandableSizes::default(),
+        events.clone(),
+    )
+    .unwrap();
     let (a_stream, b_stream) = (stream(0x1000), stream(0x2000));
     let a = mr.allocate(3 * P, a_stream).unwrap();
     free_on(&mr, a, 3 * P, a_stream).unwrap();
@@ -405,7 +430,7 @@ fn the_call_profile_is_the_virtual_memory_s() {
         events: crate::suballocator::RecordingStreamEvents::new(),
         unmapped_at: parking_lot::Mutex::new(Vec::new()),
     });
-    let mr = ExpandableMemoryResource::new(spy.clone(), None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(spy.clone(), ExpandableSizes::default()).unwrap();
     assert_eq!(
         mr.call_profile(),
         CallProfile::UNKNOWN.suballocating(),
@@ -413,7 +438,11 @@ fn the_call_profile_is_the_virtual_memory_s() {
          threshold the pool only grows through it"
     );
     assert!(mr.call_profile().release_gil(), "foreign code below");
-    let trimming = ExpandableMemoryResource::new(spy, None, None, Some(0)).unwrap();
+    let sizes = ExpandableSizes {
+        release_threshold: Some(0),
+        ..Default::default()
+    };
+    let trimming = ExpandableMemoryResource::new(spy, sizes).unwrap();
     assert_eq!(
         trimming.call_profile(),
         CallProfile::UNKNOWN,
@@ -430,7 +459,11 @@ fn a_host_pool_larger_than_the_host_is_refused_before_anything_is_touched() {
     let room = crate::os::host_pages::available_host_memory().unwrap();
     let too_much = (room.available + room.swap_free + GIB).next_multiple_of(HOST_PAGE_SIZE);
     let vm = Arc::new(HostVirtualMemory::new(2 * too_much, None, false, None).unwrap());
-    let e = ExpandableMemoryResource::new(vm.clone(), Some(too_much), None, None).unwrap_err();
+    let sizes = ExpandableSizes {
+        initial_pool_size: Some(too_much),
+        ..Default::default()
+    };
+    let e = ExpandableMemoryResource::new(vm.clone(), sizes).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     let text = e.to_string();
     assert!(
@@ -438,7 +471,7 @@ fn a_host_pool_larger_than_the_host_is_refused_before_anything_is_touched() {
         "{text}"
     );
     assert_eq!(vm.mapped_bytes(), 0);
-    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     let p = mr.allocate(1 << 20, S).unwrap();
     free_on(&mr, p, 1 << 20, S).unwrap();
     let e = mr.allocate(too_much, S).unwrap_err();

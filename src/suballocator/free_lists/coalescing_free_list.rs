@@ -670,33 +670,11 @@ impl CoalescingFreeList {
     /// the map's; no two free blocks touch (fully coalesced).
     pub(crate) fn check_invariants(&self) {
         use std::collections::HashMap;
-        let mut free_bytes = 0;
-        let mut free_blocks = 0;
-        let classes = &self.classes;
-        use super::size_classes::{POWERS, STEPS};
-        for fl in 0..POWERS {
-            for sl in 0..STEPS {
-                let head = classes.heads[index((fl, sl))];
-                assert_eq!(head != NIL, classes.map.is_marked((fl, sl)));
-                let mut prev = NIL;
-                let mut i = head;
-                while i != NIL {
-                    let n = &self.nodes[i as usize];
-                    assert_eq!(n.state, State::Free);
-                    assert_eq!(class_of_bytes(n.size), (fl, sl));
-                    assert_eq!(n.prev_free, prev);
-                    free_bytes += n.size;
-                    free_blocks += 1;
-                    prev = i;
-                    i = n.next_free;
-                }
-            }
-            assert!(classes.map.power_consistent(fl));
-        }
-        assert_eq!(
-            (free_bytes, free_blocks),
-            (self.free_bytes, self.free_blocks)
-        );
+        let in_classes = self.classes.map.check_lists(&self.classes.heads, |i| {
+            let n = &self.nodes[i as usize];
+            (n.state == State::Free, n.size, n.prev_free, n.next_free)
+        });
+        assert_eq!(in_classes, (self.free_bytes, self.free_blocks));
         let by_start: HashMap<(usize, usize), u32> = self
             .nodes
             .iter()

@@ -157,6 +157,40 @@ impl ClassMap {
         std::iter::successors(self.first_at_or_above(class), move |&c| self.next_above(c))
     }
 
+    /// Panics unless the class lists of a segregated free list agree with this map (tests): the
+    /// first node of each class is `heads[index(class)]`, `node(i)` is node `i`'s (whether it is
+    /// free, its bytes, the previous and the next node of its class), and `u32::MAX` ends a list.
+    /// Each list is doubly linked, holds free nodes of its class only, and is non-empty exactly
+    /// where the map is marked. Returns the bytes and the number of the nodes in the lists.
+    #[cfg(test)]
+    pub(crate) fn check_lists(
+        &self,
+        heads: &[u32],
+        node: impl Fn(u32) -> (bool, usize, u32, u32),
+    ) -> (usize, usize) {
+        const END: u32 = u32::MAX;
+        let (mut bytes, mut count) = (0, 0);
+        for power in 0..POWERS {
+            for step in 0..STEPS {
+                let mut prev = END;
+                let mut i = heads[index((power, step))];
+                assert_eq!(i != END, self.is_marked((power, step)));
+                while i != END {
+                    let (free, len, prev_in_class, next_in_class) = node(i);
+                    assert!(free, "node {i} of class ({power}, {step}) is not free");
+                    assert_eq!(class_of_bytes(len), (power, step));
+                    assert_eq!(prev_in_class, prev);
+                    bytes += len;
+                    count += 1;
+                    prev = i;
+                    i = next_in_class;
+                }
+            }
+            assert!(self.power_consistent(power));
+        }
+        (bytes, count)
+    }
+
     /// The highest non-empty class.
     pub(crate) fn highest(&self) -> Option<Class> {
         if self.powers == 0 {

@@ -17,6 +17,7 @@ use crate::resource::{
     HostVirtualMemory, MemoryKind, SimulatedMemoryResource, SimulatedVirtualMemory, VirtualMemory,
 };
 use crate::resource::{MemoryResource, SharedResource};
+use crate::suballocator::ExpandableSizes;
 use crate::test_support::free;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -111,7 +112,7 @@ impl VirtualMemory for FlakyVm {
 
 fn host_pool(reserve: usize) -> (Arc<FlakyVm>, ExpandableMemoryResource) {
     let vm = FlakyVm::new(reserve);
-    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     (vm, mr)
 }
 
@@ -388,7 +389,7 @@ fn the_retained_host_copy_serves_the_next_sleep() {
 #[test]
 fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
     let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
-    let pool = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let pool = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     let top: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let a = top.allocate(3 * PAGE, S).unwrap();
     assert_eq!(sleep_targets(&top).unwrap().len(), 1);
@@ -418,7 +419,7 @@ fn stacks_forward_sleep_to_the_expandable_pool_and_others_refuse_by_name() {
 fn suballocators_over_a_sleeping_pool_hand_out_nothing_until_the_wake() {
     use crate::suballocator::{ArenaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource};
     let vm = Arc::new(SimulatedVirtualMemory::new(1 << 30, 4 << 30, PAGE).unwrap());
-    let pool = ExpandableMemoryResource::new(vm, None, None, None).unwrap();
+    let pool = ExpandableMemoryResource::new(vm, ExpandableSizes::default()).unwrap();
     let under: SharedResource = Arc::new(StatisticsResourceAdaptor::new(Arc::new(pool.clone())));
     let tops: Vec<SharedResource> = vec![
         Arc::new(PoolMemoryResource::new(under.clone(), Some(4 * PAGE), None).unwrap()),
@@ -485,6 +486,20 @@ struct Live {
     discard: bool,
 }
 
+/// Allocates `size` bytes of `mr`, fills them with the pattern of the next `seed` and records
+/// them in `live`.
+fn allocate_written(mr: &dyn MemoryResource, size: usize, seed: &mut u64, live: &mut Vec<Live>) {
+    let ptr = mr.allocate(size, S).unwrap();
+    *seed += 1;
+    write(ptr, size, *seed);
+    live.push(Live {
+        ptr,
+        size,
+        seed: *seed,
+        discard: false,
+    });
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -497,12 +512,7 @@ proptest! {
         let mut seed = 0u64;
         for op in ops {
             match op {
-                Op::Alloc(size) => {
-                    let ptr = mr.allocate(size, S).unwrap();
-                    seed += 1;
-                    write(ptr, size, seed);
-                    live.push(Live { ptr, size, seed, discard: false });
-                }
+                Op::Alloc(size) => allocate_written(&mr, size, &mut seed, &mut live),
                 Op::Free(i) if !live.is_empty() => {
                     let b = live.swap_remove(i % live.len());
                     free(&mr, b.ptr, b.size).unwrap();
@@ -783,11 +793,7 @@ proptest! {
         for op in ops {
             match op {
                 StackOp::Alloc(size) => {
-                    let size = size.min(largest);
-                    let ptr = top.allocate(size, S).unwrap();
-                    seed += 1;
-                    write(ptr, size, seed);
-                    live.push(Live { ptr, size, seed, discard: false });
+                    allocate_written(&*top, size.min(largest), &mut seed, &mut live)
                 }
                 StackOp::Free(i) if !live.is_empty() => {
                     let b = live.swap_remove(i % live.len());

@@ -5,6 +5,7 @@
 use super::*;
 use crate::cuda::Stream;
 use crate::resource::{HostVirtualMemory, MemoryResource, VirtualMemory};
+use crate::suballocator::ExpandableSizes;
 use crate::test_support::free_on;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -27,7 +28,7 @@ fn spilling_pool(
         )
         .unwrap(),
     );
-    let mr = ExpandableMemoryResource::new(vm.clone(), None, None, None).unwrap();
+    let mr = ExpandableMemoryResource::new(vm.clone(), ExpandableSizes::default()).unwrap();
     (vm, mr)
 }
 
