@@ -126,7 +126,7 @@ fn a_pinned_pool_larger_than_the_host_is_refused_and_startup_is_recorded() {
     let room = available_host_memory().unwrap();
     let too_much = (room.available + (4 << 30)).next_multiple_of(2 * MIB);
     // No range kept from an earlier test: this one's start-up makes its pages.
-    rrmm::resource::host_supply::supply().give_back(0);
+    rrmm::resource::host_pages::registered::supply().give_back(0);
     let pinned = Arc::new(PinnedHostMemoryResource::new().unwrap());
     let up: rrmm::SharedResource = pinned.clone();
     let e = rrmm::PoolMemoryResource::new(up.clone(), Some(too_much), None).unwrap_err();
@@ -144,7 +144,7 @@ fn a_pinned_pool_larger_than_the_host_is_refused_and_startup_is_recorded() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_freed_registered_range_is_kept_registered_for_the_next_user() {
-    let supply = rrmm::resource::host_supply::supply();
+    let supply = rrmm::resource::host_pages::registered::supply();
     supply.give_back(0);
     let mr = PinnedHostMemoryResource::new().unwrap();
     let bytes = 64 * MIB;

@@ -1,9 +1,9 @@
 //! `rrmm.host_pages`: the process's one supply of host pages
-//! ([`HostPageSupply`](crate::resource::host_supply::HostPageSupply)) from Python: make pages
+//! ([`HostPageSupply`](crate::resource::host_pages::registered::HostPageSupply)) from Python: make pages
 //! ready ahead of need, bound what is kept, give it back, read its figures.
 
 use super::errors::py_result;
-use crate::resource::host_supply::{supply, PageKind, PageSpec};
+use crate::resource::host_pages::registered::{supply, PageKind, PageSpec};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

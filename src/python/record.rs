@@ -66,8 +66,8 @@ fn fields_of<T: Serialize + Default>() -> Vec<String> {
 #[pyfunction]
 pub(crate) fn _record_fields(name: &str) -> Option<Vec<String>> {
     use crate::adaptor::{FallbackCounts, TierCounts};
-    use crate::resource::host_spill::{PromoteReport, SpillFigures};
-    use crate::resource::host_supply::SupplyFigures;
+    use crate::resource::host_pages::mapped::{PromoteReport, SpillFigures};
+    use crate::resource::host_pages::registered::SupplyFigures;
     use crate::resource::sleep::{Movement, SleepEstimate, SleepReport};
     Some(match name {
         "SleepEstimate" => fields_of::<SleepEstimate>(),

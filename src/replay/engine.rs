@@ -130,7 +130,7 @@ pub struct ReplayOptions {
 }
 
 /// The host pages a replay's resource took from the process's supply during the figures pass
-/// (pinned host memory, a host tier, a sleep's copy: [`crate::resource::host_supply`]).
+/// (pinned host memory, a host tier, a sleep's copy: [`crate::resource::host_pages::registered`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HostPagesUsed {
     /// Bytes of ranges made for it.
@@ -147,8 +147,8 @@ impl HostPagesUsed {
     /// What happened between `before` and `after` (the supply's figures), or `None` when the
     /// replay neither made nor took host pages.
     fn between(
-        before: &crate::resource::host_supply::SupplyFigures,
-        after: &crate::resource::host_supply::SupplyFigures,
+        before: &crate::resource::host_pages::registered::SupplyFigures,
+        after: &crate::resource::host_pages::registered::SupplyFigures,
     ) -> Option<HostPagesUsed> {
         let used = HostPagesUsed {
             made_bytes: after.made_bytes.saturating_sub(before.made_bytes),
@@ -372,7 +372,7 @@ pub fn replay_with_progress(
     let streams = map_streams(trace, mr)?;
     let n = trace.events.len();
     let mut slots: Vec<(usize, usize, u32)> = vec![(0, 0, 0); trace.slot_count];
-    let supply = crate::resource::host_supply::supply();
+    let supply = crate::resource::host_pages::registered::supply();
     let supply_before = supply.figures();
     let figures = figures_pass(trace, mr, &options, &streams, &mut slots, progress);
     let host_pages = HostPagesUsed::between(&supply_before, &supply.figures());

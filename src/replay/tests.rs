@@ -931,13 +931,13 @@ proptest::proptest! {
 #[derive(Debug, Default)]
 struct SupplyPagesResource {
     held: parking_lot::Mutex<
-        std::collections::HashMap<usize, crate::resource::host_supply::HostPages>,
+        std::collections::HashMap<usize, crate::resource::host_pages::registered::HostPages>,
     >,
 }
 
 impl MemoryResource for SupplyPagesResource {
     fn allocate(&self, bytes: usize, _stream: Stream) -> crate::Result<usize> {
-        use crate::resource::host_supply::{supply, PageSpec};
+        use crate::resource::host_pages::registered::{supply, PageSpec};
         let pages = supply().take(PageSpec::plain(), bytes)?;
         let addr = pages.addr();
         self.held.lock().insert(addr, pages);

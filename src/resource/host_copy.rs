@@ -4,7 +4,7 @@
 //! for a device (copies at the link's speed), plain for host virtual memory (a `memcpy`),
 //! nothing for simulated memory (no bytes behind it).
 
-use super::host_supply::{HostPageSupply, HostPages, PageSpec};
+use super::host_pages::registered::{HostPageSupply, HostPages, PageSpec};
 use crate::error::Result;
 
 /// Host memory of one sleep: `len()` bytes over one or more ranges of the supply, back to the

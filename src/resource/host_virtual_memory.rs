@@ -8,8 +8,8 @@
 //! from it runs at the link's speed. Without registration (`pinned: false`) it is pageable host
 //! memory that works without a driver (what the CPU tests use).
 
-use super::host_spill::{PretendDevice, SpillFigures};
-use super::host_supply::PageSpec;
+use super::host_pages::mapped::{PretendDevice, SpillFigures};
+use super::host_pages::registered::PageSpec;
 use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
 use crate::cuda;

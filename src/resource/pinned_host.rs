@@ -3,7 +3,7 @@
 //! NUMA node with huge pages, faulted in by several threads, then registered; kept registered
 //! when freed, for the next user: a sleep's copy, another pool).
 
-use super::host_supply::{supply, HostPages, PageKind, PageSpec};
+use super::host_pages::registered::{supply, HostPages, PageKind, PageSpec};
 use super::pinned_pages::PinnedStartup;
 use super::{MemoryKind, MemoryResource};
 use crate::cuda::{self, ContextGuard, Stream};

@@ -3,7 +3,7 @@
 //! (above every host address: [`super::SIMULATED_ADDRESS_BASE`]) that no other live simulated
 //! device or virtual memory holds.
 
-use super::host_supply::PageSpec;
+use super::host_pages::registered::PageSpec;
 use super::simulated::Window;
 use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};

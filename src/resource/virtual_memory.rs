@@ -2,8 +2,8 @@
 //! request, on a CUDA device ([`CudaVirtualMemory`]) or pretend
 //! ([`SimulatedVirtualMemory`](super::SimulatedVirtualMemory)).
 
-use super::host_spill::{HostPageKeep, SpillFigures};
-use super::host_supply::{HostPageSupply, PageSpec};
+use super::host_pages::mapped::{HostPageKeep, SpillFigures};
+use super::host_pages::registered::{HostPageSupply, PageSpec};
 use super::{CallProfile, CopyFence, MemoryKind};
 use crate::cuda::vmm::{HostPageSource, VirtualRange};
 use crate::cuda::{mem_get_info, ContextGuard};
@@ -79,11 +79,11 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         )))
     }
 
-    /// The supply the sleep takes its host pages from (the process's: [`host_supply::supply`]).
+    /// The supply the sleep takes its host pages from (the process's: [`host_pages::registered::supply`]).
     ///
-    /// [`host_supply::supply`]: super::host_supply::supply
+    /// [`host_pages::registered::supply`]: super::host_pages::registered::supply
     fn host_supply(&self) -> &'static HostPageSupply {
-        super::host_supply::supply()
+        super::host_pages::registered::supply()
     }
 
     /// Copies `bytes` from `addr` (mapped pages of this range) to host memory at `dst`; the copy

@@ -71,7 +71,7 @@ pub struct ExpandableOptions {
     /// Bytes of addresses reserved (default: [`DEFAULT_RESERVE_FACTOR`] times the device's
     /// memory).
     pub reserve_size: Option<usize>,
-    /// Bytes per mapping (default on a device: [`DEFAULT_DEVICE_PAGE_SIZE`], rounded up to its
+    /// Bytes per mapping (default on a device: `DEFAULT_DEVICE_PAGE_SIZE`, rounded up to its
     /// granularity).
     pub page_size: Option<usize>,
     /// On a device: when it is full, spill to at most this many bytes of host pages (see

@@ -33,7 +33,7 @@ pub use expandable::{
 };
 /// Sleep, wake and promotion of any stack (its home is [`crate::resource::sleep`]).
 pub mod sleep {
-    pub use crate::resource::host_spill::PromoteReport;
+    pub use crate::resource::host_pages::mapped::PromoteReport;
     pub use crate::resource::sleep::stack::*;
     pub use crate::resource::sleep::{SleepCause, SleepPlan};
 }

@@ -134,7 +134,7 @@ pub(super) fn prepare(py: Python<'_>, mr: &SharedResource, wait: bool) -> PyResu
     py_result(py.detach(|| {
         let bytes = rs::prepare(mr)?;
         if wait {
-            crate::resource::host_supply::supply().wait_prepared();
+            crate::resource::host_pages::registered::supply().wait_prepared();
         }
         Ok(bytes)
     }))

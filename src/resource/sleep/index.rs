@@ -66,7 +66,7 @@ fn touches_a_sleeping_pool(ptr: usize, bytes: usize) -> bool {
 }
 
 /// Begins one of rrmm's copies of the ranges `(argument, ptr, bytes)`: counts it (an offload
-/// that begins meanwhile waits for it: [`wait_for_copies`]) once no range touches a sleeping
+/// that begins meanwhile waits for it, `wait_for_copies`) once no range touches a sleeping
 /// pool; a pool asleep for the ledger wakes first, one asleep for its user refuses. The copy
 /// is counted until the guard drops (its queueing done).
 ///

@@ -36,7 +36,7 @@
 //!
 //! Functions over any stack (offload, restore, promote, figures): [`stack`].
 
-use super::host_spill::{PromoteReport, SpillFigures};
+use super::host_pages::mapped::{PromoteReport, SpillFigures};
 use crate::error::{Error, Result};
 use crate::pressure::Place;
 use crate::report::snapshot::SegmentInfo;

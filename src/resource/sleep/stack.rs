@@ -3,7 +3,7 @@
 
 use super::{ByteRange, DiscardFill, MovingPool, SleepCause, SleepEstimate, SleepPlan, SleepTag};
 use crate::error::{Error, Result};
-use crate::resource::host_spill::PromoteReport;
+use crate::resource::host_pages::mapped::PromoteReport;
 use crate::resource::{SharedResource, SpillFigures};
 use std::sync::Arc;
 

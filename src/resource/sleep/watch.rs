@@ -226,7 +226,7 @@ impl SleepWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::host_spill::PromoteReport;
+    use crate::resource::host_pages::mapped::PromoteReport;
     use crate::resource::sleep::{
         Movement, SleepEstimate, SleepPlan, SleepReport, SleepTag, Sleeper, Spiller,
     };

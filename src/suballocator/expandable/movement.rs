@@ -24,7 +24,7 @@
 use super::{ExpandableMemoryResource, Inner};
 use crate::error::{Error, Result};
 use crate::pressure::Place;
-use crate::resource::host_spill::PromoteReport;
+use crate::resource::host_pages::mapped::PromoteReport;
 use crate::resource::sleep::{
     ByteRange, DiscardFill, Movement, Phase, SleepCause, SleepEstimate, SleepPlan, SleepReport,
     SleepTag, Sleeper, Spiller, Tenant,

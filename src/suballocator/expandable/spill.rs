@@ -9,7 +9,7 @@
 
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
-use crate::resource::host_spill::PromoteReport;
+use crate::resource::host_pages::mapped::PromoteReport;
 use crate::resource::sleep::ByteRange;
 use crate::resource::SpillFigures;
 use std::time::Instant;

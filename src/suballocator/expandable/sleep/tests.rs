@@ -10,7 +10,7 @@
 use super::*;
 use crate::adaptor::StatisticsResourceAdaptor;
 use crate::cuda::Stream;
-use crate::resource::host_supply::{HostPageSupply, PageSpec};
+use crate::resource::host_pages::registered::{HostPageSupply, PageSpec};
 use crate::resource::sleep::stack::*;
 use crate::resource::sleep::{Phase, SleepCause};
 use crate::resource::{

@@ -1,7 +1,7 @@
 //! Host pages an expandable pool spills to when its device is full: pinned host memory the
 //! driver makes on the device's host NUMA node and maps under the pool's own addresses, so the
 //! device reads the data in place over the link, and a later
-//! [`promote`](super::VirtualMemory::promote) moves it to device memory at the same addresses.
+//! [`promote`](crate::resource::VirtualMemory::promote) moves it to device memory at the same addresses.
 //!
 //! The driver makes these pages slowly (3-5 GB/s on an H200, against 40+ GB/s for the host page
 //! supply's registered pages), so a [`HostPageKeep`] makes them once, ahead of need where asked
@@ -327,7 +327,7 @@ impl PretendDevice {
 }
 
 summed_fields! {
-    /// What a promotion did ([`Sleeper::promote`](super::sleep::Sleeper::promote)).
+    /// What a promotion did ([`Spiller::promote`](crate::resource::sleep::Spiller::promote)).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
     pub struct PromoteReport {
         /// Bytes moved from host pages to device memory at the same addresses.

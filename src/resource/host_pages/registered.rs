@@ -23,9 +23,9 @@
 //! given back on request ([`HostPageSupply::give_back`]). A free range serves a take of at least
 //! half its size, so a small take never holds a large range.
 
-use super::pinned_pages::PinnedPages;
 use crate::error::{Error, Result};
 use crate::os::host_pages::{check_host_room, Commit, Reservation, HUGE_PAGE, SMALL_PAGE};
+use crate::resource::pinned_pages::PinnedPages;
 use parking_lot::{Condvar, Mutex};
 
 /// What a range's pages are.
@@ -568,7 +568,7 @@ impl HostPages {
 
     /// How a pinned range was made (the figures of the call that made it); `None` for plain
     /// pages.
-    pub fn pinned_startup(&self) -> Option<&super::pinned_pages::PinnedStartup> {
+    pub fn pinned_startup(&self) -> Option<&crate::resource::pinned_pages::PinnedStartup> {
         match &self.range.as_ref()?.pages {
             Pages::Pinned(p) => Some(p.startup()),
             Pages::Plain(_) => None,
