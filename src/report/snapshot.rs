@@ -56,6 +56,23 @@ pub struct SegmentInfo {
 }
 
 impl SegmentInfo {
+    /// A segment of one allocated block (an allocation a resource took whole from a source).
+    pub fn one_block(address: usize, size: usize) -> SegmentInfo {
+        SegmentInfo {
+            address,
+            total_size: size,
+            expandable: false,
+            tier: None,
+            offloaded: false,
+            blocks: vec![BlockInfo {
+                address,
+                size,
+                requested_size: size,
+                state: BlockState::Allocated,
+            }],
+        }
+    }
+
     /// Bytes of allocated blocks.
     pub fn allocated_size(&self) -> usize {
         self.blocks

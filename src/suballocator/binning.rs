@@ -1,10 +1,11 @@
 //! `BinningMemoryResource`: requests routed by size to bins, the rest to the upstream.
 
-use super::core::current_thread_tag;
+use super::core::{current_thread_tag, ListCounters};
 use super::fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE};
 use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
+use crate::report::{MemoryStats, SegmentInfo};
 use crate::resource::graph;
 use crate::resource::{
     align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
@@ -45,6 +46,8 @@ struct Inner {
     bins: BinShards,
     /// What the upstream route handed out (pointer -> bytes).
     from_upstream: LiveAllocations,
+    /// The upstream route's figures (`memory_stats`; the bins count their own).
+    upstream_counters: parking_lot::Mutex<ListCounters>,
     /// Set by the first allocation.
     served: AtomicBool,
     /// Set when a bin was added after the first allocation: frees then route by record.
@@ -169,6 +172,7 @@ impl BinningMemoryResource {
                 upstream,
                 bins: BinShards::new(),
                 from_upstream: LiveAllocations::new(),
+                upstream_counters: parking_lot::Mutex::new(ListCounters::default()),
                 served: AtomicBool::new(false),
                 rerouted: AtomicBool::new(false),
                 blocks,
@@ -262,6 +266,7 @@ impl BinningMemoryResource {
         let ptr = self.inner.upstream.allocate(bytes, stream)?;
         if ptr != 0 {
             self.inner.from_upstream.insert(ptr, bytes)?;
+            self.inner.upstream_counters.lock().allocated(bytes);
         }
         Ok(ptr)
     }
@@ -275,17 +280,90 @@ impl BinningMemoryResource {
         if ptr == 0 {
             return Ok(());
         }
-        self.inner
-            .from_upstream
-            .free_checked(ptr, bytes, Some("binning_memory_resource"), || {
+        self.inner.from_upstream.free_checked(
+            ptr,
+            bytes,
+            Some("binning_memory_resource"),
+            || {
                 // SAFETY: the record shows `ptr` came from the upstream with `bytes` and was
                 // not freed since (1, 2); the caller gives 3 and 4.
                 unsafe { self.inner.upstream.deallocate(ptr, bytes, stream) }
-            })
+            },
+        )?;
+        self.inner.upstream_counters.lock().freed(bytes);
+        Ok(())
+    }
+
+    /// `f` of each bin's report, in size order.
+    fn bins_reports<T>(&self, f: impl Fn(&dyn PoolReport) -> Option<T>) -> Vec<T> {
+        self.inner
+            .bins
+            .read()
+            .iter()
+            .filter_map(|(_, bin)| bin.report().and_then(&f))
+            .collect()
+    }
+
+    /// The report of the upstream where it holds memory (a pool), not a source's.
+    fn holder(&self) -> Option<&dyn PoolReport> {
+        self.inner.upstream.report().filter(|r| !r.is_source())
     }
 }
 
 impl PoolReport for BinningMemoryResource {
+    /// PyTorch's figures of the memory the stack holds, as its snapshot lays it out: over a
+    /// pool, the pool's (its blocks, a bin's chunks among them); over a source, the bins'
+    /// figures (their chunks are segments) and each allocation of the upstream route as a segment
+    /// of its own. None over memory that keeps no such figures (a tiered stack: per tier).
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        if let Some(pool) = self.holder() {
+            return pool.memory_stats();
+        }
+        let bins = self
+            .bins_reports(|r| r.memory_stats())
+            .into_iter()
+            .fold(MemoryStats::default(), MemoryStats::plus);
+        let mut route = MemoryStats::default();
+        self.inner.upstream_counters.lock().add_to(&mut route);
+        Some(MemoryStats {
+            allocation: bins.allocation.plus(route.allocation),
+            allocated_bytes: bins.allocated_bytes.plus(route.allocated_bytes),
+            segment: bins.segment.plus(route.allocation),
+            reserved_bytes: bins.reserved_bytes.plus(route.allocated_bytes),
+            ..bins
+        })
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        self.inner.upstream_counters.lock().reset_peaks();
+        let bins = self.bins_reports(|r| Some(r.reset_peak_memory_stats()));
+        let pool = self
+            .holder()
+            .is_some_and(PoolReport::reset_peak_memory_stats);
+        pool || !bins.is_empty()
+    }
+
+    /// Over a pool: its segments (a bin's chunk is one of its blocks); over a source: every
+    /// bin's segments and one segment per allocation of the upstream route.
+    fn memory_snapshot(&self) -> Option<Vec<SegmentInfo>> {
+        if let Some(pool) = self.holder() {
+            return pool.memory_snapshot();
+        }
+        let mut out: Vec<SegmentInfo> = self
+            .bins_reports(|r| r.memory_snapshot())
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut route = self.inner.from_upstream.entries();
+        route.sort_unstable();
+        out.extend(
+            route
+                .into_iter()
+                .map(|(address, size)| SegmentInfo::one_block(address, size)),
+        );
+        Some(out)
+    }
+
     /// The memory the stack holds. Over a resource that holds memory (a pool), that resource's
     /// footprint, with the bins' free blocks (inside the pool's allocated part, since the bins'
     /// chunks come from it) added to its free bytes; over one that does not (CUDA), the bins'

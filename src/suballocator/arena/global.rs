@@ -12,6 +12,7 @@ use super::local::Freed;
 use super::ordering::PendingFrees;
 use super::ranges::{GiveBack, RangeHeap};
 use super::superblock::SUPERBLOCK_MIN;
+use crate::suballocator::core::ListCounters;
 
 /// The heap tag of a superblock lent to an arena.
 const SUPERBLOCK: u8 = 1;
@@ -26,6 +27,8 @@ pub(super) struct GlobalArena {
     heap: RangeHeap,
     /// Number of live large blocks and the bytes they hold.
     large: (usize, usize),
+    /// The large blocks' figures (`memory_stats`).
+    pub(super) counters: ListCounters,
     /// Frees on default streams not yet covered by a host synchronisation.
     pub(super) pending: PendingFrees,
 }
@@ -42,6 +45,7 @@ impl GlobalArena {
             size,
             heap,
             large: (0, 0),
+            counters: ListCounters::default(),
             pending: PendingFrees::default(),
         }
     }
@@ -76,6 +80,7 @@ impl GlobalArena {
         let t = self.heap.take(bytes, 1, LARGE)?;
         self.large.0 += 1;
         self.large.1 += t.len;
+        self.counters.allocated(t.len);
         Some(t.start)
     }
 
@@ -88,6 +93,7 @@ impl GlobalArena {
             GiveBack::Done(_) => {
                 self.large.0 -= 1;
                 self.large.1 -= bytes;
+                self.counters.freed(bytes);
                 Freed::Done
             }
             GiveBack::NotHere => Freed::NotHere,

@@ -9,6 +9,7 @@
 use super::ranges::{GiveBack, RangeHeap};
 use super::superblock::{Superblock, SuperblockReport};
 use crate::resource::sleep::ByteRange;
+use crate::suballocator::core::ListCounters;
 
 /// The heap tag of a live block.
 const BLOCK: u8 = 0;
@@ -34,6 +35,8 @@ pub(super) struct LocalArena {
     spare: Vec<u32>,
     /// Counts frees; each superblock remembers the count at its latest free.
     seq: u64,
+    /// Its allocations' figures (`memory_stats`).
+    pub(super) counters: ListCounters,
 }
 
 impl LocalArena {
@@ -44,7 +47,9 @@ impl LocalArena {
     /// O(1).
     #[inline]
     pub(super) fn allocate(&mut self, bytes: usize) -> Option<usize> {
-        self.heap.take(bytes, 1, BLOCK).map(|t| t.start)
+        let ptr = self.heap.take(bytes, 1, BLOCK).map(|t| t.start)?;
+        self.counters.allocated(bytes);
+        Some(ptr)
     }
 
     /// Adopts a free superblock `[start, start + size)` from the global arena and allocates
@@ -69,7 +74,9 @@ impl LocalArena {
             first,
             last_free_seq: self.seq,
         });
-        self.heap.take_from(first, bytes, BLOCK).map(|t| t.start)
+        let ptr = self.heap.take_from(first, bytes, BLOCK).map(|t| t.start)?;
+        self.counters.allocated(bytes);
+        Some(ptr)
     }
 
     /// Frees the live block at `ptr` of `bytes` (rounded), coalescing it in its superblock.
@@ -80,6 +87,7 @@ impl LocalArena {
     pub(super) fn deallocate(&mut self, ptr: usize, bytes: usize) -> Freed {
         match self.heap.give_back(ptr, bytes, BLOCK) {
             GiveBack::Done(region) => {
+                self.counters.freed(bytes);
                 self.seq += 1;
                 if let Some(Some(sb)) = self.superblocks.get_mut(region as usize) {
                     sb.last_free_seq = self.seq;

@@ -75,11 +75,12 @@ pub use dump::{DEFAULT_DUMP_FILE, DUMP_ENV};
 pub use superblock::SUPERBLOCK_MIN;
 
 use super::core::{
-    current_thread_tag, default_events, next_instance_id, uses_device_streams, StreamEvents,
-    StreamKey,
+    current_thread_tag, default_events, next_instance_id, uses_device_streams, ListCounters,
+    StreamEvents, StreamKey,
 };
 use crate::cuda::{self, ContextGuard, Stream};
 use crate::error::{Error, Result};
+use crate::report::{MemoryStats, Stat};
 use crate::resource::{
     align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
 };
@@ -153,6 +154,8 @@ struct Inner {
     /// sleeps (the arena's memory is one block of such a pool), and the arena is a tenant of
     /// those pools (its free ranges are not copied by a sleep).
     link: crate::resource::Link,
+    /// The figures of arenas dropped since (an orphaned arena's, kept in the totals).
+    retired: Mutex<ListCounters>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -246,6 +249,7 @@ impl ArenaMemoryResource {
             size,
             global: Mutex::new(GlobalArena::new(base, size)),
             registry: Mutex::new(Registry::default()),
+            retired: Mutex::new(ListCounters::default()),
             events,
             device_streams,
             dump_path,
@@ -311,11 +315,16 @@ impl ArenaMemoryResource {
             }
             global.pending.clear_through(stamp);
         }
-        self.inner
-            .registry
-            .lock()
-            .arenas
-            .retain(|_, a| !(a.orphaned.load(Ordering::Acquire) && a.state.lock().is_bare()));
+        let mut retired = self.inner.retired.lock();
+        self.inner.registry.lock().arenas.retain(|_, a| {
+            let state = a.state.lock();
+            let gone = a.orphaned.load(Ordering::Acquire) && state.is_bare();
+            if gone {
+                // Its figures stay in the totals.
+                retired.absorb(&state.counters);
+            }
+            !gone
+        });
         Ok(())
     }
 
@@ -650,6 +659,10 @@ impl crate::resource::sleep::Tenant for Inner {
     }
 }
 
+/// PyTorch's figures of the arena: its allocations summed over its arenas (each counts under
+/// its own lock: a peak is the sum of their peaks) and the global arena's large blocks; one
+/// segment, the global arena (offloaded while a pool below sleeps); its snapshot is that
+/// segment with its live blocks and free ranges.
 impl PoolReport for ArenaMemoryResource {
     fn footprint(&self) -> Footprint {
         self.footprint_now()
@@ -657,6 +670,61 @@ impl PoolReport for ArenaMemoryResource {
 
     fn held_bytes(&self) -> usize {
         self.inner.size
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        let size = self.inner.size as u64;
+        let asleep = self.inner.link.asleep();
+        let mut stats = MemoryStats {
+            segment: Stat {
+                current: 1,
+                peak: 1,
+                allocated: 1,
+                freed: 0,
+            },
+            reserved_bytes: Stat {
+                current: if asleep { 0 } else { size },
+                peak: size,
+                allocated: size,
+                freed: 0,
+            },
+            num_device_alloc: 1,
+            offloaded_bytes: if asleep { size } else { 0 },
+            ..MemoryStats::default()
+        };
+        self.inner.retired.lock().add_to(&mut stats);
+        self.inner.global.lock().counters.add_to(&mut stats);
+        for arena in self.arenas() {
+            arena.state.lock().counters.add_to(&mut stats);
+        }
+        Some(stats)
+    }
+
+    fn reset_peak_memory_stats(&self) -> bool {
+        self.inner.retired.lock().reset_peaks();
+        self.inner.global.lock().counters.reset_peaks();
+        for arena in self.arenas() {
+            arena.state.lock().counters.reset_peaks();
+        }
+        true
+    }
+
+    fn memory_snapshot(&self) -> Option<Vec<crate::report::SegmentInfo>> {
+        use crate::resource::sleep::Tenant;
+        Some(self.inner.segments())
+    }
+}
+
+impl ArenaMemoryResource {
+    /// Every arena now (the registry held only to copy the list).
+    fn arenas(&self) -> Vec<Arc<Arena>> {
+        self.inner
+            .registry
+            .lock()
+            .arenas
+            .values()
+            .cloned()
+            .collect()
     }
 }
 

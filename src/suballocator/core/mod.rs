@@ -59,6 +59,7 @@ pub(super) use relieve_by_core;
 mod free_list;
 mod growth;
 mod pool_stats;
+pub(super) use pool_stats::ListCounters;
 mod stream_events;
 mod stream_list;
 mod stream_ordered;

@@ -55,9 +55,9 @@ impl AtomicStat {
     }
 }
 
-/// Allocation figures of one stream list, under the list's lock.
+/// Allocation figures of one stream list (or one arena), under its own lock.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct ListCounters {
+pub(crate) struct ListCounters {
     count: i64,
     bytes: i64,
     peak_count: i64,
@@ -94,6 +94,19 @@ impl ListCounters {
     #[inline]
     pub(crate) fn frees(&self) -> u64 {
         self.freed_count
+    }
+
+    /// Takes in the figures of `other`, a list (an arena) that goes away: its blocks and totals
+    /// are kept (the peak as the sum of the peaks, as [`add_to`](Self::add_to) reads them).
+    pub(crate) fn absorb(&mut self, other: &ListCounters) {
+        self.count += other.count;
+        self.bytes += other.bytes;
+        self.peak_count += other.peak_count;
+        self.peak_bytes += other.peak_bytes;
+        self.allocated_count += other.allocated_count;
+        self.allocated_bytes += other.allocated_bytes;
+        self.freed_count += other.freed_count;
+        self.freed_bytes += other.freed_bytes;
     }
 
     /// Sets the peaks to the current values.
