@@ -8,7 +8,8 @@ rrmm until the first aliased import.
 
 - ``torch_memory_saver`` gives ``rrmm.compat.torch_memory_saver`` (the same module object).
 - ``vllm.device_allocator.cumem`` gives ``rrmm.compat.vllm_cumem``; the packages above it are
-  vLLM's own where vLLM is installed, else empty packages that hold only that module.
+  vLLM's own where vLLM is installed, else empty packages that hold only that module. vLLM's
+  workers then allocate from rrmm, which the sleep-mode backend ``rrmm`` needs.
 
 The loader and the switch's reading are ``_rrmm_as_rmm``'s (installed beside it).
 """
