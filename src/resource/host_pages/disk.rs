@@ -328,6 +328,9 @@ impl DiskCopy {
                     .write(true)
                     .open(&f.path)
                     .map_err(|err| file_error(&self.target, &f.path, "opening", &err, f.len))?;
+                // Read front to back: the kernel reads ahead while the chunk before is copied.
+                let len = std::num::NonZeroU64::new(f.len as u64);
+                let _ = rustix::fs::fadvise(&file, 0, len, rustix::fs::Advice::Sequential);
                 Ok(e.insert(file))
             }
         }
