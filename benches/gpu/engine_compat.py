@@ -89,13 +89,16 @@ def saver_examples(gib: int) -> dict[str, Any]:
         out["cuda_graph_same_after_resume"] = bool(torch.equal(static_out, expected))
     except Exception as e:  # noqa: BLE001 - reported in the row
         out["cuda_graph_error"] = f"{type(e).__name__}: {e}"
-    # Nested regions are refused, as torch_memory_saver does.
-    try:
-        with torch_memory_saver.region("a"), torch_memory_saver.region("b"):
-            pass
-        out["nested_region_refused"] = False
-    except RuntimeError:
-        out["nested_region_refused"] = True
+    # Nested regions: the inner one's tag until it ends (torch_memory_saver's nested_region).
+    with torch_memory_saver.region("a", enable_cpu_backup=True):
+        with torch_memory_saver.region("b"):
+            inner = torch.full((1 << 20,), 9, dtype=torch.uint8, device="cuda")
+        outer = torch.full((1 << 20,), 8, dtype=torch.uint8, device="cuda")
+    torch_memory_saver.pause("b")
+    out["nested_region_outer_usable"] = bool(torch.all(outer == 8).item())
+    torch_memory_saver.resume("b")
+    inner.fill_(1)
+    out["nested_region_inner_usable"] = bool(torch.all(inner == 1).item())
     return out
 
 

@@ -48,6 +48,7 @@ class SleepReport(SleepFigures):
     map_s: float | None
     copy_in_s: float | None
     failed_restores: int
+    disk_bytes: int
 
 
 class HostPageFigures(TypedDict):
@@ -97,7 +98,10 @@ class Movement(TypedDict):
     """A pool's movement state (``movement()``): its phase (``"awake"``, ``"offloading"``,
     ``"asleep"``, ``"waking"``), who put it to sleep (``"user"``, ``"ledger"``, or None while
     awake), and where its bytes are: device pages, host pages spilled under its addresses
-    (they stay there across a sleep), the host copy of a sleep, and bytes moving now."""
+    (they stay there across a sleep), the host copy (or disk backup) of a sleep, and bytes
+    moving now; and how many times the physical memory behind its addresses changed (every
+    sleep, wake and promotion that moved pages: code that registered the memory with another
+    library compares it with the count it registered at)."""
 
     phase: str
     cause: str | None
@@ -105,3 +109,4 @@ class Movement(TypedDict):
     spilled_bytes: int
     offloaded_bytes: int
     moving_bytes: int
+    backing_changes: int

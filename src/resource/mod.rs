@@ -59,7 +59,7 @@ pub use cuda::{CudaMemoryResource, DeviceAlloc};
 pub use cuda_async::{CudaAsyncMemoryResource, CudaAsyncViewMemoryResource};
 pub use cuda_async_managed::CudaAsyncManagedMemoryResource;
 pub use direct::{DirectAllocator, DirectMemoryResource};
-pub use host_copy::{CopyFence, HostCopy};
+pub use host_copy::{CopyFence, HostCopy, Toward};
 pub use host_pages::mapped::SpillFigures;
 pub use host_virtual_memory::{HostVirtualMemory, HOST_PAGE_SIZE};
 pub(crate) use link::place_of;

@@ -460,16 +460,37 @@ struct ExpandableGrowth {
     identity: usize,
 }
 
-/// The next sleep's host pages kept ready as an expandable pool grows
-/// ([`ExpandableMemoryResource::keep_sleep_ready`]).
+/// An expandable pool's sleeps' host pages: their kind (the memory's own, or plain pageable
+/// pages: [`ExpandableMemoryResource::set_pageable_host_copy`]) and whether they are kept
+/// ready as the pool grows ([`ExpandableMemoryResource::keep_sleep_ready`]).
 #[derive(Debug, Default)]
 pub(crate) struct ReadyAhead {
     on: std::sync::atomic::AtomicBool,
     /// The bytes of the range asked for last (0: none yet).
     prepared_for: std::sync::atomic::AtomicUsize,
+    /// Plain pageable pages instead of the memory's own kind.
+    pageable: std::sync::atomic::AtomicBool,
 }
 
 impl ReadyAhead {
+    /// The pages a sleep of memory `vm` copies into: the memory's own kind
+    /// ([`VirtualMemory::host_pages`]) or plain pages where the pool chose them; `None` where
+    /// the pages have no bytes to keep.
+    ///
+    /// # Errors
+    /// Where the memory cannot be copied to the host.
+    pub(crate) fn spec(
+        &self,
+        vm: &dyn VirtualMemory,
+    ) -> Result<Option<crate::resource::host_pages::registered::PageSpec>> {
+        let own = vm.host_pages()?;
+        let pageable = self.pageable.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(own.map(|spec| match pageable {
+            true => crate::resource::host_pages::registered::PageSpec::plain(),
+            false => spec,
+        }))
+    }
+
     /// With `mapped` bytes mapped: asks the supply of `vm` to hold a quarter more than `mapped`
     /// when what it asked for last is less than `mapped` (a few asks over a pool's growth, each
     /// making only what the ranges made before lack: the next sleep's copy spans them), on a
@@ -482,7 +503,7 @@ impl ReadyAhead {
         if mapped <= self.prepared_for.load(Ordering::Relaxed) {
             return 0;
         }
-        let Ok(Some(spec)) = vm.host_pages() else {
+        let Ok(Some(spec)) = self.spec(vm) else {
             return 0;
         };
         let target = mapped.saturating_add(mapped / 4);
@@ -820,6 +841,7 @@ impl Drop for Inner {
     }
 }
 
+mod backup;
 mod movement;
 mod sleep;
 mod spill;

@@ -1,8 +1,9 @@
 """Drop-in sleep APIs of inference and RL engines, over rrmm's tagged expandable pools.
 
-- :mod:`rrmm.compat.torch_memory_saver`: torch_memory_saver's calls and singleton
-  (``region``, ``cuda_graph``, ``disable``, ``pause``, ``resume``), used by SGLang, slime and
-  others.
+- :mod:`rrmm.compat.torch_memory_saver`: torch_memory_saver 0.0.10's calls, properties and
+  environment variables (``region``, ``cuda_graph``, ``disable``, ``pause``, ``resume``,
+  ``retain_cpu_backup``, ``get_cpu_backup``, CPU and disk backups, ``TMS_INIT_ENABLE``), used by
+  SGLang, slime and others.
 - :mod:`rrmm.compat.vllm_cumem`: vLLM's ``CuMemAllocator`` (``get_instance``,
   ``use_memory_pool``, ``cudagraph_pool``, ``sleep``, ``discard``, ``wake_up``,
   ``get_current_usage``, ``release_pools``), call for call with vLLM 0.33.

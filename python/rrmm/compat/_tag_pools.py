@@ -3,10 +3,14 @@ current resource, a pool per region tag, each tag's backup choice, and PyTorch's
 tag (PyTorch's allocations in a region reach rrmm through its pluggable allocator, which
 allocates from the current resource: the region's tag).
 
-Memory allocated outside every region (and inside ``disable()``) goes to a pool of its own, the
-tagged resource's first (``OUTSIDE``), which no pause touches: as torch_memory_saver, a pause
-gives back only memory allocated in a region. Whether a tag is paused is its pool's own state
-(``pool.asleep``, ``pool.movement()``); nothing here keeps a copy of it."""
+Memory allocated outside every region (and inside ``disable()``) goes to a pool of its own
+(``OUTSIDE``), which no pause touches: as torch_memory_saver, a pause gives back only memory
+allocated in a region. It is the tagged resource's first pool (what a thread with no current tag
+allocates from) unless the process is in a region from the start (``first_tag``: torch_memory_saver's
+``TMS_INIT_ENABLE``), when that region's pool is first. Whether a tag is paused is its pool's own
+state (``pool.asleep``, ``pool.movement()``); nothing here keeps a copy of it. A pool whose tag
+keeps its bytes at a pause keeps its next pause's host pages ready as it grows
+(``keep_sleep_ready``), so the first pause copies at the link's speed too."""
 
 from __future__ import annotations
 
@@ -28,14 +32,29 @@ PoolFactory = Callable[[], mr.ExpandableMemoryResource]
 class TagPools:
     """Each tag's expandable pool on one device, and what a pause of it keeps."""
 
-    def __init__(self, make_pool: PoolFactory | None = None, device: int | None = None) -> None:
+    def __init__(
+        self,
+        make_pool: PoolFactory | None = None,
+        device: int | None = None,
+        first_tag: str | None = None,
+        first_backup: bool = False,
+        on_new_pool: Callable[[str, mr.ExpandableMemoryResource], None] | None = None,
+    ) -> None:
+        """``first_tag``: a region the whole process is in from the start (every thread with
+        no current tag allocates there, ``first_backup`` saying whether a pause keeps its
+        bytes); ``on_new_pool(tag, pool)``: called for each tag's pool as it is made (after
+        it was set to keep its next pause's host pages ready where the tag keeps its bytes)."""
         self._make_pool = make_pool
         self._device = device
+        self._first = first_tag
         self._lock = threading.RLock()
         self._tagged: mr.TaggedMemoryResource | None = None
         self._backup: dict[str, bool] = {}
         self._entered: list[str] = []
         self._torch_pools: dict[str, Any] = {}
+        self._on_new_pool = on_new_pool
+        if first_tag is not None:
+            self._backup[first_tag] = first_backup
 
     # ---------------------------------------------------------------- set-up
 
@@ -53,21 +72,36 @@ class TagPools:
 
     def tagged(self) -> mr.TaggedMemoryResource:
         """The tagged resource, made and set as the device's current resource on first use; its
-        first pool (``OUTSIDE``) takes what is allocated outside every region."""
+        first pool takes what is allocated outside every region (``OUTSIDE``), or, when the
+        process is in a region from the start, that region's."""
         with self._lock:
             if self._tagged is None:
-                self._tagged = mr.TaggedMemoryResource(self._new_pool(), OUTSIDE)
-                mr.set_per_device_resource(self._device_ordinal(), self._tagged)
+                first = OUTSIDE if self._first is None else self._first
+                tagged = mr.TaggedMemoryResource(self._new_tag_pool(first), first)
+                if self._first is not None:
+                    tagged.add_tag(OUTSIDE, self._new_tag_pool(OUTSIDE))
+                    self._entered.append(self._first)
+                self._tagged = tagged
+                mr.set_per_device_resource(self._device_ordinal(), tagged)
             return self._tagged
+
+    def _new_tag_pool(self, tag: str) -> mr.ExpandableMemoryResource:
+        pool = self._new_pool()
+        if tag != OUTSIDE and self.backup(tag):
+            # The next pause's host pages, made ready in the background as the pool grows.
+            pool.keep_sleep_ready(True)
+        if self._on_new_pool is not None and tag != OUTSIDE:
+            self._on_new_pool(tag, pool)
+        return pool
 
     def _ensure_tag(self, tag: str, backup: bool) -> None:
         if tag == OUTSIDE:
             raise ValueError(f"{OUTSIDE!r} names the memory outside every region, not a region")
         tagged = self.tagged()
         with self._lock:
-            if tag not in tagged.tags:
-                tagged.add_tag(tag, self._new_pool())
             self._backup[tag] = backup
+            if tag not in tagged.tags:
+                tagged.add_tag(tag, self._new_tag_pool(tag))
 
     # ---------------------------------------------------------------- regions
 
@@ -88,9 +122,6 @@ class TagPools:
                 yield
         finally:
             tagged.set_current_tag(previous)
-        if backup:
-            # The host pages of the tag's next pause, made ready in the background.
-            tagged.pool(tag).prepare_sleep()
 
     def _mem_pool(self, tag: str) -> Any:
         """``tag``'s PyTorch ``MemPool`` over rrmm's PyTorch allocator (made on first use);
@@ -129,10 +160,18 @@ class TagPools:
         if torch is not None and torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    def pause(self, tags: list[str], keep: Callable[[str], bool]) -> dict[str, Any]:
+    def pause(
+        self,
+        tags: list[str],
+        keep: Callable[[str], bool],
+        to_disk: Callable[[str], tuple[str, int | None] | None] | None = None,
+    ) -> dict[str, Any]:
         """Gives the physical memory of ``tags``' pools (region tags) back, keeping every
-        address; a tag for which ``keep`` is false is discarded (not copied). Returns each tag's
-        figures. Memory outside every region is never touched."""
+        address; a tag for which ``keep`` is false is discarded (not copied); one for which
+        ``to_disk`` gives a directory (and chunk bytes) is written to files there instead of
+        host memory. Returns each tag's figures. Memory outside every region is never touched.
+        A refused pause changes nothing: the tags it paused before the refusal are resumed and
+        the error raised."""
         tagged = self.tagged()
         self._synchronize()
         done: dict[str, Any] = {}
@@ -141,18 +180,35 @@ class TagPools:
                 continue
             pool = tagged.pool(tag)
             discard: Any = None if keep(tag) else "all"
-            done[tag] = pool.offload(discard=discard)
+            disk = to_disk(tag) if to_disk is not None and keep(tag) else None
+            try:
+                if disk is None:
+                    done[tag] = pool.offload(discard=discard)
+                else:
+                    done[tag] = pool.offload(to_disk=disk[0], disk_chunk_bytes=disk[1])
+            except BaseException:
+                for paused in done:
+                    tagged.pool(paused).restore()
+                raise
         # An engine between phases is idle: on a shared GPU its other pools may sleep too.
         shared_gpu._engine_idle(True)
         return done
 
     def resume(self, tags: list[str]) -> None:
-        """Maps ``tags``' pools again at the same addresses and copies their backups back."""
+        """Maps ``tags``' pools again at the same addresses and copies their backups back. A
+        tag that cannot wake (no room; a disk backup's file gone) stays paused with its bytes;
+        the others are still resumed, and the first error is raised."""
         tagged = self.tagged()
         shared_gpu._engine_idle(False)
+        first: BaseException | None = None
         for tag in tags:
             if self.paused(tag):
-                tagged.pool(tag).restore()
+                try:
+                    tagged.pool(tag).restore()
+                except (MemoryError, RuntimeError, ValueError) as e:
+                    first = first or e
+        if first is not None:
+            raise first
 
     def paused(self, tag: str) -> bool:
         """Whether ``tag``'s pool sleeps by the process's own choice now (its own state). A pool

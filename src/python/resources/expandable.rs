@@ -4,6 +4,7 @@
 use super::convert::opt_bytes_arg;
 use super::resource::DeviceMemoryResource;
 use crate::python::errors::py_result;
+use crate::resource::sleep::{BackingChange, BackingWatcher};
 use crate::resource::HostVirtualMemory;
 use crate::suballocator::{
     ExpandableMemoryResource as RsExpandable, ExpandableOptions, ExpandableSizes,
@@ -235,6 +236,105 @@ impl ExpandableMemoryResource {
     fn set_retain_host_copy(&self, retain: bool) {
         self.mr.set_retain_host_copy(retain)
     }
+
+    /// Where `restore()` puts the host copy: "supply" (back to the process's host page supply,
+    /// ready for the next sleep of any pool: the default), "give_back" (to the OS at once) or
+    /// "keep" (kept with the pool: its bytes as of the sleep stay readable through
+    /// `host_copy_of()`, and the next `offload()` copies into it, at the same host addresses,
+    /// where it holds enough).
+    fn set_host_copy_after_wake(&self, after: &str) -> PyResult<()> {
+        self.mr.set_host_copy_after_wake(py_result(after.parse())?);
+        Ok(())
+    }
+
+    /// Where `restore()` puts the host copy now ("supply", "give_back" or "keep").
+    fn host_copy_after_wake(&self) -> &'static str {
+        self.mr.host_copy_after_wake().name()
+    }
+
+    /// Whether the host copy is plain pageable pages (True) instead of the memory's own kind
+    /// (pinned for a device: page-locked, copied at the link's speed; False, the default).
+    /// Plain pages are the OS's to reclaim once given back; a device copies them slower.
+    fn set_pageable_host_copy(&self, pageable: bool) {
+        self.mr.set_pageable_host_copy(pageable)
+    }
+
+    /// The host memory holding the pool's bytes of `buffer` (a pointer, tensor, array or
+    /// buffer; `nbytes` from it where not given): a list of (address, bytes), one piece unless
+    /// the copy spans two host ranges there, or None where no host copy holds them all (awake
+    /// with no copy kept, discarded, a disk backup, simulated memory). While asleep it is the
+    /// sleep's copy; while awake, one kept with the pool (`set_host_copy_after_wake("keep")`),
+    /// as of its sleep. The addresses are valid until the next `restore()` (a kept copy's,
+    /// until the next `offload()`): reading them later is a use after free.
+    #[pyo3(signature = (buffer, nbytes = None))]
+    fn host_copy_of(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        nbytes: Option<usize>,
+    ) -> PyResult<Option<Vec<(usize, usize)>>> {
+        let (ptr, bytes) = range_of(buffer, nbytes)?;
+        let mr = &self.mr;
+        Ok(py.detach(|| mr.host_copy_of(ptr, bytes)))
+    }
+
+    /// The pool's bytes of `buffer` from its host copy (as `host_copy_of()` finds them), read
+    /// under the pool's lock (no `restore()` frees them meanwhile); None where no host copy
+    /// holds them all.
+    #[pyo3(signature = (buffer, nbytes = None))]
+    fn read_host_copy<'py>(
+        &self,
+        py: Python<'py>,
+        buffer: &Bound<'_, PyAny>,
+        nbytes: Option<usize>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let (ptr, bytes) = range_of(buffer, nbytes)?;
+        let mut out = vec![0u8; bytes];
+        let mr = &self.mr;
+        let found = py.detach(|| mr.read_host_copy(ptr, &mut out));
+        Ok(found.then(|| pyo3::types::PyBytes::new(py, &out)))
+    }
+
+    /// Calls `callback(event, base, size)` with the pool's address range when the physical
+    /// memory behind it changes by the user's hand (None: no callback): event "sleep" before
+    /// an `offload()` (or a stack's sleep, an engine's pause) unmaps it, "wake" after a
+    /// `restore()` mapped it again, or after such a sleep was refused (the pages unchanged).
+    /// For code that registered the memory with another library (NCCL's buffer registration):
+    /// deregister at "sleep", register again at "wake". It runs on the transition's thread with
+    /// the GIL taken and no lock of the pool held: it may call rrmm (the pool's figures, other
+    /// pools), but must not `offload()` or `restore()` this pool; what it raises is reported as
+    /// unraisable (the transition goes on). The shared-GPU ledger's sleeps and the wakes at
+    /// first use are not told (they may run inside an allocation): they count in
+    /// `movement()[i]["backing_changes"]`, which every sleep, wake and promotion increases.
+    /// The pool holds the callback: set None to let go of it (a callback that holds the pool
+    /// keeps both alive until then).
+    #[pyo3(signature = (callback))]
+    fn set_backing_watcher(&self, callback: Option<Py<PyAny>>) {
+        let watcher = callback.map(|callback| -> BackingWatcher {
+            Arc::new(move |change: BackingChange, base: usize, bytes: usize| {
+                Python::attach(|py| {
+                    if let Err(e) = callback.call1(py, (change.name(), base, bytes)) {
+                        e.write_unraisable(py, None);
+                    }
+                });
+            })
+        });
+        self.mr.set_backing_watcher(watcher);
+    }
+}
+
+/// The address range of `buffer` (a pointer, tensor, array or buffer): its pointer, and
+/// `nbytes` or its own size.
+fn range_of(buffer: &Bound<'_, PyAny>, nbytes: Option<usize>) -> PyResult<(usize, usize)> {
+    let ptr = super::sleep::pointer_of(buffer)?;
+    let bytes = nbytes
+        .or_else(|| super::sleep::size_of(buffer))
+        .ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "nbytes is needed for a buffer that does not say its size (a pointer)",
+            )
+        })?;
+    Ok((ptr, bytes))
 }
 
 /// `spill_to_host`: None or False (never), True (as many bytes as the host has room for now),

@@ -106,16 +106,30 @@ impl DeviceMemoryResource {
     /// for its streams, copies its live allocations (but the `discard` buffers and those
     /// tagged "discard") to host memory and gives every page back, keeping every address.
     /// `discard_fill`: what discarded allocations hold after `restore()`, "undefined" or
-    /// "zero". Returns what it released and copied. `RuntimeError` without an expandable pool
-    /// under it, or when asleep already.
-    #[pyo3(signature = (discard = None, discard_fill = "undefined"))]
+    /// "zero". `to_disk`: a directory (it must exist) to write the kept bytes to, one file per
+    /// live block, instead of host memory, streamed through two chunks of `disk_chunk_bytes`
+    /// (default 64 MiB) of pinned memory; the files are removed at `restore()`. Returns what it
+    /// released and copied. `RuntimeError` without an expandable pool under it, or when asleep
+    /// already; `MemoryError` without room on the host (or the disk); `ValueError` for a missing
+    /// or unwritable directory. A refused offload changes nothing.
+    #[pyo3(signature = (discard = None, discard_fill = "undefined", to_disk = None,
+                        disk_chunk_bytes = None))]
     fn offload<'py>(
         &self,
         py: Python<'py>,
         discard: Option<&Bound<'py, PyAny>>,
         discard_fill: &str,
+        to_disk: Option<std::path::PathBuf>,
+        disk_chunk_bytes: Option<usize>,
     ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        super::sleep::offload(py, &self.inner, discard, discard_fill)
+        super::sleep::offload(
+            py,
+            &self.inner,
+            discard,
+            discard_fill,
+            to_disk,
+            disk_chunk_bytes,
+        )
     }
 
     /// rrmm: makes the host pages of the next `offload()` of the expandable pool under this

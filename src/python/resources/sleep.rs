@@ -3,6 +3,7 @@
 //! `crate::suballocator::sleep`), the figures as dicts, and the pointer of a buffer.
 
 use crate::python::errors::py_result;
+use crate::resource::host_pages::disk::DiskTarget;
 use crate::resource::SharedResource;
 use crate::suballocator::sleep as rs;
 use crate::suballocator::{DiscardFill, SleepReport, SleepTag};
@@ -52,7 +53,7 @@ pub(super) fn report_dict<'py>(py: Python<'py>, r: &SleepReport) -> PyResult<Bou
 
 /// The bytes of the buffer `obj` where it says (a `DeviceBuffer`'s `size`, an array's or
 /// tensor's `nbytes`); `None` for a pointer alone.
-fn size_of(obj: &Bound<'_, PyAny>) -> Option<usize> {
+pub(super) fn size_of(obj: &Bound<'_, PyAny>) -> Option<usize> {
     if obj.extract::<usize>().is_ok() {
         return None;
     }
@@ -92,8 +93,13 @@ pub(super) fn offload<'py>(
     mr: &SharedResource,
     discard: Option<&Bound<'py, PyAny>>,
     discard_fill: &str,
+    to_disk: Option<std::path::PathBuf>,
+    disk_chunk_bytes: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let fill: DiscardFill = parse(discard_fill)?;
+    let disk = to_disk
+        .map(|dir| py_result(DiskTarget::new(dir, disk_chunk_bytes)))
+        .transpose()?;
     let mut wanted = Vec::new();
     let mut discard_all = false;
     match discard {
@@ -122,6 +128,7 @@ pub(super) fn offload<'py>(
                 discard,
                 fill,
                 discard_all,
+                disk,
                 ..rs::SleepPlan::default()
             },
         )

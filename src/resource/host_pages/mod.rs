@@ -9,6 +9,10 @@
 //!   host memory made by `cuMemCreate` on the device's host NUMA node and mapped into an
 //!   expandable pool's own address range when the device is full (spill), so the device reads
 //!   it in place and a promotion can put device memory under the same addresses later.
+//!
+//! Beside them, [`disk`]: a sleeping pool's bytes in files instead of host memory, streamed
+//! through two small ranges of the supply.
 
+pub mod disk;
 pub mod mapped;
 pub mod registered;

@@ -89,6 +89,82 @@ pub enum DiscardFill {
 
 from_names!(DiscardFill, "discard_fill", "discard fill", "undefined" => Undefined, "zero" => Zero);
 
+/// Where a sleep's host copy goes when the pool wakes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AfterWake {
+    /// Back to the process's host page supply, ready for the next sleep of any pool (within the
+    /// supply's keep limit): every sleep after the first copies into pages made before.
+    #[default]
+    Supply,
+    /// To the OS: the host memory is free for others at once; the next sleep makes its pages.
+    GiveBack,
+    /// Kept with the pool: its bytes, as of the sleep, stay readable (the pool's
+    /// `host_copy_of`), and the next sleep copies into it where it holds enough (same host
+    /// addresses); a later wake under another policy lets it go.
+    Keep,
+}
+
+from_names!(AfterWake, "after_wake", "place for the host copy after a wake",
+    "supply" => Supply, "give_back" => GiveBack, "keep" => Keep);
+
+impl AfterWake {
+    /// The policy as one byte (the pool's atomic).
+    pub const fn to_u8(self) -> u8 {
+        match self {
+            AfterWake::Supply => 0,
+            AfterWake::GiveBack => 1,
+            AfterWake::Keep => 2,
+        }
+    }
+
+    /// The policy of [`to_u8`](Self::to_u8)'s byte.
+    pub const fn from_u8(b: u8) -> AfterWake {
+        match b {
+            1 => AfterWake::GiveBack,
+            2 => AfterWake::Keep,
+            _ => AfterWake::Supply,
+        }
+    }
+
+    /// Its name (`"supply"`, `"give_back"`, `"keep"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            AfterWake::Supply => "supply",
+            AfterWake::GiveBack => "give_back",
+            AfterWake::Keep => "keep",
+        }
+    }
+}
+
+/// A change of the physical memory behind a pool's addresses, as the pool's watcher hears of it
+/// ([`BackingWatcher`]), for code that registered the memory with another library (NCCL's
+/// buffer registration, an RDMA memory region): such registrations name the physical pages,
+/// which a sleep gives back and a wake replaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackingChange {
+    /// A sleep of the user's is about to unmap the pool's pages: deregister now.
+    Sleep,
+    /// A wake mapped new pages under the same addresses (or a sleep was refused, the pages
+    /// unchanged): register again.
+    Wake,
+}
+
+impl BackingChange {
+    /// Its name (`"sleep"`, `"wake"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackingChange::Sleep => "sleep",
+            BackingChange::Wake => "wake",
+        }
+    }
+}
+
+/// Called with a [`BackingChange`] and the pool's address range (start, bytes): before a sleep
+/// of the user's unmaps it, after a wake of one mapped it again. Called with no lock of rrmm's
+/// held, on the thread of the transition; it may call into rrmm, but must not start a
+/// transition of the same pool.
+pub type BackingWatcher = Arc<dyn Fn(BackingChange, usize, usize) + Send + Sync>;
+
 /// The value named `s` among `choices` (name, value), else an invalid `argument` whose message
 /// names `s`, what it should be and every name.
 fn parse_choice<T: Copy>(
@@ -168,6 +244,8 @@ pub struct SleepReport {
     pub copy_in_s: Option<f64>,
     /// Restores refused (the memory could not be mapped) before the one that succeeded.
     pub failed_restores: u64,
+    /// Bytes written to files (a sleep to disk: [`SleepPlan::disk`]); 0 for a host copy.
+    pub disk_bytes: usize,
 }
 
 /// Who put a pool to sleep: what may wake it.
@@ -250,6 +328,10 @@ pub struct Movement {
     pub offloaded_bytes: usize,
     /// Bytes being moved now (an offload's, a wake's or a promotion's pages).
     pub moving_bytes: usize,
+    /// How many times the physical memory behind its addresses changed: every sleep, wake and
+    /// promotion that moved pages (whoever asked). Code that registered the memory elsewhere
+    /// compares it with the count it registered at (see [`BackingWatcher`] for being told).
+    pub backing_changes: u64,
 }
 
 /// What one sleep does beyond the persistent tags: the blocks (start, bytes) it discards, what
@@ -271,6 +353,9 @@ pub struct SleepPlan {
     /// unmapped is mapped back, every byte in place) and refused. The ledger's sleep reads
     /// whether the process is still idle.
     pub still_wanted: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Write the kept bytes to files in this directory instead of host memory (a disk backup:
+    /// see [`crate::resource::host_pages::disk`]).
+    pub disk: Option<crate::resource::host_pages::disk::DiskTarget>,
 }
 
 impl std::fmt::Debug for SleepPlan {
@@ -281,6 +366,7 @@ impl std::fmt::Debug for SleepPlan {
             .field("discard_all", &self.discard_all)
             .field("cause", &self.cause)
             .field("still_wanted", &self.still_wanted.is_some())
+            .field("disk", &self.disk)
             .finish()
     }
 }

@@ -26,14 +26,14 @@ use crate::error::{Error, Result};
 use crate::pressure::Place;
 use crate::resource::host_pages::mapped::PromoteReport;
 use crate::resource::sleep::{
-    ByteRange, DiscardFill, Movement, Phase, SleepCause, SleepEstimate, SleepPlan, SleepReport,
-    SleepTag, Sleeper, Spiller, Tenant,
+    AfterWake, BackingChange, BackingWatcher, ByteRange, DiscardFill, Movement, Phase, SleepCause,
+    SleepEstimate, SleepPlan, SleepReport, SleepTag, Sleeper, Spiller, Tenant,
 };
 use crate::resource::HostCopy;
 use crate::resource::SpillFigures;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// A sleeping pool's record.
@@ -55,6 +55,15 @@ impl Saved {
     pub(super) fn kept_bytes(&self) -> usize {
         self.kept.iter().map(|&(_, bytes, _)| bytes).sum()
     }
+}
+
+/// A host copy kept with the pool after its wake ([`AfterWake::Keep`]): its bytes as of that
+/// sleep, readable until the next sleep copies into it.
+#[derive(Debug)]
+pub(super) struct Retained {
+    pub(super) host: HostCopy,
+    /// The kept ranges of that sleep (address, bytes, offset in the copy).
+    pub(super) kept: Vec<(usize, usize, usize)>,
 }
 
 /// The pool's movement state, its tags, its tenants and its records (one per pool).
@@ -79,9 +88,15 @@ pub(super) struct MovementState {
     pub(super) tagged: AtomicUsize,
     /// The suballocators over the pool, while they live.
     pub(super) tenants: Mutex<Vec<Weak<dyn Tenant>>>,
-    /// Whether a wake gives the host copy's pages back to the OS instead of to the process's
-    /// host page supply (where the next sleep takes them again, ready).
-    pub(super) give_back_host: AtomicBool,
+    /// Where a wake puts the host copy ([`AfterWake::to_u8`]).
+    pub(super) after_wake: AtomicU8,
+    /// The host copy kept with the pool after its wake ([`AfterWake::Keep`]); locked after
+    /// the transition lock.
+    pub(super) retained: Mutex<Option<Retained>>,
+    /// Changes of the physical memory behind the addresses ([`Movement::backing_changes`]).
+    pub(super) backing_changes: AtomicU64,
+    /// Told of the user's sleeps and wakes, outside every lock.
+    pub(super) watcher: Mutex<Option<BackingWatcher>>,
     pub(super) last: Mutex<Option<SleepReport>>,
     pub(super) sleeps: AtomicUsize,
 }
@@ -198,6 +213,25 @@ impl MovementState {
         live.iter().map(|t| t.segments()).collect()
     }
 
+    /// Where a wake puts the host copy.
+    pub(super) fn after_wake(&self) -> AfterWake {
+        AfterWake::from_u8(self.after_wake.load(Ordering::Relaxed))
+    }
+
+    /// Counts a change of the physical memory behind the addresses.
+    pub(super) fn backing_changed(&self) {
+        self.backing_changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// Tells the watcher (if any) of `change` of the range `base .. base + bytes`; call with no
+    /// lock held.
+    pub(super) fn tell(&self, change: BackingChange, base: usize, bytes: usize) {
+        let watcher = self.watcher.lock().clone();
+        if let Some(w) = watcher {
+            w(change, base, bytes);
+        }
+    }
+
     /// The tags' count leaves the process's count when the pool drops.
     pub(super) fn forget_all_tags(&self) {
         let n = std::mem::take(&mut *self.tags.lock()).len();
@@ -228,6 +262,7 @@ impl ExpandableMemoryResource {
             spilled_bytes: spilled,
             offloaded_bytes: if m.asleep() { offloaded } else { 0 },
             moving_bytes: m.moving.load(Ordering::Relaxed),
+            backing_changes: m.backing_changes.load(Ordering::Acquire),
         }
     }
 

@@ -28,14 +28,15 @@
 //!
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
-use super::movement::{Moving, Saved};
+use super::movement::{Moving, Retained, Saved};
 use super::ExpandableMemoryResource;
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
 use crate::resource::sleep::{
-    self as rs, index, MovingPool, Phase, SleepCause, SleepPlan, TenantLookup,
+    self as rs, index, AfterWake, BackingChange, MovingPool, Phase, SleepCause, SleepPlan,
+    TenantLookup,
 };
-use crate::resource::{CopyFence, HostCopy};
+use crate::resource::{CopyFence, HostCopy, Toward};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -219,21 +220,6 @@ impl ExpandableMemoryResource {
         self.inner.sleep.last.lock().clone()
     }
 
-    /// Whether a restore keeps the host copy's pages for the next offload (default true: they
-    /// go back to the process's host page supply, ready, so the next sleep copies at the
-    /// link's speed into pages made before; bounded by the supply's keep limit). False gives
-    /// them back to the OS at every wake, and gives back the supply's free pages now
-    /// ([`drop_host_copy`](Self::drop_host_copy)).
-    pub fn set_retain_host_copy(&self, retain: bool) {
-        self.inner
-            .sleep
-            .give_back_host
-            .store(!retain, Ordering::Relaxed);
-        if !retain {
-            self.drop_host_copy();
-        }
-    }
-
     /// Makes the host pages of the next sleep ready ahead of need, in the background: ranges
     /// of the process's host page supply holding as much as the pool's mapped memory (what a
     /// sleep can copy at most), so that the sleep copies at the link's speed from the first
@@ -245,7 +231,7 @@ impl ExpandableMemoryResource {
     /// Where the memory cannot be copied to the host.
     pub fn prepare_sleep(&self) -> Result<usize> {
         let vm = &self.inner.vm;
-        let Some(spec) = vm.host_pages()? else {
+        let Some(spec) = self.inner.ready_ahead.spec(vm.as_ref())? else {
             return Ok(0);
         };
         // Spilled pages stay where they are across a sleep: only device pages are copied.
@@ -266,20 +252,14 @@ impl ExpandableMemoryResource {
     /// Where the memory cannot be copied to the host.
     pub fn keep_sleep_ready(&self, on: bool) -> Result<usize> {
         let vm = &self.inner.vm;
-        vm.host_pages()?;
         let ready = &self.inner.ready_ahead;
+        ready.spec(vm.as_ref())?;
         ready.on.store(on, Ordering::Relaxed);
         if !on {
             ready.prepared_for.store(0, Ordering::Relaxed);
             return Ok(0);
         }
         Ok(ready.keep_up(vm.as_ref(), self.mapped_bytes()))
-    }
-
-    /// Gives the host pages kept for the next sleep back to the OS (the free pages of the
-    /// supply this pool's sleeps take from); returns their bytes.
-    pub fn drop_host_copy(&self) -> usize {
-        self.inner.vm.host_supply().give_back(0)
     }
 
     /// [`offload_with`](Self::offload_with) with [`DiscardFill::Undefined`].
@@ -314,6 +294,22 @@ impl ExpandableMemoryResource {
     /// and unchanged, except when the unmapping failed half-way and undoing it failed too: then
     /// it is asleep (the message says so) and [`restore`](Self::restore) retries.
     pub fn offload_plan(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
+        let gate = &self.inner.sleep;
+        // The user's sleeps are told to the watcher before the lock (it may call into rrmm),
+        // and a refused one is told as a wake (the pages unchanged).
+        let told = plan.cause == SleepCause::User && !gate.asleep();
+        if told {
+            self.tell(BackingChange::Sleep);
+        }
+        let done = self.offload_held(plan);
+        if told && done.is_err() && !gate.asleep() {
+            self.tell(BackingChange::Wake);
+        }
+        done
+    }
+
+    /// [`offload_plan`](Self::offload_plan) under the transition lock.
+    fn offload_held(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
         let inner = &self.inner;
         let gate = &inner.sleep;
         let mut state = gate.hold();
@@ -355,7 +351,10 @@ impl ExpandableMemoryResource {
         let still_wanted = || plan.wanted() && !gate.abandon.load(Ordering::SeqCst);
         let done = self.offload_flagged(&mut state, plan, started, trimmed, &still_wanted);
         match (&done, state.is_some()) {
-            (Ok(_), _) => gate.set_phase(Phase::Asleep),
+            (Ok(_), _) => {
+                gate.backing_changed();
+                gate.set_phase(Phase::Asleep);
+            }
             (Err(_), false) => {
                 gate.set_phase(Phase::Awake);
                 index::mark_awake(inner.vm.base());
@@ -391,8 +390,7 @@ impl ExpandableMemoryResource {
         }
         let _moving = Moving::new(gate, copied);
         let step = Instant::now();
-        let host = HostCopy::take(inner.vm.host_supply(), inner.vm.host_pages()?, copied)?;
-        let host_reused = host.was_ready();
+        let (host, host_reused) = self.take_host_copy(plan, &kept, &view.live, copied)?;
         let host_alloc_s = step.elapsed().as_secs_f64();
         let step = Instant::now();
         let page = inner.vm.page_size();
@@ -425,6 +423,7 @@ impl ExpandableMemoryResource {
             host_pinned: host.is_pinned(),
             host_reused,
             host_ranges: host.ranges(),
+            disk_bytes: host.disk_bytes(),
             sync_trim_s,
             host_alloc_s,
             copy_out_s: step.elapsed().as_secs_f64() - unmap_s,
@@ -517,17 +516,12 @@ impl ExpandableMemoryResource {
                 }
                 if at + size > addr {
                     let (lo, hi) = (at.max(addr), (at + size).min(end));
-                    let mut dev = lo;
-                    for (to, n) in host.spans(off + (lo - at), hi - lo) {
-                        // SAFETY: `dev .. dev + n` lies in a block live at the snapshot, so its
-                        // pages are mapped (the phase stops growth and trims since before it)
-                        // and no work is queued on it (synchronized; offload's contract); the
-                        // host piece lies in the host copy (`off + size` is at most its
-                        // length), which nothing else uses and which outlives the copy
-                        // (fenced, or waited for on an error).
-                        unsafe { vm.copy_out(dev, to, n) }?;
-                        dev += n;
-                    }
+                    // SAFETY: `lo .. hi` lies in a block live at the snapshot, so its pages are
+                    // mapped (the phase stops growth and trims since before it) and no work is
+                    // queued on it (synchronized; offload's contract); the piece lies in the
+                    // copy (`off + size` is at most its length), which nothing else uses and
+                    // which outlives the copies (fenced, or waited for on an error).
+                    unsafe { host.copy(vm.as_ref(), Toward::Copy, lo, off + (lo - at), hi - lo) }?;
                 }
                 if at + size > end {
                     break;
@@ -543,7 +537,7 @@ impl ExpandableMemoryResource {
         while !fences.is_empty() {
             unmap_next(&mut fences)?;
         }
-        Ok(())
+        host.finish(true)
     }
 
     /// Wakes the pool: maps its pages again at the same addresses, copies the kept allocations
@@ -566,7 +560,13 @@ impl ExpandableMemoryResource {
                 "expandable: restore() of a pool that is awake (no offload() to undo)".into(),
             ));
         }
-        self.wake_locked(&mut state)
+        let users = gate.cause() == Some(SleepCause::User);
+        self.wake_locked(&mut state)?;
+        drop(state);
+        if users {
+            self.tell(BackingChange::Wake);
+        }
+        Ok(())
     }
 
     /// Wakes the pool where it sleeps for `cause` (any cause: `None`), after the transition in
@@ -589,8 +589,14 @@ impl ExpandableMemoryResource {
             gate.abandon.store(true, Ordering::SeqCst);
         }
         let mut state = gate.hold();
+        let mut users = false;
         if state.is_some() && mine(gate.cause()) {
+            users = gate.cause() == Some(SleepCause::User);
             self.wake_locked(&mut state)?;
+        }
+        drop(state);
+        if users {
+            self.tell(BackingChange::Wake);
         }
         Ok(!gate.asleep())
     }
@@ -609,6 +615,8 @@ impl ExpandableMemoryResource {
         let Some(saved) = state.as_mut() else {
             return Ok(());
         };
+        // Files of a disk backup that vanished or shrank: refused before a page is mapped.
+        saved.host.check()?;
         let started = Instant::now();
         inner.sleep.set_phase(Phase::Waking);
         let moving = Moving::new(&inner.sleep, saved.kept_bytes());
@@ -639,6 +647,7 @@ impl ExpandableMemoryResource {
             map_s += step.elapsed().as_secs_f64();
             if let Err(e) = mapped {
                 let _ = inner.vm.wait_copies();
+                let _ = saved.host.finish(false);
                 unmap_all(&chunks[..i]);
                 saved.report.failed_restores += 1;
                 *inner.sleep.last.lock() = Some(saved.report.clone());
@@ -655,18 +664,19 @@ impl ExpandableMemoryResource {
                     continue;
                 }
                 let (lo, hi) = (at.max(addr), (at + size).min(end));
-                let mut dev = lo;
-                for (from, n) in saved.host.spans(off + (lo - at), hi - lo) {
-                    // SAFETY: `dev .. dev + n` lies in chunks mapped above and nothing uses
-                    // them (asleep: allocations are refused, and no block was handed out since
-                    // the offload); the host piece lies inside the copy made at offload, which
-                    // lives on until after the wait below.
-                    copied = unsafe { inner.vm.copy_in(dev, from, n) };
-                    if copied.is_err() {
-                        break;
-                    }
-                    dev += n;
-                }
+                // SAFETY: `lo .. hi` lies in chunks mapped above and nothing uses them (asleep:
+                // allocations are refused, and no block was handed out since the offload); the
+                // piece lies inside the copy made at offload, which lives on until after the
+                // wait below.
+                copied = unsafe {
+                    saved.host.copy(
+                        inner.vm.as_ref(),
+                        Toward::Device,
+                        lo,
+                        off + (lo - at),
+                        hi - lo,
+                    )
+                };
                 if copied.is_err() || at + size > end {
                     break;
                 }
@@ -674,6 +684,7 @@ impl ExpandableMemoryResource {
             }
             if copied.is_err() {
                 let _ = inner.vm.wait_copies();
+                let _ = saved.host.finish(false);
                 unmap_all(&chunks[..=i]);
                 inner.sleep.set_phase(Phase::Asleep);
                 return copied;
@@ -689,7 +700,8 @@ impl ExpandableMemoryResource {
             }
         }
         let waited = inner.vm.wait_copies();
-        if let Err(e) = copied.and(waited) {
+        let finished = saved.host.finish(false);
+        if let Err(e) = copied.and(waited).and(finished) {
             unmap_all(&chunks);
             inner.sleep.set_phase(Phase::Asleep);
             return Err(e);
@@ -700,6 +712,7 @@ impl ExpandableMemoryResource {
         let Saved {
             mut host,
             mut report,
+            kept,
             ..
         } = *saved;
         let restore_s = started.elapsed().as_secs_f64();
@@ -707,12 +720,20 @@ impl ExpandableMemoryResource {
         report.copy_in_s = Some(restore_s - map_s);
         report.restore_s = Some(restore_s);
         *inner.sleep.last.lock() = Some(report);
-        if inner.sleep.give_back_host.load(Ordering::Relaxed) {
-            host.give_back_on_drop();
+        match inner.sleep.after_wake() {
+            AfterWake::Keep if host.host_bytes() > 0 => {
+                *inner.sleep.retained.lock() = Some(Retained { host, kept });
+            }
+            // Back to the supply (ready for the next sleep) or to the OS; a disk copy's files
+            // are removed.
+            AfterWake::GiveBack => {
+                host.give_back_on_drop();
+                drop(host);
+            }
+            _ => drop(host),
         }
-        // Back to the supply (ready for the next sleep) or to the OS.
-        drop(host);
         drop(moving);
+        inner.sleep.backing_changed();
         inner.sleep.set_phase(Phase::Awake);
         index::mark_awake(inner.vm.base());
         // Pages that became wholly free while asleep (blocks freed then): given back again. A

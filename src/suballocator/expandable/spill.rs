@@ -97,6 +97,10 @@ impl ExpandableMemoryResource {
                 // offload's).
                 let moved = unsafe { inner.vm.promote(a, want) }?;
                 promoted += moved;
+                if moved > 0 && promoted == moved {
+                    // Once per promotion: device pages replaced host pages under the addresses.
+                    inner.sleep.backing_changed();
+                }
                 budget -= moved;
                 if moved < want {
                     break;

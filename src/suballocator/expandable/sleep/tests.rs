@@ -1203,3 +1203,5 @@ fn a_pool_dropped_asleep_leaves_the_index() {
     assert!(check_awake("src", base, 8).is_ok(), "no stale entry");
     drop(blocks);
 }
+
+mod backup;
