@@ -112,7 +112,25 @@ fn lookup_or_create(ordinal: usize) -> Result<SharedResource> {
     }
     let mr: SharedResource = Arc::new(CudaMemoryResource::on_device(ordinal)?);
     map.insert(ordinal, mr.clone());
+    drop(map);
+    // A process that never set a resource (it only installed a framework's hook) joins its
+    // GPU's ledger here when RRMM_SHARE_GPU asks, as one that set one does.
+    shared_gpu_follows(ordinal, &mr);
     Ok(mr)
+}
+
+/// The ledger follows device `ordinal`'s resource, now `mr` ([`crate::shared_gpu::resource_set`]:
+/// `RRMM_SHARE_GPU` joins it); a failure to join leaves the resource in place and says why once.
+fn shared_gpu_follows(ordinal: usize, mr: &SharedResource) {
+    if let Err(e) = crate::shared_gpu::resource_set(mr) {
+        // A write to a closed stderr is skipped, never a panic.
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!(
+                "rrmm: RRMM_SHARE_GPU is set but device {ordinal} could not join its ledger: {e}\n"
+            ),
+        );
+    }
 }
 
 /// Sets the resource of device `ordinal` and returns the previous one, if any was set.
@@ -131,17 +149,7 @@ pub fn set_per_device_resource(
         forget_this_threads_lookup();
         map.insert(ordinal, mr.clone())
     };
-    // A shared GPU's ledger follows the device's resource (RRMM_SHARE_GPU joins it here); a
-    // failure to join leaves the resource set and says why once.
-    if let Err(e) = crate::shared_gpu::resource_set(&mr) {
-        // A write to a closed stderr is skipped, never a panic.
-        let _ = std::io::Write::write_fmt(
-            &mut std::io::stderr(),
-            format_args!(
-                "rrmm: RRMM_SHARE_GPU is set but device {ordinal} could not join its ledger: {e}\n"
-            ),
-        );
-    }
+    shared_gpu_follows(ordinal, &mr);
     Ok(old)
 }
 

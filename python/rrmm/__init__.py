@@ -1,6 +1,26 @@
 """rrmm: a fast CUDA device-memory manager in Rust with RMM's Python API.
 
-Code written for RMM runs with ``import rrmm as rmm``.
+Code written for RMM runs with ``import rrmm as rmm`` (``rrmm.mr``, ``rrmm.DeviceBuffer``,
+``rrmm.reinitialize``, the CuPy, Numba and PyTorch hooks in ``rrmm.allocators``).
+rrmm is not on PyPI: install it from a clone (``pip install .``).
+
+What rrmm does beyond RMM, each shown in the README ("What rrmm adds", one snippet for a GPU and
+one that runs anywhere) and in docs/api.md:
+
+- sleep and wake, every address kept: ``rrmm.sleep()``, ``offload()``/``restore()`` of an
+  ``rrmm.mr.ExpandableMemoryResource``;
+- spill to host and promotion: ``ExpandableMemoryResource(spill_to_host=...)``, ``promote()``;
+- one GPU, many processes: ``rrmm.shared_gpu`` (a ledger; ``RRMM_SHARE_GPU=1``), and without a
+  GPU ``rrmm.mr.SimulatedMemoryResource(size, shared="name")``, one device several processes
+  share;
+- the engines' sleep APIs: ``rrmm.compat.torch_memory_saver``, ``rrmm.compat.vllm_cumem``
+  (``RRMM_AS_TORCH_MEMORY_SAVER=1``, ``RRMM_AS_VLLM_CUMEM=1``; ``RRMM_AS_RMM=1`` for
+  ``import rmm``);
+- Dask: ``rrmm.dask`` (a worker plugin, ``RRMMSetup``);
+- ``rrmm replay`` and ``rrmm snapshot view`` (``python -m rrmm --help``).
+
+``rrmm.compat`` and ``rrmm.dask`` are imported on first access (importing rrmm imports no
+framework: not CuPy, PyTorch, Numba or Dask).
 """
 
 from __future__ import annotations
@@ -96,10 +116,17 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+#: Subpackages imported on first access, as attributes (``rrmm.dask`` imports Dask's
+#: ``distributed``; ``rrmm.compat`` the engines' modules, which import PyTorch only when used).
+_LAZY_MODULES = ("compat", "dask")
 
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
         module, attribute = _LAZY[name]
         return getattr(importlib.import_module(module), attribute)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -215,8 +215,10 @@ def history(mr: DeviceMemoryResource | None = None) -> list[dict[str, Any]]:
 
 def ask(nbytes: int, mr: DeviceMemoryResource | None = None) -> dict[str, Any]:
     """Asks the other processes for room for ``nbytes`` as an allocation that ran out does;
-    returns what they answered (``shortfall``, ``trimmed``, ``slept``, who was asked,
-    ``unanswered``: who did not answer in time or could not be reached, ``seconds``,
+    returns what they answered (``shortfall``, ``trimmed``, ``slept``, ``claimed``: what the
+    answers said they gave, counted or not, since an entry is written every quarter second;
+    who was asked, ``unanswered``: who did not answer in time or could not be reached,
+    ``seconds``,
     ``note``: why not more, naming those and the deadline). Each wait has a deadline (a second
     for trims); an answer counts only from the process asked and at most what its entry shows
     it gave."""

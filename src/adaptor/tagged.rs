@@ -293,6 +293,11 @@ impl PoolReport for TaggedMemoryResource {
             .fold(Footprint::default(), Footprint::plus)
     }
 
+    /// The pools' held bytes, without their footprints' walks.
+    fn held_bytes(&self) -> usize {
+        self.pools_reports(|r| r.held_bytes()).into_iter().sum()
+    }
+
     fn memory_stats(&self) -> Option<MemoryStats> {
         self.pools_reports(|r| r.memory_stats())
             .into_iter()

@@ -8,7 +8,10 @@
 //!   v2, its own group and each ancestor), read from a root path (fake trees in tests).
 //! - [`host_pages`]: anonymous host ranges reserved, committed on a NUMA node with huge pages and
 //!   faulted in from several threads, and given back (the fast start of pinned memory).
+//! - [`file_lock`]: an exclusive `flock` on an open file, for several processes' read-modify-
+//!   writes of one small file.
 
 pub mod cgroup;
+pub mod file_lock;
 pub mod host_memory;
 pub mod host_pages;

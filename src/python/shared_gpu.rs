@@ -288,7 +288,7 @@ fn _shared_gpu_ask<'py>(
     let r = py.detach(move || member.ask_for(nbytes));
     let d = PyDict::new(py);
     super::set_fields!(d, r;
-        bytes, shortfall, trimmed, slept, trim_asked, sleep_asked, unanswered, seconds, note,
+        bytes, shortfall, trimmed, slept, claimed, trim_asked, sleep_asked, unanswered, seconds, note,
     );
     Ok(d)
 }

@@ -64,6 +64,11 @@ pub struct Link {
     /// (its `link()` is the trait's default): a block it carved cannot be found by address, so
     /// a tag of an address alone through it is refused.
     pub opaque: Option<&'static str>,
+    /// The ledger of the memory below where several processes share it by a name (a shared
+    /// simulated device: `shared-<name>`): processes that join over it join that ledger
+    /// ([`crate::shared_gpu::join`]). `None` for a GPU (its ledger is its UUID's) and for
+    /// memory of this process alone.
+    pub device_key: Option<Arc<str>>,
 }
 
 impl Link {
@@ -85,6 +90,7 @@ impl Link {
             placement: None,
             tiers: None,
             opaque: None,
+            device_key: None,
         }
     }
 
@@ -115,6 +121,7 @@ impl Link {
             placement: first.placement.clone(),
             tiers: links.iter().find_map(|l| l.tiers.clone()),
             opaque: links.iter().find_map(|l| l.opaque),
+            device_key: first.device_key.clone(),
         })
     }
 

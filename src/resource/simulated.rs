@@ -198,6 +198,10 @@ pub struct SimulatedMemoryResource {
     /// With [`with_backing`](Self::with_backing): the host memory behind the window, so the
     /// bytes are kept (tests and examples of code that copies); `None`: addresses only.
     backing: Option<Backing>,
+    /// With [`shared`](Self::shared): the device's capacity is shared by name with other
+    /// processes (and this process's other devices of the name), each charge checked against
+    /// what they all hold.
+    shared: Option<crate::shared_gpu::simulated_device::SharedDevice>,
     state: Mutex<SimulatedState>,
 }
 
@@ -404,8 +408,48 @@ impl SimulatedMemoryResource {
             refused,
             host_tier,
             backing: None,
+            shared: None,
             state: Mutex::new(SimulatedState::new(AddressRanges::new(base, space))),
         }
+    }
+
+    /// A pretend device of `size` bytes (as [`try_new`](Self::try_new)) whose capacity is
+    /// shared with every other process that makes the device called `name` (and this process's
+    /// other devices of the name): they compete for its bytes, as processes on one GPU do, each
+    /// with its own addresses. Its link names the ledger the processes over it join
+    /// ([`Link::device_key`](super::Link::device_key): `shared-<name>`), so the ledger's asks
+    /// (trims of the others' pools, sleeps of idle processes) can be watched on any machine
+    /// ([`crate::shared_gpu::simulated_device`]: a locked table under the ledger's directory,
+    /// `RRMM_LEDGER_DIR`). Each allocation and free reads and writes that table (microseconds):
+    /// for tests and demonstrations of sharing, not for replays.
+    ///
+    /// # Errors
+    /// As [`try_new`](Self::try_new) and
+    /// [`SharedDevice::open`](crate::shared_gpu::simulated_device::SharedDevice::open): a name
+    /// that cannot name a directory, a size other than the one the processes on it made it
+    /// with, a ledger directory or table refused.
+    pub fn shared(size: usize, name: &str) -> Result<Self> {
+        let mut device = Self::try_new(size)?;
+        device.shared = Some(crate::shared_gpu::simulated_device::SharedDevice::open(
+            name,
+            device.size,
+        )?);
+        Ok(device)
+    }
+
+    /// The name of the device's capacity shared with other processes
+    /// ([`shared`](Self::shared)), if it is.
+    pub fn shared_name(&self) -> Option<&str> {
+        self.shared.as_ref().map(|d| d.name())
+    }
+
+    /// Bytes the other processes on a shared device charge now (0 for a device of its own, or
+    /// when the table cannot be read: the error shows at the next allocation).
+    fn others(&self) -> usize {
+        self.shared
+            .as_ref()
+            .and_then(|d| d.others().ok())
+            .map_or(0, |b| b as usize)
     }
 
     /// A device of `size` bytes as [`new`](Self::new) makes it (the same capacity, 2 MiB page
@@ -441,6 +485,7 @@ impl SimulatedMemoryResource {
             window: None,
             refused: None,
             host_tier: 0,
+            shared: None,
             state: Mutex::new(SimulatedState::new(AddressRanges::new(
                 base,
                 reservation.len(),
@@ -547,7 +592,26 @@ impl SimulatedMemoryResource {
                 ),
             ));
         }
+        if let Some(shared) = &self.shared {
+            let (before, after) = (s.in_use as u64, (s.in_use + charged) as u64);
+            if let Err(no_room) = shared.charge(before, after)? {
+                let in_use = s.in_use;
+                drop(s);
+                return Err(Error::out_of_memory(
+                    bytes,
+                    format!(
+                        "simulated device of {} bytes shared as {:?}: {charged} bytes needed, \
+                         {} free (this device holds {in_use}, the other processes on it {})",
+                        self.size,
+                        shared.name(),
+                        (self.size - in_use).saturating_sub(no_room.others as usize),
+                        no_room.others
+                    ),
+                ));
+            }
+        }
         let Some(start) = s.ranges.place(rounded) else {
+            self.uncharge_shared(s.in_use);
             // Unreachable while the address space is 64x the capacity; reported honestly.
             return Err(Error::out_of_memory(
                 bytes,
@@ -557,6 +621,7 @@ impl SimulatedMemoryResource {
         if let Some(backing) = &self.backing {
             if let Err(e) = backing.commit(&mut s, start, rounded) {
                 s.ranges.unplace(start, rounded);
+                self.uncharge_shared(s.in_use);
                 return Err(e);
             }
         }
@@ -570,6 +635,14 @@ impl SimulatedMemoryResource {
             .store(in_use, std::sync::atomic::Ordering::Relaxed);
         s.peak = s.peak.max(s.in_use);
         Ok(start)
+    }
+
+    /// Sets a shared device's charge back to `in_use` bytes (an allocation that failed after
+    /// its charge). A table that cannot be written keeps the higher charge until the next one.
+    fn uncharge_shared(&self, in_use: usize) {
+        if let Some(shared) = &self.shared {
+            let _ = shared.charge(u64::MAX, in_use as u64);
+        }
     }
 }
 
@@ -608,6 +681,9 @@ impl MemoryResource for SimulatedMemoryResource {
         }
         s.live.remove(&ptr);
         s.in_use -= charged;
+        // A free always passes; a table that cannot be written keeps the higher charge until
+        // the next one (the others see less room, never more).
+        self.uncharge_shared(s.in_use);
         if let Some(held) = &s.held {
             held.store(s.in_use, std::sync::atomic::Ordering::Relaxed);
         }
@@ -634,7 +710,10 @@ impl MemoryResource for SimulatedMemoryResource {
     /// `cudaMemGetInfo` reports them under managed memory: free is 0 once allocations spill
     /// past the device, though managed allocations still succeed.
     fn memory_info(&self) -> Option<(usize, usize)> {
-        let free = self.size.saturating_sub(self.state.lock().in_use);
+        let free = self
+            .size
+            .saturating_sub(self.state.lock().in_use)
+            .saturating_sub(self.others());
         let usable = if free >= SIMULATED_PAGE_SIZE {
             free & !(SIMULATED_PAGE_SIZE - 1)
         } else {
@@ -649,12 +728,16 @@ impl MemoryResource for SimulatedMemoryResource {
 
     /// A source whose calls are host bookkeeping that returns at once.
     fn link(&self) -> super::Link {
-        super::Link::source(
+        let mut link = super::Link::source(
             self.kind(),
             self.device(),
             self.identity(),
             super::CallProfile::QUICK,
-        )
+        );
+        link.device_key = self
+            .shared_name()
+            .map(|name| crate::shared_gpu::simulated_device::ledger_key(name).into());
+        link
     }
 
     fn name(&self) -> &'static str {
@@ -670,8 +753,9 @@ impl PoolReport for SimulatedMemoryResource {
     /// Held: the bytes charged to live allocations (device and host tier); free: the rest of
     /// the device, all of it usable by one request (the driver's placement never fragments).
     fn footprint(&self) -> Footprint {
+        let others = self.others();
         let s = self.state.lock();
-        let free = self.size.saturating_sub(s.in_use);
+        let free = self.size.saturating_sub(s.in_use).saturating_sub(others);
         Footprint {
             held_bytes: s.in_use,
             free_bytes: free,

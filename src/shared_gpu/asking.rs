@@ -39,6 +39,10 @@ pub struct AskReport {
     pub trimmed: u64,
     /// Bytes freed by sleeps (likewise; trims and sleeps together at most the device).
     pub slept: u64,
+    /// Bytes the believed answers claimed, counted or not (an answerer's entry written before
+    /// its pool's cache grew shows less than it gave): a reason to try the allocation again,
+    /// never a figure of what was given.
+    pub claimed: u64,
     /// The processes asked to trim, then to sleep.
     pub trim_asked: Vec<u32>,
     /// The processes asked to sleep.
@@ -74,14 +78,28 @@ struct Unanswered {
 }
 
 impl Unanswered {
-    fn add(&mut self, round: &Round, wait: Duration) {
+    /// What `round`, a round of requests of kind `asked` that waited at most `wait`, left
+    /// unanswered, in words: who did not answer and the deadline (a sleep not answered in time
+    /// may still finish: the asker no longer counts it, and says so).
+    fn add(&mut self, round: &Round, asked: Asked, wait: Duration) {
         for answer in round.answers.iter().filter(|a| !a.note.is_empty()) {
             self.answered
                 .push(format!("pid {}: {}", answer.pid, answer.note));
         }
         if !round.silent.is_empty() {
+            let what = match asked {
+                Asked::Give => "to trim",
+                Asked::Sleep => "to sleep",
+            };
+            let after = match asked {
+                Asked::Give => "",
+                Asked::Sleep => {
+                    " (its sleep may still finish: what it frees is there for the next try, not \
+                     counted here)"
+                }
+            };
             self.words.push(format!(
-                "no answer within {:.1} s from {}",
+                "no answer {what} within the deadline of {:.1} s from {}{after}",
                 wait.as_secs_f64(),
                 pids(&round.silent)
             ));
@@ -246,8 +264,9 @@ impl Member {
             .collect();
         report.trim_asked = trims.iter().map(|e| e.pid()).collect();
         let round = self.request(&trims, Asked::Give, report.shortfall, TRIM_WAIT);
-        unanswered.add(&round, TRIM_WAIT);
+        unanswered.add(&round, Asked::Give, TRIM_WAIT);
         report.trimmed += round.answers.iter().map(|a| a.bytes).sum::<u64>();
+        report.claimed += round.answers.iter().map(|a| a.claimed).sum::<u64>();
         let mut asked: HashSet<(u32, u64)> = trims.iter().map(|e| (e.pid(), e.pid_ns)).collect();
         if report.trimmed < report.shortfall && report.shortfall > 0 {
             // Entries are up to a moment old: whoever was not asked may have cached since.
@@ -258,12 +277,13 @@ impl Member {
                 .collect();
             asked.extend(rest.iter().map(|e| (e.pid(), e.pid_ns)));
             let round = self.request(&rest, Asked::Give, report.shortfall, TRIM_WAIT);
-            unanswered.add(&round, TRIM_WAIT);
+            unanswered.add(&round, Asked::Give, TRIM_WAIT);
             for answer in &round.answers {
                 if answer.bytes > 0 {
                     report.trim_asked.push(answer.pid);
                 }
                 report.trimmed += answer.bytes;
+                report.claimed += answer.claimed;
             }
         }
         report.trimmed = report.trimmed.min(self.total);
@@ -287,14 +307,21 @@ impl Member {
                 let wait = SLEEP_WAIT + Duration::from_secs(holds.min(self.total) / 2_000_000_000);
                 let missing = report.shortfall - report.trimmed - report.slept;
                 let round = self.request(&[entry], Asked::Sleep, missing, wait);
-                unanswered.add(&round, wait);
+                unanswered.add(&round, Asked::Sleep, wait);
                 report.slept += round.answers.iter().map(|a| a.bytes).sum::<u64>();
+                report.claimed += round.answers.iter().map(|a| a.claimed).sum::<u64>();
                 report.slept = report.slept.min(self.total - report.trimmed);
             }
         } else if report.shortfall > 0 {
             report.note = "the others' caches and idle processes above their share hold too \
                            little"
                 .into();
+        }
+        if report.shortfall == 0 {
+            report.note = format!(
+                "nobody asked: the device has {free} bytes free, room for {bytes} and {SLACK} \
+                 more"
+            );
         }
         report.unanswered = unanswered.pids;
         let mut notes: Vec<String> = Vec::new();
@@ -321,5 +348,39 @@ impl Member {
         });
         self.publish();
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_that_runs_out_of_time_names_who_and_the_deadline() {
+        let round = Round {
+            answers: vec![Answered {
+                id: 1,
+                pid: 8,
+                bytes: 0,
+                claimed: 0,
+                note: "busy (not declared idle)".into(),
+            }],
+            silent: vec![7],
+            unreachable: vec![(9, "no socket".into())],
+        };
+        let mut unanswered = Unanswered::default();
+        unanswered.add(&round, Asked::Sleep, Duration::from_millis(5500));
+        let words = unanswered.words.join("; ");
+        assert!(
+            words.contains("no answer to sleep within the deadline of 5.5 s from pid 7")
+                && words.contains("may still finish")
+                && words.contains("pid 9 not reached: no socket"),
+            "{words}"
+        );
+        assert_eq!(unanswered.pids, [7, 9]);
+        assert_eq!(unanswered.answered, ["pid 8: busy (not declared idle)"]);
+        let mut trims = Unanswered::default();
+        trims.add(&round, Asked::Give, TRIM_WAIT);
+        assert!(trims.words[0].starts_with("no answer to trim within the deadline of 1.0 s"));
     }
 }

@@ -170,7 +170,9 @@ impl Member {
 impl pressure::Neighbours for Member {
     fn ask(&self, bytes: usize) -> bool {
         let report = self.ask_for(bytes as u64);
-        report.trimmed + report.slept > 0
+        // Another try where an answer gave what its entry does not show yet (written every
+        // quarter second): the allocation itself then says whether the room is there.
+        report.trimmed + report.slept > 0 || report.claimed > 0
     }
 
     fn admit(&self, bytes: usize) -> Result<()> {
@@ -292,9 +294,12 @@ mod tests {
             bytes: 1,
         }
         .encode();
+        // The sends succeed as fast as the listener drains its socket: a minute at most, for
+        // a machine whose cores other work holds (5 s sent 967 of them on a loaded 2-core
+        // machine, issue 50).
         let started = Instant::now();
         let mut sent = 0;
-        while sent < 3000 && started.elapsed() < Duration::from_secs(5) {
+        while sent < 3000 && started.elapsed() < Duration::from_secs(60) {
             if quiet.send_to(&request, &m.socket_path()).is_ok() {
                 sent += 1;
             }

@@ -23,6 +23,10 @@
 //! ([`message`], [`socket`]: sends never wait); every entry and message is checked before use
 //! ([`entry`], [`ledger_dir`]), and an answer counts only from the process asked and at most
 //! what its entry shows it gave ([`trust`]).
+//!
+//! Without a GPU, processes share a simulated device by a name ([`simulated_device`]): they
+//! compete for its bytes and join one ledger, so all of the above can be watched on any
+//! machine.
 
 mod answering;
 mod asking;
@@ -38,6 +42,7 @@ mod pending;
 pub mod process;
 mod publishing;
 pub mod rules;
+pub mod simulated_device;
 pub mod socket;
 pub mod trust;
 
@@ -94,9 +99,12 @@ pub fn join(resource: &SharedResource, options: &ShareOptions) -> Result<Arc<Mem
                     ),
                 ));
             };
+            // A device shared by name has its ledger (every process over it joins it); a
+            // device of this process alone, a ledger per size (tests).
             let key = options
                 .device_key
                 .clone()
+                .or_else(|| link.device_key.as_deref().map(str::to_string))
                 .unwrap_or_else(|| format!("simulated-{total}"));
             (total, key)
         }
@@ -146,19 +154,23 @@ pub fn wanted_by_env() -> bool {
         .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
 }
 
-/// A device's resource was set to `mr`: where the process is in the ledger of its memory,
-/// `mr`'s pools become the ones that sleep; where it is not and `RRMM_SHARE_GPU` asks, it
-/// joins with the environment's options ([`ShareOptions::from_env`]).
+/// A device's resource was set to `mr`, or made as its default (the first allocation of a
+/// process that set nothing, through a framework's hook): where the process is in the ledger
+/// of its memory, `mr`'s pools become the ones that sleep; where it is not and
+/// `RRMM_SHARE_GPU` asks, it joins with the environment's options
+/// ([`ShareOptions::from_env`]), over a GPU or a simulated device alike (a shared one's ledger
+/// is its name's), however the resource came to be.
 ///
 /// # Errors
 /// As [`join`] and [`ShareOptions::from_env`].
 pub fn resource_set(mr: &SharedResource) -> Result<()> {
-    let place = mr.link().place;
-    if let Some(m) = member(place) {
+    let link = mr.link();
+    if let Some(m) = member(link.place) {
         m.set_resource(Some(mr.clone()));
         return Ok(());
     }
-    if !wanted_by_env() || !matches!(place, Place::Device(_)) {
+    let shareable = matches!(link.place, Place::Device(_)) || link.kind == MemoryKind::Simulated;
+    if !wanted_by_env() || !shareable {
         return Ok(());
     }
     join(mr, &ShareOptions::from_env()?).map(|_| ())

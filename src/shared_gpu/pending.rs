@@ -23,6 +23,9 @@ pub struct Answered {
     pub pid: u32,
     /// The bytes that count.
     pub bytes: u64,
+    /// The bytes it claimed (more than count where its entry, written every quarter second,
+    /// does not show them yet): worth another try of the allocation, never counted.
+    pub claimed: u64,
     /// Its note, and why less than claimed counts (may be empty).
     pub note: String,
 }
@@ -163,6 +166,11 @@ impl Pending {
             id,
             pid: asked.pid,
             bytes: counted.bytes,
+            claimed: if counted.refused.is_some() {
+                0
+            } else {
+                claimed
+            },
             note,
         });
         match counted.refused {

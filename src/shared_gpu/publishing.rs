@@ -127,12 +127,20 @@ impl Member {
         )
     }
 
-    /// Free bytes of the device now: the driver's figure for a GPU; for a simulated device,
-    /// what the processes of `listing` leave of it (the ledger is the simulated device's
-    /// shared state).
+    /// Free bytes of the device now: the driver's figure for a GPU; a shared simulated
+    /// device's own (its table of every process's charges, [`super::simulated_device`]); for a
+    /// simulated device of this process alone, what the processes of `listing` leave of it (the
+    /// entries, up to a quarter second old, are then the only shared state).
     pub(super) fn free_now(&self, listing: &Listing) -> u64 {
         if let Place::Device(ordinal) = self.place {
             return crate::cuda::device_memory_info(ordinal).map_or(0, |(free, _)| free as u64);
+        }
+        let resource = self.resource.lock().clone();
+        if let Some((free, _)) = resource
+            .filter(|r| r.link().device_key.is_some())
+            .and_then(|r| r.memory_info())
+        {
+            return free as u64;
         }
         let held: u64 = listing
             .entries

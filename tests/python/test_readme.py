@@ -230,3 +230,98 @@ def test_the_no_gpu_python_example_runs_as_written(tmp_path):
 def test_the_python_section_says_it_needs_a_gpu_and_points_to_simulated_memory():
     section = README.read_text().split("## Python", 1)[1].split("\n## ", 1)[0]
     assert "needs an NVIDIA GPU" in section and "SimulatedMemoryResource" in section
+
+
+#: What rrmm does beyond RMM, as the README's headings name it, with what a snippet for a GPU and
+#: one that runs on any machine must each show (issue 50): every section keeps both.
+BEYOND_RMM = {
+    "### Sleep and wake, every address kept": (["rrmm.sleep("], ["rrmm.sleep(", "pageable_host"]),
+    "### Spill to host memory, and promotion back": (
+        ["spill_to_host", "promote("], ["spill_to_host", "device_capacity", "promote("]),
+    "### One GPU, many processes": (["share_gpu", "rrmm.shared_gpu"],
+                                    ["shared=", "RRMM_SHARE_GPU", "shared_gpu.history"]),
+    "### The engines' sleep APIs": (["torch_memory_saver"],
+                                    ["TorchMemorySaver(make_pool", "CuMemAllocator(make_pool"]),
+    "## Dask": (["RRMMSetup", "share_gpu"], ["RRMMSetup", "simulate="]),
+}
+SWITCHES = ("RRMM_AS_TORCH_MEMORY_SAVER", "RRMM_AS_VLLM_CUMEM", "RRMM_AS_RMM", "RRMM_SHARE_GPU")
+
+
+def _section(text: str, heading: str) -> str | None:
+    level = heading.split(" ", 1)[0]
+    start = text.find("\n" + heading + "\n")
+    if start < 0:
+        return None
+    body = text[start + len(heading) + 2:]
+    ends = [i for i in (body.find("\n## "), body.find("\n" + level + " ")) if i >= 0]
+    return body[: min(ends)] if ends else body
+
+
+def beyond_rmm_problems(text: str) -> list[str]:
+    """What the README lacks of the snippets ``BEYOND_RMM`` asks for, one line each, naming the
+    section and the snippet."""
+    problems = []
+    for heading, (gpu_needs, cpu_needs) in BEYOND_RMM.items():
+        section = _section(text, heading)
+        if section is None:
+            problems.append(f"README.md has no section {heading!r}")
+            continue
+        gpu, cpu = [], []
+        for match in re.finditer(r"```python\n(.*?)```", section, re.DOTALL):
+            before = section[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            (gpu if "script needs: gpu" in before else cpu).append(match.group(1))
+        for kind, found, needs in (("GPU", gpu, gpu_needs), ("no-GPU", cpu, cpu_needs)):
+            if not found:
+                problems.append(f"{heading!r}: no {kind} snippet")
+                continue
+            for need in needs:
+                if not any(need in block for block in found):
+                    problems.append(f"{heading!r}: no {kind} snippet shows {need!r}")
+    switches = _section(text, "### The engines' switches") or ""
+    problems += [f"'### The engines' switches' does not name {name}" for name in SWITCHES
+                 if name not in switches]
+    if "not on PyPI" not in text.split("## The two commands", 1)[0]:
+        problems.append("the README's opening does not say that rrmm is not on PyPI")
+    return problems
+
+
+def test_the_readme_shows_each_thing_beyond_rmm_with_a_gpu_and_a_no_gpu_snippet():
+    problems = beyond_rmm_problems(README.read_text())
+    assert not problems, "README.md:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("heading", list(BEYOND_RMM))
+def test_the_snippet_check_fails_on_a_removed_snippet(heading):
+    text = README.read_text()
+    section = _section(text, heading)
+    assert section is not None
+    last = list(re.finditer(r"```python\n(.*?)```", section, re.DOTALL))[-1]
+    removed = text.replace(section, section[: last.start()] + section[last.end():])
+    problems = beyond_rmm_problems(removed)
+    assert problems and all(heading in p for p in problems), problems
+
+
+def test_help_rrmm_points_to_what_rrmm_adds():
+    import rrmm
+
+    doc = rrmm.__doc__ or ""
+    for name in ("README", "not on PyPI", "rrmm.sleep()", "spill_to_host", "rrmm.shared_gpu",
+                 "shared=", "rrmm.compat.torch_memory_saver", "rrmm.compat.vllm_cumem",
+                 "rrmm.dask", *SWITCHES[:3]):
+        assert name in doc, name
+
+
+def test_compat_and_dask_are_attributes_imported_on_first_access():
+    # A fresh process: importing rrmm imports no framework, and the two subpackages are
+    # attributes once asked for.
+    code = ("import sys, rrmm\n"
+            "heavy = {'cupy', 'torch', 'numba', 'distributed', 'dask', 'rrmm.dask', 'rrmm.compat'}\n"
+            "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+            "assert rrmm.compat.__name__ == 'rrmm.compat'\n"
+            "import rrmm.compat.torch_memory_saver, rrmm.compat.vllm_cumem\n"
+            "assert 'torch' not in sys.modules\n"
+            "try:\n    import distributed\nexcept ImportError:\n    raise SystemExit(0)\n"
+            "assert rrmm.dask.RRMMSetup.__module__ == 'rrmm.dask'\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -127,7 +127,8 @@ def test_a_stopped_peer_costs_at_most_the_deadline_and_is_named(
         assert DEADLINE <= took < DEADLINE + SLACK, answer
         assert answer["trimmed"] == cb, "the others answered meanwhile"
         assert answer["unanswered"] == [a.pid], answer
-        assert f"no answer within 1.0 s from pid {a.pid}" in answer["note"], answer
+        silent = f"no answer to trim within the deadline of 1.0 s from pid {a.pid}"
+        assert silent in answer["note"], answer
         # Asked again: it has written nothing since, so nobody waits for it.
         started = time.monotonic()
         again = rrmm.shared_gpu.ask(900 * MIB, me)
@@ -136,7 +137,7 @@ def test_a_stopped_peer_costs_at_most_the_deadline_and_is_named(
         # An allocation refused after asking says so.
         with pytest.raises(MemoryError) as refused:
             me.allocate(2 << 30)
-        assert f"no answer within 1.0 s from pid {a.pid}" in str(refused.value) or (
+        assert silent in str(refused.value) or (
             f"not asked: pid {a.pid}" in str(refused.value)), str(refused.value)
     finally:
         os.kill(a.pid, signal.SIGCONT)

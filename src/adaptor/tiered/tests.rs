@@ -192,3 +192,40 @@ proptest! {
         prop_assert!(mr.tier_counts().iter().all(|c| c.current_bytes == 0));
     }
 }
+
+#[test]
+fn held_bytes_is_the_footprints_without_its_walk() {
+    // A pool on the first tier (its footprint walks its free lists; its held bytes are a
+    // counter), plain simulated tiers after it, and a tier named twice (counted once).
+    let device: SharedResource = Arc::new(SimulatedMemoryResource::new(64 * MIB));
+    let pool: SharedResource = Arc::new(
+        crate::suballocator::PoolMemoryResource::new(device, Some(8 * MIB), None).unwrap(),
+    );
+    let host: SharedResource = Arc::new(SimulatedMemoryResource::new(64 * MIB));
+    let mr = TieredMemoryResource::new(vec![
+        Tier::new("device", pool),
+        Tier::new("host", host.clone()),
+        Tier::new("again", host),
+    ])
+    .unwrap();
+    let report = mr.report().unwrap();
+    let mut live = Vec::new();
+    for (i, size) in [3 * MIB, 70 * MIB, MIB, 5 * MIB, 20 * MIB]
+        .into_iter()
+        .enumerate()
+    {
+        if let Ok(p) = mr.allocate(size, Stream::DEFAULT) {
+            live.push((p, size));
+        }
+        if i % 2 == 1 {
+            let (p, size) = live.remove(0);
+            free(&mr, p, size).unwrap();
+        }
+        assert_eq!(report.held_bytes(), report.footprint().held_bytes);
+    }
+    assert!(report.held_bytes() > 0);
+    for (p, size) in live {
+        free(&mr, p, size).unwrap();
+    }
+    assert_eq!(report.held_bytes(), report.footprint().held_bytes);
+}

@@ -372,12 +372,16 @@ pub(super) struct SimulatedMemoryResource {
 #[pymethods]
 impl SimulatedMemoryResource {
     /// `size` bytes of device; rrmm: `host_memory` bytes of host memory beyond it make it managed
-    /// memory (allocations beyond the device succeed, and are counted: `beyond_device_bytes`).
+    /// memory (allocations beyond the device succeed, and are counted: `beyond_device_bytes`);
+    /// `shared="name"`: every process that makes the device of that name shares its bytes (as
+    /// processes on one GPU do), and those that join a ledger over it join one
+    /// (`rrmm.shared_gpu`), so sharing a GPU can be watched on any machine.
     #[new]
-    #[pyo3(signature = (size, *, host_memory=None))]
+    #[pyo3(signature = (size, *, host_memory=None, shared=None))]
     fn new(
         size: &Bound<'_, PyAny>,
         host_memory: Option<&Bound<'_, PyAny>>,
+        shared: Option<&str>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
         let host = opt_bytes_arg(host_memory, "host_memory")?.unwrap_or(0);
@@ -391,8 +395,23 @@ impl SimulatedMemoryResource {
         // Copy paths refuse its addresses (above every host address; nothing is behind them).
         // No window left in the simulated address space: a MemoryError, never another live
         // device's addresses.
-        let sim = Arc::new(py_result(RsSimulated::try_managed(size, host))?);
+        let sim =
+            match shared {
+                Some(_) if host > 0 => return Err(PyValueError::new_err(
+                    "shared: a shared simulated device is plain device memory: give host_memory \
+                     or shared, not both",
+                )),
+                Some(name) => RsSimulated::shared(size, name),
+                None => RsSimulated::try_managed(size, host),
+            };
+        let sim = Arc::new(py_result(sim)?);
         Ok(sub(SimulatedMemoryResource { sim: sim.clone() }, sim))
+    }
+
+    /// rrmm: the name its bytes are shared by with other processes (None: its own).
+    #[getter]
+    fn shared(&self) -> Option<&str> {
+        self.sim.shared_name()
     }
 
     /// rrmm: bytes of host memory beyond the device (0: a plain device).
