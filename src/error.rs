@@ -124,6 +124,21 @@ impl Error {
         }
     }
 
+    /// The reason of an out-of-memory error made by [`Error::out_of_memory`], without RMM's
+    /// words around it (`std::bad_alloc: out_of_memory: ` and `(failed to allocate N bytes)`),
+    /// so that a wrapper can say it again for its own request without repeating them; the
+    /// whole message of another out-of-memory error; `None` for other errors.
+    pub fn out_of_memory_reason(&self) -> Option<&str> {
+        let Error::OutOfMemory { requested, message } = self else {
+            return None;
+        };
+        let text = message
+            .strip_prefix("std::bad_alloc: out_of_memory: ")
+            .unwrap_or(message);
+        let suffix = format!(" (failed to allocate {requested} bytes)");
+        Some(text.strip_suffix(suffix.as_str()).unwrap_or(text))
+    }
+
     /// An invalid-argument error.
     pub fn invalid(argument: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument {
@@ -195,5 +210,17 @@ mod tests {
         assert_ne!(other, e, "another payload is another error");
         assert!(Error::callback("MemoryError", true, ()).is_out_of_memory());
         assert_eq!(Error::Logic("x".into()).callback_payload::<()>(), None);
+    }
+
+    #[test]
+    fn an_out_of_memory_reason_is_said_without_rmms_words_around_it() {
+        let e = Error::out_of_memory(512, "the device is full");
+        assert_eq!(e.out_of_memory_reason(), Some("the device is full"));
+        let other = Error::OutOfMemory {
+            requested: 8,
+            message: "Exceeded memory limit".into(),
+        };
+        assert_eq!(other.out_of_memory_reason(), Some("Exceeded memory limit"));
+        assert_eq!(Error::Logic("x".into()).out_of_memory_reason(), None);
     }
 }

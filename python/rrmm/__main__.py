@@ -4,6 +4,7 @@ command)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,10 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rrmm`` command line; returns the exit status. Every subcommand's output goes
     through one policy (``rrmm._cli_common.run_with_output``): closed, broken and full streams
     end as ``--help``'s exit status section says, never with a traceback."""
-    from rrmm._cli_common import run_with_output
+    from rrmm._cli_common import fail, parse_command_line, run_with_output
 
     def command() -> int:
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(build_parser(), argv)
+        progress = os.environ.get("RRMM_PROGRESS", "").strip()
+        if progress not in ("", "0", "1"):
+            return fail(f"rrmm {args.command}", f"RRMM_PROGRESS={progress!r} in the "
+                        "environment is neither 0 (no progress bar) nor 1 (a bar on standard "
+                        "error); unset it for a bar on a terminal only")
         return int(args.run(args) or 0)
 
     return run_with_output(command)

@@ -4,15 +4,18 @@ the shipped logs, and the one place its output is written through (:func:`run_wi
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, NoReturn
 
 __all__ = [
-    "EXIT_CODES", "OUTPUT_FAILED", "USAGE", "OutputError", "error_text", "fail", "one_line",
-    "one_line_parser_errors", "resolve_log", "run_with_output",
+    "EXIT_CODES", "OUTPUT_FAILED", "RECORDING", "USAGE", "OutputError", "error_text", "fail",
+    "missing_log", "one_line", "one_line_parser_errors", "parse_command_line", "resolve_log",
+    "run_with_output",
 ]
 
 #: A misuse: bad arguments, or an input file that is missing or not what the command reads.
@@ -65,14 +68,62 @@ def fail(name: str, message: str, code: int = USAGE) -> int:
 
 def one_line_parser_errors(parser: argparse.ArgumentParser, name: str) -> None:
     """Makes ``parser``'s usage errors one line (argparse prints its usage block first) with
-    exit status 2, naming the ``--help`` that lists the options."""
+    exit status 2, naming the ``--help`` that lists the options, and the close name for a
+    misspelt command (``did you mean 'replay'?``)."""
 
     def error(message: str) -> NoReturn:
-        print(f"{name}: error: {one_line(message)} ({name} --help lists the options)",
-              file=sys.stderr)
+        print(f"{name}: error: {one_line(message)}{_choice_hint(message)} ({name} --help lists "
+              "the options)", file=sys.stderr)
         sys.exit(USAGE)
 
     parser.error = error  # type: ignore[method-assign]
+
+
+#: argparse's words for a command that is none of the choices (Python 3.11 to 3.13).
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+def _choice_hint(message: str) -> str:
+    """`` (did you mean 'replay'?)`` for argparse's refusal of a misspelt choice; empty
+    otherwise."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None or "did you mean" in message:
+        return ""
+    choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+    close = difflib.get_close_matches(found.group(1), choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_command_line(parser: argparse.ArgumentParser,
+                       argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with an argument that no parser knows blamed on the
+    subcommand that was given it (``rrmm replay: error: unrecognized arguments: --simlate (did
+    you mean --simulate?)``), not on ``rrmm``: argparse leaves a subcommand's unknown arguments
+    to the top parser, whose usage names no option of the subcommand."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        chosen = _chosen_parser(parser, args)
+        known = [o for action in chosen._actions for o in action.option_strings]
+        hints = []
+        for extra in extras:
+            if extra.startswith("-"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1)
+                if close:
+                    hints.append(f"{extra}: did you mean {close[0]}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        chosen.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    return args
+
+
+def _chosen_parser(parser: argparse.ArgumentParser,
+                   args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest subcommand's parser that ``args`` chose (``rrmm snapshot view``'s)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _chosen_parser(chosen, args)
+    return parser
 
 
 def resolve_log(log: str) -> tuple[str, str]:
@@ -87,6 +138,40 @@ def resolve_log(log: str) -> tuple[str, str]:
     except KeyError:
         return log, log  # the command reports the missing file by name
     return str(path), path.name
+
+
+#: How a log of one's own is recorded and what the file is called, for ``--help`` texts.
+RECORDING = """Recording a log of your own: rrmm.reinitialize(logging=True, log_file_name="mylog.csv") (or
+rrmm.mr.LoggingResourceAdaptor(upstream, "mylog.csv") over any resource, or RMM's own adaptor)
+logs every allocation and free; as RMM's, the adaptor inserts the device before the extension,
+so device 0 writes mylog.dev0.csv: replay that file (rrmm replay mylog.dev0.csv)."""
+
+
+def missing_log(log: str) -> str:
+    """Why ``log`` cannot be read, in one line: no such file, nor a shipped log's name, and
+    where the logging adaptor wrote its own files beside it (``mylog.dev0.csv`` for
+    ``mylog.csv``: it inserts the device before the extension), the file that exists."""
+    from rrmm import traces
+
+    directory, base = os.path.split(log)
+    stem, extension = os.path.splitext(base)
+    if extension == ".gz":
+        stem, inner = os.path.splitext(stem)
+        extension = inner + extension
+    try:
+        candidates = sorted(
+            name for name in os.listdir(directory or ".")
+            if re.fullmatch(re.escape(stem) + r"\.dev[0-9]+" + re.escape(extension), name)
+        )
+    except OSError:
+        candidates = []
+    if candidates:
+        found = ", ".join(os.path.join(directory, c) for c in candidates)
+        return (f"{log}: no such file; the logging adaptor inserts the device before the "
+                f"extension, so the log is {found}: did you mean "
+                f"{os.path.join(directory, candidates[0])}?")
+    return (f"{log}: no such file (nor a shipped log's name: "
+            f"{', '.join(traces.names())})")
 
 
 # ---------------------------------------------------------------- output

@@ -18,10 +18,18 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from rrmm import _replay_peers, parse_bytes
-from rrmm._cli_common import EXIT_CODES, USAGE, error_text, one_line_parser_errors, resolve_log
+from rrmm._cli_common import (
+    EXIT_CODES,
+    RECORDING,
+    USAGE,
+    error_text,
+    missing_log,
+    one_line_parser_errors,
+    resolve_log,
+)
 from rrmm._cli_common import fail as fail_with
 from rrmm._progress import Progress, progress_wanted
 from rrmm._replay_peers import PEERS, PYTHON_DRIVER
@@ -71,6 +79,11 @@ SIMULATED_ONLY_OPTIONS = ("host_memory", "peer_memory")
 #: device and its host memory are one simulated range: together at most 32 PiB).
 MANAGED_RESOURCES = ("managed", "managed_pool")
 
+#: How to get matplotlib for ``--plot``: rrmm is not on PyPI, so ``pip install 'rrmm[plot]'``
+#: finds nothing; the ``plot`` extra installs from a checkout.
+PLOT_INSTALL_HINT = ("pip install matplotlib (rrmm is not on PyPI: from a checkout of rrmm, "
+                     "pip install '.[plot]' installs rrmm with it)")
+
 #: File types ``--plot`` writes (matplotlib's raster and vector formats).
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -104,8 +117,10 @@ The report (one row per resource, the log's own properties once in the header):
               the GIL taken for it (the torch and cupy rows, and "R (python)")
 A "-" is a figure the resource does not report (CUDA's own allocators hold no footprint that
 rrmm can see).
-With --fit: the smallest simulated device (to 1% or 64 MiB) on which the log replays into each
-resource with no failed allocation, and the pool sizes that do it (managed memory and fallback:
+With --fit: the smallest simulated device on which the log replays into each resource with no
+failed allocation (the search: up from the log's peak in steps of 1% of the size or 64 MiB,
+whichever is finer; past about twice the peak, doubling, then halving the bracket to that
+step), and the pool sizes that do it (managed memory and fallback:
 with no byte beyond the device; tiered: with no byte in host memory, a peer GPU of the same size
 beside it). The size after it (failing_bytes in --json) is the largest tried that is too small:
 allocations fail there, or the resource cannot be built on it ("fails on"), or, for those that
@@ -176,7 +191,24 @@ def _positive_size(text: str) -> int:
     return value
 
 
-def _simulated_size(text: str) -> int:
+class GivenSize(int):
+    """A size of the command line that remembers its text (``--simulate 80``: a bare number,
+    bytes, where ``80GiB`` was likely meant)."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> Self:
+        size = super().__new__(cls, value)
+        size.text = text
+        return size
+
+    @property
+    def bare(self) -> bool:
+        """Whether the text is a number without a unit."""
+        return self.text.strip().isdigit()
+
+
+def _simulated_size(text: str) -> GivenSize:
     """A positive size of simulated memory (a device, a peer GPU, host memory): at most
     :data:`MAX_SIMULATED_BYTES`."""
     value = _positive_size(text)
@@ -184,7 +216,27 @@ def _simulated_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} ({value} bytes) is more than simulated memory can be: at most "
             f"{format_bytes(MAX_SIMULATED_BYTES)} ({MAX_SIMULATED_BYTES} bytes)")
-    return value
+    return GivenSize(value, text)
+
+
+def _device_below_requests(simulate: GivenSize | None, files: list[str],
+                           shown: dict[str, str]) -> str | None:
+    """Why ``--simulate N``, a bare number of bytes smaller than a log's largest request, is
+    refused (a unit left out: every such request would fail, and ``NGiB`` was likely meant),
+    or None. With a unit the size is taken as meant (a small device is a question one may ask:
+    the replay warns)."""
+    if simulate is None or not simulate.bare:
+        return None
+    from rrmm import _rrmm
+
+    for path in files:
+        largest = _rrmm.ReplayLog(path, True).facts["log_largest_request"]
+        if largest > simulate:
+            return (f"--simulate {simulate.text}: a simulated device of {int(simulate)} bytes "
+                    f"(a number without a unit is bytes) is smaller than the largest request "
+                    f"of {shown.get(path, path)} ({format_bytes(largest)}), so every such "
+                    f"request would fail: did you mean --simulate {simulate.text.strip()}GiB?")
+    return None
 
 
 def _positive_int(limit: int) -> Callable[[str], int]:
@@ -243,7 +295,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "replay",
         help="replay RMM-format allocation logs against memory resources",
         description=__doc__,
-        epilog=f"Resources:\n{summaries}\n\n{DEFINITIONS}\n{EXIT_CODES}",
+        epilog=f"Resources:\n{summaries}\n\n{DEFINITIONS}\n{RECORDING}\n\n{EXIT_CODES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -336,14 +388,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--fit",
         action="store_true",
         help="also find, per resource, the smallest simulated device on which the log replays "
-        "with no failed allocation (binary search to 1%% or 64 MiB)",
+        "with no failed allocation (the search: see With --fit below)",
     )
     parser.add_argument(
         "--plot",
         metavar="OUT.png",
-        help="draw memory over the events to OUT (.png, .pdf, .svg, .jpg); needs matplotlib",
+        help="draw memory over the events to the file OUT (.png, .pdf, .svg, .jpg; a path: "
+        "relative to the current directory, which is where a bare name goes); needs matplotlib",
     )
-    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the reports as JSON on standard output, each with its "
+                        f"timeline (about {PLOT_POINTS} points: events, bytes in use, "
+                        "footprint, bytes beyond the device)")
     parser.add_argument(
         "-q",
         "--quiet",
@@ -638,9 +694,11 @@ def _print_text(reports: list[ReplayRecord], fits: list[FitRecord], target: str,
         ratios = _python_ratios(rs)
         if ratios is not None:
             print(ratios, file=out)
-        repeats = {r["repeats"] for r in rs if r["repeats"] is not None}
+        repeats = [r["repeats"] for r in rs if r["repeats"] is not None]
         if repeats:
-            counts = "/".join(str(n) for n in sorted(repeats))
+            # One count per row, in the rows' order (one count when all rows ran as many).
+            counts = "/".join(str(n) for n in (repeats[:1] if len(set(repeats)) == 1
+                                               else repeats))
             print(f"  timings: median of {counts} repetition(s) after a warm-up, on one "
                   "resource per row", file=out)
         for r in rs:
@@ -726,8 +784,9 @@ def _sleep_line(r: ReplayRecord) -> str | None:
     if releases is None:
         return None
     copies = r.get("sleep_copies_at_end") or 0
-    text = (f"sleep: after the last event it would release {format_bytes(releases)} of device "
-            f"memory, copying {format_bytes(copies)} of live data to host memory "
+    memory = "pinned host memory" if r["resource"] in HOST_RESOURCES else "device memory"
+    text = (f"sleep: after the last event it would release {format_bytes(releases)} of {memory}, "
+            f"copying {format_bytes(copies)} of live data to host memory "
             f"({format_bytes(max(releases - copies, 0))} released without a copy)")
     peak = r.get("sleep_releases_at_peak")
     if peak is not None:
@@ -752,13 +811,11 @@ def _setup(r: ReplayRecord, named: Sequence[str] | None = None) -> str | None:
     return f"{head}; stands for {_stands_for(named)}"
 
 
-def _json_report(r: ReplayRecord, shown: dict[str, str], with_timeline: bool,
+def _json_report(r: ReplayRecord, shown: dict[str, str],
                  named: Sequence[str] | None = None) -> dict[str, Any]:
     out = dict(r)
     out["setup"] = _setup(r, named)
     out["log"] = shown.get(r["log"], r["log"])
-    if not with_timeline:
-        out.pop("timeline", None)
     return out
 
 
@@ -777,9 +834,7 @@ def plot(reports: list[ReplayRecord], path: str, fits: Sequence[FitRecord] = (),
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "--plot needs matplotlib: pip install rrmm[plot] (or pip install matplotlib)"
-        ) from e
+        raise ImportError(f"--plot needs matplotlib: {PLOT_INSTALL_HINT}") from e
 
     shown = shown or {}
     with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text
@@ -879,6 +934,45 @@ def _python_rows(args: argparse.Namespace, files: list[str], names: list[str],
     return rows, fits
 
 
+def _warn_device_below_requests(reports: list[ReplayRecord], simulate: int,
+                                shown: dict[str, str]) -> None:
+    """One line on standard error per log with a request larger than the whole simulated
+    device: every such request fails, whatever the resource (``--simulate N`` without a unit is
+    refused before: :func:`_device_below_requests`)."""
+    largest: dict[str, int] = {}
+    for r in reports:
+        largest[r["log"]] = max(largest.get(r["log"], 0), r["log_largest_request"])
+    for log, request in largest.items():
+        if request > simulate:
+            print(f"rrmm replay: warning: the simulated device ({format_bytes(simulate)}, "
+                  f"--simulate {simulate}) is smaller than the largest request of "
+                  f"{shown.get(log, log)} ({format_bytes(request)}, {request} bytes): every "
+                  "such request fails, whatever the resource", file=sys.stderr)
+
+
+#: An option the engine refuses, in its Python name (``invalid argument `simulate`: ...``).
+_REFUSED_OPTION = re.compile(r"invalid argument `([a-z_]+)`: ")
+
+
+def _in_cli_words(text: str, args: argparse.Namespace, shown: dict[str, str]) -> str:
+    """An engine's message said as the command line's: an option by its flag and the value
+    given (``--simulate 80: ...``), a shipped log by its name, not its installed path."""
+
+    def flag(found: re.Match[str]) -> str:
+        name = found.group(1)
+        given = getattr(args, name, None)
+        option = "--" + name.replace("_", "-")
+        return f"{option} {given}: " if given is not None else f"{option}: "
+
+    text = _REFUSED_OPTION.sub(flag, text)
+    for name in (*_sizing(args), "simulate"):  # a pool's own words: (arena_size=1: ...)
+        text = text.replace(f"{name}=", "--" + name.replace("_", "-") + " ")
+    for path, name in shown.items():
+        if path != name:
+            text = text.replace(path, name)
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``rrmm replay`` with parsed arguments; returns the exit status (0 ok, 1 plotting
     impossible, 2 bad input or arguments, 3 with ``--check`` when an allocation failed)."""
@@ -903,6 +997,10 @@ def run(args: argparse.Namespace) -> int:
                or _option_problem(args, named, simulate))
     if problem is not None:
         return fail(problem)
+    resolved = [resolve_log(log) for log in args.logs]
+    for path, _ in resolved:
+        if not os.path.exists(path):
+            return fail(missing_log(path))
     if defaulted and not args.quiet:
         print(f"rrmm replay: no GPU found; replaying on simulated memory of "
               f"{format_bytes(simulate)} (--simulate SIZE to choose)", file=sys.stderr)
@@ -914,15 +1012,19 @@ def run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            return fail("--plot needs matplotlib: pip install 'rrmm[plot]' (or pip install "
-                        "matplotlib)", code=1)
+            return fail(f"--plot needs matplotlib: {PLOT_INSTALL_HINT}", code=1)
     try:
         modules = _replay_peers.prepare_peers(peers)
     except _replay_peers.PeerUnavailable as e:
         return fail(str(e))
-    resolved = [resolve_log(log) for log in args.logs]
     shown = dict(resolved)
     files = [path for path, _ in resolved]
+    try:
+        problem = _device_below_requests(args.simulate, files, shown)
+    except (ValueError, OSError) as e:
+        return fail(_in_cli_words(error_text(e), args, shown))
+    if problem is not None:
+        return fail(problem)
     wanted = progress_wanted(quiet=args.quiet)
     options = {**_sizing(args), "lenient": args.lenient}
     pairs = [(path, name) for path in files for name in resources]
@@ -938,7 +1040,7 @@ def run(args: argparse.Namespace) -> int:
                     [path],
                     [name],
                     simulate=simulate,
-                    timeline_points=PLOT_POINTS if args.plot else 0,
+                    timeline_points=PLOT_POINTS if args.plot or args.json else 0,
                     progress=_replay_detail(bar) if wanted else None,
                     repeat=args.repeat,
                     **options,
@@ -955,17 +1057,18 @@ def run(args: argparse.Namespace) -> int:
                 reports, fits = _python_rows(args, files, named, reports, fits, modules,
                                              simulate)
     except (ValueError, OSError, RuntimeError) as e:
-        return fail(error_text(e))
+        return fail(_in_cli_words(error_text(e), args, shown))
     except MemoryError as e:
         return fail(f"out of memory: {error_text(e)}")
+    if simulate is not None:
+        _warn_device_below_requests(reports, simulate, shown)
     target = (f"a simulated device of {format_bytes(simulate)}" if simulate is not None
               else "the GPU")
     if args.json:
         doc: dict[str, Any] = {
             "memory": "simulated" if simulate is not None else "gpu",
             "simulated_bytes": simulate,
-            "reports": [_json_report(r, shown, with_timeline=bool(args.plot), named=args_named)
-                        for r in reports],
+            "reports": [_json_report(r, shown, named=args_named) for r in reports],
         }
         if args.fit:
             doc["fits"] = [dict(f, log=shown.get(f["log"], f["log"])) for f in fits]
@@ -979,7 +1082,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             return fail(f"--plot {args.plot!r}: {e}")
         if not args.json:
-            print(f"plot written to {args.plot}")
+            print(f"plot written to {os.path.abspath(args.plot)}")
     if args.check:
         failing = [r for r in reports
                    if r.get("failed_allocations") or r.get("unservable_allocations")

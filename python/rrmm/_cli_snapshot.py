@@ -7,7 +7,15 @@ import argparse
 import os
 from typing import Any
 
-from rrmm._cli_common import EXIT_CODES, error_text, fail, one_line_parser_errors, resolve_log
+from rrmm._cli_common import (
+    EXIT_CODES,
+    RECORDING,
+    error_text,
+    fail,
+    missing_log,
+    one_line_parser_errors,
+    resolve_log,
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,14 +40,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "simulated memory; its events are counted as rrmm replay counts them), or the name "
         "of a log shipped with rrmm (transformer_training, random_10k_1mib, random_100k_4mib). "
         "Example: rrmm snapshot view transformer_training -o transformer.html",
-        epilog=EXIT_CODES,
+        epilog=f"{RECORDING}\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     one_line_parser_errors(view, "rrmm snapshot view")
     view.add_argument("file", metavar="FILE",
                       help="snapshot (.pickle, .pkl, .json), log (.csv, .csv.gz) or shipped log")
-    view.add_argument("-o", "--output",
-                      help="the page to write (default: FILE's name with .html; never FILE)")
-    view.add_argument("--device", type=int, default=None, help="device whose trace to show")
+    view.add_argument("-o", "--output", metavar="PAGE.html",
+                      help="the page to write, a path (default: FILE's name with .html beside "
+                      "FILE, or in the current directory for a shipped log's name; never FILE); "
+                      "the command prints where it wrote it")
+    view.add_argument("--device", type=int, default=None,
+                      help="device whose trace to show (default: the first with a trace); a "
+                      "device the snapshot has nothing of is a usage error")
     view.add_argument("--title", default=None, help="the page's title")
     view.add_argument("-q", "--quiet", action="store_true",
                       help="no progress bar while a log replays (drawn only on a terminal)")
@@ -87,7 +100,7 @@ def run_view(args: argparse.Namespace) -> int:
     try:
         snapshot = load_snapshot(path, quiet=args.quiet)
     except FileNotFoundError:
-        return fail(name, f"{args.file}: no such file (nor a shipped log's name)")
+        return fail(name, missing_log(args.file))
     except MemoryError:
         return fail(name, f"{args.file}: too large to read into memory")
     except (OSError, ValueError, RecursionError) as error:
@@ -99,5 +112,5 @@ def run_view(args: argparse.Namespace) -> int:
         return fail(name, f"cannot write {output!r}: {error.strerror or error}", code=1)
     except ValueError as error:
         return fail(name, error_text(error))
-    print(f"wrote {output}")
+    print(f"wrote {os.path.abspath(output)}")
     return 0

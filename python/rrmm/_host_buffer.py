@@ -17,7 +17,6 @@ array made from the buffer earlier does not wait: call ``hb.synchronize()`` befo
 
 from __future__ import annotations
 
-import operator
 import weakref
 from typing import Any
 
@@ -27,9 +26,6 @@ __all__ = ["HostBuffer", "get_current_host_resource", "set_current_host_resource
 
 #: The kinds of memory the host can read and write (``DeviceMemoryResource._rrmm_kind``).
 _HOST_KINDS = ("pinned_host", "host")
-
-#: The largest size of a buffer (the platform's size_t).
-_MAX_SIZE = (1 << 64) - 1
 
 
 def _shown(value: Any) -> str:
@@ -57,21 +53,17 @@ def _check_host_resource(resource: Any, caller: str) -> None:
 
 
 def _buffer_size(size: Any) -> int:
-    """A HostBuffer's ``size``: a whole number of bytes (an int or anything with ``__index__``
-    but a bool) in [0, 2**64); TypeError or ValueError naming the value otherwise."""
+    """A HostBuffer's ``size``, read by the package's one size reader (as every other size):
+    bytes (an int or anything with ``__index__`` but a bool) or a size string such as
+    ``"1MiB"``, in [0, 2**64); TypeError or ValueError (a negative size or one past 2**64 - 1
+    too) naming ``size`` and the value otherwise."""
     if isinstance(size, bool):
-        raise TypeError(f"HostBuffer: size must be a whole number of bytes, got {_shown(size)}")
+        raise TypeError(f"HostBuffer: size must be a whole number of bytes or a size string "
+                        f"such as \"1MiB\", got {_shown(size)}")
     try:
-        value = operator.index(size)
-    except TypeError:
-        raise TypeError(f"HostBuffer: size must be a whole number of bytes (an int), got "
-                        f"{_shown(size)}") from None
-    if value < 0:
-        raise ValueError(f"HostBuffer: size must not be negative, got {value}")
-    if value > _MAX_SIZE:
-        raise ValueError(f"HostBuffer: size {value} is more than the largest size, {_MAX_SIZE} "
-                         "bytes (2**64 - 1)")
-    return value
+        return int(_rrmm._read_size(size, "HostBuffer: size"))
+    except OverflowError as error:
+        raise ValueError(str(error)) from None
 
 
 def get_current_host_resource() -> Any:
@@ -98,14 +90,15 @@ def _free(mr: Any, ptr: int, size: int, stream: list[Any]) -> None:
 
 
 class HostBuffer(_rrmm._HostBytes):
-    """``size`` bytes of host memory from ``mr`` (default: the current host resource, pinned),
-    uninitialized; freed when the buffer and every view of it are gone."""
+    """``size`` bytes (an int, or a size string such as ``"1MiB"`` as every size of rrmm) of
+    host memory from ``mr`` (default: the current host resource, pinned), uninitialized; freed
+    when the buffer and every view of it are gone."""
 
     __slots__ = ("__weakref__", "_finalizer", "_mr", "_ptr", "_size", "_stream")
     #: ``DeviceBuffer.copy_to_host`` / ``copy_from_host`` queue their copies through it.
     __rrmm_host_buffer__ = True
 
-    def __init__(self, size: int = 0, mr: Any = None) -> None:
+    def __init__(self, size: int | str = 0, mr: Any = None) -> None:
         size = _buffer_size(size)
         if mr is None:
             mr = get_current_host_resource()

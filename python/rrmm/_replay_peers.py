@@ -289,14 +289,15 @@ def _free_blocks(mr: Any) -> list[int]:
 # ------------------------------------------------------------------------------- replays
 
 
-def replay(log: _rrmm.ReplayLog, a: Adapter, repeat: int | None = None) -> ReplayRecord:
+def replay(log: _rrmm.ReplayLog, a: Adapter, repeat: int | None = None,
+           timed: bool = True) -> ReplayRecord:
     """Replays ``log`` through ``a`` by the engine (``repeat`` timed repetitions after the
-    figures pass; None: at least 5 and 0.5 s, at most 1000; 0: the figures pass is the
-    timing). Waste and the timeline are not measured (None)."""
+    figures pass; None: at least 5 and 0.5 s, at most 1000; ``timed=False``: the figures pass
+    alone). Waste and the timeline are not measured (None)."""
     return _rrmm.replay_allocator(
         log, a.name, a.allocate, a.deallocate, held_bytes=a.held_bytes,
         free_blocks=a.free_blocks, out_of_memory=a.out_of_memory, device=a.device,
-        setup=a.setup, repeat=repeat)
+        setup=a.setup, repeat=repeat, timed=timed)
 
 
 def _error_row(log: _rrmm.ReplayLog, name: str, error: BaseException,
@@ -355,7 +356,7 @@ def _fits(log: _rrmm.ReplayLog, make: Callable[[int], Adapter]) -> Callable[[int
     def fits(limit: int) -> bool:
         a = make(limit)
         try:
-            row = replay(log, a, repeat=0)
+            row = replay(log, a, timed=False)
         finally:
             a.close()
         if row["error"] is not None:

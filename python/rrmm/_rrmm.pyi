@@ -1,9 +1,10 @@
 """Type stubs of the extension module ``rrmm._rrmm`` (the part written by the Python face:
 streams, resources, adaptors, DeviceBuffer and the driver queries)."""
 
+import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Self, SupportsIndex, TypeAlias, Unpack, final
+from typing import Any, ClassVar, Literal, Self, SupportsIndex, TypeAlias, Unpack, final
 
 from typing_extensions import Buffer, disjoint_base
 
@@ -59,6 +60,8 @@ __all__ = [
     "UpstreamResourceAdaptor",
     "_HostBytes",
     "__version__",
+    "_check_sleep_options",
+    "_check_stack",
     "_clear_per_device_resources",
     "_copy_host_async",
     "_current_device",
@@ -69,6 +72,7 @@ __all__ = [
     "_memory_snapshot",
     "_memory_stats",
     "_memory_summary",
+    "_read_size",
     "_record_fields",
     "_record_memory_history",
     "_reinitialize",
@@ -537,6 +541,8 @@ class AlignedResourceAdaptor(UpstreamResourceAdaptor):
 # ------------------------------------------------------------------ per-device table, driver
 
 def parse_bytes(s: int | str) -> int: ...
+def _read_size(value: object, name: str) -> int: ...
+def _check_sleep_options(discard: Iterable[Any] | str | None, discard_fill: str) -> None: ...
 def host_pages_prepare(
     nbytes: int, kind: str = "pinned", device: int | None = None, wait: bool = False
 ) -> None: ...
@@ -598,6 +604,8 @@ def _device_attribute(attribute: int, device: int) -> int: ...
 
 @disjoint_base
 class DeviceBuffer:
+    # Set by rrmm.pylibrmm.device_buffer: the constructor's signature with its real defaults.
+    __signature__: ClassVar[inspect.Signature]
     def __new__(
         cls,
         *,
@@ -716,11 +724,12 @@ def torch_tested_versions() -> list[str]: ...
 def replay_logs(
     logs: Sequence[str],
     resources: Sequence[str],
-    simulate: int | None = None,
+    simulate: int | str | None = None,
     lenient: bool = False,
     timeline_points: int = 0,
     progress: Callable[[int, int, float, int], object] | None = None,
     repeat: int | None = None,
+    timed: bool = True,
     **options: Unpack[StackOptions],
 ) -> list[ReplayRecord]: ...
 def fit_logs(
@@ -748,6 +757,7 @@ def replay_allocator(
     device: int | None = None,
     setup: str | None = None,
     repeat: int | None = None,
+    timed: bool = True,
     timeline_points: int = 0,
 ) -> ReplayRecord: ...
 def fit_search(fits: Callable[[int], bool], peak: int, cap: int) -> tuple[int | None, int, int]: ...
@@ -759,9 +769,15 @@ def replay_gpu_available() -> bool: ...
 def build_stack(
     kind: str,
     *,
-    simulate: int | None = None,
+    simulate: int | str | None = None,
     **options: Unpack[StackOptions],
 ) -> DeviceMemoryResource: ...
+def _check_stack(
+    kind: str,
+    *,
+    simulate: int | str | None = None,
+    **options: Unpack[StackOptions],
+) -> None: ...
 def _stack_kinds() -> list[tuple[str, str]]: ...
 def _reinitialize(
     kind: str,

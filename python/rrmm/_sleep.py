@@ -12,24 +12,26 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rrmm import _rrmm
 from rrmm._sleep_types import SleepFigures
 from rrmm.mr import DeviceMemoryResource, get_current_device_resource
 
 
-@contextlib.contextmanager
 def sleep(
     mr: DeviceMemoryResource | None = None,
     *,
-    discard: Iterable[Any] = (),
+    discard: Iterable[Any] | str = (),
     discard_fill: str = "undefined",
-) -> Iterator[SleepFigures]:
+) -> contextlib.AbstractContextManager[SleepFigures]:
     """Offloads ``mr`` (default: the current device resource) on enter and restores it on exit.
 
     ``discard``: buffers (tensors, CuPy arrays, ``DeviceBuffer`` objects or pointers) not worth
-    copying by this sleep (exactly their bytes; forgotten at the wake); after the wake they hold
-    zeros (``discard_fill="zero"``) or anything (``"undefined"``). Every buffer is found before
-    anything changes: one that no pool below holds raises and nothing sleeps. Yields what the
-    sleep released and copied (``mr.offload()``'s dict).
+    copying by this sleep (exactly their bytes; forgotten at the wake), or ``"all"`` (every
+    allocation, as ``offload(discard="all")``); after the wake they hold zeros
+    (``discard_fill="zero"``) or anything (``"undefined"``). The arguments are checked here,
+    at the call (a TypeError or ValueError naming the argument and the value); every buffer is
+    found before anything changes: one that no pool below holds raises and nothing sleeps.
+    Yields what the sleep released and copied (``mr.offload()``'s dict).
 
     Inside the block no work may use the pool's memory; allocations from it, and rrmm's copies of
     its bytes (``copy_to_host``, ``tobytes``, pickling, ...), raise ``RuntimeError`` naming the
@@ -42,7 +44,19 @@ def sleep(
         raise TypeError(
             f"rrmm.sleep() takes a memory resource (rrmm.mr.*), not {type(target).__name__}"
         )
-    figures = target.offload(discard=list(discard), discard_fill=discard_fill)
+    buffers: Any = discard
+    if not isinstance(discard, str):
+        with contextlib.suppress(TypeError):  # not iterable: the check below says so
+            buffers = list(discard)
+    _rrmm._check_sleep_options(buffers, discard_fill)
+    return _asleep(target, buffers, discard_fill)
+
+
+@contextlib.contextmanager
+def _asleep(target: DeviceMemoryResource, discard: Any,
+            discard_fill: str) -> Iterator[SleepFigures]:
+    """The sleep of ``target``: offloaded for the block, restored after it."""
+    figures = target.offload(discard=discard, discard_fill=discard_fill)
     try:
         yield figures
     finally:

@@ -799,18 +799,33 @@ def _shared_gpu_html(ledger: dict[str, Any]) -> str:
             f"{table}<h3>What this process asked and gave</h3>{history}")
 
 
+def _check_device(snapshot: dict[str, Any], traces: list[Any], device: int) -> None:
+    """Refuses ``device`` when the snapshot holds nothing of it (a page of hints that do not
+    apply otherwise: no history recorded, no pool): its devices are those with a trace (a list,
+    even empty: PyTorch writes one per device) and those its segments name."""
+    devices = set(range(len(traces))) | {int(s["device"]) for s in snapshot.get("segments") or []
+                                         if "device" in s}
+    if devices and device not in devices:
+        listed = ", ".join(str(d) for d in sorted(devices))
+        raise ValueError(f"--device {device}: the snapshot has nothing of device {device}; its "
+                         f"device(s): {listed}")
+
+
 def render_html(snapshot: dict[str, Any], title: str = "rrmm memory snapshot",
                 device: int | None = None) -> str:
     """The page for ``snapshot`` as one HTML string (no external resources).
 
     ``device`` picks the trace of one device (default: the first with entries) and the segments
     of that device (segments without a ``device`` key are shown for any device). Raises
-    ValueError for a snapshot whose fields have the wrong shape (:func:`normalize`).
+    ValueError for a snapshot whose fields have the wrong shape (:func:`normalize`), and for a
+    ``device`` the snapshot has neither a trace nor a segment of (naming the devices it has).
     """
     snapshot = normalize(snapshot)
     traces = snapshot.get("device_traces") or []
     if device is None:
         device = next((i for i, t in enumerate(traces) if t), 0)
+    else:
+        _check_device(snapshot, traces, device)
     trace = traces[device] if device < len(traces) else []
     segments = [s for s in snapshot.get("segments") or []
                 if s.get("device", device) == device]

@@ -13,19 +13,19 @@ __all__ = ["StackOptions"]
 class StackOptions(TypedDict, total=False):
     """Options of a stack kind; a missing or None option is the kind's default."""
 
-    initial_pool_size: int | None
-    maximum_pool_size: int | None
+    initial_pool_size: int | str | None
+    maximum_pool_size: int | str | None
     bins: tuple[int, int] | None
-    block_size: int | None
+    block_size: int | str | None
     blocks: int | None
-    arena_size: int | None
-    release_threshold: int | None
-    allocation_limit: int | None
+    arena_size: int | str | None
+    release_threshold: int | str | None
+    allocation_limit: int | str | None
     logging: bool | None
     log_file: str | None
     statistics: bool | None
     tracking: bool | None
-    host_memory: int | None
-    peer_memory: int | None
+    host_memory: int | str | None
+    peer_memory: int | str | None
     peer_device: int | None
-    spill_to_host: int | None
+    spill_to_host: int | str | None

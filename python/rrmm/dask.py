@@ -18,12 +18,14 @@ Importing this module registers the sizeof and serializers (needs ``distributed`
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
 import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -72,42 +74,46 @@ def _device_total(simulate: int | None) -> int:
     return int(rrmm._rrmm.device_memory_info(rrmm._rrmm._current_device())[1])
 
 
-def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT) -> int | None:
+def parse_device_bytes(value: Any, total: int | None = None, alignment: int = _ALIGNMENT,
+                       name: str = "size") -> int | None:
     """dask-cuda's ``parse_device_bytes``: None, 0 and "0 B" give None; a float in (0, 1] is a
-    fraction of the device's memory (``total``, the simulated size when simulating); a string
-    is parsed by ``rrmm.parse_bytes``, the package's one size parser (RMM's grammar:
-    ``"4GiB"``, ``"5GB"``, ``"512 MiB"``; a bare unit such as ``"4G"`` is refused, where
-    dask's ``parse_bytes`` would read 4 * 10**9); the result is rounded down to ``alignment``."""
+    fraction of the device's memory (``total``, the simulated size when simulating); an int or
+    a string is read by the package's one size reader (RMM's grammar: ``"4GiB"``, ``"5GB"``,
+    ``"512 MiB"``; a bare unit such as ``"4G"`` is refused, where dask's ``parse_bytes`` would
+    read 4 * 10**9; at most 2**64 - 1 bytes), each refusal naming ``name`` and the value; the
+    result is rounded down to ``alignment``."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise TypeError(f"a memory size must be int, float or str, not {value!r}")
+        raise TypeError(f"{name}: a memory size must be int, float or str, not {value!r}")
     if isinstance(value, float):
         if value == 0:
             return None
         if not 0 < value <= 1:
-            raise ValueError(f"a fraction of device memory must be in (0, 1], not {value}")
+            raise ValueError(f"{name}: a fraction of device memory must be in (0, 1], "
+                             f"not {value}")
         if total is None:
-            raise ValueError("a fraction of device memory needs a device")
+            raise ValueError(f"{name}={value}: a fraction of device memory needs a device")
         size = int(total * value)
-    elif isinstance(value, str):
-        size = rrmm.parse_bytes(value)
-    elif isinstance(value, int):
-        size = value
+    elif isinstance(value, (int, str)):
+        try:
+            size = rrmm._rrmm._read_size(value, name)
+        except OverflowError as error:  # negative or past 2**64 - 1: a bad value all the same
+            raise ValueError(str(error)) from None
     else:
-        raise TypeError(f"a memory size must be int, float or str, not {type(value).__name__}")
-    if size < 0:
-        raise ValueError(f"a memory size must not be negative, not {value!r}")
+        raise TypeError(f"{name}: a memory size must be int, float or str, not "
+                        f"{type(value).__name__} {value!r}")
     size -= size % alignment
     return size or None
 
 
-def _check_size(value: Any, name: str) -> None:
-    """Validates a size option at construction (fractions are checked on the worker)."""
+def _check_size(value: Any, name: str) -> int | None:
+    """Validates a size option at construction: its bytes (rounded down to 256), None where
+    not given or a fraction of the device (checked on the worker, which knows its size)."""
     if value is None or isinstance(value, float) and 0 <= value <= 1:
-        return
+        return None
     try:
-        parse_device_bytes(value, total=None)
+        return parse_device_bytes(value, total=None, name=name)
     except (TypeError, ValueError) as error:
         raise ValueError(f"`{name}`: {error}") from error
 
@@ -133,6 +139,26 @@ def _check_initial_below_maximum(initial: Any, maximum: Any, simulate: int | Non
             "`rmm_pool_size` must not exceed `rmm_maximum_pool_size` "
             f"({initial!r} > {maximum!r}): Initial pool size exceeds the maximum pool size!"
         )
+
+
+def _check_plan(allocator: str | None, async_alloc: bool, managed_memory: bool,
+                simulate: int | None, sizes: dict[str, int | None]) -> None:
+    """The worker's stack checked whole by the one builder's plan (``rrmm._stack``), as far as
+    it is known without the worker's device (sizes given as fractions are the worker's to
+    check): the sizes of simulated memory, RMM's pool size rules. A ValueError names the
+    option."""
+    initial, maximum = sizes["rmm_pool_size"], sizes["rmm_maximum_pool_size"]
+    if allocator is not None:
+        kind = stack_kind(allocator, managed_memory)
+    elif async_alloc:
+        kind = "cuda_async"
+    else:
+        kind = stack_kind(initial is not None, managed_memory)
+    try:
+        rrmm._rrmm._check_stack(kind, simulate=simulate, initial_pool_size=initial,
+                                maximum_pool_size=None if async_alloc else maximum)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"RRMMSetup: {error}") from error
 
 
 def _lib_list(libraries: Any) -> list[str] | None:
@@ -189,6 +215,14 @@ def _share_gpu(share_gpu: Any) -> dict[str, Any] | None:
     directory = share_gpu.get("directory")
     if directory is not None and not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"`share_gpu`: directory must be a path, not {directory!r}")
+    # The ledger's own checks (a device key that cannot name a ledger, a soft share above the
+    # hard limit in bytes), as rrmm.shared_gpu.join makes them; the directory is the worker's
+    # (it may not exist where the plugin is made).
+    here = {k: v for k, v in share_gpu.items() if k != "directory"}
+    try:
+        rrmm._rrmm._shared_gpu_check_options(here, [])
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"`share_gpu`: {error}") from error
     return dict(share_gpu)
 
 
@@ -448,12 +482,14 @@ class RRMMSetup(WorkerPlugin):
                 "`rmm_maximum_pool_size` was specified without specifying "
                 "`rmm_pool_size`.`rmm_pool_size` must be specified to use RMM pool."
             )
-        for value, option in (
-            (initial_pool_size, "rmm_pool_size"),
-            (maximum_pool_size, "rmm_maximum_pool_size"),
-            (release_threshold, "rmm_release_threshold"),
-        ):
-            _check_size(value, option)
+        sizes = {
+            option: _check_size(value, option)
+            for value, option in (
+                (initial_pool_size, "rmm_pool_size"),
+                (maximum_pool_size, "rmm_maximum_pool_size"),
+                (release_threshold, "rmm_release_threshold"),
+            )
+        }
         for flag, option in (
             (managed_memory, "rmm_managed_memory"),
             (async_alloc, "rmm_async"),
@@ -466,16 +502,18 @@ class RRMMSetup(WorkerPlugin):
         self.simulate = None
         if simulate is not None:
             try:
-                self.simulate = parse_device_bytes(simulate, alignment=1)
+                self.simulate = parse_device_bytes(simulate, alignment=1, name="simulate")
             except (TypeError, ValueError) as error:
                 raise ValueError(f"`simulate`: {error}") from error
             if self.simulate is None:
-                raise ValueError("`simulate` must be a positive size, such as '80GiB'")
+                raise ValueError(f"`simulate` must be a positive size, such as '80GiB', "
+                                 f"not {simulate!r}")
         _check_initial_below_maximum(initial_pool_size, maximum_pool_size, self.simulate)
         if allocator is not None:
             if async_alloc:
                 raise ValueError("`allocator` and `rmm_async` choose the resource both")
             stack_kind(allocator, bool(managed_memory))  # ValueError for an unknown kind
+        _check_plan(allocator, bool(async_alloc), bool(managed_memory), self.simulate, sizes)
         self.allocator = allocator
         self.initial_pool_size = initial_pool_size
         self.maximum_pool_size = maximum_pool_size
@@ -543,12 +581,14 @@ class RRMMSetup(WorkerPlugin):
         ``rmm_managed_memory``; ``rmm_async``: ``cuda_async``, with ``rmm_maximum_pool_size`` a
         limit), or rrmm's ``allocator`` kind with the same sizes."""
         total = _device_total(self.simulate)
-        initial = parse_device_bytes(self.initial_pool_size, total)
-        maximum = parse_device_bytes(self.maximum_pool_size, total)
+        initial = parse_device_bytes(self.initial_pool_size, total, name="rmm_pool_size")
+        maximum = parse_device_bytes(self.maximum_pool_size, total,
+                                     name="rmm_maximum_pool_size")
         if self.allocator is not None:
             kind = stack_kind(self.allocator, self.managed_memory)
         elif self.async_alloc:
-            threshold = parse_device_bytes(self.release_threshold, total)
+            threshold = parse_device_bytes(self.release_threshold, total,
+                                           name="rmm_release_threshold")
             return "cuda_async", {
                 "initial_pool_size": initial,
                 "release_threshold": threshold,
@@ -585,8 +625,17 @@ def _describe(kind: str, simulate: int | None) -> str:
 
 def options_from_config() -> dict[str, Any]:
     """``RRMMSetup``'s keyword arguments from the ``rrmm`` section of Dask's config (keys with
-    dashes or underscores; ``pool-size`` is accepted for ``initial-pool-size``)."""
-    section = dask.config.get("rrmm", default={}) or {}
+    dashes or underscores; ``pool-size`` is accepted for ``initial-pool-size``, ``async`` for
+    ``async-alloc``). A section that is not a mapping is a TypeError; an unknown key, or two
+    keys for one option (``pool-size`` and ``initial-pool-size``), a ValueError naming them."""
+    section = dask.config.get("rrmm", default={})
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise TypeError(
+            f"Dask's `rrmm` config section must be a mapping of options (rrmm: "
+            f"{{initial-pool-size: 4GiB, ...}}), not {type(section).__name__} {section!r}"
+        )
     names = {
         "initial_pool_size",
         "maximum_pool_size",
@@ -603,11 +652,21 @@ def options_from_config() -> dict[str, Any]:
     }
     aliases = {"pool_size": "initial_pool_size", "async": "async_alloc"}
     options: dict[str, Any] = {}
+    keys: dict[str, Any] = {}
     for key, value in section.items():
-        name = key.replace("-", "_")
+        name = str(key).replace("-", "_")
         name = aliases.get(name, name)
         if name not in names:
-            raise ValueError(f"unknown option {key!r} in Dask's `rrmm` config section")
+            close = difflib.get_close_matches(
+                str(key).replace("_", "-"), sorted(n.replace("_", "-") for n in names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown option {key!r} in Dask's `rrmm` config section{hint}; "
+                             f"the options are {', '.join(sorted(names))}")
+        if name in keys:
+            raise ValueError(
+                f"Dask's `rrmm` config section gives {name} twice, as {keys[name]!r} "
+                f"({options[name]!r}) and {key!r} ({value!r}): keep one")
+        keys[name] = key
         options[name] = value
     return options
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -63,8 +64,9 @@ def reinitialize(
 ) -> None:
     """Finalizes and reinitializes rrmm with new options (RMM's ``rmm.reinitialize``).
 
-    Runs the reinitialize hooks (last registered first), checks every argument, forgets every
-    per-device resource, then sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda,
+    Checks every argument (each refusal names the argument and the value; nothing has changed
+    then, not even a hook run), runs the reinitialize hooks (last registered first), forgets
+    every per-device resource, then sets on each of ``devices``: ``[Logging](Pool(Managed|Cuda,
     initial, maximum) | Managed|Cuda)``. rrmm: ``pool_allocator`` may also name any stack kind
     (``rrmm._stack.kinds()``: ``"expandable"``, the pool on one virtual address range that
     coalesces across growth and gives memory back with ``trim()``; ``"arena"``, ``"binning"``,
@@ -92,10 +94,9 @@ def reinitialize(
     each other memory back before anyone runs out (``rrmm.shared_gpu``); ``False`` leaves it;
     left out, ``RRMM_SHARE_GPU=1`` in the environment joins.
     """
-    for func, args, kwargs in reversed(list(_reinitialize_hooks)):
-        func(*args, **kwargs)
-    initial, maximum = _size(initial_pool_size), _size(maximum_pool_size)
-    pinned_size = _size(pinned_pool_size)
+    initial = _size(initial_pool_size, "initial_pool_size")
+    maximum = _size(maximum_pool_size, "maximum_pool_size")
+    pinned_size = _size(pinned_pool_size, "pinned_pool_size")
     kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
     if keep_sleep_ready and kind != "expandable":
         raise ValueError(
@@ -110,17 +111,28 @@ def reinitialize(
         raise TypeError(
             f"share_gpu must be True, False, None or a dict of options, not {share_gpu!r}")
     devices = _device_list(devices)
+    if log_file_name is not None and not isinstance(log_file_name, (str, os.PathLike)):
+        raise TypeError(
+            f"log_file_name must be a path (str) or None, not {type(log_file_name).__name__} "
+            f"{log_file_name!r}")
     if share_gpu:
         # The ledger's options, whole (keys, types, units, sizes against each device where its
         # size is known), before any resource is replaced.
         _rrmm._shared_gpu_check_options(share_gpu, devices)
+    # The stack's plan whole (RMM's pool size rules: multiples of 256, initial <= maximum),
+    # before a hook runs or a resource is forgotten.
+    _rrmm._check_stack(kind, initial_pool_size=initial, maximum_pool_size=maximum,
+                       spill_to_host=spill)
+    for func, args, kwargs in reversed(list(_reinitialize_hooks)):
+        func(*args, **kwargs)
     # One call into Rust: it checks the devices against the machine, forgets every per-device
     # resource (the old ones go before the new ones are built, as in RMM: a new pool's default
     # initial size is half the free memory, which the old one may hold), builds the stack on
     # each device and sets it.
     no_device = _rrmm._reinitialize(kind, devices, initial_pool_size=initial,
                                     maximum_pool_size=maximum, logging=bool(logging),
-                                    log_file=log_file_name, spill_to_host=spill)
+                                    log_file=None if log_file_name is None
+                                    else os.fspath(log_file_name), spill_to_host=spill)
     if no_device is not None:
         warnings.warn(
             f"rrmm.reinitialize: no CUDA device is available ({no_device}); no resource was set",
@@ -148,7 +160,7 @@ def _spill_size(spill_to_host: int | str | bool | None) -> int | None:
         from rrmm import host_pages
 
         return host_pages.room()
-    return _size(spill_to_host)
+    return _size(spill_to_host, "spill_to_host")
 
 
 #: Pinned pools from this size on say so on a terminal while their pages are touched (seconds
@@ -210,24 +222,13 @@ def stack_kind(pool_allocator: bool | str, managed_memory: bool,
     return "managed" if managed_memory else "cuda"
 
 
-def _size(value: int | str | None) -> int | None:
-    """A pool size as an int (strings by RMM's grammar); what the pool would raise for a bad
-    one, before any resource is forgotten."""
+def _size(value: int | str | None, name: str) -> int | None:
+    """Size argument ``name`` as an int (strings by RMM's grammar), read by the package's one
+    size reader: what the pool would raise for a bad one, naming ``name`` and the value, before
+    any resource is forgotten."""
     if value is None:
         return None
-    if not isinstance(value, str):
-        if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
-            raise TypeError(f"pool sizes must be int or str, not {type(value).__name__}")
-        value = value.__index__()
-        if value < 0:
-            raise OverflowError(f"pool sizes must not be negative, not {value}")
-        if value >= 1 << 64:
-            # What the pool raises for it, also where no pool is built (no CUDA device).
-            raise OverflowError(
-                f"pool sizes must fit in size_t (the address space), not {value}"
-            )
-        return int(value)
-    return int(_rrmm.parse_bytes(value))
+    return int(_rrmm._read_size(value, name))
 
 
 def _device_list(devices: int | list[int]) -> list[int]:
@@ -237,10 +238,12 @@ def _device_list(devices: int | list[int]) -> list[int]:
     out = []
     for d in items:
         if isinstance(d, bool) or not hasattr(d, "__index__"):
-            raise TypeError(f"reinitialize: devices must be ints, not {type(d).__name__}")
+            raise TypeError(f"reinitialize: devices must be ints, not {type(d).__name__} "
+                            f"{d!r} (devices={devices!r})")
         d = d.__index__()
         if d < 0:
-            raise ValueError(f"reinitialize: device {d} is negative")
+            raise ValueError(f"reinitialize: device {d} is negative (devices={devices!r}): "
+                             "devices are ordinals 0, 1, ...")
         out.append(d)
     return out
 

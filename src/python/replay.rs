@@ -2,12 +2,14 @@
 //! allocators written in Python: `replay_allocator`).
 
 use super::errors::py_result;
+use super::resources::convert::{arg, shown, whole_arg};
 use super::resources::stack_options::stack_options;
 use crate::replay::{
     compare_with_progress, fit_many_with_progress, resource_names, search_smallest,
     CompareSettings, Repeat, ReplayOptions,
 };
-use crate::stack::KINDS;
+use crate::stack::{plan, StackOptions, Target, KINDS};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -31,35 +33,41 @@ fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 /// Replays each RMM-format log against each named resource and returns one dict per
 /// (log, resource), in that order. Runs without the GIL.
 ///
-/// `simulate`: bytes of simulated device memory, or None for the real GPU. `repeat`: timed
-/// repetitions after the figures pass on the same resource (None: at least 5 and 0.5 s; 0: the
-/// figures pass alone). `progress`: None, or a function called with `(events done, events in
+/// `simulate`: bytes of simulated device memory (an int or a size string; smaller than the
+/// log's largest request is a ValueError), or None for the real GPU. `repeat`: timed
+/// repetitions after the figures pass on the same resource (None: at least 5 and 0.5 s; at
+/// least 1); `timed=False`: the figures pass alone, no timed repetition (then `repeat` is not
+/// given). `progress`: None, or a function called with `(events done, events in
 /// all, seconds, timed repetitions done)` while a long replay runs (the GIL taken for the call;
 /// the command line's one bar draws it). A resource that cannot be built or fails with an error
 /// other than out of memory gives a dict with `error` set. Raises ValueError for bad input
 /// (naming file and line) or an unknown resource, OSError for an unreadable file, and what
 /// `progress` raised.
 #[pyfunction]
-#[pyo3(signature = (logs, resources, simulate=None, lenient=false, timeline_points=0, progress=None, repeat=None, **options))]
+#[pyo3(signature = (logs, resources, simulate=None, lenient=false, timeline_points=0, progress=None, repeat=None, timed=true, **options))]
 #[allow(clippy::too_many_arguments)]
 fn replay_logs<'py>(
     py: Python<'py>,
     logs: Vec<String>,
     resources: Vec<String>,
-    simulate: Option<usize>,
+    #[pyo3(from_py_with = arg::simulate)] simulate: Option<usize>,
     lenient: bool,
     timeline_points: usize,
     progress: Option<Py<PyAny>>,
-    repeat: Option<usize>,
+    repeat: Option<&Bound<'py, PyAny>>,
+    timed: bool,
     options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
+    let repeat = repeat_of(repeat, timed)?;
+    let options = stack_options(options)?;
+    check_plans(&resources, Target::from_simulate(simulate), &options)?;
     let settings = CompareSettings {
         simulate,
-        options: stack_options(options)?,
+        options,
         replay: ReplayOptions {
             timeline_points,
-            repeat: repeat_of(repeat),
+            repeat,
             ..ReplayOptions::default()
         },
         lenient,
@@ -102,13 +110,55 @@ fn check_names(resources: &[String]) -> PyResult<()> {
     Ok(())
 }
 
-/// The replay's `repeat` as Python gives it: None automatic, 0 the figures pass alone, else
-/// that many timed repetitions.
-pub(super) fn repeat_of(repeat: Option<usize>) -> Repeat {
-    match repeat {
-        None => Repeat::Auto,
-        Some(0) => Repeat::FiguresOnly,
-        Some(n) => Repeat::Times(n),
+/// Each resource's plan on `target` with `options` ([`plan`]): an option that no resource of
+/// that kind could be built with (RMM's pool size rules, an arena below a superblock, a size of
+/// simulated memory) is refused at the call, naming it, before any log is read. What only
+/// building finds (out of memory, no driver, no peer link) stays the row's own error.
+fn check_plans(resources: &[String], target: Target, options: &StackOptions) -> PyResult<()> {
+    for name in resources {
+        if let Err(e @ (crate::Error::InvalidArgument { .. } | crate::Error::Logic(_))) =
+            plan(name, target, options)
+        {
+            return py_result(Err(e));
+        }
+    }
+    Ok(())
+}
+
+/// The replay's `repeat` and `timed` as Python gives them: `timed=False` the figures pass
+/// alone (no `repeat` then); else `repeat` None automatic, or that many timed repetitions (at
+/// least 1). Every refusal names the argument, the value and the fix.
+pub(super) fn repeat_of(repeat: Option<&Bound<'_, PyAny>>, timed: bool) -> PyResult<Repeat> {
+    let repeat = repeat.filter(|r| !r.is_none());
+    if !timed {
+        return match repeat {
+            None => Ok(Repeat::FiguresOnly),
+            Some(r) => Err(PyValueError::new_err(format!(
+                "repeat={r} with timed=False: the figures pass alone has no timed repetition; \
+                 leave repeat out (or None), or pass timed=True"
+            ))),
+        };
+    }
+    let Some(repeat) = repeat else {
+        return Ok(Repeat::Auto);
+    };
+    if repeat.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "repeat must be a whole number of timed repetitions or None, not {}",
+            shown(repeat)
+        )));
+    }
+    let too_few = || {
+        PyValueError::new_err(format!(
+            "repeat={repeat}: the timings need at least 1 timed repetition (None: at least 5 \
+             and 0.5 s of them); for the figures pass alone, pass timed=False"
+        ))
+    };
+    match whole_arg(repeat, "repeat", "a number of timed repetitions") {
+        Ok(0) => Err(too_few()),
+        Ok(n) => Ok(Repeat::Times(n)),
+        Err(_) if repeat.lt(0).unwrap_or(false) => Err(too_few()),
+        Err(e) => Err(e),
     }
 }
 
@@ -157,6 +207,8 @@ fn fit_logs<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     check_names(&resources)?;
     let options = stack_options(options)?;
+    // Options do not depend on the device's size: checked on one of 1 GiB.
+    check_plans(&resources, Target::Simulated(1 << 30), &options)?;
     let progress = progress.filter(|p| !p.is_none(py));
     let mut raised: Option<PyErr> = None;
     let records = py.detach(|| {

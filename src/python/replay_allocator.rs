@@ -121,10 +121,11 @@ fn resource(
 }
 
 /// `replay_allocator(log, name, allocate, deallocate, *, held_bytes=None, free_blocks=None,
-/// out_of_memory=(), device=None, setup=None, repeat=None, timeline_points=0)`: replays `log`
-/// (a [`ReplayLog`]) through an allocator written in Python, by the engine that replays rrmm's
-/// kinds (`replay_logs`): an untimed figures pass, then `repeat` timed repetitions on the same,
-/// warm, allocator (None: at least 5 and 0.5 s; 0: the figures pass alone), what the log leaves
+/// out_of_memory=(), device=None, setup=None, repeat=None, timed=True, timeline_points=0)`:
+/// replays `log` (a [`ReplayLog`]) through an allocator written in Python, by the engine that
+/// replays rrmm's kinds (`replay_logs`): an untimed figures pass, then `repeat` timed
+/// repetitions on the same, warm, allocator (None: at least 5 and 0.5 s; `timed=False`: the
+/// figures pass alone), what the log leaves
 /// live freed after each pass. Returns the row: a replay record named `name` with driver
 /// `"python"` and `setup`.
 ///
@@ -141,7 +142,7 @@ fn resource(
 /// row's `error` set, after what is live is freed; one that is not an `Exception`
 /// (`KeyboardInterrupt`) is raised.
 #[pyfunction]
-#[pyo3(signature = (log, name, allocate, deallocate, *, held_bytes=None, free_blocks=None, out_of_memory=None, device=None, setup=None, repeat=None, timeline_points=0))]
+#[pyo3(signature = (log, name, allocate, deallocate, *, held_bytes=None, free_blocks=None, out_of_memory=None, device=None, setup=None, repeat=None, timed=true, timeline_points=0))]
 #[allow(clippy::too_many_arguments)]
 fn replay_allocator<'py>(
     py: Python<'py>,
@@ -154,9 +155,11 @@ fn replay_allocator<'py>(
     out_of_memory: Option<&Bound<'py, PyAny>>,
     device: Option<usize>,
     setup: Option<String>,
-    repeat: Option<usize>,
+    repeat: Option<&Bound<'py, PyAny>>,
+    timed: bool,
     timeline_points: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let repeat = repeat_of(repeat, timed)?;
     all_callable(
         &[Some(allocate), Some(deallocate), held_bytes, free_blocks],
         "allocate, deallocate, held_bytes and free_blocks must be callable",
@@ -177,7 +180,7 @@ fn replay_allocator<'py>(
     let mr = resource(&functions, &figures, device);
     let options = ReplayOptions {
         timeline_points,
-        repeat: repeat_of(repeat),
+        repeat,
         ..ReplayOptions::default()
     };
     let trace = log.trace.clone();

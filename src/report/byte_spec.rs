@@ -62,3 +62,20 @@ pub fn read_byte_spec(text: &str) -> Result<usize, NotASize> {
     };
     usize::try_from(value).map_err(|_| NotASize::TooLarge)
 }
+
+/// What a device size of `bytes` that is too small to be meant likely meant: the same number of
+/// GiB (`--simulate 80` for an 80 GiB device), said as `80GiB`; `None` where that would be no
+/// plausible device (`bytes` of 2**20 or more, already a MiB at least).
+pub fn likely_meant_device(bytes: usize) -> Option<String> {
+    (bytes > 0 && bytes < 1 << 20).then(|| format!("{bytes}GiB"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tiny_device_was_likely_meant_in_gib() {
+        assert_eq!(super::likely_meant_device(80).as_deref(), Some("80GiB"));
+        assert_eq!(super::likely_meant_device(0), None);
+        assert_eq!(super::likely_meant_device(1 << 20), None);
+    }
+}

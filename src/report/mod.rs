@@ -15,7 +15,7 @@ mod footprint;
 mod memory_stats;
 pub mod snapshot;
 
-pub use byte_spec::{read_byte_spec, NotASize};
+pub use byte_spec::{likely_meant_device, read_byte_spec, NotASize};
 pub use footprint::{Footprint, StreamFree};
 
 use crate::cuda::Stream;

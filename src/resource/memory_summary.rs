@@ -10,6 +10,7 @@ use super::{MemoryResource, SharedResource};
 use crate::cuda::Stream;
 use crate::error::Error;
 use crate::report::{human_bytes, Footprint, StreamFree};
+use crate::resource::SpillFigures;
 use std::collections::HashSet;
 use std::fmt::Write;
 
@@ -133,8 +134,9 @@ pub fn memory_summary(top: &SharedResource) -> String {
     text
 }
 
-/// The one hint that fits: fragmentation, a pool at its maximum, or the memory below full.
-fn hint(rows: &[Row], requested: usize, message: &str) -> String {
+/// The one hint that fits: fragmentation, a pool at its maximum, a spill at its limit
+/// (`spill`: the figures of the spilling pools under the chain), or the memory below full.
+fn hint(rows: &[Row], requested: usize, message: &str, spill: Option<SpillFigures>) -> String {
     let holder = rows.iter().find_map(|r| r.footprint.map(|f| (r.name, f)));
     let below = rows.iter().rev().find_map(|r| r.memory_info);
     let waiting = rows.iter().find_map(|r| r.stream_free.map(|s| (r.name, s)));
@@ -180,6 +182,21 @@ fn hint(rows: &[Row], requested: usize, message: &str) -> String {
         return format!(
             "hint: a limiting adaptor's allocation_limit refused {}: raise the limit, or free \
              what its chain holds",
+            human_bytes(requested)
+        );
+    }
+    if let (Some(spill), Some((free, _))) = (spill, below.filter(|&(free, _)| free < requested)) {
+        // The device is full and the spill's limit leaves too little host memory beside it.
+        return format!(
+            "hint: the spill to host memory reached its limit: {} of device memory free and {} \
+             of the spill_to_host limit of {} left ({} spilled now) cannot hold {}; raise \
+             spill_to_host (ExpandableMemoryResource(spill_to_host=...) or \
+             reinitialize(pool_allocator=\"expandable\", spill_to_host=...); True takes what \
+             the host has room for), or free what the pool holds (trim(), promote() after frees)",
+            human_bytes(free),
+            human_bytes(spill.limit.saturating_sub(spill.spilled)),
+            human_bytes(spill.limit),
+            human_bytes(spill.spilled),
             human_bytes(requested)
         );
     }
@@ -237,7 +254,8 @@ pub fn explain_out_of_memory(
                 human_bytes(requested)
             );
             write_rows(&mut text, &rows);
-            text.push_str(&hint(&rows, requested, &text));
+            let spill = super::sleep::stack::spill_figures(top);
+            text.push_str(&hint(&rows, requested, &text, spill));
             Error::OutOfMemory {
                 requested: r,
                 message: text,
@@ -322,7 +340,7 @@ mod tests {
                     r.memory_info = Some((0, device_mib * MIB));
                 }
             }
-            let hint = hint(&rows, 1, "refused");
+            let hint = hint(&rows, 1, "refused", None);
             let holds = if pooled { top.report().unwrap().footprint().held_bytes } else { sim.bytes_in_use() };
             let expected = format!("this chain holds {}", human_bytes(holds));
             proptest::prop_assert!(hint.contains(&expected), "{}", hint);
@@ -456,7 +474,7 @@ mod tests {
             }),
             memory_info: None,
         };
-        let text = hint(&[row], 16 * MIB, "out_of_memory");
+        let text = hint(&[row], 16 * MIB, "out_of_memory", None);
         assert!(
             text.contains("32.00 MiB free on 2 other stream(s)' lists"),
             "{text}"
@@ -488,6 +506,7 @@ mod tests {
             }],
             4 * MIB,
             "callback said no",
+            None,
         );
         assert!(other.contains("enough for the request"), "{other}");
     }

@@ -37,7 +37,8 @@ pub const KINDS: &[Kind] = &[
     },
     Kind {
         name: "expandable",
-        summary: "expandable pool: one virtual range mapped in 2 MiB pages, coalescing across \
+        summary: "expandable pool: one virtual range mapped in pages (32 MiB on a GPU, 2 MiB on \
+                  simulated memory), coalescing across \
                   growth (--initial-pool-size, --maximum-pool-size)",
         plan: plan_expandable,
         describe: describe_expandable,
@@ -415,7 +416,10 @@ fn bins(options: &StackOptions) -> Result<(u32, u32)> {
 
 fn blocks(options: &StackOptions) -> Result<usize> {
     match options.blocks {
-        Some(0) => Err(Error::invalid("blocks", "must be positive")),
+        Some(0) => Err(Error::invalid(
+            "blocks",
+            "blocks=0: must be positive (blocks per chunk, at least 1; default 128)",
+        )),
         Some(b) => Ok(b),
         None => Ok(DEFAULT_BLOCKS_TO_PREALLOCATE),
     }
@@ -453,14 +457,8 @@ fn plan_arena(target: Target, options: &StackOptions) -> Result<Plan> {
 
 fn plan_fixed_size(target: Target, options: &StackOptions) -> Result<Plan> {
     let block_size = options.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
-    if block_size == 0 || options.blocks == Some(0) {
-        return Err(Error::invalid(
-            "block_size",
-            "the block size and the block count must be positive",
-        ));
-    }
-    let block = crate::resource::align_up(block_size, ALLOCATION_ALIGNMENT)
-        .ok_or_else(|| Error::invalid("block_size", "too large"))?;
+    let block = crate::suballocator::block_of("block_size", block_size)?;
+    blocks(options)?;
     Ok(Plan {
         rounding: BlockRounding::Fixed(block),
         largest_request: Some(block),
@@ -549,7 +547,7 @@ fn describe_pinned_expandable(
         Target::Simulated(size) => format!("simulated host memory ({}, virtual)", human(size)),
         Target::Device => "host memory registered with CUDA (cuMemHostRegister)".into(),
     };
-    expandable_description("32 MiB", "host memory", &over, options, handles)
+    expandable_description("host memory", &over, options, handles)
 }
 
 fn plan_simulated(target: Target, _: &StackOptions) -> Result<Plan> {
@@ -639,22 +637,24 @@ fn describe_expandable(target: Target, options: &StackOptions, handles: &[Handle
         }
         Target::Device => "cuMemCreate/cuMemMap".into(),
     };
-    expandable_description("2 MiB", "the device", &over, options, handles)
+    expandable_description("the device", &over, options, handles)
 }
 
-/// An expandable pool's description (device or pinned host): its page size, its maximum
-/// (`unlimited`: what bounds it without one), what it maps over, and its mapped bytes.
+/// An expandable pool's description (device or pinned host): its page size (the built pool's
+/// own), its maximum (`unlimited`: what bounds it without one), what it maps over, and its
+/// mapped bytes.
 fn expandable_description(
-    pages: &str,
     unlimited: &str,
     over: &str,
     options: &StackOptions,
     handles: &[Handle],
 ) -> Description {
-    let mapped = handles.iter().find_map(|h| match h {
-        Handle::Expandable(e) => Some(e.mapped_bytes()),
+    let pool = handles.iter().find_map(|h| match h {
+        Handle::Expandable(e) => Some(e),
         _ => None,
     });
+    let mapped = pool.map(|e| e.mapped_bytes());
+    let pages = pool.map_or_else(|| "-".into(), |e| human(e.page_size()));
     let maximum = options
         .maximum_pool_size
         .map_or_else(|| unlimited.into(), human);

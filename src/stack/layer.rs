@@ -328,6 +328,35 @@ impl std::fmt::Debug for Handle {
 }
 
 impl Layer {
+    /// Checks what can be checked before anything is built (a stack's plan is checked whole
+    /// first, so a bad option changes nothing): a pool's sizes and an arena's, RMM's rules
+    /// ([`check_pool_sizes`](crate::suballocator::check_pool_sizes),
+    /// [`check_arena_size`](crate::suballocator::check_arena_size)).
+    ///
+    /// # Errors
+    /// As those checks.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            Layer::Pool {
+                initial_pool_size,
+                maximum_pool_size,
+            } => crate::suballocator::check_pool_sizes(*initial_pool_size, *maximum_pool_size),
+            Layer::Expandable { options, .. } => crate::suballocator::check_pool_sizes(
+                options.sizes.initial_pool_size,
+                options.sizes.maximum_pool_size,
+            ),
+            Layer::Arena {
+                arena_size: Some(size),
+            } => crate::suballocator::check_arena_size(
+                Some(*size),
+                size & !(crate::resource::ALLOCATION_ALIGNMENT - 1),
+            ),
+            Layer::Fallback { alternate } => alternate.check(),
+            Layer::Tiered { tiers } => tiers.iter().try_for_each(|(_, tier)| tier.check()),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether it is made over a layer below (an adaptor or a suballocator).
     pub fn needs_upstream(&self) -> bool {
         !matches!(
@@ -386,7 +415,11 @@ impl Layer {
                 let max = crate::resource::MAX_SIMULATED_SIZE;
                 if *size > max || *host_memory > max - size {
                     return Err(Error::invalid(
-                        "simulate",
+                        if *size > max {
+                            "simulate"
+                        } else {
+                            "host_memory"
+                        },
                         format!(
                             "{size} bytes (and {host_memory} of host memory) is larger than a \
                              simulated device can be ({max} bytes)"

@@ -93,6 +93,61 @@ pub struct StackOptions {
     pub spill_to_host: Option<usize>,
 }
 
+impl StackOptions {
+    /// Each size of simulated memory on `target` (the device, `peer_memory`, `host_memory`) at
+    /// most [`MAX_SIMULATED_SIZE`](crate::resource::MAX_SIMULATED_SIZE), each refusal naming
+    /// its option (on a device they are not read).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the option and the value.
+    pub fn check_simulated(&self, target: Target) -> Result<()> {
+        let Target::Simulated(size) = target else {
+            return Ok(());
+        };
+        [
+            ("simulate", Some(size)),
+            ("peer_memory", self.peer_memory),
+            ("host_memory", self.host_memory),
+        ]
+        .into_iter()
+        .filter_map(|(name, bytes)| bytes.map(|b| (name, b)))
+        .try_for_each(|(name, bytes)| check_simulated_size(name, bytes))
+    }
+}
+
+/// A size of simulated memory given as option `name` (a simulated device, a peer GPU, host
+/// memory): 0, or from 256 bytes (sizes are counted in 256-byte units: 1 to 255 would be
+/// nothing, so it is a slip, and the message suggests the GiB likely meant) to
+/// [`MAX_SIMULATED_SIZE`](crate::resource::MAX_SIMULATED_SIZE).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `name`, the value and the fix.
+pub fn check_simulated_size(name: &'static str, bytes: usize) -> Result<()> {
+    let max = crate::resource::MAX_SIMULATED_SIZE;
+    if bytes > max {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{name}={bytes} bytes is more than simulated memory can be: at most {max} bytes \
+                 (32 PiB)"
+            ),
+        ));
+    }
+    if bytes > 0 && bytes < ALLOCATION_ALIGNMENT {
+        let meant = crate::report::likely_meant_device(bytes)
+            .map_or_else(String::new, |m| format!("; did you mean \"{m}\"?"));
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{name}={bytes} bytes rounds down to 0: simulated memory counts in 256-byte \
+                 units (RMM's alignment; requests of 2 MiB or more take whole 2 MiB pages), so \
+                 give 0 or at least 256 bytes{meant}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Default bins of `binning`: 2^18..2^22 bytes (benchmarks.md W1).
 pub const DEFAULT_BINS: (u32, u32) = (18, 22);
 
@@ -229,7 +284,9 @@ pub fn kind(name: &str) -> Result<&'static Kind> {
 /// [`Error::InvalidArgument`] for an unknown name or a bad option.
 pub fn plan(name: &str, target: Target, options: &StackOptions) -> Result<Plan> {
     let kind = kind(name)?;
+    options.check_simulated(target)?;
     let mut plan = (kind.plan)(target, options)?;
+    plan.layers.iter().try_for_each(Layer::check)?;
     if let Some(allocation_limit) = options.allocation_limit {
         plan.layers.push(Layer::Limit { allocation_limit });
     }

@@ -7,9 +7,7 @@ use crate::error::{Error, Result};
 use crate::live::LiveAllocations;
 use crate::report::{MemoryStats, SegmentInfo};
 use crate::resource::graph;
-use crate::resource::{
-    align_up, Footprint, MemoryResource, PoolReport, SharedResource, ALLOCATION_ALIGNMENT,
-};
+use crate::resource::{Footprint, MemoryResource, PoolReport, SharedResource};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -161,7 +159,10 @@ impl BinningMemoryResource {
         blocks: usize,
     ) -> Result<Self> {
         if blocks == 0 {
-            return Err(Error::invalid("blocks_to_preallocate", "must be positive"));
+            return Err(Error::invalid(
+                "blocks_to_preallocate",
+                "blocks_to_preallocate=0: must be positive (at least 1 block per chunk; default 128)",
+            ));
         }
         // Its link, held: the upstream's cells joined, each bin's joined as it is added.
         let link =
@@ -206,11 +207,7 @@ impl BinningMemoryResource {
         allocation_size: usize,
         bin_resource: Option<SharedResource>,
     ) -> Result<()> {
-        if allocation_size == 0 {
-            return Err(Error::invalid("allocation_size", "must be positive"));
-        }
-        let size = align_up(allocation_size, ALLOCATION_ALIGNMENT)
-            .ok_or_else(|| Error::invalid("allocation_size", "too large"))?;
+        let size = super::fixed_size::block_of("allocation_size", allocation_size)?;
         // A bin that would make a cycle is refused even where a bin of its size exists (and
         // the call would change nothing): the caller's graph is wrong either way.
         if let Some(r) = &bin_resource {

@@ -28,7 +28,7 @@ use crate::cuda::Stream;
 use crate::error::{Error, Result};
 use crate::resource::{
     CallProfile, CudaVirtualMemory, HostVirtualMemory, MemoryKind, MemoryResource, PoolReport,
-    SimulatedVirtualMemory, VirtualMemory, ALLOCATION_ALIGNMENT, DEFAULT_PAGE_SIZE,
+    SimulatedVirtualMemory, VirtualMemory, DEFAULT_PAGE_SIZE,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -208,16 +208,7 @@ impl ExpandableMemoryResource {
             maximum_pool_size,
             release_threshold,
         } = sizes;
-        for (name, size) in [
-            ("Initial", initial_pool_size),
-            ("Maximum", maximum_pool_size),
-        ] {
-            if size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
-                return Err(Error::Logic(format!(
-                    "Error, {name} pool size required to be a multiple of 256 bytes"
-                )));
-            }
-        }
+        super::pool::check_pool_sizes(initial_pool_size, maximum_pool_size)?;
         if let Some(maximum) = maximum_pool_size.filter(|&m| m < vm.page_size()) {
             return Err(Error::invalid(
                 "maximum_pool_size",
@@ -229,11 +220,6 @@ impl ExpandableMemoryResource {
             ));
         }
         let initial = initial_pool_size.unwrap_or(0);
-        if initial > maximum_pool_size.unwrap_or(usize::MAX) {
-            return Err(Error::Logic(
-                "Initial pool size exceeds the maximum pool size!".into(),
-            ));
-        }
         if matches!(vm.kind(), MemoryKind::Managed) {
             return Err(Error::invalid(
                 "upstream",
@@ -633,19 +619,12 @@ impl ExpandableGrowth {
             mapped = self.vm.map(addr, want);
         }
         let len = want;
-        mapped.map_err(|e| match e {
-            Error::OutOfMemory { .. } => {
-                let text = e.to_string();
-                let inner = text
-                    .strip_prefix("std::bad_alloc: out_of_memory: ")
-                    .unwrap_or(&text)
-                    .to_owned();
-                Error::out_of_memory(
-                    request.bytes,
-                    format!("expandable: mapping {len} bytes failed: {inner}"),
-                )
-            }
-            other => other,
+        mapped.map_err(|e| match e.out_of_memory_reason() {
+            Some(inner) => Error::out_of_memory(
+                request.bytes,
+                format!("expandable: mapping {len} bytes failed: {inner}"),
+            ),
+            None => e,
         })?;
         add_run(&mut runs, addr, len);
         let mapped: usize = runs.iter().map(|(&s, &e)| e - s).sum();

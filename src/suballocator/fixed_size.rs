@@ -32,6 +32,26 @@ struct Inner {
     upstream: SharedResource,
 }
 
+/// A block size given as argument `name` (a fixed-size resource's, a bin's), rounded up to 256
+/// bytes, the block each request of it takes.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming `name` and the value: 0, or too large to round up.
+pub fn block_of(name: &'static str, bytes: usize) -> Result<usize> {
+    if bytes == 0 {
+        return Err(Error::invalid(
+            name,
+            format!("{name}=0: must be positive (a block of at least 1 byte)"),
+        ));
+    }
+    align_up(bytes, ALLOCATION_ALIGNMENT).ok_or_else(|| {
+        Error::invalid(
+            name,
+            format!("{name}={bytes}: too large to round up to 256 bytes"),
+        )
+    })
+}
+
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256) over `upstream`, in chunks of
     /// `blocks_to_preallocate` blocks (at least 1); RMM's defaults are
@@ -60,11 +80,7 @@ impl FixedSizeMemoryResource {
         blocks_to_preallocate: usize,
         events: Arc<dyn StreamEvents>,
     ) -> Result<Self> {
-        if block_size == 0 {
-            return Err(Error::invalid("block_size", "must be positive"));
-        }
-        let block_size = align_up(block_size, ALLOCATION_ALIGNMENT)
-            .ok_or_else(|| Error::invalid("block_size", "too large"))?;
+        let block_size = block_of("block_size", block_size)?;
         let chunk = block_size
             .checked_mul(blocks_to_preallocate.max(1))
             .ok_or_else(|| Error::invalid("blocks_to_preallocate", "chunk size overflows"))?;

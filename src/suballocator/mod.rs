@@ -25,7 +25,7 @@ mod pool;
 pub use self::core::{
     CudaStreamEvents, EventCall, NoStreamEvents, RecordingStreamEvents, StreamEvents, StreamKey,
 };
-pub use arena::{ArenaMemoryResource, SUPERBLOCK_MIN};
+pub use arena::{check_arena_size, ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use expandable::{
     DiscardFill, ExpandableMemoryResource, ExpandableOptions, ExpandableSizes, SleepEstimate,
@@ -37,9 +37,11 @@ pub mod sleep {
     pub use crate::resource::sleep::stack::*;
     pub use crate::resource::sleep::{SleepCause, SleepPlan};
 }
-pub use fixed_size::{FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE};
+pub use fixed_size::{
+    block_of, FixedSizeMemoryResource, DEFAULT_BLOCKS_TO_PREALLOCATE, DEFAULT_BLOCK_SIZE,
+};
 pub use managed::{ManagedMemoryResource, ManagedOptions, DEFAULT_CACHE_DIVISOR};
-pub use pool::PoolMemoryResource;
+pub use pool::{check_pool_sizes, PoolMemoryResource};
 
 // Every suballocator is a thread-safe memory resource.
 const _: () = {

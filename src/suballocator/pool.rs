@@ -47,6 +47,43 @@ struct Inner {
 
 super::core::relieve_by_core!(Inner);
 
+/// RMM's checks of a pool's sizes, for every pool (the pool, the expandable pool) and for a
+/// stack's plan before anything is built: each a multiple of 256 bytes, the initial at most the
+/// maximum. RMM's words start each message; the value given and the fix follow.
+///
+/// # Errors
+/// [`Error::Logic`] (RMM's `logic_error`) saying which size and why.
+pub fn check_pool_sizes(initial: Option<usize>, maximum: Option<usize>) -> Result<()> {
+    for (rmm_name, name, size) in [
+        ("Initial", "initial_pool_size", initial),
+        ("Maximum", "maximum_pool_size", maximum),
+    ] {
+        let Some(size) = size.filter(|s| s % ALLOCATION_ALIGNMENT != 0) else {
+            continue;
+        };
+        let down = size - size % ALLOCATION_ALIGNMENT;
+        let up = down.checked_add(ALLOCATION_ALIGNMENT);
+        let fix = match (down, up) {
+            (0, Some(up)) => format!("use {up}"),
+            (down, Some(up)) => format!("use {down} or {up}"),
+            (down, None) => format!("use {down}"),
+        };
+        return Err(Error::Logic(format!(
+            "Error, {rmm_name} pool size required to be a multiple of 256 bytes \
+             ({name}={size}: {fix})"
+        )));
+    }
+    if let (Some(initial), Some(maximum)) = (initial, maximum) {
+        if initial > maximum {
+            return Err(Error::Logic(format!(
+                "Initial pool size exceeds the maximum pool size! (initial_pool_size={initial} \
+                 > maximum_pool_size={maximum}: lower the initial size or raise the maximum)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl PoolMemoryResource {
     /// A pool over `upstream` holding `initial_pool_size` bytes (default: half the upstream's
     /// free memory from [`MemoryResource::memory_info`](crate::MemoryResource::memory_info), rounded down to 256 and at most the
@@ -76,16 +113,7 @@ impl PoolMemoryResource {
         maximum_pool_size: Option<usize>,
         events: Arc<dyn StreamEvents>,
     ) -> Result<Self> {
-        if initial_pool_size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
-            return Err(Error::Logic(
-                "Error, Initial pool size required to be a multiple of 256 bytes".into(),
-            ));
-        }
-        if maximum_pool_size.is_some_and(|s| s % ALLOCATION_ALIGNMENT != 0) {
-            return Err(Error::Logic(
-                "Error, Maximum pool size required to be a multiple of 256 bytes".into(),
-            ));
-        }
+        check_pool_sizes(initial_pool_size, maximum_pool_size)?;
         let initial = match initial_pool_size {
             Some(size) => size,
             None => {
@@ -93,11 +121,6 @@ impl PoolMemoryResource {
                 (half & !(ALLOCATION_ALIGNMENT - 1)).min(maximum_pool_size.unwrap_or(usize::MAX))
             }
         };
-        if initial > maximum_pool_size.unwrap_or(usize::MAX) {
-            return Err(Error::Logic(
-                "Initial pool size exceeds the maximum pool size!".into(),
-            ));
-        }
         let source = upstream.clone();
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
             core: StreamOrderedCore::new(
@@ -192,17 +215,26 @@ mod tests {
         let msg = |r: Result<PoolMemoryResource>| r.unwrap_err().to_string();
         assert_eq!(
             msg(PoolMemoryResource::new(sim(1 << 20), Some(100), None)),
-            "Error, Initial pool size required to be a multiple of 256 bytes"
+            "Error, Initial pool size required to be a multiple of 256 bytes \
+             (initial_pool_size=100: use 256)"
         );
         assert_eq!(
             msg(PoolMemoryResource::new(sim(1 << 20), Some(256), Some(1000))),
-            "Error, Maximum pool size required to be a multiple of 256 bytes"
+            "Error, Maximum pool size required to be a multiple of 256 bytes \
+             (maximum_pool_size=1000: use 768 or 1024)"
         );
         let e = PoolMemoryResource::new(sim(1 << 20), Some(2048), Some(1024)).unwrap_err();
-        assert_eq!(
-            e,
-            Error::Logic("Initial pool size exceeds the maximum pool size!".into())
-        );
+        assert!(matches!(e, Error::Logic(_)));
+        assert!(e.to_string().starts_with(
+            "Initial pool size exceeds the maximum pool size! (initial_pool_size=2048"
+        ));
+        // The largest size that is no multiple of 256 has no multiple above it.
+        assert!(msg(PoolMemoryResource::new(
+            sim(1 << 20),
+            Some(usize::MAX),
+            None
+        ))
+        .ends_with(&format!("use {})", usize::MAX - 255)));
         assert!(PoolMemoryResource::new(sim(1024), Some(4096), None)
             .unwrap_err()
             .is_out_of_memory());

@@ -684,12 +684,15 @@ def test_replay_bad_arguments(tmp_path, kwargs, exc, pattern):
 
 
 def test_replay_unbuildable_resource_is_its_own_row(tmp_path):
-    """A pool size the pool refuses: that resource's row carries the reason, the others replay."""
+    """A pool the device cannot hold: that resource's row carries the reason, the others
+    replay. An option no pool could be built with is refused at the call (issue 50)."""
     good = _good_log(tmp_path)
-    rows = _replay(good, resources=["pool", "simulated"], initial_pool_size=1000)
+    rows = _replay(good, resources=["pool", "simulated"], initial_pool_size=2 * GiB)
     by_name = {r["resource"]: r for r in rows}
-    assert "multiple of 256" in by_name["pool"]["error"]
+    assert "failed to allocate 2147483648 bytes" in by_name["pool"]["error"]
     assert by_name["simulated"]["events"] == 2
+    raises(RuntimeError, r"multiple of 256 bytes \(initial_pool_size=1000: use 768 or 1024\)",
+           lambda: _replay(good, resources=["pool", "simulated"], initial_pool_size=1000))
 
 
 # ------------------------------------------------------------ GIL and Python callbacks

@@ -124,7 +124,8 @@ def test_simulated_managed_memory_spills_past_the_device_and_counts_it():
     assert sim.beyond_device_bytes() == (0, 2 * mib)
     sim.deallocate(b, 4 * mib)
     assert mr.SimulatedMemoryResource("1MiB").host_memory == 0
-    with pytest.raises(ValueError, match="larger than a simulated device"):
+    with pytest.raises(ValueError, match="host_memory=36028797018963968 bytes beside a device "
+                       "of size=1125899906842624 bytes is more than simulated memory can be"):
         mr.SimulatedMemoryResource(1 << 50, host_memory=1 << 55)
     with pytest.raises(OverflowError):
         mr.SimulatedMemoryResource(1 << 20, host_memory=-1)

@@ -18,6 +18,7 @@ machine), times within the noise the README states for them:
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -78,6 +79,12 @@ def _rows(lines: list[str]) -> tuple[list[str], dict[str, dict[str, str]], list[
     return names, rows, lines[:names_at] + lines[end:]
 
 
+def _file_name(word: str) -> str:
+    """A path as its file's name: the command says where it wrote a file in full
+    (``plot written to /home/you/rrmm/replay.png``), which differs from machine to machine."""
+    return os.path.basename(word) if os.sep in word else word
+
+
 def _label(line: str) -> str:
     head = line.strip().split(":", 1)[0].strip("( ")
     return "header" if head.endswith((".csv", ".gz")) else head
@@ -117,7 +124,8 @@ def compare_replay_output(shown: str, printed: str) -> list[str]:
         problems.append(f"lines outside the table: the README shows {len(want_rest)}, the "
                         f"command prints {len(got_rest)}:\n  " + "\n  ".join(got_rest))
     for line, other in zip(want_rest, got_rest, strict=False):
-        masked = [REPETITIONS.sub(r"\1N\3", x).split() for x in (line, other)]
+        masked = [[_file_name(w) for w in REPETITIONS.sub(r"\1N\3", x).split()]
+                  for x in (line, other)]
         if masked[0] != masked[1]:
             at = next((i for i, (a, b) in enumerate(zip(*masked, strict=False)) if a != b),
                       min(map(len, masked)))

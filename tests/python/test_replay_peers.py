@@ -72,18 +72,20 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def replay_torch(path: str, total: int = 1 << 30, repeat: int | None = 2):
+def replay_torch(path: str, total: int = 1 << 30, repeat: int | None = 2, timed: bool = True):
     torch, cache = make_torch(total)
     adapter = _replay_peers.torch_adapter(torch, gpu=False)
     try:
-        return _replay_peers.replay(_rrmm.ReplayLog(path), adapter, repeat), cache
+        return _replay_peers.replay(_rrmm.ReplayLog(path), adapter, repeat, timed), cache
     finally:
         adapter.close()
 
 
-def replay_fake(path: str, a: AddressAllocator, repeat: int | None = 0, **kwargs):
-    """The engine's row of ``path`` replayed through the test peer ``a``."""
+def replay_fake(path: str, a: AddressAllocator, repeat: int | None = None, **kwargs):
+    """The engine's row of ``path`` replayed through the test peer ``a`` (the figures pass
+    alone unless ``repeat`` is given)."""
     kwargs.setdefault("held_bytes", a.held_bytes)
+    kwargs.setdefault("timed", repeat is not None)
     return _rrmm.replay_allocator(_rrmm.ReplayLog(path), "fake", a.allocate, a.deallocate,
                                   repeat=repeat, **kwargs)
 
@@ -93,7 +95,7 @@ def replay_fake(path: str, a: AddressAllocator, repeat: int | None = 0, **kwargs
 
 def test_the_log_parsed_once_has_the_engines_facts(peer_log):
     facts = _rrmm.ReplayLog(peer_log).facts
-    engine = _rrmm.replay_logs([peer_log], ["pool"], simulate=4 << 30, repeat=0)[0]
+    engine = _rrmm.replay_logs([peer_log], ["pool"], simulate=4 << 30, timed=False)[0]
     for key in ("log", "events", "allocations", "streams", "threads", "log_peak_bytes",
                 "log_unfreed_allocations", "log_largest_request", "null_rows", "driver"):
         assert facts[key] == engine[key], key
@@ -365,7 +367,7 @@ def test_a_closed_adapter_lets_its_resource_go(peer_log, monkeypatch):
     monkeypatch.setattr(_stack, "build", recording)
     adapter = _replay_peers.rrmm_adapter("pool", 1 << 30, {}, None)
     assert adapter.device is None
-    row = _replay_peers.replay(_rrmm.ReplayLog(peer_log), adapter, 0)
+    row = _replay_peers.replay(_rrmm.ReplayLog(peer_log), adapter, timed=False)
     assert row["error"] is None and row["peak_footprint"] is not None
     pool = made.pop()
     held = sys.getrefcount(pool)  # the adapter's functions, this name, the call's argument
@@ -526,7 +528,7 @@ def random_logs(draw: st.DrawFn, sizes: st.SearchStrategy[int] = SIZES_64K,
 def test_random_logs_through_the_fake_torch(tmp_path, text, total_mib):
     path = tmp_path / "random.csv"
     path.write_text(text)
-    r, cache = replay_torch(str(path), total=total_mib * MiB, repeat=0)
+    r, cache = replay_torch(str(path), total=total_mib * MiB, repeat=None, timed=False)
     assert r["failed_allocations"] + cache.successes == r["allocations"] == sum(
         1 for op, _, _ in cache.calls if op == "alloc")
     assert len(r["failure_events"]) == r["failed_allocations"]
@@ -545,7 +547,7 @@ def test_random_logs_from_python_match_the_engine(tmp_path, text, device_mib):
     path = tmp_path / "random.csv"
     path.write_text(text)
     simulate = device_mib * MiB
-    engine = _rrmm.replay_logs([str(path)], ["pool"], simulate=simulate, repeat=0)
+    engine = _rrmm.replay_logs([str(path)], ["pool"], simulate=simulate, timed=False)
     rows = _replay_peers.replay_rows([str(path)], ["pool"], engine, {}, options={},
                                      simulate=simulate, repeat=1)
     rust, python = rows
@@ -567,9 +569,10 @@ def test_the_engine_over_python_functions_agrees_with_the_simulated_kind(
     path = tmp_path / "random.csv"
     path.write_text(text)
     capacity = device_mib * MiB
-    engine = _rrmm.replay_logs([str(path)], ["simulated"], simulate=capacity, repeat=repeat)[0]
+    timed = {"repeat": repeat} if repeat else {"timed": False}  # 0: the figures pass alone
+    engine = _rrmm.replay_logs([str(path)], ["simulated"], simulate=capacity, **timed)[0]
     a = AddressAllocator(capacity)
-    row = replay_fake(str(path), a, repeat=repeat)
+    row = replay_fake(str(path), a, repeat=repeat or None)
     assert row["error"] is None and engine["error"] is None
     for key in ("events", "allocations", "failed_allocations", "failure_events", "failed_bytes",
                 "peak_bytes_in_use", "peak_footprint", "footprint_at_end", "leaked_allocations",

@@ -70,7 +70,7 @@ def test_every_door_reads_a_size_string_alike(text):
     assert got == (expected if expected is not None else "refused"), (text, got, expected)
     # The command line, reinitialize's pool sizes and rrmm.dask read it the same way.
     assert outcome(parse_size, text) == got
-    assert outcome(rrmm_rmm._size, text) == got
+    assert outcome(lambda t: rrmm_rmm._size(t, "initial_pool_size"), text) == got
     dask = outcome(lambda t: parse_device_bytes(t, alignment=1), text)
     assert dask == (None if got == 0 else got), (text, dask, got)
 
@@ -80,7 +80,8 @@ def test_a_bare_unit_is_refused_everywhere_with_the_reason(bare):
     pytest.importorskip("distributed")  # rrmm.dask needs it (the GPU image has none)
     from rrmm.dask import RRMMSetup
 
-    for parse in (rrmm.parse_bytes, rrmm_rmm._size, lambda t: RRMMSetup(simulate=t)):
+    for parse in (rrmm.parse_bytes, lambda t: rrmm_rmm._size(t, "initial_pool_size"),
+                  lambda t: RRMMSetup(simulate=t)):
         with pytest.raises(ValueError, match="a bare unit is not a size"):
             parse(bare)
     with pytest.raises(argparse.ArgumentTypeError, match="a bare unit is not a size"):

@@ -171,7 +171,10 @@ def test_promotion_without_spill_is_an_empty_report() -> None:
     assert pool.spill_figures() is None
     empty = {"promoted": 0, "spilled": 0, "trimmed": 0, "seconds": 0.0, "trim_s": 0.0}
     assert pool.promote() == empty
-    assert pool.prepare_spill(PAGE) == 0
+    # A pool that never spills refuses to make spill pages (issue 50: it returned 0).
+    with pytest.raises(RuntimeError, match=r"prepare_spill\(.*\): this pool never spills .* "
+                       r"spill_to_host"):
+        pool.prepare_spill(PAGE)
     pool.deallocate(p, PAGE)
     sim = mr.SimulatedMemoryResource(1 << 30)
     assert sim.promote()["promoted"] == 0

@@ -147,7 +147,8 @@ def test_a_misspelt_option_is_a_type_error_at_the_call():
         _stack.build("pool", simulate=1 << 30, initail_pool_size=MiB)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="unknown resource"):
         _stack.build("poool", simulate=1 << 30)
-    with pytest.raises(ValueError, match="larger than a simulated device"):
+    with pytest.raises(ValueError, match="host_memory=4611686018427387904 bytes is more than "
+                       "simulated memory can be"):
         _stack.build("fallback", simulate=1 << 30, host_memory=1 << 62)
     assert not hasattr(_rrmm, "_stack_plan")
 
@@ -203,7 +204,9 @@ def test_reinitialize_crosses_into_rust_once(monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             rrmm.reinitialize(pool_allocator=True, initial_pool_size=64 * MiB)
-        assert calls == ["_reinitialize"]
+        # The arguments read (the one size reader) and the plan checked before the hooks run,
+        # then one crossing that builds and sets the stack.
+        assert calls == ["_read_size", "_check_stack", "_reinitialize"], calls
         if gpu_available():
             check_full_objects(mr.get_current_device_resource(), ON_DEVICE["pool"])
     finally:
@@ -225,5 +228,6 @@ def test_stack_options_are_one_typed_value_with_unknown_names_refused() -> None:
                  lambda: _rrmm.fit_logs([], ["pool"], bogus=1)):
         with pytest.raises(TypeError, match="unexpected keyword argument"):
             call()  # type: ignore[call-arg]
-    with pytest.raises(TypeError):
-        _rrmm.build_stack("pool", simulate=1 << 30, initial_pool_size="big")  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match="Could not parse 'big' as a byte specification for "
+                       "initial_pool_size"):
+        _rrmm.build_stack("pool", simulate=1 << 30, initial_pool_size="big")

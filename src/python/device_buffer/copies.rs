@@ -15,6 +15,7 @@ use crate::python::edge::host_buffer::HostBuffer;
 use crate::python::edge::pointers;
 use crate::python::edge::stream::StreamArg;
 use crate::python::errors::py_result;
+use crate::python::resources::convert::arg;
 
 /// Whether `obj` is an `rrmm.HostBuffer` (its class says so), whose copies queue on a stream.
 pub(super) fn is_host_buffer(obj: &Bound<'_, PyAny>) -> bool {
@@ -179,7 +180,7 @@ fn to_device(
 #[pyo3(signature = (db, hb, stream = StreamArg::Default))]
 fn copy_ptr_to_host(
     py: Python<'_>,
-    db: usize,
+    #[pyo3(from_py_with = arg::db)] db: usize,
     hb: &Bound<'_, PyAny>,
     stream: StreamArg<'_>,
 ) -> PyResult<()> {
@@ -194,7 +195,7 @@ fn copy_ptr_to_host(
 fn copy_host_to_ptr(
     py: Python<'_>,
     hb: &Bound<'_, PyAny>,
-    db: usize,
+    #[pyo3(from_py_with = arg::db)] db: usize,
     stream: StreamArg<'_>,
 ) -> PyResult<()> {
     let host = HostBuffer::get(hb, false)?;
@@ -207,9 +208,9 @@ fn copy_host_to_ptr(
 #[pyo3(signature = (d_src, d_dst, count, stream = StreamArg::Default))]
 fn copy_device_to_ptr(
     py: Python<'_>,
-    d_src: usize,
-    d_dst: usize,
-    count: usize,
+    #[pyo3(from_py_with = arg::d_src)] d_src: usize,
+    #[pyo3(from_py_with = arg::d_dst)] d_dst: usize,
+    #[pyo3(from_py_with = arg::count)] count: usize,
     stream: StreamArg<'_>,
 ) -> PyResult<()> {
     if count > 0 && (d_src == 0 || d_dst == 0) {

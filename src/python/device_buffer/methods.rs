@@ -14,6 +14,7 @@ use crate::python::edge::host_buffer::HostBuffer;
 use crate::python::edge::pointers;
 use crate::python::edge::stream::{self, PyStream, StreamArg};
 use crate::python::errors::py_result;
+use crate::python::resources::convert::arg;
 use crate::python::resources::resource::DeviceMemoryResource;
 
 #[pymethods]
@@ -30,8 +31,8 @@ impl PyDeviceBuffer {
     #[pyo3(signature = (*, ptr = 0, size = 0, stream = StreamArg::Default, mr = None))]
     fn new(
         py: Python<'_>,
-        ptr: usize,
-        size: usize,
+        #[pyo3(from_py_with = arg::ptr)] ptr: usize,
+        #[pyo3(from_py_with = arg::size)] size: usize,
         stream: StreamArg<'_>,
         mr: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -147,7 +148,11 @@ impl PyDeviceBuffer {
 
     /// Makes room for `new_capacity` bytes, keeping the contents; the buffer moves to `stream`.
     #[pyo3(signature = (new_capacity, stream = StreamArg::Default))]
-    fn reserve(slf: &Bound<'_, Self>, new_capacity: usize, stream: StreamArg<'_>) -> PyResult<()> {
+    fn reserve(
+        slf: &Bound<'_, Self>,
+        #[pyo3(from_py_with = arg::new_capacity)] new_capacity: usize,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
         let size = slf.borrow().inner().size();
         Self::regrow(slf, Some(new_capacity), size, stream)
     }
@@ -155,7 +160,11 @@ impl PyDeviceBuffer {
     /// Changes the size: shrinking keeps the memory, growing past the capacity reallocates and
     /// copies; the buffer moves to `stream`.
     #[pyo3(signature = (new_size, stream = StreamArg::Default))]
-    fn resize(slf: &Bound<'_, Self>, new_size: usize, stream: StreamArg<'_>) -> PyResult<()> {
+    fn resize(
+        slf: &Bound<'_, Self>,
+        #[pyo3(from_py_with = arg::new_size)] new_size: usize,
+        stream: StreamArg<'_>,
+    ) -> PyResult<()> {
         Self::regrow(slf, None, new_size, stream)
     }
 

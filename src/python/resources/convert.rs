@@ -84,32 +84,57 @@ fn bare_unit_hint(text: &str) -> &'static str {
     }
 }
 
-/// A size argument: an int (negative is an OverflowError) or a byte string such as `"4MiB"`;
-/// a float is a TypeError.
-pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    if obj.is_instance_of::<PyFloat>() {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be an int or a byte string such as \"4MiB\", not float"
-        )));
-    }
-    if let Ok(s) = obj.cast::<PyString>() {
-        let text: String = s.extract()?;
-        let text = text.as_str();
-        return read_byte_spec(text).map_err(|why| match why {
+/// `obj` in an error message: its type's name and a short repr (`float 1.5`, `str '16'`).
+pub(crate) fn shown(obj: &Bound<'_, PyAny>) -> String {
+    let text = obj
+        .repr()
+        .map_or_else(|_| "?".to_string(), |r| r.to_string());
+    let text = match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    };
+    format!("{} {text}", type_name(obj))
+}
+
+/// A size text read by RMM's grammar; `name` is the argument it was given for (`None`:
+/// `parse_bytes` itself, whose messages are RMM's).
+fn size_text(text: &str, name: Option<&str>) -> PyResult<usize> {
+    read_byte_spec(text).map_err(|why| {
+        let given = name.map_or_else(String::new, |n| format!("{n}="));
+        match why {
             NotASize::TooLarge => PyValueError::new_err(format!(
-                "'{text}' is too large: the largest size is {} bytes (2**64 - 1)",
+                "{given}'{text}' is too large: the largest size is {} bytes (2**64 - 1)",
                 usize::MAX
             )),
             NotASize::Unparsable => PyValueError::new_err(format!(
-                "Could not parse '{text}' as a byte specification{}",
+                "Could not parse '{text}' as a byte specification{}{}",
+                name.map_or_else(String::new, |n| format!(
+                    " for {n}: give bytes (an int) or a size such as \"4GiB\", \"512 MiB\" \
+                     or \"1.5GB\""
+                )),
                 bare_unit_hint(text)
             )),
-        });
+        }
+    })
+}
+
+/// A size argument: an int (negative, or past 2**64 - 1, is an OverflowError) or a byte string
+/// such as `"4MiB"`; a float is a TypeError. Every refusal names the argument and the value.
+pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<PyFloat>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int or a byte string such as \"4MiB\", not {}",
+            shown(obj)
+        )));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return size_text(&s.extract::<String>()?, Some(name));
     }
     if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
         return obj.extract::<usize>().map_err(|_| {
             PyOverflowError::new_err(format!(
-                "{name} must be a non-negative size that fits in size_t"
+                "{name} must be a non-negative size that fits in size_t, not {obj}{}",
+                out_of_range(obj)
             ))
         });
     }
@@ -117,9 +142,18 @@ pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     match obj.call_method0("__index__") {
         Ok(i) => bytes_arg(&i, name),
         Err(_) => Err(PyTypeError::new_err(format!(
-            "{name} must be an int or a byte string, not {}",
-            obj.get_type().name()?
+            "{name} must be an int or a byte string such as \"4MiB\", not {}",
+            shown(obj)
         ))),
+    }
+}
+
+/// Why an int is no `size_t`, for a message: negative, or past 2**64 - 1.
+fn out_of_range(int: &Bound<'_, PyAny>) -> String {
+    if int.lt(0).unwrap_or(false) {
+        " (negative: sizes are 0 or more bytes)".to_string()
+    } else {
+        format!(" (too big: at most {} bytes, 2**64 - 1)", usize::MAX)
     }
 }
 
@@ -132,10 +166,86 @@ pub(crate) fn opt_bytes_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyRes
     }
 }
 
+/// A whole-number argument of RMM's (`size_t` and pointer arguments: `nbytes`, `ptr`,
+/// `size`, ...): an int or an object with `__index__`, never a string or a float. Python's own
+/// words start each message (what RMM's Cython says), then the argument, the value and what it
+/// must be: `what` says it ("a number of bytes", "an address").
+pub(crate) fn whole_arg(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<usize> {
+    let int = obj.call_method0("__index__").map_err(|_| {
+        PyTypeError::new_err(format!(
+            "'{}' object cannot be interpreted as an integer: {name} must be {what} (an int), \
+             not {}",
+            type_name(obj),
+            shown(obj)
+        ))
+    })?;
+    int.extract::<usize>().map_err(|_| {
+        let python = if int.lt(0).unwrap_or(false) {
+            "can't convert negative int to unsigned"
+        } else {
+            "int too big to convert"
+        };
+        PyOverflowError::new_err(format!(
+            "{python}: {name}={int} must be {what} from 0 to 2**64 - 1"
+        ))
+    })
+}
+
+/// Readers of RMM's whole-number arguments by name ([`whole_arg`]), for PyO3's
+/// `from_py_with`: a refusal names the argument, which PyO3's own extraction does not.
+pub(crate) mod arg {
+    use pyo3::prelude::*;
+
+    macro_rules! whole_readers {
+        ($($name:ident: $what:literal),+ $(,)?) => {$(
+            #[doc = concat!("The argument `", stringify!($name), "`: ", $what, ".")]
+            pub(crate) fn $name(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+                super::whole_arg(obj, stringify!($name), $what)
+            }
+        )+};
+    }
+
+    /// The argument `simulate` (a simulated device's size: bytes or a size string; None: the
+    /// GPU).
+    pub(crate) fn simulate(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        super::opt_bytes_arg(Some(obj), "simulate")
+    }
+
+    whole_readers!(
+        nbytes: "a number of bytes",
+        size: "a number of bytes",
+        new_size: "a number of bytes",
+        new_capacity: "a number of bytes",
+        count: "a number of bytes",
+        ptr: "an address",
+        db: "an address",
+        d_src: "an address",
+        d_dst: "an address",
+        blocks_to_preallocate: "a number of blocks",
+    );
+
+    /// The optional argument `blocks_to_preallocate` (None: the default).
+    pub(crate) fn opt_blocks_to_preallocate(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        if obj.is_none() {
+            return Ok(None);
+        }
+        blocks_to_preallocate(obj).map(Some)
+    }
+}
+
+/// `_read_size(value, name)`: the package's one size reader for Python code (the Dask plugin,
+/// `reinitialize`, `HostBuffer`): [`bytes_arg`], naming `name` in every refusal.
+#[pyfunction]
+fn _read_size(value: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    bytes_arg(value, name)
+}
+
 /// `parse_bytes(s)`: an int is returned as is; a string is parsed as a byte specification.
 #[pyfunction]
 fn parse_bytes(s: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if s.is_instance_of::<PyString>() || s.is_instance_of::<PyInt>() {
+    if let Ok(text) = s.cast::<PyString>() {
+        size_text(&text.extract::<String>()?, None)
+    } else if s.is_instance_of::<PyInt>() {
         bytes_arg(s, "s")
     } else {
         Err(PyTypeError::new_err(format!(
@@ -147,6 +257,7 @@ fn parse_bytes(s: &Bound<'_, PyAny>) -> PyResult<usize> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(_read_size, m)?)?;
     Ok(())
 }
 

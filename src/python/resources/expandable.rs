@@ -84,11 +84,22 @@ impl ExpandableMemoryResource {
                  pageable_host=True",
             ));
         }
-        if options.spill_to_host.is_some() && (simulated.is_some() || pinned_host) {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "spill_to_host needs a device's memory (or pageable_host=True with \
-                 device_capacity): simulated and pinned host memory do not spill",
-            ));
+        if let Some(spill) = options.spill_to_host {
+            let memory = match (simulated, pinned_host, pageable_host, capacity) {
+                (Some(_), ..) => Some("simulated memory (simulated_capacity)"),
+                (None, true, ..) => Some("pinned host memory (pinned_host=True)"),
+                (None, false, true, None) => {
+                    Some("plain host memory without device_capacity (pageable_host=True)")
+                }
+                _ => None,
+            };
+            if let Some(memory) = memory {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "spill_to_host={spill}: {memory} never fills as a device does, so nothing \
+                     would spill; spill_to_host needs a device's memory, or pageable_host=True \
+                     with device_capacity=SIZE (a pretend device of that size)"
+                )));
+            }
         }
         let mr = py_result(py.detach(|| match simulated {
             Some(capacity) => RsExpandable::on_simulated(capacity, options),
@@ -197,8 +208,8 @@ impl ExpandableMemoryResource {
 
     /// Makes host pages for a spill of `nbytes` ahead of need, on `threads` threads (default 1:
     /// the driver makes them one at a time, 5-6 GB/s on 1, 4 or 16 threads on H100 and H200),
-    /// and keeps them: make them before the work that spills. Returns the bytes made (0 when
-    /// the pool never spills).
+    /// and keeps them: make them before the work that spills. Returns the bytes made;
+    /// RuntimeError for a pool that never spills (built without `spill_to_host`).
     #[pyo3(signature = (nbytes, threads=None))]
     fn prepare_spill(
         &self,

@@ -41,5 +41,5 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         suballocators
     )?;
     register_files!(m, statistics, adaptors, tagged, tiers, registry, arena)?;
-    register_files!(m, experimental, memory_stats, expandable, stack)
+    register_files!(m, experimental, memory_stats, expandable, stack, sleep)
 }

@@ -6,6 +6,7 @@ use crate::resource::memory_summary::explain_out_of_memory;
 use crate::resource::{Calls, SharedResource};
 use pyo3::prelude::*;
 
+use super::convert::arg;
 use crate::python::edge::stream::StreamArg;
 use crate::python::errors::py_result;
 use crate::python::gil::{self, CallProfile};
@@ -60,7 +61,12 @@ impl DeviceMemoryResource {
 
     /// Allocates `nbytes` bytes on `stream`; returns the address.
     #[pyo3(signature = (nbytes, stream = StreamArg::Default))]
-    fn allocate(&self, py: Python<'_>, nbytes: usize, stream: StreamArg<'_>) -> PyResult<usize> {
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::nbytes)] nbytes: usize,
+        stream: StreamArg<'_>,
+    ) -> PyResult<usize> {
         let raw = stream.raw();
         let mr = &self.inner;
         // The allocation's door: an ask of the processes sharing the GPU runs here, outside the
@@ -76,8 +82,8 @@ impl DeviceMemoryResource {
     fn deallocate(
         &self,
         py: Python<'_>,
-        ptr: usize,
-        nbytes: usize,
+        #[pyo3(from_py_with = arg::ptr)] ptr: usize,
+        #[pyo3(from_py_with = arg::nbytes)] nbytes: usize,
         stream: StreamArg<'_>,
     ) -> PyResult<()> {
         let raw = stream.raw();

@@ -85,6 +85,63 @@ pub(super) fn tag(
     py_result(py.detach(|| rs::tag(mr, ptr, size, tag)))
 }
 
+/// A sleep's `discard` and `discard_fill` read: the buffers not worth copying (pointer and
+/// size where known), whether all are ("all"), and the fill; every refusal names the argument.
+type Discards = (Vec<(usize, Option<usize>)>, bool, DiscardFill);
+
+fn discard_args(discard: Option<&Bound<'_, PyAny>>, discard_fill: &str) -> PyResult<Discards> {
+    let fill: DiscardFill = parse(discard_fill)?;
+    let mut wanted = Vec::new();
+    let mut discard_all = false;
+    match discard.filter(|d| !d.is_none()) {
+        Some(d) if d.is_instance_of::<pyo3::types::PyString>() => {
+            let text: String = d.extract()?;
+            if text != "all" {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "discard must be buffers or \"all\", not the string {text:?}"
+                )));
+            }
+            discard_all = true;
+        }
+        Some(d) => {
+            let items = d.try_iter().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "discard must be \"all\" or an iterable of buffers (tensors, arrays, \
+                     DeviceBuffer objects or pointers), not {}",
+                    super::convert::shown(d)
+                ))
+            })?;
+            for (i, item) in items.enumerate() {
+                let item = item?;
+                let ptr = pointer_of(&item).map_err(|e| {
+                    let py = item.py();
+                    let why = e.value(py).to_string();
+                    PyErr::from_type(
+                        e.get_type(py),
+                        format!("discard[{i}]={}: {why}", super::convert::shown(&item)),
+                    )
+                })?;
+                wanted.push((ptr, size_of(&item)));
+            }
+        }
+        None => {}
+    }
+    Ok((wanted, discard_all, fill))
+}
+
+/// `_check_sleep_options(discard, discard_fill)`: `rrmm.sleep()`'s arguments checked where
+/// they are given (its offload runs later, when the block is entered), as `offload()` reads
+/// them.
+#[pyfunction]
+#[pyo3(signature = (discard, discard_fill))]
+fn _check_sleep_options(discard: Option<&Bound<'_, PyAny>>, discard_fill: &str) -> PyResult<()> {
+    discard_args(discard, discard_fill).map(drop)
+}
+
+crate::python::register_items! {
+    functions: _check_sleep_options;
+}
+
 /// `offload()`: offloads every expandable pool under `mr`, not copying `discard`'s buffers
 /// (this sleep only). Every buffer is resolved before anything changes: a refused offload
 /// changes nothing.
@@ -96,30 +153,10 @@ pub(super) fn offload<'py>(
     to_disk: Option<std::path::PathBuf>,
     disk_chunk_bytes: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let fill: DiscardFill = parse(discard_fill)?;
+    let (wanted, discard_all, fill) = discard_args(discard, discard_fill)?;
     let disk = to_disk
         .map(|dir| py_result(DiskTarget::new(dir, disk_chunk_bytes)))
         .transpose()?;
-    let mut wanted = Vec::new();
-    let mut discard_all = false;
-    match discard {
-        Some(d) if d.is_instance_of::<pyo3::types::PyString>() => {
-            let text: String = d.extract()?;
-            if text != "all" {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "discard must be buffers or \"all\", not the string {text:?}"
-                )));
-            }
-            discard_all = true;
-        }
-        Some(d) => {
-            for item in d.try_iter()? {
-                let item = item?;
-                wanted.push((pointer_of(&item)?, size_of(&item)));
-            }
-        }
-        None => {}
-    }
     let estimate = py_result(py.detach(|| {
         let discard = rs::plan_discards(mr, &wanted)?;
         rs::offload_discarding(

@@ -371,8 +371,9 @@ pub(super) struct SimulatedMemoryResource {
 
 #[pymethods]
 impl SimulatedMemoryResource {
-    /// `size` bytes of device; rrmm: `host_memory` bytes of host memory beyond it make it managed
-    /// memory (allocations beyond the device succeed, and are counted: `beyond_device_bytes`);
+    /// `size` bytes of device (rounded down to 256; 1 to 255 is a ValueError, it would be
+    /// nothing); rrmm: `host_memory` bytes of host memory beyond it make it managed memory
+    /// (allocations beyond the device succeed, and are counted: `beyond_device_bytes`);
     /// `shared="name"`: every process that makes the device of that name shares its bytes (as
     /// processes on one GPU do), and those that join a ledger over it join one
     /// (`rrmm.shared_gpu`), so sharing a GPU can be watched on any machine.
@@ -385,11 +386,16 @@ impl SimulatedMemoryResource {
     ) -> PyResult<PyClassInitializer<Self>> {
         let size = bytes_arg(size, "size")?;
         let host = opt_bytes_arg(host_memory, "host_memory")?.unwrap_or(0);
+        py_result(crate::stack::check_simulated_size("size", size))?;
+        py_result(crate::stack::check_simulated_size("host_memory", host))?;
         let max = crate::resource::MAX_SIMULATED_SIZE;
-        if size > max || host > max - size {
+        if host > max - size {
+            // Each is at most the largest (checked above): together they are not.
             return Err(PyValueError::new_err(format!(
-                "size: {size} bytes (and {host} of host memory) is larger than a simulated \
-                 device can be ({max} bytes)"
+                "host_memory={host} bytes beside a device of size={size} bytes is more than \
+                 simulated memory can be: the device and its host memory are at most {max} \
+                 bytes (32 PiB) together, so at most {} bytes of host memory here",
+                max - size
             )));
         }
         // Copy paths refuse its addresses (above every host address; nothing is behind them).

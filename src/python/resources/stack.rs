@@ -4,6 +4,7 @@
 //! `upstream_mr` all the way down. The options are keyword arguments of this function: a
 //! misspelt one is a TypeError at the call.
 
+use super::convert::arg;
 use super::resource::DeviceMemoryResource;
 use super::wrap::wrap;
 use crate::python::errors::py_result;
@@ -23,7 +24,7 @@ use super::stack_options::stack_options;
 pub(super) fn build_stack(
     py: Python<'_>,
     kind: &str,
-    simulate: Option<usize>,
+    #[pyo3(from_py_with = arg::simulate)] simulate: Option<usize>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<DeviceMemoryResource>> {
     let options = stack_options(options)?;
@@ -83,6 +84,8 @@ fn _reinitialize(
              device(s); no resource was changed"
         )));
     }
+    // The plan whole (the kind, RMM's pool size rules) before anything is forgotten.
+    py_result(plan(kind, Target::Device, &options))?;
     super::registry::clear(py);
     let build = || build(py, kind, None, &options);
     let mut built = Vec::with_capacity(devices.len());
@@ -109,6 +112,26 @@ fn on_device<T>(count: usize, device: usize, make: impl FnOnce() -> PyResult<T>)
     Ok(made)
 }
 
+/// `_check_stack(kind, *, simulate=None, **options)`: checks a stack's description whole
+/// without building anything (the kind, each option's type, RMM's pool size rules, the sizes of
+/// simulated memory), as `build_stack` would before its first layer: for the callers that take
+/// the options now and build later (`reinitialize` before its hooks, the Dask plugin's
+/// constructor). A plan for the device that needs the device's size (a managed pool's default
+/// maximum) is checked as far as it goes without a driver: nothing is built there anyway.
+#[pyfunction]
+#[pyo3(signature = (kind, *, simulate=None, **options))]
+fn _check_stack(
+    kind: &str,
+    #[pyo3(from_py_with = arg::simulate)] simulate: Option<usize>,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<()> {
+    let options = stack_options(options)?;
+    match plan(kind, Target::from_simulate(simulate), &options) {
+        Err(crate::Error::NoDriver(_)) if simulate.is_none() => Ok(()),
+        planned => py_result(planned).map(drop),
+    }
+}
+
 /// The stack kinds' names and one-line summaries.
 #[pyfunction]
 fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
@@ -116,5 +139,5 @@ fn _stack_kinds() -> Vec<(&'static str, &'static str)> {
 }
 
 crate::python::register_items! {
-    functions: build_stack, _reinitialize, _stack_kinds;
+    functions: build_stack, _reinitialize, _check_stack, _stack_kinds;
 }

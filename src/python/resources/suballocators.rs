@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::PyClass;
 use std::sync::Arc;
 
-use super::convert::{bytes_arg, opt_bytes_arg, upstream_arg};
+use super::convert::{arg, bytes_arg, opt_bytes_arg, upstream_arg};
 use super::resource::{
     call_blocking, call_locking, over_upstream, DeviceMemoryResource, UpstreamResourceAdaptor,
 };
@@ -113,12 +113,15 @@ pub(super) struct FixedSizeMemoryResource {
 #[pymethods]
 impl FixedSizeMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr=None, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE, *, upstream=None))]
+    #[pyo3(
+        signature = (upstream_mr=None, block_size=None, blocks_to_preallocate=DEFAULT_BLOCKS_TO_PREALLOCATE, *, upstream=None),
+        text_signature = "(upstream_mr=None, block_size=None, blocks_to_preallocate=128, *, upstream=None)"
+    )]
     fn new(
         py: Python<'_>,
         upstream_mr: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
-        blocks_to_preallocate: usize,
+        #[pyo3(from_py_with = arg::blocks_to_preallocate)] blocks_to_preallocate: usize,
         upstream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_of(upstream_mr, upstream)?;
@@ -156,14 +159,17 @@ pub(super) struct BinningMemoryResource {
 #[pymethods]
 impl BinningMemoryResource {
     #[new]
-    #[pyo3(signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None, blocks_to_preallocate=None))]
+    #[pyo3(
+        signature = (upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None, blocks_to_preallocate=None),
+        text_signature = "(upstream_mr=None, min_size_exponent=-1, max_size_exponent=-1, *, upstream=None, blocks_to_preallocate=None)"
+    )]
     fn new(
         py: Python<'_>,
         upstream_mr: Option<&Bound<'_, PyAny>>,
         min_size_exponent: i64,
         max_size_exponent: i64,
         upstream: Option<&Bound<'_, PyAny>>,
-        blocks_to_preallocate: Option<usize>,
+        #[pyo3(from_py_with = arg::opt_blocks_to_preallocate)] blocks_to_preallocate: Option<usize>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let (up, upstream) = upstream_of(upstream_mr, upstream)?;
         let exp = |e: i64| u32::try_from(e).ok();

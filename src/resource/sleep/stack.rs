@@ -156,15 +156,30 @@ pub fn keep_ready(mr: &SharedResource, on: bool) -> Result<usize> {
 /// figures summed. A stack with no pool on virtual memory has nothing spilled: an empty report.
 ///
 /// # Errors
-/// As the pools' promotions.
+/// [`Error::InvalidArgument`] (`buffer`) for a range whose start no pool under `mr` holds in a
+/// live allocation (a stack with such pools: a pointer of another resource, or one freed);
+/// as the pools' promotions.
 pub fn promote(
     mr: &SharedResource,
     range: Option<ByteRange>,
     limit: Option<usize>,
 ) -> Result<PromoteReport> {
+    let link = mr.link();
+    if let Some((addr, _)) = range {
+        if !link.sleep.is_empty() && link.sleep.block_at(addr).is_none() {
+            return Err(Error::invalid(
+                "buffer",
+                format!(
+                    "{addr:#x} is not inside a live allocation of the expandable pool(s) \
+                     below, so it has no pages to promote; pass a buffer allocated from this \
+                     resource (or no buffer: every spilled page)"
+                ),
+            ));
+        }
+    }
     let mut total = PromoteReport::default();
     let mut budget = limit;
-    for pool in mr.link().sleep.pools().iter() {
+    for pool in link.sleep.pools().iter() {
         let report = pool.promote(range, budget)?;
         budget = budget.map(|b| b.saturating_sub(report.promoted));
         total = total.plus(report);

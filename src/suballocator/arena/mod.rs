@@ -185,6 +185,26 @@ impl Drop for Inner {
     }
 }
 
+/// RMM's check of an arena's size, `given` (`None`: half the free memory, `size` bytes) or
+/// `size` once rounded down to 256: at least one superblock. For the arena and for a stack's
+/// plan before anything is built. RMM's words start the message; the value and the fix follow.
+///
+/// # Errors
+/// [`Error::Logic`] (RMM's `logic_error`) naming `arena_size` and the value.
+pub fn check_arena_size(given: Option<usize>, size: usize) -> Result<()> {
+    if size >= SUPERBLOCK_MIN {
+        return Ok(());
+    }
+    let given = given.map_or_else(
+        || format!("{size} bytes, half the free memory"),
+        |s| s.to_string(),
+    );
+    Err(Error::Logic(format!(
+        "Arena size smaller than minimum superblock size. (arena_size={given}: give at least \
+         {SUPERBLOCK_MIN} bytes, 1 MiB)"
+    )))
+}
+
 impl ArenaMemoryResource {
     /// An arena over `upstream` of `arena_size` bytes (rounded down to 256; default: half the
     /// upstream's free memory from [`MemoryResource::memory_info`]), taken from the upstream now.
@@ -232,11 +252,7 @@ impl ArenaMemoryResource {
                 free / 2
             }
         } & !(ALLOCATION_ALIGNMENT - 1);
-        if size < SUPERBLOCK_MIN {
-            return Err(Error::Logic(
-                "Arena size smaller than minimum superblock size.".into(),
-            ));
-        }
+        check_arena_size(arena_size, size)?;
         let base = upstream.allocate(size, Stream::DEFAULT)?;
         let device_streams = uses_device_streams(upstream.kind());
         // The arena answers from its bookkeeping and calls the upstream to grow, under its locks.

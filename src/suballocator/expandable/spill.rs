@@ -119,11 +119,20 @@ impl ExpandableMemoryResource {
 
     /// Makes host pages for a spill of `bytes` ahead of need, on `threads` threads, and keeps
     /// them (the driver makes them at a few GB/s: make them before the work that spills);
-    /// returns the bytes made (0 where the pool's memory never spills).
+    /// returns the bytes made.
     ///
     /// # Errors
-    /// Out of memory when the host has no room; CUDA errors.
+    /// [`Error::Logic`] for a pool whose memory never spills (built without `spill_to_host`:
+    /// nothing would ever use the pages); out of memory when the host has no room; CUDA errors.
     pub fn prepare_spill(&self, bytes: usize, threads: usize) -> Result<usize> {
+        if !matches!(self.spill_figures(), Some(f) if f.limit > 0) {
+            return Err(Error::Logic(format!(
+                "prepare_spill({bytes}): this pool never spills to host memory (it was built \
+                 without spill_to_host), so no page made now would be used; build it with \
+                 ExpandableMemoryResource(..., spill_to_host=SIZE) or \
+                 reinitialize(pool_allocator=\"expandable\", spill_to_host=SIZE)"
+            )));
+        }
         self.inner.vm.prepare_spill(bytes, threads)
     }
 
