@@ -10,7 +10,7 @@
 #   .whl-dask/*.whl               dask, distributed, dask-cuda and their missing deps (stage dask)
 # Usage: scripts/gpu_run.sh [STAGE...]
 #   stages: rust examples peers python sanitizer w1 w2 w2base w3 w7 hooks profile rmmtests dask cupythreads asyncw1
-#           asyncsplit w9 w8 w10 sleep soak engines history shared
+#           asyncsplit w9 w8 w10 sleep soak engines history shared tms vllm firstsleep
 #   (default: rust python w1 w2 w3 w7 hooks profile)
 #   sanitizer: the Rust GPU tests (.gpu/rust/gpu_*, conformance) and SANITIZER_PYTEST (a short
 #   pytest subset) under compute-sanitizer --tool memcheck; RRMM_STRESS_PERCENT (default 25 there)
@@ -346,6 +346,84 @@ if has engines; then
     2> "$OUT/engines.err" > "$OUT/engines.json"
   tail -5 "$OUT/engines.err"
   note "engines: $(cat "$OUT/engines.json")"
+fi
+
+# Issue 47: torch_memory_saver 0.0.10's own examples under rrmm's import alias (its test
+# directory in .whl-tms/test, a checkout's), then pause and resume beside torch_memory_saver
+# itself (its wheel in .whl-tms, installed apart so the alias run never sees it): TMS_GIB sizes
+# (default "8"), TMS_BACKENDS (default pinned,mmap,disk), TMS_CYCLES (default 2); each row's
+# GB/s and share of the link, residual device memory while paused, host memory after resume.
+# TMS_SELF=1 also runs its test_examples.py against torch_memory_saver itself.
+if has tms; then
+  TMS_SITE=/tmp/tms-site
+  python3 -m pip install -q --upgrade --no-deps --no-index --no-compile --target "$TMS_SITE" \
+    .whl-tms/*.whl || note "tms: torch_memory_saver's wheel did not install"
+  if [ "${TMS_EXAMPLES:-1}" = 1 ]; then
+    echo "== torch_memory_saver's examples under rrmm's alias"
+    (cd tests/python && PYTHONPATH="$(alias_site)" RRMM_TMS_TESTS="$PWD/../../.whl-tms/test" \
+      python3 -m pytest -q -rsxX -p no:cacheprovider --timeout=300 test_gpu_tms_examples.py 2>&1) \
+      | tee "$OUT/tms_examples.log" | tail -40
+    note "tms examples under rrmm: $(tail -1 "$OUT/tms_examples.log")"
+  fi
+  if [ "${TMS_SELF:-0}" = 1 ]; then
+    echo "== torch_memory_saver's test_examples.py against torch_memory_saver 0.0.10"
+    (cd .whl-tms/test && PYTHONPATH="$TMS_SITE:$PYTHONPATH" timeout 400 python3 -m pytest -q -rs \
+      -p no:cacheprovider test_examples.py 2>&1) | tee "$OUT/tms_self.log" | tail -15
+    note "tms examples under torch_memory_saver: $(tail -1 "$OUT/tms_self.log")"
+  fi
+  for g in ${TMS_GIB:-8}; do
+    echo "== pause/resume beside torch_memory_saver, $g GiB"
+    PYTHONPATH="$TMS_SITE:$PYTHONPATH" timeout 580 python3 benches/gpu/tms_compare.py --gib "$g" \
+      --cycles "${TMS_CYCLES:-2}" --backends "${TMS_BACKENDS:-pinned,mmap,disk}" --disk-dir /tmp \
+      2> "$OUT/tms_compare_$g.err" | tee -a "$OUT/tms_compare.jsonl" | cut -c1-300
+    tail -3 "$OUT/tms_compare_$g.err"
+  done
+  python3 - "$OUT/tms_compare.jsonl" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "lib" not in r:
+        print("tms disk:", {k: round(v, 2) for k, v in r.items() if isinstance(v, float)})
+        continue
+    if "error" in r:
+        print("tms", r["lib"], r["backend"], r["retain"], "error:", r["error"][-200:].replace("\n", " "))
+        continue
+    f = lambda xs: "/".join(f"{x:.1f}" for x in xs)
+    p = lambda xs: "/".join(f"{100 * x:.0f}%" for x in xs)
+    print(f"tms {r['lib']:18s} {r['gib']:3d} GiB {r['backend']:6s} retain={str(r['retain']):5s} "
+          f"pause {f(r['pause_gbps'])} GB/s ({p(r['pause_share'])}) resume {f(r['resume_gbps'])} "
+          f"({p(r['resume_share'])}) kept={r['bytes_kept']} residual paused "
+          f"{f([b / 2**20 for b in r['residual_while_paused_bytes']])} MiB (context "
+          f"{r['context_used_bytes'] / 2**20:.0f} MiB) rss after resume "
+          f"{f([b / 2**30 for b in r['rss_after_resume_bytes']])} GiB")
+PY
+fi
+
+# Issue 47: vLLM's backend driven as vLLM drives it (tests/python/test_gpu_vllm_sleep_mode.py).
+if has vllm; then
+  echo "== vLLM's sleep-mode backend rrmm"
+  (cd tests/python && PYTHONPATH="$(alias_site)" python3 -m pytest -q -rs -p no:cacheprovider \
+    --timeout=500 test_gpu_vllm_sleep_mode.py 2>&1) | tee "$OUT/vllm.log" | tail -20
+  note "vllm backend: $(tail -1 "$OUT/vllm.log")"
+fi
+
+# Issue 47: a first sleep with nothing made ahead (its pages made while it copies) against the
+# host's page-making rates measured in the same process (benches/gpu/sleep_wake.py part d).
+if has firstsleep; then
+  echo "== first sleep, nothing made ahead"
+  timeout 500 python3 benches/gpu/sleep_wake.py --part d --no-prepare --gib "${SLEEP_GIB:-40}" \
+    --sleeps 2 2> "$OUT/firstsleep.err" > "$OUT/firstsleep.json"
+  tail -3 "$OUT/firstsleep.err"
+  python3 - "$OUT/firstsleep.json" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("first sleep, nothing ahead:", d["gib"], "GiB; host pages", d["host_page_rates"], "; link",
+      {k: round(v, 1) for k, v in d["link"].items()})
+for s in d["sleeps"]:
+    print(f"  sleep {s['sleep']}: out {s['offload_gbps']:.1f} GB/s ({100 * s['offload_vs_link']:.0f}%),"
+          f" back {s['restore_gbps']:.1f} ({100 * s['restore_vs_link']:.0f}%), host_reused "
+          f"{s['host_reused']}, ok {s['data_and_addresses_ok']}")
+PY
 fi
 
 # Issue 37's soak (benches/gpu/sleep_wake.py part e): SOAK_CYCLES sleeps of SOAK_GIB GiB (default

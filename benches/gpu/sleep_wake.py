@@ -303,6 +303,29 @@ def vm_rss() -> int:
     return 0
 
 
+def page_rates(gib: int = 8) -> dict[str, float]:
+    """The host's page-making rates, GB/s: plain pages made at first touch (an anonymous map
+    written once) and page-locked pages (``cudaHostAlloc`` of the same size, which makes and
+    pins them): what a first sleep with nothing made ahead is bounded by."""
+    import mmap
+
+    import cupy
+
+    n = gib * GIB
+    t = time.perf_counter()
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = b"\1" * (64 << 20)
+    for off in range(0, n, len(block)):
+        m[off:off + len(block)] = block
+    touch = n / (time.perf_counter() - t) / 1e9
+    m.close()
+    t = time.perf_counter()
+    pinned = cupy.cuda.alloc_pinned_memory(n)
+    pin = n / (time.perf_counter() - t) / 1e9
+    del pinned
+    return {"first_touch_gbps": touch, "pinned_alloc_gbps": pin, "gib": gib}
+
+
 def part_d(args: argparse.Namespace) -> dict[str, Any]:
     import rrmm
 
@@ -317,7 +340,9 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
     arrays = fill(args.gib)
     ptrs = [a.data.ptr for a in arrays]
     t = time.perf_counter()
-    if args.keep_ready:
+    if args.no_prepare:
+        asked = 0  # nothing made ahead: the first sleep makes its pages while it copies
+    elif args.keep_ready:
         rrmm.host_pages.wait()  # what is still being made once the arrays are written
         asked = rrmm.host_pages.figures()["free_bytes"]
     else:
@@ -363,7 +388,10 @@ def part_d(args: argparse.Namespace) -> dict[str, Any]:
         }
         log(row)
         sleeps.append(row)
+    rates = page_rates() if args.no_prepare else None
+    log("host page-making rates", rates)
     return {"part": "d", "gib": args.gib, "keep_ready": args.keep_ready,
+            "no_prepare": args.no_prepare, "host_page_rates": rates,
             "other_check": args.other_check, "link": link,
             "prepare_sleep_s": prepare_s,
             "prepared_bytes": asked, "other_process_after_first_offload": other_row,
@@ -433,6 +461,10 @@ def main() -> None:
     p.add_argument("--sleeps", type=int, default=3, help="sleeps after the first (d)")
     p.add_argument("--keep-ready", action="store_true",
                    help="d: reinitialize(keep_sleep_ready=True) instead of prepare_sleep()")
+    p.add_argument("--no-prepare", action="store_true",
+                   help="d: nothing made ahead (no prepare_sleep, no keep_sleep_ready): the "
+                        "first sleep makes its host pages while it copies; the host's "
+                        "page-making rates measured after the sleeps")
     p.add_argument("--other-check", choices=["extra", "first"], default="extra",
                    help="d: the second process's allocation in one more sleep after the timed "
                         "ones (extra) or after the first (first)")
