@@ -137,3 +137,94 @@ def test_torch_memory_savers_example_under_rrmm(name: str, hook_mode: str, env: 
     assert proc.returncode == 0 and "EXAMPLE OK" in proc.stdout, (
         f"{name} ({hook_mode}) failed:\nstdout: {proc.stdout[-3000:]}\n"
         f"stderr: {proc.stderr[-3000:]}")
+
+
+def test_savers_collected_and_disable_in_a_process_wide_region_do_not_abort() -> None:
+    """Two things the examples found on a GPU: ``disable()`` inside ``TMS_INIT_ENABLE`` (rrmm's
+    allocator is PyTorch's: PyTorch makes no MemPool of a pluggable allocator without it named)
+    and a saver garbage-collected with its tags' MemPools (deleting one aborts the process).
+    Memory allocated in ``disable()`` survives a pause and is not paused."""
+    pytest.importorskip("torch")
+    conftest.run_fresh(
+        """
+        import os
+        os.environ.update(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+        import torch
+        import rrmm.compat.torch_memory_saver as tms
+
+        saver = tms.torch_memory_saver
+        w = torch.full((1 << 20,), 3.0, device="cuda")
+        with saver.disable():
+            kept = torch.full((1 << 20,), 5.0, device="cuda")
+        saver.pause()
+        with saver.disable():  # the process's region is paused: allocate outside it
+            assert float(kept.sum()) == 5.0 * (1 << 20)
+        saver.resume()
+        assert float(w.sum()) == 3.0 * (1 << 20)
+        print("OK")
+        """,
+        timeout=300,
+    )
+    conftest.run_fresh(
+        """
+        import gc
+        import torch
+        from rrmm._rrmm import _clear_per_device_resources
+        from rrmm.compat.torch_memory_saver import TorchMemorySaver
+
+        for _ in range(3):
+            saver = TorchMemorySaver()
+            with saver.region(tag="kv", enable_cpu_backup=True):
+                x = torch.ones(1 << 18, device="cuda")
+            saver.pause("kv")
+            saver.resume("kv")
+            assert float(x.sum()) == float(1 << 18)
+            del x, saver
+            _clear_per_device_resources()
+            gc.collect()
+        print("OK")
+        """,
+        timeout=300,
+    )
+
+
+def test_regions_of_one_tag_on_two_threads_at_once_with_torch() -> None:
+    """PyTorch loaded, regions of one tag on two threads at the same time (and nested on one):
+    each thread allocates to a MemPool no other thread is in, and every tensor keeps its
+    bytes across a pause."""
+    pytest.importorskip("torch")
+    conftest.run_fresh(
+        """
+        import threading
+        import torch
+        from rrmm.compat.torch_memory_saver import TorchMemorySaver
+
+        saver = TorchMemorySaver()
+        meet = threading.Barrier(2, timeout=60)
+        out, errors = {}, []
+
+        def work(name, value):
+            try:
+                with saver.region(tag="kv", enable_cpu_backup=True):
+                    meet.wait()
+                    out[name] = torch.full((1 << 20,), value, device="cuda")
+                    with saver.region(tag="kv", enable_cpu_backup=True):
+                        out[name + "-inner"] = torch.full((1 << 10,), value, device="cuda")
+                    meet.wait()
+            except BaseException as e:
+                errors.append(repr(e))
+                meet.abort()
+
+        t = threading.Thread(target=work, args=("b", 2.0))
+        t.start()
+        work("a", 1.0)
+        t.join()
+        assert not errors, errors
+        saver.pause("kv")
+        saver.resume("kv")
+        for name, x in out.items():
+            assert float(x.float().mean()) == (1.0 if name.startswith("a") else 2.0), name
+        print("OK")
+        """,
+        timeout=300,
+    )

@@ -511,6 +511,9 @@ def test_the_first_pause_of_a_region_finds_its_host_pages_made_while_it_grew(
 def test_an_mmap_backup_holds_no_host_memory_while_awake(no_tms_environment: None) -> None:
     """The reclaimable backend: pages made at the pause, given back at the resume, none made
     ahead while the region grows."""
+    import gc
+
+    gc.collect()  # earlier tests' savers: their pools keep pages ready until collected
     rrmm.host_pages.wait()
     rrmm.host_pages.give_back()
     saver = TorchMemorySaver(make_pool=host_pool)
@@ -525,6 +528,29 @@ def test_an_mmap_backup_holds_no_host_memory_while_awake(no_tms_environment: Non
     saver.resume("m")
     after = rrmm.host_pages.figures()
     assert after["free_bytes"] == 0 and after["leased_bytes"] == 0, after
+    assert all(np.array_equal(contents(b), d) for b, d in zip(bufs, data, strict=True))
+
+
+def test_a_disk_backup_holds_no_host_pages_ahead(no_tms_environment: None,
+                                                 tmp_path: Any) -> None:
+    """A disk-backed region writes through small staging ranges: no pinned pages are made
+    ahead for it while it grows (they would only be held), and its bytes come back."""
+    import gc
+
+    gc.collect()
+    rrmm.host_pages.wait()
+    rrmm.host_pages.give_back()
+    saver = TorchMemorySaver(make_pool=host_pool)
+    saver.set_disk_backup_dir(str(tmp_path))
+    with saver.region(tag="d", enable_disk_backup=True):
+        bufs = [rrmm.DeviceBuffer(size=2 * PAGE) for _ in range(3)]
+    data = [fill(b, i) for i, b in enumerate(bufs)]
+    rrmm.host_pages.wait()
+    held = rrmm.host_pages.figures()
+    assert held["free_bytes"] == 0 and held["leased_bytes"] == 0, held
+    saver.pause("d")
+    assert files_bytes(str(tmp_path)) >= 6 * PAGE
+    saver.resume("d")
     assert all(np.array_equal(contents(b), d) for b, d in zip(bufs, data, strict=True))
 
 

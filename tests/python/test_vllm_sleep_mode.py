@@ -190,7 +190,11 @@ def test_cuda_graph_memory_has_its_tag_and_is_kept_at_every_level() -> None:
     with allocator.cudagraph_pool() as pool_id:
         assert allocator.current_tag == "cudagraph"
         graph_memory = rrmm.DeviceBuffer(size=PAGE)
-    assert pool_id is None, "no PyTorch on a GPU here: no MemPool to name"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        assert isinstance(pool_id, tuple), "PyTorch on a GPU: the tag's MemPool's id"
+    else:
+        assert pool_id is None, "no PyTorch on a GPU here: no MemPool to name"
     assert allocator.current_tag == "default"
     data = fill(graph_memory, 11)
     backend.suspend(level=2)

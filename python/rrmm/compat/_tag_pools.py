@@ -28,6 +28,11 @@ OUTSIDE = "rrmm:outside-regions"
 
 PoolFactory = Callable[[], mr.ExpandableMemoryResource]
 
+#: Every PyTorch ``MemPool`` made here, kept for the life of the process: deleting a MemPool
+#: whose allocator is pluggable aborts the process on the PyTorch this was tested with (2.11),
+#: and a ``TagPools`` (a saver, an allocator) can be garbage-collected before the process ends.
+_MEM_POOLS_KEPT: list[Any] = []
+
 
 class TagPools:
     """Each tag's expandable pool on one device, and what a pause of it keeps."""
@@ -51,7 +56,9 @@ class TagPools:
         self._tagged: mr.TaggedMemoryResource | None = None
         self._backup: dict[str, bool] = {}
         self._entered: list[str] = []
-        self._torch_pools: dict[str, Any] = {}
+        self._torch_pools: dict[str, list[Any]] = {}
+        self._mem_pools_in_use: set[int] = set()
+        self._no_mem_pools = False
         self._on_new_pool = on_new_pool
         if first_tag is not None:
             self._backup[first_tag] = first_backup
@@ -118,35 +125,64 @@ class TagPools:
                 self._entered.append(tag)
         previous = tagged.set_current_tag(tag)
         try:
-            with self._torch_mem_pool(tag) if torch_pool else contextlib.nullcontext():
+            with self.torch_mem_pool(tag) if torch_pool else contextlib.nullcontext():
                 yield
         finally:
             tagged.set_current_tag(previous)
 
-    def _mem_pool(self, tag: str) -> Any:
-        """``tag``'s PyTorch ``MemPool`` over rrmm's PyTorch allocator (made on first use);
-        None where PyTorch is not loaded or has no GPU."""
+    def _mem_pool(self, tag: str, take: bool) -> Any:
+        """A PyTorch ``MemPool`` of ``tag`` over rrmm's PyTorch allocator: with ``take``, one no
+        other region is in now (made when all are), marked in use; else the tag's first. None
+        where PyTorch is not loaded, has no GPU, or makes no MemPool (rrmm's allocator is
+        PyTorch's own, ``TMS_INIT_ENABLE``: its allocations reach rrmm's current tag without
+        one). A MemPool is never in two threads' regions at once: PyTorch's end of one
+        thread's allocation to a pool can end another's."""
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
+        if torch is None or not torch.cuda.is_available() or self._no_mem_pools:
             return None
         from rrmm.allocators.torch import rmm_torch_allocator
 
         with self._lock:
-            pool = self._torch_pools.get(tag)
-            if pool is None:
+            pools = self._torch_pools.setdefault(tag, [])
+            free = [p for p in pools if id(p) not in self._mem_pools_in_use]
+            if not take and pools:
+                return pools[0]
+            if take and free:
+                self._mem_pools_in_use.add(id(free[0]))
+                return free[0]
+            try:
                 pool = torch.cuda.MemPool(rmm_torch_allocator.allocator())
-                self._torch_pools[tag] = pool
+            except RuntimeError as e:
+                if "pluggable" not in str(e):
+                    raise
+                self._no_mem_pools = True
+                return None
+            pools.append(pool)
+            _MEM_POOLS_KEPT.append(pool)
+            if take:
+                self._mem_pools_in_use.add(id(pool))
         return pool
 
-    def _torch_mem_pool(self, tag: str) -> contextlib.AbstractContextManager[Any]:
-        pool = self._mem_pool(tag)
+    @contextlib.contextmanager
+    def torch_mem_pool(self, tag: str) -> Iterator[None]:
+        """``torch.cuda.use_mem_pool`` of a MemPool of ``tag`` over rrmm's PyTorch allocator
+        (this thread's alone while inside); nothing where there is none (``_mem_pool``)."""
+        pool = self._mem_pool(tag, take=True)
         if pool is None:
-            return contextlib.nullcontext()
-        return sys.modules["torch"].cuda.use_mem_pool(pool)
+            yield
+            return
+        try:
+            with sys.modules["torch"].cuda.use_mem_pool(pool):
+                yield
+        finally:
+            with self._lock:
+                self._mem_pools_in_use.discard(id(pool))
 
     def torch_pool_id(self, tag: str) -> Any:
-        """The id of ``tag``'s PyTorch ``MemPool`` (for ``torch.cuda.graph(pool=...)``)."""
-        return self._mem_pool(tag).id
+        """The id of ``tag``'s first PyTorch ``MemPool`` (for ``torch.cuda.graph(pool=...)``);
+        None where there is none (PyTorch then gives the graph a private pool)."""
+        pool = self._mem_pool(tag, take=False)
+        return None if pool is None else pool.id
 
     # ---------------------------------------------------------------- sleep
 

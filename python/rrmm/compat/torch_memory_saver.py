@@ -143,7 +143,6 @@ class TorchMemorySaver:
         #: with, then "tag [kind]" (a name registry; the pools own their state).
         self._names: dict[tuple[str, str], str] = {}
         self._kinds: dict[str, str] = {}
-        self._disabled_pools: list[Any] = []
 
     # ------------------------------------------------------------------ start
 
@@ -186,9 +185,10 @@ class TorchMemorySaver:
     def _configure(self, name: str, pool: Any) -> None:
         """A new pool's settings for its backup kind (before anything is allocated)."""
         kind = self._kinds.get(name, _NONE)
-        if kind == _MMAP:
-            # Reclaimable: pages made at the pause and given back at the resume, none held
-            # ahead while the region is awake.
+        if kind in (_MMAP, _DISK):
+            # Reclaimable (mmap): pages made at the pause and given back at the resume, none
+            # held ahead while the region is awake. A disk backup writes through two small
+            # staging ranges: pinned pages made ahead for it would only be held.
             pool.keep_sleep_ready(False)
         if kind in (_PINNED, _MMAP):
             pool.set_pageable_host_copy(kind == _MMAP)
@@ -263,17 +263,16 @@ class TorchMemorySaver:
         tagged = pools.tagged()
         previous = tagged.set_current_tag(OUTSIDE)
         try:
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_available():
-                # A pool of its own, so PyTorch's cache never hands these blocks to a region.
-                # Kept alive with the saver: deleting a MemPool whose allocator is pluggable
-                # aborts the process on the PyTorch this was tested with.
-                pool = torch.cuda.MemPool()
-                self._disabled_pools.append(pool)
-                with torch.cuda.use_mem_pool(pool):
-                    yield
-            else:
+            # PyTorch's allocations go through rrmm's allocator to the outside pool, in a
+            # MemPool of its own (one, reused), so PyTorch's cache never hands these blocks to
+            # a region. Never the current allocator's MemPool(): with TMS_INIT_ENABLE that is
+            # rrmm's pluggable allocator, for which PyTorch makes no pool without it named.
+            with pools.torch_mem_pool(OUTSIDE):
                 yield
+            # What the block freed goes back to the device (torch_memory_saver's disable()
+            # leaves no memory behind it): the outside pool's free pages are unmapped.
+            with contextlib.suppress(KeyError):
+                tagged.pool(OUTSIDE).trim()
         finally:
             tagged.set_current_tag(previous)
 
