@@ -130,3 +130,13 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The package's names for ``dir(rrmm)`` and completion: its own and those imported on first
+    access, not the names its source imports for itself (``Any``, ``annotations``)."""
+    hidden = {"Any", "annotations"}
+    names = {n for n in globals() if n not in hidden}
+    names.update(n for n in _LAZY if not n.startswith("_"))
+    names.update(_LAZY_MODULES)
+    return sorted(names)

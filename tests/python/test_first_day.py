@@ -102,3 +102,14 @@ def test_the_commands_say_where_their_files_go(log, tmp_path, monkeypatch, capsy
     assert f"plot written to {tmp_path / 'here.png'}" in capsys.readouterr().out
     assert "relative to the current directory" in help_of("replay")
     assert "the command prints where it wrote it" in help_of("snapshot", "view")
+
+
+def test_dir_shows_the_packages_names_not_its_imports() -> None:
+    """``dir(rrmm)`` lists what a user may reach (the lazy modules too), not ``Any`` or
+    ``annotations``, which the package's source imports for itself."""
+    import rrmm
+
+    names = dir(rrmm)
+    assert "Any" not in names and "annotations" not in names
+    for name in ("reinitialize", "DeviceBuffer", "mr", "compat", "dask", "rmm_cupy_allocator"):
+        assert name in names, name
