@@ -116,16 +116,23 @@ fn host_pool(reserve: usize) -> (Arc<FlakyVm>, ExpandableMemoryResource) {
     (vm, mr)
 }
 
-/// The pattern of block `seed` at byte `i`.
+/// The pattern of block `seed` at byte `i` (it repeats every 256 bytes).
 fn pattern(seed: u64, i: usize) -> u8 {
     (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u8 ^ (i as u8).wrapping_mul(31)
+}
+
+/// One period of block `seed`'s pattern: bytes 0 to 255 (the tests run unoptimized: whole
+/// periods are copied and compared as slices, not computed byte by byte).
+fn period(seed: u64) -> [u8; 256] {
+    std::array::from_fn(|i| pattern(seed, i))
 }
 
 fn write(ptr: usize, size: usize, seed: u64) {
     // SAFETY: `ptr .. ptr + size` is a live block of an awake host pool (the tests' callers).
     let bytes = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) };
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = pattern(seed, i);
+    let one = period(seed);
+    for chunk in bytes.chunks_mut(256) {
+        chunk.copy_from_slice(&one[..chunk.len()]);
     }
 }
 
@@ -133,10 +140,16 @@ fn write(ptr: usize, size: usize, seed: u64) {
 fn mismatch(ptr: usize, size: usize, seed: u64) -> Option<usize> {
     // SAFETY: as `write`.
     let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, size) };
-    bytes
+    let one = period(seed);
+    let chunk = bytes
+        .chunks(256)
+        .position(|chunk| chunk != &one[..chunk.len()])?;
+    let start = chunk * 256;
+    bytes[start..]
         .iter()
-        .enumerate()
-        .position(|(i, &b)| b != pattern(seed, i))
+        .zip(start..)
+        .position(|(&b, i)| b != pattern(seed, i))
+        .map(|at| start + at)
 }
 
 /// Allocates a block of each size and writes block `i` with the pattern of `seed + i`:
