@@ -554,6 +554,30 @@ def test_a_disk_backup_holds_no_host_pages_ahead(no_tms_environment: None,
     assert all(np.array_equal(contents(b), d) for b, d in zip(bufs, data, strict=True))
 
 
+def test_a_resume_maps_what_the_pause_took(no_tms_environment: None) -> None:
+    """A pause gives back a region's free pages too; its resume maps as much as the region's
+    pool held at the pause (as torch_memory_saver's resume maps back PyTorch's cached
+    segments), so the next step's allocations map nothing more."""
+    saver = TorchMemorySaver(make_pool=host_pool)
+    with saver.region(tag="w", enable_cpu_backup=True):
+        keep = rrmm.DeviceBuffer(size=2 * PAGE)
+        gone = [rrmm.DeviceBuffer(size=3 * PAGE) for _ in range(2)]
+    data = fill(keep, 5)
+    del gone
+    pool = tagged().pool(saver._names[("w", "pinned")])
+    before = pool.mapped_bytes()
+    assert before >= 8 * PAGE
+    saver.pause("w")
+    assert pool.mapped_bytes() == 0
+    saver.resume("w")
+    assert pool.mapped_bytes() == before
+    assert np.array_equal(contents(keep), data)
+    with saver.region(tag="w", enable_cpu_backup=True):
+        again = [rrmm.DeviceBuffer(size=3 * PAGE) for _ in range(2)]
+    assert pool.mapped_bytes() == before, "the step after the resume fits what is mapped"
+    del again
+
+
 def test_the_saver_is_torch_memory_savers_to_the_letter() -> None:
     """Every public name, call and keyword of torch_memory_saver 0.0.10."""
     import inspect

@@ -58,6 +58,8 @@ class TagPools:
         self._entered: list[str] = []
         self._torch_pools: dict[str, list[Any]] = {}
         self._mem_pools_in_use: set[int] = set()
+        #: Each paused tag's mapped bytes at its pause (mapped again at its wake).
+        self._footprints: dict[str, int] = {}
         self._no_mem_pools = False
         self._on_new_pool = on_new_pool
         if first_tag is not None:
@@ -215,6 +217,7 @@ class TagPools:
             if tag == OUTSIDE:
                 continue
             pool = tagged.pool(tag)
+            footprint = pool.mapped_bytes()
             discard: Any = None if keep(tag) else "all"
             disk = to_disk(tag) if to_disk is not None and keep(tag) else None
             try:
@@ -226,6 +229,8 @@ class TagPools:
                 for paused in done:
                     tagged.pool(paused).restore()
                 raise
+            with self._lock:
+                self._footprints[tag] = footprint
         # An engine between phases is idle: on a shared GPU its other pools may sleep too.
         shared_gpu._engine_idle(True)
         return done
@@ -243,8 +248,31 @@ class TagPools:
                     tagged.pool(tag).restore()
                 except (MemoryError, RuntimeError, ValueError) as e:
                     first = first or e
+                    continue
+                self._map_footprint(tag)
         if first is not None:
             raise first
+
+    def _map_footprint(self, tag: str) -> None:
+        """After ``tag``'s wake: its pool maps as much device memory as it held at the pause.
+        A pause gives back the pool's free pages too, and a wake maps only the pages with
+        data; the engines' allocators map back everything a pause took (PyTorch's cached
+        segments with the rest), and an engine sizes its next steps by that: the free pages
+        are mapped again, as one free block (best effort: when the device has no room now, the
+        pool grows as it is used instead)."""
+        with self._lock:
+            footprint = self._footprints.pop(tag, 0)
+        pool = self.tagged().pool(tag)
+        missing = footprint - pool.mapped_bytes()
+        page = pool.page_size()
+        missing -= missing % page
+        if missing <= 0:
+            return
+        try:
+            block = pool.allocate(missing)
+        except MemoryError:
+            return
+        pool.deallocate(block, missing)
 
     def paused(self, tag: str) -> bool:
         """Whether ``tag``'s pool sleeps by the process's own choice now (its own state). A pool
