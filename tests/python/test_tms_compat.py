@@ -578,6 +578,19 @@ def test_a_resume_maps_what_the_pause_took(no_tms_environment: None) -> None:
     del again
 
 
+def test_disk_chunks_are_torch_memory_savers_256_mib_unless_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TMS_DISK_BACKUP_CHUNK_MB``: 256 MiB when unset or 0, as torch_memory_saver reads it."""
+    from rrmm.compat.torch_memory_saver import _Config
+
+    for value, mib in ((None, 256), ("0", 256), ("8", 8)):
+        if value is None:
+            monkeypatch.delenv("TMS_DISK_BACKUP_CHUNK_MB", raising=False)
+        else:
+            monkeypatch.setenv("TMS_DISK_BACKUP_CHUNK_MB", value)
+        assert _Config().disk_chunk_bytes == mib << 20, value
+
+
 def test_the_saver_is_torch_memory_savers_to_the_letter() -> None:
     """Every public name, call and keyword of torch_memory_saver 0.0.10."""
     import inspect

@@ -45,7 +45,7 @@ its meaning there:
   again at the resume), copied at the pageable speed.
 - Disk backup: ``region(enable_disk_backup=True)`` (or ``TMS_INIT_ENABLE_DISK_BACKUP=1``), the
   directory ``set_disk_backup_dir(path)`` or ``TMS_DISK_BACKUP_DIR`` (default ``/tmp``; made if
-  missing), chunks ``TMS_DISK_BACKUP_CHUNK_MB`` (default 64 MiB here): a pause writes the tag's
+  missing), chunks ``TMS_DISK_BACKUP_CHUNK_MB`` (default 256 MiB, 0 too, as there): a pause writes the tag's
   live bytes to one file per live block there, streamed through two pinned chunks, and gives
   the host memory back (the files' pages are dropped from the page cache); the resume reads
   them back into the same addresses and removes them. A file that vanished or shrank before
@@ -116,8 +116,9 @@ class _Config:
                                 "TMS_INIT_CPU_BACKUP_BACKEND")
         self.retain = _env_flag("TMS_RETAIN_CPU_BACKUP")
         self.disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR") or "/tmp"
-        chunk_mb = int(os.environ.get("TMS_DISK_BACKUP_CHUNK_MB") or 0)
-        self.disk_chunk_bytes: int | None = chunk_mb << 20 if chunk_mb > 0 else None
+        # torch_memory_saver's default, taken for 0 too (its reads and writes of 256 MiB).
+        chunk_mb = int(os.environ.get("TMS_DISK_BACKUP_CHUNK_MB") or 0) or 256
+        self.disk_chunk_bytes: int = chunk_mb << 20
         self.init: str | None = None
         if _env_flag("TMS_INIT_ENABLE"):
             cpu, disk = _env_flag("TMS_INIT_ENABLE_CPU_BACKUP"), _env_flag(
