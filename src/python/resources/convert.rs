@@ -171,6 +171,11 @@ pub(crate) fn opt_bytes_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyRes
 /// words start each message (what RMM's Cython says), then the argument, the value and what it
 /// must be: `what` says it ("a number of bytes", "an address").
 pub(crate) fn whole_arg(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<usize> {
+    // Every DeviceBuffer takes this path: PyO3's own reading (an int, or `__index__` through
+    // the C API) first; the refusals below only build their messages.
+    if let Ok(value) = obj.extract::<usize>() {
+        return Ok(value);
+    }
     let int = obj.call_method0("__index__").map_err(|_| {
         PyTypeError::new_err(format!(
             "'{}' object cannot be interpreted as an integer: {name} must be {what} (an int), \
