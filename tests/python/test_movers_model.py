@@ -8,8 +8,8 @@ a ``PoolMemoryResource`` built over the tagged resource before most tags exist. 
 
 - the main thread (Hypothesis rules): allocations in and outside regions and through the pool
   over the tagged resource (tags added late), frees, rrmm's copies in and raw writes (as a
-  kernel would, only while the process is busy), the engine's pause and resume (with and without
-  a backup), the user's sleep and restore of a pool, promotion, trims, the host's room running
+  kernel would, only while the process is busy), the engine's pause and resume (a host copy, files in a
+  directory, or no backup), the user's sleep and restore of a pool, promotion, trims, the host's room running
   out and coming back, idle and busy declarations;
 - the shared-GPU ledger's worker thread, asked by a peer process (``shared_gpu_fake_peer.py``)
   to put this process to sleep while it is idle (it answers concurrently with the main thread's
@@ -55,8 +55,9 @@ MiB = 1 << 20
 PAGE = 2 * MiB
 DEVICE_PAGES = 6
 SPILL_PAGES = 16
-#: Region tags and whether their pause keeps a backup.
-TAGS = {"weights": True, "kv_cache": False, "graphs": True}
+#: Region tags and what their pause keeps: a host copy ("cpu"), nothing ("none"), or files
+#: in a directory ("disk").
+TAGS = {"weights": "cpu", "kv_cache": "none", "graphs": "cpu", "offline": "disk"}
 
 
 def spilling_pool() -> mr.ExpandableMemoryResource:
@@ -171,6 +172,8 @@ class MoversMachine(RuleBasedStateMachine):
     @initialize()
     def build(self) -> None:
         self.saver = TorchMemorySaver(make_pool=spilling_pool)
+        self.disk_dir = tempfile.mkdtemp(prefix="rrmm-movers-disk-")
+        self.saver.set_disk_backup_dir(self.disk_dir)
         with self.saver.region(tag="weights", enable_cpu_backup=True):
             pass
         self.entered.add("weights")
@@ -200,6 +203,8 @@ class MoversMachine(RuleBasedStateMachine):
         if hasattr(self, "tagged"):
             rrmm.shared_gpu.leave(self.tagged)
             shutil.rmtree(self.ledger_dir, ignore_errors=True)
+        if hasattr(self, "disk_dir"):
+            shutil.rmtree(self.disk_dir, ignore_errors=True)
         _rrmm._host_pages_set_room_cap(None)
         with self.lock:
             self.live.clear()
@@ -212,6 +217,12 @@ class MoversMachine(RuleBasedStateMachine):
 
     def anything_asleep(self) -> bool:
         return bool(self.paused or self.user_asleep)
+
+    def region(self, tag: str) -> Any:
+        """A region of ``tag`` with its backup (see ``TAGS``)."""
+        kind = TAGS[tag]
+        return self.saver.region(tag=tag, enable_cpu_backup=kind == "cpu",
+                                 enable_disk_backup=kind == "disk")
 
     def pool(self, tag: str) -> mr.ExpandableMemoryResource:
         return self.tagged.pool(tag)
@@ -229,7 +240,7 @@ class MoversMachine(RuleBasedStateMachine):
             if where == OUTSIDE:
                 buf = rrmm.DeviceBuffer.to_device(data)
             else:
-                with self.saver.region(tag=where, enable_cpu_backup=TAGS[where]):
+                with self.region(where):
                     buf = rrmm.DeviceBuffer.to_device(data)
                 self.entered.add(where)
         except RuntimeError as e:
@@ -247,8 +258,7 @@ class MoversMachine(RuleBasedStateMachine):
         """A pool built over the tagged resource before the tag existed: it refuses while any
         pool below sleeps (its cached chunks may lie there)."""
         data = self.next_data(size)
-        region: Any = (self.saver.region(tag=where, enable_cpu_backup=TAGS[where])
-                       if where != OUTSIDE else _nullcontext())
+        region: Any = self.region(where) if where != OUTSIDE else _nullcontext()
         try:
             with region:
                 buf = rrmm.DeviceBuffer.to_device(data, mr=self.over)
@@ -308,7 +318,7 @@ class MoversMachine(RuleBasedStateMachine):
         if not tags:
             return
         tag = tags[pick % len(tags)]
-        if not TAGS[tag]:
+        if TAGS[tag] == "none":
             with self.lock:  # no backup: its bytes are undefined from here on
                 for b in self.live:
                     if b.tag == tag:
