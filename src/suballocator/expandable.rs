@@ -308,6 +308,38 @@ impl ExpandableMemoryResource {
         self.inner.core.release(target)
     }
 
+    /// The opposite of [`trim`](Self::trim): maps free pages (as the pool grows) until at least
+    /// `target` bytes are mapped, or the pool's maximum; returns the bytes mapped now. Nothing
+    /// is allocated or counted as allocated. While asleep it does nothing and returns 0.
+    ///
+    /// # Errors
+    /// Out of memory when the device has no room; CUDA errors.
+    pub fn map_to(&self, target: usize) -> Result<usize> {
+        let _sleep = self.inner.sleep.hold();
+        if self.inner.sleep.asleep() {
+            return Ok(0);
+        }
+        let before = self.mapped_bytes();
+        let page = self.page_size();
+        let cap = self
+            .maximum_pool_size()
+            .map_or(usize::MAX, |m| m / page * page);
+        let target = target.div_ceil(page).saturating_mul(page).min(cap);
+        // Each step maps at most what is missing (the block's need beside free memory), so
+        // the pool never maps past the target; a step that maps nothing ends it.
+        loop {
+            let now = self.mapped_bytes();
+            if now >= target {
+                break;
+            }
+            self.inner.core.grow_exactly(target - now)?;
+            if self.mapped_bytes() == now {
+                break;
+            }
+        }
+        Ok(self.mapped_bytes().saturating_sub(before))
+    }
+
     /// The virtual memory the pool maps into.
     pub fn virtual_memory(&self) -> &Arc<dyn VirtualMemory> {
         &self.inner.vm
@@ -607,7 +639,10 @@ impl ExpandableGrowth {
             .map_or(usize::MAX, |m| m.saturating_sub(request.held));
         // Grow by at least half of what is mapped (few growth steps, like the pool's doubling),
         // within the gap, the maximum and the device's free memory; on failure map only the need.
-        let half = self.pages_for(request.held / 2).unwrap_or(need);
+        let half = match request.exact {
+            true => need,
+            false => self.pages_for(request.held / 2).unwrap_or(need),
+        };
         let mut want = half.max(need).min(room);
         want = want.min(need.max(max_room / self.page() * self.page()));
         if let Some((free, _)) = self.vm.memory_info() {

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from rrmm import mr
+from rrmm import _rrmm, mr
 from rrmm._rrmm import _clear_per_device_resources
 from rrmm.compat._tag_pools import OUTSIDE
 from rrmm.compat.torch_memory_saver import TorchMemorySaver
@@ -567,10 +567,12 @@ def test_a_resume_maps_what_the_pause_took(no_tms_environment: None) -> None:
     pool = tagged().pool(saver._names[("w", "pinned")])
     before = pool.mapped_bytes()
     assert before >= 8 * PAGE
+    allocations = _rrmm._memory_stats(pool)["allocation.all.allocated"]
     saver.pause("w")
     assert pool.mapped_bytes() == 0
     saver.resume("w")
     assert pool.mapped_bytes() == before
+    assert _rrmm._memory_stats(pool)["allocation.all.allocated"] == allocations, "nothing allocated"
     assert np.array_equal(contents(keep), data)
     with saver.region(tag="w", enable_cpu_backup=True):
         again = [rrmm.DeviceBuffer(size=3 * PAGE) for _ in range(2)]

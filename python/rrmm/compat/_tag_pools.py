@@ -258,21 +258,12 @@ class TagPools:
         A pause gives back the pool's free pages too, and a wake maps only the pages with
         data; the engines' allocators map back everything a pause took (PyTorch's cached
         segments with the rest), and an engine sizes its next steps by that: the free pages
-        are mapped again, as one free block (best effort: when the device has no room now, the
-        pool grows as it is used instead)."""
+        are mapped again (``map_to``; best effort: when the device has no room now, the pool
+        grows as it is used instead)."""
         with self._lock:
             footprint = self._footprints.pop(tag, 0)
-        pool = self.tagged().pool(tag)
-        missing = footprint - pool.mapped_bytes()
-        page = pool.page_size()
-        missing -= missing % page
-        if missing <= 0:
-            return
-        try:
-            block = pool.allocate(missing)
-        except MemoryError:
-            return
-        pool.deallocate(block, missing)
+        with contextlib.suppress(MemoryError):
+            self.tagged().pool(tag).map_to(footprint)
 
     def paused(self, tag: str) -> bool:
         """Whether ``tag``'s pool sleeps by the process's own choice now (its own state). A pool

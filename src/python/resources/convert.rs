@@ -227,6 +227,7 @@ pub(crate) mod arg {
         d_src: "an address",
         d_dst: "an address",
         blocks_to_preallocate: "a number of blocks",
+        target: "a number of bytes",
     );
 
     /// The optional argument `blocks_to_preallocate` (None: the default).

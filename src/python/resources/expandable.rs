@@ -1,7 +1,7 @@
 //! `rrmm.mr.ExpandableMemoryResource`: the expandable pool on one virtual address range per
 //! device (or on simulated virtual memory, for CPU tests and sizing).
 
-use super::convert::opt_bytes_arg;
+use super::convert::{arg, opt_bytes_arg};
 use super::resource::DeviceMemoryResource;
 use crate::python::errors::py_result;
 use crate::resource::sleep::{BackingChange, BackingWatcher};
@@ -138,6 +138,18 @@ impl ExpandableMemoryResource {
     fn trim(&self, py: Python<'_>, target: usize) -> PyResult<usize> {
         let mr = &self.mr;
         py_result(py.detach(|| mr.trim(target)))
+    }
+
+    /// Maps free pages until at least `target` bytes are mapped, or `maximum_pool_size` (the
+    /// opposite of `trim`); returns the bytes mapped now. Nothing is allocated; nothing while
+    /// asleep. `MemoryError` when the device has no room.
+    fn map_to(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::target)] target: usize,
+    ) -> PyResult<usize> {
+        let mr = &self.mr;
+        py_result(py.detach(|| mr.map_to(target)))
     }
 
     /// `trim(0)`, under the pool's name for it (`PoolMemoryResource.release`).

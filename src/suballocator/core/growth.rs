@@ -33,6 +33,9 @@ pub(crate) struct GrowRequest {
     pub held: usize,
     /// The stream of the request (a stream-ordered upstream allocates on it).
     pub stream: Stream,
+    /// Map only what the block needs, no growth step ahead (a policy that maps its own pages:
+    /// [`StreamOrderedCore::grow_exactly`](super::StreamOrderedCore::grow_exactly)).
+    pub exact: bool,
 }
 
 /// The free ranges of a core's fresh list, as a trimming strategy sees them.

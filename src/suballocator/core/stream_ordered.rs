@@ -760,12 +760,31 @@ impl<F: FreeList> StreamOrderedCore<F> {
 
     /// Adds a chunk of at least `request.size` bytes from the upstream to the fresh list.
     fn grow(&self, sh: &mut Shared<F>, request: Request) -> Result<()> {
+        self.grow_by(sh, request, false)
+    }
+
+    /// Adds free memory for a block of `bytes` to the fresh list, mapping only what that block
+    /// needs beside the free memory there (no growth step ahead), for a policy that grows in
+    /// place (an expandable pool: `map_to`). Nothing is allocated.
+    pub(crate) fn grow_exactly(&self, bytes: usize) -> Result<()> {
+        let mut sh = self.lock_shared()?;
+        let request = Request {
+            bytes,
+            size: bytes,
+            stream: Stream::DEFAULT,
+        };
+        self.grow_by(&mut sh, request, true)
+    }
+
+    /// [`grow`](Self::grow), with or without the policy's growth step ahead (`exact`).
+    fn grow_by(&self, sh: &mut Shared<F>, request: Request, exact: bool) -> Result<()> {
         let chunk = self.growth.grow_beside(
             GrowRequest {
                 bytes: request.bytes,
                 size: request.size,
                 held: sh.pool_size,
                 stream: request.stream,
+                exact,
             },
             &sh.fresh,
         )?;

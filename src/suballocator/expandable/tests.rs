@@ -148,6 +148,43 @@ fn trim_to_a_target_keeps_that_much() {
     assert_eq!(mr.free_bytes(), 3 * P);
 }
 
+/// `map_to` is `trim`'s opposite: free pages mapped up to a target (whole pages), nothing
+/// allocated, up to the maximum and no further, and the mapped pages serve the next
+/// allocation.
+#[test]
+fn map_to_maps_free_pages_up_to_a_target() {
+    let vm = sim(64 * P, 256 * P);
+    let mr = pool(&vm, Some(8 * P));
+    assert_eq!(mr.map_to(3 * P + 1).unwrap(), 4 * P);
+    assert_eq!((mr.mapped_bytes(), mr.free_bytes()), (4 * P, 4 * P));
+    assert_eq!(mr.map_to(2 * P).unwrap(), 0, "as much is mapped already");
+    let stats = mr.report().unwrap().memory_stats().unwrap();
+    assert_eq!(stats.allocation.allocated, 0, "nothing allocated");
+    assert_eq!(
+        mr.map_to(9 * P).unwrap(),
+        4 * P,
+        "up to the maximum, not past it"
+    );
+    assert_eq!(mr.mapped_bytes(), 8 * P);
+    let a = mr.allocate(8 * P, S).unwrap();
+    assert_eq!(mr.mapped_bytes(), 8 * P, "served by the pages mapped ahead");
+    free_on(&mr, a, 8 * P, S).unwrap();
+    // No growth step ahead: a pool holding 16 pages maps one page for a target one page above
+    // (an allocation's growth would map half of what it holds).
+    let (_, big) = sim_pool(64 * P, 256 * P);
+    let held = [
+        big.allocate(8 * P, S).unwrap(),
+        big.allocate(8 * P, S).unwrap(),
+    ];
+    big.trim(0).unwrap();
+    let mapped = big.mapped_bytes();
+    assert_eq!(big.map_to(mapped + P).unwrap(), P);
+    assert_eq!(big.mapped_bytes(), mapped + P);
+    for a in held {
+        free_on(&big, a, 8 * P, S).unwrap();
+    }
+}
+
 #[test]
 fn partial_pages_of_a_free_block_stay_mapped() {
     let (_, mr) = sim_pool(64 * P, 256 * P);
