@@ -34,6 +34,17 @@ PoolFactory = Callable[[], mr.ExpandableMemoryResource]
 _MEM_POOLS_KEPT: list[Any] = []
 
 
+def _keep_forever(mem_pool: Any) -> None:
+    """Keeps ``mem_pool`` past the interpreter's end: a reference Python never drops, so no
+    MemPool destructor runs at exit either (there it frees its cached blocks through rrmm's
+    allocator, whose resources ``reinitialize`` or the saver's end may have dropped: PyTorch
+    then aborts the process on a pointer its pluggable allocator no longer knows)."""
+    import ctypes
+
+    _MEM_POOLS_KEPT.append(mem_pool)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(mem_pool))
+
+
 class TagPools:
     """Each tag's expandable pool on one device, and what a pause of it keeps."""
 
@@ -160,7 +171,7 @@ class TagPools:
                 self._no_mem_pools = True
                 return None
             pools.append(pool)
-            _MEM_POOLS_KEPT.append(pool)
+            _keep_forever(pool)
             if take:
                 self._mem_pools_in_use.add(id(pool))
         return pool
