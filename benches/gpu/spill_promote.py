@@ -60,6 +60,22 @@ def setup(name: str, f: float, total: int) -> dict[str, Any]:
         cupy.cuda.set_allocator(rmm_cupy_allocator)
         out["pool"] = pool
         out["lib"] = rrmm
+    elif name.startswith("any_size") or name == "rrmm_pool":
+        # Issue 48's one setup, a single word and no size; ``any_size_frees`` also moves
+        # spilled data back at frees (auto_promote="frees"), ``any_size_at_rest`` declares a
+        # safe point (``rrmm.at_rest()``) before the hot reuse. ``rrmm_pool``: the device pool.
+        import rrmm
+        from rrmm.allocators.cupy import rmm_cupy_allocator
+
+        t0 = time.perf_counter()
+        rrmm.reinitialize(pool_allocator="any_size" if name != "rrmm_pool" else True)
+        resource = rrmm.mr.get_current_device_resource()
+        if name == "any_size_frees":
+            resource.auto_promote = "frees"
+        out["setup_s"] = time.perf_counter() - t0
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        if name != "rrmm_pool":
+            out["pool"] = resource
     elif name == "tier":
         import rrmm
         from rrmm import mr
@@ -125,7 +141,7 @@ def run_case(name: str, f: float) -> dict[str, Any]:
         return row
     row["fill_s"] = time.perf_counter() - t0
     if pool is not None:
-        row["spilled_after_fill"] = pool.spilled_bytes()
+        row["spilled_after_fill"] = pool.spill_figures()["spilled"]
     s, got_sum = sums(arrays, 3)
     expected = sum(float(i % 7 + 1) for i in range(n)) * (ARRAY // 4)
     row["sum_s"] = s
@@ -141,7 +157,11 @@ def run_case(name: str, f: float) -> dict[str, Any]:
     scale.sync()
     t0 = time.perf_counter()
     if pool is not None:
-        row["spilled_hot"] = pool.spilled_bytes()
+        row["spilled_hot"] = pool.spill_figures()["spilled"]
+        if name == "any_size_at_rest":
+            import rrmm
+
+            row["promote"] = rrmm.at_rest()
         if name == "spill":
             report = pool.promote()
             row["promote"] = report

@@ -45,7 +45,7 @@ from rrmm._logging import (
     should_log,
 )
 from rrmm._rrmm import parse_bytes
-from rrmm._sleep import sleep
+from rrmm._sleep import at_rest, sleep
 from rrmm._snapshot import memory_snapshot, memory_summary, record_memory_history
 from rrmm._version import __git_commit__, __version__
 from rrmm.mr import disable_logging, enable_logging, get_log_filenames
@@ -66,6 +66,7 @@ __all__ = [
     "RMMNumbaManager",
     "__git_commit__",
     "__version__",
+    "at_rest",
     "disable_logging",
     "enable_logging",
     "flush_logger",

@@ -13,8 +13,22 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rrmm import _rrmm
-from rrmm._sleep_types import SleepFigures
+from rrmm._sleep_types import PromoteReport, SleepFigures
 from rrmm.mr import DeviceMemoryResource, get_current_device_resource
+
+
+def at_rest(mr: DeviceMemoryResource | None = None) -> PromoteReport:
+    """Declares a safe point: no GPU work on the memory of ``mr`` (default: the current
+    device resource) is in flight or launched until this returns (between the phases of a
+    pipeline, say). Data that spilled to host pages moves back to device memory, at the same
+    addresses, as far as the device has room (pools whose ``auto_promote`` is ``"off"`` keep
+    it). Nothing happens, not even a synchronization, where nothing spilled. rrmm takes the
+    same step on its own at a pool's wake from sleep, at the ledger's busy declaration
+    (``rrmm.shared_gpu.declare_busy``) and, in Dask workers set up by ``rrmm.dask.RRMMSetup``,
+    whenever no task runs. Returns the promotion's report."""
+    target = get_current_device_resource() if mr is None else mr
+    report: PromoteReport = target.at_rest()  # type: ignore[assignment]
+    return report
 
 
 def sleep(

@@ -87,6 +87,8 @@ class SpillFigures(TypedDict):
     spilled: int
     kept: int
     made: int
+    #: Of ``made``, bytes made ahead in the background as the device filled.
+    made_ahead: int
     reused: int
     promoted: int
     promote_make_s: float

@@ -526,6 +526,7 @@ class RRMMSetup(WorkerPlugin):
         self.share_gpu = _share_gpu(share_gpu)
         self.idle_after = _idle_after(idle_after, self.share_gpu is not None)
         self._idle = _IdleTimer(self.idle_after)
+        self._running: set[Any] = set()
 
     def setup(self, worker: Any = None) -> None:
         """Builds the resource and makes it the current device's; adds the worker metrics."""
@@ -572,8 +573,19 @@ class RRMMSetup(WorkerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         """With ``idle_after``: busy when a task starts executing; idle ``idle_after`` seconds
-        after the last one running stops, unless another starts meanwhile."""
+        after the last one running stops, unless another starts meanwhile. Whenever no task
+        runs (a task boundary: a safe point, ``rrmm.at_rest``), data that spilled to host pages
+        moves back to the device where it has room."""
         self._idle.transition(key, start, finish)
+        if finish in _RUNNING:
+            self._running.add(key)
+        elif key in self._running and finish not in _STILL_RUNNING:
+            self._running.discard(key)
+            if not self._running and _state.resource is not None:
+                try:
+                    _state.resource.at_rest()
+                except Exception as e:  # the data stays on the host; the worker runs on
+                    _log.warning("rrmm: moving spilled data back between tasks failed: %s", e)
 
     def stack_options(self) -> tuple[str, dict[str, Any]]:
         """The stack kind and its options (``rrmm._stack.build``) for this worker: dask-cuda's

@@ -48,6 +48,10 @@ def unregister_reinitialize_hook(func: Callable[..., Any]) -> None:
     _reinitialize_hooks[:] = [h for h in _reinitialize_hooks if h[0] is not func]
 
 
+#: The stack kinds whose pool is the expandable one (sleep, spill).
+_EXPANDABLE_KINDS = ("expandable", "any_size")
+
+
 def reinitialize(
     pool_allocator: bool | str = False,
     managed_memory: bool = False,
@@ -83,6 +87,13 @@ def reinitialize(
     of the pool's next ``rrmm.sleep()`` ready as it grows, in the background, from the process's
     host page supply (``rrmm.host_pages``): the first sleep copies at the link's speed too.
 
+    rrmm: ``pool_allocator="any_size"`` is the one setup for data that may not fit the GPU,
+    with no size to give: the expandable pool on device memory while it lasts, then pinned
+    host pages under the pool's own addresses (read in place over the link; made in the
+    background from the moment the device is three quarters full, up to what the host has
+    room for, or ``spill_to_host``), and the spilled data moved back to the device at safe
+    points (a wake, ``rrmm.at_rest()``, a Dask task boundary; the pool's ``auto_promote``).
+
     rrmm: ``spill_to_host`` (with ``pool_allocator="expandable"``: bytes, a string such as
     ``"64GiB"``, or True for what the host has available now) lets each device's pool map
     pinned host pages under its own addresses once the device is full (read in place over the
@@ -98,12 +109,12 @@ def reinitialize(
     maximum = _size(maximum_pool_size, "maximum_pool_size")
     pinned_size = _size(pinned_pool_size, "pinned_pool_size")
     kind = stack_kind(pool_allocator, managed_memory, refused=_NOT_FOR_REINITIALIZE)
-    if keep_sleep_ready and kind != "expandable":
+    if keep_sleep_ready and kind not in _EXPANDABLE_KINDS:
         raise ValueError(
             f"keep_sleep_ready=True needs a pool that can sleep: pool_allocator=\"expandable\", "
             f"not the {kind!r} stack")
     spill = _spill_size(spill_to_host)
-    if spill is not None and kind != "expandable":
+    if spill is not None and kind not in _EXPANDABLE_KINDS:
         raise ValueError(
             f"spill_to_host needs the pool that spills: pool_allocator=\"expandable\", "
             f"not the {kind!r} stack")

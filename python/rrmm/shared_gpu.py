@@ -121,8 +121,12 @@ def declare_idle(mr: DeviceMemoryResource | None = None) -> None:
 
 def declare_busy(mr: DeviceMemoryResource | None = None) -> int:
     """Declares this process busy again: pools the ledger put to sleep wake now (addresses and
-    bytes as they were). Returns the bytes woken."""
-    return int(_rrmm._shared_gpu_set_idle(_mr(mr), False))
+    bytes as they were), and data that spilled to host pages moves back to the device where
+    it has room (a safe point: ``rrmm.at_rest``). Returns the bytes woken."""
+    target = _mr(mr)
+    woken = int(_rrmm._shared_gpu_set_idle(target, False))
+    target.at_rest()
+    return woken
 
 
 @contextlib.contextmanager

@@ -187,7 +187,9 @@ impl VirtualMemory for HostVirtualMemory {
             populate: self.pinned,
         };
         if let Some(pretend) = &self.pretend {
-            pretend.lock().place(addr, bytes)?;
+            let mut pretend = pretend.lock();
+            pretend.place(addr, bytes)?;
+            pretend.keep_ahead();
         }
         if let Err(e) = self.reservation.commit(offset, bytes, how) {
             if let Some(pretend) = &self.pretend {

@@ -301,7 +301,7 @@ impl VirtualMemory for CudaVirtualMemory {
                     })
             },
         );
-        match (&self.spill, on_device) {
+        let mapped = match (&self.spill, on_device) {
             // The device is full even after relief: the pages it lacks go to the host.
             (Some(host), Err(e)) if e.is_out_of_memory() => {
                 let _ctx = ContextGuard::new(self.ordinal)?;
@@ -318,7 +318,17 @@ impl VirtualMemory for CudaVirtualMemory {
                     })
             }
             (_, done) => done,
+        };
+        // Past the mark, the host pages of the next spills are made in the background.
+        if let (Some(keep), Some((free, total))) = (&self.spill, self.memory_info()) {
+            let spilled = keep.figures().spilled;
+            if let Some(window) =
+                crate::resource::host_pages::mapped::spill_window(free, total, spilled)
+            {
+                keep.keep_ahead(window);
+            }
         }
+        mapped
     }
 
     unsafe fn unmap(&self, addr: usize, bytes: usize) -> Result<()> {

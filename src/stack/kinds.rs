@@ -94,6 +94,15 @@ pub const KINDS: &[Kind] = &[
         describe: describe_fallback,
     },
     Kind {
+        name: "any_size",
+        summary: "data of any size, no size to give: the expandable pool over the device, then \
+                  pinned host pages under its own addresses once the device is full (made in \
+                  the background from three quarters full; up to the host's room or \
+                  --spill-to-host), moved back to the device at safe points",
+        plan: plan_any_size,
+        describe: describe_any_size,
+    },
+    Kind {
         name: "tiered",
         summary: "data beyond one GPU: a coalescing pool over the device, then a peer GPU \
                   (--peer-memory on a simulated device), then pinned host memory \
@@ -398,6 +407,35 @@ fn plan_expandable(target: Target, options: &StackOptions) -> Result<Plan> {
         "expandable",
         vec![expandable(target, options, None, ExpandableOn::Device)],
     ))
+}
+
+/// The expandable pool that spills to at most `spill_to_host` bytes of host pages, else to as
+/// many as the host has room for now (no spill on simulated memory).
+fn plan_any_size(target: Target, options: &StackOptions) -> Result<Plan> {
+    let mut options = options.clone();
+    if options.spill_to_host.is_none() {
+        options.spill_to_host =
+            Some(crate::os::host_pages::available_host_memory().map_or(0, |r| r.available));
+    }
+    Ok(suballocator(
+        "any_size",
+        vec![expandable(target, &options, None, ExpandableOn::Device)],
+    ))
+}
+
+fn describe_any_size(target: Target, options: &StackOptions, handles: &[Handle]) -> Description {
+    let over = match target {
+        Target::Simulated(size) => {
+            format!(
+                "the simulated device ({}, virtual memory; no spill)",
+                human(size)
+            )
+        }
+        Target::Device => {
+            "cuMemCreate/cuMemMap, then pinned host pages once the device is full".into()
+        }
+    };
+    expandable_description("the device", &over, options, handles)
 }
 
 fn bins(options: &StackOptions) -> Result<(u32, u32)> {

@@ -376,6 +376,7 @@ impl MemoryResource for ExpandableMemoryResource {
         // Allowed while asleep too: bookkeeping only (see `expandable/sleep.rs`).
         self.inner.core.deallocate(ptr, bytes, stream)?;
         self.inner.sleep.forget(ptr);
+        self.promote_after_free();
         if let Some(threshold) = self.inner.release_threshold {
             if self.inner.core.free_bytes() > threshold {
                 // Never beside an offload or restore (they unmap and map pages themselves),
@@ -860,3 +861,4 @@ mod movement;
 mod sleep;
 mod spill;
 pub use sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
+pub use spill::AutoPromote;

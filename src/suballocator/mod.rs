@@ -28,8 +28,8 @@ pub use self::core::{
 pub use arena::{check_arena_size, ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use expandable::{
-    DiscardFill, ExpandableMemoryResource, ExpandableOptions, ExpandableSizes, SleepEstimate,
-    SleepReport, SleepTag, DEFAULT_RESERVE_FACTOR,
+    AutoPromote, DiscardFill, ExpandableMemoryResource, ExpandableOptions, ExpandableSizes,
+    SleepEstimate, SleepReport, SleepTag, DEFAULT_RESERVE_FACTOR,
 };
 /// Sleep, wake and promotion of any stack (its home is [`crate::resource::sleep`]).
 pub mod sleep {

@@ -99,6 +99,22 @@ class SpillMachine(RuleBasedStateMachine):
     def trim(self) -> None:
         self.pool.trim()
 
+    @rule(when=st.sampled_from(["safe_points", "frees", "off"]))
+    def set_auto_promote(self, when: str) -> None:
+        self.pool.auto_promote = when
+        assert self.pool.auto_promote == when
+
+    @rule()
+    def at_rest(self) -> None:
+        before = self.pool.spilled_bytes()
+        report = rrmm.at_rest(self.mr)
+        assert report["promoted"] <= before
+        if self.pool.auto_promote == "off":
+            assert report["promoted"] == 0 and self.pool.spilled_bytes() == before
+        elif self.pool.spilled_bytes():
+            device = self.pool.mapped_bytes() - self.pool.spilled_bytes()
+            assert device == DEVICE_PAGES * PAGE, "a safe point left pages spilled with room"
+
     @rule()
     def sleep_and_wake(self) -> None:
         spilled = self.pool.spilled_bytes()
@@ -120,6 +136,7 @@ class SpillMachine(RuleBasedStateMachine):
         assert figures["spilled"] == spilled
         assert figures["spilled"] + figures["kept"] <= figures["limit"]
         assert self.pool.mapped_bytes() - spilled <= DEVICE_PAGES * PAGE
+        assert figures["made_ahead"] <= figures["made"]
 
 
 TestSpillMachine = SpillMachine.TestCase
@@ -133,8 +150,9 @@ def test_the_figures_of_a_spill_and_a_promotion() -> None:
     assert pool.spill_figures() == {
         "limit": SPILL_PAGES * PAGE,
         "spilled": 2 * PAGE,
-        "kept": 0,
-        "made": 2 * PAGE,
+        "kept": PAGE,  # past the mark, half of what spilled is kept ready, made ahead
+        "made": 3 * PAGE,
+        "made_ahead": PAGE,
         "reused": 0,
         "promoted": 0,
         "promote_make_s": 0.0,
@@ -146,8 +164,8 @@ def test_the_figures_of_a_spill_and_a_promotion() -> None:
     report = pool.promote()
     assert (report["promoted"], report["spilled"]) == (2 * PAGE, 0)
     assert report["seconds"] >= report["trim_s"] >= 0
-    assert pool.spill_figures()["kept"] == 2 * PAGE
-    assert pool.give_back_spill() == 2 * PAGE
+    assert pool.spill_figures()["kept"] == 3 * PAGE
+    assert pool.give_back_spill() == 3 * PAGE
     for p in ptrs[2:]:
         pool.deallocate(p, PAGE)
 
@@ -291,3 +309,42 @@ def test_a_sleep_and_a_promotion_refused_for_host_room_change_nothing() -> None:
     for i, p in enumerate(ptrs[3:], start=3):
         assert np.array_equal(read(p, PAGE), pattern(PAGE, i)), i
         pool.deallocate(p, PAGE)
+
+
+
+def test_any_size_is_one_word_for_reinitialize_replay_and_dask() -> None:
+    """The one setup for data that may not fit: a stack kind every entry point takes by name."""
+    from rrmm._stack import kinds
+
+    assert "any_size" in kinds()
+    pytest.importorskip("distributed")
+    from rrmm.dask import RRMMSetup
+
+    plugin = RRMMSetup(allocator="any_size", simulate="1GiB")
+    assert plugin.stack_options()[0] == "any_size"
+
+
+def test_a_dask_task_boundary_moves_spilled_data_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whenever no task runs on the worker, the plugin declares a safe point: spilled data
+    moves back where the device has room; not while a task still runs."""
+    pytest.importorskip("distributed")
+    import rrmm.dask as rdask
+
+    pool = spilling_pool()
+    blocks = [pool.allocate(PAGE) for _ in range(DEVICE_PAGES + 2)]
+    for i, ptr in enumerate(blocks):
+        write(ptr, pattern(PAGE, i + 1))
+    for ptr in blocks[:2]:
+        pool.deallocate(ptr, PAGE)
+    assert pool.spilled_bytes() == 2 * PAGE
+    monkeypatch.setattr(rdask._state, "resource", pool)
+    plugin = rdask.RRMMSetup(allocator="any_size", simulate="1GiB")
+    plugin.transition("a", "ready", "executing", stimulus_id="s")
+    plugin.transition("b", "ready", "executing", stimulus_id="s")
+    plugin.transition("a", "executing", "memory", stimulus_id="s")
+    assert pool.spilled_bytes() == 2 * PAGE, "b still runs: no safe point"
+    plugin.transition("b", "executing", "memory", stimulus_id="s")
+    assert pool.spilled_bytes() == 0, "no task runs: moved back"
+    for i, ptr in enumerate(blocks[2:], start=2):
+        assert np.array_equal(read(ptr, PAGE), pattern(PAGE, i + 1))
+        pool.deallocate(ptr, PAGE)

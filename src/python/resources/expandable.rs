@@ -7,7 +7,7 @@ use crate::python::errors::py_result;
 use crate::resource::sleep::{BackingChange, BackingWatcher};
 use crate::resource::HostVirtualMemory;
 use crate::suballocator::{
-    ExpandableMemoryResource as RsExpandable, ExpandableOptions, ExpandableSizes,
+    AutoPromote, ExpandableMemoryResource as RsExpandable, ExpandableOptions, ExpandableSizes,
 };
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -35,7 +35,11 @@ impl ExpandableMemoryResource {
     /// over the link, at most this many bytes of them (True: as many as the host has room
     /// for; default: never); `promote()` moves them back. `device_capacity`: with
     /// `pageable_host`, pretend the memory is a device of that many bytes (CPU tests of
-    /// `spill_to_host`).
+    /// `spill_to_host`). `auto_promote`: when spilled pages move back to the device on their
+    /// own: "safe_points" (the default: at a wake from sleep, `at_rest()`, the ledger's busy
+    /// declaration and the Dask plugin's task boundaries), "frees" (also after a free that
+    /// leaves room: you promise no other thread runs work on the pool's memory meanwhile, as in
+    /// a single-threaded CuPy pipeline) or "off" (only `promote()`).
     #[new]
     #[pyo3(signature = (
         device=None,
@@ -49,6 +53,7 @@ impl ExpandableMemoryResource {
         pageable_host=false,
         spill_to_host=None,
         device_capacity=None,
+        auto_promote=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -64,7 +69,11 @@ impl ExpandableMemoryResource {
         pageable_host: bool,
         spill_to_host: Option<&Bound<'_, PyAny>>,
         device_capacity: Option<&Bound<'_, PyAny>>,
+        auto_promote: Option<&str>,
     ) -> PyResult<PyClassInitializer<Self>> {
+        let auto_promote = auto_promote
+            .map(|w| py_result(w.parse::<AutoPromote>()))
+            .transpose()?;
         let mut options = ExpandableOptions {
             sizes: ExpandableSizes {
                 initial_pool_size: opt_bytes_arg(initial_pool_size, "initial_pool_size")?,
@@ -128,8 +137,29 @@ impl ExpandableMemoryResource {
                 }
             }
         }))?;
+        if let Some(when) = auto_promote {
+            mr.set_auto_promote(when);
+        }
         let base = DeviceMemoryResource::init(Arc::new(mr.clone()));
         Ok(PyClassInitializer::from(base).add_subclass(ExpandableMemoryResource { mr }))
+    }
+
+    /// When spilled pages move back to the device on their own: "safe_points", "frees" or
+    /// "off" (see the constructor).
+    #[getter]
+    fn get_auto_promote(&self) -> &'static str {
+        match self.mr.auto_promote() {
+            AutoPromote::SafePoints => "safe_points",
+            AutoPromote::Frees => "frees",
+            AutoPromote::Off => "off",
+        }
+    }
+
+    #[setter]
+    fn set_auto_promote(&self, when: &str) -> PyResult<()> {
+        self.mr
+            .set_auto_promote(py_result(when.parse::<AutoPromote>())?);
+        Ok(())
     }
 
     /// Unmaps free pages (anywhere in the range) until at most `target` bytes stay mapped;

@@ -180,6 +180,15 @@ impl DeviceMemoryResource {
         super::sleep::promote(py, &self.inner, buffer, max_bytes)
     }
 
+    /// rrmm: a safe point (no GPU work on this resource's memory is in flight or launched
+    /// until it returns): the expandable pools under it that spilled move their spilled pages
+    /// back to device memory at the same addresses, as far as the device has room, unless a
+    /// pool's `auto_promote` is "off". Returns the summed report (as `promote()`'s); nothing
+    /// happens (no synchronization) where nothing spilled.
+    fn at_rest<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        super::sleep::at_rest(py, &self.inner)
+    }
+
     /// rrmm: the host pages the expandable pools under this resource spill to (None where
     /// none spills): a dict of bytes (limit, spilled: mapped now, kept: made and free for the
     /// next spill, made, reused, promoted) and the seconds promotions spent making device

@@ -218,6 +218,12 @@ pub(super) fn promote<'py>(
     promote_dict(py, &report)
 }
 
+/// `at_rest()`: a safe point for every expandable pool under `mr`; the summed report.
+pub(super) fn at_rest<'py>(py: Python<'py>, mr: &SharedResource) -> PyResult<Bound<'py, PyDict>> {
+    let report = py_result(py.detach(|| rs::promote_at_safe_point(mr)))?;
+    promote_dict(py, &report)
+}
+
 /// A promotion's report as a dict (`promoted`, `spilled`, `trimmed`, `seconds`, `trim_s`).
 pub(crate) fn promote_dict<'py>(
     py: Python<'py>,

@@ -26,6 +26,9 @@ summed_fields! {
         pub kept: usize,
         /// Bytes of host pages ever made.
         pub made: u64,
+        /// Of those, bytes made ahead of need in the background as the device filled (the
+        /// rest were made when a spill needed them, or by `make_ahead`).
+        pub made_ahead: u64,
         /// Bytes of host pages taken again after an unmap (not made twice).
         pub reused: u64,
         /// Bytes moved from host pages to device memory by promotion.
@@ -37,6 +40,14 @@ summed_fields! {
         /// Seconds promotions spent remapping (host pages out, device memory in).
         pub promote_remap_s: f64,
     }
+}
+
+/// The mark from which a spilling pool keeps host pages ready, and how many: with `free` of
+/// `total` device bytes free and `spilled` bytes spilled, `None` while the device is less than
+/// three quarters full; past it, a sixteenth of the device or half of what has spilled,
+/// whichever is more (the pool sets it itself: no size asked of the user).
+pub fn spill_window(free: usize, total: usize, spilled: usize) -> Option<usize> {
+    (free <= total / 4).then(|| (total / 16).max(spilled / 2))
 }
 
 /// The host pages of one device's virtual range: made on demand or ahead, kept when unmapped.
@@ -52,6 +63,11 @@ struct KeepState {
     free: Vec<PhysicalMemory>,
     /// Pages being made by `make_ahead` (counted against the limit).
     making: usize,
+    /// Bytes the background maker keeps ready (kept, not mapped), as far as the limit and
+    /// the host's room allow ([`HostPageKeep::keep_ahead`]).
+    ahead_target: usize,
+    /// Whether the background maker runs.
+    maker: bool,
     figures: SpillFigures,
 }
 
@@ -154,10 +170,82 @@ impl HostPageKeep {
         }
     }
 
+    /// Keeps at least `kept` bytes of pages made and ready for the next spills (within the
+    /// limit and the host's room), made by one background thread, which stops once they are;
+    /// a later call with the same or a larger figure starts it again as spills take pages.
+    /// Never waits. One thread: the driver makes host pages at one rate (4-5 GB/s on an H200)
+    /// whatever the size of each call or the threads making them (benches/gpu/
+    /// probe_host_page_rate.cu).
+    pub fn keep_ahead(self: &std::sync::Arc<Self>, kept: usize) {
+        {
+            let mut state = self.state.lock();
+            state.ahead_target = state.ahead_target.max(kept);
+            if state.maker || !self.ahead_lacks(&state) {
+                return;
+            }
+            state.maker = true;
+        }
+        let keep = std::sync::Arc::downgrade(self);
+        let ordinal = self.ordinal;
+        let spawned = std::thread::Builder::new()
+            .name("rrmm-spill-ahead".into())
+            .spawn(move || {
+                let _ctx = crate::cuda::ContextGuard::new(ordinal);
+                while let Some(keep) = keep.upgrade() {
+                    if !keep.make_one_ahead() {
+                        break;
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.state.lock().maker = false;
+        }
+    }
+
+    /// Whether the kept pages (and those being made) fall short of the target, with room
+    /// under the limit for one more page.
+    fn ahead_lacks(&self, state: &KeepState) -> bool {
+        state.figures.kept + state.making * self.page_size < state.ahead_target
+            && state.held(self.page_size) + self.page_size <= state.figures.limit
+    }
+
+    /// The background maker's step: one page toward the target; false (the maker stopped)
+    /// once the target is met, the limit or the host's room reached, or the driver refuses.
+    fn make_one_ahead(&self) -> bool {
+        {
+            let mut state = self.state.lock();
+            if !self.ahead_lacks(&state) {
+                state.maker = false;
+                return false;
+            }
+            state.making += 1;
+        }
+        let page = crate::os::host_pages::check_host_room(self.page_size, true)
+            .and_then(|()| PhysicalMemory::new_on_host(self.ordinal, self.page_size));
+        let mut state = self.state.lock();
+        state.making -= 1;
+        match page {
+            Ok(page) => {
+                state.free.push(page);
+                state.figures.kept += self.page_size;
+                state.figures.made += self.page_size as u64;
+                state.figures.made_ahead += self.page_size as u64;
+                true
+            }
+            Err(_) => {
+                // No room on the host (or the driver refused): spills make their own pages,
+                // and refuse as they would without a maker.
+                state.maker = false;
+                false
+            }
+        }
+    }
+
     /// Gives kept pages back to the OS until at most `keep` bytes stay kept; returns the bytes
-    /// given back.
+    /// given back. The background maker's target falls to `keep`.
     pub fn give_back(&self, keep: usize) -> usize {
         let mut state = self.state.lock();
+        state.ahead_target = state.ahead_target.min(keep);
         let mut given = 0;
         while state.figures.kept > keep {
             let Some(page) = state.free.pop() else { break };
@@ -278,6 +366,21 @@ impl PretendDevice {
             self.spilled.insert(addr + i * self.page_size);
         }
         Ok(())
+    }
+
+    /// The background maker of a real device, at once: past the mark ([`spill_window`]), the
+    /// kept pages rise to the window (within the limit).
+    pub fn keep_ahead(&mut self) {
+        let f = &mut self.figures;
+        let Some(window) = spill_window(self.capacity - self.on_device, self.capacity, f.spilled)
+        else {
+            return;
+        };
+        let room = f.limit.saturating_sub(f.spilled + f.kept);
+        let add = window.saturating_sub(f.kept).min(room) / self.page_size * self.page_size;
+        f.kept += add;
+        f.made += add as u64;
+        f.made_ahead += add as u64;
     }
 
     /// The pages of `addr .. addr + bytes` are unmapped: spilled ones are kept for the next

@@ -486,6 +486,16 @@ pub trait Spiller: Send + Sync {
     /// As the pool's own promote (a refused promotion moves nothing).
     fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport>;
 
+    /// A safe point (no work runs on the pool's memory until this returns): the pool moves
+    /// its spilled pages back as far as the device has room, where its auto promotion allows
+    /// (nothing where it never spills).
+    ///
+    /// # Errors
+    /// As [`promote`](Self::promote).
+    fn promote_at_safe_point(&self) -> Result<PromoteReport> {
+        Ok(PromoteReport::default())
+    }
+
     /// The figures of the host pages the pool spills to (`None`: it never spills).
     fn spill_figures(&self) -> Option<SpillFigures>;
 }

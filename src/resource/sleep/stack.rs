@@ -187,6 +187,20 @@ pub fn promote(
     Ok(total)
 }
 
+/// A safe point for every pool under `mr` (no work runs on their memory until this returns,
+/// by the caller's contract): each moves its spilled pages back as far as the device has room,
+/// where its auto promotion allows; the figures summed.
+///
+/// # Errors
+/// The first pool's promotion error (the pools before it moved what they moved).
+pub fn promote_at_safe_point(mr: &SharedResource) -> Result<PromoteReport> {
+    let mut total = PromoteReport::default();
+    for pool in mr.link().sleep.pools().iter() {
+        total = total.plus(pool.promote_at_safe_point()?);
+    }
+    Ok(total)
+}
+
 /// The spill figures summed over the pools under `mr` that spill to host pages; `None` where
 /// none does.
 pub fn spill_figures(mr: &SharedResource) -> Option<SpillFigures> {

@@ -99,6 +99,11 @@ pub(super) struct MovementState {
     pub(super) watcher: Mutex<Option<BackingWatcher>>,
     pub(super) last: Mutex<Option<SleepReport>>,
     pub(super) sleeps: AtomicUsize,
+    /// When spilled pages move back on their own ([`super::spill::AutoPromote::to_u8`]).
+    pub(super) auto_promote: AtomicU8,
+    /// The pool's free bytes at the last promotion after a free that moved nothing (the next
+    /// one waits for more room than that).
+    pub(super) promote_tried_at: AtomicUsize,
 }
 
 impl std::fmt::Debug for MovementState {
@@ -350,6 +355,12 @@ impl Sleeper for Inner {
 impl Spiller for Inner {
     fn promote(&self, range: Option<ByteRange>, limit: Option<usize>) -> Result<PromoteReport> {
         self.handle().ok_or_else(Self::gone)?.promote(range, limit)
+    }
+
+    fn promote_at_safe_point(&self) -> Result<PromoteReport> {
+        self.handle()
+            .ok_or_else(Self::gone)?
+            .promote_at_safe_point()
     }
 
     fn spill_figures(&self) -> Option<SpillFigures> {

@@ -566,6 +566,9 @@ impl ExpandableMemoryResource {
         if users {
             self.tell(BackingChange::Wake);
         }
+        // A wake is a safe point: nothing runs on the pool's memory until it returns. A
+        // promotion that fails leaves the spilled bytes on the host, where they were.
+        let _ = self.promote_at_safe_point();
         Ok(())
     }
 

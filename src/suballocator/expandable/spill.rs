@@ -12,9 +12,120 @@ use crate::error::{Error, Result};
 use crate::resource::host_pages::mapped::PromoteReport;
 use crate::resource::sleep::ByteRange;
 use crate::resource::SpillFigures;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// When an expandable pool that spills moves its spilled pages back to the device on its own
+/// (none of these where it never spills; [`promote`](ExpandableMemoryResource::promote) any
+/// time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AutoPromote {
+    /// At the safe points rrmm knows of, where no work runs on the pool's memory by their
+    /// contract: its wake from a sleep, a declared rest
+    /// ([`promote_at_safe_point`](ExpandableMemoryResource::promote_at_safe_point): rrmm's
+    /// `at_rest()`, the ledger's busy declaration, the Dask plugin between tasks). The default.
+    #[default]
+    SafePoints,
+    /// Also after a free that leaves room on the device: the user promises that no work of
+    /// another thread runs on the pool's memory while one thread frees (a single-threaded
+    /// CuPy pipeline); the promotion synchronizes every stream the pool has seen first.
+    Frees,
+    /// Only when asked ([`promote`](ExpandableMemoryResource::promote)).
+    Off,
+}
+
+impl AutoPromote {
+    /// Its byte in the movement state.
+    pub(super) fn to_u8(self) -> u8 {
+        match self {
+            AutoPromote::SafePoints => 0,
+            AutoPromote::Frees => 1,
+            AutoPromote::Off => 2,
+        }
+    }
+
+    fn from_u8(b: u8) -> Self {
+        match b {
+            0 => AutoPromote::SafePoints,
+            1 => AutoPromote::Frees,
+            _ => AutoPromote::Off,
+        }
+    }
+}
+
+impl std::str::FromStr for AutoPromote {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "safe_points" => Ok(AutoPromote::SafePoints),
+            "frees" => Ok(AutoPromote::Frees),
+            "off" => Ok(AutoPromote::Off),
+            other => Err(Error::invalid(
+                "auto_promote",
+                format!("{other:?} is not \"safe_points\", \"frees\" or \"off\""),
+            )),
+        }
+    }
+}
+
 impl ExpandableMemoryResource {
+    /// When spilled pages move back to the device on their own.
+    pub fn auto_promote(&self) -> AutoPromote {
+        AutoPromote::from_u8(self.inner.sleep.auto_promote.load(Ordering::Relaxed))
+    }
+
+    /// Sets when spilled pages move back to the device on their own ([`AutoPromote`]).
+    pub fn set_auto_promote(&self, when: AutoPromote) {
+        self.inner
+            .sleep
+            .promote_tried_at
+            .store(0, Ordering::Relaxed);
+        self.inner
+            .sleep
+            .auto_promote
+            .store(when.to_u8(), Ordering::Relaxed);
+    }
+
+    /// A safe point (no work runs on the pool's memory until this returns, by the caller's
+    /// contract): the spilled pages move back to the device as far as it has room, unless
+    /// auto promotion is [`AutoPromote::Off`]. Nothing happens (no synchronization) when
+    /// nothing has spilled or the pool sleeps.
+    ///
+    /// # Errors
+    /// As [`promote`](Self::promote)'s (pages not moved keep their bytes on the host).
+    pub fn promote_at_safe_point(&self) -> Result<PromoteReport> {
+        if self.auto_promote() == AutoPromote::Off
+            || self.inner.sleep.asleep()
+            || self.spill_figures().is_none_or(|f| f.spilled == 0)
+        {
+            return Ok(PromoteReport::default());
+        }
+        self.promote(None, None)
+    }
+
+    /// After a free, with [`AutoPromote::Frees`]: the spilled pages move back when the free
+    /// left the pool a page or more of free memory beyond what the last promotion that moved
+    /// nothing found (so a device full of other memory is not tried at every free). Never
+    /// beside a transition, never while asleep; a failure leaves the bytes on the host.
+    pub(super) fn promote_after_free(&self) {
+        let state = &self.inner.sleep;
+        if state.auto_promote.load(Ordering::Relaxed) != AutoPromote::Frees.to_u8() {
+            return;
+        }
+        let free = self.inner.core.free_bytes();
+        if free < self.page_size()
+            || free <= state.promote_tried_at.load(Ordering::Relaxed)
+            || state.phase() != crate::resource::sleep::Phase::Awake
+            || self.spill_figures().is_none_or(|f| f.spilled == 0)
+        {
+            return;
+        }
+        let moved = self.promote(None, None).map_or(0, |r| r.promoted);
+        let tried_at = if moved == 0 { free } else { 0 };
+        state.promote_tried_at.store(tried_at, Ordering::Relaxed);
+    }
+
     /// The figures of the host pages the pool spills to (`None`: its memory never spills).
     pub fn spill_figures(&self) -> Option<SpillFigures> {
         self.inner.vm.spill_figures()

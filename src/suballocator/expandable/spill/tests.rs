@@ -74,7 +74,11 @@ fn data_beyond_the_device_spills_and_promotes_with_its_bytes_and_addresses() {
     assert_eq!(mr.spilled_bytes(), 2 * PAGE);
     assert_eq!(device_pages(&vm), 4);
     let f = mr.spill_figures().unwrap();
-    assert_eq!((f.spilled, f.kept, f.made), (2 * PAGE, 0, 2 * PAGE as u64));
+    // Past the mark the keep holds half of what spilled ready: one page made ahead.
+    assert_eq!(
+        (f.spilled, f.kept, f.made, f.made_ahead),
+        (2 * PAGE, PAGE, 3 * PAGE as u64, PAGE as u64)
+    );
 
     // Promotion with no room moves nothing and keeps every byte.
     let none = mr.promote(None, None).unwrap();
@@ -97,19 +101,19 @@ fn data_beyond_the_device_spills_and_promotes_with_its_bytes_and_addresses() {
     let f = mr.spill_figures().unwrap();
     assert_eq!(
         (f.spilled, f.kept, f.promoted),
-        (0, 2 * PAGE, 2 * PAGE as u64)
+        (0, 3 * PAGE, 2 * PAGE as u64)
     );
 
     // The next spill takes the kept pages: none made.
     let more: Vec<usize> = (0..2).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
     assert_eq!(mr.spilled_bytes(), 2 * PAGE);
     let f = mr.spill_figures().unwrap();
-    assert_eq!((f.made, f.reused), (2 * PAGE as u64, 2 * PAGE as u64));
+    assert_eq!((f.made, f.reused), (3 * PAGE as u64, 2 * PAGE as u64));
     for b in more.into_iter().chain(blocks.into_iter().skip(2)) {
         free_on(&mr, b, PAGE, S).unwrap();
     }
     assert_eq!(mr.trim(0).unwrap(), 6 * PAGE);
-    assert_eq!(mr.give_back_spill(0), 2 * PAGE);
+    assert_eq!(mr.give_back_spill(0), 3 * PAGE);
 }
 
 #[test]
@@ -175,6 +179,8 @@ enum Op {
     Free(usize),
     Promote(Option<usize>),
     Trim,
+    SafePoint,
+    AutoPromote(AutoPromote),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -183,6 +189,13 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::Free),
         2 => proptest::option::of(1..4 * PAGE).prop_map(Op::Promote),
         1 => Just(Op::Trim),
+        1 => Just(Op::SafePoint),
+        1 => prop_oneof![
+            Just(AutoPromote::SafePoints),
+            Just(AutoPromote::Frees),
+            Just(AutoPromote::Off)
+        ]
+        .prop_map(Op::AutoPromote),
     ]
 }
 
@@ -192,7 +205,8 @@ proptest! {
     /// Any sequence of allocations, frees, promotions and trims on a pretend device: every
     /// live block keeps its bytes; the device's pages never pass its capacity; the spilled
     /// runs are the figures' spilled bytes; a promotion with room left moves every spilled
-    /// page it may.
+    /// page it may, at a safe point too (unless auto promotion is off), and frees in any
+    /// auto-promotion mode move pages without losing a byte.
     #[test]
     fn any_sequence_keeps_every_byte(ops in proptest::collection::vec(op(), 1..40)) {
         let (vm, mr) = spilling_pool(6, 10);
@@ -226,14 +240,155 @@ proptest! {
                 Op::Trim => {
                     mr.trim(0).unwrap();
                 }
+                Op::SafePoint => {
+                    let r = mr.promote_at_safe_point().unwrap();
+                    if mr.auto_promote() == AutoPromote::Off {
+                        prop_assert_eq!(r.promoted, 0);
+                    } else if mr.spilled_bytes() > 0 {
+                        prop_assert_eq!(device_pages(&vm), 6, "stopped with room left");
+                    }
+                }
+                Op::AutoPromote(when) => mr.set_auto_promote(when),
             }
             prop_assert!(device_pages(&vm) <= 6);
             let f = mr.spill_figures().unwrap();
             prop_assert_eq!(f.spilled, mr.spilled_bytes());
             prop_assert!(f.spilled + f.kept <= f.limit);
+            prop_assert!(f.made_ahead <= f.made);
             for (&ptr, &(bytes, s)) in &live {
                 prop_assert!(holds(ptr, bytes, s), "block at {:#x} lost its bytes", ptr);
             }
         }
     }
+}
+
+#[test]
+fn the_spill_window_opens_at_three_quarters_and_follows_the_spill() {
+    use crate::resource::host_pages::mapped::spill_window;
+    let total = 64 * PAGE;
+    assert_eq!(spill_window(total / 4 + 1, total, 0), None, "below the mark");
+    assert_eq!(spill_window(total / 4, total, 0), Some(total / 16));
+    assert_eq!(spill_window(0, total, 10 * PAGE), Some(5 * PAGE));
+}
+
+#[test]
+fn pages_are_made_ahead_past_the_mark_and_counted_apart() {
+    // A 16-page device: nothing made ahead below 12 pages used, a sixteenth (one page) from
+    // there, then half of what has spilled; within the limit.
+    let (vm, mr) = spilling_pool(16, 6);
+    let mut blocks = Vec::new();
+    while device_pages(&vm) < 12 {
+        let f = mr.spill_figures().unwrap();
+        assert_eq!((f.kept, f.made_ahead), (0, 0), "below the mark: {f:?}");
+        blocks.push(mr.allocate(PAGE, S).unwrap());
+    }
+    while mr.spilled_bytes() < 4 * PAGE {
+        blocks.push(mr.allocate(PAGE, S).unwrap());
+        let f = mr.spill_figures().unwrap();
+        assert!(f.spilled + f.kept <= f.limit, "{f:?}");
+        assert!(f.kept >= PAGE.min(f.limit - f.spilled), "a page kept ready: {f:?}");
+    }
+    let f = mr.spill_figures().unwrap();
+    assert!(f.made_ahead > 0 && f.made_ahead <= f.made, "{f:?}");
+    assert!(f.reused > 0, "spills took the pages made ahead: {f:?}");
+    for b in blocks {
+        free_on(&mr, b, PAGE, S).unwrap();
+    }
+}
+
+#[test]
+fn spilled_pages_move_back_at_frees_only_where_asked_and_at_safe_points_by_default() {
+    for when in [AutoPromote::SafePoints, AutoPromote::Frees, AutoPromote::Off] {
+        let (vm, mr) = spilling_pool(4, 8);
+        mr.set_auto_promote(when);
+        assert_eq!(mr.auto_promote(), when);
+        let blocks: Vec<usize> = (0..6).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
+        for (i, &b) in blocks.iter().enumerate() {
+            fill(b, PAGE, 3 + i as u8);
+        }
+        assert_eq!(mr.spilled_bytes(), 2 * PAGE);
+        for &b in &blocks[..2] {
+            free_on(&mr, b, PAGE, S).unwrap();
+        }
+        let after_frees = mr.spilled_bytes();
+        let at_rest = mr.promote_at_safe_point().unwrap();
+        match when {
+            AutoPromote::Frees => {
+                assert_eq!(after_frees, 0, "the frees made room: moved back");
+                assert_eq!(at_rest.promoted, 0);
+            }
+            AutoPromote::SafePoints => {
+                assert_eq!(after_frees, 2 * PAGE, "no move at a free");
+                assert_eq!((at_rest.promoted, at_rest.spilled), (2 * PAGE, 0));
+            }
+            AutoPromote::Off => {
+                assert_eq!(after_frees, 2 * PAGE);
+                assert_eq!((at_rest.promoted, mr.spilled_bytes()), (0, 2 * PAGE));
+            }
+        }
+        assert!(device_pages(&vm) <= 4);
+        for (i, &b) in blocks.iter().enumerate().skip(2) {
+            assert!(holds(b, PAGE, 3 + i as u8), "{when:?}: block {i} kept its bytes");
+        }
+    }
+    assert_eq!("frees".parse::<AutoPromote>().unwrap(), AutoPromote::Frees);
+    let e = "always".parse::<AutoPromote>().unwrap_err().to_string();
+    assert!(e.contains("auto_promote") && e.contains("safe_points"), "{e}");
+}
+
+#[test]
+fn a_wake_is_a_safe_point_that_moves_spilled_pages_back() {
+    let (_, mr) = spilling_pool(4, 8);
+    let blocks: Vec<usize> = (0..6).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
+    for (i, &b) in blocks.iter().enumerate() {
+        fill(b, PAGE, 50 + i as u8);
+    }
+    for &b in &blocks[..2] {
+        free_on(&mr, b, PAGE, S).unwrap();
+    }
+    assert_eq!(mr.spilled_bytes(), 2 * PAGE, "no move at a free by default");
+    mr.offload_with(crate::suballocator::DiscardFill::Undefined)
+        .unwrap();
+    mr.restore().unwrap();
+    assert_eq!(mr.spilled_bytes(), 0, "the wake found room and moved them back");
+    for (i, &b) in blocks.iter().enumerate().skip(2) {
+        assert!(holds(b, PAGE, 50 + i as u8), "block {i}");
+    }
+}
+
+#[test]
+fn a_reader_in_flight_never_sees_a_page_move_under_it_without_a_safe_point() {
+    // A kernel's stand-in: a thread reading a spilled block over and over while the main thread
+    // frees and allocates (the default: moves only at safe points). The spilled runs it reads
+    // stay where they are until it has stopped and the main thread declares a safe point.
+    let (_, mr) = spilling_pool(4, 8);
+    let blocks: Vec<usize> = (0..6).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
+    for (i, &b) in blocks.iter().enumerate() {
+        fill(b, PAGE, 70 + i as u8);
+    }
+    let runs = mr.inner.vm.spilled_runs();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
+                assert!(holds(blocks[5], PAGE, 75));
+                assert_eq!(mr.inner.vm.spilled_runs(), runs, "a page moved under a reader");
+                reads += 1;
+            }
+            reads
+        });
+        for round in 0..20 {
+            free_on(&mr, blocks[round % 2], PAGE, S).unwrap();
+            let again = mr.allocate(PAGE, S).unwrap();
+            assert_eq!(again, blocks[round % 2]);
+            fill(again, PAGE, 70 + (round % 2) as u8);
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(reader.join().unwrap() > 0);
+    });
+    free_on(&mr, blocks[0], PAGE, S).unwrap();
+    let r = mr.promote_at_safe_point().unwrap();
+    assert_eq!(r.promoted, PAGE, "at the safe point, after the reader stopped");
+    assert!(holds(blocks[5], PAGE, 75) && holds(blocks[4], PAGE, 74));
 }
