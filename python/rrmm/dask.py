@@ -584,7 +584,7 @@ class RRMMSetup(WorkerPlugin):
             if not self._running and _state.resource is not None:
                 try:
                     _state.resource.at_rest()
-                except Exception as e:  # the data stays on the host; the worker runs on
+                except Exception as e:  # noqa: BLE001 (the data stays on the host; the worker runs on)
                     _log.warning("rrmm: moving spilled data back between tasks failed: %s", e)
 
     def stack_options(self) -> tuple[str, dict[str, Any]]:
