@@ -21,6 +21,7 @@ MiB = 1 << 20
 ON_SIMULATED = {
     "pool": ["PoolMemoryResource", "SimulatedMemoryResource"],
     "expandable": ["ExpandableMemoryResource"],
+    "any_size": ["ExpandableMemoryResource"],
     "binning": ["BinningMemoryResource", "PoolMemoryResource", "SimulatedMemoryResource"],
     "arena": ["ArenaMemoryResource", "SimulatedMemoryResource"],
     "fixed_size": ["FixedSizeMemoryResource", "SimulatedMemoryResource"],
@@ -38,6 +39,7 @@ ON_SIMULATED = {
 ON_DEVICE = {
     "pool": ["PoolMemoryResource", "CudaMemoryResource"],
     "expandable": ["ExpandableMemoryResource"],
+    "any_size": ["ExpandableMemoryResource"],
     "binning": ["BinningMemoryResource", "PoolMemoryResource", "CudaMemoryResource"],
     "arena": ["ArenaMemoryResource", "CudaMemoryResource"],
     "fixed_size": ["FixedSizeMemoryResource", "CudaMemoryResource"],
