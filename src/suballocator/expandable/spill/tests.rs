@@ -266,7 +266,11 @@ proptest! {
 fn the_spill_window_opens_at_three_quarters_and_follows_the_spill() {
     use crate::resource::host_pages::mapped::spill_window;
     let total = 64 * PAGE;
-    assert_eq!(spill_window(total / 4 + 1, total, 0), None, "below the mark");
+    assert_eq!(
+        spill_window(total / 4 + 1, total, 0),
+        None,
+        "below the mark"
+    );
     assert_eq!(spill_window(total / 4, total, 0), Some(total / 16));
     assert_eq!(spill_window(0, total, 10 * PAGE), Some(5 * PAGE));
 }
@@ -286,7 +290,10 @@ fn pages_are_made_ahead_past_the_mark_and_counted_apart() {
         blocks.push(mr.allocate(PAGE, S).unwrap());
         let f = mr.spill_figures().unwrap();
         assert!(f.spilled + f.kept <= f.limit, "{f:?}");
-        assert!(f.kept >= PAGE.min(f.limit - f.spilled), "a page kept ready: {f:?}");
+        assert!(
+            f.kept >= PAGE.min(f.limit - f.spilled),
+            "a page kept ready: {f:?}"
+        );
     }
     let f = mr.spill_figures().unwrap();
     assert!(f.made_ahead > 0 && f.made_ahead <= f.made, "{f:?}");
@@ -298,7 +305,11 @@ fn pages_are_made_ahead_past_the_mark_and_counted_apart() {
 
 #[test]
 fn spilled_pages_move_back_at_frees_only_where_asked_and_at_safe_points_by_default() {
-    for when in [AutoPromote::SafePoints, AutoPromote::Frees, AutoPromote::Off] {
+    for when in [
+        AutoPromote::SafePoints,
+        AutoPromote::Frees,
+        AutoPromote::Off,
+    ] {
         let (vm, mr) = spilling_pool(4, 8);
         mr.set_auto_promote(when);
         assert_eq!(mr.auto_promote(), when);
@@ -328,12 +339,18 @@ fn spilled_pages_move_back_at_frees_only_where_asked_and_at_safe_points_by_defau
         }
         assert!(device_pages(&vm) <= 4);
         for (i, &b) in blocks.iter().enumerate().skip(2) {
-            assert!(holds(b, PAGE, 3 + i as u8), "{when:?}: block {i} kept its bytes");
+            assert!(
+                holds(b, PAGE, 3 + i as u8),
+                "{when:?}: block {i} kept its bytes"
+            );
         }
     }
     assert_eq!("frees".parse::<AutoPromote>().unwrap(), AutoPromote::Frees);
     let e = "always".parse::<AutoPromote>().unwrap_err().to_string();
-    assert!(e.contains("auto_promote") && e.contains("safe_points"), "{e}");
+    assert!(
+        e.contains("auto_promote") && e.contains("safe_points"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -350,7 +367,11 @@ fn a_wake_is_a_safe_point_that_moves_spilled_pages_back() {
     mr.offload_with(crate::suballocator::DiscardFill::Undefined)
         .unwrap();
     mr.restore().unwrap();
-    assert_eq!(mr.spilled_bytes(), 0, "the wake found room and moved them back");
+    assert_eq!(
+        mr.spilled_bytes(),
+        0,
+        "the wake found room and moved them back"
+    );
     for (i, &b) in blocks.iter().enumerate().skip(2) {
         assert!(holds(b, PAGE, 50 + i as u8), "block {i}");
     }
@@ -373,7 +394,11 @@ fn a_reader_in_flight_never_sees_a_page_move_under_it_without_a_safe_point() {
             let mut reads = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
                 assert!(holds(blocks[5], PAGE, 75));
-                assert_eq!(mr.inner.vm.spilled_runs(), runs, "a page moved under a reader");
+                assert_eq!(
+                    mr.inner.vm.spilled_runs(),
+                    runs,
+                    "a page moved under a reader"
+                );
                 reads += 1;
             }
             reads
@@ -389,6 +414,9 @@ fn a_reader_in_flight_never_sees_a_page_move_under_it_without_a_safe_point() {
     });
     free_on(&mr, blocks[0], PAGE, S).unwrap();
     let r = mr.promote_at_safe_point().unwrap();
-    assert_eq!(r.promoted, PAGE, "at the safe point, after the reader stopped");
+    assert_eq!(
+        r.promoted, PAGE,
+        "at the safe point, after the reader stopped"
+    );
     assert!(holds(blocks[5], PAGE, 75) && holds(blocks[4], PAGE, 74));
 }
