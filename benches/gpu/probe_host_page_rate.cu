@@ -9,7 +9,7 @@
 //   hostalloc cuMemHostAlloc (the driver makes, touches and pins)
 //
 //   nvcc -O2 -arch=sm_90 -o /tmp/rate benches/gpu/probe_host_page_rate.cu -lcuda -lpthread
-//   /tmp/rate [GiB per case = 8] [host: only the touch, register and hostalloc ways]
+//   /tmp/rate [GiB per case = 8] [host: only the touch, register and hostalloc ways | device: device pages by call size and threads]
 //
 // One JSON line per case: {"way", "chunk_mib", "threads", "numa", "busy_gpu", "gib", "s",
 // "gbps"}. Every case gives its memory back before the next; the cases run in the order printed
@@ -79,11 +79,12 @@ static double parallel(size_t n, int threads, F f) {
   return now() - t0;
 }
 
+// numa -2: device memory (the pool's own pages while the device has room), for comparison.
 static void vmm_case(size_t bytes, size_t chunk, int threads, int numa, bool busy) {
   CUmemAllocationProp host{};
   host.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  host.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-  host.location.id = numa;
+  host.location.type = numa == -2 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  host.location.id = numa == -2 ? 0 : numa;
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = 0;
@@ -103,7 +104,7 @@ static void vmm_case(size_t bytes, size_t chunk, int threads, int numa, bool bus
     CK(cuMemMap(base + i * chunk, chunk, 0, h[i], 0));
     CK(cuMemSetAccess(base + i * chunk, chunk, &access, 1));
   });
-  report("vmm", chunk, threads, numa, busy, bytes, s);
+  report(numa == -2 ? "vmm_device" : "vmm", chunk, threads, numa, busy, bytes, s);
   if (busy) {
     cudaDeviceSynchronize();
     cudaFree(work);
@@ -156,6 +157,12 @@ int main(int argc, char** argv) {
   if (numa < 0) numa = 0;
   const size_t M = 1 << 20;
   bool only_host = argc > 2 && std::strcmp(argv[2], "host") == 0;
+  if (argc > 2 && std::strcmp(argv[2], "device") == 0) {
+    // Device pages: does a larger call or more threads make them faster?
+    for (size_t chunk : {2 * M, 32 * M, 128 * M, 512 * M, 2048 * M})
+      for (int t : {1, 4}) vmm_case(bytes, chunk, t, -2, false);
+    return 0;
+  }
   if (!only_host) {
   // The first case makes pages the host has never made (first touch of a fresh machine).
   vmm_case(bytes, 512 * M, 1, numa, false);
