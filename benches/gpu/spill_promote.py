@@ -157,11 +157,12 @@ def run_case(name: str, f: float) -> dict[str, Any]:
     # Hot reuse: free the first arrays until at most 70% of the device stays live.
     keep = max(1, int(0.7 * total) // ARRAY)
     first = n - keep
+    scale.sync()
+    t0 = time.perf_counter()  # the frees are timed too (auto_promote="frees" moves data there)
     del arrays[:first]
     row["hot_arrays"] = len(arrays)
     row["hot_bytes"] = len(arrays) * ARRAY
     scale.sync()
-    t0 = time.perf_counter()
     if pool is not None:
         row["spilled_hot"] = pool.spill_figures()["spilled"]
         if name == "any_size_at_rest" or name.startswith("any_size_p"):

@@ -1041,16 +1041,21 @@ impl<F: FreeList> StreamOrderedCore<F> {
         self.release_locked(sh, 0, keep)
     }
 
-    /// Synchronizes, merges and trims every free page (as `release(0)` for a policy that
-    /// trims, chunks kept), then runs `work` while still holding the shared state, so that no
+    /// Synchronizes, merges and trims free pages until at most `keep()` bytes stay mapped
+    /// (read once synchronized; `0`: every free page, as `release(0)` for a policy that trims,
+    /// chunks kept), then runs `work` while still holding the shared state, so that no
     /// block is carved from the merged free lists meanwhile; returns the bytes trimmed and what
     /// `work` returned. For moves of the pool's pages (promotion) that must not race a block
     /// being handed out on them.
-    pub(crate) fn trim_then<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<(usize, T)> {
+    pub(crate) fn trim_then<T>(
+        &self,
+        keep: impl FnOnce() -> usize,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<(usize, T)> {
         let mut sh = self.lock_shared()?;
         self.synchronize_and_merge(&mut sh, true)?;
         sh.settled = None;
-        let trimmed = self.trim_fresh(&mut sh, 0)?;
+        let trimmed = self.trim_fresh(&mut sh, keep())?;
         let out = work()?;
         drop(sh);
         Ok((trimmed, out))
