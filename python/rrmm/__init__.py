@@ -10,6 +10,8 @@ one that runs anywhere) and in docs/api.md:
 - sleep and wake, every address kept: ``rrmm.sleep()``, ``offload()``/``restore()`` of an
   ``rrmm.mr.ExpandableMemoryResource``;
 - spill to host and promotion: ``ExpandableMemoryResource(spill_to_host=...)``, ``promote()``;
+  data of any size with no size to give: ``rrmm.reinitialize(pool_allocator="any_size")``,
+  spilled data moved back at safe points (``rrmm.at_rest()``);
 - one GPU, many processes: ``rrmm.shared_gpu`` (a ledger; ``RRMM_SHARE_GPU=1``), and without a
   GPU ``rrmm.mr.SimulatedMemoryResource(size, shared="name")``, one device several processes
   share;
