@@ -27,7 +27,7 @@ def at_rest(mr: DeviceMemoryResource | None = None) -> PromoteReport:
     (``rrmm.shared_gpu.declare_busy``) and, in Dask workers set up by ``rrmm.dask.RRMMSetup``,
     whenever no task runs. Returns the promotion's report."""
     target = get_current_device_resource() if mr is None else mr
-    report: PromoteReport = target.at_rest()  # type: ignore[assignment]
+    report: PromoteReport = target.at_rest()
     return report
 
 
