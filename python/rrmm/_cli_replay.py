@@ -54,8 +54,8 @@ SOURCE_RESOURCES = ("cuda", "cuda_async", "pinned")
 HOST_RESOURCES = ("pinned", "pinned_pool", "pinned_expandable")
 
 #: The kinds with a pool, which read --initial-pool-size and --maximum-pool-size.
-POOL_RESOURCES = ("pool", "expandable", "binning", "managed_pool", "fallback", "tiered",
-                  "pinned_pool", "pinned_expandable")
+POOL_RESOURCES = ("pool", "expandable", "binning", "managed_pool", "fallback", "any_size",
+                  "tiered", "pinned_pool", "pinned_expandable")
 
 #: Each resource option (its name in the parsed arguments) and the resources whose setup reads
 #: it (``rrmm::stack::kinds``: each kind's plan). An option that none of the resources replayed

@@ -182,7 +182,7 @@ def test_compare_all_and_json_of_several_logs(capsys, tmp_path, small_log):
     # Every kind replay builds (issue 39: tiered and the pinned kinds were left out); the
     # source resources (cuda, cuda_async, pinned) are the one simulated row.
     names = ["pool", "expandable", "binning", "arena", "fixed_size", "managed", "managed_pool",
-             "fallback", "tiered", "pinned_pool", "pinned_expandable", "simulated"]
+             "fallback", "any_size", "tiered", "pinned_pool", "pinned_expandable", "simulated"]
     assert pairs == [(small_log, n) for n in names] + [(str(other), n) for n in names]
     assert all(r["peak_bytes_in_use"] == 100 for r in doc["reports"][len(names) :])
 
