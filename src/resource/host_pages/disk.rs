@@ -684,3 +684,133 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// The disk backup's rates against the disk's own, on the pretend device (a `memcpy` link):
+/// `cargo test --lib disk_backup_rates -- --ignored --nocapture`, with `RRMM_DISK_BENCH_DIR`
+/// (default the temp dir), `RRMM_DISK_BENCH_GIB` (4), `RRMM_DISK_BENCH_CHUNK_MB` (256) and
+/// `RRMM_DISK_BENCH_REPEATS` (3). The disk's own: the benches' probe (64 MiB buffered writes
+/// and `fsync`; its pages dropped, 64 MiB buffered reads) and `O_DIRECT` writes and reads of a
+/// chunk at a time (queue depth of one call). The backup streams as a sleep and a wake do: in
+/// calls of 1 GiB (a device's map chunk), over files of 1 GiB.
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::resource::HostVirtualMemory;
+    use std::time::Instant;
+
+    const GIB: usize = 1 << 30;
+
+    fn env(name: &str, default: usize) -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    fn gbps(bytes: usize, t: Instant) -> f64 {
+        bytes as f64 / t.elapsed().as_secs_f64() / 1e9
+    }
+
+    /// The disk's own write and read rates for `bytes` in pieces of `piece` from `buf`
+    /// (page-aligned), buffered (synced; read with its pages dropped) or `O_DIRECT`.
+    fn probe(dir: &Path, buf: &mut [u8], bytes: usize, piece: usize, direct: bool) -> (f64, f64) {
+        let path = dir.join("rrmm-probe.bin");
+        let flags = if direct { libc::O_DIRECT } else { 0 };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(flags)
+            .open(&path)
+            .unwrap();
+        let t = Instant::now();
+        for off in (0..bytes).step_by(piece) {
+            file.write_all_at(&buf[..piece], off as u64).unwrap();
+        }
+        file.sync_data().unwrap();
+        let write = gbps(bytes, t);
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+        let t = Instant::now();
+        for off in (0..bytes).step_by(piece) {
+            file.read_exact_at(&mut buf[..piece], off as u64).unwrap();
+        }
+        let read = gbps(bytes, t);
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+        (write, read)
+    }
+
+    #[test]
+    #[ignore = "a benchmark: minutes of disk traffic"]
+    fn disk_backup_rates() {
+        let dir = std::env::var_os("RRMM_DISK_BENCH_DIR")
+            .map_or_else(std::env::temp_dir, PathBuf::from)
+            .join(format!("rrmm-disk-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bytes = env("RRMM_DISK_BENCH_GIB", 4) * GIB;
+        let chunk = env("RRMM_DISK_BENCH_CHUNK_MB", 256) << 20;
+        let repeats = env("RRMM_DISK_BENCH_REPEATS", 3);
+        let vm = HostVirtualMemory::new(bytes, Some(GIB), false, None).unwrap();
+        let base = vm.base();
+        vm.map(base, bytes).unwrap();
+        // SAFETY: mapped pages of the reservation, used only here.
+        let dev = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, bytes) };
+        for (i, w) in dev.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+        }
+        let want = dev.to_vec();
+        let target = DiskTarget::new(&dir, Some(chunk)).unwrap();
+        let supply: &'static HostPageSupply = Box::leak(Box::default());
+        let files = vec![GIB; bytes / GIB];
+        println!(
+            "disk backup bench: {} GiB to {} in {} MiB chunks",
+            bytes / GIB,
+            dir.display(),
+            chunk >> 20
+        );
+        for r in 0..repeats {
+            let probe_buffered = probe(&dir, &mut dev[..GIB], bytes, 64 << 20, false);
+            dev[..GIB].copy_from_slice(&want[..GIB]);
+            let probe_direct = probe(&dir, &mut dev[..GIB], bytes, chunk, true);
+            dev[..GIB].copy_from_slice(&want[..GIB]);
+            let t = Instant::now();
+            let copy =
+                DiskCopy::create(&target, supply, PageSpec::plain(), "bench", &files).unwrap();
+            for off in (0..bytes).step_by(GIB) {
+                let n = GIB.min(bytes - off);
+                // SAFETY: mapped pages nothing else uses.
+                unsafe { copy.stream(&vm, Toward::Copy, base + off, off, n) }.unwrap();
+            }
+            copy.finish(true).unwrap();
+            let pause = gbps(bytes, t);
+            dev.fill(0);
+            let t = Instant::now();
+            copy.check().unwrap();
+            for off in (0..bytes).step_by(GIB) {
+                let n = GIB.min(bytes - off);
+                // SAFETY: as above.
+                unsafe { copy.stream(&vm, Toward::Device, base + off, off, n) }.unwrap();
+            }
+            copy.finish(false).unwrap();
+            vm.wait_copies().unwrap();
+            let wake = gbps(bytes, t);
+            assert!(dev == want.as_slice(), "every byte back");
+            drop(copy);
+            println!(
+                "repeat {r}: probe buffered write {:.2} read {:.2} | probe direct write {:.2} \
+                 read {:.2} | backup pause {pause:.2} ({:.0}% / {:.0}%) wake {wake:.2} \
+                 ({:.0}% / {:.0}%) GB/s",
+                probe_buffered.0,
+                probe_buffered.1,
+                probe_direct.0,
+                probe_direct.1,
+                100.0 * pause / probe_buffered.0,
+                100.0 * pause / probe_direct.0,
+                100.0 * wake / probe_buffered.1,
+                100.0 * wake / probe_direct.1,
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
