@@ -157,7 +157,7 @@ struct BackupFile {
 struct OpenFile {
     buffered: File,
     direct: Option<File>,
-    /// A direct call was refused (`EINVAL`): the rest goes buffered.
+    /// A direct call was refused (see [`OpenFile::direct_calls`]): the rest goes buffered.
     refused: AtomicBool,
 }
 
@@ -186,9 +186,9 @@ impl OpenFile {
 
     /// Runs `call` (a direct read or write at a file offset) over `buf`'s bytes `from .. to`
     /// at file offset `off + from` until it has moved them all, and returns how far it got:
-    /// short of `to` when the file system refused (`EINVAL`: the rest goes buffered from
-    /// then on) or a call moved nothing or an unaligned count (the buffered calls that move
-    /// the rest report what is wrong).
+    /// short of `to` when the call was refused (`EINVAL`, `EFAULT` for memory a direct call
+    /// cannot pin, `EOPNOTSUPP`: the rest goes buffered from then on) or a call moved nothing
+    /// or an unaligned count (the buffered calls that move the rest report what is wrong).
     fn direct_calls(
         &self,
         (from, to): (usize, usize),
@@ -210,7 +210,14 @@ impl OpenFile {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Refused for this file, memory or offset (not a failure of the disk): the
+                // buffered calls take the rest, and report it if they fail too.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EFAULT | libc::EOPNOTSUPP)
+                    ) =>
+                {
                     self.refused.store(true, Relaxed);
                     break;
                 }
@@ -1224,6 +1231,69 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let target = DiskTarget::new(&dir, Some(3 * 4096 + 5)).unwrap();
         round_trip(&target, &[PAGE + 3, 4096, 77], &[5000, PAGE]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_refused_direct_call_sends_the_rest_buffered_and_other_errors_are_reported() {
+        let dir = temp_dir("refused-direct");
+        let path = dir.join("f.bin");
+        let a = 4096;
+        std::fs::write(&path, vec![0u8; 3 * a]).unwrap();
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let file = || OpenFile {
+            buffered: open(),
+            direct: Some(open()),
+            refused: AtomicBool::new(false),
+        };
+        let errno = |e: i32| std::io::Error::from_raw_os_error(e);
+        // A block moves, then the file system refuses: the rest goes buffered from then on.
+        let f = file();
+        let mut calls = 0;
+        let done = f
+            .direct_calls((0, 3 * a), 0, a, |_, _, _, _| {
+                calls += 1;
+                if calls == 1 {
+                    Ok(a)
+                } else {
+                    Err(errno(libc::EINVAL))
+                }
+            })
+            .unwrap();
+        assert_eq!((done, f.refused.load(Relaxed)), (a, true));
+        assert_eq!(
+            f.direct_part(0, 0, 3 * a, Some(a)),
+            (0, 0),
+            "no direct call more"
+        );
+        let bytes: Vec<u8> = (0..3 * a).map(|i| (i % 253) as u8).collect();
+        f.write_all_at(&bytes, 0, Some(a)).unwrap();
+        assert!(std::fs::read(&path).unwrap() == bytes);
+        let mut back = vec![0u8; 3 * a - 10];
+        f.read_exact_at(&mut back, 10, Some(a)).unwrap();
+        assert!(back == bytes[10..]);
+        // A failure of the disk is reported; a short unaligned count leaves the rest buffered.
+        let f = file();
+        let e = f
+            .direct_calls((0, a), 0, a, |_, _, _, _| Err(errno(libc::EIO)))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert!(!f.refused.load(Relaxed));
+        let done = f
+            .direct_calls((0, 2 * a), 0, a, |_, _, _, _| Ok(100))
+            .unwrap();
+        assert_eq!(done, 100);
+        // Heads and tails: the aligned middle only, and only from aligned memory (the ring
+        // holds a chunk at its file offset's remainder).
+        assert_eq!(f.direct_part(100, 100, 3 * a, Some(a)), (a - 100, 2 * a));
+        assert_eq!(f.direct_part(0, 100, 3 * a, Some(a)), (0, 0));
+        assert_eq!(f.direct_part(0, 0, a - 1, Some(a)), (0, 0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
