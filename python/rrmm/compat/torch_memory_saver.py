@@ -188,8 +188,8 @@ class TorchMemorySaver:
         kind = self._kinds.get(name, _NONE)
         if kind in (_MMAP, _DISK):
             # Reclaimable (mmap): pages made at the pause and given back at the resume, none
-            # held ahead while the region is awake. A disk backup writes through two small
-            # staging ranges: pinned pages made ahead for it would only be held.
+            # held ahead while the region is awake. A disk backup writes through one small
+            # staging range (two chunks): pinned pages made ahead for it would only be held.
             pool.keep_sleep_ready(False)
         if kind in (_PINNED, _MMAP):
             pool.set_pageable_host_copy(kind == _MMAP)

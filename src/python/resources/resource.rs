@@ -114,7 +114,8 @@ impl DeviceMemoryResource {
     /// `discard_fill`: what discarded allocations hold after `restore()`, "undefined" or
     /// "zero". `to_disk`: a directory (it must exist) to write the kept bytes to, one file per
     /// live block, instead of host memory, streamed through two chunks of `disk_chunk_bytes`
-    /// (default 64 MiB) of pinned memory; the files are removed at `restore()`. Returns what it
+    /// (default 64 MiB) of pinned memory (`O_DIRECT` where the file system takes it); the
+    /// files are removed at `restore()`. Returns what it
     /// released and copied. `RuntimeError` without an expandable pool under it, or when asleep
     /// already; `MemoryError` without room on the host (or the disk); `ValueError` for a missing
     /// or unwritable directory. A refused offload changes nothing.
