@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rrmm
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from rrmm import _rrmm, mr
 from rrmm.pylibrmm.device_buffer import copy_device_to_ptr, copy_host_to_ptr, copy_ptr_to_host
@@ -296,6 +296,8 @@ def test_a_free_that_raises_when_a_cycle_is_collected_is_reported_with_its_funct
 
 @pytest.mark.usefixtures("earlier_garbage_collected")
 @given(shapes=st.lists(st.sampled_from(CYCLE_SHAPES), min_size=1, max_size=4))
+# Each example collects the worker's whole heap (0.1 s): a third of the budget covers the lists.
+@settings(max_examples=max(10, settings.default.max_examples // 3))
 def test_cycles_through_callbacks_are_collected_and_their_memory_given_back(
     shapes: list[str],
 ) -> None:
