@@ -563,13 +563,22 @@ impl ExpandableMemoryResource {
         let users = gate.cause() == Some(SleepCause::User);
         self.wake_locked(&mut state)?;
         drop(state);
+        self.after_wake(users, true);
+        Ok(())
+    }
+
+    /// After a wake: the user's watcher hears of it where the pool slept for its user, and
+    /// where the wake was the user's call (a restore, a wake of any cause or the user's: no
+    /// work runs on the pool's memory until it returns) it is a safe point for the spilled
+    /// pages ([`promote_at_safe_point`](Self::promote_at_safe_point); a promotion that fails
+    /// leaves them on the host). A wake for use (an allocation) is not.
+    fn after_wake(&self, users: bool, safe_point: bool) {
         if users {
             self.tell(BackingChange::Wake);
         }
-        // A wake is a safe point: nothing runs on the pool's memory until it returns. A
-        // promotion that fails leaves the spilled bytes on the host, where they were.
-        let _ = self.promote_at_safe_point();
-        Ok(())
+        if safe_point {
+            let _ = self.promote_at_safe_point();
+        }
     }
 
     /// Wakes the pool where it sleeps for `cause` (any cause: `None`), after the transition in
@@ -593,14 +602,14 @@ impl ExpandableMemoryResource {
         }
         let mut state = gate.hold();
         let mut users = false;
+        let mut woke = false;
         if state.is_some() && mine(gate.cause()) {
             users = gate.cause() == Some(SleepCause::User);
             self.wake_locked(&mut state)?;
+            woke = true;
         }
         drop(state);
-        if users {
-            self.tell(BackingChange::Wake);
-        }
+        self.after_wake(users, woke && cause != Some(SleepCause::Ledger));
         Ok(!gate.asleep())
     }
 

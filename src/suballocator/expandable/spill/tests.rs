@@ -378,6 +378,38 @@ fn a_wake_is_a_safe_point_that_moves_spilled_pages_back() {
 }
 
 #[test]
+fn a_users_wake_of_any_kind_is_a_safe_point_and_a_wake_for_use_is_not() {
+    use crate::resource::sleep::{SleepCause, SleepPlan};
+    // The stacks' restore wakes with no cause (rrmm.sleep()'s end, restore() of any
+    // resource); an allocation wakes a ledger sleep for use, with kernels maybe in flight.
+    for (cause, plan, moves) in [
+        (None, SleepPlan::default(), true),
+        (Some(SleepCause::User), SleepPlan::default(), true),
+        (
+            Some(SleepCause::Ledger),
+            SleepPlan::for_ledger(Arc::new(|| true)),
+            false,
+        ),
+    ] {
+        let (_, mr) = spilling_pool(4, 8);
+        let blocks: Vec<usize> = (0..6).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
+        for (i, &b) in blocks.iter().enumerate() {
+            fill(b, PAGE, 90 + i as u8);
+        }
+        for &b in &blocks[..2] {
+            free_on(&mr, b, PAGE, S).unwrap();
+        }
+        mr.offload_plan(&plan).unwrap();
+        assert!(mr.wake(cause).unwrap(), "{cause:?}");
+        let expected = if moves { 0 } else { 2 * PAGE };
+        assert_eq!(mr.spilled_bytes(), expected, "{cause:?}");
+        for (i, &b) in blocks.iter().enumerate().skip(2) {
+            assert!(holds(b, PAGE, 90 + i as u8), "{cause:?}: block {i}");
+        }
+    }
+}
+
+#[test]
 fn a_reader_in_flight_never_sees_a_page_move_under_it_without_a_safe_point() {
     // A kernel's stand-in: a thread reading a spilled block over and over while the main thread
     // frees and allocates (the default: moves only at safe points). The spilled runs it reads
