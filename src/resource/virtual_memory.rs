@@ -319,13 +319,16 @@ impl VirtualMemory for CudaVirtualMemory {
             }
             (_, done) => done,
         };
-        // Past the mark, the host pages of the next spills are made in the background.
-        if let (Some(keep), Some((free, total))) = (&self.spill, self.memory_info()) {
-            let spilled = keep.figures().spilled;
-            if let Some(window) =
-                crate::resource::host_pages::mapped::spill_window(free, total, spilled)
-            {
-                keep.keep_ahead(window);
+        // Past the mark, the host pages of the next spills are made in the background (a pool
+        // that never spills asks the driver nothing more).
+        if let Some(keep) = &self.spill {
+            if let Some((free, total)) = self.memory_info() {
+                let spilled = keep.figures().spilled;
+                if let Some(window) =
+                    crate::resource::host_pages::mapped::spill_window(free, total, spilled)
+                {
+                    keep.keep_ahead(window);
+                }
             }
         }
         mapped

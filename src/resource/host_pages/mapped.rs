@@ -75,6 +75,13 @@ impl KeepState {
     fn held(&self, page_size: usize) -> usize {
         self.figures.spilled + self.figures.kept + self.making * page_size
     }
+
+    /// A page just made, kept free for the next spill and counted as made.
+    fn keep_made(&mut self, page: PhysicalMemory) {
+        self.figures.kept += page.size();
+        self.figures.made += page.size() as u64;
+        self.free.push(page);
+    }
 }
 
 impl HostPageKeep {
@@ -148,9 +155,7 @@ impl HostPageKeep {
                         state.making -= 1;
                         match page {
                             Ok(page) => {
-                                state.free.push(page);
-                                state.figures.kept += self.page_size;
-                                state.figures.made += self.page_size as u64;
+                                state.keep_made(page);
                                 made.fetch_add(
                                     self.page_size,
                                     std::sync::atomic::Ordering::Relaxed,
@@ -220,16 +225,13 @@ impl HostPageKeep {
             }
             state.making += 1;
         }
-        let page = crate::os::host_pages::check_host_room(self.page_size, true)
-            .and_then(|()| PhysicalMemory::new_on_host(self.ordinal, self.page_size));
+        let page = self.make_page();
         let mut state = self.state.lock();
         state.making -= 1;
         match page {
             Ok(page) => {
-                state.free.push(page);
-                state.figures.kept += self.page_size;
-                state.figures.made += self.page_size as u64;
-                state.figures.made_ahead += self.page_size as u64;
+                state.figures.made_ahead += page.size() as u64;
+                state.keep_made(page);
                 true
             }
             Err(_) => {
@@ -239,6 +241,12 @@ impl HostPageKeep {
                 false
             }
         }
+    }
+
+    /// One host page, once the host's room is checked.
+    fn make_page(&self) -> Result<PhysicalMemory> {
+        crate::os::host_pages::check_host_room(self.page_size, true)
+            .and_then(|()| PhysicalMemory::new_on_host(self.ordinal, self.page_size))
     }
 
     /// Gives kept pages back to the OS until at most `keep` bytes stay kept; returns the bytes
@@ -277,8 +285,7 @@ impl HostPageSource for HostPageKeep {
             }
             state.making += 1;
         }
-        let page = crate::os::host_pages::check_host_room(self.page_size, true)
-            .and_then(|()| PhysicalMemory::new_on_host(self.ordinal, self.page_size));
+        let page = self.make_page();
         let mut state = self.state.lock();
         state.making -= 1;
         if page.is_ok() {
