@@ -448,6 +448,29 @@ fn spawn_io<'scope, 'env>(
     }
 }
 
+/// Runs `copy` on this thread beside `threads` I/O threads serving `lanes` with `run`, then
+/// closes the lanes and waits for the I/O threads. A failure of `copy`, or no I/O thread
+/// started, stops the lanes (their end reports it).
+fn beside_io(
+    lanes: &Lanes,
+    threads: usize,
+    run: &(dyn Fn(&mut Job) -> Result<()> + Sync),
+    copy: impl FnOnce() -> Result<()>,
+) {
+    std::thread::scope(|s| {
+        let copied = match spawn_io(s, lanes, threads, run) {
+            Ok(_) => copy(),
+            Err(e) => Err(Error::Logic(format!(
+                "disk backup: starting a thread for the file calls: {e}"
+            ))),
+        };
+        if let Err(e) = copied {
+            lanes.fail(e);
+        }
+        lanes.close();
+    });
+}
+
 /// A sleep's bytes on disk: files of a [`DiskTarget`]'s directory holding the copy's bytes
 /// in offset order (one per kept live block). Removed when dropped.
 pub struct DiskCopy {
@@ -804,20 +827,9 @@ impl DiskCopy {
         lanes.state.lock().free = (0..ring).map(|k| (*next + k) % ring).collect();
         let open = &*open;
         let run = |job: &mut Job| self.write_job(open, addrs, job);
-        std::thread::scope(|s| {
-            let copied = match spawn_io(s, &lanes, self.threads.min(chunks.len()), &run) {
-                Ok(_) => {
-                    // SAFETY: the caller's precondition 1, passed on.
-                    unsafe { self.copy_out_chunks(&lanes, vm, chunks, addrs, fences, next) }
-                }
-                Err(e) => Err(Error::Logic(format!(
-                    "disk backup: starting a thread for the file calls: {e}"
-                ))),
-            };
-            if let Err(e) = copied {
-                lanes.fail(e);
-            }
-            lanes.close();
+        beside_io(&lanes, self.threads.min(chunks.len()), &run, || {
+            // SAFETY: the caller's precondition 1, passed on.
+            unsafe { self.copy_out_chunks(&lanes, vm, chunks, addrs, fences, next) }
         });
         lanes.end(fences)
     }
@@ -947,20 +959,9 @@ impl DiskCopy {
         lanes.state.lock().done = vec![false; chunks.len()];
         let open = &*open;
         let run = |job: &mut Job| self.read_job(open, addrs, job);
-        std::thread::scope(|s| {
-            let copied = match spawn_io(s, &lanes, self.threads.min(chunks.len()), &run) {
-                Ok(_) => {
-                    // SAFETY: the caller's precondition 1, passed on.
-                    unsafe { self.copy_in_chunks(&lanes, vm, chunks, addrs, fences, start) }
-                }
-                Err(e) => Err(Error::Logic(format!(
-                    "disk backup: starting a thread for the file calls: {e}"
-                ))),
-            };
-            if let Err(e) = copied {
-                lanes.fail(e);
-            }
-            lanes.close();
+        beside_io(&lanes, self.threads.min(chunks.len()), &run, || {
+            // SAFETY: the caller's precondition 1, passed on.
+            unsafe { self.copy_in_chunks(&lanes, vm, chunks, addrs, fences, start) }
         });
         *next = (start + chunks.len()) % ring;
         lanes.end(fences)
