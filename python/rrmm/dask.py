@@ -317,8 +317,9 @@ def _worker_name(worker: Any) -> str:
 
 
 class _IdleTimer:
-    """A worker's idle declarations (``idle_after``): the tasks running now and the pending
-    call that declares it idle. Transitions and the call run on the worker's event loop."""
+    """A worker's running tasks (their boundaries: spilled data moves back) and its idle
+    declarations (``idle_after``): the pending call that declares it idle. Transitions and the
+    call run on the worker's event loop."""
 
     delay: float | None
     mr: Any
@@ -399,20 +400,26 @@ class _IdleTimer:
         self._cancel()
         self._reset()
 
-    def transition(self, key: Any, start: str, finish: str) -> None:
-        if self.mr is None:
-            return
+    def transition(self, key: Any, start: str, finish: str) -> bool:
+        """Tracks the running tasks (with or without ``idle_after``); with it, busy as one
+        starts and idle ``delay`` after the last stops. Whether the last running task just
+        stopped (a task boundary)."""
         if finish in _RUNNING:
             self.running.add(key)
-            self._cancel()
-            if self.declared_idle:
-                self.declared_idle = False
-                if rrmm.shared_gpu.joined(self.mr):
-                    rrmm.shared_gpu.declare_busy(self.mr)
-        elif key in self.running and finish not in _STILL_RUNNING:
+            if self.mr is not None:
+                self._cancel()
+                if self.declared_idle:
+                    self.declared_idle = False
+                    if rrmm.shared_gpu.joined(self.mr):
+                        rrmm.shared_gpu.declare_busy(self.mr)
+            return False
+        if key in self.running and finish not in _STILL_RUNNING:
             self.running.discard(key)
             if not self.running:
-                self._schedule()
+                if self.mr is not None:
+                    self._schedule()
+                return True
+        return False
 
     def _schedule(self) -> None:
         self._cancel()
@@ -526,7 +533,6 @@ class RRMMSetup(WorkerPlugin):
         self.share_gpu = _share_gpu(share_gpu)
         self.idle_after = _idle_after(idle_after, self.share_gpu is not None)
         self._idle = _IdleTimer(self.idle_after)
-        self._running: set[Any] = set()
 
     def setup(self, worker: Any = None) -> None:
         """Builds the resource and makes it the current device's; adds the worker metrics."""
@@ -576,16 +582,11 @@ class RRMMSetup(WorkerPlugin):
         after the last one running stops, unless another starts meanwhile. Whenever no task
         runs (a task boundary: a safe point, ``rrmm.at_rest``), data that spilled to host pages
         moves back to the device where it has room."""
-        self._idle.transition(key, start, finish)
-        if finish in _RUNNING:
-            self._running.add(key)
-        elif key in self._running and finish not in _STILL_RUNNING:
-            self._running.discard(key)
-            if not self._running and _state.resource is not None:
-                try:
-                    _state.resource.at_rest()
-                except Exception as e:  # noqa: BLE001 (the data stays on the host; the worker runs on)
-                    _log.warning("rrmm: moving spilled data back between tasks failed: %s", e)
+        if self._idle.transition(key, start, finish) and _state.resource is not None:
+            try:
+                _state.resource.at_rest()
+            except Exception as e:  # noqa: BLE001 (the data stays on the host; the worker runs on)
+                _log.warning("rrmm: moving spilled data back between tasks failed: %s", e)
 
     def stack_options(self) -> tuple[str, dict[str, Any]]:
         """The stack kind and its options (``rrmm._stack.build``) for this worker: dask-cuda's
