@@ -397,6 +397,31 @@ class MoversMachine(RuleBasedStateMachine):
         assert not self.asleep(where)
         assert report["spilled"] == pool.spilled_bytes() <= before
 
+    @rule(where=st.sampled_from([OUTSIDE, *TAGS]),
+          when=st.sampled_from(["safe_points", "frees", "off"]))
+    def auto_promote(self, where: str, when: str) -> None:
+        """When spilled pages move back on their own: at safe points, also at frees (the
+        model's frees then promote, beside the reader's copies and the ledger's peer), or
+        never."""
+        if where == OUTSIDE or where in self.entered:
+            self.pool(where).auto_promote = when
+
+    @rule(where=st.sampled_from([OUTSIDE, *TAGS]))
+    def at_rest(self, where: str) -> None:
+        if where != OUTSIDE and where not in self.entered:
+            return
+        pool = self.pool(where)
+        before = pool.spilled_bytes()
+        try:
+            report = rrmm.at_rest(pool)
+        except MemoryError as e:
+            assert self.room_capped and "nothing was moved" in str(e), e
+            assert pool.spilled_bytes() == before, "a refused promotion moved nothing"
+            return
+        assert report["promoted"] <= before
+        if pool.auto_promote == "off":
+            assert report["promoted"] == 0
+
     @rule(where=st.sampled_from([OUTSIDE, *TAGS]))
     def trim(self, where: str) -> None:
         if where == OUTSIDE or where in self.entered:
