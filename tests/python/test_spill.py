@@ -304,8 +304,9 @@ def test_a_sleep_and_a_promotion_refused_for_host_room_change_nothing() -> None:
     did = pool.offload()
     assert did["copied_bytes"] == (DEVICE_PAGES - 3) * PAGE, did
     assert pool.mapped_bytes() == spilled
-    pool.restore()
-    assert pool.promote()["promoted"] == spilled
+    pool.restore()  # the user's wake is a safe point: the spilled pages move back there
+    assert pool.spilled_bytes() == 0
+    assert pool.spill_figures()["promoted"] == spilled
     for i, p in enumerate(ptrs[3:], start=3):
         assert np.array_equal(read(p, PAGE), pattern(PAGE, i)), i
         pool.deallocate(p, PAGE)
