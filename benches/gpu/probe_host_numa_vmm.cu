@@ -17,21 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    CUresult r_ = (x);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                              \
-      const char* s_ = nullptr;                                                            \
-      cuGetErrorString(r_, &s_);                                                           \
-      std::printf("{\"error\": \"%s\", \"call\": \"%s\", \"line\": %d}\n", s_ ? s_ : "?", #x, \
-                  __LINE__);                                                               \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
-
-static double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+#include "probe_common.h"
 
 __global__ void fill(unsigned long long* p, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -26,23 +26,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    CUresult r_ = (x);                                                                 \
-    if (r_ != CUDA_SUCCESS) {                                                          \
-      const char* s_ = nullptr;                                                        \
-      cuGetErrorString(r_, &s_);                                                       \
-      std::printf("{\"error\": \"%s\", \"call\": \"%s\", \"line\": %d}\n", s_ ? s_ : "?", \
-                  #x, __LINE__);                                                       \
-      std::fflush(stdout);                                                             \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-static double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+#include "probe_common.h"
 
 static CUcontext ctx;
 static CUdevice dev;

@@ -134,18 +134,33 @@ def run_case(name: str, f: float) -> dict[str, Any]:
     row: dict[str, Any] = {"setup": name, "f": f, "arrays": n, "bytes": n * ARRAY,
                            "device_bytes": total, **got}
     arrays = []
+    # W11_SPLIT=1: the fill's time split into the allocations (with what they queue: a managed
+    # pool's prefetches) and the writes, each waited for (the profile of a first touch; the
+    # fill then serializes what it overlaps otherwise).
+    split = os.environ.get("W11_SPLIT") == "1"
+    alloc_s = write_s = 0.0
     scale.sync()
     t0 = time.perf_counter()
     try:
         for i in range(n):
+            t1 = time.perf_counter()
             a = cupy.empty(ARRAY // 4, dtype=cupy.float32)
+            if split:
+                scale.sync()
+                t2 = time.perf_counter()
+                alloc_s += t2 - t1
             a.fill(float(i % 7 + 1))
+            if split:
+                scale.sync()
+                write_s += time.perf_counter() - t2
             arrays.append(a)
         scale.sync()
     except Exception as e:  # noqa: BLE001 (the refusal is the result)
         row["error"] = f"{type(e).__name__} at array {len(arrays)}: {str(e).splitlines()[0][:200]}"
         return row
     row["fill_s"] = time.perf_counter() - t0
+    if split:
+        row["alloc_s"], row["write_s"] = alloc_s, write_s
     if pool is not None:
         row["spilled_after_fill"] = pool.spill_figures()["spilled"]
     s, got_sum = sums(arrays, 3)
@@ -170,8 +185,9 @@ def run_case(name: str, f: float) -> dict[str, Any]:
 
             row["promote"] = rrmm.at_rest()
         if name == "spill":
-            report = pool.promote()
-            row["promote"] = report
+            row["promote"] = pool.promote()
+        if "promote" in row:
+            report = row["promote"]
             row["promote_GBps"] = report["promoted"] / max(report["seconds"], 1e-9) / 1e9
             moving = report["seconds"] - report["trim_s"]
             row["promote_move_GBps"] = report["promoted"] / max(moving, 1e-9) / 1e9
@@ -241,11 +257,12 @@ def line(r: dict[str, Any]) -> str:
         return f"{r['f']:<5} {r['setup']:18} {r.get('error', '?')[:100]}"
     ok = "" if r.get("checked") and r.get("hot_checked") else "  SUM WRONG"
     prep = r.get("prepare_s", r.get("setup_s"))
+    split = f"  (alloc {r['alloc_s']:.2f} + write {r['write_s']:.2f})" if "alloc_s" in r else ""
     return (f"{r['f']:<5} {r['setup']:18} {prep if prep is None else round(prep, 2)!s:>6} "
             f"{r['fill_s']:7.2f} {r['stream_s']:8.2f} ({r['stream_s'] / r['floor_stream_s']:4.1f}x)"
             f" {r['reuse_s']:9.2f} ({r['reuse_s'] / r['floor_reuse_s']:4.1f}x)"
             f" {r['hot_s']:8.2f} ({r['hot_s'] / r['floor_hot_s']:4.1f}x)"
-            f"  {r.get('promote_GBps', 0):6.1f}{ok}")
+            f"  {r.get('promote_GBps', 0):6.1f}{ok}{split}")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ class SpillFigures(TypedDict):
     promote_make_s: float
     promote_copy_s: float
     promote_remap_s: float
+    #: Of ``promoted``, bytes moved into device pages the pool had free (none made for them).
+    promote_reused: int
 
 
 class Movement(TypedDict):

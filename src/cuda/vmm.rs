@@ -276,6 +276,13 @@ pub fn set_access(ordinal: usize, addr: usize, bytes: usize) -> Result<()> {
 pub struct VirtualRange {
     /// Mapped pages by index.
     pages: BTreeMap<usize, Mapping>,
+    /// Device pages unmapped while a promotion lends them ([`Self::lend_unmapped`]): out of
+    /// `pages` (the range's users count them unmapped) but still mapped at their old address,
+    /// where the promotion copies spilled bytes into them before it maps them in place of the
+    /// host pages: no device memory made, no second mapping.
+    lent: BTreeMap<usize, Mapping>,
+    /// Whether [`Self::unmap`] lends device pages to a promotion instead of releasing them.
+    lending: bool,
     /// Always `Some` until drop, which unmaps every page before freeing the reservation.
     reservation: Option<AddressReservation>,
     base: usize,
@@ -308,6 +315,8 @@ impl VirtualRange {
         let reservation = AddressReservation::new(size, page_size)?;
         Ok(VirtualRange {
             pages: BTreeMap::new(),
+            lent: BTreeMap::new(),
+            lending: false,
             base: reservation.base(),
             size,
             reservation: Some(reservation),
@@ -384,11 +393,29 @@ impl VirtualRange {
                             host.put(memory);
                         }
                     }
+                    _ if self.lending => {
+                        self.lent.insert(page, mapping);
+                    }
                     _ => drop(mapping),
                 }
             }
         }
         Ok(())
+    }
+
+    /// While `on`, [`Self::unmap`] lends the device pages it unmaps to the next
+    /// [`Self::promote`] (kept mapped where they were, out of the range's mapped pages) instead
+    /// of releasing them; turned off, the pages no promotion took are released.
+    pub fn lend_unmapped(&mut self, on: bool) {
+        self.lending = on;
+        if !on {
+            self.lent.clear();
+        }
+    }
+
+    /// Bytes of device pages lent to a promotion and not yet taken.
+    pub fn lent_bytes(&self) -> usize {
+        self.lent.len() * self.page_size
     }
 
     /// Maps `offset .. offset + bytes` (whole pages, none mapped yet): device memory for as
@@ -411,6 +438,11 @@ impl VirtualRange {
             return Err(Error::Logic(format!(
                 "virtual range: page {page} is already mapped"
             )));
+        }
+        // A page lent to a promotion lies unmapped for the range's users: it goes first.
+        let lent: Vec<usize> = self.lent.range(span.clone()).map(|(&p, _)| p).collect();
+        for page in lent {
+            self.lent.remove(&page);
         }
         let mut added = 0;
         let mut device_full = false;
@@ -468,9 +500,11 @@ impl VirtualRange {
 
     /// Moves the host pages of `offset .. offset + bytes` (mapped pages) to device memory at the
     /// same addresses, bytes kept, as far as the device has room; the host pages go to `host`.
-    /// Works `batch_pages` pages at a time: device memory mapped at a second address and the
-    /// copies queued, then, while they run, the batch before swapped in (each page's host
-    /// memory unmapped and the device memory mapped in its place, once its copies are done).
+    /// Works `batch_pages` pages at a time: device memory at a second address (pages lent by
+    /// [`Self::lend_unmapped`] first, where they still lie mapped; then fresh memory in a
+    /// scratch range) and the copies queued, then, while they run, the batch before swapped in
+    /// (each page's host memory unmapped and the device memory mapped in its place, once its
+    /// copies are done).
     /// Returns the bytes moved (fewer than the host pages when the device is full) and where
     /// the time went.
     ///
@@ -533,46 +567,65 @@ impl VirtualRange {
         Ok((moved, times))
     }
 
-    /// Device memory for as many pages of `batch` as the device has room for, mapped at a
-    /// second address, with the copies from the pages queued and an event after them; `None`
-    /// when the device has no room for one page.
-    fn stage(&self, batch: &[usize], times: &mut PromoteTimes) -> Result<Option<Staged>> {
+    /// Device memory for as many pages of `batch` as there are lent pages and room on the
+    /// device, at a second address (a lent page where it lies, fresh memory in a scratch range),
+    /// with the copies from the pages queued and an event after them; `None` when there is no
+    /// lent page and the device has no room for one.
+    fn stage(&mut self, batch: &[usize], times: &mut PromoteTimes) -> Result<Option<Staged>> {
         let step = std::time::Instant::now();
         let page_size = self.page_size;
-        let mut fresh = Vec::with_capacity(batch.len());
-        for _ in batch {
+        let mut mappings = Vec::with_capacity(batch.len());
+        while mappings.len() < batch.len() {
+            match self.lent.pop_first() {
+                Some((_, lent)) => mappings.push(lent),
+                None => break,
+            }
+        }
+        let reused = mappings.len() * page_size;
+        let mut fresh = Vec::with_capacity(batch.len() - mappings.len());
+        for _ in mappings.len()..batch.len() {
             match PhysicalMemory::new(self.ordinal, page_size) {
                 Ok(m) => fresh.push(m),
                 Err(e) if e.is_out_of_memory() => break,
                 Err(e) => return Err(e),
             }
         }
-        if fresh.is_empty() {
+        let scratch = match fresh.len() {
+            0 => None,
+            n => {
+                let scratch = AddressReservation::new(n * page_size, page_size)?;
+                for (i, memory) in fresh.into_iter().enumerate() {
+                    // SAFETY: inside the scratch reservation, which the `Staged` keeps until
+                    // its mappings are gone (its field order drops them first), each page
+                    // mapped once.
+                    mappings.push(unsafe { Mapping::new(scratch.base() + i * page_size, memory) }?);
+                }
+                set_access(self.ordinal, scratch.base(), n * page_size)?;
+                Some(scratch)
+            }
+        };
+        if mappings.is_empty() {
             return Ok(None);
         }
-        let n = fresh.len();
-        let scratch = AddressReservation::new(n * page_size, page_size)?;
-        let mut mappings = Vec::with_capacity(n);
-        for (i, memory) in fresh.into_iter().enumerate() {
-            // SAFETY: inside the scratch reservation, which the `Staged` keeps until its
-            // mappings are gone (its field order drops them first), each page mapped once.
-            mappings.push(unsafe { Mapping::new(scratch.base() + i * page_size, memory) }?);
-        }
-        set_access(self.ordinal, scratch.base(), n * page_size)?;
-        let queued = batch[..n].iter().enumerate().try_for_each(|(i, &page)| {
-            // SAFETY: both pages are mapped with access for the device; nothing else uses
-            // either (the caller's precondition 1; the scratch is ours), and the `Staged`
-            // keeps the scratch until the event after these copies is waited for (or, on an
-            // error here, the stream is synchronized before the scratch goes).
-            unsafe {
-                super::memcpy_async(
-                    scratch.base() + i * page_size,
-                    self.base + page * page_size,
-                    page_size,
-                    super::Stream::DEFAULT,
-                )
-            }
-        });
+        let n = mappings.len();
+        let queued = batch[..n]
+            .iter()
+            .zip(&mappings)
+            .try_for_each(|(&page, to)| {
+                // SAFETY: both pages are mapped with access for the device (a lent page kept the
+                // access it had); nothing else uses either (the caller's precondition 1; lent pages
+                // are unmapped for the range's users, the scratch is ours), and the `Staged` keeps
+                // both until the event after these copies is waited for (or, on an error here, the
+                // stream is synchronized before they go).
+                unsafe {
+                    super::memcpy_async(
+                        to.addr(),
+                        self.base + page * page_size,
+                        page_size,
+                        super::Stream::DEFAULT,
+                    )
+                }
+            });
         let copied = queued.and_then(|()| {
             let copied = super::Event::new()?;
             copied.record(super::Stream::DEFAULT)?;
@@ -586,6 +639,7 @@ impl VirtualRange {
             }
         };
         times.make_s += step.elapsed().as_secs_f64();
+        times.reused += reused;
         Ok(Some(Staged {
             mappings,
             _scratch: scratch,
@@ -675,12 +729,12 @@ pub fn runs_of(starts: impl IntoIterator<Item = usize>, unit: usize) -> Vec<(usi
     runs
 }
 
-/// A batch of a promotion: device memory mapped at a second address (`mappings`, in a scratch
-/// reservation) with its copies queued before `copied`. Fields drop in order: the mappings
-/// before the reservation they lie in.
+/// A batch of a promotion: device memory mapped at a second address (`mappings`: lent pages
+/// where they lie, then fresh memory in a scratch reservation) with its copies queued before
+/// `copied`. Fields drop in order: the mappings before the reservation some lie in.
 struct Staged {
     mappings: Vec<Mapping>,
-    _scratch: AddressReservation,
+    _scratch: Option<AddressReservation>,
     pages: Vec<usize>,
     copied: super::Event,
 }
@@ -688,12 +742,15 @@ struct Staged {
 /// Where a promotion's time went, in seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PromoteTimes {
-    /// Device memory made and mapped at the second address.
+    /// Device memory taken (lent pages) or made and mapped at the second address, and the
+    /// copies queued.
     pub make_s: f64,
     /// The copies over the link, waited for.
     pub copy_s: f64,
     /// The host pages unmapped and the device memory mapped in their place.
     pub remap_s: f64,
+    /// Bytes moved into device pages lent by the pool's free memory (none made for them).
+    pub reused: usize,
 }
 
 /// Where a virtual range takes the host pages it spills to, and gives them back when they are
@@ -714,6 +771,7 @@ impl Drop for VirtualRange {
         // Unmap and free in the device's context (the caller's context is restored after).
         let _ctx = super::ContextGuard::new(self.ordinal);
         self.pages.clear();
+        self.lent.clear();
         self.reservation.take();
     }
 }

@@ -316,6 +316,16 @@ impl VirtualMemory for HostVirtualMemory {
         Ok(moved)
     }
 
+    fn lend_unmapped(&self, on: bool) -> bool {
+        match &self.pretend {
+            Some(pretend) => {
+                pretend.lock().lend(on);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn give_back_spill(&self, keep: usize) -> usize {
         self.pretend
             .as_ref()

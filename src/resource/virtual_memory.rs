@@ -182,6 +182,16 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         Ok(0)
     }
 
+    /// While `on`, the device pages [`unmap`](Self::unmap) takes off are lent to the next
+    /// [`promote`](Self::promote), which copies spilled bytes into them where they lie and maps
+    /// them in place of the host pages (no device memory made for the move); turned off, the
+    /// pages no promotion took are released. Returns whether this memory lends (the default:
+    /// it does not; its unmaps release as always).
+    fn lend_unmapped(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+
     /// Makes host pages for a spill of `bytes` ahead of need, on `threads` threads, and keeps
     /// them; returns the bytes made (the default: nothing spills, nothing is made).
     ///
@@ -426,6 +436,7 @@ impl VirtualMemory for CudaVirtualMemory {
             .checked_sub(self.base)
             .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
         let _ctx = ContextGuard::new(self.ordinal)?;
+        host.stop_ahead();
         let batch = (self.map_chunk_bytes() / self.page_size).max(1);
         // SAFETY: the caller's precondition 1, passed on; the device's context is current.
         let (moved, times) = unsafe {
@@ -435,6 +446,25 @@ impl VirtualMemory for CudaVirtualMemory {
         }?;
         host.count_promoted(moved, times);
         Ok(moved)
+    }
+
+    fn lend_unmapped(&self, on: bool) -> bool {
+        let Some(host) = &self.spill else {
+            return false;
+        };
+        if on {
+            // A promotion follows: no host page is made beside it.
+            host.stop_ahead();
+        }
+        let mut range = self.range.lock();
+        if !on && range.lent_bytes() > 0 {
+            // Releasing the pages no promotion took is an unmap: in the device's context.
+            let _ctx = ContextGuard::new(self.ordinal);
+            range.lend_unmapped(false);
+        } else {
+            range.lend_unmapped(on);
+        }
+        true
     }
 
     fn prepare_spill(&self, bytes: usize, threads: usize) -> Result<usize> {

@@ -97,6 +97,41 @@ def test_gpu_spilled_arrays_promote_with_addresses_and_bytes(device_nearly_full:
         pool.deallocate(ptr, GiB)
 
 
+def test_gpu_promotion_moves_into_the_pools_freed_device_pages(device_nearly_full: Any) -> None:
+    """The device stays full (the hog is kept): the room is the pool's own freed arrays, whose
+    device pages the promotion takes where they lie (no device memory made); every byte and
+    address kept, and the freed addresses serve new arrays after it."""
+    cupy = pytest.importorskip("cupy")
+    pool = mr.ExpandableMemoryResource(spill_to_host=16 * GiB, page_size=32 << 20)
+    arrays = [array_on(pool, GiB, seed) for seed in range(6)]
+    cupy.cuda.Device().synchronize()
+    spilled = pool.spilled_bytes()
+    assert spilled >= 2 * GiB, "6 GiB on a device with 3 GiB free spills"
+    on_device = [(p, a) for p, a in arrays[:2]]
+    kept = arrays[2:]
+    sums = [int(a.sum()) for _, a in kept]
+    del arrays
+    for ptr, _ in on_device:
+        pool.deallocate(ptr, GiB)
+    del on_device
+    report = pool.promote()
+    figures = pool.spill_figures()
+    assert figures is not None
+    assert report["promoted"] > 0 and figures["promote_reused"] > 0, (report, figures)
+    assert figures["promote_reused"] <= report["promoted"]
+    for (ptr, a), s in zip(kept, sums, strict=True):
+        assert a.data.ptr == ptr
+        assert int(a.sum()) == s
+    fresh = [array_on(pool, GiB, 100 + seed) for seed in range(2)]
+    for (ptr, a), s in zip(kept, sums, strict=True):
+        assert int(a.sum()) == s
+    for i, (_, a) in enumerate(fresh):
+        for at in (0, GiB // 8 + 3, GiB // 4 - 1):
+            assert int(a[at]) == (at * 2654435761 + 100 + i) % (1 << 32)
+    for ptr, _ in kept + fresh:
+        pool.deallocate(ptr, GiB)
+
+
 def test_gpu_a_spilled_pool_sleeps_and_wakes_with_every_byte(device_nearly_full: Any) -> None:
     cupy = pytest.importorskip("cupy")
     pool = mr.ExpandableMemoryResource(spill_to_host=16 * GiB)

@@ -158,6 +158,7 @@ def test_the_figures_of_a_spill_and_a_promotion() -> None:
         "promote_make_s": 0.0,
         "promote_copy_s": 0.0,
         "promote_remap_s": 0.0,
+        "promote_reused": 0,
     }
     for p in ptrs[:2]:
         pool.deallocate(p, PAGE)

@@ -39,6 +39,9 @@ summed_fields! {
         pub promote_copy_s: f64,
         /// Seconds promotions spent remapping (host pages out, device memory in).
         pub promote_remap_s: f64,
+        /// Of the bytes promoted, those moved into device pages the pool had free (lent to the
+        /// promotion where they lay mapped: no device memory made, no second mapping).
+        pub promote_reused: u64,
     }
 }
 
@@ -112,6 +115,7 @@ impl HostPageKeep {
         f.promote_make_s += times.make_s;
         f.promote_copy_s += times.copy_s;
         f.promote_remap_s += times.remap_s;
+        f.promote_reused += times.reused as u64;
     }
 
     /// Makes pages until `bytes` (rounded up to pages) are kept free or the limit is reached,
@@ -205,6 +209,15 @@ impl HostPageKeep {
         if spawned.is_err() {
             self.state.lock().maker = false;
         }
+    }
+
+    /// Stops the background maker after the page it makes now, until the next
+    /// [`keep_ahead`](Self::keep_ahead): a promotion gives host pages back, and the driver
+    /// serializes its calls, so a page made meanwhile (30-60 ms each at 128 MiB on an H200)
+    /// holds up the promotion's remapping (W11 at F = 1.5: the remap took 1.9 s with the maker
+    /// running, 2.4x the link's time for the bytes).
+    pub fn stop_ahead(&self) {
+        self.state.lock().ahead_target = 0;
     }
 
     /// Whether the kept pages (and those being made) fall short of the target, with room
@@ -315,6 +328,12 @@ pub struct PretendDevice {
     on_device: usize,
     /// Addresses of the pages standing for spilled host pages.
     spilled: std::collections::BTreeSet<usize>,
+    /// Whether unplaced device pages are lent to the next promotion (a real device's
+    /// [`VirtualRange::lend_unmapped`](crate::cuda::vmm::VirtualRange::lend_unmapped)).
+    lending: bool,
+    /// Bytes of device pages unplaced while lending and not yet taken by a promotion (still
+    /// counted in `on_device`: the device memory is held until taken or released).
+    lent: usize,
     figures: SpillFigures,
 }
 
@@ -326,6 +345,8 @@ impl PretendDevice {
             page_size,
             on_device: 0,
             spilled: std::collections::BTreeSet::new(),
+            lending: false,
+            lent: 0,
             figures: SpillFigures {
                 limit,
                 ..SpillFigures::default()
@@ -397,15 +418,28 @@ impl PretendDevice {
             if self.spilled.remove(&page) {
                 self.figures.spilled -= self.page_size;
                 self.figures.kept += self.page_size;
+            } else if self.lending {
+                self.lent += self.page_size;
             } else {
                 self.on_device -= self.page_size;
             }
         }
     }
 
-    /// The spilled pages of `addr .. addr + bytes` the device has room for, lowest first.
+    /// While `on`, unplaced device pages are lent to the next promotion; turned off, the lent
+    /// pages not taken are released.
+    pub fn lend(&mut self, on: bool) {
+        self.lending = on;
+        if !on {
+            self.on_device -= self.lent;
+            self.lent = 0;
+        }
+    }
+
+    /// The spilled pages of `addr .. addr + bytes` the device has room for (lent pages
+    /// included), lowest first.
     pub fn promotable(&self, addr: usize, bytes: usize) -> Vec<usize> {
-        let room = (self.capacity - self.on_device) / self.page_size;
+        let room = (self.capacity - self.on_device + self.lent) / self.page_size;
         self.spilled
             .range(addr..addr.saturating_add(bytes))
             .take(room)
@@ -416,7 +450,12 @@ impl PretendDevice {
     /// The spilled page at `page` now stands for a device page.
     pub fn promoted(&mut self, page: usize) {
         if self.spilled.remove(&page) {
-            self.on_device += self.page_size;
+            if self.lent >= self.page_size {
+                self.lent -= self.page_size;
+                self.figures.promote_reused += self.page_size as u64;
+            } else {
+                self.on_device += self.page_size;
+            }
             self.figures.spilled -= self.page_size;
             self.figures.kept += self.page_size;
             self.figures.promoted += self.page_size as u64;

@@ -69,6 +69,16 @@ impl std::str::FromStr for AutoPromote {
     }
 }
 
+/// While it lives, the virtual memory lends the device pages it unmaps to a promotion; at its
+/// end, the pages the promotion did not take are released.
+struct Lending<'a>(&'a dyn crate::resource::VirtualMemory);
+
+impl Drop for Lending<'_> {
+    fn drop(&mut self) {
+        self.0.lend_unmapped(false);
+    }
+}
+
 impl ExpandableMemoryResource {
     /// When spilled pages move back to the device on their own.
     pub fn auto_promote(&self) -> AutoPromote {
@@ -191,14 +201,23 @@ impl ExpandableMemoryResource {
             .sum();
         let _moving = super::movement::Moving::new(&inner.sleep, in_range.min(budget));
         let mut trim_s = 0.0;
-        // Only as many free pages unmapped as the move lacks room for on the device (every
-        // free page unmapped took most of a promotion's time: 68 GB to move 23).
         let need = in_range.min(budget);
-        // A trim may unmap free host pages too (they make no room): the spilled bytes are
-        // counted as if all of them were free.
+        // Free device pages the trim unmaps are lent to the move where the memory lends them
+        // (copied into where they lie, then mapped in place of the host pages: no device
+        // memory made, no second mapping), released after it otherwise or when not taken.
+        let _lending = Lending(inner.vm.as_ref());
+        // Only as many free pages unmapped as the move needs: as many as it lacks room for on
+        // the device where the memory does not lend (every free page unmapped took most of a
+        // promotion's time: 68 GB to move 23), the whole move where it does. A trim may unmap
+        // free host pages too (they make no room): the spilled bytes are counted as if all of
+        // them were free.
         let keep = || {
             let mapped = inner.vm.mapped_bytes();
-            let room = inner.vm.memory_info().map_or(0, |(free, _)| free);
+            let room = if inner.vm.lend_unmapped(true) {
+                0
+            } else {
+                inner.vm.memory_info().map_or(0, |(free, _)| free)
+            };
             let lack = need
                 .saturating_sub(room)
                 .div_ceil(page)

@@ -103,6 +103,11 @@ fn data_beyond_the_device_spills_and_promotes_with_its_bytes_and_addresses() {
         (f.spilled, f.kept, f.promoted),
         (0, 3 * PAGE, 2 * PAGE as u64)
     );
+    assert_eq!(
+        f.promote_reused,
+        2 * PAGE as u64,
+        "the freed device pages were lent to the move (none made)"
+    );
 
     // The next spill takes the kept pages: none made.
     let more: Vec<usize> = (0..2).map(|_| mr.allocate(PAGE, S).unwrap()).collect();
@@ -255,6 +260,12 @@ proptest! {
             prop_assert_eq!(f.spilled, mr.spilled_bytes());
             prop_assert!(f.spilled + f.kept <= f.limit);
             prop_assert!(f.made_ahead <= f.made);
+            prop_assert!(f.promote_reused <= f.promoted);
+            prop_assert_eq!(
+                device_pages(&vm) * PAGE,
+                vm.mapped_bytes() - f.spilled,
+                "device pages lent to a promotion and not taken were released"
+            );
             for (&ptr, &(bytes, s)) in &live {
                 prop_assert!(holds(ptr, bytes, s), "block at {:#x} lost its bytes", ptr);
             }
