@@ -162,7 +162,9 @@ def run_case(name: str, f: float) -> dict[str, Any]:
     if split:
         row["alloc_s"], row["write_s"] = alloc_s, write_s
     if pool is not None:
-        row["spilled_after_fill"] = pool.spill_figures()["spilled"]
+        after_fill = pool.spill_figures()
+        row["spilled_after_fill"] = after_fill["spilled"]
+        row["made_in_fill"] = after_fill["made"]  # beyond the spill: made ahead for nothing yet
     s, got_sum = sums(arrays, 3)
     expected = sum(float(i % 7 + 1) for i in range(n)) * (ARRAY // 4)
     row["sum_s"] = s
