@@ -1,0 +1,1 @@
+//! An exporter and importers in one process, over real sockets.
