@@ -164,27 +164,37 @@ impl Attachment {
         self.seq = self.seq.wrapping_add(1);
         let bytes = Frame::new(self.seq, message).encode()?;
         let deadline = Instant::now() + self.timeout;
-        let outcome = self
-            .channel
-            .send(&bytes, fds, deadline)
-            .and_then(|()| loop {
-                let packet = self.channel.recv(deadline)?;
-                let frame = Frame::decode(&packet.bytes)?;
-                match frame.message {
-                    Message::Refused { reason, detail }
-                        if frame.seq == self.seq || frame.seq == 0 =>
-                    {
-                        return Err(ShareError::Refused { reason, detail })
-                    }
-                    m if frame.seq == self.seq => return Ok((m, packet)),
-                    _ if frame.seq < self.seq => continue,
-                    m => return Err(unexpected("the answer to the request sent", &m)),
-                }
-            });
+        let outcome = match self.channel.send(&bytes, fds, deadline) {
+            // An exporter that refused this connection (busy) closed it after saying so: its
+            // last word is still there to read.
+            Err(ShareError::Gone) => self.answer(0, Instant::now()),
+            Err(e) => Err(e),
+            Ok(()) => self.answer(self.seq, deadline),
+        };
         if matches!(outcome, Err(ShareError::Gone)) {
             self.gone = true;
         }
         outcome
+    }
+
+    /// The answer numbered `seq` (skipping answers to earlier requests), or a refusal,
+    /// waiting until `deadline`.
+    fn answer(&self, seq: u32, deadline: Instant) -> Result<(Message, Packet), ShareError> {
+        loop {
+            let packet = self.channel.recv(deadline).map_err(|e| match e {
+                ShareError::Timeout(_) if seq == 0 => ShareError::Gone,
+                e => e,
+            })?;
+            let frame = Frame::decode(&packet.bytes)?;
+            match frame.message {
+                Message::Refused { reason, detail } if frame.seq == seq || frame.seq == 0 => {
+                    return Err(ShareError::Refused { reason, detail })
+                }
+                m if frame.seq == seq => return Ok((m, packet)),
+                _ if frame.seq < seq => continue,
+                m => return Err(unexpected("the answer to the request sent", &m)),
+            }
+        }
     }
 
     /// Resolves `name` (see [`Attachment::resolve_many`]).

@@ -9,7 +9,7 @@
 //! | 2 | protocol version ([`VERSION`]) |
 //! | 1 | message kind |
 //! | 1 | reserved, 0 |
-//! | 4 | sequence number: an importer numbers its requests 1, 2, 3...; a reply carries its request's |
+//! | 4 | sequence number: an importer numbers its requests 1, 2, 3... (a refused request does not use its number up); a reply carries its request's, a refusal of a connection 0 |
 //! | 4 | body length (at most [`MAX_BODY`]) |
 //!
 //! Integers are little-endian; text is a `u16` length and UTF-8 bytes; a list is a `u16` count

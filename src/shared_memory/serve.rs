@@ -28,7 +28,7 @@ use super::segment::ShareableSegment;
 use super::transport::{Channel, Listener, Packet};
 use rustix::event::{poll, PollFd, PollFlags};
 use std::collections::{HashMap, HashSet};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -245,8 +245,23 @@ fn answer(shared: &Shared, imp: &mut Importer, packet: Packet) -> Answer {
             ),
         );
     }
-    imp.last_seq = seq;
-    match (imp.greeted, frame.message) {
+    let answer = answer_in_order(shared, imp, seq, frame.message, packet.fds);
+    // A request refused leaves the sequence where it was: the next must carry the same number.
+    if !answer.refused {
+        imp.last_seq = seq;
+    }
+    answer
+}
+
+/// The answer to a request that came in order.
+fn answer_in_order(
+    shared: &Shared,
+    imp: &mut Importer,
+    seq: u32,
+    message: Message,
+    fds: Vec<OwnedFd>,
+) -> Answer {
+    match (imp.greeted, message) {
         (false, Message::Hello) => {
             imp.greeted = true;
             let names = shared.state.lock().book.figures().names;
@@ -279,14 +294,8 @@ fn answer(shared: &Shared, imp: &mut Importer, packet: Packet) -> Answer {
             Answer::plain(seq, Message::Names { names, more })
         }
         (true, Message::Adopt { segments, buffers }) if shared.options.accept_adoption => {
-            let (segments, names) = super::adopt::take(
-                shared,
-                imp.id,
-                &mut imp.adopted,
-                segments,
-                packet.fds,
-                buffers,
-            );
+            let (segments, names) =
+                super::adopt::take(shared, imp.id, &mut imp.adopted, segments, fds, buffers);
             imp.sent.extend(segments.iter().map(|&(_, new)| new));
             Answer::plain(seq, Message::Adopted { segments, names })
         }

@@ -225,20 +225,28 @@ impl Channel {
         let mut bytes = vec![0u8; MAX_FRAME + 1];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(limits::SEGMENTS))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
-        let got = {
-            let mut iov = [IoSliceMut::new(&mut bytes)];
-            recvmsg(
-                &self.fd,
-                &mut iov,
-                &mut control,
-                RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
-            )
-        };
-        let got = match got {
-            Ok(got) => got,
-            Err(Errno::AGAIN) | Err(Errno::INTR) => return Ok(None),
-            Err(Errno::CONNRESET) | Err(Errno::NOTCONN) => return Err(ShareError::Gone),
-            Err(e) => return Err(ShareError::io("recvmsg", e)),
+        // A peer that closed with requests of ours unread leaves a reset, reported (once)
+        // before the packets it sent: read on past it, to its last words.
+        let mut reset = false;
+        let got = loop {
+            let got = {
+                let mut iov = [IoSliceMut::new(&mut bytes)];
+                recvmsg(
+                    &self.fd,
+                    &mut iov,
+                    &mut control,
+                    RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+                )
+            };
+            match got {
+                Ok(got) => break got,
+                Err(Errno::AGAIN) | Err(Errno::INTR) if !reset => return Ok(None),
+                Err(Errno::CONNRESET) if !reset => reset = true,
+                Err(Errno::AGAIN) | Err(Errno::CONNRESET) | Err(Errno::NOTCONN) => {
+                    return Err(ShareError::Gone)
+                }
+                Err(e) => return Err(ShareError::io("recvmsg", e)),
+            }
         };
         let mut fds = Vec::new();
         for message in control.drain() {
