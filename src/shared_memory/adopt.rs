@@ -32,7 +32,7 @@ pub(super) fn take(
             continue;
         }
         // Mapped outside the lock: the driver's import may take a while.
-        let Ok(seg) = segment::adopt(&info, fd) else {
+        let Ok(seg) = segment::map(&info, fd) else {
             continue;
         };
         let mut state = shared.state.lock();

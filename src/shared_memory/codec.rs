@@ -138,6 +138,15 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A `u16` length or count of at most `max`.
+    fn length(&mut self, max: usize, what: &'static str) -> Result<usize, WireError> {
+        let n = usize::from(self.u16(what)?);
+        if n > max {
+            return Err(WireError::Limit { what, max, got: n });
+        }
+        Ok(n)
+    }
+
     /// A count of items of at least `min_item` bytes each, at most `max`: checked against the
     /// limit and against the bytes left, so a list is never allocated beyond what came.
     ///
@@ -149,10 +158,7 @@ impl<'a> Reader<'a> {
         min_item: usize,
         what: &'static str,
     ) -> Result<usize, WireError> {
-        let n = usize::from(self.u16(what)?);
-        if n > max {
-            return Err(WireError::Limit { what, max, got: n });
-        }
+        let n = self.length(max, what)?;
         let need = n.saturating_mul(min_item.max(1));
         if need > self.left() {
             return Err(WireError::Truncated {
@@ -175,10 +181,7 @@ impl<'a> Reader<'a> {
         allow_empty: bool,
         what: &'static str,
     ) -> Result<String, WireError> {
-        let n = usize::from(self.u16(what)?);
-        if n > max {
-            return Err(WireError::Limit { what, max, got: n });
-        }
+        let n = self.length(max, what)?;
         let bytes = self.take(n, what)?;
         let s = std::str::from_utf8(bytes).map_err(|_| WireError::Text(what))?;
         check_text(s, max, allow_empty, what)?;

@@ -17,7 +17,7 @@
 
 use super::error::ShareError;
 use super::message::SegmentKind;
-use super::segment::{MappedSegment, ShareableSegment};
+use super::segment::ShareableSegment;
 use crate::cuda::vmm::{
     allocation_granularity, set_access_mode, AddressReservation, Mapping, PhysicalMemory,
 };
@@ -62,7 +62,9 @@ fn bytes(size: u64) -> Result<usize, ShareError> {
         .ok_or_else(|| ShareError::invalid("size", format!("{size} bytes")))
 }
 
-/// Device memory an exporter made (or adopted), mapped in the exporter.
+/// Device memory shared between processes: an allocation an exporter made, or one imported
+/// from a descriptor received (by an importer, or an exporter adopting it), on the current
+/// device.
 #[derive(Debug)]
 pub struct CudaSegment {
     map: DeviceMap,
@@ -72,7 +74,7 @@ pub struct CudaSegment {
 
 impl CudaSegment {
     /// `size` bytes (a multiple of the device's granularity) of new device memory on
-    /// `device`, mapped here and exported once.
+    /// `device`, mapped here and exported once; importers may write it when `writable`.
     ///
     /// # Errors
     /// [`ShareError::Driver`]: no driver, out of memory, or a driver that cannot share memory.
@@ -87,16 +89,18 @@ impl CudaSegment {
         })
     }
 
-    /// Takes over device memory an importer maps (adoption), on the current device.
+    /// Imports the memory behind `fd` (`size` bytes), maps it into a range reserved for it on
+    /// the current device, readable, and writable when `writable`.
     ///
     /// # Errors
-    /// As [`CudaMapping::import`].
-    pub fn adopt(fd: OwnedFd, size: u64, writable: bool) -> Result<CudaSegment, ShareError> {
+    /// [`ShareError::Driver`]: no driver, a descriptor that is not shareable device memory,
+    /// a size that is not the memory's.
+    pub fn import(fd: OwnedFd, size: u64, writable: bool) -> Result<CudaSegment, ShareError> {
         let device = crate::cuda::current_device()?;
         let _ctx = ContextGuard::new(device)?;
         let memory = PhysicalMemory::import_fd(fd.as_fd(), bytes(size)?)?;
         Ok(CudaSegment {
-            map: DeviceMap::new(device, memory, true)?,
+            map: DeviceMap::new(device, memory, writable)?,
             fd,
             writable,
         })
@@ -130,55 +134,6 @@ impl ShareableSegment for CudaSegment {
     }
 }
 
-/// Device memory as an importer maps it, on its current device.
-#[derive(Debug)]
-pub struct CudaMapping {
-    map: DeviceMap,
-    fd: OwnedFd,
-    writable: bool,
-}
-
-impl CudaMapping {
-    /// Imports the memory behind `fd` (`size` bytes), maps it into a range reserved for it on
-    /// the current device, readable, and writable when `writable`.
-    ///
-    /// # Errors
-    /// [`ShareError::Driver`]: no driver, a descriptor that is not shareable device memory,
-    /// a size that is not the memory's.
-    pub fn import(fd: OwnedFd, size: u64, writable: bool) -> Result<CudaMapping, ShareError> {
-        let device = crate::cuda::current_device()?;
-        let _ctx = ContextGuard::new(device)?;
-        let memory = PhysicalMemory::import_fd(fd.as_fd(), bytes(size)?)?;
-        Ok(CudaMapping {
-            map: DeviceMap::new(device, memory, writable)?,
-            fd,
-            writable,
-        })
-    }
-}
-
-impl MappedSegment for CudaMapping {
-    fn kind(&self) -> SegmentKind {
-        SegmentKind::CudaFd
-    }
-
-    fn base(&self) -> usize {
-        self.map.mapping.addr()
-    }
-
-    fn size(&self) -> u64 {
-        self.map.size
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
-    }
-
-    fn descriptor(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,10 +141,10 @@ mod tests {
     #[test]
     fn without_a_driver_a_device_segment_is_refused_cleanly() {
         if crate::cuda::driver_available() {
-            return; // the GPU test (tests/gpu_share.rs) covers it with a driver
+            return; // with a driver, the GPU half of issue 49 tests it
         }
         let fd: OwnedFd = std::fs::File::open("/proc/self/stat").unwrap().into();
-        let e = CudaMapping::import(fd, 1 << 21, false).unwrap_err();
+        let e = CudaSegment::import(fd, 1 << 21, false).unwrap_err();
         assert!(
             matches!(e, ShareError::Driver(crate::Error::NoDriver(_))),
             "{e}"

@@ -254,10 +254,7 @@ impl Exporter {
         name: &str,
         options: ExportOptions,
     ) -> Result<Exporter, ShareError> {
-        let path = dir
-            .share_path(name)
-            .map_err(|e| ShareError::invalid("name", e.to_string()))?;
-        Exporter::start(&path, options)
+        Exporter::start(&super::socket_path(dir, name)?, options)
     }
 
     /// The socket importers attach to.

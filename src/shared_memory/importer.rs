@@ -11,7 +11,7 @@
 use super::error::ShareError;
 use super::memfd::HostMap;
 use super::message::{limits, BufferSpec, Entry, Frame, Message, SegmentId, SegmentInfo};
-use super::segment::{self, MappedSegment};
+use super::segment::{self, ShareableSegment};
 use super::transport::{Channel, Packet};
 use crate::shared_gpu::ledger_dir::LedgerDir;
 use std::collections::{BTreeMap, HashMap};
@@ -63,7 +63,7 @@ impl Default for AttachOptions {
 #[derive(Debug)]
 struct Held {
     info: SegmentInfo,
-    map: Box<dyn MappedSegment>,
+    map: Box<dyn ShareableSegment>,
 }
 
 /// An importer attached to one exporter. Dropping it closes the socket (the exporter lets go
@@ -114,10 +114,7 @@ impl Attachment {
         name: &str,
         options: AttachOptions,
     ) -> Result<Attachment, ShareError> {
-        let path = dir
-            .share_path(name)
-            .map_err(|e| ShareError::invalid("name", e.to_string()))?;
-        Attachment::attach(&path, options)
+        Attachment::attach(&super::socket_path(dir, name)?, options)
     }
 
     fn greet(&mut self) -> Result<(), ShareError> {

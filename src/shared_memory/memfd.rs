@@ -11,7 +11,7 @@
 
 use super::error::ShareError;
 use super::message::SegmentKind;
-use super::segment::{MappedSegment, ShareableSegment};
+use super::segment::ShareableSegment;
 use rustix::fs::{
     fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags,
 };
@@ -146,18 +146,20 @@ fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd, ShareError> {
     Ok(file.into())
 }
 
-/// A memory file an exporter made (or adopted), mapped in the exporter.
+/// A memory file shared between processes: one an exporter made, or one mapped from a
+/// descriptor received (by an importer, or an exporter adopting it).
 #[derive(Debug)]
 pub struct MemfdSegment {
-    /// The descriptor importers receive (read-only when not writable).
-    exported: OwnedFd,
+    /// The descriptor it is shared by (read-only when importers may not write it).
+    fd: OwnedFd,
     map: HostMap,
     writable: bool,
 }
 
 impl MemfdSegment {
     /// A new memory file of `size` bytes (zeroed), sealed at that size and mapped writable
-    /// here; importers may write it when `writable`.
+    /// here; importers may write it when `writable` (otherwise they receive a read-only
+    /// descriptor).
     ///
     /// # Errors
     /// [`ShareError::Invalid`] for no bytes; the I/O error of the calls.
@@ -174,35 +176,33 @@ impl MemfdSegment {
         ftruncate(&fd, size).map_err(|e| ShareError::io("ftruncate", e))?;
         fcntl_add_seals(&fd, seals()).map_err(|e| ShareError::io("sealing a memory file", e))?;
         let map = HostMap::new(fd.as_fd(), len, true)?;
-        let exported = if writable {
+        let fd = if writable {
             fd
         } else {
             reopen_read_only(fd.as_fd())?
         };
-        Ok(MemfdSegment {
-            exported,
-            map,
-            writable,
-        })
+        Ok(MemfdSegment { fd, map, writable })
     }
 
-    /// Takes over a memory file an importer maps (adoption): checked as an importer checks it,
-    /// mapped here, exported through the same descriptor.
+    /// Maps the memory file `fd` of `size` bytes that another process shared, writable when
+    /// `writable`.
     ///
     /// # Errors
-    /// As [`MemfdMapping::map`].
-    pub fn adopt(fd: OwnedFd, size: u64, writable: bool) -> Result<MemfdSegment, ShareError> {
+    /// [`ShareError::Protocol`] for a descriptor that is not a memory file sealed against
+    /// shrinking of at least `size` bytes; the I/O error of `mmap` (a writable map of a
+    /// read-only descriptor).
+    pub fn from_descriptor(
+        fd: OwnedFd,
+        size: u64,
+        writable: bool,
+    ) -> Result<MemfdSegment, ShareError> {
         let len = check_sealed(fd.as_fd(), size)?;
         let map = HostMap::new(fd.as_fd(), len, writable)?;
-        Ok(MemfdSegment {
-            exported: fd,
-            map,
-            writable,
-        })
+        Ok(MemfdSegment { fd, map, writable })
     }
 
-    /// The exporter's map of it (to fill and read it).
-    pub fn map(&self) -> &HostMap {
+    /// This process's map of it (to fill and read it).
+    pub fn host_map(&self) -> &HostMap {
         &self.map
     }
 }
@@ -229,58 +229,6 @@ impl ShareableSegment for MemfdSegment {
     }
 
     fn descriptor(&self) -> BorrowedFd<'_> {
-        self.exported.as_fd()
-    }
-}
-
-/// A memory file as an importer maps it.
-#[derive(Debug)]
-pub struct MemfdMapping {
-    fd: OwnedFd,
-    map: HostMap,
-}
-
-impl MemfdMapping {
-    /// Maps the memory file `fd` of `size` bytes, writable when `writable`.
-    ///
-    /// # Errors
-    /// [`ShareError::Protocol`] for a descriptor that is not a memory file sealed against
-    /// shrinking of at least `size` bytes; the I/O error of `mmap` (a writable map of a
-    /// read-only descriptor).
-    pub fn map(fd: OwnedFd, size: u64, writable: bool) -> Result<MemfdMapping, ShareError> {
-        let len = check_sealed(fd.as_fd(), size)?;
-        let map = HostMap::new(fd.as_fd(), len, writable)?;
-        Ok(MemfdMapping { fd, map })
-    }
-
-    /// The map.
-    pub fn host_map(&self) -> &HostMap {
-        &self.map
-    }
-}
-
-impl MappedSegment for MemfdMapping {
-    fn kind(&self) -> SegmentKind {
-        SegmentKind::Memfd
-    }
-
-    fn base(&self) -> usize {
-        self.map.base
-    }
-
-    fn size(&self) -> u64 {
-        self.map.len as u64
-    }
-
-    fn writable(&self) -> bool {
-        self.map.writable
-    }
-
-    fn host(&self) -> Option<&HostMap> {
-        Some(&self.map)
-    }
-
-    fn descriptor(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 }
@@ -296,23 +244,23 @@ mod tests {
     #[test]
     fn an_importer_sees_the_exporters_bytes_and_they_its() {
         let seg = MemfdSegment::new(1 << 16, true).unwrap();
-        seg.map().write(100, b"exported").unwrap();
-        let imp = MemfdMapping::map(dup(seg.descriptor()), 1 << 16, true).unwrap();
+        seg.host_map().write(100, b"exported").unwrap();
+        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 1 << 16, true).unwrap();
         assert_ne!(imp.base(), seg.base(), "mapped once more, elsewhere");
         assert_eq!(imp.host_map().read(100, 8).unwrap(), b"exported");
         imp.host_map().write(0, b"back").unwrap();
-        assert_eq!(seg.map().read(0, 4).unwrap(), b"back");
-        assert!(seg.map().read(1 << 16, 1).is_err());
-        assert!(seg.map().read(u64::MAX, 2).is_err());
+        assert_eq!(seg.host_map().read(0, 4).unwrap(), b"back");
+        assert!(seg.host_map().read(1 << 16, 1).is_err());
+        assert!(seg.host_map().read(u64::MAX, 2).is_err());
     }
 
     #[test]
     fn a_read_only_segment_cannot_be_mapped_writable() {
         let seg = MemfdSegment::new(4096, false).unwrap();
-        seg.map().write(0, b"ro").unwrap();
-        let e = MemfdMapping::map(dup(seg.descriptor()), 4096, true).unwrap_err();
+        seg.host_map().write(0, b"ro").unwrap();
+        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, true).unwrap_err();
         assert!(e.to_string().contains("mmap"), "{e}");
-        let imp = MemfdMapping::map(dup(seg.descriptor()), 4096, false).unwrap();
+        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, false).unwrap();
         assert_eq!(imp.host_map().read(0, 2).unwrap(), b"ro");
         assert!(imp.host_map().write(0, b"x").is_err());
     }
@@ -321,17 +269,17 @@ mod tests {
     fn descriptors_that_could_crash_an_importer_are_refused() {
         let seg = MemfdSegment::new(4096, true).unwrap();
         // Claiming more than the file holds.
-        let e = MemfdMapping::map(dup(seg.descriptor()), 8192, false).unwrap_err();
+        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 8192, false).unwrap_err();
         assert!(e.to_string().contains("4096 bytes"), "{e}");
         // A memory file without seals could shrink under the map.
         let loose = memfd_create("loose", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
         ftruncate(&loose, 4096).unwrap();
-        let e = MemfdMapping::map(loose, 4096, false).unwrap_err();
+        let e = MemfdSegment::from_descriptor(loose, 4096, false).unwrap_err();
         assert!(e.to_string().contains("shrink"), "{e}");
         // Not a memory file at all.
         let file: OwnedFd = std::fs::File::open("/proc/self/stat").unwrap().into();
         assert!(matches!(
-            MemfdMapping::map(file, 1, false),
+            MemfdSegment::from_descriptor(file, 1, false),
             Err(ShareError::Protocol(_))
         ));
         // And a sealed file cannot be shrunk by anyone holding it.

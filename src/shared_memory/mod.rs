@@ -45,9 +45,21 @@ pub mod transport;
 #[cfg(test)]
 mod tests;
 
+use crate::shared_gpu::ledger_dir::LedgerDir;
+
 pub use error::{Refusal, ShareError, WireError};
+
+/// The socket of the exporter named `name` in the ledger directory `dir`.
+///
+/// # Errors
+/// [`ShareError::Invalid`] for a name that cannot name a socket
+/// ([`LedgerDir::share_path`]).
+pub fn socket_path(dir: &LedgerDir, name: &str) -> Result<std::path::PathBuf, ShareError> {
+    dir.share_path(name)
+        .map_err(|e| ShareError::invalid("name", e.to_string()))
+}
 pub use exporter::{ExportFigures, ExportOptions, Exporter, FreeOutcome};
 pub use importer::{AttachOptions, Attachment, Resolved};
 pub use memfd::MemfdSegment;
 pub use message::{BufferSpec, SegmentId, SegmentKind};
-pub use segment::{MappedSegment, ShareableSegment};
+pub use segment::ShareableSegment;

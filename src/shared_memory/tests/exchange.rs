@@ -19,7 +19,9 @@ fn attach(ledger: &TempLedger, name: &str) -> Attachment {
 /// A writable memory file of `size` bytes holding `pattern(seed)`.
 fn filled(size: u64, seed: u64) -> MemfdSegment {
     let seg = MemfdSegment::new(size, true).unwrap();
-    seg.map().write(0, &pattern(seed, size as usize)).unwrap();
+    seg.host_map()
+        .write(0, &pattern(seed, size as usize))
+        .unwrap();
     seg
 }
 
@@ -126,7 +128,7 @@ fn a_read_only_segment_is_exported_read_only() {
     let ledger = TempLedger::new("readonly");
     let exp = exporter(&ledger, "e", ExportOptions::default());
     let seg = MemfdSegment::new(1 << 16, false).unwrap();
-    seg.map().write(0, b"weights").unwrap();
+    seg.host_map().write(0, b"weights").unwrap();
     let seg = exp.add_segment(seg);
     let e = exp.publish("w", bytes_at(seg, 0, 7, false)).unwrap_err();
     assert!(e.to_string().contains("read-only"), "{e}");

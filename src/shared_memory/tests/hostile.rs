@@ -73,7 +73,7 @@ proptest! {
         let options = ExportOptions { max_refusals: 1000, ..ExportOptions::default() };
         let exp = Exporter::in_ledger(&ledger.dir, "e", options).unwrap();
         let seg = MemfdSegment::new(1 << 16, true).unwrap();
-        seg.map().write(0, &pattern(9, 1 << 16)).unwrap();
+        seg.host_map().write(0, &pattern(9, 1 << 16)).unwrap();
         let seg = exp.add_segment(seg);
         exp.publish("a", bytes_at(seg, 0, 1 << 16, false)).unwrap();
 

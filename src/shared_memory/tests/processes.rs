@@ -154,7 +154,7 @@ fn three_importers_in_other_processes_read_the_exporters_bytes_bit_exact() {
     let mut expected = Vec::new();
     for s in 0..3u64 {
         let seg = MemfdSegment::new(4 << 20, true).unwrap();
-        seg.map().write(0, &pattern(100 + s, 4 << 20)).unwrap();
+        seg.host_map().write(0, &pattern(100 + s, 4 << 20)).unwrap();
         let seg = exp.add_segment(seg);
         for k in 0..5u64 {
             let name = format!("s{s}-{k}");
