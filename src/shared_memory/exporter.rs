@@ -1,5 +1,5 @@
 //! [`Exporter`]: one process's shared segments and named buffers, served to importers on a
-//! socket by a thread of its own ([`super::serve`]).
+//! socket by a thread of its own (`serve.rs`).
 
 use super::book::{Book, BookFigures, BufferId, Withdrawal};
 use super::codec::check_text;

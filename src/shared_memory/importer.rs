@@ -59,6 +59,9 @@ impl Default for AttachOptions {
     }
 }
 
+/// The most names a listing takes (an exporter that pages on for ever is refused).
+const MAX_LISTED: usize = 1 << 20;
+
 /// One mapped segment and what the exporter said of it.
 #[derive(Debug)]
 struct Held {
@@ -404,6 +407,11 @@ impl Attachment {
                         return Err(ShareError::Protocol("names out of order".into()));
                     }
                     all.extend(names);
+                    if all.len() > MAX_LISTED {
+                        return Err(ShareError::Protocol(format!(
+                            "more than {MAX_LISTED} names listed"
+                        )));
+                    }
                     if !more {
                         return Ok(all);
                     }

@@ -19,7 +19,7 @@
 //!   length bounded ([`message`], [`codec`]); a bad, truncated or replayed request is refused
 //!   with its reason and the exporter serves on; every wait has a deadline ([`transport`]); an
 //!   importer resolves only exported names and receives only the segments they lie in
-//!   ([`serve`]). An importer checks what it is sent as carefully ([`importer`]).
+//!   (`serve.rs`). An importer checks what it is sent as carefully ([`importer`]).
 //!
 //! Two kinds of segment stand behind the seam: a sealed memory file ([`memfd`], host memory:
 //! the CPU stand-in the tests use) and device memory through the driver's shareable handle

@@ -65,18 +65,15 @@ impl Answer {
     }
 
     fn refuse(seq: u32, reason: Refusal, detail: impl std::fmt::Display) -> Answer {
-        let mut detail = detail.to_string();
-        detail.truncate(
-            (0..=limits::DETAIL.min(detail.len()))
-                .rev()
-                .find(|&i| detail.is_char_boundary(i))
-                .unwrap_or(0),
-        );
-        // Refusals carry the peer's words back: keep them printable.
-        let detail: String = detail
+        // Refusals carry the peer's words back: printable, and within the limit.
+        let mut detail: String = detail
+            .to_string()
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })
             .collect();
+        while detail.len() > limits::DETAIL {
+            detail.pop();
+        }
         Answer {
             frame: Frame::new(seq, Message::Refused { reason, detail }),
             segments: Vec::new(),
