@@ -76,6 +76,7 @@ pub mod replay;
 pub mod report;
 pub mod resource;
 pub mod shared_gpu;
+pub mod shared_memory;
 pub mod stack;
 pub mod suballocator;
 mod sync;

@@ -27,6 +27,15 @@ fn device_props(device: sys::CUdevice) -> sys::CUmemAllocationProp {
     props
 }
 
+/// Allocation properties of pinned device memory on `device` that can be exported as a POSIX
+/// file descriptor (`cuMemExportToShareableHandle`) for another process to import.
+fn shareable_props(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    let mut props = device_props(device);
+    props.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    props
+}
+
 /// Allocation properties of pinned host memory on the host NUMA node closest to `ordinal`
 /// (node 0 where the driver names none): host pages mapped into a device's address range and
 /// read in place over the link.
@@ -137,6 +146,76 @@ impl PhysicalMemory {
     pub fn new_on_host(ordinal: usize, size: usize) -> Result<Self> {
         device_handle(ordinal)?;
         Self::create(size, &host_props(ordinal), true, "cuMemCreate(host NUMA)")
+    }
+
+    /// Creates `size` bytes (a multiple of the granularity) of physical memory on device
+    /// `ordinal` that can be exported as a POSIX file descriptor ([`export_fd`](Self::export_fd)).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); drivers that cannot share memory refuse the handle type.
+    pub fn new_shareable(ordinal: usize, size: usize) -> Result<Self> {
+        let device = device_handle(ordinal)?;
+        Self::create(
+            size,
+            &shareable_props(device),
+            false,
+            "cuMemCreate(shareable)",
+        )
+    }
+
+    /// Exports the memory as a POSIX file descriptor another process imports
+    /// (`cuMemExportToShareableHandle`); the memory must have been made by
+    /// [`new_shareable`](Self::new_shareable).
+    ///
+    /// # Errors
+    /// The CUDA error (memory made without the handle type).
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for a POSIX file descriptor the shareable handle is an int, which `fd` is
+        // and outlives the call; the handle came from cuMemCreate and is live.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::Logic(
+                "cuMemExportToShareableHandle returned no descriptor".into(),
+            ));
+        }
+        // SAFETY: the driver made this descriptor for the caller, who owns it from here.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Imports memory another process exported as a POSIX file descriptor
+    /// (`cuMemImportFromShareableHandle`), `size` bytes as its exporter says (the map fails
+    /// where they are not the memory's).
+    ///
+    /// # Errors
+    /// No driver, or the CUDA error (a descriptor that is not such memory).
+    pub fn import_fd(fd: std::os::fd::BorrowedFd<'_>, size: usize) -> Result<Self> {
+        use std::os::fd::AsRawFd;
+        ensure_driver()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-pointer; for a POSIX file descriptor the driver
+        // takes the descriptor's value in the pointer (it reads nothing through it); `fd` is
+        // open across the call (the driver keeps no reference to it).
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        Ok(PhysicalMemory {
+            handle,
+            size,
+            on_host: false,
+        })
     }
 
     /// `size` bytes of physical memory where `props` places them (`cuMemCreate`, named `call`
@@ -259,9 +338,22 @@ impl Drop for Mapping {
 /// # Errors
 /// A bad ordinal, or the CUDA error (the range must be wholly mapped).
 pub fn set_access(ordinal: usize, addr: usize, bytes: usize) -> Result<()> {
+    set_access_mode(ordinal, addr, bytes, true)
+}
+
+/// `cuMemSetAccess`: makes `addr .. addr + bytes` readable, and writable when `writable`, from
+/// device `ordinal`.
+///
+/// # Errors
+/// As [`set_access`].
+pub fn set_access_mode(ordinal: usize, addr: usize, bytes: usize, writable: bool) -> Result<()> {
     let access = sys::CUmemAccessDesc {
         location: device_props(device_handle(ordinal)?).location,
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        flags: if writable {
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        } else {
+            sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ
+        },
     };
     // SAFETY: `access` is one fully initialised descriptor; the driver checks that the range
     // is mapped and fails otherwise.

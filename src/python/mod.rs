@@ -35,6 +35,7 @@ pub(crate) mod record;
 mod replay;
 mod replay_allocator;
 mod resources;
+mod share;
 mod shared_gpu;
 
 use pyo3::prelude::*;
@@ -53,6 +54,7 @@ fn _rrmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
         record,
         replay,
         replay_allocator,
+        share,
         shared_gpu
     )
 }

@@ -64,6 +64,10 @@ pub struct LedgerDir {
 /// The longest socket path this code makes (the kernel's limit is 107 bytes and a NUL).
 const MAX_SOCKET_PATH: usize = 100;
 
+/// The longest name of a shared-memory exporter: `<name>.share` is no longer than the longest
+/// process socket's name, whose fit the directory checks.
+pub const MAX_EXPORTER_NAME: usize = 30;
+
 /// FNV-1a of `bytes`: the same in every process (a ledger's short socket names).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -250,6 +254,28 @@ impl LedgerDir {
         }
     }
 
+    /// The socket of the shared-memory exporter named `name` ([`crate::shared_memory`]): beside
+    /// the process sockets, `<name>.share` (in the short directory where theirs are).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name that is not 1 to [`MAX_EXPORTER_NAME`] of
+    /// `[A-Za-z0-9._-]` (a longer one would not fit a socket's path).
+    pub fn share_path(&self, name: &str) -> Result<PathBuf> {
+        if !valid_key(name) || name.len() > MAX_EXPORTER_NAME {
+            return Err(Error::invalid(
+                "name",
+                format!(
+                    "{name:?} cannot name an exporter: use 1 to {MAX_EXPORTER_NAME} of A-Z a-z \
+                     0-9 . _ -"
+                ),
+            ));
+        }
+        Ok(match &self.sockets {
+            None => self.path.join(format!("{name}.share")),
+            Some((short, tag)) => short.join(format!("{tag:016x}-{name}.share")),
+        })
+    }
+
     /// Writes `entry` whole (a temporary file renamed over the old one).
     ///
     /// # Errors
@@ -433,6 +459,16 @@ mod tests {
         );
         let _ = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
         let _ = fs::remove_file(&socket);
+        // An exporter's socket fits too, at the longest name; a longer or odd name is refused.
+        let share = dir.share_path(&"e".repeat(MAX_EXPORTER_NAME)).unwrap();
+        assert!(
+            share.as_os_str().len() <= MAX_SOCKET_PATH,
+            "{}",
+            share.display()
+        );
+        assert_eq!(share.parent(), socket.parent());
+        assert!(dir.share_path(&"e".repeat(MAX_EXPORTER_NAME + 1)).is_err());
+        assert!(dir.share_path("../x").is_err());
         let _ = fs::remove_dir_all(&base);
     }
 

@@ -1,0 +1,550 @@
+//! [`Attachment`]: an importer's view of one exporter: the segments it maps (each once) and the
+//! names it resolved.
+//!
+//! Nothing an exporter sends is trusted: an answer must carry the request's number and answer
+//! the names asked, in order; each segment comes once, with exactly one descriptor, and is
+//! checked as its kind requires before it is mapped ([`super::segment::map`]); a buffer must lie
+//! within its segment. Every wait on the exporter has a deadline. When the exporter dies, what
+//! was mapped stays mapped (the descriptors keep the memory), and the names resolved before
+//! still resolve.
+
+use super::error::ShareError;
+use super::memfd::HostMap;
+use super::message::{limits, BufferSpec, Entry, Frame, Message, SegmentId, SegmentInfo};
+use super::segment::{self, ShareableSegment};
+use super::transport::{Channel, Packet};
+use crate::shared_gpu::ledger_dir::LedgerDir;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A name as an importer resolved it: where the buffer is in this process and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The name.
+    pub name: String,
+    /// Its address in this process (a host address for a memory file's segment, a device
+    /// address for device memory).
+    pub addr: usize,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Its element type as exported.
+    pub dtype: String,
+    /// Its shape as exported.
+    pub shape: Vec<u64>,
+    /// Whether this process must not write it (exported read-only, or in a segment mapped
+    /// read-only).
+    pub readonly: bool,
+    /// The segment it lies in, and where.
+    pub segment: SegmentId,
+    /// Its first byte in the segment.
+    pub offset: u64,
+    /// Whether the CPU can read it at `addr`.
+    pub host: bool,
+}
+
+/// How an importer waits.
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    /// The longest wait for one answer of the exporter.
+    pub timeout: Duration,
+}
+
+impl Default for AttachOptions {
+    fn default() -> AttachOptions {
+        AttachOptions {
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The most names a listing takes (an exporter that pages on for ever is refused).
+const MAX_LISTED: usize = 1 << 20;
+
+/// One mapped segment and what the exporter said of it.
+#[derive(Debug)]
+struct Held {
+    info: SegmentInfo,
+    map: Box<dyn ShareableSegment>,
+}
+
+/// An importer attached to one exporter. Dropping it closes the socket (the exporter lets go
+/// of its leases) and unmaps its segments.
+#[derive(Debug)]
+pub struct Attachment {
+    channel: Channel,
+    path: PathBuf,
+    seq: u32,
+    exporter_pid: u32,
+    timeout: Duration,
+    gone: bool,
+    segments: HashMap<SegmentId, Held>,
+    /// Segments a new exporter did not take (an adoption): still mapped, no longer named.
+    orphans: Vec<Held>,
+    resolved: BTreeMap<String, BufferSpec>,
+}
+
+impl Attachment {
+    /// Attaches to the exporter at `path`: connects, checks it is this user's, greets it.
+    ///
+    /// # Errors
+    /// [`ShareError::Gone`] when no exporter listens there; [`ShareError::PeerUser`];
+    /// [`ShareError::Refused`] (busy); [`ShareError::Timeout`].
+    pub fn attach(path: &Path, options: AttachOptions) -> Result<Attachment, ShareError> {
+        let channel = Channel::connect(path, Instant::now() + options.timeout)?;
+        let mut attachment = Attachment {
+            channel,
+            path: path.to_path_buf(),
+            seq: 0,
+            exporter_pid: 0,
+            timeout: options.timeout,
+            gone: false,
+            segments: HashMap::new(),
+            orphans: Vec::new(),
+            resolved: BTreeMap::new(),
+        };
+        attachment.greet()?;
+        Ok(attachment)
+    }
+
+    /// Attaches to the exporter named `name` in the ledger directory `dir`.
+    ///
+    /// # Errors
+    /// As [`Attachment::attach`]; [`ShareError::Invalid`] for a name that cannot name one.
+    pub fn in_ledger(
+        dir: &LedgerDir,
+        name: &str,
+        options: AttachOptions,
+    ) -> Result<Attachment, ShareError> {
+        Attachment::attach(&super::socket_path(dir, name)?, options)
+    }
+
+    fn greet(&mut self) -> Result<(), ShareError> {
+        match self.request(Message::Hello, &[])?.0 {
+            Message::Welcome { pid, .. } => {
+                self.exporter_pid = pid;
+                Ok(())
+            }
+            other => Err(unexpected("a welcome", &other)),
+        }
+    }
+
+    /// The exporter's socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The exporter's process id, as it said (in its pid namespace).
+    pub fn exporter_pid(&self) -> u32 {
+        self.exporter_pid
+    }
+
+    /// Whether the exporter is known to be gone (its socket closed).
+    pub fn exporter_gone(&self) -> bool {
+        self.gone
+    }
+
+    /// How many segments this process maps.
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Sends one request (with `fds` beside it) and waits for its answer and the descriptors
+    /// beside that; a refusal is an error. Answers to earlier requests that timed out are
+    /// skipped.
+    fn request(
+        &mut self,
+        message: Message,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Message, Packet), ShareError> {
+        if self.gone {
+            return Err(ShareError::Gone);
+        }
+        self.seq = self.seq.wrapping_add(1);
+        let bytes = Frame::new(self.seq, message).encode()?;
+        let deadline = Instant::now() + self.timeout;
+        let outcome = match self.channel.send(&bytes, fds, deadline) {
+            // An exporter that refused this connection (busy) closed it after saying so: its
+            // last word is still there to read.
+            Err(ShareError::Gone) => self.answer(0, Instant::now()),
+            Err(e) => Err(e),
+            Ok(()) => self.answer(self.seq, deadline),
+        };
+        if matches!(outcome, Err(ShareError::Gone)) {
+            self.gone = true;
+        }
+        outcome
+    }
+
+    /// The answer numbered `seq` (skipping answers to earlier requests), or a refusal,
+    /// waiting until `deadline`.
+    fn answer(&self, seq: u32, deadline: Instant) -> Result<(Message, Packet), ShareError> {
+        loop {
+            let packet = self.channel.recv(deadline).map_err(|e| match e {
+                ShareError::Timeout(_) if seq == 0 => ShareError::Gone,
+                e => e,
+            })?;
+            let frame = Frame::decode(&packet.bytes)?;
+            match frame.message {
+                Message::Refused { reason, detail } if frame.seq == seq || frame.seq == 0 => {
+                    return Err(ShareError::Refused { reason, detail })
+                }
+                m if frame.seq == seq => return Ok((m, packet)),
+                _ if frame.seq < seq => continue,
+                m => return Err(unexpected("the answer to the request sent", &m)),
+            }
+        }
+    }
+
+    /// Resolves `name` (see [`Attachment::resolve_many`]).
+    ///
+    /// # Errors
+    /// As [`Attachment::resolve_many`].
+    pub fn resolve(&mut self, name: &str) -> Result<Resolved, ShareError> {
+        let mut all = self.resolve_many(&[name])?;
+        all.pop()
+            .ok_or_else(|| ShareError::Protocol("no answer for the name".into()))
+    }
+
+    /// Resolves `names`, in order: a name resolved before answers from what this process
+    /// holds (also once the exporter is gone); the others are asked of the exporter, which
+    /// gives a lease on each, and the segments they lie in are mapped (each once).
+    ///
+    /// # Errors
+    /// [`ShareError::UnknownName`] for the first name not exported (the names before it stay
+    /// resolved); [`ShareError::Protocol`] for an answer that breaks the protocol; a segment
+    /// that cannot be mapped ([`segment::map`]); [`ShareError::Gone`] or
+    /// [`ShareError::Timeout`] when the exporter does not answer.
+    pub fn resolve_many(&mut self, names: &[&str]) -> Result<Vec<Resolved>, ShareError> {
+        let mut asked: Vec<String> = Vec::new();
+        for &name in names {
+            if !self.resolved.contains_key(name) && !asked.iter().any(|a| a == name) {
+                super::codec::check_text(name, limits::NAME, false, "name")
+                    .map_err(|e| ShareError::invalid("name", e.to_string()))?;
+                asked.push(name.to_string());
+            }
+        }
+        let mut unknown = None;
+        let mut rest: &[String] = &asked;
+        while !rest.is_empty() {
+            let batch = &rest[..rest.len().min(limits::BATCH)];
+            let answered = self.ask_resolve(batch, &mut unknown)?;
+            rest = &rest[answered..];
+        }
+        if let Some(name) = unknown {
+            return Err(ShareError::UnknownName(name));
+        }
+        names.iter().map(|name| self.resolved_here(name)).collect()
+    }
+
+    /// Asks the exporter to resolve `batch`; how many of its first names were answered.
+    fn ask_resolve(
+        &mut self,
+        batch: &[String],
+        unknown: &mut Option<String>,
+    ) -> Result<usize, ShareError> {
+        let (answer, packet) = self.request(
+            Message::Resolve {
+                names: batch.to_vec(),
+            },
+            &[],
+        )?;
+        let Message::Resolved { segments, entries } = answer else {
+            return Err(unexpected("a resolve's answer", &answer));
+        };
+        if entries.is_empty() || entries.len() > batch.len() {
+            return Err(ShareError::Protocol(format!(
+                "{} answers to {} names",
+                entries.len(),
+                batch.len()
+            )));
+        }
+        if let Some((e, asked)) = entries
+            .iter()
+            .zip(batch)
+            .find(|(e, asked)| e.name() != asked.as_str())
+        {
+            return Err(ShareError::Protocol(format!(
+                "answered {:?} for {asked:?}",
+                e.name()
+            )));
+        }
+        self.map_segments(segments, packet.fds, packet.fds_cut)?;
+        let count = entries.len();
+        for entry in entries {
+            match entry {
+                Entry::Found { name, spec } => {
+                    self.check_buffer(&spec)?;
+                    self.resolved.insert(name, spec);
+                }
+                Entry::Unknown { name } => {
+                    unknown.get_or_insert(name);
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Maps each segment new to this process, from its descriptor.
+    fn map_segments(
+        &mut self,
+        infos: Vec<SegmentInfo>,
+        fds: Vec<OwnedFd>,
+        cut: bool,
+    ) -> Result<(), ShareError> {
+        if cut || infos.len() != fds.len() {
+            return Err(ShareError::Protocol(format!(
+                "{} segments with {} descriptors{}",
+                infos.len(),
+                fds.len(),
+                if cut { " (cut)" } else { "" }
+            )));
+        }
+        if let Some(dup) = infos.iter().find(|i| self.segments.contains_key(&i.id)) {
+            return Err(ShareError::Protocol(format!(
+                "segment {} sent again (it is mapped once)",
+                dup.id
+            )));
+        }
+        for (info, fd) in infos.into_iter().zip(fds) {
+            let map = segment::map(&info, fd)?;
+            self.segments.insert(info.id, Held { info, map });
+        }
+        Ok(())
+    }
+
+    /// Checks that `spec` lies within a segment this process maps.
+    fn check_buffer(&self, spec: &BufferSpec) -> Result<(), ShareError> {
+        spec.check()?;
+        let Some(held) = self.segments.get(&spec.segment) else {
+            return Err(ShareError::Protocol(format!(
+                "a buffer in segment {}, which was never sent",
+                spec.segment
+            )));
+        };
+        if !spec.fits(held.map.size()) {
+            return Err(ShareError::Protocol(format!(
+                "{} bytes at {} pass segment {}'s {} bytes",
+                spec.size,
+                spec.offset,
+                spec.segment,
+                held.map.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A name resolved before, from what this process holds.
+    fn resolved_here(&self, name: &str) -> Result<Resolved, ShareError> {
+        let spec = self
+            .resolved
+            .get(name)
+            .ok_or_else(|| ShareError::UnknownName(name.to_string()))?;
+        let held = self
+            .segments
+            .get(&spec.segment)
+            .ok_or_else(|| ShareError::Protocol("a resolved buffer's segment is gone".into()))?;
+        Ok(Resolved {
+            name: name.to_string(),
+            addr: held.map.base() + spec.offset as usize,
+            size: spec.size,
+            dtype: spec.dtype.clone(),
+            shape: spec.shape.clone(),
+            readonly: spec.readonly || !held.map.writable(),
+            segment: spec.segment,
+            offset: spec.offset,
+            host: held.map.host().is_some(),
+        })
+    }
+
+    /// Lets go of `names` (the exporter may reuse their blocks once nobody else holds them);
+    /// how many leases the exporter let go. They resolve no more from here.
+    ///
+    /// # Errors
+    /// [`ShareError::Gone`] or [`ShareError::Timeout`] when the exporter does not answer
+    /// (the names are forgotten here anyway).
+    pub fn release(&mut self, names: &[&str]) -> Result<u32, ShareError> {
+        for name in names {
+            self.resolved.remove(*name);
+        }
+        let mut count = 0;
+        for batch in names.chunks(limits::BATCH) {
+            let names = batch.iter().map(|n| n.to_string()).collect();
+            match self.request(Message::Release { names }, &[])?.0 {
+                Message::Released { count: n } => count += n,
+                other => return Err(unexpected("a release's answer", &other)),
+            }
+        }
+        Ok(count)
+    }
+
+    /// Every name the exporter exports now.
+    ///
+    /// # Errors
+    /// [`ShareError::Gone`], [`ShareError::Timeout`], [`ShareError::Protocol`].
+    pub fn names(&mut self) -> Result<Vec<String>, ShareError> {
+        let mut all: Vec<String> = Vec::new();
+        loop {
+            let after = all.last().cloned().unwrap_or_default();
+            match self
+                .request(
+                    Message::List {
+                        after: after.clone(),
+                    },
+                    &[],
+                )?
+                .0
+            {
+                Message::Names { names, more } => {
+                    // Names come in order, after the last one: anything else would loop.
+                    if names
+                        .first()
+                        .is_some_and(|n| !after.is_empty() && *n <= after)
+                        || names.windows(2).any(|w| w[0] >= w[1])
+                        || (more && names.is_empty())
+                    {
+                        return Err(ShareError::Protocol("names out of order".into()));
+                    }
+                    all.extend(names);
+                    if all.len() > MAX_LISTED {
+                        return Err(ShareError::Protocol(format!(
+                            "more than {MAX_LISTED} names listed"
+                        )));
+                    }
+                    if !more {
+                        return Ok(all);
+                    }
+                }
+                other => return Err(unexpected("a page of names", &other)),
+            }
+        }
+    }
+
+    /// The names this process resolved and holds.
+    pub fn held(&self) -> Vec<String> {
+        self.resolved.keys().cloned().collect()
+    }
+
+    /// The host map of `r`'s segment.
+    fn host_map(&self, r: &Resolved) -> Result<&HostMap, ShareError> {
+        let held = self
+            .segments
+            .get(&r.segment)
+            .ok_or_else(|| ShareError::UnknownName(r.name.clone()))?;
+        held.map
+            .host()
+            .ok_or_else(|| ShareError::invalid("buffer", "device memory: read it on the device"))
+    }
+
+    /// A copy of the bytes of `r` (host memory only).
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for device memory.
+    pub fn read(&self, r: &Resolved) -> Result<Vec<u8>, ShareError> {
+        let len = usize::try_from(r.size).map_err(|_| ShareError::invalid("size", "too big"))?;
+        self.host_map(r)?.read(r.offset, len)
+    }
+
+    /// Writes `bytes` at `offset` into `r` (host memory, writable buffers only).
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for device memory, a read-only buffer, or a range outside it.
+    pub fn write(&self, r: &Resolved, offset: u64, bytes: &[u8]) -> Result<(), ShareError> {
+        if r.readonly {
+            return Err(ShareError::invalid("buffer", "exported read-only"));
+        }
+        let end = offset.checked_add(bytes.len() as u64);
+        if !matches!(end, Some(end) if end <= r.size) {
+            return Err(ShareError::invalid("range", "past the buffer's end"));
+        }
+        self.host_map(r)?.write(r.offset + offset, bytes)
+    }
+
+    /// Hands every segment this process maps and every name it holds to the exporter at
+    /// `path` (one started with [`super::ExportOptions::accept_adoption`], after the exporter
+    /// this process attached to died), copying nothing; from then on this attachment talks to
+    /// that exporter and holds a lease there on each name it handed back. A segment that
+    /// exporter did not take stays mapped here until the attachment is dropped, and its names
+    /// are held no more. How many segments and names the new exporter took.
+    ///
+    /// # Errors
+    /// As [`Attachment::attach`]; [`ShareError::Refused`] when that exporter adopts nothing.
+    pub fn hand_back(&mut self, path: &Path) -> Result<(usize, u32), ShareError> {
+        self.channel = Channel::connect(path, Instant::now() + self.timeout)?;
+        self.path = path.to_path_buf();
+        self.seq = 0;
+        self.gone = false;
+        self.greet()?;
+        let ids: Vec<SegmentId> = self.segments.keys().copied().collect();
+        let mut renumbered: HashMap<SegmentId, SegmentId> = HashMap::new();
+        for chunk in ids.chunks(limits::SEGMENTS) {
+            let mut infos = Vec::with_capacity(chunk.len());
+            let mut owned = Vec::with_capacity(chunk.len());
+            for id in chunk {
+                let held = &self.segments[id];
+                infos.push(held.info.clone());
+                owned.push(
+                    held.map
+                        .descriptor()
+                        .try_clone_to_owned()
+                        .map_err(|e| ShareError::io("dup", e))?,
+                );
+            }
+            let fds: Vec<BorrowedFd<'_>> = owned.iter().map(AsFd::as_fd).collect();
+            let message = Message::Adopt {
+                segments: infos,
+                buffers: Vec::new(),
+            };
+            match self.request(message, &fds)?.0 {
+                Message::Adopted { segments, .. } => {
+                    for (old, new) in segments {
+                        if !chunk.contains(&old) {
+                            return Err(ShareError::Protocol(format!(
+                                "adopted segment {old}, which was not sent"
+                            )));
+                        }
+                        renumbered.insert(old, new);
+                    }
+                }
+                other => return Err(unexpected("an adoption's answer", &other)),
+            }
+        }
+        // Names in segments not taken are held no more; their segments stay mapped here.
+        let buffers: Vec<(String, BufferSpec)> = std::mem::take(&mut self.resolved)
+            .into_iter()
+            .filter(|(_, spec)| renumbered.contains_key(&spec.segment))
+            .collect();
+        let mut names = 0;
+        for chunk in buffers.chunks(limits::BATCH) {
+            let message = Message::Adopt {
+                segments: Vec::new(),
+                buffers: chunk.to_vec(),
+            };
+            match self.request(message, &[])?.0 {
+                Message::Adopted { names: n, .. } => names += n,
+                other => return Err(unexpected("an adoption's answer", &other)),
+            }
+        }
+        for (old, mut held) in std::mem::take(&mut self.segments) {
+            match renumbered.get(&old) {
+                Some(&new) => {
+                    held.info.id = new;
+                    self.segments.insert(new, held);
+                }
+                None => self.orphans.push(held),
+            }
+        }
+        for (name, mut spec) in buffers {
+            if let Some(&new) = renumbered.get(&spec.segment) {
+                spec.segment = new;
+                self.resolved.insert(name, spec);
+            }
+        }
+        Ok((renumbered.len(), names))
+    }
+}
+
+fn unexpected(wanted: &str, got: &Message) -> ShareError {
+    ShareError::Protocol(format!("wanted {wanted}, got {got:?}"))
+}

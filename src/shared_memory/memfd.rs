@@ -1,0 +1,289 @@
+//! The CPU stand-in for the driver's shareable handle: a memory file (`memfd_create`), sealed
+//! against shrinking and growing, mapped shared in the exporter and in each importer.
+//!
+//! A sealed size is what makes a peer's descriptor safe to map: a file that could shrink under a
+//! mapping would make a read past its new end a `SIGBUS`. An exporter seals its files when it
+//! makes them; an importer maps only a file sealed so, at least as long as the message says. A
+//! segment that importers may only read is exported through a read-only descriptor (the same
+//! file opened again for reading), so an importer cannot map it writable even if it tried.
+//!
+//! The `mmap`/`munmap` calls are the only `unsafe` here ([`HostMap`]).
+
+use super::error::ShareError;
+use super::message::SegmentKind;
+use super::segment::ShareableSegment;
+use rustix::fs::{
+    fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags,
+};
+use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+/// A shared mapping of a whole file: unmapped when dropped.
+#[derive(Debug)]
+pub struct HostMap {
+    base: usize,
+    len: usize,
+    writable: bool,
+}
+
+impl HostMap {
+    /// Maps the first `len` bytes of `fd`, shared, readable and (`writable`) writable.
+    ///
+    /// # Errors
+    /// The I/O error of `mmap` (`EACCES` for a writable map of a read-only descriptor).
+    fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<HostMap, ShareError> {
+        if len == 0 {
+            return Err(ShareError::invalid("size", "a segment of no bytes"));
+        }
+        let prot = if writable {
+            ProtFlags::READ | ProtFlags::WRITE
+        } else {
+            ProtFlags::READ
+        };
+        // SAFETY: a new mapping at an address the kernel picks (null hint, no MAP_FIXED), so no
+        // existing memory is replaced; `fd` is open for the call; the length is checked against
+        // the file's sealed size by every caller, so no page of the map lies past the file.
+        let ptr = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }
+            .map_err(|e| ShareError::io("mmap", e))?;
+        Ok(HostMap {
+            base: ptr as usize,
+            len,
+            writable,
+        })
+    }
+
+    /// The first byte's address.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// The range `offset .. offset + len` when it lies within the map.
+    fn range(&self, offset: u64, len: usize) -> Result<usize, ShareError> {
+        let end = offset.checked_add(len as u64);
+        match end {
+            Some(end) if end <= self.len as u64 => Ok(self.base + offset as usize),
+            _ => Err(ShareError::invalid(
+                "range",
+                format!(
+                    "{len} bytes at {offset} pass the segment's {} bytes",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    /// A copy of `len` bytes at `offset`.
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for a range outside the map.
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, ShareError> {
+        let at = self.range(offset, len)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: `at .. at + len` lies in this live map (checked by `range`), readable; the
+        // file's size is sealed, so every page is there. Another process may write the bytes
+        // meanwhile: they are plain bytes (any value is valid), copied as they are.
+        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, out.as_mut_ptr(), len) };
+        Ok(out)
+    }
+
+    /// Writes `bytes` at `offset`.
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for a range outside the map or a map that is read-only.
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), ShareError> {
+        if !self.writable {
+            return Err(ShareError::invalid("segment", "mapped read-only"));
+        }
+        let at = self.range(offset, bytes.len())?;
+        // SAFETY: `at .. at + len` lies in this live map (checked by `range`), mapped writable
+        // (checked above); the memory is shared bytes that no Rust reference in this process
+        // covers (the map hands out copies only).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for HostMap {
+    fn drop(&mut self) {
+        // SAFETY: `base .. base + len` was mapped by `new` and is unmapped once; the map lends
+        // no references into it (copies only), so nothing points there after.
+        let _ = unsafe { munmap(self.base as *mut std::ffi::c_void, self.len) };
+    }
+}
+
+/// The seals every shared memory file carries: its size cannot change, nor its seals.
+fn seals() -> SealFlags {
+    SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL
+}
+
+/// Checks that `fd` is a memory file sealed against shrinking, of at least `size` bytes that
+/// this process can map; the length to map.
+fn check_sealed(fd: BorrowedFd<'_>, size: u64) -> Result<usize, ShareError> {
+    let have = fcntl_get_seals(fd).map_err(|_| {
+        ShareError::Protocol("the descriptor is not a memory file that can be sealed".into())
+    })?;
+    if !have.contains(SealFlags::SHRINK) {
+        return Err(ShareError::Protocol(
+            "the memory file can still shrink (a read past its end would crash this process)"
+                .into(),
+        ));
+    }
+    let stat = fstat(fd).map_err(|e| ShareError::io("fstat", e))?;
+    let len = u64::try_from(stat.st_size).unwrap_or(0);
+    if len < size {
+        return Err(ShareError::Protocol(format!(
+            "the memory file has {len} bytes, the message says {size}"
+        )));
+    }
+    usize::try_from(size).map_err(|_| ShareError::invalid("size", "past the address space"))
+}
+
+/// The same file as `fd`, opened again for reading only: a descriptor that cannot be mapped
+/// writable.
+fn reopen_read_only(fd: BorrowedFd<'_>) -> Result<OwnedFd, ShareError> {
+    let file = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| ShareError::io("reopening a memory file read-only (/proc/self/fd)", e))?;
+    Ok(file.into())
+}
+
+/// A memory file shared between processes: one an exporter made, or one mapped from a
+/// descriptor received (by an importer, or an exporter adopting it).
+#[derive(Debug)]
+pub struct MemfdSegment {
+    /// The descriptor it is shared by (read-only when importers may not write it).
+    fd: OwnedFd,
+    map: HostMap,
+    writable: bool,
+}
+
+impl MemfdSegment {
+    /// A new memory file of `size` bytes (zeroed), sealed at that size and mapped writable
+    /// here; importers may write it when `writable` (otherwise they receive a read-only
+    /// descriptor).
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for no bytes; the I/O error of the calls.
+    pub fn new(size: u64, writable: bool) -> Result<MemfdSegment, ShareError> {
+        let len = usize::try_from(size)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| ShareError::invalid("size", format!("{size} bytes")))?;
+        let fd = memfd_create(
+            "rrmm-shared",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| ShareError::io("memfd_create", e))?;
+        ftruncate(&fd, size).map_err(|e| ShareError::io("ftruncate", e))?;
+        fcntl_add_seals(&fd, seals()).map_err(|e| ShareError::io("sealing a memory file", e))?;
+        let map = HostMap::new(fd.as_fd(), len, true)?;
+        let fd = if writable {
+            fd
+        } else {
+            reopen_read_only(fd.as_fd())?
+        };
+        Ok(MemfdSegment { fd, map, writable })
+    }
+
+    /// Maps the memory file `fd` of `size` bytes that another process shared, writable when
+    /// `writable`.
+    ///
+    /// # Errors
+    /// [`ShareError::Protocol`] for a descriptor that is not a memory file sealed against
+    /// shrinking of at least `size` bytes; the I/O error of `mmap` (a writable map of a
+    /// read-only descriptor).
+    pub fn from_descriptor(
+        fd: OwnedFd,
+        size: u64,
+        writable: bool,
+    ) -> Result<MemfdSegment, ShareError> {
+        let len = check_sealed(fd.as_fd(), size)?;
+        let map = HostMap::new(fd.as_fd(), len, writable)?;
+        Ok(MemfdSegment { fd, map, writable })
+    }
+
+    /// This process's map of it (to fill and read it).
+    pub fn host_map(&self) -> &HostMap {
+        &self.map
+    }
+}
+
+impl ShareableSegment for MemfdSegment {
+    fn kind(&self) -> SegmentKind {
+        SegmentKind::Memfd
+    }
+
+    fn size(&self) -> u64 {
+        self.map.len as u64
+    }
+
+    fn base(&self) -> usize {
+        self.map.base
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn host(&self) -> Option<&HostMap> {
+        Some(&self.map)
+    }
+
+    fn descriptor(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
+        fd.try_clone_to_owned().unwrap()
+    }
+
+    #[test]
+    fn an_importer_sees_the_exporters_bytes_and_they_its() {
+        let seg = MemfdSegment::new(1 << 16, true).unwrap();
+        seg.host_map().write(100, b"exported").unwrap();
+        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 1 << 16, true).unwrap();
+        assert_ne!(imp.base(), seg.base(), "mapped once more, elsewhere");
+        assert_eq!(imp.host_map().read(100, 8).unwrap(), b"exported");
+        imp.host_map().write(0, b"back").unwrap();
+        assert_eq!(seg.host_map().read(0, 4).unwrap(), b"back");
+        assert!(seg.host_map().read(1 << 16, 1).is_err());
+        assert!(seg.host_map().read(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn a_read_only_segment_cannot_be_mapped_writable() {
+        let seg = MemfdSegment::new(4096, false).unwrap();
+        seg.host_map().write(0, b"ro").unwrap();
+        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, true).unwrap_err();
+        assert!(e.to_string().contains("mmap"), "{e}");
+        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, false).unwrap();
+        assert_eq!(imp.host_map().read(0, 2).unwrap(), b"ro");
+        assert!(imp.host_map().write(0, b"x").is_err());
+    }
+
+    #[test]
+    fn descriptors_that_could_crash_an_importer_are_refused() {
+        let seg = MemfdSegment::new(4096, true).unwrap();
+        // Claiming more than the file holds.
+        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 8192, false).unwrap_err();
+        assert!(e.to_string().contains("4096 bytes"), "{e}");
+        // A memory file without seals could shrink under the map.
+        let loose = memfd_create("loose", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        ftruncate(&loose, 4096).unwrap();
+        let e = MemfdSegment::from_descriptor(loose, 4096, false).unwrap_err();
+        assert!(e.to_string().contains("shrink"), "{e}");
+        // Not a memory file at all.
+        let file: OwnedFd = std::fs::File::open("/proc/self/stat").unwrap().into();
+        assert!(matches!(
+            MemfdSegment::from_descriptor(file, 1, false),
+            Err(ShareError::Protocol(_))
+        ));
+        // And a sealed file cannot be shrunk by anyone holding it.
+        assert!(ftruncate(seg.descriptor(), 0).is_err());
+        assert!(MemfdSegment::new(0, true).is_err());
+    }
+}
