@@ -51,6 +51,8 @@ __all__ = [
     "SamHeadroomMemoryResource",
     "ShareAttachment",
     "ShareExporter",
+    "SharePublication",
+    "SharedArray",
     "SimulatedMemoryResource",
     "Statistics",
     "StatisticsResourceAdaptor",

@@ -39,10 +39,9 @@ from __future__ import annotations
 import os
 
 from rrmm._rrmm import ShareAttachment as Attachment
-from rrmm._rrmm import SharedArray
+from rrmm._rrmm import SharedArray, _share_path
 from rrmm._rrmm import ShareExporter as Exporter
 from rrmm._rrmm import SharePublication as PoolPublication
-from rrmm._rrmm import _share_path
 
 __all__ = [
     "Attachment",
