@@ -488,12 +488,9 @@ impl ShareAttachment {
     /// `name` as an object exposing `__cuda_array_interface__` (device memory) or
     /// `__array_interface__` (host memory); it keeps this attachment open.
     fn get(slf: &Bound<'_, Self>, name: String) -> PyResult<SharedArray> {
-        let py = slf.py();
-        let resolved = slf.get().with(py, move |a| a.resolve(&name))?;
-        Ok(SharedArray {
-            resolved,
-            _attachment: slf.clone().unbind(),
-        })
+        Self::get_many(slf, vec![name])?
+            .pop()
+            .ok_or_else(|| PyRuntimeError::new_err("no answer for the name"))
     }
 
     /// `names` as objects exposing their array interface (as `get`), resolved in batches.

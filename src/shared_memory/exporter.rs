@@ -84,10 +84,15 @@ pub struct ExportFigures {
 impl ExportFigures {
     /// Its fields by name (the Python dict; every field once, from the one declaration).
     pub fn to_map(&self) -> serde_json::Map<String, serde_json::Value> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        }
+        fields_of(self)
+    }
+}
+
+/// The fields of a record of figures by name (empty for a value that is not a struct).
+pub fn fields_of(record: &impl Serialize) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(record) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
     }
 }
 

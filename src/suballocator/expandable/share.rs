@@ -196,10 +196,7 @@ pub struct PoolShareFigures {
 impl PoolShareFigures {
     /// Its fields by name (the Python dict; every field once, from the one declaration).
     pub fn to_map(&self) -> serde_json::Map<String, serde_json::Value> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        }
+        crate::shared_memory::exporter::fields_of(self)
     }
 }
 

@@ -109,6 +109,13 @@ impl World {
         });
     }
 
+    /// The blocks not freed, by index.
+    fn live(&self) -> Vec<usize> {
+        (0..self.blocks.len())
+            .filter(|&k| !self.blocks[k].freed)
+            .collect()
+    }
+
     fn waiting(&self) -> u64 {
         self.blocks.iter().filter(|b| b.freed).count() as u64
     }
@@ -135,9 +142,7 @@ impl World {
                 });
             }
             Op::Name(i) => {
-                let live: Vec<usize> = (0..self.blocks.len())
-                    .filter(|&k| !self.blocks[k].freed)
-                    .collect();
+                let live = self.live();
                 if live.is_empty() {
                     return;
                 }
@@ -150,9 +155,7 @@ impl World {
                 b.names.push(name);
             }
             Op::Free(i) => {
-                let live: Vec<usize> = (0..self.blocks.len())
-                    .filter(|&k| !self.blocks[k].freed)
-                    .collect();
+                let live = self.live();
                 if live.is_empty() {
                     return;
                 }
