@@ -7,9 +7,19 @@ can reach it), receive each segment's descriptor once, map it once, and resolve 
 go or exits. If the exporter dies, importers keep what they map, and a new exporter started with
 ``accept_adoption=True`` takes the segments back (``Attachment.hand_back``), copying nothing.
 
-Segments here are memory files (host memory): the CPU stand-in for the driver's shareable
-handles of device memory, which plug in behind the same protocol (``rrmm::shared_memory`` in
-Rust).
+An expandable pool built with ``shareable=True`` is published as a whole: each page a named
+array lies on is exported once (the driver's shareable handle; a memory file per page on the
+host, the CPU stand-in), and importers map the pages into one range at their offsets, so an
+array across pages is contiguous there too::
+
+    pool = rrmm.mr.ExpandableMemoryResource(shareable=True)
+    pub = pool.publish("weights")
+    pub.share("w", cupy_array)  # its free waits for the importers that hold it
+
+    imp = rrmm.share.attach(pub.path)  # or attach("weights", device=0)
+    w = cupy.asarray(imp.get("w"))  # __cuda_array_interface__ (__array_interface__ on host)
+
+Segments of a plain exporter are memory files (host memory).
 
 In one process::
 
@@ -29,10 +39,19 @@ from __future__ import annotations
 import os
 
 from rrmm._rrmm import ShareAttachment as Attachment
+from rrmm._rrmm import SharedArray, _share_path
 from rrmm._rrmm import ShareExporter as Exporter
-from rrmm._rrmm import _share_path
+from rrmm._rrmm import SharePublication as PoolPublication
 
-__all__ = ["Attachment", "Exporter", "attach", "path_of", "publish"]
+__all__ = [
+    "Attachment",
+    "Exporter",
+    "PoolPublication",
+    "SharedArray",
+    "attach",
+    "path_of",
+    "publish",
+]
 
 
 def publish(
@@ -46,23 +65,37 @@ def publish(
     return Exporter(name, directory, accept_adoption)
 
 
-def path_of(name: str, *, directory: str | os.PathLike[str] | None = None) -> str:
-    """The socket an exporter named ``name`` listens on."""
-    return _share_path(name, directory)
+def path_of(
+    name: str,
+    *,
+    directory: str | os.PathLike[str] | None = None,
+    device: int | None = None,
+) -> str:
+    """The socket an exporter named ``name`` listens on: of host memory, or of a pool on
+    ``device`` (its directory is named by the device's UUID)."""
+    return _share_path(name, directory, device)
 
 
 def attach(
-    name: str | None = None,
+    name: str | os.PathLike[str] | None = None,
     *,
     path: str | os.PathLike[str] | None = None,
     directory: str | os.PathLike[str] | None = None,
+    device: int | None = None,
     timeout: float = 5.0,
 ) -> Attachment:
-    """Attaches to the exporter named ``name`` (or listening at ``path``); each answer of the
-    exporter is waited for at most ``timeout`` seconds."""
+    """Attaches to the exporter named ``name`` (of host memory, or of a pool on ``device``) or
+    listening at ``path`` (a first argument with a ``/`` is a path: a publication's ``path``);
+    each answer of the exporter is waited for at most ``timeout`` seconds. ``get(name)`` of the
+    attachment gives an array-like object (``cupy.asarray``, ``torch.as_tensor``,
+    ``numpy.asarray`` on the host)."""
+    if name is not None and (isinstance(name, os.PathLike) or os.sep in name):
+        if path is not None:
+            raise TypeError("attach takes an exporter's name or its path, one of them")
+        name, path = None, name
     if (name is None) == (path is None):
         raise TypeError("attach takes an exporter's name or its path, one of them")
     if path is None:
-        assert name is not None
-        path = _share_path(name, directory)
+        assert isinstance(name, str)
+        path = _share_path(name, directory, device)
     return Attachment(os.fspath(path), timeout)

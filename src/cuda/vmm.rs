@@ -308,6 +308,17 @@ impl Mapping {
         self.on_host
     }
 
+    /// Exports the mapped memory as a POSIX file descriptor ([`PhysicalMemory::export_fd`]).
+    ///
+    /// # Errors
+    /// As [`PhysicalMemory::export_fd`].
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        match &self.memory {
+            Some(memory) => memory.export_fd(),
+            None => Err(Error::Logic("the mapping's memory was taken".into())),
+        }
+    }
+
     /// The mapped address.
     pub fn addr(&self) -> usize {
         self.addr
@@ -375,6 +386,9 @@ pub struct VirtualRange {
     lent: BTreeMap<usize, Mapping>,
     /// Whether [`Self::unmap`] lends device pages to a promotion instead of releasing them.
     lending: bool,
+    /// Whether device pages are made with the shareable handle type
+    /// ([`PhysicalMemory::new_shareable`]).
+    shareable: bool,
     /// Always `Some` until drop, which unmaps every page before freeing the reservation.
     reservation: Option<AddressReservation>,
     base: usize,
@@ -409,6 +423,7 @@ impl VirtualRange {
             pages: BTreeMap::new(),
             lent: BTreeMap::new(),
             lending: false,
+            shareable: false,
             base: reservation.base(),
             size,
             reservation: Some(reservation),
@@ -505,6 +520,30 @@ impl VirtualRange {
         }
     }
 
+    /// Makes the device pages mapped from now on with the shareable handle type, so each can
+    /// be exported ([`Self::export_page`]).
+    pub fn set_shareable(&mut self) {
+        self.shareable = true;
+    }
+
+    /// A new POSIX file descriptor of the physical memory of the mapped page at `offset`
+    /// (`cuMemExportToShareableHandle`).
+    ///
+    /// # Errors
+    /// [`Error::Logic`] for a page not mapped or not made shareable; the CUDA error.
+    pub fn export_page(&self, offset: usize) -> Result<std::os::fd::OwnedFd> {
+        let page = offset / self.page_size;
+        match self.pages.get(&page) {
+            Some(mapping) if self.shareable && !mapping.on_host() => mapping.export_fd(),
+            Some(_) => Err(Error::Logic(format!(
+                "virtual range: the page at {offset:#x} was not made shareable"
+            ))),
+            None => Err(Error::Logic(format!(
+                "virtual range: no page is mapped at {offset:#x}"
+            ))),
+        }
+    }
+
     /// Bytes of device pages lent to a promotion and not yet taken.
     pub fn lent_bytes(&self) -> usize {
         self.lent.len() * self.page_size
@@ -544,6 +583,7 @@ impl VirtualRange {
         for page in span {
             let memory = match host {
                 Some(host) if device_full => host.take(),
+                _ if self.shareable => PhysicalMemory::new_shareable(self.ordinal, self.page_size),
                 _ => match PhysicalMemory::new(self.ordinal, self.page_size) {
                     Err(e) if e.is_out_of_memory() && host.is_some() => {
                         device_full = true;

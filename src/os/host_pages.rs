@@ -273,6 +273,79 @@ impl Reservation {
         }
         Ok(())
     }
+    /// Maps the first `bytes` of the file `fd` (whole small pages), shared, at `offset ..
+    /// offset + bytes` of the reservation, readable and, when `writable`, writable, in place of
+    /// what lay there (`MAP_FIXED`): a shared memory file's pages at chosen addresses (the
+    /// expandable pool's shareable pages, an importer's map of a peer's pages).
+    ///
+    /// # Safety
+    /// 1. Nothing reads or writes the range's old contents (they are replaced), and no other
+    ///    file is mapped there that someone still uses.
+    /// 2. The file holds at least `bytes` and cannot shrink (sealed): a read past its end would
+    ///    be a `SIGBUS`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the reservation; [`Error::OutOfMemory`]
+    /// or [`Error::Logic`] for the kernel's refusal (nothing changed then).
+    pub unsafe fn map_file(
+        &self,
+        offset: usize,
+        bytes: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+        writable: bool,
+    ) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let addr = self.check(offset, bytes)?;
+        let prot = match writable {
+            true => libc::PROT_READ | libc::PROT_WRITE,
+            false => libc::PROT_READ,
+        };
+        // SAFETY: `addr .. addr + bytes` lies inside this reservation (checked above), so the
+        // fixed map replaces only its own addresses; the caller's preconditions 1 and 2.
+        let raw = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                bytes,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(os_error("mmap of a memory file", bytes));
+        }
+        Ok(())
+    }
+
+    /// Puts reserved addresses (no memory, no access) back at `offset .. offset + bytes` (whole
+    /// small pages), in place of a file mapped there by [`map_file`](Self::map_file); the file
+    /// stays as long as another map or descriptor holds it.
+    ///
+    /// # Safety
+    /// 1. Nothing reads or writes the range until it is mapped again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range outside the reservation; the kernel's refusal.
+    pub unsafe fn unmap_file(&self, offset: usize, bytes: usize) -> Result<()> {
+        let addr = self.check(offset, bytes)?;
+        // SAFETY: inside this reservation (checked above), replaced by addresses only; nothing
+        // uses it (the caller's precondition 1).
+        let raw = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                bytes,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(os_error("mmap (reserve again)", bytes));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Reservation {
@@ -566,6 +639,40 @@ pub fn host_memory_info() -> Option<(usize, usize)> {
         meminfo_field(&text, "MemAvailable:")?,
         meminfo_field(&text, "MemTotal:")?,
     ))
+}
+
+/// The seals every shared memory file carries: its size cannot change, nor its seals.
+pub fn memory_file_seals() -> rustix::fs::SealFlags {
+    use rustix::fs::SealFlags;
+    SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL
+}
+
+/// A new shared memory file (`memfd_create`, closed on exec) of `size` bytes of zeros, sealed
+/// at that size ([`memory_file_seals`]): what other processes may map without fearing that it
+/// shrinks under them.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for no bytes; [`Error::OutOfMemory`] or [`Error::Logic`] for the
+/// kernel's refusal.
+pub fn sealed_memory_file(size: u64) -> Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags};
+    if size == 0 {
+        return Err(Error::invalid("size", "a memory file of no bytes"));
+    }
+    let io = |call: &str, e: rustix::io::Errno| match e {
+        rustix::io::Errno::NOMEM | rustix::io::Errno::NOSPC => {
+            Error::out_of_memory(size as usize, format!("{call}: {e}"))
+        }
+        e => Error::Logic(format!("{call}: {e}")),
+    };
+    let fd = memfd_create(
+        "rrmm-shared",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| io("memfd_create", e))?;
+    ftruncate(&fd, size).map_err(|e| io("ftruncate", e))?;
+    fcntl_add_seals(&fd, memory_file_seals()).map_err(|e| io("sealing a memory file", e))?;
+    Ok(fd)
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! `rrmm.share` from Python: an exporter of memory-file segments and an importer's attachment
-//! ([`crate::shared_memory`]). A resolved name is a dict in the shape of
-//! `__cuda_array_interface__` (on the CPU stand-in, its address is a host address). Every call
-//! that waits on the other process runs without the GIL, within the attachment's deadline.
+//! `rrmm.share` from Python: an exporter of memory-file segments, a published expandable pool
+//! ([`SharePublication`]) and an importer's attachment ([`crate::shared_memory`]). A resolved
+//! name is a dict in the shape of `__cuda_array_interface__` (on the CPU stand-in, its address
+//! is a host address), or an object that exposes it ([`SharedArray`]: CuPy, PyTorch and Numba
+//! take it; NumPy takes its `__array_interface__` on the host). Every call that waits on the
+//! other process runs without the GIL, within the attachment's deadline.
 
 use super::errors::to_pyerr;
 use crate::shared_gpu::ledger_dir::{default_base, LedgerDir};
@@ -9,6 +11,7 @@ use crate::shared_memory::{
     AttachOptions, Attachment, BufferSpec, ExportOptions, Exporter, FreeOutcome, MemfdSegment,
     Resolved, ShareError,
 };
+use crate::suballocator::{ExpandableMemoryResource, PoolExport};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -34,8 +37,14 @@ fn py_err(e: ShareError) -> PyErr {
 
 /// The ledger directory of host memory under `directory` (default: the ledgers' base).
 fn host_ledger(directory: Option<PathBuf>) -> PyResult<LedgerDir> {
+    ledger(directory, HOST_KEY)
+}
+
+/// The ledger directory of `key` (a device's UUID, or `host`) under `directory` (default: the
+/// ledgers' base).
+fn ledger(directory: Option<PathBuf>, key: &str) -> PyResult<LedgerDir> {
     let base = directory.unwrap_or_else(default_base);
-    LedgerDir::open(&base, HOST_KEY).map_err(to_pyerr)
+    LedgerDir::open(&base, key).map_err(to_pyerr)
 }
 
 fn closed() -> PyErr {
@@ -43,12 +52,274 @@ fn closed() -> PyErr {
 }
 
 /// The socket an exporter named `name` listens on, under `directory` (default: the ledgers'
-/// base).
+/// base), in the directory of device `device`'s UUID (None: host memory's).
 #[pyfunction]
-#[pyo3(signature = (name, directory=None))]
-fn _share_path(name: &str, directory: Option<PathBuf>) -> PyResult<String> {
-    let path = host_ledger(directory)?.share_path(name).map_err(to_pyerr)?;
+#[pyo3(signature = (name, directory=None, device=None))]
+fn _share_path(name: &str, directory: Option<PathBuf>, device: Option<usize>) -> PyResult<String> {
+    let key = match device {
+        Some(d) => crate::cuda::device_uuid(d).map_err(to_pyerr)?,
+        None => HOST_KEY.to_string(),
+    };
+    let path = ledger(directory, &key)?
+        .share_path(name)
+        .map_err(to_pyerr)?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// A figures record as a dict of ints.
+pub(crate) fn figures_dict(
+    py: Python<'_>,
+    map: serde_json::Map<String, serde_json::Value>,
+) -> PyResult<Bound<'_, PyDict>> {
+    let dict = PyDict::new(py);
+    for (key, value) in map {
+        dict.set_item(key, value.as_u64().unwrap_or(0))?;
+    }
+    Ok(dict)
+}
+
+/// A published expandable pool (`rrmm.share.PoolPublication`): names the pool's arrays and
+/// buffers for importers.
+#[pyclass(module = "rrmm._rrmm", name = "SharePublication", frozen)]
+pub(crate) struct SharePublication {
+    inner: PoolExport,
+}
+
+impl SharePublication {
+    /// Publishes `pool` as the exporter `name` in the ledger directory of its memory.
+    pub(crate) fn start(
+        py: Python<'_>,
+        pool: &ExpandableMemoryResource,
+        name: &str,
+        directory: Option<PathBuf>,
+    ) -> PyResult<SharePublication> {
+        let key = pool.share_key().map_err(to_pyerr)?;
+        let dir = ledger(directory, &key)?;
+        let path = crate::shared_memory::socket_path(&dir, name).map_err(py_err)?;
+        let inner = py
+            .detach(|| pool.publish(&path, ExportOptions::default()))
+            .map_err(to_pyerr)?;
+        Ok(SharePublication { inner })
+    }
+}
+
+/// What a buffer to name is: its pointer, bytes, dtype, shape and whether it is read-only.
+struct Described {
+    ptr: usize,
+    nbytes: usize,
+    dtype: String,
+    shape: Vec<u64>,
+    readonly: bool,
+}
+
+/// The bytes of one element of a NumPy type string (`<f4`: 4).
+fn itemsize(typestr: &str) -> PyResult<usize> {
+    typestr
+        .get(2..)
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| PyValueError::new_err(format!("typestr {typestr:?} has no item size")))
+}
+
+/// Describes `buffer`: an object with `__cuda_array_interface__` or `__array_interface__`
+/// (C-contiguous), a `DeviceBuffer` (`ptr` and `size`), or an address with `nbytes`.
+fn describe(buffer: &Bound<'_, PyAny>, nbytes: Option<usize>) -> PyResult<Described> {
+    if let Ok(ptr) = buffer.extract::<usize>() {
+        let nbytes = nbytes
+            .ok_or_else(|| PyValueError::new_err("nbytes is needed with a pointer (an int)"))?;
+        return Ok(Described {
+            ptr,
+            nbytes,
+            dtype: "|u1".into(),
+            shape: vec![nbytes as u64],
+            readonly: false,
+        });
+    }
+    let face = ["__cuda_array_interface__", "__array_interface__"]
+        .iter()
+        .find_map(|attr| buffer.getattr(*attr).ok());
+    if let Some(face) = face {
+        let (ptr, readonly): (usize, bool) = face.get_item("data")?.extract()?;
+        let shape: Vec<u64> = face.get_item("shape")?.extract()?;
+        let dtype: String = face.get_item("typestr")?.extract()?;
+        let item = itemsize(&dtype)?;
+        let count: u64 = shape.iter().product();
+        let size = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(item))
+            .ok_or_else(|| PyValueError::new_err("the array's size overflows"))?;
+        let strides: Option<Vec<i64>> =
+            face.get_item("strides").ok().and_then(|s| s.extract().ok());
+        if let Some(strides) = strides {
+            let mut want = item as i64;
+            for (&dim, &stride) in shape.iter().zip(&strides).rev() {
+                if dim > 1 && stride != want {
+                    return Err(PyValueError::new_err(
+                        "only C-contiguous arrays can be shared (make a contiguous copy)",
+                    ));
+                }
+                want *= dim as i64;
+            }
+        }
+        return Ok(Described {
+            ptr,
+            nbytes: nbytes.unwrap_or(size),
+            dtype,
+            shape,
+            readonly,
+        });
+    }
+    let ptr: usize = buffer.getattr("ptr")?.extract()?;
+    let size = match nbytes {
+        Some(n) => n,
+        None => buffer.getattr("size")?.extract()?,
+    };
+    Ok(Described {
+        ptr,
+        nbytes: size,
+        dtype: "|u1".into(),
+        shape: vec![size as u64],
+        readonly: false,
+    })
+}
+
+#[pymethods]
+impl SharePublication {
+    /// The socket importers attach to.
+    #[getter]
+    fn path(&self) -> PyResult<String> {
+        let path = self.inner.path().map_err(to_pyerr)?;
+        Ok(path.to_string_lossy().into_owned())
+    }
+
+    /// Names `buffer` (a CuPy array, tensor or NumPy view with `__cuda_array_interface__` or
+    /// `__array_interface__`, a `DeviceBuffer`, or a pointer with `nbytes`) as `name`; it must
+    /// start a live block of the pool and be C-contiguous. `dtype` and `shape` override the
+    /// array's (default for a buffer: bytes); `readonly` marks it read-only for importers.
+    /// The pages it lies on are exported once and kept mapped while published; its free (the
+    /// array dropped) waits for the importers that hold it.
+    #[pyo3(signature = (name, buffer, nbytes=None, dtype=None, shape=None, readonly=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn share(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        buffer: &Bound<'_, PyAny>,
+        nbytes: Option<usize>,
+        dtype: Option<String>,
+        shape: Option<Vec<u64>>,
+        readonly: Option<bool>,
+    ) -> PyResult<()> {
+        let d = describe(buffer, nbytes)?;
+        let dtype = dtype.unwrap_or(d.dtype);
+        let shape = shape.unwrap_or(d.shape);
+        let readonly = readonly.unwrap_or(d.readonly);
+        let inner = &self.inner;
+        py.detach(|| inner.name(name, d.ptr, d.nbytes, &dtype, &shape, readonly))
+            .map_err(to_pyerr)
+    }
+
+    /// The names exported now.
+    fn names(&self) -> PyResult<Vec<String>> {
+        self.inner.names().map_err(to_pyerr)
+    }
+
+    /// The pool's share figures (as `ExpandableMemoryResource.share_figures()`).
+    fn figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        figures_dict(py, self.inner.figures().to_map())
+    }
+
+    /// Stops serving; importers keep what they map, and the blocks they hold are kept out of
+    /// use for good.
+    fn close(&self, py: Python<'_>) {
+        let inner = &self.inner;
+        py.detach(|| inner.close());
+    }
+}
+
+/// A buffer an importer resolved (`rrmm.share.SharedArray`): `__cuda_array_interface__` for
+/// device memory (`cupy.asarray`, `torch.as_tensor(..., device="cuda")`, Numba), and
+/// `__array_interface__` for host memory (`numpy.asarray`). It keeps its attachment open.
+#[pyclass(module = "rrmm._rrmm", name = "SharedArray", frozen)]
+pub(crate) struct SharedArray {
+    resolved: Resolved,
+    _attachment: Py<ShareAttachment>,
+}
+
+impl SharedArray {
+    fn face<'py>(&self, py: Python<'py>, want_host: bool) -> PyResult<Bound<'py, PyDict>> {
+        if self.resolved.host != want_host {
+            let (has, not) = match self.resolved.host {
+                true => ("host", "__cuda_array_interface__"),
+                false => ("device", "__array_interface__"),
+            };
+            return Err(pyo3::exceptions::PyAttributeError::new_err(format!(
+                "{not}: the buffer {:?} lies in {has} memory",
+                self.resolved.name
+            )));
+        }
+        let dict = interface(py, &self.resolved)?;
+        dict.del_item("size")?;
+        dict.del_item("host")?;
+        Ok(dict)
+    }
+}
+
+#[pymethods]
+impl SharedArray {
+    /// The interface CuPy, PyTorch and Numba read (device memory only).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.face(py, false)
+    }
+
+    /// The interface NumPy reads (host memory only: the CPU stand-in).
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.face(py, true)
+    }
+
+    /// Its name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.resolved.name
+    }
+
+    /// Its address in this process.
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.resolved.addr
+    }
+
+    /// Its bytes.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.resolved.size
+    }
+
+    /// Its shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.resolved.shape)
+    }
+
+    /// Its NumPy type string.
+    #[getter]
+    fn typestr(&self) -> &str {
+        &self.resolved.dtype
+    }
+
+    /// Whether this process must not write it.
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.resolved.readonly
+    }
+
+    /// Whether it lies in host memory.
+    #[getter]
+    fn host(&self) -> bool {
+        self.resolved.host
+    }
 }
 
 /// An exporter of memory-file segments (`rrmm.share.Exporter`).
@@ -144,11 +415,7 @@ impl ShareExporter {
     /// The exporter's figures.
     fn figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let figures = self.with(|e| Ok(e.figures()))?;
-        let dict = PyDict::new(py);
-        for (key, value) in figures.to_map() {
-            dict.set_item(key, value.as_u64().unwrap_or(0))?;
-        }
-        Ok(dict)
+        figures_dict(py, figures.to_map())
     }
 
     /// Stops serving and removes the socket; importers keep what they map.
@@ -218,6 +485,30 @@ impl ShareAttachment {
         interface(py, &r)
     }
 
+    /// `name` as an object exposing `__cuda_array_interface__` (device memory) or
+    /// `__array_interface__` (host memory); it keeps this attachment open.
+    fn get(slf: &Bound<'_, Self>, name: String) -> PyResult<SharedArray> {
+        Self::get_many(slf, vec![name])?
+            .pop()
+            .ok_or_else(|| PyRuntimeError::new_err("no answer for the name"))
+    }
+
+    /// `names` as objects exposing their array interface (as `get`), resolved in batches.
+    fn get_many(slf: &Bound<'_, Self>, names: Vec<String>) -> PyResult<Vec<SharedArray>> {
+        let py = slf.py();
+        let all = slf.get().with(py, move |a| {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            a.resolve_many(&refs)
+        })?;
+        Ok(all
+            .into_iter()
+            .map(|resolved| SharedArray {
+                resolved,
+                _attachment: slf.clone().unbind(),
+            })
+            .collect())
+    }
+
     /// A copy of the bytes of `name` (host memory).
     fn read<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = self.with(py, move |a| {
@@ -270,4 +561,7 @@ impl ShareAttachment {
     }
 }
 
-super::register_items!(classes: ShareExporter, ShareAttachment; functions: _share_path;);
+super::register_items!(
+    classes: ShareExporter, ShareAttachment, SharePublication, SharedArray;
+    functions: _share_path;
+);

@@ -14,9 +14,12 @@ use super::virtual_memory::{round_up, VirtualMemory};
 use super::{CallProfile, MemoryKind};
 use crate::cuda;
 use crate::error::{Error, Result};
-use crate::os::host_pages::{check_host_room, host_memory_info, Commit, Reservation, HUGE_PAGE};
+use crate::os::host_pages::{
+    check_host_room, host_memory_info, sealed_memory_file, Commit, Reservation, HUGE_PAGE,
+};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
 
 /// The default page of host virtual memory: the unit of growth and trim.
 pub const HOST_PAGE_SIZE: usize = 32 << 20;
@@ -34,6 +37,9 @@ pub struct HostVirtualMemory {
     runs: Mutex<BTreeMap<usize, usize>>,
     /// A pretend device (CPU tests of spilling and promotion), taken after `runs`.
     pretend: Option<Mutex<PretendDevice>>,
+    /// When shareable: each mapped page is a memory file of its own, mapped shared at its
+    /// address (page address -> the file), taken after `runs`.
+    files: Option<Mutex<BTreeMap<usize, OwnedFd>>>,
 }
 
 impl HostVirtualMemory {
@@ -61,7 +67,101 @@ impl HostVirtualMemory {
             device,
             runs: Mutex::new(BTreeMap::new()),
             pretend: None,
+            files: None,
         })
+    }
+
+    /// The same memory, each page a memory file of its own (`memfd_create`, sealed at the
+    /// page's size) mapped shared at its address, so other processes can map the pool's pages
+    /// ([`VirtualMemory::export_page`]): the CPU stand-in for a device's shareable pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for pinned memory (its registration is of the process's own
+    /// pages) or a pretend device that spills (a promotion gives pages to the OS and makes
+    /// them again, under the importers' feet); or for memory with pages mapped already.
+    pub fn shareable(mut self) -> Result<Self> {
+        let spills = self
+            .pretend
+            .as_ref()
+            .is_some_and(|p| p.lock().figures().limit > 0);
+        let why = match () {
+            _ if self.pinned => Some("pinned host memory is registered as this process's pages"),
+            _ if spills => Some(
+                "a pool that spills to host pages cannot share its memory: a promotion remaps \
+                 pages that importers map; leave spill_to_host unset",
+            ),
+            _ if self.mapped_bytes() > 0 => Some("pages are mapped already"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(Error::invalid("shareable", why));
+        }
+        self.files = Some(Mutex::new(BTreeMap::new()));
+        Ok(self)
+    }
+
+    /// Makes a memory file for each page of `offset .. offset + bytes` (whole pages of the
+    /// reservation, none mapped) and maps it there; all or nothing.
+    fn map_files(
+        &self,
+        files: &Mutex<BTreeMap<usize, OwnedFd>>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        check_host_room(bytes, false)?;
+        let mut files = files.lock();
+        let mut done = 0;
+        let mut failed = None;
+        while done < bytes {
+            let at = offset + done;
+            let made = sealed_memory_file(self.page_size as u64).and_then(|fd| {
+                // SAFETY: a page of this reservation that is not mapped (the caller checked
+                // the runs), so nothing uses what lies there; the file is sealed at the page's
+                // size.
+                unsafe {
+                    self.reservation
+                        .map_file(at, self.page_size, fd.as_fd(), true)
+                }?;
+                Ok(fd)
+            });
+            match made {
+                Ok(fd) => {
+                    files.insert(self.reservation.base() + at, fd);
+                    done += self.page_size;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            drop(files);
+            // SAFETY: the pages mapped by this call a moment ago; nothing has used them.
+            let _ = unsafe { self.unmap_files(offset, done) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Puts reserved addresses back over the pages of `offset .. offset + bytes` and lets go
+    /// of their files (the memory goes once no other process maps it).
+    ///
+    /// # Safety
+    /// 1. Nothing in this process uses the range until it is mapped again.
+    unsafe fn unmap_files(&self, offset: usize, bytes: usize) -> Result<()> {
+        let Some(files) = &self.files else {
+            return Ok(());
+        };
+        let mut files = files.lock();
+        let mut at = offset;
+        while at < offset + bytes {
+            // SAFETY: the caller's precondition 1.
+            unsafe { self.reservation.unmap_file(at, self.page_size) }?;
+            files.remove(&(self.reservation.base() + at));
+            at += self.page_size;
+        }
+        Ok(())
     }
 
     /// Plain host memory that pretends to be a device of `capacity` bytes which spills at most
@@ -155,6 +255,22 @@ impl HostVirtualMemory {
     }
 }
 
+impl HostVirtualMemory {
+    /// Gives the pages of `offset .. offset + bytes` back: their memory files, or the
+    /// reservation's anonymous pages.
+    ///
+    /// # Safety
+    /// 1. Nothing uses the range until it is mapped again; a registration was undone first.
+    unsafe fn decommit(&self, offset: usize, bytes: usize) -> Result<()> {
+        match self.files {
+            // SAFETY: the caller's precondition 1.
+            Some(_) => unsafe { self.unmap_files(offset, bytes) },
+            // SAFETY: the caller's precondition 1.
+            None => unsafe { self.reservation.decommit(offset, bytes) },
+        }
+    }
+}
+
 impl VirtualMemory for HostVirtualMemory {
     fn page_size(&self) -> usize {
         self.page_size
@@ -191,7 +307,11 @@ impl VirtualMemory for HostVirtualMemory {
             pretend.place(addr, bytes)?;
             pretend.keep_ahead();
         }
-        if let Err(e) = self.reservation.commit(offset, bytes, how) {
+        let committed = match &self.files {
+            Some(files) => self.map_files(files, offset, bytes),
+            None => self.reservation.commit(offset, bytes, how),
+        };
+        if let Err(e) = committed {
             if let Some(pretend) = &self.pretend {
                 pretend.lock().unplace(addr, bytes);
             }
@@ -210,7 +330,7 @@ impl VirtualMemory for HostVirtualMemory {
                 let _ = self.register(a, b);
             }
             // SAFETY: the pages were committed by this call and nothing has used them.
-            let _ = unsafe { self.reservation.decommit(offset, bytes) };
+            let _ = unsafe { self.decommit(offset, bytes) };
             if let Some(pretend) = &self.pretend {
                 pretend.lock().unplace(addr, bytes);
             }
@@ -255,7 +375,7 @@ impl VirtualMemory for HostVirtualMemory {
             pretend.lock().unplace(addr, bytes);
         }
         // SAFETY: unregistered above; nothing uses the range (the caller's precondition 1).
-        unsafe { self.reservation.decommit(offset, bytes) }
+        unsafe { self.decommit(offset, bytes) }
     }
 
     fn memory_info(&self) -> Option<(usize, usize)> {
@@ -330,6 +450,23 @@ impl VirtualMemory for HostVirtualMemory {
         self.pretend
             .as_ref()
             .map_or(0, |p| p.lock().give_back(keep))
+    }
+
+    fn shareable(&self) -> bool {
+        self.files.is_some()
+    }
+
+    /// A new descriptor of the page's memory file.
+    fn export_page(&self, addr: usize) -> Result<OwnedFd> {
+        let files = self.files.as_ref().ok_or_else(|| {
+            Error::Logic("host virtual memory not made shareable: no page can be exported".into())
+        })?;
+        let files = files.lock();
+        let fd = files
+            .get(&addr)
+            .ok_or_else(|| Error::Logic(format!("no shareable page is mapped at {addr:#x}")))?;
+        fd.try_clone()
+            .map_err(|e| Error::Logic(format!("dup of a page's memory file: {e}")))
     }
 
     fn kind(&self) -> MemoryKind {

@@ -208,6 +208,28 @@ pub trait VirtualMemory: Send + Sync + std::fmt::Debug {
         let _ = keep;
         0
     }
+
+    /// Whether each page is made so that other processes can map it ([`export_page`]: the
+    /// driver's shareable handle, a memory file on the host); the default: it is not.
+    ///
+    /// [`export_page`]: VirtualMemory::export_page
+    fn shareable(&self) -> bool {
+        false
+    }
+
+    /// A descriptor of the physical memory of the mapped page at `addr`, for another process
+    /// to map (a new descriptor at each call; the memory stays while any process maps it or
+    /// holds a descriptor of it).
+    ///
+    /// # Errors
+    /// [`Error::Logic`] for memory that is not [`shareable`](VirtualMemory::shareable) (the
+    /// default) or a page that is not mapped; the driver's error of the export.
+    fn export_page(&self, addr: usize) -> Result<std::os::fd::OwnedFd> {
+        Err(Error::Logic(format!(
+            "{:?} virtual memory was not made shareable: the page at {addr:#x} cannot be exported",
+            self.kind()
+        )))
+    }
 }
 
 /// Virtual memory of a CUDA device: one `cuMemAddressReserve` range, one `cuMemCreate` handle
@@ -221,6 +243,8 @@ pub struct CudaVirtualMemory {
     range: Mutex<VirtualRange>,
     /// The host pages it spills to when the device is full (none: it never spills).
     spill: Option<Arc<HostPageKeep>>,
+    /// Whether its pages are made with the driver's shareable handle type.
+    shareable: bool,
 }
 
 impl CudaVirtualMemory {
@@ -244,7 +268,39 @@ impl CudaVirtualMemory {
             page_size,
             range: Mutex::new(range),
             spill: None,
+            shareable: false,
         })
+    }
+
+    /// The same memory, each page made with the driver's shareable handle type (a POSIX file
+    /// descriptor: [`VirtualMemory::export_page`]), so other processes can map the pool's
+    /// pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for memory that spills to the host
+    /// ([`with_host_spill`](Self::with_host_spill)): spilled pages are host memory the driver
+    /// does not export, and a promotion remaps pages under the importers' feet; or for memory
+    /// with pages mapped already.
+    pub fn shareable(mut self) -> Result<Self> {
+        if self.spill.is_some() {
+            return Err(Error::invalid(
+                "shareable",
+                "a pool that spills to host pages cannot share its memory: its spilled pages \
+                 are host memory the driver does not export, and a promotion would remap pages \
+                 that importers map; leave spill_to_host unset",
+            ));
+        }
+        let mut range = self.range.lock();
+        if range.mapped_bytes() > 0 {
+            return Err(Error::invalid(
+                "shareable",
+                "pages are mapped already: make the memory shareable before the pool maps any",
+            ));
+        }
+        range.set_shareable();
+        drop(range);
+        self.shareable = true;
+        Ok(self)
     }
 
     /// The same memory, spilling to host pages when the device is full: pages the device
@@ -476,5 +532,18 @@ impl VirtualMemory for CudaVirtualMemory {
 
     fn give_back_spill(&self, keep: usize) -> usize {
         self.spill.as_ref().map_or(0, |h| h.give_back(keep))
+    }
+
+    fn shareable(&self) -> bool {
+        self.shareable
+    }
+
+    /// `cuMemExportToShareableHandle` of the page's physical memory.
+    fn export_page(&self, addr: usize) -> Result<std::os::fd::OwnedFd> {
+        let offset = addr
+            .checked_sub(self.base)
+            .ok_or_else(|| Error::invalid("addr", format!("{addr:#x} is below the reservation")))?;
+        let _ctx = ContextGuard::new(self.ordinal)?;
+        self.range.lock().export_page(offset)
     }
 }

@@ -7,10 +7,10 @@
 //! driver each constructor fails with [`crate::Error::NoDriver`] (as [`ShareError::Driver`]),
 //! so a CPU importer that is sent a device segment refuses it cleanly.
 //!
-//! What the expandable pool still needs to share its own pages (the GPU half of issue 49): its
-//! pages are made by [`PhysicalMemory::new`], without the handle type; made by
-//! [`PhysicalMemory::new_shareable`] instead, each page (or run of pages) can be wrapped as a
-//! [`ShareableSegment`] in place of [`CudaSegment::new`]'s own allocation.
+//! An expandable pool made shareable makes its pages with [`PhysicalMemory::new_shareable`] and
+//! exports each page as its own segment ([`crate::suballocator::expandable`]'s sharing); an
+//! importer maps those into one range of its own, each at its place in the exporter's range
+//! ([`CudaSegment::place`]), so a buffer across pages is contiguous there too.
 //!
 //! A read-only device segment is enforced by the importer's access flags only: the driver's
 //! descriptor carries no mode, so an importer that ignores the flag could map it writable.
@@ -23,13 +23,15 @@ use crate::cuda::vmm::{
 };
 use crate::cuda::ContextGuard;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
-/// Physical memory mapped into a range of its own on one device. Fields drop in order: the
-/// mapping before the reservation it lies in.
+/// Physical memory mapped into a range on one device (its own, or an importer's range shared
+/// by the segments of one exporter). Fields drop in order: the mapping before the reservation
+/// it lies in.
 #[derive(Debug)]
 struct DeviceMap {
     mapping: Mapping,
-    _reservation: AddressReservation,
+    _reservation: Arc<AddressReservation>,
     size: u64,
     device: usize,
 }
@@ -47,7 +49,43 @@ impl DeviceMap {
         set_access_mode(device, mapping.addr(), size, writable)?;
         Ok(DeviceMap {
             mapping,
-            _reservation: reservation,
+            _reservation: Arc::new(reservation),
+            size: size as u64,
+            device,
+        })
+    }
+
+    /// Maps `memory` at `offset` of `range` (where the caller checked nothing else lies), grants
+    /// `device` access to it.
+    fn placed(
+        device: usize,
+        memory: PhysicalMemory,
+        writable: bool,
+        range: &Arc<AddressReservation>,
+        offset: usize,
+    ) -> Result<DeviceMap, ShareError> {
+        let size = memory.size();
+        if offset
+            .checked_add(size)
+            .map_or(true, |end| end > range.size())
+        {
+            return Err(ShareError::invalid(
+                "segment place",
+                format!(
+                    "{size} bytes at {offset} pass the range's {} bytes",
+                    range.size()
+                ),
+            ));
+        }
+        let _ctx = ContextGuard::new(device)?;
+        // SAFETY: the range lies inside `range` (checked above), which outlives the mapping
+        // (held by it, dropped after it: field order); the caller checked that nothing else is
+        // mapped there.
+        let mapping = unsafe { Mapping::new(range.base() + offset, memory) }?;
+        set_access_mode(device, mapping.addr(), size, writable)?;
+        Ok(DeviceMap {
+            mapping,
+            _reservation: range.clone(),
             size: size as u64,
             device,
         })
@@ -106,6 +144,28 @@ impl CudaSegment {
         })
     }
 
+    /// As [`import`](Self::import), mapped at `offset` of `range` (an importer's range for an
+    /// exporter's placed segments), where the caller checked that nothing else lies.
+    ///
+    /// # Errors
+    /// As [`import`](Self::import); [`ShareError::Invalid`] for a place outside the range.
+    pub fn place(
+        fd: OwnedFd,
+        size: u64,
+        writable: bool,
+        range: &Arc<AddressReservation>,
+        offset: usize,
+    ) -> Result<CudaSegment, ShareError> {
+        let device = crate::cuda::current_device()?;
+        let _ctx = ContextGuard::new(device)?;
+        let memory = PhysicalMemory::import_fd(fd.as_fd(), bytes(size)?)?;
+        Ok(CudaSegment {
+            map: DeviceMap::placed(device, memory, writable, range, offset)?,
+            fd,
+            writable,
+        })
+    }
+
     /// The device it lies on.
     pub fn device(&self) -> usize {
         self.map.device
@@ -129,8 +189,8 @@ impl ShareableSegment for CudaSegment {
         self.writable
     }
 
-    fn descriptor(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError> {
+        Ok(self.fd.as_fd())
     }
 }
 

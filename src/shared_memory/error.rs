@@ -195,6 +195,7 @@ impl From<ShareError> for crate::Error {
         match e {
             ShareError::Driver(e) => e,
             ShareError::Invalid { what, why } => crate::Error::invalid(what, why),
+            ShareError::NameTaken(_) => crate::Error::invalid("name", e.to_string()),
             ShareError::UnknownName(_) => crate::Error::OutOfRange(e.to_string()),
             other => crate::Error::Logic(format!("shared memory: {other}")),
         }

@@ -31,6 +31,10 @@ pub struct ExportOptions {
     /// Whether an importer may hand segments and names back (adoption: this exporter takes
     /// over from one that died).
     pub accept_adoption: bool,
+    /// The bytes of the range its placed segments lie in ([`ShareableSegment::at`]: an
+    /// expandable pool's reservation); 0 when it has none. Importers reserve as much once and
+    /// map each placed segment at its place there.
+    pub range: u64,
 }
 
 impl Default for ExportOptions {
@@ -40,6 +44,7 @@ impl Default for ExportOptions {
             max_importers: 64,
             max_refusals: 16,
             accept_adoption: false,
+            range: 0,
         }
     }
 }
@@ -79,10 +84,15 @@ pub struct ExportFigures {
 impl ExportFigures {
     /// Its fields by name (the Python dict; every field once, from the one declaration).
     pub fn to_map(&self) -> serde_json::Map<String, serde_json::Value> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        }
+        fields_of(self)
+    }
+}
+
+/// The fields of a record of figures by name (empty for a value that is not a struct).
+pub fn fields_of(record: &impl Serialize) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(record) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
     }
 }
 
@@ -105,6 +115,8 @@ pub(super) type OnFree = Box<dyn FnOnce() + Send>;
 pub(super) struct State {
     pub(super) book: Book,
     pub(super) segments: BTreeMap<SegmentId, Arc<dyn ShareableSegment>>,
+    /// The placed segments by where they lie in the range.
+    placed: BTreeMap<u64, SegmentId>,
     next_segment: SegmentId,
     pub(super) pending: HashMap<BufferId, OnFree>,
     /// The serving figures (the book keeps its own).
@@ -114,24 +126,27 @@ pub(super) struct State {
 impl State {
     pub(super) fn add_segment(&mut self, segment: Arc<dyn ShareableSegment>) -> SegmentId {
         self.next_segment += 1;
+        if let Some(at) = segment.at() {
+            self.placed.insert(at, self.next_segment);
+        }
         self.segments.insert(self.next_segment, segment);
         self.next_segment
     }
 
-    /// Checks and exports `spec` as `name`.
-    pub(super) fn publish(&mut self, name: &str, spec: BufferSpec) -> Result<BufferId, ShareError> {
-        check_text(name, limits::NAME, false, "name")
-            .map_err(|e| ShareError::invalid("name", e.to_string()))?;
-        spec.check()
-            .map_err(|e| ShareError::invalid("buffer", e.to_string()))?;
+    /// The segments `spec` lies in: its own, and for a placed segment the placed segments
+    /// after it that the buffer runs into, one after the other.
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for a segment not exported or a range outside the segments.
+    pub(super) fn segments_of(&self, spec: &BufferSpec) -> Result<Vec<SegmentId>, ShareError> {
         let Some(segment) = self.segments.get(&spec.segment) else {
             return Err(ShareError::invalid(
                 "segment",
                 format!("segment {} is not exported", spec.segment),
             ));
         };
-        if !spec.fits(segment.size()) {
-            return Err(ShareError::invalid(
+        let outside = || {
+            ShareError::invalid(
                 "buffer",
                 format!(
                     "{} bytes at {} pass segment {}'s {} bytes",
@@ -140,12 +155,40 @@ impl State {
                     spec.segment,
                     segment.size()
                 ),
-            ));
+            )
+        };
+        if spec.fits(segment.size()) {
+            return Ok(vec![spec.segment]);
         }
-        if !spec.readonly && !segment.writable() {
+        let at = segment.at().ok_or_else(outside)?;
+        let end = at
+            .checked_add(spec.offset)
+            .and_then(|s| s.checked_add(spec.size))
+            .ok_or_else(outside)?;
+        let mut ids = vec![spec.segment];
+        let mut next = at + segment.size();
+        while next < end {
+            let id = *self.placed.get(&next).ok_or_else(outside)?;
+            ids.push(id);
+            next += self.segments.get(&id).map_or(0, |s| s.size()).max(1);
+        }
+        Ok(ids)
+    }
+
+    /// Checks and exports `spec` as `name`.
+    pub(super) fn publish(&mut self, name: &str, spec: BufferSpec) -> Result<BufferId, ShareError> {
+        check_text(name, limits::NAME, false, "name")
+            .map_err(|e| ShareError::invalid("name", e.to_string()))?;
+        spec.check()
+            .map_err(|e| ShareError::invalid("buffer", e.to_string()))?;
+        let ids = self.segments_of(&spec)?;
+        if let Some(id) = ids
+            .iter()
+            .find(|id| !spec.readonly && !self.segments.get(id).is_some_and(|s| s.writable()))
+        {
             return Err(ShareError::invalid(
                 "readonly",
-                format!("segment {} is exported read-only", spec.segment),
+                format!("segment {id} is exported read-only"),
             ));
         }
         self.book.publish(name, spec)
@@ -222,6 +265,7 @@ impl Exporter {
             state: Mutex::new(State {
                 book: Book::new(),
                 segments: BTreeMap::new(),
+                placed: BTreeMap::new(),
                 next_segment: 0,
                 pending: HashMap::new(),
                 figures: ExportFigures::default(),
@@ -262,9 +306,19 @@ impl Exporter {
         &self.path
     }
 
-    /// Exports `segment` (its descriptor was made once, when the segment was); its number.
+    /// Exports `segment` (its descriptor is made once: when the segment was, or when an
+    /// importer first needs it); its number.
     pub fn add_segment(&self, segment: impl ShareableSegment + 'static) -> SegmentId {
         self.shared.state.lock().add_segment(Arc::new(segment))
+    }
+
+    /// The importers holding the buffer exported as `name` now (0 for a name not exported).
+    pub fn holders(&self, name: &str) -> usize {
+        let state = self.shared.state.lock();
+        state
+            .book
+            .get(name)
+            .map_or(0, |(id, _)| state.book.holders(id))
     }
 
     /// The segment numbered `id`.
@@ -359,7 +413,11 @@ impl Drop for Exporter {
             .waker
             .send(b"stop", &[], Instant::now() + Duration::from_secs(1));
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // Dropped on its own thread (a free it ran let go of the last handle of what owns
+            // it): that thread ends once this returns; it cannot wait for itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }

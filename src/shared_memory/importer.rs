@@ -11,7 +11,7 @@
 use super::error::ShareError;
 use super::memfd::HostMap;
 use super::message::{limits, BufferSpec, Entry, Frame, Message, SegmentId, SegmentInfo};
-use super::segment::{self, ShareableSegment};
+use super::segment::{self, PlacedRange, ShareableSegment};
 use super::transport::{Channel, Packet};
 use crate::shared_gpu::ledger_dir::LedgerDir;
 use std::collections::{BTreeMap, HashMap};
@@ -83,6 +83,12 @@ pub struct Attachment {
     /// Segments a new exporter did not take (an adoption): still mapped, no longer named.
     orphans: Vec<Held>,
     resolved: BTreeMap<String, BufferSpec>,
+    /// The bytes of the exporter's range its placed segments lie in (0: it has none).
+    range_size: u64,
+    /// This process's range for the exporter's placed segments, reserved at the first one.
+    placed: Option<PlacedRange>,
+    /// The placed segments by where they lie in the exporter's range.
+    occupied: BTreeMap<u64, SegmentId>,
 }
 
 impl Attachment {
@@ -103,6 +109,9 @@ impl Attachment {
             segments: HashMap::new(),
             orphans: Vec::new(),
             resolved: BTreeMap::new(),
+            range_size: 0,
+            placed: None,
+            occupied: BTreeMap::new(),
         };
         attachment.greet()?;
         Ok(attachment)
@@ -122,8 +131,9 @@ impl Attachment {
 
     fn greet(&mut self) -> Result<(), ShareError> {
         match self.request(Message::Hello, &[])?.0 {
-            Message::Welcome { pid, .. } => {
+            Message::Welcome { pid, range, .. } => {
                 self.exporter_pid = pid;
+                self.range_size = range;
                 Ok(())
             }
             other => Err(unexpected("a welcome", &other)),
@@ -253,7 +263,9 @@ impl Attachment {
         let Message::Resolved { segments, entries } = answer else {
             return Err(unexpected("a resolve's answer", &answer));
         };
-        if entries.is_empty() || entries.len() > batch.len() {
+        // Segments alone (a name in more new segments than one answer carries) make progress:
+        // each segment comes once.
+        if (entries.is_empty() && segments.is_empty()) || entries.len() > batch.len() {
             return Err(ShareError::Protocol(format!(
                 "{} answers to {} names",
                 entries.len(),
@@ -308,31 +320,109 @@ impl Attachment {
             )));
         }
         for (info, fd) in infos.into_iter().zip(fds) {
-            let map = segment::map(&info, fd)?;
+            let map = match info.at {
+                Some(at) => self.place(&info, fd, at)?,
+                None => segment::map(&info, fd)?,
+            };
             self.segments.insert(info.id, Held { info, map });
         }
         Ok(())
     }
 
-    /// Checks that `spec` lies within a segment this process maps.
-    fn check_buffer(&self, spec: &BufferSpec) -> Result<(), ShareError> {
-        spec.check()?;
-        let Some(held) = self.segments.get(&spec.segment) else {
+    /// Maps a placed segment at its place in this process's range for the exporter (reserved
+    /// at the first one), after checking that the place lies in the exporter's range and holds
+    /// no other segment.
+    fn place(
+        &mut self,
+        info: &SegmentInfo,
+        fd: OwnedFd,
+        at: u64,
+    ) -> Result<Box<dyn ShareableSegment>, ShareError> {
+        let end = at.checked_add(info.size);
+        if self.range_size == 0 || end.map_or(true, |e| e > self.range_size) || info.size == 0 {
             return Err(ShareError::Protocol(format!(
-                "a buffer in segment {}, which was never sent",
-                spec.segment
-            )));
-        };
-        if !spec.fits(held.map.size()) {
-            return Err(ShareError::Protocol(format!(
-                "{} bytes at {} pass segment {}'s {} bytes",
-                spec.size,
-                spec.offset,
-                spec.segment,
-                held.map.size()
+                "a segment of {} bytes at {at} in a range of {}",
+                info.size, self.range_size
             )));
         }
-        Ok(())
+        let end = at + info.size;
+        let before = self.occupied.range(..end).next_back();
+        if let Some((&start, id)) = before {
+            let held_end = start + self.segments.get(id).map_or(0, |h| h.info.size);
+            if held_end > at {
+                return Err(ShareError::Protocol(format!(
+                    "a segment at {at} overlaps segment {id} at {start}"
+                )));
+            }
+        }
+        let range = match &self.placed {
+            Some(range) => range.clone(),
+            None => {
+                let range = PlacedRange::reserve(info.kind, self.range_size)?;
+                self.placed = Some(range.clone());
+                range
+            }
+        };
+        let map = segment::place(info, fd, &range, at)?;
+        self.occupied.insert(at, info.id);
+        Ok(map)
+    }
+
+    /// The segments `spec` lies in, with the part of it in each: (segment, offset in it,
+    /// bytes); one for a segment on its own, the run of placed segments it crosses otherwise.
+    fn pieces(&self, spec: &BufferSpec) -> Result<Vec<(&Held, u64, u64)>, ShareError> {
+        let first = self.segments.get(&spec.segment).ok_or_else(|| {
+            ShareError::Protocol(format!(
+                "a buffer in segment {}, which was never sent",
+                spec.segment
+            ))
+        })?;
+        let outside = || {
+            ShareError::Protocol(format!(
+                "{} bytes at {} pass segment {}'s {} bytes",
+                spec.size, spec.offset, spec.segment, first.info.size
+            ))
+        };
+        let Some(at) = first.info.at.filter(|_| !spec.fits(first.info.size)) else {
+            return match spec.fits(first.info.size) {
+                true => Ok(vec![(first, spec.offset, spec.size)]),
+                false => Err(outside()),
+            };
+        };
+        // A placed buffer past its first segment: the segments after it, one after the other.
+        let start = at.checked_add(spec.offset).ok_or_else(outside)?;
+        let end = start.checked_add(spec.size).ok_or_else(outside)?;
+        let mut pieces = Vec::new();
+        let mut pos = start;
+        let mut seg_at = at;
+        let mut held = first;
+        loop {
+            let seg_end = seg_at + held.info.size;
+            let take = seg_end.min(end) - pos;
+            pieces.push((held, pos - seg_at, take));
+            pos += take;
+            if pos == end {
+                return Ok(pieces);
+            }
+            held = self
+                .occupied
+                .get(&seg_end)
+                .and_then(|id| self.segments.get(id))
+                .ok_or_else(|| {
+                    ShareError::Protocol(format!(
+                        "a buffer runs past segment {} at {seg_at} into no segment sent",
+                        spec.segment
+                    ))
+                })?;
+            seg_at = seg_end;
+        }
+    }
+
+    /// Checks that `spec` lies within a segment this process maps, or a run of placed
+    /// segments one after the other.
+    fn check_buffer(&self, spec: &BufferSpec) -> Result<(), ShareError> {
+        spec.check()?;
+        self.pieces(spec).map(drop)
     }
 
     /// A name resolved before, from what this process holds.
@@ -426,15 +516,24 @@ impl Attachment {
         self.resolved.keys().cloned().collect()
     }
 
-    /// The host map of `r`'s segment.
-    fn host_map(&self, r: &Resolved) -> Result<&HostMap, ShareError> {
-        let held = self
-            .segments
-            .get(&r.segment)
+    /// The host maps of `r`'s segments and the part of it in each: (map, offset in it,
+    /// bytes).
+    fn host_pieces(&self, r: &Resolved) -> Result<Vec<(&HostMap, u64, usize)>, ShareError> {
+        let spec = self
+            .resolved
+            .get(&r.name)
             .ok_or_else(|| ShareError::UnknownName(r.name.clone()))?;
-        held.map
-            .host()
-            .ok_or_else(|| ShareError::invalid("buffer", "device memory: read it on the device"))
+        self.pieces(spec)?
+            .into_iter()
+            .map(|(held, offset, len)| {
+                let map = held.map.host().ok_or_else(|| {
+                    ShareError::invalid("buffer", "device memory: read it on the device")
+                })?;
+                let len =
+                    usize::try_from(len).map_err(|_| ShareError::invalid("size", "too big"))?;
+                Ok((map, offset, len))
+            })
+            .collect()
     }
 
     /// A copy of the bytes of `r` (host memory only).
@@ -442,8 +541,11 @@ impl Attachment {
     /// # Errors
     /// [`ShareError::Invalid`] for device memory.
     pub fn read(&self, r: &Resolved) -> Result<Vec<u8>, ShareError> {
-        let len = usize::try_from(r.size).map_err(|_| ShareError::invalid("size", "too big"))?;
-        self.host_map(r)?.read(r.offset, len)
+        let mut out = Vec::new();
+        for (map, offset, len) in self.host_pieces(r)? {
+            out.extend(map.read(offset, len)?);
+        }
+        Ok(out)
     }
 
     /// Writes `bytes` at `offset` into `r` (host memory, writable buffers only).
@@ -458,7 +560,20 @@ impl Attachment {
         if !matches!(end, Some(end) if end <= r.size) {
             return Err(ShareError::invalid("range", "past the buffer's end"));
         }
-        self.host_map(r)?.write(r.offset + offset, bytes)
+        // The bytes of each piece that fall in `offset .. offset + len`.
+        let (mut pos, mut rest) = (0u64, bytes);
+        for (map, at, len) in self.host_pieces(r)? {
+            let (lo, hi) = (pos, pos + len as u64);
+            pos = hi;
+            if hi <= offset || rest.is_empty() {
+                continue;
+            }
+            let skip = offset.saturating_sub(lo);
+            let n = ((hi - lo - skip) as usize).min(rest.len());
+            map.write(at + skip, &rest[..n])?;
+            rest = &rest[n..];
+        }
+        Ok(())
     }
 
     /// Hands every segment this process maps and every name it holds to the exporter at
@@ -475,6 +590,10 @@ impl Attachment {
         self.path = path.to_path_buf();
         self.seq = 0;
         self.gone = false;
+        // The new exporter's placed segments go into a range of their own: the old one stays
+        // with the segments mapped there.
+        self.placed = None;
+        self.occupied.clear();
         self.greet()?;
         let ids: Vec<SegmentId> = self.segments.keys().copied().collect();
         let mut renumbered: HashMap<SegmentId, SegmentId> = HashMap::new();
@@ -486,7 +605,7 @@ impl Attachment {
                 infos.push(held.info.clone());
                 owned.push(
                     held.map
-                        .descriptor()
+                        .descriptor()?
                         .try_clone_to_owned()
                         .map_err(|e| ShareError::io("dup", e))?,
                 );

@@ -12,18 +12,21 @@
 use super::error::ShareError;
 use super::message::SegmentKind;
 use super::segment::ShareableSegment;
-use rustix::fs::{
-    fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags,
-};
+use crate::os::host_pages::Reservation;
+use rustix::fs::{fcntl_get_seals, fstat, SealFlags};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
-/// A shared mapping of a whole file: unmapped when dropped.
+/// A shared mapping of a whole file: unmapped when dropped (a map placed in a range gives
+/// the range its addresses back).
 #[derive(Debug)]
 pub struct HostMap {
     base: usize,
     len: usize,
     writable: bool,
+    /// The range it was placed in, and where: kept alive while the map lies in it.
+    placed: Option<(Arc<Reservation>, usize)>,
 }
 
 impl HostMap {
@@ -49,6 +52,31 @@ impl HostMap {
             base: ptr as usize,
             len,
             writable,
+            placed: None,
+        })
+    }
+
+    /// Maps the first `len` bytes of `fd`, shared, at `offset` of `range` (whole small pages
+    /// the caller checked hold nothing else), readable and (`writable`) writable.
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for a range outside the reservation; the kernel's refusal.
+    fn placed(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        writable: bool,
+        range: &Arc<Reservation>,
+        offset: usize,
+    ) -> Result<HostMap, ShareError> {
+        // SAFETY: the caller checked that nothing else lies at `offset .. offset + len` of the
+        // range (an importer places each segment once, at distinct offsets), so nothing in use
+        // is replaced; every caller checks the file's sealed size first (`check_sealed`).
+        unsafe { range.map_file(offset, len, fd, writable) }?;
+        Ok(HostMap {
+            base: range.base() + offset,
+            len,
+            writable,
+            placed: Some((range.clone(), offset)),
         })
     }
 
@@ -105,15 +133,17 @@ impl HostMap {
 
 impl Drop for HostMap {
     fn drop(&mut self) {
+        if let Some((range, offset)) = &self.placed {
+            // SAFETY: the range's own pages, mapped by `placed`; the map lends no references
+            // into it (copies only), and what the process built over its addresses (arrays
+            // through `__array_interface__`) is its owner's to drop first.
+            let _ = unsafe { range.unmap_file(*offset, self.len) };
+            return;
+        }
         // SAFETY: `base .. base + len` was mapped by `new` and is unmapped once; the map lends
         // no references into it (copies only), so nothing points there after.
         let _ = unsafe { munmap(self.base as *mut std::ffi::c_void, self.len) };
     }
-}
-
-/// The seals every shared memory file carries: its size cannot change, nor its seals.
-fn seals() -> SealFlags {
-    SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL
 }
 
 /// Checks that `fd` is a memory file sealed against shrinking, of at least `size` bytes that
@@ -168,13 +198,7 @@ impl MemfdSegment {
             .ok()
             .filter(|&l| l > 0)
             .ok_or_else(|| ShareError::invalid("size", format!("{size} bytes")))?;
-        let fd = memfd_create(
-            "rrmm-shared",
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )
-        .map_err(|e| ShareError::io("memfd_create", e))?;
-        ftruncate(&fd, size).map_err(|e| ShareError::io("ftruncate", e))?;
-        fcntl_add_seals(&fd, seals()).map_err(|e| ShareError::io("sealing a memory file", e))?;
+        let fd = crate::os::host_pages::sealed_memory_file(size)?;
         let map = HostMap::new(fd.as_fd(), len, true)?;
         let fd = if writable {
             fd
@@ -198,6 +222,25 @@ impl MemfdSegment {
     ) -> Result<MemfdSegment, ShareError> {
         let len = check_sealed(fd.as_fd(), size)?;
         let map = HostMap::new(fd.as_fd(), len, writable)?;
+        Ok(MemfdSegment { fd, map, writable })
+    }
+
+    /// As [`from_descriptor`](Self::from_descriptor), mapped at `offset` of `range` (an
+    /// importer's range for an exporter's placed segments), where the caller checked that
+    /// nothing else lies.
+    ///
+    /// # Errors
+    /// As [`from_descriptor`](Self::from_descriptor); [`ShareError::Invalid`] for a place
+    /// outside the range or not on whole pages.
+    pub fn place(
+        fd: OwnedFd,
+        size: u64,
+        writable: bool,
+        range: &Arc<Reservation>,
+        offset: usize,
+    ) -> Result<MemfdSegment, ShareError> {
+        let len = check_sealed(fd.as_fd(), size)?;
+        let map = HostMap::placed(fd.as_fd(), len, writable, range, offset)?;
         Ok(MemfdSegment { fd, map, writable })
     }
 
@@ -228,14 +271,15 @@ impl ShareableSegment for MemfdSegment {
         Some(&self.map)
     }
 
-    fn descriptor(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError> {
+        Ok(self.fd.as_fd())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 
     fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
         fd.try_clone_to_owned().unwrap()
@@ -245,7 +289,8 @@ mod tests {
     fn an_importer_sees_the_exporters_bytes_and_they_its() {
         let seg = MemfdSegment::new(1 << 16, true).unwrap();
         seg.host_map().write(100, b"exported").unwrap();
-        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 1 << 16, true).unwrap();
+        let imp =
+            MemfdSegment::from_descriptor(dup(seg.descriptor().unwrap()), 1 << 16, true).unwrap();
         assert_ne!(imp.base(), seg.base(), "mapped once more, elsewhere");
         assert_eq!(imp.host_map().read(100, 8).unwrap(), b"exported");
         imp.host_map().write(0, b"back").unwrap();
@@ -255,12 +300,78 @@ mod tests {
     }
 
     #[test]
+    fn placed_maps_lie_side_by_side_and_give_their_addresses_back() {
+        const PAGE: usize = 2 << 20;
+        let range = Arc::new(Reservation::new(4 * PAGE).unwrap());
+        let a = MemfdSegment::new(PAGE as u64, true).unwrap();
+        let b = MemfdSegment::new(PAGE as u64, true).unwrap();
+        a.host_map().write(PAGE as u64 - 3, b"end").unwrap();
+        b.host_map().write(0, b"start").unwrap();
+        let pa = MemfdSegment::place(
+            dup(a.descriptor().unwrap()),
+            PAGE as u64,
+            false,
+            &range,
+            PAGE,
+        )
+        .unwrap();
+        let pb = MemfdSegment::place(
+            dup(b.descriptor().unwrap()),
+            PAGE as u64,
+            false,
+            &range,
+            2 * PAGE,
+        )
+        .unwrap();
+        assert_eq!(
+            (pa.base(), pb.base()),
+            (range.base() + PAGE, range.base() + 2 * PAGE)
+        );
+        // One read across the two: the pages lie one after the other.
+        let mut across = [0u8; 8];
+        // SAFETY: both pages are mapped readable, contiguous, and sealed at their size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (pb.base() - 3) as *const u8,
+                across.as_mut_ptr(),
+                across.len(),
+            );
+        }
+        assert_eq!(&across, b"endstart");
+        assert!(pa.host_map().write(0, b"x").is_err(), "mapped read-only");
+        drop(pa);
+        // Its addresses are reserved again: a new map fits there.
+        let again = MemfdSegment::place(
+            dup(a.descriptor().unwrap()),
+            PAGE as u64,
+            true,
+            &range,
+            PAGE,
+        )
+        .unwrap();
+        assert_eq!(again.host_map().read(PAGE as u64 - 3, 3).unwrap(), b"end");
+        assert!(
+            MemfdSegment::place(
+                dup(a.descriptor().unwrap()),
+                PAGE as u64,
+                true,
+                &range,
+                4 * PAGE
+            )
+            .is_err(),
+            "past the range"
+        );
+    }
+
+    #[test]
     fn a_read_only_segment_cannot_be_mapped_writable() {
         let seg = MemfdSegment::new(4096, false).unwrap();
         seg.host_map().write(0, b"ro").unwrap();
-        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, true).unwrap_err();
+        let e =
+            MemfdSegment::from_descriptor(dup(seg.descriptor().unwrap()), 4096, true).unwrap_err();
         assert!(e.to_string().contains("mmap"), "{e}");
-        let imp = MemfdSegment::from_descriptor(dup(seg.descriptor()), 4096, false).unwrap();
+        let imp =
+            MemfdSegment::from_descriptor(dup(seg.descriptor().unwrap()), 4096, false).unwrap();
         assert_eq!(imp.host_map().read(0, 2).unwrap(), b"ro");
         assert!(imp.host_map().write(0, b"x").is_err());
     }
@@ -269,7 +380,8 @@ mod tests {
     fn descriptors_that_could_crash_an_importer_are_refused() {
         let seg = MemfdSegment::new(4096, true).unwrap();
         // Claiming more than the file holds.
-        let e = MemfdSegment::from_descriptor(dup(seg.descriptor()), 8192, false).unwrap_err();
+        let e =
+            MemfdSegment::from_descriptor(dup(seg.descriptor().unwrap()), 8192, false).unwrap_err();
         assert!(e.to_string().contains("4096 bytes"), "{e}");
         // A memory file without seals could shrink under the map.
         let loose = memfd_create("loose", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
@@ -283,7 +395,7 @@ mod tests {
             Err(ShareError::Protocol(_))
         ));
         // And a sealed file cannot be shrunk by anyone holding it.
-        assert!(ftruncate(seg.descriptor(), 0).is_err());
+        assert!(ftruncate(seg.descriptor().unwrap(), 0).is_err());
         assert!(MemfdSegment::new(0, true).is_err());
     }
 }

@@ -20,7 +20,7 @@ use super::codec::{check_text, Reader, Writer};
 use super::error::{Refusal, WireError};
 
 /// The protocol version this process speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The bytes a frame starts with.
 pub const MAGIC: [u8; 4] = *b"RRSM";
 /// The header's length.
@@ -91,6 +91,11 @@ pub struct SegmentInfo {
     /// Whether importers may write it (otherwise the descriptor is read-only where the kind
     /// allows, and importers map it read-only).
     pub writable: bool,
+    /// Where it lies in its exporter's range, for an exporter that exports one range in
+    /// segments (an expandable pool's pages: [`Message::Welcome`]'s `range`): importers map it
+    /// at that offset of one range of their own, so consecutive segments lie at consecutive
+    /// addresses there too. `None`: mapped wherever it fits.
+    pub at: Option<u64>,
 }
 
 /// A named buffer: where it lies and what it holds.
@@ -207,6 +212,9 @@ pub enum Message {
         pid: u32,
         /// How many names it exports now.
         names: u32,
+        /// The bytes of the range its placed segments lie in ([`SegmentInfo::at`]); 0 when it
+        /// has none.
+        range: u64,
     },
     /// Resolve these names (and take a lease on each one exported).
     Resolve {
@@ -214,8 +222,12 @@ pub enum Message {
         names: Vec<String>,
     },
     /// The answer to a resolve: the first names asked, in order (fewer than asked when the
-    /// answer's segments or bytes would pass their limits: ask again for the rest); each
-    /// segment new to this importer is described here, its descriptor beside, in order.
+    /// answer's segments or bytes would pass their limits: ask again for the rest; none when
+    /// the first name lies in more new segments than one answer carries: then the answer
+    /// carries segments only, at least one); each segment new to this importer is described
+    /// here, its descriptor beside, in order. A buffer of an exporter with a range
+    /// ([`SegmentInfo::at`]) may run past its first segment into the next ones; they come in
+    /// this answer or an earlier one.
     Resolved {
         /// Segments this importer has not received before.
         segments: Vec<SegmentInfo>,
@@ -284,8 +296,8 @@ mod kind {
     pub const ADOPTED: u8 = 11;
 }
 
-/// The smallest encoded segment (id, size, kind, writable).
-const MIN_SEGMENT: usize = 4 + 8 + 1 + 1;
+/// The smallest encoded segment (id, size, kind, writable, no place).
+const MIN_SEGMENT: usize = 4 + 8 + 1 + 1 + 1;
 /// The smallest encoded buffer (segment, offset, size, empty dtype, no shape, readonly).
 const MIN_BUFFER: usize = 4 + 8 + 8 + 2 + 2 + 1;
 
@@ -312,6 +324,10 @@ fn write_segments(w: &mut Writer, segments: &[SegmentInfo]) {
         w.u64(s.size);
         w.u8(s.kind.code());
         w.u8(u8::from(s.writable));
+        w.u8(u8::from(s.at.is_some()));
+        if let Some(at) = s.at {
+            w.u64(at);
+        }
     }
 }
 
@@ -324,6 +340,10 @@ fn read_segments(r: &mut Reader<'_>) -> Result<Vec<SegmentInfo>, WireError> {
             size: r.u64("segment size")?,
             kind: SegmentKind::from_code(r.u8("segment kind")?)?,
             writable: r.flag("segment writable")?,
+            at: match r.flag("segment placed")? {
+                true => Some(r.u64("segment place")?),
+                false => None,
+            },
         });
     }
     Ok(segments)
@@ -358,9 +378,10 @@ impl Message {
     fn write_body(&self, w: &mut Writer) {
         match self {
             Message::Hello => {}
-            Message::Welcome { pid, names } => {
+            Message::Welcome { pid, names, range } => {
                 w.u32(*pid);
                 w.u32(*names);
+                w.u64(*range);
             }
             Message::Resolve { names } | Message::Release { names } => write_names(w, names),
             Message::Resolved { segments, entries } => {
@@ -415,6 +436,7 @@ impl Message {
             kind::WELCOME => Message::Welcome {
                 pid: r.u32("pid")?,
                 names: r.u32("names")?,
+                range: r.u64("range")?,
             },
             kind::RESOLVE => Message::Resolve {
                 names: read_names(r)?,
@@ -595,10 +617,15 @@ pub(crate) mod tests {
             size: 1 << 21,
             kind: SegmentKind::Memfd,
             writable: true,
+            at: None,
         };
         vec![
             Message::Hello,
-            Message::Welcome { pid: 7, names: 2 },
+            Message::Welcome {
+                pid: 7,
+                names: 2,
+                range: 1 << 30,
+            },
             Message::Resolve {
                 names: vec!["a".into(), "b".into()],
             },
@@ -629,6 +656,7 @@ pub(crate) mod tests {
                 segments: vec![SegmentInfo {
                     kind: SegmentKind::CudaFd,
                     writable: false,
+                    at: Some(1 << 25),
                     ..seg
                 }],
                 buffers: vec![("a".into(), spec(3, 64, 64))],
@@ -707,6 +735,7 @@ pub(crate) mod tests {
                 size: 1,
                 kind: SegmentKind::Memfd,
                 writable: true,
+                at: Some(u64::MAX),
             })
             .collect();
         let m = Message::Resolved { segments, entries };
@@ -743,7 +772,8 @@ pub(crate) mod tests {
         let names = || prop::collection::vec(any_text(20), 0..6);
         prop_oneof![
             Just(Message::Hello),
-            (any::<u32>(), any::<u32>()).prop_map(|(pid, names)| Message::Welcome { pid, names }),
+            (any::<u32>(), any::<u32>(), any::<u64>())
+                .prop_map(|(pid, names, range)| Message::Welcome { pid, names, range }),
             names().prop_map(|names| Message::Resolve { names }),
             names().prop_map(|names| Message::Release { names }),
             prop::collection::vec((any_text(20), proptest::option::of(any_spec())), 0..4).prop_map(

@@ -25,8 +25,13 @@
 //! the CPU stand-in the tests use) and device memory through the driver's shareable handle
 //! ([`cuda_segment`]).
 //!
-//! Not built yet: sharing the expandable pool's own pages (they are made without the handle
-//! type, see [`cuda_segment`]); sleep and wake of an exporter with importers attaching again;
+//! An expandable pool made shareable exports its own pages as segments placed in its range
+//! ([`SegmentInfo::at`](message::SegmentInfo::at)); importers map them side by side in one
+//! range of their own ([`segment::PlacedRange`]), so a buffer across pages is contiguous
+//! there (`crate::suballocator::ExpandableMemoryResource::publish`).
+//!
+//! Not built yet: sleep and wake of an exporter with importers attaching again; adoption of a
+//! pool's buffers that run across pages (an adopting exporter maps each segment on its own);
 //! the Dask and PyTorch paths.
 
 pub mod adopt;

@@ -10,8 +10,11 @@
 use super::error::ShareError;
 use super::memfd::HostMap;
 use super::message::{SegmentInfo, SegmentKind};
+use crate::cuda::vmm::AddressReservation;
+use crate::os::host_pages::Reservation;
 use std::fmt::Debug;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 /// Memory shared between processes, mapped in this one at [`base`](Self::base), with the
 /// descriptor it is shared by: in an exporter, a segment it made (or adopted), whose
@@ -35,8 +38,17 @@ pub trait ShareableSegment: Send + Sync + Debug {
         None
     }
     /// The descriptor it is shared by (read-only where it is not writable and the kind can
-    /// say so).
-    fn descriptor(&self) -> BorrowedFd<'_>;
+    /// say so); a segment may make it at the first call (a pool's page is exported when an
+    /// importer first needs it), once.
+    ///
+    /// # Errors
+    /// Where the descriptor cannot be made (the driver's refusal to export).
+    fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError>;
+    /// Where it lies in its exporter's range, for a segment that is part of one (a page of an
+    /// expandable pool: [`super::SegmentInfo::at`]); `None` for a segment on its own.
+    fn at(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Maps the segment `info` describes from its descriptor `fd`, the way of its kind: an
@@ -58,5 +70,96 @@ pub fn map(info: &SegmentInfo, fd: OwnedFd) -> Result<Box<dyn ShareableSegment>,
             info.size,
             info.writable,
         )?)),
+    }
+}
+
+/// An importer's range for one exporter's placed segments ([`SegmentInfo::at`]): reserved once,
+/// as large as the exporter's range, in host or device addresses by the segments' kind. Each
+/// placed segment holds it, so it stays until the last of them is unmapped.
+#[derive(Debug, Clone)]
+pub enum PlacedRange {
+    /// Host addresses, for memory files.
+    Host(Arc<Reservation>),
+    /// Device addresses on the current device, for the driver's shareable handles.
+    Device(Arc<AddressReservation>),
+}
+
+impl PlacedRange {
+    /// Reserves `size` bytes of addresses for segments of `kind`.
+    ///
+    /// # Errors
+    /// [`ShareError::Invalid`] for no bytes; [`ShareError::Driver`] when the addresses cannot be
+    /// reserved (out of address space, no driver for device segments).
+    pub fn reserve(kind: SegmentKind, size: u64) -> Result<PlacedRange, ShareError> {
+        let len = usize::try_from(size)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| ShareError::invalid("range", format!("{size} bytes")))?;
+        Ok(match kind {
+            SegmentKind::Memfd => PlacedRange::Host(Arc::new(Reservation::new(len)?)),
+            SegmentKind::CudaFd => {
+                let device = crate::cuda::current_device()?;
+                let _ctx = crate::cuda::ContextGuard::new(device)?;
+                let granularity = crate::cuda::vmm::allocation_granularity(device)?;
+                let len = len
+                    .div_ceil(granularity)
+                    .checked_mul(granularity)
+                    .ok_or_else(|| ShareError::invalid("range", format!("{size} bytes")))?;
+                PlacedRange::Device(Arc::new(AddressReservation::new(len, granularity)?))
+            }
+        })
+    }
+
+    /// The kind of segment it holds.
+    pub fn kind(&self) -> SegmentKind {
+        match self {
+            PlacedRange::Host(_) => SegmentKind::Memfd,
+            PlacedRange::Device(_) => SegmentKind::CudaFd,
+        }
+    }
+
+    /// Its first address.
+    pub fn base(&self) -> usize {
+        match self {
+            PlacedRange::Host(r) => r.base(),
+            PlacedRange::Device(r) => r.base(),
+        }
+    }
+
+    /// Its bytes.
+    pub fn size(&self) -> usize {
+        match self {
+            PlacedRange::Host(r) => r.len(),
+            PlacedRange::Device(r) => r.size(),
+        }
+    }
+}
+
+/// Maps the segment `info` describes from its descriptor `fd` at `at` of `range`, where the
+/// caller checked that no other segment lies: an importer's map of an exporter's placed
+/// segment.
+///
+/// # Errors
+/// [`ShareError::Protocol`] for a segment of another kind than the range's; as [`map`]; the
+/// refusal of a place outside the range.
+pub fn place(
+    info: &SegmentInfo,
+    fd: OwnedFd,
+    range: &PlacedRange,
+    at: u64,
+) -> Result<Box<dyn ShareableSegment>, ShareError> {
+    let offset =
+        usize::try_from(at).map_err(|_| ShareError::Protocol(format!("a segment at {at}")))?;
+    match (info.kind, range) {
+        (SegmentKind::Memfd, PlacedRange::Host(r)) => Ok(Box::new(
+            super::memfd::MemfdSegment::place(fd, info.size, info.writable, r, offset)?,
+        )),
+        (SegmentKind::CudaFd, PlacedRange::Device(r)) => Ok(Box::new(
+            super::cuda_segment::CudaSegment::place(fd, info.size, info.writable, r, offset)?,
+        )),
+        (kind, range) => Err(ShareError::Protocol(format!(
+            "a {kind:?} segment in a range of {:?} segments",
+            range.kind()
+        ))),
     }
 }

@@ -193,15 +193,22 @@ fn serve_one(shared: &Shared, imp: &mut Importer) -> bool {
         }
         imp.refusals > shared.options.max_refusals
     };
-    let sent = answer
-        .frame
-        .encode()
-        .map_err(ShareError::from)
-        .and_then(|bytes| {
-            let fds: Vec<BorrowedFd<'_>> = answer.segments.iter().map(|s| s.descriptor()).collect();
-            imp.channel
-                .send(&bytes, &fds, Instant::now() + shared.options.send_timeout)
-        });
+    // A segment that makes its descriptor now (a pool's page, exported at its first need) and
+    // cannot: the request is refused with the reason (the leases it took hold until released).
+    let fds: Result<Vec<BorrowedFd<'_>>, ShareError> =
+        answer.segments.iter().map(|s| s.descriptor()).collect();
+    let refusal;
+    let (frame, fds) = match fds {
+        Ok(fds) => (&answer.frame, fds),
+        Err(e) => {
+            refusal = Answer::refuse(answer.frame.seq, Refusal::NotAllowed, e).frame;
+            (&refusal, Vec::new())
+        }
+    };
+    let sent = frame.encode().map_err(ShareError::from).and_then(|bytes| {
+        imp.channel
+            .send(&bytes, &fds, Instant::now() + shared.options.send_timeout)
+    });
     match sent {
         Ok(()) if !mute => true,
         Err(ShareError::Gone) => false,
@@ -267,6 +274,7 @@ fn answer_in_order(
                 Message::Welcome {
                     pid: std::process::id(),
                     names: u32::try_from(names).unwrap_or(u32::MAX),
+                    range: shared.options.range,
                 },
             )
         }
@@ -324,32 +332,50 @@ fn kind_name(m: &Message) -> &'static str {
 }
 
 /// Resolves the first of `names` that fit one answer: each exported name takes a lease; each
-/// segment the importer has not received rides beside, at most [`limits::SEGMENTS`].
+/// segment the importer has not received rides beside, at most [`limits::SEGMENTS`]. A first
+/// name in more new segments than that gets an answer of segments only, as many as fit (the
+/// importer asks again).
 fn resolve(shared: &Shared, imp: &mut Importer, seq: u32, names: &[String]) -> Answer {
     let mut state = shared.state.lock();
     let mut segments: Vec<Arc<dyn ShareableSegment>> = Vec::new();
     let mut infos: Vec<SegmentInfo> = Vec::new();
     let mut entries = Vec::with_capacity(names.len());
     for name in names {
-        let segment = state.book.get(name).map(|(_, spec)| spec.segment);
-        if let Some(id) = segment {
-            let new = !imp.sent.contains(&id) && !infos.iter().any(|s| s.id == id);
-            if new {
-                if infos.len() == limits::SEGMENTS {
-                    break; // the rest in the next answer
-                }
-                let Some(seg) = state.segments.get(&id).cloned() else {
-                    entries.push(Entry::Unknown { name: name.clone() });
-                    continue;
-                };
+        let ids = match state
+            .book
+            .get(name)
+            .map(|(_, spec)| state.segments_of(spec))
+        {
+            Some(Ok(ids)) => ids,
+            // A buffer whose segments are gone: not exported any more.
+            Some(Err(_)) => {
+                entries.push(Entry::Unknown { name: name.clone() });
+                continue;
+            }
+            None => Vec::new(),
+        };
+        let new: Vec<SegmentId> = ids
+            .into_iter()
+            .filter(|id| !imp.sent.contains(id) && !infos.iter().any(|s| s.id == *id))
+            .collect();
+        let room = limits::SEGMENTS - infos.len();
+        if new.len() > room && !(entries.is_empty() && infos.is_empty()) {
+            break; // the rest in the next answer
+        }
+        for &id in new.iter().take(room) {
+            if let Some(seg) = state.segments.get(&id).cloned() {
                 infos.push(SegmentInfo {
                     id,
                     size: seg.size(),
                     kind: seg.kind(),
                     writable: seg.writable(),
+                    at: seg.at(),
                 });
                 segments.push(seg);
             }
+        }
+        if new.len() > room {
+            break; // segments only: the name in the next answer
         }
         entries.push(match state.book.resolve(imp.id, name) {
             Some(spec) => Entry::Found {

@@ -399,6 +399,7 @@ fn expandable(
                 (Target::Device, ExpandableOn::Device) => options.spill_to_host,
                 _ => None,
             },
+            shareable: false,
         },
     }
 }

@@ -77,6 +77,10 @@ pub struct ExpandableOptions {
     /// On a device: when it is full, spill to at most this many bytes of host pages (see
     /// [`CudaVirtualMemory::with_host_spill`]; default: it never spills).
     pub spill_to_host: Option<usize>,
+    /// Make every page so that other processes can map it ([`CudaVirtualMemory::shareable`]):
+    /// the pool can then be [`publish`](ExpandableMemoryResource::publish)ed (default: off;
+    /// refused with a spill to host pages, on pinned host memory and on simulated memory).
+    pub shareable: bool,
 }
 
 impl ExpandableOptions {
@@ -133,6 +137,9 @@ struct Inner {
     release_threshold: Option<usize>,
     /// The next sleep's host pages kept ready as the pool grows (shared with the growth policy).
     ready_ahead: Arc<ReadyAhead>,
+    /// What the pool shares with other processes, where its memory is shareable (shared with
+    /// the growth policy, whose trim keeps exported pages).
+    share: Option<Arc<share::PoolShare>>,
 }
 
 super::core::relieve_by_core!(Inner, held: |inner| inner.vm.mapped_bytes());
@@ -150,6 +157,9 @@ impl ExpandableMemoryResource {
         if let Some(limit) = options.spill_to_host {
             vm = vm.with_host_spill(limit);
         }
+        if options.shareable {
+            vm = vm.shareable()?;
+        }
         Self::new(Arc::new(vm), options.sizes)
     }
 
@@ -161,6 +171,10 @@ impl ExpandableMemoryResource {
     /// # Errors
     /// No driver, the host's memory size unknown, out of addresses or memory.
     pub fn on_pinned_host(device: usize, options: ExpandableOptions) -> Result<Self> {
+        refuse_shareable(
+            &options,
+            "pinned host memory is registered as this process's pages",
+        )?;
         let vm = HostVirtualMemory::pinned(device, options.host_reserve()?, options.page_size)?;
         Self::new(Arc::new(vm), options.sizes)
     }
@@ -174,6 +188,10 @@ impl ExpandableMemoryResource {
     /// As [`SimulatedVirtualMemory::new`](crate::resource::SimulatedVirtualMemory::new) and
     /// [`new`](Self::new).
     pub fn on_simulated(capacity: usize, options: ExpandableOptions) -> Result<Self> {
+        refuse_shareable(
+            &options,
+            "simulated memory has addresses only, no bytes to share",
+        )?;
         let vm = SimulatedVirtualMemory::new(
             capacity,
             options
@@ -229,6 +247,9 @@ impl ExpandableMemoryResource {
         }
         let sleep = movement::MovementState::default();
         let ready_ahead = Arc::new(ReadyAhead::default());
+        let share = vm
+            .shareable()
+            .then(|| Arc::new(share::PoolShare::default()));
         let pool = ExpandableMemoryResource {
             inner: Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
                 let growth = ExpandableGrowth {
@@ -238,6 +259,7 @@ impl ExpandableMemoryResource {
                     mapped: Mutex::new(BTreeMap::new()),
                     ready_ahead: ready_ahead.clone(),
                     identity: me.as_ptr() as usize,
+                    share: share.clone(),
                 };
                 Inner {
                     core: StreamOrderedCore::<CoalescingFreeList>::new(
@@ -254,6 +276,7 @@ impl ExpandableMemoryResource {
                     maximum_pool_size,
                     release_threshold,
                     ready_ahead,
+                    share,
                 }
             }),
         };
@@ -373,26 +396,13 @@ impl MemoryResource for ExpandableMemoryResource {
     // out and relies only on the stream-ordering part of the contract.
     #[allow(unsafe_code)]
     unsafe fn deallocate(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
-        // Allowed while asleep too: bookkeeping only (see `expandable/sleep.rs`).
-        self.inner.core.deallocate(ptr, bytes, stream)?;
-        self.inner.sleep.forget(ptr);
-        self.promote_after_free();
-        if let Some(threshold) = self.inner.release_threshold {
-            if self.inner.core.free_bytes() > threshold {
-                // Never beside an offload or restore (they unmap and map pages themselves),
-                // and never waiting for one: the next free trims. The sleep record is taken
-                // only when a trim is due, not on every free.
-                let Some(_sleep) = self.inner.sleep.try_hold() else {
-                    return Ok(());
-                };
-                let free = self.inner.core.free_bytes();
-                if free > threshold && !self.inner.sleep.asleep() {
-                    let target = self.mapped_bytes().saturating_sub(free - threshold);
-                    self.inner.core.release(target)?;
-                }
+        // A named block's free waits for the importers that hold it (`expandable/share.rs`).
+        if let Some(share) = &self.inner.share {
+            if share.watching() && share.take_free(&self.inner.me, ptr, bytes, stream) {
+                return Ok(());
             }
         }
-        Ok(())
+        self.deallocate_now(ptr, bytes, stream)
     }
 
     crate::resource::memory_from!(|this| this.inner.vm);
@@ -441,6 +451,42 @@ impl MemoryResource for ExpandableMemoryResource {
     }
 }
 
+impl ExpandableMemoryResource {
+    /// The free itself: the block goes back to the pool now (a named block's free runs this
+    /// once its importers let go).
+    fn deallocate_now(&self, ptr: usize, bytes: usize, stream: Stream) -> Result<()> {
+        // Allowed while asleep too: bookkeeping only (see `expandable/sleep.rs`).
+        self.inner.core.deallocate(ptr, bytes, stream)?;
+        self.inner.sleep.forget(ptr);
+        self.promote_after_free();
+        if let Some(threshold) = self.inner.release_threshold {
+            if self.inner.core.free_bytes() > threshold {
+                // Never beside an offload or restore (they unmap and map pages themselves),
+                // and never waiting for one: the next free trims. The sleep record is taken
+                // only when a trim is due, not on every free.
+                let Some(_sleep) = self.inner.sleep.try_hold() else {
+                    return Ok(());
+                };
+                let free = self.inner.core.free_bytes();
+                if free > threshold && !self.inner.sleep.asleep() {
+                    let target = self.mapped_bytes().saturating_sub(free - threshold);
+                    self.inner.core.release(target)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses `options` that ask for a shareable pool on memory that cannot be shared, saying
+/// `why`.
+fn refuse_shareable(options: &ExpandableOptions, why: &str) -> Result<()> {
+    match options.shareable {
+        true => Err(Error::invalid("shareable", why.to_string())),
+        false => Ok(()),
+    }
+}
+
 /// Device `device`'s virtual memory: `reserve_size` bytes of addresses (default
 /// [`DEFAULT_RESERVE_FACTOR`] times its memory) in pages of `page_size` (default
 /// [`DEFAULT_DEVICE_PAGE_SIZE`]).
@@ -477,6 +523,8 @@ struct ExpandableGrowth {
     ready_ahead: Arc<ReadyAhead>,
     /// The pool's identity (its place where its memory is not a device's).
     identity: usize,
+    /// What the pool shares: its trim keeps the exported pages mapped.
+    share: Option<Arc<share::PoolShare>>,
 }
 
 /// An expandable pool's sleeps' host pages: their kind (the memory's own, or plain pageable
@@ -784,26 +832,37 @@ impl Growth for ExpandableGrowth {
             if hi <= lo {
                 continue;
             }
-            let len = (hi - lo).min(self.pages_for(mapped - target).unwrap_or(usize::MAX));
-            let at = hi - len;
-            if !fresh.take_range(at, len) {
-                continue;
+            // Pages exported to other processes stay mapped (`expandable/share.rs`): the
+            // rest, highest first.
+            let parts = match &self.share {
+                Some(share) => share.unkept(lo, hi, page),
+                None => vec![(lo, hi)],
+            };
+            for (lo, hi) in parts.into_iter().rev() {
+                if mapped <= target {
+                    break;
+                }
+                let len = (hi - lo).min(self.pages_for(mapped - target).unwrap_or(usize::MAX));
+                let at = hi - len;
+                if !fresh.take_range(at, len) {
+                    continue;
+                }
+                // SAFETY: the core trims only after synchronizing every stream and merging
+                // every list into the fresh one, and the pages lay inside a free block of it
+                // (now taken out), so no allocation covers them and no work uses them.
+                if let Err(e) = unsafe { self.vm.unmap(at, len) } {
+                    // Still mapped: free again, and counted as held.
+                    fresh.put_back(Block {
+                        addr: at,
+                        size: len,
+                        region: base,
+                    });
+                    return (released, Err(e));
+                }
+                remove_run_part(&mut runs, at, len);
+                mapped -= len;
+                released += len;
             }
-            // SAFETY: the core trims only after synchronizing every stream and merging every
-            // list into the fresh one, and the pages lay inside a free block of it (now taken
-            // out), so no allocation covers them and no work uses them.
-            if let Err(e) = unsafe { self.vm.unmap(at, len) } {
-                // Still mapped: free again, and counted as held.
-                fresh.put_back(Block {
-                    addr: at,
-                    size: len,
-                    region: base,
-                });
-                return (released, Err(e));
-            }
-            remove_run_part(&mut runs, at, len);
-            mapped -= len;
-            released += len;
         }
         (released, Ok(()))
     }
@@ -858,7 +917,9 @@ impl Drop for Inner {
 
 mod backup;
 mod movement;
+mod share;
 mod sleep;
 mod spill;
+pub use share::{PoolExport, PoolShareFigures};
 pub use sleep::{DiscardFill, SleepEstimate, SleepReport, SleepTag};
 pub use spill::AutoPromote;

@@ -29,7 +29,7 @@ pub use arena::{check_arena_size, ArenaMemoryResource, SUPERBLOCK_MIN};
 pub use binning::BinningMemoryResource;
 pub use expandable::{
     AutoPromote, DiscardFill, ExpandableMemoryResource, ExpandableOptions, ExpandableSizes,
-    SleepEstimate, SleepReport, SleepTag, DEFAULT_RESERVE_FACTOR,
+    PoolExport, PoolShareFigures, SleepEstimate, SleepReport, SleepTag, DEFAULT_RESERVE_FACTOR,
 };
 /// Sleep, wake and promotion of any stack (its home is [`crate::resource::sleep`]).
 pub mod sleep {

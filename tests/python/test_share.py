@@ -1,15 +1,20 @@
 """rrmm.share across two real processes, on memory files (the CPU stand-in for device memory):
 bytes written by the exporter read bit-exact by an importer, names rebuilt as arrays through
-``__array_interface__``, and a free that waits for the importer that holds the name."""
+``__array_interface__``, and a free that waits for the importer that holds the name; then a
+shareable expandable pool on host memory published as a whole (arrays across pages, a free
+that waits, a trim and a sleep that keep exported pages, refusals)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -137,3 +142,146 @@ def test_names_errors_and_adoption_in_one_process(tmp_path: Path) -> None:
     imp.close()
     other.close()
     new.close()
+
+
+# A shareable expandable pool on host memory (a memory file per page: the CPU stand-in for a
+# device's shareable pages), published as a whole.
+
+POOL_IMPORTER = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    import numpy as np
+    import rrmm.share
+
+    imp = rrmm.share.attach(sys.argv[1])
+    names = sys.argv[2].split(",")
+    arrays = [np.asarray(a) for a in imp.get_many(names)]
+    print(json.dumps({n: [hashlib.sha256(a.tobytes()).hexdigest(), str(a.dtype), list(a.shape),
+                          bool(a.flags.writeable)] for n, a in zip(names, arrays)}), flush=True)
+    sys.stdin.readline()  # the exporter freed one: read it again
+    print(hashlib.sha256(arrays[0].tobytes()).hexdigest(), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+PAGE = 2 << 20
+
+
+def _host_pool(**kwargs: object) -> rrmm.mr.ExpandableMemoryResource:
+    return rrmm.mr.ExpandableMemoryResource(
+        pageable_host=True,
+        device_capacity=256 << 20,
+        reserve_size=256 << 20,
+        page_size=PAGE,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _pool_array(
+    pool: rrmm.mr.ExpandableMemoryResource, values: np.ndarray
+) -> tuple[Any, np.ndarray]:
+    """A DeviceBuffer of the (host) pool holding ``values``, and a NumPy view of it."""
+    import ctypes
+
+    buf = rrmm.DeviceBuffer(size=values.nbytes, mr=pool)
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * values.nbytes).from_address(buf.ptr))
+    view[:] = values.view(np.uint8).reshape(-1)
+    return buf, view.view(values.dtype).reshape(values.shape)
+
+
+def test_a_shareable_pool_serves_its_arrays_to_another_process_bit_exact(tmp_path: Path) -> None:
+    pool = _host_pool(shareable=True)
+    assert pool.shareable
+    directory = tempfile.mkdtemp(prefix="rs")
+    pub = pool.publish("pool", directory=directory)
+    rng = np.random.default_rng(11)
+    arrays = {
+        "small": rng.standard_normal(1000).astype("<f4"),
+        # Across three pages: the importer maps them side by side.
+        "across": rng.integers(0, 2**31, size=(3, PAGE // 4 + 77), dtype="<i4"),
+        "bytes": rng.integers(0, 255, size=PAGE + 1, dtype="u1"),
+    }
+    kept = {}
+    for name, values in arrays.items():
+        buf, view = _pool_array(pool, values)
+        kept[name] = buf
+        pub.share(name, view, readonly=name == "small")
+    del buf, view
+    assert sorted(pub.names()) == sorted(arrays)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", POOL_IMPORTER, pub.path, ",".join(arrays)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen = json.loads(proc.stdout.readline())
+    for name, values in arrays.items():
+        digest, dtype, shape, writeable = seen[name]
+        assert digest == hashlib.sha256(values.tobytes()).hexdigest(), name
+        assert (dtype, tuple(shape)) == (str(values.dtype), values.shape)
+        assert writeable == (name != "small")
+    # The exporter frees an array the importer holds: the free waits, and is counted.
+    first = next(iter(arrays))
+    del kept[first]
+    figures = pool.share_figures()
+    assert figures is not None
+    assert figures["deferred_free_blocks"] == 1
+    assert figures["deferred_free_bytes"] == arrays[first].nbytes
+    assert first not in pub.names()
+    # Neither a new block nor a trim touches it.
+    filler = [rrmm.DeviceBuffer(size=1 << 20, mr=pool) for _ in range(8)]
+    pool.trim(0)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == hashlib.sha256(arrays[first].tobytes()).hexdigest()
+    with pytest.raises(RuntimeError, match="exported"):
+        pool.offload()
+    proc.communicate("\n", timeout=30)
+    assert proc.returncode == 0
+    _wait_for_pool(pool, "deferred_free_blocks", 0)
+    assert pool.share_figures()["frees_after_wait"] == 1  # type: ignore[index]
+    del filler
+    pub.close()
+    kept.clear()
+    pool.trim(0)
+    assert pool.mapped_bytes() == 0
+
+
+def _wait_for_pool(pool: rrmm.mr.ExpandableMemoryResource, key: str, value: int) -> None:
+    deadline = time.monotonic() + 10
+    while (pool.share_figures() or {}).get(key) != value:
+        assert time.monotonic() < deadline, pool.share_figures()
+        time.sleep(0.01)
+
+
+def test_a_pool_that_cannot_share_says_why() -> None:
+    with pytest.raises(ValueError, match="spill"):
+        _host_pool(shareable=True, spill_to_host=64 << 20)
+    with pytest.raises(ValueError, match="no bytes"):
+        rrmm.mr.ExpandableMemoryResource(simulated_capacity=1 << 30, shareable=True)
+    plain = _host_pool()
+    assert not plain.shareable and plain.share_figures() is None
+    with pytest.raises(ValueError, match="shareable=True"):
+        plain.publish("x", directory=tempfile.mkdtemp(prefix="rs"))
+
+
+def test_a_name_must_start_a_live_block_and_be_contiguous() -> None:
+    pool = _host_pool(shareable=True)
+    pub = pool.publish("names", directory=tempfile.mkdtemp(prefix="rs"))
+    buf, view = _pool_array(pool, np.arange(64, dtype="<f8").reshape(8, 8))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pub.share("t", view.T)
+    with pytest.raises(ValueError, match="start a live block"):
+        pub.share("mid", view[1:])
+    with pytest.raises(ValueError, match="nbytes"):
+        pub.share("p", buf.ptr)
+    pub.share("p", buf.ptr, nbytes=64)
+    pub.share("whole", buf)
+    with pytest.raises(ValueError, match="exported already"):
+        pub.share("whole", buf)
+    imp = rrmm.share.attach(pub.path)
+    assert np.asarray(imp.get("whole")).tobytes() == view.tobytes()
+    assert imp.get("p").nbytes == 64
+    imp.close()
+    pub.close()

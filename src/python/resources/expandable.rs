@@ -39,7 +39,13 @@ impl ExpandableMemoryResource {
     /// own: "safe_points" (the default: at a wake from sleep, `at_rest()`, the ledger's busy
     /// declaration and the Dask plugin's task boundaries), "frees" (also after a free that
     /// leaves room: you promise no other thread runs work on the pool's memory meanwhile, as in
-    /// a single-threaded CuPy pipeline) or "off" (only `promote()`).
+    /// a single-threaded CuPy pipeline) or "off" (only `promote()`). `shareable`: make every
+    /// page so that other processes of this user can map it (the driver's shareable handle on
+    /// a device; a memory file per page with `pageable_host`, the CPU stand-in), so the pool
+    /// can be `publish()`ed (`rrmm.share`; default False). ValueError where the memory cannot
+    /// be shared: with `spill_to_host` (spilled pages are host memory the driver does not
+    /// export, and a promotion remaps pages that importers map), `pinned_host` (registered as
+    /// this process's pages) or `simulated_capacity` (no bytes).
     #[new]
     #[pyo3(signature = (
         device=None,
@@ -54,6 +60,7 @@ impl ExpandableMemoryResource {
         spill_to_host=None,
         device_capacity=None,
         auto_promote=None,
+        shareable=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -70,6 +77,7 @@ impl ExpandableMemoryResource {
         spill_to_host: Option<&Bound<'_, PyAny>>,
         device_capacity: Option<&Bound<'_, PyAny>>,
         auto_promote: Option<&str>,
+        shareable: bool,
     ) -> PyResult<PyClassInitializer<Self>> {
         let auto_promote = auto_promote
             .map(|w| py_result(w.parse::<AutoPromote>()))
@@ -83,6 +91,7 @@ impl ExpandableMemoryResource {
             reserve_size: opt_bytes_arg(reserve_size, "reserve_size")?,
             page_size: opt_bytes_arg(page_size, "page_size")?,
             spill_to_host: None,
+            shareable,
         };
         let simulated = opt_bytes_arg(simulated_capacity, "simulated_capacity")?;
         options.spill_to_host = spill_limit(spill_to_host)?;
@@ -123,6 +132,10 @@ impl ExpandableMemoryResource {
                     )?,
                     None => HostVirtualMemory::new(reserve, page, false, None)?,
                 };
+                let vm = match shareable {
+                    true => vm.shareable()?,
+                    false => vm,
+                };
                 RsExpandable::new(Arc::new(vm), options.sizes)
             }
             None => {
@@ -142,6 +155,41 @@ impl ExpandableMemoryResource {
         }
         let base = DeviceMemoryResource::init(Arc::new(mr.clone()));
         Ok(PyClassInitializer::from(base).add_subclass(ExpandableMemoryResource { mr }))
+    }
+
+    /// Whether the pool's pages can be shared with other processes (`shareable=True`).
+    #[getter]
+    fn shareable(&self) -> bool {
+        self.mr.is_shareable()
+    }
+
+    /// Starts serving the pool's memory to other processes of this user as the exporter
+    /// `name` (1 to 30 of `A-Z a-z 0-9 . _ -`), its socket in the ledgers' directory
+    /// (`directory`, default `RRMM_LEDGER_DIR` or `/dev/shm/rrmm-ledger-<uid>`) under the
+    /// device's UUID (`host` for host memory): an `rrmm.share.PoolPublication` whose `share()`
+    /// names the pool's arrays and buffers. ValueError for a pool that is not shareable or is
+    /// published already.
+    #[pyo3(signature = (name, directory=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        directory: Option<std::path::PathBuf>,
+    ) -> PyResult<crate::python::share::SharePublication> {
+        crate::python::share::SharePublication::start(py, &self.mr, name, directory)
+    }
+
+    /// What the pool shares (None for a pool that is not shareable): the exporter's figures
+    /// (segments, names, importers, leases, deferred frees...), the pages kept mapped for
+    /// importers, the frees waiting for importers and the bytes held out of use.
+    fn share_figures<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        self.mr
+            .share_figures()
+            .map(|f| crate::python::share::figures_dict(py, f.to_map()))
+            .transpose()
     }
 
     /// When spilled pages move back to the device on their own: "safe_points", "frees" or

@@ -58,7 +58,7 @@ fn soon() -> Instant {
 
 fn memfd() -> OwnedFd {
     MemfdSegment::new(4096, true)
-        .map(|s| s.descriptor().try_clone_to_owned().unwrap())
+        .map(|s| s.descriptor().unwrap().try_clone_to_owned().unwrap())
         .unwrap()
 }
 

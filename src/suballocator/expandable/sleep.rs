@@ -311,6 +311,9 @@ impl ExpandableMemoryResource {
     /// [`offload_plan`](Self::offload_plan) under the transition lock.
     fn offload_held(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
         let inner = &self.inner;
+        if let Some(share) = &inner.share {
+            share.check_sleep()?;
+        }
         let gate = &inner.sleep;
         let mut state = gate.hold();
         if state.is_some() {

@@ -581,6 +581,7 @@ fn fragmented(runs: &[(usize, usize)], pieces: &[usize]) -> (ExpandableGrowth, C
         maximum: None,
         mapped: Mutex::new(BTreeMap::new()),
         ready_ahead: Arc::default(),
+        share: None,
     };
     let base = vm.base();
     let mut fresh = CoalescingFreeList::empty();
