@@ -156,6 +156,7 @@ def test_three_importers_read_64_arrays_bit_exact_and_a_free_waits_for_them(pool
     _wait_for(pool, "importers", 0)
     del filler
     arrays.clear()
+    del rng  # its generator's state lives in the pool too
     pub.close()
     cupy.cuda.Device().synchronize()
     pool.trim(0)
