@@ -71,11 +71,14 @@ def pool() -> Any:
     from rrmm.allocators.cupy import rmm_cupy_allocator
 
     before = mr.get_current_device_resource()
+    # Restored after: CuPy's own pool (the other GPU tests' kernels keep their temporaries
+    # there; `set_allocator(None)` would leave CuPy without one).
+    allocator_before = cupy.cuda.get_allocator()
     pool = mr.ExpandableMemoryResource(shareable=True, page_size=PAGE)
     mr.set_current_device_resource(pool)
     cupy.cuda.set_allocator(rmm_cupy_allocator)
     yield pool
-    cupy.cuda.set_allocator(None)
+    cupy.cuda.set_allocator(allocator_before)
     mr.set_current_device_resource(before)
 
 
