@@ -15,6 +15,8 @@ one that runs anywhere) and in docs/api.md:
 - one GPU, many processes: ``rrmm.shared_gpu`` (a ledger; ``RRMM_SHARE_GPU=1``), and without a
   GPU ``rrmm.mr.SimulatedMemoryResource(size, shared="name")``, one device several processes
   share;
+- one copy, many processes: ``ExpandableMemoryResource(shareable=True)``, ``pool.publish()``,
+  ``rrmm.share.attach()`` (other processes map the pool's pages, no copy);
 - the engines' sleep APIs: ``rrmm.compat.torch_memory_saver``, ``rrmm.compat.vllm_cumem``
   (``RRMM_AS_TORCH_MEMORY_SAVER=1``, ``RRMM_AS_VLLM_CUMEM=1``; ``RRMM_AS_RMM=1`` for
   ``import rmm``);
@@ -33,6 +35,7 @@ from rrmm import (
     _cuda,  # noqa: F401 (RMM's tests reach rmm._cuda.gpu after `import rmm`)
     host_pages,  # noqa: F401 (rrmm's supply of host pages: rrmm.host_pages)
     mr,
+    share,  # noqa: F401 (one copy, many processes: rrmm.share)
     shared_gpu,  # noqa: F401 (one GPU, many processes: rrmm.shared_gpu)
     statistics,
 )

@@ -248,6 +248,8 @@ BEYOND_RMM = {
         ["spill_to_host", "promote("], ["spill_to_host", "device_capacity", "promote("]),
     "### One GPU, many processes": (["share_gpu", "rrmm.shared_gpu"],
                                     ["shared=", "RRMM_SHARE_GPU", "shared_gpu.history"]),
+    "### One copy, many processes": (["shareable=True", "publish(", "rrmm.share.attach"],
+                                     ["shareable=True", "pageable_host", "publish("]),
     "### The engines' sleep APIs": (["torch_memory_saver"],
                                     ["TorchMemorySaver(make_pool", "CuMemAllocator(make_pool"]),
     "## Dask": (["RRMMSetup", "share_gpu"], ["RRMMSetup", "simulate="]),
