@@ -26,7 +26,7 @@ impl ExpandableMemoryResource {
     /// once (default 0); `maximum_pool_size`: most bytes mapped (default: the device's memory);
     /// `release_threshold`: free bytes above which a free unmaps free pages at once (default:
     /// none, memory stays mapped until `trim()`); `reserve_size`: bytes of addresses (default 4x
-    /// the device's memory); `page_size`: bytes per mapping (default 32 MiB on a device, the
+    /// the device's memory); `page_size`: bytes per mapping (default 32 MiB on a device, 128 MiB when shareable, the
     /// simulated page on simulated memory); `simulated_capacity`: use simulated virtual memory of that many bytes instead of
     /// a device (addresses only, never dereference them); `pinned_host`: pinned host memory of
     /// the device; `pageable_host`: plain host memory, no driver needed (CPU tests of
