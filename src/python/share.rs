@@ -13,7 +13,7 @@ use crate::shared_memory::{
 };
 use crate::suballocator::{ExpandableMemoryResource, PoolExport};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyKeyError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use std::path::PathBuf;
@@ -472,7 +472,15 @@ impl ShareAttachment {
             .map_err(|_| PyValueError::new_err("timeout must be a number of seconds >= 0"))?;
         let attachment = py
             .detach(|| Attachment::attach(&path, AttachOptions { timeout }))
-            .map_err(py_err)?;
+            .map_err(|e| match e {
+                // Nothing listens there: say where it looked and what would serve it.
+                ShareError::Gone if !path.exists() => PyFileNotFoundError::new_err(format!(
+                    "no exporter is serving at {}: start one with pool.publish(name) or \
+                     rrmm.share.publish(name) (same name and directory), or check them",
+                    path.display()
+                )),
+                other => py_err(other),
+            })?;
         Ok(ShareAttachment {
             inner: Mutex::new(Some(attachment)),
         })

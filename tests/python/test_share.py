@@ -285,3 +285,9 @@ def test_a_name_must_start_a_live_block_and_be_contiguous() -> None:
     assert imp.get("p").nbytes == 64
     imp.close()
     pub.close()
+
+
+def test_attaching_where_no_exporter_serves_names_the_path_and_the_fix() -> None:
+    directory = tempfile.mkdtemp(prefix="rs")
+    with pytest.raises(FileNotFoundError, match=r"no exporter is serving at .*nobody.*publish"):
+        rrmm.share.attach("nobody", directory=directory)
