@@ -139,7 +139,11 @@ def test_the_engine_reports_progress_to_the_one_bar_and_prints_nothing(capfd) ->
 
     calls: list[tuple[int, int, float, int]] = []
     path, _ = resolve_log("random_100k_4mib")
-    (row,) = _rrmm.replay_logs([path], ["pool"], simulate=32 << 30, repeat=250,
+    # Timed repetitions for two seconds at least (progress starts after one): as many as the
+    # fastest of three takes, not a fixed 250 (6 s on the 2-core machine).
+    (probe,) = _rrmm.replay_logs([path], ["pool"], simulate=32 << 30, repeat=3)
+    repeat = 2_000_000_000 // min(probe["samples_ns"]) + 1
+    (row,) = _rrmm.replay_logs([path], ["pool"], simulate=32 << 30, repeat=repeat,
                                progress=lambda *a: calls.append(a))
     assert row["error"] is None
     assert calls and all(done == total for done, total, _, _ in calls)
