@@ -17,7 +17,6 @@
 use super::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU32;
 
 const IMPORTERS: usize = 3;
 const SIZES: [usize; 4] = [4096, PAGE / 2, PAGE + 4096, 2 * PAGE + 100];
@@ -73,8 +72,12 @@ use crate::shared_memory::Resolved;
 
 impl World {
     fn new() -> World {
-        static CASE: AtomicU32 = AtomicU32::new(0);
-        let sock = TempSocket::new(&format!("life{}", CASE.fetch_add(1, Ordering::Relaxed)));
+        // A socket of its own per case (cases run one after another; the clock tells them apart).
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let sock = TempSocket::new(&format!("life{since_epoch}"));
         let (pool, vm) = pool(64);
         let publication = pool
             .publish(&sock.path(), ExportOptions::default())
