@@ -8,7 +8,7 @@
 //! so a CPU importer that is sent a device segment refuses it cleanly.
 //!
 //! An expandable pool made shareable makes its pages with [`PhysicalMemory::new_shareable`] and
-//! exports each page as its own segment ([`crate::suballocator::expandable`]'s sharing); an
+//! exports each page as its own segment (the expandable pool's sharing, `ExpandableMemoryResource::publish`); an
 //! importer maps those into one range of its own, each at its place in the exporter's range
 //! ([`CudaSegment::place`]), so a buffer across pages is contiguous there too.
 //!

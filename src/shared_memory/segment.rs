@@ -45,7 +45,7 @@ pub trait ShareableSegment: Send + Sync + Debug {
     /// Where the descriptor cannot be made (the driver's refusal to export).
     fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError>;
     /// Where it lies in its exporter's range, for a segment that is part of one (a page of an
-    /// expandable pool: [`super::SegmentInfo::at`]); `None` for a segment on its own.
+    /// expandable pool: [`super::message::SegmentInfo`]'s `at`); `None` for a segment on its own.
     fn at(&self) -> Option<u64> {
         None
     }

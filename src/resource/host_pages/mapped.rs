@@ -82,7 +82,7 @@ struct KeepState {
 /// nothing to their rate, and the pages it has made ahead when they stop are made for nothing
 /// (W11: 4.5-11 GB past the spill); it makes them once the spills pause, as the device
 /// computes.
-const DEMAND_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+pub const DEMAND_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl KeepState {
     fn held(&self, page_size: usize) -> usize {
