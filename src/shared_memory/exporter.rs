@@ -121,6 +121,8 @@ pub(super) struct State {
     pub(super) pending: HashMap<BufferId, OnFree>,
     /// The serving figures (the book keeps its own).
     pub(super) figures: ExportFigures,
+    /// Taking no importer (the memory it serves sleeps): [`Exporter::pause_if_unused`].
+    pub(super) paused: bool,
 }
 
 impl State {
@@ -269,6 +271,7 @@ impl Exporter {
                 next_segment: 0,
                 pending: HashMap::new(),
                 figures: ExportFigures::default(),
+                paused: false,
             }),
             options,
             stop: AtomicBool::new(false),
@@ -310,6 +313,37 @@ impl Exporter {
     /// importer first needs it); its number.
     pub fn add_segment(&self, segment: impl ShareableSegment + 'static) -> SegmentId {
         self.shared.state.lock().add_segment(Arc::new(segment))
+    }
+
+    /// Puts segment `id` in place of the one it numbers (a page made anew at the same place:
+    /// its names stay, importers that attach later map the new one); `false` for a number
+    /// not exported.
+    pub fn replace_segment(&self, id: SegmentId, segment: impl ShareableSegment + 'static) -> bool {
+        let mut state = self.shared.state.lock();
+        match state.segments.get_mut(&id) {
+            Some(slot) => {
+                *slot = Arc::new(segment);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops taking importers when none is connected, atomically with the look: `true` when
+    /// paused (connections are refused as busy until [`resume`](Self::resume)), `false` with
+    /// an importer connected (it may map the segments).
+    pub fn pause_if_unused(&self) -> bool {
+        let mut state = self.shared.state.lock();
+        if state.figures.importers > 0 {
+            return false;
+        }
+        state.paused = true;
+        true
+    }
+
+    /// Takes importers again after [`pause_if_unused`](Self::pause_if_unused).
+    pub fn resume(&self) {
+        self.shared.state.lock().paused = false;
     }
 
     /// The importers holding the buffer exported as `name` now (0 for a name not exported).

@@ -153,10 +153,17 @@ fn accept(
             state.figures.other_users += 1;
             continue;
         }
-        if importers.len() >= shared.options.max_importers {
+        let busy = if state.paused {
+            Some("the exporter's memory sleeps: attach again once it wakes")
+        } else if importers.len() >= shared.options.max_importers {
+            Some("as many importers as allowed")
+        } else {
+            None
+        };
+        if let Some(why) = busy {
             state.figures.busy += 1;
             drop(state);
-            let answer = Answer::refuse(0, Refusal::Busy, "as many importers as allowed");
+            let answer = Answer::refuse(0, Refusal::Busy, why);
             if let Ok(bytes) = answer.frame.encode() {
                 let _ = channel.send(&bytes, &[], Instant::now() + Duration::from_millis(10));
             }

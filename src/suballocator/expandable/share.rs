@@ -16,7 +16,10 @@
 //!   them lets go or dies ([`Exporter::free`]); until then the block stays allocated (the
 //!   pool's allocated bytes count it) and [`PoolShareFigures::deferred_free_bytes`] counts it.
 //! - A page that was exported stays mapped while the pool is published: the trim skips it
-//!   ([`PoolShareFigures::kept_pages`]), and a sleep is refused (it would unmap it).
+//!   ([`PoolShareFigures::kept_pages`]). A sleep is refused while an importer is attached (it
+//!   may map them); with none attached, attaching is refused until the wake, the pages'
+//!   descriptors are let go with their memory, and the pages made at the wake are exported
+//!   under the same segments and names.
 //! - [`PoolExport::close`] stops serving: a named block that an importer still holds is kept
 //!   out of use for good (its free does nothing; the importer may still read it), and frees
 //!   still waiting never run ([`PoolShareFigures::held_out_of_use_bytes`]).
@@ -225,16 +228,52 @@ impl PoolShare {
         out
     }
 
-    /// Refuses a sleep while a page is exported (the sleep would unmap it under importers).
-    pub(crate) fn check_sleep(&self) -> Result<()> {
-        let kept = self.pages.lock().len();
-        if kept > 0 {
+    /// Starts a sleep of a pool with exported pages: refused while an importer is connected
+    /// (it may map them; the sleep would unmap them under it). With none, the publication
+    /// takes no importer until [`end_sleep`](Self::end_sleep), and each exported page's
+    /// descriptor is let go (the sleep releases its memory); the page made at the wake is
+    /// exported under the same segment at the next need, so every name stays and importers
+    /// attach again as before.
+    pub(crate) fn begin_sleep(&self, vm: &Arc<dyn VirtualMemory>) -> Result<()> {
+        let pages = self.pages.lock();
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let exporter = self.exporter.lock().as_ref().map(|p| p.exporter.clone());
+        let Some(exporter) = exporter else {
+            return Ok(());
+        };
+        if !exporter.pause_if_unused() {
+            let importers = exporter.figures().importers;
             return Err(Error::Logic(format!(
-                "expandable: {kept} pages are exported to other processes (the pool is \
-                 published); close the publication before the pool sleeps"
+                "expandable: {} pages are exported and {importers} importers are attached \
+                 (they may map them); the pool sleeps once they close their attachments",
+                pages.len()
             )));
         }
+        for (&addr, &id) in pages.iter() {
+            if let Some(old) = exporter.segment(id) {
+                exporter.replace_segment(
+                    id,
+                    PageSegment {
+                        vm: vm.clone(),
+                        addr,
+                        size: old.size(),
+                        kind: old.kind(),
+                        fd: OnceLock::new(),
+                    },
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Ends what [`begin_sleep`](Self::begin_sleep) began (the pool woke, or its sleep was
+    /// refused or undone): the publication takes importers again.
+    pub(crate) fn end_sleep(&self) {
+        if let Some(p) = self.exporter.lock().as_ref() {
+            p.exporter.resume();
+        }
     }
 
     /// A free of `ptr` by the pool's user: `true` when the share took it (a named block:
@@ -440,6 +479,11 @@ impl PoolExport {
         let share = self.share()?;
         let exporter = self.exporter()?;
         let pool = &self.pool;
+        if pool.inner.sleep.asleep() {
+            return Err(Error::Logic(
+                "the pool sleeps: name its blocks once it is awake (restore())".into(),
+            ));
+        }
         let block = pool.inner.core.allocated_at(ptr).ok_or_else(|| {
             Error::invalid(
                 "ptr",

@@ -29,7 +29,7 @@
 //! [`set_retain_host_copy`]: ExpandableMemoryResource::set_retain_host_copy
 
 use super::movement::{Moving, Retained, Saved};
-use super::ExpandableMemoryResource;
+use super::{ExpandableMemoryResource, Inner};
 use crate::error::{Error, Result};
 use crate::report::snapshot::BlockState;
 use crate::resource::sleep::{
@@ -311,9 +311,6 @@ impl ExpandableMemoryResource {
     /// [`offload_plan`](Self::offload_plan) under the transition lock.
     fn offload_held(&self, plan: &SleepPlan) -> Result<SleepEstimate> {
         let inner = &self.inner;
-        if let Some(share) = &inner.share {
-            share.check_sleep()?;
-        }
         let gate = &inner.sleep;
         let mut state = gate.hold();
         if state.is_some() {
@@ -333,6 +330,12 @@ impl ExpandableMemoryResource {
         if !plan.wanted() {
             return Err(abandoned());
         }
+        // A published pool sleeps only with no importer attached; its publication takes none
+        // until the pool is awake again (here, when the sleep ends undone; at the wake).
+        if let Some(share) = &inner.share {
+            share.begin_sleep(&inner.vm)?;
+        }
+        let _publication_back = AwakeAgain(inner);
         let started = Instant::now();
         inner.events.synchronize_all()?;
         let trimmed = inner.core.release(0)?;
@@ -751,6 +754,9 @@ impl ExpandableMemoryResource {
         inner.sleep.backing_changed();
         inner.sleep.set_phase(Phase::Awake);
         index::mark_awake(inner.vm.base());
+        if let Some(share) = &inner.share {
+            share.end_sleep();
+        }
         // Pages that became wholly free while asleep (blocks freed then): given back again. A
         // failure leaves them mapped and free (a later trim retries).
         let _ = inner.core.release(0);
@@ -792,3 +798,17 @@ fn refused_restore(e: Error, addr: usize, len: usize) -> Error {
 
 #[cfg(test)]
 mod tests;
+
+/// Lets a published pool's importers attach again when the offload it guards ends with the
+/// pool awake (refused, abandoned or undone); a pool left asleep waits for its wake.
+struct AwakeAgain<'a>(&'a Inner);
+
+impl Drop for AwakeAgain<'_> {
+    fn drop(&mut self) {
+        if self.0.sleep.phase() == Phase::Awake {
+            if let Some(share) = &self.0.share {
+                share.end_sleep();
+            }
+        }
+    }
+}

@@ -253,6 +253,55 @@ fn trim_keeps_the_pages_an_importer_maps_and_a_sleep_is_refused_while_published(
 }
 
 #[test]
+fn a_published_pool_sleeps_with_no_importer_and_importers_attach_again_after_the_wake() {
+    let (pool, _vm) = pool(16);
+    let sock = TempSocket::new("sleep");
+    let size = 2 * PAGE + 777;
+    let ptr = pool.allocate(size, Stream::DEFAULT).unwrap();
+    let bytes = pattern(5, size);
+    fill(ptr, &bytes);
+    let publication = pool
+        .publish(&sock.path(), ExportOptions::default())
+        .unwrap();
+    publication
+        .name("w", ptr, size, "|u1", &[size as u64], false)
+        .unwrap();
+    let mut imp = attach(&sock.path());
+    let held = imp.resolve("w").unwrap();
+    assert_eq!(imp.read(&held).unwrap(), bytes);
+    let refused = pool.offload().unwrap_err().to_string();
+    assert!(refused.contains("importers are attached"), "{refused}");
+    assert_eq!(peek(ptr, size), bytes, "a refused sleep moves nothing");
+    drop(imp);
+    wait(&pool, |f| f.export.importers == 0);
+    pool.offload().unwrap();
+    let asleep = Attachment::attach(
+        &sock.path(),
+        AttachOptions {
+            timeout: Duration::from_secs(5),
+        },
+    );
+    assert!(
+        asleep.is_err_and(|e| e.to_string().contains("sleeps")),
+        "no importer while the pages sleep"
+    );
+    assert!(
+        publication.name("late", ptr, 8, "|u1", &[8], false).is_err(),
+        "no name while asleep"
+    );
+    pool.restore().unwrap();
+    assert_eq!(peek(ptr, size), bytes, "same address, same bytes");
+    let mut imp = attach(&sock.path());
+    let again = imp.resolve("w").unwrap();
+    assert_eq!(imp.read(&again).unwrap(), bytes, "the same name, the new pages");
+    imp.write(&again, 0, b"AWAKE").unwrap();
+    assert_eq!(peek(ptr, 5), b"AWAKE", "the importer maps the pool's new page");
+    drop(imp);
+    free(&pool, ptr, size);
+    wait(&pool, |f| f.export.importers == 0);
+}
+
+#[test]
 fn a_page_exported_once_serves_the_same_memory_after_a_free_and_a_trim() {
     let (pool, _vm) = pool(16);
     let sock = TempSocket::new("again");
