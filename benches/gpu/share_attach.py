@@ -10,6 +10,10 @@ every array usable:
   the importer times ``rrmm.share.attach`` + ``get_many`` of every name + ``cupy.asarray`` of
   each (each page mapped once, into one range);
 - ``rrmm_torch``: the same, with ``torch.as_tensor(..., device="cuda")`` of each;
+- ``cuda_core_ipc``: cuda.core's IPC-enabled ``DeviceMemoryResource`` (a stream-ordered pool
+  whose allocation handle and buffer descriptors travel through ``multiprocessing`` queues of
+  the spawn start method, as cuda.core requires); the importer times receiving them, mapping
+  the pool (``from_allocation_handle``), rebuilding every buffer and wrapping it in CuPy;
 - ``torch_ipc``: PyTorch's own allocator, each tensor reduced with
   ``torch.multiprocessing.reductions.reduce_tensor`` (CUDA IPC handles, what
   ``torch.multiprocessing`` queues send), pickled to a file; the importer times loading the
@@ -38,7 +42,7 @@ from typing import Any
 
 SEED = 49
 CHECK = 64
-CASES = ("rrmm_cupy", "rrmm_torch", "torch_ipc")
+CASES = ("rrmm_cupy", "rrmm_torch", "torch_ipc", "cuda_core_ipc")
 # The value of element i of array k: exact in float32 (below 2**24), the same in every framework.
 MODULUS = 1_000_003
 MULT = 2_654_435_761
@@ -209,6 +213,134 @@ def importer_torch(count: int, path: str) -> None:
     )
 
 
+# ---- cuda.core's IPC memory resource --------------------------------------------------------
+
+
+def cuda_core() -> Any:
+    try:
+        import cuda.core as cc
+
+        cc.DeviceMemoryResourceOptions  # noqa: B018 (the stable name, or the experimental one)
+    except (ImportError, AttributeError):
+        import cuda.core.experimental as cc
+    return cc
+
+
+def member(obj: Any, *names: str) -> Any:
+    """The first of `names` that `obj` has: a property's value, or a method's result (the name
+    changed between cuda.core's releases)."""
+    for name in names:
+        if hasattr(obj, name):
+            value = getattr(obj, name)
+            return value() if callable(value) else value
+    raise AttributeError(f"{type(obj).__name__} has none of {names}")
+
+
+def exporter_cuda_core(counts: list[int], out: Any, go: Any) -> None:
+    import cupy
+
+    cc = cuda_core()
+    dev = cc.Device(0)
+    dev.set_current()
+    total = sum(counts) * 4
+    options = cc.DeviceMemoryResourceOptions(ipc_enabled=True, max_size=total + (1 << 30))
+    mr = cc.DeviceMemoryResource(dev, options=options)
+    stream = dev.create_stream()
+    fill = cupy_fill()
+    t0 = time.perf_counter()
+    buffers = [mr.allocate(n * 4, stream=stream) for n in counts]
+    stream.sync()
+    for k, (b, n) in enumerate(zip(buffers, counts)):
+        mem = cupy.cuda.UnownedMemory(int(b.handle), n * 4, b)
+        fill(k, cupy.ndarray((n,), cupy.float32, cupy.cuda.MemoryPointer(mem, 0)))
+    cupy.cuda.Device().synchronize()
+    t1 = time.perf_counter()
+    handle = member(mr, "allocation_handle", "get_allocation_handle")
+    descriptors = [member(b, "ipc_descriptor", "get_ipc_descriptor") for b in buffers]
+    t2 = time.perf_counter()
+    out.put({"alloc_fill_s": t1 - t0, "publish_s": t2 - t1})
+    out.put((handle, descriptors))
+    go.get()
+
+
+def importer_cuda_core(counts: list[int], inbox: Any, ready: Any, out: Any) -> None:
+    import cupy
+
+    cc = cuda_core()
+    dev = cc.Device(0)
+    dev.set_current()
+    cupy.cuda.Device(0).use()
+    cupy.zeros(1)
+    ready.get()
+    t0 = time.perf_counter()
+    handle, descriptors = inbox.get()
+    t1 = time.perf_counter()
+    mr = cc.DeviceMemoryResource.from_allocation_handle(dev, handle)
+    buffers = [cc.Buffer.from_ipc_descriptor(mr, d) for d in descriptors]
+    t2 = time.perf_counter()
+    arrays = [
+        cupy.ndarray(
+            (n,),
+            cupy.float32,
+            cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(b.handle), n * 4, b), 0),
+        )
+        for b, n in zip(buffers, counts)
+    ]
+    cupy.cuda.Device().synchronize()
+    t3 = time.perf_counter()
+    fill = cupy_fill()
+    bad = 0
+    for k in sample(len(counts)):
+        want = cupy.empty(arrays[k].size, dtype=cupy.float32)
+        fill(k, want)
+        bad += int(not bool(cupy.array_equal(arrays[k], want)))
+    out.put(
+        {
+            "attach_s": t1 - t0,
+            "resolve_s": t2 - t1,
+            "build_s": t3 - t2,
+            "total_s": t3 - t0,
+            "checked": len(sample(len(counts))),
+            "mismatched": bad,
+        }
+    )
+
+
+def run_cuda_core(gb: float, count: int) -> dict[str, Any]:
+    import multiprocessing
+
+    record: dict[str, Any] = {"case": "cuda_core_ipc", "gb": gb, "arrays": count}
+    try:
+        cuda_core()
+    except ImportError as e:
+        return {**record, "skipped": f"cuda.core is not installed ({e})"}
+    counts = sizes(int(gb * 1e9), count)
+    ctx = multiprocessing.get_context("spawn")
+    handles, ready, go, out = (ctx.Queue() for _ in range(4))
+    exporter = ctx.Process(target=exporter_cuda_core, args=(counts, handles, go))
+    importer = ctx.Process(target=importer_cuda_core, args=(counts, handles, ready, out))
+    exporter.start()
+    importer_started = False
+    try:
+        made = handles.get(timeout=150)
+        importer.start()
+        importer_started = True
+        ready.put(True)
+        timed = out.get(timeout=150)
+        go.put(True)
+    finally:
+        for p in (importer, exporter) if importer_started else (exporter,):
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return {
+        **record,
+        **timed,
+        "exporter_alloc_fill_s": made["alloc_fill_s"],
+        "exporter_publish_s": made["publish_s"],
+    }
+
+
 # ---- the driver --------------------------------------------------------------------------
 
 
@@ -249,6 +381,8 @@ def line_of(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 def run_case(case: str, gb: float, count: int) -> dict[str, Any]:
+    if case == "cuda_core_ipc":
+        return run_cuda_core(gb, count)
     record: dict[str, Any] = {"case": case, "gb": gb, "arrays": count}
     why = missing(case)
     if why is not None:
@@ -306,7 +440,7 @@ def main() -> None:
     for case in args.cases.split(","):
         try:
             print(json.dumps(run_case(case, args.gb, args.arrays)), flush=True)
-        except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError, KeyError) as e:
+        except Exception as e:  # noqa: BLE001 (a case that fails is a row, not the end)
             print(json.dumps({"case": case, "error": repr(e)}), flush=True)
 
 

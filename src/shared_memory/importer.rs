@@ -14,7 +14,7 @@ use super::message::{limits, BufferSpec, Entry, Frame, Message, SegmentId, Segme
 use super::segment::{self, PlacedRange, ShareableSegment};
 use super::transport::{Channel, Packet};
 use crate::shared_gpu::ledger_dir::LedgerDir;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -228,8 +228,10 @@ impl Attachment {
     /// [`ShareError::Timeout`] when the exporter does not answer.
     pub fn resolve_many(&mut self, names: &[&str]) -> Result<Vec<Resolved>, ShareError> {
         let mut asked: Vec<String> = Vec::new();
+        // A name asked twice is asked once (a set: thousands of names in one call).
+        let mut seen: HashSet<&str> = HashSet::with_capacity(names.len());
         for &name in names {
-            if !self.resolved.contains_key(name) && !asked.iter().any(|a| a == name) {
+            if !self.resolved.contains_key(name) && seen.insert(name) {
                 super::codec::check_text(name, limits::NAME, false, "name")
                     .map_err(|e| ShareError::invalid("name", e.to_string()))?;
                 asked.push(name.to_string());

@@ -500,9 +500,12 @@ impl PoolExport {
             ));
         }
         let page = pool.page_size();
-        let first = ptr / page * page;
-        let last = (ptr + size - 1) / page * page;
         let vm = &pool.inner.vm;
+        // Pages lie at the reservation's base plus multiples of the page size (the base need
+        // not be aligned to a page: a host reservation is aligned to the system's pages).
+        let base = vm.base();
+        let first = base + (ptr - base) / page * page;
+        let last = base + (ptr + size - 1 - base) / page * page;
         let kind = match vm.kind() {
             MemoryKind::Device => SegmentKind::CudaFd,
             _ => SegmentKind::Memfd,

@@ -409,3 +409,33 @@ fn memory_that_cannot_be_shared_is_refused_with_the_reason() {
         .unwrap_err();
     assert!(e.to_string().contains("shareable=True"), "{e}");
 }
+
+#[test]
+fn a_name_on_pages_larger_than_the_reservations_alignment_finds_its_page() {
+    // 32 MiB pages in a host reservation aligned to the system's pages only: a page's place
+    // is counted from the reservation's base, not from address zero.
+    let big = 32 << 20;
+    let vm = Arc::new(
+        HostVirtualMemory::new(4 * big, Some(big), false, None)
+            .unwrap()
+            .shareable()
+            .unwrap(),
+    );
+    let pool = ExpandableMemoryResource::new(vm, ExpandableSizes::default()).unwrap();
+    let sock = TempSocket::new("aligned");
+    let ptr = pool.allocate(3 << 20, Stream::DEFAULT).unwrap();
+    let bytes = pattern(9, 3 << 20);
+    fill(ptr, &bytes);
+    let publication = pool
+        .publish(&sock.path(), ExportOptions::default())
+        .unwrap();
+    publication
+        .name("x", ptr, 3 << 20, "|u1", &[3 << 20], false)
+        .unwrap();
+    let mut imp = attach(&sock.path());
+    let held = imp.resolve("x").unwrap();
+    assert_eq!(imp.read(&held).unwrap(), bytes);
+    drop(imp);
+    free(&pool, ptr, 3 << 20);
+    wait(&pool, |f| f.export.importers == 0);
+}
