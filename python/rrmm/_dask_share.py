@@ -224,7 +224,8 @@ def deserialize(header: dict[str, Any], frames: list[Any]) -> Any:
     if header["kind"] == "cupy":
         import cupy
 
-        memory = cupy.cuda.UnownedMemory(shared.ptr, shared.nbytes, lease)
+        memory = cupy.cuda.UnownedMemory(shared.ptr, shared.nbytes, lease,
+                                         cupy.cuda.runtime.getDevice())
         pointer = cupy.cuda.MemoryPointer(memory, int(header["offset"]))
         return cupy.ndarray(shape, header["dtype"], memptr=pointer, strides=strides)
     import numpy
