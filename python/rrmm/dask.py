@@ -9,11 +9,14 @@ rrmm, ``pip install '.[dask]'`` installs it: the ``dask`` extra of pyproject.tom
   section of Dask's config (``rrmm: {initial-pool-size: 4GiB, simulate: ...}``).
 - Worker metrics ``rmm-used`` / ``rmm-total`` (distributed's dashboard page reads them),
   ``dask.sizeof`` and distributed's cuda/dask serializers for ``rrmm.DeviceBuffer``.
+- ``share_arrays=True``: arrays go between workers of one GPU by attaching, not copying
+  (``rrmm._dask_share``; docs/sharing.md, "Dask").
 - ``memory_report(client)``: per worker, bytes in use now and at peak, footprint,
   fragmentation, largest free block and failed allocations, and the GPU ledger's view of the
   worker where it joined one (``share_gpu``); printable, and ``.rows`` for scripts.
 
-Importing this module registers the sizeof and serializers (needs ``distributed``).
+Importing this module registers the sizeof and serializers, and the ``rrmm-share``
+serialization family (needs ``distributed``).
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ import rrmm
 import rrmm._stack
 import rrmm.mr
 import rrmm.shared_gpu
+from rrmm import _dask_share
 from rrmm.allocators import FRAMEWORKS, use_rrmm_for
 from rrmm.rmm import stack_kind
 from rrmm.shared_gpu import ProcessRow
+
+_dask_share.register()
 
 __all__ = [
     "MemoryReport",
@@ -267,6 +273,47 @@ def _idle_after(idle_after: Any, shared: bool) -> float | None:
     return float(idle_after)
 
 
+def _share_arrays(share_arrays: Any, allocator: str | None, managed_memory: bool,
+                  async_alloc: bool, simulate: int | None) -> bool:
+    """``share_arrays`` checked: only the expandable pool's pages can be exported."""
+    if not isinstance(share_arrays, bool):
+        raise TypeError(f"`share_arrays` must be True or False, not {share_arrays!r}")
+    if not share_arrays:
+        return False
+    why = None
+    if managed_memory:
+        why = "`rmm_managed_memory=True`: managed memory cannot be exported; drop it"
+    elif async_alloc:
+        why = "`rmm_async=True`: the driver's pool is not rrmm's to export; drop it"
+    elif simulate is not None:
+        why = (f"`simulate={simulate}`: simulated memory has no bytes to share; "
+               "drop one of them")
+    elif allocator is None or stack_kind(allocator, False) != "expandable":
+        why = (f"`allocator={allocator!r}`: only the expandable pool's pages can be exported; "
+               "pass allocator='expandable'")
+    if why is not None:
+        raise ValueError(f"`share_arrays=True` cannot be used with {why}")
+    return True
+
+
+def _shareable_stack(options: dict[str, Any], log_file: str | None, tracking: bool,
+                     extra: dict[str, Any]) -> Any:
+    """The expandable kind's stack (its layers in the builder's order: logging, statistics,
+    tracking) over a shareable pool, which the builder does not make."""
+    mr: Any = rrmm.mr.ExpandableMemoryResource(
+        initial_pool_size=options.get("initial_pool_size"),
+        maximum_pool_size=options.get("maximum_pool_size"),
+        shareable=True,
+        **extra,
+    )
+    if log_file is not None:
+        mr = rrmm.mr.LoggingResourceAdaptor(mr, log_file)
+    mr = rrmm.mr.StatisticsResourceAdaptor(mr)
+    if tracking:
+        mr = rrmm.mr.TrackingResourceAdaptor(mr)
+    return mr
+
+
 #: Task states in which a task runs on a worker's thread (``cancelled`` and ``resumed``
 #: only for a task that was running: its thread goes on).
 _RUNNING = ("executing", "long-running")
@@ -460,6 +507,17 @@ class RRMMSetup(WorkerPlugin):
 
     Every worker also gets a ``StatisticsResourceAdaptor`` (for ``rmm-used`` and the peak) and a
     failure counter. Bad options raise ValueError here, before anything is registered.
+
+    ``share_gpu`` (True or a dict of ``rrmm.shared_gpu.join``'s options) joins the GPU's ledger
+    under the worker's name; ``idle_after`` (seconds, with ``share_gpu``) declares the worker
+    idle that long after its last task. ``share_arrays=True`` (with ``allocator="expandable"``;
+    not with ``managed_memory``, ``rmm_async`` or ``simulate``) builds the pool shareable and
+    publishes it under a name derived from the worker's address: a CuPy array fetched by
+    another worker with ``share_arrays`` on the same GPU is then attached there, not copied
+    (the receiver builds it over the sender's memory; the sender's free of it waits until the
+    receiver drops it); arrays outside the pool, other objects and workers elsewhere go by
+    Dask's usual serializers. Use it with ``external_lib_list="cupy"`` so that CuPy's arrays
+    are the pool's. docs/sharing.md, "Dask", says what it does and does not do.
     """
 
     name = "rrmm-setup"
@@ -479,6 +537,7 @@ class RRMMSetup(WorkerPlugin):
         allocator: str | None = None,
         share_gpu: bool | dict[str, Any] = False,
         idle_after: float | None = None,
+        share_arrays: bool = False,
     ) -> None:
         if async_alloc is True and managed_memory is True:
             raise ValueError("`rmm_managed_memory` is incompatible with the `rmm_async`.")
@@ -516,6 +575,8 @@ class RRMMSetup(WorkerPlugin):
                 raise ValueError(f"`simulate` must be a positive size, such as '80GiB', "
                                  f"not {simulate!r}")
         _check_initial_below_maximum(initial_pool_size, maximum_pool_size, self.simulate)
+        self.share_arrays = _share_arrays(share_arrays, allocator, bool(managed_memory),
+                                          bool(async_alloc), self.simulate)
         if allocator is not None:
             if async_alloc:
                 raise ValueError("`allocator` and `rmm_async` choose the resource both")
@@ -532,6 +593,9 @@ class RRMMSetup(WorkerPlugin):
         self.external_lib_list = _lib_list(external_lib_list)
         self.share_gpu = _share_gpu(share_gpu)
         self.idle_after = _idle_after(idle_after, self.share_gpu is not None)
+        #: Extra options of the shareable pool (tests: ``pageable_host``, ``device_capacity``
+        #: and ``page_size``, the CPU stand-in); travels with the plugin.
+        self._share_pool_options: dict[str, Any] = {}
         self._idle = _IdleTimer(self.idle_after)
 
     def setup(self, worker: Any = None) -> None:
@@ -541,15 +605,19 @@ class RRMMSetup(WorkerPlugin):
         if self.log_directory is not None:
             os.makedirs(self.log_directory, exist_ok=True)
             log_file = os.path.join(self.log_directory, f"rmm_log_{_worker_name(worker)}.txt")
-        top = rrmm._stack.build(
-            kind,
-            simulate=self.simulate,
-            logging=log_file is not None,
-            log_file=log_file,
-            statistics=True,
-            tracking=self.track_allocations,
-            **options,
-        )
+        if self.share_arrays:
+            top = _shareable_stack(options, log_file, self.track_allocations,
+                                   self._share_pool_options)
+        else:
+            top = rrmm._stack.build(
+                kind,
+                simulate=self.simulate,
+                logging=log_file is not None,
+                log_file=log_file,
+                statistics=True,
+                tracking=self.track_allocations,
+                **options,
+            )
         statistics = _find(top, rrmm.mr.StatisticsResourceAdaptor)
         pool = _find(top, rrmm.mr.PoolMemoryResource)
         mr = rrmm.mr.FailureCallbackResourceAdaptor(top, _count_failure)
@@ -562,6 +630,14 @@ class RRMMSetup(WorkerPlugin):
             worker.metrics["rmm"] = _rmm_metric
         for lib in self.external_lib_list or ():
             use_rrmm_for(lib)
+        if self.share_arrays:
+            pool = _find(top, rrmm.mr.ExpandableMemoryResource)
+            host = self._share_pool_options.get("pageable_host") or \
+                self._share_pool_options.get("pinned_host")
+            address = getattr(worker, "address", None) or f"pid-{os.getpid()}"
+            _dask_share.start(pool, str(address), None if host else rrmm._rrmm._current_device())
+            if worker is not None:
+                _dask_share.wrap_get_data(worker)
         if self.share_gpu is not None:
             options = {"name": _worker_name(worker), **self.share_gpu}
             rrmm.shared_gpu.join(mr, **options)
@@ -571,6 +647,8 @@ class RRMMSetup(WorkerPlugin):
     def teardown(self, worker: Any = None) -> None:
         """Flushes the log, if any; leaves the GPU's ledger where ``share_gpu`` joined it."""
         self._idle.stop()
+        if self.share_arrays:
+            _dask_share.stop()
         if self.share_gpu is not None and _state.resource is not None:
             rrmm.shared_gpu.leave(_state.resource)
         log = _find(_state.resource, rrmm.mr.LoggingResourceAdaptor)
@@ -593,7 +671,8 @@ class RRMMSetup(WorkerPlugin):
         meaning of the options (a pool when ``rmm_pool_size`` is given, on managed memory with
         ``rmm_managed_memory``; ``rmm_async``: ``cuda_async``, with ``rmm_maximum_pool_size`` a
         limit), or rrmm's ``allocator`` kind with the same sizes."""
-        total = _device_total(self.simulate)
+        stand_in = self._share_pool_options.get("device_capacity")  # the CPU stand-in
+        total = _device_total(self.simulate) if stand_in is None else rrmm.parse_bytes(stand_in)
         initial = parse_device_bytes(self.initial_pool_size, total, name="rmm_pool_size")
         maximum = parse_device_bytes(self.maximum_pool_size, total,
                                      name="rmm_maximum_pool_size")
@@ -662,6 +741,7 @@ def options_from_config() -> dict[str, Any]:
         "allocator",
         "share_gpu",
         "idle_after",
+        "share_arrays",
     }
     aliases = {"pool_size": "initial_pool_size", "async": "async_alloc"}
     options: dict[str, Any] = {}
@@ -692,7 +772,7 @@ def dask_setup(worker: Any) -> None:
     plugin = RRMMSetup(**options_from_config())
     plugin.setup(worker)
     plugins = getattr(worker, "plugins", None)
-    if plugin.share_gpu is not None and isinstance(plugins, dict):
+    if (plugin.share_gpu is not None or plugin.share_arrays) and isinstance(plugins, dict):
         plugins[plugin.name] = plugin
 
 

@@ -567,6 +567,8 @@ DASK = [
                     st.one_of(st.floats(-1e6, -0.001), st.sampled_from([float("nan"),
                                                                         float("inf"), "30s",
                                                                         True])))),
+    Option("share_arrays", lambda v: dask.RRMMSetup(allocator="expandable", share_arrays=v),
+           verdicts(st.booleans(), st.sampled_from(["yes", 1, None, 0.0]))),
     Option("allocator", lambda v: dask.RRMMSetup(simulate="1GiB", allocator=v),
            verdicts(st.sampled_from(["pool", "arena", "expandable", "binning"]),
                     st.sampled_from(["pol", "", "simulatd"]))),
