@@ -51,12 +51,14 @@ def make(nbytes: int) -> Any:
 
 
 def consume_sum(x: Any) -> tuple[float, str]:
-    """The sum (float64) and the kind of the array's memory (``UnownedMemory``: attached)."""
+    """The sum (float64), and ``attached`` when this worker holds an attachment to a peer's
+    pool (the array came by name), ``copied`` otherwise."""
     import cupy
+    from rrmm import _dask_share
 
     total = float(x.sum(dtype="f8"))
     cupy.cuda.Device().synchronize()
-    return total, type(x.data.mem).__name__
+    return total, "attached" if _dask_share._attachments else f"copied ({type(x.data.mem).__name__})"
 
 
 def device_used() -> int:
@@ -92,7 +94,7 @@ class Sampler:
                     ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
                      "-i", "0"], capture_output=True, text=True, timeout=5, check=True)
                 return int(float(out.stdout.strip().splitlines()[0]) * (1 << 20))
-            used = self.client.run(device_used, timeout=5)
+            used = self.client.run(device_used)
             return max(used.values()) if used else None
         except Exception:  # noqa: BLE001 (a missed sample)
             return None
@@ -151,7 +153,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         client = Client(cluster, timeout=f"{int(timeout)}s")
         client.wait_for_workers(2, timeout=timeout)
         pids.extend(int(p) for p in client.run(os.getpid).values())
-        pids.extend(int(p) for p in client.run(os.getppid).values())  # the nannies
+        # The nannies (processes of their own, unless they live in this one: LocalCluster's).
+        pids.extend(int(p) for p in client.run(os.getppid).values() if int(p) != os.getpid())
         client.register_plugin(RRMMSetup(allocator="expandable", external_lib_list="cupy",
                                          share_arrays=mode == "share"))
         a, b = sorted(client.scheduler_info()["workers"])
@@ -171,7 +174,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                                           pure=False).result(timeout=timeout)
             t3 = time.perf_counter()
             del made
-            client.run(collect, timeout=timeout)
+            client.run(collect)
             return {"make_s": t1 - t0, "local_s": t2 - t1, "handoff_s": t3 - t2,
                     "ok": total == nbytes // 4 and local[0] == total, "memory": memory}
 
@@ -195,7 +198,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                     "local_median_s": round(statistics.median(r["local_s"] for r in runs), 4),
                     "peak_used_gib": round(peak / GIB, 2),
                     "peak_above_before_gib": round(max(peak - before, 0) / GIB, 2),
-                    "attached": all(r["memory"] == "UnownedMemory" for r in runs),
+                    "attached": all(r["memory"] == "attached" for r in runs),
                     "ok": all(r["ok"] for r in runs),
                     "memory_kind": runs[-1]["memory"],
                 })

@@ -276,7 +276,8 @@ def importer_cuda_core(counts: list[int], inbox: Any, ready: Any, out: Any) -> N
     handle, descriptors = inbox.get()
     t1 = time.perf_counter()
     mr = cc.DeviceMemoryResource.from_allocation_handle(dev, handle)
-    buffers = [cc.Buffer.from_ipc_descriptor(mr, d) for d in descriptors]
+    stream = dev.create_stream()
+    buffers = [cc.Buffer.from_ipc_descriptor(mr, d, stream=stream) for d in descriptors]
     t2 = time.perf_counter()
     arrays = [
         cupy.ndarray(

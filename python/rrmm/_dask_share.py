@@ -52,6 +52,8 @@ __all__ = [
 FAMILY = "rrmm-share"
 
 _log = logging.getLogger("rrmm.dask")
+#: Where a fallback to copying is logged: debug, or warning with ``RRMM_DASK_SHARE_VERBOSE=1``.
+_FALLBACK_LEVEL = logging.WARNING if os.environ.get("RRMM_DASK_SHARE_VERBOSE") else logging.DEBUG
 _lock = threading.Lock()
 #: This process's publication (a sender's) and the device of its pool (None: host memory).
 _publication: Any = None
@@ -92,12 +94,14 @@ def stop() -> None:
 
 
 def _peer_on_this_device(address: str | None) -> bool:
-    """Whether the worker at ``address`` published a pool in this publication's directory
-    (the same host, the same device)."""
+    """Whether the worker at ``address`` published a pool where this one's peers on the same
+    host and device do: the socket path made the same way as this publication's (in the
+    ledgers' directory of the device, or, where that path is too long for a socket, in the
+    short directory it falls back to)."""
     pub = _publication
     if pub is None or not address:
         return False
-    peer = os.path.join(os.path.dirname(pub.path), publication_name(address) + ".share")
+    peer = rrmm.share.path_of(publication_name(address), device=_device)
     return peer != pub.path and os.path.exists(peer)
 
 
@@ -105,6 +109,8 @@ def serializers_for(who: str | None, serializers: Any) -> Any:
     """The serializers a ``get_data`` for ``who`` uses: ``rrmm-share`` first when ``who`` is on
     this device, else ``serializers`` unchanged."""
     if not _peer_on_this_device(who):
+        if who is not None:
+            _log.log(_FALLBACK_LEVEL, "rrmm: %s publishes no pool on this device: copied", who)
         return serializers
     rest = [s for s in (serializers or ("dask", "pickle")) if s != FAMILY]
     return [FAMILY, *rest]
@@ -163,6 +169,7 @@ def serialize(x: Any) -> tuple[dict[str, Any], list[Any]]:
     if pub is None:
         raise NotImplementedError("no publication in this process")
     found = _block_of(x)
+    _log.log(_FALLBACK_LEVEL, "rrmm: serializing %s (%s)", type(x).__name__, found)
     if found is None:
         raise NotImplementedError(f"{type(x).__name__} is no CuPy or NumPy array")
     kind, base, nbytes, offset = found
@@ -172,7 +179,7 @@ def serialize(x: Any) -> tuple[dict[str, Any], list[Any]]:
     try:
         pub.share(name, base, nbytes=nbytes, readonly=True)
     except (ValueError, RuntimeError) as error:  # not in the pool, a pool asleep, closed
-        _log.debug("rrmm: %s goes by copy: %s", type(x).__name__, error)
+        _log.log(_FALLBACK_LEVEL, "rrmm: %s goes by copy: %s", type(x).__name__, error)
         raise NotImplementedError(str(error)) from error
     header = {
         "path": pub.path,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -325,3 +326,25 @@ def test_two_workers_of_one_host_pool_hand_an_array_over_by_attaching(monkeypatc
         # An array outside the pool goes by Dask's own serializers (a writable copy).
         plain = client.submit(np.arange, 1000.0, workers=[a])
         assert client.submit(_consume, plain, workers=[b]).result() == (499500.0, True)
+
+
+def test_a_peer_is_found_where_the_ledger_path_is_too_long_for_a_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Sockets whose path passes the kernel's limit (108 bytes) lie in a short directory of
+    # their own, named with a hash: the peer's path is made the same way, not next to ours.
+    deep = os.path.join(tempfile.mkdtemp(prefix="rl"), "a-rather-long-ledger-directory" * 3)
+    os.makedirs(deep, mode=0o700)
+    monkeypatch.setenv("RRMM_LEDGER_DIR", deep)
+    mine = rrmm.mr.ExpandableMemoryResource(shareable=True, **HOST_POOL)  # type: ignore[arg-type]
+    other = rrmm.mr.ExpandableMemoryResource(shareable=True, **HOST_POOL)  # type: ignore[arg-type]
+    _dask_share.start(mine, "tcp://long-sender:1", None)
+    peer = other.publish(_dask_share.publication_name("tcp://long-peer:2"))
+    try:
+        assert _dask_share._publication is not None
+        assert not _dask_share._publication.path.startswith(deep), "the short directory"
+        assert _dask_share.serializers_for("tcp://long-peer:2", ["dask"]) == [
+            _dask_share.FAMILY, "dask"]
+    finally:
+        peer.close()
+        _dask_share.stop()
