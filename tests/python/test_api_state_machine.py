@@ -601,6 +601,13 @@ class ApiMachine(RuleBasedStateMachine):
                 ptr = node.obj.allocate(256)
             except RuntimeError as e:
                 assert "asleep" in str(e) or self._misbehaves(node), e
+            except MemoryError as e:
+                # A limiting adaptor on the way checks its limit before its upstream is asked
+                # (RMM's order): past the limit it refuses as out of memory, asleep or not.
+                assert any(
+                    n.kind == "limiting" and n.limit_bytes + _aligned_up(256) > n.extra["limit"]
+                    for n in node.chain()
+                ) or self._misbehaves(node), e
             else:
                 # A path that reaches no sleeping pool (a fallback's other side) still serves.
                 node.obj.deallocate(ptr, 256)
