@@ -664,6 +664,15 @@ class SharePublication:
 
 @final
 class SharedArray:
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
     @property

@@ -389,6 +389,26 @@ pub fn is_managed(ptr: usize) -> bool {
     result == sys::CUresult::CUDA_SUCCESS && value != 0
 }
 
+/// The ordinal of the device whose memory `ptr` is (device or mapped virtual memory); `None`
+/// for any address CUDA does not know and without a driver. A pure query.
+pub fn device_ordinal_of(ptr: usize) -> Option<usize> {
+    if ensure_driver().is_err() || ptr == 0 {
+        return None;
+    }
+    let mut ordinal: i32 = -1;
+    // SAFETY: DEVICE_ORDINAL writes an int into `ordinal`; the driver only looks `ptr` up.
+    let result = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr as sys::CUdeviceptr,
+        )
+    };
+    (result == sys::CUresult::CUDA_SUCCESS)
+        .then_some(ordinal)
+        .and_then(|o| usize::try_from(o).ok())
+}
+
 /// The CUDA allocation that contains `ptr`, as `(start, bytes)`: device, managed, pinned or
 /// registered host memory, a memory-pool block or a mapped virtual range; `None` for any
 /// address CUDA does not know (pageable host memory, unmapped or bogus addresses) and without a

@@ -5,6 +5,7 @@
 //! take it; NumPy takes its `__array_interface__` on the host). Every call that waits on the
 //! other process runs without the GIL, within the attachment's deadline.
 
+use super::edge::dlpack;
 use super::errors::to_pyerr;
 use crate::shared_gpu::ledger_dir::{default_base, LedgerDir};
 use crate::shared_memory::{
@@ -13,7 +14,9 @@ use crate::shared_memory::{
 };
 use crate::suballocator::{ExpandableMemoryResource, PoolExport};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyFileNotFoundError, PyKeyError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyFileNotFoundError, PyKeyError, PyRuntimeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use std::path::PathBuf;
@@ -277,6 +280,61 @@ impl SharedArray {
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.face(py, true)
+    }
+
+    /// DLPack's device of the buffer: `(1, 0)` on the host, `(2, ordinal)` on a GPU.
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        if self.resolved.host {
+            return Ok((dlpack::DEVICE_CPU, 0));
+        }
+        let ordinal = crate::cuda::device_ordinal_of(self.resolved.addr).ok_or_else(|| {
+            PyBufferError::new_err("the buffer's device is not known to the driver")
+        })?;
+        let ordinal = i32::try_from(ordinal).map_err(|_| PyBufferError::new_err("ordinal"))?;
+        Ok((dlpack::DEVICE_CUDA, ordinal))
+    }
+
+    /// The buffer as a DLPack capsule (`torch.from_dlpack`, `cupy.from_dlpack`,
+    /// `numpy.from_dlpack`): the memory itself, C-contiguous, kept mapped while the tensor
+    /// lives. `stream` is accepted and not waited on (nothing of this process writes the
+    /// buffer); `copy=True` and another `dl_device` are refused, as is a read-only buffer on the
+    /// host (DLPack's unversioned tensor cannot say read-only; a write would fault).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = (stream, max_version);
+        let me = slf.get();
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "copy=True: a shared buffer is handed over as the exporter's memory, never copied",
+            ));
+        }
+        let device = me.__dlpack_device__()?;
+        if dl_device.is_some_and(|d| d != device) {
+            return Err(PyBufferError::new_err(format!(
+                "dl_device {dl_device:?}: the buffer lies on {device:?}"
+            )));
+        }
+        if me.resolved.host && me.resolved.readonly {
+            return Err(PyBufferError::new_err(format!(
+                "{:?} is read-only here and DLPack's tensor cannot say so: use \
+                 numpy.asarray (its __array_interface__ says read-only)",
+                me.resolved.name
+            )));
+        }
+        dlpack::capsule(
+            slf.py(),
+            slf.clone().into_any().unbind(),
+            me.resolved.addr,
+            device,
+            &me.resolved.dtype,
+            &me.resolved.shape,
+        )
     }
 
     /// Its name.

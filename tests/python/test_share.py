@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import rrmm.share
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 IMPORTER = textwrap.dedent(
     """
@@ -291,3 +293,53 @@ def test_attaching_where_no_exporter_serves_names_the_path_and_the_fix() -> None
     directory = tempfile.mkdtemp(prefix="rs")
     with pytest.raises(FileNotFoundError, match=r"no exporter is serving at .*nobody.*publish"):
         rrmm.share.attach("nobody", directory=directory)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    dtype=st.sampled_from(["<f4", "<f8", "<i2", "|u1", "<c16", "|b1", "<i8", "<f2"]),
+    shape=st.lists(st.integers(0, 7), min_size=0, max_size=3),
+)
+def test_dlpack_hands_the_shared_memory_itself_to_numpy(dtype: str, shape: list[int]) -> None:
+    pool = _host_pool(shareable=True)
+    pub = pool.publish("dl", directory=tempfile.mkdtemp(prefix="rs"))
+    rng = np.random.default_rng(sum(shape) + len(dtype))
+    values = rng.integers(0, 255, size=max(1, int(np.prod(shape))) * np.dtype(dtype).itemsize,
+                          dtype=np.uint8)
+    values = values[: int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+    buf, view = _pool_array(pool, np.ascontiguousarray(values)) if values.nbytes else (None, None)
+    imp = rrmm.share.attach(pub.path)
+    try:
+        if buf is None:
+            return  # an empty array names no block
+        pub.share("w", buf.ptr, nbytes=values.nbytes, dtype=dtype, shape=tuple(shape))
+        pub.share("r", buf.ptr, nbytes=values.nbytes, dtype=dtype, shape=tuple(shape),
+                  readonly=True)
+        shared = imp.get("w")
+        assert shared.__dlpack_device__() == (1, 0)
+        got = np.from_dlpack(shared)
+        assert got.dtype == np.dtype(dtype) and got.shape == tuple(shape)
+        assert got.tobytes() == values.tobytes()
+        assert got.__array_interface__["data"][0] == shared.ptr, "the memory itself, no copy"
+        del shared  # the tensor keeps the mapping
+        view.reshape(-1).view(np.uint8)[:1] ^= 0xFF
+        assert got.reshape(-1).view(np.uint8)[0] == view.reshape(-1).view(np.uint8)[0]
+        with pytest.raises(BufferError, match="read-only"):
+            imp.get("r").__dlpack__()
+        with pytest.raises(BufferError, match="copy"):
+            imp.get("w").__dlpack__(copy=True)
+        with pytest.raises(BufferError, match="dl_device"):
+            imp.get("w").__dlpack__(dl_device=(2, 0))
+        again = imp.get("w")
+        before = sys.getrefcount(again)
+        tensor = np.from_dlpack(again)
+        assert sys.getrefcount(again) == before + 1, "the tensor holds its owner"
+        del tensor
+        assert sys.getrefcount(again) == before, "the consumer's deleter lets it go"
+        capsule = again.__dlpack__()
+        del capsule  # never consumed: its destructor frees the tensor
+        assert sys.getrefcount(again) == before
+        del got
+    finally:
+        imp.close()
+        pub.close()

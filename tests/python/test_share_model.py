@@ -119,6 +119,7 @@ class ShareMachine(RuleBasedStateMachine):
         else:
             imp.release(sorted(held))
             held.clear()
+            self.settling = True  # the exporter runs a free it let go of after its answer
         for name in [n for n in self.freed_held if not self._holders(n)]:
             del self.freed_held[name]
 
@@ -170,8 +171,8 @@ class ShareMachine(RuleBasedStateMachine):
 
     @invariant()
     def deferred_frees_are_the_blocks_freed_while_held(self) -> None:
-        # A release is answered after the exporter let go, so only a closed importer's
-        # leases may still be on their way; otherwise the count is exact at once.
+        # After a release or a close the exporter's frees may still be on their way (it runs
+        # them after its answer); otherwise the count is exact at once.
         want = len(self.freed_held)
         deadline = time.monotonic() + (5 if self.settling else 0)
         while self._figures()["deferred_free_blocks"] != want:
