@@ -14,6 +14,7 @@ hand, answering as told).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,12 +86,17 @@ def member(ledger: Path, **options: Any) -> Any:
 
 
 def stop(pid: int) -> None:
-    """Stops process ``pid`` (SIGSTOP) and waits until it is stopped."""
+    """Stops process ``pid`` (SIGSTOP) and waits until every thread of it is stopped (the
+    main thread stops first; a thread still running could read a datagram meanwhile)."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat[stat.rfind(")") + 2] == "T":
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                states.append(stat[stat.rfind(")") + 2])
+        if states and all(state in "Tt" for state in states):
             return
         time.sleep(0.001)
     raise AssertionError(f"process {pid} did not stop")
