@@ -5,8 +5,8 @@
 # Stages, in the order given:
 #   env      whether the driver exports shareable handles as file descriptors, cuda.core's
 #            presence, free device and host memory
-#   tests    tests/python/test_gpu_share.py (3 importers bit-exact, a free that waits) and
-#            test_gpu_share_lifetimes.py (sleep, wake and attach again; kill -9 and adoption)
+#   tests    tests/python/test_gpu_share.py (3 importers bit-exact, a free that waits; sleep,
+#            wake and attach again; kill -9 and adoption)
 #   attach   benches/gpu/share_attach.py: 20 GB in 5,000 arrays, every case
 #   big      the same, 60 GB in 10,000 arrays
 #   dask     benches/gpu/dask_share.py: two Dask workers on one GPU, 2-8 GiB arrays between
@@ -53,8 +53,7 @@ except Exception as e:
 EOF
       ;;
     tests)
-      python3 -m pytest -q -s -p no:cacheprovider tests/python/test_gpu_share.py \
-        tests/python/test_gpu_share_lifetimes.py 2>&1 | tail -25 | tee "$OUT/gpu_share_tests.log" ;;
+      python3 -m pytest -q -s -p no:cacheprovider tests/python/test_gpu_share.py 2>&1 | tail -25 | tee "$OUT/gpu_share_tests.log" ;;
     attach)
       timeout 500 python3 benches/gpu/share_attach.py | tee "$OUT/share_attach.jsonl" ;;
     big)
