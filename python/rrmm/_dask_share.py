@@ -116,25 +116,37 @@ def serializers_for(who: str | None, serializers: Any) -> Any:
     return [FAMILY, *rest]
 
 
+def before_get_data(worker: Any, marker: str, before: Any) -> None:
+    """Runs ``before(kwargs)`` ahead of each call of ``worker``'s ``get_data`` handler (once
+    per ``marker``: wrapping again does nothing). ``before`` may change the call's keywords.
+    rrmm's worker plumbing wraps the handler through this one function."""
+    handlers = getattr(worker, "handlers", None)
+    if not isinstance(handlers, dict) or "get_data" not in handlers:
+        return
+    original = handlers["get_data"]
+    if getattr(original, marker, False):
+        return
+
+    @functools.wraps(original)
+    async def get_data(*args: Any, **kwargs: Any) -> Any:
+        before(kwargs)
+        result = original(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    setattr(get_data, marker, True)
+    handlers["get_data"] = get_data
+
+
+def _share_first(kwargs: dict[str, Any]) -> None:
+    kwargs["serializers"] = serializers_for(kwargs.get("who"), kwargs.get("serializers"))
+
+
 def wrap_get_data(worker: Any) -> None:
     """Makes ``worker``'s ``get_data`` try ``rrmm-share`` first for workers on this device, and
     lets its own requests be answered with it (its deserializers, where it lists them)."""
-    handlers = getattr(worker, "handlers", None)
-    if isinstance(handlers, dict) and "get_data" in handlers:
-        original = handlers["get_data"]
-        if not getattr(original, "_rrmm_shares", False):
-
-            @functools.wraps(original)
-            async def get_data(*args: Any, **kwargs: Any) -> Any:
-                kwargs["serializers"] = serializers_for(kwargs.get("who"),
-                                                        kwargs.get("serializers"))
-                result = original(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                return result
-
-            get_data._rrmm_shares = True  # type: ignore[attr-defined]
-            handlers["get_data"] = get_data
+    before_get_data(worker, "_rrmm_shares", _share_first)
     rpc = getattr(worker, "rpc", None)
     names = getattr(rpc, "deserializers", None)
     if names is not None and FAMILY not in names:

@@ -22,7 +22,6 @@ serialization family (needs ``distributed``).
 from __future__ import annotations
 
 import difflib
-import functools
 import inspect
 import logging
 import math
@@ -411,24 +410,7 @@ class _IdleTimer:
         """Another worker fetching data from this one (``get_data``) reads its memory outside
         rrmm: the worker is busy first (a pool the ledger put to sleep wakes), idle again after
         the delay."""
-        handlers = getattr(worker, "handlers", None)
-        if not isinstance(handlers, dict) or "get_data" not in handlers:
-            return
-        original = handlers["get_data"]
-        if getattr(original, "_rrmm_wakes", False):
-            return
-        timer = self
-
-        @functools.wraps(original)
-        async def get_data(*args: Any, **kwargs: Any) -> Any:
-            timer.touch()
-            result = original(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
-
-        get_data._rrmm_wakes = True  # type: ignore[attr-defined]
-        handlers["get_data"] = get_data
+        _dask_share.before_get_data(worker, "_rrmm_wakes", lambda _kwargs: self.touch())
 
     def touch(self) -> None:
         """Busy now (waking what slept), idle again after the delay unless a task runs."""
