@@ -1,6 +1,7 @@
 """A shared pool against a model (issue 49), generated: a shareable expandable pool on host
 memory (a memory file per page, the CPU stand-in for a device's shareable pages), published,
-with importers that attach, read, release and die, interleaved with the pool's own movers: frees
+with importers that attach, read, release and die, and peers that send what is no request and
+hang up or stay silent, interleaved with the pool's own movers: frees
 (deferred while an importer holds the block), trims (exported pages kept) and sleeps (refused
 while an importer is attached; with none, attaching is refused until the wake, and importers
 attach again afterwards to the same names and bytes). After every step every live block and
@@ -10,6 +11,7 @@ while held."""
 from __future__ import annotations
 
 import ctypes
+import socket
 import tempfile
 import time
 from typing import Any
@@ -59,6 +61,8 @@ class ShareMachine(RuleBasedStateMachine):
         #: Importers: each holds arrays by name.
         self.importers: list[tuple[Any, dict[str, Any]]] = []
         self.slept = 0
+        #: Lying peers that stay connected (closed at teardown).
+        self.liars: list[socket.socket] = []
         #: A block was named: its pages are exported (kept until the publication closes).
         self.named_any = False
         #: An importer closed since the last check: its leases go when the exporter sees it.
@@ -123,6 +127,24 @@ class ShareMachine(RuleBasedStateMachine):
         for name in [n for n in self.freed_held if not self._holders(n)]:
             del self.freed_held[name]
 
+    @rule(data=st.binary(max_size=96), stays=st.booleans())
+    def a_peer_lies(self, data: bytes, stays: bool) -> None:
+        """A process of the same user connects and sends bytes that are no request (or a
+        truncated, replayed one), then hangs up or stays silent: the exporter answers with a
+        refusal or nothing and serves the others on; nothing it holds moves."""
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            peer.settimeout(1)
+            peer.connect(self.pub.path)
+            peer.send(data or b"\0")
+            if stays:
+                self.liars.append(peer)  # attached, silent: a sleep must be refused now
+                return
+        except OSError:
+            pass  # refused at the door (a sleeping exporter, a full house): also fine
+        peer.close()
+        self.settling = True
+
     @precondition(lambda self: self.importers)
     @rule()
     def every_importer_closes(self) -> None:
@@ -143,13 +165,13 @@ class ShareMachine(RuleBasedStateMachine):
         if not sleeps:
             self.pool.trim(0)
             return
-        if self.importers and self.named_any:
+        if (self.importers or self.liars) and self.named_any:
             # An importer attached may map the exported pages: the sleep is refused.
             with pytest.raises(RuntimeError, match="importers are attached"):
                 self.pool.offload()
             return
         deadline = time.monotonic() + 5
-        while not self.importers and self._figures()["importers"]:
+        while not self.importers and not self.liars and self._figures()["importers"]:
             # A closed importer's socket, on its way out.
             assert time.monotonic() < deadline, self._figures()
             time.sleep(0.005)
@@ -181,6 +203,8 @@ class ShareMachine(RuleBasedStateMachine):
         self.settling = False
 
     def teardown(self) -> None:
+        for peer in self.liars:
+            peer.close()
         for imp, _ in self.importers:
             imp.close()
         self.pub.close()
