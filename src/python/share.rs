@@ -197,7 +197,7 @@ impl SharePublication {
 
     /// Names `buffer` (a CuPy array, tensor or NumPy view with `__cuda_array_interface__` or
     /// `__array_interface__`, a `DeviceBuffer`, or a pointer with `nbytes`) as `name`; it must
-    /// start a live block of the pool and be C-contiguous. `dtype` and `shape` override the
+    /// lie in a live block of the pool (its start, or a view into it) and be C-contiguous. `dtype` and `shape` override the
     /// array's (default for a buffer: bytes); `readonly` marks it read-only for importers.
     /// The pages it lies on are exported once and kept mapped while published; its free (the
     /// array dropped) waits for the importers that hold it.

@@ -268,14 +268,17 @@ def test_a_pool_that_cannot_share_says_why() -> None:
         plain.publish("x", directory=tempfile.mkdtemp(prefix="rs"))
 
 
-def test_a_name_must_start_a_live_block_and_be_contiguous() -> None:
+def test_a_name_lies_in_a_live_block_and_is_contiguous() -> None:
     pool = _host_pool(shareable=True)
     pub = pool.publish("names", directory=tempfile.mkdtemp(prefix="rs"))
     buf, view = _pool_array(pool, np.arange(64, dtype="<f8").reshape(8, 8))
     with pytest.raises(ValueError, match="C-contiguous"):
         pub.share("t", view.T)
-    with pytest.raises(ValueError, match="start a live block"):
-        pub.share("mid", view[1:])
+    with pytest.raises(ValueError, match="no live block"):
+        pub.share("outside", buf.ptr + (1 << 40), nbytes=8)
+    with pytest.raises(ValueError, match="from there"):
+        pub.share("past", buf.ptr + 8, nbytes=buf.size)
+    pub.share("mid", view[1:])
     with pytest.raises(ValueError, match="nbytes"):
         pub.share("p", buf.ptr)
     pub.share("p", buf.ptr, nbytes=64)
@@ -285,6 +288,8 @@ def test_a_name_must_start_a_live_block_and_be_contiguous() -> None:
     imp = rrmm.share.attach(pub.path)
     assert np.asarray(imp.get("whole")).tobytes() == view.tobytes()
     assert imp.get("p").nbytes == 64
+    mid = imp.get("mid")
+    assert mid.shape == (7, 8) and np.asarray(mid).tobytes() == view[1:].tobytes()
     imp.close()
     pub.close()
 

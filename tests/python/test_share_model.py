@@ -54,8 +54,8 @@ class ShareMachine(RuleBasedStateMachine):
         )
         self.pub = self.pool.publish("model", directory=tempfile.mkdtemp(prefix="rs"))
         self.seed = 1
-        #: Live blocks of the exporter: name -> (buffer, bytes they hold).
-        self.live: dict[str, tuple[Any, bytes]] = {}
+        #: Live blocks of the exporter: name -> (buffer, bytes it holds, where the name starts).
+        self.live: dict[str, tuple[Any, bytes, int]] = {}
         #: Blocks the exporter freed while an importer held them: name -> bytes.
         self.freed_held: dict[str, bytes] = {}
         #: Importers: each holds arrays by name.
@@ -76,8 +76,9 @@ class ShareMachine(RuleBasedStateMachine):
     def _holders(self, name: str) -> int:
         return sum(name in held for _, held in self.importers)
 
-    @rule(nbytes=st.integers(1, 3 * PAGE))
-    def allocate_and_name(self, nbytes: int) -> None:
+    @rule(nbytes=st.integers(1, 3 * PAGE), skip=st.integers(0, 3 * PAGE))
+    def allocate_and_name(self, nbytes: int, skip: int) -> None:
+        """A block, named from its start or (a view) from ``skip`` bytes into it."""
         try:
             buf = rrmm.DeviceBuffer(size=nbytes, mr=self.pool)
         except MemoryError:
@@ -86,8 +87,9 @@ class ShareMachine(RuleBasedStateMachine):
         ctypes.memmove(buf.ptr, data, nbytes)
         name = f"b{self.seed}"
         self.seed += 1
-        self.pub.share(name, buf.ptr, nbytes=nbytes)
-        self.live[name] = (buf, data)
+        skip %= nbytes
+        self.pub.share(name, buf.ptr + skip, nbytes=nbytes - skip)
+        self.live[name] = (buf, data, skip)
         self.named_any = True
 
     @precondition(lambda self: self.live)
@@ -96,9 +98,9 @@ class ShareMachine(RuleBasedStateMachine):
         held = sorted(n for n in self.live if self._holders(n))
         names = held if held_first and held else sorted(self.live)
         name = names[pick % len(names)]
-        _, data = self.live.pop(name)  # the DeviceBuffer is dropped: its free
+        _, data, skip = self.live.pop(name)  # the DeviceBuffer is dropped: its free
         if self._holders(name):
-            self.freed_held[name] = data
+            self.freed_held[name] = data[skip:]
 
     @precondition(lambda self: len(self.importers) < 3)
     @rule()
@@ -184,11 +186,15 @@ class ShareMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_byte_where_it_belongs(self) -> None:
-        for buf, data in self.live.values():
+        for buf, data, _ in self.live.values():
             assert _bytes_of(buf.ptr, len(data)) == data
         for _, held in self.importers:
             for name, array in held.items():
-                want = self.live[name][1] if name in self.live else self.freed_held[name]
+                if name in self.live:
+                    _, data, skip = self.live[name]
+                    want = data[skip:]
+                else:
+                    want = self.freed_held[name]
                 assert _bytes_of(array.ptr, array.nbytes) == want, name
 
     @invariant()

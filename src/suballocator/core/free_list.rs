@@ -103,6 +103,15 @@ pub(crate) trait FreeList: Send + Sized + 'static {
     /// any; O(1).
     fn allocated_size_at(&self, addr: usize) -> Option<usize>;
 
+    /// The block allocated in this list (and not freed) that holds `addr`, as (start, size);
+    /// O(blocks allocated here) (for rare lookups of an interior address: a view's).
+    fn allocated_block_holding(&self, addr: usize) -> Option<(usize, usize)> {
+        self.allocated_blocks()
+            .into_iter()
+            .find(|b| b.addr <= addr && addr - b.addr < b.size)
+            .map(|b| (b.addr, b.size))
+    }
+
     /// Drops the record of the block allocated in this list at `addr` for a request of `bytes`
     /// and returns it (for a free on another stream); changes nothing when [`Self::free_allocated`]
     /// would not free it.

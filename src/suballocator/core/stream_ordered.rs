@@ -1276,6 +1276,18 @@ impl<F: FreeList> StreamOrderedCore<F> {
             .find_map(|list| list.state.lock().list.allocated_size_at(addr))
     }
 
+    /// The block this pool handed out (and that is not freed) holding `addr`, as (start,
+    /// size): O(lists) where `addr` starts it, else O(blocks) (a view into a block).
+    pub(crate) fn allocated_holding(&self, addr: usize) -> Option<(usize, usize)> {
+        if let Some(size) = self.allocated_at(addr) {
+            return Some((addr, size));
+        }
+        let dir = self.state.directory.read();
+        dir.all
+            .iter()
+            .find_map(|list| list.state.lock().list.allocated_block_holding(addr))
+    }
+
     /// Every segment (upstream chunk, or the growth policy's own) with its blocks.
     pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
         let mut segments = self.state.snapshot(self.growth.segments());

@@ -454,19 +454,20 @@ impl PoolExport {
         Ok(self.exporter()?.path().to_path_buf())
     }
 
-    /// Names `size` bytes at `ptr` (the start of a block the pool handed out and has not
-    /// freed) as the buffer `name`, holding `dtype` elements in `shape` (C order), read-only
-    /// for importers when `readonly`. Each page it lies on is exported once and kept mapped
-    /// while the pool is published. A block may carry several names; its free waits for the
-    /// importers of all of them.
+    /// Names `size` bytes at `ptr` (in a block the pool handed out and has not freed: its
+    /// start, or a view into it) as the buffer `name`, holding `dtype` elements in `shape`
+    /// (C order), read-only for importers when `readonly`. Each page it lies on is exported
+    /// once and kept mapped while the pool is published. A block may carry several names; its
+    /// free waits for the importers of all of them.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a pointer that does not start a live block of the pool,
-    /// a size past the block's, a name exported already or not valid, a dtype or shape past
+    /// [`Error::InvalidArgument`] for a pointer in no live block of the pool, a buffer that
+    /// runs past its block's end, a name exported already or not valid, a dtype or shape past
     /// their limits; [`Error::Logic`] once closed.
     ///
     /// # Time Complexity
-    /// O(lists + pages of the buffer · log pages).
+    /// O(lists + pages of the buffer · log pages) for a block's start; O(blocks) more for a
+    /// view into a block.
     pub fn name(
         &self,
         name: &str,
@@ -484,19 +485,20 @@ impl PoolExport {
                 "the pool sleeps: name its blocks once it is awake (restore())".into(),
             ));
         }
-        let block = pool.inner.core.allocated_at(ptr).ok_or_else(|| {
+        let (start, block) = pool.inner.core.allocated_holding(ptr).ok_or_else(|| {
             Error::invalid(
                 "ptr",
-                format!(
-                    "{ptr:#x} does not start a live block of this pool (name a block's start: \
-                     a view's base array)"
-                ),
+                format!("{ptr:#x} lies in no live block of this pool (name its memory only)"),
             )
         })?;
-        if size == 0 || size > block {
+        let room = block - (ptr - start);
+        if size == 0 || size > room {
             return Err(Error::invalid(
                 "size",
-                format!("{size} bytes: the block at {ptr:#x} has {block} (and a buffer has some)"),
+                format!(
+                    "{size} bytes at {ptr:#x}: the block at {start:#x} has {room} from there (and \
+                     a buffer has some)"
+                ),
             ));
         }
         let page = pool.page_size();
@@ -544,7 +546,11 @@ impl PoolExport {
         };
         exporter.publish(name, spec)?;
         let mut blocks = share.blocks.lock();
-        blocks.entry(ptr).or_default().names.push(name.to_string());
+        blocks
+            .entry(start)
+            .or_default()
+            .names
+            .push(name.to_string());
         share.watched.store(blocks.len(), Ordering::Release);
         Ok(())
     }

@@ -148,9 +148,24 @@ fn a_buffer_across_pages_reads_bit_exact_and_its_pages_lie_side_by_side() {
     // A write by the importer lands in the exporter's block.
     imp.write(&s, 0, b"SMALL").unwrap();
     assert_eq!(peek(small, 5), b"SMALL");
-    // A name must start a live block, fit it, and be new.
+    // A name lies in a live block (from its start or inside it: a view), ends in it, and is
+    // new.
+    let mid = PAGE + 100;
+    publication
+        .name("mid", ptr + mid, 4096, "|u1", &[4096], false)
+        .unwrap();
+    let m = imp.resolve("mid").unwrap();
+    assert_eq!(
+        m.addr,
+        big.addr + mid,
+        "a view lies where it lies in its block"
+    );
+    assert_eq!(imp.read(&m).unwrap(), bytes[mid..mid + 4096]);
     assert!(publication
-        .name("mid", ptr + 64, 8, "|u1", &[8], false)
+        .name("past", ptr + size - 8, PAGE, "|u1", &[PAGE as u64], false)
+        .is_err());
+    assert!(publication
+        .name("outside", ptr + (1 << 40), 8, "|u1", &[8], false)
         .is_err());
     assert!(publication
         .name("long", small, 8192 + 1, "|u1", &[1], false)
@@ -180,8 +195,13 @@ fn a_free_of_a_held_block_waits_for_the_importer_and_is_counted() {
     publication
         .name("a2", ptr, 64, "|u1", &[64], false)
         .unwrap();
+    // A view into the block: the block's free waits for its holders too.
+    publication
+        .name("a3", ptr + 4096, 64, "|u1", &[64], false)
+        .unwrap();
     let mut imp = attach(&sock.path());
     let a = imp.resolve("a").unwrap();
+    let a3 = imp.resolve("a3").unwrap();
     let used = allocated(&pool);
     free(&pool, ptr, size);
     let f = pool.share_figures().unwrap();
@@ -189,7 +209,7 @@ fn a_free_of_a_held_block_waits_for_the_importer_and_is_counted() {
         (f.deferred_free_blocks, f.deferred_free_bytes),
         (1, size as u64)
     );
-    assert_eq!(f.export.deferred_frees, 1, "{f:?}");
+    assert_eq!(f.export.deferred_frees, 2, "the names held: {f:?}");
     assert_eq!(allocated(&pool), used, "still allocated");
     assert!(
         publication.names().unwrap().is_empty(),
@@ -205,9 +225,21 @@ fn a_free_of_a_held_block_waits_for_the_importer_and_is_counted() {
     }
     assert_eq!(imp.read(&a).unwrap(), pattern(3, size));
     assert_eq!(imp.release(&["a"]).unwrap(), 1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        pool.share_figures().unwrap().deferred_free_blocks,
+        1,
+        "the view is still held"
+    );
+    assert_eq!(imp.read(&a3).unwrap(), pattern(3, size)[4096..4096 + 64]);
+    assert_eq!(imp.release(&["a3"]).unwrap(), 1);
     wait(&pool, |f| f.deferred_free_blocks == 0);
     let f = pool.share_figures().unwrap();
-    assert_eq!((f.export.frees_after_wait, f.deferred_free_bytes), (1, 0));
+    assert_eq!(
+        (f.export.frees_after_wait, f.deferred_free_bytes),
+        (2, 0),
+        "a name each"
+    );
     assert!(allocated(&pool) < used + 6 * size as u64);
     for o in others {
         free(&pool, o, size);
