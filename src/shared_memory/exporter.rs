@@ -5,7 +5,7 @@ use super::book::{Book, BookFigures, BufferId, Withdrawal};
 use super::codec::check_text;
 use super::error::ShareError;
 use super::message::{limits, BufferSpec, SegmentId};
-use super::segment::ShareableSegment;
+use super::segment::{PlacedRange, ShareableSegment};
 use super::transport::{self, Channel, Listener};
 use crate::shared_gpu::ledger_dir::LedgerDir;
 use parking_lot::Mutex;
@@ -117,6 +117,11 @@ pub(super) struct State {
     pub(super) segments: BTreeMap<SegmentId, Arc<dyn ShareableSegment>>,
     /// The placed segments by where they lie in the range.
     placed: BTreeMap<u64, SegmentId>,
+    /// The bytes of the range placed segments lie in, as importers are told
+    /// ([`ExportOptions::range`], or an adoption's: [`super::adopt`]).
+    pub(super) range: u64,
+    /// This process's range for placed segments it adopted (reserved at the first).
+    pub(super) adopted_range: Option<PlacedRange>,
     next_segment: SegmentId,
     pub(super) pending: HashMap<BufferId, OnFree>,
     /// The serving figures (the book keeps its own).
@@ -133,6 +138,18 @@ impl State {
         }
         self.segments.insert(self.next_segment, segment);
         self.next_segment
+    }
+
+    /// The placed segment that lies at `at` with `size` bytes, `Ok(None)` where none lies
+    /// within `at .. at + size`, `Err` where another one overlaps it.
+    pub(super) fn placed_at(&self, at: u64, size: u64) -> Result<Option<SegmentId>, ()> {
+        let size_of = |id: &SegmentId| self.segments.get(id).map_or(0, |s| s.size());
+        let end = at.saturating_add(size);
+        match self.placed.range(..end).next_back() {
+            Some((&start, id)) if start == at && size_of(id) == size => Ok(Some(*id)),
+            Some((&start, id)) if start.saturating_add(size_of(id)) > at => Err(()),
+            _ => Ok(None),
+        }
     }
 
     /// The segments `spec` lies in: its own, and for a placed segment the placed segments
@@ -268,6 +285,8 @@ impl Exporter {
                 book: Book::new(),
                 segments: BTreeMap::new(),
                 placed: BTreeMap::new(),
+                range: options.range,
+                adopted_range: None,
                 next_segment: 0,
                 pending: HashMap::new(),
                 figures: ExportFigures::default(),

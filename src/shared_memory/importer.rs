@@ -89,6 +89,9 @@ pub struct Attachment {
     placed: Option<PlacedRange>,
     /// The placed segments by where they lie in the exporter's range.
     occupied: BTreeMap<u64, SegmentId>,
+    /// Places in the range that segments a new exporter did not take still map (adoption):
+    /// where, and their bytes.
+    orphan_places: BTreeMap<u64, u64>,
 }
 
 impl Attachment {
@@ -112,6 +115,7 @@ impl Attachment {
             range_size: 0,
             placed: None,
             occupied: BTreeMap::new(),
+            orphan_places: BTreeMap::new(),
         };
         attachment.greet()?;
         Ok(attachment)
@@ -357,6 +361,13 @@ impl Attachment {
                 )));
             }
         }
+        if let Some((&start, &size)) = self.orphan_places.range(..end).next_back() {
+            if start + size > at {
+                return Err(ShareError::Protocol(format!(
+                    "a segment at {at} overlaps one at {start} the exporter did not adopt"
+                )));
+            }
+        }
         let range = match &self.placed {
             Some(range) => range.clone(),
             None => {
@@ -592,11 +603,18 @@ impl Attachment {
         self.path = path.to_path_buf();
         self.seq = 0;
         self.gone = false;
-        // The new exporter's placed segments go into a range of their own: the old one stays
-        // with the segments mapped there.
-        self.placed = None;
-        self.occupied.clear();
+        let range = self.range_size;
         self.greet()?;
+        // The new exporter keeps the places of the placed segments it takes, in a range as
+        // large as the old one: they stay where this process maps them, and so do the ones it
+        // places later. One with a range of its own (another size) places its segments in a
+        // range of their own here: the old one stays with the segments mapped there.
+        let same_places = self.range_size == 0 || self.range_size == range;
+        if same_places {
+            self.range_size = range;
+        } else {
+            self.placed = None;
+        }
         let ids: Vec<SegmentId> = self.segments.keys().copied().collect();
         let mut renumbered: HashMap<SegmentId, SegmentId> = HashMap::new();
         for chunk in ids.chunks(limits::SEGMENTS) {
@@ -614,6 +632,7 @@ impl Attachment {
             }
             let fds: Vec<BorrowedFd<'_>> = owned.iter().map(AsFd::as_fd).collect();
             let message = Message::Adopt {
+                range,
                 segments: infos,
                 buffers: Vec::new(),
             };
@@ -639,6 +658,7 @@ impl Attachment {
         let mut names = 0;
         for chunk in buffers.chunks(limits::BATCH) {
             let message = Message::Adopt {
+                range,
                 segments: Vec::new(),
                 buffers: chunk.to_vec(),
             };
@@ -647,13 +667,23 @@ impl Attachment {
                 other => return Err(unexpected("an adoption's answer", &other)),
             }
         }
+        // A placed segment keeps its place here under its new number; one not taken keeps
+        // its place out of use (it stays mapped there) while the range holds new ones.
+        self.occupied.clear();
         for (old, mut held) in std::mem::take(&mut self.segments) {
-            match renumbered.get(&old) {
-                Some(&new) => {
+            match (renumbered.get(&old), held.info.at) {
+                (Some(&new), at) => {
                     held.info.id = new;
+                    if let (Some(at), true) = (at, same_places) {
+                        self.occupied.insert(at, new);
+                    }
                     self.segments.insert(new, held);
                 }
-                None => self.orphans.push(held),
+                (None, Some(at)) if same_places => {
+                    self.orphan_places.insert(at, held.info.size);
+                    self.orphans.push(held);
+                }
+                (None, _) => self.orphans.push(held),
             }
         }
         for (name, mut spec) in buffers {

@@ -20,7 +20,7 @@ use super::codec::{check_text, Reader, Writer};
 use super::error::{Refusal, WireError};
 
 /// The protocol version this process speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// The bytes a frame starts with.
 pub const MAGIC: [u8; 4] = *b"RRSM";
 /// The header's length.
@@ -266,7 +266,12 @@ pub enum Message {
     /// Take these segments and names (an importer hands back what it maps to a new exporter);
     /// the segments' descriptors ride beside, in order. Buffers name segments by the numbers
     /// the importer knows them by (from the exporter that died), in this or an earlier adopt.
+    /// Placed segments ([`SegmentInfo::at`]) keep their places in a range of `range` bytes
+    /// (the dead exporter's, [`Message::Welcome`]'s), so that a buffer across them stays
+    /// contiguous.
     Adopt {
+        /// The bytes of the range the placed segments lie in (0: none is placed).
+        range: u64,
         /// The segments.
         segments: Vec<SegmentInfo>,
         /// The names and their buffers.
@@ -411,7 +416,12 @@ impl Message {
                 w.u8(reason.code());
                 w.text(detail);
             }
-            Message::Adopt { segments, buffers } => {
+            Message::Adopt {
+                range,
+                segments,
+                buffers,
+            } => {
+                w.u64(*range);
                 write_segments(w, segments);
                 w.count(buffers.len());
                 for (name, spec) in buffers {
@@ -475,6 +485,7 @@ impl Message {
                 detail: r.text(limits::DETAIL, true, "detail")?,
             },
             kind::ADOPT => {
+                let range = r.u64("range")?;
                 let segments = read_segments(r)?;
                 let n = r.count(limits::BATCH, 3 + MIN_BUFFER, "buffers")?;
                 let mut buffers = Vec::with_capacity(n);
@@ -482,7 +493,11 @@ impl Message {
                     let name = r.text(limits::NAME, false, "name")?;
                     buffers.push((name, BufferSpec::read(r)?));
                 }
-                Message::Adopt { segments, buffers }
+                Message::Adopt {
+                    range,
+                    segments,
+                    buffers,
+                }
             }
             kind::ADOPTED => {
                 let n = r.count(limits::SEGMENTS, 8, "segments")?;
@@ -653,6 +668,7 @@ pub(crate) mod tests {
                 detail: "seq 3, expected 2".into(),
             },
             Message::Adopt {
+                range: 1 << 30,
                 segments: vec![SegmentInfo {
                     kind: SegmentKind::CudaFd,
                     writable: false,
@@ -791,12 +807,15 @@ pub(crate) mod tests {
             any::<u32>().prop_map(|count| Message::Released { count }),
             any_text(20).prop_map(|after| Message::List { after }),
             (names(), any::<bool>()).prop_map(|(names, more)| Message::Names { names, more }),
-            prop::collection::vec((any_text(20), any_spec()), 0..4).prop_map(|buffers| {
-                Message::Adopt {
+            (
+                any::<u64>(),
+                prop::collection::vec((any_text(20), any_spec()), 0..4)
+            )
+                .prop_map(|(range, buffers)| Message::Adopt {
+                    range,
                     segments: vec![],
                     buffers,
-                }
-            }),
+                }),
         ]
     }
 

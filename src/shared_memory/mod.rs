@@ -30,9 +30,10 @@
 //! range of their own ([`segment::PlacedRange`]), so a buffer across pages is contiguous
 //! there (`crate::suballocator::ExpandableMemoryResource::publish`).
 //!
-//! Not built yet: sleep and wake of an exporter with importers attaching again; adoption of a
-//! pool's buffers that run across pages (an adopting exporter maps each segment on its own);
-//! the Dask and PyTorch paths.
+//! A published pool sleeps only with no importer attached and exports its new pages at the
+//! wake under the same numbers (`crate::suballocator::expandable::share`); an adopting
+//! exporter keeps each placed segment's place ([`adopt`]), so a buffer across pages stays
+//! contiguous after an adoption too.
 
 pub mod adopt;
 pub mod book;

@@ -275,13 +275,16 @@ fn answer_in_order(
     match (imp.greeted, message) {
         (false, Message::Hello) => {
             imp.greeted = true;
-            let names = shared.state.lock().book.figures().names;
+            let (names, range) = {
+                let state = shared.state.lock();
+                (state.book.figures().names, state.range)
+            };
             Answer::plain(
                 seq,
                 Message::Welcome {
                     pid: std::process::id(),
                     names: u32::try_from(names).unwrap_or(u32::MAX),
-                    range: shared.options.range,
+                    range,
                 },
             )
         }
@@ -305,9 +308,21 @@ fn answer_in_order(
             let (names, more) = shared.state.lock().book.names_after(&after, limits::BATCH);
             Answer::plain(seq, Message::Names { names, more })
         }
-        (true, Message::Adopt { segments, buffers }) if shared.options.accept_adoption => {
-            let (segments, names) =
-                super::adopt::take(shared, imp.id, &mut imp.adopted, segments, fds, buffers);
+        (
+            true,
+            Message::Adopt {
+                range,
+                segments,
+                buffers,
+            },
+        ) if shared.options.accept_adoption => {
+            let handed = super::adopt::Handed {
+                range,
+                segments,
+                fds,
+                buffers,
+            };
+            let (segments, names) = super::adopt::take(shared, imp.id, &mut imp.adopted, handed);
             imp.sent.extend(segments.iter().map(|&(_, new)| new));
             Answer::plain(seq, Message::Adopted { segments, names })
         }

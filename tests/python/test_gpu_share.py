@@ -337,7 +337,8 @@ def test_the_exporter_killed_importers_read_on_and_a_new_exporter_adopts() -> No
         segments, adopted = imp.hand_back(path)
         adopt_s = time.perf_counter() - t0
         assert adopt_s < 1.0, adopt_s
-        assert segments >= 1 and adopted >= 12, (segments, adopted)  # arrays on one page each
+        # Every array, those across two pages too: the pages keep their places.
+        assert segments >= 2 and adopted == len(names), (segments, adopted)
         assert adopter.stdin is not None
         adopter.stdin.write("\n")
         adopter.stdin.flush()

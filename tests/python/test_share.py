@@ -294,6 +294,72 @@ def test_a_name_lies_in_a_live_block_and_is_contiguous() -> None:
     pub.close()
 
 
+# A host pool with an array across three pages and one on a page; prints its path and digests,
+# then waits (to be killed).
+POOL_EXPORTER = textwrap.dedent(
+    """
+    import ctypes, hashlib, json, sys
+    import numpy as np
+    import rrmm, rrmm.mr
+
+    pool = rrmm.mr.ExpandableMemoryResource(pageable_host=True, device_capacity=64 << 20,
+                                            reserve_size=64 << 20, page_size=2 << 20,
+                                            shareable=True)
+    pub = pool.publish("dying", directory=sys.argv[1])
+    kept, digests = [], {}
+    for name, nbytes in (("small", 1000), ("across", 3 * (2 << 20) + 123)):
+        buf = rrmm.DeviceBuffer(size=nbytes, mr=pool)
+        data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+        ctypes.memmove(buf.ptr, data.ctypes.data, nbytes)
+        pub.share(name, buf.ptr, nbytes=nbytes, readonly=name == "across")
+        kept.append(buf)
+        digests[name] = hashlib.sha256(data.tobytes()).hexdigest()
+    print(json.dumps({"path": pub.path, "digests": digests}), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_a_killed_pools_arrays_across_pages_are_adopted_and_read_bit_exact() -> None:
+    directory = tempfile.mkdtemp(prefix="rs")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", POOL_EXPORTER, directory],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        imp = rrmm.share.attach(first["path"])
+        names = sorted(first["digests"])
+
+        def digests(att: rrmm.share.Attachment) -> dict[str, str]:
+            return {
+                n: hashlib.sha256(np.asarray(a).tobytes()).hexdigest()
+                for n, a in zip(names, att.get_many(names))
+            }
+
+        assert digests(imp) == first["digests"]
+        proc.kill()  # SIGKILL
+        proc.wait(timeout=30)
+        assert digests(imp) == first["digests"], "the maps outlive the exporter"
+        adopter = rrmm.share.publish("adopter", directory=directory, accept_adoption=True)
+        segments, adopted = imp.hand_back(adopter.path)
+        assert segments >= 4 and adopted == 2, "every page ('across' lies on 4), both names"
+        other = rrmm.share.attach(adopter.path)
+        assert digests(other) == first["digests"], "contiguous across pages in a new importer"
+        across = other.get("across")
+        assert across.readonly and not np.asarray(across).flags.writeable
+        other.close()
+        imp.close()
+        adopter.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
 def test_attaching_where_no_exporter_serves_names_the_path_and_the_fix() -> None:
     directory = tempfile.mkdtemp(prefix="rs")
     with pytest.raises(FileNotFoundError, match=r"no exporter is serving at .*nobody.*publish"):

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::resource::{HostVirtualMemory, MemoryResource};
-use crate::shared_memory::{AttachOptions, Attachment};
+use crate::shared_memory::{AttachOptions, Attachment, Exporter};
 use crate::suballocator::ExpandableSizes;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -489,4 +489,88 @@ fn a_name_on_pages_larger_than_the_reservations_alignment_finds_its_page() {
     drop(imp);
     free(&pool, ptr, 3 << 20);
     wait(&pool, |f| f.export.importers == 0);
+}
+
+#[test]
+fn a_new_exporter_adopts_a_buffer_across_pages_and_keeps_it_contiguous() {
+    let (pool, _vm) = pool(16);
+    let sock = TempSocket::new("adopt-across");
+    let size = 2 * PAGE + 4321;
+    let ptr = pool.allocate(size, Stream::DEFAULT).unwrap();
+    let bytes = pattern(11, size);
+    fill(ptr, &bytes);
+    let small = pool.allocate(4096, Stream::DEFAULT).unwrap();
+    fill(small, b"one page");
+    let publication = pool
+        .publish(&sock.path(), ExportOptions::default())
+        .unwrap();
+    publication
+        .name("across", ptr, size, "|u1", &[size as u64], true)
+        .unwrap();
+    publication
+        .name("small", small, 8, "|u1", &[8], false)
+        .unwrap();
+    let mut imp = attach(&sock.path());
+    let before = imp.resolve_many(&["across", "small"]).unwrap();
+    let mut second = attach(&sock.path());
+    second.resolve("across").unwrap();
+    // The exporter goes (as if killed): the importers map on.
+    publication.close();
+    let adopter_sock = TempSocket::new("adopter");
+    let adopter = Exporter::start(
+        &adopter_sock.path(),
+        ExportOptions {
+            accept_adoption: true,
+            ..ExportOptions::default()
+        },
+    )
+    .unwrap();
+    let (segments, names) = imp.hand_back(&adopter_sock.path()).unwrap();
+    assert!(segments >= 3, "every page the names lie on: {segments}");
+    assert_eq!(names, 2, "the name across pages too");
+    let f = adopter.figures();
+    assert_eq!((f.adopted_names, f.names), (2, 2));
+    // The importer reads on from the same map.
+    let again = imp.resolve("across").unwrap();
+    assert_eq!(again.addr, before[0].addr);
+    assert_eq!(imp.read(&again).unwrap(), bytes);
+    // A new importer of the adopter places the pages side by side: bit-exact across them.
+    let mut third = attach(&adopter_sock.path());
+    let got = third.resolve_many(&["across", "small"]).unwrap();
+    assert_eq!(
+        third.read(&got[0]).unwrap(),
+        bytes,
+        "contiguous in a new importer"
+    );
+    assert_eq!(third.read(&got[1]).unwrap(), b"one page");
+    assert!(got[0].readonly && !got[1].readonly);
+    assert_eq!(
+        got[0].addr.wrapping_sub(ptr),
+        got[1].addr.wrapping_sub(small),
+        "the pages at their places"
+    );
+    // The same memory: a write by the new importer shows in the pool and the first importer.
+    third.write(&got[1], 0, b"ADOPTED!").unwrap();
+    assert_eq!(peek(small, 8), b"ADOPTED!");
+    assert_eq!(imp.read(&before[1]).unwrap(), b"ADOPTED!");
+    // A second importer handing back the same pages: they are the pages adopted already, and
+    // it holds a lease on the name it handed back.
+    assert_eq!(second.hand_back(&adopter_sock.path()).unwrap().1, 1);
+    let f = adopter.figures();
+    assert_eq!(
+        (f.segments, f.adopted_segments),
+        (segments as u64, segments as u64)
+    );
+    assert_eq!(
+        (f.adopted_names, f.leases),
+        (2, 5),
+        "2 + 2 (the third importer) + 1"
+    );
+    let held = second.resolve("across").unwrap();
+    assert_eq!(second.read(&held).unwrap(), bytes);
+    drop(third);
+    drop(imp);
+    drop(second);
+    free(&pool, ptr, size);
+    free(&pool, small, 4096);
 }
