@@ -10,6 +10,8 @@ every array usable:
   the importer times ``rrmm.share.attach`` + ``get_many`` of every name + ``cupy.asarray`` of
   each (each page mapped once, into one range);
 - ``rrmm_torch``: the same, with ``torch.as_tensor(..., device="cuda")`` of each;
+- ``rrmm_torch_dlpack``: the same, with ``torch.from_dlpack`` of each (DLPack capsules over
+  the mapped memory instead of ``__cuda_array_interface__`` dicts);
 - ``cuda_core_ipc``: cuda.core's IPC-enabled ``DeviceMemoryResource`` (a stream-ordered pool
   whose allocation handle and buffer descriptors travel through ``multiprocessing`` queues of
   the spawn start method, as cuda.core requires); the importer times receiving them, mapping
@@ -42,7 +44,7 @@ from typing import Any
 
 SEED = 49
 CHECK = 64
-CASES = ("rrmm_cupy", "rrmm_torch", "torch_ipc", "cuda_core_ipc")
+CASES = ("rrmm_cupy", "rrmm_torch", "rrmm_torch_dlpack", "torch_ipc", "cuda_core_ipc")
 # The value of element i of array k: exact in float32 (below 2**24), the same in every framework.
 MODULUS = 1_000_003
 MULT = 2_654_435_761
@@ -109,7 +111,7 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
 
     cupy.cuda.Device(0).use()
     cupy.zeros(1)
-    if framework == "torch":
+    if framework.startswith("torch"):
         import torch
 
         torch.zeros(1, device="cuda")
@@ -121,6 +123,9 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
     t2 = time.perf_counter()
     if framework == "torch":
         arrays = [torch.as_tensor(s, device="cuda") for s in shared]
+        torch.cuda.synchronize()
+    elif framework == "torch_dlpack":
+        arrays = [torch.from_dlpack(s) for s in shared]
         torch.cuda.synchronize()
     else:
         arrays = [cupy.asarray(s) for s in shared]
@@ -347,7 +352,12 @@ def run_cuda_core(gb: float, count: int) -> dict[str, Any]:
 
 def missing(case: str) -> str | None:
     """Why `case` cannot run here, or None."""
-    needs = {"rrmm_cupy": ["cupy"], "rrmm_torch": ["cupy", "torch"], "torch_ipc": ["torch"]}
+    needs = {
+        "rrmm_cupy": ["cupy"],
+        "rrmm_torch": ["cupy", "torch"],
+        "rrmm_torch_dlpack": ["cupy", "torch"],
+        "torch_ipc": ["torch"],
+    }
     for module in needs[case]:
         try:
             __import__(module)
@@ -394,7 +404,7 @@ def run_case(case: str, gb: float, count: int) -> dict[str, Any]:
     exporter = child(f"exporter-{kind}", *common)
     try:
         ready = line_of(exporter, 150)
-        framework = "torch" if case == "rrmm_torch" else "cupy"
+        framework = {"rrmm_torch": "torch", "rrmm_torch_dlpack": "torch_dlpack"}.get(case, "cupy")
         importer = child(f"importer-{kind}", *common, "--path", ready["path"], "--fw", framework)
         timed = line_of(importer, 150)
         assert exporter.stdin is not None

@@ -620,6 +620,17 @@ impl ShareAttachment {
             .map_or(true, Attachment::exporter_gone)
     }
 
+    /// How many segments this process maps read-only (a write there faults): those exported
+    /// read-only, and a pool's pages that carry only read-only names it resolved; 0 once
+    /// closed.
+    #[getter]
+    fn read_only_segments(&self) -> usize {
+        self.inner
+            .lock()
+            .as_ref()
+            .map_or(0, Attachment::read_only_segments)
+    }
+
     /// Detaches: the exporter lets go of this importer's leases, and its maps go.
     fn close(&self, py: Python<'_>) {
         let attachment = self.inner.lock().take();

@@ -92,6 +92,20 @@ impl DeviceMap {
     }
 }
 
+impl DeviceMap {
+    /// Grants the device read-only or (`writable`) read-write access to the map.
+    fn set_writable(&self, writable: bool) -> Result<(), ShareError> {
+        let _ctx = ContextGuard::new(self.device)?;
+        set_access_mode(
+            self.device,
+            self.mapping.addr(),
+            self.size as usize,
+            writable,
+        )?;
+        Ok(())
+    }
+}
+
 /// The size in bytes as the driver takes it.
 fn bytes(size: u64) -> Result<usize, ShareError> {
     usize::try_from(size)
@@ -191,6 +205,15 @@ impl ShareableSegment for CudaSegment {
 
     fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError> {
         Ok(self.fd.as_fd())
+    }
+
+    fn protect(&self) -> Result<bool, ShareError> {
+        // A driver that refuses read-only access leaves the map's access as it was.
+        Ok(self.map.set_writable(false).is_ok())
+    }
+
+    fn allow_writes(&self) -> Result<(), ShareError> {
+        self.map.set_writable(true)
     }
 }
 

@@ -67,6 +67,9 @@ const MAX_LISTED: usize = 1 << 20;
 struct Held {
     info: SegmentInfo,
     map: Box<dyn ShareableSegment>,
+    /// Whether this process maps it writable now: a pool's page is mapped read-only until a
+    /// writable name on it is resolved ([`Attachment::read_only_segments`]).
+    write_mapped: bool,
 }
 
 /// An importer attached to one exporter. Dropping it closes the socket (the exporter lets go
@@ -288,12 +291,16 @@ impl Attachment {
                 e.name()
             )));
         }
-        self.map_segments(segments, packet.fds, packet.fds_cut)?;
+        let writes = self.written_spans(&segments, &entries);
+        self.map_segments(segments, packet.fds, packet.fds_cut, &writes)?;
         let count = entries.len();
         for entry in entries {
             match entry {
                 Entry::Found { name, spec } => {
                     self.check_buffer(&spec)?;
+                    if !spec.readonly {
+                        self.map_writable(&spec)?;
+                    }
                     self.resolved.insert(name, spec);
                 }
                 Entry::Unknown { name } => {
@@ -304,12 +311,37 @@ impl Attachment {
         Ok(count)
     }
 
-    /// Maps each segment new to this process, from its descriptor.
+    /// Where the writable buffers of an answer lie in the exporter's range (placed segments
+    /// only), as `start .. end` sorted: the new pages they touch are mapped writable at once.
+    fn written_spans(&self, infos: &[SegmentInfo], entries: &[Entry]) -> Vec<(u64, u64)> {
+        let at_of = |id: SegmentId| {
+            infos
+                .iter()
+                .find(|i| i.id == id)
+                .map_or_else(|| self.segments.get(&id).and_then(|h| h.info.at), |i| i.at)
+        };
+        let mut spans: Vec<(u64, u64)> = entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Found { spec, .. } if !spec.readonly => {
+                    let start = at_of(spec.segment)?.checked_add(spec.offset)?;
+                    Some((start, start.checked_add(spec.size)?))
+                }
+                _ => None,
+            })
+            .collect();
+        spans.sort_unstable();
+        spans
+    }
+
+    /// Maps each segment new to this process, from its descriptor: a pool's page read-only
+    /// unless a writable buffer of `writes` (sorted spans in the exporter's range) lies on it.
     fn map_segments(
         &mut self,
         infos: Vec<SegmentInfo>,
         fds: Vec<OwnedFd>,
         cut: bool,
+        writes: &[(u64, u64)],
     ) -> Result<(), ShareError> {
         if cut || infos.len() != fds.len() {
             return Err(ShareError::Protocol(format!(
@@ -326,13 +358,53 @@ impl Attachment {
             )));
         }
         for (info, fd) in infos.into_iter().zip(fds) {
-            let map = match info.at {
-                Some(at) => self.place(&info, fd, at)?,
-                None => segment::map(&info, fd)?,
+            let (map, write_mapped) = match info.at {
+                // A pool's page: read-only until a writable name on it is resolved.
+                Some(at) => {
+                    let map = self.place(&info, fd, at)?;
+                    let end = at.saturating_add(info.size);
+                    // The spans starting before this page ends: does one end inside or past it?
+                    let before = writes.partition_point(|&(start, _)| start < end);
+                    let written = writes[..before].iter().any(|&(_, e)| e > at);
+                    let protected = info.writable && !written && map.protect()?;
+                    (map, info.writable && !protected)
+                }
+                None => (segment::map(&info, fd)?, info.writable),
             };
-            self.segments.insert(info.id, Held { info, map });
+            self.segments.insert(
+                info.id,
+                Held {
+                    info,
+                    map,
+                    write_mapped,
+                },
+            );
         }
         Ok(())
+    }
+
+    /// Maps writable the segments a writable buffer lies in that are mapped read-only here.
+    fn map_writable(&mut self, spec: &BufferSpec) -> Result<(), ShareError> {
+        let ids: Vec<SegmentId> = self
+            .pieces(spec)?
+            .iter()
+            .filter(|(held, _, _)| !held.write_mapped && held.info.writable)
+            .map(|(held, _, _)| held.info.id)
+            .collect();
+        for id in ids {
+            if let Some(held) = self.segments.get_mut(&id) {
+                held.map.allow_writes()?;
+                held.write_mapped = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many segments this process maps read-only now (a write there faults): those the
+    /// exporter exports read-only, and a pool's pages that carry only read-only names this
+    /// process resolved (where the driver can protect them).
+    pub fn read_only_segments(&self) -> usize {
+        self.segments.values().filter(|h| !h.write_mapped).count()
     }
 
     /// Maps a placed segment at its place in this process's range for the exporter (reserved

@@ -14,8 +14,9 @@ use super::message::SegmentKind;
 use super::segment::ShareableSegment;
 use crate::os::host_pages::Reservation;
 use rustix::fs::{fcntl_get_seals, fstat, SealFlags};
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use rustix::mm::{mmap, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A shared mapping of a whole file: unmapped when dropped (a map placed in a range gives
@@ -24,7 +25,8 @@ use std::sync::Arc;
 pub struct HostMap {
     base: usize,
     len: usize,
-    writable: bool,
+    /// Whether it is mapped writable now ([`HostMap::set_writable`] changes it).
+    writable: AtomicBool,
     /// The range it was placed in, and where: kept alive while the map lies in it.
     placed: Option<(Arc<Reservation>, usize)>,
 }
@@ -51,7 +53,7 @@ impl HostMap {
         Ok(HostMap {
             base: ptr as usize,
             len,
-            writable,
+            writable: AtomicBool::new(writable),
             placed: None,
         })
     }
@@ -75,9 +77,29 @@ impl HostMap {
         Ok(HostMap {
             base: range.base() + offset,
             len,
-            writable,
+            writable: AtomicBool::new(writable),
             placed: Some((range.clone(), offset)),
         })
+    }
+
+    /// Maps it read-only or (`writable`) read-write from now on: a write to a read-only map
+    /// faults. Writable needs a descriptor open for writing, as the map's was.
+    ///
+    /// # Errors
+    /// The I/O error of `mprotect` (`EACCES` making a map of a read-only descriptor writable).
+    pub fn set_writable(&self, writable: bool) -> Result<(), ShareError> {
+        let flags = if writable {
+            MprotectFlags::READ | MprotectFlags::WRITE
+        } else {
+            MprotectFlags::READ
+        };
+        // SAFETY: `base .. base + len` is this live map, whole pages (mmap's); changing its
+        // protection replaces no memory. A read-only map is written through no Rust reference
+        // (the map hands out copies; `write` checks the flag first).
+        unsafe { mprotect(self.base as *mut std::ffi::c_void, self.len, flags) }
+            .map_err(|e| ShareError::io("mprotect", e))?;
+        self.writable.store(writable, Ordering::Release);
+        Ok(())
     }
 
     /// The first byte's address.
@@ -119,7 +141,7 @@ impl HostMap {
     /// # Errors
     /// [`ShareError::Invalid`] for a range outside the map or a map that is read-only.
     pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), ShareError> {
-        if !self.writable {
+        if !self.writable.load(Ordering::Acquire) {
             return Err(ShareError::invalid("segment", "mapped read-only"));
         }
         let at = self.range(offset, bytes.len())?;
@@ -269,6 +291,15 @@ impl ShareableSegment for MemfdSegment {
 
     fn host(&self) -> Option<&HostMap> {
         Some(&self.map)
+    }
+
+    fn protect(&self) -> Result<bool, ShareError> {
+        self.map.set_writable(false)?;
+        Ok(true)
+    }
+
+    fn allow_writes(&self) -> Result<(), ShareError> {
+        self.map.set_writable(true)
     }
 
     fn descriptor(&self) -> Result<BorrowedFd<'_>, ShareError> {

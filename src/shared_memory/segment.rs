@@ -49,6 +49,22 @@ pub trait ShareableSegment: Send + Sync + Debug {
     fn at(&self) -> Option<u64> {
         None
     }
+    /// In an importer, maps it read-only here from now on (a write faults); whether it is (a
+    /// kind or driver that cannot protect it leaves it as mapped: `false`).
+    ///
+    /// # Errors
+    /// Where the protection was asked for and failed in a way that leaves the map unknown.
+    fn protect(&self) -> Result<bool, ShareError> {
+        Ok(false)
+    }
+    /// In an importer, maps it read-write here from now on (after [`protect`](Self::protect));
+    /// for a segment the exporter lets importers write only.
+    ///
+    /// # Errors
+    /// Where it cannot be made writable (the system's refusal).
+    fn allow_writes(&self) -> Result<(), ShareError> {
+        Ok(())
+    }
 }
 
 /// Maps the segment `info` describes from its descriptor `fd`, the way of its kind: an

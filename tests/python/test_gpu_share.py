@@ -358,3 +358,149 @@ def test_the_exporter_killed_importers_read_on_and_a_new_exporter_adopts() -> No
                     _end(proc)
                 elif proc.poll() is None:
                     proc.kill()
+
+
+# The ledger beside a published pool: the exporter joins its GPU's ledger with a soft share
+# below what it holds and declares itself idle; an importer joins too, maps the array, and asks
+# the ledger for more than the device has free. The exporter's sleep is refused (an importer is
+# attached), the ask ends within its deadlines, nothing moves, and the ledger counts the array
+# once: in the exporter's row, not the importer's.
+
+LEDGER_EXPORTER = textwrap.dedent(
+    """
+    import json, sys
+    import cupy
+    import rrmm.mr, rrmm.shared_gpu
+    from rrmm.allocators.cupy import rmm_cupy_allocator
+
+    cupy.cuda.Device(0).use()
+    pool = rrmm.mr.ExpandableMemoryResource(shareable=True, page_size=32 << 20)
+    rrmm.shared_gpu.join(pool, directory=sys.argv[1], name="exporter", soft_share="256MiB")
+    rrmm.mr.set_current_device_resource(pool)
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    a = cupy.arange(256 << 20, dtype=cupy.float32)  # 1 GiB
+    cupy.cuda.Device().synchronize()
+    pub = pool.publish("counted", directory=sys.argv[1])
+    pub.share("a", a, readonly=True)
+    rrmm.shared_gpu.declare_idle(pool)
+    print(json.dumps({"path": pub.path}), flush=True)
+    sys.stdin.readline()
+    notes = [e.get("note", "") for e in rrmm.shared_gpu.history(pool)]
+    print(json.dumps({"sum": float(a[:1000].sum()), "mapped": pool.mapped_bytes(),
+                      "importers": pool.share_figures()["importers"], "notes": notes}),
+          flush=True)
+    sys.stdin.readline()
+    """
+)
+
+LEDGER_IMPORTER = textwrap.dedent(
+    """
+    import json, sys, time
+    import cupy
+    import rrmm.mr, rrmm.share, rrmm.shared_gpu
+
+    cupy.cuda.Device(0).use()
+    pool = rrmm.mr.ExpandableMemoryResource()
+    rrmm.shared_gpu.join(pool, directory=sys.argv[1], name="importer")
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    imp = rrmm.share.attach(sys.argv[2], timeout=30)
+    a = cupy.asarray(imp.get("a"))
+    total = float(a[:1000].sum())
+    free_after = cupy.cuda.runtime.memGetInfo()[0]
+    time.sleep(0.6)  # each member writes its entry every quarter second
+    rows = {r.name: r.live for r in rrmm.shared_gpu.processes(pool)}
+    t0 = time.perf_counter()
+    asked = rrmm.shared_gpu.ask(free_after + (1 << 30), pool)
+    ask_s = time.perf_counter() - t0
+    print(json.dumps({"sum": total, "mapped_drop": free_before - free_after, "rows": rows,
+                      "ask_s": ask_s, "note": asked.get("note", ""),
+                      "again": float(a[:1000].sum())}), flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_the_ledger_counts_a_shared_array_once_and_its_ask_cannot_sleep_a_held_pool() -> None:
+    directory = tempfile.mkdtemp(prefix="rl")
+    os.chmod(directory, 0o700)
+    exporter = _start(LEDGER_EXPORTER, directory)
+    importer = None
+    try:
+        path = _line(exporter)["path"]
+        importer = _start(LEDGER_IMPORTER, directory, path)
+        seen = _line(importer)
+        want = float(sum(range(1000)))
+        assert seen["sum"] == want and seen["again"] == want
+        gib = 1 << 30
+        assert seen["rows"]["exporter"] >= gib, seen["rows"]
+        assert seen["rows"]["importer"] < 64 * MiB, "the mapped array is not the importer's"
+        assert seen["mapped_drop"] < 256 * MiB, "mapping it made no second copy"
+        assert seen["ask_s"] < 10, seen
+        assert exporter.stdin is not None
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        after = _line(exporter)
+        assert after["sum"] == want
+        assert after["mapped"] >= gib, "the held pool did not sleep"
+        assert after["importers"] == 1
+        assert any("importers are attached" in n for n in after["notes"]), after["notes"]
+        print(json.dumps({"ledger": seen, "exporter_notes": after["notes"][-3:]}))
+    finally:
+        for proc in (importer, exporter):
+            if proc is not None:
+                _end(proc)
+
+
+# Read-only on the device: an importer that resolved only a read-only name maps its page
+# read-only (where the driver protects it); a write there fails in that process, and the
+# exporter's bytes are unchanged.
+
+DEVICE_WRITER = textwrap.dedent(
+    """
+    import json, sys
+    import cupy
+    import rrmm.share
+
+    cupy.cuda.Device(0).use()
+    imp = rrmm.share.attach(sys.argv[1], timeout=30)
+    a = imp.get(sys.argv[2])
+    print(json.dumps({"read_only_segments": imp.read_only_segments}), flush=True)
+    try:
+        cupy.cuda.runtime.memset(a.ptr, 0x58, 4)
+        cupy.cuda.runtime.deviceSynchronize()
+        print(json.dumps({"wrote": True}), flush=True)
+    except Exception as e:
+        print(json.dumps({"wrote": False, "error": repr(e)[:300]}), flush=True)
+    """
+)
+
+
+def test_a_read_only_weight_is_mapped_read_only_on_the_device(pool: Any) -> None:
+    weights = cupy.arange(1 << 20, dtype=cupy.float32)
+    scratch = cupy.zeros(1 << 10, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    before = _digest(weights)
+    pub = pool.publish("ro", directory=tempfile.mkdtemp(prefix="rs"))
+    pub.share("weights", weights, readonly=True)
+    pub.share("scratch", scratch)
+    ro = subprocess.run(
+        [sys.executable, "-c", DEVICE_WRITER, pub.path, "weights"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    lines = [json.loads(x) for x in ro.stdout.splitlines() if x.startswith("{")]
+    print(json.dumps({"read_only": lines, "rc": ro.returncode, "stderr": ro.stderr[-300:]}))
+    assert lines, ro.stderr[-500:]
+    if lines[0]["read_only_segments"] == 0:
+        pytest.skip("this driver maps the page read-write (cuMemSetAccess refused PROT_READ)")
+    assert len(lines) == 1 or lines[1]["wrote"] is False, lines
+    assert _digest(weights) == before, "the exporter's bytes are unchanged"
+    rw = subprocess.run(
+        [sys.executable, "-c", DEVICE_WRITER, pub.path, "scratch"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    lines = [json.loads(x) for x in rw.stdout.splitlines() if x.startswith("{")]
+    assert lines[-1].get("wrote") is True, (lines, rw.stderr[-500:])
+    assert int(cupy.asnumpy(scratch.view(cupy.uint8)[0])) == 0x58
+    _wait_for(pool, "importers", 0)
+    pub.close()
+    del weights, scratch

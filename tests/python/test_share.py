@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -292,6 +293,53 @@ def test_a_name_lies_in_a_live_block_and_is_contiguous() -> None:
     assert mid.shape == (7, 8) and np.asarray(mid).tobytes() == view[1:].tobytes()
     imp.close()
     pub.close()
+
+
+# Attaches, resolves one name, says how many segments it maps read-only, then writes a byte
+# at the name's address (the write faults where the page is read-only).
+WRITER = textwrap.dedent(
+    """
+    import ctypes, sys
+    import rrmm.share
+
+    imp = rrmm.share.attach(sys.argv[1])
+    a = imp.get(sys.argv[2])
+    print(imp.read_only_segments, a.readonly, flush=True)
+    ctypes.memset(a.ptr, 0x58, 1)
+    print("WROTE", flush=True)
+    """
+)
+
+
+def test_a_read_only_name_is_mapped_read_only_a_write_faults_and_changes_nothing() -> None:
+    pool = _host_pool(shareable=True)
+    pub = pool.publish("ro", directory=tempfile.mkdtemp(prefix="rs"))
+    weights, view = _pool_array(pool, np.arange(1024, dtype="<f4"))
+    scratch, _ = _pool_array(pool, np.zeros(16, dtype="<f4"))
+    pub.share("weights", view, readonly=True)
+    pub.share("scratch", scratch)
+    before = view.tobytes()
+
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", WRITER, pub.path, name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    faulted = run("weights")
+    assert faulted.stdout.split()[:2] == ["1", "True"], faulted.stdout
+    assert faulted.returncode == -signal.SIGSEGV, (faulted.returncode, faulted.stderr[-300:])
+    assert "WROTE" not in faulted.stdout
+    assert view.tobytes() == before, "the exporter's bytes are unchanged"
+    wrote = run("scratch")
+    assert wrote.returncode == 0 and "WROTE" in wrote.stdout, wrote.stderr[-300:]
+    assert wrote.stdout.split()[:2] == ["0", "False"], "a writable name: the page is writable"
+    _wait_for_pool(pool, "importers", 0)
+    pub.close()
+    del weights, scratch
 
 
 # A host pool with an array across three pages and one on a page; prints its path and digests,

@@ -574,3 +574,34 @@ fn a_new_exporter_adopts_a_buffer_across_pages_and_keeps_it_contiguous() {
     free(&pool, ptr, size);
     free(&pool, small, 4096);
 }
+
+#[test]
+fn an_importer_maps_a_page_read_only_until_it_resolves_a_writable_name_on_it() {
+    let (pool, _vm) = pool(16);
+    let sock = TempSocket::new("read-only");
+    let ro = pool.allocate(4096, Stream::DEFAULT).unwrap();
+    let rw = pool.allocate(4096, Stream::DEFAULT).unwrap();
+    fill(ro, b"weights");
+    let publication = pool
+        .publish(&sock.path(), ExportOptions::default())
+        .unwrap();
+    publication.name("ro", ro, 7, "|u1", &[7], true).unwrap();
+    publication.name("rw", rw, 8, "|u1", &[8], false).unwrap();
+    assert_eq!(publication.figures().export.segments, 1, "one page");
+    let mut imp = attach(&sock.path());
+    let r = imp.resolve("ro").unwrap();
+    assert_eq!(imp.read_only_segments(), 1, "only read-only names on it");
+    assert!(imp.write(&r, 0, b"W").is_err());
+    assert_eq!(imp.read(&r).unwrap(), b"weights");
+    let w = imp.resolve("rw").unwrap();
+    assert_eq!(imp.read_only_segments(), 0, "a writable name on the page");
+    imp.write(&w, 0, b"written!").unwrap();
+    assert_eq!(peek(rw, 8), b"written!");
+    // Another importer that resolves the read-only name only maps the page read-only.
+    let mut other = attach(&sock.path());
+    other.resolve("ro").unwrap();
+    assert_eq!(other.read_only_segments(), 1);
+    drop((imp, other));
+    free(&pool, ro, 4096);
+    free(&pool, rw, 4096);
+}
