@@ -53,7 +53,9 @@ except Exception as e:
 EOF
       ;;
     tests)
-      python3 -m pytest -q -s -p no:cacheprovider tests/python/test_gpu_share.py 2>&1 | tail -25 | tee "$OUT/gpu_share_tests.log" ;;
+      python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_gpu_share.py \
+        > "$OUT/gpu_share_tests.log" 2>&1
+      tail -40 "$OUT/gpu_share_tests.log" ;;
     attach)
       timeout 500 python3 benches/gpu/share_attach.py | tee "$OUT/share_attach.jsonl" ;;
     big)

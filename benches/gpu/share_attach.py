@@ -12,6 +12,8 @@ every array usable:
 - ``rrmm_torch``: the same, with ``torch.as_tensor(..., device="cuda")`` of each;
 - ``rrmm_torch_dlpack``: the same, with ``torch.from_dlpack`` of each (DLPack capsules over
   the mapped memory instead of ``__cuda_array_interface__`` dicts);
+- ``rrmm_torch_batch``: ``rrmm.share.tensors``: one tensor over the span of every array,
+  each array a view of it (``as_strided``), with its steps' seconds;
 - ``cuda_core_ipc``: cuda.core's IPC-enabled ``DeviceMemoryResource`` (a stream-ordered pool
   whose allocation handle and buffer descriptors travel through ``multiprocessing`` queues of
   the spawn start method, as cuda.core requires); the importer times receiving them, mapping
@@ -44,7 +46,14 @@ from typing import Any
 
 SEED = 49
 CHECK = 64
-CASES = ("rrmm_cupy", "rrmm_torch", "rrmm_torch_dlpack", "torch_ipc", "cuda_core_ipc")
+CASES = (
+    "rrmm_cupy",
+    "rrmm_torch",
+    "rrmm_torch_dlpack",
+    "rrmm_torch_batch",
+    "torch_ipc",
+    "cuda_core_ipc",
+)
 # The value of element i of array k: exact in float32 (below 2**24), the same in every framework.
 MODULUS = 1_000_003
 MULT = 2_654_435_761
@@ -121,7 +130,15 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
     t1 = time.perf_counter()
     shared = imp.get_many(names)
     t2 = time.perf_counter()
-    if framework == "torch":
+    phases: dict[str, float] = {}
+    if framework == "torch_batch":  # rrmm.share.tensors, the names resolved above
+        arrays = rrmm.share._tensors_of(imp, shared, phases)
+        g0 = time.perf_counter()
+        for s in shared:  # what reading each array's fields costs here (a probe)
+            (s.ptr, s.shape, s.typestr, s.host, s.nbytes)
+        phases["fields_probe_s"] = time.perf_counter() - g0
+        torch.cuda.synchronize()
+    elif framework == "torch":
         arrays = [torch.as_tensor(s, device="cuda") for s in shared]
         torch.cuda.synchronize()
     elif framework == "torch_dlpack":
@@ -147,6 +164,7 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
                 "total_s": t3 - t0,
                 "checked": len(sample(count)),
                 "mismatched": bad,
+                **phases,
             }
         ),
         flush=True,
@@ -356,6 +374,7 @@ def missing(case: str) -> str | None:
         "rrmm_cupy": ["cupy"],
         "rrmm_torch": ["cupy", "torch"],
         "rrmm_torch_dlpack": ["cupy", "torch"],
+        "rrmm_torch_batch": ["cupy", "torch"],
         "torch_ipc": ["torch"],
     }
     for module in needs[case]:
@@ -404,7 +423,11 @@ def run_case(case: str, gb: float, count: int) -> dict[str, Any]:
     exporter = child(f"exporter-{kind}", *common)
     try:
         ready = line_of(exporter, 150)
-        framework = {"rrmm_torch": "torch", "rrmm_torch_dlpack": "torch_dlpack"}.get(case, "cupy")
+        framework = {
+            "rrmm_torch": "torch",
+            "rrmm_torch_dlpack": "torch_dlpack",
+            "rrmm_torch_batch": "torch_batch",
+        }.get(case, "cupy")
         importer = child(f"importer-{kind}", *common, "--path", ready["path"], "--fw", framework)
         timed = line_of(importer, 150)
         assert exporter.stdin is not None

@@ -37,6 +37,8 @@ In another::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from rrmm._rrmm import ShareAttachment as Attachment
 from rrmm._rrmm import SharedArray, _share_path
@@ -51,6 +53,7 @@ __all__ = [
     "attach",
     "path_of",
     "publish",
+    "tensors",
 ]
 
 
@@ -99,3 +102,131 @@ def attach(
         assert isinstance(name, str)
         path = _share_path(name, directory, device)
     return Attachment(os.fspath(path), timeout)
+
+
+#: typestr -> the name of PyTorch's dtype (looked up on ``torch`` when it is imported).
+_TORCH_DTYPES = {
+    "<f2": "float16",
+    "<f4": "float32",
+    "<f8": "float64",
+    "<c8": "complex64",
+    "<c16": "complex128",
+    "|i1": "int8",
+    "<i2": "int16",
+    "<i4": "int32",
+    "<i8": "int64",
+    "|u1": "uint8",
+    "<u2": "uint16",
+    "<u4": "uint32",
+    "<u8": "uint64",
+    "|b1": "bool",
+}
+
+
+class _Span:
+    """The addresses a batch of a pool's arrays lies in, as one byte array on the device:
+    the tensors are views of it. It holds the attachment (and so every map) while any of them
+    lives."""
+
+    def __init__(self, attachment: Attachment, start: int, nbytes: int) -> None:
+        self.attachment = attachment
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (start, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def _one_tensor(torch: Any, a: SharedArray) -> Any:
+    """A tensor over one shared array, the way PyTorch takes an array interface."""
+    if a.host:
+        import numpy
+
+        return torch.as_tensor(numpy.asarray(a))
+    return torch.as_tensor(a, device=f"cuda:{a.__dlpack_device__()[1]}")
+
+
+def tensors(attachment: Attachment, names: Sequence[str]) -> list[Any]:
+    """PyTorch tensors over the shared arrays ``names`` (as ``get_many``), no copy, built in
+    one pass: the arrays of a pool that lie in this process's range for its pages become views
+    of one tensor over the addresses they span (``as_strided``: one PyTorch call each instead
+    of a ``torch.as_tensor`` of each ``__cuda_array_interface__``); any other array (host
+    memory, a dtype PyTorch lacks) goes through ``torch.as_tensor``. The tensors keep the
+    attachment's maps alive; a read-only name gives a tensor PyTorch lets write (it has no
+    read-only tensors)."""
+    return _tensors_of(attachment, attachment.get_many(list(names)))
+
+
+def _tensors_of(
+    attachment: Attachment, arrays: Sequence[SharedArray], phases: dict[str, float] | None = None
+) -> list[Any]:
+    """``tensors`` of arrays resolved already; ``phases`` (when given) gets the seconds of
+    each step. The collector is paused meanwhile: a collection in the middle of making
+    thousands of tensors walks every object of a process that imported PyTorch."""
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _tensors_without_collection(attachment, arrays, phases)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _tensors_without_collection(
+    attachment: Attachment, arrays: Sequence[SharedArray], phases: dict[str, float] | None
+) -> list[Any]:
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
+    placed = attachment.placed_range
+    out: list[Any] = [None] * len(arrays)
+    spanned: list[tuple[int, int, tuple[int, ...], Any]] = []
+    lo, hi = placed if placed is not None else (0, 0)
+    hi += lo
+    dtypes: dict[str, Any] = {}  # typestr -> torch dtype, or False: none
+    for i, a in enumerate(arrays):
+        typestr = a.typestr
+        dtype: Any = dtypes.get(typestr)
+        if dtype is None:
+            dtype = dtypes[typestr] = getattr(torch, _TORCH_DTYPES.get(typestr, ""), False)
+        ptr = a.ptr
+        if (
+            dtype is False
+            or a.host
+            or not lo <= ptr <= ptr + a.nbytes <= hi
+            or ptr % dtype.itemsize
+        ):
+            out[i] = _one_tensor(torch, a)
+            continue
+        spanned.append((i, ptr, a.shape, dtype))
+    t1 = time.perf_counter()
+    if spanned:
+        # 16-byte aligned ends (the widest element): still within the pages they lie on.
+        start = min(ptr for _, ptr, _, _ in spanned) & ~15
+        end = -(-max(ptr + arrays[i].nbytes for i, ptr, _, _ in spanned) // 16) * 16
+        device = arrays[spanned[0][0]].__dlpack_device__()[1]
+        base = torch.as_tensor(_Span(attachment, start, end - start), device=f"cuda:{device}")
+        t2 = time.perf_counter()
+        views: dict[Any, Any] = {}
+        for i, ptr, shape, dtype in spanned:
+            whole = views.get(dtype)
+            if whole is None:
+                whole = views[dtype] = base.view(dtype)
+            strides = []
+            step = 1
+            for dim in reversed(shape):
+                strides.append(step)
+                step *= dim
+            strides.reverse()
+            out[i] = whole.as_strided(shape, strides, (ptr - start) // dtype.itemsize)
+        t3 = time.perf_counter()
+        if phases is not None:
+            phases.update(classify_s=t1 - t0, base_s=t2 - t1, views_s=t3 - t2)
+            phases["spanned"] = len(spanned)
+    return out

@@ -620,6 +620,14 @@ impl ShareAttachment {
             .map_or(true, Attachment::exporter_gone)
     }
 
+    /// `(first address, bytes)` of this process's range for a pool's pages, once one is
+    /// mapped (every array of a pool lies in it); None before, for a plain exporter, and once
+    /// closed.
+    #[getter]
+    fn placed_range(&self) -> Option<(usize, usize)> {
+        self.inner.lock().as_ref().and_then(Attachment::placed_range)
+    }
+
     /// How many segments this process maps read-only (a write there faults): those exported
     /// read-only, and a pool's pages that carry only read-only names it resolved; 0 once
     /// closed.

@@ -400,6 +400,13 @@ impl Attachment {
         Ok(())
     }
 
+    /// This process's range for the exporter's placed segments (a pool's pages), as (first
+    /// address, bytes), once one is mapped: every buffer of a pool lies in it. Addresses in it
+    /// where no segment is mapped are reserved, not mapped.
+    pub fn placed_range(&self) -> Option<(usize, usize)> {
+        self.placed.as_ref().map(|r| (r.base(), r.size()))
+    }
+
     /// How many segments this process maps read-only now (a write there faults): those the
     /// exporter exports read-only, and a pool's pages that carry only read-only names this
     /// process resolved (where the driver can protect them).

@@ -16,11 +16,15 @@ a ``PoolMemoryResource`` built over the tagged resource before most tags exist. 
   steps; a sleep of an idle process wakes when its memory is used, and a declaration of busy
   abandons or undoes it);
 - a reader thread that copies live buffers out with rrmm's copies all along, concurrently with
-  every transition, and checks their bytes.
+  every transition, and checks their bytes;
+- a published pool (issue 49): one more tag of the tagged resource, a shareable expandable pool
+  (so the ledger's sleep reaches it by construction), whose blocks are named and mapped by
+  importers that attach, hold, release and close; the user's sleep and the ledger's are refused
+  while an importer is attached and its frees wait for the importers.
 
 Rules draw their arguments whatever the state (no preconditions: the other actors make the
 outcomes of steps vary from run to run, and what is drawn must not). Checked after every step:
-every live buffer's bytes (through rrmm's copies, which wake a pool
+every live buffer's bytes, and every array an importer holds (through rrmm's copies, which wake a pool
 asleep for the ledger and are refused for a pool asleep by its user); nothing of a busy process
 sleeps for the ledger; a refused transition changed nothing; a pool over the tagged resource
 refuses to hand out memory while a pool below sleeps; the reader saw no wrong byte.
@@ -43,6 +47,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rrmm
+import rrmm.share
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -58,6 +63,8 @@ SPILL_PAGES = 16
 #: Region tags and what their pause keeps: a host copy ("cpu"), nothing ("none"), or files
 #: in a directory ("disk").
 TAGS = {"weights": "cpu", "kv_cache": "none", "graphs": "cpu", "offline": "disk"}
+#: The tag of the published pool (added to the tagged resource by hand: no region enters it).
+SHARED = "shared"
 
 
 def spilling_pool() -> mr.ExpandableMemoryResource:
@@ -168,6 +175,8 @@ class MoversMachine(RuleBasedStateMachine):
         self.entered: set[str] = set()
         self.room_capped = False
         self.is_idle = False
+        #: Importers of the published pool: each holds arrays by name, with the buffer named.
+        self.importers: list[tuple[Any, dict[str, tuple[Any, Buf]]]] = []
 
     @initialize()
     def build(self) -> None:
@@ -191,6 +200,18 @@ class MoversMachine(RuleBasedStateMachine):
         self.socket = status["socket"]
         total = rrmm.shared_gpu.processes(self.tagged)[0].total
         self.peer = LedgerPeer(os.path.join(self.ledger_dir, "movers"), total)
+        # The published pool: a tag of the tagged resource, so the ledger's sleeps reach it.
+        self.shared_pool = mr.ExpandableMemoryResource(
+            reserve_size=32 * PAGE,
+            page_size=PAGE,
+            pageable_host=True,
+            device_capacity=DEVICE_PAGES * PAGE,
+            shareable=True,
+        )
+        self.tagged.add_tag(SHARED, self.shared_pool)
+        self.share_dir = tempfile.mkdtemp(prefix="rs")
+        self.publication = self.shared_pool.publish("movers", directory=self.share_dir)
+        self.names: dict[str, Buf] = {}
         self.reader = Reader(self)
 
     def teardown(self) -> None:
@@ -200,6 +221,11 @@ class MoversMachine(RuleBasedStateMachine):
         peer = getattr(self, "peer", None)
         if peer is not None:
             peer.close()
+        for imp, _ in getattr(self, "importers", []):
+            imp.close()
+        if hasattr(self, "publication"):
+            self.publication.close()
+            shutil.rmtree(self.share_dir, ignore_errors=True)
         if hasattr(self, "tagged"):
             rrmm.shared_gpu.leave(self.tagged)
             shutil.rmtree(self.ledger_dir, ignore_errors=True)
@@ -226,6 +252,10 @@ class MoversMachine(RuleBasedStateMachine):
 
     def pool(self, tag: str) -> mr.ExpandableMemoryResource:
         return self.tagged.pool(tag)
+
+    def tags(self) -> list[str]:
+        """Every pool's tag in use: the regions entered, outside, the published pool."""
+        return [OUTSIDE, *sorted(self.entered), SHARED]
 
     def next_data(self, size: int) -> bytes:
         self.seed += 1
@@ -439,6 +469,88 @@ class MoversMachine(RuleBasedStateMachine):
             # What could not wake for want of room wakes at the next declaration of busy.
             rrmm.shared_gpu.declare_busy(self.tagged)
 
+    # ------------------------------------------------------------------ the published pool
+
+    @rule(size=st.integers(1, 2 * PAGE))
+    def share_a_buffer(self, size: int) -> None:
+        """A block of the published pool, named (refused while the pool sleeps: the block
+        stays unnamed)."""
+        data = self.next_data(size)
+        try:
+            buf = rrmm.DeviceBuffer.to_device(data, mr=self.shared_pool)
+        except RuntimeError as e:
+            assert "asleep" in str(e) and (self.asleep(SHARED) or self.room_capped), e
+            return
+        except MemoryError:
+            return
+        b = Buf(buf, SHARED, data)
+        with self.lock:
+            self.live.append(b)
+        name = f"n{self.seed}"
+        try:
+            self.publication.share(name, buf.ptr, nbytes=size)
+        except RuntimeError as e:
+            # Asleep (the user's, or the ledger's of an idle process) between the two.
+            assert "sleeps" in str(e) and (self.asleep(SHARED) or self.idle()), e
+            return
+        self.names[name] = b
+
+    @rule(pick=st.integers(0, 1 << 16), count=st.integers(1, 4))
+    def importer_attaches_and_reads(self, pick: int, count: int) -> None:
+        """A new importer (at most 2), or the first one, takes names: refused while the pool
+        sleeps (attach again once it wakes)."""
+        if not self.names:
+            return
+        live = [n for n, b in self.names.items() if b in self.live]
+        if not live:
+            return
+        if len(self.importers) < 2 and pick % 2:
+            try:
+                imp = rrmm.share.attach(self.publication.path)
+            except RuntimeError as e:
+                assert "sleeps" in str(e), e
+                assert self.asleep(SHARED) or self.idle(), "refused while awake"
+                return
+            self.importers.append((imp, {}))
+        elif not self.importers:
+            return
+        imp, held = self.importers[pick % len(self.importers)]
+        chosen = sorted({live[(pick + k) % len(live)] for k in range(count)})
+        try:
+            arrays = imp.get_many(chosen)
+        except (RuntimeError, OSError) as e:
+            raise AssertionError(f"an attached importer could not resolve {chosen}: {e}") from e
+        for name, array in zip(chosen, arrays):
+            held[name] = (array, self.names[name])
+
+    @rule(pick=st.integers(0, 1 << 16), close=st.booleans())
+    def importer_lets_go(self, pick: int, close: bool) -> None:
+        if not self.importers:
+            return
+        imp, held = self.importers[pick % len(self.importers)]
+        if close:
+            imp.close()
+            self.importers.remove((imp, held))
+        else:
+            imp.release(sorted(held))
+            held.clear()
+
+    @rule()
+    def user_sleeps_the_published_pool(self) -> None:
+        """Refused while an importer is attached to a pool with names; otherwise it sleeps
+        (attaches refused until the wake, ``user_restore``)."""
+        if self.asleep(SHARED):
+            return
+        try:
+            self.shared_pool.offload()
+        except RuntimeError as e:
+            assert "importers are attached" in str(e) and self.importers, e
+            return
+        except MemoryError:
+            assert self.room_capped
+            return
+        self.user_asleep.add(SHARED)
+
     # ------------------------------------------------------------------ the ledger
 
     def idle(self) -> bool:
@@ -466,7 +578,7 @@ class MoversMachine(RuleBasedStateMachine):
             self.is_idle = False
             return
         self.is_idle = False
-        for tag in [OUTSIDE, *sorted(self.entered)]:
+        for tag in self.tags():
             (state,) = self.pool(tag).movement()
             assert state["cause"] != "ledger", (tag, state)
             if not self.asleep(tag):
@@ -495,12 +607,17 @@ class MoversMachine(RuleBasedStateMachine):
             if b.data is not None:
                 assert got == b.data, f"wrong bytes in {b.tag} at {b.buf.ptr:#x}"
         assert not self.reader.failures, self.reader.failures[:3]
+        for _, held in self.importers:
+            for name, (array, b) in held.items():
+                if b.data is not None:  # the importer maps the exporter's memory itself
+                    got = ctypes.string_at(array.ptr, array.nbytes)
+                    assert got == b.data, f"an importer reads wrong bytes in {name}"
 
     @invariant()
     def the_pools_state_is_the_models(self) -> None:
         if not hasattr(self, "tagged"):
             return
-        for tag in [OUTSIDE, *sorted(self.entered)]:
+        for tag in self.tags():
             (state,) = self.pool(tag).movement()
             if self.asleep(tag):
                 assert state["phase"] == "asleep" and state["cause"] == "user", (tag, state)
