@@ -82,9 +82,9 @@ def pattern(size: int, seed: int) -> bytes:
     return arr.tobytes()
 
 
-@dataclass
+@dataclass(eq=False)
 class Buf:
-    buf: rrmm.DeviceBuffer
+    buf: Any  # the rrmm.DeviceBuffer; None once freed (an importer may still hold its name)
     tag: str  # the pool it lives in: a region tag or OUTSIDE
     data: bytes | None  # None: undefined (a pause without a backup dropped it)
 
@@ -212,6 +212,11 @@ class MoversMachine(RuleBasedStateMachine):
         self.share_dir = tempfile.mkdtemp(prefix="rs")
         self.publication = self.shared_pool.publish("movers", directory=self.share_dir)
         self.names: dict[str, Buf] = {}
+        # One named block and an importer holding it from the start: every run interleaves
+        # the other movers with a held, published pool (the rules let it go and attach more).
+        self.share_a_buffer(PAGE + 123)
+        self.importer_attaches_and_reads(pick=1, count=1)
+        assert self.importers and self.importers[0][1], "the first importer holds a name"
         self.reader = Reader(self)
 
     def teardown(self) -> None:
@@ -310,7 +315,7 @@ class MoversMachine(RuleBasedStateMachine):
             if not self.live:
                 return
             b = self.live.pop(i % len(self.live))
-        del b  # frees are allowed while asleep
+            b.buf = None  # frees are allowed while asleep (an importer's record keeps the model)
 
     @rule(i=st.integers(0, 1 << 16))
     def write_with_a_copy(self, i: int) -> None:
@@ -534,6 +539,30 @@ class MoversMachine(RuleBasedStateMachine):
         else:
             imp.release(sorted(held))
             held.clear()
+
+    @rule(pick=st.integers(0, 1 << 16))
+    def exporter_frees_a_held_block_and_allocates_again(self, pick: int) -> None:
+        """The exporter drops a block an importer holds and at once asks its pool for as
+        much again, writing it: the held block is not reused (its free waits for the
+        importers), so the importer reads on what it held."""
+        held = [b for _, h in self.importers for _, b in h.values() if b in self.live]
+        if not held:
+            return
+        b = held[pick % len(held)]
+        with self.lock:
+            self.live.remove(b)
+            size = b.buf.size
+            b.buf = None  # the exporter's last reference: its free (the importer's record stays)
+        data = self.next_data(size)
+        try:
+            again = rrmm.DeviceBuffer.to_device(data, mr=self.shared_pool)
+        except RuntimeError as e:
+            assert "asleep" in str(e) and (self.asleep(SHARED) or self.room_capped), e
+            return
+        except MemoryError:
+            return
+        with self.lock:
+            self.live.append(Buf(again, SHARED, data))
 
     @rule()
     def user_sleeps_the_published_pool(self) -> None:
