@@ -7,6 +7,7 @@
 #            presence, free device and host memory
 #   tests    tests/python/test_gpu_share.py (3 importers bit-exact, a free that waits; sleep,
 #            wake and attach again; kill -9 and adoption)
+#   docs     docs/sharing.md's scripts (the weight cache, a worker, Dask)
 #   attach   benches/gpu/share_attach.py: 20 GB in 5,000 arrays, every case
 #   big      the same, 60 GB in 10,000 arrays
 #   dask     benches/gpu/dask_share.py: two Dask workers on one GPU, 2-8 GiB arrays between
@@ -56,6 +57,9 @@ EOF
       python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_gpu_share.py \
         > "$OUT/gpu_share_tests.log" 2>&1
       tail -40 "$OUT/gpu_share_tests.log" ;;
+    docs)
+      python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_docs_scripts.py -k sharing \
+        2>&1 | tail -15 | tee "$OUT/docs_sharing.log" ;;
     attach)
       timeout 500 python3 benches/gpu/share_attach.py | tee "$OUT/share_attach.jsonl" ;;
     big)

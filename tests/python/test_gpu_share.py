@@ -59,6 +59,12 @@ IMPORTER = textwrap.dedent(
         del batch
     except ImportError:
         pass
+    try:
+        from numba import cuda as numba_cuda
+        n = numba_cuda.as_cuda_array(imp.get(names[-1]))
+        out["numba"] = hashlib.sha256(n.copy_to_host().tobytes()).hexdigest()
+    except ImportError:
+        pass
     print(json.dumps(out), flush=True)
     sys.stdin.readline()  # the exporter freed names[0] meanwhile: read it again
     print(digest(arrays[0]), flush=True)
@@ -130,6 +136,8 @@ def test_three_importers_read_64_arrays_bit_exact_and_a_free_waits_for_them(pool
         for name in names:
             assert seen[name][0] == expected[name], name
             assert tuple(seen[name][2]) == arrays[name].shape
+        if "numba" in seen:
+            assert seen["numba"] == expected[names[-1]], "Numba through the array interface"
         if "torch" in seen:
             assert seen["torch"] == expected[names[0]]
             for name in names:  # rrmm.share.tensors: views of one span, bit-exact
