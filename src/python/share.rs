@@ -531,11 +531,17 @@ impl ShareAttachment {
         let attachment = py
             .detach(|| Attachment::attach(&path, AttachOptions { timeout }))
             .map_err(|e| match e {
-                // Nothing listens there: say where it looked and what would serve it.
-                ShareError::Gone if !path.exists() => PyFileNotFoundError::new_err(format!(
-                    "no exporter is serving at {}: start one with pool.publish(name) or \
+                // Nothing listens there (no socket, or one an exporter left when it ended
+                // without closing): say where it looked and what would serve it.
+                ShareError::Gone => PyFileNotFoundError::new_err(format!(
+                    "no exporter is serving at {}{}: start one with pool.publish(name) or \
                      rrmm.share.publish(name) (same name and directory), or check them",
-                    path.display()
+                    path.display(),
+                    if path.exists() {
+                        " (a socket is there, but the exporter that made it has ended)"
+                    } else {
+                        ""
+                    }
                 )),
                 other => py_err(other),
             })?;
@@ -625,7 +631,10 @@ impl ShareAttachment {
     /// closed.
     #[getter]
     fn placed_range(&self) -> Option<(usize, usize)> {
-        self.inner.lock().as_ref().and_then(Attachment::placed_range)
+        self.inner
+            .lock()
+            .as_ref()
+            .and_then(Attachment::placed_range)
     }
 
     /// How many segments this process maps read-only (a write there faults): those exported

@@ -412,6 +412,21 @@ def test_attaching_where_no_exporter_serves_names_the_path_and_the_fix() -> None
     directory = tempfile.mkdtemp(prefix="rs")
     with pytest.raises(FileNotFoundError, match=r"no exporter is serving at .*nobody.*publish"):
         rrmm.share.attach("nobody", directory=directory)
+    # A socket an exporter left when it ended without closing (killed, or its interpreter
+    # exited with the exporter still referenced): the same, saying so.
+    import socket
+
+    stale = rrmm.share.publish("stale", directory=directory)
+    path = stale.path
+    stale.close()
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    left.bind(path)
+    left.close()
+    with pytest.raises(FileNotFoundError, match=r"stale.*a socket is there, but the exporter"):
+        rrmm.share.attach("stale", directory=directory)
+    again = rrmm.share.publish("stale", directory=directory)  # takes the path over
+    rrmm.share.attach("stale", directory=directory).close()
+    again.close()
 
 
 @settings(max_examples=30, deadline=None)
