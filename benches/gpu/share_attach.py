@@ -133,10 +133,6 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
     phases: dict[str, float] = {}
     if framework == "torch_batch":  # rrmm.share.tensors, the names resolved above
         arrays = rrmm.share._tensors_of(imp, shared, phases)
-        g0 = time.perf_counter()
-        for s in shared:  # what reading each array's fields costs here (a probe)
-            (s.ptr, s.shape, s.typestr, s.host, s.nbytes)
-        phases["fields_probe_s"] = time.perf_counter() - g0
         torch.cuda.synchronize()
     elif framework == "torch":
         arrays = [torch.as_tensor(s, device="cuda") for s in shared]
@@ -148,6 +144,11 @@ def importer_rrmm(count: int, path: str, framework: str) -> None:
         arrays = [cupy.asarray(s) for s in shared]
         cupy.cuda.Device().synchronize()
     t3 = time.perf_counter()
+    if framework == "torch_batch":  # what reading each array's fields costs here (a probe)
+        g0 = time.perf_counter()
+        fields = [(s.ptr, s.shape, s.typestr, s.host, s.nbytes) for s in shared]
+        phases["fields_probe_s"] = time.perf_counter() - g0
+        del fields
     fill = cupy_fill()
     bad = 0
     for k in sample(count):

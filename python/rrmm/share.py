@@ -150,10 +150,11 @@ def _one_tensor(torch: Any, a: SharedArray) -> Any:
 
 def tensors(attachment: Attachment, names: Sequence[str]) -> list[Any]:
     """PyTorch tensors over the shared arrays ``names`` (as ``get_many``), no copy, built in
-    one pass: the arrays of a pool that lie in this process's range for its pages become views
-    of one tensor over the addresses they span (``as_strided``: one PyTorch call each instead
-    of a ``torch.as_tensor`` of each ``__cuda_array_interface__``); any other array (host
-    memory, a dtype PyTorch lacks) goes through ``torch.as_tensor``. The tensors keep the
+    one pass: the arrays of a pool that lie in one run of pages this process maps side by side
+    become views of one tensor over the addresses they span (``as_strided``: one PyTorch call
+    each instead of a ``torch.as_tensor`` of each ``__cuda_array_interface__``); any other
+    array (host memory, a dtype PyTorch lacks) goes through ``torch.as_tensor``. A view's
+    storage is that span (``torch.save`` of one writes it whole). The tensors keep the
     attachment's maps alive; a read-only name gives a tensor PyTorch lets write (it has no
     read-only tensors)."""
     return _tensors_of(attachment, attachment.get_many(list(names)))
@@ -180,15 +181,17 @@ def _tensors_without_collection(
     attachment: Attachment, arrays: Sequence[SharedArray], phases: dict[str, float] | None
 ) -> list[Any]:
     import time
+    from bisect import bisect_right
 
     import torch
 
     t0 = time.perf_counter()
-    placed = attachment.placed_range
+    # Each run of pages mapped side by side gets one tensor over the arrays in it: a view's
+    # storage (what torch.save writes, for one) covers mapped memory only.
+    runs = attachment.placed_runs
+    starts = [start for start, _ in runs]
     out: list[Any] = [None] * len(arrays)
-    spanned: list[tuple[int, int, tuple[int, ...], Any]] = []
-    lo, hi = placed if placed is not None else (0, 0)
-    hi += lo
+    by_run: dict[int, list[tuple[int, int, tuple[int, ...], Any]]] = {}
     dtypes: dict[str, Any] = {}  # typestr -> torch dtype, or False: none
     for i, a in enumerate(arrays):
         typestr = a.typestr
@@ -196,23 +199,27 @@ def _tensors_without_collection(
         if dtype is None:
             dtype = dtypes[typestr] = getattr(torch, _TORCH_DTYPES.get(typestr, ""), False)
         ptr = a.ptr
+        k = bisect_right(starts, ptr) - 1
         if (
             dtype is False
             or a.host
-            or not lo <= ptr <= ptr + a.nbytes <= hi
+            or k < 0
+            or ptr + a.nbytes > runs[k][0] + runs[k][1]
             or ptr % dtype.itemsize
         ):
             out[i] = _one_tensor(torch, a)
             continue
-        spanned.append((i, ptr, a.shape, dtype))
+        by_run.setdefault(k, []).append((i, ptr, a.shape, dtype))
     t1 = time.perf_counter()
-    if spanned:
-        # 16-byte aligned ends (the widest element): still within the pages they lie on.
+    base_s = views_s = 0.0
+    for spanned in by_run.values():
+        t2 = time.perf_counter()
+        # 16-byte aligned ends (the widest element): still within the run (whole pages).
         start = min(ptr for _, ptr, _, _ in spanned) & ~15
         end = -(-max(ptr + arrays[i].nbytes for i, ptr, _, _ in spanned) // 16) * 16
         device = arrays[spanned[0][0]].__dlpack_device__()[1]
         base = torch.as_tensor(_Span(attachment, start, end - start), device=f"cuda:{device}")
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         views: dict[Any, Any] = {}
         for i, ptr, shape, dtype in spanned:
             whole = views.get(dtype)
@@ -225,8 +232,10 @@ def _tensors_without_collection(
                 step *= dim
             strides.reverse()
             out[i] = whole.as_strided(shape, strides, (ptr - start) // dtype.itemsize)
-        t3 = time.perf_counter()
-        if phases is not None:
-            phases.update(classify_s=t1 - t0, base_s=t2 - t1, views_s=t3 - t2)
-            phases["spanned"] = len(spanned)
+        base_s += t3 - t2
+        views_s += time.perf_counter() - t3
+    if phases is not None:
+        phases.update(classify_s=t1 - t0, base_s=base_s, views_s=views_s)
+        phases["spanned"] = sum(len(v) for v in by_run.values())
+        phases["runs"] = len(by_run)
     return out

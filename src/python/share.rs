@@ -626,15 +626,15 @@ impl ShareAttachment {
             .map_or(true, Attachment::exporter_gone)
     }
 
-    /// `(first address, bytes)` of this process's range for a pool's pages, once one is
-    /// mapped (every array of a pool lies in it); None before, for a plain exporter, and once
-    /// closed.
+    /// The runs of a pool's pages this process maps side by side, as `(first address,
+    /// bytes)` in address order (every array of a pool lies in one); empty before one is
+    /// mapped, for a plain exporter, and once closed.
     #[getter]
-    fn placed_range(&self) -> Option<(usize, usize)> {
+    fn placed_runs(&self) -> Vec<(usize, usize)> {
         self.inner
             .lock()
             .as_ref()
-            .and_then(Attachment::placed_range)
+            .map_or_else(Vec::new, Attachment::placed_runs)
     }
 
     /// How many segments this process maps read-only (a write there faults): those exported

@@ -400,11 +400,25 @@ impl Attachment {
         Ok(())
     }
 
-    /// This process's range for the exporter's placed segments (a pool's pages), as (first
-    /// address, bytes), once one is mapped: every buffer of a pool lies in it. Addresses in it
-    /// where no segment is mapped are reserved, not mapped.
-    pub fn placed_range(&self) -> Option<(usize, usize)> {
-        self.placed.as_ref().map(|r| (r.base(), r.size()))
+    /// The runs of a pool's pages this process maps side by side, as (first address, bytes),
+    /// in address order: every buffer of a pool lies in one of them. The addresses between
+    /// runs are reserved here, not mapped (pages this process resolved no name on).
+    pub fn placed_runs(&self) -> Vec<(usize, usize)> {
+        let Some(range) = &self.placed else {
+            return Vec::new();
+        };
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (&at, id) in &self.occupied {
+            let Some(held) = self.segments.get(id) else {
+                continue;
+            };
+            let (start, len) = (range.base() + at as usize, held.info.size as usize);
+            match runs.last_mut() {
+                Some((s, l)) if *s + *l == start => *l += len,
+                _ => runs.push((start, len)),
+            }
+        }
+        runs
     }
 
     /// How many segments this process maps read-only now (a write there faults): those the

@@ -605,3 +605,42 @@ fn an_importer_maps_a_page_read_only_until_it_resolves_a_writable_name_on_it() {
     free(&pool, ro, 4096);
     free(&pool, rw, 4096);
 }
+
+#[test]
+fn an_importer_lists_the_runs_of_pages_it_maps_side_by_side() {
+    let (pool, _vm) = pool(16);
+    let sock = TempSocket::new("runs");
+    let a = pool.allocate(2 * PAGE, Stream::DEFAULT).unwrap();
+    let gap = pool.allocate(3 * PAGE, Stream::DEFAULT).unwrap();
+    let b = pool.allocate(PAGE, Stream::DEFAULT).unwrap();
+    let publication = pool
+        .publish(&sock.path(), ExportOptions::default())
+        .unwrap();
+    publication
+        .name("a", a, 2 * PAGE, "|u1", &[2 * PAGE as u64], false)
+        .unwrap();
+    publication
+        .name("b", b, PAGE, "|u1", &[PAGE as u64], false)
+        .unwrap();
+    let mut imp = attach(&sock.path());
+    assert!(imp.placed_runs().is_empty(), "nothing mapped yet");
+    let got = imp.resolve_many(&["a", "b"]).unwrap();
+    let runs = imp.placed_runs();
+    assert_eq!(
+        runs.len(),
+        2,
+        "the pages between are not mapped here: {runs:?}"
+    );
+    for (r, want) in got.iter().zip([2 * PAGE, PAGE]) {
+        assert!(
+            runs.iter()
+                .any(|&(s, l)| s <= r.addr && r.addr + r.size as usize <= s + l),
+            "{r:?} in no run {runs:?}"
+        );
+        assert!(runs.iter().any(|&(_, l)| l >= want));
+    }
+    drop(imp);
+    for (p, size) in [(a, 2 * PAGE), (gap, 3 * PAGE), (b, PAGE)] {
+        free(&pool, p, size);
+    }
+}
