@@ -18,7 +18,7 @@ use pyo3::exceptions::{
     PyBufferError, PyFileNotFoundError, PyKeyError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -560,25 +560,42 @@ impl ShareAttachment {
     /// `name` as an object exposing `__cuda_array_interface__` (device memory) or
     /// `__array_interface__` (host memory); it keeps this attachment open.
     fn get(slf: &Bound<'_, Self>, name: String) -> PyResult<SharedArray> {
-        Self::get_many(slf, vec![name])?
+        let py = slf.py();
+        let mut all = slf
+            .get()
+            .with(py, move |a| a.resolve_many(&[name.as_str()]))?;
+        let resolved = all
             .pop()
-            .ok_or_else(|| PyRuntimeError::new_err("no answer for the name"))
+            .ok_or_else(|| PyRuntimeError::new_err("no answer for the name"))?;
+        Ok(SharedArray {
+            resolved,
+            _attachment: slf.clone().unbind(),
+        })
     }
 
     /// `names` as objects exposing their array interface (as `get`), resolved in batches.
-    fn get_many(slf: &Bound<'_, Self>, names: Vec<String>) -> PyResult<Vec<SharedArray>> {
+    /// The collector is paused while the objects are made (thousands of them would start
+    /// collections that walk every object of a process that imported CuPy or PyTorch).
+    fn get_many<'py>(slf: &Bound<'py, Self>, names: Vec<String>) -> PyResult<Bound<'py, PyList>> {
         let py = slf.py();
         let all = slf.get().with(py, move |a| {
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
             a.resolve_many(&refs)
         })?;
-        Ok(all
+        let _paused = CollectorPaused::new(py)?;
+        let arrays = all
             .into_iter()
-            .map(|resolved| SharedArray {
-                resolved,
-                _attachment: slf.clone().unbind(),
+            .map(|resolved| {
+                Bound::new(
+                    py,
+                    SharedArray {
+                        resolved,
+                        _attachment: slf.clone().unbind(),
+                    },
+                )
             })
-            .collect())
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, arrays)
     }
 
     /// A copy of the bytes of `name` (host memory).
@@ -652,6 +669,32 @@ impl ShareAttachment {
     fn close(&self, py: Python<'_>) {
         let attachment = self.inner.lock().take();
         py.detach(|| drop(attachment));
+    }
+}
+
+/// Python's garbage collector paused while it lives (when it was running), restarted when
+/// it is dropped.
+struct CollectorPaused<'py> {
+    gc: Option<Bound<'py, PyModule>>,
+}
+
+impl<'py> CollectorPaused<'py> {
+    fn new(py: Python<'py>) -> PyResult<Self> {
+        let gc = py.import("gc")?;
+        if !gc.call_method0("isenabled")?.is_truthy()? {
+            return Ok(CollectorPaused { gc: None });
+        }
+        gc.call_method0("disable")?;
+        Ok(CollectorPaused { gc: Some(gc) })
+    }
+}
+
+impl Drop for CollectorPaused<'_> {
+    fn drop(&mut self) {
+        if let Some(gc) = &self.gc {
+            // Restarting cannot fail short of the interpreter's end; nothing to do then.
+            let _ = gc.call_method0("enable");
+        }
     }
 }
 
