@@ -437,8 +437,16 @@ impl Attachment {
         fd: OwnedFd,
         at: u64,
     ) -> Result<Box<dyn ShareableSegment>, ShareError> {
+        if self.range_size == 0 {
+            // The exporter had no pool's pages at the greeting (it adopted some since).
+            return Err(ShareError::Protocol(format!(
+                "a pool's page (segment {}) from an exporter that had none when this process \
+                 attached (it adopted them since): attach again to map them",
+                info.id
+            )));
+        }
         let end = at.checked_add(info.size);
-        if self.range_size == 0 || end.map_or(true, |e| e > self.range_size) || info.size == 0 {
+        if end.map_or(true, |e| e > self.range_size) || info.size == 0 {
             return Err(ShareError::Protocol(format!(
                 "a segment of {} bytes at {at} in a range of {}",
                 info.size, self.range_size

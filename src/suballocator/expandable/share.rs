@@ -143,18 +143,20 @@ impl PendingFree {
             return;
         }
         self.done.store(true, Ordering::Release);
-        if self.deferred.load(Ordering::Acquire) {
-            if let Some(share) = self.share.upgrade() {
-                share
-                    .deferred_bytes
-                    .fetch_sub(self.bytes, Ordering::Relaxed);
-                share.deferred_blocks.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
         if let Some(inner) = self.pool.upgrade() {
             let pool = ExpandableMemoryResource { inner };
             // A free that fails here has nobody to tell: the pool's own checks refused it.
             let _ = pool.deallocate_now(self.ptr, self.bytes, self.stream);
+        }
+        // Counted as waiting until the pool has it back: a caller that sees no free waiting
+        // sees the block free.
+        if self.deferred.load(Ordering::Acquire) {
+            if let Some(share) = self.share.upgrade() {
+                share
+                    .deferred_bytes
+                    .fetch_sub(self.bytes, Ordering::Release);
+                share.deferred_blocks.fetch_sub(1, Ordering::Release);
+            }
         }
     }
 }
@@ -413,8 +415,8 @@ impl ExpandableMemoryResource {
             export,
             kept_pages,
             kept_bytes: kept_pages * self.page_size() as u64,
-            deferred_free_blocks: share.deferred_blocks.load(Ordering::Relaxed) as u64,
-            deferred_free_bytes: share.deferred_bytes.load(Ordering::Relaxed) as u64,
+            deferred_free_blocks: share.deferred_blocks.load(Ordering::Acquire) as u64,
+            deferred_free_bytes: share.deferred_bytes.load(Ordering::Acquire) as u64,
             held_out_of_use_bytes: share.held_out_of_use.load(Ordering::Relaxed) as u64,
         })
     }

@@ -525,7 +525,13 @@ fn a_new_exporter_adopts_a_buffer_across_pages_and_keeps_it_contiguous() {
         },
     )
     .unwrap();
+    // An importer that attached before the adoption was told of no pool's pages: it is told
+    // to attach again for them.
+    let mut early = attach(&adopter_sock.path());
     let (segments, names) = imp.hand_back(&adopter_sock.path()).unwrap();
+    let e = early.resolve("across").unwrap_err().to_string();
+    assert!(e.contains("attach again"), "{e}");
+    drop(early);
     assert!(segments >= 3, "every page the names lie on: {segments}");
     assert_eq!(names, 2, "the name across pages too");
     let f = adopter.figures();
