@@ -30,10 +30,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
+
+from dask_guard import guarded_run  # beside this file (sys.path[0])
 
 GIB = 1 << 30
 
@@ -126,113 +127,90 @@ def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from rrmm.dask import RRMMSetup
 
     rows: list[dict[str, Any]] = []
-    tmp = tempfile.mkdtemp(prefix=f"dask-share-{mode}-")
-    saved = os.environ.get("RRMM_LEDGER_DIR")
-    ledger = os.path.join(tmp, "ledger")
-    os.mkdir(ledger, 0o700)
-    os.environ["RRMM_LEDGER_DIR"] = ledger  # the workers' processes inherit it
-    pids: list[int] = []
+    label, prefix = f"dask_share {mode}", f"dask-share-{mode}-"
+    with guarded_run(label, args.mode_timeout, prefix) as pids:
+        cluster = client = sampler = None
+        timeout = args.timeout
+        try:
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, memory_limit=0)
+            client = Client(cluster, timeout=f"{int(timeout)}s")
+            client.wait_for_workers(2, timeout=timeout)
+            pids.extend(int(p) for p in client.run(os.getpid).values())
+            # The nannies (processes of their own, unless they live in this one: LocalCluster's).
+            pids.extend(int(p) for p in client.run(os.getppid).values() if int(p) != os.getpid())
+            client.register_plugin(RRMMSetup(allocator="expandable", external_lib_list="cupy",
+                                             share_arrays=mode == "share"))
+            a, b = sorted(client.scheduler_info()["workers"])
+            sampler = Sampler(client)
 
-    def overrun() -> None:
-        print(f"dask_share {mode}: over {args.mode_timeout} s; ending the workers", flush=True)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        os._exit(124)
+            def hand_over(nbytes: int) -> dict[str, Any]:
+                made = client.submit(make, nbytes, workers=[a], allow_other_workers=False,
+                                     pure=False)
+                t0 = time.perf_counter()
+                wait(made, timeout=timeout)
+                t1 = time.perf_counter()
+                local = client.submit(consume_sum, made, workers=[a], allow_other_workers=False,
+                                      pure=False).result(timeout=timeout)
+                t2 = time.perf_counter()
+                total, memory = client.submit(consume_sum, made, workers=[b],
+                                              allow_other_workers=False,
+                                              pure=False).result(timeout=timeout)
+                t3 = time.perf_counter()
+                del made
+                client.run(collect)
+                return {"make_s": t1 - t0, "local_s": t2 - t1, "handoff_s": t3 - t2,
+                        "ok": total == nbytes // 4 and local[0] == total, "memory": memory}
 
-    watchdog = threading.Timer(args.mode_timeout, overrun)
-    watchdog.daemon = True
-    watchdog.start()
-    cluster = client = sampler = None
-    timeout = args.timeout
-    try:
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None, memory_limit=0)
-        client = Client(cluster, timeout=f"{int(timeout)}s")
-        client.wait_for_workers(2, timeout=timeout)
-        pids.extend(int(p) for p in client.run(os.getpid).values())
-        # The nannies (processes of their own, unless they live in this one: LocalCluster's).
-        pids.extend(int(p) for p in client.run(os.getppid).values() if int(p) != os.getpid())
-        client.register_plugin(RRMMSetup(allocator="expandable", external_lib_list="cupy",
-                                         share_arrays=mode == "share"))
-        a, b = sorted(client.scheduler_info()["workers"])
-        sampler = Sampler(client)
-
-        def hand_over(nbytes: int) -> dict[str, Any]:
-            made = client.submit(make, nbytes, workers=[a], allow_other_workers=False,
-                                 pure=False)
-            t0 = time.perf_counter()
-            wait(made, timeout=timeout)
-            t1 = time.perf_counter()
-            local = client.submit(consume_sum, made, workers=[a], allow_other_workers=False,
-                                  pure=False).result(timeout=timeout)
-            t2 = time.perf_counter()
-            total, memory = client.submit(consume_sum, made, workers=[b],
-                                          allow_other_workers=False,
-                                          pure=False).result(timeout=timeout)
-            t3 = time.perf_counter()
-            del made
-            client.run(collect)
-            return {"make_s": t1 - t0, "local_s": t2 - t1, "handoff_s": t3 - t2,
-                    "ok": total == nbytes // 4 and local[0] == total, "memory": memory}
-
-        hand_over(256 << 20)  # warm-up: pools, kernels, connections, attachments
-        for size in args.sizes:
-            nbytes = int(size * GIB)
-            row: dict[str, Any] = {"mode": mode, "size_gib": size}
-            try:
-                time.sleep(0.3)
-                before = sampler.now()
-                t_row = time.perf_counter()
-                runs = [hand_over(nbytes) for _ in range(args.repeats)]
-                time.sleep(0.2)
-                peak = sampler.peak_since(t_row)
-                handoff = [r["handoff_s"] for r in runs]
-                row.update({
-                    "handoff_s": [round(s, 4) for s in handoff],
-                    "handoff_median_s": round(statistics.median(handoff), 4),
-                    "handoff_min_s": round(min(handoff), 4),
-                    "make_median_s": round(statistics.median(r["make_s"] for r in runs), 4),
-                    "local_median_s": round(statistics.median(r["local_s"] for r in runs), 4),
-                    "peak_used_gib": round(peak / GIB, 2),
-                    "peak_above_before_gib": round(max(peak - before, 0) / GIB, 2),
-                    "attached": all(r["memory"] == "attached" for r in runs),
-                    "ok": all(r["ok"] for r in runs),
-                    "memory_kind": runs[-1]["memory"],
-                })
-            except Exception as error:  # noqa: BLE001 (reported in the row)
-                row["error"] = f"{type(error).__name__}: {error}"[:400]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    except Exception as error:  # noqa: BLE001 (reported as a row)
-        rows.append({"mode": mode, "error": f"{type(error).__name__}: {error}"[:400]})
-        print(json.dumps(rows[-1]), flush=True)
-    finally:
-        if sampler is not None:
-            sampler.close()
-        for closing in (client, cluster):
-            if closing is not None:
+            hand_over(256 << 20)  # warm-up: pools, kernels, connections, attachments
+            for size in args.sizes:
+                nbytes = int(size * GIB)
+                row: dict[str, Any] = {"mode": mode, "size_gib": size}
                 try:
-                    closing.close()
-                except Exception as error:  # noqa: BLE001 (reported; the watchdog stays)
-                    print(f"dask_share {mode}: closing: {error}", flush=True)
-        for pid in pids:  # anything the close left behind
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        watchdog.cancel()
-        if saved is None:
-            os.environ.pop("RRMM_LEDGER_DIR", None)
-        else:
-            os.environ["RRMM_LEDGER_DIR"] = saved
-        shutil.rmtree(tmp, ignore_errors=True)
+                    time.sleep(0.3)
+                    before = sampler.now()
+                    t_row = time.perf_counter()
+                    runs = [hand_over(nbytes) for _ in range(args.repeats)]
+                    time.sleep(0.2)
+                    peak = sampler.peak_since(t_row)
+                    handoff = [r["handoff_s"] for r in runs]
+                    row.update({
+                        "handoff_s": [round(s, 4) for s in handoff],
+                        "handoff_median_s": round(statistics.median(handoff), 4),
+                        "handoff_min_s": round(min(handoff), 4),
+                        "make_median_s": round(statistics.median(r["make_s"] for r in runs), 4),
+                        "local_median_s": round(statistics.median(r["local_s"] for r in runs), 4),
+                        "peak_used_gib": round(peak / GIB, 2),
+                        "peak_above_before_gib": round(max(peak - before, 0) / GIB, 2),
+                        "attached": all(r["memory"] == "attached" for r in runs),
+                        "ok": all(r["ok"] for r in runs),
+                        "memory_kind": runs[-1]["memory"],
+                    })
+                except Exception as error:  # noqa: BLE001 (reported in the row)
+                    row["error"] = f"{type(error).__name__}: {error}"[:400]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        except Exception as error:  # noqa: BLE001 (reported as a row)
+            rows.append({"mode": mode, "error": f"{type(error).__name__}: {error}"[:400]})
+            print(json.dumps(rows[-1]), flush=True)
+        finally:
+            if sampler is not None:
+                sampler.close()
+            for closing in (client, cluster):
+                if closing is not None:
+                    try:
+                        closing.close()
+                    except Exception as error:  # noqa: BLE001 (reported; the watchdog stays)
+                        print(f"dask_share {mode}: closing: {error}", flush=True)
+            for pid in pids:  # anything the close left behind
+                try:
+                    os.kill(pid, 0)
+                except OSError:
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     return rows
 
 

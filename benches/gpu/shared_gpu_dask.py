@@ -30,14 +30,12 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
-import threading
 import time
 from typing import Any
+
+from dask_guard import guarded_run  # beside this file (sys.path[0])
 
 GIB = 1 << 30
 
@@ -192,72 +190,46 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         options["idle_after"] = args.idle_after
     plugin = RRMMSetup(**options)
     out: dict[str, Any] = {"mode": mode, "plugin": {k: v for k, v in options.items()}}
-    tmp = tempfile.mkdtemp(prefix=f"w15-dask-{mode}-")
-    saved = {k: os.environ.get(k) for k in ("RRMM_LEDGER_DIR", "RRMM_SHARE_GPU", "RRMM_AS_RMM")}
-    ledger = os.path.join(tmp, "ledger")
-    os.mkdir(ledger, 0o700)
-    os.environ["RRMM_LEDGER_DIR"] = ledger  # the workers' processes inherit it
-    os.environ.pop("RRMM_SHARE_GPU", None)
-    os.environ.pop("RRMM_AS_RMM", None)
-    pids: list[int] = []
+    unset = ("RRMM_SHARE_GPU", "RRMM_AS_RMM")
+    with guarded_run(f"W15 dask {mode}", args.run_timeout, f"w15-dask-{mode}-", unset) as pids:
+        cluster = client = None
+        try:
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, memory_limit=0)
+            client = Client(cluster, timeout=f"{int(args.timeout)}s")
+            client.wait_for_workers(2, timeout=args.timeout)
+            pids.extend(int(p) for p in client.run(os.getpid).values())
+            _register(client, plugin)
+            workers = sorted(client.scheduler_info()["workers"])
 
-    def overrun() -> None:
-        print(f"W15 dask {mode}: over {args.run_timeout} s; ending the workers", flush=True)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        os._exit(124)
+            def on(worker: str, fn: Any, *fargs: Any) -> Any:
+                return client.submit(fn, *fargs, workers=[worker], allow_other_workers=False,
+                                     pure=False).result(timeout=args.timeout)
 
-    watchdog = threading.Timer(args.run_timeout, overrun)
-    watchdog.daemon = True
-    watchdog.start()
-    cluster = client = None
-    try:
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None, memory_limit=0)
-        client = Client(cluster, timeout=f"{int(args.timeout)}s")
-        client.wait_for_workers(2, timeout=args.timeout)
-        pids.extend(int(p) for p in client.run(os.getpid).values())
-        _register(client, plugin)
-        workers = sorted(client.scheduler_info()["workers"])
-
-        def on(worker: str, fn: Any, *fargs: Any) -> Any:
-            return client.submit(fn, *fargs, workers=[worker], allow_other_workers=False,
-                                 pure=False).result(timeout=args.timeout)
-
-        out["persistent"] = [on(w, make_persistent, args.persistent, 100 + i)
-                             for i, w in enumerate(workers)]
-        time.sleep(args.gap)
-        tasks = []
-        t0 = time.perf_counter()
-        for i in range(args.tasks):
-            tasks.append(on(workers[i % 2], big_task, args.task, args.passes, i))
-            if i + 1 < args.tasks:
-                time.sleep(args.gap)
-        out["wall_s"] = round(time.perf_counter() - t0, 3)
-        out["gaps_s"] = round(args.gap * (args.tasks - 1), 3)
-        out["tasks"] = tasks
-        out["final_checks"] = {w: on(w, check_persistent) for w in workers}
-        out["history"] = client.run(ledger_history)
-        out["ledger_status"] = client.run(ledger_status)
-    except Exception as error:  # noqa: BLE001 (reported in the summary)
-        out["error"] = f"{type(error).__name__}: {error}"[:500]
-    finally:
-        for closing in (client, cluster):
-            if closing is not None:
-                try:
-                    closing.close()
-                except Exception as error:  # noqa: BLE001 (reported; the watchdog stays)
-                    out.setdefault("close_errors", []).append(str(error)[:200])
-        watchdog.cancel()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+            out["persistent"] = [on(w, make_persistent, args.persistent, 100 + i)
+                                 for i, w in enumerate(workers)]
+            time.sleep(args.gap)
+            tasks = []
+            t0 = time.perf_counter()
+            for i in range(args.tasks):
+                tasks.append(on(workers[i % 2], big_task, args.task, args.passes, i))
+                if i + 1 < args.tasks:
+                    time.sleep(args.gap)
+            out["wall_s"] = round(time.perf_counter() - t0, 3)
+            out["gaps_s"] = round(args.gap * (args.tasks - 1), 3)
+            out["tasks"] = tasks
+            out["final_checks"] = {w: on(w, check_persistent) for w in workers}
+            out["history"] = client.run(ledger_history)
+            out["ledger_status"] = client.run(ledger_status)
+        except Exception as error:  # noqa: BLE001 (reported in the summary)
+            out["error"] = f"{type(error).__name__}: {error}"[:500]
+        finally:
+            for closing in (client, cluster):
+                if closing is not None:
+                    try:
+                        closing.close()
+                    except Exception as error:  # noqa: BLE001 (reported; the watchdog stays)
+                        out.setdefault("close_errors", []).append(str(error)[:200])
     return out
 
 
