@@ -19,8 +19,9 @@ a ``PoolMemoryResource`` built over the tagged resource before most tags exist. 
   every transition, and checks their bytes;
 - a published pool (issue 49): one more tag of the tagged resource, a shareable expandable pool
   (so the ledger's sleep reaches it by construction), whose blocks are named and mapped by
-  importers that attach, hold, release and close; the user's sleep and the ledger's are refused
-  while an importer is attached and its frees wait for the importers.
+  importers that attach, hold, release and close, and peers that send what is no request; the
+  user's sleep and the ledger's are refused while an importer is attached and its frees wait
+  for the importers.
 
 Rules draw their arguments whatever the state (no preconditions: the other actors make the
 outcomes of steps vary from run to run, and what is drawn must not). Checked after every step:
@@ -36,10 +37,12 @@ import ctypes
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -564,12 +567,34 @@ class MoversMachine(RuleBasedStateMachine):
         with self.lock:
             self.live.append(Buf(again, SHARED, data))
 
+    @rule(data=st.binary(max_size=64))
+    def a_share_peer_lies(self, data: bytes) -> None:
+        """A process of the same user connects to the publication, sends bytes that are no
+        request, and hangs up: the exporter refuses it (or refused it at the door, asleep) and
+        serves on; nothing moves."""
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            peer.settimeout(1)
+            peer.connect(self.publication.path)
+            peer.send(data or b"\0")
+        except OSError:
+            pass
+        finally:
+            peer.close()
+
     @rule()
     def user_sleeps_the_published_pool(self) -> None:
         """Refused while an importer is attached to a pool with names; otherwise it sleeps
         (attaches refused until the wake, ``user_restore``)."""
         if self.asleep(SHARED):
             return
+        if not self.importers:
+            # A closed importer's (or a lying peer's) socket, on its way out: the exporter
+            # counts it until its thread sees the hang-up.
+            deadline = time.monotonic() + 10
+            while (self.shared_pool.share_figures() or {}).get("importers"):
+                assert time.monotonic() < deadline, self.shared_pool.share_figures()
+                time.sleep(0.005)
         try:
             self.shared_pool.offload()
         except RuntimeError as e:
